@@ -1,0 +1,120 @@
+"""Every error modelmint raises: structured fields, a next step for people, and whether a retry can help."""
+
+from __future__ import annotations
+
+
+class ModelmintError(Exception):
+    """Base class. `hint` says what to run next; `transient` says whether retrying the same call may succeed."""
+
+    transient: bool = False
+
+    def __init__(self, message: str, *, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def __str__(self) -> str:
+        return self.message if not self.hint else f"{self.message}\n  → {self.hint}"
+
+
+class ConfigError(ModelmintError):
+    """A catalog, recipe or setting that does not validate."""
+
+
+class CatalogEntryNotFound(ConfigError):
+    def __init__(self, name: str, known: list[str]) -> None:
+        super().__init__(
+            f"no catalog entry named {name!r} (known: {', '.join(sorted(known)) or 'none'})",
+            hint="run `modelmint catalog list` to see the entries, or add one to registry/catalog.yaml",
+        )
+        self.name = name
+
+
+class ToolchainMissing(ModelmintError):
+    def __init__(self, what: str, path: str) -> None:
+        super().__init__(
+            f"{what} is not installed (looked in {path})",
+            hint="run `bash toolchains/setup-llama-cpp.sh` (or `bash scripts/setup.sh` for everything)",
+        )
+        self.path = path
+
+
+class ToolError(ModelmintError):
+    """An external tool exited non-zero. Carries the argv and the tail of its stderr."""
+
+    def __init__(self, argv: list[str], returncode: int, stderr_tail: str, *, hint: str | None = None) -> None:
+        shown = " ".join(argv[:6]) + (" …" if len(argv) > 6 else "")
+        super().__init__(
+            f"`{shown}` failed with exit code {returncode}:\n{stderr_tail}",
+            hint=hint,
+        )
+        self.argv = argv
+        self.returncode = returncode
+        self.stderr_tail = stderr_tail
+
+
+class ToolTimeout(ToolError):
+    transient = True
+
+
+class DiskFullError(ModelmintError):
+    def __init__(self, path: str, detail: str = "") -> None:
+        super().__init__(
+            f"no space left on the device holding {path}{': ' + detail if detail else ''}",
+            hint="free space there or point MODELMINT_WORK_DIR at a larger disk, then rerun the same command",
+        )
+        self.path = path
+
+
+class SourceError(ModelmintError):
+    """The upstream source cannot be used: missing, not pinned, pickle-only, corrupt."""
+
+    def __init__(
+        self, message: str, *, repo_id: str | None = None, revision: str | None = None, hint: str | None = None
+    ) -> None:
+        super().__init__(message, hint=hint)
+        self.repo_id = repo_id
+        self.revision = revision
+
+
+class HubUnavailable(SourceError):
+    """Network failure or 5xx from the hub: worth retrying."""
+
+    transient = True
+
+
+class IntegrityError(SourceError):
+    """A file's sha256 does not match what its publisher recorded."""
+
+    def __init__(self, path: str, expected: str, actual: str, **kw: object) -> None:
+        super().__init__(
+            f"sha256 mismatch for {path}: expected {expected}, got {actual}",
+            hint="the download is corrupt or the upstream file changed; delete nothing by hand, rerun the "
+            "same command to download it again",
+            **kw,  # type: ignore[arg-type]
+        )
+        self.path = path
+        self.expected = expected
+        self.actual = actual
+
+
+class UnsupportedModel(ModelmintError):
+    """An architecture, tokenizer or template the toolchain cannot handle."""
+
+
+class ArtifactError(ModelmintError):
+    """An output file that does not read back as what it claims to be."""
+
+
+class GateFailed(ModelmintError):
+    """A variant measured worse than its gate allows."""
+
+    def __init__(self, variant: str, failures: list[str], report_path: str | None = None) -> None:
+        super().__init__(
+            f"{variant} failed its quality gate: " + "; ".join(failures),
+            hint=(f"see {report_path}; " if report_path else "")
+            + "the variant was not registered. Try a higher-bit type (q5_k_m, q8_0) or an imatrix",
+        )
+        self.variant = variant
+        self.failures = failures
+        self.report_path = report_path

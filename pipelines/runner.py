@@ -1,0 +1,104 @@
+"""The one way modelmint runs external tools: argv lists, captured output, errors with the stderr tail."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from pipelines.errors import DiskFullError, ToolError, ToolTimeout
+
+log = logging.getLogger(__name__)
+
+_TAIL_LINES = 25
+_SECRET_ENV = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
+
+
+@dataclass(frozen=True)
+class ToolRun:
+    argv: list[str]
+    returncode: int
+    stdout: str
+    stderr: str
+    wall_s: float
+    peak_rss_bytes: int
+    """Peak resident set size of the child process (from wait4), not of modelmint itself."""
+
+
+def _tail(text: str, lines: int = _TAIL_LINES) -> str:
+    return "\n".join(text.rstrip().splitlines()[-lines:])
+
+
+def run(
+    argv: Sequence[str | os.PathLike[str]],
+    *,
+    cwd: str | os.PathLike[str] | None = None,
+    env: Mapping[str, str] | None = None,
+    timeout: float | None = None,
+    check: bool = True,
+    hint: str | None = None,
+) -> ToolRun:
+    """Run `argv` (never through a shell), wait for it, and return its output and resource use.
+
+    `env` entries are added to a copy of the current environment; tokens are removed unless given explicitly.
+
+    Raises:
+        ToolError: the tool exited non-zero (when `check`), with the command and the tail of stderr.
+        ToolTimeout: the tool ran past `timeout` seconds and was killed.
+        DiskFullError: the tool reported ENOSPC.
+    """
+    args = [os.fspath(a) for a in argv]
+    child_env = {k: v for k, v in os.environ.items() if k not in _SECRET_ENV}
+    if env:
+        child_env.update(env)
+    log.debug("running %s", args)
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        start = time.perf_counter()
+        proc = subprocess.Popen(
+            args, cwd=cwd, env=child_env, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+            start_new_session=True,
+        )
+        timed_out = threading.Event()
+
+        def _kill() -> None:
+            timed_out.set()
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+        timer = threading.Timer(timeout, _kill) if timeout else None
+        if timer:
+            timer.start()
+        try:
+            _, status, rusage = os.wait4(proc.pid, 0)
+        except BaseException:
+            # Interrupted (Ctrl-C, a flow cancelled): never leave the tool running behind us.
+            _kill()
+            proc.wait()
+            raise
+        finally:
+            if timer:
+                timer.cancel()
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        wall = time.perf_counter() - start
+        out.seek(0)
+        err.seek(0)
+        stdout = out.read().decode("utf-8", errors="replace")
+        stderr = err.read().decode("utf-8", errors="replace")
+    result = ToolRun(args, proc.returncode, stdout, stderr, wall, rusage.ru_maxrss * 1024)
+    if timed_out.is_set():
+        raise ToolTimeout(args, proc.returncode, _tail(stderr), hint=f"it ran longer than {timeout:.0f} s")
+    if check and proc.returncode != 0:
+        combined = stderr + stdout
+        if "No space left on device" in combined or "ENOSPC" in combined:
+            raise DiskFullError(str(cwd or Path.cwd()), _tail(stderr, 3))
+        raise ToolError(args, proc.returncode, _tail(stderr or stdout), hint=hint)
+    return result

@@ -1,0 +1,1 @@
+"""Scripts that run inside a toolchain venv, never imported by modelmint itself."""
