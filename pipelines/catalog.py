@@ -18,10 +18,7 @@ _NAME = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
 # catalog as users of Ollama tags and Hugging Face GGUF repos know them (qwen2.5:q4_k_m).
 GGUF_QUANT_TYPES = frozenset(
     t.lower()
-    for t in (
-        "Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q2_K Q2_K_S Q3_K_S Q3_K_M Q3_K_L Q4_K_S Q4_K_M Q5_K_S Q5_K_M Q6_K "
-        "IQ2_XXS IQ2_XS IQ2_S IQ2_M IQ1_S IQ1_M IQ3_XXS IQ3_XS IQ3_S IQ3_M IQ4_NL IQ4_XS TQ1_0 TQ2_0"
-    ).split()
+    for t in ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q2_K_S", "Q3_K_S", "Q3_K_M", "Q3_K_L", "Q4_K_S", "Q4_K_M", "Q5_K_S", "Q5_K_M", "Q6_K", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ2_M", "IQ1_S", "IQ1_M", "IQ3_XXS", "IQ3_XS", "IQ3_S", "IQ3_M", "IQ4_NL", "IQ4_XS", "TQ1_0", "TQ2_0"]
 )
 # i-quants below 4 bits are unusable without an importance matrix; llama-quantize refuses them.
 IMATRIX_REQUIRED = frozenset({"iq1_s", "iq1_m", "iq2_xxs", "iq2_xs", "iq2_s", "q2_k_s"})
@@ -110,6 +107,10 @@ class CatalogEntry(_Strict):
     chat_family: str | None = None
     trust_remote_code: bool = False
     gated: bool = False
+    gate_profile: Literal["reference", "tiny"] = Field(
+        default="reference",
+        description="which thresholds in pipelines/gates.py apply: published figures, or the tiny-model ones",
+    )
     variants: Variants = Field(default_factory=Variants)
     description: str = ""
 

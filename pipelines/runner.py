@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -69,10 +70,8 @@ def run(
 
         def _kill() -> None:
             timed_out.set()
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
 
         timer = threading.Timer(timeout, _kill) if timeout else None
         if timer:

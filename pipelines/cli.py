@@ -1,0 +1,197 @@
+"""The modelmint command line: parses arguments, calls the steps, and alone turns errors into messages."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import tempfile
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from pipelines.errors import ConfigError, GateFailed, ModelmintError
+from pipelines.settings import Settings
+
+app = typer.Typer(
+    help="modelmint: pinned Hugging Face models in, validated GGUF artifacts out.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+catalog_app = typer.Typer(help="The models modelmint knows how to build.", no_args_is_help=True)
+app.add_typer(catalog_app, name="catalog")
+
+out = Console()
+err = Console(stderr=True)
+
+
+def _settings() -> Settings:
+    return Settings.from_env()
+
+
+def _mib(n: int) -> str:
+    return f"{n / (1 << 20):,.1f} MiB"
+
+
+@catalog_app.command("list")
+def catalog_list() -> None:
+    """List the catalog's entries and their pinned sources."""
+    from pipelines.catalog import HubSource, LocalSource, load_catalog
+
+    settings = _settings()
+    catalog = load_catalog(settings.catalog_path)
+    table = Table("name", "source", "revision", "gguf variants", "license")
+    for m in catalog.models:
+        if isinstance(m.source, HubSource):
+            src, rev = m.source.repo, (m.source.revision or "[red]not pinned[/red]")[:12]
+        elif isinstance(m.source, LocalSource):
+            src, rev = str(m.source.path), "local"
+        else:
+            src, rev = f"generated:{m.source.generated}", "bundled"
+        gguf = m.variants.gguf
+        table.add_row(m.name, src, rev, ", ".join(gguf.quants) if gguf else "-", m.license)
+    out.print(table)
+
+
+@app.command()
+def convert(
+    name: Annotated[str, typer.Argument(help="catalog entry, e.g. qwen2.5")],
+    variants: Annotated[
+        str | None, typer.Option(help="comma-separated llama.cpp types, e.g. q4_k_m,q8_0 (default: the catalog's)")
+    ] = None,
+    revision: Annotated[str | None, typer.Option(help="override the pinned 40-hex commit")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print the build summary as JSON")] = False,
+) -> None:
+    """Fetch, convert to f16, quantize and validate one catalog model."""
+    from pipelines.build import build_gguf
+    from pipelines.catalog import load_catalog
+
+    settings = _settings()
+    entry = load_catalog(settings.catalog_path).get(name)
+    quants = [v.strip() for v in variants.split(",") if v.strip()] if variants else None
+    if quants is not None and not quants:
+        raise ConfigError("--variants is empty", hint="pass e.g. --variants q4_k_m,q8_0")
+    try:
+        quants_checked = entry.with_quants(quants).variants.gguf.quants if quants else None  # type: ignore[union-attr]
+    except ValueError as e:
+        raise ConfigError(str(e), hint="see `llama-quantize --help` for the type names") from e
+    result = build_gguf(
+        entry, settings, revision=revision, quants=quants_checked, progress=lambda m: err.print(f"[dim]•[/dim] {m}")
+    )
+    if as_json:
+        out.print_json((result.out_dir / "build.json").read_text())
+    else:
+        table = Table("variant", "size", "mean KLD", "same top %", "ΔPPL %", "gate", "file", title=f"{name}")
+        for q, v in result.variants.items():
+            k = v.report.get("kld", {})
+            verdict = "[green]pass[/green]" if v.passed else "[red]FAIL[/red]: " + "; ".join(v.failures)
+            table.add_row(q, _mib(v.size_bytes), f"{k.get('mean_kld', 0):.5f}", f"{k.get('same_top_pct', 0):.2f}",
+                          f"{k.get('dppl_pct', 0):+.2f}", verdict, str(v.path))
+        out.print(table)
+        if not result.tools_run:
+            err.print("[dim]nothing changed: every step was cached[/dim]")
+    if result.failed:
+        raise GateFailed(", ".join(result.failed), [f for q in result.failed for f in result.variants[q].failures],
+                         str(result.variants[result.failed[0]].path.with_suffix(".report.json")))
+
+
+@app.command()
+def inspect(
+    path: Annotated[Path, typer.Argument(help="a .gguf file")],
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Read a GGUF's header, metadata and tensor types."""
+    from pipelines.gguf import inspect_gguf
+
+    info = inspect_gguf(path)
+    if as_json:
+        out.print_json(json.dumps(info.to_dict()))
+        return
+    table = Table(show_header=False, title=str(path))
+    rows = {
+        "GGUF version": info.version,
+        "architecture": info.architecture,
+        "file type": info.file_type,
+        "size": _mib(info.size_bytes),
+        "tensors": info.tensor_count,
+        "parameters": f"{info.parameter_count:,}",
+        "tensor types": ", ".join(f"{k}×{v}" for k, v in info.tensor_types.items()),
+        "quantized share of weights": f"{info.quantized_fraction:.1%}",
+        "tokenizer": f"{info.tokenizer_model} / {info.tokenizer_pre}",
+        "bos / eos / eot": f"{info.bos_token_id} / {info.eos_token_id} / {info.eot_token_id}",
+        "context length": info.context_length,
+        "chat template": "present" if info.chat_template else "[red]missing[/red]",
+        **{k: v for k, v in info.metadata.items()},
+    }
+    for k, v in rows.items():
+        table.add_row(k, str(v))
+    out.print(table)
+
+
+@app.command()
+def validate(
+    quant: Annotated[Path, typer.Argument(help="the quantized .gguf to check")],
+    reference: Annotated[Path, typer.Option(help="the f16/bf16 .gguf it was made from")],
+    profile: Annotated[str, typer.Option(help="gate thresholds: reference (published figures) or tiny")] = "reference",
+    report: Annotated[Path | None, typer.Option(help="where to write the JSON report")] = None,
+    no_smoke: Annotated[bool, typer.Option("--no-smoke", help="skip the generation smoke test")] = False,
+) -> None:
+    """Measure a quant against its reference (KL divergence, same top token, ΔPPL) and apply its gate."""
+    from pipelines.build import EVAL_CHUNKS, EVAL_CTX, bundled_text
+    from pipelines.gates import gguf_gate
+    from pipelines.gguf import inspect_gguf
+    from pipelines.toolchains import llama_cpp
+    from pipelines.validate import kld_base_logits, validate_variant
+
+    if profile not in ("reference", "tiny"):
+        raise ConfigError(f"unknown gate profile {profile!r}", hint="use --profile reference or --profile tiny")
+    settings = _settings()
+    llama = llama_cpp(settings)
+    info = inspect_gguf(quant)
+    inspect_gguf(reference)
+    qtype = (info.file_type or "").lower()
+    gate = gguf_gate(qtype, profile)  # type: ignore[arg-type]
+    report_path = report or quant.with_suffix(".report.json")
+    with tempfile.TemporaryDirectory(dir=settings.work_dir if settings.work_dir.exists() else None) as tmp:
+        logits = kld_base_logits(reference, bundled_text(), Path(tmp) / "base.kld", llama,
+                                 threads=settings.effective_threads, ctx=EVAL_CTX, chunks=EVAL_CHUNKS)
+        rep = validate_variant(qtype, quant, info, reference, logits, gate, llama,
+                               threads=settings.effective_threads, ctx=EVAL_CTX, report_path=report_path,
+                               smoke=not no_smoke)
+    k = rep.kld
+    out.print(f"{quant.name} ({qtype}) vs {reference.name}: mean KLD {k['mean_kld']:.5f}, "
+              f"same top {k['same_top_pct']:.2f} %, ΔPPL {k['dppl_pct']:+.2f} %  → report {report_path}")
+    if rep.failures:
+        raise GateFailed(qtype, rep.failures, str(report_path))
+    out.print("[green]gate passed[/green]")
+
+
+def main() -> None:
+    """Entry point: run the app; a ModelmintError becomes its message, its hint, and exit code 1."""
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        app(standalone_mode=False)
+    except ModelmintError as e:
+        err.print(f"[bold red]error:[/bold red] {_escape(e.message)}", highlight=False)
+        if e.hint:
+            err.print(f"[yellow]→ {_escape(e.hint)}[/yellow]", highlight=False)
+        sys.exit(1)
+    except typer.Abort:
+        err.print("aborted")
+        sys.exit(130)
+    except Exception as e:  # click usage errors
+        import click
+
+        if isinstance(e, click.ClickException):
+            e.show()
+            sys.exit(e.exit_code)
+        raise
+
+
+def _escape(text: str) -> str:
+    from rich.markup import escape
+
+    return escape(text)
