@@ -52,7 +52,11 @@ rm -rf "$work/build"
 "$work/venv/bin/pip" install -q "$work/llama.cpp/gguf-py"
 
 # 4. smoke: every tool starts, the converter imports
-for b in "$work"/bin/llama-*; do "$b" --version >/dev/null 2>&1 || "$b" --help >/dev/null 2>&1 || true; done
+# (llama-quantize has no --version; the others must report the pinned commit)
+for b in llama-completion llama-perplexity llama-imatrix llama-server llama-gguf-split; do
+  "$work/bin/$b" --version 2>&1 | grep -q "commit $LLAMA_CPP_COMMIT" || { echo "$b does not report commit $LLAMA_CPP_COMMIT" >&2; exit 1; }
+done
+"$work/bin/llama-quantize" --help 2>&1 | grep -q Q4_K_M
 "$work/venv/bin/python" "$work/llama.cpp/convert_hf_to_gguf.py" --help >/dev/null
 
 touch "$PREFIX/.complete"

@@ -1,0 +1,548 @@
+"""The fetch step: a catalog source becomes a checked SourceSnapshot (Safetensors, config, tokenizer, sha256s)."""
+
+from __future__ import annotations
+
+import contextlib
+import fnmatch
+import glob
+import hashlib
+import json
+import logging
+import math
+import re
+import struct
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from pipelines.catalog import CatalogEntry, GeneratedSource, HubSource, LocalSource
+from pipelines.errors import ArtifactError, HubUnavailable, IntegrityError, SourceError
+from pipelines.fsutil import HashCache
+from pipelines.settings import Settings
+
+if TYPE_CHECKING:
+    from huggingface_hub.hf_api import RepoSibling
+
+log = logging.getLogger(__name__)
+
+SourceKind = Literal["hub", "local", "generated"]
+
+# What a conversion or compression needs from a model repo, and nothing else: no pickles, no other
+# frameworks' weights, no code unless the catalog entry trusts it. Matched against top-level files only.
+ALLOW_PATTERNS: tuple[str, ...] = (
+    "*.safetensors",
+    "model.safetensors.index.json",
+    "config.json",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "tokenizer.model",
+    "vocab.json",
+    "vocab.txt",
+    "merges.txt",
+    "chat_template.jinja",
+    "chat_template.json",
+    "*.tiktoken",
+    "LICENSE*",
+    "LICENCE*",
+    "README.md",
+)
+CODE_PATTERNS: tuple[str, ...] = ("*.py",)
+INDEX_FILE = "model.safetensors.index.json"
+PICKLE_SUFFIXES = frozenset({".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle"})
+
+_COMMIT = re.compile(r"^[0-9a-f]{40}$")
+_HEADER_MAX = 100 * 1024 * 1024  # the safetensors library refuses larger headers, so do we
+# Bits per element of every dtype the safetensors format defines (sub-byte float types included).
+_DTYPE_BITS: Mapping[str, int] = {
+    "BOOL": 8, "U8": 8, "I8": 8, "F8_E5M2": 8, "F8_E4M3": 8, "F8_E8M0": 8, "F4": 4, "F6_E2M3": 6, "F6_E3M2": 6,
+    "I16": 16, "U16": 16, "F16": 16, "BF16": 16, "I32": 32, "U32": 32, "F32": 32, "F64": 64, "I64": 64,
+    "U64": 64, "C64": 64,
+}
+
+
+@dataclass(frozen=True)
+class SourceSnapshot:
+    """A checked source directory: every file in `files` was read back and its sha256 recorded."""
+
+    path: Path
+    """The directory the converters read (for hub sources, the snapshot folder in the download cache)."""
+    repo_id: str | None
+    revision: str | None
+    """The 40-hex commit for hub sources; None for local and generated ones."""
+    files: dict[str, str]
+    """Path relative to `path` → sha256, for exactly the files the pipeline uses."""
+    kind: SourceKind
+
+
+def fetch(entry: CatalogEntry, settings: Settings, *, revision: str | None = None) -> SourceSnapshot:
+    """Make `entry`'s source available locally and check it.
+
+    Hub sources are downloaded at their pinned commit (`revision` overrides the catalog's pin) into
+    `settings.home / "hub"`; local and generated sources are checked where they are. Only Safetensors
+    weights are accepted and nothing is ever unpickled.
+
+    Raises:
+        SourceError: the source is missing, not pinned, pickle-only, ships code the entry does not trust,
+            or holds a truncated or corrupt file.
+        IntegrityError: a downloaded file's sha256 differs from what the hub recorded (the file is removed
+            from the cache so that a rerun downloads it again).
+        HubUnavailable: the hub could not be reached or answered 5xx (transient).
+    """
+    source = entry.source
+    if isinstance(source, HubSource):
+        return _fetch_hub(entry, source, settings, revision or source.revision)
+    if revision is not None:
+        raise SourceError(
+            f"{entry.name} is not a hub source, so a revision ({revision}) does not apply",
+            hint=f"run `modelmint fetch {entry.name}` without --revision",
+        )
+    if isinstance(source, LocalSource):
+        path = source.path.expanduser()
+        if not path.is_absolute():
+            # Like docker-compose and DVC: a relative path in the catalog is relative to the catalog file.
+            path = settings.catalog_path.parent / path
+        return _snapshot_of_dir(entry, path.resolve(), settings, kind="local")
+    if isinstance(source, GeneratedSource):
+        from pipelines.tinymodel import ensure_tiny_model
+
+        return _snapshot_of_dir(entry, Path(ensure_tiny_model(source.generated, settings)), settings,
+                                kind="generated")
+    raise TypeError(f"unknown source type {type(source).__name__}")
+
+
+# ---------------------------------------------------------------- safetensors
+
+
+def read_safetensors_header(path: Path) -> dict[str, Any]:
+    """Read and check a .safetensors file's header without loading a tensor.
+
+    Returns the header as stored: tensor name → {"dtype", "shape", "data_offsets"}, plus "__metadata__"
+    when present. Checks that every dtype is known, every shape is non-negative integers, each tensor's byte
+    range matches its dtype and shape, and the ranges tile the data section exactly up to the end of the file.
+
+    Raises:
+        ArtifactError: the file is truncated, has trailing bytes, or its header is not valid.
+    """
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as fh:
+            prefix = fh.read(8)
+            if len(prefix) < 8:
+                raise ArtifactError(f"{path} is truncated: {size} bytes, shorter than a safetensors header")
+            (n,) = struct.unpack("<Q", prefix)
+            if n == 0 or n > _HEADER_MAX:
+                raise ArtifactError(f"{path} is not a safetensors file: header length {n} is implausible")
+            if 8 + n > size:
+                raise ArtifactError(f"{path} is truncated: its header needs {8 + n} bytes, the file has {size}")
+            raw = fh.read(n)
+    except OSError as err:
+        raise ArtifactError(f"cannot read {path}: {err}") from err
+    try:
+        header = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as err:
+        raise ArtifactError(f"{path} has a corrupt header: not UTF-8 JSON ({err})") from err
+    if not isinstance(header, dict):
+        raise ArtifactError(f"{path} has a corrupt header: expected a JSON object")
+
+    data_size = size - 8 - n
+    spans: list[tuple[int, int, str]] = []
+    for name, info in header.items():
+        if name == "__metadata__":
+            if not isinstance(info, dict) or not all(
+                isinstance(k, str) and isinstance(v, str) for k, v in info.items()
+            ):
+                raise ArtifactError(f"{path} has a corrupt header: __metadata__ must map strings to strings")
+            continue
+        spans.append((*_tensor_span(path, name, info), name))
+
+    spans.sort()
+    end = 0
+    for begin, stop, name in spans:
+        if begin != end:
+            raise ArtifactError(
+                f"{path} has a corrupt header: tensor {name!r} starts at byte {begin}, expected {end} "
+                "(data ranges must be contiguous)"
+            )
+        end = stop
+    if end > data_size:
+        raise ArtifactError(f"{path} is truncated: tensors need {end} data bytes, the file holds {data_size}")
+    if end < data_size:
+        raise ArtifactError(f"{path} is corrupt: {data_size - end} bytes after the last tensor")
+    return header
+
+
+def _tensor_span(path: Path, name: str, info: object) -> tuple[int, int]:
+    def bad(why: str) -> ArtifactError:
+        return ArtifactError(f"{path} has a corrupt header: tensor {name!r} {why}")
+
+    if not isinstance(info, dict):
+        raise bad("is not an object")
+    dtype, shape, offsets = info.get("dtype"), info.get("shape"), info.get("data_offsets")
+    if not isinstance(dtype, str) or dtype not in _DTYPE_BITS:
+        raise bad(f"has unknown dtype {dtype!r}")
+    if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
+        raise bad(f"has an invalid shape {shape!r}")
+    if (
+        not isinstance(offsets, list)
+        or len(offsets) != 2
+        or not all(type(o) is int for o in offsets)
+        or not 0 <= offsets[0] <= offsets[1]
+    ):
+        raise bad(f"has invalid data_offsets {offsets!r}")
+    nbytes = math.ceil(math.prod(shape) * _DTYPE_BITS[dtype] / 8)
+    if offsets[1] - offsets[0] != nbytes:
+        raise bad(f"spans {offsets[1] - offsets[0]} bytes but {dtype}{shape} needs {nbytes}")
+    return offsets[0], offsets[1]
+
+
+# ---------------------------------------------------------------- what to take from a model directory
+
+
+def _top_level(names: Iterable[str]) -> list[str]:
+    return [n for n in names if "/" not in n]
+
+
+def _matches(name: str, patterns: Iterable[str]) -> bool:
+    return any(fnmatch.fnmatchcase(name, p) for p in patterns)
+
+
+def _select(names: Iterable[str], shards: list[str] | None, trust_remote_code: bool) -> list[str]:
+    """The files to use: metadata and tokenizer files, plus the index's shards (or every top-level weight file)."""
+    patterns = ALLOW_PATTERNS + (CODE_PATTERNS if trust_remote_code else ())
+    chosen = []
+    for name in _top_level(names):
+        if not _matches(name, patterns):
+            continue
+        if name.endswith(".safetensors") and shards is not None and name not in shards:
+            continue  # e.g. Mistral's consolidated.safetensors next to the sharded copy the index names
+        chosen.append(name)
+    return sorted(chosen)
+
+
+def _check_policy(
+    entry: CatalogEntry, names: Iterable[str], config: Mapping[str, Any] | None, where: str, **kw: Any
+) -> None:
+    """Refuse pickle-only weights, and code the entry does not trust, before anything is downloaded or read."""
+    top = _top_level(names)
+    if not any(n.endswith(".safetensors") for n in top):
+        pickles = sorted(n for n in top if Path(n).suffix in PICKLE_SUFFIXES)
+        if pickles:
+            raise SourceError(
+                f"{where} has only pickle weights ({', '.join(pickles[:4])}{' …' if len(pickles) > 4 else ''}); "
+                "modelmint reads Safetensors only and never unpickles a file",
+                hint="pin a revision that ships .safetensors (many repos have an 'Adding safetensors' commit or "
+                "refs/pr branch), or convert it yourself in a sandbox and use a local source",
+                **kw,
+            )
+        raise SourceError(
+            f"{where} has no .safetensors weights",
+            hint="check the repo/path and revision in registry/catalog.yaml",
+            **kw,
+        )
+    if entry.trust_remote_code:
+        return
+    code = sorted(n for n in top if _matches(n, CODE_PATTERNS))
+    auto_map = (config or {}).get("auto_map")
+    if code or auto_map:
+        what = f"Python files ({', '.join(code[:4])})" if code else f"config.json auto_map {sorted(auto_map)}"
+        raise SourceError(
+            f"{where} ships custom model code: {what}",
+            hint=f"read that code; if you trust it, set `trust_remote_code: true` on {entry.name} in "
+            "registry/catalog.yaml and rerun",
+            **kw,
+        )
+
+
+def _read_json(path: Path, what: str, **kw: Any) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as err:
+        raise SourceError(f"{what} is not readable JSON: {err}", **kw) from err
+    if not isinstance(data, dict):
+        raise SourceError(f"{what} is not a JSON object", **kw)
+    return data
+
+
+def _index_shards(index_path: Path, **kw: Any) -> list[str]:
+    index = _read_json(index_path, str(index_path), **kw)
+    weight_map = index.get("weight_map")
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise SourceError(f"{index_path} has no weight_map", **kw)
+    shards = sorted({str(v) for v in weight_map.values()})
+    if bad := [s for s in shards if "/" in s or not s.endswith(".safetensors")]:
+        raise SourceError(f"{index_path} names unexpected weight files {bad}", **kw)
+    return shards
+
+
+# ---------------------------------------------------------------- checks shared by every kind of source
+
+
+def _check_files(
+    entry: CatalogEntry,
+    root: Path,
+    files: list[str],
+    hashes: HashCache,
+    *,
+    refetch_hint: str,
+    known: Mapping[str, str] | None = None,
+    **kw: Any,
+) -> dict[str, str]:
+    """Check config, index and every Safetensors header in `root`; return relpath → sha256 for `files`."""
+    missing = [f for f in files if not (root / f).is_file()]
+    if missing:
+        raise SourceError(f"{root} lacks {', '.join(missing)}", hint=refetch_hint, **kw)
+    if "config.json" not in files:
+        raise SourceError(f"{root} has no config.json", hint="a model directory needs its config.json", **kw)
+    config = _read_json(root / "config.json", f"{root / 'config.json'}", **kw)
+    if config.get("auto_map") and not entry.trust_remote_code:
+        _check_policy(entry, files, config, str(root), **kw)
+    weights = [f for f in files if f.endswith(".safetensors")]
+    if INDEX_FILE in files:
+        shards = _index_shards(root / INDEX_FILE, **kw)
+        if absent := [s for s in shards if s not in weights]:
+            raise SourceError(f"{root / INDEX_FILE} names files that are not there: {absent}",
+                              hint=refetch_hint, **kw)
+    for name in weights:
+        try:
+            read_safetensors_header(root / name)
+        except ArtifactError as err:
+            raise SourceError(err.message, hint=refetch_hint, **kw) from err
+    known = known or {}
+    return {f: known.get(f) or hashes.sha256(root / f) for f in files}
+
+
+def _snapshot_of_dir(entry: CatalogEntry, path: Path, settings: Settings, *, kind: SourceKind) -> SourceSnapshot:
+    if not path.is_dir():
+        raise SourceError(
+            f"{entry.name}: source directory {path} does not exist",
+            hint="fix source.path in registry/catalog.yaml (relative paths start at the catalog's folder)"
+            if kind == "local" else f"rerun `modelmint fetch {entry.name}` to generate it again",
+        )
+    names = sorted(p.name for p in path.iterdir() if p.is_file())
+    config_path = path / "config.json"
+    if not config_path.is_file():
+        raise SourceError(f"{path} has no config.json", hint="a model directory needs its config.json")
+    config = _read_json(config_path, str(config_path))
+    _check_policy(entry, names, config, str(path))
+    shards = _index_shards(path / INDEX_FILE) if INDEX_FILE in names else None
+    if shards and (absent := [s for s in shards if s not in names]):
+        raise SourceError(
+            f"{path / INDEX_FILE} names files that are not there: {absent}",
+            hint="copy the missing shards into the directory or fix the index",
+        )
+    files = _select(names, shards, entry.trust_remote_code)
+    hint = (
+        f"the file is damaged: copy it into {path} again from its origin, then rerun `modelmint fetch {entry.name}`"
+        if kind == "local" else f"delete {path} and rerun `modelmint fetch {entry.name}` to generate it again"
+    )
+    hashes = HashCache(settings.home / "hashcache.json")
+    checked = _check_files(entry, path, files, hashes, refetch_hint=hint)
+    log.info("%s: %s source %s checked (%d files)", entry.name, kind, path, len(checked))
+    return SourceSnapshot(path=path, repo_id=None, revision=None, files=checked, kind=kind)
+
+
+# ---------------------------------------------------------------- the hub
+
+
+def _fetch_hub(entry: CatalogEntry, source: HubSource, settings: Settings, revision: str | None) -> SourceSnapshot:
+    from huggingface_hub import HfApi, hf_hub_download, snapshot_download
+
+    repo_id = source.repo
+    if revision is None:
+        raise SourceError(
+            f"{entry.name}: {repo_id} is not pinned yet (source.revision is null)",
+            repo_id=repo_id,
+            hint=f"run `hf models info {repo_id} --expand sha`, put that 40-hex sha as source.revision of "
+            f"{entry.name} in registry/catalog.yaml, then rerun",
+        )
+    if not _COMMIT.fullmatch(revision):
+        raise SourceError(
+            f"{entry.name}: revision {revision!r} is not a 40-hex commit (branch and tag names move)",
+            repo_id=repo_id,
+            revision=revision,
+            hint=f"run `hf models info {repo_id} --revision {revision} --expand sha` and use that sha",
+        )
+    kw: dict[str, Any] = {"repo_id": repo_id, "revision": revision}
+    cache_dir = settings.home / "hub"
+    hub = dict(endpoint=settings.hf_endpoint, token=settings.hf_token)
+
+    log.info("%s: listing %s@%s", entry.name, repo_id, revision[:12])
+    with _hub_errors(entry, settings, **kw):
+        info = HfApi(**hub).model_info(repo_id, revision=revision, files_metadata=True)
+    if info.sha and info.sha != revision:
+        raise SourceError(f"the hub answered commit {info.sha} for {repo_id}@{revision}", **kw)
+    remote: dict[str, RepoSibling] = {s.rfilename: s for s in info.siblings or []}
+    _check_policy(entry, remote, info.config, f"{repo_id}@{revision[:12]}", **kw)
+
+    shards = None
+    if INDEX_FILE in remote:
+        with _hub_errors(entry, settings, **kw):
+            index_path = hf_hub_download(repo_id, INDEX_FILE, revision=revision, cache_dir=cache_dir, **hub)
+        shards = _index_shards(Path(index_path), **kw)
+        if absent := [s for s in shards if s not in remote]:
+            raise SourceError(
+                f"{repo_id}@{revision[:12]}: {INDEX_FILE} names files the repo does not have: {absent}",
+                hint="the upstream repo is broken at this commit; pin another revision",
+                **kw,
+            )
+    files = _select(remote, shards, entry.trust_remote_code)
+
+    log.info("%s: downloading %d files of %s@%s", entry.name, len(files), repo_id, revision[:12])
+    with _hub_errors(entry, settings, **kw):
+        folder = snapshot_download(
+            repo_id,
+            revision=revision,
+            allow_patterns=[glob.escape(f) for f in files],
+            cache_dir=cache_dir,
+            **hub,
+        )
+    root = Path(folder)
+    hashes = HashCache(settings.home / "hashcache.json")
+    known = _verify_against_hub(root, files, remote, hashes, **kw)
+    # The bytes are what the publisher recorded, so a bad header here is upstream's, not the download's.
+    checked = _check_files(
+        entry, root, files, hashes, known=known, **kw,
+        refetch_hint=f"the upstream file is damaged at this commit: pin another revision of {repo_id}",
+    )
+    log.info("%s: %s@%s checked (%d files)", entry.name, repo_id, revision[:12], len(checked))
+    return SourceSnapshot(path=root, repo_id=repo_id, revision=revision, files=checked, kind="hub")
+
+
+def _verify_against_hub(
+    root: Path, files: list[str], remote: Mapping[str, RepoSibling], hashes: HashCache, **kw: Any
+) -> dict[str, str]:
+    """Compare each file with the hub's record (LFS sha256, else git blob sha1); drop every bad one from the cache."""
+    known: dict[str, str] = {}
+    bad: list[tuple[str, str, str]] = []
+    for name in files:
+        path = root / name
+        if not path.is_file():
+            raise SourceError(f"{name} was not downloaded into {root}",
+                              hint="rerun the same command to download it again", **kw)
+        sibling = remote[name]
+        if sibling.lfs is not None:
+            actual = hashes.sha256(path)
+            known[name] = actual
+            if actual != sibling.lfs.sha256:
+                bad.append((name, sibling.lfs.sha256, actual))
+        elif sibling.blob_id:
+            actual_oid = _git_blob_sha1(path)
+            if actual_oid != sibling.blob_id:
+                bad.append((name, f"git-sha1:{sibling.blob_id}", f"git-sha1:{actual_oid}"))
+    for name, _, _ in bad:
+        _evict(root / name)
+    if bad:
+        name, expected, actual = bad[0]
+        others = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+        log.error("integrity check failed for %s%s; removed from the download cache", name, others)
+        raise IntegrityError(name, expected, actual, **kw)
+    return known
+
+
+def _git_blob_sha1(path: Path) -> str:
+    data = path.read_bytes()  # only non-LFS files get here: small text files
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+def _evict(pointer: Path) -> None:
+    """Remove a snapshot file and the cache blob behind it, so that nothing trusts it and a rerun downloads it."""
+    blob = pointer.resolve() if pointer.is_symlink() else None
+    pointer.unlink(missing_ok=True)
+    if blob is not None:
+        blob.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def _hub_errors(entry: CatalogEntry, settings: Settings, *, repo_id: str, revision: str) -> Iterator[None]:
+    """Turn huggingface_hub's and httpx's errors into SourceError / HubUnavailable; never echo the token."""
+    import httpx2
+    from huggingface_hub.errors import (
+        DisabledRepoError,
+        GatedRepoError,
+        HfHubHTTPError,
+        LocalEntryNotFoundError,
+        OfflineModeIsEnabled,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
+
+    kw = {"repo_id": repo_id, "revision": revision}
+    page = f"{(settings.hf_endpoint or 'https://huggingface.co').rstrip('/')}/{repo_id}"
+    retry = f"rerun `modelmint fetch {entry.name}` when the hub answers again (a flow retries this by itself)"
+    access_hint = (
+        f"open {page} with the account that should download it, accept the licence there, then set HF_TOKEN "
+        "to a read token of that account and rerun"
+    )
+
+    def unavailable(err: BaseException) -> HubUnavailable:
+        return HubUnavailable(
+            f"the hub at {settings.hf_endpoint or 'https://huggingface.co'} could not be reached for "
+            f"{repo_id}@{revision[:12]}: {_scrub(_short(err), settings)}",
+            hint=retry, **kw,
+        )
+
+    def from_status(err: HfHubHTTPError) -> SourceError:
+        status = err.response.status_code if err.response is not None else None
+        if status in (401, 403):
+            return SourceError(
+                f"the hub refused access to {repo_id} (HTTP {status}"
+                f"{': token rejected' if settings.hf_token else ', no token set'})",
+                hint=access_hint, **kw,
+            )
+        if status is None or status >= 500 or status in (408, 429):
+            return unavailable(err)
+        return SourceError(f"the hub answered HTTP {status} for {repo_id}@{revision[:12]}: "
+                           f"{_scrub(_short(err), settings)}", **kw)
+
+    try:
+        yield
+    except GatedRepoError as err:  # before RepositoryNotFoundError: it is a subclass
+        raise SourceError(
+            f"{repo_id} is gated and this account has not been granted access"
+            f"{'' if settings.hf_token else ' (no HF_TOKEN set)'}",
+            hint=access_hint, **kw,
+        ) from err
+    except RevisionNotFoundError as err:
+        raise SourceError(
+            f"{repo_id} has no commit {revision}",
+            hint=f"check source.revision of {entry.name}; `hf models info {repo_id} --expand sha` shows the "
+            "current one",
+            **kw,
+        ) from err
+    except RepositoryNotFoundError as err:
+        raise SourceError(
+            f"repo {repo_id} not found (or private: set HF_TOKEN)",
+            hint=f"check source.repo of {entry.name} in registry/catalog.yaml; for a private repo set HF_TOKEN "
+            "to a token that can read it",
+            **kw,
+        ) from err
+    except DisabledRepoError as err:
+        raise SourceError(f"{repo_id} has been disabled on the hub", hint="pick another source", **kw) from err
+    except OfflineModeIsEnabled as err:
+        raise SourceError(
+            f"HF_HUB_OFFLINE is set, so {repo_id} cannot be checked against the hub",
+            hint="unset HF_HUB_OFFLINE and rerun", **kw,
+        ) from err
+    except HfHubHTTPError as err:
+        raise from_status(err) from err
+    except LocalEntryNotFoundError as err:
+        # snapshot_download's answer to a failed listing or HEAD: the cause says why.
+        cause = err.__cause__
+        if isinstance(cause, HfHubHTTPError):
+            raise from_status(cause) from err
+        raise unavailable(cause or err) from err
+    except (httpx2.TransportError, ConnectionError, TimeoutError) as err:
+        raise unavailable(err) from err
+
+
+def _short(err: BaseException) -> str:
+    text = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {text[0] if text else ''}"
+
+
+def _scrub(text: str, settings: Settings) -> str:
+    return text.replace(settings.hf_token, "***") if settings.hf_token else text

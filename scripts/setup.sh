@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Install everything modelmint needs on a fresh machine; a second run takes seconds.
+#   .venv/                      the main environment (light: no torch)
+#   $MODELMINT_HOME/toolchains  pinned toolchains, built once per pinned version, outside the repo
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+PYTHON=${PYTHON:-python3}
+export PYTHON
+
+# 1. main environment; reinstalled only when pyproject.toml changes
+stamp=.venv/.modelmint-installed
+want=$(sha256sum pyproject.toml | cut -d' ' -f1)
+if [[ ! -x .venv/bin/python ]] || [[ "$(cat "$stamp" 2>/dev/null)" != "$want" ]]; then
+  echo "• main environment (.venv)"
+  "$PYTHON" -m venv .venv
+  .venv/bin/pip install -q --upgrade pip
+  .venv/bin/pip install -q -e '.[test]'
+  echo "$want" > "$stamp"
+fi
+
+# 2. llama.cpp: binaries + converter venv, pinned in toolchains/llama-cpp.env
+echo "• llama.cpp toolchain"
+bash toolchains/setup-llama-cpp.sh
+
+echo "setup done: run .venv/bin/modelmint --help"

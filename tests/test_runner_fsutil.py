@@ -1,0 +1,114 @@
+"""The tool runner and atomic outputs, on real processes and a real size-limited filesystem."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pipelines.errors import DiskFullError, ToolError, ToolTimeout
+from pipelines.fsutil import HashCache, atomic_output, clean_partials, partial_path
+from pipelines.runner import run
+
+
+def test_run_captures_output_and_peak_rss() -> None:
+    r = run([sys.executable, "-c", "import sys; b = bytearray(64 << 20); print('out'); print('err', file=sys.stderr)"])
+    assert r.stdout.strip() == "out" and r.stderr.strip() == "err"
+    assert r.peak_rss_bytes > 64 << 20  # the child's own peak, from wait4
+
+
+def test_failure_carries_command_and_stderr_tail() -> None:
+    with pytest.raises(ToolError) as exc:
+        run([sys.executable, "-c", "import sys; [print(f'line {i}', file=sys.stderr) for i in range(100)]; sys.exit(3)"])
+    assert exc.value.returncode == 3
+    assert "line 99" in exc.value.stderr_tail and "line 10\n" not in exc.value.stderr_tail
+    assert exc.value.argv[0] == sys.executable
+
+
+def test_timeout_kills_the_process_group() -> None:
+    with pytest.raises(ToolTimeout):
+        run([sys.executable, "-c", "import time; time.sleep(30)"], timeout=0.5)
+
+
+def test_tokens_are_not_passed_to_tools(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_TOKEN", "hf_secret_value")
+    r = run([sys.executable, "-c", "import os; print(os.environ.get('HF_TOKEN', 'absent'))"])
+    assert r.stdout.strip() == "absent"
+
+
+def test_atomic_output_keeps_old_content_on_failure(tmp_path: Path) -> None:
+    final = tmp_path / "model.gguf"
+    final.write_text("old")
+    with pytest.raises(RuntimeError), atomic_output(final) as tmp:
+        tmp.write_text("half")
+        raise RuntimeError("killed")
+    assert final.read_text() == "old"
+    assert list(tmp_path.iterdir()) == [final]
+    with atomic_output(final) as tmp:
+        tmp.write_text("new")
+    assert final.read_text() == "new"
+
+
+def test_partials_of_a_killed_process_are_cleaned(tmp_path: Path) -> None:
+    final = tmp_path / "out.gguf"
+    # A real process killed with SIGKILL while writing its partial file.
+    code = (
+        "import os, sys, time; from pathlib import Path; from pipelines.fsutil import atomic_output\n"
+        "with atomic_output(Path(sys.argv[1])) as t:\n"
+        "    t.write_bytes(b'x' * 1000); print('writing', flush=True); time.sleep(60)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code, str(final)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout and proc.stdout.readline().strip() == "writing"
+    proc.kill()
+    proc.wait()
+    leftovers = list(tmp_path.iterdir())
+    assert leftovers and not final.exists()
+    assert set(clean_partials(tmp_path)) == set(leftovers)
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.fixture
+def small_fs(tmp_path: Path):
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mnt)]).returncode:
+        pytest.skip("needs root to mount a size-limited tmpfs")
+    yield mnt
+    subprocess.run(["umount", str(mnt)], check=True)
+
+
+def test_disk_full_is_a_clear_error_and_leaves_nothing(small_fs: Path) -> None:
+    final = small_fs / "big.bin"
+    with pytest.raises(DiskFullError) as exc, atomic_output(final) as tmp:
+        tmp.write_bytes(b"\0" * (1 << 20))
+    assert "no space left" in str(exc.value) and "MODELMINT_WORK_DIR" in str(exc.value)
+    assert not list(small_fs.iterdir())
+
+
+def test_disk_full_in_a_tool_is_recognised(small_fs: Path) -> None:
+    target = small_fs / "x"
+    with pytest.raises(DiskFullError):
+        run([sys.executable, "-c", f"open({str(target)!r}, 'wb').write(b'0' * (1 << 20))"], cwd=small_fs)
+
+
+def test_hash_cache_does_not_rehash_unchanged_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import pipelines.fsutil as fsutil
+
+    f = tmp_path / "w.safetensors"
+    f.write_bytes(b"a" * 4096)
+    calls = []
+    real = fsutil.sha256_file
+    monkeypatch.setattr(fsutil, "sha256_file", lambda p: calls.append(p) or real(p))
+    cache = HashCache(tmp_path / "db.json")
+    first = cache.sha256(f)
+    assert HashCache(tmp_path / "db.json").sha256(f) == first and len(calls) == 1
+    f.write_bytes(b"b" * 4096)
+    assert HashCache(tmp_path / "db.json").sha256(f) != first and len(calls) == 2
+
+
+def test_partial_names_never_look_like_outputs(tmp_path: Path) -> None:
+    p = partial_path(tmp_path / "m-q4_k_m.gguf")
+    assert not p.name.endswith(".gguf") and ".partial-" in p.name
