@@ -5,8 +5,10 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -96,6 +98,8 @@ class BuildResult:
     variants: dict[str, VariantOutcome]
     tools_run: list[str]
     """Every tool invocation this build made (empty when everything was cached)."""
+    timings: dict[str, float] = field(default_factory=dict)
+    """Wall seconds per phase (fetch, convert, imatrix, quantize, validate), cached phases included."""
 
     @property
     def passed(self) -> list[str]:
@@ -135,8 +139,19 @@ def build_gguf(
         entry = entry.with_quants(quants)
         spec = entry.variants.gguf
         assert spec is not None
+    timings: dict[str, float] = {}
+
+    @contextmanager
+    def phase(name: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            timings[name] = round(timings.get(name, 0.0) + time.perf_counter() - start, 3)
+
     progress(f"fetch {entry.name}")
-    snapshot = fetch(entry, settings, revision=revision)
+    with phase("fetch"):
+        snapshot = fetch(entry, settings, revision=revision)
     source_key = content_key(sorted(snapshot.files.items()))
     source = {
         "kind": snapshot.kind,
@@ -155,16 +170,18 @@ def build_gguf(
     # 1. f16 / bf16 base
     base_path = out_dir / f"{entry.name}-{spec.outtype}.gguf"
     base_key = content_key("convert", source_key, spec.outtype, llama.commit, __version__)
-    base = load_receipt(base_path, base_key)
+    with phase("convert"):
+        base = load_receipt(base_path, base_key)
     if base is None:
         progress(f"convert → {base_path.name}")
-        info, tool = gguf.convert(
-            snapshot.path, base_path, llama, outtype=spec.outtype, provenance=_provenance(entry, snapshot, llama)
-        )
+        with phase("convert"):
+            info, tool = gguf.convert(
+                snapshot.path, base_path, llama, outtype=spec.outtype, provenance=_provenance(entry, snapshot, llama)
+            )
+            base = write_receipt(
+                base_path, base_key, gguf=info.to_dict(), wall_s=round(tool.wall_s, 3), peak_rss=tool.peak_rss_bytes
+            )
         tools_run.append("convert_hf_to_gguf")
-        base = write_receipt(
-            base_path, base_key, gguf=info.to_dict(), wall_s=round(tool.wall_s, 3), peak_rss=tool.peak_rss_bytes
-        )
 
     # 2. optional importance matrix from the bundled calibration text
     text = bundled_text()
@@ -176,9 +193,10 @@ def build_gguf(
         imatrix_key = content_key("imatrix", base_key, text_sha, llama.commit)
         if load_receipt(imatrix_path, imatrix_key) is None:
             progress("imatrix")
-            gguf.compute_imatrix(base_path, text, imatrix_path, llama, threads=threads)
+            with phase("imatrix"):
+                gguf.compute_imatrix(base_path, text, imatrix_path, llama, threads=threads)
+                write_receipt(imatrix_path, imatrix_key)
             tools_run.append("llama-imatrix")
-            write_receipt(imatrix_path, imatrix_key)
 
     # 3. quantize every type from the one base, concurrently where cores allow
     kv = {
@@ -191,7 +209,8 @@ def build_gguf(
     def _quant_key(q: str) -> str:
         return content_key("quantize", base_key, q, imatrix_key, llama.commit, kv)
 
-    todo = [q for q in spec.quants if load_receipt(_qpath(out_dir, entry.name, q), _quant_key(q)) is None]
+    with phase("quantize"):
+        todo = [q for q in spec.quants if load_receipt(_qpath(out_dir, entry.name, q), _quant_key(q)) is None]
     if todo:
         jobs, per_job = quant_parallelism(len(todo), threads)
         progress(f"quantize {', '.join(todo)} ({jobs} at a time, {per_job} threads each)")
@@ -204,7 +223,7 @@ def build_gguf(
             write_receipt(out, _quant_key(q), gguf=info.to_dict(), wall_s=round(tool.wall_s, 3),
                           peak_rss=tool.peak_rss_bytes)
 
-        with ThreadPoolExecutor(max_workers=jobs) as pool:
+        with phase("quantize"), ThreadPoolExecutor(max_workers=jobs) as pool:
             for _ in pool.map(_one, todo):
                 pass
         tools_run += [f"llama-quantize {q}" for q in todo]
@@ -214,6 +233,7 @@ def build_gguf(
     logits_path = out_dir / f"{entry.name}-{spec.outtype}.kld-base.bin"
     logits_key = content_key("kld-base", base_key, text_sha, ctx, chunks, llama.commit)
     variants: dict[str, VariantOutcome] = {}
+    validate_start = time.perf_counter()
     for q in spec.quants:
         qpath = _qpath(out_dir, entry.name, q)
         qreceipt = load_receipt(qpath, _quant_key(q))
@@ -243,7 +263,8 @@ def build_gguf(
             outcome.shards = _split_if_needed(qpath, spec.split_max_size, llama)
         variants[q] = outcome
 
-    result = BuildResult(entry.name, out_dir, source, base, variants, tools_run)
+    timings["validate"] = round(time.perf_counter() - validate_start, 3)
+    result = BuildResult(entry.name, out_dir, source, base, variants, tools_run, timings)
     write_text_atomic(out_dir / "build.json", json.dumps(_summary(result), indent=2, sort_keys=True) + "\n")
     return result
 

@@ -49,7 +49,7 @@ class HubSource(_Strict):
         if v is not None and not _COMMIT.fullmatch(v):
             raise ValueError(
                 f"revision {v!r} is not a 40-hex commit: pin the exact commit (branch and tag names move); "
-                "find it with `huggingface-cli repo-info` or on the repo's 'Files' page"
+                "find it with `hf models info <repo> --expand sha` or on the repo's commit history page"
             )
         return v
 

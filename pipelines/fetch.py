@@ -1,4 +1,4 @@
-"""The fetch step: a catalog source becomes a checked SourceSnapshot (Safetensors, config, tokenizer, sha256s)."""
+"""The fetch step: a catalog source becomes a checked SourceSnapshot (Safetensors, config, tokenizer)."""
 
 from __future__ import annotations
 
@@ -58,9 +58,26 @@ _COMMIT = re.compile(r"^[0-9a-f]{40}$")
 _HEADER_MAX = 100 * 1024 * 1024  # the safetensors library refuses larger headers, so do we
 # Bits per element of every dtype the safetensors format defines (sub-byte float types included).
 _DTYPE_BITS: Mapping[str, int] = {
-    "BOOL": 8, "U8": 8, "I8": 8, "F8_E5M2": 8, "F8_E4M3": 8, "F8_E8M0": 8, "F4": 4, "F6_E2M3": 6, "F6_E3M2": 6,
-    "I16": 16, "U16": 16, "F16": 16, "BF16": 16, "I32": 32, "U32": 32, "F32": 32, "F64": 64, "I64": 64,
-    "U64": 64, "C64": 64,
+    "BOOL": 8,
+    "U8": 8,
+    "I8": 8,
+    "F8_E5M2": 8,
+    "F8_E4M3": 8,
+    "F8_E8M0": 8,
+    "F4": 4,
+    "F6_E2M3": 6,
+    "F6_E3M2": 6,
+    "I16": 16,
+    "U16": 16,
+    "F16": 16,
+    "BF16": 16,
+    "I32": 32,
+    "U32": 32,
+    "F32": 32,
+    "F64": 64,
+    "I64": 64,
+    "U64": 64,
+    "C64": 64,
 }
 
 
@@ -109,8 +126,9 @@ def fetch(entry: CatalogEntry, settings: Settings, *, revision: str | None = Non
     if isinstance(source, GeneratedSource):
         from pipelines.tinymodel import ensure_tiny_model
 
-        return _snapshot_of_dir(entry, Path(ensure_tiny_model(source.generated, settings)), settings,
-                                kind="generated")
+        return _snapshot_of_dir(
+            entry, Path(ensure_tiny_model(source.generated, settings)), settings, kind="generated"
+        )
     raise TypeError(f"unknown source type {type(source).__name__}")
 
 
@@ -137,7 +155,9 @@ def read_safetensors_header(path: Path) -> dict[str, Any]:
             if n == 0 or n > _HEADER_MAX:
                 raise ArtifactError(f"{path} is not a safetensors file: header length {n} is implausible")
             if 8 + n > size:
-                raise ArtifactError(f"{path} is truncated: its header needs {8 + n} bytes, the file has {size}")
+                raise ArtifactError(
+                    f"{path} is truncated: its header needs {8 + n} bytes, the file has {size}"
+                )
             raw = fh.read(n)
     except OSError as err:
         raise ArtifactError(f"cannot read {path}: {err}") from err
@@ -211,7 +231,7 @@ def _matches(name: str, patterns: Iterable[str]) -> bool:
 
 
 def _select(names: Iterable[str], shards: list[str] | None, trust_remote_code: bool) -> list[str]:
-    """The files to use: metadata and tokenizer files, plus the index's shards (or every top-level weight file)."""
+    """The files to use: metadata and tokenizer files, and the index's shards (else all top-level weights)."""
     patterns = ALLOW_PATTERNS + (CODE_PATTERNS if trust_remote_code else ())
     chosen = []
     for name in _top_level(names):
@@ -226,16 +246,17 @@ def _select(names: Iterable[str], shards: list[str] | None, trust_remote_code: b
 def _check_policy(
     entry: CatalogEntry, names: Iterable[str], config: Mapping[str, Any] | None, where: str, **kw: Any
 ) -> None:
-    """Refuse pickle-only weights, and code the entry does not trust, before anything is downloaded or read."""
+    """Refuse pickle-only weights, and code the entry does not trust, before anything is downloaded."""
     top = _top_level(names)
     if not any(n.endswith(".safetensors") for n in top):
         pickles = sorted(n for n in top if Path(n).suffix in PICKLE_SUFFIXES)
         if pickles:
+            shown = ", ".join(pickles[:4]) + (" …" if len(pickles) > 4 else "")
             raise SourceError(
-                f"{where} has only pickle weights ({', '.join(pickles[:4])}{' …' if len(pickles) > 4 else ''}); "
+                f"{where} has only pickle weights ({shown}); "
                 "modelmint reads Safetensors only and never unpickles a file",
-                hint="pin a revision that ships .safetensors (many repos have an 'Adding safetensors' commit or "
-                "refs/pr branch), or convert it yourself in a sandbox and use a local source",
+                hint="pin a revision that ships .safetensors (many repos have an 'Adding safetensors' commit "
+                "or refs/pr branch), or convert it yourself in a sandbox and use a local source",
                 **kw,
             )
         raise SourceError(
@@ -304,8 +325,9 @@ def _check_files(
     if INDEX_FILE in files:
         shards = _index_shards(root / INDEX_FILE, **kw)
         if absent := [s for s in shards if s not in weights]:
-            raise SourceError(f"{root / INDEX_FILE} names files that are not there: {absent}",
-                              hint=refetch_hint, **kw)
+            raise SourceError(
+                f"{root / INDEX_FILE} names files that are not there: {absent}", hint=refetch_hint, **kw
+            )
     for name in weights:
         try:
             read_safetensors_header(root / name)
@@ -315,12 +337,15 @@ def _check_files(
     return {f: known.get(f) or hashes.sha256(root / f) for f in files}
 
 
-def _snapshot_of_dir(entry: CatalogEntry, path: Path, settings: Settings, *, kind: SourceKind) -> SourceSnapshot:
+def _snapshot_of_dir(
+    entry: CatalogEntry, path: Path, settings: Settings, *, kind: SourceKind
+) -> SourceSnapshot:
     if not path.is_dir():
         raise SourceError(
             f"{entry.name}: source directory {path} does not exist",
             hint="fix source.path in registry/catalog.yaml (relative paths start at the catalog's folder)"
-            if kind == "local" else f"rerun `modelmint fetch {entry.name}` to generate it again",
+            if kind == "local"
+            else f"rerun `modelmint fetch {entry.name}` to generate it again",
         )
     names = sorted(p.name for p in path.iterdir() if p.is_file())
     config_path = path / "config.json"
@@ -336,8 +361,10 @@ def _snapshot_of_dir(entry: CatalogEntry, path: Path, settings: Settings, *, kin
         )
     files = _select(names, shards, entry.trust_remote_code)
     hint = (
-        f"the file is damaged: copy it into {path} again from its origin, then rerun `modelmint fetch {entry.name}`"
-        if kind == "local" else f"delete {path} and rerun `modelmint fetch {entry.name}` to generate it again"
+        f"the file is damaged: copy it into {path} again from its origin, "
+        f"then rerun `modelmint fetch {entry.name}`"
+        if kind == "local"
+        else f"delete {path} and rerun `modelmint fetch {entry.name}` to generate it again"
     )
     hashes = HashCache(settings.home / "hashcache.json")
     checked = _check_files(entry, path, files, hashes, refetch_hint=hint)
@@ -348,7 +375,9 @@ def _snapshot_of_dir(entry: CatalogEntry, path: Path, settings: Settings, *, kin
 # ---------------------------------------------------------------- the hub
 
 
-def _fetch_hub(entry: CatalogEntry, source: HubSource, settings: Settings, revision: str | None) -> SourceSnapshot:
+def _fetch_hub(
+    entry: CatalogEntry, source: HubSource, settings: Settings, revision: str | None
+) -> SourceSnapshot:
     from huggingface_hub import HfApi, hf_hub_download, snapshot_download
 
     repo_id = source.repo
@@ -377,6 +406,12 @@ def _fetch_hub(entry: CatalogEntry, source: HubSource, settings: Settings, revis
         raise SourceError(f"the hub answered commit {info.sha} for {repo_id}@{revision}", **kw)
     remote: dict[str, RepoSibling] = {s.rfilename: s for s in info.siblings or []}
     _check_policy(entry, remote, info.config, f"{repo_id}@{revision[:12]}", **kw)
+    if "config.json" not in remote:
+        raise SourceError(
+            f"{repo_id}@{revision[:12]} has no config.json",
+            hint=f"check source.repo and source.revision of {entry.name}: a model repo needs its config.json",
+            **kw,
+        )
 
     shards = None
     if INDEX_FILE in remote:
@@ -405,7 +440,12 @@ def _fetch_hub(entry: CatalogEntry, source: HubSource, settings: Settings, revis
     known = _verify_against_hub(root, files, remote, hashes, **kw)
     # The bytes are what the publisher recorded, so a bad header here is upstream's, not the download's.
     checked = _check_files(
-        entry, root, files, hashes, known=known, **kw,
+        entry,
+        root,
+        files,
+        hashes,
+        known=known,
+        **kw,
         refetch_hint=f"the upstream file is damaged at this commit: pin another revision of {repo_id}",
     )
     log.info("%s: %s@%s checked (%d files)", entry.name, repo_id, revision[:12], len(checked))
@@ -415,14 +455,17 @@ def _fetch_hub(entry: CatalogEntry, source: HubSource, settings: Settings, revis
 def _verify_against_hub(
     root: Path, files: list[str], remote: Mapping[str, RepoSibling], hashes: HashCache, **kw: Any
 ) -> dict[str, str]:
-    """Compare each file with the hub's record (LFS sha256, else git blob sha1); drop every bad one from the cache."""
+    """Compare each file with the hub's record (LFS sha256, else git blob sha1); evict every bad one."""
     known: dict[str, str] = {}
     bad: list[tuple[str, str, str]] = []
     for name in files:
         path = root / name
         if not path.is_file():
-            raise SourceError(f"{name} was not downloaded into {root}",
-                              hint="rerun the same command to download it again", **kw)
+            raise SourceError(
+                f"{name} was not downloaded into {root}",
+                hint="rerun the same command to download it again",
+                **kw,
+            )
         sibling = remote[name]
         if sibling.lfs is not None:
             actual = hashes.sha256(path)
@@ -449,7 +492,7 @@ def _git_blob_sha1(path: Path) -> str:
 
 
 def _evict(pointer: Path) -> None:
-    """Remove a snapshot file and the cache blob behind it, so that nothing trusts it and a rerun downloads it."""
+    """Remove a snapshot file and the cache blob behind it: nothing trusts it, and a rerun downloads it."""
     blob = pointer.resolve() if pointer.is_symlink() else None
     pointer.unlink(missing_ok=True)
     if blob is not None:
@@ -482,7 +525,8 @@ def _hub_errors(entry: CatalogEntry, settings: Settings, *, repo_id: str, revisi
         return HubUnavailable(
             f"the hub at {settings.hf_endpoint or 'https://huggingface.co'} could not be reached for "
             f"{repo_id}@{revision[:12]}: {_scrub(_short(err), settings)}",
-            hint=retry, **kw,
+            hint=retry,
+            **kw,
         )
 
     def from_status(err: HfHubHTTPError) -> SourceError:
@@ -491,12 +535,15 @@ def _hub_errors(entry: CatalogEntry, settings: Settings, *, repo_id: str, revisi
             return SourceError(
                 f"the hub refused access to {repo_id} (HTTP {status}"
                 f"{': token rejected' if settings.hf_token else ', no token set'})",
-                hint=access_hint, **kw,
+                hint=access_hint,
+                **kw,
             )
         if status is None or status >= 500 or status in (408, 429):
             return unavailable(err)
-        return SourceError(f"the hub answered HTTP {status} for {repo_id}@{revision[:12]}: "
-                           f"{_scrub(_short(err), settings)}", **kw)
+        return SourceError(
+            f"the hub answered HTTP {status} for {repo_id}@{revision[:12]}: {_scrub(_short(err), settings)}",
+            **kw,
+        )
 
     try:
         yield
@@ -504,7 +551,8 @@ def _hub_errors(entry: CatalogEntry, settings: Settings, *, repo_id: str, revisi
         raise SourceError(
             f"{repo_id} is gated and this account has not been granted access"
             f"{'' if settings.hf_token else ' (no HF_TOKEN set)'}",
-            hint=access_hint, **kw,
+            hint=access_hint,
+            **kw,
         ) from err
     except RevisionNotFoundError as err:
         raise SourceError(
@@ -516,16 +564,19 @@ def _hub_errors(entry: CatalogEntry, settings: Settings, *, repo_id: str, revisi
     except RepositoryNotFoundError as err:
         raise SourceError(
             f"repo {repo_id} not found (or private: set HF_TOKEN)",
-            hint=f"check source.repo of {entry.name} in registry/catalog.yaml; for a private repo set HF_TOKEN "
-            "to a token that can read it",
+            hint=f"check source.repo of {entry.name} in registry/catalog.yaml; for a private repo, "
+            "set HF_TOKEN to a token that can read it",
             **kw,
         ) from err
     except DisabledRepoError as err:
-        raise SourceError(f"{repo_id} has been disabled on the hub", hint="pick another source", **kw) from err
+        raise SourceError(
+            f"{repo_id} has been disabled on the hub", hint="pick another source", **kw
+        ) from err
     except OfflineModeIsEnabled as err:
         raise SourceError(
             f"HF_HUB_OFFLINE is set, so {repo_id} cannot be checked against the hub",
-            hint="unset HF_HUB_OFFLINE and rerun", **kw,
+            hint="unset HF_HUB_OFFLINE and rerun",
+            **kw,
         ) from err
     except HfHubHTTPError as err:
         raise from_status(err) from err

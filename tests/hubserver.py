@@ -13,7 +13,19 @@ from urllib.parse import parse_qs, quote, unquote, urlsplit
 
 # What the Hub's default .gitattributes sends to LFS (the subset that matters for model repos).
 LFS_SUFFIXES = frozenset(
-    {".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".gguf", ".h5", ".msgpack", ".onnx", ".model", ".tiktoken"}
+    {
+        ".safetensors",
+        ".bin",
+        ".pt",
+        ".pth",
+        ".ckpt",
+        ".gguf",
+        ".h5",
+        ".msgpack",
+        ".onnx",
+        ".model",
+        ".tiktoken",
+    }
 )
 _LFS_THRESHOLD = 10 * 1024 * 1024
 
@@ -64,7 +76,11 @@ class FakeRepo:
         if not self.is_lfs(path):
             return None
         pointer = _lfs_pointer(self.advertised_sha256(path), len(self.files[path]))
-        return {sha_key: self.advertised_sha256(path), "size": len(self.files[path]), "pointerSize": len(pointer)}
+        return {
+            sha_key: self.advertised_sha256(path),
+            "size": len(self.files[path]),
+            "pointerSize": len(pointer),
+        }
 
     def config(self) -> dict[str, object]:
         """The slice of config.json the Hub puts in model_info (it includes auto_map)."""
@@ -90,16 +106,17 @@ class RecordedRequest:
 class HubServer:
     """Serves FakeRepos to the real huggingface_hub client, which is pointed at it with `endpoint=`.
 
-    Implements what huggingface_hub 2.4.0 calls for a pinned download: `GET /api/models/{repo}/revision/{rev}`
-    (model_info, `?blobs=True` for sizes and LFS sha256), `GET /api/models/{repo}/tree/{rev}` (list_repo_tree,
-    which snapshot_download uses), and `HEAD`/`GET /{repo}/resolve/{rev}/{path}`. Small files are served by the
-    hub with `ETag` = git blob sha1; LFS files answer `302` to a second server on another port (the "CDN", a
-    different origin, so the client drops the Authorization header as it does for the real CDN) with
-    `X-Linked-Etag` = sha256 and `X-Linked-Size`. Errors carry the `X-Error-Code` the client maps.
+    Implements what huggingface_hub 2.4.0 calls for a pinned download:
+    `GET /api/models/{repo}/revision/{rev}` (model_info; `?blobs=true` adds sizes and LFS sha256),
+    `GET /api/models/{repo}/tree/{rev}` (list_repo_tree, which snapshot_download uses), and
+    `HEAD`/`GET /{repo}/resolve/{rev}/{path}`. Small files come from the hub with `ETag` = git blob sha1;
+    LFS files answer `302` to a second server on another port (the "CDN": a different origin, so the
+    client drops the Authorization header as it does for the real CDN) with `X-Linked-Etag` = sha256 and
+    `X-Linked-Size`. Errors carry the `X-Error-Code` the client maps.
     """
 
     token: str | None = None
-    """The bearer token gated repos accept."""
+    """The one bearer token the hub accepts (any other Authorization is a 401); gated files need it."""
     fail_status: int | None = None
     """When set, every hub (not CDN) request answers this status, e.g. 503."""
     repos: dict[str, FakeRepo] = field(default_factory=dict)
@@ -119,7 +136,11 @@ class HubServer:
     ) -> FakeRepo:
         """Publish a repo; `files` is {path: bytes} or a directory whose files (recursively) are read."""
         if isinstance(files, Path):
-            files = {p.relative_to(files).as_posix(): p.read_bytes() for p in sorted(files.rglob("*")) if p.is_file()}
+            files = {
+                p.relative_to(files).as_posix(): p.read_bytes()
+                for p in sorted(files.rglob("*"))
+                if p.is_file()
+            }
         repo = FakeRepo(repo_id, dict(files), gated=gated, lie_about=frozenset(lie_about))
         self.repos[repo_id] = repo
         return repo
@@ -128,7 +149,9 @@ class HubServer:
         for role in ("hub", "cdn"):
             server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self, role))
             server.daemon_threads = True
-            threading.Thread(target=server.serve_forever, name=f"fake-{role}", daemon=True).start()
+            threading.Thread(
+                target=server.serve_forever, args=(0.05,), name=f"fake-{role}", daemon=True
+            ).start()
             self._servers.append(server)
         return self
 
@@ -160,27 +183,19 @@ class HubServer:
 
     def downloaded(self) -> list[str]:
         """Repo paths whose bytes were served (GET on resolve or on the CDN), in order."""
-        out = []
-        for r in self.requests:
-            if r.method != "GET":
-                continue
-            parts = r.path.split("/")
-            if r.server == "hub" and len(parts) > 5 and parts[3] == "resolve":
-                out.append("/".join(parts[5:]))
-            elif r.server == "cdn" and len(parts) > 5 and parts[1] == "lfs":
-                out.append("/".join(parts[5:]))
-        return out
+        return [p for r in self.requests if r.method == "GET" and (p := _repo_path(r)) is not None]
 
     def touched(self) -> list[str]:
         """Repo paths of every resolve or CDN request (HEAD included)."""
-        out = []
-        for r in self.requests:
-            parts = r.path.split("/")
-            if r.server == "hub" and len(parts) > 5 and parts[3] == "resolve":
-                out.append("/".join(parts[5:]))
-            elif r.server == "cdn" and len(parts) > 5:
-                out.append("/".join(parts[5:]))
-        return out
+        return [p for r in self.requests if (p := _repo_path(r)) is not None]
+
+
+def _repo_path(r: RecordedRequest) -> str | None:
+    """The repo file of a resolve (/{owner}/{name}/resolve/{rev}/…) or CDN (/lfs/…/{commit}/…) request."""
+    parts = r.path.split("/")
+    if len(parts) > 5 and (parts[3] == "resolve" if r.server == "hub" else parts[1] == "lfs"):
+        return "/".join(parts[5:])
+    return None
 
 
 def _url(server: ThreadingHTTPServer) -> str:
@@ -220,6 +235,10 @@ def _handler(hub: HubServer, role: str) -> type[BaseHTTPRequestHandler]:
                 return self._cdn(parts)
             if hub.fail_status:
                 return self._error(hub.fail_status, None, "the fake hub was told to fail")
+            auth = self.headers.get("Authorization")
+            if auth is not None and (hub.token is None or auth != f"Bearer {hub.token}"):
+                # the real hub refuses a bad token on every route, public repos included
+                return self._error(401, None, "Invalid credentials in Authorization header")
             if parts[:2] == ["api", "models"] and len(parts) >= 4:
                 return self._api(parts[2:], parse_qs(split.query))
             if len(parts) >= 5 and parts[2] == "resolve":
@@ -252,18 +271,14 @@ def _handler(hub: HubServer, role: str) -> type[BaseHTTPRequestHandler]:
             return repo
 
         def _authorized(self, repo: FakeRepo) -> bool:
-            if not repo.gated:
-                return True
-            auth = self.headers.get("Authorization")
-            if auth is None:
+            # A bad token was already refused in _dispatch; gated files need a good one.
+            if repo.gated and self.headers.get("Authorization") is None:
                 self._error(
-                    401, "GatedRepo",
+                    401,
+                    "GatedRepo",
                     f"Access to model {repo.repo_id} is restricted. You must have access to it and be "
                     "authenticated to access it. Please log in.",
                 )
-                return False
-            if hub.token is None or auth != f"Bearer {hub.token}":
-                self._error(401, None, "Invalid credentials in Authorization header")
                 return False
             return True
 
@@ -322,15 +337,25 @@ def _handler(hub: HubServer, role: str) -> type[BaseHTTPRequestHandler]:
             for path in sorted(repo.files):
                 if not path.startswith(prefix):
                     continue
-                rel = path[len(prefix):].split("/")
+                rel = path[len(prefix) :].split("/")
                 for depth in range(1, len(rel)):  # the folders on the way
                     folder = prefix + "/".join(rel[:depth])
                     if recursive or depth == 1:
-                        entries.setdefault(folder, {"type": "directory", "oid": git_blob_sha1(folder.encode()),
-                                                    "size": 0, "path": folder})
+                        entries.setdefault(
+                            folder,
+                            {
+                                "type": "directory",
+                                "oid": git_blob_sha1(folder.encode()),
+                                "size": 0,
+                                "path": folder,
+                            },
+                        )
                 if recursive or len(rel) == 1:
                     entry: dict[str, object] = {
-                        "type": "file", "oid": repo.blob_id(path), "size": len(repo.files[path]), "path": path,
+                        "type": "file",
+                        "oid": repo.blob_id(path),
+                        "size": len(repo.files[path]),
+                        "path": path,
                     }
                     if lfs := repo.lfs_info(path, "oid"):
                         entry["lfs"] = lfs
@@ -350,18 +375,24 @@ def _handler(hub: HubServer, role: str) -> type[BaseHTTPRequestHandler]:
             if not self._authorized(repo):
                 return
             if path not in repo.files:
-                return self._error(404, "EntryNotFound", f"{path} does not exist at {commit}",
-                                   **{"X-Repo-Commit": commit})
+                return self._error(
+                    404, "EntryNotFound", f"{path} does not exist at {commit}", **{"X-Repo-Commit": commit}
+                )
             data = repo.files[path]
             if repo.is_lfs(path):
-                location = f"{hub.cdn_endpoint}/lfs/{quote(repo.repo_id)}/{commit}/{quote(path)}?X-Amz-Signature=fake"
-                return self._send(302, b"", {
-                    "Location": location,
-                    "X-Repo-Commit": commit,
-                    "ETag": f'"{repo.blob_id(path)}"',
-                    "X-Linked-Etag": f'"{repo.advertised_sha256(path)}"',
-                    "X-Linked-Size": str(len(data)),
-                })
+                cdn_path = f"/lfs/{quote(repo.repo_id)}/{commit}/{quote(path)}"
+                location = f"{hub.cdn_endpoint}{cdn_path}?X-Amz-Signature=fake"
+                return self._send(
+                    302,
+                    b"",
+                    {
+                        "Location": location,
+                        "X-Repo-Commit": commit,
+                        "ETag": f'"{repo.blob_id(path)}"',
+                        "X-Linked-Etag": f'"{repo.advertised_sha256(path)}"',
+                        "X-Linked-Size": str(len(data)),
+                    },
+                )
             self._file(data, {"X-Repo-Commit": commit, "ETag": f'"{repo.blob_id(path)}"'})
 
         def _cdn(self, parts: list[str]) -> None:
@@ -369,21 +400,28 @@ def _handler(hub: HubServer, role: str) -> type[BaseHTTPRequestHandler]:
             repo = hub.repos.get("/".join(parts[1:3])) if len(parts) > 4 and parts[0] == "lfs" else None
             path = "/".join(parts[4:])
             if repo is None or repo.commit != parts[3] or path not in repo.files:
-                return self._send(403, b"<Error><Code>AccessDenied</Code></Error>", {"Content-Type": "text/xml"})
+                return self._send(
+                    403, b"<Error><Code>AccessDenied</Code></Error>", {"Content-Type": "text/xml"}
+                )
             self._file(repo.files[path], {"ETag": f'"{hashlib.md5(repo.files[path]).hexdigest()}"'})
 
         def _file(self, data: bytes, headers: Mapping[str, str]) -> None:
             headers = {"Content-Type": "application/octet-stream", "Accept-Ranges": "bytes", **headers}
             wanted = self.headers.get("Range")
             if wanted and wanted.startswith("bytes="):
-                first, _, last = wanted[len("bytes="):].partition("-")
+                first, _, last = wanted[len("bytes=") :].partition("-")
                 start, stop = int(first or 0), int(last) + 1 if last else len(data)
                 if start >= len(data):
                     return self._send(416, b"", {**headers, "Content-Range": f"bytes */{len(data)}"})
                 chunk = data[start:stop]
-                return self._send(206, chunk, {
-                    **headers, "Content-Range": f"bytes {start}-{start + len(chunk) - 1}/{len(data)}",
-                })
+                return self._send(
+                    206,
+                    chunk,
+                    {
+                        **headers,
+                        "Content-Range": f"bytes {start}-{start + len(chunk) - 1}/{len(data)}",
+                    },
+                )
             self._send(200, data, headers)
 
     return Handler
