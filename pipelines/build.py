@@ -1,4 +1,10 @@
-"""The GGUF path for one catalog entry: fetch → f16 → quantize → validate, resumable and content-keyed."""
+"""The GGUF path as small resumable steps (base → imatrix → quantize → validate) and their composition.
+
+Every step is keyed by content (source file hashes, recipe, toolchain version), writes its output
+atomically, and records a receipt only after the output was checked; a step whose receipt matches and
+whose output is still in place is skipped without re-reading the file. The CLI calls `build_gguf`; the
+Prefect flows call the same steps one task each.
+"""
 
 from __future__ import annotations
 
@@ -14,12 +20,12 @@ from pathlib import Path
 from typing import Any
 
 from pipelines import __version__, gguf
-from pipelines.catalog import CatalogEntry, HubSource
+from pipelines.catalog import CatalogEntry, GGUFVariants, HubSource
 from pipelines.fsutil import HashCache, clean_partials, sha256_file, write_text_atomic
 from pipelines.gates import gguf_gate
 from pipelines.settings import Settings
 from pipelines.toolchains import LlamaCpp, llama_cpp
-from pipelines.validate import VariantReport, kld_base_logits, validate_variant
+from pipelines.validate import kld_base_logits, validate_variant
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +73,83 @@ def write_receipt(out: Path, key: str, **extra: Any) -> dict[str, Any]:
     return receipt
 
 
-# ---------------------------------------------------------------- results
+# ---------------------------------------------------------------- plan and step results
+
+
+@dataclass(frozen=True)
+class GGUFPlan:
+    """Everything the GGUF steps of one build share: what to build, from which content, where."""
+
+    entry: CatalogEntry
+    spec: GGUFVariants
+    settings: Settings
+    llama: LlamaCpp
+    snapshot: Any  # pipelines.fetch.SourceSnapshot
+    source_key: str
+    out_dir: Path
+    text: Path
+    text_sha: str
+
+    @property
+    def source(self) -> dict[str, Any]:
+        return {
+            "kind": self.snapshot.kind,
+            "repo": self.snapshot.repo_id,
+            "revision": self.snapshot.revision,
+            "content_sha256": self.source_key,
+            "path": str(self.snapshot.path),
+        }
+
+    @property
+    def base_path(self) -> Path:
+        return self.out_dir / f"{self.entry.name}-{self.spec.outtype}.gguf"
+
+    @property
+    def base_key(self) -> str:
+        return content_key("convert", self.source_key, self.spec.outtype, self.llama.commit, __version__)
+
+    @property
+    def imatrix_path(self) -> Path | None:
+        return self.out_dir / f"{self.entry.name}.imatrix.gguf" if self.spec.imatrix else None
+
+    @property
+    def imatrix_key(self) -> str | None:
+        return content_key("imatrix", self.base_key, self.text_sha, self.llama.commit) if self.spec.imatrix else None
+
+    def quant_path(self, q: str) -> Path:
+        return self.out_dir / f"{self.entry.name}-{q}.gguf"
+
+    @property
+    def provenance_kv(self) -> dict[str, str | int]:
+        """Metadata every quantized GGUF carries (llama-quantize --override-kv)."""
+        return {
+            "modelmint.version": __version__,
+            "modelmint.llama_cpp.commit": self.llama.commit,
+            "modelmint.source.repo": self.snapshot.repo_id or self.entry.name,
+            "modelmint.source.revision": self.snapshot.revision or self.source_key,
+        }
+
+    def quant_key(self, q: str) -> str:
+        return content_key("quantize", self.base_key, q, self.imatrix_key, self.llama.commit, self.provenance_kv)
+
+    @property
+    def logits_path(self) -> Path:
+        return self.out_dir / f"{self.entry.name}-{self.spec.outtype}.kld-base.bin"
+
+    @property
+    def logits_key(self) -> str:
+        return content_key("kld-base", self.base_key, self.text_sha, EVAL_CTX, EVAL_CHUNKS, self.llama.commit)
+
+    def report_path(self, q: str) -> Path:
+        return self.quant_path(q).with_suffix(".report.json")
+
+
+@dataclass(frozen=True)
+class StepResult:
+    path: Path
+    receipt: dict[str, Any]
+    ran: bool
+    """False when the step was skipped because its receipt matched."""
 
 
 @dataclass
@@ -89,6 +171,126 @@ class VariantOutcome:
         return list(self.report.get("failures", []))
 
 
+# ---------------------------------------------------------------- the steps
+
+
+def plan_gguf(
+    entry: CatalogEntry, settings: Settings, *, revision: str | None = None, quants: list[str] | None = None
+) -> GGUFPlan:
+    """Fetch the source and fix the content keys and output directory of one GGUF build.
+
+    Raises:
+        ConfigError: the entry asks for no GGUF variants or an unknown quant type.
+        SourceError, ToolchainMissing: the source or the toolchain is not usable.
+    """
+    from pipelines.errors import ConfigError
+    from pipelines.fetch import fetch
+
+    llama = llama_cpp(settings)
+    if quants:
+        try:
+            entry = entry.with_quants(quants)
+        except ValueError as err:
+            raise ConfigError(str(err), hint="see `llama-quantize --help` for the type names") from err
+    spec = entry.variants.gguf
+    if spec is None:
+        raise ConfigError(f"{entry.name} asks for no GGUF variants", hint="add variants.gguf to its catalog entry")
+    snapshot = fetch(entry, settings, revision=revision)
+    source_key = content_key(sorted(snapshot.files.items()))
+    out_dir = settings.work_dir / entry.name / (snapshot.revision or source_key)[:12]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for stale in clean_partials(out_dir):
+        log.info("removed %s left by an interrupted run", stale)
+    text = bundled_text()
+    text_sha = HashCache(settings.home / "hashcache.json").sha256(text)
+    return GGUFPlan(entry, spec, settings, llama, snapshot, source_key, out_dir, text, text_sha)
+
+
+def ensure_base(plan: GGUFPlan) -> StepResult:
+    """The f16/bf16 GGUF converted from the source Safetensors."""
+    out, key = plan.base_path, plan.base_key
+    receipt = load_receipt(out, key)
+    if receipt is not None:
+        return StepResult(out, receipt, ran=False)
+    info, tool = gguf.convert(
+        plan.snapshot.path, out, plan.llama, outtype=plan.spec.outtype, provenance=_provenance(plan)
+    )
+    receipt = write_receipt(out, key, gguf=info.to_dict(), wall_s=round(tool.wall_s, 3), peak_rss=tool.peak_rss_bytes)
+    return StepResult(out, receipt, ran=True)
+
+
+def ensure_imatrix(plan: GGUFPlan) -> StepResult | None:
+    """The importance matrix over the bundled calibration text, when the catalog asks for one."""
+    out, key = plan.imatrix_path, plan.imatrix_key
+    if out is None or key is None:
+        return None
+    receipt = load_receipt(out, key)
+    if receipt is not None:
+        return StepResult(out, receipt, ran=False)
+    tool = gguf.compute_imatrix(plan.base_path, plan.text, out, plan.llama, threads=plan.settings.effective_threads)
+    return StepResult(out, write_receipt(out, key, wall_s=round(tool.wall_s, 3)), ran=True)
+
+
+def ensure_quant(plan: GGUFPlan, q: str, *, threads: int | None = None) -> StepResult:
+    """One quantized GGUF made from the base (and the imatrix when there is one)."""
+    out, key = plan.quant_path(q), plan.quant_key(q)
+    receipt = load_receipt(out, key)
+    if receipt is not None:
+        return StepResult(out, receipt, ran=False)
+    info, tool = gguf.quantize(
+        plan.base_path, out, q, plan.llama,
+        threads=threads or plan.settings.effective_threads,
+        imatrix=plan.imatrix_path,
+        kv={**plan.provenance_kv, "modelmint.variant": q},
+    )
+    receipt = write_receipt(out, key, gguf=info.to_dict(), wall_s=round(tool.wall_s, 3), peak_rss=tool.peak_rss_bytes)
+    return StepResult(out, receipt, ran=True)
+
+
+def ensure_reference_logits(plan: GGUFPlan) -> StepResult:
+    """The base model's logits over the evaluation text, shared by every variant's KL divergence."""
+    out, key = plan.logits_path, plan.logits_key
+    receipt = load_receipt(out, key)
+    if receipt is not None:
+        return StepResult(out, receipt, ran=False)
+    out.unlink(missing_ok=True)
+    kld_base_logits(plan.base_path, plan.text, out, plan.llama, threads=plan.settings.effective_threads,
+                    ctx=EVAL_CTX, chunks=EVAL_CHUNKS)
+    return StepResult(out, write_receipt(out, key), ran=True)
+
+
+def ensure_validated(plan: GGUFPlan, q: str) -> VariantOutcome:
+    """Smoke-generate and measure one variant against the reference logits; the report is its finish line.
+
+    A failing gate is recorded in the report (`passed: false`, with figures and thresholds); the caller
+    decides that the variant goes no further.
+    """
+    qpath = plan.quant_path(q)
+    qreceipt = load_receipt(qpath, plan.quant_key(q))
+    if qreceipt is None:
+        raise FileNotFoundError(f"{qpath} has not been quantized (run ensure_quant first)")
+    gate = gguf_gate(q, plan.entry.gate_profile)
+    report_path = plan.report_path(q)
+    report_key = content_key("validate", qreceipt["sha256"], plan.logits_key, gate.to_dict())
+    report = _load_report(report_path, report_key)
+    cached = report is not None
+    if report is None:
+        logits = ensure_reference_logits(plan)
+        info = gguf.inspect_gguf(qpath)
+        report = validate_variant(
+            q, qpath, info, plan.base_path, logits.path, gate, plan.llama,
+            threads=plan.settings.effective_threads, ctx=EVAL_CTX, report_path=report_path,
+            extra={"key": report_key, "sha256": qreceipt["sha256"], "source": plan.source},
+        ).to_dict()
+    outcome = VariantOutcome(q, qpath, qreceipt["sha256"], qreceipt["size"], report, cached)
+    if outcome.passed and plan.spec.split_max_size:
+        outcome.shards = _split_if_needed(qpath, plan.spec.split_max_size, plan.llama)
+    return outcome
+
+
+# ---------------------------------------------------------------- the composition the CLI runs
+
+
 @dataclass
 class BuildResult:
     name: str
@@ -97,7 +299,7 @@ class BuildResult:
     base: dict[str, Any]
     variants: dict[str, VariantOutcome]
     tools_run: list[str]
-    """Every tool invocation this build made (empty when everything was cached)."""
+    """Every step that ran a tool in this build (empty when everything was cached)."""
     timings: dict[str, float] = field(default_factory=dict)
     """Wall seconds per phase (fetch, convert, imatrix, quantize, validate), cached phases included."""
 
@@ -110,9 +312,6 @@ class BuildResult:
         return [q for q, v in self.variants.items() if not v.passed]
 
 
-# ---------------------------------------------------------------- the path
-
-
 def build_gguf(
     entry: CatalogEntry,
     settings: Settings,
@@ -121,25 +320,13 @@ def build_gguf(
     quants: list[str] | None = None,
     progress: Callable[[str], None] = lambda _msg: None,
 ) -> BuildResult:
-    """Build, check and validate the GGUF variants of one catalog entry.
-
-    Every step is skipped when a receipt shows its output was made from the same content by the same
-    toolchain; a failing gate is recorded in the variant's report and that variant goes no further.
+    """Build, check and validate the GGUF variants of one catalog entry (see the module docstring).
 
     Raises:
-        SourceError, ToolchainMissing, ToolError, DiskFullError, UnsupportedModel, ArtifactError.
+        ConfigError, SourceError, ToolchainMissing, ToolError, DiskFullError, UnsupportedModel, ArtifactError.
     """
-    from pipelines.fetch import fetch
-
-    llama = llama_cpp(settings)
-    spec = entry.variants.gguf
-    if spec is None:
-        raise ValueError(f"{entry.name} asks for no GGUF variants")
-    if quants:
-        entry = entry.with_quants(quants)
-        spec = entry.variants.gguf
-        assert spec is not None
     timings: dict[str, float] = {}
+    tools_run: list[str] = []
 
     @contextmanager
     def phase(name: str) -> Iterator[None]:
@@ -151,121 +338,38 @@ def build_gguf(
 
     progress(f"fetch {entry.name}")
     with phase("fetch"):
-        snapshot = fetch(entry, settings, revision=revision)
-    source_key = content_key(sorted(snapshot.files.items()))
-    source = {
-        "kind": snapshot.kind,
-        "repo": snapshot.repo_id,
-        "revision": snapshot.revision,
-        "content_sha256": source_key,
-        "path": str(snapshot.path),
-    }
-    out_dir = settings.work_dir / entry.name / (snapshot.revision or source_key)[:12]
-    out_dir.mkdir(parents=True, exist_ok=True)
-    for stale in clean_partials(out_dir):
-        log.info("removed %s left by an interrupted run", stale)
-    tools_run: list[str] = []
-    threads = settings.effective_threads
-
-    # 1. f16 / bf16 base
-    base_path = out_dir / f"{entry.name}-{spec.outtype}.gguf"
-    base_key = content_key("convert", source_key, spec.outtype, llama.commit, __version__)
+        plan = plan_gguf(entry, settings, revision=revision, quants=quants)
     with phase("convert"):
-        base = load_receipt(base_path, base_key)
-    if base is None:
-        progress(f"convert → {base_path.name}")
-        with phase("convert"):
-            info, tool = gguf.convert(
-                snapshot.path, base_path, llama, outtype=spec.outtype, provenance=_provenance(entry, snapshot, llama)
-            )
-            base = write_receipt(
-                base_path, base_key, gguf=info.to_dict(), wall_s=round(tool.wall_s, 3), peak_rss=tool.peak_rss_bytes
-            )
+        if load_receipt(plan.base_path, plan.base_key) is None:
+            progress(f"convert → {plan.base_path.name}")
+        base = ensure_base(plan)
+    if base.ran:
         tools_run.append("convert_hf_to_gguf")
+    with phase("imatrix"):
+        imatrix = ensure_imatrix(plan)
+    if imatrix and imatrix.ran:
+        tools_run.append("llama-imatrix")
 
-    # 2. optional importance matrix from the bundled calibration text
-    text = bundled_text()
-    text_sha = HashCache(settings.home / "hashcache.json").sha256(text)
-    imatrix_path: Path | None = None
-    imatrix_key = None
-    if spec.imatrix:
-        imatrix_path = out_dir / f"{entry.name}.imatrix.gguf"
-        imatrix_key = content_key("imatrix", base_key, text_sha, llama.commit)
-        if load_receipt(imatrix_path, imatrix_key) is None:
-            progress("imatrix")
-            with phase("imatrix"):
-                gguf.compute_imatrix(base_path, text, imatrix_path, llama, threads=threads)
-                write_receipt(imatrix_path, imatrix_key)
-            tools_run.append("llama-imatrix")
-
-    # 3. quantize every type from the one base, concurrently where cores allow
-    kv = {
-        "modelmint.version": __version__,
-        "modelmint.llama_cpp.commit": llama.commit,
-        "modelmint.source.repo": snapshot.repo_id or entry.name,
-        "modelmint.source.revision": snapshot.revision or source_key,
-    }
-
-    def _quant_key(q: str) -> str:
-        return content_key("quantize", base_key, q, imatrix_key, llama.commit, kv)
-
-    with phase("quantize"):
-        todo = [q for q in spec.quants if load_receipt(_qpath(out_dir, entry.name, q), _quant_key(q)) is None]
+    todo = [q for q in plan.spec.quants if load_receipt(plan.quant_path(q), plan.quant_key(q)) is None]
+    jobs, per_job = quant_parallelism(len(todo), settings.effective_threads)
     if todo:
-        jobs, per_job = quant_parallelism(len(todo), threads)
         progress(f"quantize {', '.join(todo)} ({jobs} at a time, {per_job} threads each)")
+    with phase("quantize"), ThreadPoolExecutor(max_workers=jobs) as pool:
+        for step in pool.map(lambda q: ensure_quant(plan, q, threads=per_job), plan.spec.quants):
+            if step.ran:
+                tools_run.append(f"llama-quantize {step.path.name}")
 
-        def _one(q: str) -> None:
-            out = _qpath(out_dir, entry.name, q)
-            info, tool = gguf.quantize(
-                base_path, out, q, llama, threads=per_job, imatrix=imatrix_path, kv={**kv, "modelmint.variant": q}
-            )
-            write_receipt(out, _quant_key(q), gguf=info.to_dict(), wall_s=round(tool.wall_s, 3),
-                          peak_rss=tool.peak_rss_bytes)
-
-        with phase("quantize"), ThreadPoolExecutor(max_workers=jobs) as pool:
-            for _ in pool.map(_one, todo):
-                pass
-        tools_run += [f"llama-quantize {q}" for q in todo]
-
-    # 4. validate each variant against the base's logits; the report is the variant's finish line
-    ctx, chunks = EVAL_CTX, EVAL_CHUNKS
-    logits_path = out_dir / f"{entry.name}-{spec.outtype}.kld-base.bin"
-    logits_key = content_key("kld-base", base_key, text_sha, ctx, chunks, llama.commit)
     variants: dict[str, VariantOutcome] = {}
-    validate_start = time.perf_counter()
-    for q in spec.quants:
-        qpath = _qpath(out_dir, entry.name, q)
-        qreceipt = load_receipt(qpath, _quant_key(q))
-        assert qreceipt is not None
-        gate = gguf_gate(q, entry.gate_profile)
-        report_path = qpath.with_suffix(".report.json")
-        report_key = content_key("validate", qreceipt["sha256"], logits_key, gate.to_dict())
-        report = _load_report(report_path, report_key)
-        cached = report is not None
-        if report is None:
-            if load_receipt(logits_path, logits_key) is None:
-                progress("reference logits (llama-perplexity --kl-divergence-base)")
-                logits_path.unlink(missing_ok=True)
-                kld_base_logits(base_path, text, logits_path, llama, threads=threads, ctx=ctx, chunks=chunks)
-                tools_run.append("llama-perplexity base")
-                write_receipt(logits_path, logits_key)
-            progress(f"validate {q}")
-            info = gguf.inspect_gguf(qpath)
-            rep: VariantReport = validate_variant(
-                q, qpath, info, base_path, logits_path, gate, llama, threads=threads, ctx=ctx,
-                report_path=report_path, extra={"key": report_key, "sha256": qreceipt["sha256"]},
-            )
-            tools_run += [f"llama-completion {q}", f"llama-perplexity {q}"]
-            report = rep.to_dict()
-        outcome = VariantOutcome(q, qpath, qreceipt["sha256"], qreceipt["size"], report, cached)
-        if outcome.passed and spec.split_max_size:
-            outcome.shards = _split_if_needed(qpath, spec.split_max_size, llama)
-        variants[q] = outcome
+    with phase("validate"):
+        for q in plan.spec.quants:
+            if _load_report(plan.report_path(q), None) is None:
+                progress(f"validate {q}")
+            variants[q] = ensure_validated(plan, q)
+            if not variants[q].cached:
+                tools_run.append(f"validate {q}")
 
-    timings["validate"] = round(time.perf_counter() - validate_start, 3)
-    result = BuildResult(entry.name, out_dir, source, base, variants, tools_run, timings)
-    write_text_atomic(out_dir / "build.json", json.dumps(_summary(result), indent=2, sort_keys=True) + "\n")
+    result = BuildResult(entry.name, plan.out_dir, plan.source, base.receipt, variants, tools_run, timings)
+    write_text_atomic(plan.out_dir / "build.json", json.dumps(_summary(result), indent=2, sort_keys=True) + "\n")
     return result
 
 
@@ -279,16 +383,13 @@ def quant_parallelism(n_jobs: int, threads: int) -> tuple[int, int]:
     return jobs, max(1, threads // jobs)
 
 
-def _qpath(out_dir: Path, name: str, q: str) -> Path:
-    return out_dir / f"{name}-{q}.gguf"
-
-
-def _load_report(path: Path, key: str) -> dict[str, Any] | None:
+def _load_report(path: Path, key: str | None) -> dict[str, Any] | None:
+    """The report at `path` if it was made for `key` (any finished report when `key` is None)."""
     try:
         report = json.loads(path.read_text())
     except (FileNotFoundError, ValueError):
         return None
-    return report if report.get("key") == key else None
+    return report if key is None or report.get("key") == key else None
 
 
 def _split_if_needed(path: Path, max_size: str, llama: LlamaCpp) -> list[Path]:
@@ -298,15 +399,15 @@ def _split_if_needed(path: Path, max_size: str, llama: LlamaCpp) -> list[Path]:
     return gguf.split(path, max_size, llama)
 
 
-def _provenance(entry: CatalogEntry, snapshot: Any, llama: LlamaCpp) -> dict[str, Any]:
+def _provenance(plan: GGUFPlan) -> dict[str, Any]:
     meta: dict[str, Any] = {
-        "general.name": entry.name,
-        "general.quantized_by": f"modelmint {__version__} with llama.cpp {llama.commit}",
-        "general.license": entry.license,
+        "general.name": plan.entry.name,
+        "general.quantized_by": f"modelmint {__version__} with llama.cpp {plan.llama.commit}",
+        "general.license": plan.entry.license,
     }
-    if isinstance(entry.source, HubSource) and snapshot.revision:
-        meta["general.source.url"] = f"https://huggingface.co/{snapshot.repo_id}/tree/{snapshot.revision}"
-        meta["general.source.repo_url"] = f"https://huggingface.co/{snapshot.repo_id}"
+    if isinstance(plan.entry.source, HubSource) and plan.snapshot.revision:
+        meta["general.source.url"] = f"https://huggingface.co/{plan.snapshot.repo_id}/tree/{plan.snapshot.revision}"
+        meta["general.source.repo_url"] = f"https://huggingface.co/{plan.snapshot.repo_id}"
     return meta
 
 
@@ -315,6 +416,7 @@ def _summary(result: BuildResult) -> dict[str, Any]:
         "name": result.name,
         "source": result.source,
         "base": result.base,
+        "timings": result.timings,
         "variants": {
             q: {
                 "path": str(v.path),

@@ -71,15 +71,11 @@ def convert(
 
     settings = _settings()
     entry = load_catalog(settings.catalog_path).get(name)
-    quants = [v.strip() for v in variants.split(",") if v.strip()] if variants else None
+    quants = [v.strip() for v in variants.split(",") if v.strip()] if variants is not None else None
     if quants is not None and not quants:
         raise ConfigError("--variants is empty", hint="pass e.g. --variants q4_k_m,q8_0")
-    try:
-        quants_checked = entry.with_quants(quants).variants.gguf.quants if quants else None  # type: ignore[union-attr]
-    except ValueError as e:
-        raise ConfigError(str(e), hint="see `llama-quantize --help` for the type names") from e
     result = build_gguf(
-        entry, settings, revision=revision, quants=quants_checked, progress=lambda m: err.print(f"[dim]•[/dim] {m}")
+        entry, settings, revision=revision, quants=quants, progress=lambda m: err.print(f"[dim]•[/dim] {m}")
     )
     if as_json:
         out.print_json((result.out_dir / "build.json").read_text())
