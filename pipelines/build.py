@@ -302,6 +302,8 @@ class BuildResult:
     """Every step that ran a tool in this build (empty when everything was cached)."""
     timings: dict[str, float] = field(default_factory=dict)
     """Wall seconds per phase (fetch, convert, imatrix, quantize, validate), cached phases included."""
+    plan: GGUFPlan | None = None
+    """The plan the build ran (registration reads its keys, recipe and paths)."""
 
     @property
     def passed(self) -> list[str]:
@@ -368,7 +370,7 @@ def build_gguf(
             if not variants[q].cached:
                 tools_run.append(f"validate {q}")
 
-    result = BuildResult(entry.name, plan.out_dir, plan.source, base.receipt, variants, tools_run, timings)
+    result = BuildResult(entry.name, plan.out_dir, plan.source, base.receipt, variants, tools_run, timings, plan)
     write_text_atomic(plan.out_dir / "build.json", json.dumps(_summary(result), indent=2, sort_keys=True) + "\n")
     return result
 

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import difflib
 import re
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from pipelines.errors import CatalogEntryNotFound, ConfigError
 
@@ -96,8 +97,108 @@ class GGUFVariants(_Strict):
         return v
 
 
+class HubDataset(_Strict):
+    """A calibration data set on the hub, pinned like a model; for production runs on a machine that reaches it."""
+
+    repo: str
+    revision: str = Field(description="40-hex commit of the dataset repo")
+    split: str = "train"
+    text_column: str = "text"
+
+    @field_validator("revision")
+    @classmethod
+    def _pinned(cls, v: str) -> str:
+        if not _COMMIT.fullmatch(v):
+            raise ValueError(f"dataset revision {v!r} is not a 40-hex commit: pin the exact commit")
+        return v
+
+
+class CalibrationSpec(_Strict):
+    """Calibration text for AWQ / GPTQ / SmoothQuant: the bundled train.txt unless a pinned hub data set is named.
+
+    pipelines/data/calibration.txt is never used here: it is the held-out evaluation text.
+    """
+
+    bundled: Literal["train.txt"] = "train.txt"
+    hub_dataset: HubDataset | None = Field(
+        default=None, description="used instead of the bundled text; fetched by llmcompressor's `datasets`"
+    )
+    num_samples: int = Field(default=16, ge=1, le=4096)
+    max_seq_length: int = Field(default=256, ge=16, le=16384)
+
+
+def _ignore_default() -> list[str]:
+    return ["lm_head"]
+
+
+class FP8Variant(_Strict):
+    """FP8 weights (per channel) and dynamic per-token FP8 activations; no calibration data."""
+
+    scheme: Literal["FP8_DYNAMIC"] = "FP8_DYNAMIC"
+    ignore: list[str] = Field(default_factory=_ignore_default)
+
+
+class AWQVariant(_Strict):
+    """4-bit integer weights, group size 128, after AWQ's activation-aware smoothing."""
+
+    scheme: Literal["W4A16_ASYM", "W4A16"] = "W4A16_ASYM"
+    ignore: list[str] = Field(default_factory=_ignore_default)
+    duo_scaling: bool = True
+    calibration: CalibrationSpec = Field(default_factory=CalibrationSpec)
+
+
+class GPTQVariant(_Strict):
+    """4-bit integer weights, group size 128, by GPTQ's second-order rounding."""
+
+    scheme: Literal["W4A16", "W4A16_ASYM"] = "W4A16"
+    ignore: list[str] = Field(default_factory=_ignore_default)
+    dampening_frac: float = Field(default=0.01, gt=0, lt=1)
+    calibration: CalibrationSpec = Field(default_factory=CalibrationSpec)
+
+
+class W8A8Variant(_Strict):
+    """INT8 weights (per channel) and dynamic per-token INT8 activations: SmoothQuant, then GPTQ."""
+
+    scheme: Literal["W8A8"] = "W8A8"
+    ignore: list[str] = Field(default_factory=_ignore_default)
+    smoothing_strength: float | None = Field(default=0.8, ge=0, le=1, description="null skips SmoothQuant")
+    calibration: CalibrationSpec = Field(default_factory=CalibrationSpec)
+
+
+# The compressed-tensors variants a catalog entry may ask for (pipelines/compress.py builds them).
+COMPRESSED_VARIANTS: dict[str, type[_Strict]] = {
+    "fp8": FP8Variant,
+    "awq": AWQVariant,
+    "w8a8": W8A8Variant,
+    "gptq": GPTQVariant,
+}
+
+
+def unknown_variant_message(name: str, known: list[str]) -> str:
+    close = difflib.get_close_matches(name, known, n=1, cutoff=0.5)
+    return f"unknown variant {name!r}" + (f" (did you mean {close[0]!r}?)" if close else "") + f"; known: {known}"
+
+
 class Variants(_Strict):
     gguf: GGUFVariants | None = Field(default_factory=GGUFVariants)
+    fp8: FP8Variant | None = None
+    awq: AWQVariant | None = None
+    w8a8: W8A8Variant | None = None
+    gptq: GPTQVariant | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _known_kinds(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            known = list(cls.model_fields)
+            for key in data:
+                if key not in known:
+                    raise ValueError(unknown_variant_message(str(key), known))
+        return data
+
+    def compressed(self) -> dict[str, BaseModel]:
+        """The compressed-tensors variants this entry asks for, by name (fp8, awq, w8a8, gptq)."""
+        return {k: v for k in COMPRESSED_VARIANTS if (v := getattr(self, k)) is not None}
 
 
 class CatalogEntry(_Strict):

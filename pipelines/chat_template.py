@@ -35,29 +35,52 @@ def _compile(source: str) -> Any:
     return env.from_string(source)
 
 
+_CONTINUE_TAG = "CONTINUE_FINAL_MESSAGE_TAG "
+
+
 def render(
     template: str,
     messages: list[dict[str, Any]],
     *,
     add_generation_prompt: bool = True,
     tools: list[dict[str, Any]] | None = None,
+    continue_final_message: bool = False,
+    now: datetime | None = None,
     **special_tokens: Any,
 ) -> str:
     """Render `messages` through a Hugging Face chat template, as `apply_chat_template(tokenize=False)` does.
 
-    `special_tokens` (bos_token, eos_token, …) are passed to the template like transformers passes them.
+    `special_tokens` (bos_token, eos_token, …) and any other template variables (enable_thinking, …) are
+    passed to the template like transformers passes them. `continue_final_message` leaves the last
+    message open for the model to continue, cut the way transformers cuts it. `now` pins the time
+    `strftime_now` reports (transformers always uses the current time).
 
     Raises:
         UnsupportedModel: the template does not compile or raises for these messages.
     """
     from jinja2.exceptions import TemplateError
 
+    if continue_final_message:
+        messages = [*messages[:-1], {**messages[-1], "content": messages[-1]["content"] + _CONTINUE_TAG}]
+    variables: dict[str, Any] = {"documents": None, **special_tokens}
+    if now is not None:
+        variables["strftime_now"] = lambda fmt: now.strftime(fmt)
     try:
-        return _compile(template).render(
-            messages=messages, add_generation_prompt=add_generation_prompt, tools=tools, **special_tokens
+        rendered = _compile(template).render(
+            messages=messages, add_generation_prompt=add_generation_prompt, tools=tools, **variables
         )
     except TemplateError as err:
         raise UnsupportedModel(
             f"the chat template failed to render: {err}",
             hint="check tokenizer_config.json's chat_template (or chat_template.jinja) in the source",
         ) from err
+    if continue_final_message:
+        final = messages[-1]["content"][: -len(_CONTINUE_TAG)]
+        if final.strip() not in rendered or _CONTINUE_TAG.strip() not in rendered:
+            raise UnsupportedModel(
+                "the chat template drops part of the final message, so it cannot be continued",
+                hint="end the conversation with a user message instead",
+            )
+        at = rendered.rindex(_CONTINUE_TAG.strip())
+        rendered = rendered[:at] if rendered[at : at + len(_CONTINUE_TAG)] == _CONTINUE_TAG else rendered[:at].rstrip()
+    return rendered

@@ -64,8 +64,14 @@ def convert(
     ] = None,
     revision: Annotated[str | None, typer.Option(help="override the pinned 40-hex commit")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the build summary as JSON")] = False,
+    register: Annotated[
+        bool, typer.Option(help="register the variants that passed: artifacts/, DVC, manifest")
+    ] = True,
+    track: Annotated[
+        bool, typer.Option(help="dvc commit + push what is registered (dvc.yaml's stages pass --no-track)")
+    ] = True,
 ) -> None:
-    """Fetch, convert to f16, quantize and validate one catalog model."""
+    """Fetch, convert to f16, quantize, validate and register one catalog model."""
     from pipelines.build import build_gguf
     from pipelines.catalog import load_catalog
 
@@ -89,9 +95,92 @@ def convert(
         out.print(table)
         if not result.tools_run:
             err.print("[dim]nothing changed: every step was cached[/dim]")
+    if register and result.plan is not None:
+        from pipelines.register import candidate_from_gguf
+        from pipelines.register import register as register_variant
+
+        for q in result.passed:
+            done = register_variant(
+                settings, candidate_from_gguf(result.plan, result.variants[q]), track_with_dvc=track, push=track
+            )
+            state = "already registered" if not done.ran else "registered" + (" and pushed" if track else "")
+            err.print(f"[dim]•[/dim] {done.manifest.ref} {state} → {done.path}")
     if result.failed:
         raise GateFailed(", ".join(result.failed), [f for q in result.failed for f in result.variants[q].failures],
                          str(result.variants[result.failed[0]].path.with_suffix(".report.json")))
+
+
+@app.command("list")
+def list_cmd() -> None:
+    """List the registered artifacts (registry/manifests)."""
+    from pipelines.errors import RegistryError
+    from pipelines.manifest import list_manifests
+
+    listing = list_manifests(_settings())
+    table = Table("artifact", "size", "sha256", "source", "mean KLD", "gate", "DVC")
+    for m in listing.manifests:
+        dvc = "pushed" if m.dvc.pushed else ("committed" if m.dvc.md5 else "dvc repro")
+        table.add_row(m.ref, _mib(m.size_bytes), m.sha256[:12], m.source.ref,
+                      f"{m.validation.metrics.get('mean_kld', float('nan')):.5f}", "[green]pass[/green]", dvc)
+    out.print(table)
+    for bad in listing.invalid:
+        err.print(f"[bold red]invalid:[/bold red] {_escape(bad.message)}", highlight=False)
+    if listing.invalid:
+        raise RegistryError(f"{len(listing.invalid)} manifest(s) are invalid", hint=listing.invalid[0].hint)
+
+
+@app.command()
+def show(ref: Annotated[str, typer.Argument(help="name:tag, e.g. qwen2.5:q4_k_m")]) -> None:
+    """Print one artifact's manifest."""
+    from pipelines.manifest import find_manifest
+
+    out.print_json(find_manifest(_settings(), ref).to_json())
+
+
+@app.command()
+def pull(
+    ref: Annotated[str, typer.Argument(help="name:tag, e.g. qwen2.5:q4_k_m")],
+    dest: Annotated[Path | None, typer.Option(help="where to place it (default: artifacts/NAME/TAG)")] = None,
+    ollama: Annotated[bool, typer.Option(help="run `ollama create` when ollama is on PATH")] = True,
+) -> None:
+    """Fetch a registered artifact from the DVC remote, check its sha256, and hand it to Ollama."""
+    import shlex
+
+    from pipelines.pull import pull as pull_artifact
+
+    result = pull_artifact(_settings(), ref, dest=dest, ollama=ollama)
+    m = result.manifest
+    state = "fetched and verified" if result.fetched else "already in place and verified"
+    out.print(f"{m.ref} ({_mib(m.size_bytes)}, sha256 {m.sha256[:12]}…) {state} → {result.dest}")
+    if result.modelfile is None:
+        err.print("[yellow]no Modelfile was registered with this artifact[/yellow]")
+    elif result.ran_ollama:
+        out.print(f"[green]ollama create {m.ref} done[/green]: `ollama run {m.ref}`")
+    else:
+        out.print("ollama is not on PATH; to use it with Ollama run:")
+        for argv in result.commands:
+            out.print("  " + shlex.join(argv), highlight=False)
+
+
+@app.command("dvc-yaml")
+def dvc_yaml(
+    check: Annotated[bool, typer.Option("--check", help="only check that dvc.yaml matches the catalog")] = False,
+) -> None:
+    """Generate dvc.yaml from the catalog (one stage per GGUF variant)."""
+    from pipelines import dvcgen
+    from pipelines.catalog import load_catalog
+
+    settings = _settings()
+    path = settings.repo_dir / "dvc.yaml"
+    catalog = load_catalog(settings.catalog_path)
+    if check:
+        current = path.read_text(encoding="utf-8") if path.is_file() else ""
+        if current != dvcgen.render(catalog):
+            raise ConfigError(f"{path} does not match {settings.catalog_path}", hint="run `modelmint dvc-yaml`")
+        out.print(f"{path} matches the catalog")
+        return
+    changed = dvcgen.write(catalog, path)
+    out.print(f"{'wrote' if changed else 'unchanged:'} {path}")
 
 
 @app.command()
@@ -191,3 +280,7 @@ def _escape(text: str) -> str:
     from rich.markup import escape
 
     return escape(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -118,3 +118,69 @@ class GateFailed(ModelmintError):
         self.variant = variant
         self.failures = failures
         self.report_path = report_path
+
+
+class RegistryError(ModelmintError):
+    """The registry (manifests in git, blobs in DVC) cannot do what was asked."""
+
+
+class ManifestInvalid(RegistryError):
+    """A manifest that does not read back as one modelmint wrote (edited by hand, truncated, misplaced)."""
+
+    def __init__(self, path: str, problems: str) -> None:
+        super().__init__(
+            f"manifest {path} is invalid: {problems}",
+            hint=f"manifests are written by modelmint only: restore it with `git checkout -- {path}`, "
+            "or register the variant again with `modelmint convert NAME --variants TAG`",
+        )
+        self.path = path
+        self.problems = problems
+
+
+class NotRegistered(RegistryError):
+    def __init__(self, ref: str, known: list[str]) -> None:
+        super().__init__(
+            f"{ref} was never registered (registered: {', '.join(sorted(known)) or 'nothing yet'})",
+            hint="`modelmint list` shows what is registered; `modelmint convert NAME --variants TAG` builds, "
+            "validates and registers one",
+        )
+        self.ref = ref
+
+
+class RemoteError(RegistryError):
+    """The DVC remote is missing or misconfigured: retrying the same call will not help."""
+
+    def __init__(self, message: str, *, remote: str | None = None, hint: str | None = None) -> None:
+        super().__init__(
+            message,
+            hint=hint
+            or "check `dvc remote list` and .dvc/config (README: \"DVC remotes\"); a local remote is a directory "
+            "set with `dvc remote add -d local /path/to/dir`",
+        )
+        self.remote = remote
+
+
+class RemoteUnavailable(RemoteError):
+    """The DVC remote could not be reached (network, 5xx, a missing mount): worth retrying."""
+
+    transient = True
+
+
+class BlobMismatch(RegistryError):
+    """A fetched blob whose sha256 differs from its manifest: it replaces nothing."""
+
+    def __init__(self, ref: str, path: str, expected: str, actual: str) -> None:
+        super().__init__(
+            f"{ref}: {path} from the DVC remote has sha256 {actual}, the manifest records {expected}; "
+            "nothing was replaced",
+            hint="the remote (or the local DVC cache) holds other bytes than were registered: push the right "
+            "blob again from the machine that registered it (`dvc push`), or register the variant again",
+        )
+        self.ref = ref
+        self.path = path
+        self.expected = expected
+        self.actual = actual
+
+
+class OrchestratorError(ModelmintError):
+    """The Prefect server, work pool or deployment a command needs is not there."""

@@ -76,3 +76,81 @@ def gguf_gate(qtype: str, profile: Profile = "reference") -> GGUFGate:
         max_dppl_pct=dppl,
         basis=f"llama.cpp Llama-3-8B figures for {qtype}: KLD {kld}, same top {top} % (x2 KLD, -4 pts)",
     )
+
+
+# ---------------------------------------------------------------- compressed-tensors variants (llmcompressor)
+
+
+@dataclass(frozen=True)
+class CompressedGate:
+    """Thresholds for a compressed-tensors variant measured against its source on the bundled text."""
+
+    max_mean_kl: float
+    min_top1_pct: float
+    max_ppl_ratio: float
+    basis: str
+
+    def check(self, mean_kl: float, top1_pct: float, ppl_ratio: float) -> list[str]:
+        """The gate's failures, each with the figure and the threshold; empty when it passes (NaN fails)."""
+        failures = []
+        if not mean_kl <= self.max_mean_kl:
+            failures.append(f"mean KL {mean_kl:.3g} > {self.max_mean_kl}")
+        if not top1_pct >= self.min_top1_pct:
+            failures.append(f"top-1 agreement {top1_pct:.2f} % < {self.min_top1_pct} %")
+        if not ppl_ratio <= self.max_ppl_ratio:
+            failures.append(f"perplexity ratio {ppl_ratio:.4f} > {self.max_ppl_ratio}")
+        return failures
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+# Published recoveries (task accuracy of the quantized model / the original's):
+#   FP8-dynamic: >= 99 % (RedHatAI / neuralmagic FP8-dynamic model cards, Llama 3.x and Qwen2.5, 1B-70B);
+#   INT8 W8A8: ~ 99 % (the same cards for quantized.w8a8);
+#   INT4 W4A16: 97-99 % on models of 3B and more (RedHatAI quantized.w4a16 cards); Qwen's own AWQ table
+#   puts Qwen2.5-0.5B-Instruct-AWQ at about 90 % of the bf16 model.
+# Recovery is a task score, not a perplexity; the gate reads it as "perplexity may rise by no more than
+# 1 / recovery", plus a margin for our short evaluation text. KL and top-1 bounds come from llama.cpp's
+# published table for the nearest bit width (Q8_0: KLD 0.0014, same top 97.7 %; Q4_K_M: KLD 0.031,
+# same top 91.9 %), with the same allowance as the GGUF gates (x2 KLD, -4 points), and looser for small models.
+_SMALL_MODEL_PARAMS = 3e9
+_COMPRESSED_PUBLISHED: dict[str, dict[str, tuple[float, float, float, str]]] = {
+    # variant: {"large" (>= 3B) | "small": (max mean KL, min top-1 %, max ppl ratio, basis)}
+    "fp8": {
+        "large": (0.0028, 93.7, 1.02, "FP8-dynamic >= 99 % recovery (RedHatAI cards); KL/top-1 as Q8_0"),
+        "small": (0.006, 92.0, 1.03, "FP8-dynamic >= 99 % recovery (RedHatAI cards, 1B); KL/top-1 as Q8_0, small-model margin"),
+    },
+    "w8a8": {
+        "large": (0.0028, 93.7, 1.02, "INT8 W8A8 ~ 99 % recovery (RedHatAI cards); KL/top-1 as Q8_0"),
+        "small": (0.006, 92.0, 1.03, "INT8 W8A8 ~ 99 % recovery (RedHatAI cards); KL/top-1 as Q8_0, small-model margin"),
+    },
+    "awq": {
+        "large": (0.062, 87.9, 1.05, "W4A16 97-99 % recovery on >= 3B (RedHatAI cards); KL/top-1 as Q4_K_M"),
+        "small": (0.15, 80.0, 1.15, "W4A16 ~ 90 % recovery at 0.5B (Qwen2.5 AWQ table); KL/top-1 as Q4_K_M, small-model margin"),
+    },
+    "gptq": {
+        "large": (0.062, 87.9, 1.05, "W4A16 97-99 % recovery on >= 3B (RedHatAI cards); KL/top-1 as Q4_K_M"),
+        "small": (0.15, 80.0, 1.15, "W4A16 ~ 90 % recovery at 0.5B (Qwen2.5 AWQ/GPTQ tables); KL/top-1 as Q4_K_M, small-model margin"),
+    },
+}
+
+# Tiny generated models (hidden 256, 4 layers, briefly trained): measured on tiny-qwen2 with the bundled
+# texts (README "Gates"), FP8 and AWQ both about 3e-5 mean KL and 99.7 % top-1; thresholds leave about 10x
+# KL headroom and still fail a variant whose scales are damaged (tests/test_compress.py).
+_COMPRESSED_TINY: dict[str, tuple[float, float, float]] = {
+    "fp8": (5e-4, 98.0, 1.01),
+    "w8a8": (5e-4, 98.0, 1.01),
+    "awq": (5e-4, 98.0, 1.01),
+    "gptq": (5e-4, 98.0, 1.01),
+}
+
+
+def compressed_gate(variant: str, profile: Profile = "reference", params: int | None = None) -> CompressedGate:
+    """The gate for a compressed-tensors variant (fp8, awq, w8a8, gptq) of a model with `params` parameters."""
+    if profile == "tiny":
+        kl, top, ratio = _COMPRESSED_TINY[variant]
+        return CompressedGate(kl, top, ratio, basis=f"tiny-model profile for {variant} (measured, ~10x KL headroom)")
+    band = "large" if params is not None and params >= _SMALL_MODEL_PARAMS else "small"
+    kl, top, ratio, basis = _COMPRESSED_PUBLISHED[variant][band]
+    return CompressedGate(kl, top, ratio, basis=f"{basis} [{band} model band]")

@@ -20,13 +20,21 @@ class Settings:
     hf_token: str | None = field(default=None, repr=False)
     threads: int = 0
     """Threads for llama.cpp tools; 0 means all cores."""
+    repo_dir: Path = _PROJECT_ROOT
+    """The git + DVC repository holding the catalog, dvc.yaml, the manifests and the registered artifacts."""
+    prefect_home: Path | None = None
+    """PREFECT_HOME of the embedded server and worker (SQLite database, task results); default home/prefect."""
+    prefect_port: int = 4200
+    gpu_slots: int = 1
+    """Size of the `gpu` global concurrency limit that every GPU step holds a slot of."""
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> Settings:
         env = os.environ if environ is None else environ
         home = Path(env.get("MODELMINT_HOME") or Path.home() / ".cache" / "modelmint").expanduser()
         work = Path(env.get("MODELMINT_WORK_DIR") or _PROJECT_ROOT / "build").expanduser()
-        catalog = Path(env.get("MODELMINT_CATALOG") or _PROJECT_ROOT / "registry" / "catalog.yaml")
+        repo = Path(env.get("MODELMINT_REPO") or _PROJECT_ROOT).expanduser()
+        catalog = Path(env.get("MODELMINT_CATALOG") or repo / "registry" / "catalog.yaml")
         return cls(
             home=home,
             work_dir=work,
@@ -34,6 +42,10 @@ class Settings:
             hf_endpoint=env.get("HF_ENDPOINT") or None,
             hf_token=env.get("HF_TOKEN") or env.get("HUGGING_FACE_HUB_TOKEN") or None,
             threads=int(env.get("MODELMINT_THREADS") or 0),
+            repo_dir=repo,
+            prefect_home=Path(env["MODELMINT_PREFECT_HOME"]).expanduser() if env.get("MODELMINT_PREFECT_HOME") else None,
+            prefect_port=int(env.get("MODELMINT_PREFECT_PORT") or 4200),
+            gpu_slots=int(env.get("MODELMINT_GPU_SLOTS") or 1),
         )
 
     @property
@@ -44,6 +56,29 @@ class Settings:
     def models_dir(self) -> Path:
         """Generated models (the bundled tiny ones) and local snapshots of hub sources."""
         return self.home / "models"
+
+    @property
+    def manifests_dir(self) -> Path:
+        """One JSON manifest per registered artifact: registry/manifests/<name>/<tag>.json (in git)."""
+        return self.repo_dir / "registry" / "manifests"
+
+    @property
+    def artifacts_dir(self) -> Path:
+        """Registered artifact directories, artifacts/<name>/<tag>/ (DVC-tracked, never in git)."""
+        return self.repo_dir / "artifacts"
+
+    @property
+    def dvc_site_cache_dir(self) -> Path:
+        """DVC's per-repo state and index databases (DVC_SITE_CACHE_DIR), kept with modelmint's caches."""
+        return self.home / "dvc" / "site-cache"
+
+    @property
+    def prefect_dir(self) -> Path:
+        return self.prefect_home or self.home / "prefect"
+
+    @property
+    def prefect_api_url(self) -> str:
+        return f"http://127.0.0.1:{self.prefect_port}/api"
 
     @property
     def effective_threads(self) -> int:

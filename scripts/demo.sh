@@ -1,7 +1,12 @@
 #!/usr/bin/env bash
-# Set everything up, then build the bundled tiny model through the whole GGUF path.
+# Set everything up, start the local Prefect stack, and build the bundled tiny model through the whole path:
+# fetch → convert → quantize → validate → register (DVC) → publish, as a Prefect deployment run.
+# Extra arguments go to `prefect deployment run`, e.g. --param 'variants=["q8_0"]'. Stop with scripts/down.sh.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 bash scripts/setup.sh
 .venv/bin/modelmint catalog list
-.venv/bin/modelmint convert tiny-qwen2 "$@"
+bash scripts/up.sh
+PREFECT_API_URL="$(.venv/bin/python -m flows.stack api-url)"
+export PREFECT_API_URL DO_NOT_TRACK=1
+.venv/bin/prefect deployment run convert/tiny-qwen2 --watch "$@"

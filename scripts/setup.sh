@@ -22,4 +22,12 @@ fi
 echo "• llama.cpp toolchain"
 bash toolchains/setup-llama-cpp.sh
 
+# 3. DVC: analytics off, and its per-repo state (site cache) kept with modelmint's caches, for `dvc` run by
+#    hand too (modelmint passes DVC_SITE_CACHE_DIR itself). .dvc/config.local is per machine, not in git.
+MODELMINT_HOME=${MODELMINT_HOME:-$HOME/.cache/modelmint}
+export DVC_NO_ANALYTICS=1
+if [[ -d .dvc ]] && ! grep -q site_cache_dir .dvc/config.local 2>/dev/null; then
+  .venv/bin/dvc config --local core.site_cache_dir "$MODELMINT_HOME/dvc/site-cache"
+fi
+
 echo "setup done: run .venv/bin/modelmint --help"

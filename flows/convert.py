@@ -1,0 +1,348 @@
+"""The `convert` flow: one catalog model through fetch → convert → quantize → validate → register → publish.
+
+Each task calls one pipelines step. What Prefect adds:
+  cache keys   from content (source commit, recipe, toolchain version, the input artifact's sha256), never
+               from path strings; a hit whose output is gone or changed is run again (`_cached`)
+  retries      only for errors that say a retry can help (ModelmintError.transient: network, 5xx, timeouts)
+  concurrency  one run per model at a time (limit `model-<name>`); GPU steps hold a slot of `gpu`
+  artifacts    a Markdown report and a table per run (validation figures, sizes, gate verdicts)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import re
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from prefect import flow, get_run_logger, task
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
+from prefect.concurrency.sync import concurrency
+from prefect.exceptions import ObjectAlreadyExists
+from prefect.tasks import Task
+
+from pipelines import build
+from pipelines import register as reg
+from pipelines.build import GGUFPlan, StepResult, VariantOutcome, content_key, load_receipt
+from pipelines.catalog import CatalogEntry, load_catalog
+from pipelines.errors import GateFailed, ModelmintError
+from pipelines.fsutil import HashCache
+from pipelines.gates import gguf_gate
+from pipelines.settings import Settings
+
+GPU_LIMIT = "gpu"
+LEASE_S = 60
+"""Concurrency leases are renewed while a run lives; a killed run's slot frees within a minute (the server's minimum)."""
+
+R = TypeVar("R")
+
+
+def model_limit(name: str) -> str:
+    """The global concurrency limit that serializes runs of one model (names allow a-z, 0-9, '-')."""
+    return "model-" + re.sub(r"[^a-z0-9-]", "-", name.lower())
+
+
+def _transient(_task: Any, _run: Any, state: Any) -> bool:
+    """Retry only what may succeed when tried again: modelmint's transient errors, connection errors."""
+    try:
+        state.result()
+    except ModelmintError as err:
+        return err.transient
+    except (ConnectionError, TimeoutError):
+        return True
+    except Exception:
+        return False
+    return False
+
+
+def _cached(step: Task[..., R], current: Callable[[R], bool], *args: Any) -> R:
+    """Run a cached task; a cached result whose output is gone or changed is not a hit: run it again.
+
+    Prefect keys the result by content, but cannot know that the file the result points at was deleted
+    since; `current` checks that (a stat and a receipt read), and a refresh replaces the stale record.
+    """
+    result = step(*args)
+    if not current(result):
+        get_run_logger().info("%s: cached output is gone or changed, running it again", step.name)
+        result = step.with_options(refresh_cache=True)(*args)
+    return result
+
+
+# ---------------------------------------------------------------- cache keys (content only)
+
+
+def _settings_key(s: Settings) -> dict[str, Any]:
+    # Where outputs go is part of what a plan *is*; the token never enters a key or a stored result.
+    return {k: str(v) for k, v in dataclasses.asdict(s).items() if k != "hf_token"}
+
+
+def _fetch_key(_ctx: Any, p: dict[str, Any]) -> str:
+    entry: CatalogEntry = p["entry"]
+    return content_key("fetch", entry.model_dump(mode="json"), p["revision"], p["quants"], _settings_key(p["settings"]))
+
+
+def _convert_key(_ctx: Any, p: dict[str, Any]) -> str:
+    plan: GGUFPlan = p["plan"]
+    # base_key = the source files' sha256s + outtype + llama.cpp commit + modelmint version
+    return content_key("convert", plan.snapshot.revision, plan.base_key)
+
+
+def _imatrix_key(_ctx: Any, p: dict[str, Any]) -> str:
+    plan: GGUFPlan = p["plan"]
+    return content_key("imatrix", plan.imatrix_key, p["base"].receipt["sha256"])
+
+
+def _quantize_key(_ctx: Any, p: dict[str, Any]) -> str:
+    plan: GGUFPlan = p["plan"]
+    imatrix: StepResult | None = p["imatrix"]
+    return content_key(
+        "quantize", plan.quant_key(p["q"]), p["base"].receipt["sha256"], imatrix.receipt["sha256"] if imatrix else None
+    )
+
+
+def _validate_key(_ctx: Any, p: dict[str, Any]) -> str:
+    plan: GGUFPlan = p["plan"]
+    q = p["q"]
+    gate = gguf_gate(q, plan.entry.gate_profile).to_dict()
+    return content_key("validate", p["quant"].receipt["sha256"], plan.logits_key, gate)
+
+
+def _register_key(_ctx: Any, p: dict[str, Any]) -> str:
+    outcome: VariantOutcome = p["outcome"]
+    return content_key("register", outcome.sha256, outcome.report.get("key"), p["plan"].entry.model_dump(mode="json"))
+
+
+def _publish_key(_ctx: Any, p: dict[str, Any]) -> str:
+    candidate: reg.Candidate = p["candidate"]
+    return content_key("publish", candidate.key, p["tracked"].md5)
+
+
+# ---------------------------------------------------------------- tasks: one pipelines step each
+
+_CACHED: dict[str, Any] = {"persist_result": True}
+
+
+@task(name="fetch", cache_key_fn=_fetch_key, retries=3, retry_delay_seconds=[5, 30, 120],
+      retry_condition_fn=_transient, **_CACHED)
+def fetch_source(entry: CatalogEntry, settings: Settings, revision: str | None, quants: list[str] | None) -> GGUFPlan:
+    plan = build.plan_gguf(entry, settings, revision=revision, quants=quants)
+    # The plan is stored as this task's cached result: keep the token out of it.
+    return dataclasses.replace(plan, settings=dataclasses.replace(plan.settings, hf_token=None))
+
+
+@task(name="convert", cache_key_fn=_convert_key, retries=1, retry_condition_fn=_transient, **_CACHED)
+def convert_base(plan: GGUFPlan) -> StepResult:
+    return build.ensure_base(plan)
+
+
+@task(name="imatrix", cache_key_fn=_imatrix_key, retries=1, retry_condition_fn=_transient, **_CACHED)
+def compute_imatrix(plan: GGUFPlan, base: StepResult) -> StepResult | None:
+    return build.ensure_imatrix(plan)
+
+
+@task(name="quantize", task_run_name="quantize-{q}", cache_key_fn=_quantize_key, retries=1,
+      retry_condition_fn=_transient, **_CACHED)
+def quantize(plan: GGUFPlan, q: str, base: StepResult, imatrix: StepResult | None, threads: int) -> StepResult:
+    return build.ensure_quant(plan, q, threads=threads)
+
+
+@task(name="validate", task_run_name="validate-{q}", cache_key_fn=_validate_key, retries=1,
+      retry_condition_fn=_transient, **_CACHED)
+def validate(plan: GGUFPlan, q: str, quant: StepResult) -> VariantOutcome:
+    return build.ensure_validated(plan, q)
+
+
+@task(name="register", task_run_name="register-{outcome.qtype}", cache_key_fn=_register_key, **_CACHED)
+def register(plan: GGUFPlan, outcome: VariantOutcome) -> tuple[reg.Candidate, reg.Tracked]:
+    """Place the artifact directory and `dvc commit` its stage (local: no network, no retries)."""
+    candidate = reg.candidate_from_gguf(plan, outcome)
+    return candidate, reg.track(plan.settings, candidate, reg.place(plan.settings, candidate))
+
+
+@task(name="publish", task_run_name="publish-{candidate.tag}", cache_key_fn=_publish_key, retries=3,
+      retry_delay_seconds=[10, 60, 300], retry_condition_fn=_transient, **_CACHED)
+def publish(settings: Settings, candidate: reg.Candidate, tracked: reg.Tracked) -> reg.Registration:
+    """`dvc push` to the remote, then the manifest: the variant is registered once this returns."""
+    return reg.publish(settings, candidate, tracked)
+
+
+@task(name="compress", task_run_name="compress-{scheme}", retries=2, retry_condition_fn=_transient)
+def compress(entry: CatalogEntry, settings: Settings, scheme: str) -> Any:
+    """AWQ / FP8 on a GPU (pipelines.compress, its own issue), holding one slot of the `gpu` limit."""
+    from pipelines.compress import build_compressed  # type: ignore[import-not-found]
+
+    with concurrency(GPU_LIMIT, occupy=1, lease_duration=LEASE_S, strict=True):
+        return build_compressed(entry, settings, scheme)
+
+
+# ---------------------------------------------------------------- "is the cached output still there?"
+
+
+def _source_current(plan: GGUFPlan) -> bool:
+    hashes = HashCache(plan.settings.home / "hashcache.json")
+    try:
+        return plan.out_dir.is_dir() and all(
+            hashes.sha256(plan.snapshot.path / rel) == sha for rel, sha in plan.snapshot.files.items()
+        )
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+
+
+def _step_current(key: str | None) -> Callable[[StepResult | None], bool]:
+    """A step's output is current while its receipt matches `key` and the file is the one it describes."""
+
+    def check(step: StepResult | None) -> bool:
+        return step is None or (key is not None and load_receipt(step.path, key) is not None)
+
+    return check
+
+
+def _report_current(plan: GGUFPlan) -> Callable[[VariantOutcome], bool]:
+    def check(outcome: VariantOutcome) -> bool:
+        try:
+            report = json.loads(plan.report_path(outcome.qtype).read_text(encoding="utf-8"))
+        except (FileNotFoundError, ValueError):
+            return False
+        return report.get("key") == outcome.report.get("key")
+
+    return check
+
+
+# ---------------------------------------------------------------- the flow
+
+
+@flow(name="convert", flow_run_name="{model}", log_prints=True)
+def convert(model: str, variants: list[str] | None = None, revision: str | None = None) -> dict[str, Any]:
+    """Build, validate, register and publish the variants of one catalog model.
+
+    `variants` overrides the catalog's GGUF quant types (e.g. ["q4_k_m", "q8_0"]); `revision` its pinned commit.
+    """
+    settings = Settings.from_env()
+    entry = load_catalog(settings.catalog_path).get(model)
+    quants = [v.strip().lower() for v in variants] if variants else None
+    _ensure_limit(model_limit(model), 1)
+    with concurrency(model_limit(model), occupy=1, lease_duration=LEASE_S, strict=True):
+        return _convert(entry, settings, quants, revision)
+
+
+def _convert(entry: CatalogEntry, settings: Settings, quants: list[str] | None, revision: str | None) -> dict[str, Any]:
+    plan = _cached(fetch_source, _source_current, entry, settings, revision, quants)
+    base = _cached(convert_base, _step_current(plan.base_key), plan)
+    imatrix = None
+    if plan.spec.imatrix:
+        imatrix = _cached(compute_imatrix, _step_current(plan.imatrix_key), plan, base)
+
+    # llama-quantize keeps about two cores busy: run as many at once as build_gguf does.
+    jobs, per_job = build.quant_parallelism(len(plan.spec.quants), settings.effective_threads)
+    quants_done: dict[str, StepResult] = {}
+    for i in range(0, len(plan.spec.quants), jobs):
+        batch = plan.spec.quants[i : i + jobs]
+        futures = {q: quantize.submit(plan, q, base, imatrix, per_job) for q in batch}
+        for q, fut in futures.items():
+            step = fut.result()
+            if not _step_current(plan.quant_key(q))(step):
+                step = quantize.with_options(refresh_cache=True)(plan, q, base, imatrix, per_job)
+            quants_done[q] = step
+
+    outcomes = {q: _cached(validate, _report_current(plan), plan, q, quants_done[q]) for q in plan.spec.quants}
+
+    registrations: dict[str, reg.Registration] = {}
+    for q, outcome in outcomes.items():
+        if not outcome.passed:
+            continue
+        candidate, tracked = _cached(register, lambda r: reg.is_tracked(settings, *r), plan, outcome)
+        registrations[q] = _cached(
+            publish, lambda _r, c=candidate: reg.registered(settings, c) is not None, settings, candidate, tracked
+        )
+
+    for scheme in _compressed_schemes(entry):
+        compress(entry, settings, scheme)
+
+    summary = _publish_artifacts(plan, base, outcomes, registrations)
+    failed = [q for q, o in outcomes.items() if not o.passed]
+    if failed:
+        raise GateFailed(", ".join(failed), [f for q in failed for f in outcomes[q].failures],
+                         str(plan.report_path(failed[0])))
+    return summary
+
+
+def _compressed_schemes(entry: CatalogEntry) -> list[str]:
+    """Variants other than GGUF the catalog entry asks for (AWQ / FP8 land with pipelines.compress)."""
+    return [name for name, spec in entry.variants if name != "gguf" and spec]
+
+
+def _ensure_limit(name: str, limit: int) -> None:
+    """Create a global concurrency limit unless it exists (two first runs may race: both are fine)."""
+    with get_client(sync_client=True) as client, contextlib.suppress(ObjectAlreadyExists):
+        client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=name, limit=limit))
+
+
+# ---------------------------------------------------------------- what each run publishes
+
+
+def artifact_key(*parts: str) -> str:
+    """Prefect artifact keys allow only a-z, 0-9 and dashes."""
+    return re.sub(r"-+", "-", re.sub(r"[^a-z0-9-]", "-", "-".join(parts).lower())).strip("-")
+
+
+def _mib(n: int) -> str:
+    return f"{n / (1 << 20):,.1f} MiB"
+
+
+def _publish_artifacts(
+    plan: GGUFPlan, base: StepResult, outcomes: dict[str, VariantOutcome], registrations: dict[str, reg.Registration]
+) -> dict[str, Any]:
+    rows = []
+    for q, o in outcomes.items():
+        k = o.report.get("kld") or {}
+        gate = o.report.get("gate") or {}
+        done = registrations.get(q)
+        rows.append({
+            "variant": q,
+            "size_mib": round(o.size_bytes / (1 << 20), 2),
+            "mean_kld": k.get("mean_kld"),
+            "max_mean_kld": gate.get("max_mean_kld"),
+            "same_top_pct": k.get("same_top_pct"),
+            "min_same_top_pct": gate.get("min_same_top_pct"),
+            "dppl_pct": k.get("dppl_pct"),
+            "max_dppl_pct": gate.get("max_dppl_pct"),
+            "gate": "pass" if o.passed else "FAIL: " + "; ".join(o.failures),
+            "registered": done.manifest.ref if done else "",
+            "sha256": o.sha256,
+            "dvc_path": done.manifest.dvc.path if done else "",
+        })
+    name = plan.entry.name
+    snap = plan.snapshot
+    source = f"{snap.repo_id}@{snap.revision}" if snap.repo_id else f"{snap.kind} source"
+    lines = [
+        f"# {name}: convert",
+        "",
+        f"Source **{source}** (content {plan.source_key[:12]}) · llama.cpp {plan.llama.commit} · "
+        f"base {plan.base_path.name} {_mib(base.receipt['size'])}, sha256 `{base.receipt['sha256'][:16]}`",
+        "",
+        "| variant | size | mean KLD (max) | same top % (min) | ΔPPL % (max) | gate | registered |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['variant']} | {r['size_mib']:,.1f} MiB | {_num(r['mean_kld'], 5)} ({r['max_mean_kld']}) | "
+            f"{_num(r['same_top_pct'], 2)} ({r['min_same_top_pct']}) | {_num(r['dppl_pct'], 2)} ({r['max_dppl_pct']}) | "
+            f"{'✅ pass' if r['gate'] == 'pass' else '❌ ' + r['gate']} | {r['registered'] and '`' + r['registered'] + '`'} |"
+        )
+    lines += ["", "Registered variants are in the DVC remote; `modelmint pull NAME:TAG` fetches one and checks it."]
+    create_markdown_artifact("\n".join(lines), key=artifact_key("convert", name), description=f"convert {name}")
+    create_table_artifact(rows, key=artifact_key("convert", name, "variants"), description=f"variants of {name}")
+    return {
+        "model": name,
+        "registered": [r.manifest.ref for r in registrations.values()],
+        "failed": [q for q, o in outcomes.items() if not o.passed],
+        "variants": rows,
+    }
+
+
+def _num(v: Any, digits: int) -> str:
+    return f"{v:.{digits}f}" if isinstance(v, int | float) else "-"

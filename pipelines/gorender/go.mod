@@ -1,0 +1,3 @@
+module modelmint/gorender
+
+go 1.19

@@ -1,0 +1,138 @@
+"""Pull a registered artifact: manifest → DVC remote → sha256 check → GGUF and Modelfile side by side → Ollama."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pipelines import dvcrepo
+from pipelines.errors import BlobMismatch, ManifestInvalid, RegistryError
+from pipelines.fsutil import HashCache, atomic_output
+from pipelines.manifest import Manifest, find_manifest
+from pipelines.runner import run
+from pipelines.settings import Settings
+
+log = logging.getLogger(__name__)
+
+_CHUNK = 8 * 1024 * 1024
+
+
+@dataclass
+class PullResult:
+    manifest: Manifest
+    dest: Path
+    fetched: bool
+    """False when the destination already held exactly these files (nothing was downloaded or copied)."""
+    commands: list[list[str]] = field(default_factory=list)
+    """The Ollama commands that make the model available (run when `ollama` is on PATH)."""
+    ran_ollama: bool = False
+
+    @property
+    def modelfile(self) -> Path | None:
+        p = self.dest / "Modelfile"
+        return p if p.is_file() else None
+
+
+def pull(settings: Settings, ref: str, *, dest: Path | None = None, ollama: bool = True) -> PullResult:
+    """Place the registered artifact `ref` (name:tag) in `dest` (default: its path in the repository).
+
+    Every file is checked against the manifest's sha256 before anything in `dest` is replaced; a
+    mismatch raises and leaves `dest` as it was.
+
+    Raises:
+        NotRegistered, ManifestInvalid, ConfigError: no usable manifest for `ref`.
+        RemoteError, RemoteUnavailable: the DVC remote is misconfigured, unreachable, or lacks the blob.
+        BlobMismatch: what came from the remote is not what was registered.
+        ToolError: `ollama create` failed.
+    """
+    manifest = find_manifest(settings, ref)
+    target = dest if dest is not None else settings.repo_dir / manifest.dvc.path
+    fetched = False
+    if not _holds(target, manifest, HashCache(settings.home / "hashcache.json")):
+        _fetch_into(settings, manifest, target)
+        fetched = True
+    result = PullResult(manifest, target, fetched, commands=ollama_commands(manifest, target))
+    if ollama and result.modelfile is not None and shutil.which("ollama"):
+        for argv in result.commands:
+            run(argv, cwd=target, hint="is the Ollama server running? (`ollama serve`)")
+        result.ran_ollama = True
+    return result
+
+
+def _holds(target: Path, manifest: Manifest, hashes: HashCache) -> bool:
+    try:
+        return all(
+            (target / f.path).stat().st_size == f.size and hashes.sha256(target / f.path) == f.sha256
+            for f in manifest.files
+        )
+    except FileNotFoundError:
+        return False
+
+
+def _fetch_into(settings: Settings, manifest: Manifest, target: Path) -> None:
+    stage, path = manifest.dvc.stage, manifest.dvc.path
+    locked = dvcrepo.locked_out(settings, stage, path)
+    if locked is None:
+        raise RegistryError(
+            f"dvc.lock records no {path} for {manifest.ref} (stage {stage})",
+            hint="the manifest was committed without dvc.lock: pull the commit that added both (`git pull`), "
+            "or register it again",
+        )
+    if manifest.dvc.md5 is not None and manifest.dvc.md5 != locked.md5:
+        raise ManifestInvalid(
+            str(settings.manifests_dir / manifest.name / f"{manifest.tag}.json"),
+            f"it records DVC hash {manifest.dvc.md5}, dvc.lock records {locked.md5}",
+        )
+    dvcrepo.fetch(settings, stage)
+    cache = dvcrepo.cache_dir(settings)
+    listing = dvcrepo.dir_listing(cache, locked.md5)
+    missing = [f.path for f in manifest.files if f.path not in listing]
+    if missing:
+        raise ManifestInvalid(
+            str(settings.manifests_dir / manifest.name / f"{manifest.tag}.json"),
+            f"it lists {missing}, which the DVC-tracked directory does not hold",
+        )
+    with atomic_output(target) as tmp:
+        tmp.mkdir()
+        for f in manifest.files:
+            obj = dvcrepo.cache_object(cache, listing[f.path])
+            if not obj.is_file():
+                from pipelines.errors import RemoteError
+
+                raise RemoteError(
+                    f"the DVC remote does not hold {f.path} of {manifest.ref} (md5 {listing[f.path]})",
+                    hint="push it from the machine that registered it (`dvc push`), or check `dvc remote list`",
+                )
+            out = tmp / f.path
+            out.parent.mkdir(parents=True, exist_ok=True)
+            actual = _copy_hashing(obj, out)
+            if actual != f.sha256:
+                # The cached object is not what was registered: drop it so that the next pull downloads
+                # it again instead of trusting it; the destination keeps whatever it held.
+                obj.unlink(missing_ok=True)
+                raise BlobMismatch(manifest.ref, f.path, f.sha256, actual)
+
+
+def _copy_hashing(src: Path, dst: Path) -> str:
+    """Copy `src` to `dst` and return the sha256 of the bytes written, in one pass."""
+    h = hashlib.sha256()
+    with open(src, "rb") as fin, open(dst, "wb") as fout:
+        while chunk := fin.read(_CHUNK):
+            h.update(chunk)
+            fout.write(chunk)
+    return h.hexdigest()
+
+
+def ollama_commands(manifest: Manifest, target: Path) -> list[list[str]]:
+    """The commands that make `target` an Ollama model named like the artifact (qwen2.5:q4_k_m).
+
+    pipelines.ollama (the Ollama issue) owns these; until it lands, the one command Ollama documents.
+    """
+    try:
+        from pipelines.ollama import ollama_commands as _commands  # type: ignore[attr-defined]
+    except ImportError:
+        return [["ollama", "create", manifest.ref, "-f", str(target / "Modelfile")]]
+    return [list(map(str, argv)) for argv in _commands(manifest.ref, target / "Modelfile")]

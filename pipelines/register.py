@@ -1,0 +1,333 @@
+"""Register a validated variant: its artifact directory recorded by DVC and pushed, then its manifest, last.
+
+The steps, each safe to repeat after a crash:
+  place    copy the variant (and its Ollama files) into artifacts/<name>/<tag>/, atomically as a directory
+  track    `dvc commit` the dvc.yaml stage that owns that directory: dvc.lock + the DVC cache
+  publish  `dvc push` it to the default remote, then write registry/manifests/<name>/<tag>.json
+
+Nothing is visible as registered before its manifest exists, and the manifest is written only after
+validation passed and the blob reached the remote. Under `dvc repro` the stage command registers with
+`track=False`: DVC itself records the output after the command returns, and `dvc push` sends it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import shutil
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from pipelines import __version__, dvcrepo
+from pipelines.build import EVAL_CHUNKS, EVAL_CTX, GGUFPlan, VariantOutcome, content_key, load_receipt
+from pipelines.catalog import CatalogEntry
+from pipelines.errors import GateFailed, ManifestInvalid
+from pipelines.fsutil import HashCache, atomic_output, clean_partials
+from pipelines.manifest import (
+    ArtifactFile,
+    DvcRef,
+    Manifest,
+    ParentRef,
+    SourceRef,
+    Validation,
+    artifact_relpath,
+    load_manifest,
+    manifest_path,
+    save_manifest,
+    stage_name,
+)
+from pipelines.settings import Settings
+from pipelines.toolchains import read_pins
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A validated variant, whatever built it: what registration copies, records and describes."""
+
+    entry: CatalogEntry
+    tag: str
+    format: str
+    files: tuple[Path, ...]
+    """The artifact's own files, main file first (a GGUF, or its shards when it was split)."""
+    sha256: str
+    size_bytes: int
+    source: dict[str, Any]
+    parent: ParentRef | None
+    toolchain: dict[str, str]
+    recipe: dict[str, Any]
+    report: dict[str, Any]
+    report_sha256: str
+
+    @property
+    def ref(self) -> str:
+        return f"{self.entry.name}:{self.tag}"
+
+    @property
+    def recipe_sha256(self) -> str:
+        return hashlib.sha256(json.dumps(self.recipe, sort_keys=True).encode()).hexdigest()
+
+    @property
+    def key(self) -> str:
+        """What this registration is made of: the blob, the recipe, the validation report, the toolchain."""
+        return content_key("register", self.sha256, self.recipe_sha256, self.report_sha256, self.toolchain)
+
+    @property
+    def stage(self) -> str:
+        return stage_name(self.entry.name, self.tag)
+
+    @property
+    def dvc_path(self) -> str:
+        return artifact_relpath(self.entry.name, self.tag)
+
+
+@dataclass(frozen=True)
+class Tracked:
+    """A placed artifact directory and what DVC recorded for it (md5 None when DVC was not asked)."""
+
+    files: tuple[ArtifactFile, ...]
+    md5: str | None
+
+
+@dataclass(frozen=True)
+class Registration:
+    manifest: Manifest
+    path: Path
+    ran: bool
+    """False when the variant was already registered exactly like this (nothing was run)."""
+
+
+def gguf_recipe(plan: GGUFPlan, tag: str) -> dict[str, Any]:
+    """Everything that decides a GGUF variant's bytes and verdict, as the manifest records it."""
+    spec = plan.spec
+    return {
+        "format": "gguf",
+        "source": plan.entry.source.model_dump(mode="json")
+        | ({"revision": plan.snapshot.revision} if plan.snapshot.revision else {}),
+        "outtype": spec.outtype,
+        "quant": tag,
+        "imatrix": spec.imatrix,
+        "split_max_size": spec.split_max_size,
+        "gate_profile": plan.entry.gate_profile,
+        "eval": {"ctx": EVAL_CTX, "chunks": EVAL_CHUNKS, "text_sha256": plan.text_sha},
+    }
+
+
+def toolchain_versions(plan: GGUFPlan) -> dict[str, str]:
+    pins = read_pins("llama-cpp")
+    return {
+        "modelmint": __version__,
+        **plan.llama.versions(),
+        "converter.torch": pins.get("CONVERTER_TORCH", "?"),
+        "converter.transformers": pins.get("CONVERTER_TRANSFORMERS", "?"),
+    }
+
+
+def candidate_from_gguf(plan: GGUFPlan, outcome: VariantOutcome) -> Candidate:
+    """The registration candidate for one validated GGUF variant of `plan`.
+
+    Raises:
+        GateFailed: the variant did not pass validation (it must not be registered).
+        FileNotFoundError: the f16 base or the report is gone (rerun the build).
+    """
+    if not outcome.passed:
+        raise GateFailed(outcome.qtype, outcome.failures, str(plan.report_path(outcome.qtype)))
+    base = load_receipt(plan.base_path, plan.base_key)
+    if base is None:
+        raise FileNotFoundError(f"{plan.base_path} is gone or changed since {outcome.qtype} was made from it")
+    files = tuple(outcome.shards) or (outcome.path,)
+    hashes = HashCache(plan.settings.home / "hashcache.json")
+    main_sha = outcome.sha256 if files[0] == outcome.path else hashes.sha256(files[0])
+    return Candidate(
+        entry=plan.entry,
+        tag=outcome.qtype,
+        format="gguf",
+        files=files,
+        sha256=main_sha,
+        size_bytes=files[0].stat().st_size,
+        source={k: v for k, v in plan.source.items() if k != "path"},
+        parent=ParentRef(
+            artifact=f"{plan.entry.name}:{plan.spec.outtype}",
+            file=plan.base_path.name,
+            sha256=base["sha256"],
+            size=base["size"],
+        ),
+        toolchain=toolchain_versions(plan),
+        recipe=gguf_recipe(plan, outcome.qtype),
+        report=outcome.report,
+        report_sha256=hashes.sha256(plan.report_path(outcome.qtype)),
+    )
+
+
+def artifact_dir(settings: Settings, name: str, tag: str) -> Path:
+    return settings.repo_dir / artifact_relpath(name, tag)
+
+
+# ---------------------------------------------------------------- the steps
+
+
+def place(settings: Settings, c: Candidate) -> tuple[ArtifactFile, ...]:
+    """Copy the variant's files into its artifact directory and add its Ollama files, as one rename."""
+    dest = artifact_dir(settings, c.entry.name, c.tag)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    for stale in clean_partials(dest.parent):
+        log.info("removed %s left by an interrupted registration", stale)
+    with atomic_output(dest) as tmp:
+        tmp.mkdir()
+        for f in c.files:
+            # A copy, never a link: the build directory is scratch space that later builds rewrite.
+            shutil.copyfile(f, tmp / f.name)
+        write_ollama_files(c.entry, tmp / c.files[0].name)
+    return _describe(settings, dest)
+
+
+def track(settings: Settings, c: Candidate, files: tuple[ArtifactFile, ...]) -> Tracked:
+    """Record the artifact directory in dvc.lock and the DVC cache (`dvc commit` of its stage).
+
+    Raises:
+        RegistryError: not a DVC repository, no such stage (run `modelmint dvc-yaml`), or DVC failed.
+    """
+    dvcrepo.commit(settings, c.stage)
+    locked = dvcrepo.locked_out(settings, c.stage, c.dvc_path)
+    if locked is None:
+        from pipelines.errors import RegistryError
+
+        raise RegistryError(
+            f"dvc commit {c.stage} recorded nothing for {c.dvc_path}",
+            hint="dvc.yaml is out of date with the catalog: run `modelmint dvc-yaml`",
+        )
+    return Tracked(files, locked.md5)
+
+
+def is_tracked(settings: Settings, c: Candidate, tracked: Tracked) -> bool:
+    """Whether `tracked` still describes the workspace and dvc.lock (no tool is run)."""
+    if not _files_in_place(settings, c, tracked.files, hashed=False):
+        return False
+    if tracked.md5 is None:
+        return True
+    locked = dvcrepo.locked_out(settings, c.stage, c.dvc_path)
+    return locked is not None and locked.md5 == tracked.md5
+
+
+def publish(settings: Settings, c: Candidate, tracked: Tracked, *, push: bool = True) -> Registration:
+    """Push the tracked directory to the default DVC remote, then write the manifest (last).
+
+    Raises:
+        RemoteError, RemoteUnavailable: the push failed; no manifest is written.
+    """
+    if push and tracked.md5 is not None:
+        dvcrepo.push(settings, c.stage)
+    manifest = _manifest(c, tracked, pushed=push and tracked.md5 is not None)
+    return Registration(manifest, save_manifest(settings, manifest), ran=True)
+
+
+def registered(settings: Settings, c: Candidate, *, tracked: bool = True) -> Registration | None:
+    """The registration of exactly this candidate, when it is complete and its files are in place.
+
+    With `tracked`, it must also be recorded in dvc.lock and pushed. Runs no tool: a stat and a few
+    small reads (file hashes come from the hash cache unless a file changed).
+    """
+    path = manifest_path(settings, c.entry.name, c.tag)
+    try:
+        manifest = load_manifest(path, settings.manifests_dir)
+    except (FileNotFoundError, ManifestInvalid):
+        return None
+    if manifest.key != c.key or not _files_in_place(settings, c, tuple(manifest.files), hashed=True):
+        return None
+    if tracked:
+        if manifest.dvc.md5 is None or not manifest.dvc.pushed:
+            return None
+        locked = dvcrepo.locked_out(settings, c.stage, c.dvc_path)
+        if locked is None or locked.md5 != manifest.dvc.md5:
+            return None
+    return Registration(manifest, path, ran=False)
+
+
+def register(settings: Settings, c: Candidate, *, track_with_dvc: bool = True, push: bool = True) -> Registration:
+    """Place, track, push and describe one validated variant; a no-op when it is registered already.
+
+    Raises:
+        RegistryError (RemoteError, RemoteUnavailable): DVC could not record or push it; no manifest.
+    """
+    done = registered(settings, c, tracked=track_with_dvc)
+    if done is not None:
+        return done
+    files = place(settings, c)
+    tracked = track(settings, c, files) if track_with_dvc else Tracked(files, None)
+    return publish(settings, c, tracked, push=push)
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def write_ollama_files(entry: CatalogEntry, gguf: Path) -> list[Path]:
+    """HOOK for the Ollama issue: a Modelfile and a model card written next to `gguf`.
+
+    pipelines.modelfile (another engineer's) provides the generator; until it exists the artifact is
+    registered without them and `modelmint pull` prints how to make one. The files must refer to the
+    GGUF by its bare name (`FROM ./<file>.gguf`): the directory is renamed after they are written.
+    """
+    try:
+        from pipelines.modelfile import write_ollama_files as _write  # type: ignore[attr-defined]
+    except ImportError:
+        log.warning("pipelines.modelfile.write_ollama_files is not available: %s has no Modelfile", gguf.name)
+        return []
+    return list(_write(entry, gguf))
+
+
+def _describe(settings: Settings, directory: Path) -> tuple[ArtifactFile, ...]:
+    hashes = HashCache(settings.home / "hashcache.json")
+    return tuple(
+        ArtifactFile(path=p.relative_to(directory).as_posix(), sha256=hashes.sha256(p), size=p.stat().st_size)
+        for p in sorted(directory.rglob("*"))
+        if p.is_file()
+    )
+
+
+def _files_in_place(settings: Settings, c: Candidate, files: tuple[ArtifactFile, ...], *, hashed: bool) -> bool:
+    directory = artifact_dir(settings, c.entry.name, c.tag)
+    hashes = HashCache(settings.home / "hashcache.json") if hashed else None
+    for f in files:
+        p = directory / f.path
+        try:
+            if p.stat().st_size != f.size:
+                return False
+        except FileNotFoundError:
+            return False
+        if hashes is not None and hashes.sha256(p) != f.sha256:
+            return False
+    on_disk = {p.relative_to(directory).as_posix() for p in directory.rglob("*") if p.is_file()}
+    return on_disk == {f.path for f in files}
+
+
+def _manifest(c: Candidate, tracked: Tracked, *, pushed: bool) -> Manifest:
+    kld = c.report.get("kld") or {}
+    return Manifest(
+        name=c.entry.name,
+        tag=c.tag,
+        format="gguf",
+        file=c.files[0].name,
+        sha256=c.sha256,
+        size_bytes=c.size_bytes,
+        files=list(tracked.files),
+        source=SourceRef(**{k: c.source.get(k) for k in ("kind", "repo", "revision", "content_sha256")}),
+        parent=c.parent,
+        toolchain=c.toolchain,
+        recipe=c.recipe,
+        recipe_sha256=c.recipe_sha256,
+        validation=Validation(
+            passed=True,
+            metrics={k: float(v) for k, v in kld.items() if isinstance(v, int | float) and not isinstance(v, bool)},
+            gate=c.report.get("gate") or {},
+            failures=list(c.report.get("failures") or []),
+            smoke=c.report.get("smoke"),
+            report_sha256=c.report_sha256,
+        ),
+        dvc=DvcRef(path=c.dvc_path, stage=c.stage, md5=tracked.md5, pushed=pushed),
+        key=c.key,
+        created_at=datetime.now(UTC).replace(microsecond=0),
+    )

