@@ -15,6 +15,7 @@ import dataclasses
 import json
 import re
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any, TypeVar
 
 from prefect import flow, get_run_logger, task
@@ -22,16 +23,17 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
 from prefect.concurrency.sync import concurrency
-from prefect.exceptions import ObjectAlreadyExists
+from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
 from prefect.tasks import Task
 
-from pipelines import build
+from pipelines import build, dvcrepo
 from pipelines import register as reg
 from pipelines.build import GGUFPlan, StepResult, VariantOutcome, content_key, load_receipt
-from pipelines.catalog import CatalogEntry, load_catalog
-from pipelines.errors import GateFailed, ModelmintError
+from pipelines.catalog import COMPRESSED_VARIANTS, GGUF_QUANT_TYPES, CatalogEntry, load_catalog
+from pipelines.errors import ConfigError, GateFailed, ModelmintError
 from pipelines.fsutil import HashCache
 from pipelines.gates import gguf_gate
+from pipelines.manifest import stage_name
 from pipelines.settings import Settings
 
 GPU_LIMIT = "gpu"
@@ -126,7 +128,7 @@ def _publish_key(_ctx: Any, p: dict[str, Any]) -> str:
 _CACHED: dict[str, Any] = {"persist_result": True}
 
 
-@task(name="fetch", cache_key_fn=_fetch_key, retries=3, retry_delay_seconds=[5, 30, 120],
+@task(name="fetch", task_run_name="fetch", cache_key_fn=_fetch_key, retries=3, retry_delay_seconds=[5, 30, 120],
       retry_condition_fn=_transient, **_CACHED)
 def fetch_source(entry: CatalogEntry, settings: Settings, revision: str | None, quants: list[str] | None) -> GGUFPlan:
     plan = build.plan_gguf(entry, settings, revision=revision, quants=quants)
@@ -134,12 +136,12 @@ def fetch_source(entry: CatalogEntry, settings: Settings, revision: str | None, 
     return dataclasses.replace(plan, settings=dataclasses.replace(plan.settings, hf_token=None))
 
 
-@task(name="convert", cache_key_fn=_convert_key, retries=1, retry_condition_fn=_transient, **_CACHED)
+@task(name="convert", task_run_name="convert", cache_key_fn=_convert_key, retries=1, retry_condition_fn=_transient, **_CACHED)
 def convert_base(plan: GGUFPlan) -> StepResult:
     return build.ensure_base(plan)
 
 
-@task(name="imatrix", cache_key_fn=_imatrix_key, retries=1, retry_condition_fn=_transient, **_CACHED)
+@task(name="imatrix", task_run_name="imatrix", cache_key_fn=_imatrix_key, retries=1, retry_condition_fn=_transient, **_CACHED)
 def compute_imatrix(plan: GGUFPlan, base: StepResult) -> StepResult | None:
     return build.ensure_imatrix(plan)
 
@@ -170,13 +172,20 @@ def publish(settings: Settings, candidate: reg.Candidate, tracked: reg.Tracked) 
     return reg.publish(settings, candidate, tracked)
 
 
-@task(name="compress", task_run_name="compress-{scheme}", retries=2, retry_condition_fn=_transient)
-def compress(entry: CatalogEntry, settings: Settings, scheme: str) -> Any:
-    """AWQ / FP8 on a GPU (pipelines.compress, its own issue), holding one slot of the `gpu` limit."""
-    from pipelines.compress import build_compressed  # type: ignore[import-not-found]
+@task(name="compress", task_run_name="compress-{model}", retries=1, retry_condition_fn=_transient)
+def compress(model: str, entry: CatalogEntry, settings: Settings, schemes: list[str], revision: str | None) -> Any:
+    """AWQ / FP8 / … with llmcompressor (pipelines.compress); each GPU run holds one slot of the `gpu` limit.
 
-    with concurrency(GPU_LIMIT, occupy=1, lease_duration=LEASE_S, strict=True):
-        return build_compressed(entry, settings, scheme)
+    Not cached by Prefect: build_compressed skips every step whose receipt matches, on its own.
+    """
+    from pipelines.compress import build_compressed
+
+    return build_compressed(entry, settings, schemes=schemes, revision=revision, gpu_slot=gpu_slot)
+
+
+def gpu_slot() -> AbstractContextManager[Any]:
+    """One slot of the `gpu` global limit (strict: a missing limit is an error, not "no limit")."""
+    return concurrency(GPU_LIMIT, occupy=1, lease_duration=LEASE_S, strict=True)
 
 
 # ---------------------------------------------------------------- "is the cached output still there?"
@@ -219,17 +228,54 @@ def _report_current(plan: GGUFPlan) -> Callable[[VariantOutcome], bool]:
 def convert(model: str, variants: list[str] | None = None, revision: str | None = None) -> dict[str, Any]:
     """Build, validate, register and publish the variants of one catalog model.
 
-    `variants` overrides the catalog's GGUF quant types (e.g. ["q4_k_m", "q8_0"]); `revision` its pinned commit.
+    `variants` names what to build instead of the catalog's list: GGUF quant types (q4_k_m, q8_0, …) and
+    compressed-tensors schemes (fp8, awq, …); `revision` overrides the pinned commit.
     """
     settings = Settings.from_env()
     entry = load_catalog(settings.catalog_path).get(model)
-    quants = [v.strip().lower() for v in variants] if variants else None
+    quants, schemes = split_variants(entry, variants)
+    # Refuse before any work a variant that could not be registered (no dvc.yaml stage records it).
+    dvcrepo.require_stages(settings, [stage_name(entry.name, q) for q in quants])
     _ensure_limit(model_limit(model), 1)
     with concurrency(model_limit(model), occupy=1, lease_duration=LEASE_S, strict=True):
-        return _convert(entry, settings, quants, revision)
+        outcomes: dict[str, VariantOutcome] = {}
+        registrations: dict[str, reg.Registration] = {}
+        header: list[str] = []
+        if quants:
+            header, gguf_outcomes, registrations = _gguf(entry, settings, quants, revision)
+            outcomes.update(gguf_outcomes)
+        if schemes:
+            # Built and validated here; their registration lands with compressed-tensors manifests.
+            outcomes.update(compress(entry.name, entry, settings, schemes, revision).variants)
+        summary = _publish_artifacts(entry.name, header, outcomes, registrations)
+    failed = [v for v, o in outcomes.items() if not o.passed]
+    if failed:
+        raise GateFailed(", ".join(failed), [f for v in failed for f in outcomes[v].failures])
+    return summary
 
 
-def _convert(entry: CatalogEntry, settings: Settings, quants: list[str] | None, revision: str | None) -> dict[str, Any]:
+def split_variants(entry: CatalogEntry, variants: list[str] | None) -> tuple[list[str], list[str]]:
+    """The GGUF quant types and compressed schemes a run builds: the catalog's, or the ones named.
+
+    Raises:
+        ConfigError: a name that is neither, or nothing to build.
+    """
+    if variants is None:
+        gguf = entry.variants.gguf
+        return (list(gguf.quants) if gguf else []), list(entry.variants.compressed())
+    names = [v.strip().lower() for v in variants if v.strip()]
+    unknown = [v for v in names if v not in GGUF_QUANT_TYPES and v not in COMPRESSED_VARIANTS]
+    if unknown or not names:
+        raise ConfigError(
+            f"variants {unknown or variants} name no GGUF quant type or compressed scheme",
+            hint=f"e.g. variants=[\"q4_k_m\", \"q8_0\"] or [\"fp8\"]; schemes: {sorted(COMPRESSED_VARIANTS)}",
+        )
+    return [v for v in names if v in GGUF_QUANT_TYPES], [v for v in names if v in COMPRESSED_VARIANTS]
+
+
+def _gguf(
+    entry: CatalogEntry, settings: Settings, quants: list[str], revision: str | None
+) -> tuple[list[str], dict[str, VariantOutcome], dict[str, reg.Registration]]:
     plan = _cached(fetch_source, _source_current, entry, settings, revision, quants)
     base = _cached(convert_base, _step_current(plan.base_key), plan)
     imatrix = None
@@ -258,27 +304,23 @@ def _convert(entry: CatalogEntry, settings: Settings, quants: list[str] | None, 
         registrations[q] = _cached(
             publish, lambda _r, c=candidate: reg.registered(settings, c) is not None, settings, candidate, tracked
         )
-
-    for scheme in _compressed_schemes(entry):
-        compress(entry, settings, scheme)
-
-    summary = _publish_artifacts(plan, base, outcomes, registrations)
-    failed = [q for q, o in outcomes.items() if not o.passed]
-    if failed:
-        raise GateFailed(", ".join(failed), [f for q in failed for f in outcomes[q].failures],
-                         str(plan.report_path(failed[0])))
-    return summary
-
-
-def _compressed_schemes(entry: CatalogEntry) -> list[str]:
-    """Variants other than GGUF the catalog entry asks for (AWQ / FP8 land with pipelines.compress)."""
-    return [name for name, spec in entry.variants if name != "gguf" and spec]
+    snap = plan.snapshot
+    source = f"{snap.repo_id}@{snap.revision}" if snap.repo_id else f"{snap.kind} source"
+    header = [
+        f"Source **{source}** (content {plan.source_key[:12]}) · llama.cpp {plan.llama.commit} · "
+        f"base {plan.base_path.name} {_mib(base.receipt['size'])}, sha256 `{base.receipt['sha256'][:16]}`",
+    ]
+    return header, outcomes, registrations
 
 
 def _ensure_limit(name: str, limit: int) -> None:
     """Create a global concurrency limit unless it exists (two first runs may race: both are fine)."""
-    with get_client(sync_client=True) as client, contextlib.suppress(ObjectAlreadyExists):
-        client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=name, limit=limit))
+    with get_client(sync_client=True) as client:
+        try:
+            client.read_global_concurrency_limit_by_name(name)
+        except ObjectNotFound:
+            with contextlib.suppress(ObjectAlreadyExists):
+                client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=name, limit=limit))
 
 
 # ---------------------------------------------------------------- what each run publishes
@@ -294,39 +336,30 @@ def _mib(n: int) -> str:
 
 
 def _publish_artifacts(
-    plan: GGUFPlan, base: StepResult, outcomes: dict[str, VariantOutcome], registrations: dict[str, reg.Registration]
+    name: str, header: list[str], outcomes: dict[str, VariantOutcome], registrations: dict[str, reg.Registration]
 ) -> dict[str, Any]:
     rows = []
-    for q, o in outcomes.items():
-        k = o.report.get("kld") or {}
+    for v, o in outcomes.items():
+        figures = o.report.get("kld") or o.report.get("metrics") or {}
         gate = o.report.get("gate") or {}
-        done = registrations.get(q)
+        done = registrations.get(v)
         rows.append({
-            "variant": q,
+            "variant": v,
             "size_mib": round(o.size_bytes / (1 << 20), 2),
-            "mean_kld": k.get("mean_kld"),
+            "mean_kld": figures.get("mean_kld"),
             "max_mean_kld": gate.get("max_mean_kld"),
-            "same_top_pct": k.get("same_top_pct"),
+            "same_top_pct": figures.get("same_top_pct"),
             "min_same_top_pct": gate.get("min_same_top_pct"),
-            "dppl_pct": k.get("dppl_pct"),
+            "dppl_pct": figures.get("dppl_pct"),
             "max_dppl_pct": gate.get("max_dppl_pct"),
             "gate": "pass" if o.passed else "FAIL: " + "; ".join(o.failures),
             "registered": done.manifest.ref if done else "",
             "sha256": o.sha256,
             "dvc_path": done.manifest.dvc.path if done else "",
         })
-    name = plan.entry.name
-    snap = plan.snapshot
-    source = f"{snap.repo_id}@{snap.revision}" if snap.repo_id else f"{snap.kind} source"
-    lines = [
-        f"# {name}: convert",
-        "",
-        f"Source **{source}** (content {plan.source_key[:12]}) · llama.cpp {plan.llama.commit} · "
-        f"base {plan.base_path.name} {_mib(base.receipt['size'])}, sha256 `{base.receipt['sha256'][:16]}`",
-        "",
-        "| variant | size | mean KLD (max) | same top % (min) | ΔPPL % (max) | gate | registered |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
-    ]
+    lines = [f"# {name}: convert", "", *header, "",
+             "| variant | size | mean KLD (max) | same top % (min) | ΔPPL % (max) | gate | registered |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         lines.append(
             f"| {r['variant']} | {r['size_mib']:,.1f} MiB | {_num(r['mean_kld'], 5)} ({r['max_mean_kld']}) | "
@@ -339,7 +372,7 @@ def _publish_artifacts(
     return {
         "model": name,
         "registered": [r.manifest.ref for r in registrations.values()],
-        "failed": [q for q, o in outcomes.items() if not o.passed],
+        "failed": [v for v, o in outcomes.items() if not o.passed],
         "variants": rows,
     }
 

@@ -226,8 +226,11 @@ def ensure_pool_and_limits(settings: Settings) -> None:
                 client.create_work_pool(WorkPoolCreate(name=WORK_POOL, type="process"))
         for name, limit in limits.items():
             try:
-                client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=name, limit=limit))
-            except ObjectAlreadyExists:
+                client.read_global_concurrency_limit_by_name(name)
+            except ObjectNotFound:
+                with contextlib.suppress(ObjectAlreadyExists):
+                    client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=name, limit=limit))
+            else:
                 client.update_global_concurrency_limit(name, GlobalConcurrencyLimitUpdate(limit=limit))
 
 

@@ -140,17 +140,18 @@ def _fill(template: str, **parts: str) -> str:
 
     Every line after the first must start (after indentation) with `{{-`, which trims the line break and
     indentation before it in Go, so layout here never reaches the prompt; literal text lives inside
-    actions or right after an action on the same line.
+    actions or right after an action on the same line, and «NL» is a line break inside literal text
+    (a text node, which is what Ollama's tool-call and thinking heuristics read).
     """
     out = template.strip("\n")
     for key, value in parts.items():
         out = out.replace(f"«{key}»", value)
-    if "«" in out:
+    if re.search(r"«(?!NL»)", out):
         raise ValueError(f"unfilled marker in template: {re.findall(r'«[A-Z_]+»', out)}")
     for n, line in enumerate(out.split("\n")[1:], 2):
         if not line.lstrip().startswith("{{-"):
             raise ValueError(f"template line {n} does not start with '{{{{-': {line!r}")
-    return out
+    return out.replace("«NL»", "\n")
 
 
 @lru_cache(maxsize=64)
@@ -224,7 +225,49 @@ def _qwen_default_system(src: str) -> str | None:
     return None
 
 
+def _squash(src: str) -> str:
+    """The Jinja source without whitespace outside string literals and without trim markers."""
+    out, quote, i = [], "", 0
+    while i < len(src):
+        ch = src[i]
+        if quote:
+            out.append(ch)
+            if ch == "\\" and i + 1 < len(src):
+                out.append(src[i + 1])
+                i += 1
+            elif ch == quote:
+                quote = ""
+        elif ch in "'\"":
+            quote = ch
+            out.append(ch)
+        elif not ch.isspace():
+            out.append(ch)
+        i += 1
+    text = "".join(out)
+    for a, b in (("{%-", "{%"), ("-%}", "%}"), ("{{-", "{{"), ("-}}", "}}")):
+        text = text.replace(a, b)
+    return text
+
+
+# Plain ChatML as Qwen2 (and many fine-tunes) write it: one loop, an optional default system prompt.
+_PLAIN_CHATML = re.compile(
+    r"^\{%formessageinmessages%\}"
+    r"(?P<default>\{%ifloop\.firstandmessages\[0\]\['role'\]!='system'%\}"
+    r"\{\{'<\|im_start\|>system(?:\\n|\n)[^'\\]+<\|im_end\|>(?:\\n|\n)'\}\}\{%endif%\})?"
+    r"\{\{'<\|im_start\|>'\+message\['role'\]\+'(?:\\n|\n)'\+message\['content'\]\+'<\|im_end\|>'\+'(?:\\n|\n)'\}\}"
+    r"\{%endfor%\}\{%ifadd_generation_prompt%\}\{\{'<\|im_start\|>assistant(?:\\n|\n)'\}\}\{%endif%\}$"
+)
+
+
+def _plain_chatml(src: str) -> re.Match[str] | None:
+    return _PLAIN_CHATML.match(_squash(src))
+
+
 def _detect_chatml(src: str) -> bool:
+    return _detect_qwen25(src) or _plain_chatml(src) is not None
+
+
+def _detect_qwen25(src: str) -> bool:
     strings = _jinja_strings(src)
     return (
         _has_all(src, "<|im_start|>", "<|im_end|>", "<tool_call>", "<tool_response>", "tool_call.arguments | tojson")
@@ -236,6 +279,9 @@ def _detect_chatml(src: str) -> bool:
 
 
 def _build_chatml(src: str, tokens: TemplateTokens) -> str:
+    plain = _plain_chatml(src)
+    if plain is not None:
+        return _build_plain_chatml(src, plain)
     default = _qwen_default_system(src)
     assert default is not None
     return json_defines() + _fill(
@@ -257,9 +303,7 @@ def _build_chatml(src: str, tokens: TemplateTokens) -> str:
         {{- if not (and $last (eq .Role "assistant")) }}<|im_end|>{{ "\\n" }}{{ end }}
     {{- else if eq .Role "assistant" }}<|im_start|>assistant
         {{- if .Content }}{{ "\\n" }}{{ .Content }}{{ end }}
-        {{- range .ToolCalls }}{{ "\\n<tool_call>\\n{\\"name\\": \\"" }}{{ .Function.Name }}{{ "\\", \\"arguments\\": " }}
-            {{- template "mm_args" .Function.Arguments }}{{ "}\\n</tool_call>" }}
-        {{- end }}<|im_end|>{{ "\\n" }}
+        {{- if .ToolCalls }}{{ range .ToolCalls }}«NL»<tool_call>«NL»{"name": "{{ .Function.Name }}", "arguments": {{ template "mm_args" .Function.Arguments }}}«NL»</tool_call>{{ end }}{{ end }}<|im_end|>{{ "\\n" }}
     {{- else if eq .Role "tool" }}
         {{- if ne $prev "tool" }}<|im_start|>user{{ end }}
         {{- "\\n<tool_response>\\n" }}{{ .Content }}{{ "\\n</tool_response>" }}
@@ -276,9 +320,32 @@ def _build_chatml(src: str, tokens: TemplateTokens) -> str:
     )
 
 
+def _build_plain_chatml(src: str, plain: re.Match[str]) -> str:
+    default = ""
+    if plain.group("default"):
+        found = next(m.group(1) for m in map(_QWEN_SYSTEM.match, _jinja_strings(src)) if m)
+        default = f'{{{{- if and (eq $i 0) (ne .Role "system") }}}}<|im_start|>system{{{{ "\\n" }}}}' \
+                  f'{golit(found)}<|im_end|>{{{{ "\\n" }}}}{{{{ end }}}}'
+    return _fill(
+        """
+{{- $msgs := .Messages }}{{ $prev := "" }}
+{{- range $i, $m := $msgs }}
+    «LOOP_HEAD»
+    «DEFAULT»
+    {{- "<|im_start|>" }}{{ .Role }}{{ "\\n" }}{{ .Content }}
+    {{- if not (and $last (eq .Role "assistant")) }}<|im_end|>{{ "\\n" }}{{ end }}
+    {{- $prev = .Role }}
+{{- end }}
+{{- if ne $prev "assistant" }}<|im_start|>assistant{{ "\\n" }}{{ end }}
+""",
+        LOOP_HEAD=_LOOP_HEAD,
+        DEFAULT=default or '{{- "" }}',
+    )
+
+
 register(ChatFamily(
     name="chatml",
-    title="ChatML as Qwen2.5 writes it (default system prompt, <tools>, <tool_call>, <tool_response>)",
+    title="ChatML: plain (Qwen2) or as Qwen2.5 writes it (default system prompt, <tools>, <tool_call>)",
     detect=_detect_chatml,
     build=_build_chatml,
     stop=("<|im_end|>", "<|im_start|>"),
@@ -322,9 +389,8 @@ def _build_llama3(src: str, tokens: TemplateTokens) -> str:
 {{- $prev := "" }}
 {{- range $i, $m := $msgs }}
     «LOOP_HEAD»
-    {{- if .ToolCalls }}{{ with index .ToolCalls 0 }}<|start_header_id|>assistant<|end_header_id|>{{ "\\n\\n" }}
-        {{- "{\\"name\\": \\"" }}{{ .Function.Name }}{{ "\\", \\"parameters\\": " }}
-        {{- template "mm_args" .Function.Arguments }}{{ "}" }}<|eot_id|>{{ end }}
+    {{- if gt (len .ToolCalls) 0 }}<|start_header_id|>assistant<|end_header_id|>{{ "\\n\\n" }}
+        {{- if .ToolCalls }}{{ with index .ToolCalls 0 }}{"name": "{{ .Function.Name }}", "parameters": {{ template "mm_args" .Function.Arguments }}}{{ end }}{{ end }}<|eot_id|>
     {{- else if or (eq .Role "tool") (eq .Role "ipython") }}<|start_header_id|>ipython<|end_header_id|>{{ "\\n\\n" }}
         {{- printf "%q" .Content }}<|eot_id|>
     {{- else }}<|start_header_id|>{{ .Role }}<|end_header_id|>{{ "\\n\\n" }}{{ .Content }}
@@ -401,8 +467,10 @@ def _build_deepseek_r1(src: str, tokens: TemplateTokens) -> str:
 {{- $msgs := .Messages }}{{ $sys := "" }}{{ range $msgs }}{{ if eq .Role "system" }}{{ $sys = .Content }}{{ end }}{{ end }}
 {{- «BOS» }}{{ $sys }}
 {{- $isFirst := false }}{{ $isTool := false }}{{ $outFirst := true }}{{ $prev := "" }}
-{{- range $i, $m := $msgs }}
+{{- range $i, $m := .Messages }}
     «LOOP_HEAD»
+    {{- /* Never renders: declares <think>…</think> around .Thinking, which Ollama reads as the thinking tags. */}}
+    {{- if false }}<think>{{ .Thinking }}</think>{{ end }}
     {{- if eq .Role "user" }}{{ $isTool = false }}<｜User｜>{{ .Content }}{{ end }}
     «CALLS»
     {{- if and (eq .Role "assistant") (or .Content (not .ToolCalls)) }}

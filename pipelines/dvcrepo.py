@@ -112,8 +112,45 @@ def fetch(settings: Settings, stage: str) -> None:
 
 
 def cache_dir(settings: Settings) -> Path:
-    path = dvc(settings, "cache", "dir", what="dvc cache dir").stdout.strip()
-    return Path(path) if Path(path).is_absolute() else settings.repo_dir / path
+    """The DVC cache directory (`cache.dir`, default .dvc/cache), from DVC's own config loader: no process.
+
+    Raises:
+        RegistryError: DVC's configuration does not load.
+    """
+    from dvc.config import Config, ConfigError
+
+    root = require_repo(settings)
+    try:
+        configured = Config(dvc_dir=str(root / ".dvc"))["cache"].get("dir")
+    except ConfigError as err:
+        raise RegistryError(f"DVC's configuration does not load: {err}", hint="check .dvc/config") from err
+    return Path(configured) if configured else root / ".dvc" / "cache"
+
+
+def require_stages(settings: Settings, stages: list[str]) -> None:
+    """Check that dvc.yaml has these `stage@item` stages before any work is done for them.
+
+    Raises:
+        RegistryError: not a DVC repository, or a stage dvc.yaml does not have (a variant outside the catalog).
+    """
+    path = require_repo(settings) / "dvc.yaml"
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except (FileNotFoundError, yaml.YAMLError) as err:
+        raise RegistryError(f"{path} is missing or not YAML ({err})", hint="run `modelmint dvc-yaml`") from err
+    defined = data.get("stages") or {}
+    missing = []
+    for stage in stages:
+        group, _, item = stage.partition("@")
+        spec = defined.get(group) or {}
+        if not (item in (spec.get("foreach") or {}) if item else group in defined):
+            missing.append(stage)
+    if missing:
+        raise RegistryError(
+            f"dvc.yaml has no stage {', '.join(missing)}: only catalog variants are registered",
+            hint="add the variant to registry/catalog.yaml and run `modelmint dvc-yaml` (or build it without "
+            "registering: `modelmint convert NAME --variants TAG --no-register`)",
+        )
 
 
 @dataclass(frozen=True)

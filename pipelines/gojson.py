@@ -116,5 +116,9 @@ def _indent_defines() -> str:
 
 
 def json_defines(*, indent: bool = False) -> str:
-    """The `define` blocks a TEMPLATE needs: the compact set always, the indent=4 set when asked."""
-    return _compact_defines() + (_indent_defines() if indent else "")
+    """The `define` blocks a TEMPLATE needs (the compact set always, the indent=4 set when asked), one per line.
+
+    Each block starts with `{{- define`, which trims the line break before it: layout only.
+    """
+    text = _compact_defines() + (_indent_defines() if indent else "")
+    return text.replace('{{- define "', '\n{{- define "').lstrip("\n") + "\n"

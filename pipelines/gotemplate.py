@@ -162,3 +162,36 @@ def render(request: OllamaRequest, settings: Settings) -> str:
     if isinstance(answer, TemplateRenderError):
         raise answer
     return answer
+
+
+@dataclass(frozen=True)
+class TemplateAnalysis:
+    """What Ollama reads out of a TEMPLATE itself, beyond rendering it."""
+
+    vars: tuple[str, ...]
+    """Lower-cased fields and variables it mentions ("tools" makes Ollama offer tool calling)."""
+    tool_tag: str
+    """The text Ollama's tool-call parser waits for in the model's output ("{" means bare JSON)."""
+    thinking_tags: tuple[str, ...]
+    """(opening, closing) tags Ollama's thinking parser uses; empty when the template declares none."""
+
+
+def analyze(template: str, settings: Settings) -> TemplateAnalysis:
+    """Ollama's reading of a TEMPLATE: its variables, its tool-call tag and its thinking tags.
+
+    Raises:
+        TemplateRenderError: the template does not parse.
+        GoMissing, ToolError: the renderer cannot be built or run.
+    """
+    binary = gorender_binary(settings)
+    with tempfile.NamedTemporaryFile("w", suffix=".json", encoding="utf-8", delete=False) as fh:
+        json.dump({"template": template, "analyze": True}, fh, ensure_ascii=False)
+        path = Path(fh.name)
+    try:
+        result = run([binary, path], timeout=60, check=False)
+    finally:
+        path.unlink(missing_ok=True)
+    if result.returncode != 0:
+        raise TemplateRenderError(f"the TEMPLATE does not parse in Go's text/template: {result.stderr.strip()}")
+    data = json.loads(result.stdout)
+    return TemplateAnalysis(tuple(data["vars"]), data["tool_tag"], tuple(data["thinking_tags"]))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -364,8 +365,10 @@ def _encode(value: str, what: str, *, prefer: str | None = None) -> str:
             candidate = f"{form}{value}{form}"
         if _reads_back(candidate, value):
             return candidate
+    lines = [n for n, line in enumerate(re.split(r"\r|\n", value)[:-1], 1) if line.rstrip(" \t").endswith('"')]
     raise ModelfileError(
-        f"{what} cannot be written in a Modelfile: Ollama's parser has no escape sequences, and this text has "
-        'a line ending in " and a line ending in """ (either would end a quoted value early)',
-        hint='change the end of one of those lines (for example add a trailing "." after the quotes)',
+        f"{what} cannot be written in a Modelfile: Ollama's parser has no escape sequences and ends a quoted "
+        "value at the first line end where the text so far ends in a quote"
+        + (f"; line(s) {', '.join(map(str, lines))} end in a quote" if lines else ""),
+        hint="add a character (a period, say) after the quote at the end of those lines",
     )

@@ -172,39 +172,120 @@ class GGUFChat:
     metadata: dict[str, Any]
 
 
+_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+_STRING, _ARRAY = 8, 9
+
+
+def _gguf_metadata(path: Path, wanted: set[str]) -> dict[str, Any]:
+    """The `wanted` metadata values of a GGUF, read straight from its header.
+
+    gguf-py's reader materialises every array (150k-token vocabularies take seconds); this walks the
+    key/value section once and decodes only what is asked for.
+
+    Raises:
+        ArtifactError: not a GGUF, an unsupported version, or a truncated header.
+    """
+    import mmap
+    import struct
+
+    from pipelines.gguf import GGUF_MAGIC, SUPPORTED_GGUF_VERSIONS
+
+    try:
+        fh = open(path, "rb")  # noqa: SIM115 - closed below, after the mmap
+    except FileNotFoundError as err:
+        raise ArtifactError(f"{path} does not exist", hint="check the path") from err
+    with fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+        if mm[:4] != GGUF_MAGIC:
+            raise ArtifactError(f"{path} is not a GGUF file (magic {mm[:4]!r})", hint="pass a .gguf file")
+        version = struct.unpack_from("<I", mm, 4)[0]
+        if version not in SUPPORTED_GGUF_VERSIONS:
+            raise ArtifactError(f"{path}: GGUF version {version} is not supported")
+        pos = 24
+        kv_count = struct.unpack_from("<Q", mm, 16)[0]
+
+        def string() -> str:
+            nonlocal pos
+            (n,) = struct.unpack_from("<Q", mm, pos)
+            pos += 8 + n
+            return bytes(mm[pos - n: pos]).decode("utf-8", errors="replace")
+
+        def value(kind: int, keep: bool) -> Any:
+            nonlocal pos
+            if kind == _STRING:
+                if keep:
+                    return string()
+                (n,) = struct.unpack_from("<Q", mm, pos)
+                pos += 8 + n
+                return None
+            if kind == _ARRAY:
+                sub, count = struct.unpack_from("<IQ", mm, pos)
+                pos += 12
+                if sub in _SCALARS:  # numeric arrays (token types, scores) are never needed here
+                    pos += struct.calcsize(_SCALARS[sub]) * count
+                    return None
+                items = [value(sub, keep) for _ in range(count)]
+                return items if keep else None
+            fmt = _SCALARS.get(kind)
+            if fmt is None:
+                raise ArtifactError(f"{path}: unknown GGUF value type {kind} in the metadata")
+            (v,) = struct.unpack_from(fmt, mm, pos)
+            pos += struct.calcsize(fmt)
+            return v
+
+        found: dict[str, Any] = {}
+        try:
+            for _ in range(kv_count):
+                key = string()
+                (kind,) = struct.unpack_from("<I", mm, pos)
+                pos += 4
+                keep = key in wanted or key == f"{found.get('general.architecture')}.context_length"
+                v = value(kind, keep)
+                if keep:
+                    found[key] = v
+        except struct.error as err:
+            raise ArtifactError(f"{path} is truncated inside its metadata", hint="rebuild or re-download it") from err
+    return found
+
+
 def read_gguf_chat(path: Path) -> GGUFChat:
     """Chat template, special-token texts and context length stored in a GGUF.
 
     Raises:
         ArtifactError: not a readable GGUF.
     """
-    from gguf import GGUFReader
+    from gguf import LlamaFileType
 
-    from pipelines.gguf import inspect_gguf
+    keys = {
+        "general.architecture", "general.file_type", "tokenizer.chat_template", "tokenizer.ggml.tokens",
+        "tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id",
+        "tokenizer.ggml.add_bos_token",
+    }
+    meta = _gguf_metadata(Path(path), keys)
+    arch = meta.get("general.architecture")
+    if not arch:
+        raise ArtifactError(f"{path} has no general.architecture", hint="reconvert it with `modelmint convert`")
+    tokens = meta.get("tokenizer.ggml.tokens") or []
 
-    info = inspect_gguf(path)
-    reader = GGUFReader(path)
-    tokens = reader.fields.get("tokenizer.ggml.tokens")
+    def text(key: str) -> str | None:
+        token_id = meta.get(key)
+        return tokens[token_id] if isinstance(token_id, int) and 0 <= token_id < len(tokens) else None
 
-    def text(token_id: int | None) -> str | None:
-        if token_id is None or tokens is None:
-            return None
-        try:
-            return str(tokens.contents(int(token_id)))
-        except (IndexError, ValueError, UnicodeDecodeError):
-            return None
-
-    add_bos_field = reader.fields.get("tokenizer.ggml.add_bos_token")
-    add_bos = bool(add_bos_field.contents()) if add_bos_field is not None else None
+    ftype = meta.get("general.file_type")
+    try:
+        file_type = LlamaFileType(int(ftype)).name.removeprefix("MOSTLY_") if ftype is not None else None
+    except ValueError:
+        file_type = str(ftype)
+    add_bos = meta.get("tokenizer.ggml.add_bos_token")
+    ctx = meta.get(f"{arch}.context_length")
     return GGUFChat(
-        chat_template=info.chat_template,
-        bos_text=text(info.bos_token_id),
-        eos_text=text(info.eos_token_id),
-        eot_text=text(info.eot_token_id),
-        add_bos=add_bos,
-        context_length=info.context_length,
-        file_type=info.file_type,
-        metadata=info.metadata,
+        chat_template=meta.get("tokenizer.chat_template"),
+        bos_text=text("tokenizer.ggml.bos_token_id"),
+        eos_text=text("tokenizer.ggml.eos_token_id"),
+        eot_text=text("tokenizer.ggml.eot_token_id"),
+        add_bos=bool(add_bos) if add_bos is not None else None,
+        context_length=int(ctx) if isinstance(ctx, int) else None,
+        file_type=file_type,
+        metadata={},
     )
 
 
@@ -257,6 +338,11 @@ class OllamaModelfile:
     num_ctx: int
     proof: TemplateProof | None
     warnings: tuple[str, ...] = field(default=())
+    reading: Any = None
+    """What Ollama reads from the TEMPLATE (gotemplate.TemplateAnalysis: tools offered, tool-call tag,
+    thinking tags), when it was proven."""
+    notes: tuple[str, ...] = field(default=())
+    """The family's documented differences from the Jinja (chat_families.ChatFamily.notes)."""
 
 
 def _stops(family: ChatFamily | None, *texts: str | None) -> tuple[str, ...]:
@@ -282,8 +368,10 @@ def _sampling(generation: dict[str, Any]) -> list[Parameter]:
 def _from_path(gguf: Path, out_dir: Path) -> str:
     import os
 
+    # Relative when the GGUF sits at or below the Modelfile (Ollama resolves FROM against the Modelfile's
+    # directory, and a published directory can move); absolute otherwise.
     rel = os.path.relpath(gguf.resolve(), out_dir.resolve())
-    return rel if rel.startswith(("../", "/")) else f"./{rel}"
+    return str(gguf.resolve()) if rel.startswith("..") else f"./{rel}"
 
 
 def build_modelfile(
@@ -328,7 +416,8 @@ def build_modelfile(
     if g.chat_template and jinja is not None and g.chat_template != jinja:
         warnings.append(
             f"{gguf.name} embeds a chat template that differs from the source's {src.template_file}; "  # type: ignore[union-attr]
-            "the TEMPLATE follows the source's (the pinned upstream is the reference)"
+            f"the TEMPLATE follows the source's {src.template_file} (the pinned upstream is the reference), "  # type: ignore[union-attr]
+            "not the embedded one"
         )
     if jinja is None and g.chat_template:
         jinja, origin = g.chat_template, "gguf"
@@ -390,7 +479,9 @@ def build_modelfile(
         header.append(f"Chat family: {fam.name} ({fam.title}); template from {origin}.")
     if proof is not None:
         header.append(f"TEMPLATE proven byte-identical to the source chat template on {len(proof.identical)} of "
-                      f"{proof.conversations} conversations (the others are refused by the source template).")
+                      f"{proof.conversations} conversations"
+                      + (f" (the source template refuses {', '.join(proof.refused_by_jinja)})."
+                         if proof.refused_by_jinja else "."))
     modelfile = Modelfile(
         from_=_from_path(gguf, out_dir),
         template=go_template,
@@ -403,23 +494,29 @@ def build_modelfile(
     modelfile.to_text()  # fail here, not at write time, on text no Modelfile can hold
     for w in warnings:
         log.warning("%s", w)
+    reading = None
+    if proof is not None:
+        from pipelines.gotemplate import analyze
+
+        reading = analyze(go_template, settings)
     return OllamaModelfile(modelfile, fam.name if fam else None, origin, stops, int(num_ctx), proof,
-                           tuple(warnings))
+                           tuple(warnings), reading, fam.notes if fam else ())
 
 
 def _maybe_prove(jinja: str, go_template: str, fam: ChatFamily, tokens: TemplateTokens, settings: Settings,
                  verify: bool | None, warnings: list[str]) -> TemplateProof | None:
     from pipelines.gotemplate import GoMissing, find_go, source_hash
 
+    if verify is False:
+        warnings.append("TEMPLATE not proven against the chat template (verification was turned off)")
+        return None
     if verify is None:
         built = (settings.toolchains_dir / f"gorender-{source_hash()}" / "gorender").is_file()
         try:
-            verify = built or bool(find_go())
+            built = built or bool(find_go())
         except GoMissing:
-            verify = False
-    if not verify:
-        warnings.append("TEMPLATE not proven here (no Go compiler): run `bash toolchains/setup-go.sh`")
-        return None
+            warnings.append("TEMPLATE not proven here (no Go compiler): run `bash toolchains/setup-go.sh`")
+            return None
     proof = prove_template(jinja, go_template, fam, tokens, settings)
     if not proof.holds:
         raise UnsupportedChatTemplate(
@@ -546,6 +643,11 @@ def model_card(gguf: Path, built: OllamaModelfile, report: dict[str, Any], entry
             "chat_family": built.family,
             "template_origin": built.template_origin,
             "template_proof": asdict(built.proof) if built.proof else None,
+            "ollama": {
+                "tools": "tools" in built.reading.vars,
+                "tool_call_tag": built.reading.tool_tag,
+                "thinking_tags": list(built.reading.thinking_tags),
+            } if built.reading else None,
             "stop": list(built.stops),
             "num_ctx": built.num_ctx,
         },
@@ -576,7 +678,7 @@ ollama run {name}:{qtype or 'latest'}
 The Modelfile sets the chat template of the `{built.family or 'hand-written'}` family, the stop tokens
 {', '.join(f'`{s}`' for s in built.stops)} and a context of {built.num_ctx} tokens. {proof_line}
 
-## Use with llama.cpp
+{_notes(built)}## Use with llama.cpp
 
 ```sh
 llama-server -m {gguf.name} --jinja -c {built.num_ctx}
@@ -588,6 +690,13 @@ llama-server -m {gguf.name} --jinja -c {built.num_ctx}
 | --- | --- |
 {rows}
 """
+
+
+def _notes(built: OllamaModelfile) -> str:
+    if not built.notes:
+        return ""
+    items = "\n".join(f"- {n}" for n in built.notes)
+    return f"Where Ollama's TEMPLATE cannot follow the chat template exactly:\n\n{items}\n\n"
 
 
 # ---------------------------------------------------------------- Ollama itself

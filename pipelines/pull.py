@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import shutil
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -12,7 +13,6 @@ from pipelines import dvcrepo
 from pipelines.errors import BlobMismatch, ManifestInvalid, RegistryError
 from pipelines.fsutil import HashCache, atomic_output
 from pipelines.manifest import Manifest, find_manifest
-from pipelines.runner import run
 from pipelines.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -29,6 +29,7 @@ class PullResult:
     commands: list[list[str]] = field(default_factory=list)
     """The Ollama commands that make the model available (run when `ollama` is on PATH)."""
     ran_ollama: bool = False
+    ollama_reply: str | None = None
 
     @property
     def modelfile(self) -> Path | None:
@@ -54,11 +55,15 @@ def pull(settings: Settings, ref: str, *, dest: Path | None = None, ollama: bool
     if not _holds(target, manifest, HashCache(settings.home / "hashcache.json")):
         _fetch_into(settings, manifest, target)
         fetched = True
-    result = PullResult(manifest, target, fetched, commands=ollama_commands(manifest, target))
-    if ollama and result.modelfile is not None and shutil.which("ollama"):
-        for argv in result.commands:
-            run(argv, cwd=target, hint="is the Ollama server running? (`ollama serve`)")
-        result.ran_ollama = True
+    result = PullResult(manifest, target, fetched)
+    if result.modelfile is not None:
+        from pipelines.ollama import install_into_ollama, ollama_commands
+
+        if ollama and shutil.which("ollama"):
+            installed = install_into_ollama(result.modelfile, manifest.ref)
+            result.commands, result.ran_ollama, result.ollama_reply = installed.commands, installed.ran, installed.reply
+        else:
+            result.commands = ollama_commands(result.modelfile, manifest.ref)
     return result
 
 
@@ -117,22 +122,19 @@ def _fetch_into(settings: Settings, manifest: Manifest, target: Path) -> None:
 
 
 def _copy_hashing(src: Path, dst: Path) -> str:
-    """Copy `src` to `dst` and return the sha256 of the bytes written, in one pass."""
-    h = hashlib.sha256()
-    with open(src, "rb") as fin, open(dst, "wb") as fout:
-        while chunk := fin.read(_CHUNK):
-            h.update(chunk)
-            fout.write(chunk)
-    return h.hexdigest()
+    """Copy `src` to `dst` and return the sha256 of the bytes written, in one read.
 
-
-def ollama_commands(manifest: Manifest, target: Path) -> list[list[str]]:
-    """The commands that make `target` an Ollama model named like the artifact (qwen2.5:q4_k_m).
-
-    pipelines.ollama (the Ollama issue) owns these; until it lands, the one command Ollama documents.
+    Hashing a chunk (hashlib releases the GIL) overlaps with writing the previous one: about the time of
+    the slower of the two instead of their sum.
     """
-    try:
-        from pipelines.ollama import ollama_commands as _commands  # type: ignore[attr-defined]
-    except ImportError:
-        return [["ollama", "create", manifest.ref, "-f", str(target / "Modelfile")]]
-    return [list(map(str, argv)) for argv in _commands(manifest.ref, target / "Modelfile")]
+    h = hashlib.sha256()
+    pending: Future[None] | None = None
+    with open(src, "rb") as fin, open(dst, "wb") as fout, ThreadPoolExecutor(1) as pool:
+        while chunk := fin.read(_CHUNK):
+            if pending is not None:
+                pending.result()
+            pending = pool.submit(h.update, chunk)
+            fout.write(chunk)
+        if pending is not None:
+            pending.result()
+    return h.hexdigest()

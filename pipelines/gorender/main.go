@@ -21,6 +21,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"sort"
 	"strings"
 	"text/template"
 	"text/template/parse"
@@ -33,6 +34,8 @@ type request struct {
 	Template string          `json:"template"`
 	Data     chatRequest     `json:"data"`
 	Batch    json.RawMessage `json:"batch"`
+	// Analyze asks, instead of a rendering, for what Ollama reads out of the template itself.
+	Analyze bool `json:"analyze"`
 }
 
 type chatRequest struct {
@@ -678,6 +681,234 @@ func render(req request) (string, error) {
 	return out.String(), nil
 }
 
+// ---------------------------------------------------------------- what Ollama infers from a template
+
+type analysis struct {
+	Vars []string `json:"vars"`
+	// ToolTag is where Ollama's tool-call parser expects a call to start in the model's output: the
+	// first text inside the first {{ if .ToolCalls }} (cut before any "{"), or "{" for bare JSON.
+	ToolTag string `json:"tool_tag"`
+	// ThinkingTags are the texts around {{ .Thinking }} inside a range over .Messages, which Ollama
+	// takes as the tags that open and close a thinking trace; empty when the template declares none.
+	ThinkingTags []string `json:"thinking_tags"`
+}
+
+func analyze(src string) (analysis, error) {
+	tmpl, err := template.New("").Option("missingkey=zero").Funcs(funcs(time.Now())).Parse(src)
+	if err != nil {
+		return analysis{}, err
+	}
+	used, err := vars(tmpl)
+	if err != nil {
+		return analysis{}, err
+	}
+	a := analysis{Vars: []string{}, ToolTag: toolTag(tmpl.Tree.Root.Nodes), ThinkingTags: []string{}}
+	for v := range used {
+		a.Vars = append(a.Vars, v)
+	}
+	sort.Strings(a.Vars)
+	if open, closing := thinkingTags(tmpl.Tree.Root); open != "" && closing != "" {
+		a.ThinkingTags = []string{open, closing}
+	}
+	return a, nil
+}
+
+func mentionsToolCalls(p *parse.PipeNode) bool {
+	for _, c := range p.Cmds {
+		for _, a := range c.Args {
+			if f, ok := a.(*parse.FieldNode); ok {
+				for _, id := range f.Ident {
+					if id == "ToolCalls" {
+						return true
+					}
+				}
+			}
+		}
+	}
+	return false
+}
+
+func branchOf(n parse.Node) *parse.BranchNode {
+	switch t := n.(type) {
+	case *parse.IfNode:
+		return &t.BranchNode
+	case *parse.RangeNode:
+		return &t.BranchNode
+	case *parse.WithNode:
+		return &t.BranchNode
+	}
+	return nil
+}
+
+func findToolCallIf(nodes []parse.Node) *parse.IfNode {
+	for _, n := range nodes {
+		if l, ok := n.(*parse.ListNode); ok {
+			if found := findToolCallIf(l.Nodes); found != nil {
+				return found
+			}
+			continue
+		}
+		if i, ok := n.(*parse.IfNode); ok && mentionsToolCalls(i.Pipe) {
+			return i
+		}
+		if b := branchOf(n); b != nil {
+			for _, l := range []*parse.ListNode{b.List, b.ElseList} {
+				if l != nil {
+					if found := findToolCallIf(l.Nodes); found != nil {
+						return found
+					}
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// firstText finds the first non-blank text before any action, looking into nested branches.
+func firstText(nodes []parse.Node) *parse.TextNode {
+	for _, n := range nodes {
+		switch t := n.(type) {
+		case *parse.TextNode:
+			if len(bytes.TrimSpace(t.Text)) > 0 {
+				return t
+			}
+		case *parse.ListNode:
+			if found := firstText(t.Nodes); found != nil {
+				return found
+			}
+		case *parse.ActionNode:
+			return nil
+		default:
+			if b := branchOf(n); b != nil {
+				for _, l := range []*parse.ListNode{b.List, b.ElseList} {
+					if l != nil {
+						if found := firstText(l.Nodes); found != nil {
+							return found
+						}
+					}
+				}
+				return nil
+			}
+		}
+	}
+	return nil
+}
+
+func toolTag(nodes []parse.Node) string {
+	i := findToolCallIf(nodes)
+	if i == nil {
+		return "{"
+	}
+	t := firstText(i.List.Nodes)
+	if t == nil {
+		return "{"
+	}
+	tag := strings.ReplaceAll(string(t.Text), "\r\n", "\n")
+	if at := strings.Index(tag, "{"); at >= 0 {
+		tag = tag[:at]
+	}
+	if tag = strings.TrimSpace(tag); tag == "" {
+		return "{"
+	}
+	return tag
+}
+
+func pipeMentions(p *parse.PipeNode, field string) bool {
+	found := false
+	var visit func(parse.Node)
+	visit = func(n parse.Node) {
+		switch t := n.(type) {
+		case *parse.PipeNode:
+			for _, c := range t.Cmds {
+				visit(c)
+			}
+		case *parse.CommandNode:
+			for _, a := range t.Args {
+				visit(a)
+			}
+		case *parse.FieldNode:
+			if len(t.Ident) > 0 && t.Ident[0] == field {
+				found = true
+			}
+		}
+	}
+	if p != nil {
+		visit(p)
+	}
+	return found
+}
+
+// thinkingTags walks the tree keeping the path from the root; at a {{ .Thinking }} inside a range over
+// .Messages, the nearest enclosing list's first and last text nodes are the tags (the last match wins).
+func thinkingTags(root *parse.ListNode) (string, string) {
+	var open, closing string
+	var path []parse.Node
+	var visit func(parse.Node)
+	visit = func(n parse.Node) {
+		if n == nil {
+			return
+		}
+		path = append(path, n)
+		defer func() { path = path[:len(path)-1] }()
+		switch t := n.(type) {
+		case *parse.FieldNode:
+			if len(t.Ident) == 0 || t.Ident[0] != "Thinking" {
+				return
+			}
+			var rng *parse.RangeNode
+			for i := len(path) - 1; i >= 0 && rng == nil; i-- {
+				rng, _ = path[i].(*parse.RangeNode)
+			}
+			if rng == nil || !pipeMentions(rng.Pipe, "Messages") {
+				return
+			}
+			for i := len(path) - 1; i >= 0; i-- {
+				if l, ok := path[i].(*parse.ListNode); ok {
+					if first, ok := l.Nodes[0].(*parse.TextNode); ok {
+						open = strings.TrimSpace(first.String())
+					}
+					if last, ok := l.Nodes[len(l.Nodes)-1].(*parse.TextNode); ok {
+						closing = strings.TrimSpace(last.String())
+					}
+					return
+				}
+			}
+		case *parse.ListNode:
+			for _, c := range t.Nodes {
+				visit(c)
+			}
+		case *parse.ActionNode:
+			visit(t.Pipe)
+		case *parse.TemplateNode:
+			if t.Pipe != nil {
+				visit(t.Pipe)
+			}
+		case *parse.PipeNode:
+			for _, c := range t.Cmds {
+				visit(c)
+			}
+		case *parse.CommandNode:
+			for _, a := range t.Args {
+				visit(a)
+			}
+		default:
+			if b := branchOf(n); b != nil {
+				path = append(path, b)
+				visit(b.Pipe)
+				if b.List != nil {
+					visit(b.List)
+				}
+				if b.ElseList != nil {
+					visit(b.ElseList)
+				}
+				path = path[:len(path)-1]
+			}
+		}
+	}
+	visit(root)
+	return open, closing
+}
+
 func responseAction() *parse.ActionNode {
 	return &parse.ActionNode{
 		NodeType: parse.NodeAction,
@@ -716,6 +947,20 @@ func main() {
 	if err := json.Unmarshal(raw, &req); err != nil {
 		fmt.Fprintln(os.Stderr, "bad request:", err)
 		os.Exit(2)
+	}
+	if req.Analyze {
+		a, err := analyze(req.Template)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "analyze:", err)
+			os.Exit(1)
+		}
+		enc := json.NewEncoder(os.Stdout)
+		enc.SetEscapeHTML(false)
+		if err := enc.Encode(a); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(2)
+		}
+		return
 	}
 	if req.Batch == nil {
 		s, err := render(req)

@@ -1,0 +1,229 @@
+"""Fixtures for the registry, pull, flow and deployment tests: real git + DVC repositories in temp dirs.
+
+Every cache and config those tools read is redirected: DVC's global, system and site directories, git's
+global config, PREFECT_HOME, and MODELMINT_HOME (a temp dir that links to the real toolchains and
+generated models, so that the pinned llama.cpp is not rebuilt per test).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import yaml
+
+from pipelines import dvcgen
+from pipelines.catalog import load_catalog
+from pipelines.settings import Settings, project_root
+
+ROOT = project_root()
+VENV_BIN = Path(sys.executable).parent
+REAL_HOME = Settings.from_env().home
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def git(cwd: Path, *args: str) -> str:
+    return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, text=True).stdout
+
+
+def dvc(cwd: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "dvc", *args], cwd=cwd, check=check, capture_output=True, text=True)
+
+
+@pytest.fixture
+def isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Redirect every cache and config git, DVC, Prefect and modelmint read into `tmp_path/env`."""
+    env = tmp_path / "env"
+    home = env / "modelmint"
+    home.mkdir(parents=True)
+    for shared in ("toolchains", "models"):
+        (REAL_HOME / shared).mkdir(parents=True, exist_ok=True)
+        (home / shared).symlink_to(REAL_HOME / shared)
+    gitconfig = env / "gitconfig"
+    gitconfig.write_text("[user]\n\tname = modelmint tests\n\temail = tests@modelmint.invalid\n[init]\n\tdefaultBranch = main\n")
+    for key, value in {
+        "MODELMINT_HOME": home,
+        "PREFECT_HOME": env / "prefect",
+        "MODELMINT_PREFECT_HOME": env / "prefect",
+        "DVC_GLOBAL_CONFIG_DIR": env / "dvc-global",
+        "DVC_SYSTEM_CONFIG_DIR": env / "dvc-system",
+        "DVC_SITE_CACHE_DIR": env / "dvc-site",
+        "DVC_NO_ANALYTICS": "1",
+        "DO_NOT_TRACK": "1",
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "GIT_CONFIG_GLOBAL": gitconfig,
+        "GIT_CONFIG_NOSYSTEM": "1",
+        "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+    }.items():
+        monkeypatch.setenv(key, str(value))
+    for key in ("MODELMINT_REPO", "MODELMINT_CATALOG", "MODELMINT_WORK_DIR", "PREFECT_API_URL", "PREFECT_PROFILES_PATH"):
+        monkeypatch.delenv(key, raising=False)
+    return env
+
+
+@dataclass
+class Repo:
+    root: Path
+    remote: Path
+    work: Path
+
+    def settings(self, **overrides: Any) -> Settings:
+        env = {**os.environ, "MODELMINT_REPO": str(self.root), "MODELMINT_WORK_DIR": str(self.work)}
+        env.update({k: str(v) for k, v in overrides.items()})
+        return Settings.from_env(env)
+
+    def env(self) -> dict[str, str]:
+        return {**os.environ, "MODELMINT_REPO": str(self.root), "MODELMINT_WORK_DIR": str(self.work)}
+
+    def commit_all(self, message: str) -> None:
+        git(self.root, "add", "-A")
+        git(self.root, "commit", "-q", "-m", message)
+
+
+def make_repo(base: Path, *, models: dict[str, list[str]] | None = None, work: Path | None = None) -> Repo:
+    """A git + DVC repository laid out like the project: catalog, toolchain pins, dvc.yaml, a local remote.
+
+    `models` maps catalog names to the GGUF quant types to keep (default: tiny-qwen2 with q4_k_m and q8_0).
+    """
+    models = models or {"tiny-qwen2": ["q4_k_m", "q8_0"]}
+    root, remote = base / "repo", base / "remote"
+    (root / "registry").mkdir(parents=True)
+    (root / "toolchains").mkdir()
+    remote.mkdir()
+    raw = yaml.safe_load((ROOT / "registry" / "catalog.yaml").read_text())
+    raw["models"] = [m for m in raw["models"] if m["name"] in models]
+    for m in raw["models"]:
+        # GGUF only: the compressed-tensors variants (llmcompressor, minutes each) have their own tests.
+        m["variants"] = {"gguf": {**m["variants"]["gguf"], "quants": models[m["name"]]}}
+        if os.environ.get("_MM_TINY_SOURCE"):  # TEMPORARY-LOCAL-ONLY
+            m["source"] = {"path": os.environ["_MM_TINY_SOURCE"]}
+    (root / "registry" / "catalog.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    shutil.copy(ROOT / "toolchains" / "llama-cpp.env", root / "toolchains" / "llama-cpp.env")
+    shutil.copy(ROOT / ".gitignore", root / ".gitignore")
+    shutil.copytree(ROOT / ".dvc", root / ".dvc", ignore=shutil.ignore_patterns("config.local", "tmp", "cache"))
+    shutil.copy(ROOT / ".dvcignore", root / ".dvcignore")
+    git(root, "init", "-q")
+    # The project's own .dvc/config, with the default remote pointed at this test's directory.
+    dvc(root, "remote", "modify", "local", "url", str(remote))
+    dvcgen.write(load_catalog(root / "registry" / "catalog.yaml"), root / "dvc.yaml")
+    repo = Repo(root, remote, work or base / "work")
+    repo.commit_all("a modelmint project")
+    return repo
+
+
+@pytest.fixture
+def repo(isolated: Path, tmp_path: Path) -> Repo:
+    return make_repo(tmp_path)
+
+
+# ---------------------------------------------------------------- a small real GGUF and a validated candidate
+
+
+def _qwen_template() -> str:
+    """The real Qwen2.5 chat template from the pinned llama.cpp tree (what tiny-qwen2 carries too)."""
+    from pipelines.toolchains import llama_cpp
+
+    return (llama_cpp(Settings.from_env()).source / "models/templates/Qwen-Qwen2.5-7B-Instruct.jinja").read_text()
+
+
+def write_gguf(path: Path, *, seed: int = 0, mib: float = 0.25) -> Path:
+    """A small but well-formed GGUF (gguf-py's writer) with a ChatML tokenizer: enough for the registry and the
+    Modelfile, not for inference."""
+    import gguf
+
+    rng = np.random.default_rng(seed)
+    n = max(1, int(mib * (1 << 20) / 4))
+    w = gguf.GGUFWriter(str(path), "qwen2")
+    w.add_name(f"synthetic-{seed}")
+    w.add_context_length(2048)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("qwen2")
+    w.add_token_list(["<|endoftext|>", "<|im_start|>", "<|im_end|>", "a", "b"])
+    w.add_token_types([3, 3, 3, 1, 1])
+    w.add_eos_token_id(2)
+    w.add_bos_token_id(0)
+    w.add_add_bos_token(False)
+    w.add_chat_template(_qwen_template())
+    w.add_tensor("token_embd.weight", rng.standard_normal(n).astype(np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def candidate(settings: Settings, tmp: Path, *, tag: str = "q4_k_m", seed: int = 0, name: str = "tiny-qwen2") -> Any:
+    """A registration candidate as a validated build would hand it over (synthetic GGUF and report)."""
+    from pipelines.fsutil import sha256_file
+    from pipelines.manifest import ParentRef
+    from pipelines.register import Candidate
+
+    entry = load_catalog(settings.catalog_path).get(name)
+    out = tmp / f"build-{seed}"
+    out.mkdir(parents=True, exist_ok=True)
+    gguf_path = write_gguf(out / f"{name}-{tag}.gguf", seed=seed)
+    report = {
+        "variant": tag, "passed": True, "failures": [], "key": "0" * 64,
+        "kld": {"mean_kld": 0.0123, "kld_p99": None, "same_top_pct": 93.5, "ppl_q": 10.5, "ppl_base": 10.1,
+                "ctx": 128, "chunks": 16, "dppl_pct": 3.96},
+        "gate": {"max_mean_kld": 0.15, "min_same_top_pct": 85.0, "max_dppl_pct": 15.0, "basis": "tiny"},
+        "smoke": {"tokens_generated": 32},
+    }
+    report_path = out / f"{name}-{tag}.report.json"
+    report_path.write_text(json.dumps(report))
+    return Candidate(
+        entry=entry, tag=tag, format="gguf", files=(gguf_path,), sha256=sha256_file(gguf_path),
+        size_bytes=gguf_path.stat().st_size,
+        source={"kind": "generated", "repo": None, "revision": None, "content_sha256": "a" * 64},
+        parent=ParentRef(artifact=f"{name}:f16", file=f"{name}-f16.gguf", sha256="b" * 64, size=123),
+        toolchain={"modelmint": "0.1.0", "llama.cpp": "0c1e570"},
+        recipe={"format": "gguf", "quant": tag, "seed": seed},
+        report=report, report_sha256=sha256_file(report_path), source_dir=None,
+    )
+
+
+# ---------------------------------------------------------------- reading a flow run back from the Prefect API
+
+
+def task_runs(client: Any, flow_run_id: Any) -> list[Any]:
+    """Every task run of a flow run, in start order."""
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+    return sorted(runs, key=lambda r: (r.start_time or r.expected_start_time or r.created))
+
+
+def artifacts(client: Any, flow_run_id: Any) -> list[Any]:
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+
+    return client.read_artifacts(artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id])))
+
+
+class PopenCounter:
+    """Counts every process started (tools, DVC, git) while it is installed; the real Popen still runs."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.argv: list[list[str]] = []
+        real = subprocess.Popen
+        counter = self
+
+        class Counting(real):  # type: ignore[misc,valid-type]
+            def __init__(self, args: Any, *a: Any, **kw: Any) -> None:
+                counter.argv.append([str(x) for x in (args if isinstance(args, list | tuple) else [args])])
+                super().__init__(args, *a, **kw)
+
+        monkeypatch.setattr(subprocess, "Popen", Counting)

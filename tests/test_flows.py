@@ -1,0 +1,195 @@
+"""The `convert` flow in-process against Prefect's test server: caching, retries, artifacts, registration."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+from prefect import flow, task
+from prefect.client.orchestration import get_client
+from prefect.settings import PREFECT_LOCAL_STORAGE_PATH, temporary_settings
+from prefect.testing.utilities import prefect_test_harness
+from registry_env import PopenCounter, Repo, artifacts, dvc, make_repo, task_runs
+
+from flows import stack
+from flows.convert import _convert_key, _transient, artifact_key, convert, model_limit
+from pipelines.catalog import load_catalog
+from pipelines.errors import ConfigError, HubUnavailable
+from pipelines.manifest import find_manifest, list_manifests
+from pipelines.settings import project_root
+
+ROOT = project_root()
+
+
+# ---------------------------------------------------------------- without a build
+
+
+def test_prefect_yaml_names_one_deployment_per_catalog_entry() -> None:
+    doc = yaml.safe_load((ROOT / "prefect.yaml").read_text())
+    catalog = [m.name for m in load_catalog(ROOT / "registry" / "catalog.yaml").models]
+    deployments = doc["deployments"]
+    assert sorted(d["name"] for d in deployments) == sorted(catalog)
+    for d in deployments:
+        assert d["entrypoint"] == "flows/convert.py:convert"
+        assert d["parameters"] == {"model": d["name"]}
+        assert d["work_pool"]["name"] == stack.WORK_POOL
+
+
+def test_artifact_and_limit_names_are_what_prefect_accepts() -> None:
+    assert artifact_key("convert", "qwen2.5", "variants") == "convert-qwen2-5-variants"
+    assert model_limit("Qwen2.5") == "model-qwen2-5"
+    for name in load_catalog(ROOT / "registry" / "catalog.yaml").models:
+        assert re.fullmatch(r"[a-z0-9-]+", artifact_key("convert", name.name))
+
+
+@pytest.fixture(scope="module")
+def harness():
+    with prefect_test_harness(server_startup_timeout=180):
+        yield
+
+
+def test_only_transient_errors_are_retried(harness, tmp_path: Path) -> None:
+    attempts: dict[str, int] = {}
+
+    @task(retries=2, retry_delay_seconds=0, retry_condition_fn=_transient)
+    def flaky(kind: str) -> str:
+        attempts[kind] = attempts.get(kind, 0) + 1
+        if attempts[kind] == 1:
+            raise HubUnavailable("503 from the hub") if kind == "network" else ConfigError("bad recipe")
+        return "ok"
+
+    @flow
+    def both() -> tuple[object, object]:
+        return flaky("network", return_state=True), flaky("config", return_state=True)
+
+    with temporary_settings(updates={PREFECT_LOCAL_STORAGE_PATH: tmp_path}):
+        network, config = both()
+    assert network.is_completed() and attempts["network"] == 2
+    assert config.is_failed() and attempts["config"] == 1
+
+
+def test_an_unknown_model_fails_the_run_with_the_catalog_names(harness, isolated, tmp_path: Path, monkeypatch) -> None:
+    repo = make_repo(tmp_path)
+    monkeypatch.setenv("MODELMINT_REPO", str(repo.root))
+    with temporary_settings(updates={PREFECT_LOCAL_STORAGE_PATH: tmp_path / "results"}):
+        state = convert(model="tiny-qwen3", return_state=True)
+    assert state.is_failed()
+    assert "no catalog entry named 'tiny-qwen3'" in state.message and "tiny-qwen2" in state.message
+
+
+# ---------------------------------------------------------------- the real build (tiny-qwen2, pinned llama.cpp)
+
+
+@pytest.fixture(scope="module")
+def shared_work(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One build directory for the module: later tests reuse the first one's receipts."""
+    return tmp_path_factory.mktemp("work")
+
+
+@pytest.fixture
+def project(harness, isolated, tmp_path: Path, shared_work: Path, monkeypatch) -> Repo:
+    repo = make_repo(tmp_path, work=shared_work)
+    monkeypatch.setenv("MODELMINT_REPO", str(repo.root))
+    monkeypatch.setenv("MODELMINT_WORK_DIR", str(shared_work))
+    with temporary_settings(updates={PREFECT_LOCAL_STORAGE_PATH: tmp_path / "results"}):
+        yield repo
+
+
+def _run(**params):  # type: ignore[no-untyped-def]
+    state = convert(return_state=True, **params)
+    assert state.is_completed(), state.message
+    return state
+
+
+@pytest.mark.slow
+def test_a_run_builds_validates_registers_and_publishes(project: Repo) -> None:
+    state = _run(model="tiny-qwen2")
+    summary = state.result()
+    assert summary["registered"] == ["tiny-qwen2:q4_k_m", "tiny-qwen2:q8_0"] and summary["failed"] == []
+    settings = project.settings()
+    for ref in summary["registered"]:
+        m = find_manifest(settings, ref)
+        assert m.validation.passed and m.dvc.pushed
+        assert m.dvc.md5 in (project.root / "dvc.lock").read_text()
+        files = {f.path for f in m.files}
+        assert {m.file, "Modelfile", "README.md"} <= files
+        assert m.parent is not None and m.parent.artifact == "tiny-qwen2:f16"
+        assert m.source.kind == "generated" and m.toolchain["llama.cpp"] == "0c1e570"
+    assert "in sync" in dvc(project.root, "status", "--cloud").stdout
+    with get_client(sync_client=True) as client:
+        found = {a.key: a for a in artifacts(client, state.state_details.flow_run_id)}
+        names = [r.name for r in task_runs(client, state.state_details.flow_run_id)]
+    assert set(found) == {"convert-tiny-qwen2", "convert-tiny-qwen2-variants"}
+    md = found["convert-tiny-qwen2"].data
+    assert "| q4_k_m |" in md and "✅ pass" in md and "`tiny-qwen2:q8_0`" in md
+    rows = json.loads(found["convert-tiny-qwen2-variants"].data)
+    assert {r["variant"]: r["gate"] for r in rows} == {"q4_k_m": "pass", "q8_0": "pass"}
+    assert all(r["mean_kld"] < r["max_mean_kld"] and r["sha256"] for r in rows)
+    for step in ("fetch", "convert", "quantize-q4_k_m", "validate-q8_0", "register-q4_k_m", "publish-q8_0"):
+        assert any(n.startswith(step) for n in names), (step, names)
+
+
+@pytest.mark.slow
+def test_a_rerun_with_nothing_changed_invokes_no_tool(project: Repo, monkeypatch) -> None:
+    _run(model="tiny-qwen2")
+    manifests = {p: p.stat().st_mtime_ns for p in (project.root / "registry").rglob("*.json")}
+    popen = PopenCounter(monkeypatch)
+    state = _run(model="tiny-qwen2")
+    assert popen.argv == []  # no llama.cpp tool, no DVC, no git: nothing
+    with get_client(sync_client=True) as client:
+        runs = task_runs(client, state.state_details.flow_run_id)
+    assert runs and {r.state.name for r in runs} == {"Cached"}, [(r.name, r.state.name) for r in runs]
+    assert {p: p.stat().st_mtime_ns for p in manifests} == manifests
+
+
+@pytest.mark.slow
+def test_a_cached_step_whose_output_is_gone_runs_again(project: Repo, shared_work: Path, monkeypatch) -> None:
+    _run(model="tiny-qwen2")
+    before = find_manifest(project.settings(), "tiny-qwen2:q8_0")
+    quant = next(shared_work.rglob("tiny-qwen2-q8_0.gguf"))
+    quant.unlink()
+    popen = PopenCounter(monkeypatch)
+    state = _run(model="tiny-qwen2")
+    assert quant.is_file()
+    assert any("llama-quantize" in " ".join(a) for a in popen.argv)
+    with get_client(sync_client=True) as client:
+        runs = [(r.name, r.state.name) for r in task_runs(client, state.state_details.flow_run_id)]
+    q8 = [s for n, s in runs if n.startswith("quantize-q8_0")]
+    assert q8 == ["Cached", "Completed"], runs  # the stale hit, then the refresh
+    assert all(s == "Cached" for n, s in runs if n.startswith("quantize-q4_k_m"))
+    # llama-quantize is deterministic: the same bytes, so the registration stands as it was
+    after = find_manifest(project.settings(), "tiny-qwen2:q8_0")
+    assert after.sha256 == before.sha256
+
+
+@pytest.mark.slow
+def test_variants_parameter_and_content_keys(project: Repo, shared_work: Path, tmp_path: Path) -> None:
+    state = _run(model="tiny-qwen2", variants=["Q8_0"])
+    assert state.result()["registered"] == ["tiny-qwen2:q8_0"]
+    assert [m.ref for m in list_manifests(project.settings()).manifests] == ["tiny-qwen2:q8_0"]
+    # Keys come from content: the same source planned into another directory has the same convert key.
+    from pipelines.build import plan_gguf
+
+    settings = project.settings()
+    entry = load_catalog(settings.catalog_path).get("tiny-qwen2")
+    here = plan_gguf(entry, settings)
+    elsewhere = plan_gguf(entry, project.settings(MODELMINT_WORK_DIR=tmp_path / "elsewhere"))
+    assert here.out_dir != elsewhere.out_dir
+    assert _convert_key(None, {"plan": here}) == _convert_key(None, {"plan": elsewhere})
+    import dataclasses
+
+    changed = dataclasses.replace(here, source_key="f" * 64)
+    assert _convert_key(None, {"plan": changed}) != _convert_key(None, {"plan": here})
+
+
+def test_kubernetes_job_template_requests_gpus_through_a_declared_variable() -> None:
+    template = json.loads((ROOT / "containers" / "k8s" / "base-job-template.json").read_text())
+    declared = set(template["variables"]["properties"])
+    used = set(re.findall(r"\{\{\s*([a-z_]+)\s*\}\}", json.dumps(template["job_configuration"])))
+    assert used <= declared, used - declared
+    container = template["job_configuration"]["job_manifest"]["spec"]["template"]["spec"]["containers"][0]
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == "{{ gpu_limit }}"
+    assert template["variables"]["properties"]["gpu_limit"]["default"] == 0

@@ -1,0 +1,237 @@
+"""Modelfile building and publishing from real GGUF headers and source directories (no model weights needed)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pipelines.catalog import CatalogEntry
+from pipelines.chat_families import UnsupportedChatTemplate
+from pipelines.errors import ConfigError, UnsupportedModel
+from pipelines.modelfile import Modelfile, Parameter
+from pipelines.ollama import (
+    DEFAULT_NUM_CTX,
+    build_modelfile,
+    install_into_ollama,
+    ollama_commands,
+    publish_ollama,
+    read_gguf_chat,
+)
+from pipelines.settings import Settings
+from pipelines.toolchains import llama_cpp
+
+MODELMINT = [str(Path(sys.executable).with_name("modelmint"))]
+
+
+@pytest.fixture(scope="module")
+def settings() -> Settings:
+    return Settings.from_env()
+
+
+@pytest.fixture(scope="module")
+def llama_models(settings: Settings) -> Path:
+    return llama_cpp(settings).source / "models"
+
+
+def _write_gguf(path: Path, *, template: str | None, tokens: list[str], eos: int | None, bos: int | None = 0,
+                add_bos: bool | None = None, ctx: int = 2048) -> Path:
+    """A header-only GGUF written by gguf-py, the library llama.cpp's converter writes with."""
+    import gguf
+
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_context_length(ctx)
+    w.add_tokenizer_model("gpt2")
+    w.add_token_list(tokens)
+    if bos is not None:
+        w.add_bos_token_id(bos)
+    if eos is not None:
+        w.add_eos_token_id(eos)
+    if add_bos is not None:
+        w.add_add_bos_token(add_bos)
+    if template is not None:
+        w.add_chat_template(template)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def _qwen_source(tmp: Path, llama_models: Path, **generation: object) -> Path:
+    src = tmp / "source"
+    src.mkdir()
+    template = (llama_models / "templates" / "Qwen-Qwen2.5-7B-Instruct.jinja").read_text(encoding="utf-8")
+    (src / "tokenizer_config.json").write_text(json.dumps({
+        "chat_template": template, "eos_token": "<|im_end|>", "bos_token": None, "add_bos_token": False,
+        "added_tokens_decoder": {"151643": {"content": "<|endoftext|>"}, "151644": {"content": "<|im_start|>"},
+                                 "151645": {"content": "<|im_end|>"}},
+    }))
+    gen = {"do_sample": True, "eos_token_id": [151645, 151643], "temperature": 0.7, "top_p": 0.8, "top_k": 20,
+           "repetition_penalty": 1.05, **generation}
+    (src / "generation_config.json").write_text(json.dumps(gen))
+    (src / "config.json").write_text(json.dumps({"max_position_embeddings": 32768}))
+    (src / "LICENSE").write_text('Apache License\nVersion 2.0 — "as is", \\ no warranty\n')
+    return src
+
+
+@pytest.fixture
+def qwen_gguf(tmp_path: Path, llama_models: Path) -> Path:
+    # llama.cpp's Qwen2 vocab GGUF: a real header (151k tokens, Qwen2's plain ChatML template embedded).
+    out = tmp_path / "out"
+    out.mkdir()
+    return Path(shutil.copyfile(llama_models / "ggml-vocab-qwen2.gguf", out / "qwen-q8_0.gguf"))
+
+
+REPORT = {
+    "variant": "q8_0", "passed": True, "failures": [], "sha256": "ab" * 32,
+    "kld": {"mean_kld": 0.00123, "same_top_pct": 98.4, "dppl_pct": 0.31, "ctx": 128, "chunks": 16},
+    "gate": {"max_mean_kld": 0.01, "min_same_top_pct": 95.0, "max_dppl_pct": 2.0, "basis": "tiny"},
+    "source": {"kind": "hub", "repo": "Qwen/Qwen2.5-0.5B-Instruct",
+               "revision": "7ae557604adf67be50417f59c2c2f167def9a775"},
+    "toolchain": {"llama.cpp": "0c1e570"},
+}
+
+
+def _entry() -> CatalogEntry:
+    return CatalogEntry.model_validate({
+        "name": "qwen2.5", "license": "apache-2.0", "chat_family": "chatml",
+        "source": {"repo": "Qwen/Qwen2.5-0.5B-Instruct", "revision": "7ae557604adf67be50417f59c2c2f167def9a775"},
+    })
+
+
+def test_publish_writes_a_modelfile_and_a_model_card(tmp_path: Path, qwen_gguf: Path, llama_models: Path,
+                                                      settings: Settings) -> None:
+    src = _qwen_source(tmp_path, llama_models)
+    published = publish_ollama(qwen_gguf, src, REPORT, _entry(), qwen_gguf.parent, settings=settings)
+    assert published.paths == [qwen_gguf.parent / "Modelfile", qwen_gguf.parent / "README.md"]
+    assert not list(qwen_gguf.parent.glob("*.partial-*"))
+
+    mf = Modelfile.parse(published.modelfile.read_text(encoding="utf-8"))
+    assert mf == published.build.modelfile
+    assert mf.from_ == "./qwen-q8_0.gguf"
+    assert mf.parameter("stop") == ["<|im_end|>", "<|im_start|>", "<|endoftext|>"]
+    assert mf.parameter("num_ctx") == [DEFAULT_NUM_CTX]  # 32768 in config.json, bounded to the default
+    assert [p for p in mf.parameters if p.name != "stop" and p.name != "num_ctx"] == [
+        Parameter("temperature", 0.7), Parameter("top_p", 0.8), Parameter("top_k", 20),
+        Parameter("repeat_penalty", 1.05),
+    ]
+    assert mf.licenses == ('Apache License\nVersion 2.0 — "as is", \\ no warranty',)
+    assert "You are Qwen, created by Alibaba Cloud." in (mf.template or "")
+    proof = published.build.proof
+    assert proof is not None and proof.holds and len(proof.identical) == proof.conversations
+
+    card = published.model_card.read_text(encoding="utf-8")
+    front = yaml.safe_load(card.split("---\n")[1])
+    assert front["base_model"] == "Qwen/Qwen2.5-0.5B-Instruct"
+    assert front["quantization"] == "q8_0" and front["license"] == "apache-2.0"
+    assert front["validation"]["mean_kld"] == 0.00123 and front["validation"]["passed"] is True
+    assert front["modelmint"]["chat_family"] == "chatml"
+    assert front["modelmint"]["template_proof"]["different"] == []
+    assert "ollama create qwen2.5:q8_0 -f Modelfile" in card
+
+
+def test_embedded_template_that_disagrees_is_named(tmp_path: Path, qwen_gguf: Path, llama_models: Path,
+                                                   settings: Settings, caplog: pytest.LogCaptureFixture) -> None:
+    src = _qwen_source(tmp_path, llama_models)
+    built = build_modelfile(qwen_gguf, src, settings=settings)
+    assert built.template_origin == "source:tokenizer_config.json"
+    (warning,) = [w for w in built.warnings if "differs" in w]
+    assert "qwen-q8_0.gguf" in warning and "follows the source's tokenizer_config.json" in warning
+    assert warning in caplog.text
+    # Without the source, the GGUF's own (plain ChatML) template is used and proven.
+    alone = build_modelfile(qwen_gguf, None, settings=settings)
+    assert alone.template_origin == "gguf" and alone.proof is not None and alone.proof.holds
+    assert "You are a helpful assistant" in (alone.modelfile.template or "")
+
+
+def test_template_outside_the_families_says_how_to_write_one(tmp_path: Path, llama_models: Path,
+                                                             settings: Settings) -> None:
+    qwen3 = (llama_models / "templates" / "Qwen-Qwen3-0.6B.jinja").read_text(encoding="utf-8")
+    gguf = _write_gguf(tmp_path / "q3.gguf", template=qwen3, tokens=["<|endoftext|>", "<|im_end|>"], eos=1)
+    with pytest.raises(UnsupportedChatTemplate, match="not one modelmint can convert") as err:
+        build_modelfile(gguf, settings=settings)
+    assert "--template FILE" in (err.value.hint or "")
+    # The way out the hint names: a hand-written TEMPLATE, used as is and marked unproven.
+    built = build_modelfile(gguf, settings=settings, template="{{ range .Messages }}{{ .Content }}{{ end }}")
+    assert built.template_origin == "manual" and built.proof is None
+    assert built.modelfile.parameter("stop") == ["<|im_end|>"]
+
+
+def test_tokenizer_without_eos_is_refused(tmp_path: Path, llama_models: Path, settings: Settings) -> None:
+    phi = (llama_models / "templates" / "microsoft-Phi-3.5-mini-instruct.jinja").read_text(encoding="utf-8")
+    gguf = _write_gguf(tmp_path / "noeos.gguf", template=phi, tokens=["<s>", "</s>", "a"], eos=None)
+    with pytest.raises(UnsupportedModel, match="no eos token"):
+        build_modelfile(gguf, settings=settings)
+
+
+def test_system_with_triple_quotes_round_trips(tmp_path: Path, llama_models: Path, settings: Settings) -> None:
+    phi = (llama_models / "templates" / "microsoft-Phi-3.5-mini-instruct.jinja").read_text(encoding="utf-8")
+    gguf = _write_gguf(tmp_path / "phi.gguf", template=phi, tokens=["<s>", "<|endoftext|>", "<|end|>"], eos=1,
+                       add_bos=True, ctx=4096)
+    system = 'Write Python with """docstrings""" and \\n escapes.\nReply in français — "toujours".'
+    built = build_modelfile(gguf, settings=settings, system=system)
+    text = built.modelfile.to_text()
+    assert Modelfile.parse(text).system == system
+    assert built.num_ctx == 4096  # the model's own context is shorter than the default
+    with pytest.raises(ConfigError, match="beyond the model's context length 4096"):
+        build_modelfile(gguf, settings=settings, num_ctx=8192)
+
+
+def test_greedy_generation_config_means_temperature_zero(tmp_path: Path, qwen_gguf: Path, llama_models: Path,
+                                                         settings: Settings) -> None:
+    src = _qwen_source(tmp_path, llama_models, do_sample=False)
+    built = build_modelfile(qwen_gguf, src, settings=settings)
+    assert [p for p in built.modelfile.parameters if p.name not in ("stop", "num_ctx")] == [
+        Parameter("temperature", 0.0)]
+
+
+def test_catalog_family_that_contradicts_the_template(tmp_path: Path, qwen_gguf: Path, llama_models: Path,
+                                                      settings: Settings) -> None:
+    with pytest.raises(ConfigError, match="set to llama3, but the chat template is chatml"):
+        build_modelfile(qwen_gguf, _qwen_source(tmp_path, llama_models), settings=settings, family="llama3")
+
+
+def test_reads_the_gguf_header_quickly_and_right(llama_models: Path) -> None:
+    g = read_gguf_chat(llama_models / "ggml-vocab-llama-bpe.gguf")
+    assert (g.bos_text, g.eos_text, g.context_length) == ("<|begin_of_text|>", "<|end_of_text|>", 8192)
+
+
+def test_ollama_commands() -> None:
+    mf = Path("/models/qwen2.5/q4_k_m/Modelfile")
+    create, check = ollama_commands(mf, "qwen2.5:q4_k_m")
+    assert create == ["ollama", "create", "qwen2.5:q4_k_m", "-f", str(mf)]
+    assert check[:3] == ["ollama", "run", "qwen2.5:q4_k_m"] and len(check) == 4
+    with pytest.raises(ConfigError):
+        ollama_commands(mf, "Qwen 2.5")
+    with pytest.raises(TypeError):
+        ollama_commands("qwen2.5:q4_k_m", mf)  # type: ignore[arg-type]
+
+
+def test_without_ollama_the_commands_are_returned_not_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))  # Ollama cannot be installed here; make sure none is found
+    result = install_into_ollama(tmp_path / "Modelfile", "tiny:q8_0")
+    assert not result.ran and result.commands == ollama_commands(tmp_path / "Modelfile", "tiny:q8_0")
+
+
+def test_cli_writes_a_modelfile_or_explains(tmp_path: Path, qwen_gguf: Path, llama_models: Path) -> None:
+    src = _qwen_source(tmp_path, llama_models)
+    out = tmp_path / "pub" / "Modelfile"
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    done = subprocess.run([*MODELMINT, "modelfile", str(qwen_gguf), "--source", str(src), "--out", str(out)],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert Modelfile.parse(out.read_text(encoding="utf-8")).from_ == str(qwen_gguf.resolve())
+    assert "proven on 14 conversations" in done.stderr
+
+    qwen3 = (llama_models / "templates" / "Qwen-Qwen3-0.6B.jinja").read_text(encoding="utf-8")
+    bad = _write_gguf(tmp_path / "q3.gguf", template=qwen3, tokens=["<|im_end|>"], eos=0)
+    failed = subprocess.run([*MODELMINT, "modelfile", str(bad)], capture_output=True, text=True, env=env,
+                            timeout=300)
+    assert failed.returncode == 1 and "--template FILE" in " ".join(failed.stderr.split())

@@ -1,0 +1,332 @@
+"""Proof that each family's Ollama TEMPLATE renders what the model's Hugging Face chat template renders.
+
+Every conversation of pipelines.template_proof.SUITE goes through the real .jinja files of the pinned
+llama.cpp tree (jinja2, the way transformers renders them) and through the family's TEMPLATE (Go's
+text/template, the way Ollama renders it: pipelines/gorender). The prompts must be byte-identical, but
+for the BOS token, which Ollama's engine adds as a token where the Jinja prints it as text.
+
+Where they cannot be identical, the difference is written down here (DOCUMENTED and the tests of the
+last section) and asserted, so that a fix or a regression changes a test instead of going unnoticed:
+- the Jinja refuses the conversation (DOCUMENTED: Gemma 2 has no system role and no tools, Phi-3.5 has
+  no tools, Llama 3.x takes one tool call per message);
+- Ollama merges consecutive messages of the same role; the Jinja renders them as separate turns;
+- Go templates cannot trim or split strings: Llama 3 and Gemma trim message contents, DeepSeek-R1 cuts
+  a '<think>' block out of the assistant history (Ollama passes reasoning in .Thinking instead);
+- Ollama's currentDate is always YYYY-MM-DD: Llama 3.2/3.3 write the same date as '%d %b %Y';
+- tool schemas and tool-call arguments reach the template as Go maps: keys come sorted, and a
+  property's keys in a fixed order (type, items, enum, description — transformers' get_json_schema
+  order); the suite writes its tools in that order.
+"""
+
+from __future__ import annotations
+
+import functools
+from datetime import date, datetime
+from pathlib import Path
+
+import pytest
+
+from pipelines import chat_template
+from pipelines.chat_families import FAMILIES, TemplateTokens, UnsupportedChatTemplate, detect_family
+from pipelines.gotemplate import OllamaRequest, analyze, gorender_binary, render, render_batch
+from pipelines.ollama import read_gguf_chat
+from pipelines.settings import Settings
+from pipelines.template_proof import SUITE, Conversation, Rendering, render_both
+from pipelines.toolchains import llama_cpp
+
+TODAY = date(2026, 11, 26)
+
+LLAMA3 = TemplateTokens("<|begin_of_text|>", "<|eot_id|>")
+R1 = TemplateTokens("<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>")
+# The llama.cpp templates modelmint claims, the family each must be detected as, and the tokenizer's
+# special tokens the Jinja prints.
+CLAIMED: dict[str, tuple[str, TemplateTokens]] = {
+    "Qwen-Qwen2.5-7B-Instruct.jinja": ("chatml", TemplateTokens(None, "<|im_end|>", engine_adds_bos=False)),
+    "MiMo-VL.jinja": ("chatml", TemplateTokens(None, "<|im_end|>", engine_adds_bos=False)),
+    "meta-llama-Llama-3.1-8B-Instruct.jinja": ("llama3", LLAMA3),
+    "meta-llama-Llama-3.2-3B-Instruct.jinja": ("llama3", LLAMA3),
+    "meta-llama-Llama-3.3-70B-Instruct.jinja": ("llama3", LLAMA3),
+    "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja": ("deepseek-r1", R1),
+    "deepseek-ai-DeepSeek-R1-Distill-Llama-8B.jinja": ("deepseek-r1", R1),
+    "google-gemma-2-2b-it.jinja": ("gemma", TemplateTokens("<bos>", "<eos>")),
+    "mistralai-Mistral-Nemo-Instruct-2407.jinja": ("mistral", TemplateTokens("<s>", "</s>")),
+    "microsoft-Phi-3.5-mini-instruct.jinja": ("phi3", TemplateTokens("<s>", "<|endoftext|>")),
+    # Plain ChatML as embedded in llama.cpp's Qwen2 vocab GGUF (Qwen2-Instruct's template).
+    "ggml-vocab-qwen2.gguf": ("chatml", TemplateTokens(None, "<|im_end|>", engine_adds_bos=False)),
+}
+
+_GEMMA_SYSTEM = "Gemma 2's template raises 'System role not supported' (see test_gemma_system_prompt)"
+_GEMMA_TOOLS = "Gemma 2 has no tool role: its template raises on the tool turns"
+_PHI_TOOLS = "Phi-3.5 has no tool calling: its template fails on a tool-call message (content None)"
+_QWEN2_TOOLS = "Qwen2's plain ChatML has no tool calling: it fails on a tool-call message (content None)"
+# (family or source, conversation) → why the Jinja refuses it. Everything not listed must be byte-identical.
+DOCUMENTED: dict[tuple[str, str], str] = {
+    ("llama3", "parallel-tool-calls"): "Llama 3.x raises 'This model only supports single tool-calls at once!'",
+    ("gemma", "system-user"): _GEMMA_SYSTEM,
+    ("gemma", "system-multi-turn"): _GEMMA_SYSTEM,
+    ("gemma", "special-characters"): _GEMMA_SYSTEM,
+    ("gemma", "tools-offered"): _GEMMA_SYSTEM,
+    ("gemma", "tool-round-trip"): _GEMMA_SYSTEM,
+    ("gemma", "tool-call-and-result"): _GEMMA_TOOLS,
+    ("gemma", "parallel-tool-calls"): _GEMMA_TOOLS,
+    ("gemma", "tool-call-nested-arguments"): _GEMMA_TOOLS,
+    ("phi3", "tool-call-and-result"): _PHI_TOOLS,
+    ("phi3", "tool-round-trip"): _PHI_TOOLS,
+    ("phi3", "parallel-tool-calls"): _PHI_TOOLS,
+    ("phi3", "tool-call-nested-arguments"): _PHI_TOOLS,
+    ("ggml-vocab-qwen2.gguf", "tool-call-and-result"): _QWEN2_TOOLS,
+    ("ggml-vocab-qwen2.gguf", "tool-round-trip"): _QWEN2_TOOLS,
+    ("ggml-vocab-qwen2.gguf", "parallel-tool-calls"): _QWEN2_TOOLS,
+    ("ggml-vocab-qwen2.gguf", "tool-call-nested-arguments"): _QWEN2_TOOLS,
+}
+
+
+@pytest.fixture(scope="session")
+def settings() -> Settings:
+    s = Settings.from_env()
+    gorender_binary(s)  # builds it once (needs Go: bash toolchains/setup-go.sh)
+    return s
+
+
+@pytest.fixture(scope="session")
+def templates_dir(settings: Settings) -> Path:
+    return llama_cpp(settings).source / "models" / "templates"
+
+
+@functools.cache
+def _jinja(templates_dir: Path, name: str) -> str:
+    """A template file of the llama.cpp tree, or the chat template embedded in one of its vocab GGUFs."""
+    if name.endswith(".gguf"):
+        template = read_gguf_chat(templates_dir.parent / name).chat_template
+        assert template
+        return template
+    return (templates_dir / name).read_text(encoding="utf-8")
+
+
+@pytest.fixture(scope="session")
+def proofs(settings: Settings, templates_dir: Path) -> dict[str, dict[str, Rendering]]:
+    """Every claimed template rendered over the whole suite, once per session (one Go run per file)."""
+    out = {}
+    for name, (family_name, tokens) in CLAIMED.items():
+        jinja = _jinja(templates_dir, name)
+        family = FAMILIES[family_name]
+        results = render_both(jinja, family.template(jinja, tokens), family, tokens, settings, now=TODAY)
+        out[name] = {r.conversation: r for r in results}
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(CLAIMED))
+def test_claimed_templates_are_detected_as_their_family(templates_dir: Path, name: str) -> None:
+    assert detect_family(_jinja(templates_dir, name)).name == CLAIMED[name][0]
+
+
+def test_every_llama_cpp_template_is_claimed_or_refused(templates_dir: Path) -> None:
+    claimed = set()
+    for path in sorted(templates_dir.glob("*.jinja")):
+        try:
+            detect_family(path.read_text(encoding="utf-8"))
+        except UnsupportedChatTemplate:
+            continue
+        claimed.add(path.name)
+    # A detector that starts accepting another file must come with that file's proof (add it to CLAIMED).
+    assert claimed == {n for n in CLAIMED if n.endswith(".jinja")}
+
+
+def test_every_family_is_proven_on_a_real_template() -> None:
+    assert {family for family, _ in CLAIMED.values()} == set(FAMILIES)
+
+
+@pytest.mark.parametrize("conversation", [c.name for c in SUITE])
+@pytest.mark.parametrize("name", sorted(CLAIMED))
+def test_template_renders_byte_identical_prompts(proofs: dict[str, dict[str, Rendering]], name: str,
+                                                 conversation: str) -> None:
+    r = proofs[name][conversation]
+    assert r.ollama_error is None, r.ollama_error
+    documented = DOCUMENTED.get((name, conversation)) or DOCUMENTED.get((CLAIMED[name][0], conversation))
+    if documented:
+        assert r.hf is None, f"documented as refused by the Jinja ({documented}) but it rendered: update DOCUMENTED"
+        return
+    assert r.hf_error is None, r.hf_error
+    assert r.ollama == r.hf
+
+
+# What Ollama reads out of each TEMPLATE: tool calling offered ("tools" used), the text its tool-call parser
+# waits for ("{" = bare JSON), and the thinking tags of its thinking parser.
+OLLAMA_READING = {
+    "Qwen-Qwen2.5-7B-Instruct.jinja": (True, "<tool_call>", ()),
+    "ggml-vocab-qwen2.gguf": (False, "{", ()),
+    "meta-llama-Llama-3.2-3B-Instruct.jinja": (True, "{", ()),
+    "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja": (False, "{", ("<think>", "</think>")),
+    "deepseek-ai-DeepSeek-R1-Distill-Llama-8B.jinja": (False, "{", ("<think>", "</think>")),
+    "google-gemma-2-2b-it.jinja": (False, "{", ()),
+    "mistralai-Mistral-Nemo-Instruct-2407.jinja": (True, "[TOOL_CALLS][", ()),
+    "microsoft-Phi-3.5-mini-instruct.jinja": (False, "{", ()),
+}
+
+
+@pytest.mark.parametrize("name", sorted(OLLAMA_READING))
+def test_ollama_reads_tool_and_thinking_tags(settings: Settings, templates_dir: Path, name: str) -> None:
+    family_name, tokens = CLAIMED[name]
+    reading = analyze(FAMILIES[family_name].template(_jinja(templates_dir, name), tokens), settings)
+    assert ("tools" in reading.vars, reading.tool_tag, reading.thinking_tags) == OLLAMA_READING[name]
+
+
+def test_suite_covers_what_the_issue_asks_for() -> None:
+    names = {c.name for c in SUITE}
+    assert {"user", "system-user", "multi-turn", "tool-call-and-result", "tool-round-trip",
+            "continue-assistant"} <= names
+    assert any(c.tools for c in SUITE) and any(c.think for c in SUITE)
+
+
+def test_unknown_template_is_a_clear_error(templates_dir: Path) -> None:
+    with pytest.raises(UnsupportedChatTemplate) as err:
+        detect_family((templates_dir / "Qwen-Qwen3-0.6B.jinja").read_text(encoding="utf-8"))
+    assert "TEMPLATE by hand" in str(err.value) and "--template" in str(err.value)
+    assert set(err.value.families) == set(FAMILIES)
+
+
+def test_a_broken_template_is_caught(settings: Settings, templates_dir: Path) -> None:
+    # The proof must be able to fail: drop one newline from the ChatML TEMPLATE.
+    jinja = (templates_dir / "Qwen-Qwen2.5-7B-Instruct.jinja").read_text(encoding="utf-8")
+    family = FAMILIES["chatml"]
+    tokens = CLAIMED["Qwen-Qwen2.5-7B-Instruct.jinja"][1]
+    broken = family.template(jinja, tokens).replace('<|im_start|>assistant{{ "\\n" }}{{ end }}',
+                                                    "<|im_start|>assistant{{ end }}")
+    results = render_both(jinja, broken, family, tokens, settings, now=TODAY)
+    assert not any(r.equal for r in results if r.conversation == "user")
+
+
+# ---------------------------------------------------------------- documented differences, asserted
+
+
+def _both(settings: Settings, templates_dir: Path, name: str, conv: Conversation) -> Rendering:
+    family_name, tokens = CLAIMED[name]
+    jinja = _jinja(templates_dir, name)
+    family = FAMILIES[family_name]
+    (r,) = render_both(jinja, family.template(jinja, tokens), family, tokens, settings, conversations=(conv,),
+                       now=TODAY)
+    return r
+
+
+def test_ollama_merges_consecutive_messages_of_one_role(settings: Settings, templates_dir: Path) -> None:
+    two = Conversation("two-user-messages", ({"role": "user", "content": "First."}, {"role": "user", "content": "Second."}))
+    merged = Conversation("merged", ({"role": "user", "content": "First.\n\nSecond."},))
+    r = _both(settings, templates_dir, "Qwen-Qwen2.5-7B-Instruct.jinja", two)
+    assert r.hf is not None and r.hf.count("<|im_start|>user") == 2
+    assert r.ollama == _both(settings, templates_dir, "Qwen-Qwen2.5-7B-Instruct.jinja", merged).hf
+
+
+@pytest.mark.parametrize("name", ["meta-llama-Llama-3.1-8B-Instruct.jinja", "google-gemma-2-2b-it.jinja"])
+def test_jinja_trims_contents_go_cannot(settings: Settings, templates_dir: Path, name: str) -> None:
+    padded = Conversation("padded", ({"role": "user", "content": "  spaced out \n"},))
+    tight = Conversation("tight", ({"role": "user", "content": "spaced out"},))
+    r = _both(settings, templates_dir, name, padded)
+    assert r.hf != r.ollama and "  spaced out \n" in (r.ollama or "")
+    assert r.hf == _both(settings, templates_dir, name, tight).ollama
+
+
+def test_llama32_date_is_iso_in_ollama(settings: Settings, templates_dir: Path) -> None:
+    name = "meta-llama-Llama-3.2-3B-Instruct.jinja"
+    jinja = (templates_dir / name).read_text(encoding="utf-8")
+    text = chat_template.render(jinja, [{"role": "user", "content": "hi"}], bos_token="<|begin_of_text|>",
+                                now=datetime(2026, 11, 26, 12))
+    assert "Today Date: 26 Nov 2026\n" in text
+    r = _both(settings, templates_dir, name, Conversation("hi", ({"role": "user", "content": "hi"},)))
+    assert "Today Date: 2026-11-26\n" in (r.ollama or "")
+    assert r.equal  # render_hf writes the Jinja's date line in ISO form before comparing: the one normalisation
+
+
+def test_deepseek_reasoning_must_come_as_thinking(settings: Settings, templates_dir: Path) -> None:
+    # Ollama's thinking parser moves '<think>…</think>' out of the content; a client that leaves it in the
+    # content gets it rendered, where the Jinja would have cut it.
+    inline = Conversation("inline", (
+        {"role": "user", "content": "2+2?"},
+        {"role": "assistant", "content": "<think>\nadd\n</think>4"},
+        {"role": "user", "content": "3+3?"},
+    ))
+    r = _both(settings, templates_dir, "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja", inline)
+    assert r.hf is not None and "<think>\nadd" not in r.hf
+    assert "<think>\nadd" in (r.ollama or "")
+
+
+def test_gemma_system_prompt(settings: Settings, templates_dir: Path) -> None:
+    name = "google-gemma-2-2b-it.jinja"
+    conv = Conversation("sys", ({"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}))
+    r = _both(settings, templates_dir, name, conv)
+    assert r.hf is None and "System role not supported" in (r.hf_error or "")
+    assert r.ollama == "<bos><start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n<start_of_turn>model\n"
+
+
+def test_tool_schema_keys_reach_ollama_sorted(settings: Settings, templates_dir: Path) -> None:
+    tool = {"type": "function", "function": {"name": "f", "description": "d", "parameters": {
+        "type": "object", "properties": {"zeta": {"description": "z", "type": "string"}, "alpha": {"type": "integer"}},
+    }}}
+    conv = Conversation("unsorted", ({"role": "user", "content": "x"},), tools=(tool,))
+    r = _both(settings, templates_dir, "Qwen-Qwen2.5-7B-Instruct.jinja", conv)
+    assert r.hf is not None and '"zeta": {"description": "z", "type": "string"}, "alpha"' in r.hf
+    assert '"alpha": {"type": "integer"}, "zeta": {"type": "string", "description": "z"}' in (r.ollama or "")
+
+
+# ---------------------------------------------------------------- the renderer is Ollama's template semantics
+
+
+def _go(settings: Settings, template: str, messages: list[dict], **kw: object) -> str:
+    return render(OllamaRequest(template, tuple(messages), now="2026-03-01", **kw), settings)  # type: ignore[arg-type]
+
+
+CHAT = [
+    {"role": "system", "content": "sys"},
+    {"role": "user", "content": "q1"},
+    {"role": "assistant", "content": "a1"},
+    {"role": "user", "content": "q2"},
+]
+
+
+def test_legacy_template_renders_per_turn_and_cuts_at_response(settings: Settings) -> None:
+    legacy = "{{ if .System }}<<SYS>>{{ .System }}<</SYS>>{{ end }}[INST] {{ .Prompt }} [/INST] {{ .Response }}</s>"
+    assert _go(settings, legacy, CHAT) == "<<SYS>>sys<</SYS>>[INST] q1 [/INST] a1</s>[INST] q2 [/INST] "
+
+
+def test_response_is_appended_to_templates_without_messages_or_response(settings: Settings) -> None:
+    assert _go(settings, "{{ .System }}|{{ .Prompt }}|", CHAT[:3]) == "sys|q1|a1"
+    assert _go(settings, "<{{ .Prompt }}>", [{"role": "user", "content": "hi"}]) == "<hi>"
+
+
+def test_system_messages_collated_and_same_role_merged(settings: Settings) -> None:
+    messages = [
+        {"role": "SYSTEM", "content": "s1"}, {"role": "system", "content": "s2"},
+        {"role": "User", "content": "a"}, {"role": "user", "content": "b"},
+        {"role": "tool", "content": "t1"}, {"role": "tool", "content": "t2"},
+    ]
+    out = _go(settings, "{{ .System }}|{{ range .Messages }}{{ .Role }}={{ .Content }};{{ end }}", messages)
+    assert out == "s1\n\ns2|system=s1\n\ns2;user=a\n\nb;tool=t1;tool=t2;"
+
+
+def test_template_functions_and_data_types(settings: Settings) -> None:
+    from pipelines.template_proof import PARIS, TOOLS
+
+    calls = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "", "tool_calls": [
+        {"id": PARIS["id"], "function": {"index": 0, "name": "get_weather", "arguments": PARIS["function"]["arguments"]}}
+    ]}]
+    t = ("{{ currentDate }} {{ yesterdayDate }}|{{ range .Messages }}{{ range .ToolCalls }}{{ .Function.Arguments }}"
+         "{{ end }}{{ end }}|{{ range .Tools }}{{ range $k, $v := .Function.Parameters.Properties }}"
+         "{{ $k }}:{{ toTypeScriptType $v }};{{ end }}{{ end }}|{{ json (index .Tools 1).Function.Description }}"
+         "|{{ .Nothing }}")
+    out = _go(settings, t, calls, tools=TOOLS)
+    assert out == (
+        '2026-03-01 2026-02-28|{"city":"Paris","unit":"celsius"}|city:string;unit:string;max_results:number;'
+        'query:string;tags:any[];|"Search the web \\u0026 return at most 5 results (use \\"quotes\\" for phrases, '
+        '\\u003c= 100 chars)"|<no value>'
+    )
+
+
+@pytest.mark.parametrize(("think", "expected"), [(None, "false||false"), (True, "true|medium|true"),
+                                                 (False, "false||true"), ("high", "true|high|true")])
+def test_think_values(settings: Settings, think: object, expected: str) -> None:
+    t = "{{ .Think }}|{{ .ThinkLevel }}|{{ .IsThinkSet }}{{ range .Messages }}{{ end }}"
+    assert _go(settings, t, [{"role": "user", "content": "x"}], think=think) == expected
+
+
+def test_renderer_reports_template_errors(settings: Settings) -> None:
+    (bad,) = render_batch([OllamaRequest("{{ .Messages ")], settings)
+    assert not isinstance(bad, str) and "TEMPLATE" in bad.message

