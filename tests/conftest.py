@@ -1,4 +1,36 @@
 """Shared pytest configuration: fixture modules any test file may use (add yours to the list)."""
 
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from pipelines.settings import Settings
+
 # registry_env: `isolated` (git/DVC/Prefect/modelmint caches in a temp dir) and `repo` (a git + DVC project).
 pytest_plugins = ["registry_env"]
+
+
+@pytest.fixture(scope="session")
+def settings(tmp_path_factory: pytest.TempPathFactory) -> Settings:
+    """The persistent MODELMINT_HOME (built toolchains, generated models) with builds in a temp dir."""
+    env = {k: os.environ[k] for k in ("MODELMINT_HOME", "MODELMINT_THREADS") if os.environ.get(k)}
+    return Settings.from_env({**env, "MODELMINT_WORK_DIR": str(tmp_path_factory.mktemp("work"))})
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen2(settings: Settings) -> Path:
+    """The generated tiny-qwen2 model directory (generated on first use, about a minute)."""
+    from pipelines.tinymodel import ensure_tiny_model
+
+    return ensure_tiny_model("tiny-qwen2", settings)
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(settings: Settings) -> Path:
+    """The generated tiny-llama model directory (generated on first use, about a minute)."""
+    from pipelines.tinymodel import ensure_tiny_model
+
+    return ensure_tiny_model("tiny-llama", settings)
