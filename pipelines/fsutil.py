@@ -23,12 +23,28 @@ def partial_path(final: Path) -> Path:
     return final.with_name(f"{final.name}{_PARTIAL}{os.getpid()}")
 
 
+def _writer_alive(p: Path) -> bool:
+    pid = p.name.rsplit(_PARTIAL, 1)[-1]
+    if not pid.isdigit() or int(pid) == os.getpid():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def clean_partials(directory: Path) -> list[Path]:
-    """Remove leftovers of killed runs (files or directories named `*.partial-*`) in `directory`."""
+    """Remove leftovers of killed runs (`*.partial-<pid>` whose process is gone) in `directory`.
+
+    A partial file of a process that is still running belongs to a concurrent run and is left alone.
+    """
     removed = []
     if directory.is_dir():
         for p in directory.iterdir():
-            if _PARTIAL in p.name:
+            if _PARTIAL in p.name and not _writer_alive(p):
                 if p.is_dir():
                     shutil.rmtree(p, ignore_errors=True)
                 else:

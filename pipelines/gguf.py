@@ -109,7 +109,10 @@ def inspect_gguf(path: Path) -> GGUFInfo:
             if tname not in _FLOAT_TYPES:
                 quant_2d += n
     arch = _field_value(reader, "general.architecture")
-    if not arch:
+    split_no = int(_field_value(reader, "split.no") or 0)
+    if not arch and split_no > 0:
+        arch = ""  # llama-gguf-split keeps the model's metadata in the first shard only
+    elif not arch:
         raise ArtifactError(f"{path} has no general.architecture", hint="reconvert it with `modelmint convert`")
     ftype_val = _field_value(reader, "general.file_type")
     try:

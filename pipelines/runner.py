@@ -19,6 +19,8 @@ from pipelines.errors import DiskFullError, ToolError, ToolTimeout
 log = logging.getLogger(__name__)
 
 _TAIL_LINES = 25
+# How tools report a full disk: libc's strerror, and numpy's tofile() (used by the GGUF converter).
+_DISK_FULL_MARKERS = ("No space left on device", "ENOSPC", "Not enough free space to write")
 _SECRET_ENV = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
 
 
@@ -63,15 +65,16 @@ def run(
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         start = time.perf_counter()
         proc = subprocess.Popen(
+            # Same process group as modelmint: a signal to the group (Ctrl-C, a cancelled flow run, a
+            # supervisor's kill) reaches the tool too, so no orphan keeps writing after modelmint died.
             args, cwd=cwd, env=child_env, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-            start_new_session=True,
         )
         timed_out = threading.Event()
 
         def _kill() -> None:
             timed_out.set()
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
+                os.kill(proc.pid, signal.SIGKILL)
 
         timer = threading.Timer(timeout, _kill) if timeout else None
         if timer:
@@ -97,7 +100,7 @@ def run(
         raise ToolTimeout(args, proc.returncode, _tail(stderr), hint=f"it ran longer than {timeout:.0f} s")
     if check and proc.returncode != 0:
         combined = stderr + stdout
-        if "No space left on device" in combined or "ENOSPC" in combined:
+        if any(m in combined for m in _DISK_FULL_MARKERS):
             raise DiskFullError(str(cwd or Path.cwd()), _tail(stderr, 3))
         raise ToolError(args, proc.returncode, _tail(stderr or stdout), hint=hint)
     return result

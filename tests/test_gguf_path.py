@@ -70,10 +70,8 @@ def test_every_variant_is_checked_validated_and_gated(built) -> None:
 
 def test_rerun_with_nothing_changed_runs_no_tool(built) -> None:
     settings, entry, first = built
-    start = time.perf_counter()
     again = build_gguf(entry, settings, quants=["q4_k_m", "q8_0"])
-    assert again.tools_run == []
-    assert time.perf_counter() - start < 10
+    assert again.tools_run == []  # speed of the re-run is measured in benchmarks/bench_gguf.py
     assert {q: v.sha256 for q, v in again.variants.items()} == {q: v.sha256 for q, v in first.variants.items()}
 
 
