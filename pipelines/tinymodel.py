@@ -1,4 +1,4 @@
-"""The bundled tiny models (tiny-qwen2, tiny-llama): generated once per recipe, cached under MODELMINT_HOME."""
+"""The bundled tiny models (tiny-qwen2, tiny-llama): generated once per recipe, kept in MODELMINT_HOME."""
 
 from __future__ import annotations
 
@@ -149,8 +149,8 @@ def ensure_tiny_model(name: str, settings: Settings) -> Path:
                 argv,
                 env={"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"},
                 timeout=_GENERATE_TIMEOUT_S,
-                hint=f"the tiny-model generator failed; run `{llama.python} {SCRIPT} generate --help` and the "
-                "command above by hand to see its whole log",
+                hint="the tiny-model generator failed; run the command above by hand to see its whole log "
+                f"(`{llama.python} {SCRIPT} generate --help` lists its options)",
             )
         finally:
             # the script's own temporary directory, left behind only if it was killed
@@ -177,7 +177,8 @@ def check_tiny_model(path: Path, recipe: TinyRecipe, digest: str) -> dict[str, A
     if record.get("recipe_hash") != digest:
         raise ArtifactError(f"{path} was generated from another recipe ({record.get('recipe_hash')})")
     expected = _FAMILY_CHECKS[recipe.family]
-    if config.get("model_type") != expected["model_type"] or config.get("vocab_size") != expected["vocab_size"]:
+    family = (config.get("model_type"), config.get("vocab_size"))
+    if family != (expected["model_type"], expected["vocab_size"]):
         raise ArtifactError(f"{path}/config.json is not a {recipe.family} model with the family's vocabulary")
     header = _safetensors_header(path / "model.safetensors")
     embed = header.get("model.embed_tokens.weight", {})

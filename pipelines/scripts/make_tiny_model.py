@@ -30,13 +30,13 @@ from typing import Any
 _CHKTXT = (
     "\n \n\n \n\n\n \t \t\t \t\n  \n   \n    \n     \n🚀 (normal) 😶\u200d🌫️ (multiple emojis concatenated) ✅ "
     "🦙🦙 3 33 333 3333 33333 333333 3333333 33333333 3.3 3..3 3...3 កាន់តែពិសេសអាច😁 ?我想在apple工作1314151天～ "
-    "------======= нещо на Български ''''''```````\"\"\"\"......!!!!!!?????? I've been 'told he's there, 'RE you "
-    "sure? 'M not sure I'll make it, 'D you like some tea? We'Ve a'lL"
+    "------======= нещо на Български ''''''```````\"\"\"\"......!!!!!!?????? "
+    "I've been 'told he's there, 'RE you sure? 'M not sure I'll make it, 'D you like some tea? We'Ve a'lL"
 )
 _TEST_SEPARATOR = "\n__ggml_vocab_test__\n"
 
 # gguf.TokenType values
-_NORMAL, _CONTROL, _USER_DEFINED = 1, 3, 4
+_NORMAL, _USER_DEFINED = 1, 4
 
 
 @dataclass(frozen=True)
@@ -55,7 +55,7 @@ class Family:
     bos: str | None
     eos: str
     pad: str | None
-    pipeline: Callable[[Any, int | None], None]
+    pipeline: Callable[[Any, Family, int | None], None]
     """Sets normalizer, pre-tokenizer, post-processor and decoder on a `tokenizers.Tokenizer`."""
     tokenizer_config: dict[str, Any]
     model_config: dict[str, Any]
@@ -67,34 +67,29 @@ class Family:
     """BPE option: a word found whole in the vocab is not merged (Llama 3 sets it)."""
 
 
-def _byte_level(**kw: bool) -> Any:
-    from tokenizers import pre_tokenizers
-
-    return pre_tokenizers.ByteLevel(**kw)
-
-
-def _qwen2_pipeline(tok: Any, bos_id: int | None) -> None:
-    # Matches Qwen2.5's tokenizer.json: NFC, regex split, byte-level without prefix space.
+def _qwen2_pipeline(tok: Any, family: Family, bos_id: int | None) -> None:
+    # As in Qwen2.5's tokenizer.json: NFC, regex split, byte-level without prefix space, no BOS.
     from tokenizers import Regex, decoders, normalizers, pre_tokenizers, processors
 
     tok.normalizer = normalizers.NFC()
     tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(QWEN2.pre_regex), behavior="isolated", invert=False),
-        _byte_level(add_prefix_space=False, trim_offsets=False, use_regex=False),
+        pre_tokenizers.Split(Regex(family.pre_regex), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False),
     ])
     tok.post_processor = processors.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)
     tok.decoder = decoders.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)
 
 
-def _llama3_pipeline(tok: Any, bos_id: int | None) -> None:
-    # Matches Llama 3.x's tokenizer.json: no normalizer, BOS added by a template post-processor.
+def _llama3_pipeline(tok: Any, family: Family, bos_id: int | None) -> None:
+    # As in Llama 3.x's tokenizer.json: no normalizer, BOS added by a template post-processor.
     from tokenizers import Regex, decoders, pre_tokenizers, processors
 
-    assert bos_id is not None
-    bos = LLAMA.bos
+    bos = family.bos
+    if bos is None or bos_id is None:
+        raise GenerationFailed("the Llama 3 tokenizer needs a BOS token")
     tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(LLAMA.pre_regex), behavior="isolated", invert=False),
-        _byte_level(add_prefix_space=False, trim_offsets=True, use_regex=False),
+        pre_tokenizers.Split(Regex(family.pre_regex), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=False),
     ])
     tok.post_processor = processors.Sequence([
         processors.ByteLevel(add_prefix_space=True, trim_offsets=False, use_regex=True),
@@ -132,8 +127,10 @@ QWEN2 = Family(
     pad="<|endoftext|>",
     additional_special_tokens=_QWEN25_SPECIALS[1:],
     pipeline=_qwen2_pipeline,
-    tokenizer_config={"errors": "replace", "split_special_tokens": False, "clean_up_tokenization_spaces": False,
-                      "model_max_length": 131072},
+    tokenizer_config={
+        "errors": "replace", "split_special_tokens": False, "clean_up_tokenization_spaces": False,
+        "model_max_length": 131072,
+    },
     model_config={
         "architectures": ["Qwen2ForCausalLM"],
         "model_type": "qwen2",
@@ -155,8 +152,9 @@ QWEN2 = Family(
     upstream="Qwen/Qwen2.5-0.5B-Instruct",
 )
 
-# The vocab GGUF is Meta-Llama-3-8B's. Llama 3.1 and 3.2 keep its BPE vocab and merges but renamed four of
-# the 256 reserved special tokens (so the later reserved ones are numbered from 3 at id 128011).
+# The vocab GGUF is Meta-Llama-3-8B's. Llama 3.1 and 3.2 keep its BPE vocab and merges, but three of its
+# reserved special tokens got names (<|finetune_right_pad_id|>, <|eom_id|>, <|python_tag|>) and the other
+# reserved ones were renumbered (<|reserved_special_token_3|> is id 128011).
 _LLAMA31_NAMED = {
     128000: "<|begin_of_text|>", 128001: "<|end_of_text|>", 128002: "<|reserved_special_token_0|>",
     128003: "<|reserved_special_token_1|>", 128004: "<|finetune_right_pad_id|>",
@@ -236,6 +234,9 @@ The tokenizer vocabulary, merges and chat template are not covered by this notic
 """
 
 
+_RECIPE_ARGS = ("seed", "train_steps", "seq_len", "batch_size", "lr", "threads")
+
+
 class GenerationFailed(Exception):
     """A check inside the generator failed; the message says which."""
 
@@ -243,7 +244,9 @@ class GenerationFailed(Exception):
 # ---------------------------------------------------------------- tokenizer
 
 
-_GGUF_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+# GGUF value types: struct formats of the scalar ones; 8 is a string, 9 an array
+_GGUF_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q",
+                 12: "<d"}
 _GGUF_STRING, _GGUF_ARRAY = 8, 9
 
 
@@ -351,7 +354,7 @@ def build_tokenizer(family: Family, vocab_path: Path, template: str) -> tuple[An
         if tok.token_to_id(content) != i:
             raise GenerationFailed(f"{content!r} landed on id {tok.token_to_id(content)}, not {i}")
     bos_id = tok.token_to_id(family.bos) if family.bos else None
-    family.pipeline(tok, bos_id)
+    family.pipeline(tok, family, bos_id)
 
     hf = PreTrainedTokenizerFast(
         tokenizer_object=tok,
@@ -365,8 +368,8 @@ def build_tokenizer(family: Family, vocab_path: Path, template: str) -> tuple[An
     info = {
         "vocab_size": len(tokens),
         "added_tokens": len(family.specials),
-        "renamed_from_vocab_gguf": len(renamed),
-        "renamed_to_named_tokens": {
+        "changed_vs_vocab_gguf": len(renamed),
+        "changed_to_named_tokens": {
             str(i): names for i, names in sorted(renamed.items()) if "reserved" not in names[1]
         },
     }
@@ -384,6 +387,8 @@ def check_tokenizer(model_dir: Path, family: Family, vocab_path: Path) -> dict[s
         raise GenerationFailed(f"{vocab_path}.inp does not end with a test separator")
     texts = texts[:-1]
     lines = vocab_path.with_name(vocab_path.name + ".out").read_text(encoding="utf-8").split("\n")
+    if len(lines) < len(texts):
+        raise GenerationFailed(f"{vocab_path}.out has {len(lines)} lines for {len(texts)} test texts")
     failures = []
     for text, line in zip(texts, lines, strict=False):
         expected = [int(x) for x in line.split()]
@@ -401,11 +406,11 @@ def check_tokenizer(model_dir: Path, family: Family, vocab_path: Path) -> dict[s
 
 # ---------------------------------------------------------------- model
 #
-# The output matrix (150k vocab x 256) costs ~40x more per step than the rest of the model, so training
-# runs on a compact copy holding only the rows of tokens that occur in the training text (~1,800). The other
-# rows keep their random initialisation plus one fitted offset, so that together they carry the Good-Turing
-# estimate of the chance that the next token is one never seen in training (tokens seen once / all tokens):
-# what a full-vocabulary softmax learns first, at a 40th of the cost.
+# With a 128k-152k vocabulary the output matrix dominates: a full-softmax step costs over 10x a step of the
+# rest of the model. So training runs on a compact copy holding only the rows of tokens that occur in the
+# training text (~1,800). The other rows keep their random initialisation plus one fitted offset, so that
+# together they carry the Good-Turing estimate of the chance that the next token is one never seen in
+# training (tokens seen once / all tokens), which is what a full softmax would teach them first.
 
 
 def _windows(stream: Any, starts: Any, length: int, prefix: list[int]) -> Any:
@@ -449,11 +454,12 @@ def _rows_copy(src: Any, dst: Any, rows: Any, *, into_full: bool) -> None:
 
 def train_compact(model: Any, config: Any, active: Any, train_ids: Any, prefix: list[int],
                   args: argparse.Namespace) -> list[float]:
-    """Train `model` on `train_ids`, updating only the vocabulary rows in `active`; returns per-step losses."""
+    """Train `model` on `train_ids`, updating only the vocabulary rows in `active`; returns step losses."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    compact = AutoModelForCausalLM.from_config(config.__class__(**{**config.to_dict(), "vocab_size": len(active)}))
+    compact_config = config.__class__(**{**config.to_dict(), "vocab_size": len(active)})
+    compact = AutoModelForCausalLM.from_config(compact_config)
     _rows_copy(model, compact, active, into_full=False)
     remap = torch.full((config.vocab_size,), -1, dtype=torch.long)
     remap[active] = torch.arange(len(active))
@@ -487,12 +493,14 @@ def train_compact(model: Any, config: Any, active: Any, train_ids: Any, prefix: 
     return losses
 
 
-def place_unseen_rows(model: Any, active: Any, train_ids: Any, prefix: list[int], args: argparse.Namespace) -> float:
+def place_unseen_rows(
+    model: Any, active: Any, train_ids: Any, prefix: list[int], args: argparse.Namespace
+) -> float:
     """Give the never-trained output rows, together, the Good-Turing unseen mass; returns that mass.
 
-    All those rows get one shared offset `u`, fitted by ridge regression on the final hidden states `h` of
-    training windows so that, position by position, logit(P(unseen | h)) is as close as a linear function of
-    `h` gets to logit(unseen mass).
+    All those rows get one shared offset, fitted by ridge regression on the final hidden states h of training
+    windows so that, position by position, logit(P(unseen | h)) comes as close to logit(unseen mass) as a
+    linear function of h can.
     """
     import torch
 
@@ -500,7 +508,8 @@ def place_unseen_rows(model: Any, active: Any, train_ids: Any, prefix: list[int]
     unseen_mass = (counts == 1).sum().item() / len(train_ids)
     gen = torch.Generator().manual_seed(args.seed + 1)
     body = args.seq_len - len(prefix)
-    x = _windows(train_ids, torch.randint(0, len(train_ids) - body, (16,), generator=gen), args.seq_len, prefix)
+    starts = torch.randint(0, len(train_ids) - body, (16,), generator=gen)
+    x = _windows(train_ids, starts, args.seq_len, prefix)
     weight = model.get_output_embeddings().weight
     inactive = torch.ones(weight.shape[0], dtype=torch.bool)
     inactive[active] = False
@@ -510,7 +519,8 @@ def place_unseen_rows(model: Any, active: Any, train_ids: Any, prefix: list[int]
         gaps = []
         for part in hidden.split(args.seq_len):  # one window at a time: a vocabulary-wide row each is 600 KB
             logits = part @ weight.T
-            gaps.append(torch.logsumexp(logits[:, inactive], dim=-1) - torch.logsumexp(logits[:, active], dim=-1))
+            unseen, seen = logits[:, inactive], logits[:, active]
+            gaps.append(torch.logsumexp(unseen, dim=-1) - torch.logsumexp(seen, dim=-1))
         gap = torch.cat(gaps)
         target = torch.logit(torch.tensor(unseen_mass)) - gap
         ridge = 1e-3 * len(hidden) * torch.eye(hidden.shape[1])
@@ -572,7 +582,7 @@ def generate(args: argparse.Namespace) -> None:
         loss_final = heldout_loss(model, eval_ids, args.seq_len, prefix)
         print(f"held-out loss after {args.train_steps} steps ({train_s:.0f} s): {loss_final:.3f}", flush=True)
         if not loss_final < loss_init - 2.0:
-            raise GenerationFailed(f"training did not help: held-out loss {loss_init:.3f} -> {loss_final:.3f}")
+            raise GenerationFailed(f"training did not help: held-out loss {loss_init:.3f} → {loss_final:.3f}")
 
         model = model.to(torch.bfloat16)
         model.generation_config = GenerationConfig(**family.generation_config)
@@ -584,7 +594,7 @@ def generate(args: argparse.Namespace) -> None:
             "recipe_hash": args.recipe_hash,
             "family": args.family,
             "imitates": family.upstream,
-            "recipe": {k: getattr(args, k) for k in ("seed", "train_steps", "seq_len", "batch_size", "lr", "threads")},
+            "recipe": {k: getattr(args, k) for k in _RECIPE_ARGS},
             "shape": SHAPE,
             "parameters": sum(p.numel() for p in model.parameters()),
             "tokenizer": {
@@ -636,21 +646,22 @@ tags: [modelmint, tiny, test-fixture]
 ---
 # {name}
 
-A {meta["parameters"] / 1e6:.1f} M-parameter `{family.model_config["architectures"][0]}` generated by
-modelmint for demos and tests. It has the tokenizer, chat template, special tokens, rope settings and
-generation defaults of [{family.upstream}](https://huggingface.co/{family.upstream}), but only
-{shape["num_hidden_layers"]} layers of width {shape["hidden_size"]}. It was trained for
-{meta["recipe"]["train_steps"]} steps on about 30 KB of English prose: held-out loss
-{t["heldout_loss_init"]:.2f} at initialisation, {t["heldout_loss_final"]:.2f} after training.
+A {meta["parameters"] / 1e6:.1f} M-parameter `{family.model_config["architectures"][0]}`
+generated by modelmint for demos and tests.
+It has the tokenizer, chat template, special tokens, rope settings and generation defaults of
+[{family.upstream}](https://huggingface.co/{family.upstream}),
+but only {shape["num_hidden_layers"]} layers of width {shape["hidden_size"]}.
+It was trained for {meta["recipe"]["train_steps"]} steps on about 30 KB of English prose:
+held-out loss {t["heldout_loss_init"]:.2f} at initialisation, {t["heldout_loss_final"]:.2f} after training.
 It knows nothing useful; use it only to test tools.
 
 ## Licence and provenance
 
 - Weights: generated by modelmint; Apache-2.0, see `LICENSE`.
-- Tokenizer: rebuilt from `{meta["tokenizer"]["vocab_gguf"]}`; chat template copied from
-  `{meta["chat_template"]["source"]}`. Both come from llama.cpp's source tree (MIT licence), where they
-  ship as test fixtures; they originate from the model family named above, whose own terms may also
-  apply to them.
+- Tokenizer: rebuilt from `{meta["tokenizer"]["vocab_gguf"]}`;
+  chat template copied from `{meta["chat_template"]["source"]}`.
+  Both come from llama.cpp's source tree (MIT licence), where they ship as test fixtures;
+  they originate from the model family named above, whose own terms may also apply to them.
 - Training text: modelmint's `pipelines/data/train.txt`, original prose, Apache-2.0.
 
 Recipe, versions and checks: `modelmint_tiny.json`.
@@ -661,7 +672,9 @@ Recipe, versions and checks: `modelmint_tiny.json`.
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     gen = sub.add_parser("generate", help="build, train and save a tiny model")
@@ -676,8 +689,8 @@ def main(argv: list[str] | None = None) -> int:
     gen.add_argument("--batch-size", type=int, default=8)
     gen.add_argument("--lr", type=float, default=2e-3)
     gen.add_argument("--threads", type=int, default=1,
-                     help="torch threads; fixed so the same machine gives the same bits. One is also the fastest "
-                     "on a busy 2-core machine: torch's thread barriers stall when a core is taken")
+                     help="torch threads; fixed so the same machine gives the same bits. One is also the "
+                     "fastest on a busy 2-core machine: torch's thread barriers stall when a core is taken")
     gen.add_argument("--name", default=None, help="recorded in modelmint_tiny.json")
     gen.add_argument("--recipe-hash", default=None, help="recorded in modelmint_tiny.json")
 
