@@ -1,6 +1,6 @@
 """Compressed-tensors benchmark on a generated Qwen2.5-0.5B-shaped model: modelmint's step against plain llmcompressor.
 
-Run: .venv/bin/python benchmarks/bench_compress.py [--schemes fp8,awq] [--keep]
+Run: .venv/bin/python benchmarks/bench_compress.py [--schemes fp8,awq] [--calibration 16x256] [--keep]
 For each scheme, in the same run: a plain llmcompressor script (load, oneshot, save: what its README does)
 and modelmint's compress step (plan_compressed + ensure_compressed: job file, AWQ mapping check, calibration
 windows, oneshot, save, verbatim tokenizer copy, receipt with every file's sha256). Prints pipeline / plain
@@ -94,14 +94,23 @@ def _make_model(out: Path, tokenizer_from: Path) -> None:
         setattr(mbm, k, v)
     mbm.HEAD_DIM = SHAPE["HIDDEN"] // SHAPE["HEADS"]
     mbm.main(out, tokenizer_from)
+    # transformers 5 checks layer_types against num_hidden_layers; the tiny model's list has 4 entries
+    config = json.loads((out / "config.json").read_text())
+    config["layer_types"] = ["full_attention"] * SHAPE["LAYERS"]
+    config["max_window_layers"] = SHAPE["LAYERS"]
+    (out / "config.json").write_text(json.dumps(config, indent=2))
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--schemes", default="fp8,awq")
+    ap.add_argument("--calibration", default="16x256", help="AWQ calibration: SAMPLESxTOKENS (AWQ on 2 CPU cores "
+                    "takes minutes per 1,000 tokens at this size)")
     ap.add_argument("--keep", action="store_true", help="keep the scratch directory")
     args = ap.parse_args()
     schemes = args.schemes.split(",")
+    n, length = (int(x) for x in args.calibration.split("x"))
+    CALIBRATION.update(num_samples=n, max_seq_length=length)
     settings = Settings.from_env()
     tc = llmcompressor(settings)
     model = settings.home / "bench" / "qwen2-shaped-0.5b"
@@ -110,6 +119,10 @@ def main() -> None:
 
         print("generating the 0.5B-shaped model …", flush=True)
         _make_model(model, ensure_tiny_model("tiny-qwen2", settings))
+    config = json.loads((model / "config.json").read_text())
+    if len(config.get("layer_types") or []) != SHAPE["LAYERS"]:
+        shutil.rmtree(model)
+        raise SystemExit(f"{model} came from an older generator; removed it, run again")
     src_bytes = sum(f.stat().st_size for f in model.glob("*.safetensors"))
     scratch = Path(tempfile.mkdtemp(prefix="modelmint-bench-", dir=settings.home))
     catalog = scratch / "catalog.yaml"

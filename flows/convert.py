@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from prefect.cache_policies import NO_CACHE
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
 from prefect.concurrency.sync import concurrency
@@ -78,8 +79,10 @@ def _cached(step: Task[..., R], current: Callable[[R], bool], *args: Any) -> R:
 
 
 def _settings_key(s: Settings) -> dict[str, Any]:
-    # Where outputs go is part of what a plan *is*; the token never enters a key or a stored result.
-    return {k: str(v) for k, v in dataclasses.asdict(s).items() if k != "hf_token"}
+    # Where outputs go is part of what a plan *is*; the token never enters a key or a stored result, and
+    # the orchestration settings say nothing about the plan.
+    skip = {"hf_token", "prefect_home", "prefect_port", "gpu_slots"}
+    return {k: str(v) for k, v in dataclasses.asdict(s).items() if k not in skip}
 
 
 def _fetch_key(_ctx: Any, p: dict[str, Any]) -> str:
@@ -172,7 +175,8 @@ def publish(settings: Settings, candidate: reg.Candidate, tracked: reg.Tracked) 
     return reg.publish(settings, candidate, tracked)
 
 
-@task(name="compress", task_run_name="compress-{model}", retries=1, retry_condition_fn=_transient)
+@task(name="compress", task_run_name="compress-{model}", retries=1, retry_condition_fn=_transient,
+      cache_policy=NO_CACHE)
 def compress(model: str, entry: CatalogEntry, settings: Settings, schemes: list[str], revision: str | None) -> Any:
     """AWQ / FP8 / … with llmcompressor (pipelines.compress); each GPU run holds one slot of the `gpu` limit.
 

@@ -65,13 +65,14 @@ def convert(
     revision: Annotated[str | None, typer.Option(help="override the pinned 40-hex commit")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the build summary as JSON")] = False,
     register: Annotated[
-        bool, typer.Option(help="register the variants that passed: artifacts/, DVC, manifest")
-    ] = True,
+        bool, typer.Option(help="register the variants that passed: artifacts/, DVC, manifest (the Prefect "
+                           "flow always does)")
+    ] = False,
     track: Annotated[
         bool, typer.Option(help="dvc commit + push what is registered (dvc.yaml's stages pass --no-track)")
     ] = True,
 ) -> None:
-    """Fetch, convert to f16, quantize, validate and register one catalog model."""
+    """Fetch, convert to f16, quantize and validate one catalog model (and register it, with --register)."""
     from pipelines.build import build_gguf
     from pipelines.catalog import load_catalog
 

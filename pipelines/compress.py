@@ -476,17 +476,16 @@ def quantize(
     env = {"TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": str(settings.effective_threads)}
     hf: dict[str, Any] = {}
     cal = recipe.calibration
-    if cal is not None and cal.hub_dataset is None:
-        env["HF_HUB_OFFLINE"] = "1"  # nothing to download: the bundled text and a local model
-    elif cal is None:
-        env["HF_HUB_OFFLINE"] = "1"
+    if cal is None or cal.hub_dataset is None:
+        env["HF_HUB_OFFLINE"] = "1"  # nothing to download: a local model and the bundled text
     else:
         if settings.hf_endpoint:
             env["HF_ENDPOINT"] = settings.hf_endpoint
         if settings.hf_token:
             env["HF_TOKEN"] = settings.hf_token
         hf["cache_dir"] = str(settings.home / "datasets")
-    with atomic_output(out) as tmp, tempfile.TemporaryDirectory(prefix="modelmint-llmc-") as work:
+    # the job's scratch sits beside the output, named like a partial output: a killed run's is cleaned up
+    with atomic_output(out) as tmp, tempfile.TemporaryDirectory(prefix=f"{out.name}.partial-job-", dir=out.parent) as work:
         result_path = Path(work) / "result.json"
         job = {
             "source": str(source_dir),
@@ -574,7 +573,8 @@ def evaluate(
         ToolError: the evaluation failed (a checkpoint that does not load, out of memory).
     """
     text = text or bundled_text(EVAL_TEXT)
-    with tempfile.TemporaryDirectory(prefix="modelmint-eval-") as work:
+    settings.work_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="eval.partial-", dir=settings.work_dir) as work:
         out = Path(work) / "eval.json"
         argv: list[Any] = [tc.python, EVALUATE_SCRIPT, "--source", source_dir, "--text", text, "--ctx", str(ctx),
                            "--max-chunks", str(chunks), "--out", out]

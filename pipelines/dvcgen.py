@@ -15,7 +15,7 @@ HEADER = """\
 #
 # `dvc repro` runs the same command as the CLI and the Prefect flow, one catalog variant per stage, and
 # records each artifact directory's hash in dvc.lock; `dvc push` then sends the blobs to the remote.
-# The command passes --no-track because DVC records the output itself after the command returns; the
+# The command registers with --no-track because DVC records the output itself after it returns; the
 # Prefect flow runs the steps and then `dvc commit`s the same stage, so both share dvc.lock and never
 # write each other's outputs. A catalog or toolchain change reruns every stage; content keys make a
 # rerun whose recipe did not change run no tool and leave the same bytes.
@@ -35,7 +35,7 @@ def render(catalog: Catalog) -> str:
             "gguf": {
                 "foreach": items,
                 "do": {
-                    "cmd": "modelmint convert ${item.model} --variants ${item.tag} --no-track",
+                    "cmd": "modelmint convert ${item.model} --variants ${item.tag} --register --no-track",
                     "deps": ["registry/catalog.yaml", "toolchains/llama-cpp.env"],
                     "outs": [artifact_relpath("${item.model}", "${item.tag}")],
                 },

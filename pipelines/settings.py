@@ -33,7 +33,8 @@ class Settings:
         env = os.environ if environ is None else environ
         home = Path(env.get("MODELMINT_HOME") or Path.home() / ".cache" / "modelmint").expanduser()
         work = Path(env.get("MODELMINT_WORK_DIR") or _PROJECT_ROOT / "build").expanduser()
-        repo = Path(env.get("MODELMINT_REPO") or _PROJECT_ROOT).expanduser()
+        # DVC_ROOT: set by `dvc repro` for stage commands, so a stage registers into the repository DVC runs.
+        repo = Path(env.get("MODELMINT_REPO") or env.get("DVC_ROOT") or _PROJECT_ROOT).expanduser()
         catalog = Path(env.get("MODELMINT_CATALOG") or repo / "registry" / "catalog.yaml")
         return cls(
             home=home,

@@ -109,8 +109,6 @@ def make_repo(base: Path, *, models: dict[str, list[str]] | None = None, work: P
     for m in raw["models"]:
         # GGUF only: the compressed-tensors variants (llmcompressor, minutes each) have their own tests.
         m["variants"] = {"gguf": {**m["variants"]["gguf"], "quants": models[m["name"]]}}
-        if os.environ.get("_MM_TINY_SOURCE"):  # TEMPORARY-LOCAL-ONLY
-            m["source"] = {"path": os.environ["_MM_TINY_SOURCE"]}
     (root / "registry" / "catalog.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
     shutil.copy(ROOT / "toolchains" / "llama-cpp.env", root / "toolchains" / "llama-cpp.env")
     shutil.copy(ROOT / ".gitignore", root / ".gitignore")

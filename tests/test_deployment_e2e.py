@@ -99,14 +99,14 @@ def test_deployment_run_end_to_end(deployed) -> None:
     assert again.returncode == 0, again.stdout + again.stderr
     run = _flow_runs(settings)[-1]
     with stack.api(settings) as client:
-        states = {r.name: r.state.name for r in task_runs(client, run.id)}
-    assert states and set(states.values()) == {"Cached"}, states
+        states = [(r.name, r.state.name) for r in task_runs(client, run.id)]
+    assert states and {s for _, s in states} == {"Cached"}, states
     assert {p: p.stat().st_mtime_ns for p in stamps} == stamps
 
     # 4. --param variants=[...] and an unknown model
     one = _prefect(settings, "deployment", "run", "convert/tiny-qwen2", "--param", 'variants=["q8_0"]', "--watch")
     assert one.returncode == 0, one.stdout + one.stderr
-    assert _flow_runs(settings)[-1].parameters == {"variants": ["q8_0"]}
+    assert _flow_runs(settings)[-1].parameters == {"model": "tiny-qwen2", "variants": ["q8_0"]}
     bad = _prefect(settings, "deployment", "run", "convert/tiny-qwen2", "--param", "model=nope", "--watch")
     assert bad.returncode != 0
     failed = _flow_runs(settings)[-1]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 from pathlib import Path
@@ -10,6 +11,7 @@ import pytest
 import yaml
 from prefect import flow, task
 from prefect.client.orchestration import get_client
+from prefect.exceptions import ObjectNotFound
 from prefect.settings import PREFECT_LOCAL_STORAGE_PATH, temporary_settings
 from prefect.testing.utilities import prefect_test_harness
 from registry_env import PopenCounter, Repo, artifacts, dvc, make_repo, task_runs
@@ -193,3 +195,28 @@ def test_kubernetes_job_template_requests_gpus_through_a_declared_variable() -> 
     container = template["job_configuration"]["job_manifest"]["spec"]["template"]["spec"]["containers"][0]
     assert container["resources"]["limits"]["nvidia.com/gpu"] == "{{ gpu_limit }}"
     assert template["variables"]["properties"]["gpu_limit"]["default"] == 0
+
+
+@pytest.mark.slow
+def test_gpu_steps_need_the_strict_gpu_limit(harness, isolated, tmp_path: Path, monkeypatch) -> None:
+    """Compressed variants run under a slot of `gpu`; without the limit the run fails instead of running unlimited."""
+    from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
+
+    repo = make_repo(tmp_path)
+    raw = yaml.safe_load((repo.root / "registry/catalog.yaml").read_text())
+    raw["models"][0]["variants"]["fp8"] = {}
+    (repo.root / "registry/catalog.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    repo.commit_all("fp8 for tiny-qwen2")
+    monkeypatch.setenv("MODELMINT_REPO", str(repo.root))
+    monkeypatch.setenv("MODELMINT_WORK_DIR", str(repo.work))
+    with temporary_settings(updates={PREFECT_LOCAL_STORAGE_PATH: tmp_path / "results"}):
+        with get_client(sync_client=True) as client, contextlib.suppress(ObjectNotFound):
+            client.delete_global_concurrency_limit_by_name("gpu")
+        refused = convert(model="tiny-qwen2", variants=["fp8"], return_state=True)
+        assert refused.is_failed() and "gpu" in refused.message
+        with get_client(sync_client=True) as client:
+            client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name="gpu", limit=1))
+        done = convert(model="tiny-qwen2", variants=["fp8"], return_state=True)
+    assert done.is_completed(), done.message
+    rows = done.result()["variants"]
+    assert [r["variant"] for r in rows] == ["fp8"] and rows[0]["gate"] == "pass"

@@ -268,8 +268,32 @@ def test_concurrent_registrations_share_dvc_lock(repo: Repo, tmp_path: Path) -> 
 
 def test_a_variant_outside_the_catalog_is_refused_before_any_work(repo: Repo) -> None:
     env = {**repo.env(), "COLUMNS": "200"}
-    done = subprocess.run([*MODELMINT, "convert", "tiny-qwen2", "--variants", "q6_k"], env=env, capture_output=True,
+    done = subprocess.run([*MODELMINT, "convert", "tiny-qwen2", "--variants", "q6_k", "--register"], env=env, capture_output=True,
                           text=True, cwd=repo.root)
     assert done.returncode == 1
     assert "dvc.yaml has no stage gguf@tiny-qwen2-q6_k" in done.stderr and "modelmint dvc-yaml" in done.stderr
     assert not repo.work.exists()  # nothing was fetched or built
+
+
+@pytest.mark.slow
+def test_dvc_repro_and_the_registry_share_one_record(isolated, tmp_path: Path, monkeypatch) -> None:
+    """`dvc repro` builds through the same CLI; a later tracked registration finds DVC's record and pushes it."""
+    repo = make_repo(tmp_path, models={"tiny-qwen2": ["q8_0"]})
+    monkeypatch.setenv("MODELMINT_WORK_DIR", str(repo.work))  # not MODELMINT_REPO: DVC_ROOT says where
+    done = dvc(repo.root, "repro", check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    settings = repo.settings()
+    m = find_manifest(settings, "tiny-qwen2:q8_0")
+    assert m.dvc.md5 is None and not m.dvc.pushed  # recorded by DVC itself, not pushed yet
+    locked = (repo.root / "dvc.lock").read_text()
+    assert "gguf@tiny-qwen2-q8_0" in locked and "--register --no-track" in locked
+    assert "didn't change, skipping" in dvc(repo.root, "repro").stdout
+    # the CLI with tracking: nothing is rebuilt, DVC's record is kept, the blob is pushed, the manifest says so
+    cli = subprocess.run([*MODELMINT, "convert", "tiny-qwen2", "--variants", "q8_0", "--register"],
+                         env={**repo.env(), "COLUMNS": "200"}, capture_output=True, text=True, cwd=repo.root)
+    assert cli.returncode == 0, cli.stderr
+    after = find_manifest(settings, "tiny-qwen2:q8_0")
+    assert after.dvc.pushed and after.dvc.md5 is not None and after.dvc.md5 in (repo.root / "dvc.lock").read_text()
+    assert after.sha256 == m.sha256 and after.created_at == m.created_at
+    assert "up to date" in dvc(repo.root, "status").stdout
+    assert "in sync" in dvc(repo.root, "status", "--cloud").stdout
