@@ -92,13 +92,7 @@ class GGUFPlan:
 
     @property
     def source(self) -> dict[str, Any]:
-        return {
-            "kind": self.snapshot.kind,
-            "repo": self.snapshot.repo_id,
-            "revision": self.snapshot.revision,
-            "content_sha256": self.source_key,
-            "path": str(self.snapshot.path),
-        }
+        return self.snapshot.describe(self.source_key)
 
     @property
     def base_path(self) -> Path:

@@ -623,13 +623,7 @@ class CompressPlan:
 
     @property
     def source(self) -> dict[str, Any]:
-        return {
-            "kind": self.snapshot.kind,
-            "repo": self.snapshot.repo_id,
-            "revision": self.snapshot.revision,
-            "content_sha256": self.source_key,
-            "path": str(self.snapshot.path),
-        }
+        return self.snapshot.describe(self.source_key)
 
     def variant_dir(self, v: str) -> Path:
         """<work>/<name>/<rev>/<name>-fp8-dynamic, -w4a16-awq, -w4a16-gptq, -w8a8."""

@@ -94,6 +94,16 @@ class SourceSnapshot:
     """Path relative to `path` → sha256, for exactly the files the pipeline uses."""
     kind: SourceKind
 
+    def describe(self, content_key: str) -> dict[str, Any]:
+        """What reports and manifests record about this source (`content_key` hashes `files`)."""
+        return {
+            "kind": self.kind,
+            "repo": self.repo_id,
+            "revision": self.revision,
+            "content_sha256": content_key,
+            "path": str(self.path),
+        }
+
 
 def fetch(entry: CatalogEntry, settings: Settings, *, revision: str | None = None) -> SourceSnapshot:
     """Make `entry`'s source available locally and check it.
