@@ -8,6 +8,7 @@ Prefect flows call the same steps one task each.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -323,14 +324,7 @@ def build_gguf(
     """
     timings: dict[str, float] = {}
     tools_run: list[str] = []
-
-    @contextmanager
-    def phase(name: str) -> Iterator[None]:
-        start = time.perf_counter()
-        try:
-            yield
-        finally:
-            timings[name] = round(timings.get(name, 0.0) + time.perf_counter() - start, 3)
+    phase = functools.partial(timed_phase, timings)
 
     progress(f"fetch {entry.name}")
     with phase("fetch"):
@@ -367,6 +361,16 @@ def build_gguf(
     result = BuildResult(entry.name, plan.out_dir, plan.source, base.receipt, variants, tools_run, timings, plan)
     write_text_atomic(plan.out_dir / "build.json", json.dumps(_summary(result), indent=2, sort_keys=True) + "\n")
     return result
+
+
+@contextmanager
+def timed_phase(timings: dict[str, float], name: str) -> Iterator[None]:
+    """Add the wall seconds of the block to `timings[name]` (phases may be entered more than once)."""
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        timings[name] = round(timings.get(name, 0.0) + time.perf_counter() - start, 3)
 
 
 def quant_parallelism(n_jobs: int, threads: int) -> tuple[int, int]:

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import math
 import tempfile
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +18,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from pipelines import __version__
-from pipelines.build import BuildResult, VariantOutcome, bundled_text, content_key
+from pipelines.build import BuildResult, VariantOutcome, bundled_text, content_key, timed_phase
 from pipelines.catalog import (
     COMPRESSED_VARIANTS,
     AWQVariant,
@@ -839,14 +839,7 @@ def build_compressed(
     """
     timings: dict[str, float] = {}
     tools_run: list[str] = []
-
-    @contextlib.contextmanager
-    def phase(name: str) -> Iterator[None]:
-        start = time.perf_counter()
-        try:
-            yield
-        finally:
-            timings[name] = round(timings.get(name, 0.0) + time.perf_counter() - start, 3)
+    phase = functools.partial(timed_phase, timings)
 
     progress(f"fetch {entry.name}")
     with phase("fetch"):

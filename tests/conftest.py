@@ -34,3 +34,23 @@ def tiny_llama(settings: Settings) -> Path:
     from pipelines.tinymodel import ensure_tiny_model
 
     return ensure_tiny_model("tiny-llama", settings)
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path):
+    """A factory for real size-limited filesystems (tmpfs of `size`, e.g. '256k'), unmounted afterwards."""
+    import subprocess
+
+    mounts: list[Path] = []
+
+    def _mount(size: str) -> Path:
+        mnt = tmp_path / f"small-{len(mounts)}"
+        mnt.mkdir()
+        if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mnt)]).returncode:
+            pytest.skip("needs root to mount a size-limited tmpfs")
+        mounts.append(mnt)
+        return mnt
+
+    yield _mount
+    for mnt in mounts:
+        subprocess.run(["umount", "-l", str(mnt)], check=True)

@@ -182,13 +182,8 @@ def test_unsupported_architecture_is_named(built, tmp_path: Path) -> None:
 
 
 @pytest.fixture
-def small_work(tmp_path: Path):
-    mnt = tmp_path / "small"
-    mnt.mkdir()
-    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", str(mnt)]).returncode:
-        pytest.skip("needs root to mount a size-limited tmpfs")
-    yield mnt
-    subprocess.run(["umount", "-l", str(mnt)], check=True)
+def small_work(small_disk) -> Path:
+    return small_disk("24m")
 
 
 def test_disk_full_during_conversion(built, small_work: Path) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -71,13 +70,8 @@ def test_partials_of_a_killed_process_are_cleaned(tmp_path: Path) -> None:
 
 
 @pytest.fixture
-def small_fs(tmp_path: Path):
-    mnt = tmp_path / "small"
-    mnt.mkdir()
-    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mnt)]).returncode:
-        pytest.skip("needs root to mount a size-limited tmpfs")
-    yield mnt
-    subprocess.run(["umount", str(mnt)], check=True)
+def small_fs(small_disk) -> Path:
+    return small_disk("256k")
 
 
 def test_disk_full_is_a_clear_error_and_leaves_nothing(small_fs: Path) -> None:
