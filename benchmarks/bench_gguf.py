@@ -17,10 +17,10 @@ import time
 from pathlib import Path
 
 import yaml
-from pipelines.tinymodel import ensure_tiny_model
 
 from pipelines.runner import run
 from pipelines.settings import Settings, project_root
+from pipelines.tinymodel import ensure_tiny_model
 from pipelines.toolchains import llama_cpp
 
 ROOT = project_root()

@@ -3,7 +3,7 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 bash scripts/setup.sh
-.venv/bin/ruff check pipelines flows tests benchmarks
+.venv/bin/ruff check --no-cache pipelines flows tests benchmarks
 set +e
 .venv/bin/python -m pytest "$@"
 rc=$?
