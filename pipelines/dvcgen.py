@@ -1,4 +1,8 @@
-"""dvc.yaml from the catalog: one `foreach` item per GGUF variant, each running the same `modelmint convert`."""
+"""dvc.yaml from the catalog: one `foreach` item per variant, each running the same command as the CLI.
+
+GGUF variants are items of stage `gguf` (`modelmint convert`), compressed-tensors variants items of stage
+`compress` (`modelmint compress`); each depends on the toolchain pins of the tool that builds it.
+"""
 
 from __future__ import annotations
 
@@ -8,12 +12,13 @@ import yaml
 
 from pipelines.catalog import Catalog
 from pipelines.fsutil import write_text_atomic
-from pipelines.manifest import artifact_relpath, stage_name
+from pipelines.manifest import STAGES, artifact_relpath, stage_name
 
 HEADER = """\
 # GENERATED from registry/catalog.yaml by `modelmint dvc-yaml`: edit the catalog, then regenerate.
 #
-# `dvc repro` runs the same command as the CLI and the Prefect flow, one catalog variant per stage, and
+# `dvc repro` runs the same command as the CLI and the Prefect flow, one catalog variant per stage item
+# (stage gguf: llama.cpp variants; stage compress: llmcompressor's compressed-tensors variants), and
 # records each artifact directory's hash in dvc.lock; `dvc push` then sends the blobs to the remote.
 # The command registers with --no-track because DVC records the output itself after it returns; the
 # Prefect flow runs the steps and then `dvc commit`s the same stage, so both share dvc.lock and never
@@ -22,27 +27,38 @@ HEADER = """\
 """
 
 
+_COMMANDS = {
+    "gguf": ("modelmint convert ${item.model} --variants ${item.tag} --register --no-track", "toolchains/llama-cpp.env"),
+    "compressed-tensors": (
+        "modelmint compress ${item.model} --schemes ${item.tag} --register --no-track",
+        "toolchains/llmcompressor.env",
+    ),
+}
+
+
 def render(catalog: Catalog) -> str:
     """The dvc.yaml text for `catalog` (deterministic: same catalog, same bytes)."""
-    items: dict[str, dict[str, str]] = {}
+    items: dict[str, dict[str, dict[str, str]]] = {fmt: {} for fmt in _COMMANDS}
     for entry in catalog.models:
         spec = entry.variants.gguf
-        for tag in spec.quants if spec else []:
-            item = stage_name(entry.name, tag).split("@", 1)[1]
-            items[item] = {"model": entry.name, "tag": tag}
-    doc = {
-        "stages": {
-            "gguf": {
-                "foreach": items,
-                "do": {
-                    "cmd": "modelmint convert ${item.model} --variants ${item.tag} --register --no-track",
-                    "deps": ["registry/catalog.yaml", "toolchains/llama-cpp.env"],
-                    "outs": [artifact_relpath("${item.model}", "${item.tag}")],
-                },
-            }
+        tags = {"gguf": list(spec.quants) if spec else [], "compressed-tensors": list(entry.variants.compressed())}
+        for fmt, names in tags.items():
+            for tag in names:
+                item = stage_name(entry.name, tag).split("@", 1)[1]
+                items[fmt][item] = {"model": entry.name, "tag": tag}
+    stages = {
+        STAGES[fmt]: {
+            "foreach": items[fmt],
+            "do": {
+                "cmd": cmd,
+                "deps": ["registry/catalog.yaml", pins],
+                "outs": [artifact_relpath("${item.model}", "${item.tag}")],
+            },
         }
+        for fmt, (cmd, pins) in _COMMANDS.items()
+        if items[fmt]
     }
-    return HEADER + yaml.safe_dump(doc, sort_keys=False, default_flow_style=False)
+    return HEADER + yaml.safe_dump({"stages": stages}, sort_keys=False, default_flow_style=False)
 
 
 def write(catalog: Catalog, path: Path) -> bool:

@@ -106,14 +106,19 @@ class ArtifactError(ModelmintError):
     """An output file that does not read back as what it claims to be."""
 
 
+GGUF_ADVICE = "Try a higher-bit type (q5_k_m, q8_0) or an imatrix"
+COMPRESSED_ADVICE = "Try fp8 (near lossless) instead of a 4-bit scheme, or more calibration samples"
+
+
 class GateFailed(ModelmintError):
     """A variant measured worse than its gate allows."""
 
-    def __init__(self, variant: str, failures: list[str], report_path: str | None = None) -> None:
+    def __init__(
+        self, variant: str, failures: list[str], report_path: str | None = None, *, advice: str = GGUF_ADVICE
+    ) -> None:
         super().__init__(
             f"{variant} failed its quality gate: " + "; ".join(failures),
-            hint=(f"see {report_path}; " if report_path else "")
-            + "the variant was not registered. Try a higher-bit type (q5_k_m, q8_0) or an imatrix",
+            hint=(f"see {report_path}; " if report_path else "") + f"the variant was not registered. {advice}",
         )
         self.variant = variant
         self.failures = failures

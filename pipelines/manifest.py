@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from pipelines.catalog import COMPRESSED_VARIANTS
 from pipelines.errors import ConfigError, ManifestInvalid, NotRegistered
 from pipelines.fsutil import write_text_atomic
 from pipelines.settings import Settings
@@ -24,8 +25,13 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+FORMATS = ("gguf", "compressed-tensors")
+Format = Literal["gguf", "compressed-tensors"]
+
+
 class ArtifactFile(_Strict):
-    """One file of the artifact directory (the GGUF, its shards, the Modelfile, the model card)."""
+    """One file of the artifact directory: the GGUF, its shards, the Modelfile and the model card; or a
+    compressed-tensors checkpoint's weights, config, tokenizer, recipe, vLLM serve config and model card."""
 
     path: str = Field(description="relative to the artifact directory, '/'-separated")
     sha256: str = Field(pattern=_SHA256)
@@ -52,7 +58,8 @@ class SourceRef(_Strict):
 
 
 class ParentRef(_Strict):
-    """The artifact this one was made from (a quant's f16/bf16 GGUF)."""
+    """The artifact this one was made from (a GGUF quant's f16/bf16 GGUF; compressed-tensors checkpoints are
+    made from the source itself and have none)."""
 
     artifact: str = Field(description="name:tag, e.g. qwen2.5:f16")
     file: str
@@ -73,7 +80,7 @@ class Validation(_Strict):
 
 class DvcRef(_Strict):
     path: str = Field(description="the DVC-tracked output, relative to the repository root")
-    stage: str = Field(description="the dvc.yaml stage that owns it, e.g. gguf@qwen2.5-q4_k_m")
+    stage: str = Field(description="the dvc.yaml stage that owns it, e.g. gguf@qwen2.5-q4_k_m, compress@qwen2.5-fp8")
     md5: str | None = Field(
         default=None,
         pattern=r"^[0-9a-f]{32}(\.dir)?$",
@@ -86,8 +93,9 @@ class Manifest(_Strict):
     schema_version: Literal[1] = SCHEMA_VERSION
     name: str
     tag: str
-    format: Literal["gguf"]
-    file: str = Field(description="the main file inside the artifact directory")
+    format: Format
+    file: str = Field(description="the main file inside the artifact directory (the GGUF, or the checkpoint's "
+                      "model.safetensors / model.safetensors.index.json)")
     sha256: str = Field(pattern=_SHA256)
     size_bytes: int = Field(ge=0)
     files: list[ArtifactFile] = Field(min_length=1)
@@ -122,11 +130,19 @@ class Manifest(_Strict):
             raise ValueError(f"dvc.path {self.dvc.path!r} is not {artifact_relpath(self.name, self.tag)!r}")
         if self.dvc.stage != stage_name(self.name, self.tag):
             raise ValueError(f"dvc.stage {self.dvc.stage!r} is not {stage_name(self.name, self.tag)!r}")
+        if self.format != format_of(self.tag):
+            raise ValueError(f"tag {self.tag!r} is a {format_of(self.tag)} variant, not {self.format}")
         return self
 
     @property
     def ref(self) -> str:
         return f"{self.name}:{self.tag}"
+
+    @property
+    def mean_kl(self) -> float | None:
+        """Mean KL divergence from the source, whichever validation measured it (llama-perplexity or torch)."""
+        m = self.validation.metrics
+        return m.get("mean_kld", m.get("mean_kl"))
 
     def to_json(self) -> str:
         return json.dumps(self.model_dump(mode="json"), indent=2, sort_keys=True) + "\n"
@@ -137,9 +153,18 @@ def artifact_relpath(name: str, tag: str) -> str:
     return f"artifacts/{name}/{tag}"
 
 
+def format_of(tag: str) -> Format:
+    """What a variant tag builds: compressed-tensors for llmcompressor schemes (fp8, awq, …), else GGUF."""
+    return "compressed-tensors" if tag in COMPRESSED_VARIANTS else "gguf"
+
+
+STAGES: dict[str, str] = {"gguf": "gguf", "compressed-tensors": "compress"}
+"""The dvc.yaml stage (its `foreach` items are name-tag) that builds each format."""
+
+
 def stage_name(name: str, tag: str) -> str:
-    """The dvc.yaml stage (a `foreach` item of stage `gguf`) whose output is that directory."""
-    return f"gguf@{name}-{tag}"
+    """The dvc.yaml stage whose output is that directory: gguf@qwen2.5-q4_k_m, compress@qwen2.5-fp8."""
+    return f"{STAGES[format_of(tag)]}@{name}-{tag}"
 
 
 def parse_ref(ref: str) -> tuple[str, str]:

@@ -1,4 +1,7 @@
-"""Pull a registered artifact: manifest → DVC remote → sha256 check → GGUF and Modelfile side by side → Ollama."""
+"""Pull a registered artifact: manifest → DVC remote → sha256 check → files in place → Ollama or vLLM.
+
+A GGUF lands beside its Modelfile and is handed to Ollama; a compressed-tensors checkpoint lands with its
+vLLM serve config, and the `vllm serve` command is returned."""
 
 from __future__ import annotations
 
@@ -27,7 +30,7 @@ class PullResult:
     fetched: bool
     """False when the destination already held exactly these files (nothing was downloaded or copied)."""
     commands: list[list[str]] = field(default_factory=list)
-    """The Ollama commands that make the model available (run when `ollama` is on PATH)."""
+    """The commands that make the model available: Ollama's (run when `ollama` is on PATH), or `vllm serve`."""
     ran_ollama: bool = False
     ollama_reply: str | None = None
 
@@ -56,7 +59,11 @@ def pull(settings: Settings, ref: str, *, dest: Path | None = None, ollama: bool
         _fetch_into(settings, manifest, target)
         fetched = True
     result = PullResult(manifest, target, fetched)
-    if result.modelfile is not None:
+    if manifest.format == "compressed-tensors":
+        from pipelines.serving import serve_command
+
+        result.commands = [serve_command(target)]
+    elif result.modelfile is not None:
         from pipelines.ollama import install_into_ollama, ollama_commands
 
         if ollama and shutil.which("ollama"):

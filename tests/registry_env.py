@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from pipelines import dvcgen
-from pipelines.catalog import load_catalog
+from pipelines.catalog import COMPRESSED_VARIANTS, GGUF_QUANT_TYPES, load_catalog
 from pipelines.settings import Settings, project_root
 
 ROOT = project_root()
@@ -97,7 +97,8 @@ class Repo:
 def make_repo(base: Path, *, models: dict[str, list[str]] | None = None, work: Path | None = None) -> Repo:
     """A git + DVC repository laid out like the project: catalog, toolchain pins, dvc.yaml, a local remote.
 
-    `models` maps catalog names to the GGUF quant types to keep (default: tiny-qwen2 with q4_k_m and q8_0).
+    `models` maps catalog names to the variants to keep: GGUF quant types and compressed-tensors schemes
+    (default: tiny-qwen2 with q4_k_m and q8_0).
     """
     models = models or {"tiny-qwen2": ["q4_k_m", "q8_0"]}
     root, remote = base / "repo", base / "remote"
@@ -107,10 +108,17 @@ def make_repo(base: Path, *, models: dict[str, list[str]] | None = None, work: P
     raw = yaml.safe_load((ROOT / "registry" / "catalog.yaml").read_text())
     raw["models"] = [m for m in raw["models"] if m["name"] in models]
     for m in raw["models"]:
-        # GGUF only: the compressed-tensors variants (llmcompressor, minutes each) have their own tests.
-        m["variants"] = {"gguf": {**m["variants"]["gguf"], "quants": models[m["name"]]}}
+        # Only the variants asked for: compressed-tensors ones (llmcompressor, minutes each) are asked for
+        # by their own tests.
+        keep = models[m["name"]]
+        quants = [v for v in keep if v in GGUF_QUANT_TYPES]
+        m["variants"] = {
+            "gguf": {**m["variants"]["gguf"], "quants": quants} if quants else None,
+            **{v: m["variants"].get(v) or {} for v in keep if v in COMPRESSED_VARIANTS},
+        }
     (root / "registry" / "catalog.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
-    shutil.copy(ROOT / "toolchains" / "llama-cpp.env", root / "toolchains" / "llama-cpp.env")
+    for pins in ("llama-cpp.env", "llmcompressor.env"):
+        shutil.copy(ROOT / "toolchains" / pins, root / "toolchains" / pins)
     shutil.copy(ROOT / ".gitignore", root / ".gitignore")
     shutil.copytree(ROOT / ".dvc", root / ".dvc", ignore=shutil.ignore_patterns("config.local", "tmp", "cache"))
     shutil.copy(ROOT / ".dvcignore", root / ".dvcignore")
