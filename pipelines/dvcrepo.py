@@ -149,7 +149,7 @@ def require_stages(settings: Settings, stages: list[str]) -> None:
         raise RegistryError(
             f"dvc.yaml has no stage {', '.join(missing)}: only catalog variants are registered",
             hint="add the variant to registry/catalog.yaml and run `modelmint dvc-yaml` (or build it without "
-            "registering: `modelmint convert NAME --variants TAG --no-register`)",
+            "registering: `modelmint convert NAME --variants TAG`, `modelmint compress NAME --schemes TAG`)",
         )
 
 

@@ -15,6 +15,7 @@ from prefect.exceptions import ObjectNotFound
 from prefect.settings import PREFECT_LOCAL_STORAGE_PATH, temporary_settings
 from prefect.testing.utilities import prefect_test_harness
 from registry_env import PopenCounter, Repo, artifacts, dvc, make_repo, task_runs
+from test_compress import compress_work_dir
 
 from flows import stack
 from flows.convert import _convert_key, _transient, artifact_key, convert, model_limit
@@ -198,15 +199,14 @@ def test_kubernetes_job_template_requests_gpus_through_a_declared_variable() -> 
 
 
 @pytest.mark.slow
-def test_gpu_steps_need_the_strict_gpu_limit(harness, isolated, tmp_path: Path, monkeypatch) -> None:
+def test_gpu_steps_need_the_strict_gpu_limit(
+    harness, isolated, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory, monkeypatch
+) -> None:
     """Compressed variants run under a slot of `gpu`; without the limit the run fails instead of running unlimited."""
     from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
 
-    repo = make_repo(tmp_path)
-    raw = yaml.safe_load((repo.root / "registry/catalog.yaml").read_text())
-    raw["models"][0]["variants"]["fp8"] = {}
-    (repo.root / "registry/catalog.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
-    repo.commit_all("fp8 for tiny-qwen2")
+    # the session's compress work dir: test_compress's FP8 build is found by its receipt
+    repo = make_repo(tmp_path, models={"tiny-qwen2": ["fp8"]}, work=compress_work_dir(tmp_path_factory))
     monkeypatch.setenv("MODELMINT_REPO", str(repo.root))
     monkeypatch.setenv("MODELMINT_WORK_DIR", str(repo.work))
     with temporary_settings(updates={PREFECT_LOCAL_STORAGE_PATH: tmp_path / "results"}):
