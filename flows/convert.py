@@ -16,6 +16,7 @@ import json
 import re
 from collections.abc import Callable
 from contextlib import AbstractContextManager
+from pathlib import Path
 from typing import Any, TypeVar
 
 from prefect import flow, get_run_logger, task
@@ -92,20 +93,23 @@ def _fetch_key(_ctx: Any, p: dict[str, Any]) -> str:
 
 def _convert_key(_ctx: Any, p: dict[str, Any]) -> str:
     plan: GGUFPlan = p["plan"]
-    # base_key = the source files' sha256s + outtype + llama.cpp commit + modelmint version
-    return content_key("convert", plan.snapshot.revision, plan.base_key)
+    # base_key = the source files' sha256s + outtype + llama.cpp commit + modelmint version. The result is
+    # a file in this plan's work directory, so where it is written is part of the key too: two checkouts
+    # sharing one Prefect server must not be handed each other's build directories.
+    return content_key("convert", plan.snapshot.revision, plan.base_key, str(plan.base_path))
 
 
 def _imatrix_key(_ctx: Any, p: dict[str, Any]) -> str:
     plan: GGUFPlan = p["plan"]
-    return content_key("imatrix", plan.imatrix_key, p["base"].receipt["sha256"])
+    return content_key("imatrix", plan.imatrix_key, p["base"].receipt["sha256"], str(plan.imatrix_path))
 
 
 def _quantize_key(_ctx: Any, p: dict[str, Any]) -> str:
     plan: GGUFPlan = p["plan"]
     imatrix: StepResult | None = p["imatrix"]
     return content_key(
-        "quantize", plan.quant_key(p["q"]), p["base"].receipt["sha256"], imatrix.receipt["sha256"] if imatrix else None
+        "quantize", plan.quant_key(p["q"]), p["base"].receipt["sha256"], imatrix.receipt["sha256"] if imatrix else None,
+        str(plan.quant_path(p["q"])),
     )
 
 
@@ -113,7 +117,7 @@ def _validate_key(_ctx: Any, p: dict[str, Any]) -> str:
     plan: GGUFPlan = p["plan"]
     q = p["q"]
     gate = gguf_gate(q, plan.entry.gate_profile).to_dict()
-    return content_key("validate", p["quant"].receipt["sha256"], plan.logits_key, gate)
+    return content_key("validate", p["quant"].receipt["sha256"], plan.logits_key, gate, str(plan.report_path(q)))
 
 
 def _register_key(_ctx: Any, p: dict[str, Any]) -> str:
@@ -206,11 +210,14 @@ def _source_current(plan: GGUFPlan) -> bool:
         return False
 
 
-def _step_current(key: str | None) -> Callable[[StepResult | None], bool]:
-    """A step's output is current while its receipt matches `key` and the file is the one it describes."""
+def _step_current(key: str | None, path: Path | None) -> Callable[[StepResult | None], bool]:
+    """A step's output is current while it is the file this plan expects, its receipt matches `key` and
+    the file is the one the receipt describes."""
 
     def check(step: StepResult | None) -> bool:
-        return step is None or (key is not None and load_receipt(step.path, key) is not None)
+        if step is None:
+            return path is None
+        return key is not None and step.path == path and load_receipt(step.path, key) is not None
 
     return check
 
@@ -287,10 +294,10 @@ def _gguf(
     entry: CatalogEntry, settings: Settings, quants: list[str], revision: str | None
 ) -> tuple[list[str], dict[str, VariantOutcome], dict[str, reg.Registration]]:
     plan = _cached(fetch_source, _source_current, entry, settings, revision, quants)
-    base = _cached(convert_base, _step_current(plan.base_key), plan)
+    base = _cached(convert_base, _step_current(plan.base_key, plan.base_path), plan)
     imatrix = None
     if plan.spec.imatrix:
-        imatrix = _cached(compute_imatrix, _step_current(plan.imatrix_key), plan, base)
+        imatrix = _cached(compute_imatrix, _step_current(plan.imatrix_key, plan.imatrix_path), plan, base)
 
     # llama-quantize keeps about two cores busy: run as many at once as build_gguf does.
     jobs, per_job = build.quant_parallelism(len(plan.spec.quants), settings.effective_threads)
@@ -300,7 +307,7 @@ def _gguf(
         futures = {q: quantize.submit(plan, q, base, imatrix, per_job) for q in batch}
         for q, fut in futures.items():
             step = fut.result()
-            if not _step_current(plan.quant_key(q))(step):
+            if not _step_current(plan.quant_key(q), plan.quant_path(q))(step):
                 step = quantize.with_options(refresh_cache=True)(plan, q, base, imatrix, per_job)
             quants_done[q] = step
 

@@ -173,19 +173,40 @@ def test_variants_parameter_and_content_keys(project: Repo, shared_work: Path, t
     state = _run(model="tiny-qwen2", variants=["Q8_0"])
     assert state.result()["registered"] == ["tiny-qwen2:q8_0"]
     assert [m.ref for m in list_manifests(project.settings()).manifests] == ["tiny-qwen2:q8_0"]
-    # Keys come from content: the same source planned into another directory has the same convert key.
+    # Keys come from content and the output's place, never from an input's path: the same plan made
+    # again has the same key, other content another, and another checkout's work directory another
+    # (its cached result would name a file in the first checkout).
+    import dataclasses
+
     from pipelines.build import plan_gguf
 
     settings = project.settings()
     entry = load_catalog(settings.catalog_path).get("tiny-qwen2")
     here = plan_gguf(entry, settings)
-    elsewhere = plan_gguf(entry, project.settings(MODELMINT_WORK_DIR=tmp_path / "elsewhere"))
-    assert here.out_dir != elsewhere.out_dir
-    assert _convert_key(None, {"plan": here}) == _convert_key(None, {"plan": elsewhere})
-    import dataclasses
-
+    assert _convert_key(None, {"plan": here}) == _convert_key(None, {"plan": plan_gguf(entry, settings)})
     changed = dataclasses.replace(here, source_key="f" * 64)
     assert _convert_key(None, {"plan": changed}) != _convert_key(None, {"plan": here})
+    elsewhere = plan_gguf(entry, project.settings(MODELMINT_WORK_DIR=tmp_path / "elsewhere"))
+    assert _convert_key(None, {"plan": here}) != _convert_key(None, {"plan": elsewhere})
+
+
+@pytest.mark.slow
+def test_a_second_checkout_on_the_same_server_builds_in_its_own_directory(
+    harness, isolated, tmp_path: Path, shared_work: Path, monkeypatch
+) -> None:
+    """Two clones share MODELMINT_HOME (and so the Prefect server and its result store): the second one's
+    run must produce its own files, not be handed the first one's cached paths."""
+    first = make_repo(tmp_path / "one", work=shared_work)
+    second = make_repo(tmp_path / "two", work=tmp_path / "two" / "build")
+    for repo in (first, second):
+        monkeypatch.setenv("MODELMINT_REPO", str(repo.root))
+        monkeypatch.setenv("MODELMINT_WORK_DIR", str(repo.work))
+        with temporary_settings(updates={PREFECT_LOCAL_STORAGE_PATH: tmp_path / "results"}):
+            _run(model="tiny-qwen2", variants=["q8_0"])
+    built = list(second.work.rglob("tiny-qwen2-q8_0.gguf"))
+    assert len(built) == 1
+    m = find_manifest(second.settings(), "tiny-qwen2:q8_0")
+    assert (second.root / m.dvc.path / m.file).is_file()
 
 
 def test_kubernetes_job_template_requests_gpus_through_a_declared_variable() -> None:
