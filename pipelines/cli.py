@@ -43,7 +43,7 @@ def catalog_list() -> None:
 
     settings = _settings()
     catalog = load_catalog(settings.catalog_path)
-    table = Table("name", "source", "revision", "gguf variants", "license")
+    table = Table("name", "source", "revision", "gguf variants", "compressed", "license")
     for m in catalog.models:
         if isinstance(m.source, HubSource):
             src, rev = m.source.repo, (m.source.revision or "[red]not pinned[/red]")[:12]
@@ -52,7 +52,8 @@ def catalog_list() -> None:
         else:
             src, rev = f"generated:{m.source.generated}", "bundled"
         gguf = m.variants.gguf
-        table.add_row(m.name, src, rev, ", ".join(gguf.quants) if gguf else "-", m.license)
+        table.add_row(m.name, src, rev, ", ".join(gguf.quants) if gguf else "-",
+                      ", ".join(m.variants.compressed()) or "-", m.license)
     out.print(table)
 
 

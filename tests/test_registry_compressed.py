@@ -90,6 +90,10 @@ def test_registered_fp8_and_awq_are_complete_checkpoints_with_serving_files(
         card = (d / CARD_FILE).read_text()
         assert card.startswith("---\n") and "vllm serve ./ --config ./vllm.yaml" in card
         assert f"license: {source.license}" in card
+        front = yaml.safe_load(card.split("---\n")[1])
+        assert front["quantization"]["ignore"] == ["lm_head"] and front["quantization"]["scheme"] == scheme
+        assert front["validation"]["passed"] is True
+        assert "base_model" not in front  # a generated source has no hub repo to name
     assert "in sync" in dvc(repo.root, "status", "--cloud").stdout
 
     # vLLM's own parser accepts the registered config for the placed checkpoint (no weights loaded)
