@@ -94,11 +94,6 @@ def _make_model(out: Path, tokenizer_from: Path) -> None:
         setattr(mbm, k, v)
     mbm.HEAD_DIM = SHAPE["HIDDEN"] // SHAPE["HEADS"]
     mbm.main(out, tokenizer_from)
-    # transformers 5 checks layer_types against num_hidden_layers; the tiny model's list has 4 entries
-    config = json.loads((out / "config.json").read_text())
-    config["layer_types"] = ["full_attention"] * SHAPE["LAYERS"]
-    config["max_window_layers"] = SHAPE["LAYERS"]
-    (out / "config.json").write_text(json.dumps(config, indent=2))
 
 
 def main() -> None:

@@ -89,6 +89,8 @@ def main(out: Path, tokenizer_from: Path) -> None:
                   num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, vocab_size=VOCAB,
                   tie_word_embeddings=True, torch_dtype="bfloat16")
     config.pop("head_dim", None)
+    # transformers 5 checks layer_types against num_hidden_layers (the tiny model's list is shorter)
+    config.update(layer_types=["full_attention"] * LAYERS, max_window_layers=LAYERS)
     (out / "config.json").write_text(json.dumps(config, indent=2))
     for f in tokenizer_from.iterdir():
         if f.name.startswith(("tokenizer", "special_tokens", "generation_config", "LICENSE", "vocab", "merges")):
