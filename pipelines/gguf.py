@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,7 +23,7 @@ _FLOAT_TYPES = frozenset({"F32", "F16", "BF16", "F64"})
 
 @dataclass(frozen=True)
 class GGUFInfo:
-    """What a GGUF file says about itself, read with gguf-py's GGUFReader."""
+    """What a GGUF file says about itself, read from its header (read_gguf_header)."""
 
     path: str
     size_bytes: int
@@ -56,14 +58,127 @@ class GGUFInfo:
 _PROVENANCE = re.compile(r"^(modelmint\.|quantize\.imatrix\.|general\.(source|quantized_by|base_model|name|license|file_type|quantization_version))")
 
 
-def _field_value(reader: Any, key: str) -> Any:
-    f = reader.fields.get(key)
-    if f is None:
-        return None
+_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+_STRING, _ARRAY = 8, 9
+
+
+@dataclass(frozen=True)
+class TensorEntry:
+    name: str
+    shape: tuple[int, ...]
+    ggml_type: int
+    offset: int
+    """Absolute byte offset of the tensor's data in the file."""
+
+
+@dataclass(frozen=True)
+class GGUFHeader:
+    version: int
+    metadata: dict[str, Any]
+    """Only the keys asked for (every other value is skipped over, not decoded)."""
+    tensors: list[TensorEntry]
+
+
+def read_gguf_header(path: Path, keep: Callable[[str, dict[str, Any]], bool]) -> GGUFHeader:
+    """Walk a GGUF's header once: the metadata values `keep(key, found_so_far)` asks for, and the tensor table.
+
+    gguf-py's GGUFReader maps every array item into its own numpy view (a 150k-token vocabulary takes
+    5-15 s); this decodes only what is asked for, so reading back a multi-GB output costs milliseconds.
+
+    Raises:
+        ArtifactError: not a GGUF, an unsupported version, or a header that is truncated or damaged.
+    """
+    import mmap
+    import struct
+
+    path = Path(path)
     try:
-        return f.contents()
-    except Exception:
-        return None
+        fh = open(path, "rb")  # noqa: SIM115 - closed below, after the mmap
+    except FileNotFoundError as err:
+        raise ArtifactError(f"{path} does not exist", hint="check the path; `modelmint convert` writes to build/") from err
+    with fh:
+        if path.stat().st_size < 24 or fh.read(4) != GGUF_MAGIC:
+            fh.seek(0)
+            raise ArtifactError(f"{path} is not a GGUF file (magic {fh.read(4)!r})", hint="pass a .gguf file")
+        mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+    with mm:
+        version, n_tensors, n_kv = struct.unpack_from("<IQQ", mm, 4)
+        if version not in SUPPORTED_GGUF_VERSIONS:
+            raise ArtifactError(f"{path}: GGUF version {version} is not supported (want {SUPPORTED_GGUF_VERSIONS})")
+        pos = 24
+
+        def string() -> str:
+            nonlocal pos
+            (n,) = struct.unpack_from("<Q", mm, pos)
+            if pos + 8 + n > len(mm):
+                raise struct.error("string runs past the end of the file")
+            pos += 8 + n
+            return bytes(mm[pos - n : pos]).decode("utf-8", errors="replace")
+
+        def value(kind: int, wanted: bool) -> Any:
+            nonlocal pos
+            if kind == _STRING:
+                if wanted:
+                    return string()
+                (n,) = struct.unpack_from("<Q", mm, pos)
+                pos += 8 + n
+                return None
+            if kind == _ARRAY:
+                sub, count = struct.unpack_from("<IQ", mm, pos)
+                pos += 12
+                if sub in _SCALARS:
+                    width = struct.calcsize(_SCALARS[sub])
+                    items = list(struct.unpack_from(f"<{count}{_SCALARS[sub]}", mm, pos)) if wanted else None
+                    pos += width * count
+                    return items
+                got = [value(sub, wanted) for _ in range(count)]
+                return got if wanted else None
+            fmt = _SCALARS.get(kind)
+            if fmt is None:
+                raise ValueError(f"unknown GGUF value type {kind}")
+            (v,) = struct.unpack_from("<" + fmt, mm, pos)
+            pos += struct.calcsize(fmt)
+            return v
+
+        found: dict[str, Any] = {}
+        alignment = 32
+        entries: list[tuple[str, tuple[int, ...], int, int]] = []
+        try:
+            for _ in range(n_kv):
+                key = string()
+                (kind,) = struct.unpack_from("<I", mm, pos)
+                pos += 4
+                wanted = keep(key, found)
+                v = value(kind, wanted or key == "general.alignment")
+                if key == "general.alignment" and isinstance(v, int) and v > 0:
+                    alignment = v
+                if wanted:
+                    found[key] = v
+            for _ in range(n_tensors):
+                name = string()
+                (n_dims,) = struct.unpack_from("<I", mm, pos)
+                dims = struct.unpack_from(f"<{n_dims}Q", mm, pos + 4)
+                pos += 4 + 8 * n_dims
+                ggml_type, offset = struct.unpack_from("<IQ", mm, pos)
+                pos += 12
+                entries.append((name, tuple(int(d) for d in dims), ggml_type, offset))
+        except (struct.error, ValueError, OverflowError, MemoryError) as err:
+            raise ArtifactError(f"{path} is damaged or truncated inside its header: {err}",
+                                hint="delete it and rerun the step that wrote it") from err
+        data_start = pos + (-pos % alignment)
+    tensors = [TensorEntry(n, shape, t, data_start + off) for n, shape, t, off in entries]
+    return GGUFHeader(version, found, tensors)
+
+
+_INFO_KEYS = frozenset({
+    "general.architecture", "general.name", "general.file_type", "split.no", "split.count",
+    "tokenizer.chat_template", "tokenizer.ggml.model", "tokenizer.ggml.pre", "tokenizer.ggml.bos_token_id",
+    "tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id",
+})
+
+
+def _wanted_for_info(key: str, found: dict[str, Any]) -> bool:
+    return key in _INFO_KEYS or bool(_PROVENANCE.match(key)) or key == f"{found.get('general.architecture')}.context_length"
 
 
 def inspect_gguf(path: Path) -> GGUFInfo:
@@ -72,78 +187,69 @@ def inspect_gguf(path: Path) -> GGUFInfo:
     Raises:
         ArtifactError: not a GGUF, an unsupported version, truncated, or missing required metadata.
     """
-    from gguf import GGMLQuantizationType, GGUFReader, LlamaFileType
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, LlamaFileType
 
     path = Path(path)
-    try:
-        with open(path, "rb") as fh:
-            head = fh.read(8)
-    except FileNotFoundError as err:
-        raise ArtifactError(f"{path} does not exist", hint="check the path; `modelmint convert` writes to build/") from err
-    if head[:4] != GGUF_MAGIC:
-        raise ArtifactError(f"{path} is not a GGUF file (magic {head[:4]!r})", hint="pass a .gguf file")
-    version = int.from_bytes(head[4:8], "little")
-    if version not in SUPPORTED_GGUF_VERSIONS:
-        raise ArtifactError(f"{path}: GGUF version {version} is not supported (want {SUPPORTED_GGUF_VERSIONS})")
+    header = read_gguf_header(path, _wanted_for_info)
+    meta = header.metadata
     size = path.stat().st_size
-    try:
-        reader = GGUFReader(path)
-    except Exception as err:  # gguf-py raises ValueError/IndexError/struct errors on damaged headers
-        raise ArtifactError(
-            f"{path} is damaged: {err}", hint="delete it and rerun the step that wrote it"
-        ) from err
     tensor_types: Counter[str] = Counter()
     params_2d = 0
     quant_2d = 0
     n_params = 0
-    for t in reader.tensors:
-        end = int(t.data_offset) + int(t.n_bytes)
+    for t in header.tensors:
+        try:
+            qtype = GGMLQuantizationType(t.ggml_type)
+        except ValueError:
+            raise ArtifactError(f"{path}: tensor {t.name} has unknown ggml type {t.ggml_type}",
+                                hint="delete it and rerun the step that wrote it") from None
+        n = math.prod(t.shape)
+        block, type_size = GGML_QUANT_SIZES[qtype]
+        end = t.offset + n // block * type_size
         if end > size:
             raise ArtifactError(f"{path} is truncated: tensor {t.name} ends at byte {end}, file has {size}")
-        tname = GGMLQuantizationType(t.tensor_type).name
-        tensor_types[tname] += 1
-        n = int(t.n_elements)
+        tensor_types[qtype.name] += 1
         n_params += n
         if len([d for d in t.shape if d > 1]) >= 2:
             params_2d += n
-            if tname not in _FLOAT_TYPES:
+            if qtype.name not in _FLOAT_TYPES:
                 quant_2d += n
-    arch = _field_value(reader, "general.architecture")
-    split_no = int(_field_value(reader, "split.no") or 0)
+    arch = meta.get("general.architecture")
+    split_no = int(meta.get("split.no") or 0)
     if not arch and split_no > 0:
         arch = ""  # llama-gguf-split keeps the model's metadata in the first shard only
     elif not arch:
         raise ArtifactError(f"{path} has no general.architecture", hint="reconvert it with `modelmint convert`")
-    ftype_val = _field_value(reader, "general.file_type")
+    ftype_val = meta.get("general.file_type")
     try:
         file_type = LlamaFileType(int(ftype_val)).name.removeprefix("MOSTLY_") if ftype_val is not None else None
     except ValueError:
         file_type = str(ftype_val)
     metadata = {}
-    for key in reader.fields:
-        if _PROVENANCE.match(key):
-            val = _field_value(reader, key)
-            if isinstance(val, (str, int, float, bool)) or val is None or (isinstance(val, list) and len(val) < 64):
-                metadata[key] = val
+    for key, val in meta.items():
+        if _PROVENANCE.match(key) and (
+            isinstance(val, (str, int, float, bool)) or val is None or (isinstance(val, list) and len(val) < 64)
+        ):
+            metadata[key] = val
     return GGUFInfo(
         path=str(path),
         size_bytes=size,
-        version=version,
+        version=header.version,
         architecture=str(arch),
-        name=_field_value(reader, "general.name"),
+        name=meta.get("general.name"),
         file_type=file_type,
-        tensor_count=len(reader.tensors),
+        tensor_count=len(header.tensors),
         parameter_count=n_params,
         tensor_types=dict(sorted(tensor_types.items())),
         quantized_fraction=(quant_2d / params_2d) if params_2d else 0.0,
-        chat_template=_field_value(reader, "tokenizer.chat_template"),
-        tokenizer_model=_field_value(reader, "tokenizer.ggml.model"),
-        tokenizer_pre=_field_value(reader, "tokenizer.ggml.pre"),
-        bos_token_id=_field_value(reader, "tokenizer.ggml.bos_token_id"),
-        eos_token_id=_field_value(reader, "tokenizer.ggml.eos_token_id"),
-        eot_token_id=_field_value(reader, "tokenizer.ggml.eot_token_id"),
-        context_length=_field_value(reader, f"{arch}.context_length"),
-        split_count=int(_field_value(reader, "split.count") or 1),
+        chat_template=meta.get("tokenizer.chat_template"),
+        tokenizer_model=meta.get("tokenizer.ggml.model"),
+        tokenizer_pre=meta.get("tokenizer.ggml.pre"),
+        bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
+        eos_token_id=meta.get("tokenizer.ggml.eos_token_id"),
+        eot_token_id=meta.get("tokenizer.ggml.eot_token_id"),
+        context_length=meta.get(f"{arch}.context_length"),
+        split_count=int(meta.get("split.count") or 1),
         metadata=metadata,
     )
 

@@ -172,79 +172,18 @@ class GGUFChat:
     metadata: dict[str, Any]
 
 
-_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
-_STRING, _ARRAY = 8, 9
-
-
 def _gguf_metadata(path: Path, wanted: set[str]) -> dict[str, Any]:
-    """The `wanted` metadata values of a GGUF, read straight from its header.
-
-    gguf-py's reader materialises every array (150k-token vocabularies take seconds); this walks the
-    key/value section once and decodes only what is asked for.
+    """The `wanted` metadata values of a GGUF (and its architecture's context length), from its header.
 
     Raises:
         ArtifactError: not a GGUF, an unsupported version, or a truncated header.
     """
-    import mmap
-    import struct
+    from pipelines.gguf import read_gguf_header
 
-    from pipelines.gguf import GGUF_MAGIC, SUPPORTED_GGUF_VERSIONS
+    def keep(key: str, found: dict[str, Any]) -> bool:
+        return key in wanted or key == f"{found.get('general.architecture')}.context_length"
 
-    try:
-        fh = open(path, "rb")  # noqa: SIM115 - closed below, after the mmap
-    except FileNotFoundError as err:
-        raise ArtifactError(f"{path} does not exist", hint="check the path") from err
-    with fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-        if mm[:4] != GGUF_MAGIC:
-            raise ArtifactError(f"{path} is not a GGUF file (magic {mm[:4]!r})", hint="pass a .gguf file")
-        version = struct.unpack_from("<I", mm, 4)[0]
-        if version not in SUPPORTED_GGUF_VERSIONS:
-            raise ArtifactError(f"{path}: GGUF version {version} is not supported")
-        pos = 24
-        kv_count = struct.unpack_from("<Q", mm, 16)[0]
-
-        def string() -> str:
-            nonlocal pos
-            (n,) = struct.unpack_from("<Q", mm, pos)
-            pos += 8 + n
-            return bytes(mm[pos - n: pos]).decode("utf-8", errors="replace")
-
-        def value(kind: int, keep: bool) -> Any:
-            nonlocal pos
-            if kind == _STRING:
-                if keep:
-                    return string()
-                (n,) = struct.unpack_from("<Q", mm, pos)
-                pos += 8 + n
-                return None
-            if kind == _ARRAY:
-                sub, count = struct.unpack_from("<IQ", mm, pos)
-                pos += 12
-                if sub in _SCALARS:  # numeric arrays (token types, scores) are never needed here
-                    pos += struct.calcsize(_SCALARS[sub]) * count
-                    return None
-                items = [value(sub, keep) for _ in range(count)]
-                return items if keep else None
-            fmt = _SCALARS.get(kind)
-            if fmt is None:
-                raise ArtifactError(f"{path}: unknown GGUF value type {kind} in the metadata")
-            (v,) = struct.unpack_from(fmt, mm, pos)
-            pos += struct.calcsize(fmt)
-            return v
-
-        found: dict[str, Any] = {}
-        try:
-            for _ in range(kv_count):
-                key = string()
-                (kind,) = struct.unpack_from("<I", mm, pos)
-                pos += 4
-                keep = key in wanted or key == f"{found.get('general.architecture')}.context_length"
-                v = value(kind, keep)
-                if keep:
-                    found[key] = v
-        except struct.error as err:
-            raise ArtifactError(f"{path} is truncated inside its metadata", hint="rebuild or re-download it") from err
-    return found
+    return read_gguf_header(Path(path), keep).metadata
 
 
 def read_gguf_chat(path: Path) -> GGUFChat:

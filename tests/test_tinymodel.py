@@ -261,3 +261,31 @@ def test_generation_is_deterministic(settings: Settings, tmp_path: Path) -> None
     assert files == sorted(p.name for p in outs[1].iterdir())
     assert "model.safetensors" in files
     assert {f: sha256_file(outs[0] / f) for f in files} == {f: sha256_file(outs[1] / f) for f in files}
+
+
+@pytest.mark.slow
+def test_modelmints_header_reader_agrees_with_gguf_py(converted) -> None:
+    """read_gguf_header (what every step's read-back uses) decodes the same values and tensor table as
+    gguf-py's GGUFReader, including the 150k-token vocabulary when asked for it."""
+    from gguf import GGMLQuantizationType
+
+    from pipelines.gguf import inspect_gguf, read_gguf_header
+
+    _, _, reader = converted
+    path = Path(reader.data.filename)
+    header = read_gguf_header(path, lambda key, _found: True)
+    assert set(header.metadata) == set(reader.fields) - {f for f in reader.fields if f.startswith("GGUF.")}
+    for key in ("general.architecture", "tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.token_type",
+                "tokenizer.chat_template", "tokenizer.ggml.eos_token_id"):
+        assert header.metadata[key] == _field(reader, key), key
+    assert [(t.name, t.shape, t.ggml_type, t.offset) for t in header.tensors] == [
+        (t.name, tuple(int(d) for d in t.shape), int(t.tensor_type), int(t.data_offset)) for t in reader.tensors
+    ]
+    info = inspect_gguf(path)
+    assert info.tensor_count == len(reader.tensors)
+    assert info.parameter_count == sum(int(t.n_elements) for t in reader.tensors)
+    assert sum(info.tensor_types.values()) == len(reader.tensors)
+    assert set(info.tensor_types) == {GGMLQuantizationType(t.tensor_type).name for t in reader.tensors}
+    assert info.eos_token_id == _field(reader, "tokenizer.ggml.eos_token_id")
+    # only what was asked for is decoded
+    assert set(read_gguf_header(path, lambda key, _found: key == "general.name").metadata) == {"general.name"}
