@@ -15,7 +15,6 @@ from prefect.exceptions import ObjectNotFound
 from prefect.settings import PREFECT_LOCAL_STORAGE_PATH, temporary_settings
 from prefect.testing.utilities import prefect_test_harness
 from registry_env import PopenCounter, Repo, artifacts, dvc, make_repo, task_runs
-from test_compress import compress_work_dir
 
 from flows import stack
 from flows.convert import _convert_key, _transient, artifact_key, convert, model_limit
@@ -220,14 +219,12 @@ def test_kubernetes_job_template_requests_gpus_through_a_declared_variable() -> 
 
 
 @pytest.mark.slow
-def test_gpu_steps_need_the_strict_gpu_limit(
-    harness, isolated, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory, monkeypatch
-) -> None:
+def test_gpu_steps_need_the_strict_gpu_limit(harness, isolated, tmp_path: Path, monkeypatch) -> None:
     """Compressed variants run under a slot of `gpu`; without the limit the run fails instead of running unlimited."""
     from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
 
-    # the session's compress work dir: test_compress's FP8 build is found by its receipt
-    repo = make_repo(tmp_path, models={"tiny-qwen2": ["fp8"]}, work=compress_work_dir(tmp_path_factory))
+    # its own work dir: a receipt hit would skip llmcompressor, and with it the need for a GPU slot
+    repo = make_repo(tmp_path, models={"tiny-qwen2": ["fp8"]})
     monkeypatch.setenv("MODELMINT_REPO", str(repo.root))
     monkeypatch.setenv("MODELMINT_WORK_DIR", str(repo.work))
     with temporary_settings(updates={PREFECT_LOCAL_STORAGE_PATH: tmp_path / "results"}):
