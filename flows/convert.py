@@ -35,7 +35,7 @@ from pipelines.catalog import COMPRESSED_VARIANTS, GGUF_QUANT_TYPES, CatalogEntr
 from pipelines.errors import COMPRESSED_ADVICE, GGUF_ADVICE, ConfigError, GateFailed, ModelmintError
 from pipelines.fsutil import HashCache
 from pipelines.gates import gguf_gate
-from pipelines.manifest import stage_name
+from pipelines.manifest import format_of, stage_name
 from pipelines.settings import Settings
 
 GPU_LIMIT = "gpu"
@@ -266,7 +266,7 @@ def convert(model: str, variants: list[str] | None = None, revision: str | None 
         summary = _publish_artifacts(entry.name, header, outcomes, registrations)
     failed = [v for v, o in outcomes.items() if not o.passed]
     if failed:
-        advice = COMPRESSED_ADVICE if all(v in COMPRESSED_VARIANTS for v in failed) else GGUF_ADVICE
+        advice = COMPRESSED_ADVICE if all(format_of(v) == "compressed-tensors" for v in failed) else GGUF_ADVICE
         raise GateFailed(", ".join(failed), [f for v in failed for f in outcomes[v].failures], advice=advice)
     return summary
 
@@ -363,11 +363,11 @@ def _publish_artifacts(
 ) -> dict[str, Any]:
     rows = []
     for v, o in outcomes.items():
-        figures = _figures(o.report)
+        figures = _figures(v, o.report)
         done = registrations.get(v)
         rows.append({
             "variant": v,
-            "format": done.manifest.format if done else o.report.get("format", "gguf"),
+            "format": format_of(v),
             "size_mib": round(o.size_bytes / (1 << 20), 2),
             **figures,
             "gate": "pass" if o.passed else "FAIL: " + "; ".join(o.failures),
@@ -395,11 +395,11 @@ def _publish_artifacts(
     }
 
 
-def _figures(report: dict[str, Any]) -> dict[str, Any]:
+def _figures(variant: str, report: dict[str, Any]) -> dict[str, Any]:
     """One set of columns for both validations: llama-perplexity's (GGUF vs f16) and the torch evaluation's
     (compressed-tensors vs source: top-1 agreement as a share, perplexity as a ratio)."""
     gate = report.get("gate") or {}
-    if "kld" in report or "max_mean_kld" in gate:
+    if format_of(variant) == "gguf":
         kld = report.get("kld") or {}
         return {
             "mean_kld": kld.get("mean_kld"), "max_mean_kld": gate.get("max_mean_kld"),

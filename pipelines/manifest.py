@@ -25,7 +25,6 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-FORMATS = ("gguf", "compressed-tensors")
 Format = Literal["gguf", "compressed-tensors"]
 
 

@@ -33,11 +33,13 @@ from pipelines.fsutil import HashCache, atomic_output
 from pipelines.manifest import (
     ArtifactFile,
     DvcRef,
+    Format,
     Manifest,
     ParentRef,
     SourceRef,
     Validation,
     artifact_relpath,
+    format_of,
     load_manifest,
     manifest_path,
     save_manifest,
@@ -58,7 +60,6 @@ class Candidate:
 
     entry: CatalogEntry
     tag: str
-    format: str
     files: tuple[Path, ...]
     """The artifact's own files, main file first (a GGUF, or its shards when it was split; a checkpoint's
     weights, then its other files)."""
@@ -78,6 +79,10 @@ class Candidate:
     @property
     def ref(self) -> str:
         return f"{self.entry.name}:{self.tag}"
+
+    @property
+    def format(self) -> Format:
+        return format_of(self.tag)
 
     @property
     def recipe_sha256(self) -> str:
@@ -161,7 +166,6 @@ def candidate_from_gguf(plan: GGUFPlan, outcome: VariantOutcome) -> Candidate:
     return Candidate(
         entry=plan.entry,
         tag=outcome.qtype,
-        format="gguf",
         files=files,
         sha256=main_sha,
         size_bytes=files[0].stat().st_size,
@@ -212,7 +216,6 @@ def candidate_from_compressed(plan: CompressPlan, outcome: VariantOutcome) -> Ca
     return Candidate(
         entry=plan.entry,
         tag=v,
-        format="compressed-tensors",
         files=tuple(outcome.path / n for n in ordered),
         sha256=main["sha256"],
         size_bytes=main["size"],
@@ -410,7 +413,7 @@ def _manifest(c: Candidate, tracked: Tracked, *, pushed: bool) -> Manifest:
     return Manifest(
         name=c.entry.name,
         tag=c.tag,
-        format=c.format,  # type: ignore[arg-type]
+        format=c.format,
         file=c.placed_as(c.files[0]),
         sha256=c.sha256,
         size_bytes=c.size_bytes,

@@ -192,7 +192,7 @@ def candidate(settings: Settings, tmp: Path, *, tag: str = "q4_k_m", seed: int =
     report_path = out / f"{name}-{tag}.report.json"
     report_path.write_text(json.dumps(report))
     return Candidate(
-        entry=entry, tag=tag, format="gguf", files=(gguf_path,), sha256=sha256_file(gguf_path),
+        entry=entry, tag=tag, files=(gguf_path,), sha256=sha256_file(gguf_path),
         size_bytes=gguf_path.stat().st_size,
         source={"kind": "generated", "repo": None, "revision": None, "content_sha256": "a" * 64},
         parent=ParentRef(artifact=f"{name}:f16", file=f"{name}-f16.gguf", sha256="b" * 64, size=123),
