@@ -174,7 +174,7 @@ def test_same_model_runs_serialize_and_a_killed_run_leaves_no_manifest(deployed)
 
     def busy() -> bool:
         with stack.api(settings) as client:
-            return any(t.state.name == "Running" and t.name.split("-")[0] in ("quantize", "validate")
+            return any(t.state is not None and t.state.name == "Running" and t.name.split("-")[0] in ("quantize", "validate")
                        for t in task_runs(client, run.id))
 
     _wait_for(busy, 300, "quantize/validate to start")
