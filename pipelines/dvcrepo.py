@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import re
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -161,15 +163,40 @@ class LockedOut:
     nfiles: int | None
 
 
+@contextmanager
+def repo_lock(settings: Settings) -> Iterator[None]:
+    """Hold DVC's own repository lock (.dvc/tmp/lock), waiting for it as `dvc --wait-for-lock` does.
+
+    DVC rewrites dvc.lock in place (truncate, then write) while it holds this lock, so a read outside it
+    can see an empty or half-written file when another registration or a `dvc repro` is committing.
+    """
+    from dvc.config import Config, ConfigError
+    from dvc.lock import make_lock
+
+    root = require_repo(settings)
+    try:
+        hardlink = bool(Config(dvc_dir=str(root / ".dvc"))["core"].get("hardlink_lock", False))
+    except ConfigError as err:
+        raise RegistryError(f"DVC's configuration does not load: {err}", hint="check .dvc/config") from err
+    tmp = root / ".dvc" / "tmp"
+    tmp.mkdir(parents=True, exist_ok=True)
+    with make_lock(str(tmp / "lock"), tmp_dir=str(tmp), hardlink_lock=hardlink, wait=True):
+        yield
+
+
 def locked_out(settings: Settings, stage: str, path: str) -> LockedOut | None:
     """What dvc.lock records for output `path` of `stage`, or None when it records nothing.
+
+    Read under DVC's repository lock, so a commit running in another process is seen whole or not at all.
 
     Raises:
         RegistryError: dvc.lock is not readable YAML.
     """
     lock = require_repo(settings) / "dvc.lock"
     try:
-        data = yaml.safe_load(lock.read_text(encoding="utf-8")) or {}
+        with repo_lock(settings):
+            text = lock.read_text(encoding="utf-8")
+        data = yaml.safe_load(text) or {}
     except FileNotFoundError:
         return None
     except yaml.YAMLError as err:

@@ -7,6 +7,7 @@ import multiprocessing
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -264,6 +265,29 @@ def test_concurrent_registrations_share_dvc_lock(repo: Repo, tmp_path: Path) -> 
     for m in list_manifests(settings).manifests:
         assert m.dvc.md5 in lock
     assert git(repo.root, "status", "--porcelain", "artifacts") == ""  # DVC's .gitignore covers them
+
+
+def test_dvc_lock_is_read_under_dvcs_own_lock(repo: Repo, tmp_path: Path) -> None:
+    """DVC rewrites dvc.lock in place while holding .dvc/tmp/lock: a reader must not see it half-written."""
+    from dvc.lock import make_lock
+
+    settings = repo.settings()
+    c = candidate(settings, tmp_path, tag="q4_k_m")
+    reg = register(settings, c)
+    lock_file = repo.root / "dvc.lock"
+    whole = lock_file.read_text()
+    got: list[object] = []
+    dvc_lock = make_lock(str(repo.root / ".dvc" / "tmp" / "lock"), tmp_dir=str(repo.root / ".dvc" / "tmp"))
+    with dvc_lock:
+        lock_file.write_text(whole[: len(whole) // 3])  # what another `dvc commit` leaves mid-write
+        reader = threading.Thread(target=lambda: got.append(pipelines.dvcrepo.locked_out(settings, c.stage, c.dvc_path)))
+        reader.start()
+        reader.join(0.5)
+        assert reader.is_alive(), "dvc.lock was read while DVC held its lock"
+        lock_file.write_text(whole)
+    reader.join(30)
+    assert not reader.is_alive()
+    assert isinstance(got[0], pipelines.dvcrepo.LockedOut) and got[0].md5 == reg.manifest.dvc.md5
 
 
 def test_a_variant_outside_the_catalog_is_refused_before_any_work(repo: Repo) -> None:
