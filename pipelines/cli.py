@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -11,7 +12,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.table import Table
+from rich.table import Column, Table
 
 from pipelines.errors import COMPRESSED_ADVICE, ConfigError, GateFailed, ModelmintError
 from pipelines.settings import Settings
@@ -24,8 +25,17 @@ app = typer.Typer(
 catalog_app = typer.Typer(help="The models modelmint knows how to build.", no_args_is_help=True)
 app.add_typer(catalog_app, name="catalog")
 
-out = Console()
-err = Console(stderr=True)
+
+def _console(*, stderr: bool = False) -> Console:
+    """A rich console; where output goes to a pipe or a log (no terminal, no COLUMNS), rows are not cut at 80."""
+    console = Console(stderr=stderr)
+    if not console.is_terminal and "COLUMNS" not in os.environ:
+        console = Console(stderr=stderr, width=160)
+    return console
+
+
+out = _console()
+err = _console(stderr=True)
 
 
 def _settings() -> Settings:
@@ -188,7 +198,11 @@ def list_cmd() -> None:
     from pipelines.manifest import list_manifests
 
     listing = list_manifests(_settings())
-    table = Table("artifact", "format", "size", "sha256", "source", "mean KL", "gate", "DVC")
+    # The ref is what a reader copies (`modelmint pull REF`): it never shrinks or wraps in a narrow terminal;
+    # the other columns give way instead.
+    refs = [m.ref for m in listing.manifests]
+    artifact = Column("artifact", no_wrap=True, min_width=max(len("artifact"), *map(len, refs)))
+    table = Table(artifact, "format", "size", "sha256", "source", "mean KL", "gate", "DVC")
     for m in listing.manifests:
         dvc = "pushed" if m.dvc.pushed else ("committed" if m.dvc.md5 else "dvc repro")
         kl = m.mean_kl

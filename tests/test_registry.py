@@ -103,6 +103,13 @@ def test_registration_records_lineage_hashes_and_dvc(repo: Repo, tmp_path: Path,
     assert json.loads(shown.stdout)["sha256"] == c.sha256
     listed = _cli(repo, "list")
     assert listed.returncode == 0 and "tiny-qwen2:q4_k_m" in listed.stdout
+    # piped (no terminal, no COLUMNS): whole rows; an 80-column terminal: the ref still whole, others give way
+    env = {k: v for k, v in repo.env().items() if k != "COLUMNS"}
+    piped = subprocess.run([*MODELMINT, "list"], env=env, capture_output=True, text=True, cwd=repo.root)
+    assert m.source.ref in piped.stdout and m.sha256[:12] in piped.stdout
+    narrow = subprocess.run([*MODELMINT, "list"], env={**env, "COLUMNS": "80"}, capture_output=True, text=True,
+                            cwd=repo.root)
+    assert "tiny-qwen2:q4_k_m" in narrow.stdout and max(map(len, narrow.stdout.splitlines())) <= 80
 
     # the same candidate again: registered already, no DVC process at all
     calls = _count_dvc_calls(monkeypatch)
