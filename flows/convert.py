@@ -35,7 +35,7 @@ from pipelines.catalog import COMPRESSED_VARIANTS, GGUF_QUANT_TYPES, CatalogEntr
 from pipelines.errors import COMPRESSED_ADVICE, GGUF_ADVICE, ConfigError, GateFailed, ModelmintError
 from pipelines.fsutil import HashCache
 from pipelines.gates import gguf_gate
-from pipelines.manifest import format_of, stage_name
+from pipelines.manifest import format_of
 from pipelines.settings import Settings
 
 GPU_LIMIT = "gpu"
@@ -247,7 +247,7 @@ def convert(model: str, variants: list[str] | None = None, revision: str | None 
     entry = load_catalog(settings.catalog_path).get(model)
     quants, schemes = split_variants(entry, variants)
     # Refuse before any work a variant that could not be registered (no dvc.yaml stage records it).
-    dvcrepo.require_stages(settings, [stage_name(entry.name, v) for v in quants + schemes])
+    dvcrepo.require_stages(settings, entry.name, quants + schemes)
     _ensure_limit(model_limit(model), 1)
     with concurrency(model_limit(model), occupy=1, lease_duration=LEASE_S, strict=True):
         outcomes: dict[str, VariantOutcome] = {}

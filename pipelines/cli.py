@@ -97,8 +97,10 @@ def convert(
     if quants is not None and not quants:
         raise ConfigError("--variants is empty", hint="pass e.g. --variants q4_k_m,q8_0")
     if register:
+        from pipelines.dvcrepo import require_stages
+
         spec = entry.variants.gguf
-        _require_stages(settings, name, [q.lower() for q in (quants or (spec.quants if spec else []))])
+        require_stages(settings, name, [q.lower() for q in (quants or (spec.quants if spec else []))])
     result = build_gguf(
         entry, settings, revision=revision, quants=quants, progress=lambda m: err.print(f"[dim]•[/dim] {m}")
     )
@@ -144,7 +146,9 @@ def compress(
     entry = load_catalog(settings.catalog_path).get(name)
     chosen = parse_schemes(schemes) if schemes is not None else None
     if register:
-        _require_stages(settings, name, chosen if chosen is not None else list(entry.variants.compressed()))
+        from pipelines.dvcrepo import require_stages
+
+        require_stages(settings, name, chosen if chosen is not None else list(entry.variants.compressed()))
     result = build_compressed(entry, settings, schemes=chosen, revision=revision, serve_smoke=serve,
                               progress=lambda m: err.print(f"[dim]•[/dim] {m}"))
     if as_json:
@@ -172,14 +176,6 @@ def compress(
     if result.failed:
         raise GateFailed(", ".join(result.failed), [f for v in result.failed for f in result.variants[v].failures],
                          str(result.plan.report_path(result.failed[0])), advice=COMPRESSED_ADVICE)
-
-
-def _require_stages(settings: Settings, name: str, tags: list[str]) -> None:
-    """Refuse before any work a variant that could not be registered (no dvc.yaml stage records it)."""
-    from pipelines.dvcrepo import require_stages
-    from pipelines.manifest import stage_name
-
-    require_stages(settings, [stage_name(name, t) for t in tags])
 
 
 def _register_passed(settings: Settings, candidates: list[Any], track: bool) -> None:

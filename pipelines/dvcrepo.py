@@ -9,12 +9,17 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import yaml
 
 from pipelines.errors import RegistryError, RemoteError, RemoteUnavailable, ToolError
+from pipelines.manifest import stage_name
 from pipelines.runner import ToolRun, run
 from pipelines.settings import Settings
+
+if TYPE_CHECKING:
+    from dvc.config import Config
 
 # What DVC prints when the remote itself is missing or misconfigured (no retry helps) ...
 _MISCONFIGURED = (
@@ -119,22 +124,32 @@ def cache_dir(settings: Settings) -> Path:
     Raises:
         RegistryError: DVC's configuration does not load.
     """
-    from dvc.config import Config, ConfigError
-
     root = require_repo(settings)
-    try:
-        configured = Config(dvc_dir=str(root / ".dvc"))["cache"].get("dir")
-    except ConfigError as err:
-        raise RegistryError(f"DVC's configuration does not load: {err}", hint="check .dvc/config") from err
+    configured = _config(root)["cache"].get("dir")
     return Path(configured) if configured else root / ".dvc" / "cache"
 
 
-def require_stages(settings: Settings, stages: list[str]) -> None:
-    """Check that dvc.yaml has these `stage@item` stages before any work is done for them.
+def _config(root: Path) -> Config:
+    """DVC's merged configuration of the repository at `root`, from DVC's own loader (no process).
+
+    Raises:
+        RegistryError: it does not load.
+    """
+    from dvc.config import Config, ConfigError
+
+    try:
+        return Config(dvc_dir=str(root / ".dvc"))
+    except ConfigError as err:
+        raise RegistryError(f"DVC's configuration does not load: {err}", hint="check .dvc/config") from err
+
+
+def require_stages(settings: Settings, name: str, tags: list[str]) -> None:
+    """Check, before any work is done for them, that dvc.yaml has the stages registering these variants.
 
     Raises:
         RegistryError: not a DVC repository, or a stage dvc.yaml does not have (a variant outside the catalog).
     """
+    stages = [stage_name(name, t) for t in tags]
     path = require_repo(settings) / "dvc.yaml"
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
@@ -170,14 +185,10 @@ def repo_lock(settings: Settings) -> Iterator[None]:
     DVC rewrites dvc.lock in place (truncate, then write) while it holds this lock, so a read outside it
     can see an empty or half-written file when another registration or a `dvc repro` is committing.
     """
-    from dvc.config import Config, ConfigError
     from dvc.lock import make_lock
 
     root = require_repo(settings)
-    try:
-        hardlink = bool(Config(dvc_dir=str(root / ".dvc"))["core"].get("hardlink_lock", False))
-    except ConfigError as err:
-        raise RegistryError(f"DVC's configuration does not load: {err}", hint="check .dvc/config") from err
+    hardlink = bool(_config(root)["core"].get("hardlink_lock", False))
     tmp = root / ".dvc" / "tmp"
     tmp.mkdir(parents=True, exist_ok=True)
     with make_lock(str(tmp / "lock"), tmp_dir=str(tmp), hardlink_lock=hardlink, wait=True):

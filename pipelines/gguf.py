@@ -177,8 +177,13 @@ _INFO_KEYS = frozenset({
 })
 
 
+def is_context_length(key: str, found: dict[str, Any]) -> bool:
+    """Whether `key` is the model's `<arch>.context_length` (general.architecture precedes it in the header)."""
+    return key == f"{found.get('general.architecture')}.context_length"
+
+
 def _wanted_for_info(key: str, found: dict[str, Any]) -> bool:
-    return key in _INFO_KEYS or bool(_PROVENANCE.match(key)) or key == f"{found.get('general.architecture')}.context_length"
+    return key in _INFO_KEYS or bool(_PROVENANCE.match(key)) or is_context_length(key, found)
 
 
 def inspect_gguf(path: Path) -> GGUFInfo:

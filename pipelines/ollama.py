@@ -172,20 +172,6 @@ class GGUFChat:
     metadata: dict[str, Any]
 
 
-def _gguf_metadata(path: Path, wanted: set[str]) -> dict[str, Any]:
-    """The `wanted` metadata values of a GGUF (and its architecture's context length), from its header.
-
-    Raises:
-        ArtifactError: not a GGUF, an unsupported version, or a truncated header.
-    """
-    from pipelines.gguf import read_gguf_header
-
-    def keep(key: str, found: dict[str, Any]) -> bool:
-        return key in wanted or key == f"{found.get('general.architecture')}.context_length"
-
-    return read_gguf_header(Path(path), keep).metadata
-
-
 def read_gguf_chat(path: Path) -> GGUFChat:
     """Chat template, special-token texts and context length stored in a GGUF.
 
@@ -194,12 +180,14 @@ def read_gguf_chat(path: Path) -> GGUFChat:
     """
     from gguf import LlamaFileType
 
+    from pipelines.gguf import is_context_length, read_gguf_header
+
     keys = {
         "general.architecture", "general.file_type", "tokenizer.chat_template", "tokenizer.ggml.tokens",
         "tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id",
         "tokenizer.ggml.add_bos_token",
     }
-    meta = _gguf_metadata(Path(path), keys)
+    meta = read_gguf_header(Path(path), lambda key, found: key in keys or is_context_length(key, found)).metadata
     arch = meta.get("general.architecture")
     if not arch:
         raise ArtifactError(f"{path} has no general.architecture", hint="reconvert it with `modelmint convert`")
