@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
-# Install a Go compiler (Debian's golang-go) for the template renderer in pipelines/gorender/.
-# Idempotent: does nothing when `go` is already on PATH. The renderer itself is built on first use,
-# into $MODELMINT_HOME/toolchains/gorender-<hash of main.go>/, by pipelines/gorender.py.
+# Install a Go compiler (Debian's golang-go) for the Ollama template renderer in pipelines/gorender/.
+# Idempotent: does nothing when `go` is already on PATH. The renderer itself is built on first use, into
+# $MODELMINT_HOME/toolchains/gorender-<hash of its sources>/, by pipelines/gotemplate.py. `--check` checks it.
 set -euo pipefail
-if command -v go >/dev/null 2>&1; then
-  echo "go ready: $(go version)"
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source=lib.sh
+source "$here/lib.sh"
+tc_init "Go" "$TC_HOME/toolchains/go" "bash toolchains/setup-go.sh"
+tc_require go -- golang-go
+ver=$(go version)
+if [[ ${1:-} == --check ]]; then
+  # the renderer's go.mod needs Go >= 1.19
+  minor=$(sed -E 's/.*go1\.([0-9]+).*/\1/' <<<"$ver")
+  ((minor >= 19)) || { echo "error: $ver is older than Go 1.19, which pipelines/gorender/go.mod needs" >&2; exit 1; }
+  echo "checks passed: $ver"
   exit 0
 fi
-if ! command -v apt-get >/dev/null 2>&1; then
-  echo "go is not installed and apt-get is not available: install Go >= 1.19 and put it on PATH" >&2
-  exit 1
-fi
-apt-get update -q
-apt-get install -y -q --no-install-recommends golang-go
-echo "go ready: $(go version)"
+echo "  Go ready: $ver"

