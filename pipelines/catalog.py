@@ -73,7 +73,8 @@ def check_quant_types(quants: Iterable[str], *, option: str | None = None) -> li
     Raises:
         ConfigError: a type llama-quantize does not have (with the nearest one), or a repeated type.
     """
-    out = [q.strip().lower() for q in quants]
+    given = list(quants)
+    out = [q.strip().lower() for q in given]
     found = _quant_problem(out)
     if found:
         problem = found[0]
@@ -81,7 +82,7 @@ def check_quant_types(quants: Iterable[str], *, option: str | None = None) -> li
             hint = f"llama.cpp's quant types: {known_quant_types()}"
         else:
             hint = f"name each type once, e.g. {option + ' ' if option else ''}{','.join(dict.fromkeys(out))}"
-        raise ConfigError(f"{option} {','.join(quants)}: {problem}" if option else problem, hint=hint)
+        raise ConfigError(f"{option} {','.join(given)}: {problem}" if option else problem, hint=hint)
     return out
 
 
