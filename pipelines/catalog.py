@@ -4,11 +4,22 @@ from __future__ import annotations
 
 import difflib
 import re
+import types
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from pipelines.errors import CatalogEntryNotFound, ConfigError
 
@@ -23,6 +34,68 @@ GGUF_QUANT_TYPES = frozenset(
 )
 # i-quants below 4 bits are unusable without an importance matrix; llama-quantize refuses them.
 IMATRIX_REQUIRED = frozenset({"iq1_s", "iq1_m", "iq2_xxs", "iq2_xs", "iq2_s", "q2_k_s"})
+# The types people usually mean: a typo as close to q4_k_s as to q4_k_m (q4_k_z) is taken for q4_k_m.
+_USUAL_QUANTS = ("q4_k_m", "q5_k_m", "q6_k", "q8_0", "q4_0", "q3_k_m", "q2_k")
+
+
+def did_you_mean(name: str, known: Iterable[str], *, preferred: Iterable[str] = ()) -> str | None:
+    """The known name closest to a misspelt one (ties go to `preferred`, in its order), or None if none is close."""
+    ranked = list(preferred)
+    scores = {k: difflib.SequenceMatcher(None, name, k).ratio() for k in known}
+    close = [k for k, r in scores.items() if r >= 0.6]
+    if not close:
+        return None
+    return max(close, key=lambda k: (scores[k], -ranked.index(k) if k in ranked else -len(ranked)))
+
+
+def _quant_problem(quants: list[str]) -> tuple[str, bool] | None:
+    """What is wrong with a list of lower-cased llama.cpp quant types (unknown or repeated), and whether the
+    list of known types would help (an unknown type with no near one); None if nothing is."""
+    problems = []
+    list_known = False
+    for q in dict.fromkeys(q for q in quants if q not in GGUF_QUANT_TYPES):
+        close = did_you_mean(q, GGUF_QUANT_TYPES, preferred=_USUAL_QUANTS)
+        problems.append(f"{q!r} is not a llama.cpp quant type" + (f" (did you mean {close!r}?)" if close else ""))
+        list_known = list_known or close is None
+    repeated = [q for q in dict.fromkeys(quants) if quants.count(q) > 1]
+    if repeated:
+        problems.append(f"duplicate quant type {', '.join(map(repr, repeated))}")
+    return ("; ".join(problems), list_known) if problems else None
+
+
+def known_quant_types() -> str:
+    return ", ".join(sorted(GGUF_QUANT_TYPES))
+
+
+def check_quant_types(quants: Iterable[str], *, option: str | None = None) -> list[str]:
+    """Lower-cased llama.cpp quant types, each known and named once (`option`: the CLI option they came from).
+
+    Raises:
+        ConfigError: a type llama-quantize does not have (with the nearest one), or a repeated type.
+    """
+    given = list(quants)
+    out = [q.strip().lower() for q in given]
+    found = _quant_problem(out)
+    if found:
+        problem = found[0]
+        if any(q not in GGUF_QUANT_TYPES for q in out):
+            hint = f"llama.cpp's quant types: {known_quant_types()}"
+        else:
+            hint = f"name each type once, e.g. {option + ' ' if option else ''}{','.join(dict.fromkeys(out))}"
+        raise ConfigError(f"{option} {','.join(given)}: {problem}" if option else problem, hint=hint)
+    return out
+
+
+def parse_quants(text: str) -> list[str]:
+    """`q4_k_m,q8_0` → ["q4_k_m", "q8_0"] (the CLI's --variants).
+
+    Raises:
+        ConfigError: empty, an unknown quant type (with the nearest one), or a type named twice.
+    """
+    names = [v.strip() for v in text.split(",") if v.strip()]
+    if not names:
+        raise ConfigError("--variants is empty", hint="pass e.g. --variants q4_k_m,q8_0")
+    return check_quant_types(names, option="--variants")
 
 
 class _Strict(BaseModel):
@@ -67,7 +140,28 @@ class GeneratedSource(_Strict):
     generated: Literal["tiny-qwen2", "tiny-llama"]
 
 
-Source = HubSource | LocalSource | GeneratedSource
+def _source_kind(v: Any) -> str | None:
+    """Which kind of source a catalog `source:` is, by its one identifying key, so that a mistake in it is
+    reported against that kind alone (not against every kind of source)."""
+    if isinstance(v, BaseModel):
+        return {HubSource: "hub", LocalSource: "local", GeneratedSource: "generated"}.get(type(v))
+    if not isinstance(v, dict):
+        return None
+    kinds = [kind for key, kind in (("repo", "hub"), ("path", "local"), ("generated", "generated")) if key in v]
+    return kinds[0] if len(kinds) == 1 else None
+
+
+Source = Annotated[
+    Annotated[HubSource, Tag("hub")]
+    | Annotated[LocalSource, Tag("local")]
+    | Annotated[GeneratedSource, Tag("generated")],
+    Discriminator(
+        _source_kind,
+        custom_error_type="source_kind",
+        custom_error_message="a source is exactly one of: `repo` with `revision` (a Hugging Face Hub repo at a "
+        "commit), `path` (a local directory) or `generated` (tiny-qwen2 or tiny-llama)",
+    ),
+]
 
 
 class GGUFVariants(_Strict):
@@ -82,11 +176,10 @@ class GGUFVariants(_Strict):
     @classmethod
     def _known_types(cls, v: list[str]) -> list[str]:
         out = [q.lower() for q in v]
-        unknown = [q for q in out if q not in GGUF_QUANT_TYPES]
-        if unknown:
-            raise ValueError(f"unknown llama.cpp quant type(s) {unknown}; known: {sorted(GGUF_QUANT_TYPES)}")
-        if len(set(out)) != len(out):
-            raise ValueError(f"duplicate quant types in {v}")
+        found = _quant_problem(out)
+        if found:
+            problem, list_known = found
+            raise ValueError(f"{problem}; known: {known_quant_types()}" if list_known else problem)
         return out
 
     @field_validator("split_max_size")
@@ -175,8 +268,8 @@ COMPRESSED_VARIANTS: dict[str, type[_Strict]] = {
 
 
 def unknown_variant_message(name: str, known: list[str]) -> str:
-    close = difflib.get_close_matches(name, known, n=1, cutoff=0.5)
-    return f"unknown variant {name!r}" + (f" (did you mean {close[0]!r}?)" if close else "") + f"; known: {known}"
+    close = did_you_mean(name, known)
+    return f"unknown variant {name!r}" + (f" (did you mean {close!r}?)" if close else "") + f"; known: {known}"
 
 
 class Variants(_Strict):
@@ -203,7 +296,7 @@ class Variants(_Strict):
 
 class CatalogEntry(_Strict):
     name: str
-    source: Annotated[Source, Field(union_mode="left_to_right")]
+    source: Source
     license: str
     chat_family: str | None = None
     trust_remote_code: bool = False
@@ -223,9 +316,13 @@ class CatalogEntry(_Strict):
         return v
 
     def with_quants(self, quants: list[str]) -> CatalogEntry:
-        """The same entry asking for other GGUF quant types (the CLI's --variants)."""
+        """The same entry asking for other GGUF quant types (the CLI's --variants).
+
+        Raises:
+            ConfigError: an unknown or repeated quant type.
+        """
         gguf = self.variants.gguf or GGUFVariants()
-        new_gguf = GGUFVariants.model_validate({**gguf.model_dump(), "quants": quants})
+        new_gguf = GGUFVariants.model_validate({**gguf.model_dump(), "quants": check_quant_types(quants)})
         return self.model_copy(update={"variants": self.variants.model_copy(update={"gguf": new_gguf})})
 
 
@@ -260,12 +357,94 @@ def load_catalog(path: Path) -> Catalog:
         raise ConfigError(f"catalog not found at {path}", hint="set MODELMINT_CATALOG or run from the repo") from err
     except yaml.YAMLError as err:
         raise ConfigError(f"{path} is not valid YAML: {err}", hint=f"fix the syntax in {path}") from err
+    hint = f"edit {path}; `modelmint catalog list` checks it"
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path} is invalid: it must be a mapping with a `models:` list", hint=hint)
     try:
         return Catalog.model_validate(raw)
     except ValidationError as err:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in err.errors(include_url=False)
-        )
-        raise ConfigError(
-            f"{path} is invalid: {problems}", hint=f"edit {path}; `modelmint catalog list` checks it"
-        ) from err
+        root = yaml.compose(path.read_text(encoding="utf-8"), Loader=yaml.SafeLoader)
+        problems = [_describe(e, raw, root) for e in err.errors(include_url=False)]
+        listed = problems[0] if len(problems) == 1 else f"{len(problems)} problems:\n  " + "\n  ".join(problems)
+        raise ConfigError(f"{path} is invalid: {listed}", hint=hint) from err
+
+
+def _describe(error: Any, raw: dict[str, Any], root: yaml.Node | None) -> str:
+    """One pydantic error as a person reads it: the line in the YAML, the entry by name, the field, and for an
+    unknown key the nearest known one."""
+    path, allowed = _walk(tuple(error["loc"]))
+    where, field = [], list(path)
+    line = _line(root, path)
+    if line is not None:
+        where.append(f"line {line}")
+    if len(path) >= 2 and path[0] == "models" and isinstance(path[1], int):
+        entries = raw.get("models")
+        entry = entries[path[1]] if isinstance(entries, list) and path[1] < len(entries) else None
+        name = entry.get("name") if isinstance(entry, dict) else None
+        where.append(f"entry {name!r}" if isinstance(name, str) else f"entry #{path[1] + 1}")
+        field = field[2:]
+    if error["type"] == "extra_forbidden" and field:
+        key = str(field.pop())
+        close = did_you_mean(key, allowed)
+        what = f"unknown key {key!r} " + (f"(did you mean {close!r}?)" if close else f"(known: {', '.join(allowed)})")
+    elif error["type"] == "missing" and field:
+        what = f"missing key {field.pop()!r}"
+    else:
+        what = str(error["msg"]).removeprefix("Value error, ")
+    if field:
+        where.append(".".join(map(str, field)))
+    return ", ".join(where) + ": " + what if where else what
+
+
+def _alternatives(tp: Any) -> list[tuple[str | None, Any]]:
+    """The types a field annotation may hold (Annotated and Optional unwrapped), each with its union tag."""
+    origin = get_origin(tp)
+    if origin is Annotated:
+        inner, *meta = get_args(tp)
+        tag = next((m.tag for m in meta if isinstance(m, Tag)), None)
+        return [(tag or t, x) for t, x in _alternatives(inner)]
+    if origin in (Union, types.UnionType):
+        return [alt for a in get_args(tp) if a is not type(None) for alt in _alternatives(a)]
+    return [(None, tp)]
+
+
+def _walk(loc: tuple[int | str, ...]) -> tuple[list[int | str], list[str]]:
+    """A pydantic error location without its union tags (`source.hub.revision` is the YAML's
+    `source.revision`), and the keys the mapping holding its last part allows."""
+    tp: Any = Catalog
+    path: list[int | str] = []
+    allowed: list[str] = []
+    for part in loc:
+        alts = _alternatives(tp)
+        tagged = {tag: t for tag, t in alts if tag is not None}
+        if isinstance(part, str) and part in tagged:
+            tp = tagged[part]
+            continue
+        path.append(part)
+        tp = alts[0][1] if len(alts) == 1 else None
+        if isinstance(part, int):
+            tp = get_args(tp)[0] if get_origin(tp) is list else None
+        elif isinstance(tp, type) and issubclass(tp, BaseModel):
+            allowed = list(tp.model_fields)
+            tp = tp.model_fields[part].annotation if part in tp.model_fields else None
+        else:
+            allowed, tp = [], None
+    return path, allowed
+
+
+def _line(node: yaml.Node | None, path: list[int | str]) -> int | None:
+    """The 1-based line in the YAML of the deepest part of `path` that exists there (for a missing key: its
+    mapping's)."""
+    line = None
+    for part in path:
+        if isinstance(node, yaml.MappingNode) and isinstance(part, str):
+            found = next(((k, v) for k, v in node.value if isinstance(k, yaml.ScalarNode) and k.value == part), None)
+            if found is None:
+                break
+            line, node = found[0].start_mark.line, found[1]
+        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and 0 <= part < len(node.value):
+            node = node.value[part]
+            line = node.start_mark.line
+        else:
+            break
+    return None if line is None else line + 1

@@ -89,13 +89,11 @@ def convert(
 ) -> None:
     """Fetch, convert to f16, quantize and validate one catalog model (and register it, with --register)."""
     from pipelines.build import build_gguf
-    from pipelines.catalog import load_catalog
+    from pipelines.catalog import load_catalog, parse_quants
 
     settings = _settings()
     entry = load_catalog(settings.catalog_path).get(name)
-    quants = [v.strip() for v in variants.split(",") if v.strip()] if variants is not None else None
-    if quants is not None and not quants:
-        raise ConfigError("--variants is empty", hint="pass e.g. --variants q4_k_m,q8_0")
+    quants = parse_quants(variants) if variants is not None else None
     if register:
         from pipelines.dvcrepo import require_stages
 
@@ -193,22 +191,31 @@ def list_cmd() -> None:
     from pipelines.errors import RegistryError
     from pipelines.manifest import list_manifests
 
-    listing = list_manifests(_settings())
-    # The ref is what a reader copies (`modelmint pull REF`): it never shrinks or wraps in a narrow terminal;
-    # the other columns give way instead.
-    refs = [m.ref for m in listing.manifests]
-    artifact = Column("artifact", no_wrap=True, min_width=max(len("artifact"), *map(len, refs)))
-    table = Table(artifact, "format", "size", "sha256", "source", "mean KL", "gate", "DVC")
-    for m in listing.manifests:
-        dvc = "pushed" if m.dvc.pushed else ("committed" if m.dvc.md5 else "dvc repro")
-        kl = m.mean_kl
-        table.add_row(m.ref, m.format, _mib(m.size_bytes), m.sha256[:12], m.source.ref,
-                      "-" if kl is None else f"{kl:.5f}", "[green]pass[/green]", dvc)
-    out.print(table)
+    settings = _settings()
+    listing = list_manifests(settings)
+    if not listing.manifests and not listing.invalid:
+        err.print(f"nothing registered yet in {settings.manifests_dir}: `modelmint convert NAME --register` builds, "
+                  "validates and registers a catalog model (`modelmint catalog list` shows the names)",
+                  highlight=False)
+        return
+    if listing.manifests:
+        # The ref is what a reader copies (`modelmint pull REF`): it never shrinks or wraps in a narrow terminal;
+        # the other columns give way instead.
+        refs = [m.ref for m in listing.manifests]
+        artifact = Column("artifact", no_wrap=True, min_width=max(len("artifact"), *map(len, refs)))
+        table = Table(artifact, "format", "size", "sha256", "source", "mean KL", "gate", "DVC")
+        for m in listing.manifests:
+            dvc = "pushed" if m.dvc.pushed else ("committed" if m.dvc.md5 else "dvc repro")
+            kl = m.mean_kl
+            table.add_row(m.ref, m.format, _mib(m.size_bytes), m.sha256[:12], m.source.ref,
+                          "-" if kl is None else f"{kl:.5f}", "[green]pass[/green]", dvc)
+        out.print(table)
     for bad in listing.invalid:
         err.print(f"[bold red]invalid:[/bold red] {_escape(bad.message)}", highlight=False)
     if listing.invalid:
-        raise RegistryError(f"{len(listing.invalid)} manifest(s) are invalid", hint=listing.invalid[0].hint)
+        valid = f"{len(listing.manifests)} valid" if listing.manifests else "none valid"
+        raise RegistryError(f"{len(listing.invalid)} manifest(s) in {settings.manifests_dir} are invalid ({valid})",
+                            hint=listing.invalid[0].hint)
 
 
 @app.command()
@@ -376,25 +383,18 @@ def modelfile(
 
 
 def main() -> None:
-    """Entry point: run the app; a ModelmintError becomes its message, its hint, and exit code 1."""
+    """Entry point: a usage error is typer's (usage text, exit 2); a ModelmintError becomes its message, its hint,
+    and exit code 1."""
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    # Standalone mode: typer 0.29 raises its own bundled click's exceptions (typer._click), which `click` does not
+    # know, so only typer itself can show them as usage text (and exit 2), Abort as "Aborted!", Exit as its code.
     try:
-        app(standalone_mode=False)
+        app()
     except ModelmintError as e:
         err.print(f"[bold red]error:[/bold red] {_escape(e.message)}", highlight=False)
         if e.hint:
             err.print(f"[yellow]→ {_escape(e.hint)}[/yellow]", highlight=False)
         sys.exit(1)
-    except typer.Abort:
-        err.print("aborted")
-        sys.exit(130)
-    except Exception as e:  # click usage errors
-        import click
-
-        if isinstance(e, click.ClickException):
-            e.show()
-            sys.exit(e.exit_code)
-        raise
 
 
 def _escape(text: str) -> str:

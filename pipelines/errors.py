@@ -136,7 +136,7 @@ class ManifestInvalid(RegistryError):
         super().__init__(
             f"manifest {path} is invalid: {problems}",
             hint=f"manifests are written by modelmint only: restore it with `git checkout -- {path}`, "
-            "or register the variant again with `modelmint convert NAME --variants TAG`",
+            "or register the variant again with `modelmint convert NAME --variants TAG --register`",
         )
         self.path = path
         self.problems = problems
@@ -146,8 +146,8 @@ class NotRegistered(RegistryError):
     def __init__(self, ref: str, known: list[str]) -> None:
         super().__init__(
             f"{ref} was never registered (registered: {', '.join(sorted(known)) or 'nothing yet'})",
-            hint="`modelmint list` shows what is registered; `modelmint convert NAME --variants TAG` builds, "
-            "validates and registers one",
+            hint="`modelmint list` shows what is registered; `modelmint convert NAME --variants TAG --register` "
+            "builds, validates and registers one",
         )
         self.ref = ref
 

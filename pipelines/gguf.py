@@ -96,6 +96,12 @@ def read_gguf_header(path: Path, keep: Callable[[str, dict[str, Any]], bool]) ->
         fh = open(path, "rb")  # noqa: SIM115 - closed below, after the mmap
     except FileNotFoundError as err:
         raise ArtifactError(f"{path} does not exist", hint="check the path; `modelmint convert` writes to build/") from err
+    except IsADirectoryError as err:
+        raise ArtifactError(f"{path} is a directory, not a GGUF file",
+                            hint=f"pass one of the .gguf files in it (`ls {path}`)") from err
+    except OSError as err:
+        raise ArtifactError(f"{path} cannot be read: {err.strerror or err}", hint="check the path and its "
+                            "permissions") from err
     with fh:
         if path.stat().st_size < 24 or fh.read(4) != GGUF_MAGIC:
             fh.seek(0)
@@ -212,7 +218,12 @@ def inspect_gguf(path: Path) -> GGUFInfo:
         block, type_size = GGML_QUANT_SIZES[qtype]
         end = t.offset + n // block * type_size
         if end > size:
-            raise ArtifactError(f"{path} is truncated: tensor {t.name} ends at byte {end}, file has {size}")
+            raise ArtifactError(
+                f"{path} is truncated: tensor {t.name} ends at byte {end}, file has {size}",
+                hint="an interrupted write or copy cut it short: delete it and rerun the step that wrote it "
+                "(`modelmint convert NAME` rebuilds a build output, `modelmint pull NAME:TAG` fetches a registered "
+                "artifact again)",
+            )
         tensor_types[qtype.name] += 1
         n_params += n
         if len([d for d in t.shape if d > 1]) >= 2:

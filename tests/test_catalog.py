@@ -90,5 +90,5 @@ def test_duplicate_names_and_bad_yaml(tmp_path: Path) -> None:
 def test_with_quants_revalidates() -> None:
     entry = load_catalog(project_root() / "registry" / "catalog.yaml").get("qwen2.5")
     assert entry.with_quants(["Q6_K"]).variants.gguf.quants == ["q6_k"]  # type: ignore[union-attr]
-    with pytest.raises(ValueError, match=r"unknown llama\.cpp quant"):
+    with pytest.raises(ConfigError, match=r"'q9_k' is not a llama\.cpp quant type"):
         entry.with_quants(["q9_k"])

@@ -1,0 +1,100 @@
+"""What the CLI says where there is nothing to show or the input is not what it expects: `list` in a fresh
+repository, `inspect` on a directory or a damaged file."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pipelines.errors import ArtifactError
+from pipelines.gguf import inspect_gguf
+
+MODELMINT = str(Path(sys.executable).parent / "modelmint")
+
+
+def _run(tmp_path: Path, *args: str, repo: Path | None = None) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "MODELMINT_REPO": str(repo or tmp_path / "repo"), "COLUMNS": "200"}
+    return subprocess.run([MODELMINT, *args], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60)
+
+
+def _no_traceback(proc: subprocess.CompletedProcess[str]) -> None:
+    assert "Traceback" not in proc.stdout + proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("layout", ["no registry directory", "empty manifests directory"])
+def test_list_in_a_fresh_repository(tmp_path: Path, layout: str) -> None:
+    repo = tmp_path / "repo"
+    if layout == "empty manifests directory":
+        (repo / "registry" / "manifests").mkdir(parents=True)
+    proc = _run(tmp_path, "list", repo=repo)
+    _no_traceback(proc)
+    assert proc.returncode == 0, proc.stderr
+    assert "nothing registered yet" in proc.stderr
+    assert "modelmint convert NAME --register" in proc.stderr and "modelmint catalog list" in proc.stderr
+
+
+def test_list_with_only_invalid_manifests_names_each(tmp_path: Path) -> None:
+    manifests = tmp_path / "repo" / "registry" / "manifests" / "tiny-qwen2"
+    manifests.mkdir(parents=True)
+    (manifests / "q4_k_m.json").write_text("{not json")
+    (manifests / "q8_0.json").write_text(json.dumps({"name": "tiny-qwen2"}))
+    proc = _run(tmp_path, "list")
+    _no_traceback(proc)
+    assert proc.returncode == 1, proc.stderr
+    lines = proc.stderr.splitlines()
+    assert any("q4_k_m.json is invalid: not JSON" in line for line in lines), proc.stderr
+    assert any("q8_0.json is invalid:" in line and "Field required" in line for line in lines), proc.stderr
+    assert "2 manifest(s)" in proc.stderr and "none valid" in proc.stderr
+    assert "git checkout --" in proc.stderr  # the next step
+
+
+def _gguf(path: Path, n: int = 4096) -> Path:
+    import gguf
+
+    w = gguf.GGUFWriter(str(path), "qwen2")
+    w.add_tokenizer_model("gpt2")
+    w.add_eos_token_id(0)
+    w.add_tensor("token_embd.weight", np.arange(n, dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def test_inspect_a_directory(tmp_path: Path) -> None:
+    proc = _run(tmp_path, "inspect", str(tmp_path))
+    _no_traceback(proc)
+    assert proc.returncode == 1
+    assert f"{tmp_path} is a directory, not a GGUF file" in proc.stderr and f"ls {tmp_path}" in proc.stderr
+
+
+def test_inspect_a_missing_file_and_a_file_that_is_not_gguf(tmp_path: Path) -> None:
+    proc = _run(tmp_path, "inspect", str(tmp_path / "nope.gguf"))
+    _no_traceback(proc)
+    assert proc.returncode == 1 and "nope.gguf does not exist" in proc.stderr
+    text = tmp_path / "notes.gguf"
+    text.write_text("# not a model\n" * 4)
+    proc = _run(tmp_path, "inspect", str(text))
+    _no_traceback(proc)
+    assert proc.returncode == 1 and "is not a GGUF file" in proc.stderr
+
+
+def test_inspect_a_truncated_gguf_says_what_to_do(tmp_path: Path) -> None:
+    path = _gguf(tmp_path / "m.gguf")
+    assert inspect_gguf(path).tensor_count == 1
+    with path.open("r+b") as fh:
+        fh.truncate(path.stat().st_size - 1000)  # the header is whole; the tensor data is cut short
+    with pytest.raises(ArtifactError, match="ends at byte") as exc:
+        inspect_gguf(path)
+    assert exc.value.hint is not None and "rerun the step that wrote it" in exc.value.hint
+    proc = _run(tmp_path, "inspect", str(path))
+    _no_traceback(proc)
+    assert proc.returncode == 1 and "is truncated" in proc.stderr
+    assert "modelmint convert NAME" in proc.stderr and "modelmint pull NAME:TAG" in proc.stderr

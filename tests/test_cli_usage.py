@@ -1,0 +1,101 @@
+"""Every command-line usage error is typer's usage text and exit code 2, never a Python traceback."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import typer.main
+
+from pipelines.cli import app
+from pipelines.settings import project_root
+
+# The installed console script: what a user runs (pipelines.cli:main), not typer's test runner.
+MODELMINT = str(Path(sys.executable).parent / "modelmint")
+
+
+def _commands(command: Any, path: tuple[str, ...] = ()) -> list[tuple[tuple[str, ...], Any]]:
+    """Every command and group of the app, walked from the root so that a new command is covered by itself."""
+    found = [(path, command)]
+    for name, sub in sorted(getattr(command, "commands", {}).items()):
+        found += _commands(sub, (*path, name))
+    return found
+
+
+COMMANDS = _commands(typer.main.get_command(app))
+
+
+def _is_group(command: Any) -> bool:
+    return hasattr(command, "commands")
+
+
+def _needs_arguments(command: Any) -> bool:
+    return _is_group(command) or any(p.required for p in command.params)
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """A fresh repository, home and work dir: a command that runs without arguments touches nothing real."""
+    tmp = tmp_path_factory.mktemp("fresh")
+    return {
+        **os.environ,
+        "MODELMINT_REPO": str(tmp / "repo"),
+        "MODELMINT_HOME": str(tmp / "home"),
+        "MODELMINT_WORK_DIR": str(tmp / "work"),
+        "MODELMINT_CATALOG": str(project_root() / "registry" / "catalog.yaml"),
+        "COLUMNS": "120",
+    }
+
+
+def _run(env: dict[str, str], tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([MODELMINT, *args], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60)
+
+
+def test_the_walk_finds_every_command() -> None:
+    names = {" ".join(p) for p, _ in COMMANDS}
+    assert {"", "catalog", "catalog list", "convert", "compress", "validate", "pull", "list", "inspect"} <= names
+
+
+@pytest.mark.parametrize(("path", "command"), COMMANDS, ids=[" ".join(p) or "modelmint" for p, _ in COMMANDS])
+def test_no_arguments(env: dict[str, str], tmp_path: Path, path: tuple[str, ...], command: Any) -> None:
+    proc = _run(env, tmp_path, *path)
+    both = proc.stdout + proc.stderr
+    assert "Traceback" not in both, both
+    if _needs_arguments(command):
+        assert proc.returncode == 2, both
+        assert f"Usage: modelmint {' '.join(path)}".rstrip() in both
+        if not _is_group(command):  # a group prints its help (with the usage) instead of an error
+            assert "Usage:" in proc.stderr and "Missing" in proc.stderr, proc.stderr
+    else:  # catalog list, list, dvc-yaml: their normal run, here on a fresh repository
+        assert proc.returncode == 0, both
+
+
+@pytest.mark.parametrize(("path", "command"), COMMANDS, ids=[" ".join(p) or "modelmint" for p, _ in COMMANDS])
+def test_a_bogus_option(env: dict[str, str], tmp_path: Path, path: tuple[str, ...], command: Any) -> None:
+    proc = _run(env, tmp_path, *path, "--bogus")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert f"Usage: modelmint {' '.join(path)}".rstrip() in proc.stderr
+    assert "No such option: --bogus" in proc.stderr
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (["convert", "tiny-qwen2", "--bogus"], "No such option: --bogus"),
+    (["validate", "x.gguf"], "Missing option '--reference'"),
+    (["convert", "tiny-qwen2", "--variants"], "Option '--variants' requires an argument"),
+    (["inspect", "a.gguf", "b.gguf"], "Got unexpected extra argument"),
+    (["nosuchcommand"], "No such command 'nosuchcommand'"),
+])
+def test_other_usage_errors(env: dict[str, str], tmp_path: Path, args: list[str], says: str) -> None:
+    proc = _run(env, tmp_path, *args)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr and says in proc.stderr, proc.stderr
+
+
+def test_help_still_exits_0(env: dict[str, str], tmp_path: Path) -> None:
+    proc = _run(env, tmp_path, "convert", "--help")
+    assert proc.returncode == 0 and "Usage: modelmint convert" in proc.stdout, proc.stderr
