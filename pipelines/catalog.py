@@ -32,8 +32,12 @@ GGUF_QUANT_TYPES = frozenset(
     t.lower()
     for t in ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q2_K_S", "Q3_K_S", "Q3_K_M", "Q3_K_L", "Q4_K_S", "Q4_K_M", "Q5_K_S", "Q5_K_M", "Q6_K", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ2_M", "IQ1_S", "IQ1_M", "IQ3_XXS", "IQ3_XS", "IQ3_S", "IQ3_M", "IQ4_NL", "IQ4_XS", "TQ1_0", "TQ2_0"]
 )
-# i-quants below 4 bits are unusable without an importance matrix; llama-quantize refuses them.
-IMATRIX_REQUIRED = frozenset({"iq1_s", "iq1_m", "iq2_xxs", "iq2_xs", "iq2_s", "q2_k_s"})
+# The types llama-quantize refuses without an importance matrix ("this quantization requires an imatrix!"): those
+# whose tensors become IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S or IQ3_XXS, and Q2_K_S (tensor_requires_imatrix and
+# llama_tensor_get_type in src/llama-quant.cpp of the pinned tree; IQ3_XS stores attn_q/attn_k as IQ3_XXS).
+IMATRIX_REQUIRED = frozenset(
+    {"iq1_s", "iq1_m", "iq2_xxs", "iq2_xs", "iq2_s", "iq2_m", "iq3_xxs", "iq3_xs", "q2_k_s"}
+)
 # The types people usually mean: a typo as close to q4_k_s as to q4_k_m (q4_k_z) is taken for q4_k_m.
 _USUAL_QUANTS = ("q4_k_m", "q5_k_m", "q6_k", "q8_0", "q4_0", "q3_k_m", "q2_k")
 
@@ -189,6 +193,22 @@ class GGUFVariants(_Strict):
             raise ValueError(f"split_max_size {v!r} must look like 500M or 2G (llama-gguf-split's form)")
         return v
 
+    @model_validator(mode="after")
+    def _imatrix_when_needed(self) -> GGUFVariants:
+        if problem := imatrix_problem(self.quants, self.imatrix):
+            raise ValueError(f"{problem}: set `imatrix: true` under variants.gguf")
+        return self
+
+
+def imatrix_problem(quants: Iterable[str], imatrix: bool) -> str | None:
+    """Why these quant types cannot be built without an importance matrix, or None."""
+    needing = [q for q in quants if q in IMATRIX_REQUIRED]
+    if imatrix or not needing:
+        return None
+    one = len(needing) == 1
+    return (f"{', '.join(needing)} {'needs' if one else 'need'} an importance matrix (llama-quantize refuses "
+            f"{'it' if one else 'them'} without one)")
+
 
 class HubDataset(_Strict):
     """A calibration data set on the hub, pinned like a model; for production runs on a machine that reaches it."""
@@ -319,10 +339,14 @@ class CatalogEntry(_Strict):
         """The same entry asking for other GGUF quant types (the CLI's --variants).
 
         Raises:
-            ConfigError: an unknown or repeated quant type.
+            ConfigError: an unknown or repeated quant type, or one that needs an imatrix the entry does not make.
         """
         gguf = self.variants.gguf or GGUFVariants()
-        new_gguf = GGUFVariants.model_validate({**gguf.model_dump(), "quants": check_quant_types(quants)})
+        quants = check_quant_types(quants)
+        if problem := imatrix_problem(quants, gguf.imatrix):
+            raise ConfigError(f"{self.name}: {problem}", hint=f"set `imatrix: true` under variants.gguf of "
+                              f"{self.name} in the catalog, or choose other types")
+        new_gguf = GGUFVariants.model_validate({**gguf.model_dump(), "quants": quants})
         return self.model_copy(update={"variants": self.variants.model_copy(update={"gguf": new_gguf})})
 
 

@@ -46,6 +46,10 @@ def _mib(n: int) -> str:
     return f"{n / (1 << 20):,.1f} MiB"
 
 
+def _size(n: int) -> str:
+    return _mib(n) if n >= 1 << 20 else f"{n:,} B"
+
+
 @catalog_app.command("list")
 def catalog_list() -> None:
     """List the catalog's entries and their pinned sources."""
@@ -74,6 +78,35 @@ RegisterOption = Annotated[
 TrackOption = Annotated[
     bool, typer.Option(help="dvc commit + push what is registered (dvc.yaml's stages pass --no-track)")
 ]
+
+
+@app.command("fetch")
+def fetch_cmd(
+    name: Annotated[str, typer.Argument(help="catalog entry, e.g. qwen2.5")],
+    revision: RevisionOption = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print what was fetched as JSON")] = False,
+) -> None:
+    """Download and verify one catalog model's source (generate a bundled one, check a local one), without
+    building anything."""
+    from pipelines.catalog import load_catalog
+    from pipelines.fetch import fetch
+
+    settings = _settings()
+    snap = fetch(load_catalog(settings.catalog_path).get(name), settings, revision=revision)
+    sizes = {f: (snap.path / f).stat().st_size for f in snap.files}
+    if as_json:
+        files = [{"name": f, "size_bytes": sizes[f], "sha256": snap.files[f]} for f in sorted(snap.files)]
+        out.print_json(json.dumps({"name": name, "kind": snap.kind, "repo": snap.repo_id, "revision": snap.revision,
+                                   "path": str(snap.path), "files": files}))
+        return
+    what = f"{snap.repo_id}@{snap.revision}" if snap.repo_id else f"{snap.kind} source"
+    out.print(f"{name}: {what}, {len(sizes)} files ({_mib(sum(sizes.values()))}), every sha256 checked",
+              highlight=False, soft_wrap=True)
+    out.print(f"in {snap.path}", highlight=False, soft_wrap=True)
+    table = Table("file", Column("size", justify="right"), "sha256")
+    for f in sorted(snap.files):
+        table.add_row(f, _size(sizes[f]), snap.files[f][:12])
+    out.print(table)
 
 
 @app.command()

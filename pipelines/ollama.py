@@ -169,7 +169,6 @@ class GGUFChat:
     add_bos: bool | None
     context_length: int | None
     file_type: str | None
-    metadata: dict[str, Any]
 
 
 def read_gguf_chat(path: Path) -> GGUFChat:
@@ -212,7 +211,6 @@ def read_gguf_chat(path: Path) -> GGUFChat:
         add_bos=bool(add_bos) if add_bos is not None else None,
         context_length=int(ctx) if isinstance(ctx, int) else None,
         file_type=file_type,
-        metadata={},
     )
 
 

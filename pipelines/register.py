@@ -231,7 +231,8 @@ def candidate_from_compressed(plan: CompressPlan, outcome: VariantOutcome) -> Ca
 
 
 def artifact_dir(settings: Settings, name: str, tag: str) -> Path:
-    return settings.repo_dir / artifact_relpath(name, tag)
+    """The registered artifact's directory (under Settings.artifacts_dir, at manifest.artifact_relpath)."""
+    return settings.artifacts_dir / name / tag
 
 
 # ---------------------------------------------------------------- the steps

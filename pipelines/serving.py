@@ -72,8 +72,8 @@ def serve_config_for(
     """A serve config for a checkpoint: context capped at the model's and at DEFAULT_MAX_MODEL_LEN.
 
     `portable` leaves the model path out (the config registered inside the checkpoint, which may be pulled
-    anywhere). (The VRAM planner sizes context, sequences and parallelism for a hardware profile; this is the
-    plain single-device config a variant is registered with.)
+    anywhere). This is the plain single-device config a variant is registered with: nothing sizes context,
+    sequences or parallelism for a GPU inventory yet (DESIGN.md's VRAM planner is still to be built).
     """
     config = json.loads((model_dir / "config.json").read_text())
     model_len = int(config.get("max_position_embeddings") or DEFAULT_MAX_MODEL_LEN)

@@ -65,7 +65,8 @@ class Settings:
 
     @property
     def artifacts_dir(self) -> Path:
-        """Registered artifact directories, artifacts/<name>/<tag>/ (DVC-tracked, never in git)."""
+        """Registered artifact directories, artifacts/<name>/<tag>/ (DVC-tracked, never in git): the one root
+        register.artifact_dir places them under; manifests record the same path relative to the repository."""
         return self.repo_dir / "artifacts"
 
     @property

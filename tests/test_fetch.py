@@ -5,8 +5,10 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import socket
 import struct
+import subprocess
 import sys
 import traceback
 import types
@@ -23,7 +25,7 @@ import pipelines.fsutil
 from pipelines.catalog import CatalogEntry, HubSource, load_catalog
 from pipelines.errors import ArtifactError, ConfigError, HubUnavailable, IntegrityError, SourceError
 from pipelines.fetch import fetch, read_safetensors_header
-from pipelines.settings import Settings
+from pipelines.settings import Settings, project_root
 
 TOKEN = "hf_modelmintTESTtoken0123456789abcdef"
 CHAT_TEMPLATE = (
@@ -612,3 +614,63 @@ def test_read_safetensors_header_rejects_short_and_absurd_files(tmp_path: Path) 
     path.write_bytes(struct.pack("<Q", 1 << 40) + b"{}")
     with pytest.raises(ArtifactError, match="implausible"):
         read_safetensors_header(path)
+
+
+# ---------------------------------------------------------------- the command: `modelmint fetch`
+
+MODELMINT = str(Path(sys.executable).parent / "modelmint")
+
+
+def _modelmint_fetch(tmp_path: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    """The installed console script, as a user runs it (COLUMNS wide enough that no row is cut)."""
+    full = {**os.environ, "MODELMINT_WORK_DIR": str(tmp_path / "work"), "COLUMNS": "200", **env}
+    return subprocess.run([MODELMINT, "fetch", *args], env=full, cwd=tmp_path, capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_fetch_command_downloads_and_verifies_a_hub_source(hub: HubServer, tmp_path: Path) -> None:
+    files = tiny_model_files()
+    repo = hub.add_repo("acme/tiny", files)
+    catalog = tmp_path / "registry" / "catalog.yaml"
+    catalog.parent.mkdir()
+    catalog.write_text(f"models:\n  - name: tiny\n    source: {{repo: acme/tiny, revision: {repo.commit}}}\n"
+                       "    license: apache-2.0\n")
+    env = {"HF_ENDPOINT": hub.endpoint, "MODELMINT_HOME": str(tmp_path / "home"),
+           "MODELMINT_CATALOG": str(catalog), "MODELMINT_REPO": str(tmp_path)}
+
+    proc = _modelmint_fetch(tmp_path, env, "tiny")
+    assert proc.returncode == 0, proc.stderr
+    assert f"acme/tiny@{repo.commit}" in proc.stdout and str(tmp_path / "home" / "hub") in proc.stdout
+    for name in MODEL_FILES:
+        assert name in proc.stdout
+    assert any(r.server == "cdn" and r.path.endswith("/model.safetensors") for r in hub.requests)
+
+    proc = _modelmint_fetch(tmp_path, env, "tiny", "--json")
+    assert proc.returncode == 0, proc.stderr
+    got = json.loads(proc.stdout)
+    assert (got["kind"], got["repo"], got["revision"]) == ("hub", "acme/tiny", repo.commit)
+    assert {f["name"]: (f["size_bytes"], f["sha256"]) for f in got["files"]} == {
+        n: (len(files[n]), _sha(files[n])) for n in MODEL_FILES}
+    assert Path(got["path"]).is_relative_to(tmp_path / "home" / "hub")
+
+    # a revision the hub does not have: modelmint's message and hint, exit 1, nothing else
+    proc = _modelmint_fetch(tmp_path, env, "tiny", "--revision", "b" * 40)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert f"acme/tiny has no commit {'b' * 40}" in proc.stderr and "→" in proc.stderr
+
+
+def test_fetch_command_on_the_bundled_generated_model(tmp_path: Path) -> None:
+    # the real catalog and modelmint's home: tiny-qwen2 is generated there on first use, then only checked
+    env = {"MODELMINT_CATALOG": str(project_root() / "registry" / "catalog.yaml")}
+    proc = _modelmint_fetch(tmp_path, env, "tiny-qwen2", "--json")
+    assert proc.returncode == 0, proc.stderr
+    got = json.loads(proc.stdout)
+    assert (got["kind"], got["repo"], got["revision"]) == ("generated", None, None)
+    names = {f["name"] for f in got["files"]}
+    assert {"config.json", "model.safetensors", "tokenizer.json"} <= names
+    for f in got["files"]:
+        assert (Path(got["path"]) / f["name"]).stat().st_size == f["size_bytes"]
+    # a generated source has no revision to pin: refused before anything runs, naming the fix
+    proc = _modelmint_fetch(tmp_path, env, "tiny-qwen2", "--revision", "a" * 40)
+    assert proc.returncode == 1 and "not a hub source" in proc.stderr
+    assert "without --revision" in proc.stderr
