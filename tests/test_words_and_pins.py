@@ -251,3 +251,24 @@ def test_the_worker_installs_prefect_kubernetes_from_the_project_pins() -> None:
     assert any(r.startswith("prefect-kubernetes==") for r in extra)
     text = (ROOT / "containers" / "prefect-worker" / "Dockerfile").read_text()
     assert '".[k8s]"' in text and "prefect-kubernetes==" not in text
+
+
+# ---------------------------------------------------------------- hand-written tables that gguf-py also holds
+
+
+def test_the_gguf_header_walker_speaks_gguf_py_constants() -> None:
+    """read_gguf_header keeps its own walk (GGUFReader maps every vocabulary item: seconds on a 150k vocab) and
+    its own type codes (no gguf import on the fast path); they must be gguf-py's."""
+    import struct
+
+    from gguf import constants
+
+    from pipelines import gguf as walker
+
+    assert struct.pack("<I", constants.GGUF_MAGIC) == walker.GGUF_MAGIC
+    assert constants.GGUF_VERSION in walker.SUPPORTED_GGUF_VERSIONS
+    assert (walker._STRING, walker._ARRAY) == (constants.GGUFValueType.STRING, constants.GGUFValueType.ARRAY)
+    v = constants.GGUFValueType
+    expected = {v.UINT8: "B", v.INT8: "b", v.UINT16: "H", v.INT16: "h", v.UINT32: "I", v.INT32: "i",
+                v.FLOAT32: "f", v.BOOL: "?", v.UINT64: "Q", v.INT64: "q", v.FLOAT64: "d"}
+    assert {int(t): fmt for t, fmt in expected.items()} == walker._SCALARS
