@@ -6,6 +6,7 @@ import re
 from pathlib import Path
 
 import pytest
+import yaml
 
 from pipelines.build import gguf_texts
 from pipelines.catalog import COMPRESSED_VARIANTS, GGUFVariants, load_catalog
@@ -91,3 +92,21 @@ def test_a_gguf_calibration_from_the_hub_is_refused_at_the_edge() -> None:
     hub = {"repo": "org/data", "revision": "0" * 40}
     with pytest.raises(ValidationError, match="llama-imatrix reads a local text file"):
         GGUFVariants.model_validate({"imatrix": True, "calibration": {"hub_dataset": hub}})
+
+
+def test_a_compressed_model_card_names_both_texts_by_sha256() -> None:
+    from pipelines.serving import VllmServeConfig, model_card
+
+    train, evaluation = text_ref("train.txt"), text_ref(EVAL_TEXT)
+    report = {
+        "variant": "awq", "scheme": "W4A16_ASYM", "passed": True, "metrics": {"mean_kl": 0.002},
+        "calibration": train.describe(samples=16, max_seq_length=256),
+        "evaluation": {**evaluation.describe(ctx=256, chunks=8), "wall_s": 12.5},
+    }  # fmt: skip
+    config = VllmServeConfig.model_validate({"served-model-name": "m-w4a16-awq", "max-model-len": 2048})
+    card = model_card(config, report, None)
+    front = yaml.safe_load(card.split("---\n")[1])["modelmint"]
+    assert front["calibration"] == {"text": "train.txt", "sha256": train.sha256, "samples": 16, "max_seq_length": 256}
+    assert front["evaluation"] == {"text": EVAL_TEXT, "sha256": evaluation.sha256, "ctx": 256, "chunks": 8}
+    assert f"Calibrated on `train.txt` (sha256 `{train.sha256}`), 16 samples of up to 256 tokens." in card
+    assert f"held-out `{EVAL_TEXT}` (sha256 `{evaluation.sha256}`, 8 chunks of 256 tokens)" in card
