@@ -244,15 +244,15 @@ def plan_gguf(
     spec = entry.variants.gguf
     if spec is None:
         raise ConfigError(f"{entry.name} asks for no GGUF variants", hint="add variants.gguf to its catalog entry")
+    calibration, evaluation = gguf_texts(spec)
+    if spec.imatrix:
+        check_apart(calibration, evaluation)
     snapshot = fetch(entry, settings, revision=revision)
     source_key = content_key(sorted(snapshot.files.items()))
     out_dir = settings.work_dir / entry.name / (snapshot.revision or source_key)[:12]
     out_dir.mkdir(parents=True, exist_ok=True)
     for stale in clean_partials(out_dir):
         log.info("removed %s left by an interrupted run", stale)
-    calibration, evaluation = gguf_texts(spec)
-    if spec.imatrix:
-        check_apart(calibration, evaluation)
     return GGUFPlan(entry, spec, settings, llama, snapshot, source_key, out_dir, evaluation,
                     calibration if spec.imatrix else None)
 
