@@ -22,9 +22,10 @@ from typing import Any
 
 from pipelines import __version__, gguf
 from pipelines.catalog import CatalogEntry, GGUFVariants, HubSource
-from pipelines.fsutil import HashCache, clean_partials, sha256_file, write_text_atomic
+from pipelines.fsutil import clean_partials, sha256_file, write_text_atomic
 from pipelines.gates import gguf_gate
 from pipelines.settings import Settings
+from pipelines.texts import EVAL_TEXT, TextRef, check_apart, text_ref
 from pipelines.toolchains import LlamaCpp, llama_cpp
 from pipelines.validate import kld_base_logits, validate_variant
 
@@ -32,11 +33,8 @@ log = logging.getLogger(__name__)
 
 EVAL_CTX = 128
 EVAL_CHUNKS = 16
-
-
-def bundled_text(name: str = "calibration.txt") -> Path:
-    """The bundled, license-clean evaluation/calibration text (pipelines/data/)."""
-    return Path(__file__).parent / "data" / name
+IMATRIX_FORMAT = "gguf"
+"""The importance matrix is written in llama-imatrix's GGUF format (not the legacy .dat)."""
 
 
 def content_key(*parts: Any) -> str:
@@ -88,8 +86,10 @@ class GGUFPlan:
     snapshot: Any  # pipelines.fetch.SourceSnapshot
     source_key: str
     out_dir: Path
-    text: Path
-    text_sha: str
+    evaluation: TextRef
+    """The held-out text every variant is measured on (eval.txt)."""
+    calibration: TextRef | None
+    """The text the importance matrix is computed on (train.txt); None when the entry asks for no imatrix."""
 
     @property
     def source(self) -> dict[str, Any]:
@@ -109,23 +109,46 @@ class GGUFPlan:
 
     @property
     def imatrix_key(self) -> str | None:
-        return content_key("imatrix", self.base_key, self.text_sha, self.llama.commit) if self.spec.imatrix else None
+        if self.calibration is None:
+            return None
+        cal = self.spec.calibration
+        return content_key("imatrix", self.base_key, self.calibration.describe(), cal.num_samples, cal.max_seq_length,
+                           IMATRIX_FORMAT, self.llama.commit)
 
     def quant_path(self, q: str) -> Path:
         return self.out_dir / f"{self.entry.name}-{q}.gguf"
 
     @property
     def provenance_kv(self) -> dict[str, str | int]:
-        """Metadata every quantized GGUF carries (llama-quantize --override-kv)."""
-        return {
+        """Metadata every quantized GGUF carries (llama-quantize --override-kv).
+
+        Inputs are named portably (a file name and its sha256), never by a path of the machine that built it.
+        """
+        kv: dict[str, str | int] = {
             "modelmint.version": __version__,
             "modelmint.llama_cpp.commit": self.llama.commit,
             "modelmint.source.repo": self.snapshot.repo_id or self.entry.name,
             "modelmint.source.revision": self.snapshot.revision or self.source_key,
         }
+        if self.calibration is not None:
+            kv |= {
+                "modelmint.imatrix.format": IMATRIX_FORMAT,
+                "modelmint.imatrix.dataset": self.calibration.name,
+                "modelmint.imatrix.dataset.sha256": self.calibration.sha256,
+            }
+        return kv
 
     def quant_key(self, q: str) -> str:
-        return content_key("quantize", self.base_key, q, self.imatrix_key, self.llama.commit, self.provenance_kv)
+        # an imatrix variant is made from the matrix's bytes (and names its sha256 in its metadata)
+        made = [self.imatrix_sha256()] if self.calibration is not None else []
+        return content_key("quantize", self.base_key, q, self.imatrix_key, self.llama.commit, self.provenance_kv, *made)
+
+    def imatrix_sha256(self) -> str | None:
+        """The sha256 of the finished importance matrix; None when there is none (yet)."""
+        if self.imatrix_path is None or self.imatrix_key is None:
+            return None
+        receipt = load_receipt(self.imatrix_path, self.imatrix_key)
+        return receipt["sha256"] if receipt else None
 
     @property
     def logits_path(self) -> Path:
@@ -133,7 +156,32 @@ class GGUFPlan:
 
     @property
     def logits_key(self) -> str:
-        return content_key("kld-base", self.base_key, self.text_sha, EVAL_CTX, EVAL_CHUNKS, self.llama.commit)
+        return content_key("kld-base", self.base_key, self.evaluation.sha256, EVAL_CTX, EVAL_CHUNKS, self.llama.commit)
+
+    @property
+    def evaluation_record(self) -> dict[str, Any]:
+        """The evaluation text as reports, manifests and cards name it."""
+        return self.evaluation.describe(ctx=EVAL_CTX, chunks=EVAL_CHUNKS)
+
+    def calibration_record(self) -> dict[str, Any] | None:
+        """The importance matrix's data and the matrix itself, as reports, manifests and cards name them.
+
+        None without an imatrix. Reads the imatrix's receipt (the chunks it was computed on, its sha256).
+
+        Raises:
+            FileNotFoundError: the imatrix has not been computed (run ensure_imatrix first).
+        """
+        if self.calibration is None or self.imatrix_path is None or self.imatrix_key is None:
+            return None
+        receipt = load_receipt(self.imatrix_path, self.imatrix_key)
+        if receipt is None:
+            raise FileNotFoundError(f"{self.imatrix_path} has not been computed (run ensure_imatrix first)")
+        made = receipt.get("imatrix") or {}
+        return self.calibration.describe(
+            ctx=made.get("chunk_size"),
+            chunks=made.get("chunks"),
+            imatrix={"file": self.imatrix_path.name, "sha256": receipt["sha256"], "format": IMATRIX_FORMAT},
+        )
 
     def report_path(self, q: str) -> Path:
         return self.quant_path(q).with_suffix(".report.json")
@@ -169,13 +217,19 @@ class VariantOutcome:
 # ---------------------------------------------------------------- the steps
 
 
+def gguf_texts(spec: GGUFVariants) -> tuple[TextRef, TextRef]:
+    """The text an importance matrix of `spec` is computed on, and the held-out text its variants are measured on."""
+    return text_ref(spec.calibration.bundled), text_ref(EVAL_TEXT)
+
+
 def plan_gguf(
     entry: CatalogEntry, settings: Settings, *, revision: str | None = None, quants: list[str] | None = None
 ) -> GGUFPlan:
     """Fetch the source and fix the content keys and output directory of one GGUF build.
 
     Raises:
-        ConfigError: the entry asks for no GGUF variants or an unknown quant type.
+        ConfigError: the entry asks for no GGUF variants or an unknown quant type; its calibration text shares
+            content with the evaluation text.
         SourceError, ToolchainMissing: the source or the toolchain is not usable.
     """
     from pipelines.errors import ConfigError
@@ -190,15 +244,17 @@ def plan_gguf(
     spec = entry.variants.gguf
     if spec is None:
         raise ConfigError(f"{entry.name} asks for no GGUF variants", hint="add variants.gguf to its catalog entry")
+    calibration, evaluation = gguf_texts(spec)
+    if spec.imatrix:
+        check_apart(calibration, evaluation)
     snapshot = fetch(entry, settings, revision=revision)
     source_key = content_key(sorted(snapshot.files.items()))
     out_dir = settings.work_dir / entry.name / (snapshot.revision or source_key)[:12]
     out_dir.mkdir(parents=True, exist_ok=True)
     for stale in clean_partials(out_dir):
         log.info("removed %s left by an interrupted run", stale)
-    text = bundled_text()
-    text_sha = HashCache(settings.home / "hashcache.json").sha256(text)
-    return GGUFPlan(entry, spec, settings, llama, snapshot, source_key, out_dir, text, text_sha)
+    return GGUFPlan(entry, spec, settings, llama, snapshot, source_key, out_dir, evaluation,
+                    calibration if spec.imatrix else None)
 
 
 def ensure_base(plan: GGUFPlan) -> StepResult:
@@ -215,15 +271,19 @@ def ensure_base(plan: GGUFPlan) -> StepResult:
 
 
 def ensure_imatrix(plan: GGUFPlan) -> StepResult | None:
-    """The importance matrix over the bundled calibration text, when the catalog asks for one."""
-    out, key = plan.imatrix_path, plan.imatrix_key
-    if out is None or key is None:
+    """The importance matrix over the calibration text (never the evaluation text), when the catalog asks for one."""
+    out, key, text = plan.imatrix_path, plan.imatrix_key, plan.calibration
+    if out is None or key is None or text is None:
         return None
     receipt = load_receipt(out, key)
     if receipt is not None:
         return StepResult(out, receipt, ran=False)
-    tool = gguf.compute_imatrix(plan.base_path, plan.text, out, plan.llama, threads=plan.settings.effective_threads)
-    return StepResult(out, write_receipt(out, key, wall_s=round(tool.wall_s, 3)), ran=True)
+    cal = plan.spec.calibration
+    made, tool = gguf.compute_imatrix(plan.base_path, text.path, out, plan.llama, threads=plan.settings.effective_threads,
+                                      ctx=cal.max_seq_length, chunks=cal.num_samples)
+    receipt = write_receipt(out, key, imatrix={**made, "format": IMATRIX_FORMAT}, calibration=text.describe(),
+                            wall_s=round(tool.wall_s, 3))
+    return StepResult(out, receipt, ran=True)
 
 
 def ensure_quant(plan: GGUFPlan, q: str, *, threads: int | None = None) -> StepResult:
@@ -232,11 +292,17 @@ def ensure_quant(plan: GGUFPlan, q: str, *, threads: int | None = None) -> StepR
     receipt = load_receipt(out, key)
     if receipt is not None:
         return StepResult(out, receipt, ran=False)
+    kv: dict[str, str | int] = {**plan.provenance_kv, "modelmint.variant": q}
+    if plan.calibration is not None:
+        imatrix_sha = plan.imatrix_sha256()
+        if imatrix_sha is None:
+            raise FileNotFoundError(f"{plan.imatrix_path} has not been computed (run ensure_imatrix first)")
+        kv["modelmint.imatrix.sha256"] = imatrix_sha
     info, tool = gguf.quantize(
         plan.base_path, out, q, plan.llama,
         threads=threads or plan.settings.effective_threads,
         imatrix=plan.imatrix_path,
-        kv={**plan.provenance_kv, "modelmint.variant": q},
+        kv=kv,
     )
     receipt = write_receipt(out, key, gguf=info.to_dict(), wall_s=round(tool.wall_s, 3), peak_rss=tool.peak_rss_bytes)
     return StepResult(out, receipt, ran=True)
@@ -249,7 +315,7 @@ def ensure_reference_logits(plan: GGUFPlan) -> StepResult:
     if receipt is not None:
         return StepResult(out, receipt, ran=False)
     out.unlink(missing_ok=True)
-    kld_base_logits(plan.base_path, plan.text, out, plan.llama, threads=plan.settings.effective_threads,
+    kld_base_logits(plan.base_path, plan.evaluation.path, out, plan.llama, threads=plan.settings.effective_threads,
                     ctx=EVAL_CTX, chunks=EVAL_CHUNKS)
     return StepResult(out, write_receipt(out, key), ran=True)
 
@@ -266,7 +332,8 @@ def ensure_validated(plan: GGUFPlan, q: str) -> VariantOutcome:
         raise FileNotFoundError(f"{qpath} has not been quantized (run ensure_quant first)")
     gate = gguf_gate(q, plan.entry.gate_profile)
     report_path = plan.report_path(q)
-    report_key = content_key("validate", qreceipt["sha256"], plan.logits_key, gate.to_dict())
+    texts = {"calibration": plan.calibration_record(), "evaluation": plan.evaluation_record}
+    report_key = content_key("validate", qreceipt["sha256"], plan.logits_key, gate.to_dict(), texts)
     report = _load_report(report_path, report_key)
     cached = report is not None
     if report is None:
@@ -275,7 +342,7 @@ def ensure_validated(plan: GGUFPlan, q: str) -> VariantOutcome:
         report = validate_variant(
             q, qpath, info, plan.base_path, logits.path, gate, plan.llama,
             threads=plan.settings.effective_threads, ctx=EVAL_CTX, report_path=report_path,
-            extra={"key": report_key, "sha256": qreceipt["sha256"], "source": plan.source},
+            extra={"key": report_key, "sha256": qreceipt["sha256"], "source": plan.source, **texts},
         ).to_dict()
     outcome = VariantOutcome(q, qpath, qreceipt["sha256"], qreceipt["size"], report, cached)
     if outcome.passed and plan.spec.split_max_size:

@@ -172,6 +172,10 @@ class GGUFVariants(_Strict):
     outtype: Literal["f16", "bf16"] = "f16"
     quants: list[str] = Field(default_factory=lambda: ["q4_k_m"])
     imatrix: bool = False
+    calibration: CalibrationSpec = Field(
+        default_factory=lambda: _imatrix_calibration(),
+        description="the importance matrix's text (llama-imatrix): num_samples chunks of max_seq_length tokens",
+    )
     split_max_size: str | None = Field(
         default=None, description="shard outputs above this size with llama-gguf-split, e.g. '2G'"
     )
@@ -191,6 +195,16 @@ class GGUFVariants(_Strict):
     def _size(cls, v: str | None) -> str | None:
         if v is not None and not re.fullmatch(r"\d+[MG]", v):
             raise ValueError(f"split_max_size {v!r} must look like 500M or 2G (llama-gguf-split's form)")
+        return v
+
+    @field_validator("calibration")
+    @classmethod
+    def _bundled_only(cls, v: CalibrationSpec) -> CalibrationSpec:
+        if v.hub_dataset is not None:
+            raise ValueError(
+                "llama-imatrix reads a local text file: a hub_dataset is not supported for GGUF calibration yet "
+                "(remove it to calibrate on the bundled train.txt)"
+            )
         return v
 
     @model_validator(mode="after")
@@ -227,9 +241,10 @@ class HubDataset(_Strict):
 
 
 class CalibrationSpec(_Strict):
-    """Calibration text for AWQ / GPTQ / SmoothQuant: the bundled train.txt unless a pinned hub data set is named.
+    """Calibration text for llama-imatrix / AWQ / GPTQ / SmoothQuant: the bundled train.txt unless a pinned hub
+    data set is named.
 
-    pipelines/data/calibration.txt is never used here: it is the held-out evaluation text.
+    pipelines/data/eval.txt is never used here: it is the held-out evaluation text.
     """
 
     bundled: Literal["train.txt"] = "train.txt"
@@ -238,6 +253,11 @@ class CalibrationSpec(_Strict):
     )
     num_samples: int = Field(default=16, ge=1, le=4096)
     max_seq_length: int = Field(default=256, ge=16, le=16384)
+
+
+def _imatrix_calibration() -> CalibrationSpec:
+    # 32 chunks of 128 tokens: 4,096 of the ~6,400 tokens train.txt holds for the Qwen2 and Llama tokenizers
+    return CalibrationSpec(num_samples=32, max_seq_length=128)
 
 
 def _ignore_default() -> list[str]:

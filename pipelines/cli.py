@@ -353,9 +353,10 @@ def validate(
     no_smoke: Annotated[bool, typer.Option("--no-smoke", help="skip the generation smoke test")] = False,
 ) -> None:
     """Measure a quant against its reference (KL divergence, same top token, ΔPPL) and apply its gate."""
-    from pipelines.build import EVAL_CHUNKS, EVAL_CTX, bundled_text
+    from pipelines.build import EVAL_CHUNKS, EVAL_CTX
     from pipelines.gates import gguf_gate
     from pipelines.gguf import inspect_gguf
+    from pipelines.texts import EVAL_TEXT, text_ref
     from pipelines.toolchains import llama_cpp
     from pipelines.validate import kld_base_logits, validate_variant
 
@@ -369,11 +370,13 @@ def validate(
     gate = gguf_gate(qtype, profile)  # type: ignore[arg-type]
     report_path = report or quant.with_suffix(".report.json")
     with tempfile.TemporaryDirectory(dir=settings.work_dir if settings.work_dir.exists() else None) as tmp:
-        logits = kld_base_logits(reference, bundled_text(), Path(tmp) / "base.kld", llama,
+        evaluation = text_ref(EVAL_TEXT)
+        logits = kld_base_logits(reference, evaluation.path, Path(tmp) / "base.kld", llama,
                                  threads=settings.effective_threads, ctx=EVAL_CTX, chunks=EVAL_CHUNKS)
         rep = validate_variant(qtype, quant, info, reference, logits, gate, llama,
                                threads=settings.effective_threads, ctx=EVAL_CTX, report_path=report_path,
-                               smoke=not no_smoke)
+                               smoke=not no_smoke,
+                               extra={"evaluation": evaluation.describe(ctx=EVAL_CTX, chunks=EVAL_CHUNKS)})
     k = rep.kld
     out.print(f"{quant.name} ({qtype}) vs {reference.name}: mean KLD {k['mean_kld']:.5f}, "
               f"same top {k['same_top_pct']:.2f} %, ΔPPL {k['dppl_pct']:+.2f} %  → report {report_path}")

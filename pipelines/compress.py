@@ -18,7 +18,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from pipelines import __version__
-from pipelines.build import BuildResult, VariantOutcome, bundled_text, content_key, timed_phase
+from pipelines.build import BuildResult, VariantOutcome, content_key, timed_phase
 from pipelines.catalog import (
     COMPRESSED_VARIANTS,
     AWQVariant,
@@ -36,6 +36,7 @@ from pipelines.gates import CompressedGate, compressed_gate
 from pipelines.runner import ToolRun, run
 from pipelines.serving import serve_config_for
 from pipelines.settings import Settings
+from pipelines.texts import EVAL_TEXT, TextRef, bundled_text, check_apart, text_ref
 from pipelines.toolchains import LlmCompressor, llmcompressor
 
 log = logging.getLogger(__name__)
@@ -45,7 +46,6 @@ QUANTIZE_SCRIPT = SCRIPTS / "llmc_quantize.py"
 EVALUATE_SCRIPT = SCRIPTS / "llmc_evaluate.py"
 RECIPE_FILE = "modelmint-recipe.yaml"
 """Our typed recipe, saved inside every artifact (llmcompressor writes its own expansion as recipe.yaml)."""
-EVAL_TEXT = "calibration.txt"
 EVAL_CTX = 256
 EVAL_CHUNKS = 8
 # Copied byte for byte from the source: transformers 5 rewrites tokenizers and generation configs it re-saves.
@@ -122,7 +122,7 @@ class Recipe(_Strict):
     modifiers: list[ModifierSpec]
     calibration: CalibrationSpec | None = None
     """None: data-free (FP8_DYNAMIC). The bundled calibration text is pipelines/data/train.txt."""
-    evaluation_text: Literal["calibration.txt"] = EVAL_TEXT
+    evaluation_text: Literal["eval.txt"] = EVAL_TEXT
     """Held-out text (pipelines/data/) the variant is measured on; never used for calibration."""
 
     @property
@@ -616,8 +616,10 @@ class CompressPlan:
     recipes: dict[str, Recipe]
     script_sha: dict[str, str]
     """sha256 of llmc_quantize.py / llmc_evaluate.py: a changed script is a changed tool."""
-    eval_text_sha: str
-    calibration_sha: str
+    evaluation: TextRef
+    """The held-out text every variant is measured on (eval.txt)."""
+    calibration: TextRef
+    """The bundled calibration text (train.txt), for the recipes that calibrate without a hub data set."""
     params: int
     """Parameters of the source (from its Safetensors headers): picks the published gate's size band."""
 
@@ -632,7 +634,7 @@ class CompressPlan:
     def quant_key(self, v: str) -> str:
         recipe = self.recipes[v]
         return content_key("compress", self.source_key, recipe.model_dump(mode="json"),
-                           self.calibration_sha if recipe.calibration else None, self.tc.versions(),
+                           self.calibration.sha256 if recipe.calibration else None, self.tc.versions(),
                            self.script_sha[QUANTIZE_SCRIPT.name], __version__)
 
     def gate(self, v: str) -> CompressedGate:
@@ -640,7 +642,18 @@ class CompressPlan:
 
     @property
     def eval_params(self) -> dict[str, Any]:
-        return {"text": EVAL_TEXT, "text_sha256": self.eval_text_sha, "ctx": EVAL_CTX, "chunks": EVAL_CHUNKS}
+        """The evaluation text as reports, manifests and cards name it."""
+        return self.evaluation.describe(ctx=EVAL_CTX, chunks=EVAL_CHUNKS)
+
+    def calibration_record(self, v: str) -> dict[str, Any] | None:
+        """The data variant `v` was calibrated on, as reports, manifests and cards name it (None: data-free)."""
+        cal = self.recipes[v].calibration
+        if cal is None:
+            return None
+        sizes = {"samples": cal.num_samples, "max_seq_length": cal.max_seq_length}
+        if cal.hub_dataset is not None:
+            return {"hub_dataset": cal.hub_dataset.model_dump(mode="json"), **sizes}
+        return self.calibration.describe(**sizes)
 
     def report_path(self, v: str) -> Path:
         d = self.variant_dir(v)
@@ -648,7 +661,7 @@ class CompressPlan:
 
     def report_key(self, v: str, tree_sha256: str) -> str:
         return content_key("validate", tree_sha256, self.source_key, self.eval_params, self.gate(v).to_dict(),
-                           self.tc.versions(), self.script_sha[EVALUATE_SCRIPT.name])
+                           self.tc.versions(), self.script_sha[EVALUATE_SCRIPT.name], self.calibration_record(v))
 
     def serve_config_path(self, v: str) -> Path:
         d = self.variant_dir(v)
@@ -661,7 +674,7 @@ class CompressPlan:
             "source": self.entry.source.model_dump(mode="json")
             | ({"revision": self.snapshot.revision} if self.snapshot.revision else {}),
             "recipe": self.recipes[v].model_dump(mode="json"),
-            "calibration_text_sha256": self.calibration_sha if self.recipes[v].calibration else None,
+            "calibration": self.calibration_record(v),
             "gate_profile": self.entry.gate_profile,
             "eval": self.eval_params,
         }
@@ -678,6 +691,15 @@ class StepResult:
     """False when the step was skipped because its receipt matched."""
 
 
+def compressed_texts(recipes: dict[str, Recipe]) -> tuple[TextRef, TextRef]:
+    """The bundled calibration text the recipes calibrate on (unless they name a hub data set), and the
+    held-out text their variants are measured on."""
+    bundled = {r.calibration.bundled for r in recipes.values() if r.calibration is not None} or {"train.txt"}
+    if len(bundled) != 1:
+        raise ConfigError(f"recipes calibrate on different bundled texts {sorted(bundled)}")
+    return text_ref(bundled.pop()), text_ref(EVAL_TEXT)
+
+
 def plan_compressed(
     entry: CatalogEntry, settings: Settings, *, revision: str | None = None, schemes: list[str] | None = None
 ) -> CompressPlan:
@@ -686,7 +708,8 @@ def plan_compressed(
     `schemes` overrides the catalog's list; a scheme the entry does not configure gets its defaults.
 
     Raises:
-        ConfigError: the entry asks for no compressed variant, or an unknown one.
+        ConfigError: the entry asks for no compressed variant, or an unknown one; its calibration text shares
+            content with the evaluation text.
         SourceError, ToolchainMissing: the source or the toolchain is not usable.
     """
     from pipelines.fetch import fetch
@@ -700,6 +723,9 @@ def plan_compressed(
             hint=f"add fp8 / awq under variants of {entry.name} in registry/catalog.yaml, or pass --schemes fp8,awq",
         )
     recipes = {n: recipe_for(n, configured.get(n)) for n in names}
+    calibration, evaluation = compressed_texts(recipes)
+    if any(r.calibration is not None and r.calibration.hub_dataset is None for r in recipes.values()):
+        check_apart(calibration, evaluation)
     snapshot = fetch(entry, settings, revision=revision)
     source_key = content_key(sorted(snapshot.files.items()))
     out_dir = settings.work_dir / entry.name / (snapshot.revision or source_key)[:12]
@@ -716,8 +742,8 @@ def plan_compressed(
         out_dir=out_dir,
         recipes=recipes,
         script_sha={p.name: hashes.sha256(p) for p in (QUANTIZE_SCRIPT, EVALUATE_SCRIPT)},
-        eval_text_sha=hashes.sha256(bundled_text(EVAL_TEXT)),
-        calibration_sha=hashes.sha256(bundled_text("train.txt")),
+        evaluation=evaluation,
+        calibration=calibration,
         params=parameter_count(snapshot.path),
     )
 
@@ -898,6 +924,7 @@ def _new_report(
         "source": {k: val for k, val in plan.source.items() if k != "path"},
         "source_parameters": plan.params,
         "recipe": recipe.model_dump(mode="json"),
+        "calibration": plan.calibration_record(v),
         "tree_sha256": receipt["tree_sha256"],
         "size_bytes": receipt["size"],
         "quantize": receipt.get("quantize", {}),

@@ -52,7 +52,7 @@ _PUBLISHED = {
 }
 
 # Tiny generated models (hidden 256, 4 layers, briefly trained; see pipelines/tinymodel.py), measured on
-# tiny-qwen2 against its f16 GGUF over calibration.txt (16 x 128 tokens): Q4_K_M mean KLD 0.0013, same top
+# tiny-qwen2 against its f16 GGUF over eval.txt (16 x 128 tokens): Q4_K_M mean KLD 0.0013, same top
 # 99.1 %, ΔPPL +0.23 %; Q8_0 0.0001, 99.8 %, +0.03 %. Their next-token distributions are flatter than an
 # 8B model's, so the same type loses *less* here than in llama.cpp's table. The thresholds leave ~4x KLD
 # headroom over those figures; a quant with zeroed blocks (tests/test_gguf_path.py) misses them by orders
@@ -138,7 +138,7 @@ _COMPRESSED_PUBLISHED: dict[str, dict[str, tuple[float, float, float, str]]] = {
 }
 
 # Tiny generated models (hidden 256, 4 layers, briefly trained; pipelines/tinymodel.py): measured on tiny-qwen2
-# against its bf16 source on calibration.txt (8 x 256 tokens): FP8_DYNAMIC mean KL 5.9e-4, top-1 99.3 %,
+# against its bf16 source on eval.txt (8 x 256 tokens): FP8_DYNAMIC mean KL 5.9e-4, top-1 99.3 %,
 # ppl ratio 1.000; AWQ W4A16_ASYM (16 x 256 calibration tokens of train.txt) 2.5e-3, 99.3 %, 1.031.
 # Rows of 256 weights are two 128-groups, so 4-bit loses more here than on a real model. The thresholds
 # leave ~4x KL headroom; zeroed scales (KL ~10, top-1 ~7 %, ppl x thousands) fail all three

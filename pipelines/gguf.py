@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipelines.errors import ArtifactError, ToolError, UnsupportedModel
+from pipelines.errors import ArtifactError, DiskFullError, ToolError, UnsupportedModel
 from pipelines.fsutil import atomic_output, partial_path
 from pipelines.runner import ToolRun, run
 from pipelines.toolchains import LlamaCpp
@@ -361,6 +361,8 @@ def quantize(
     """Quantize a 16-bit GGUF to `qtype` with llama-quantize, atomically, and check the result.
 
     `kv` entries become `--override-kv` metadata in the output (provenance the manifest also records).
+    llama-quantize copies the `--imatrix` argument into `quantize.imatrix.file` as given: it runs in the
+    imatrix's directory and is given its bare name, so the output names no path of this machine.
 
     Raises:
         ToolError, DiskFullError: llama-quantize failed.
@@ -369,12 +371,12 @@ def quantize(
     with atomic_output(out) as tmp:
         argv: list[str | Path] = [llama.bin("llama-quantize")]
         if imatrix is not None:
-            argv += ["--imatrix", imatrix]
+            argv += ["--imatrix", imatrix.name]
         for key, value in (kv or {}).items():
             kind = "int" if isinstance(value, int) else "str"
             argv += ["--override-kv", f"{key}={kind}:{value}"]
-        argv += [source, tmp, qtype.upper(), str(threads)]
-        result = run(argv, timeout=timeout)
+        argv += [Path(source).resolve(), tmp.resolve(), qtype.upper(), str(threads)]
+        result = run(argv, timeout=timeout, cwd=imatrix.parent if imatrix is not None else None)
         info = inspect_gguf(tmp)
         check_gguf(info, expect_file_type=qtype)
     return _relocated(info, out), result
@@ -382,13 +384,51 @@ def quantize(
 
 def compute_imatrix(
     model: Path, text: Path, out: Path, llama: LlamaCpp, *, threads: int, ctx: int = 128, chunks: int = 32
-) -> ToolRun:
-    """Compute an importance matrix over `text` with llama-imatrix (GGUF output), atomically."""
+) -> tuple[dict[str, Any], ToolRun]:
+    """Compute an importance matrix over `text` with llama-imatrix (GGUF output), atomically.
+
+    llama-imatrix records its `-f` argument as given in `imatrix.datasets` (and llama-quantize copies it
+    into every quant as `quantize.imatrix.dataset`): it runs in the text's directory and is given the
+    bare file name, so the matrix and the quants name `train.txt`, not a path of this machine.
+    Returns what the matrix says of itself (datasets, chunks, chunk size) and the tool run.
+
+    Raises:
+        ToolError, DiskFullError: llama-imatrix failed.
+        ArtifactError: the output is not an imatrix GGUF computed on `text`.
+    """
     with atomic_output(out) as tmp:
-        return run([
-            llama.bin("llama-imatrix"), "-m", model, "-f", text, "-o", tmp, "-c", str(ctx), "-b", str(ctx),
-            "--chunks", str(chunks), "-t", str(threads), "--no-ppl", "--output-format", "gguf",
-        ])
+        try:
+            result = run([
+                llama.bin("llama-imatrix"), "-m", Path(model).resolve(), "-f", text.name, "-o", tmp.resolve(),
+                "-c", str(ctx), "-b", str(ctx), "--chunks", str(chunks), "-t", str(threads), "--no-ppl",
+                "--output-format", "gguf",
+            ], cwd=text.parent)
+        except DiskFullError as err:
+            # the runner names its working directory (the text's); the disk that filled up is the output's
+            raise DiskFullError(str(out.parent)) from err
+        made = read_imatrix(tmp)
+        if made["datasets"] != [text.name] or made["chunks"] < 1:
+            raise ArtifactError(f"llama-imatrix wrote {made} for {text.name}",
+                                hint="delete it and rerun the step that wrote it")
+    return made, result
+
+
+def read_imatrix(path: Path) -> dict[str, Any]:
+    """The datasets, chunk count and chunk size an imatrix GGUF records (llama-imatrix --output-format gguf).
+
+    Raises:
+        ArtifactError: not a GGUF, or not an importance matrix.
+    """
+    keys = {"general.type", "imatrix.datasets", "imatrix.chunk_count", "imatrix.chunk_size"}
+    meta = read_gguf_header(path, lambda key, _found: key in keys).metadata
+    if meta.get("general.type") != "imatrix":
+        raise ArtifactError(f"{path} is not an importance matrix (general.type {meta.get('general.type')!r})",
+                            hint="delete it and rerun the step that wrote it")
+    return {
+        "datasets": list(meta.get("imatrix.datasets") or []),
+        "chunks": int(meta.get("imatrix.chunk_count") or 0),
+        "chunk_size": int(meta.get("imatrix.chunk_size") or 0),
+    }
 
 
 def split(path: Path, max_size: str, llama: LlamaCpp) -> list[Path]:

@@ -24,6 +24,7 @@ from pipelines.fsutil import HashCache, write_text_atomic
 from pipelines.modelfile import Message, Modelfile, Parameter
 from pipelines.runner import run
 from pipelines.settings import Settings
+from pipelines.texts import data_lines
 
 log = logging.getLogger(__name__)
 
@@ -565,6 +566,8 @@ def model_card(gguf: Path, built: OllamaModelfile, report: dict[str, Any], entry
             "size_bytes": gguf.stat().st_size,
             "source": {k: v for k, v in (("repo", repo), ("revision", revision), ("kind", source.get("kind"))) if v},
             "toolchain": report.get("toolchain") or {},
+            "calibration": report.get("calibration"),
+            "evaluation": report.get("evaluation"),
             "chat_family": built.family,
             "template_origin": built.template_origin,
             "template_proof": asdict(built.proof) if built.proof else None,
@@ -610,6 +613,8 @@ llama-server -m {gguf.name} --jinja -c {built.num_ctx}
 ```
 
 ## Validation against the 16-bit model
+
+{data_lines(report)}
 
 | figure | value |
 | --- | --- |

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pipelines import __version__, dvcrepo
-from pipelines.build import EVAL_CHUNKS, EVAL_CTX, GGUFPlan, VariantOutcome, content_key, load_receipt
+from pipelines.build import GGUFPlan, VariantOutcome, content_key, load_receipt
 from pipelines.catalog import CatalogEntry
 from pipelines.errors import COMPRESSED_ADVICE, GateFailed, ManifestInvalid
 from pipelines.fsutil import HashCache, atomic_output
@@ -132,9 +132,10 @@ def gguf_recipe(plan: GGUFPlan, tag: str) -> dict[str, Any]:
         "outtype": spec.outtype,
         "quant": tag,
         "imatrix": spec.imatrix,
+        "calibration": plan.calibration_record(),
         "split_max_size": spec.split_max_size,
         "gate_profile": plan.entry.gate_profile,
-        "eval": {"ctx": EVAL_CTX, "chunks": EVAL_CHUNKS, "text_sha256": plan.text_sha},
+        "eval": plan.evaluation_record,
     }
 
 

@@ -15,6 +15,7 @@ from pipelines.errors import ConfigError, ToolError
 from pipelines.fsutil import sha256_file, write_text_atomic
 from pipelines.runner import run
 from pipelines.settings import Settings
+from pipelines.texts import EVAL_RECORD, data_lines
 from pipelines.toolchains import VllmCpu, vllm_cpu
 
 log = logging.getLogger(__name__)
@@ -218,6 +219,8 @@ def model_card(config: VllmServeConfig, report: dict[str, Any], entry: Any) -> s
             "source": {k: v for k, v in source.items() if k in ("kind", "repo", "revision", "content_sha256") and v},
             "tree_sha256": report.get("tree_sha256"),
             "toolchain": report.get("toolchain") or {},
+            "calibration": report.get("calibration"),
+            "evaluation": {k: v for k, v in (report.get("evaluation") or {}).items() if k in EVAL_RECORD} or None,
         },
     })
     head = yaml.safe_dump(front, sort_keys=False, allow_unicode=True, width=100)
@@ -241,7 +244,8 @@ tokens; run it from this directory, or pass the directory's path instead of `./`
 
 ## Validation against the source
 
-Next-token distributions of this checkpoint and the source on modelmint's bundled evaluation text (CPU):
+Next-token distributions of this checkpoint and the source on modelmint's bundled evaluation text (CPU).
+{data_lines(report)}
 
 | figure | value |
 | --- | --- |

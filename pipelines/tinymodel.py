@@ -23,7 +23,7 @@ log = logging.getLogger(__name__)
 _PACKAGE = Path(__file__).resolve().parent
 SCRIPT = _PACKAGE / "scripts" / "make_tiny_model.py"
 TRAIN_TEXT = _PACKAGE / "data" / "train.txt"
-CALIBRATION_TEXT = _PACKAGE / "data" / "calibration.txt"
+EVAL_TEXT = _PACKAGE / "data" / "eval.txt"
 
 # About a minute on 2 cores; the limit only catches a hung run.
 _GENERATE_TIMEOUT_S = 1800.0
@@ -98,7 +98,7 @@ def recipe_hash(name: str) -> str:
         "recipe": tiny_recipe(name).model_dump(mode="json"),
         "script": sha256_file(SCRIPT),
         "train_text": sha256_file(TRAIN_TEXT),
-        "calibration_text": sha256_file(CALIBRATION_TEXT),
+        "eval_text": sha256_file(EVAL_TEXT),
         "llama_cpp_pins": read_pins("llama-cpp"),
     }
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
@@ -140,7 +140,7 @@ def ensure_tiny_model(name: str, settings: Settings) -> Path:
             "--out", tmp,
             "--llama-cpp-src", llama.source,
             "--train-text", TRAIN_TEXT,
-            "--eval-text", CALIBRATION_TEXT,
+            "--eval-text", EVAL_TEXT,
             "--name", name,
             "--recipe-hash", digest,
         ]  # fmt: skip

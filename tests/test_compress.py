@@ -80,7 +80,7 @@ def test_recipes_round_trip_through_yaml(variant: str) -> None:
     assert Recipe.from_yaml(text) == recipe
     assert yaml.safe_load(text)["variant"] == variant
     assert recipe.ignore == ["lm_head"]
-    assert recipe.evaluation_text == "calibration.txt"
+    assert recipe.evaluation_text == "eval.txt"
 
 
 def test_awq_recipe_is_smoothing_then_asymmetric_w4a16() -> None:
@@ -129,7 +129,7 @@ def test_calibration_spec_is_checked_at_the_edge() -> None:
     with pytest.raises(ValueError, match="40-hex"):
         CalibrationSpec.model_validate({"hub_dataset": {"repo": "org/data", "revision": "main"}})
     with pytest.raises(ValueError):
-        CalibrationSpec.model_validate({"bundled": "calibration.txt"})  # the held-out evaluation text
+        CalibrationSpec.model_validate({"bundled": "eval.txt"})  # the held-out evaluation text
     assert Variants.model_validate({"gguf": None}).compressed() == {}
 
 

@@ -57,7 +57,7 @@ def _tiny_entry(settings: Settings, tmp: Path) -> CatalogEntry:
     data = project_root() / "pipelines" / "data"
     run([llama.python, project_root() / "pipelines" / "scripts" / "make_tiny_model.py", "generate",
          "--family", "qwen2", "--out", model, "--llama-cpp-src", llama.source, "--train-text", data / "train.txt",
-         "--eval-text", data / "calibration.txt", "--train-steps", "20", "--threads", str(settings.effective_threads)],
+         "--eval-text", data / "eval.txt", "--train-steps", "20", "--threads", str(settings.effective_threads)],
         timeout=1800)
     return CatalogEntry.model_validate({"name": "tiny-qwen2", "source": {"path": str(model)},
                                         "license": "apache-2.0", "gate_profile": "tiny"})

@@ -18,7 +18,7 @@ from pipelines.fsutil import sha256_file
 from pipelines.runner import run
 from pipelines.settings import Settings
 from pipelines.tinymodel import (
-    CALIBRATION_TEXT,
+    EVAL_TEXT,
     SCRIPT,
     TINY_RECIPES,
     TRAIN_TEXT,
@@ -98,13 +98,13 @@ def test_recipe_hash_is_stable_and_names_the_directory(settings: Settings) -> No
 
 def test_bundled_texts_are_sized_and_disjoint() -> None:
     train = TRAIN_TEXT.read_text(encoding="utf-8")
-    calibration = CALIBRATION_TEXT.read_text(encoding="utf-8")
+    evaluation = EVAL_TEXT.read_text(encoding="utf-8")
     assert 25_000 <= len(train.encode()) <= 40_000
-    assert 12_000 <= len(calibration.encode()) <= 20_000
+    assert 12_000 <= len(evaluation.encode()) <= 20_000
     # llama-perplexity / llama-imatrix at -c 512 need 2 x 512 tokens; English runs ~1.3 tokens a word
-    assert len(calibration.split()) > 1_500
+    assert len(evaluation.split()) > 1_500
     paragraphs = {p.strip() for p in train.split("\n\n")}
-    assert not paragraphs & {p.strip() for p in calibration.split("\n\n")}
+    assert not paragraphs & {p.strip() for p in evaluation.split("\n\n")}
 
 
 # ---------------------------------------------------------------- slow: the real generator and converter
@@ -256,7 +256,7 @@ def test_generation_is_deterministic(settings: Settings, tmp_path: Path) -> None
     outs = [tmp_path / "a", tmp_path / "b"]
     for out in outs:
         run([llama.python, SCRIPT, "generate", *recipe.argv(), "--out", out, "--llama-cpp-src", llama.source,
-             "--train-text", TRAIN_TEXT, "--eval-text", CALIBRATION_TEXT], timeout=900)  # fmt: skip
+             "--train-text", TRAIN_TEXT, "--eval-text", EVAL_TEXT], timeout=900)  # fmt: skip
     files = sorted(p.name for p in outs[0].iterdir())
     assert files == sorted(p.name for p in outs[1].iterdir())
     assert "model.safetensors" in files

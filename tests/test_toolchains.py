@@ -53,7 +53,13 @@ def test_the_package_builds_without_setuptools_warnings_and_carries_its_data(tmp
     """The first command's output stays quiet: the data directories are declared the way setuptools wants."""
     import zipfile
 
-    run = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-w", str(tmp_path), str(ROOT)],
+    import shutil
+
+    # built from a copy: setuptools writes build/ and *.egg-info next to the sources it builds
+    src = tmp_path / "src"
+    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(".venv", ".git", "build", "artifacts", "__pycache__",
+                                                             "*.egg-info", ".pytest_cache", ".ruff_cache"))
+    run = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-w", str(tmp_path), str(src)],
                          capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr
     noise = [line for line in (run.stdout + run.stderr).splitlines()
@@ -61,7 +67,7 @@ def test_the_package_builds_without_setuptools_warnings_and_carries_its_data(tmp
     assert not noise, "\n".join(noise)
     (wheel,) = tmp_path.glob("modelmint-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
-    for f in ("pipelines/data/train.txt", "pipelines/data/calibration.txt", "pipelines/gorender/main.go",
+    for f in ("pipelines/data/train.txt", "pipelines/data/eval.txt", "pipelines/gorender/main.go",
               "pipelines/gorender/go.mod"):
         assert f in names
 
