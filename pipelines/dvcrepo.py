@@ -292,6 +292,9 @@ class RemoteObject:
     """Its location in the remote."""
     problem: str | None = None
     """None: present (and, when the check hashed it, exactly the bytes its md5 and the manifest name)."""
+    damaged: bool = True
+    """With a problem: the remote's copy is missing or wrong (an upload fixes it); False: the object is exactly
+    what DVC recorded and the manifest is what disagrees (no upload fixes that)."""
 
     def describe(self) -> str:
         what = f"{self.path} (md5 {self.oid})" if self.path else f"the directory listing {self.oid}"
@@ -323,7 +326,8 @@ def _remote_odb(settings: Settings) -> Iterator[Any]:
 
     root = require_repo(settings)
     try:
-        repo = Repo(str(root))
+        # The same site cache the DVC processes get through dvc_env (DVC opens its state database there).
+        repo = Repo(str(root), config={"core": {"site_cache_dir": str(settings.dvc_site_cache_dir)}})
     except DvcException as err:
         raise RegistryError(f"DVC cannot open {root}: {err}", hint="`dvc doctor` shows its setup") from err
     try:
@@ -393,35 +397,39 @@ def _check(odb: Any, cache: Path, dir_md5: str, expected: dict[str, str], hashed
         return RemoteCheck(url, hashed, tuple(objects))
     entries = {e["relpath"]: e for e in json.loads(listing)}
     objects += [
-        RemoteObject("?", p, "?", "not in DVC's record of the directory (the manifest and dvc.lock disagree)")
+        RemoteObject("?", p, "?", "not in DVC's record of the directory (the manifest and dvc.lock disagree)",
+                     damaged=False)
         for p in sorted(set(expected) - set(entries))
     ]
     for rel, e in sorted(entries.items()):
         obj_where = odb.oid_to_path(e["md5"])
-        problem = _check_object(odb.fs, obj_where, e["md5"], e.get("size"), expected.get(rel), hashed)
-        objects.append(RemoteObject(e["md5"], rel, obj_where, problem))
+        problem, damaged = _check_object(odb.fs, obj_where, e["md5"], e.get("size"), expected.get(rel), hashed)
+        objects.append(RemoteObject(e["md5"], rel, obj_where, problem, damaged))
     return RemoteCheck(url, hashed, tuple(objects))
 
 
-def _check_object(fs: Any, where: str, md5: str, size: int | None, sha256: str | None, hashed: bool) -> str | None:
+def _check_object(
+    fs: Any, where: str, md5: str, size: int | None, sha256: str | None, hashed: bool
+) -> tuple[str | None, bool]:
     try:
         actual_size = fs.size(where)
     except FileNotFoundError:
-        return "missing"
+        return "missing", True
     if size is not None and actual_size != size:
-        return f"is {actual_size} bytes, DVC recorded {size}"
+        return f"is {actual_size} bytes, DVC recorded {size}", True
     if not hashed:
-        return None
+        return None, True
     h_md5, h_sha = hashlib.md5(), hashlib.sha256()
     with fs.open(where, "rb") as f:
         while chunk := f.read(_CHUNK):
             h_md5.update(chunk)
             h_sha.update(chunk)
     if h_md5.hexdigest() != md5:
-        return f"holds other bytes (md5 {h_md5.hexdigest()}, sha256 {h_sha.hexdigest()})"
+        return f"holds other bytes (md5 {h_md5.hexdigest()}, sha256 {h_sha.hexdigest()})", True
     if sha256 is not None and h_sha.hexdigest() != sha256:
-        return f"has sha256 {h_sha.hexdigest()}, the manifest records {sha256} (the manifest and dvc.lock disagree)"
-    return None
+        return (f"has sha256 {h_sha.hexdigest()}, the manifest records {sha256}: the object is what DVC recorded, "
+                "the manifest disagrees (`git log -p` on it)"), False
+    return None, True
 
 
 def clean_stale_uploads(settings: Settings, wheres: Iterable[str] | None = None, *, now: float | None = None) -> list[str]:
@@ -462,7 +470,8 @@ def ensure_in_remote(
     settings: Settings, stage: str, dir_md5: str, expected: Mapping[str, str], *, hash_contents: bool | None = None
 ) -> RemoteCheck:
     """After `dvc push STAGE`: check every object of its directory output in the remote, re-upload what is
-    missing or wrong, and check again. Returns the first check (its `bad` objects were re-uploaded).
+    missing or wrong, and check again. Returns the first check (its `bad`, `damaged` objects were re-uploaded;
+    ones where only the manifest disagrees are left for the caller to report).
 
     `dvc push` trusts the remote: it skips an object that exists whatever its bytes, and once a directory's
     `.dir` listing is there it takes every file in it as there too. So a bad object is removed first (with the
@@ -475,20 +484,21 @@ def ensure_in_remote(
     """
     first = check_remote(settings, dir_md5, expected, hash_contents=hash_contents)
     clean_stale_uploads(settings, [o.where for o in first.objects if o.where != "?"])
-    if not first.bad:
+    damaged = [o for o in first.bad if o.damaged]
+    if not damaged:
         return first
     log.warning("the DVC remote's copy of %s is damaged, uploading it again:\n%s", stage,
-                "\n".join(o.describe() for o in first.bad))
+                "\n".join(o.describe() for o in damaged))
     cache = cache_dir(settings)
-    if any(not _cache_copy_ok(cache, o.oid) for o in first.objects if o.oid != "?"):
+    if [o for o in first.objects if o.oid != "?" and not _cache_copy_ok(cache, o.oid)]:
         commit(settings, stage)
     with _remote_odb(settings) as odb:
-        for o in (*first.bad, first.objects[0]):
+        for o in (*damaged, first.objects[0]):
             if o.where != "?" and odb.fs.exists(o.where):
                 odb.fs.rm_file(o.where)
     push(settings, stage)
     again = check_remote(settings, dir_md5, expected, hash_contents=hash_contents)
-    if again.bad:
+    if any(o.damaged for o in again.bad):
         raise RemoteError(
             f"the DVC remote {again.url} still lacks or holds other bytes for {stage} after uploading it again:\n"
             + "\n".join(f"  {o.describe()}" for o in again.bad),

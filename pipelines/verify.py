@@ -90,13 +90,13 @@ def _verify_one(settings: Settings, m: Manifest, repair: bool) -> ArtifactCheck:
     expected = {f.path: f.sha256 for f in m.files}
     check = dvcrepo.check_remote(settings, md5, expected, hash_contents=True)
     repaired: tuple[str, ...] = ()
-    if repair and check.bad:
+    if repair and any(o.damaged for o in check.bad):
         try:
             dvcrepo.ensure_in_remote(settings, m.dvc.stage, md5, expected, hash_contents=True)
         except RegistryError as err:
             failed = (*(o.describe() for o in check.bad), f"repair failed: {err.message}")
             return ArtifactCheck(m, check, failed)
-        repaired = tuple(o.describe() for o in check.bad)
+        repaired = tuple(o.describe() for o in check.bad if o.damaged)
         check = dvcrepo.check_remote(settings, md5, expected, hash_contents=True)
     problems = [o.describe() for o in check.bad]
     if problems and not m.dvc.pushed:

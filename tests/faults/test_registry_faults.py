@@ -239,6 +239,10 @@ def test_pull_against_a_tampered_manifest_deletes_nothing_and_names_the_manifest
     assert "up to date" in status and "missing" not in status
     shown = _cli(published, "pull", REF)
     assert shown.returncode == 1 and f"git checkout -- {rel}" in shown.stderr and "Traceback" not in shown.stderr
+    # verify says the same of the remote's copy, and --repair does not "repair" the genuine object
+    checked = _cli(published, "verify", REF, "--repair")
+    assert checked.returncode == 1 and "the manifest disagrees" in " ".join(checked.stderr.split())
+    assert _object(published, m.dvc.md5, m.file).read_bytes() == before
     # the fix it names works
     git(published.root, "checkout", "--", rel)
     assert not pull(settings, REF).fetched
