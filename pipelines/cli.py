@@ -215,6 +215,8 @@ def _register_passed(settings: Settings, candidates: list[Any], track: bool) -> 
     for c in candidates:
         done = register_variant(settings, c, track_with_dvc=track, push=track)
         state = "already registered" if not done.ran else "registered" + (" and pushed" if track else "")
+        if done.reuploaded:
+            state += f" (re-uploaded {len(done.reuploaded)} missing or damaged object(s) to the DVC remote)"
         err.print(f"[dim]•[/dim] {done.manifest.ref} {state} → {done.path}")
 
 
@@ -288,6 +290,31 @@ def pull(
         out.print("ollama is not on PATH; to use it with Ollama run:")
         for argv in result.commands:
             out.print("  " + shlex.join(argv), highlight=False, soft_wrap=True)
+
+
+@app.command("verify")
+def verify_cmd(
+    refs: Annotated[list[str] | None, typer.Argument(help="name:tag … (default: every registered artifact)")] = None,
+    repair: Annotated[bool, typer.Option(help="upload what is missing or damaged again from this machine's DVC "
+                                              "cache or workspace")] = False,
+) -> None:
+    """Check the DVC remote's copy of registered artifacts: every file hashed against its manifest, nothing
+    pulled. Exits 1 listing each missing or damaged object (for a nightly job)."""
+    from pipelines.verify import verify_remote
+
+    result = verify_remote(_settings(), refs or None, repair=repair)
+    for p in result.removed_uploads:
+        err.print(f"[dim]•[/dim] removed {p} (an upload a killed push left)", highlight=False)
+    for a in result.artifacts:
+        n = len(a.check.objects) if a.check is not None else 0
+        for r in a.repaired:
+            err.print(f"[dim]•[/dim] {a.ref}: uploaded again: {_escape(r)}", highlight=False)
+        verdict = "[green]ok[/green]" if a.ok else f"[red]{len(a.problems)} problem(s)[/red]"
+        out.print(f"{a.ref}: {verdict} ({n} objects in {a.check.url if a.check else 'the remote'} hashed)",
+                  highlight=False, soft_wrap=True)
+    error = result.error()
+    if error is not None:
+        raise error
 
 
 @app.command("dvc-yaml")

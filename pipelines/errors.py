@@ -174,17 +174,67 @@ class RemoteUnavailable(RemoteError):
 class BlobMismatch(RegistryError):
     """A fetched blob whose sha256 differs from its manifest: it replaces nothing."""
 
-    def __init__(self, ref: str, path: str, expected: str, actual: str) -> None:
+    def __init__(self, ref: str, path: str, expected: str, actual: str, *, rebuild: str | None = None) -> None:
         super().__init__(
             f"{ref}: {path} from the DVC remote has sha256 {actual}, the manifest records {expected}; "
             "nothing was replaced",
-            hint="the remote (or the local DVC cache) holds other bytes than were registered: push the right "
-            "blob again from the machine that registered it (`dvc push`), or register the variant again",
+            hint="the remote (or the local DVC cache) holds other bytes than were registered: upload them again "
+            f"from the registering machine (`modelmint verify {ref} --repair`; a plain `dvc push` skips objects the "
+            "remote already has) or from a machine that has the build (`"
+            + (rebuild or "modelmint convert NAME --variants TAG --register")
+            + "`), then rerun the pull",
         )
         self.ref = ref
         self.path = path
         self.expected = expected
         self.actual = actual
+
+
+class RemoteObjectMissing(RemoteError):
+    """The DVC remote is reachable but lacks an object (never pushed, or deleted there): retrying will not help."""
+
+    def __init__(self, message: str, *, objects: list[str], hint: str | None = None) -> None:
+        super().__init__(
+            message,
+            hint=hint
+            or "upload it again from a machine that has the build (`modelmint convert NAME --variants TAG "
+            "--register`) or from the registering machine (`modelmint verify NAME:TAG --repair`)",
+        )
+        self.objects = objects
+
+
+class RemoteIntegrityError(RegistryError):
+    """Objects of registered artifacts are missing from the DVC remote or hold other bytes than registered."""
+
+    def __init__(self, problems: list[str], refs: list[str], rebuild: list[str]) -> None:
+        super().__init__(
+            f"the DVC remote's copy of {', '.join(refs)} is damaged:\n" + "\n".join(f"  {p}" for p in problems),
+            hint=f"from the registering machine: `modelmint verify {' '.join(refs)} --repair` (removes the bad "
+            "objects and uploads its own copies; a plain `dvc push` skips objects the remote already lists); "
+            "from a machine that has the build: " + "; ".join(f"`{r}`" for r in rebuild),
+        )
+        self.problems = problems
+        self.refs = refs
+        self.rebuild = rebuild
+
+
+class ManifestDisagrees(ManifestInvalid):
+    """A manifest whose hashes differ from the bytes DVC recorded for the same artifact (dvc.lock)."""
+
+    def __init__(self, path: str, file: str, manifest_sha256: str, dvc_sha256: str, md5: str) -> None:
+        super().__init__(
+            path,
+            f"it records sha256 {manifest_sha256} for {file}, but the object DVC's record names (md5 {md5}, "
+            f"checked against its own address) has sha256 {dvc_sha256}; nothing was replaced or deleted",
+        )
+        self.hint = (
+            f"the manifest was edited or mixed up with another commit's: restore it with `git checkout -- {path}` "
+            f"(`git log -p -- {path}` shows who changed what), then rerun the pull"
+        )
+        self.file = file
+        self.manifest_sha256 = manifest_sha256
+        self.dvc_sha256 = dvc_sha256
+        self.md5 = md5
 
 
 class OrchestratorError(ModelmintError):

@@ -157,6 +157,13 @@ def format_of(tag: str) -> Format:
     return "compressed-tensors" if tag in COMPRESSED_VARIANTS else "gguf"
 
 
+def rebuild_command(name: str, tag: str) -> str:
+    """The command that builds, validates and registers (uploads) this variant again on a machine."""
+    if format_of(tag) == "gguf":
+        return f"modelmint convert {name} --variants {tag} --register"
+    return f"modelmint compress {name} --schemes {tag} --register"
+
+
 STAGES: dict[str, str] = {"gguf": "gguf", "compressed-tensors": "compress"}
 """The dvc.yaml stage (its `foreach` items are name-tag) that builds each format."""
 

@@ -13,9 +13,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipelines import dvcrepo
-from pipelines.errors import BlobMismatch, ManifestInvalid, RegistryError
+from pipelines.errors import (
+    BlobMismatch,
+    ManifestDisagrees,
+    ManifestInvalid,
+    RegistryError,
+    RemoteObjectMissing,
+)
 from pipelines.fsutil import HashCache, atomic_output
-from pipelines.manifest import Manifest, find_manifest
+from pipelines.manifest import Manifest, find_manifest, manifest_path, rebuild_command
 from pipelines.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -98,7 +104,15 @@ def _fetch_into(settings: Settings, manifest: Manifest, target: Path) -> None:
             str(settings.manifests_dir / manifest.name / f"{manifest.tag}.json"),
             f"it records DVC hash {manifest.dvc.md5}, dvc.lock records {locked.md5}",
         )
-    dvcrepo.fetch(settings, stage)
+    try:
+        dvcrepo.fetch(settings, stage)
+    except RemoteObjectMissing as err:
+        raise RemoteObjectMissing(
+            f"{manifest.ref}: {err.message}",
+            objects=err.objects,
+            hint=f"upload it again from the registering machine (`modelmint verify {manifest.ref} --repair`) or from "
+            f"a machine that has the build (`{rebuild_command(manifest.name, manifest.tag)}`), then rerun the pull",
+        ) from err
     cache = dvcrepo.cache_dir(settings)
     listing = dvcrepo.dir_listing(cache, locked.md5)
     missing = [f.path for f in manifest.files if f.path not in listing]
@@ -120,28 +134,46 @@ def _fetch_into(settings: Settings, manifest: Manifest, target: Path) -> None:
                 )
             out = tmp / f.path
             out.parent.mkdir(parents=True, exist_ok=True)
-            actual = _copy_hashing(obj, out)
+            actual, md5 = _copy_hashing(obj, out)
             if actual != f.sha256:
-                # The cached object is not what was registered: drop it so that the next pull downloads
-                # it again instead of trusting it; the destination keeps whatever it held.
+                if md5 == listing[f.path]:
+                    # The object is exactly what DVC recorded (its bytes hash to its own address): the manifest
+                    # is what disagrees. Nothing is deleted; the destination keeps whatever it held.
+                    raise ManifestDisagrees(_shown(settings, manifest), f.path, f.sha256, actual, md5)
+                # The cached object is not even what its DVC name says (a damaged remote or cache): drop it so
+                # that the next pull downloads it again instead of trusting it.
                 obj.unlink(missing_ok=True)
-                raise BlobMismatch(manifest.ref, f.path, f.sha256, actual)
+                raise BlobMismatch(manifest.ref, f.path, f.sha256, actual, rebuild=rebuild_command(manifest.name, manifest.tag))
 
 
-def _copy_hashing(src: Path, dst: Path) -> str:
-    """Copy `src` to `dst` and return the sha256 of the bytes written, in one read.
+def _shown(settings: Settings, manifest: Manifest) -> str:
+    """The manifest's path as git commands take it from the repository root."""
+    path = manifest_path(settings, manifest.name, manifest.tag)
+    try:
+        return path.relative_to(settings.repo_dir).as_posix()
+    except ValueError:
+        return str(path)
+
+
+def _copy_hashing(src: Path, dst: Path) -> tuple[str, str]:
+    """Copy `src` to `dst` and return the sha256 and the md5 (DVC's address) of the bytes written, in one read.
 
     Hashing a chunk (hashlib releases the GIL) overlaps with writing the previous one: about the time of
     the slower of the two instead of their sum.
     """
-    h = hashlib.sha256()
+    h, m = hashlib.sha256(), hashlib.md5()
+
+    def update(chunk: bytes) -> None:
+        h.update(chunk)
+        m.update(chunk)
+
     pending: Future[None] | None = None
     with open(src, "rb") as fin, open(dst, "wb") as fout, ThreadPoolExecutor(1) as pool:
         while chunk := fin.read(_CHUNK):
             if pending is not None:
                 pending.result()
-            pending = pool.submit(h.update, chunk)
+            pending = pool.submit(update, chunk)
             fout.write(chunk)
         if pending is not None:
             pending.result()
-    return h.hexdigest()
+    return h.hexdigest(), m.hexdigest()

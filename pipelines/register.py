@@ -19,8 +19,9 @@ import hashlib
 import json
 import logging
 import os
+import re
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -90,8 +91,11 @@ class Candidate:
 
     @property
     def key(self) -> str:
-        """What this registration is made of: the blob, the recipe, the validation report, the toolchain."""
-        return content_key("register", self.sha256, self.recipe_sha256, self.report_sha256, self.toolchain)
+        """What this registration is made of: the bytes, the source, the recipe, the toolchain, and the gate's
+        verdict with the metrics it judged. Not the report file: its timings and build paths change on every
+        rebuild of the same bytes, and the manifest would be rewritten each time."""
+        return content_key("register", self.sha256, self.source, self.recipe_sha256, self.toolchain,
+                           verdict(self.report))
 
     @property
     def stage(self) -> str:
@@ -120,6 +124,22 @@ class Registration:
     path: Path
     ran: bool
     """False when the variant was already registered exactly like this (nothing was run)."""
+    reuploaded: tuple[str, ...] = ()
+    """Objects the remote lacked or held damaged, uploaded again by this registration."""
+
+
+_TIMING = re.compile(r"^(seconds|timings?|elapsed.*|.*_seconds|.*_s)$")
+
+
+def verdict(report: dict[str, Any]) -> dict[str, Any]:
+    """What a validation report decided and on which measurements, without its timings and paths."""
+    measured = report.get("kld") or report.get("metrics") or {}
+    return {
+        "passed": bool(report.get("passed", not report.get("failures"))),
+        "failures": list(report.get("failures") or []),
+        "gate": report.get("gate") or {},
+        "metrics": {k: v for k, v in measured.items() if not _TIMING.match(k)},
+    }
 
 
 def gguf_recipe(plan: GGUFPlan, tag: str) -> dict[str, Any]:
@@ -289,21 +309,35 @@ def is_tracked(settings: Settings, c: Candidate, tracked: Tracked) -> bool:
 def publish(settings: Settings, c: Candidate, tracked: Tracked, *, push: bool = True) -> Registration:
     """Push the tracked directory to the default DVC remote, then write the manifest (last).
 
+    The push is checked object by object in the remote (dvcrepo.ensure_in_remote): what is missing or holds
+    other bytes is uploaded again before the manifest says `pushed`.
+
     Raises:
-        RemoteError, RemoteUnavailable: the push failed; no manifest is written.
+        RemoteError, RemoteUnavailable: the push failed or the remote's copy is still wrong; no manifest is written.
     """
+    reuploaded: tuple[str, ...] = ()
     if push and tracked.md5 is not None:
         dvcrepo.push(settings, c.stage)
+        reuploaded = _ensure_in_remote(settings, c, tracked.md5, tracked.files)
     manifest = _manifest(c, tracked, pushed=push and tracked.md5 is not None)
+    path = manifest_path(settings, c.entry.name, c.tag)
     try:
-        before = load_manifest(manifest_path(settings, c.entry.name, c.tag), settings.manifests_dir)
+        before = load_manifest(path, settings.manifests_dir)
     except (FileNotFoundError, ManifestInvalid):
         before = None
     if before is not None and before.key == manifest.key:
-        # The same artifact recorded again (`dvc repro` reruns, a new clone): keep its date, so that an
-        # unchanged registration leaves an unchanged file in git.
+        # The same artifact recorded again (`dvc repro` reruns, a new clone, a rebuild elsewhere): keep what the
+        # manifest says of it (its date, its report's hash and smoke timings), so that an unchanged
+        # registration leaves an unchanged file in git.
+        if before.files == manifest.files and before.dvc == manifest.dvc:
+            return Registration(before, path, ran=True, reuploaded=reuploaded)
         manifest = manifest.model_copy(update={"created_at": before.created_at})
-    return Registration(manifest, save_manifest(settings, manifest), ran=True)
+    return Registration(manifest, save_manifest(settings, manifest), ran=True, reuploaded=reuploaded)
+
+
+def _ensure_in_remote(settings: Settings, c: Candidate, md5: str, files: tuple[ArtifactFile, ...]) -> tuple[str, ...]:
+    check = dvcrepo.ensure_in_remote(settings, c.stage, md5, {f.path: f.sha256 for f in files})
+    return tuple(o.describe() for o in check.bad if o.damaged)
 
 
 def registered(settings: Settings, c: Candidate, *, tracked: bool = True) -> Registration | None:
@@ -336,6 +370,11 @@ def register(settings: Settings, c: Candidate, *, track_with_dvc: bool = True, p
     """
     done = registered(settings, c, tracked=track_with_dvc)
     if done is not None:
+        if track_with_dvc and push and done.manifest.dvc.md5 is not None:
+            # Registered before, but the remote's copy may have been damaged or deleted since: registering
+            # again is how it is repaired (only a read of the remote when nothing is wrong).
+            fixed = _ensure_in_remote(settings, c, done.manifest.dvc.md5, tuple(done.manifest.files))
+            done = replace(done, reuploaded=fixed)
         return done
     files = place(settings, c)
     tracked = track(settings, c, files) if track_with_dvc else Tracked(files, None)

@@ -172,7 +172,9 @@ def write_gguf(path: Path, *, seed: int = 0, mib: float = 0.25) -> Path:
     return path
 
 
-def candidate(settings: Settings, tmp: Path, *, tag: str = "q4_k_m", seed: int = 0, name: str = "tiny-qwen2") -> Any:
+def candidate(
+    settings: Settings, tmp: Path, *, tag: str = "q4_k_m", seed: int = 0, name: str = "tiny-qwen2", mib: float = 0.25
+) -> Any:
     """A registration candidate as a validated build would hand it over (synthetic GGUF and report)."""
     from pipelines.fsutil import sha256_file
     from pipelines.manifest import ParentRef
@@ -181,7 +183,7 @@ def candidate(settings: Settings, tmp: Path, *, tag: str = "q4_k_m", seed: int =
     entry = load_catalog(settings.catalog_path).get(name)
     out = tmp / f"build-{seed}"
     out.mkdir(parents=True, exist_ok=True)
-    gguf_path = write_gguf(out / f"{name}-{tag}.gguf", seed=seed)
+    gguf_path = write_gguf(out / f"{name}-{tag}.gguf", seed=seed, mib=mib)
     report = {
         "variant": tag, "passed": True, "failures": [], "key": "0" * 64,
         "kld": {"mean_kld": 0.0123, "kld_p99": None, "same_top_pct": 93.5, "ppl_q": 10.5, "ppl_base": 10.1,
