@@ -51,9 +51,8 @@ def test_no_early_exiting_reader_behind_a_pipe_under_pipefail() -> None:
 
 def test_the_package_builds_without_setuptools_warnings_and_carries_its_data(tmp_path: Path) -> None:
     """The first command's output stays quiet: the data directories are declared the way setuptools wants."""
-    import zipfile
-
     import shutil
+    import zipfile
 
     # built from a copy: setuptools writes build/ and *.egg-info next to the sources it builds
     src = tmp_path / "src"
