@@ -250,21 +250,21 @@ def gate_advice(
                 "fix that. Read the report, delete the variant's output and rerun the same command to rebuild it")
     worst = max(misses, key=lambda m: m.factor)
     lead = worst.how_far()
-    basis_ref = f"the gate's basis (pipelines/gates.py): {basis}"
+    basis_ref = f"pipelines/gates.py: {basis}"
     if worst.factor >= _BROKEN_FACTOR:
         return (f"{lead}: far more than too few bits cost. The quantization or the source is broken (a model with "
                 "random or untrained weights measures like this); check the source and the f16/bf16 reference "
-                f"(`modelmint inspect`) before trying another type. {basis_ref}")
+                f"(`modelmint inspect`) before trying another type (the gate's basis, {basis_ref}).")
     small = params is not None and params < _SMALL_FOR_REFERENCE and not basis.startswith("tiny")
-    size_note = (f" Small models lose more to quantization than the models the published figures come from, "
-                 f"and {_size(params)} is small: compare {basis_ref}.") if small else ""
+    size_note = (f" Small models lose more to quantization than the models the published figures come from, and "
+                 f"{_size(params)} is small (the gate's basis, {basis_ref}).") if small else ""
     if compressed:
         bits = _COMPRESSED_BITS[v]
         higher = sorted(n for n, b in _COMPRESSED_BITS.items() if b > bits)
         if not higher:
             return (f"{lead}. {v} is already 8-bit: modelmint has no higher-bit compressed-tensors scheme to try. "
-                    f"Check whether {basis_ref} fits {_size(params)}, compare its GGUF q8_0 figures, or serve the "
-                    "bf16 source instead.")
+                    f"Check whether the gate's basis fits {_size(params)} ({basis_ref}), compare its GGUF q8_0 "
+                    "figures, or serve the bf16 source instead.")
         extra = []
         if v == "awq" or v == "gptq":
             extra.append("more calibration samples (calibration.num_samples of the variant in registry/catalog.yaml)")
@@ -276,7 +276,7 @@ def gate_advice(
     higher = [t for t in _GGUF_LADDER if bpw is not None and _GGUF_BPW[t] > bpw][:2]
     if not higher:
         return (f"{lead}. {v} is llama.cpp's highest-bit quantized type: there is no higher-bit type to try. "
-                f"Check whether {basis_ref} fits {_size(params)}, or ship the f16 base.")
+                f"Check whether the gate's basis fits {_size(params)} ({basis_ref}), or ship the f16 base.")
     extra = ""
     if imatrix is False and bpw is not None and bpw < 5:
         extra = ", or compute an importance matrix first (imatrix: true in the catalog's gguf variants)"
