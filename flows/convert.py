@@ -349,6 +349,9 @@ def _gguf(
             errors[q] = VariantError.of(q, "preflight", err)
             get_run_logger().warning("%s refused before the work: %s", q, err.message)
     todo = [q for q in plan.spec.quants if q not in errors]
+    if not todo:  # every type refused: nothing to convert for
+        return [], BuildResult(entry.name, plan.out_dir, plan.source, {}, {}, [], plan=plan, errors=errors,
+                               asked=list(plan.spec.quants))
     base = _cached(convert_base, _step_current(plan.base_key, plan.base_path), plan)
     imatrix = None
     if plan.spec.imatrix:

