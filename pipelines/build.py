@@ -12,6 +12,7 @@ import functools
 import hashlib
 import json
 import logging
+import re
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -171,15 +172,26 @@ class VariantError:
     hint: str | None = None
     transient: bool = False
 
+    summary: str = ""
+    """The one line that says what went wrong (for a tool: its own error line, not the command)."""
+
     @classmethod
     def of(cls, variant: str, stage: str, err: ModelmintError) -> VariantError:
-        return cls(variant, stage, type(err).__name__, err.message, err.hint, err.transient)
+        from pipelines.errors import ToolError
+
+        if isinstance(err, ToolError):
+            lines = [ln.strip() for ln in err.stderr_tail.splitlines() if ln.strip()]
+            said = [ln for ln in lines if re.search(r"\b(ERROR|[A-Za-z]*Error)\b", ln)]
+            line = (said or lines or [""])[-1]
+            summary = f"{Path(err.argv[0]).name if err.argv else 'the tool'} exited with code {err.returncode}: {line}"
+        else:
+            summary = err.message.strip().splitlines()[0] if err.message.strip() else ""
+        return cls(variant, stage, type(err).__name__, err.message, err.hint, err.transient, summary)
 
     @property
     def cause(self) -> str:
-        """One line: the stage, the error and the first line of its message."""
-        first = self.message.strip().splitlines()[0] if self.message.strip() else ""
-        return f"{self.stage}: {self.error}: {first}"
+        """One line: the stage, the error and what went wrong."""
+        return f"{self.stage}: {self.error}: {self.summary}"
 
     def to_dict(self) -> dict[str, Any]:
         return {"stage": self.stage, "error": self.error, "message": self.message, "hint": self.hint,
@@ -398,7 +410,8 @@ class BuildResult:
         from pipelines.gates import advice_for_report
 
         if v in self.errors:
-            return self.errors[v].hint or "see the error above"
+            summary = "build.json" if isinstance(self.plan, GGUFPlan) else "compress.json"
+            return self.errors[v].hint or f"its whole message is under errors.{v} in {self.out_dir / summary}"
         plan = self.plan
         if isinstance(plan, GGUFPlan):
             params: int | None = sum(w.params for w in plan.weights)

@@ -112,7 +112,7 @@ def convert(
             table.add_row(q, _mib(v.size_bytes), f"{k.get('mean_kld', 0):.5f}", f"{k.get('same_top_pct', 0):.2f}",
                           f"{k.get('dppl_pct', 0):+.2f}", verdict, str(v.path))
         out.print(table)
-        if not result.tools_run:
+        if not result.tools_run and not result.errors:
             err.print("[dim]nothing changed: every step was cached[/dim]")
     registered: dict[str, str] | None = None
     register_errors: dict[str, Any] = {}
@@ -165,7 +165,7 @@ def compress(
                           f"{m.get('mean_kl', float('nan')):.2e}", f"{100 * m.get('top1_agreement', float('nan')):.2f}",
                           f"{m.get('ppl_ratio', float('nan')):.4f}", served, verdict, str(o.path))
         out.print(table)
-        if not result.tools_run:
+        if not result.tools_run and not result.errors:
             err.print("[dim]nothing changed: every step was cached[/dim]")
     registered: dict[str, str] | None = None
     register_errors: dict[str, Any] = {}
