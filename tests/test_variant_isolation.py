@@ -142,8 +142,9 @@ def test_awq_falls_back_to_group_size_64_and_a_refused_gptq_does_not_stop_it(
 ) -> None:
     """On a 576-wide model (SmolLM2-135M's hidden size): AWQ's group size 128 cannot divide the projections, the
     recipe allows 64, and llmcompressor really builds with 64; GPTQ allowing only 128 is refused before the work."""
-    model = write_wide_model(tmp_path / "wide-576", tokenizer_from=tiny_llama)
-    catalog = _wide_catalog(tmp_path, model, {"awq": {"calibration": {"num_samples": 8, "max_seq_length": 128}},
+    # one layer and a small calibration set keep llmcompressor's AWQ grid search to about a minute on 2 cores
+    model = write_wide_model(tmp_path / "wide-576", tokenizer_from=tiny_llama, layers=1)
+    catalog = _wide_catalog(tmp_path, model, {"awq": {"calibration": {"num_samples": 4, "max_seq_length": 64}},
                                               "gptq": {"group_sizes": [128]}})
     env = {**__import__("os").environ, "MODELMINT_CATALOG": str(catalog), "MODELMINT_WORK_DIR": str(tmp_path / "w")}
     done = subprocess.run([*MODELMINT, "compress", "wide", "--schemes", "gptq,awq", "--json"], env=env,
