@@ -640,10 +640,6 @@ def gate_report(metrics: dict[str, Any], gate: CompressedGate) -> list[str]:
     return gate.check(metrics["mean_kl"], metrics["top1_agreement"] * 100.0, metrics["ppl_ratio"])
 
 
-def parameter_count(source_dir: Path) -> int:
-    return sum(math.prod(info["shape"]) for info in _tensors(source_dir).values())
-
-
 # ---------------------------------------------------------------- plan and steps (the flows run one task each)
 
 _SUFFIX = {"fp8": "fp8-dynamic", "awq": "w4a16-awq", "gptq": "w4a16-gptq", "w8a8": "w8a8"}
