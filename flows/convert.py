@@ -30,9 +30,18 @@ from prefect.tasks import Task
 
 from pipelines import build, dvcrepo
 from pipelines import register as reg
-from pipelines.build import GGUFPlan, StepResult, VariantOutcome, content_key, load_receipt
+from pipelines.build import (
+    BuildResult,
+    GGUFPlan,
+    StepResult,
+    VariantError,
+    VariantOutcome,
+    content_key,
+    load_receipt,
+    variant_scoped,
+)
 from pipelines.catalog import COMPRESSED_VARIANTS, GGUF_QUANT_TYPES, CatalogEntry, load_catalog
-from pipelines.errors import COMPRESSED_ADVICE, GGUF_ADVICE, ConfigError, GateFailed, ModelmintError
+from pipelines.errors import ConfigError, ModelmintError, ShapeRefused, VariantsFailed
 from pipelines.fsutil import HashCache
 from pipelines.gates import gguf_gate
 from pipelines.manifest import format_of
@@ -250,25 +259,62 @@ def convert(model: str, variants: list[str] | None = None, revision: str | None 
     dvcrepo.require_stages(settings, entry.name, quants + schemes)
     _ensure_limit(model_limit(model), 1)
     with concurrency(model_limit(model), occupy=1, lease_duration=LEASE_S, strict=True):
-        outcomes: dict[str, VariantOutcome] = {}
+        results: list[BuildResult] = []
         registrations: dict[str, reg.Registration] = {}
+        register_errors: dict[str, VariantError] = {}
         header: list[str] = []
+        # Each format, and inside it each variant, fails on its own: the others are still built, validated,
+        # registered and reported; the run fails at the end, naming every failure and its cause.
         if quants:
-            header, gguf_outcomes, registrations = _gguf(entry, settings, quants, revision)
-            outcomes.update(gguf_outcomes)
+            try:
+                header, gguf_result = _gguf(entry, settings, quants, revision)
+            except Exception as err:
+                if not variant_scoped(err):
+                    raise
+                gguf_result = _all_failed(entry.name, quants, err)  # type: ignore[arg-type]
+            results.append(gguf_result)
+            if gguf_result.plan is not None:
+                plan = gguf_result.plan
+                done, failed = _register_all(settings, {
+                    q: lambda q=q: reg.candidate_from_gguf(plan, gguf_result.variants[q]) for q in gguf_result.passed
+                })
+                registrations.update(done)
+                register_errors.update(failed)
         if schemes:
-            built = compress(entry.name, entry, settings, schemes, revision)
-            outcomes.update(built.variants)
-            header.append(f"compressed-tensors with llmcompressor {built.plan.tc.version} from the same source")
-            registrations.update(_register_all(settings, [
-                reg.candidate_from_compressed(built.plan, o) for o in built.variants.values() if o.passed
-            ]))
-        summary = _publish_artifacts(entry.name, header, outcomes, registrations)
-    failed = [v for v, o in outcomes.items() if not o.passed]
-    if failed:
-        advice = COMPRESSED_ADVICE if all(format_of(v) == "compressed-tensors" for v in failed) else GGUF_ADVICE
-        raise GateFailed(", ".join(failed), [f for v in failed for f in outcomes[v].failures], advice=advice)
+            try:
+                built = compress(entry.name, entry, settings, schemes, revision)
+            except Exception as err:
+                if not variant_scoped(err):
+                    raise
+                built = _all_failed(entry.name, schemes, err)  # type: ignore[arg-type]
+            results.append(built)
+            if built.plan is not None:
+                cplan = built.plan
+                header.append(f"compressed-tensors with llmcompressor {cplan.tc.version} from the same source")
+                done, failed = _register_all(settings, {
+                    v: lambda v=v: reg.candidate_from_compressed(cplan, built.variants[v]) for v in built.passed
+                })
+                registrations.update(done)
+                register_errors.update(failed)
+        refs = {v: r.manifest.ref for v, r in registrations.items()}
+        status = [row for r in results for row in r.rows(refs, register_errors)]
+        outcomes = {v: o for r in results for v, o in r.variants.items()}
+        summary = _publish_artifacts(entry.name, header, outcomes, registrations, status)
+    causes: dict[str, str] = {}
+    advice: dict[str, str] = {}
+    for r in results:
+        if isinstance(failure := r.failure(register_errors), VariantsFailed):
+            causes.update(failure.causes)
+            advice.update(failure.advice)
+    if causes:
+        raise VariantsFailed([row["variant"] for row in status], causes, advice)
     return summary
+
+
+def _all_failed(name: str, variants: list[str], err: ModelmintError) -> BuildResult:
+    """A format's result when its shared steps failed (fetch, convert, imatrix): every variant failed with that."""
+    errors = {v: VariantError.of(v, "build", err) for v in variants}
+    return BuildResult(name, Path(), {}, {}, {}, [], errors=errors, asked=list(variants))
 
 
 def split_variants(entry: CatalogEntry, variants: list[str] | None) -> tuple[list[str], list[str]]:
@@ -292,48 +338,82 @@ def split_variants(entry: CatalogEntry, variants: list[str] | None) -> tuple[lis
 
 def _gguf(
     entry: CatalogEntry, settings: Settings, quants: list[str], revision: str | None
-) -> tuple[list[str], dict[str, VariantOutcome], dict[str, reg.Registration]]:
+) -> tuple[list[str], BuildResult]:
     plan = _cached(fetch_source, _source_current, entry, settings, revision, quants)
+    errors: dict[str, VariantError] = {}
+    preflight: dict[str, dict[str, Any]] = {}
+    for q in plan.spec.quants:
+        try:
+            preflight[q] = plan.block_fallback(q).to_dict()
+        except ShapeRefused as err:
+            errors[q] = VariantError.of(q, "preflight", err)
+            get_run_logger().warning("%s refused before the work: %s", q, err.message)
+    todo = [q for q in plan.spec.quants if q not in errors]
+    if not todo:  # every type refused: nothing to convert for
+        return [], BuildResult(entry.name, plan.out_dir, plan.source, {}, {}, [], plan=plan, errors=errors,
+                               asked=list(plan.spec.quants))
     base = _cached(convert_base, _step_current(plan.base_key, plan.base_path), plan)
     imatrix = None
     if plan.spec.imatrix:
         imatrix = _cached(compute_imatrix, _step_current(plan.imatrix_key, plan.imatrix_path), plan, base)
 
     # llama-quantize keeps about two cores busy: run as many at once as build_gguf does.
-    jobs, per_job = build.quant_parallelism(len(plan.spec.quants), settings.effective_threads)
+    jobs, per_job = build.quant_parallelism(len(todo), settings.effective_threads)
     quants_done: dict[str, StepResult] = {}
-    for i in range(0, len(plan.spec.quants), jobs):
-        batch = plan.spec.quants[i : i + jobs]
+    for i in range(0, len(todo), jobs):
+        batch = todo[i : i + jobs]
         futures = {q: quantize.submit(plan, q, base, imatrix, per_job) for q in batch}
         for q, fut in futures.items():
-            step = fut.result()
-            if not _step_current(plan.quant_key(q), plan.quant_path(q))(step):
-                step = quantize.with_options(refresh_cache=True)(plan, q, base, imatrix, per_job)
+            try:
+                step = fut.result()
+                if not _step_current(plan.quant_key(q), plan.quant_path(q))(step):
+                    step = quantize.with_options(refresh_cache=True)(plan, q, base, imatrix, per_job)
+            except Exception as err:
+                if not variant_scoped(err):
+                    raise
+                errors[q] = VariantError.of(q, "build", err)  # type: ignore[arg-type]
+                continue
             quants_done[q] = step
 
-    outcomes = {q: _cached(validate, _report_current(plan), plan, q, quants_done[q]) for q in plan.spec.quants}
+    outcomes: dict[str, VariantOutcome] = {}
+    for q in quants_done:
+        try:
+            outcomes[q] = _cached(validate, _report_current(plan), plan, q, quants_done[q])
+        except Exception as err:
+            if not variant_scoped(err):
+                raise
+            errors[q] = VariantError.of(q, "validate", err)  # type: ignore[arg-type]
 
-    registrations = _register_all(
-        settings, [reg.candidate_from_gguf(plan, o) for o in outcomes.values() if o.passed]
-    )
     snap = plan.snapshot
     source = f"{snap.repo_id}@{snap.revision}" if snap.repo_id else f"{snap.kind} source"
     header = [
         f"Source **{source}** (content {plan.source_key[:12]}) · llama.cpp {plan.llama.commit} · "
         f"base {plan.base_path.name} {_mib(base.receipt['size'])}, sha256 `{base.receipt['sha256'][:16]}`",
     ]
-    return header, outcomes, registrations
+    result = BuildResult(entry.name, plan.out_dir, plan.source, base.receipt, outcomes, [], plan=plan, errors=errors,
+                         preflight=preflight, asked=list(plan.spec.quants))
+    return header, result
 
 
-def _register_all(settings: Settings, candidates: list[reg.Candidate]) -> dict[str, reg.Registration]:
-    """Register and publish validated variants, GGUF or compressed-tensors, through the same two tasks."""
+def _register_all(
+    settings: Settings, candidates: dict[str, Callable[[], reg.Candidate]]
+) -> tuple[dict[str, reg.Registration], dict[str, VariantError]]:
+    """Register and publish validated variants, GGUF or compressed-tensors, through the same two tasks; a
+    variant whose registration fails is reported with its cause and the others still go on."""
     registrations: dict[str, reg.Registration] = {}
-    for c in candidates:
-        tracked = _cached(register, lambda t, c=c: reg.is_tracked(settings, c, t), settings, c)
-        registrations[c.tag] = _cached(
-            publish, lambda _r, c=c: reg.registered(settings, c) is not None, settings, c, tracked
-        )
-    return registrations
+    errors: dict[str, VariantError] = {}
+    for v, make in candidates.items():
+        try:
+            c = make()
+            tracked = _cached(register, lambda t, c=c: reg.is_tracked(settings, c, t), settings, c)
+            registrations[c.tag] = _cached(
+                publish, lambda _r, c=c: reg.registered(settings, c) is not None, settings, c, tracked
+            )
+        except Exception as err:
+            if not variant_scoped(err):
+                raise
+            errors[v] = VariantError.of(v, "register", err)  # type: ignore[arg-type]
+    return registrations, errors
 
 
 def _ensure_limit(name: str, limit: int) -> None:
@@ -359,30 +439,38 @@ def _mib(n: int) -> str:
 
 
 def _publish_artifacts(
-    name: str, header: list[str], outcomes: dict[str, VariantOutcome], registrations: dict[str, reg.Registration]
+    name: str, header: list[str], outcomes: dict[str, VariantOutcome], registrations: dict[str, reg.Registration],
+    status: list[dict[str, str]],
 ) -> dict[str, Any]:
     rows = []
-    for v, o in outcomes.items():
-        figures = _figures(v, o.report)
+    for st in status:
+        v = st["variant"]
+        o = outcomes.get(v)
+        figures = _figures(v, o.report if o else {})
         done = registrations.get(v)
         rows.append({
             "variant": v,
             "format": format_of(v),
-            "size_mib": round(o.size_bytes / (1 << 20), 2),
+            "built": st["built"],
+            "validated": st["validated"],
+            "size_mib": round(o.size_bytes / (1 << 20), 2) if o else None,
             **figures,
-            "gate": "pass" if o.passed else "FAIL: " + "; ".join(o.failures),
+            "gate": ("pass" if o.passed else "FAIL: " + "; ".join(o.failures)) if o else "-",
             "registered": done.manifest.ref if done else "",
-            "sha256": o.sha256,
+            "cause": st["cause"],
+            "sha256": o.sha256 if o else "",
             "dvc_path": done.manifest.dvc.path if done else "",
         })
     lines = [f"# {name}: convert", "", *header, "",
-             "| variant | size | mean KLD (max) | same top % (min) | ΔPPL % (max) | gate | registered |",
-             "| --- | --- | --- | --- | --- | --- | --- |"]
+             "| variant | built | size | mean KLD (max) | same top % (min) | ΔPPL % (max) | gate | registered | cause of failure |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
+        size = f"{r['size_mib']:,.1f} MiB" if r["size_mib"] is not None else "-"
+        gate = "✅ pass" if r["gate"] == "pass" else ("-" if r["gate"] == "-" else "❌ " + r["gate"])
         lines.append(
-            f"| {r['variant']} | {r['size_mib']:,.1f} MiB | {_num(r['mean_kld'], 5)} ({r['max_mean_kld']}) | "
+            f"| {r['variant']} | {r['built']} | {size} | {_num(r['mean_kld'], 5)} ({r['max_mean_kld']}) | "
             f"{_num(r['same_top_pct'], 2)} ({r['min_same_top_pct']}) | {_num(r['dppl_pct'], 2)} ({r['max_dppl_pct']}) | "
-            f"{'✅ pass' if r['gate'] == 'pass' else '❌ ' + r['gate']} | {r['registered'] and '`' + r['registered'] + '`'} |"
+            f"{gate} | {r['registered'] and '`' + r['registered'] + '`'} | {r['cause'].replace('|', '/')} |"
         )
     lines += ["", "Registered variants are in the DVC remote; `modelmint pull NAME:TAG` fetches one and checks it."]
     create_markdown_artifact("\n".join(lines), key=artifact_key("convert", name), description=f"convert {name}")
@@ -390,7 +478,7 @@ def _publish_artifacts(
     return {
         "model": name,
         "registered": [r.manifest.ref for r in registrations.values()],
-        "failed": [v for v, o in outcomes.items() if not o.passed],
+        "failed": [r["variant"] for r in rows if r["cause"]],
         "variants": rows,
     }
 

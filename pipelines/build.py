@@ -12,6 +12,7 @@ import functools
 import hashlib
 import json
 import logging
+import re
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -22,8 +23,10 @@ from typing import Any
 
 from pipelines import __version__, gguf
 from pipelines.catalog import CatalogEntry, GGUFVariants, HubSource
+from pipelines.errors import DiskFullError, ModelmintError, ShapeRefused, ToolchainMissing
 from pipelines.fsutil import clean_partials, sha256_file, write_text_atomic
 from pipelines.gates import gguf_gate
+from pipelines.preflight import BlockFallback, Weight, gguf_fallback, observed_fallback, source_weights
 from pipelines.settings import Settings
 from pipelines.texts import EVAL_TEXT, TextRef, check_apart, text_ref
 from pipelines.toolchains import LlamaCpp, llama_cpp
@@ -186,6 +189,70 @@ class GGUFPlan:
     def report_path(self, q: str) -> Path:
         return self.quant_path(q).with_suffix(".report.json")
 
+    @functools.cached_property
+    def weights(self) -> list[Weight]:
+        """The source's 2-D weights (from its Safetensors headers): what the block-size pre-flight reads."""
+        from pipelines.compress import source_tensors
+
+        return source_weights(source_tensors(self.snapshot.path))
+
+    def block_fallback(self, q: str) -> BlockFallback:
+        """The pre-flight for quant type `q`: the weights llama-quantize will store in another type, and their share.
+
+        Raises:
+            ShapeRefused: the output would not count as quantized (rows not even a multiple of 32).
+        """
+        return gguf_fallback(q, self.weights)
+
+
+@dataclass(frozen=True)
+class VariantError:
+    """A variant that got no verdict: refused before any tool started, or a tool failed building or measuring it.
+
+    Kept as data (the error's class, message, hint) so a run can finish the other variants and report this one.
+    """
+
+    variant: str
+    stage: str
+    """preflight, build, validate or register."""
+    error: str
+    message: str
+    hint: str | None = None
+    transient: bool = False
+
+    summary: str = ""
+    """The one line that says what went wrong (for a tool: its own error line, not the command)."""
+
+    @classmethod
+    def of(cls, variant: str, stage: str, err: ModelmintError) -> VariantError:
+        from pipelines.errors import ToolError
+
+        if isinstance(err, ToolError):
+            lines = [ln.strip() for ln in err.stderr_tail.splitlines() if ln.strip()]
+            said = [ln for ln in lines if re.search(r"\b(ERROR|[A-Za-z]*Error)\b", ln)]
+            line = (said or lines or [""])[-1]
+            summary = f"{Path(err.argv[0]).name if err.argv else 'the tool'} exited with code {err.returncode}: {line}"
+        else:
+            summary = err.message.strip().splitlines()[0] if err.message.strip() else ""
+        return cls(variant, stage, type(err).__name__, err.message, err.hint, err.transient, summary)
+
+    @property
+    def cause(self) -> str:
+        """One line: the stage, the error and what went wrong."""
+        return f"{self.stage}: {self.error}: {self.summary}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"stage": self.stage, "error": self.error, "message": self.message, "hint": self.hint,
+                "transient": self.transient, "cause": self.cause}
+
+
+def variant_scoped(err: BaseException) -> bool:
+    """Whether an error belongs to one variant (the run goes on with the others) rather than to the machine.
+
+    A full disk or a missing toolchain stops every variant alike: those end the run at once.
+    """
+    return isinstance(err, ModelmintError) and not isinstance(err, DiskFullError | ToolchainMissing)
+
 
 @dataclass(frozen=True)
 class StepResult:
@@ -304,8 +371,18 @@ def ensure_quant(plan: GGUFPlan, q: str, *, threads: int | None = None) -> StepR
         imatrix=plan.imatrix_path,
         kv=kv,
     )
-    receipt = write_receipt(out, key, gguf=info.to_dict(), wall_s=round(tool.wall_s, 3), peak_rss=tool.peak_rss_bytes)
+    receipt = write_receipt(out, key, gguf=info.to_dict(), wall_s=round(tool.wall_s, 3), peak_rss=tool.peak_rss_bytes,
+                            fallback=_observed_fallback(out, q, tool.stderr + tool.stdout))
     return StepResult(out, receipt, ran=True)
+
+
+def _observed_fallback(path: Path, q: str, log_text: str) -> dict[str, Any]:
+    """What llama-quantize stored in smaller blocks than `q` asks for, read from the output's tensor table."""
+    from gguf import GGMLQuantizationType
+
+    header = gguf.read_gguf_header(path, lambda _k, _f: False)
+    tensors = [(t.name, t.shape, GGMLQuantizationType(t.ggml_type).name) for t in header.tensors]
+    return observed_fallback(q, tensors, log_text)
 
 
 def ensure_reference_logits(plan: GGUFPlan) -> StepResult:
@@ -339,10 +416,15 @@ def ensure_validated(plan: GGUFPlan, q: str) -> VariantOutcome:
     if report is None:
         logits = ensure_reference_logits(plan)
         info = gguf.inspect_gguf(qpath)
+        predicted = plan.block_fallback(q).to_dict()
+        observed = qreceipt.get("fallback")
+        preflight = {**predicted, "observed": observed,
+                     "matches": None if observed is None else observed["fallback_params"] == predicted["fallback_params"]}
         report = validate_variant(
             q, qpath, info, plan.base_path, logits.path, gate, plan.llama,
             threads=plan.settings.effective_threads, ctx=EVAL_CTX, report_path=report_path,
-            extra={"key": report_key, "sha256": qreceipt["sha256"], "source": plan.source, **texts},
+            extra={"key": report_key, "sha256": qreceipt["sha256"], "source": plan.source, **texts,
+                   "preflight": preflight},
         ).to_dict()
     outcome = VariantOutcome(q, qpath, qreceipt["sha256"], qreceipt["size"], report, cached)
     if outcome.passed and plan.spec.split_max_size:
@@ -366,6 +448,12 @@ class BuildResult:
     """Wall seconds per phase (fetch, convert, imatrix, quantize, validate), cached phases included."""
     plan: GGUFPlan | None = None
     """The plan the build ran (registration reads its keys, recipe and paths)."""
+    errors: dict[str, VariantError] = field(default_factory=dict)
+    """Variants that got no verdict: refused at pre-flight, or a tool failed while building or measuring them."""
+    preflight: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Per variant, what the shape check before the work found (block fallback share, chosen group size)."""
+    asked: list[str] = field(default_factory=list)
+    """Every variant the run was asked for, in order."""
 
     @property
     def passed(self) -> list[str]:
@@ -373,7 +461,69 @@ class BuildResult:
 
     @property
     def failed(self) -> list[str]:
+        """Variants that were measured and failed their gate."""
         return [q for q, v in self.variants.items() if not v.passed]
+
+    def cause(self, v: str) -> str | None:
+        """Why variant `v` failed, in one line (the stage first), or None when it passed."""
+        if v in self.errors:
+            return self.errors[v].cause
+        o = self.variants.get(v)
+        if o is not None and not o.passed:
+            return "gate: " + "; ".join(o.failures)
+        return None
+
+    def advice(self, v: str) -> str:
+        """What to try for failed variant `v`: gate advice from its own figures, or the hint of the error it met."""
+        from pipelines.gates import advice_for_report
+
+        if v in self.errors:
+            summary = "build.json" if isinstance(self.plan, GGUFPlan) else "compress.json"
+            return self.errors[v].hint or f"its whole message is under errors.{v} in {self.out_dir / summary}"
+        plan = self.plan
+        if isinstance(plan, GGUFPlan):
+            params: int | None = sum(w.params for w in plan.weights)
+            imatrix: bool | None = plan.spec.imatrix
+        else:
+            params, imatrix = getattr(plan, "params", None), None
+        return advice_for_report(v, self.variants[v].report, params=params, imatrix=imatrix)
+
+    def rows(
+        self, registered: dict[str, str] | None = None, register_errors: dict[str, VariantError] | None = None
+    ) -> list[dict[str, str]]:
+        """One row per variant asked for: built, validated, registered, and the cause of a failure.
+
+        `registered` maps variants to their registry refs (None: registration was not asked for).
+        """
+        register_errors = register_errors or {}
+        out = []
+        for v in [*self.asked, *(n for n in self.variants if n not in self.asked)]:
+            err, o = self.errors.get(v), self.variants.get(v)
+            stage = err.stage if err else None
+            built = {"preflight": "refused", "build": "failed"}.get(stage or "", "yes" if o or stage else "-")
+            validated = "pass" if o and o.passed else "FAIL" if o else "error" if stage == "validate" else "-"
+            if registered is None:
+                reg = "not asked"
+            elif v in registered:
+                reg = registered[v]
+            else:
+                reg = "failed" if v in register_errors else "-"
+            cause = self.cause(v) or (register_errors[v].cause if v in register_errors else "")
+            out.append({"variant": v, "built": built, "validated": validated, "registered": reg, "cause": cause})
+        return out
+
+    def failure(self, register_errors: dict[str, VariantError] | None = None) -> ModelmintError | None:
+        """The error a run ends with when any variant failed (after every other one was finished), else None."""
+        from pipelines.errors import VariantsFailed
+
+        register_errors = register_errors or {}
+        asked = [r["variant"] for r in self.rows()]
+        causes = {v: c for v in asked if (c := self.cause(v) or (register_errors[v].cause if v in register_errors else None))}
+        if not causes:
+            return None
+        advice = {v: (register_errors[v].hint or "") if v in register_errors and self.cause(v) is None else self.advice(v)
+                  for v in causes}
+        return VariantsFailed(asked, causes, advice)
 
 
 def build_gguf(
@@ -396,6 +546,25 @@ def build_gguf(
     progress(f"fetch {entry.name}")
     with phase("fetch"):
         plan = plan_gguf(entry, settings, revision=revision, quants=quants)
+    errors: dict[str, VariantError] = {}
+    preflight: dict[str, dict[str, Any]] = {}
+    for q in plan.spec.quants:
+        try:
+            fb = plan.block_fallback(q)
+        except ShapeRefused as err:
+            errors[q] = VariantError.of(q, "preflight", err)
+            progress(f"{q} refused before the work: {err.message}")
+            continue
+        preflight[q] = fb.to_dict()
+        if fb.fallback:
+            progress(f"{q}: {fb.share:.1%} of the weights ({len(fb.fallback)} of {fb.tensors} tensors) have rows "
+                     f"that are not multiples of {fb.block}; llama-quantize stores them in another type")
+    quants_ok = [q for q in plan.spec.quants if q not in errors]
+    if not quants_ok:  # every type refused: nothing to convert for
+        result = BuildResult(entry.name, plan.out_dir, plan.source, {}, {}, tools_run, timings, plan, errors=errors,
+                             preflight=preflight, asked=list(plan.spec.quants))
+        write_text_atomic(plan.out_dir / "build.json", json.dumps(_summary(result), indent=2, sort_keys=True) + "\n")
+        return result
     with phase("convert"):
         if load_receipt(plan.base_path, plan.base_key) is None:
             progress(f"convert → {plan.base_path.name}")
@@ -407,25 +576,44 @@ def build_gguf(
     if imatrix and imatrix.ran:
         tools_run.append("llama-imatrix")
 
-    todo = [q for q in plan.spec.quants if load_receipt(plan.quant_path(q), plan.quant_key(q)) is None]
+    todo = [q for q in quants_ok if load_receipt(plan.quant_path(q), plan.quant_key(q)) is None]
     jobs, per_job = quant_parallelism(len(todo), settings.effective_threads)
     if todo:
         progress(f"quantize {', '.join(todo)} ({jobs} at a time, {per_job} threads each)")
     with phase("quantize"), ThreadPoolExecutor(max_workers=jobs) as pool:
-        for step in pool.map(lambda q: ensure_quant(plan, q, threads=per_job), plan.spec.quants):
+        futures = {q: pool.submit(ensure_quant, plan, q, threads=per_job) for q in quants_ok}
+        for q, fut in futures.items():
+            try:
+                step = fut.result()
+            except Exception as err:
+                if not variant_scoped(err):
+                    raise
+                errors[q] = VariantError.of(q, "build", err)  # type: ignore[arg-type]
+                progress(f"{q} failed: {errors[q].cause}")
+                continue
             if step.ran:
                 tools_run.append(f"llama-quantize {step.path.name}")
 
     variants: dict[str, VariantOutcome] = {}
     with phase("validate"):
-        for q in plan.spec.quants:
+        for q in quants_ok:
+            if q in errors:
+                continue
             if _load_report(plan.report_path(q), None) is None:
                 progress(f"validate {q}")
-            variants[q] = ensure_validated(plan, q)
+            try:
+                variants[q] = ensure_validated(plan, q)
+            except Exception as err:
+                if not variant_scoped(err):
+                    raise
+                errors[q] = VariantError.of(q, "validate", err)  # type: ignore[arg-type]
+                progress(f"{q} failed: {errors[q].cause}")
+                continue
             if not variants[q].cached:
                 tools_run.append(f"validate {q}")
 
-    result = BuildResult(entry.name, plan.out_dir, plan.source, base.receipt, variants, tools_run, timings, plan)
+    result = BuildResult(entry.name, plan.out_dir, plan.source, base.receipt, variants, tools_run, timings, plan,
+                         errors=errors, preflight=preflight, asked=list(plan.spec.quants))
     write_text_atomic(plan.out_dir / "build.json", json.dumps(_summary(result), indent=2, sort_keys=True) + "\n")
     return result
 
@@ -493,7 +681,10 @@ def _summary(result: BuildResult) -> dict[str, Any]:
                 "failures": v.failures,
                 "kld": v.report.get("kld"),
                 "shards": [str(s) for s in v.shards],
+                "preflight": result.preflight.get(q),
             }
             for q, v in result.variants.items()
         },
+        "errors": {q: e.to_dict() for q, e in result.errors.items()},
+        "preflight": result.preflight,
     }

@@ -264,6 +264,22 @@ def _ignore_default() -> list[str]:
     return ["lm_head"]
 
 
+def _group_sizes(v: list[int]) -> list[int]:
+    if not v or any(g < 1 for g in v) or len(set(v)) != len(v):
+        raise ValueError(f"group_sizes {v} must list distinct positive sizes, the preferred first (e.g. [128, 64, 32])")
+    return v
+
+
+GroupSizes = Annotated[
+    list[int],
+    Field(
+        default_factory=lambda: [128, 64, 32],
+        description="group sizes in order of preference; the first that divides every quantized layer's columns "
+        "is used (checked before llmcompressor starts); [128] allows no fallback",
+    ),
+]
+
+
 class FP8Variant(_Strict):
     """FP8 weights (per channel) and dynamic per-token FP8 activations; no calibration data."""
 
@@ -272,21 +288,27 @@ class FP8Variant(_Strict):
 
 
 class AWQVariant(_Strict):
-    """4-bit integer weights, group size 128, after AWQ's activation-aware smoothing."""
+    """4-bit integer weights in groups (128, or the next of group_sizes the model's shapes take), after AWQ's smoothing."""
 
     scheme: Literal["W4A16_ASYM", "W4A16"] = "W4A16_ASYM"
     ignore: list[str] = Field(default_factory=_ignore_default)
+    group_sizes: GroupSizes
     duo_scaling: bool = True
     calibration: CalibrationSpec = Field(default_factory=CalibrationSpec)
 
+    _check_group_sizes = field_validator("group_sizes")(_group_sizes)
+
 
 class GPTQVariant(_Strict):
-    """4-bit integer weights, group size 128, by GPTQ's second-order rounding."""
+    """4-bit integer weights in groups (128, or the next of group_sizes the model's shapes take), by GPTQ's rounding."""
 
     scheme: Literal["W4A16", "W4A16_ASYM"] = "W4A16"
     ignore: list[str] = Field(default_factory=_ignore_default)
+    group_sizes: GroupSizes
     dampening_frac: float = Field(default=0.01, gt=0, lt=1)
     calibration: CalibrationSpec = Field(default_factory=CalibrationSpec)
+
+    _check_group_sizes = field_validator("group_sizes")(_group_sizes)
 
 
 class W8A8Variant(_Strict):

@@ -14,7 +14,7 @@ import typer
 from rich.console import Console
 from rich.table import Column, Table
 
-from pipelines.errors import COMPRESSED_ADVICE, ConfigError, GateFailed, ModelmintError
+from pipelines.errors import ConfigError, GateFailed, ModelmintError
 from pipelines.settings import Settings
 
 app = typer.Typer(
@@ -135,9 +135,7 @@ def convert(
     result = build_gguf(
         entry, settings, revision=revision, quants=quants, progress=lambda m: err.print(f"[dim]•[/dim] {m}")
     )
-    if as_json:
-        out.print_json((result.out_dir / "build.json").read_text())
-    else:
+    if not as_json:
         table = Table("variant", "size", "mean KLD", "same top %", "ΔPPL %", "gate", "file", title=f"{name}")
         for q, v in result.variants.items():
             k = v.report.get("kld", {})
@@ -145,15 +143,18 @@ def convert(
             table.add_row(q, _mib(v.size_bytes), f"{k.get('mean_kld', 0):.5f}", f"{k.get('same_top_pct', 0):.2f}",
                           f"{k.get('dppl_pct', 0):+.2f}", verdict, str(v.path))
         out.print(table)
-        if not result.tools_run:
+        if not result.tools_run and not result.errors:
             err.print("[dim]nothing changed: every step was cached[/dim]")
+    registered: dict[str, str] | None = None
+    register_errors: dict[str, Any] = {}
     if register and result.plan is not None:
         from pipelines.register import candidate_from_gguf
 
-        _register_passed(settings, [candidate_from_gguf(result.plan, result.variants[q]) for q in result.passed], track)
-    if result.failed:
-        raise GateFailed(", ".join(result.failed), [f for q in result.failed for f in result.variants[q].failures],
-                         str(result.variants[result.failed[0]].path.with_suffix(".report.json")))
+        plan = result.plan
+        registered, register_errors = _register_passed(
+            settings, {q: lambda q=q: candidate_from_gguf(plan, result.variants[q]) for q in result.passed}, track
+        )
+    _finish(name, result, result.out_dir / "build.json", registered, register_errors, as_json)
 
 
 @app.command()
@@ -182,9 +183,7 @@ def compress(
         require_stages(settings, name, chosen if chosen is not None else list(entry.variants.compressed()))
     result = build_compressed(entry, settings, schemes=chosen, revision=revision, serve_smoke=serve,
                               progress=lambda m: err.print(f"[dim]•[/dim] {m}"))
-    if as_json:
-        out.print_json((result.out_dir / "compress.json").read_text())
-    else:
+    if not as_json:
         table = Table("variant", "scheme", "size", "mean KL", "top-1 %", "ppl ratio", "serve", "gate", "checkpoint",
                       title=name)
         for v, o in result.variants.items():
@@ -192,32 +191,71 @@ def compress(
             s = o.report.get("serving")
             served = "-" if s is None else ("skipped" if s.get("skipped") else ("ok" if s.get("ok") else "FAIL"))
             verdict = "[green]pass[/green]" if o.passed else "[red]FAIL[/red]: " + _escape("; ".join(o.failures))
-            table.add_row(v, o.report.get("scheme", "?"), _mib(o.size_bytes), f"{m.get('mean_kl', float('nan')):.2e}",
-                          f"{100 * m.get('top1_agreement', float('nan')):.2f}", f"{m.get('ppl_ratio', float('nan')):.4f}",
-                          served, verdict, str(o.path))
+            gs = (o.report.get("preflight") or {}).get("group_size")
+            table.add_row(v, o.report.get("scheme", "?") + (f" g{gs}" if gs else ""), _mib(o.size_bytes),
+                          f"{m.get('mean_kl', float('nan')):.2e}", f"{100 * m.get('top1_agreement', float('nan')):.2f}",
+                          f"{m.get('ppl_ratio', float('nan')):.4f}", served, verdict, str(o.path))
         out.print(table)
-        if not result.tools_run:
+        if not result.tools_run and not result.errors:
             err.print("[dim]nothing changed: every step was cached[/dim]")
+    registered: dict[str, str] | None = None
+    register_errors: dict[str, Any] = {}
     if register:
         from pipelines.register import candidate_from_compressed
 
-        _register_passed(
-            settings, [candidate_from_compressed(result.plan, result.variants[v]) for v in result.passed], track
+        plan = result.plan
+        registered, register_errors = _register_passed(
+            settings, {v: lambda v=v: candidate_from_compressed(plan, result.variants[v]) for v in result.passed}, track
         )
-    if result.failed:
-        raise GateFailed(", ".join(result.failed), [f for v in result.failed for f in result.variants[v].failures],
-                         str(result.plan.report_path(result.failed[0])), advice=COMPRESSED_ADVICE)
+    _finish(name, result, result.out_dir / "compress.json", registered, register_errors, as_json)
 
 
-def _register_passed(settings: Settings, candidates: list[Any], track: bool) -> None:
+def _register_passed(
+    settings: Settings, candidates: dict[str, Any], track: bool
+) -> tuple[dict[str, str], dict[str, Any]]:
+    """Register each passing variant (`candidates`: variant → a function making its candidate); one whose
+    registration fails is reported and the others still go on. Returns the refs made and the errors met."""
+    from pipelines.build import VariantError, variant_scoped
     from pipelines.register import register as register_variant
 
-    for c in candidates:
-        done = register_variant(settings, c, track_with_dvc=track, push=track)
+    refs: dict[str, str] = {}
+    errors: dict[str, VariantError] = {}
+    for v, make in candidates.items():
+        try:
+            done = register_variant(settings, make(), track_with_dvc=track, push=track)
+        except Exception as e:
+            if not variant_scoped(e):
+                raise
+            errors[v] = VariantError.of(v, "register", e)
+            err.print(f"[red]•[/red] {v} was not registered: {_escape(errors[v].cause)}", highlight=False)
+            continue
+        refs[v] = done.manifest.ref
         state = "already registered" if not done.ran else "registered" + (" and pushed" if track else "")
         if done.reuploaded:
             state += f" (re-uploaded {len(done.reuploaded)} missing or damaged object(s) to the DVC remote)"
         err.print(f"[dim]•[/dim] {done.manifest.ref} {state} → {done.path}")
+    return refs, errors
+
+
+def _finish(
+    name: str, result: Any, summary_path: Path, registered: dict[str, str] | None, register_errors: dict[str, Any],
+    as_json: bool,
+) -> None:
+    """Print what became of every variant asked for (built, validated, registered, or the cause of its failure),
+    then end with the failures, if any: non-zero only after every other variant was finished."""
+    rows = result.rows(registered, register_errors)
+    if as_json:
+        out.print_json(json.dumps({**json.loads(summary_path.read_text()), "summary": rows}))
+    else:
+        table = Table("variant", "built", "validated", "registered", "cause of failure", title=f"{name}: summary")
+        for r in rows:
+            ok = not r["cause"]
+            table.add_row(r["variant"], r["built"], r["validated"], r["registered"],
+                          "[green]ok[/green]" if ok else "[red]" + _escape(r["cause"]) + "[/red]")
+        out.print(table)
+    failure = result.failure(register_errors)
+    if failure is not None:
+        raise failure
 
 
 @app.command("list")
@@ -408,7 +446,9 @@ def validate(
     out.print(f"{quant.name} ({qtype}) vs {reference.name}: mean KLD {k['mean_kld']:.5f}, "
               f"same top {k['same_top_pct']:.2f} %, ΔPPL {k['dppl_pct']:+.2f} %  → report {report_path}")
     if rep.failures:
-        raise GateFailed(qtype, rep.failures, str(report_path))
+        from pipelines.gates import advice_for_report
+
+        raise GateFailed(qtype, rep.failures, str(report_path), advice=advice_for_report(qtype, rep.to_dict()))
     out.print("[green]gate passed[/green]")
 
 

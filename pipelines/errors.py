@@ -106,16 +106,10 @@ class ArtifactError(ModelmintError):
     """An output file that does not read back as what it claims to be."""
 
 
-GGUF_ADVICE = "Try a higher-bit type (q5_k_m, q8_0) or an imatrix"
-COMPRESSED_ADVICE = "Try fp8 (near lossless) instead of a 4-bit scheme, or more calibration samples"
-
-
 class GateFailed(ModelmintError):
-    """A variant measured worse than its gate allows."""
+    """A variant measured worse than its gate allows. `advice` comes from pipelines.gates.gate_advice."""
 
-    def __init__(
-        self, variant: str, failures: list[str], report_path: str | None = None, *, advice: str = GGUF_ADVICE
-    ) -> None:
+    def __init__(self, variant: str, failures: list[str], report_path: str | None = None, *, advice: str) -> None:
         super().__init__(
             f"{variant} failed its quality gate: " + "; ".join(failures),
             hint=(f"see {report_path}; " if report_path else "") + f"the variant was not registered. {advice}",
@@ -123,6 +117,38 @@ class GateFailed(ModelmintError):
         self.variant = variant
         self.failures = failures
         self.report_path = report_path
+        self.advice = advice
+
+
+class ShapeRefused(ModelmintError):
+    """A variant whose scheme cannot take the model's shapes, refused before any tool started."""
+
+    def __init__(self, variant: str, message: str, *, layers: list[str], works: list[str], hint: str) -> None:
+        super().__init__(f"{variant}: {message}", hint=hint)
+        self.variant = variant
+        self.layers = layers
+        self.works = works
+
+
+class VariantsFailed(ModelmintError):
+    """Some of the variants a run asked for failed (refused, tool error, gate); the others were finished.
+
+    `causes` maps each failed variant to one line saying at which stage and why, `advice` to what to try.
+    """
+
+    def __init__(self, asked: list[str], causes: dict[str, str], advice: dict[str, str]) -> None:
+        gate = [v for v, c in causes.items() if c.startswith("gate:")]
+        lines = [f"  {v}: {c}" for v, c in causes.items()]
+        message = (f"{len(causes)} of {len(asked)} variant(s) failed: {', '.join(causes)}"
+                   + (f" ({', '.join(gate)} failed its quality gate)" if gate else "") + "\n" + "\n".join(lines))
+        done = [v for v in asked if v not in causes]
+        hint = "; ".join(f"{v}: {a}" for v, a in advice.items())
+        if done:
+            hint = hint.rstrip(".") + f". {', '.join(done)} finished as the summary shows"
+        super().__init__(message, hint=hint)
+        self.asked = asked
+        self.causes = causes
+        self.advice = advice
 
 
 class RegistryError(ModelmintError):

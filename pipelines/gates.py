@@ -2,10 +2,39 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 Profile = Literal["reference", "tiny"]
+
+
+@dataclass(frozen=True)
+class Miss:
+    """One figure of a gate that a variant missed: which, its value, its limit, and how far past it."""
+
+    figure: str
+    value: float
+    limit: float
+    text: str
+    """The failure as the report lists it, e.g. "mean KLD 0.01234 > 0.005"."""
+    at_most: bool = True
+    """True for figures that must stay under their limit (KL, ΔPPL), False for those that must reach it."""
+    origin: float = 0.0
+    """The value of a perfect copy (0 for KL and ΔPPL, 1 for a perplexity ratio, 100 % for top-token agreement)."""
+
+    @property
+    def factor(self) -> float:
+        """How many times the allowed loss the variant lost (inf for NaN): 1.5 means 50 % past the limit."""
+        allowed, lost = abs(self.limit - self.origin), abs(self.value - self.origin)
+        if math.isnan(self.value):
+            return math.inf
+        return lost / allowed if allowed > 0 else math.inf
+
+    def how_far(self) -> str:
+        if math.isinf(self.factor):
+            return f"{self.figure} is {self.value} (not a number)" if math.isnan(self.value) else self.text
+        return f"{self.figure} lost {self.factor:.1f}x what the gate allows ({self.text})"
 
 
 @dataclass(frozen=True)
@@ -17,14 +46,18 @@ class GGUFGate:
 
     def check(self, mean_kld: float, same_top_pct: float, dppl_pct: float) -> list[str]:
         """The gate's failures, each with the figure and the threshold; empty when it passes."""
-        failures = []
+        return [m.text for m in self.misses(mean_kld, same_top_pct, dppl_pct)]
+
+    def misses(self, mean_kld: float, same_top_pct: float, dppl_pct: float) -> list[Miss]:
+        out = []
         if not mean_kld <= self.max_mean_kld:
-            failures.append(f"mean KLD {mean_kld:.5f} > {self.max_mean_kld}")
+            out.append(Miss("mean KLD", mean_kld, self.max_mean_kld, f"mean KLD {mean_kld:.5f} > {self.max_mean_kld}"))
         if not same_top_pct >= self.min_same_top_pct:
-            failures.append(f"same top token {same_top_pct:.2f} % < {self.min_same_top_pct} %")
+            out.append(Miss("same top token", same_top_pct, self.min_same_top_pct,
+                            f"same top token {same_top_pct:.2f} % < {self.min_same_top_pct} %", False, 100.0))
         if not dppl_pct <= self.max_dppl_pct:
-            failures.append(f"ΔPPL {dppl_pct:+.2f} % > {self.max_dppl_pct} %")
-        return failures
+            out.append(Miss("ΔPPL", dppl_pct, self.max_dppl_pct, f"ΔPPL {dppl_pct:+.2f} % > {self.max_dppl_pct} %"))
+        return out
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -94,14 +127,19 @@ class CompressedGate:
 
     def check(self, mean_kl: float, top1_pct: float, ppl_ratio: float) -> list[str]:
         """The gate's failures, each with the figure and the threshold; empty when it passes (NaN fails)."""
-        failures = []
+        return [m.text for m in self.misses(mean_kl, top1_pct, ppl_ratio)]
+
+    def misses(self, mean_kl: float, top1_pct: float, ppl_ratio: float) -> list[Miss]:
+        out = []
         if not mean_kl <= self.max_mean_kl:
-            failures.append(f"mean KL {mean_kl:.3g} > {self.max_mean_kl}")
+            out.append(Miss("mean KL", mean_kl, self.max_mean_kl, f"mean KL {mean_kl:.3g} > {self.max_mean_kl}"))
         if not top1_pct >= self.min_top1_pct:
-            failures.append(f"top-1 agreement {top1_pct:.2f} % < {self.min_top1_pct} %")
+            out.append(Miss("top-1 agreement", top1_pct, self.min_top1_pct,
+                            f"top-1 agreement {top1_pct:.2f} % < {self.min_top1_pct} %", False, 100.0))
         if not ppl_ratio <= self.max_ppl_ratio:
-            failures.append(f"perplexity ratio {ppl_ratio:.4f} > {self.max_ppl_ratio}")
-        return failures
+            out.append(Miss("perplexity ratio", ppl_ratio, self.max_ppl_ratio,
+                            f"perplexity ratio {ppl_ratio:.4f} > {self.max_ppl_ratio}", True, 1.0))
+        return out
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -159,3 +197,107 @@ def compressed_gate(variant: str, profile: Profile = "reference", params: int | 
     band = "large" if params is not None and params >= _SMALL_MODEL_PARAMS else "small"
     kl, top, ratio, basis = _COMPRESSED_PUBLISHED[variant][band]
     return CompressedGate(kl, top, ratio, basis=f"{basis} [{band} model band]")
+
+
+# ---------------------------------------------------------------- advice: what to try after a gate failed
+
+# Bits per weight of llama.cpp's types (tools/quantize/README.md of the pinned tree, Llama-3-8B column),
+# used only to order them: what "a higher-bit type" means for the one that failed.
+_GGUF_BPW = {
+    "iq1_s": 1.56, "iq1_m": 1.75, "tq1_0": 1.69, "tq2_0": 2.06, "iq2_xxs": 2.06, "iq2_xs": 2.31, "iq2_s": 2.5,
+    "iq2_m": 2.7, "q2_k_s": 2.79, "q2_k": 2.96, "iq3_xxs": 3.06, "iq3_xs": 3.3, "iq3_s": 3.44, "q3_k_s": 3.5,
+    "iq3_m": 3.66, "q3_k_m": 3.91, "q3_k_l": 4.27, "iq4_xs": 4.25, "iq4_nl": 4.5, "q4_0": 4.5, "q4_k_s": 4.58,
+    "q4_k_m": 4.89, "q4_1": 5.0, "q5_0": 5.5, "q5_k_s": 5.54, "q5_k_m": 5.7, "q5_1": 6.0, "q6_k": 6.56,
+    "q8_0": 8.5,
+}
+# The types worth suggesting as the next step up (the ones the catalog and Ollama's library use).
+_GGUF_LADDER = ("q3_k_m", "q4_k_m", "q5_k_m", "q6_k", "q8_0")
+# compressed-tensors schemes by weight bits; the 8-bit ones are the highest modelmint builds.
+_COMPRESSED_BITS = {"awq": 4, "gptq": 4, "w8a8": 8, "fp8": 8}
+_BROKEN_FACTOR = 10.0
+"""A figure this many times past its allowance is not "a few bits short": something is broken."""
+_SMALL_FOR_REFERENCE = 1e9
+
+
+def _size(params: int | None) -> str:
+    if params is None:
+        return "this model"
+    return f"this {params / 1e9:.1f} B-parameter model" if params >= 1e9 else f"this {params / 1e6:.0f} M-parameter model"
+
+
+def gate_advice(
+    variant: str,
+    misses: list[Miss],
+    *,
+    basis: str,
+    params: int | None = None,
+    imatrix: bool | None = None,
+    group_size: int | None = None,
+    other_failures: list[str] | None = None,
+) -> str:
+    """What to try after `variant` failed its gate, from what failed: the type, the figure that missed and by
+    how much, and the model's size. Where nothing higher-bit exists it says so and points to the gate's basis.
+
+    `misses` are the figures that missed (empty when the variant failed a check before it was measured, listed
+    in `other_failures`); `imatrix` whether a GGUF build used an importance matrix; `group_size` the group size
+    a 4-bit compressed build used.
+    """
+    v = variant.lower()
+    compressed = v in _COMPRESSED_BITS
+    if not misses:
+        what = "; ".join(other_failures or []) or "a check before measurement"
+        return (f"{v} failed {what} before any quality figure was measured: another type or scheme would not "
+                "fix that. Read the report, delete the variant's output and rerun the same command to rebuild it")
+    worst = max(misses, key=lambda m: m.factor)
+    lead = worst.how_far()
+    basis_ref = f"pipelines/gates.py: {basis}"
+    if worst.factor >= _BROKEN_FACTOR:
+        return (f"{lead}: far more than too few bits cost. The quantization or the source is broken (a model with "
+                "random or untrained weights measures like this); check the source and the f16/bf16 reference "
+                f"(`modelmint inspect`) before trying another type (the gate's basis, {basis_ref}).")
+    small = params is not None and params < _SMALL_FOR_REFERENCE and not basis.startswith("tiny")
+    size_note = (f" Small models lose more to quantization than the models the published figures come from, and "
+                 f"{_size(params)} is small (the gate's basis, {basis_ref}).") if small else ""
+    if compressed:
+        bits = _COMPRESSED_BITS[v]
+        higher = sorted(n for n, b in _COMPRESSED_BITS.items() if b > bits)
+        if not higher:
+            return (f"{lead}. {v} is already 8-bit: modelmint has no higher-bit compressed-tensors scheme to try. "
+                    f"Check whether the gate's basis fits {_size(params)} ({basis_ref}), compare its GGUF q8_0 "
+                    "figures, or serve the bf16 source instead.")
+        extra = []
+        if v == "awq" or v == "gptq":
+            extra.append("more calibration samples (calibration.num_samples of the variant in registry/catalog.yaml)")
+            if group_size is not None and group_size > 32:
+                extra.append(f"a smaller group size than {group_size} (group_sizes, e.g. [{group_size // 2}])")
+        return (f"{lead}. Try an 8-bit scheme ({' or '.join(higher)}: fp8 needs Ada/Hopper, w8a8 runs on Ampere)"
+                + (", or " + ", or ".join(extra) if extra else "") + "." + size_note)
+    bpw = _GGUF_BPW.get(v)
+    higher = [t for t in _GGUF_LADDER if bpw is not None and _GGUF_BPW[t] > bpw][:2]
+    if not higher:
+        return (f"{lead}. {v} is llama.cpp's highest-bit quantized type: there is no higher-bit type to try. "
+                f"Check whether the gate's basis fits {_size(params)} ({basis_ref}), or ship the f16 base.")
+    extra = ""
+    if imatrix is False and bpw is not None and bpw < 5:
+        extra = ", or compute an importance matrix first (imatrix: true in the catalog's gguf variants)"
+    return f"{lead}. Try a higher-bit type ({', '.join(higher)}){extra}.{size_note}"
+
+
+def advice_for_report(variant: str, report: dict[str, Any], *, params: int | None = None,
+                      imatrix: bool | None = None) -> str:
+    """gate_advice for a validation report (GGUF: `kld`; compressed-tensors: `metrics`), from its own figures."""
+    gate = report.get("gate") or {}
+    failures = list(report.get("failures") or [])
+    misses: list[Miss] = []
+    if (k := report.get("kld")) and {"max_mean_kld", "min_same_top_pct", "max_dppl_pct"} <= set(gate):
+        g = GGUFGate(gate["max_mean_kld"], gate["min_same_top_pct"], gate["max_dppl_pct"], gate.get("basis", ""))
+        misses = g.misses(k["mean_kld"], k["same_top_pct"], k["dppl_pct"])
+    elif (m := report.get("metrics")) and {"max_mean_kl", "min_top1_pct", "max_ppl_ratio"} <= set(gate):
+        c = CompressedGate(gate["max_mean_kl"], gate["min_top1_pct"], gate["max_ppl_ratio"], gate.get("basis", ""))
+        misses = c.misses(m["mean_kl"], 100.0 * m["top1_agreement"], m["ppl_ratio"])
+    measured = {x.text for x in misses}
+    group_size = (report.get("preflight") or {}).get("group_size")
+    return gate_advice(
+        variant, misses, basis=str(gate.get("basis", "unknown")), params=params or report.get("source_parameters"),
+        imatrix=imatrix, group_size=group_size, other_failures=[f for f in failures if f not in measured],
+    )

@@ -527,6 +527,14 @@ def _family_known(entry: Any) -> bool:
     return bool(name) and name in FAMILIES
 
 
+def _fallback_summary(preflight: dict[str, Any]) -> dict[str, Any]:
+    """The share of weights llama-quantize stored in another type (rows its blocks do not divide): predicted
+    before the build, and read back from the output."""
+    observed = preflight.get("observed") or {}
+    return {"block": preflight.get("block"), "predicted_share": preflight.get("share"),
+            "observed_share": observed.get("share"), "fallback_tensors": preflight.get("fallback_tensors")}
+
+
 def model_card(gguf: Path, built: OllamaModelfile, report: dict[str, Any], entry: Any, settings: Settings) -> str:
     """README.md with Hugging Face front matter (base_model, quantization, license, validation figures)."""
     import yaml
@@ -578,6 +586,7 @@ def model_card(gguf: Path, built: OllamaModelfile, report: dict[str, Any], entry
             } if built.reading else None,
             "stop": list(built.stops),
             "num_ctx": built.num_ctx,
+            **({"block_fallback": _fallback_summary(report["preflight"])} if report.get("preflight") else {}),
         },
     })
     head = yaml.safe_dump(front, sort_keys=False, allow_unicode=True, width=100)

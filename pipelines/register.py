@@ -29,8 +29,9 @@ from typing import TYPE_CHECKING, Any
 from pipelines import __version__, dvcrepo
 from pipelines.build import GGUFPlan, VariantOutcome, content_key, load_receipt
 from pipelines.catalog import CatalogEntry
-from pipelines.errors import COMPRESSED_ADVICE, GateFailed, ManifestInvalid
+from pipelines.errors import GateFailed, ManifestInvalid
 from pipelines.fsutil import HashCache, atomic_output
+from pipelines.gates import advice_for_report
 from pipelines.manifest import (
     ArtifactFile,
     DvcRef,
@@ -177,7 +178,8 @@ def candidate_from_gguf(plan: GGUFPlan, outcome: VariantOutcome) -> Candidate:
         FileNotFoundError: the f16 base or the report is gone (rerun the build).
     """
     if not outcome.passed:
-        raise GateFailed(outcome.qtype, outcome.failures, str(plan.report_path(outcome.qtype)))
+        raise GateFailed(outcome.qtype, outcome.failures, str(plan.report_path(outcome.qtype)),
+                         advice=advice_for_report(outcome.qtype, outcome.report, imatrix=plan.spec.imatrix))
     base = load_receipt(plan.base_path, plan.base_key)
     if base is None:
         raise FileNotFoundError(f"{plan.base_path} is gone or changed since {outcome.qtype} was made from it")
@@ -218,7 +220,8 @@ def candidate_from_compressed(plan: CompressPlan, outcome: VariantOutcome) -> Ca
 
     v = outcome.qtype
     if not outcome.passed:
-        raise GateFailed(v, outcome.failures, str(plan.report_path(v)), advice=COMPRESSED_ADVICE)
+        raise GateFailed(v, outcome.failures, str(plan.report_path(v)),
+                         advice=advice_for_report(v, outcome.report, params=plan.params))
     receipt = load_dir_receipt(outcome.path, plan.quant_key(v))
     report_path = plan.report_path(v)
     try:

@@ -198,6 +198,13 @@ def model_card(config: VllmServeConfig, report: dict[str, Any], entry: Any) -> s
     metrics = report.get("metrics") or {}
     modifiers = (report.get("recipe") or {}).get("modifiers") or []
     ignore = sorted({i for m in modifiers for i in (m.get("ignore") or [])})
+    group = report.get("preflight") or {}
+    grouping = ""
+    if group.get("group_size"):
+        grouping = f" Weights are quantized in groups of {group['group_size']}" + (
+            f" (the scheme's own {group['allowed'][0]} does not divide every layer of this model)."
+            if group.get("fell_back") else "."
+        )
     validation: dict[str, Any] = {"passed": report.get("passed")}
     for key in ("mean_kl", "kl_p99", "top1_agreement", "ppl_source", "ppl", "ppl_ratio", "tokens"):
         if isinstance(metrics.get(key), int | float):
@@ -212,7 +219,8 @@ def model_card(config: VllmServeConfig, report: dict[str, Any], entry: Any) -> s
         "pipeline_tag": "text-generation",
         "tags": [t for t in ("compressed-tensors", "vllm", "modelmint", variant, (scheme or "").lower()) if t],
         "model_name": getattr(entry, "name", None),
-        "quantization": {"format": report.get("format"), "scheme": scheme, "ignore": ignore},
+        "quantization": {"format": report.get("format"), "scheme": scheme, "ignore": ignore,
+                         **({"group_size": group["group_size"]} if group.get("group_size") else {})},
         "validation": {**validation, "gate": report.get("gate") or {}},
         "modelmint": {
             "version": __version__,
@@ -231,7 +239,7 @@ def model_card(config: VllmServeConfig, report: dict[str, Any], entry: Any) -> s
 
 # {config.served_model_name} ({scheme}, compressed-tensors)
 
-{origin}with llmcompressor by modelmint {__version__}; the recipe is `modelmint-recipe.yaml`.
+{origin}with llmcompressor by modelmint {__version__}; the recipe is `modelmint-recipe.yaml`.{grouping}
 
 ## Serve with vLLM
 

@@ -112,6 +112,8 @@ def test_a_broken_quant_fails_its_gate(built, tmp_path: Path) -> None:
     )
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "failed its quality gate" in proc.stderr and "mean KLD" in proc.stderr
+    # the advice fits the failure: a miss by orders of magnitude is a broken file, not a type a few bits short
+    assert "broken" in proc.stderr and "Try a higher-bit type" not in proc.stderr
     report = json.loads(broken.with_suffix(".report.json").read_text())
     assert not report["passed"] and report["kld"]["mean_kld"] > report["gate"]["max_mean_kld"]
 

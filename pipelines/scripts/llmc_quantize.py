@@ -150,6 +150,15 @@ def build_modifiers(specs: list[dict[str, Any]]) -> list[Any]:
         params = dict(spec)
         kind = params.pop("type")
         cls = getattr(importlib.import_module(_MODIFIERS[kind]), kind)
+        group_size = params.pop("group_size", None)
+        if group_size is not None:
+            # The preset (W4A16_ASYM, …) with modelmint's chosen group size: passed as the modifier's one config
+            # group, which is what `scheme=` expands to inside llmcompressor.
+            from compressed_tensors.quantization import preset_name_to_scheme
+
+            scheme = preset_name_to_scheme(params.pop("scheme"), params.pop("targets"))
+            scheme.weights = scheme.weights.model_copy(update={"group_size": int(group_size)})
+            params["config_groups"] = {"group_0": scheme}
         out.append(cls(**params))
     return out
 
