@@ -22,7 +22,7 @@ from typing import Any
 
 from pipelines import __version__, gguf
 from pipelines.catalog import CatalogEntry, GGUFVariants, HubSource
-from pipelines.fsutil import HashCache, clean_partials, sha256_file, write_text_atomic
+from pipelines.fsutil import HashCache, clean_partials, disk_full_located, sha256_file, write_text_atomic
 from pipelines.gates import gguf_gate
 from pipelines.settings import Settings
 from pipelines.toolchains import LlamaCpp, llama_cpp
@@ -190,14 +190,15 @@ def plan_gguf(
     spec = entry.variants.gguf
     if spec is None:
         raise ConfigError(f"{entry.name} asks for no GGUF variants", hint="add variants.gguf to its catalog entry")
-    snapshot = fetch(entry, settings, revision=revision)
-    source_key = content_key(sorted(snapshot.files.items()))
-    out_dir = settings.work_dir / entry.name / (snapshot.revision or source_key)[:12]
-    out_dir.mkdir(parents=True, exist_ok=True)
-    for stale in clean_partials(out_dir):
-        log.info("removed %s left by an interrupted run", stale)
-    text = bundled_text()
-    text_sha = HashCache(settings.home / "hashcache.json").sha256(text)
+    with disk_full_located(settings):
+        snapshot = fetch(entry, settings, revision=revision)
+        source_key = content_key(sorted(snapshot.files.items()))
+        out_dir = settings.work_dir / entry.name / (snapshot.revision or source_key)[:12]
+        out_dir.mkdir(parents=True, exist_ok=True)
+        for stale in clean_partials(out_dir):
+            log.info("removed %s left by an interrupted run", stale)
+        text = bundled_text()
+        text_sha = HashCache(settings.home / "hashcache.json").sha256(text)
     return GGUFPlan(entry, spec, settings, llama, snapshot, source_key, out_dir, text, text_sha)
 
 
@@ -207,10 +208,12 @@ def ensure_base(plan: GGUFPlan) -> StepResult:
     receipt = load_receipt(out, key)
     if receipt is not None:
         return StepResult(out, receipt, ran=False)
-    info, tool = gguf.convert(
-        plan.snapshot.path, out, plan.llama, outtype=plan.spec.outtype, provenance=_provenance(plan)
-    )
-    receipt = write_receipt(out, key, gguf=info.to_dict(), wall_s=round(tool.wall_s, 3), peak_rss=tool.peak_rss_bytes)
+    with disk_full_located(plan.settings):
+        info, tool = gguf.convert(
+            plan.snapshot.path, out, plan.llama, outtype=plan.spec.outtype, provenance=_provenance(plan)
+        )
+        receipt = write_receipt(out, key, gguf=info.to_dict(), wall_s=round(tool.wall_s, 3),
+                                peak_rss=tool.peak_rss_bytes)
     return StepResult(out, receipt, ran=True)
 
 
@@ -222,8 +225,10 @@ def ensure_imatrix(plan: GGUFPlan) -> StepResult | None:
     receipt = load_receipt(out, key)
     if receipt is not None:
         return StepResult(out, receipt, ran=False)
-    tool = gguf.compute_imatrix(plan.base_path, plan.text, out, plan.llama, threads=plan.settings.effective_threads)
-    return StepResult(out, write_receipt(out, key, wall_s=round(tool.wall_s, 3)), ran=True)
+    with disk_full_located(plan.settings):
+        tool = gguf.compute_imatrix(plan.base_path, plan.text, out, plan.llama,
+                                    threads=plan.settings.effective_threads)
+        return StepResult(out, write_receipt(out, key, wall_s=round(tool.wall_s, 3)), ran=True)
 
 
 def ensure_quant(plan: GGUFPlan, q: str, *, threads: int | None = None) -> StepResult:
@@ -232,13 +237,15 @@ def ensure_quant(plan: GGUFPlan, q: str, *, threads: int | None = None) -> StepR
     receipt = load_receipt(out, key)
     if receipt is not None:
         return StepResult(out, receipt, ran=False)
-    info, tool = gguf.quantize(
-        plan.base_path, out, q, plan.llama,
-        threads=threads or plan.settings.effective_threads,
-        imatrix=plan.imatrix_path,
-        kv={**plan.provenance_kv, "modelmint.variant": q},
-    )
-    receipt = write_receipt(out, key, gguf=info.to_dict(), wall_s=round(tool.wall_s, 3), peak_rss=tool.peak_rss_bytes)
+    with disk_full_located(plan.settings):
+        info, tool = gguf.quantize(
+            plan.base_path, out, q, plan.llama,
+            threads=threads or plan.settings.effective_threads,
+            imatrix=plan.imatrix_path,
+            kv={**plan.provenance_kv, "modelmint.variant": q},
+        )
+        receipt = write_receipt(out, key, gguf=info.to_dict(), wall_s=round(tool.wall_s, 3),
+                                peak_rss=tool.peak_rss_bytes)
     return StepResult(out, receipt, ran=True)
 
 
@@ -249,9 +256,10 @@ def ensure_reference_logits(plan: GGUFPlan) -> StepResult:
     if receipt is not None:
         return StepResult(out, receipt, ran=False)
     out.unlink(missing_ok=True)
-    kld_base_logits(plan.base_path, plan.text, out, plan.llama, threads=plan.settings.effective_threads,
-                    ctx=EVAL_CTX, chunks=EVAL_CHUNKS)
-    return StepResult(out, write_receipt(out, key), ran=True)
+    with disk_full_located(plan.settings):
+        kld_base_logits(plan.base_path, plan.text, out, plan.llama, threads=plan.settings.effective_threads,
+                        ctx=EVAL_CTX, chunks=EVAL_CHUNKS)
+        return StepResult(out, write_receipt(out, key), ran=True)
 
 
 def ensure_validated(plan: GGUFPlan, q: str) -> VariantOutcome:
@@ -272,14 +280,16 @@ def ensure_validated(plan: GGUFPlan, q: str) -> VariantOutcome:
     if report is None:
         logits = ensure_reference_logits(plan)
         info = gguf.inspect_gguf(qpath)
-        report = validate_variant(
-            q, qpath, info, plan.base_path, logits.path, gate, plan.llama,
-            threads=plan.settings.effective_threads, ctx=EVAL_CTX, report_path=report_path,
-            extra={"key": report_key, "sha256": qreceipt["sha256"], "source": plan.source},
-        ).to_dict()
+        with disk_full_located(plan.settings):
+            report = validate_variant(
+                q, qpath, info, plan.base_path, logits.path, gate, plan.llama,
+                threads=plan.settings.effective_threads, ctx=EVAL_CTX, report_path=report_path,
+                extra={"key": report_key, "sha256": qreceipt["sha256"], "source": plan.source},
+            ).to_dict()
     outcome = VariantOutcome(q, qpath, qreceipt["sha256"], qreceipt["size"], report, cached)
     if outcome.passed and plan.spec.split_max_size:
-        outcome.shards = _split_if_needed(qpath, plan.spec.split_max_size, plan.llama)
+        with disk_full_located(plan.settings):
+            outcome.shards = _split_if_needed(qpath, plan.spec.split_max_size, plan.llama)
     return outcome
 
 
@@ -359,7 +369,8 @@ def build_gguf(
                 tools_run.append(f"validate {q}")
 
     result = BuildResult(entry.name, plan.out_dir, plan.source, base.receipt, variants, tools_run, timings, plan)
-    write_text_atomic(plan.out_dir / "build.json", json.dumps(_summary(result), indent=2, sort_keys=True) + "\n")
+    with disk_full_located(settings):
+        write_text_atomic(plan.out_dir / "build.json", json.dumps(_summary(result), indent=2, sort_keys=True) + "\n")
     return result
 
 

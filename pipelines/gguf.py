@@ -318,7 +318,7 @@ def convert(
         ArtifactError: the output does not read back as the expected GGUF.
     """
     meta = partial_path(out.with_suffix(".metadata.json"))
-    with atomic_output(out) as tmp:
+    with atomic_output(out, check=gguf_check(outtype)) as tmp:
         argv: list[str | Path] = [
             llama.python, llama.converter, model_dir, "--outfile", tmp, "--outtype", outtype,
         ]
@@ -326,14 +326,12 @@ def convert(
             meta.write_text(json.dumps(provenance), encoding="utf-8")
             argv += ["--metadata", meta]
         try:
-            result = run(argv, timeout=timeout)
+            result = run(argv, timeout=timeout, output=tmp)
         except ToolError as err:
             raise _converter_error(err, model_dir) from err
         finally:
             meta.unlink(missing_ok=True)
-        info = inspect_gguf(tmp)
-        check_gguf(info, expect_file_type=outtype)
-    return _relocated(info, out), result
+    return inspect_gguf(out), result
 
 
 def quantize(
@@ -355,7 +353,7 @@ def quantize(
         ToolError, DiskFullError: llama-quantize failed.
         ArtifactError: the output is not a `qtype` GGUF with tokenizer and chat template.
     """
-    with atomic_output(out) as tmp:
+    with atomic_output(out, check=gguf_check(qtype)) as tmp:
         argv: list[str | Path] = [llama.bin("llama-quantize")]
         if imatrix is not None:
             argv += ["--imatrix", imatrix]
@@ -363,21 +361,26 @@ def quantize(
             kind = "int" if isinstance(value, int) else "str"
             argv += ["--override-kv", f"{key}={kind}:{value}"]
         argv += [source, tmp, qtype.upper(), str(threads)]
-        result = run(argv, timeout=timeout)
-        info = inspect_gguf(tmp)
-        check_gguf(info, expect_file_type=qtype)
-    return _relocated(info, out), result
+        result = run(argv, timeout=timeout, output=tmp)
+    return inspect_gguf(out), result
 
 
 def compute_imatrix(
     model: Path, text: Path, out: Path, llama: LlamaCpp, *, threads: int, ctx: int = 128, chunks: int = 32
 ) -> ToolRun:
-    """Compute an importance matrix over `text` with llama-imatrix (GGUF output), atomically."""
-    with atomic_output(out) as tmp:
+    """Compute an importance matrix over `text` with llama-imatrix (GGUF output), atomically.
+
+    llama-imatrix exits 0 even when writing its file failed: the file is read back (`check_imatrix`).
+
+    Raises:
+        ToolError, DiskFullError: llama-imatrix failed.
+        ArtifactError: its output is not a complete imatrix GGUF.
+    """
+    with atomic_output(out, check=check_imatrix) as tmp:
         return run([
             llama.bin("llama-imatrix"), "-m", model, "-f", text, "-o", tmp, "-c", str(ctx), "-b", str(ctx),
             "--chunks", str(chunks), "-t", str(threads), "--no-ppl", "--output-format", "gguf",
-        ])
+        ], output=tmp)
 
 
 def split(path: Path, max_size: str, llama: LlamaCpp) -> list[Path]:
@@ -388,19 +391,58 @@ def split(path: Path, max_size: str, llama: LlamaCpp) -> list[Path]:
     """
     stem = path.name.removesuffix(".gguf")
     shard_dir = path.parent / f"{stem}.shards"
-    with atomic_output(shard_dir) as tmp:
-        tmp.mkdir()
-        run([llama.bin("llama-gguf-split"), "--split", "--split-max-size", max_size, path, tmp / stem])
+
+    def _check_shards(tmp: Path) -> None:
         shards = sorted(tmp.glob(f"{stem}-*-of-*.gguf"))
         if not shards:
             raise ArtifactError(f"llama-gguf-split wrote no shards for {path}")
-        first = inspect_gguf(shards[0])
-        if first.split_count != len(shards):
-            raise ArtifactError(f"{shards[0]} says split.count={first.split_count}, found {len(shards)} shards")
+        infos = [inspect_gguf(s) for s in shards]  # each shard's tensors must lie within the shard
+        if infos[0].split_count != len(shards):
+            raise ArtifactError(f"{shards[0]} says split.count={infos[0].split_count}, found {len(shards)} shards")
+
+    with atomic_output(shard_dir, check=_check_shards) as tmp:
+        tmp.mkdir()
+        run([llama.bin("llama-gguf-split"), "--split", "--split-max-size", max_size, path, tmp / stem],
+            output=tmp / stem)
     return sorted(shard_dir.glob(f"{stem}-*-of-*.gguf"))
 
 
-def _relocated(info: GGUFInfo, final: Path) -> GGUFInfo:
-    from dataclasses import replace
+def gguf_check(file_type: str) -> Callable[[Path], None]:
+    """The read-back an output GGUF of `file_type` must pass before it is promoted (see fsutil.promote)."""
 
-    return replace(info, path=str(final))
+    def _check(path: Path) -> None:
+        check_gguf(inspect_gguf(path), expect_file_type=file_type)
+
+    return _check
+
+
+def check_imatrix(path: Path) -> None:
+    """Read an importance matrix GGUF back: its type, chunk count, and every tensor within the file.
+
+    Raises:
+        ArtifactError: not an imatrix GGUF, no data, or truncated.
+    """
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    header = read_gguf_header(path, lambda key, _found: key in ("general.type", "imatrix.chunk_count"))
+    problems = []
+    if header.metadata.get("general.type") != "imatrix":
+        problems.append(f"general.type is {header.metadata.get('general.type')!r}, not 'imatrix'")
+    if not header.metadata.get("imatrix.chunk_count"):
+        problems.append("imatrix.chunk_count is 0: no calibration text was processed")
+    if not header.tensors:
+        problems.append("it holds no tensors")
+    size = path.stat().st_size
+    for t in header.tensors:
+        try:
+            block, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(t.ggml_type)]
+        except ValueError:
+            problems.append(f"tensor {t.name} has unknown ggml type {t.ggml_type}")
+            break
+        end = t.offset + math.prod(t.shape) // block * type_size
+        if end > size:
+            problems.append(f"truncated: tensor {t.name} ends at byte {end}, the file has {size}")
+            break
+    if problems:
+        raise ArtifactError(f"{path} is not a complete importance matrix: " + "; ".join(problems),
+                            hint="rerun the same command to compute it again")

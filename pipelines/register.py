@@ -28,8 +28,8 @@ from typing import TYPE_CHECKING, Any
 from pipelines import __version__, dvcrepo
 from pipelines.build import EVAL_CHUNKS, EVAL_CTX, GGUFPlan, VariantOutcome, content_key, load_receipt
 from pipelines.catalog import CatalogEntry
-from pipelines.errors import COMPRESSED_ADVICE, GateFailed, ManifestInvalid
-from pipelines.fsutil import HashCache, atomic_output
+from pipelines.errors import COMPRESSED_ADVICE, DiskFullError, GateFailed, ManifestInvalid
+from pipelines.fsutil import HashCache, atomic_output, disk_full_located, is_full
 from pipelines.manifest import (
     ArtifactFile,
     DvcRef,
@@ -238,21 +238,26 @@ def artifact_dir(settings: Settings, name: str, tag: str) -> Path:
 
 
 def place(settings: Settings, c: Candidate) -> tuple[ArtifactFile, ...]:
-    """Copy the variant's files into its artifact directory and add its serving files, as one rename."""
+    """Copy the variant's files into its artifact directory and add its serving files, as one rename.
+
+    Raises:
+        DiskFullError: the disk holding artifacts/ (the repository's) filled; nothing was placed.
+    """
     dest = artifact_dir(settings, c.entry.name, c.tag)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    _remove_stale_partials(dest)
-    with atomic_output(dest) as tmp:
-        tmp.mkdir()
-        for f in c.files:
-            # A copy, never a link: the build directory is scratch space that later builds rewrite.
-            out = tmp / c.placed_as(f)
-            out.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(f, out)
-        if c.format == "gguf":
-            write_ollama_files(settings, c, tmp / c.files[0].name)
-        else:
-            write_vllm_files(c, tmp)
+    with disk_full_located(settings):
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        _remove_stale_partials(dest)
+        with atomic_output(dest) as tmp:
+            tmp.mkdir()
+            for f in c.files:
+                # A copy, never a link: the build directory is scratch space that later builds rewrite.
+                out = tmp / c.placed_as(f)
+                out.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(f, out)
+            if c.format == "gguf":
+                write_ollama_files(settings, c, tmp / c.files[0].name)
+            else:
+                write_vllm_files(c, tmp)
     return _describe(settings, dest)
 
 
@@ -261,8 +266,16 @@ def track(settings: Settings, c: Candidate, files: tuple[ArtifactFile, ...]) -> 
 
     Raises:
         RegistryError: not a DVC repository, no such stage (run `modelmint dvc-yaml`), or DVC failed.
+        DiskFullError: the DVC cache's disk (or the repository's) filled.
     """
-    dvcrepo.commit(settings, c.stage)
+    try:
+        dvcrepo.commit(settings, c.stage)
+    except DiskFullError as err:
+        # DVC names no path; `dvc commit` writes into the cache, and dvc.lock and DVC's state beside it.
+        cache = dvcrepo.cache_dir(settings)
+        where = cache if is_full(cache) else Path(err.path)
+        raise DiskFullError(str(where), err.detail,
+                            location=settings.disk_location(where, dvc_cache=cache)) from err
     locked = dvcrepo.locked_out(settings, c.stage, c.dvc_path)
     if locked is None:
         from pipelines.errors import RegistryError
