@@ -284,7 +284,33 @@ def track(settings: Settings, c: Candidate, files: tuple[ArtifactFile, ...]) -> 
             f"dvc commit {c.stage} recorded nothing for {c.dvc_path}",
             hint="dvc.yaml is out of date with the catalog: run `modelmint dvc-yaml`",
         )
+    _check_cached(settings, c, locked.md5)
     return Tracked(files, locked.md5)
+
+
+def _check_cached(settings: Settings, c: Candidate, dir_md5: str) -> None:
+    """Check that `dvc commit` put every object of the artifact into the cache, not only into dvc.lock.
+
+    DVC exits 0 when the cache's disk fills: dvc.lock records the directory, the cache holds `.tmp` stubs.
+
+    Raises:
+        DiskFullError: objects are missing and the cache's disk is full.
+        RegistryError: objects are missing otherwise.
+    """
+    from pipelines.errors import RegistryError
+
+    cache = dvcrepo.cache_dir(settings)
+    obj = dvcrepo.cache_object(cache, dir_md5)
+    listing = dvcrepo.dir_listing(cache, dir_md5) if obj.is_file() else {}
+    missing = ([] if obj.is_file() else [dir_md5]) + [
+        rel for rel, md5 in listing.items() if not dvcrepo.cache_object(cache, md5).is_file()
+    ]
+    if not missing:
+        return
+    detail = f"dvc commit {c.stage} exited 0 but left {', '.join(missing)} out of the cache"
+    if is_full(cache):
+        raise DiskFullError(str(cache), detail, location=settings.disk_location(cache, dvc_cache=cache))
+    raise RegistryError(detail, hint="rerun the same command; `dvc doctor` shows DVC's setup")
 
 
 def is_tracked(settings: Settings, c: Candidate, tracked: Tracked) -> bool:
