@@ -62,8 +62,8 @@ STEPS = [
     Step("quantize", f"{NAME}-{QUANT}.gguf", lambda a: _prog(a) == "llama-quantize"),
     Step("kld base", f"{NAME}-f16.kld-base.bin",
          lambda a: _prog(a) == "llama-perplexity" and "--kl-divergence" not in a),
-    Step("validate", f"{NAME}-{QUANT}.report.json",
-         lambda a: _prog(a) == "llama-perplexity" and "--kl-divergence" in a),
+    # validation's first tool: the smoke generation (then llama-perplexity --kl-divergence)
+    Step("validate", f"{NAME}-{QUANT}.report.json", lambda a: _prog(a) == "llama-completion"),
 ]
 
 
@@ -122,6 +122,20 @@ def _kill_when(proc: subprocess.Popen[bytes], running: Callable[[], bool], start
     return True
 
 
+def _kill_at(env: dict[str, str], step: Step, log: Path, *, work: Path, wait_for_output: bool) -> None:
+    """Run the CLI and SIGKILL its process group when `step`'s tool is running (and, with `wait_for_output`,
+    has begun writing its output)."""
+    proc = _start(env, log)
+
+    def running() -> bool:
+        return any(step.is_tool(a) for a in _group_argvs(proc.pid))
+
+    def started() -> bool:
+        return not wait_for_output or any(p.stat().st_size > 0 for p in work.rglob(f"{step.output}.partial-*"))
+
+    assert _kill_when(proc, running, started), f"{step.name} never ran:\n{log.read_text(errors='replace')}"
+
+
 def _out_dir(work: Path, name: str = NAME) -> Path:
     dirs = [d for d in (work / name).glob("*") if d.is_dir()] if (work / name).is_dir() else []
     assert len(dirs) <= 1, dirs
@@ -176,17 +190,8 @@ def test_sigkill_at_each_step_leaves_only_partials_and_the_rerun_resumes(catalog
     for i, step in enumerate(STEPS):
         out_dir = _out_dir(work)
         before = _finished(out_dir)
-        proc = _start(env, tmp_path / f"run-{i}.log")
-
-        def running(step: Step = step, pgid: int = proc.pid) -> bool:
-            return any(step.is_tool(a) for a in _group_argvs(pgid))
-
-        def started(step: Step = step) -> bool:
-            return any(p.stat().st_size > 0 for p in work.rglob(f"{step.output}.partial-*"))
-
         FAULTS["injected"] += 1
-        killed = _kill_when(proc, running, started)
-        assert killed, f"{step.name} never ran:\n{(tmp_path / f'run-{i}.log').read_text(errors='replace')}"
+        _kill_at(env, step, tmp_path / f"run-{i}.log", work=work, wait_for_output=True)
         out_dir = _out_dir(work)
         partials = _nothing_half_written(out_dir)
         assert all(".partial-" in p for p in partials)
@@ -217,15 +222,23 @@ def _resize(mnt: Path, size: int) -> None:
 
 
 # Room left for each step, far less than its output (tiny-qwen2, measured: f16 90.0 MB, q8_0 ~48 MB, reference
-# logits 306.3 MB (16 x 128 tokens over a 151k vocabulary), report a few kB: the last step writes only that),
-# so that each step in turn is the one that runs out.
+# logits 306.3 MB (16 x 128 tokens over a 151k vocabulary), report a few kB: validation writes only that).
 _ROOM = {"convert": 4 << 20, "quantize": 4 << 20, "kld base": 4 << 20, "validate": 0}
 
 
-def test_a_full_disk_at_each_step_is_named_and_the_rerun_resumes(catalog: Path, small_disk) -> None:
+def test_a_full_disk_at_each_step_is_named_and_the_rerun_resumes(
+    catalog: Path, small_disk, tmp_path: Path
+) -> None:
     work = small_disk("1m")
     env = _env(work, catalog)
-    for step in STEPS:
+    for i, step in enumerate(STEPS):
+        if i:
+            # Let the steps before this one finish (plenty of room, stopped as this step's tool starts), so
+            # that the room left below is what this step, and only it, gets.
+            _resize(work, 2 << 30)
+            _kill_at(env, step, tmp_path / f"until-{i}.log", work=work, wait_for_output=False)
+            for p in work.rglob("*.partial-*"):
+                p.unlink()  # what the next run's clean-up does first: the room below must not count them
         out_dir = _out_dir(work)
         before = _finished(out_dir)
         _resize(work, _used(work) + _ROOM[step.name])
@@ -289,8 +302,9 @@ def _hub_env(hub, hub_build: tuple[Path, Path], home: Path, **extra: str) -> dic
         if not (home / shared).exists():
             (home / shared).symlink_to(real / shared)
     catalog, work = hub_build
-    env = _env(work, catalog, MODELMINT_HOME=str(home), HF_ENDPOINT=hub.endpoint, HF_HOME=str(home / "hf"),
-               NO_PROXY="127.0.0.1,localhost", HF_HUB_ETAG_TIMEOUT="2", HF_HUB_DOWNLOAD_TIMEOUT="2", **extra)
+    hf = {"MODELMINT_HOME": str(home), "HF_ENDPOINT": hub.endpoint, "HF_HOME": str(home / "hf"),
+          "NO_PROXY": "127.0.0.1,localhost", "HF_HUB_ETAG_TIMEOUT": "2", "HF_HUB_DOWNLOAD_TIMEOUT": "2"}
+    env = _env(work, catalog, **{**hf, **extra})
     for var in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_HUB_OFFLINE"):
         if var not in extra:
             env.pop(var, None)
