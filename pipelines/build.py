@@ -24,7 +24,7 @@ from typing import Any
 from pipelines import __version__, gguf
 from pipelines.catalog import CatalogEntry, GGUFVariants, HubSource
 from pipelines.errors import DiskFullError, ModelmintError, ShapeRefused, ToolchainMissing
-from pipelines.fsutil import clean_partials, sha256_file, write_text_atomic
+from pipelines.fsutil import clean_partials, disk_full_located, sha256_file, write_text_atomic
 from pipelines.gates import gguf_gate
 from pipelines.preflight import BlockFallback, Weight, gguf_fallback, observed_fallback, source_weights
 from pipelines.settings import Settings
@@ -314,12 +314,13 @@ def plan_gguf(
     calibration, evaluation = gguf_texts(spec)
     if spec.imatrix:
         check_apart(calibration, evaluation)
-    snapshot = fetch(entry, settings, revision=revision)
-    source_key = content_key(sorted(snapshot.files.items()))
-    out_dir = settings.work_dir / entry.name / (snapshot.revision or source_key)[:12]
-    out_dir.mkdir(parents=True, exist_ok=True)
-    for stale in clean_partials(out_dir):
-        log.info("removed %s left by an interrupted run", stale)
+    with disk_full_located(settings):
+        snapshot = fetch(entry, settings, revision=revision)
+        source_key = content_key(sorted(snapshot.files.items()))
+        out_dir = settings.work_dir / entry.name / (snapshot.revision or source_key)[:12]
+        out_dir.mkdir(parents=True, exist_ok=True)
+        for stale in clean_partials(out_dir):
+            log.info("removed %s left by an interrupted run", stale)
     return GGUFPlan(entry, spec, settings, llama, snapshot, source_key, out_dir, evaluation,
                     calibration if spec.imatrix else None)
 
@@ -330,10 +331,12 @@ def ensure_base(plan: GGUFPlan) -> StepResult:
     receipt = load_receipt(out, key)
     if receipt is not None:
         return StepResult(out, receipt, ran=False)
-    info, tool = gguf.convert(
-        plan.snapshot.path, out, plan.llama, outtype=plan.spec.outtype, provenance=_provenance(plan)
-    )
-    receipt = write_receipt(out, key, gguf=info.to_dict(), wall_s=round(tool.wall_s, 3), peak_rss=tool.peak_rss_bytes)
+    with disk_full_located(plan.settings):
+        info, tool = gguf.convert(
+            plan.snapshot.path, out, plan.llama, outtype=plan.spec.outtype, provenance=_provenance(plan)
+        )
+        receipt = write_receipt(out, key, gguf=info.to_dict(), wall_s=round(tool.wall_s, 3),
+                                peak_rss=tool.peak_rss_bytes)
     return StepResult(out, receipt, ran=True)
 
 
@@ -346,10 +349,12 @@ def ensure_imatrix(plan: GGUFPlan) -> StepResult | None:
     if receipt is not None:
         return StepResult(out, receipt, ran=False)
     cal = plan.spec.calibration
-    made, tool = gguf.compute_imatrix(plan.base_path, text.path, out, plan.llama, threads=plan.settings.effective_threads,
-                                      ctx=cal.max_seq_length, chunks=cal.num_samples)
-    receipt = write_receipt(out, key, imatrix={**made, "format": IMATRIX_FORMAT}, calibration=text.describe(),
-                            wall_s=round(tool.wall_s, 3))
+    with disk_full_located(plan.settings):
+        made, tool = gguf.compute_imatrix(plan.base_path, text.path, out, plan.llama,
+                                          threads=plan.settings.effective_threads,
+                                          ctx=cal.max_seq_length, chunks=cal.num_samples)
+        receipt = write_receipt(out, key, imatrix={**made, "format": IMATRIX_FORMAT}, calibration=text.describe(),
+                                wall_s=round(tool.wall_s, 3))
     return StepResult(out, receipt, ran=True)
 
 
@@ -365,14 +370,15 @@ def ensure_quant(plan: GGUFPlan, q: str, *, threads: int | None = None) -> StepR
         if imatrix_sha is None:
             raise FileNotFoundError(f"{plan.imatrix_path} has not been computed (run ensure_imatrix first)")
         kv["modelmint.imatrix.sha256"] = imatrix_sha
-    info, tool = gguf.quantize(
-        plan.base_path, out, q, plan.llama,
-        threads=threads or plan.settings.effective_threads,
-        imatrix=plan.imatrix_path,
-        kv=kv,
-    )
-    receipt = write_receipt(out, key, gguf=info.to_dict(), wall_s=round(tool.wall_s, 3), peak_rss=tool.peak_rss_bytes,
-                            fallback=_observed_fallback(out, q, tool.stderr + tool.stdout))
+    with disk_full_located(plan.settings):
+        info, tool = gguf.quantize(
+            plan.base_path, out, q, plan.llama,
+            threads=threads or plan.settings.effective_threads,
+            imatrix=plan.imatrix_path,
+            kv=kv,
+        )
+        receipt = write_receipt(out, key, gguf=info.to_dict(), wall_s=round(tool.wall_s, 3),
+                                peak_rss=tool.peak_rss_bytes, fallback=_observed_fallback(out, q, tool.stderr + tool.stdout))
     return StepResult(out, receipt, ran=True)
 
 
@@ -392,9 +398,10 @@ def ensure_reference_logits(plan: GGUFPlan) -> StepResult:
     if receipt is not None:
         return StepResult(out, receipt, ran=False)
     out.unlink(missing_ok=True)
-    kld_base_logits(plan.base_path, plan.evaluation.path, out, plan.llama, threads=plan.settings.effective_threads,
-                    ctx=EVAL_CTX, chunks=EVAL_CHUNKS)
-    return StepResult(out, write_receipt(out, key), ran=True)
+    with disk_full_located(plan.settings):
+        kld_base_logits(plan.base_path, plan.evaluation.path, out, plan.llama, threads=plan.settings.effective_threads,
+                        ctx=EVAL_CTX, chunks=EVAL_CHUNKS)
+        return StepResult(out, write_receipt(out, key), ran=True)
 
 
 def ensure_validated(plan: GGUFPlan, q: str) -> VariantOutcome:
@@ -420,15 +427,17 @@ def ensure_validated(plan: GGUFPlan, q: str) -> VariantOutcome:
         observed = qreceipt.get("fallback")
         preflight = {**predicted, "observed": observed,
                      "matches": None if observed is None else observed["fallback_params"] == predicted["fallback_params"]}
-        report = validate_variant(
-            q, qpath, info, plan.base_path, logits.path, gate, plan.llama,
-            threads=plan.settings.effective_threads, ctx=EVAL_CTX, report_path=report_path,
-            extra={"key": report_key, "sha256": qreceipt["sha256"], "source": plan.source, **texts,
-                   "preflight": preflight},
-        ).to_dict()
+        with disk_full_located(plan.settings):
+            report = validate_variant(
+                q, qpath, info, plan.base_path, logits.path, gate, plan.llama,
+                threads=plan.settings.effective_threads, ctx=EVAL_CTX, report_path=report_path,
+                extra={"key": report_key, "sha256": qreceipt["sha256"], "source": plan.source, **texts,
+                       "preflight": preflight},
+            ).to_dict()
     outcome = VariantOutcome(q, qpath, qreceipt["sha256"], qreceipt["size"], report, cached)
     if outcome.passed and plan.spec.split_max_size:
-        outcome.shards = _split_if_needed(qpath, plan.spec.split_max_size, plan.llama)
+        with disk_full_located(plan.settings):
+            outcome.shards = _split_if_needed(qpath, plan.spec.split_max_size, plan.llama)
     return outcome
 
 
@@ -614,7 +623,8 @@ def build_gguf(
 
     result = BuildResult(entry.name, plan.out_dir, plan.source, base.receipt, variants, tools_run, timings, plan,
                          errors=errors, preflight=preflight, asked=list(plan.spec.quants))
-    write_text_atomic(plan.out_dir / "build.json", json.dumps(_summary(result), indent=2, sort_keys=True) + "\n")
+    with disk_full_located(settings):
+        write_text_atomic(plan.out_dir / "build.json", json.dumps(_summary(result), indent=2, sort_keys=True) + "\n")
     return result
 
 

@@ -46,7 +46,15 @@ from pipelines.errors import (
     UnsupportedModel,
 )
 from pipelines.fetch import INDEX_FILE, read_safetensors_header
-from pipelines.fsutil import HashCache, atomic_output, clean_partials, sha256_file, write_text_atomic
+from pipelines.fsutil import (
+    HashCache,
+    atomic_output,
+    clean_partials,
+    disk_full_located,
+    is_full,
+    sha256_file,
+    write_text_atomic,
+)
 from pipelines.gates import CompressedGate, compressed_gate
 from pipelines.preflight import GROUPED_SCHEMES, GroupSizeChoice, choose_group_size, source_weights
 from pipelines.runner import ToolRun, run
@@ -530,7 +538,8 @@ def quantize(
             env["HF_TOKEN"] = settings.hf_token
         hf["cache_dir"] = str(settings.home / "datasets")
     # the job's scratch sits beside the output, named like a partial output: a killed run's is cleaned up
-    with atomic_output(out) as tmp, tempfile.TemporaryDirectory(prefix=f"{out.name}.partial-job-", dir=out.parent) as work:
+    with atomic_output(out, check=check_checkpoint) as tmp, \
+            tempfile.TemporaryDirectory(prefix=f"{out.name}.partial-job-", dir=out.parent) as work:
         result_path = Path(work) / "result.json"
         job = {
             "source": str(source_dir),
@@ -553,7 +562,7 @@ def quantize(
         job_path = Path(work) / "job.json"
         job_path.write_text(json.dumps(job, indent=2))
         argv = [tc.python, QUANTIZE_SCRIPT, job_path]
-        tool = run(argv, env=env, check=False)
+        tool = run(argv, env=env, check=False, output=tmp)
         if log_path is not None:
             write_text_atomic(log_path, tool.stderr)
         if tool.returncode != 0:
@@ -563,6 +572,21 @@ def quantize(
         for p in _files(tmp):
             p.chmod(0o644)  # transformers writes weights 0600; an artifact is for others to read
     return result, tool
+
+
+def check_checkpoint(d: Path) -> None:
+    """Read a compressed checkpoint back before it is promoted: config.json, and every Safetensors shard's header
+    against the shard's length (the recipe-level check is `check_structure`, at validation).
+
+    Raises:
+        ArtifactError: config.json missing or not JSON, a shard missing, truncated or with a corrupt header.
+    """
+    try:
+        json.loads((d / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise ArtifactError(f"{d.name}/config.json is missing or not JSON: {err}",
+                            hint="rerun the same command to compress it again") from err
+    _tensors(d)
 
 
 def _raise_for_failure(
@@ -575,7 +599,7 @@ def _raise_for_failure(
         known = json.loads(result_path.read_text()).get("error") or {}
     kind, message = known.get("kind"), known.get("message", "")
     where = f"variants.{recipe.variant} of this entry in registry/catalog.yaml"
-    if "No space left on device" in tool.stderr:
+    if "No space left on device" in tool.stderr or (out is not None and is_full(out.parent)):
         raise DiskFullError(str((out or result_path).parent), "\n".join(tail.splitlines()[-3:]))
     if kind == "calibration_too_small":
         raise ConfigError(
@@ -628,7 +652,7 @@ def evaluate(
         argv += [f"{name}={path}" for name, path in variants.items()]
         env = {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
                "OMP_NUM_THREADS": str(settings.effective_threads)}
-        tool = run(argv, env=env, hint="a checkpoint that does not load is broken: rebuild it")
+        tool = run(argv, env=env, hint="a checkpoint that does not load is broken: rebuild it", output=out)
         result = json.loads(out.read_text())
     result["wall_s"] = round(tool.wall_s, 3)
     result["peak_rss_bytes"] = tool.peak_rss_bytes
@@ -772,7 +796,8 @@ def plan_compressed(
     calibration, evaluation = compressed_texts(recipes)
     if any(r.calibration is not None and r.calibration.hub_dataset is None for r in recipes.values()):
         check_apart(calibration, evaluation)
-    snapshot = fetch(entry, settings, revision=revision)
+    with disk_full_located(settings):
+        snapshot = fetch(entry, settings, revision=revision)
     tensors = _tensors(snapshot.path)
     preflight: dict[str, dict[str, Any]] = {}
     refused: dict[str, VariantError] = {}
@@ -788,9 +813,10 @@ def plan_compressed(
             preflight[n] = choice.to_dict()
     source_key = content_key(sorted(snapshot.files.items()))
     out_dir = settings.work_dir / entry.name / (snapshot.revision or source_key)[:12]
-    out_dir.mkdir(parents=True, exist_ok=True)
-    for stale in clean_partials(out_dir):
-        log.info("removed %s left by an interrupted run", stale)
+    with disk_full_located(settings):
+        out_dir.mkdir(parents=True, exist_ok=True)
+        for stale in clean_partials(out_dir):
+            log.info("removed %s left by an interrupted run", stale)
     hashes = HashCache(settings.home / "hashcache.json")
     return CompressPlan(
         entry=entry,
@@ -833,11 +859,13 @@ def ensure_compressed(
     receipt = load_dir_receipt(d, key)
     if receipt is not None:
         return StepResult(d, receipt, ran=False)
-    with gpu_slot():
-        result, tool = quantize(plan.snapshot.path, d, plan.recipes[v], plan.tc, settings=plan.settings,
-                                trust_remote_code=plan.entry.trust_remote_code, log_path=d.with_name(d.name + ".log"))
-    receipt = write_dir_receipt(d, key, quantize={**result, "wall_s": round(tool.wall_s, 3),
-                                                  "peak_rss_bytes": tool.peak_rss_bytes})
+    with disk_full_located(plan.settings):
+        with gpu_slot():
+            result, tool = quantize(plan.snapshot.path, d, plan.recipes[v], plan.tc, settings=plan.settings,
+                                    trust_remote_code=plan.entry.trust_remote_code,
+                                    log_path=d.with_name(d.name + ".log"))
+        receipt = write_dir_receipt(d, key, quantize={**result, "wall_s": round(tool.wall_s, 3),
+                                                      "peak_rss_bytes": tool.peak_rss_bytes})
     return StepResult(d, receipt, ran=True)
 
 
@@ -878,7 +906,8 @@ def ensure_validated(plan: CompressPlan, names: list[str] | None = None) -> dict
         if not failures:
             to_measure[v] = d
     if to_measure:
-        measured = evaluate(plan.snapshot.path, to_measure, plan.tc, settings=plan.settings)
+        with disk_full_located(plan.settings):
+            measured = evaluate(plan.snapshot.path, to_measure, plan.tc, settings=plan.settings)
         for v in to_measure:
             metrics = measured["variants"][v]
             rep = reports[v]
@@ -893,11 +922,13 @@ def ensure_validated(plan: CompressPlan, names: list[str] | None = None) -> dict
     outcomes = {}
     for v in names:
         rep = reports[v]
-        if v not in cached:
-            write_text_atomic(plan.report_path(v), json.dumps(rep, indent=2, sort_keys=True) + "\n")
         serve = plan.serve_config_path(v)
-        if not serve.is_file():
-            write_text_atomic(serve, serve_config_for(plan.variant_dir(v), served_name(plan.entry.name, v)).to_yaml())
+        with disk_full_located(plan.settings):
+            if v not in cached:
+                write_text_atomic(plan.report_path(v), json.dumps(rep, indent=2, sort_keys=True) + "\n")
+            if not serve.is_file():
+                write_text_atomic(serve, serve_config_for(plan.variant_dir(v),
+                                                          served_name(plan.entry.name, v)).to_yaml())
         rep = {**rep, "serve_config": str(serve)}
         outcomes[v] = VariantOutcome(v, plan.variant_dir(v), receipts[v]["tree_sha256"], receipts[v]["size"], rep,
                                      cached=v in cached)
@@ -994,7 +1025,8 @@ def build_compressed(
     result = BuildResult(entry.name, plan.out_dir, plan.source, {}, variants, tools_run, timings, plan,  # type: ignore[arg-type]
                          errors=errors, preflight=plan.preflight,
                          asked=list(schemes) if schemes else [*plan.recipes, *plan.refused])
-    write_text_atomic(plan.out_dir / "compress.json", json.dumps(_summary(result), indent=2, sort_keys=True) + "\n")
+    with disk_full_located(settings):
+        write_text_atomic(plan.out_dir / "compress.json", json.dumps(_summary(result), indent=2, sort_keys=True) + "\n")
     return result
 
 

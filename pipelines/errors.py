@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 
 class ModelmintError(Exception):
     """Base class. `hint` says what to run next; `transient` says whether retrying the same call may succeed."""
@@ -57,13 +59,42 @@ class ToolTimeout(ToolError):
     transient = True
 
 
+DiskLocation = Literal["work_dir", "artifacts", "dvc_cache", "home", "repo"]
+"""Which of modelmint's directories a path is in; each moves differently when its disk is full."""
+
+_DISK_WHAT: dict[str, str] = {
+    "work_dir": "the work dir (MODELMINT_WORK_DIR)",
+    "artifacts": "the repository's artifacts/ directory",
+    "dvc_cache": "the DVC cache",
+    "home": "MODELMINT_HOME (toolchains, generated models, hub downloads)",
+    "repo": "the repository",
+}
+_DISK_HINT: dict[str, str] = {
+    "work_dir": "free space on that disk or point MODELMINT_WORK_DIR at a larger one, then rerun the same command "
+    "(finished steps are kept)",
+    "artifacts": "free space on the disk holding the repository (artifacts/ is part of it: MODELMINT_WORK_DIR does "
+    "not move it), then rerun the same command",
+    "dvc_cache": "free space on that disk, or move the DVC cache to a larger one with `dvc cache dir "
+    "/path/on/a/larger/disk` (run in the repository), then rerun the same command",
+    "home": "free space there or point MODELMINT_HOME at a larger disk (then set the toolchains up there again "
+    "with `bash scripts/setup.sh`), then rerun the same command",
+    "repo": "free space on the disk holding the repository, then rerun the same command",
+}
+
+
 class DiskFullError(ModelmintError):
-    def __init__(self, path: str, detail: str = "") -> None:
+    """A filesystem filled while modelmint or a tool wrote to it. `location` says which of modelmint's
+    directories it holds (None: not one of them), and so what moves it to a larger disk."""
+
+    def __init__(self, path: str, detail: str = "", *, location: DiskLocation | None = None) -> None:
+        what = f" ({_DISK_WHAT[location]})" if location else ""
         super().__init__(
-            f"no space left on the device holding {path}{': ' + detail if detail else ''}",
-            hint="free space there or point MODELMINT_WORK_DIR at a larger disk, then rerun the same command",
+            f"no space left on the device holding {path}{what}{': ' + detail if detail else ''}",
+            hint=_DISK_HINT[location] if location else "free space on that device, then rerun the same command",
         )
         self.path = path
+        self.detail = detail
+        self.location = location
 
 
 class SourceError(ModelmintError):

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import fnmatch
-import glob
 import hashlib
 import json
 import logging
@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from pipelines.catalog import CatalogEntry, GeneratedSource, HubSource, LocalSource
-from pipelines.errors import ArtifactError, HubUnavailable, IntegrityError, SourceError
+from pipelines.errors import ArtifactError, DiskFullError, HubUnavailable, IntegrityError, SourceError
 from pipelines.fsutil import HashCache
 from pipelines.settings import Settings
 
@@ -100,7 +100,7 @@ def fetch(entry: CatalogEntry, settings: Settings, *, revision: str | None = Non
     if revision is not None:
         raise SourceError(
             f"{entry.name} is not a hub source, so a revision ({revision}) does not apply",
-            hint=f"run `modelmint fetch {entry.name}` without --revision",
+            hint=f"rerun the same command without --revision (e.g. `{_command(entry)}`)",
         )
     if isinstance(source, LocalSource):
         path = source.path.expanduser()
@@ -318,7 +318,7 @@ def _snapshot_of_dir(
             f"{entry.name}: source directory {path} does not exist",
             hint="fix source.path in registry/catalog.yaml (relative paths start at the catalog's folder)"
             if kind == "local"
-            else f"rerun `modelmint fetch {entry.name}` to generate it again",
+            else f"rerun the same command (e.g. `{_command(entry)}`) to generate it again",
         )
     names = sorted(p.name for p in path.iterdir() if p.is_file())
     config_path = path / "config.json"
@@ -335,9 +335,9 @@ def _snapshot_of_dir(
     files = _select(names, shards, entry.trust_remote_code)
     hint = (
         f"the file is damaged: copy it into {path} again from its origin, "
-        f"then rerun `modelmint fetch {entry.name}`"
+        f"then rerun the same command (e.g. `{_command(entry)}`)"
         if kind == "local"
-        else f"delete {path} and rerun `modelmint fetch {entry.name}` to generate it again"
+        else f"delete {path} and rerun the same command (e.g. `{_command(entry)}`) to generate it again"
     )
     hashes = HashCache(settings.home / "hashcache.json")
     checked = _check_files(entry, path, files, hashes, refetch_hint=hint)
@@ -351,7 +351,7 @@ def _snapshot_of_dir(
 def _fetch_hub(
     entry: CatalogEntry, source: HubSource, settings: Settings, revision: str | None
 ) -> SourceSnapshot:
-    from huggingface_hub import HfApi, hf_hub_download, snapshot_download
+    from huggingface_hub import HfApi, constants, hf_hub_download
 
     repo_id = source.repo
     if revision is None:
@@ -374,7 +374,9 @@ def _fetch_hub(
 
     log.info("%s: listing %s@%s", entry.name, repo_id, revision[:12])
     with _hub_errors(entry, settings, **kw):
-        info = HfApi(**hub).model_info(repo_id, revision=revision, files_metadata=True)
+        # huggingface_hub sets no timeout on API calls: a hub that stops answering would hang the build.
+        info = HfApi(**hub).model_info(repo_id, revision=revision, files_metadata=True,
+                                       timeout=constants.HF_HUB_ETAG_TIMEOUT)
     if info.sha and info.sha != revision:
         raise SourceError(f"the hub answered commit {info.sha} for {repo_id}@{revision}", **kw)
     remote: dict[str, RepoSibling] = {s.rfilename: s for s in info.siblings or []}
@@ -400,15 +402,12 @@ def _fetch_hub(
     files = _select(remote, shards, entry.trust_remote_code)
 
     log.info("%s: downloading %d files of %s@%s", entry.name, len(files), repo_id, revision[:12])
+    # File by file rather than snapshot_download: its tree listing has no timeout, and the listing is known.
+    # Every request here is bounded (HF_HUB_ETAG_TIMEOUT, HF_HUB_DOWNLOAD_TIMEOUT); a file already in the
+    # cache at this commit is not requested again.
     with _hub_errors(entry, settings, **kw):
-        folder = snapshot_download(
-            repo_id,
-            revision=revision,
-            allow_patterns=[glob.escape(f) for f in files],
-            cache_dir=cache_dir,
-            **hub,
-        )
-    root = Path(folder)
+        paths = [Path(hf_hub_download(repo_id, f, revision=revision, cache_dir=cache_dir, **hub)) for f in files]
+    root = paths[0].parent if paths else cache_dir
     hashes = HashCache(settings.home / "hashcache.json")
     known = _verify_against_hub(root, files, remote, hashes, **kw)
     # The bytes are what the publisher recorded, so a bad header here is upstream's, not the download's.
@@ -488,15 +487,18 @@ def _hub_errors(entry: CatalogEntry, settings: Settings, *, repo_id: str, revisi
 
     kw = {"repo_id": repo_id, "revision": revision}
     page = f"{(settings.hf_endpoint or 'https://huggingface.co').rstrip('/')}/{repo_id}"
-    retry = f"rerun `modelmint fetch {entry.name}` when the hub answers again (a flow retries this by itself)"
+    retry = (f"the hub may be down or overloaded: rerun the same command (e.g. `{_command(entry)}`) in a few "
+             "minutes (a flow retries this by itself)")
     access_hint = (
         f"open {page} with the account that should download it, accept the licence there, then set HF_TOKEN "
         "to a read token of that account and rerun"
     )
 
     def unavailable(err: BaseException) -> HubUnavailable:
+        slow = isinstance(err, (httpx2.TimeoutException, TimeoutError))
         return HubUnavailable(
-            f"the hub at {settings.hf_endpoint or 'https://huggingface.co'} could not be reached for "
+            f"the hub at {settings.hf_endpoint or 'https://huggingface.co'} "
+            f"{'did not answer in time' if slow else 'could not be reached'} for "
             f"{repo_id}@{revision[:12]}: {_scrub(_short(err), settings)}",
             hint=retry,
             **kw,
@@ -561,6 +563,15 @@ def _hub_errors(entry: CatalogEntry, settings: Settings, *, repo_id: str, revisi
         raise unavailable(cause or err) from err
     except (httpx2.TransportError, ConnectionError, TimeoutError) as err:
         raise unavailable(err) from err
+    except OSError as err:
+        if err.errno == errno.ENOSPC:
+            raise DiskFullError(str(settings.home / "hub"), f"downloading {repo_id}@{revision[:12]}") from err
+        raise
+
+
+def _command(entry: CatalogEntry) -> str:
+    """The command that fetches and checks `entry`'s source alone (the build commands fetch first too)."""
+    return f"modelmint fetch {entry.name}"
 
 
 def _short(err: BaseException) -> str:

@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipelines.errors import ArtifactError, DiskFullError, ToolError, UnsupportedModel
+from pipelines.errors import ArtifactError, ToolError, UnsupportedModel
 from pipelines.fsutil import atomic_output, partial_path
 from pipelines.runner import ToolRun, run
 from pipelines.toolchains import LlamaCpp
@@ -329,7 +329,7 @@ def convert(
         ArtifactError: the output does not read back as the expected GGUF.
     """
     meta = partial_path(out.with_suffix(".metadata.json"))
-    with atomic_output(out) as tmp:
+    with atomic_output(out, check=gguf_check(outtype)) as tmp:
         argv: list[str | Path] = [
             llama.python, llama.converter, model_dir, "--outfile", tmp, "--outtype", outtype,
         ]
@@ -337,14 +337,12 @@ def convert(
             meta.write_text(json.dumps(provenance), encoding="utf-8")
             argv += ["--metadata", meta]
         try:
-            result = run(argv, timeout=timeout)
+            result = run(argv, timeout=timeout, output=tmp)
         except ToolError as err:
             raise _converter_error(err, model_dir) from err
         finally:
             meta.unlink(missing_ok=True)
-        info = inspect_gguf(tmp)
-        check_gguf(info, expect_file_type=outtype)
-    return _relocated(info, out), result
+    return inspect_gguf(out), result
 
 
 def quantize(
@@ -368,7 +366,7 @@ def quantize(
         ToolError, DiskFullError: llama-quantize failed.
         ArtifactError: the output is not a `qtype` GGUF with tokenizer and chat template.
     """
-    with atomic_output(out) as tmp:
+    with atomic_output(out, check=gguf_check(qtype)) as tmp:
         argv: list[str | Path] = [llama.bin("llama-quantize")]
         if imatrix is not None:
             argv += ["--imatrix", imatrix.name]
@@ -376,10 +374,8 @@ def quantize(
             kind = "int" if isinstance(value, int) else "str"
             argv += ["--override-kv", f"{key}={kind}:{value}"]
         argv += [Path(source).resolve(), tmp.resolve(), qtype.upper(), str(threads)]
-        result = run(argv, timeout=timeout, cwd=imatrix.parent if imatrix is not None else None)
-        info = inspect_gguf(tmp)
-        check_gguf(info, expect_file_type=qtype)
-    return _relocated(info, out), result
+        result = run(argv, timeout=timeout, cwd=imatrix.parent if imatrix is not None else None, output=tmp)
+    return inspect_gguf(out), result
 
 
 def compute_imatrix(
@@ -389,23 +385,20 @@ def compute_imatrix(
 
     llama-imatrix records its `-f` argument as given in `imatrix.datasets` (and llama-quantize copies it
     into every quant as `quantize.imatrix.dataset`): it runs in the text's directory and is given the
-    bare file name, so the matrix and the quants name `train.txt`, not a path of this machine.
+    bare file name, so the matrix and the quants name `train.txt`, not a path of this machine. It exits 0
+    even when writing its file failed: the file is read back (`check_imatrix`) before it is renamed into place.
     Returns what the matrix says of itself (datasets, chunks, chunk size) and the tool run.
 
     Raises:
         ToolError, DiskFullError: llama-imatrix failed.
         ArtifactError: the output is not an imatrix GGUF computed on `text`.
     """
-    with atomic_output(out) as tmp:
-        try:
-            result = run([
-                llama.bin("llama-imatrix"), "-m", Path(model).resolve(), "-f", text.name, "-o", tmp.resolve(),
-                "-c", str(ctx), "-b", str(ctx), "--chunks", str(chunks), "-t", str(threads), "--no-ppl",
-                "--output-format", "gguf",
-            ], cwd=text.parent)
-        except DiskFullError as err:
-            # the runner names its working directory (the text's); the disk that filled up is the output's
-            raise DiskFullError(str(out.parent)) from err
+    with atomic_output(out, check=check_imatrix) as tmp:
+        result = run([
+            llama.bin("llama-imatrix"), "-m", Path(model).resolve(), "-f", text.name, "-o", tmp.resolve(),
+            "-c", str(ctx), "-b", str(ctx), "--chunks", str(chunks), "-t", str(threads), "--no-ppl",
+            "--output-format", "gguf",
+        ], cwd=text.parent, output=tmp)
         made = read_imatrix(tmp)
         if made["datasets"] != [text.name] or made["chunks"] < 1:
             raise ArtifactError(f"llama-imatrix wrote {made} for {text.name}",
@@ -439,19 +432,58 @@ def split(path: Path, max_size: str, llama: LlamaCpp) -> list[Path]:
     """
     stem = path.name.removesuffix(".gguf")
     shard_dir = path.parent / f"{stem}.shards"
-    with atomic_output(shard_dir) as tmp:
-        tmp.mkdir()
-        run([llama.bin("llama-gguf-split"), "--split", "--split-max-size", max_size, path, tmp / stem])
+
+    def _check_shards(tmp: Path) -> None:
         shards = sorted(tmp.glob(f"{stem}-*-of-*.gguf"))
         if not shards:
             raise ArtifactError(f"llama-gguf-split wrote no shards for {path}")
-        first = inspect_gguf(shards[0])
-        if first.split_count != len(shards):
-            raise ArtifactError(f"{shards[0]} says split.count={first.split_count}, found {len(shards)} shards")
+        infos = [inspect_gguf(s) for s in shards]  # each shard's tensors must lie within the shard
+        if infos[0].split_count != len(shards):
+            raise ArtifactError(f"{shards[0]} says split.count={infos[0].split_count}, found {len(shards)} shards")
+
+    with atomic_output(shard_dir, check=_check_shards) as tmp:
+        tmp.mkdir()
+        run([llama.bin("llama-gguf-split"), "--split", "--split-max-size", max_size, path, tmp / stem],
+            output=tmp / stem)
     return sorted(shard_dir.glob(f"{stem}-*-of-*.gguf"))
 
 
-def _relocated(info: GGUFInfo, final: Path) -> GGUFInfo:
-    from dataclasses import replace
+def gguf_check(file_type: str) -> Callable[[Path], None]:
+    """The read-back an output GGUF of `file_type` must pass before it is promoted (see fsutil.promote)."""
 
-    return replace(info, path=str(final))
+    def _check(path: Path) -> None:
+        check_gguf(inspect_gguf(path), expect_file_type=file_type)
+
+    return _check
+
+
+def check_imatrix(path: Path) -> None:
+    """Read an importance matrix GGUF back: its type, chunk count, and every tensor within the file.
+
+    Raises:
+        ArtifactError: not an imatrix GGUF, no data, or truncated.
+    """
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    header = read_gguf_header(path, lambda key, _found: key in ("general.type", "imatrix.chunk_count"))
+    problems = []
+    if header.metadata.get("general.type") != "imatrix":
+        problems.append(f"general.type is {header.metadata.get('general.type')!r}, not 'imatrix'")
+    if not header.metadata.get("imatrix.chunk_count"):
+        problems.append("imatrix.chunk_count is 0: no calibration text was processed")
+    if not header.tensors:
+        problems.append("it holds no tensors")
+    size = path.stat().st_size
+    for t in header.tensors:
+        try:
+            block, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(t.ggml_type)]
+        except ValueError:
+            problems.append(f"tensor {t.name} has unknown ggml type {t.ggml_type}")
+            break
+        end = t.offset + math.prod(t.shape) // block * type_size
+        if end > size:
+            problems.append(f"truncated: tensor {t.name} ends at byte {end}, the file has {size}")
+            break
+    if problems:
+        raise ArtifactError(f"{path} is not a complete importance matrix: " + "; ".join(problems),
+                            hint="rerun the same command to compute it again")

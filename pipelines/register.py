@@ -29,8 +29,8 @@ from typing import TYPE_CHECKING, Any
 from pipelines import __version__, dvcrepo
 from pipelines.build import GGUFPlan, VariantOutcome, content_key, load_receipt
 from pipelines.catalog import CatalogEntry
-from pipelines.errors import GateFailed, ManifestInvalid
-from pipelines.fsutil import HashCache, atomic_output
+from pipelines.errors import DiskFullError, GateFailed, ManifestInvalid
+from pipelines.fsutil import HashCache, atomic_output, disk_full_located, is_full
 from pipelines.gates import advice_for_report
 from pipelines.manifest import (
     ArtifactFile,
@@ -263,21 +263,26 @@ def artifact_dir(settings: Settings, name: str, tag: str) -> Path:
 
 
 def place(settings: Settings, c: Candidate) -> tuple[ArtifactFile, ...]:
-    """Copy the variant's files into its artifact directory and add its serving files, as one rename."""
+    """Copy the variant's files into its artifact directory and add its serving files, as one rename.
+
+    Raises:
+        DiskFullError: the disk holding artifacts/ (the repository's) filled; nothing was placed.
+    """
     dest = artifact_dir(settings, c.entry.name, c.tag)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    _remove_stale_partials(dest)
-    with atomic_output(dest) as tmp:
-        tmp.mkdir()
-        for f in c.files:
-            # A copy, never a link: the build directory is scratch space that later builds rewrite.
-            out = tmp / c.placed_as(f)
-            out.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(f, out)
-        if c.format == "gguf":
-            write_ollama_files(settings, c, tmp / c.files[0].name)
-        else:
-            write_vllm_files(c, tmp)
+    with disk_full_located(settings):
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        _remove_stale_partials(dest)
+        with atomic_output(dest) as tmp:
+            tmp.mkdir()
+            for f in c.files:
+                # A copy, never a link: the build directory is scratch space that later builds rewrite.
+                out = tmp / c.placed_as(f)
+                out.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(f, out)
+            if c.format == "gguf":
+                write_ollama_files(settings, c, tmp / c.files[0].name)
+            else:
+                write_vllm_files(c, tmp)
     return _describe(settings, dest)
 
 
@@ -286,8 +291,16 @@ def track(settings: Settings, c: Candidate, files: tuple[ArtifactFile, ...]) -> 
 
     Raises:
         RegistryError: not a DVC repository, no such stage (run `modelmint dvc-yaml`), or DVC failed.
+        DiskFullError: the DVC cache's disk (or the repository's) filled.
     """
-    dvcrepo.commit(settings, c.stage)
+    try:
+        dvcrepo.commit(settings, c.stage)
+    except DiskFullError as err:
+        # DVC names no path; `dvc commit` writes into the cache, and dvc.lock and DVC's state beside it.
+        cache = dvcrepo.cache_dir(settings)
+        where = cache if is_full(cache) else Path(err.path)
+        raise DiskFullError(str(where), err.detail,
+                            location=settings.disk_location(where, dvc_cache=cache)) from err
     locked = dvcrepo.locked_out(settings, c.stage, c.dvc_path)
     if locked is None:
         from pipelines.errors import RegistryError
@@ -296,7 +309,33 @@ def track(settings: Settings, c: Candidate, files: tuple[ArtifactFile, ...]) -> 
             f"dvc commit {c.stage} recorded nothing for {c.dvc_path}",
             hint="dvc.yaml is out of date with the catalog: run `modelmint dvc-yaml`",
         )
+    _check_cached(settings, c, locked.md5)
     return Tracked(files, locked.md5)
+
+
+def _check_cached(settings: Settings, c: Candidate, dir_md5: str) -> None:
+    """Check that `dvc commit` put every object of the artifact into the cache, not only into dvc.lock.
+
+    DVC exits 0 when the cache's disk fills: dvc.lock records the directory, the cache holds `.tmp` stubs.
+
+    Raises:
+        DiskFullError: objects are missing and the cache's disk is full.
+        RegistryError: objects are missing otherwise.
+    """
+    from pipelines.errors import RegistryError
+
+    cache = dvcrepo.cache_dir(settings)
+    obj = dvcrepo.cache_object(cache, dir_md5)
+    listing = dvcrepo.dir_listing(cache, dir_md5) if obj.is_file() else {}
+    missing = ([] if obj.is_file() else [dir_md5]) + [
+        rel for rel, md5 in listing.items() if not dvcrepo.cache_object(cache, md5).is_file()
+    ]
+    if not missing:
+        return
+    detail = f"dvc commit {c.stage} exited 0 but left {', '.join(missing)} out of the cache"
+    if is_full(cache):
+        raise DiskFullError(str(cache), detail, location=settings.disk_location(cache, dvc_cache=cache))
+    raise RegistryError(detail, hint="rerun the same command; `dvc doctor` shows DVC's setup")
 
 
 def is_tracked(settings: Settings, c: Candidate, tracked: Tracked) -> bool:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipelines.errors import DiskFullError, ToolError, ToolTimeout
+from pipelines.fsutil import is_full
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +40,12 @@ def _tail(text: str, lines: int = _TAIL_LINES) -> str:
     return "\n".join(text.rstrip().splitlines()[-lines:])
 
 
+def _tool_name(args: list[str]) -> str:
+    """The program a person would recognise: the script when the argv starts with an interpreter."""
+    first = Path(args[0]).name
+    return Path(args[1]).name if first.startswith("python") and len(args) > 1 else first
+
+
 def run(
     argv: Sequence[str | os.PathLike[str]],
     *,
@@ -47,15 +54,19 @@ def run(
     timeout: float | None = None,
     check: bool = True,
     hint: str | None = None,
+    output: str | os.PathLike[str] | None = None,
 ) -> ToolRun:
     """Run `argv` (never through a shell), wait for it, and return its output and resource use.
 
     `env` entries are added to a copy of the current environment; tokens are removed unless given explicitly.
+    `output` is the file or directory the tool writes: when the tool fails and the filesystem there is full,
+    that is the cause, whatever the tool printed (llama-quantize says `basic_ios::clear: iostream error`).
 
     Raises:
         ToolError: the tool exited non-zero (when `check`), with the command and the tail of stderr.
         ToolTimeout: the tool ran past `timeout` seconds and was killed.
-        DiskFullError: the tool reported ENOSPC.
+        DiskFullError: the tool reported ENOSPC, or failed with `output`'s filesystem full (naming the
+            directory `output` is in; without `output`, `cwd`).
     """
     args = [os.fspath(a) for a in argv]
     child_env = {k: v for k, v in os.environ.items() if k not in _SECRET_ENV}
@@ -99,8 +110,9 @@ def run(
     if timed_out.is_set():
         raise ToolTimeout(args, proc.returncode, _tail(stderr), hint=f"it ran longer than {timeout:.0f} s")
     if check and proc.returncode != 0:
-        combined = stderr + stdout
-        if any(m in combined for m in _DISK_FULL_MARKERS):
-            raise DiskFullError(str(cwd or Path.cwd()), _tail(stderr, 3))
+        full = any(m in stderr + stdout for m in _DISK_FULL_MARKERS) or (output is not None and is_full(Path(output)))
+        if full:
+            where = Path(output).parent if output is not None else Path(cwd or Path.cwd())
+            raise DiskFullError(str(where), f"{_tool_name(args)} failed:\n{_tail(stderr or stdout, 3)}")
         raise ToolError(args, proc.returncode, _tail(stderr or stdout), hint=hint)
     return result

@@ -5,6 +5,10 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pipelines.errors import DiskLocation
 
 _PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
@@ -85,6 +89,23 @@ class Settings:
     @property
     def effective_threads(self) -> int:
         return self.threads or os.cpu_count() or 1
+
+    def disk_location(self, path: Path, *, dvc_cache: Path | None = None) -> DiskLocation | None:
+        """Which of modelmint's directories holds `path` (the innermost one), or None.
+
+        `dvc_cache` is the DVC cache directory when it is known (a configured `cache.dir` may be anywhere);
+        otherwise the default `.dvc/cache` of the repository counts.
+        """
+        places: list[tuple[DiskLocation, Path]] = [
+            ("work_dir", self.work_dir),
+            ("artifacts", self.artifacts_dir),
+            ("dvc_cache", dvc_cache or self.repo_dir / ".dvc" / "cache"),
+            ("home", self.home),
+            ("repo", self.repo_dir),
+        ]
+        target = Path(path).resolve()
+        holding = [(len(d.resolve().parts), name) for name, d in places if target.is_relative_to(d.resolve())]
+        return max(holding)[1] if holding else None
 
 
 def project_root() -> Path:

@@ -134,7 +134,7 @@ def ensure_tiny_model(name: str, settings: Settings) -> Path:
             log.warning("regenerating %s: %s", final, err.message)
     llama = llama_cpp(settings)
     log.info("generating %s into %s", name, final)
-    with atomic_output(final) as tmp:
+    with atomic_output(final, check=lambda p: check_tiny_model(p, recipe, digest)) as tmp:
         argv = [
             llama.python, SCRIPT, "generate", *recipe.argv(),
             "--out", tmp,
@@ -149,6 +149,7 @@ def ensure_tiny_model(name: str, settings: Settings) -> Path:
                 argv,
                 env={"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"},
                 timeout=_GENERATE_TIMEOUT_S,
+                output=tmp,
                 hint="the tiny-model generator failed; run the command above by hand to see its whole log "
                 f"(`{llama.python} {SCRIPT} generate --help` lists its options)",
             )
@@ -156,7 +157,6 @@ def ensure_tiny_model(name: str, settings: Settings) -> Path:
             # the script's own temporary directory, left behind only if it was killed
             for leftover in tmp.parent.glob(f"{tmp.name}.partial-*"):
                 shutil.rmtree(leftover, ignore_errors=True)
-        check_tiny_model(tmp, recipe, digest)
     return final
 
 

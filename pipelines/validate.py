@@ -103,27 +103,101 @@ def parse_kld_output(text: str, ctx: int) -> KLDStats:
     )
 
 
+# What llama-perplexity logs before it gives up and still exits 0 (tools/perplexity/perplexity.cpp).
+_PERPLEXITY_FAILURES = re.compile(
+    r"^.*(failed reading|failed to open|failed to decode|does not look like a file containing|"
+    r"inconsistent vocabulary|has been computed with|you need at least).*$",
+    flags=re.M,
+)
+LOGITS_MAGIC = b"_logits_"
+_LOGITS_HEADER = 20  # magic, n_ctx (u32), n_vocab (i32), n_chunk (i32)
+
+
+def perplexity_failures(text: str) -> list[str]:
+    """The error lines llama-perplexity printed; it exits 0 after most of them, so the status says nothing."""
+    return [m.group(0).strip() for m in _PERPLEXITY_FAILURES.finditer(text)]
+
+
+def logits_file_size(n_ctx: int, n_vocab: int, n_chunk: int) -> int:
+    """The exact size of a complete `--kl-divergence-base` file, as llama-perplexity writes it.
+
+    A 20-byte header, the n_chunk x n_ctx evaluation tokens (int32), then per chunk the log-probabilities
+    of the scored second half of the window (n_ctx - 1 - n_ctx/2 rows) as uint16 rows of
+    nv = 2 * ceil(n_vocab / 2) + 4 values (tools/perplexity/perplexity.cpp: perplexity, process_logits).
+    """
+    nv = 2 * ((n_vocab + 1) // 2) + 4
+    return _LOGITS_HEADER + 4 * n_chunk * n_ctx + n_chunk * (n_ctx - 1 - n_ctx // 2) * nv * 2
+
+
+def check_logits_file(path: Path, *, ctx: int, max_chunks: int) -> None:
+    """Read a `--kl-divergence-base` file's header and check its length is exactly what the header implies.
+
+    Raises:
+        ArtifactError: not a logits file, another context or chunk count, or shorter/longer than complete.
+    """
+    import struct
+
+    size = path.stat().st_size
+    with open(path, "rb") as fh:
+        head = fh.read(_LOGITS_HEADER)
+    if len(head) < _LOGITS_HEADER or head[:8] != LOGITS_MAGIC:
+        raise ArtifactError(f"{path} is not a complete llama.cpp logits file ({size} bytes, header "
+                            f"{head[:8]!r})", hint="rerun the same command to compute the reference logits again")
+    n_ctx, n_vocab, n_chunk = struct.unpack_from("<Iii", head, 8)
+    if n_ctx != ctx or n_vocab <= 0 or not 1 <= n_chunk <= max_chunks:
+        raise ArtifactError(f"{path} holds n_ctx={n_ctx}, n_vocab={n_vocab}, n_chunk={n_chunk}; expected "
+                            f"n_ctx={ctx} and 1..{max_chunks} chunks",
+                            hint="rerun the same command to compute the reference logits again")
+    expected = logits_file_size(n_ctx, n_vocab, n_chunk)
+    if size != expected:
+        raise ArtifactError(f"{path} is {'truncated' if size < expected else 'too long'}: {size} bytes, "
+                            f"{n_chunk} chunks of {n_ctx} tokens over {n_vocab} tokens make {expected}",
+                            hint="rerun the same command to compute the reference logits again")
+
+
 def kld_base_logits(
     reference: Path, text: Path, out: Path, llama: LlamaCpp, *, threads: int, ctx: int, chunks: int
 ) -> Path:
-    """Save the reference model's logits over `text` (llama-perplexity --kl-divergence-base), atomically."""
+    """Save the reference model's logits over `text` (llama-perplexity --kl-divergence-base), atomically.
+
+    llama-perplexity exits 0 when it cannot write the file or has too little text: its log is read for
+    errors and the file's length is checked against its header before it is promoted.
+
+    Raises:
+        ToolError, DiskFullError: llama-perplexity failed, or the disk filled while it wrote.
+        ArtifactError: it reported an error, or its file is incomplete.
+    """
     if out.exists():
         return out
-    with atomic_output(out) as tmp:
-        run([
+    with atomic_output(out, check=lambda p: check_logits_file(p, ctx=ctx, max_chunks=chunks)) as tmp:
+        result = run([
             llama.bin("llama-perplexity"), "-m", reference, "-f", text, "--kl-divergence-base", tmp,
             "-c", str(ctx), "-b", str(ctx), "--chunks", str(chunks), "-t", str(threads),
-        ])
+        ], output=tmp)
+        if failures := perplexity_failures(result.stderr + result.stdout):
+            raise ArtifactError(f"llama-perplexity could not save the reference logits of {reference}: "
+                                + "; ".join(failures), hint="see the message above, then rerun the same command")
     return out
 
 
 def kl_divergence(quant: Path, base_logits: Path, llama: LlamaCpp, *, threads: int, ctx: int) -> KLDStats:
-    """Mean KL divergence, same-top-token rate and perplexities of `quant` against saved base logits."""
+    """Mean KL divergence, same-top-token rate and perplexities of `quant` against saved base logits.
+
+    Raises:
+        ArtifactError: llama-perplexity reported an error (it exits 0 after "failed reading log-probs"), or
+            printed no statistics.
+    """
     result = run([
         llama.bin("llama-perplexity"), "-m", quant, "--kl-divergence-base", base_logits, "--kl-divergence",
         "-c", str(ctx), "-b", str(ctx), "-t", str(threads),
     ])
-    return parse_kld_output(result.stdout + "\n" + result.stderr, ctx)
+    text = result.stdout + "\n" + result.stderr
+    if failures := perplexity_failures(text):
+        raise ArtifactError(
+            f"llama-perplexity could not measure {quant.name} against {base_logits}: " + "; ".join(failures),
+            hint=f"the reference logits are damaged: delete {base_logits} and rerun the same command",
+        )
+    return parse_kld_output(text, ctx)
 
 
 def smoke_generate(path: Path, info: GGUFInfo, llama: LlamaCpp, *, threads: int, n_predict: int = 32) -> SmokeResult:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import threading
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -119,6 +121,10 @@ class HubServer:
     """The one bearer token the hub accepts (any other Authorization is a 401); gated files need it."""
     fail_status: int | None = None
     """When set, every hub (not CDN) request answers this status, e.g. 503."""
+    delay_s: float = 0.0
+    """Every hub (not CDN) request waits this long before it is answered: a hub that is slow to respond."""
+    stall_s: float = 0.0
+    """The CDN sends the first half of a file, then waits this long before the rest: a download that stalls."""
     repos: dict[str, FakeRepo] = field(default_factory=dict)
     requests: list[RecordedRequest] = field(default_factory=list)
     _servers: list[ThreadingHTTPServer] = field(default_factory=list)
@@ -147,7 +153,7 @@ class HubServer:
 
     def start(self) -> HubServer:
         for role in ("hub", "cdn"):
-            server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self, role))
+            server = _QuietServer(("127.0.0.1", 0), _handler(self, role))
             server.daemon_threads = True
             threading.Thread(
                 target=server.serve_forever, args=(0.05,), name=f"fake-{role}", daemon=True
@@ -188,6 +194,15 @@ class HubServer:
     def touched(self) -> list[str]:
         """Repo paths of every resolve or CDN request (HEAD included)."""
         return [p for r in self.requests if (p := _repo_path(r)) is not None]
+
+
+class _QuietServer(ThreadingHTTPServer):
+    def handle_error(self, request: object, client_address: object) -> None:
+        import sys
+
+        if not isinstance(sys.exc_info()[1], (ConnectionResetError, BrokenPipeError)):
+            super().handle_error(request, client_address)  # type: ignore[arg-type]
+        # else: the client gave up on a stalled or slow answer, as it should
 
 
 def _repo_path(r: RecordedRequest) -> str | None:
@@ -233,6 +248,8 @@ def _handler(hub: HubServer, role: str) -> type[BaseHTTPRequestHandler]:
             parts = [unquote(p) for p in split.path.split("/")[1:]]
             if role == "cdn":
                 return self._cdn(parts)
+            if hub.delay_s:
+                time.sleep(hub.delay_s)
             if hub.fail_status:
                 return self._error(hub.fail_status, None, "the fake hub was told to fail")
             auth = self.headers.get("Authorization")
@@ -245,14 +262,25 @@ def _handler(hub: HubServer, role: str) -> type[BaseHTTPRequestHandler]:
                 return self._resolve(parts)
             return self._error(404, None, "Not Found")
 
-        def _send(self, status: int, body: bytes = b"", headers: Mapping[str, str] | None = None) -> None:
+        def _send(
+            self, status: int, body: bytes = b"", headers: Mapping[str, str] | None = None, *, stall_s: float = 0.0
+        ) -> None:
             self.send_response(status)
             for k, v in (headers or {}).items():
                 self.send_header(k, v)
             if "Content-Length" not in (headers or {}):
                 self.send_header("Content-Length", str(len(body)))
             self.end_headers()
-            if not self._head and body:
+            if self._head or not body:
+                return
+            if stall_s:
+                half = len(body) // 2
+                self.wfile.write(body[:half])
+                self.wfile.flush()
+                time.sleep(stall_s)
+                body = body[half:]
+            # the client may have given up waiting (a stalled download's timeout)
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
                 self.wfile.write(body)
 
         def _json(self, obj: object, headers: Mapping[str, str] | None = None) -> None:
@@ -403,9 +431,10 @@ def _handler(hub: HubServer, role: str) -> type[BaseHTTPRequestHandler]:
                 return self._send(
                     403, b"<Error><Code>AccessDenied</Code></Error>", {"Content-Type": "text/xml"}
                 )
-            self._file(repo.files[path], {"ETag": f'"{hashlib.md5(repo.files[path]).hexdigest()}"'})
+            self._file(repo.files[path], {"ETag": f'"{hashlib.md5(repo.files[path]).hexdigest()}"'},
+                       stall_s=hub.stall_s)
 
-        def _file(self, data: bytes, headers: Mapping[str, str]) -> None:
+        def _file(self, data: bytes, headers: Mapping[str, str], *, stall_s: float = 0.0) -> None:
             headers = {"Content-Type": "application/octet-stream", "Accept-Ranges": "bytes", **headers}
             wanted = self.headers.get("Range")
             if wanted and wanted.startswith("bytes="):
@@ -422,7 +451,7 @@ def _handler(hub: HubServer, role: str) -> type[BaseHTTPRequestHandler]:
                         "Content-Range": f"bytes {start}-{start + len(chunk) - 1}/{len(data)}",
                     },
                 )
-            self._send(200, data, headers)
+            self._send(200, data, headers, stall_s=stall_s)
 
     return Handler
 

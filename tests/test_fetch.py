@@ -508,7 +508,7 @@ def test_truncated_safetensors(tmp_path: Path, settings: Settings) -> None:
     with pytest.raises(SourceError) as exc:
         fetch(make_entry({"path": str(model)}), settings)
     assert str(weights) in str(exc.value) and "truncated" in str(exc.value)
-    assert "copy it" in (exc.value.hint or "") and "modelmint fetch tiny" in (exc.value.hint or "")
+    assert "copy it" in (exc.value.hint or "") and "`modelmint fetch tiny`" in (exc.value.hint or "")
     assert isinstance(exc.value.__cause__, ArtifactError)
 
 

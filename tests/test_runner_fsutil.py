@@ -78,7 +78,8 @@ def test_disk_full_is_a_clear_error_and_leaves_nothing(small_fs: Path) -> None:
     final = small_fs / "big.bin"
     with pytest.raises(DiskFullError) as exc, atomic_output(final) as tmp:
         tmp.write_bytes(b"\0" * (1 << 20))
-    assert "no space left" in str(exc.value) and "MODELMINT_WORK_DIR" in str(exc.value)
+    # fsutil knows the path, not which of modelmint's directories it is (disk_full_located adds that)
+    assert f"no space left on the device holding {small_fs}" in str(exc.value) and exc.value.location is None
     assert not list(small_fs.iterdir())
 
 
