@@ -341,6 +341,9 @@ def verify_cmd(
     from pipelines.verify import verify_remote
 
     result = verify_remote(_settings(), refs or None, repair=repair)
+    if not (result.artifacts or result.invalid or result.removed_uploads):
+        out.print("nothing registered yet, so nothing to verify: `modelmint convert NAME --register` registers one")
+        return
     for p in result.removed_uploads:
         err.print(f"[dim]•[/dim] removed {p} (an upload a killed push left)", highlight=False)
     for a in result.artifacts:

@@ -70,6 +70,8 @@ def verify_remote(settings: Settings, refs: list[str] | None = None, *, repair: 
     else:
         listing = list_manifests(settings)
         manifests, invalid = listing.manifests, listing.invalid
+        if not manifests and not invalid:  # a fresh registry: nothing to check, no remote needed
+            return VerifyResult((), (), ())
     removed = dvcrepo.clean_stale_uploads(settings)
     return VerifyResult(tuple(_verify_one(settings, m, repair) for m in manifests), tuple(invalid), tuple(removed))
 

@@ -356,7 +356,7 @@ def test_rebuilding_the_same_bytes_elsewhere_leaves_the_manifest_unchanged(repo:
 
     lines: list[str] = []
     monkeypatch.setattr(cli.err, "print", lambda m, **kw: lines.append(str(m)))
-    cli._register_passed(settings, [_rebuilt_elsewhere(settings, first, tmp_path / "work-c", 3.0)], True)
+    cli._register_passed(settings, {first.tag: lambda: _rebuilt_elsewhere(settings, first, tmp_path / "work-c", 3.0)}, True)
     monkeypatch.undo()
     assert "already registered" in lines[0] and path.read_bytes() == before
     # with its workspace copy gone (a fresh clone that registers the same build): placed and pushed again,
