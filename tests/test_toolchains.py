@@ -93,9 +93,7 @@ FAKE = textwrap.dedent(
       [[ -z ${BREAK_CHECK:-} ]] || { echo "the tool does not report the pinned commit"; exit 1; }
       [[ $out == built ]]
     }
-    tc_ready && exit 0
-    tc_lock
-    tc_ready && exit 0
+    tc_begin "$@"
     tc_stage fetch "fetch the sources" fetch
     tc_stage build "build the tools" build
     tc_stage check "check the tools" check

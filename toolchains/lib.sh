@@ -5,6 +5,8 @@
 # kept, and the command to run next.
 #
 #   tc_init NAME PREFIX SCRIPT    NAME for messages, PREFIX the toolchain directory, SCRIPT the rerun command
+#   tc_begin "$@"                 `--check`: run the script's check_stage on the installed toolchain and exit;
+#                                 else exit when PREFIX is complete, or take the lock and return to build
 #   tc_ready                      true (and says so) when PREFIX is complete: the fast path, no lock taken
 #   tc_lock                       wait for any other setup of the same toolchain
 #   tc_stage ID "what" FUNC …     run FUNC (under set -e, output to the stage's log) unless ID is marked done
@@ -29,6 +31,18 @@ tc_ready() {
     return 0
   fi
   return 1
+}
+
+tc_begin() {
+  if [[ ${1:-} == --check ]]; then
+    [[ -f "$TC_PREFIX/.complete" ]] || { echo "error: $TC_PREFIX is not a finished toolchain; run: $TC_RERUN" >&2; exit 1; }
+    check_stage
+    exit 0
+  fi
+  tc_ready && exit 0
+  tc_lock
+  tc_ready && exit 0  # another setup finished it while this one waited
+  return 0
 }
 
 tc_lock() {

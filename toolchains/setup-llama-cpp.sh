@@ -75,14 +75,7 @@ check_stage() {
   echo "checks passed: ${TOOLS[*]}, convert_hf_to_gguf.py"
 }
 
-if [[ ${1:-} == --check ]]; then
-  [[ -f "$PREFIX/.complete" ]] || { echo "error: $PREFIX is not a finished toolchain; run: $TC_RERUN" >&2; exit 1; }
-  check_stage
-  exit 0
-fi
-tc_ready && exit 0
-tc_lock
-tc_ready && exit 0  # another setup finished it while this one waited
+tc_begin "$@"
 tc_require cmake ninja g++ -- cmake ninja-build g++
 tc_stage source "llama.cpp $LLAMA_CPP_COMMIT sources (llama-cpp-python $LCPP_PY_VERSION sdist, sha256 checked)" source_stage
 tc_stage build "compile ${#TOOLS[@]} llama.cpp tools (-j $JOBS; about 8 min on 2 cores)" build_stage

@@ -37,14 +37,7 @@ print("checks passed: llmcompressor toolchain versions", got)
 PY
 }
 
-if [[ ${1:-} == --check ]]; then
-  [[ -f "$PREFIX/.complete" ]] || { echo "error: $PREFIX is not a finished toolchain; run: $TC_RERUN" >&2; exit 1; }
-  check_stage
-  exit 0
-fi
-tc_ready && exit 0
-tc_lock
-tc_ready && exit 0
+tc_begin "$@"
 tc_stage venv "llmcompressor venv (llmcompressor $LLMC_VERSION, torch $LLMC_TORCH CPU, transformers $LLMC_TRANSFORMERS)" venv_stage
 tc_stage check "check the pinned versions and imports" check_stage
 tc_done

