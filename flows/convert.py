@@ -37,6 +37,7 @@ from pipelines.build import (
     VariantError,
     VariantOutcome,
     content_key,
+    keep_failure,
     load_receipt,
     variant_scoped,
 )
@@ -369,9 +370,7 @@ def _gguf(
                 if not _step_current(plan.quant_key(q), plan.quant_path(q))(step):
                     step = quantize.with_options(refresh_cache=True)(plan, q, base, imatrix, per_job)
             except Exception as err:
-                if not variant_scoped(err):
-                    raise
-                errors[q] = VariantError.of(q, "build", err)  # type: ignore[arg-type]
+                keep_failure(errors, q, "build", err)
                 continue
             quants_done[q] = step
 
@@ -380,9 +379,7 @@ def _gguf(
         try:
             outcomes[q] = _cached(validate, _report_current(plan), plan, q, quants_done[q])
         except Exception as err:
-            if not variant_scoped(err):
-                raise
-            errors[q] = VariantError.of(q, "validate", err)  # type: ignore[arg-type]
+            keep_failure(errors, q, "validate", err)
 
     snap = plan.snapshot
     source = f"{snap.repo_id}@{snap.revision}" if snap.repo_id else f"{snap.kind} source"
@@ -410,9 +407,7 @@ def _register_all(
                 publish, lambda _r, c=c: reg.registered(settings, c) is not None, settings, c, tracked
             )
         except Exception as err:
-            if not variant_scoped(err):
-                raise
-            errors[v] = VariantError.of(v, "register", err)  # type: ignore[arg-type]
+            keep_failure(errors, v, "register", err)
     return registrations, errors
 
 

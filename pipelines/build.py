@@ -254,6 +254,15 @@ def variant_scoped(err: BaseException) -> bool:
     return isinstance(err, ModelmintError) and not isinstance(err, DiskFullError | ToolchainMissing)
 
 
+def keep_failure(errors: dict[str, VariantError], variant: str, stage: str, err: Exception) -> VariantError:
+    """Record `err` as `variant`'s failure at `stage`, so the run goes on with the other variants; an error that
+    is not the variant's own (see variant_scoped) is raised again instead."""
+    if not variant_scoped(err):
+        raise err
+    errors[variant] = VariantError.of(variant, stage, err)  # type: ignore[arg-type]
+    return errors[variant]
+
+
 @dataclass(frozen=True)
 class StepResult:
     path: Path
@@ -595,10 +604,7 @@ def build_gguf(
             try:
                 step = fut.result()
             except Exception as err:
-                if not variant_scoped(err):
-                    raise
-                errors[q] = VariantError.of(q, "build", err)  # type: ignore[arg-type]
-                progress(f"{q} failed: {errors[q].cause}")
+                progress(f"{q} failed: {keep_failure(errors, q, 'build', err).cause}")
                 continue
             if step.ran:
                 tools_run.append(f"llama-quantize {step.path.name}")
@@ -613,10 +619,7 @@ def build_gguf(
             try:
                 variants[q] = ensure_validated(plan, q)
             except Exception as err:
-                if not variant_scoped(err):
-                    raise
-                errors[q] = VariantError.of(q, "validate", err)  # type: ignore[arg-type]
-                progress(f"{q} failed: {errors[q].cause}")
+                progress(f"{q} failed: {keep_failure(errors, q, 'validate', err).cause}")
                 continue
             if not variants[q].cached:
                 tools_run.append(f"validate {q}")

@@ -24,6 +24,7 @@ from pipelines.build import (
     VariantError,
     VariantOutcome,
     content_key,
+    keep_failure,
     timed_phase,
     variant_scoped,
 )
@@ -993,10 +994,7 @@ def build_compressed(
             with phase(f"compress_{v}"):
                 step = ensure_compressed(plan, v, gpu_slot=gpu_slot)
         except Exception as err:
-            if not variant_scoped(err):
-                raise
-            errors[v] = VariantError.of(v, "build", err)  # type: ignore[arg-type]
-            progress(f"{v} failed: {errors[v].cause}")
+            progress(f"{v} failed: {keep_failure(errors, v, 'build', err).cause}")
             continue
         built.append(v)
         if step.ran:
