@@ -10,9 +10,9 @@ Each task calls one pipelines step. What Prefect adds:
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
+import logging
 import re
 from collections.abc import Callable
 from contextlib import AbstractContextManager
@@ -23,11 +23,9 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.client.orchestration import get_client
-from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
-from prefect.concurrency.sync import concurrency
-from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
 from prefect.tasks import Task
 
+from flows.slots import GPU_LIMIT, ensure_limit, model_limit, prefect_unreachable, slot
 from pipelines import build, dvcrepo
 from pipelines import register as reg
 from pipelines.build import (
@@ -48,28 +46,23 @@ from pipelines.gates import gguf_gate
 from pipelines.manifest import format_of
 from pipelines.settings import Settings
 
-GPU_LIMIT = "gpu"
-LEASE_S = 60
-"""Concurrency leases are renewed while a run lives; a killed run's slot frees within a minute (the server's minimum)."""
+# pipelines' INFO lines (what each step ran, what an interrupted run left and was removed) belong in the run's
+# log: PREFECT_LOGGING_EXTRA_LOGGERS attaches Prefect's handler to the `pipelines` logger, but the logger's
+# own level would still be the root's WARNING.
+logging.getLogger("pipelines").setLevel(logging.INFO)
 
 R = TypeVar("R")
 
 
-def model_limit(name: str) -> str:
-    """The global concurrency limit that serializes runs of one model (names allow a-z, 0-9, '-')."""
-    return "model-" + re.sub(r"[^a-z0-9-]", "-", name.lower())
-
-
 def _transient(_task: Any, _run: Any, state: Any) -> bool:
-    """Retry only what may succeed when tried again: modelmint's transient errors, connection errors."""
+    """Retry only what may succeed when tried again: modelmint's transient errors, and any error saying the
+    Prefect API (or another server) could not be reached (httpx's errors do not derive from ConnectionError)."""
     try:
         state.result()
     except ModelmintError as err:
         return err.transient
-    except (ConnectionError, TimeoutError):
-        return True
-    except Exception:
-        return False
+    except Exception as err:
+        return prefect_unreachable(err)
     return False
 
 
@@ -92,7 +85,7 @@ def _cached(step: Task[..., R], current: Callable[[R], bool], *args: Any) -> R:
 def _settings_key(s: Settings) -> dict[str, Any]:
     # Where outputs go is part of what a plan *is*; the token never enters a key or a stored result, and
     # the orchestration settings say nothing about the plan.
-    skip = {"hf_token", "prefect_home", "prefect_port", "gpu_slots"}
+    skip = {"hf_token", "prefect_home", "prefect_port", "gpu_slots", "prefect_crash_after_s"}
     return {k: str(v) for k, v in dataclasses.asdict(s).items() if k not in skip}
 
 
@@ -203,8 +196,8 @@ def compress(model: str, entry: CatalogEntry, settings: Settings, schemes: list[
 
 
 def gpu_slot() -> AbstractContextManager[Any]:
-    """One slot of the `gpu` global limit (strict: a missing limit is an error, not "no limit")."""
-    return concurrency(GPU_LIMIT, occupy=1, lease_duration=LEASE_S, strict=True)
+    """One slot of the `gpu` global limit (flows.slots: strict, holder named, waits said, release never fatal)."""
+    return slot(GPU_LIMIT, prefect_home=Settings.from_env().prefect_dir)
 
 
 # ---------------------------------------------------------------- "is the cached output still there?"
@@ -258,8 +251,9 @@ def convert(model: str, variants: list[str] | None = None, revision: str | None 
     quants, schemes = split_variants(entry, variants)
     # Refuse before any work a variant that could not be registered (no dvc.yaml stage records it).
     dvcrepo.require_stages(settings, entry.name, quants + schemes)
-    _ensure_limit(model_limit(model), 1)
-    with concurrency(model_limit(model), occupy=1, lease_duration=LEASE_S, strict=True):
+    with get_client(sync_client=True) as client:
+        ensure_limit(client, model_limit(model), 1)
+    with slot(model_limit(model), prefect_home=settings.prefect_dir):
         results: list[BuildResult] = []
         registrations: dict[str, reg.Registration] = {}
         register_errors: dict[str, VariantError] = {}
@@ -409,16 +403,6 @@ def _register_all(
         except Exception as err:
             keep_failure(errors, v, "register", err)
     return registrations, errors
-
-
-def _ensure_limit(name: str, limit: int) -> None:
-    """Create a global concurrency limit unless it exists (two first runs may race: both are fine)."""
-    with get_client(sync_client=True) as client:
-        try:
-            client.read_global_concurrency_limit_by_name(name)
-        except ObjectNotFound:
-            with contextlib.suppress(ObjectAlreadyExists):
-                client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=name, limit=limit))
 
 
 # ---------------------------------------------------------------- what each run publishes

@@ -3,7 +3,8 @@
     python -m flows.stack up       start what is not running, deploy prefect.yaml, print the UI address
     python -m flows.stack status   what is running
     python -m flows.stack run convert/tiny-qwen2 [--param k=v]   check the stack, then `prefect deployment run`
-    python -m flows.stack down     stop the worker, then the server
+    python -m flows.stack doctor [--fix]   held slots (who, since when), runs whose process died, and the fix
+    python -m flows.stack down     stop the worker (its runs are marked Crashed, their slots freed), then the server
     python -m flows.stack api-url  the API URL to export as PREFECT_API_URL
 
 The server and the worker are long-lived processes, so they are started here in their own session (not
@@ -26,13 +27,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from flows.slots import GPU_LIMIT, clock, ensure_limit, model_limit, read_leases, run_label
 from pipelines.errors import ModelmintError, OrchestratorError
 from pipelines.runner import run as run_tool
 from pipelines.settings import Settings, project_root
 
 WORK_POOL = "modelmint-local"
 WORKER_NAME = "modelmint-local-worker"
-GPU_LIMIT = "gpu"
+HEARTBEAT_S = 30
+"""Flow runs started by the worker send a heartbeat this often (Prefect's minimum; its default is 180)."""
+CRASH_AUTOMATION = "modelmint: mark runs whose heartbeats stopped as Crashed"
+RUN_TAG = "modelmint"
+"""prefect.yaml tags every deployment with it; the crash automation watches only runs that carry it."""
 
 
 def stack_env(settings: Settings) -> dict[str, str]:
@@ -49,6 +55,11 @@ def stack_env(settings: Settings) -> dict[str, str]:
         "PREFECT_LOGGING_EXTRA_LOGGERS": "pipelines",
         # The server can take 8-18 s to start on a loaded 2-core machine; the default limit is 20 s.
         "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "90",
+        # Concurrency leases on disk, not in the server's memory: a restarted server still knows who holds each
+        # slot, so a dead holder's slot lapses (LEASE_S) instead of staying taken forever.
+        "PREFECT_SERVER_CONCURRENCY_LEASE_STORAGE": "prefect.server.concurrency.lease_storage.filesystem",
+        # Runs announce they are alive every HEARTBEAT_S; the crash automation acts on the silence.
+        "PREFECT_FLOWS_HEARTBEAT_FREQUENCY": str(HEARTBEAT_S),
     }
 
 
@@ -206,15 +217,11 @@ def start_server(settings: Settings, state: StackState, timeout_s: float = 120.0
 
 
 def ensure_pool_and_limits(settings: Settings) -> None:
-    """The process work pool (before `prefect deploy`, which fails without it) and the concurrency limits."""
-    from prefect.client.schemas.actions import (
-        GlobalConcurrencyLimitCreate,
-        GlobalConcurrencyLimitUpdate,
-        WorkPoolCreate,
-    )
+    """The process work pool (before `prefect deploy`, which fails without it), the concurrency limits and the
+    crash automation."""
+    from prefect.client.schemas.actions import WorkPoolCreate
     from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
 
-    from flows.convert import model_limit
     from pipelines.catalog import load_catalog
 
     limits = {GPU_LIMIT: settings.gpu_slots} | {model_limit(m.name): 1 for m in load_catalog(settings.catalog_path).models}
@@ -225,13 +232,55 @@ def ensure_pool_and_limits(settings: Settings) -> None:
             with contextlib.suppress(ObjectAlreadyExists):
                 client.create_work_pool(WorkPoolCreate(name=WORK_POOL, type="process"))
         for name, limit in limits.items():
-            try:
-                client.read_global_concurrency_limit_by_name(name)
-            except ObjectNotFound:
-                with contextlib.suppress(ObjectAlreadyExists):
-                    client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=name, limit=limit))
-            else:
-                client.update_global_concurrency_limit(name, GlobalConcurrencyLimitUpdate(limit=limit))
+            ensure_limit(client, name, limit, update=True)
+        ensure_crash_automation(client, settings.prefect_crash_after_s)
+
+
+def crash_automation(crash_after_s: int) -> Any:
+    """Prefect's own answer to runs whose process died without a word (SIGKILL, OOM, a lost machine): a
+    proactive trigger expecting each modelmint run's next heartbeat (or its end) within `crash_after_s`,
+    and a forced change to Crashed when it does not come. It acts for any cause of death and needs no
+    process of ours alive, which a worker-side sweep would (the sweep in `reap` covers what the automation
+    cannot see: a run that died before its first heartbeat, while the server was down)."""
+    from datetime import timedelta
+
+    from prefect.client.schemas.objects import StateType
+    from prefect.events.actions import ChangeFlowRunState
+    from prefect.events.schemas.automations import AutomationCore, EventTrigger, Posture
+
+    ends = {f"prefect.flow-run.{s}" for s in ("Completed", "Failed", "Cancelled", "Crashed")}
+    return AutomationCore(
+        name=CRASH_AUTOMATION,
+        description=f"A flow run tagged {RUN_TAG} that sends no heartbeat for {crash_after_s} s has no process "
+        "left: it is marked Crashed, so it stops showing as Running and its rerun can start.",
+        trigger=EventTrigger(
+            match={"prefect.resource.id": "prefect.flow-run.*"},
+            match_related={"prefect.resource.role": "tag", "prefect.resource.id": f"prefect.tag.{RUN_TAG}"},
+            after={"prefect.flow-run.heartbeat"},
+            expect={"prefect.flow-run.heartbeat", *ends},
+            for_each={"prefect.resource.id"},
+            posture=Posture.Proactive,
+            threshold=1,
+            within=timedelta(seconds=crash_after_s),
+        ),
+        actions=[ChangeFlowRunState(
+            state=StateType.CRASHED, force=True,
+            message=f"no heartbeat for {crash_after_s} s: the run's process is gone. Rerun it; finished steps "
+            "are reused. (modelmint crash automation)",
+        )],
+    )
+
+
+def ensure_crash_automation(client: Any, crash_after_s: int) -> None:
+    """Create the crash automation, or replace one whose definition differs (idempotent)."""
+    wanted = crash_automation(crash_after_s)
+    existing = client.read_automations_by_name(CRASH_AUTOMATION)
+    same = [a for a in existing if a.trigger == wanted.trigger and a.actions == wanted.actions and a.enabled]
+    for a in existing:
+        if a not in same[:1]:
+            client.delete_automation(a.id)
+    if not same:
+        client.create_automation(wanted)
 
 
 def deploy(settings: Settings) -> None:
@@ -244,9 +293,20 @@ def deploy(settings: Settings) -> None:
 
 
 def worker_online(settings: Settings) -> bool:
+    """Whether the stack's own worker is online."""
     with api(settings) as client:
         workers = client.read_workers_for_work_pool(WORK_POOL)
     return any(w.name == WORKER_NAME and str(w.status).upper().endswith("ONLINE") for w in workers)
+
+
+def workers_online(settings: Settings, client: Any) -> list[str]:
+    """The names of the workers polling the work pool now (any worker will do to run a deployment).
+
+    The server marks a worker offline only after three missed heartbeats (90 s); the stack's own worker is
+    known here at once from its pid."""
+    ours_alive = _is_ours(StackState.load(settings).worker_pid)
+    return [w.name for w in client.read_workers_for_work_pool(WORK_POOL)
+            if str(w.status).upper().endswith("ONLINE") and (w.name != WORKER_NAME or ours_alive)]
 
 
 def start_worker(settings: Settings, state: StackState, timeout_s: float = 60.0) -> bool:
@@ -272,6 +332,125 @@ def start_worker(settings: Settings, state: StackState, timeout_s: float = 60.0)
     )
 
 
+# ---------------------------------------------------------------- runs whose process died, slots they hold
+
+LIVE_STATES = ("RUNNING", "CANCELLING", "PENDING")
+
+
+def flow_run_process(flow_run_id: Any) -> int | None:
+    """The pid of the local process running this flow run (the worker sets PREFECT__FLOW_RUN_ID in its
+    environment), or None."""
+    needle = f"PREFECT__FLOW_RUN_ID={flow_run_id}".encode()
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if needle in (proc / "environ").read_bytes().split(b"\0") and _alive(int(proc.name)):
+                return int(proc.name)
+        except OSError:
+            continue
+    return None
+
+
+def _alive(pid: int) -> bool:
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def dead_runs(client: Any, *, pending_grace_s: float = 300) -> list[Any]:
+    """Flow runs of the local work pool that the server thinks live but that have no process on this machine.
+
+    A Pending run gets `pending_grace_s` to start its process (the worker may be starting it right now)."""
+    from datetime import UTC, datetime
+
+    from prefect.client.schemas.filters import (
+        FlowRunFilter,
+        FlowRunFilterState,
+        FlowRunFilterStateType,
+        WorkPoolFilter,
+        WorkPoolFilterName,
+    )
+
+    runs = client.read_flow_runs(
+        flow_run_filter=FlowRunFilter(state=FlowRunFilterState(type=FlowRunFilterStateType(any_=list(LIVE_STATES)))),
+        work_pool_filter=WorkPoolFilter(name=WorkPoolFilterName(any_=[WORK_POOL])),
+    )
+    now = datetime.now(UTC)
+    dead = []
+    for run in runs:
+        if flow_run_process(run.id) is not None:
+            continue
+        if run.state.type.value == "PENDING" and (now - run.state.timestamp).total_seconds() < pending_grace_s:
+            continue
+        dead.append(run)
+    return dead
+
+
+def reap(settings: Settings, client: Any, why: str, runs: list[Any] | None = None) -> list[str]:
+    """Mark runs whose process is gone as Crashed and release the slots they hold; returns what was done."""
+    from prefect.states import Crashed
+
+    done = []
+    runs = dead_runs(client) if runs is None else runs
+    dead_ids = {str(r.id) for r in runs}
+    for run in runs:
+        client.set_flow_run_state(run.id, Crashed(message=f"{why}; rerun it: finished steps are reused"), force=True)
+        done.append(f"flow run '{run.name}' ({str(run.id)[:8]}) marked Crashed: {why}")
+    for lease in read_leases(settings.prefect_dir):
+        if lease.holder in dead_ids:
+            with contextlib.suppress(Exception):  # already revoked: nothing to free
+                client.release_concurrency_slots_with_lease(lease.id)
+                done.append(f"released the slot {run_label(client, lease.holder)} held since {clock(lease.since)}")
+    return done
+
+
+def doctor(settings: Settings, *, fix: bool = False, say: Any = print) -> bool:
+    """Held slots (who, since when), runs whose process died, counts no lease accounts for; with `fix`,
+    repair them. Returns whether everything was healthy (before any fix)."""
+    from prefect.client.schemas.actions import GlobalConcurrencyLimitUpdate
+
+    require_server(settings)
+    healthy_ = True
+    with api(settings) as client:
+        leases = [le for le in read_leases(settings.prefect_dir) if not le.lapsed]
+        say("slots")
+        orphaned: dict[str, int] = {}
+        for limit in sorted(client.read_global_concurrency_limits(limit=200), key=lambda x: x.name):
+            mine = [le for le in leases if str(limit.id) in le.limit_ids]
+            say(f"  {limit.name:<28} {limit.active_slots}/{limit.limit}")
+            for le in mine:
+                say(f"      held by {run_label(client, le.holder)} since {clock(le.since)}, "
+                    f"lease renewed until {clock(le.expires)}")
+            if limit.active_slots > len(mine):
+                healthy_ = False
+                orphaned[limit.name] = len(mine)
+                say(f"      {limit.active_slots - len(mine)} taken with no lease behind them (a server restarted with "
+                    "in-memory lease storage leaks them): `--fix` sets the count to the live leases")
+        if not workers_online(settings, client):
+            healthy_ = False
+            say(f"worker  none online in work pool {WORK_POOL}: runs wait as Late; `bash scripts/up.sh` starts one")
+        dead = dead_runs(client)
+        say("runs whose process is gone" + ("" if dead else ": none"))
+        for run in dead:
+            healthy_ = False
+            say(f"  '{run.name}' ({run.id}) {run.state.name} since {clock(run.state.timestamp)}")
+        if not fix:
+            if not healthy_:
+                say("fix: python -m flows.stack doctor --fix  (marks those runs Crashed, frees their slots and "
+                    "counts no lease holds); then rerun them, finished steps are reused")
+            return healthy_
+        for line in reap(settings, client, "its process is gone (python -m flows.stack doctor --fix)", dead):
+            say(f"fixed: {line}")
+        for name, live in orphaned.items():
+            client.update_global_concurrency_limit(name, GlobalConcurrencyLimitUpdate(active_slots=live))
+            say(f"fixed: {name} count set to {live}, the leases that hold it")
+    return healthy_
+
+
 # ---------------------------------------------------------------- commands
 
 
@@ -282,7 +461,13 @@ def up(settings: Settings, *, say: Any = print) -> StackState:
     started = start_server(settings, state)
     say(f"• Prefect server {'started' if started else 'already running'} at {settings.prefect_api_url}")
     ensure_pool_and_limits(settings)
-    say(f"• work pool {WORK_POOL} and concurrency limits ready")
+    say(f"• work pool {WORK_POOL}, concurrency limits and the crash automation ready")
+    if not _is_ours(state.worker_pid):
+        # No worker of ours lives, so no run of the local pool can: runs left Running by a machine that went
+        # down are marked Crashed now instead of when their heartbeats are missed.
+        with api(settings) as client:
+            for line in reap(settings, client, "the stack was down when it should have run"):
+                say(f"• {line}")
     deploy(settings)
     say("• deployments from prefect.yaml deployed")
     started = start_worker(settings, state)
@@ -294,9 +479,14 @@ def up(settings: Settings, *, say: Any = print) -> StackState:
 
 
 def down(settings: Settings, *, say: Any = print) -> None:
+    """Stop the worker and the runs it started; mark those runs Crashed and free their slots; stop the server."""
     state = StackState.load(settings)
-    for name, pid in (("worker", state.worker_pid), ("server", state.server_pid)):
-        say(f"• {name} {'stopped' if _stop(pid) else 'was not running'}")
+    say(f"• worker {'stopped' if _stop(state.worker_pid) else 'was not running'}")
+    if healthy(settings.prefect_api_url):
+        with api(settings) as client:
+            for line in reap(settings, client, "stopped by `bash scripts/down.sh` while it ran"):
+                say(f"• {line}")
+    say(f"• server {'stopped' if _stop(state.server_pid) else 'was not running'}")
     StackState(api_url=state.api_url).save(settings)
 
 
@@ -331,6 +521,24 @@ def check_deployment(settings: Settings, deployment: str) -> None:
                 hint="deployments are named convert/<catalog name>; `modelmint catalog list` shows the names, "
                 "and `bash scripts/up.sh` deploys prefect.yaml",
             ) from None
+        if not workers_online(settings, client):
+            raise OrchestratorError(
+                f"no worker is polling work pool {WORK_POOL}: the run would wait as Late and nothing would start it",
+                hint="`bash scripts/up.sh` starts the worker (or `prefect worker start --pool modelmint-local`)",
+            )
+
+
+def say_waits(settings: Settings, deployment: str, say: Any = print) -> None:
+    """Before a run of `deployment` starts: say when its model's slot is held, by whom, since when."""
+    from flows.slots import describe_holders
+
+    model = deployment.split("/", 1)[-1]
+    with api(settings) as client, contextlib.suppress(Exception):
+        limit = client.read_global_concurrency_limit_by_name(model_limit(model))
+        if limit.active_slots >= limit.limit:
+            who = describe_holders(client, limit.name, settings.prefect_dir)
+            say(f"{deployment} will wait for {limit.name}: {who}. `python -m flows.stack doctor` says more.",
+                file=sys.stderr)
 
 
 def _deployment_names(client: Any) -> list[str]:
@@ -345,6 +553,8 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("up")
     sub.add_parser("down")
     sub.add_parser("status")
+    doc = sub.add_parser("doctor", help="held slots, runs whose process died, and the fix")
+    doc.add_argument("--fix", action="store_true", help="mark dead runs Crashed and free what they hold")
     sub.add_parser("api-url", help="print the API URL (for PREFECT_API_URL)")
     runp = sub.add_parser("run")
     runp.add_argument("deployment", help="e.g. convert/tiny-qwen2")
@@ -358,10 +568,13 @@ def main(argv: list[str] | None = None) -> int:
             down(settings)
         elif args.cmd == "status":
             return 0 if status(settings) else 1
+        elif args.cmd == "doctor":
+            return 0 if doctor(settings, fix=args.fix) else 1
         elif args.cmd == "api-url":
             print(settings.prefect_api_url)
         elif args.cmd == "run":
             check_deployment(settings, args.deployment)
+            say_waits(settings, args.deployment)
             argv_run = [sys.executable, "-m", "prefect", "deployment", "run", args.deployment, "--watch"]
             for p in args.param:
                 argv_run += ["--param", p]

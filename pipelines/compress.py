@@ -860,11 +860,12 @@ def ensure_compressed(
     receipt = load_dir_receipt(d, key)
     if receipt is not None:
         return StepResult(d, receipt, ran=False)
-    with disk_full_located(plan.settings):
-        with gpu_slot():
-            result, tool = quantize(plan.snapshot.path, d, plan.recipes[v], plan.tc, settings=plan.settings,
-                                    trust_remote_code=plan.entry.trust_remote_code,
-                                    log_path=d.with_name(d.name + ".log"))
+    with disk_full_located(plan.settings), gpu_slot():
+        result, tool = quantize(plan.snapshot.path, d, plan.recipes[v], plan.tc, settings=plan.settings,
+                                trust_remote_code=plan.entry.trust_remote_code,
+                                log_path=d.with_name(d.name + ".log"))
+        # The receipt is written before the slot is released: releasing talks to the orchestrator, and a
+        # failure there must not cost the finished checkpoint (the rerun finds the receipt and skips).
         receipt = write_dir_receipt(d, key, quantize={**result, "wall_s": round(tool.wall_s, 3),
                                                       "peak_rss_bytes": tool.peak_rss_bytes})
     return StepResult(d, receipt, ran=True)

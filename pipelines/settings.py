@@ -31,6 +31,8 @@ class Settings:
     prefect_port: int = 4200
     gpu_slots: int = 1
     """Size of the `gpu` global concurrency limit that every GPU step holds a slot of."""
+    prefect_crash_after_s: int = 120
+    """A run of the embedded stack silent this long (no heartbeat; runs send one every 30 s) is marked Crashed."""
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> Settings:
@@ -51,6 +53,7 @@ class Settings:
             prefect_home=Path(env["MODELMINT_PREFECT_HOME"]).expanduser() if env.get("MODELMINT_PREFECT_HOME") else None,
             prefect_port=int(env.get("MODELMINT_PREFECT_PORT") or 4200),
             gpu_slots=int(env.get("MODELMINT_GPU_SLOTS") or 1),
+            prefect_crash_after_s=int(env.get("MODELMINT_CRASH_AFTER_S") or 120),
         )
 
     @property

@@ -44,10 +44,8 @@ def dvc(cwd: Path, *args: str, check: bool = True) -> subprocess.CompletedProces
     return subprocess.run([sys.executable, "-m", "dvc", *args], cwd=cwd, check=check, capture_output=True, text=True)
 
 
-@pytest.fixture
-def isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """Redirect every cache and config git, DVC, Prefect and modelmint read into `tmp_path/env`."""
-    env = tmp_path / "env"
+def isolate(env: Path, mp: pytest.MonkeyPatch) -> Path:
+    """Redirect every cache and config git, DVC, Prefect and modelmint read into `env`."""
     home = env / "modelmint"
     home.mkdir(parents=True)
     for shared in ("toolchains", "models"):
@@ -69,10 +67,16 @@ def isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         "GIT_CONFIG_NOSYSTEM": "1",
         "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}",
     }.items():
-        monkeypatch.setenv(key, str(value))
+        mp.setenv(key, str(value))
     for key in ("MODELMINT_REPO", "MODELMINT_CATALOG", "MODELMINT_WORK_DIR", "PREFECT_API_URL", "PREFECT_PROFILES_PATH"):
-        monkeypatch.delenv(key, raising=False)
+        mp.delenv(key, raising=False)
     return env
+
+
+@pytest.fixture
+def isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Redirect every cache and config git, DVC, Prefect and modelmint read into `tmp_path/env`."""
+    return isolate(tmp_path / "env", monkeypatch)
 
 
 @dataclass

@@ -17,15 +17,13 @@ from typing import Any
 
 import pytest
 from registry_env import Repo, free_port, git, make_repo, task_runs
+from stack_env import flow_runs, prefect, wait_for
 
 from flows import stack
 from pipelines.manifest import find_manifest, list_manifests, manifest_path
 from pipelines.settings import Settings
 
 pytestmark = pytest.mark.slow
-
-PREFECT = [sys.executable, "-m", "prefect"]
-
 
 @pytest.fixture
 def deployed(request, isolated, tmp_path: Path, monkeypatch) -> Any:
@@ -43,43 +41,10 @@ def deployed(request, isolated, tmp_path: Path, monkeypatch) -> Any:
         stack.down(settings, say=lambda _msg: None)
 
 
-def _prefect(settings: Settings, *args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, **stack.stack_env(settings), "COLUMNS": "200"}
-    return subprocess.run([*PREFECT, *args], env=env, capture_output=True, text=True, timeout=timeout)
-
-
-def _flow_runs(settings: Settings) -> list[Any]:
-    with stack.api(settings) as client:
-        return sorted(client.read_flow_runs(), key=lambda r: r.created)
-
-
-def _wait_for(pred, timeout: float, what: str) -> Any:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if value := pred():
-            return value
-        time.sleep(0.5)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-def _flow_process(flow_run_id: Any) -> int | None:
-    """The pid of the process the worker started for this flow run (PREFECT__FLOW_RUN_ID in its environment)."""
-    needle = f"PREFECT__FLOW_RUN_ID={flow_run_id}".encode()
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            if needle in (proc / "environ").read_bytes().split(b"\0"):
-                return int(proc.name)
-        except OSError:
-            continue
-    return None
-
-
 def test_deployment_run_end_to_end(deployed) -> None:
     repo, settings = deployed
     # 1. the README's command, against the server and worker
-    first = _prefect(settings, "deployment", "run", "convert/tiny-qwen2", "--watch")
+    first = prefect(settings, "deployment", "run", "convert/tiny-qwen2", "--watch")
     assert first.returncode == 0, first.stdout + first.stderr
     assert [m.ref for m in list_manifests(repo.settings()).manifests] == ["tiny-qwen2:q4_k_m", "tiny-qwen2:q8_0"]
 
@@ -95,26 +60,26 @@ def test_deployment_run_end_to_end(deployed) -> None:
 
     # 3. nothing changed: every task is a cache hit, nothing is rewritten
     stamps = {p: p.stat().st_mtime_ns for p in (repo.root / "registry").rglob("*.json")}
-    again = _prefect(settings, "deployment", "run", "convert/tiny-qwen2", "--watch")
+    again = prefect(settings, "deployment", "run", "convert/tiny-qwen2", "--watch")
     assert again.returncode == 0, again.stdout + again.stderr
-    run = _flow_runs(settings)[-1]
+    run = flow_runs(settings)[-1]
     with stack.api(settings) as client:
         states = [(r.name, r.state.name) for r in task_runs(client, run.id)]
     assert states and {s for _, s in states} == {"Cached"}, states
     assert {p: p.stat().st_mtime_ns for p in stamps} == stamps
 
     # 4. --param variants=[...] and an unknown model
-    one = _prefect(settings, "deployment", "run", "convert/tiny-qwen2", "--param", 'variants=["q8_0"]', "--watch")
+    one = prefect(settings, "deployment", "run", "convert/tiny-qwen2", "--param", 'variants=["q8_0"]', "--watch")
     assert one.returncode == 0, one.stdout + one.stderr
-    assert _flow_runs(settings)[-1].parameters == {"model": "tiny-qwen2", "variants": ["q8_0"]}
-    bad = _prefect(settings, "deployment", "run", "convert/tiny-qwen2", "--param", "model=nope", "--watch")
+    assert flow_runs(settings)[-1].parameters == {"model": "tiny-qwen2", "variants": ["q8_0"]}
+    bad = prefect(settings, "deployment", "run", "convert/tiny-qwen2", "--param", "model=nope", "--watch")
     assert bad.returncode != 0
-    failed = _flow_runs(settings)[-1]
+    failed = flow_runs(settings)[-1]
     assert failed.state.is_failed() and "no catalog entry named 'nope'" in (failed.state.message or "")
     # a variant the catalog does not list is refused before any work: no dvc.yaml stage could record it
-    outside = _prefect(settings, "deployment", "run", "convert/tiny-qwen2", "--param", 'variants=["q6_k"]', "--watch")
+    outside = prefect(settings, "deployment", "run", "convert/tiny-qwen2", "--param", 'variants=["q6_k"]', "--watch")
     assert outside.returncode != 0
-    refused = _flow_runs(settings)[-1]
+    refused = flow_runs(settings)[-1]
     assert "dvc.yaml has no stage gguf@tiny-qwen2-q6_k" in (refused.state.message or "")
     with stack.api(settings) as client:
         assert task_runs(client, refused.id) == []
@@ -122,7 +87,7 @@ def test_deployment_run_end_to_end(deployed) -> None:
 
 def test_unknown_deployment_and_no_server(deployed) -> None:
     _, settings = deployed
-    prefect_says = _prefect(settings, "deployment", "run", "convert/nope")
+    prefect_says = prefect(settings, "deployment", "run", "convert/nope")
     assert prefect_says.returncode != 0 and "not found" in (prefect_says.stdout + prefect_says.stderr).lower()
     ours = subprocess.run([sys.executable, "-m", "flows.stack", "run", "convert/nope"], capture_output=True,
                           text=True, env={**os.environ})
@@ -150,7 +115,7 @@ def test_same_model_runs_serialize_and_a_killed_run_leaves_no_manifest(deployed)
     results: list[subprocess.CompletedProcess[str]] = []
 
     def launch(variant: str) -> None:
-        results.append(_prefect(settings, "deployment", "run", "convert/tiny-qwen2", "--param",
+        results.append(prefect(settings, "deployment", "run", "convert/tiny-qwen2", "--param",
                                 f'variants=["{variant}"]', "--watch"))
 
     threads = [threading.Thread(target=launch, args=(v,)) for v in ("q5_k_m", "q6_k")]
@@ -160,16 +125,16 @@ def test_same_model_runs_serialize_and_a_killed_run_leaves_no_manifest(deployed)
     for t in threads:
         t.join(900)
     assert [r.returncode for r in results] == [0, 0], [r.stdout + r.stderr for r in results]
-    a, b = _flow_runs(settings)[-2:]
+    a, b = flow_runs(settings)[-2:]
     with stack.api(settings) as client:
         spans = [[(r.start_time, r.end_time) for r in task_runs(client, fr.id) if r.start_time] for fr in (a, b)]
     first, second = sorted(spans, key=lambda s: min(t[0] for t in s))
     assert max(end for _, end in first) <= min(start for start, _ in second), "runs of one model interleaved"
 
     # A run killed mid-way (SIGKILL of its process, while it quantizes or validates) registers nothing ...
-    submitted = _prefect(settings, "deployment", "run", "convert/tiny-qwen2", "--param", 'variants=["q3_k_m"]')
+    submitted = prefect(settings, "deployment", "run", "convert/tiny-qwen2", "--param", 'variants=["q3_k_m"]')
     assert submitted.returncode == 0
-    run = _wait_for(lambda: [r for r in _flow_runs(settings) if r.parameters.get("variants") == ["q3_k_m"]],
+    run = wait_for(lambda: [r for r in flow_runs(settings) if r.parameters.get("variants") == ["q3_k_m"]],
                     120, "the flow run")[-1]
 
     def busy() -> bool:
@@ -177,15 +142,15 @@ def test_same_model_runs_serialize_and_a_killed_run_leaves_no_manifest(deployed)
             return any(t.state is not None and t.state.name == "Running" and t.name.split("-")[0] in ("quantize", "validate")
                        for t in task_runs(client, run.id))
 
-    _wait_for(busy, 300, "quantize/validate to start")
-    pid = _wait_for(lambda: _flow_process(run.id), 30, "the flow run's process")
+    wait_for(busy, 300, "quantize/validate to start")
+    pid = wait_for(lambda: stack.flow_run_process(run.id), 30, "the flow run's process")
     os.kill(pid, signal.SIGKILL)
     with stack.api(settings) as client:
-        _wait_for(lambda: client.read_flow_run(run.id).state.is_final(), 120, "the worker to notice")
+        wait_for(lambda: client.read_flow_run(run.id).state.is_final(), 120, "the worker to notice")
         assert client.read_flow_run(run.id).state.name in ("Crashed", "Failed")
     assert not manifest_path(repo.settings(), "tiny-qwen2", "q3_k_m").exists()
     # ... and the next run completes it (once the killed run's model slot lease has lapsed).
-    again = _prefect(settings, "deployment", "run", "convert/tiny-qwen2", "--param", 'variants=["q3_k_m"]', "--watch")
+    again = prefect(settings, "deployment", "run", "convert/tiny-qwen2", "--param", 'variants=["q3_k_m"]', "--watch")
     assert again.returncode == 0, again.stdout + again.stderr
     assert find_manifest(repo.settings(), "tiny-qwen2:q3_k_m").validation.passed
 

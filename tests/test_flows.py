@@ -54,23 +54,32 @@ def harness():
 
 
 def test_only_transient_errors_are_retried(harness, tmp_path: Path) -> None:
+    import httpx
+    from registry_env import free_port
+
     attempts: dict[str, int] = {}
+    closed = free_port()  # nothing listens there: a real connection error from httpx, as from the Prefect client
 
     @task(retries=2, retry_delay_seconds=0, retry_condition_fn=_transient)
     def flaky(kind: str) -> str:
         attempts[kind] = attempts.get(kind, 0) + 1
         if attempts[kind] == 1:
+            if kind == "api-down":
+                httpx.get(f"http://127.0.0.1:{closed}/api/health", timeout=5)
             raise HubUnavailable("503 from the hub") if kind == "network" else ConfigError("bad recipe")
         return "ok"
 
     @flow
-    def both() -> tuple[object, object]:
-        return flaky("network", return_state=True), flaky("config", return_state=True)
+    def three() -> tuple[object, object, object]:
+        return (flaky("network", return_state=True), flaky("config", return_state=True),
+                flaky("api-down", return_state=True))
 
     with temporary_settings(updates={PREFECT_LOCAL_STORAGE_PATH: tmp_path}):
-        network, config = both()
+        network, config, api_down = three()
     assert network.is_completed() and attempts["network"] == 2
     assert config.is_failed() and attempts["config"] == 1
+    # httpx's ConnectError does not derive from ConnectionError; it is transient all the same
+    assert api_down.is_completed() and attempts["api-down"] == 2
 
 
 def test_an_unknown_model_fails_the_run_with_the_catalog_names(harness, isolated, tmp_path: Path, monkeypatch) -> None:
