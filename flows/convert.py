@@ -28,9 +28,15 @@ from prefect.tasks import Task
 from flows.slots import GPU_LIMIT, ensure_limit, model_limit, prefect_unreachable, slot
 from pipelines import build, dvcrepo
 from pipelines import register as reg
-from pipelines.build import (
+from pipelines.build import GGUFPlan
+from pipelines.catalog import COMPRESSED_VARIANTS, GGUF_QUANT_TYPES, CatalogEntry, load_catalog
+from pipelines.errors import ConfigError, ModelmintError, ShapeRefused, VariantsFailed
+from pipelines.fsutil import HashCache
+from pipelines.gates import gguf_gate
+from pipelines.manifest import format_of
+from pipelines.settings import Settings
+from pipelines.steps import (
     BuildResult,
-    GGUFPlan,
     StepResult,
     VariantError,
     VariantOutcome,
@@ -39,12 +45,6 @@ from pipelines.build import (
     load_receipt,
     variant_scoped,
 )
-from pipelines.catalog import COMPRESSED_VARIANTS, GGUF_QUANT_TYPES, CatalogEntry, load_catalog
-from pipelines.errors import ConfigError, ModelmintError, ShapeRefused, VariantsFailed
-from pipelines.fsutil import HashCache
-from pipelines.gates import gguf_gate
-from pipelines.manifest import format_of
-from pipelines.settings import Settings
 
 # pipelines' INFO lines (what each step ran, what an interrupted run left and was removed) belong in the run's
 # log: PREFECT_LOGGING_EXTRA_LOGGERS attaches Prefect's handler to the `pipelines` logger, but the logger's
@@ -228,7 +228,7 @@ def _step_current(key: str | None, path: Path | None) -> Callable[[StepResult | 
 def _report_current(plan: GGUFPlan) -> Callable[[VariantOutcome], bool]:
     def check(outcome: VariantOutcome) -> bool:
         try:
-            report = json.loads(plan.report_path(outcome.qtype).read_text(encoding="utf-8"))
+            report = json.loads(plan.report_path(outcome.variant).read_text(encoding="utf-8"))
         except (FileNotFoundError, ValueError):
             return False
         return report.get("key") == outcome.report.get("key")
@@ -437,7 +437,7 @@ def _publish_artifacts(
             "gate": ("pass" if o.passed else "FAIL: " + "; ".join(o.failures)) if o else "-",
             "registered": done.manifest.ref if done else "",
             "cause": st["cause"],
-            "sha256": o.sha256 if o else "",
+            "sha256": o.digest if o else "",
             "dvc_path": done.manifest.dvc.path if done else "",
         })
     lines = [f"# {name}: convert", "", *header, "",

@@ -9,70 +9,43 @@ Prefect flows call the same steps one task each.
 from __future__ import annotations
 
 import functools
-import hashlib
-import json
 import logging
-import re
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from pipelines import __version__, gguf
 from pipelines.catalog import CatalogEntry, GGUFVariants, HubSource
-from pipelines.errors import DiskFullError, ModelmintError, ShapeRefused, ToolchainMissing
-from pipelines.fsutil import clean_partials, disk_full_located, sha256_file, write_text_atomic
+from pipelines.errors import ShapeRefused
+from pipelines.fsutil import clean_partials, disk_full_located
 from pipelines.gates import gguf_gate
 from pipelines.preflight import BlockFallback, Weight, gguf_fallback, observed_fallback, source_weights
 from pipelines.settings import Settings
+from pipelines.steps import (
+    BuildResult,
+    StepResult,
+    VariantError,
+    VariantOutcome,
+    content_key,
+    keep_failure,
+    load_receipt,
+    load_report,
+    timed_phase,
+    write_receipt,
+    write_summary,
+)
 from pipelines.texts import EVAL_TEXT, TextRef, check_apart, text_ref
 from pipelines.toolchains import LlamaCpp, llama_cpp
 from pipelines.validate import kld_base_logits, validate_variant
 
 log = logging.getLogger(__name__)
 
-EVAL_CTX = 128
-EVAL_CHUNKS = 16
+GGUF_EVAL_CTX = 128
+GGUF_EVAL_CHUNKS = 16
 IMATRIX_FORMAT = "gguf"
 """The importance matrix is written in llama-imatrix's GGUF format (not the legacy .dat)."""
-
-
-def content_key(*parts: Any) -> str:
-    """A cache key from content (hashes, recipes, tool versions), never from paths or timestamps."""
-    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
-
-
-# ---------------------------------------------------------------- receipts: "this output is finished"
-
-
-def _receipt_path(out: Path) -> Path:
-    return out.with_name(out.name + ".receipt.json")
-
-
-def load_receipt(out: Path, key: str) -> dict[str, Any] | None:
-    """The receipt of a finished step whose inputs hash to `key` and whose output is still the same file.
-
-    A receipt is written only after the output was checked, so a killed run never leaves one; a
-    missing or replaced output file (size or mtime changed) is a miss, not a hit.
-    """
-    try:
-        receipt = json.loads(_receipt_path(out).read_text())
-        st = out.stat()
-    except (FileNotFoundError, ValueError):
-        return None
-    if receipt.get("key") != key or receipt.get("size") != st.st_size or receipt.get("mtime_ns") != st.st_mtime_ns:
-        return None
-    return receipt
-
-
-def write_receipt(out: Path, key: str, **extra: Any) -> dict[str, Any]:
-    st = out.stat()
-    receipt = {"key": key, "size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": sha256_file(out), **extra}
-    write_text_atomic(_receipt_path(out), json.dumps(receipt, indent=2, sort_keys=True, default=str) + "\n")
-    return receipt
 
 
 # ---------------------------------------------------------------- plan and step results
@@ -93,6 +66,11 @@ class GGUFPlan:
     """The held-out text every variant is measured on (eval.txt)."""
     calibration: TextRef | None
     """The text the importance matrix is computed on (train.txt); None when the entry asks for no imatrix."""
+
+    summary_name = "build.json"
+
+    def advice_context(self) -> tuple[int | None, bool | None]:
+        return sum(w.params for w in self.weights), self.spec.imatrix
 
     @property
     def source(self) -> dict[str, Any]:
@@ -159,12 +137,12 @@ class GGUFPlan:
 
     @property
     def logits_key(self) -> str:
-        return content_key("kld-base", self.base_key, self.evaluation.sha256, EVAL_CTX, EVAL_CHUNKS, self.llama.commit)
+        return content_key("kld-base", self.base_key, self.evaluation.sha256, GGUF_EVAL_CTX, GGUF_EVAL_CHUNKS, self.llama.commit)
 
     @property
     def evaluation_record(self) -> dict[str, Any]:
         """The evaluation text as reports, manifests and cards name it."""
-        return self.evaluation.describe(ctx=EVAL_CTX, chunks=EVAL_CHUNKS)
+        return self.evaluation.describe(ctx=GGUF_EVAL_CTX, chunks=GGUF_EVAL_CHUNKS)
 
     def calibration_record(self) -> dict[str, Any] | None:
         """The importance matrix's data and the matrix itself, as reports, manifests and cards name them.
@@ -203,91 +181,6 @@ class GGUFPlan:
             ShapeRefused: the output would not count as quantized (rows not even a multiple of 32).
         """
         return gguf_fallback(q, self.weights)
-
-
-@dataclass(frozen=True)
-class VariantError:
-    """A variant that got no verdict: refused before any tool started, or a tool failed building or measuring it.
-
-    Kept as data (the error's class, message, hint) so a run can finish the other variants and report this one.
-    """
-
-    variant: str
-    stage: str
-    """preflight, build, validate or register."""
-    error: str
-    message: str
-    hint: str | None = None
-    transient: bool = False
-
-    summary: str = ""
-    """The one line that says what went wrong (for a tool: its own error line, not the command)."""
-
-    @classmethod
-    def of(cls, variant: str, stage: str, err: ModelmintError) -> VariantError:
-        from pipelines.errors import ToolError
-
-        if isinstance(err, ToolError):
-            lines = [ln.strip() for ln in err.stderr_tail.splitlines() if ln.strip()]
-            said = [ln for ln in lines if re.search(r"\b(ERROR|[A-Za-z]*Error)\b", ln)]
-            line = (said or lines or [""])[-1]
-            summary = f"{Path(err.argv[0]).name if err.argv else 'the tool'} exited with code {err.returncode}: {line}"
-        else:
-            summary = err.message.strip().splitlines()[0] if err.message.strip() else ""
-        return cls(variant, stage, type(err).__name__, err.message, err.hint, err.transient, summary)
-
-    @property
-    def cause(self) -> str:
-        """One line: the stage, the error and what went wrong."""
-        return f"{self.stage}: {self.error}: {self.summary}"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"stage": self.stage, "error": self.error, "message": self.message, "hint": self.hint,
-                "transient": self.transient, "cause": self.cause}
-
-
-def variant_scoped(err: BaseException) -> bool:
-    """Whether an error belongs to one variant (the run goes on with the others) rather than to the machine.
-
-    A full disk or a missing toolchain stops every variant alike: those end the run at once.
-    """
-    return isinstance(err, ModelmintError) and not isinstance(err, DiskFullError | ToolchainMissing)
-
-
-def keep_failure(errors: dict[str, VariantError], variant: str, stage: str, err: Exception) -> VariantError:
-    """Record `err` as `variant`'s failure at `stage`, so the run goes on with the other variants; an error that
-    is not the variant's own (see variant_scoped) is raised again instead."""
-    if not variant_scoped(err):
-        raise err
-    errors[variant] = VariantError.of(variant, stage, err)  # type: ignore[arg-type]
-    return errors[variant]
-
-
-@dataclass(frozen=True)
-class StepResult:
-    path: Path
-    receipt: dict[str, Any]
-    ran: bool
-    """False when the step was skipped because its receipt matched."""
-
-
-@dataclass
-class VariantOutcome:
-    qtype: str
-    path: Path
-    sha256: str
-    size_bytes: int
-    report: dict[str, Any]
-    cached: bool
-    shards: list[Path] = field(default_factory=list)
-
-    @property
-    def passed(self) -> bool:
-        return bool(self.report.get("passed"))
-
-    @property
-    def failures(self) -> list[str]:
-        return list(self.report.get("failures", []))
 
 
 # ---------------------------------------------------------------- the steps
@@ -409,7 +302,7 @@ def ensure_reference_logits(plan: GGUFPlan) -> StepResult:
     out.unlink(missing_ok=True)
     with disk_full_located(plan.settings):
         kld_base_logits(plan.base_path, plan.evaluation.path, out, plan.llama, threads=plan.settings.effective_threads,
-                        ctx=EVAL_CTX, chunks=EVAL_CHUNKS)
+                        ctx=GGUF_EVAL_CTX, chunks=GGUF_EVAL_CHUNKS)
         return StepResult(out, write_receipt(out, key), ran=True)
 
 
@@ -427,7 +320,7 @@ def ensure_validated(plan: GGUFPlan, q: str) -> VariantOutcome:
     report_path = plan.report_path(q)
     texts = {"calibration": plan.calibration_record(), "evaluation": plan.evaluation_record}
     report_key = content_key("validate", qreceipt["sha256"], plan.logits_key, gate.to_dict(), texts)
-    report = _load_report(report_path, report_key)
+    report = load_report(report_path, report_key)
     cached = report is not None
     if report is None:
         logits = ensure_reference_logits(plan)
@@ -439,7 +332,7 @@ def ensure_validated(plan: GGUFPlan, q: str) -> VariantOutcome:
         with disk_full_located(plan.settings):
             report = validate_variant(
                 q, qpath, info, plan.base_path, logits.path, gate, plan.llama,
-                threads=plan.settings.effective_threads, ctx=EVAL_CTX, report_path=report_path,
+                threads=plan.settings.effective_threads, ctx=GGUF_EVAL_CTX, report_path=report_path,
                 extra={"key": report_key, "sha256": qreceipt["sha256"], "source": plan.source, **texts,
                        "preflight": preflight},
             ).to_dict()
@@ -451,97 +344,6 @@ def ensure_validated(plan: GGUFPlan, q: str) -> VariantOutcome:
 
 
 # ---------------------------------------------------------------- the composition the CLI runs
-
-
-@dataclass
-class BuildResult:
-    name: str
-    out_dir: Path
-    source: dict[str, Any]
-    base: dict[str, Any]
-    variants: dict[str, VariantOutcome]
-    tools_run: list[str]
-    """Every step that ran a tool in this build (empty when everything was cached)."""
-    timings: dict[str, float] = field(default_factory=dict)
-    """Wall seconds per phase (fetch, convert, imatrix, quantize, validate), cached phases included."""
-    plan: GGUFPlan | None = None
-    """The plan the build ran (registration reads its keys, recipe and paths)."""
-    errors: dict[str, VariantError] = field(default_factory=dict)
-    """Variants that got no verdict: refused at pre-flight, or a tool failed while building or measuring them."""
-    preflight: dict[str, dict[str, Any]] = field(default_factory=dict)
-    """Per variant, what the shape check before the work found (block fallback share, chosen group size)."""
-    asked: list[str] = field(default_factory=list)
-    """Every variant the run was asked for, in order."""
-
-    @property
-    def passed(self) -> list[str]:
-        return [q for q, v in self.variants.items() if v.passed]
-
-    @property
-    def failed(self) -> list[str]:
-        """Variants that were measured and failed their gate."""
-        return [q for q, v in self.variants.items() if not v.passed]
-
-    def cause(self, v: str) -> str | None:
-        """Why variant `v` failed, in one line (the stage first), or None when it passed."""
-        if v in self.errors:
-            return self.errors[v].cause
-        o = self.variants.get(v)
-        if o is not None and not o.passed:
-            return "gate: " + "; ".join(o.failures)
-        return None
-
-    def advice(self, v: str) -> str:
-        """What to try for failed variant `v`: gate advice from its own figures, or the hint of the error it met."""
-        from pipelines.gates import advice_for_report
-
-        if v in self.errors:
-            summary = "build.json" if isinstance(self.plan, GGUFPlan) else "compress.json"
-            return self.errors[v].hint or f"its whole message is under errors.{v} in {self.out_dir / summary}"
-        plan = self.plan
-        if isinstance(plan, GGUFPlan):
-            params: int | None = sum(w.params for w in plan.weights)
-            imatrix: bool | None = plan.spec.imatrix
-        else:
-            params, imatrix = getattr(plan, "params", None), None
-        return advice_for_report(v, self.variants[v].report, params=params, imatrix=imatrix)
-
-    def rows(
-        self, registered: dict[str, str] | None = None, register_errors: dict[str, VariantError] | None = None
-    ) -> list[dict[str, str]]:
-        """One row per variant asked for: built, validated, registered, and the cause of a failure.
-
-        `registered` maps variants to their registry refs (None: registration was not asked for).
-        """
-        register_errors = register_errors or {}
-        out = []
-        for v in [*self.asked, *(n for n in self.variants if n not in self.asked)]:
-            err, o = self.errors.get(v), self.variants.get(v)
-            stage = err.stage if err else None
-            built = {"preflight": "refused", "build": "failed"}.get(stage or "", "yes" if o or stage else "-")
-            validated = "pass" if o and o.passed else "FAIL" if o else "error" if stage == "validate" else "-"
-            if registered is None:
-                reg = "not asked"
-            elif v in registered:
-                reg = registered[v]
-            else:
-                reg = "failed" if v in register_errors else "-"
-            cause = self.cause(v) or (register_errors[v].cause if v in register_errors else "")
-            out.append({"variant": v, "built": built, "validated": validated, "registered": reg, "cause": cause})
-        return out
-
-    def failure(self, register_errors: dict[str, VariantError] | None = None) -> ModelmintError | None:
-        """The error a run ends with when any variant failed (after every other one was finished), else None."""
-        from pipelines.errors import VariantsFailed
-
-        register_errors = register_errors or {}
-        asked = [r["variant"] for r in self.rows()]
-        causes = {v: c for v in asked if (c := self.cause(v) or (register_errors[v].cause if v in register_errors else None))}
-        if not causes:
-            return None
-        advice = {v: (register_errors[v].hint or "") if v in register_errors and self.cause(v) is None else self.advice(v)
-                  for v in causes}
-        return VariantsFailed(asked, causes, advice)
 
 
 def build_gguf(
@@ -581,7 +383,7 @@ def build_gguf(
     if not quants_ok:  # every type refused: nothing to convert for
         result = BuildResult(entry.name, plan.out_dir, plan.source, {}, {}, tools_run, timings, plan, errors=errors,
                              preflight=preflight, asked=list(plan.spec.quants))
-        write_text_atomic(plan.out_dir / "build.json", json.dumps(_summary(result), indent=2, sort_keys=True) + "\n")
+        write_summary(result, _variant_summary, base=result.base)
         return result
     with phase("convert"):
         if load_receipt(plan.base_path, plan.base_key) is None:
@@ -614,7 +416,7 @@ def build_gguf(
         for q in quants_ok:
             if q in errors:
                 continue
-            if _load_report(plan.report_path(q), None) is None:
+            if load_report(plan.report_path(q), None) is None:
                 progress(f"validate {q}")
             try:
                 variants[q] = ensure_validated(plan, q)
@@ -627,18 +429,8 @@ def build_gguf(
     result = BuildResult(entry.name, plan.out_dir, plan.source, base.receipt, variants, tools_run, timings, plan,
                          errors=errors, preflight=preflight, asked=list(plan.spec.quants))
     with disk_full_located(settings):
-        write_text_atomic(plan.out_dir / "build.json", json.dumps(_summary(result), indent=2, sort_keys=True) + "\n")
+        write_summary(result, _variant_summary, base=result.base)
     return result
-
-
-@contextmanager
-def timed_phase(timings: dict[str, float], name: str) -> Iterator[None]:
-    """Add the wall seconds of the block to `timings[name]` (phases may be entered more than once)."""
-    start = time.perf_counter()
-    try:
-        yield
-    finally:
-        timings[name] = round(timings.get(name, 0.0) + time.perf_counter() - start, 3)
 
 
 def quant_parallelism(n_jobs: int, threads: int) -> tuple[int, int]:
@@ -649,15 +441,6 @@ def quant_parallelism(n_jobs: int, threads: int) -> tuple[int, int]:
     """
     jobs = max(1, min(n_jobs, threads // 2))
     return jobs, max(1, threads // jobs)
-
-
-def _load_report(path: Path, key: str | None) -> dict[str, Any] | None:
-    """The report at `path` if it was made for `key` (any finished report when `key` is None)."""
-    try:
-        report = json.loads(path.read_text())
-    except (FileNotFoundError, ValueError):
-        return None
-    return report if key is None or report.get("key") == key else None
 
 
 def _split_if_needed(path: Path, max_size: str, llama: LlamaCpp) -> list[Path]:
@@ -679,25 +462,5 @@ def _provenance(plan: GGUFPlan) -> dict[str, Any]:
     return meta
 
 
-def _summary(result: BuildResult) -> dict[str, Any]:
-    return {
-        "name": result.name,
-        "source": result.source,
-        "base": result.base,
-        "timings": result.timings,
-        "variants": {
-            q: {
-                "path": str(v.path),
-                "sha256": v.sha256,
-                "size_bytes": v.size_bytes,
-                "passed": v.passed,
-                "failures": v.failures,
-                "kld": v.report.get("kld"),
-                "shards": [str(s) for s in v.shards],
-                "preflight": result.preflight.get(q),
-            }
-            for q, v in result.variants.items()
-        },
-        "errors": {q: e.to_dict() for q, e in result.errors.items()},
-        "preflight": result.preflight,
-    }
+def _variant_summary(v: VariantOutcome) -> dict[str, Any]:
+    return {"sha256": v.digest, "kld": v.report.get("kld"), "shards": [str(s) for s in v.shards]}

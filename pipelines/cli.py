@@ -215,8 +215,8 @@ def _register_passed(
 ) -> tuple[dict[str, str], dict[str, Any]]:
     """Register each passing variant (`candidates`: variant → a function making its candidate); one whose
     registration fails is reported and the others still go on. Returns the refs made and the errors met."""
-    from pipelines.build import VariantError, variant_scoped
     from pipelines.register import register as register_variant
+    from pipelines.steps import VariantError, variant_scoped
 
     refs: dict[str, str] = {}
     errors: dict[str, VariantError] = {}
@@ -421,7 +421,7 @@ def validate(
     no_smoke: Annotated[bool, typer.Option("--no-smoke", help="skip the generation smoke test")] = False,
 ) -> None:
     """Measure a quant against its reference (KL divergence, same top token, ΔPPL) and apply its gate."""
-    from pipelines.build import EVAL_CHUNKS, EVAL_CTX
+    from pipelines.build import GGUF_EVAL_CHUNKS, GGUF_EVAL_CTX
     from pipelines.gates import gguf_gate
     from pipelines.gguf import inspect_gguf
     from pipelines.texts import EVAL_TEXT, text_ref
@@ -440,11 +440,11 @@ def validate(
     with tempfile.TemporaryDirectory(dir=settings.work_dir if settings.work_dir.exists() else None) as tmp:
         evaluation = text_ref(EVAL_TEXT)
         logits = kld_base_logits(reference, evaluation.path, Path(tmp) / "base.kld", llama,
-                                 threads=settings.effective_threads, ctx=EVAL_CTX, chunks=EVAL_CHUNKS)
+                                 threads=settings.effective_threads, ctx=GGUF_EVAL_CTX, chunks=GGUF_EVAL_CHUNKS)
         rep = validate_variant(qtype, quant, info, reference, logits, gate, llama,
-                               threads=settings.effective_threads, ctx=EVAL_CTX, report_path=report_path,
+                               threads=settings.effective_threads, ctx=GGUF_EVAL_CTX, report_path=report_path,
                                smoke=not no_smoke,
-                               extra={"evaluation": evaluation.describe(ctx=EVAL_CTX, chunks=EVAL_CHUNKS)})
+                               extra={"evaluation": evaluation.describe(ctx=GGUF_EVAL_CTX, chunks=GGUF_EVAL_CHUNKS)})
     k = rep.kld
     out.print(f"{quant.name} ({qtype}) vs {reference.name}: mean KLD {k['mean_kld']:.5f}, "
               f"same top {k['same_top_pct']:.2f} %, ΔPPL {k['dppl_pct']:+.2f} %  → report {report_path}")

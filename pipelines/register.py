@@ -18,7 +18,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import re
 import shutil
 from dataclasses import dataclass, replace
@@ -27,10 +26,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pipelines import __version__, dvcrepo
-from pipelines.build import GGUFPlan, VariantOutcome, content_key, load_receipt
+from pipelines.build import GGUFPlan
 from pipelines.catalog import CatalogEntry
 from pipelines.errors import DiskFullError, GateFailed, ManifestInvalid
-from pipelines.fsutil import HashCache, atomic_output, disk_full_located, is_full
+from pipelines.fsutil import HashCache, atomic_output, clean_partials, disk_full_located, is_full
 from pipelines.gates import advice_for_report
 from pipelines.manifest import (
     ArtifactFile,
@@ -48,6 +47,7 @@ from pipelines.manifest import (
     stage_name,
 )
 from pipelines.settings import Settings
+from pipelines.steps import VariantOutcome, content_key, load_dir_receipt, load_receipt
 from pipelines.toolchains import read_pins
 
 if TYPE_CHECKING:
@@ -178,17 +178,17 @@ def candidate_from_gguf(plan: GGUFPlan, outcome: VariantOutcome) -> Candidate:
         FileNotFoundError: the f16 base or the report is gone (rerun the build).
     """
     if not outcome.passed:
-        raise GateFailed(outcome.qtype, outcome.failures, str(plan.report_path(outcome.qtype)),
-                         advice=advice_for_report(outcome.qtype, outcome.report, imatrix=plan.spec.imatrix))
+        raise GateFailed(outcome.variant, outcome.failures, str(plan.report_path(outcome.variant)),
+                         advice=advice_for_report(outcome.variant, outcome.report, imatrix=plan.spec.imatrix))
     base = load_receipt(plan.base_path, plan.base_key)
     if base is None:
-        raise FileNotFoundError(f"{plan.base_path} is gone or changed since {outcome.qtype} was made from it")
+        raise FileNotFoundError(f"{plan.base_path} is gone or changed since {outcome.variant} was made from it")
     files = tuple(outcome.shards) or (outcome.path,)
     hashes = HashCache(plan.settings.home / "hashcache.json")
-    main_sha = outcome.sha256 if files[0] == outcome.path else hashes.sha256(files[0])
+    main_sha = outcome.digest if files[0] == outcome.path else hashes.sha256(files[0])
     return Candidate(
         entry=plan.entry,
-        tag=outcome.qtype,
+        tag=outcome.variant,
         files=files,
         sha256=main_sha,
         size_bytes=files[0].stat().st_size,
@@ -200,9 +200,9 @@ def candidate_from_gguf(plan: GGUFPlan, outcome: VariantOutcome) -> Candidate:
             size=base["size"],
         ),
         toolchain=toolchain_versions(plan),
-        recipe=gguf_recipe(plan, outcome.qtype),
+        recipe=gguf_recipe(plan, outcome.variant),
         report=outcome.report,
-        report_sha256=hashes.sha256(plan.report_path(outcome.qtype)),
+        report_sha256=hashes.sha256(plan.report_path(outcome.variant)),
         source_dir=plan.snapshot.path,
     )
 
@@ -216,9 +216,7 @@ def candidate_from_compressed(plan: CompressPlan, outcome: VariantOutcome) -> Ca
         GateFailed: the variant did not pass validation (it must not be registered).
         FileNotFoundError: the checkpoint or its report changed or is gone since validation (rerun the build).
     """
-    from pipelines.compress import load_dir_receipt
-
-    v = outcome.qtype
+    v = outcome.variant
     if not outcome.passed:
         raise GateFailed(v, outcome.failures, str(plan.report_path(v)),
                          advice=advice_for_report(v, outcome.report, params=plan.params))
@@ -229,7 +227,7 @@ def candidate_from_compressed(plan: CompressPlan, outcome: VariantOutcome) -> Ca
         report = json.loads(report_path.read_text(encoding="utf-8"))
     except (FileNotFoundError, ValueError):
         report = None
-    if receipt is None or report is None or receipt["tree_sha256"] != outcome.sha256 or not report.get("passed"):
+    if receipt is None or report is None or receipt["tree_sha256"] != outcome.digest or not report.get("passed"):
         raise FileNotFoundError(f"{outcome.path} or its report changed since it was validated: rerun `modelmint compress`")
     names = sorted(receipt["files"])
     weights = [n for n in names if n == "model.safetensors.index.json"] or [n for n in names if n.endswith(".safetensors")]
@@ -454,14 +452,7 @@ def _remove_stale_partials(dest: Path) -> None:
 
     Only this tag's, and only dead writers': another tag of the model may be registering right now.
     """
-    for p in dest.parent.glob(f"{dest.name}.partial-*"):
-        pid = p.name.rsplit("-", 1)[-1]
-        if pid.isdigit() and int(pid) != os.getpid() and Path(f"/proc/{pid}").exists():
-            continue
-        if p.is_dir():
-            shutil.rmtree(p, ignore_errors=True)
-        else:
-            p.unlink(missing_ok=True)
+    for p in clean_partials(dest.parent, of=dest.name):
         log.info("removed %s left by an interrupted registration", p)
 
 

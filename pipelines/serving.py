@@ -10,11 +10,11 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from pipelines.build import content_key
 from pipelines.errors import ConfigError, ToolError
 from pipelines.fsutil import sha256_file, write_text_atomic
 from pipelines.runner import run
 from pipelines.settings import Settings
+from pipelines.steps import content_key
 from pipelines.texts import EVAL_RECORD, data_lines
 from pipelines.toolchains import VllmCpu, vllm_cpu
 

@@ -231,7 +231,7 @@ def test_outputs_are_compressed_tensors_checkpoints(built) -> None:
         for name in VERBATIM_FILES:
             if (source / name).is_file():
                 assert (o.path / name).read_bytes() == (source / name).read_bytes(), name
-        assert Recipe.from_yaml((o.path / RECIPE_FILE).read_text()) == result.plan.recipes[o.qtype]
+        assert Recipe.from_yaml((o.path / RECIPE_FILE).read_text()) == result.plan.recipes[o.variant]
         assert (o.path / "recipe.yaml").is_file()  # llmcompressor's own expansion of it
         assert all((p.stat().st_mode & 0o777) == 0o644 for p in o.path.iterdir())
         cfg = VllmServeConfig.from_yaml(Path(o.report["serve_config"]).read_text())
@@ -247,7 +247,7 @@ def test_a_second_build_runs_nothing(built) -> None:
     settings, entry, first = built
     again = build_compressed(entry, settings, schemes=SCHEMES)
     assert again.tools_run == []
-    assert {v: o.sha256 for v, o in again.variants.items()} == {v: o.sha256 for v, o in first.variants.items()}
+    assert {v: o.digest for v, o in again.variants.items()} == {v: o.digest for v, o in first.variants.items()}
     assert all(o.cached and o.passed for o in again.variants.values())
 
 

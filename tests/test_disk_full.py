@@ -168,7 +168,7 @@ def test_llama_quantize_on_a_full_disk(base, small_disk) -> None:
 
 @pytest.mark.slow
 def test_llama_perplexity_cut_short_by_a_full_disk_is_not_promoted(base, small_disk) -> None:
-    from pipelines.build import EVAL_CHUNKS, EVAL_CTX
+    from pipelines.build import GGUF_EVAL_CHUNKS, GGUF_EVAL_CTX
     from pipelines.texts import EVAL_TEXT, bundled_text
     from pipelines.validate import kld_base_logits
 
@@ -176,28 +176,28 @@ def test_llama_perplexity_cut_short_by_a_full_disk_is_not_promoted(base, small_d
     mnt = small_disk("8m")  # the logits of 16 x 128 tokens over a 151k vocabulary take ~300 MB
     out = mnt / "tiny-qwen2-f16.kld-base.bin"
     with pytest.raises(DiskFullError) as exc:
-        kld_base_logits(f16, bundled_text(EVAL_TEXT), out, llama, threads=2, ctx=EVAL_CTX, chunks=EVAL_CHUNKS)
+        kld_base_logits(f16, bundled_text(EVAL_TEXT), out, llama, threads=2, ctx=GGUF_EVAL_CTX, chunks=GGUF_EVAL_CHUNKS)
     assert exc.value.path == str(mnt) and "truncated" in str(exc.value)
     assert not list(mnt.iterdir())
 
 
 @pytest.mark.slow
 def test_a_truncated_logits_file_is_named_not_measured(base, tmp_path: Path) -> None:
-    from pipelines.build import EVAL_CTX
+    from pipelines.build import GGUF_EVAL_CTX
     from pipelines.texts import EVAL_TEXT, bundled_text
     from pipelines.validate import check_logits_file, kl_divergence, kld_base_logits
 
     f16, llama = base
-    logits = kld_base_logits(f16, bundled_text(EVAL_TEXT), tmp_path / "base.kld-base.bin", llama, threads=2, ctx=EVAL_CTX,
+    logits = kld_base_logits(f16, bundled_text(EVAL_TEXT), tmp_path / "base.kld-base.bin", llama, threads=2, ctx=GGUF_EVAL_CTX,
                              chunks=2)
-    check_logits_file(logits, ctx=EVAL_CTX, max_chunks=2)  # the size formula matches what the tool wrote
+    check_logits_file(logits, ctx=GGUF_EVAL_CTX, max_chunks=2)  # the size formula matches what the tool wrote
     with open(logits, "r+b") as fh:
         fh.truncate(logits.stat().st_size - 1000)
     with pytest.raises(ArtifactError, match="truncated"):
-        check_logits_file(logits, ctx=EVAL_CTX, max_chunks=2)
+        check_logits_file(logits, ctx=GGUF_EVAL_CTX, max_chunks=2)
     # llama-perplexity itself exits 0 after "failed reading log-probs": the message says so and what to do
     with pytest.raises(ArtifactError) as exc:
-        kl_divergence(f16, logits, llama, threads=2, ctx=EVAL_CTX)
+        kl_divergence(f16, logits, llama, threads=2, ctx=GGUF_EVAL_CTX)
     assert "failed reading log-probs" in exc.value.message and f"delete {logits}" in (exc.value.hint or "")
 
 

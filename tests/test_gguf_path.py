@@ -57,7 +57,7 @@ def test_every_variant_is_checked_validated_and_gated(built) -> None:
         assert info.metadata["modelmint.variant"] == q
         assert "llama.cpp 0c1e570" in info.metadata["general.quantized_by"]
         report = json.loads(v.path.with_suffix(".report.json").read_text())
-        assert report["passed"] and report["sha256"] == v.sha256
+        assert report["passed"] and report["sha256"] == v.digest
         assert report["kld"]["chunks"] >= 8 and report["smoke"]["tokens_generated"] > 0
         assert 0 < report["kld"]["mean_kld"] < report["gate"]["max_mean_kld"]
     # Q8_0 is much closer to f16 than Q4_K_M: the measurement discriminates.
@@ -72,7 +72,7 @@ def test_rerun_with_nothing_changed_runs_no_tool(built) -> None:
     settings, entry, first = built
     again = build_gguf(entry, settings, quants=["q4_k_m", "q8_0"])
     assert again.tools_run == []  # speed of the re-run is measured in benchmarks/bench_gguf.py
-    assert {q: v.sha256 for q, v in again.variants.items()} == {q: v.sha256 for q, v in first.variants.items()}
+    assert {q: v.digest for q, v in again.variants.items()} == {q: v.digest for q, v in first.variants.items()}
 
 
 def test_a_deleted_output_is_rebuilt_not_trusted(built) -> None:

@@ -29,9 +29,9 @@ def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_the_summary_shows_every_variant_and_the_run_fails_at_the_end_with_each_cause(tmp_path: Path) -> None:
-    from pipelines.build import BuildResult, VariantError, VariantOutcome
     from pipelines.errors import ShapeRefused, VariantsFailed
     from pipelines.gates import gguf_gate
+    from pipelines.steps import BuildResult, VariantError, VariantOutcome
 
     gate = gguf_gate("q8_0", "tiny")
     def outcome(q: str, kld: float) -> VariantOutcome:

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipelines.build import EVAL_CHUNKS, EVAL_CTX
+from pipelines.build import GGUF_EVAL_CHUNKS, GGUF_EVAL_CTX
 from pipelines.gguf import check_imatrix, inspect_gguf
 from pipelines.settings import Settings, project_root
 from pipelines.validate import check_logits_file
@@ -165,7 +165,7 @@ def _nothing_half_written(out_dir: Path) -> list[str]:
         elif p.name.endswith(".gguf"):
             inspect_gguf(p)
         elif p.name.endswith(".kld-base.bin"):
-            check_logits_file(p, ctx=EVAL_CTX, max_chunks=EVAL_CHUNKS)
+            check_logits_file(p, ctx=GGUF_EVAL_CTX, max_chunks=GGUF_EVAL_CHUNKS)
         elif p.name.endswith(".receipt.json"):
             receipt = json.loads(p.read_text())
             output = p.with_name(p.name.removesuffix(".receipt.json"))
