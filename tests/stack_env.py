@@ -7,8 +7,13 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, TypeVar
+
+import pytest
+from registry_env import Repo, free_port, make_repo
 
 from flows import stack
 from pipelines.settings import Settings
@@ -20,6 +25,24 @@ T = TypeVar("T")
 def prefect(settings: Settings, *args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, **stack.stack_env(settings), "COLUMNS": "200"}
     return subprocess.run([*PREFECT, *args], env=env, capture_output=True, text=True, timeout=timeout)
+
+
+@contextmanager
+def stack_up(base: Path, mp: pytest.MonkeyPatch, models: dict[str, list[str]], **env: str) -> Iterator[tuple[Repo, Settings]]:
+    """The embedded stack up on a free port against a temp project under `base` (its git + DVC repository with a
+    local remote, and `models` in its catalog); `env` sets more settings. Down again, whatever the test did."""
+    repo = make_repo(base, models=models)
+    mp.setenv("MODELMINT_REPO", str(repo.root))
+    mp.setenv("MODELMINT_WORK_DIR", str(repo.work))
+    mp.setenv("MODELMINT_PREFECT_PORT", str(free_port()))
+    for k, v in env.items():
+        mp.setenv(k, v)
+    settings = Settings.from_env()
+    try:
+        stack.up(settings, say=lambda _msg: None)
+        yield repo, settings
+    finally:
+        stack.down(settings, say=lambda _msg: None)
 
 
 def flow_runs(settings: Settings) -> list[Any]:

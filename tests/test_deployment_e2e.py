@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 from registry_env import Repo, free_port, git, make_repo, task_runs
-from stack_env import flow_runs, prefect, wait_for
+from stack_env import flow_runs, prefect, stack_up, wait_for
 
 from flows import stack
 from pipelines.manifest import find_manifest, list_manifests, manifest_path
@@ -28,17 +28,8 @@ pytestmark = pytest.mark.slow
 @pytest.fixture
 def deployed(request, isolated, tmp_path: Path, monkeypatch) -> Any:
     """The stack up against a temp project; `indirect` parametrization chooses the catalog's GGUF variants."""
-    repo = make_repo(tmp_path, models={"tiny-qwen2": getattr(request, "param", ["q4_k_m", "q8_0"])})
-    port = free_port()
-    monkeypatch.setenv("MODELMINT_REPO", str(repo.root))
-    monkeypatch.setenv("MODELMINT_WORK_DIR", str(repo.work))
-    monkeypatch.setenv("MODELMINT_PREFECT_PORT", str(port))
-    settings = Settings.from_env()
-    try:
-        stack.up(settings, say=lambda _msg: None)
-        yield repo, settings
-    finally:
-        stack.down(settings, say=lambda _msg: None)
+    with stack_up(tmp_path, monkeypatch, {"tiny-qwen2": getattr(request, "param", ["q4_k_m", "q8_0"])}) as up:
+        yield up
 
 
 def test_deployment_run_end_to_end(deployed) -> None:

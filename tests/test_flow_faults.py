@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from registry_env import free_port, isolate, make_repo, task_runs
-from stack_env import flow_runs, prefect, run_logs, wait_for
+from registry_env import isolate, task_runs
+from stack_env import flow_runs, prefect, run_logs, stack_up, wait_for
 
 from flows import stack
 from flows.slots import LEASE_S, model_limit
@@ -43,17 +43,8 @@ def deployed(tmp_path_factory: pytest.TempPathFactory) -> Any:
     base = tmp_path_factory.mktemp("flow-faults")
     with pytest.MonkeyPatch.context() as mp:
         isolate(base / "env", mp)
-        repo = make_repo(base, models={MODEL: QUANTS})
-        mp.setenv("MODELMINT_REPO", str(repo.root))
-        mp.setenv("MODELMINT_WORK_DIR", str(repo.work))
-        mp.setenv("MODELMINT_PREFECT_PORT", str(free_port()))
-        mp.setenv("MODELMINT_CRASH_AFTER_S", str(CRASH_AFTER_S))
-        settings = Settings.from_env()
-        try:
-            stack.up(settings, say=lambda _msg: None)
-            yield repo, settings
-        finally:
-            stack.down(settings, say=lambda _msg: None)
+        with stack_up(base, mp, {MODEL: QUANTS}, MODELMINT_CRASH_AFTER_S=str(CRASH_AFTER_S)) as up:
+            yield up
 
 
 def _submit(settings: Settings, variant: str) -> Any:
