@@ -6,6 +6,7 @@ in a temp dir; the project is a temp git + DVC repository with a local remote.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -15,6 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import golden
 import pytest
 from registry_env import Repo, free_port, git, make_repo, task_runs
 from stack_env import flow_runs, prefect, stack_up, wait_for
@@ -38,6 +40,7 @@ def test_deployment_run_end_to_end(deployed) -> None:
     first = prefect(settings, "deployment", "run", "convert/tiny-qwen2", "--watch")
     assert first.returncode == 0, first.stdout + first.stderr
     assert [m.ref for m in list_manifests(repo.settings()).manifests] == ["tiny-qwen2:q4_k_m", "tiny-qwen2:q8_0"]
+    _golden_outputs(repo, settings)
 
     # 2. pushed, then pulled into a fresh clone
     repo.commit_all("register tiny-qwen2")
@@ -74,6 +77,29 @@ def test_deployment_run_end_to_end(deployed) -> None:
     assert "dvc.yaml has no stage gguf@tiny-qwen2-q6_k" in (refused.state.message or "")
     with stack.api(settings) as client:
         assert task_runs(client, refused.id) == []
+
+
+def _golden_outputs(repo: Repo, settings: Settings) -> None:
+    """What the run published, against tests/golden (golden.py): manifests, Modelfile, card, the flow's table,
+    `modelmint list` and `show`."""
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    places = {"repo": repo.root, "work": repo.work, "tmp": repo.root.parent}
+    for tag in ("q4_k_m", "q8_0"):
+        golden.check(f"gguf/{tag}.manifest.json", manifest_path(repo.settings(), "tiny-qwen2", tag).read_text(), **places)
+    placed = repo.root / "artifacts/tiny-qwen2/q4_k_m"
+    golden.check("gguf/q4_k_m.Modelfile", (placed / "Modelfile").read_text(), **places)
+    golden.check("gguf/q4_k_m.README.md", (placed / "README.md").read_text(), **places)
+    with stack.api(settings) as client:
+        table = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["convert-tiny-qwen2-variants"])))
+    golden.check("gguf/flow-table.json", table[0].data if isinstance(table[0].data, str) else json.dumps(table[0].data),
+                 **places)
+    cli = [sys.executable, "-m", "pipelines.cli"]
+    env = {k: v for k, v in repo.env().items() if k != "COLUMNS"}
+    listed = subprocess.run([*cli, "list"], env=env, capture_output=True, text=True, cwd=repo.root)
+    golden.check("gguf/list.txt", listed.stdout, **places)
+    shown = subprocess.run([*cli, "show", "tiny-qwen2:q4_k_m"], env=env, capture_output=True, text=True, cwd=repo.root)
+    golden.check("gguf/show-q4_k_m.json", shown.stdout, **places)
 
 
 def test_unknown_deployment_and_no_server(deployed) -> None:

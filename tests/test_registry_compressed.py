@@ -13,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import golden
 import pytest
 import yaml
 from prefect.client.orchestration import get_client
@@ -26,7 +27,7 @@ from pipelines.catalog import load_catalog
 from pipelines.compress import RECIPE_FILE, build_compressed
 from pipelines.errors import GateFailed
 from pipelines.fsutil import sha256_file
-from pipelines.manifest import find_manifest, list_manifests
+from pipelines.manifest import find_manifest, list_manifests, manifest_path
 from pipelines.register import candidate_from_compressed, register
 from pipelines.serving import CARD_FILE, SERVE_CONFIG_FILE, VllmServeConfig, check_serve_config
 
@@ -95,6 +96,12 @@ def test_registered_fp8_and_awq_are_complete_checkpoints_with_serving_files(
         assert front["validation"]["passed"] is True
         assert "base_model" not in front  # a generated source has no hub repo to name
     assert "in sync" in dvc(repo.root, "status", "--cloud").stdout
+    places = {"repo": repo.root, "work": work, "tmp": tmp_path}
+    for tag in ("fp8", "awq"):
+        golden.check(f"compressed/{tag}.manifest.json", manifest_path(settings, "tiny-qwen2", tag).read_text(), **places)
+        d = repo.root / "artifacts/tiny-qwen2" / tag
+        golden.check(f"compressed/{tag}.vllm.yaml", (d / SERVE_CONFIG_FILE).read_text(), **places)
+        golden.check(f"compressed/{tag}.README.md", (d / CARD_FILE).read_text(), **places)
 
     # vLLM's own parser accepts the registered config for the placed checkpoint (no weights loaded)
     checked = check_serve_config(repo.root / "artifacts/tiny-qwen2/fp8" / SERVE_CONFIG_FILE, settings,
@@ -107,6 +114,8 @@ def test_registered_fp8_and_awq_are_complete_checkpoints_with_serving_files(
 
     listing = _cli(repo, "list")
     assert "tiny-qwen2:awq" in listing.stdout and "compressed-tensors" in listing.stdout
+    golden.check("compressed/list.txt", listing.stdout, **places)
+    golden.check("compressed/show-awq.json", _cli(repo, "show", "tiny-qwen2:awq").stdout, **places)
 
     # a developer's fresh clone pulls the checkpoint and is told how to serve it
     repo.commit_all("register tiny-qwen2 fp8 and awq")
