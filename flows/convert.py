@@ -34,6 +34,7 @@ from pipelines.errors import ConfigError, ModelmintError, ShapeRefused, Variants
 from pipelines.fsutil import HashCache
 from pipelines.gates import gguf_gate
 from pipelines.manifest import format_of
+from pipelines.report import Validation
 from pipelines.settings import Settings
 from pipelines.steps import (
     BuildResult,
@@ -425,7 +426,7 @@ def _publish_artifacts(
     for st in status:
         v = st["variant"]
         o = outcomes.get(v)
-        figures = _figures(v, o.report if o else {})
+        figures = _figures(o.report if o else {})
         done = registrations.get(v)
         rows.append({
             "variant": v,
@@ -441,13 +442,13 @@ def _publish_artifacts(
             "dvc_path": done.manifest.dvc.path if done else "",
         })
     lines = [f"# {name}: convert", "", *header, "",
-             "| variant | built | size | mean KLD (max) | same top % (min) | ΔPPL % (max) | gate | registered | cause of failure |",
+             "| variant | built | size | mean KL (max) | same top % (min) | ΔPPL % (max) | gate | registered | cause of failure |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         size = f"{r['size_mib']:,.1f} MiB" if r["size_mib"] is not None else "-"
         gate = "✅ pass" if r["gate"] == "pass" else ("-" if r["gate"] == "-" else "❌ " + r["gate"])
         lines.append(
-            f"| {r['variant']} | {r['built']} | {size} | {_num(r['mean_kld'], 5)} ({r['max_mean_kld']}) | "
+            f"| {r['variant']} | {r['built']} | {size} | {_num(r['mean_kl'], 5)} ({r['max_mean_kl']}) | "
             f"{_num(r['same_top_pct'], 2)} ({r['min_same_top_pct']}) | {_num(r['dppl_pct'], 2)} ({r['max_dppl_pct']}) | "
             f"{gate} | {r['registered'] and '`' + r['registered'] + '`'} | {r['cause'].replace('|', '/')} |"
         )
@@ -462,27 +463,16 @@ def _publish_artifacts(
     }
 
 
-def _figures(variant: str, report: dict[str, Any]) -> dict[str, Any]:
-    """One set of columns for both validations: llama-perplexity's (GGUF vs f16) and the torch evaluation's
-    (compressed-tensors vs source: top-1 agreement as a share, perplexity as a ratio)."""
-    gate = report.get("gate") or {}
-    if format_of(variant) == "gguf":
-        kld = report.get("kld") or {}
-        return {
-            "mean_kld": kld.get("mean_kld"), "max_mean_kld": gate.get("max_mean_kld"),
-            "same_top_pct": kld.get("same_top_pct"), "min_same_top_pct": gate.get("min_same_top_pct"),
-            "dppl_pct": kld.get("dppl_pct"), "max_dppl_pct": gate.get("max_dppl_pct"),
-        }
-    m = report.get("metrics") or {}
-
-    def scaled(v: Any, f: Callable[[float], float]) -> float | None:
-        return round(f(v), 6) if isinstance(v, int | float) else None
-
+def _figures(report: dict[str, Any]) -> dict[str, Any]:
+    """The table's figure columns, from the report's validation block (the same for every format)."""
+    judged = Validation.of_report(report)
+    if judged is None:
+        return dict.fromkeys(("mean_kl", "max_mean_kl", "same_top_pct", "min_same_top_pct", "dppl_pct", "max_dppl_pct"))
+    f, gate = judged.figures, judged.gate
     return {
-        "mean_kld": m.get("mean_kl"), "max_mean_kld": gate.get("max_mean_kl"),
-        "same_top_pct": scaled(m.get("top1_agreement"), lambda x: 100 * x), "min_same_top_pct": gate.get("min_top1_pct"),
-        "dppl_pct": scaled(m.get("ppl_ratio"), lambda x: 100 * (x - 1)),
-        "max_dppl_pct": scaled(gate.get("max_ppl_ratio"), lambda x: 100 * (x - 1)),
+        "mean_kl": f and f.mean_kl, "max_mean_kl": gate.get("max_mean_kl"),
+        "same_top_pct": f and f.same_top_pct, "min_same_top_pct": gate.get("min_same_top_pct"),
+        "dppl_pct": f and f.dppl_pct, "max_dppl_pct": gate.get("max_dppl_pct"),
     }
 
 

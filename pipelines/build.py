@@ -22,6 +22,7 @@ from pipelines.errors import ShapeRefused
 from pipelines.fsutil import clean_partials, disk_full_located
 from pipelines.gates import gguf_gate
 from pipelines.preflight import BlockFallback, Weight, gguf_fallback, observed_fallback, source_weights
+from pipelines.report import REPORT_VERSION
 from pipelines.settings import Settings
 from pipelines.steps import (
     BuildResult,
@@ -319,7 +320,7 @@ def ensure_validated(plan: GGUFPlan, q: str) -> VariantOutcome:
     gate = gguf_gate(q, plan.entry.gate_profile)
     report_path = plan.report_path(q)
     texts = {"calibration": plan.calibration_record(), "evaluation": plan.evaluation_record}
-    report_key = content_key("validate", qreceipt["sha256"], plan.logits_key, gate.to_dict(), texts)
+    report_key = content_key("validate", REPORT_VERSION, qreceipt["sha256"], plan.logits_key, gate.to_dict(), texts)
     report = load_report(report_path, report_key)
     cached = report is not None
     if report is None:
@@ -333,6 +334,7 @@ def ensure_validated(plan: GGUFPlan, q: str) -> VariantOutcome:
             report = validate_variant(
                 q, qpath, info, plan.base_path, logits.path, gate, plan.llama,
                 threads=plan.settings.effective_threads, ctx=GGUF_EVAL_CTX, report_path=report_path,
+                evaluation=texts["evaluation"],
                 extra={"key": report_key, "sha256": qreceipt["sha256"], "source": plan.source, **texts,
                        "preflight": preflight},
             ).to_dict()
@@ -463,4 +465,4 @@ def _provenance(plan: GGUFPlan) -> dict[str, Any]:
 
 
 def _variant_summary(v: VariantOutcome) -> dict[str, Any]:
-    return {"sha256": v.digest, "kld": v.report.get("kld"), "shards": [str(s) for s in v.shards]}
+    return {"sha256": v.digest, "shards": [str(s) for s in v.shards]}

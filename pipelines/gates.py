@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from pipelines.report import Figures
 
 Profile = Literal["reference", "tiny"]
 
@@ -38,29 +41,47 @@ class Miss:
 
 
 @dataclass(frozen=True)
-class GGUFGate:
-    max_mean_kld: float
+class Gate:
+    """Thresholds for a variant measured against its reference (every format: pipelines/report.Figures)."""
+
+    max_mean_kl: float
     min_same_top_pct: float
-    max_dppl_pct: float
+    max_ppl_ratio: float
     basis: str
+    """Where the numbers come from (a published table, a measurement), as reports, manifests and cards say."""
 
-    def check(self, mean_kld: float, same_top_pct: float, dppl_pct: float) -> list[str]:
-        """The gate's failures, each with the figure and the threshold; empty when it passes."""
-        return [m.text for m in self.misses(mean_kld, same_top_pct, dppl_pct)]
+    @property
+    def max_dppl_pct(self) -> float:
+        return round((self.max_ppl_ratio - 1.0) * 100.0, 4)
 
-    def misses(self, mean_kld: float, same_top_pct: float, dppl_pct: float) -> list[Miss]:
-        out = []
-        if not mean_kld <= self.max_mean_kld:
-            out.append(Miss("mean KLD", mean_kld, self.max_mean_kld, f"mean KLD {mean_kld:.5f} > {self.max_mean_kld}"))
-        if not same_top_pct >= self.min_same_top_pct:
-            out.append(Miss("same top token", same_top_pct, self.min_same_top_pct,
-                            f"same top token {same_top_pct:.2f} % < {self.min_same_top_pct} %", False, 100.0))
-        if not dppl_pct <= self.max_dppl_pct:
-            out.append(Miss("ΔPPL", dppl_pct, self.max_dppl_pct, f"ΔPPL {dppl_pct:+.2f} % > {self.max_dppl_pct} %"))
+    def check(self, figures: Figures) -> list[str]:
+        """The gate's failures, each with the figure and the threshold; empty when it passes (NaN fails)."""
+        return [m.text for m in self.misses(figures)]
+
+    def misses(self, figures: Figures) -> list[Miss]:
+        f, out = figures, []
+        if not f.mean_kl <= self.max_mean_kl:
+            out.append(Miss("mean KL", f.mean_kl, self.max_mean_kl, f"mean KL {f.mean_kl:.5g} > {self.max_mean_kl}"))
+        if not f.same_top_pct >= self.min_same_top_pct:
+            out.append(Miss("same top token", f.same_top_pct, self.min_same_top_pct,
+                            f"same top token {f.same_top_pct:.2f} % < {self.min_same_top_pct} %", False, 100.0))
+        if not f.ppl_ratio <= self.max_ppl_ratio:
+            out.append(Miss("ΔPPL", f.dppl_pct, self.max_dppl_pct,
+                            f"ΔPPL {f.dppl_pct:+.2f} % > {self.max_dppl_pct:g} % (perplexity ratio {f.ppl_ratio:.4f})"))
         return out
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {**asdict(self), "max_dppl_pct": self.max_dppl_pct}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Gate:
+        """A gate as a report or manifest records it (also the per-format shape manifests had before version 2)."""
+        if "max_mean_kld" in d:  # GGUF, before version 2
+            return cls(d["max_mean_kld"], d["min_same_top_pct"], round(1.0 + d["max_dppl_pct"] / 100.0, 6),
+                       str(d.get("basis", "")))
+        if "min_top1_pct" in d:  # compressed-tensors, before version 2
+            return cls(d["max_mean_kl"], d["min_top1_pct"], d["max_ppl_ratio"], str(d.get("basis", "")))
+        return cls(d["max_mean_kl"], d["min_same_top_pct"], d["max_ppl_ratio"], str(d.get("basis", "")))
 
 
 # llama.cpp's published KL-divergence table for Llama-3-8B (tools/perplexity/README.md, f16 base, wikitext):
@@ -99,50 +120,26 @@ _TINY = {
 _DEFAULT_TINY = (0.05, 85.0, 10.0)
 
 
-def gguf_gate(qtype: str, profile: Profile = "reference") -> GGUFGate:
+def gguf_gate(qtype: str, profile: Profile = "reference") -> Gate:
     qtype = qtype.lower()
     if profile == "tiny":
         kld, top, dppl = _TINY.get(qtype, _DEFAULT_TINY)
-        return GGUFGate(kld, top, dppl, basis=f"tiny-model profile for {qtype} (measured on tiny-qwen2, ~4x KLD headroom)")
+        return Gate(kld, top, _ratio(dppl), basis=f"tiny-model profile for {qtype} (measured on tiny-qwen2, ~4x KLD headroom)")
     kld, top, dppl = _PUBLISHED.get(qtype, (0.5, 65.0, 100.0))
-    return GGUFGate(
-        max_mean_kld=round(kld * 2, 6),
+    return Gate(
+        max_mean_kl=round(kld * 2, 6),
         min_same_top_pct=round(top - 4.0, 2),
-        max_dppl_pct=dppl,
+        max_ppl_ratio=_ratio(dppl),
         basis=f"llama.cpp Llama-3-8B figures for {qtype}: KLD {kld}, same top {top} % (x2 KLD, -4 pts)",
     )
 
 
+def _ratio(dppl_pct: float) -> float:
+    """A perplexity rise in % as the ratio the gate holds (+2 % → 1.02)."""
+    return round(1.0 + dppl_pct / 100.0, 6)
+
+
 # ---------------------------------------------------------------- compressed-tensors variants (llmcompressor)
-
-
-@dataclass(frozen=True)
-class CompressedGate:
-    """Thresholds for a compressed-tensors variant measured against its source on the bundled text."""
-
-    max_mean_kl: float
-    min_top1_pct: float
-    max_ppl_ratio: float
-    basis: str
-
-    def check(self, mean_kl: float, top1_pct: float, ppl_ratio: float) -> list[str]:
-        """The gate's failures, each with the figure and the threshold; empty when it passes (NaN fails)."""
-        return [m.text for m in self.misses(mean_kl, top1_pct, ppl_ratio)]
-
-    def misses(self, mean_kl: float, top1_pct: float, ppl_ratio: float) -> list[Miss]:
-        out = []
-        if not mean_kl <= self.max_mean_kl:
-            out.append(Miss("mean KL", mean_kl, self.max_mean_kl, f"mean KL {mean_kl:.3g} > {self.max_mean_kl}"))
-        if not top1_pct >= self.min_top1_pct:
-            out.append(Miss("top-1 agreement", top1_pct, self.min_top1_pct,
-                            f"top-1 agreement {top1_pct:.2f} % < {self.min_top1_pct} %", False, 100.0))
-        if not ppl_ratio <= self.max_ppl_ratio:
-            out.append(Miss("perplexity ratio", ppl_ratio, self.max_ppl_ratio,
-                            f"perplexity ratio {ppl_ratio:.4f} > {self.max_ppl_ratio}", True, 1.0))
-        return out
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 # Published recoveries (task accuracy of the quantized model / the original's):
@@ -189,14 +186,14 @@ _COMPRESSED_TINY: dict[str, tuple[float, float, float]] = {
 }
 
 
-def compressed_gate(variant: str, profile: Profile = "reference", params: int | None = None) -> CompressedGate:
+def compressed_gate(variant: str, profile: Profile = "reference", params: int | None = None) -> Gate:
     """The gate for a compressed-tensors variant (fp8, awq, w8a8, gptq) of a model with `params` parameters."""
     if profile == "tiny":
         kl, top, ratio = _COMPRESSED_TINY[variant]
-        return CompressedGate(kl, top, ratio, basis=f"tiny-model profile for {variant} (measured, ~4x KL headroom)")
+        return Gate(kl, top, ratio, basis=f"tiny-model profile for {variant} (measured, ~4x KL headroom)")
     band = "large" if params is not None and params >= _SMALL_MODEL_PARAMS else "small"
     kl, top, ratio, basis = _COMPRESSED_PUBLISHED[variant][band]
-    return CompressedGate(kl, top, ratio, basis=f"{basis} [{band} model band]")
+    return Gate(kl, top, ratio, basis=f"{basis} [{band} model band]")
 
 
 # ---------------------------------------------------------------- advice: what to try after a gate failed
@@ -285,16 +282,13 @@ def gate_advice(
 
 def advice_for_report(variant: str, report: dict[str, Any], *, params: int | None = None,
                       imatrix: bool | None = None) -> str:
-    """gate_advice for a validation report (GGUF: `kld`; compressed-tensors: `metrics`), from its own figures."""
-    gate = report.get("gate") or {}
-    failures = list(report.get("failures") or [])
-    misses: list[Miss] = []
-    if (k := report.get("kld")) and {"max_mean_kld", "min_same_top_pct", "max_dppl_pct"} <= set(gate):
-        g = GGUFGate(gate["max_mean_kld"], gate["min_same_top_pct"], gate["max_dppl_pct"], gate.get("basis", ""))
-        misses = g.misses(k["mean_kld"], k["same_top_pct"], k["dppl_pct"])
-    elif (m := report.get("metrics")) and {"max_mean_kl", "min_top1_pct", "max_ppl_ratio"} <= set(gate):
-        c = CompressedGate(gate["max_mean_kl"], gate["min_top1_pct"], gate["max_ppl_ratio"], gate.get("basis", ""))
-        misses = c.misses(m["mean_kl"], 100.0 * m["top1_agreement"], m["ppl_ratio"])
+    """gate_advice for a validation report, from its own figures (its `validation` block)."""
+    from pipelines.report import Validation
+
+    val = Validation.of_report(report)
+    failures = list(val.failures if val else report.get("failures") or [])
+    gate = val.gate if val else report.get("gate") or {}
+    misses = Gate.from_dict(gate).misses(val.figures) if val and val.figures else []
     measured = {x.text for x in misses}
     group_size = (report.get("preflight") or {}).get("group_size")
     return gate_advice(

@@ -14,9 +14,14 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pipelines.catalog import COMPRESSED_VARIANTS
 from pipelines.errors import ConfigError, ManifestInvalid, NotRegistered
 from pipelines.fsutil import write_text_atomic
+from pipelines.gates import Gate
+from pipelines.report import Figures
+from pipelines.report import Validation as Judged
 from pipelines.settings import Settings
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+"""2: `validation` is the one validation block every format writes (pipelines/report.py); 1: per-format
+metrics and gate dicts. Manifests of version 1 still load (read as version 2, see `_upgrade_v1`)."""
 _SHA256 = r"^[0-9a-f]{64}$"
 _NAME = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
 
@@ -66,15 +71,38 @@ class ParentRef(_Strict):
     size: int = Field(ge=0)
 
 
-class Validation(_Strict):
-    """What validation measured and the gate's verdict; a manifest exists only for a variant that passed."""
+class Validation(Judged):
+    """The variant's validation as its report has it (figures, gate, verdict), with the report file's hash; a
+    manifest exists only for a variant that passed."""
 
     passed: Literal[True]
-    metrics: dict[str, float]
-    gate: dict[str, float | str]
     failures: list[str] = Field(max_length=0)
     smoke: dict[str, Any] | None = None
     report_sha256: str = Field(pattern=_SHA256)
+
+
+def _upgrade_v1(data: dict[str, Any]) -> dict[str, Any]:
+    """A version-1 manifest read as version 2: its per-format metrics and gate become the one validation block.
+
+    Version 1 did not record the evaluation text or the reference in the validation block: they read as unknown.
+    """
+    old = dict(data.get("validation") or {})
+    m = old.get("metrics") or {}
+    if "mean_kld" in m:  # llama-perplexity's figures (GGUF)
+        figures = Figures.of(mean_kl=m["mean_kld"], kl_p99=m.get("kld_p99"), same_top_pct=m["same_top_pct"],
+                             ppl_reference=m["ppl_base"], ppl=m["ppl_q"],
+                             tokens=int(m["chunks"] * (m["ctx"] - 1 - m["ctx"] // 2)) if "ctx" in m and "chunks" in m else None)
+    else:  # the torch evaluation's (compressed-tensors)
+        figures = Figures.of(mean_kl=m["mean_kl"], kl_p99=m.get("kl_p99"), same_top_pct=100.0 * m["top1_agreement"],
+                             ppl_reference=m["ppl_source"], ppl=m["ppl"],
+                             tokens=int(m["tokens"]) if "tokens" in m else None)
+    validation = {
+        "format": data.get("format"), "reference": "not recorded (manifest version 1)", "evaluation": {},
+        "figures": figures.model_dump(), "gate": Gate.from_dict(old.get("gate") or {}).to_dict(),
+        "passed": old.get("passed"), "failures": old.get("failures", []), "smoke": old.get("smoke"),
+        "report_sha256": old.get("report_sha256"),
+    }
+    return {**data, "schema_version": 2, "validation": validation}
 
 
 class DvcRef(_Strict):
@@ -89,7 +117,7 @@ class DvcRef(_Strict):
 
 
 class Manifest(_Strict):
-    schema_version: Literal[1] = SCHEMA_VERSION
+    schema_version: Literal[2] = SCHEMA_VERSION
     name: str
     tag: str
     format: Format
@@ -115,6 +143,13 @@ class Manifest(_Strict):
             raise ValueError(f"{v!r} must be lower-case letters, digits, '.', '_' or '-'")
         return v
 
+    @model_validator(mode="before")
+    @classmethod
+    def _upgrade(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("schema_version") == 1:
+            return _upgrade_v1(data)
+        return data
+
     @model_validator(mode="after")
     def _consistent(self) -> Manifest:
         by_path = {f.path: f for f in self.files}
@@ -139,9 +174,8 @@ class Manifest(_Strict):
 
     @property
     def mean_kl(self) -> float | None:
-        """Mean KL divergence from the source, whichever validation measured it (llama-perplexity or torch)."""
-        m = self.validation.metrics
-        return m.get("mean_kld", m.get("mean_kl"))
+        """Mean KL divergence from what the variant was measured against."""
+        return self.validation.figures.mean_kl if self.validation.figures else None
 
     def to_json(self) -> str:
         return json.dumps(self.model_dump(mode="json"), indent=2, sort_keys=True) + "\n"

@@ -22,6 +22,7 @@ from pipelines.chat_families import (
 from pipelines.errors import ArtifactError, ConfigError, UnsupportedModel
 from pipelines.fsutil import HashCache, write_text_atomic
 from pipelines.modelfile import Message, Modelfile, Parameter
+from pipelines.report import card_validation
 from pipelines.runner import run
 from pipelines.settings import Settings
 from pipelines.texts import data_lines
@@ -543,18 +544,10 @@ def model_card(gguf: Path, built: OllamaModelfile, report: dict[str, Any], entry
     repo = source.get("repo") or getattr(getattr(entry, "source", None), "repo", None)
     revision = source.get("revision") or getattr(getattr(entry, "source", None), "revision", None)
     qtype = (report.get("variant") or (report.get("gguf") or {}).get("file_type") or "").lower() or None
-    kld = report.get("kld") or {}
     name = getattr(entry, "name", None) or gguf.stem
     licence = getattr(entry, "license", None)
     sha = report.get("sha256") or HashCache(settings.home / "hashcache.json").sha256(gguf)
-    validation: dict[str, Any] = {"passed": report.get("passed")}
-    for key in ("mean_kld", "kld_p99", "same_top_pct", "dppl_pct", "ppl_q", "ppl_base", "ctx", "chunks"):
-        if key in kld:
-            validation[key] = kld[key]
-    if report.get("gate"):
-        validation["gate"] = report["gate"]
-    if report.get("failures"):
-        validation["failures"] = report["failures"]
+    validation = card_validation(report)
     front: dict[str, Any] = {}
     if repo:
         front["base_model"] = repo

@@ -18,7 +18,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import re
 import shutil
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
@@ -46,6 +45,7 @@ from pipelines.manifest import (
     save_manifest,
     stage_name,
 )
+from pipelines.report import Validation as Judged
 from pipelines.settings import Settings
 from pipelines.steps import VariantOutcome, content_key, load_dir_receipt, load_receipt
 from pipelines.toolchains import read_pins
@@ -129,18 +129,12 @@ class Registration:
     """Objects the remote lacked or held damaged, uploaded again by this registration."""
 
 
-_TIMING = re.compile(r"^(seconds|timings?|elapsed.*|.*_seconds|.*_s)$")
-
-
 def verdict(report: dict[str, Any]) -> dict[str, Any]:
-    """What a validation report decided and on which measurements, without its timings and paths."""
-    measured = report.get("kld") or report.get("metrics") or {}
-    return {
-        "passed": bool(report.get("passed", not report.get("failures"))),
-        "failures": list(report.get("failures") or []),
-        "gate": report.get("gate") or {},
-        "metrics": {k: v for k, v in measured.items() if not _TIMING.match(k)},
-    }
+    """What a validation report decided and on which figures (its validation block: no timings, no paths)."""
+    judged = Judged.of_report(report)
+    if judged is None:
+        raise FileNotFoundError("the validation report predates its validation block: rerun the build to validate again")
+    return judged.model_dump(mode="json")
 
 
 def gguf_recipe(plan: GGUFPlan, tag: str) -> dict[str, Any]:
@@ -227,7 +221,8 @@ def candidate_from_compressed(plan: CompressPlan, outcome: VariantOutcome) -> Ca
         report = json.loads(report_path.read_text(encoding="utf-8"))
     except (FileNotFoundError, ValueError):
         report = None
-    if receipt is None or report is None or receipt["tree_sha256"] != outcome.digest or not report.get("passed"):
+    judged = Judged.of_report(report) if report is not None else None
+    if receipt is None or judged is None or receipt["tree_sha256"] != outcome.digest or not judged.passed:
         raise FileNotFoundError(f"{outcome.path} or its report changed since it was validated: rerun `modelmint compress`")
     names = sorted(receipt["files"])
     weights = [n for n in names if n == "model.safetensors.index.json"] or [n for n in names if n.endswith(".safetensors")]
@@ -482,8 +477,6 @@ def _files_in_place(settings: Settings, c: Candidate, files: tuple[ArtifactFile,
 
 
 def _manifest(c: Candidate, tracked: Tracked, *, pushed: bool) -> Manifest:
-    # llama-perplexity's figures for a GGUF, the torch evaluation's for a compressed-tensors checkpoint
-    kld = c.report.get("kld") or c.report.get("metrics") or {}
     return Manifest(
         name=c.entry.name,
         tag=c.tag,
@@ -497,14 +490,7 @@ def _manifest(c: Candidate, tracked: Tracked, *, pushed: bool) -> Manifest:
         toolchain=c.toolchain,
         recipe=c.recipe,
         recipe_sha256=c.recipe_sha256,
-        validation=Validation(
-            passed=True,
-            metrics={k: float(v) for k, v in kld.items() if isinstance(v, int | float) and not isinstance(v, bool)},
-            gate=c.report.get("gate") or {},
-            failures=list(c.report.get("failures") or []),
-            smoke=c.report.get("smoke"),
-            report_sha256=c.report_sha256,
-        ),
+        validation=Validation(**verdict(c.report), smoke=c.report.get("smoke"), report_sha256=c.report_sha256),
         dvc=DvcRef(path=c.dvc_path, stage=c.stage, md5=tracked.md5, pushed=pushed),
         key=c.key,
         created_at=datetime.now(UTC).replace(microsecond=0),

@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from pipelines.errors import ConfigError, ToolError
 from pipelines.fsutil import sha256_file, write_text_atomic
+from pipelines.report import card_validation
 from pipelines.runner import run
 from pipelines.settings import Settings
 from pipelines.steps import content_key
@@ -195,7 +196,6 @@ def model_card(config: VllmServeConfig, report: dict[str, Any], entry: Any) -> s
     source = report.get("source") or {}
     repo, revision = source.get("repo"), source.get("revision")
     variant, scheme = report.get("variant"), report.get("scheme")
-    metrics = report.get("metrics") or {}
     modifiers = (report.get("recipe") or {}).get("modifiers") or []
     ignore = sorted({i for m in modifiers for i in (m.get("ignore") or [])})
     group = report.get("preflight") or {}
@@ -205,10 +205,7 @@ def model_card(config: VllmServeConfig, report: dict[str, Any], entry: Any) -> s
             f" (the scheme's own {group['allowed'][0]} does not divide every layer of this model)."
             if group.get("fell_back") else "."
         )
-    validation: dict[str, Any] = {"passed": report.get("passed")}
-    for key in ("mean_kl", "kl_p99", "top1_agreement", "ppl_source", "ppl", "ppl_ratio", "tokens"):
-        if isinstance(metrics.get(key), int | float):
-            validation[key] = float(f"{metrics[key]:.6g}") if isinstance(metrics[key], float) else metrics[key]
+    validation = card_validation(report)
     front: dict[str, Any] = {}
     if repo:
         front["base_model"] = repo
@@ -221,7 +218,7 @@ def model_card(config: VllmServeConfig, report: dict[str, Any], entry: Any) -> s
         "model_name": getattr(entry, "name", None),
         "quantization": {"format": report.get("format"), "scheme": scheme, "ignore": ignore,
                          **({"group_size": group["group_size"]} if group.get("group_size") else {})},
-        "validation": {**validation, "gate": report.get("gate") or {}},
+        "validation": validation,
         "modelmint": {
             "version": __version__,
             "source": {k: v for k, v in source.items() if k in ("kind", "repo", "revision", "content_sha256") and v},
@@ -232,7 +229,7 @@ def model_card(config: VllmServeConfig, report: dict[str, Any], entry: Any) -> s
         },
     })
     head = yaml.safe_dump(front, sort_keys=False, allow_unicode=True, width=100)
-    rows = "\n".join(f"| {k} | {v} |" for k, v in validation.items())
+    rows = "\n".join(f"| {k} | {v} |" for k, v in validation.items() if not isinstance(v, dict | list))
     origin = f"Quantized from [{repo}](https://huggingface.co/{repo}) at commit `{revision}` " if repo else "Quantized "
     return f"""---
 {head}---

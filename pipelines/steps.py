@@ -29,6 +29,7 @@ from typing import Any, Protocol
 
 from pipelines.errors import DiskFullError, ModelmintError, ToolchainMissing, ToolError
 from pipelines.fsutil import sha256_file, write_text_atomic
+from pipelines.report import Validation
 
 
 def content_key(*parts: Any) -> str:
@@ -211,12 +212,17 @@ class VariantOutcome:
     shards: list[Path] = field(default_factory=list)
 
     @property
+    def validation(self) -> Validation:
+        """The verdict and the figures it judged (the report's `validation` block)."""
+        return Validation.model_validate(self.report["validation"])
+
+    @property
     def passed(self) -> bool:
-        return bool(self.report.get("passed"))
+        return self.validation.passed
 
     @property
     def failures(self) -> list[str]:
-        return list(self.report.get("failures", []))
+        return list(self.validation.failures)
 
 
 # ---------------------------------------------------------------- what one build returns
@@ -332,7 +338,7 @@ def summary(
         "timings": result.timings,
         "variants": {
             n: {"path": str(v.path), "size_bytes": v.size_bytes, "passed": v.passed, "failures": v.failures,
-                "preflight": result.preflight.get(n), **per_variant(v)}
+                "validation": v.report.get("validation"), "preflight": result.preflight.get(n), **per_variant(v)}
             for n, v in result.variants.items()
         },
         "errors": {n: e.to_dict() for n, e in result.errors.items()},

@@ -12,8 +12,9 @@ from typing import Any
 from pipelines import chat_template
 from pipelines.errors import ArtifactError
 from pipelines.fsutil import atomic_output, write_text_atomic
-from pipelines.gates import GGUFGate
+from pipelines.gates import Gate
 from pipelines.gguf import GGUFInfo
+from pipelines.report import Figures, Validation
 from pipelines.runner import run
 from pipelines.toolchains import LlamaCpp
 
@@ -40,6 +41,12 @@ class KLDStats:
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "dppl_pct": round(self.dppl_pct, 4)}
 
+    def figures(self) -> Figures:
+        """These statistics as every format's figures (llama-perplexity scores the second half of each window,
+        less its last position)."""
+        return Figures.of(mean_kl=self.mean_kld, kl_p99=self.kld_p99, same_top_pct=self.same_top_pct,
+                          ppl_reference=self.ppl_base, ppl=self.ppl_q, tokens=self.chunks * (self.ctx - 1 - self.ctx // 2))
+
 
 @dataclass(frozen=True)
 class SmokeResult:
@@ -52,7 +59,7 @@ class SmokeResult:
 
 @dataclass
 class VariantReport:
-    """One JSON report per variant: what was measured, against what, and the verdict."""
+    """One JSON report per variant: what was measured, against what, and the verdict (`validation`)."""
 
     variant: str
     path: str
@@ -60,19 +67,18 @@ class VariantReport:
     gguf: dict[str, Any]
     smoke: dict[str, Any] | None
     kld: dict[str, Any]
-    gate: dict[str, Any]
-    failures: list[str]
+    """llama-perplexity's own figures, as it printed them."""
+    validation: Validation
     toolchain: dict[str, str]
     extra: dict[str, Any] = field(default_factory=dict)
-    passed: bool = field(init=False)
 
-    def __post_init__(self) -> None:
-        self.passed = not self.failures
+    @property
+    def passed(self) -> bool:
+        return self.validation.passed
 
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d.update(d.pop("extra"))
-        return d
+        d = {k: v for k, v in asdict(self).items() if k not in ("validation", "extra")}
+        return {**d, "validation": self.validation.model_dump(mode="json"), **self.extra}
 
     def write(self, path: Path) -> None:
         write_text_atomic(path, json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n")
@@ -237,19 +243,22 @@ def validate_variant(
     quant_info: GGUFInfo,
     reference: Path,
     base_logits: Path,
-    gate: GGUFGate,
+    gate: Gate,
     llama: LlamaCpp,
     *,
     threads: int,
     ctx: int,
     report_path: Path,
+    evaluation: dict[str, Any],
     smoke: bool = True,
     extra: dict[str, Any] | None = None,
 ) -> VariantReport:
-    """Measure `quant` against the reference logits, apply `gate`, and write the JSON report."""
+    """Measure `quant` against the reference logits, apply `gate`, and write the JSON report.
+
+    `evaluation` names the held-out text the reference logits were computed on (name, sha256, ctx, chunks).
+    """
     smoke_result = smoke_generate(quant, quant_info, llama, threads=threads) if smoke else None
     stats = kl_divergence(quant, base_logits, llama, threads=threads, ctx=ctx)
-    failures = gate.check(stats.mean_kld, stats.same_top_pct, stats.dppl_pct)
     report = VariantReport(
         variant=variant,
         path=str(quant),
@@ -257,8 +266,8 @@ def validate_variant(
         gguf=quant_info.to_dict(),
         smoke=asdict(smoke_result) if smoke_result else None,
         kld=stats.to_dict(),
-        gate=gate.to_dict(),
-        failures=failures,
+        validation=Validation.judge(format="gguf", reference=reference.name, evaluation=evaluation,
+                                    figures=stats.figures(), gate=gate),
         toolchain=llama.versions(),
         extra=extra or {},
     )

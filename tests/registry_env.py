@@ -176,6 +176,18 @@ def write_gguf(path: Path, *, seed: int = 0, mib: float = 0.25) -> Path:
     return path
 
 
+def judged(mean_kl: float, same_top_pct: float, *, ppl: tuple[float, float] = (10.0, 10.0), gate: Any = None,
+           fmt: str = "gguf") -> dict[str, Any]:
+    """A report's validation block with these figures (ppl: the reference's, the variant's), as JSON."""
+    from pipelines.gates import Gate
+    from pipelines.report import Figures, Validation
+
+    figures = Figures.of(mean_kl=mean_kl, same_top_pct=same_top_pct, ppl_reference=ppl[0], ppl=ppl[1], tokens=1008)
+    return Validation.judge(format=fmt, reference="tiny-qwen2-f16.gguf",  # type: ignore[arg-type]
+                            evaluation={"text": "eval.txt", "sha256": "e" * 64, "ctx": 128, "chunks": 16},
+                            figures=figures, gate=gate or Gate(0.15, 85.0, 1.15, "tiny")).model_dump(mode="json")
+
+
 def candidate(
     settings: Settings, tmp: Path, *, tag: str = "q4_k_m", seed: int = 0, name: str = "tiny-qwen2", mib: float = 0.25
 ) -> Any:
@@ -189,11 +201,8 @@ def candidate(
     out.mkdir(parents=True, exist_ok=True)
     gguf_path = write_gguf(out / f"{name}-{tag}.gguf", seed=seed, mib=mib)
     report = {
-        "variant": tag, "passed": True, "failures": [], "key": "0" * 64,
-        "kld": {"mean_kld": 0.0123, "kld_p99": None, "same_top_pct": 93.5, "ppl_q": 10.5, "ppl_base": 10.1,
-                "ctx": 128, "chunks": 16, "dppl_pct": 3.96},
-        "gate": {"max_mean_kld": 0.15, "min_same_top_pct": 85.0, "max_dppl_pct": 15.0, "basis": "tiny"},
-        "smoke": {"tokens_generated": 32},
+        "variant": tag, "key": "0" * 64, "smoke": {"tokens_generated": 32},
+        "validation": judged(0.0123, 93.5, ppl=(10.1, 10.5)),
     }
     report_path = out / f"{name}-{tag}.report.json"
     report_path.write_text(json.dumps(report))

@@ -32,7 +32,8 @@ from pipelines.compress import (
 )
 from pipelines.errors import ArtifactError, ConfigError, ToolError, UnsupportedModel
 from pipelines.fetch import read_safetensors_header
-from pipelines.gates import CompressedGate, compressed_gate
+from pipelines.gates import compressed_gate
+from pipelines.report import Figures
 from pipelines.runner import run
 from pipelines.serving import VllmServeConfig
 from pipelines.settings import Settings, project_root
@@ -140,9 +141,10 @@ def test_gates_follow_published_figures_and_reject_nan() -> None:
     assert fp8_large.max_ppl_ratio <= 1.02 and "99 %" in fp8_large.basis
     assert awq_large.max_ppl_ratio < awq_small.max_ppl_ratio and "0.5B" in awq_small.basis
     tiny = compressed_gate("awq", "tiny")
-    assert tiny.check(3e-5, 99.6, 1.002) == []
-    assert len(tiny.check(float("nan"), float("nan"), float("nan"))) == 3
-    assert isinstance(tiny, CompressedGate) and tiny.to_dict()["basis"].startswith("tiny")
+    assert tiny.check(Figures.of(mean_kl=3e-5, same_top_pct=99.6, ppl_reference=10.0, ppl=10.02)) == []
+    nan = float("nan")
+    assert len(tiny.check(Figures.of(mean_kl=nan, same_top_pct=nan, ppl_reference=10.0, ppl=nan))) == 3
+    assert tiny.to_dict()["basis"].startswith("tiny")
 
 
 def test_serve_config_round_trips_with_vllm_option_names(tmp_path: Path) -> None:

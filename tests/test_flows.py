@@ -138,7 +138,7 @@ def test_a_run_builds_validates_registers_and_publishes(project: Repo) -> None:
     assert "| q4_k_m |" in md and "✅ pass" in md and "`tiny-qwen2:q8_0`" in md
     rows = json.loads(found["convert-tiny-qwen2-variants"].data)
     assert {r["variant"]: r["gate"] for r in rows} == {"q4_k_m": "pass", "q8_0": "pass"}
-    assert all(r["mean_kld"] < r["max_mean_kld"] and r["sha256"] for r in rows)
+    assert all(r["mean_kl"] < r["max_mean_kl"] and r["sha256"] for r in rows)
     for step in ("fetch", "convert", "quantize-q4_k_m", "validate-q8_0", "register-q4_k_m", "publish-q8_0"):
         assert any(n.startswith(step) for n in names), (step, names)
 

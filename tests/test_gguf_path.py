@@ -57,9 +57,11 @@ def test_every_variant_is_checked_validated_and_gated(built) -> None:
         assert info.metadata["modelmint.variant"] == q
         assert "llama.cpp 0c1e570" in info.metadata["general.quantized_by"]
         report = json.loads(v.path.with_suffix(".report.json").read_text())
-        assert report["passed"] and report["sha256"] == v.digest
+        judged = report["validation"]
+        assert judged["passed"] and report["sha256"] == v.digest
         assert report["kld"]["chunks"] >= 8 and report["smoke"]["tokens_generated"] > 0
-        assert 0 < report["kld"]["mean_kld"] < report["gate"]["max_mean_kld"]
+        assert 0 < judged["figures"]["mean_kl"] == report["kld"]["mean_kld"] < judged["gate"]["max_mean_kl"]
+        assert judged["evaluation"]["text"] == "eval.txt" and judged["figures"]["tokens"] == report["kld"]["chunks"] * 63
     # Q8_0 is much closer to f16 than Q4_K_M: the measurement discriminates.
     k4 = result.variants["q4_k_m"].report["kld"]["mean_kld"]
     k8 = result.variants["q8_0"].report["kld"]["mean_kld"]
@@ -111,11 +113,12 @@ def test_a_broken_quant_fails_its_gate(built, tmp_path: Path) -> None:
         capture_output=True, text=True, env=_cli_env(settings.work_dir),
     )
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    assert "failed its quality gate" in proc.stderr and "mean KLD" in proc.stderr
+    assert "failed its quality gate" in proc.stderr and "mean KL" in proc.stderr
     # the advice fits the failure: a miss by orders of magnitude is a broken file, not a type a few bits short
     assert "broken" in proc.stderr and "Try a higher-bit type" not in proc.stderr
     report = json.loads(broken.with_suffix(".report.json").read_text())
-    assert not report["passed"] and report["kld"]["mean_kld"] > report["gate"]["max_mean_kld"]
+    judged = report["validation"]
+    assert not judged["passed"] and judged["figures"]["mean_kl"] > judged["gate"]["max_mean_kl"]
 
 
 def test_the_intact_quant_passes_the_same_cli_gate(built) -> None:

@@ -11,10 +11,12 @@ from pathlib import Path
 
 import pytest
 import yaml
+from registry_env import judged
 
 from pipelines.catalog import CatalogEntry
 from pipelines.chat_families import UnsupportedChatTemplate
 from pipelines.errors import ConfigError, UnsupportedModel
+from pipelines.gates import Gate
 from pipelines.modelfile import Modelfile, Parameter
 from pipelines.ollama import (
     DEFAULT_NUM_CTX,
@@ -90,9 +92,8 @@ def qwen_gguf(tmp_path: Path, llama_models: Path) -> Path:
 
 
 REPORT = {
-    "variant": "q8_0", "passed": True, "failures": [], "sha256": "ab" * 32,
-    "kld": {"mean_kld": 0.00123, "same_top_pct": 98.4, "dppl_pct": 0.31, "ctx": 128, "chunks": 16},
-    "gate": {"max_mean_kld": 0.01, "min_same_top_pct": 95.0, "max_dppl_pct": 2.0, "basis": "tiny"},
+    "variant": "q8_0", "sha256": "ab" * 32,
+    "validation": judged(0.00123, 98.4, ppl=(10.0, 10.031), gate=Gate(0.01, 95.0, 1.02, "tiny")),
     "source": {"kind": "hub", "repo": "Qwen/Qwen2.5-0.5B-Instruct",
                "revision": "7ae557604adf67be50417f59c2c2f167def9a775"},
     "toolchain": {"llama.cpp": "0c1e570"},
@@ -131,7 +132,7 @@ def test_publish_writes_a_modelfile_and_a_model_card(tmp_path: Path, qwen_gguf: 
     front = yaml.safe_load(card.split("---\n")[1])
     assert front["base_model"] == "Qwen/Qwen2.5-0.5B-Instruct"
     assert front["quantization"] == "q8_0" and front["license"] == "apache-2.0"
-    assert front["validation"]["mean_kld"] == 0.00123 and front["validation"]["passed"] is True
+    assert front["validation"]["mean_kl"] == 0.00123 and front["validation"]["passed"] is True
     assert front["modelmint"]["chat_family"] == "chatml"
     assert front["modelmint"]["template_proof"]["different"] == []
     assert "ollama create qwen2.5:q8_0 -f Modelfile" in card

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
-from registry_env import Repo, candidate, dvc, git, make_repo
+from registry_env import Repo, candidate, dvc, git, judged, make_repo
 
 import pipelines.dvcrepo
 from pipelines import dvcgen
@@ -84,7 +84,7 @@ def test_registration_records_lineage_hashes_and_dvc(repo: Repo, tmp_path: Path,
     m = done.manifest
     assert m.ref == "tiny-qwen2:q4_k_m" and m.sha256 == c.sha256 and m.size_bytes == c.size_bytes
     assert m.parent is not None and m.parent.artifact == "tiny-qwen2:f16"
-    assert m.validation.passed and m.validation.metrics["mean_kld"] == pytest.approx(0.0123)
+    assert m.validation.passed and m.validation.figures.mean_kl == pytest.approx(0.0123)
     assert m.dvc.path == "artifacts/tiny-qwen2/q4_k_m" and m.dvc.pushed and m.dvc.md5.endswith(".dir")
     # the blob is in the workspace, in dvc.lock, in the DVC cache and in the remote
     placed = repo.root / "artifacts/tiny-qwen2/q4_k_m/tiny-qwen2-q4_k_m.gguf"
@@ -373,7 +373,7 @@ def test_a_different_verdict_is_a_different_registration(repo: Repo, tmp_path: P
 
     settings = repo.settings()
     c = candidate(settings, tmp_path)
-    other = dataclasses.replace(c, report={**c.report, "kld": {**c.report["kld"], "mean_kld": 0.02}})
+    other = dataclasses.replace(c, report={**c.report, "validation": judged(0.02, 93.5, ppl=(10.1, 10.5))})
     assert other.key != c.key
     assert dataclasses.replace(c, toolchain={**c.toolchain, "llama.cpp": "other"}).key != c.key
     assert dataclasses.replace(c, source={**c.source, "content_sha256": "c" * 64}).key != c.key

@@ -73,7 +73,7 @@ def test_registered_fp8_and_awq_are_complete_checkpoints_with_serving_files(
         assert m.dvc.stage == f"compress@tiny-qwen2-{tag}" and m.dvc.pushed and m.dvc.md5 in locked
         assert m.parent is None and m.source.kind == "generated"
         assert m.recipe["recipe"]["scheme"] == scheme and m.toolchain["llmcompressor"] == "0.14.0.1"
-        assert m.validation.metrics["mean_kl"] <= m.validation.gate["max_mean_kl"]
+        assert m.validation.figures.mean_kl <= m.validation.gate["max_mean_kl"]
         d = repo.root / m.dvc.path
         files = {f.path: f for f in m.files}
         assert {"model.safetensors", "config.json", "tokenizer.json", "generation_config.json", RECIPE_FILE,
@@ -157,7 +157,8 @@ def test_a_variant_that_failed_its_gate_is_never_registered(isolated, tmp_path: 
     result = build_compressed(entry, settings, schemes=["fp8"])
     assert not result.tools_run  # found by its receipts
     good = result.variants["fp8"]
-    failed = dataclasses.replace(good, report={**good.report, "passed": False, "failures": ["mean KL 0.9 > 0.02"]})
+    failed = dataclasses.replace(good, report={**good.report, "validation": {**good.report["validation"], "passed": False,
+                                                                         "failures": ["mean KL 0.9 > 0.02"]}})
     with pytest.raises(GateFailed) as refused:
         candidate_from_compressed(result.plan, failed)
     # advice from what failed: fp8 is already the highest-bit scheme, so nothing higher is suggested
@@ -166,7 +167,8 @@ def test_a_variant_that_failed_its_gate_is_never_registered(isolated, tmp_path: 
     report = result.plan.report_path("fp8")
     original = report.read_text()
     try:
-        report.write_text(json.dumps({**json.loads(original), "passed": False}))
+        edited = json.loads(original)
+        report.write_text(json.dumps({**edited, "validation": {**edited["validation"], "passed": False}}))
         with pytest.raises(FileNotFoundError, match="rerun `modelmint compress`"):
             candidate_from_compressed(result.plan, good)
     finally:
@@ -194,5 +196,5 @@ def test_the_flow_registers_compressed_variants_like_gguf_ones(isolated, tmp_pat
     rows = json.loads(found["convert-tiny-qwen2-variants"].data)
     (row,) = rows
     assert row["format"] == "compressed-tensors" and row["registered"] == "tiny-qwen2:fp8"
-    assert row["mean_kld"] <= row["max_mean_kld"] and row["same_top_pct"] >= row["min_same_top_pct"]
+    assert row["mean_kl"] <= row["max_mean_kl"] and row["same_top_pct"] >= row["min_same_top_pct"]
     assert "`tiny-qwen2:fp8`" in found["convert-tiny-qwen2"].data

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from registry_env import Repo, artifacts, dvc, make_repo
+from registry_env import Repo, artifacts, dvc, judged, make_repo
 from wide_model import write_wide_model
 
 from pipelines.manifest import find_manifest, list_manifests
@@ -35,8 +35,7 @@ def test_the_summary_shows_every_variant_and_the_run_fails_at_the_end_with_each_
 
     gate = gguf_gate("q8_0", "tiny")
     def outcome(q: str, kld: float) -> VariantOutcome:
-        report = {"passed": not gate.check(kld, 99.9, 0.0), "failures": gate.check(kld, 99.9, 0.0),
-                  "gate": gate.to_dict(), "kld": {"mean_kld": kld, "same_top_pct": 99.9, "dppl_pct": 0.0}}
+        report = {"validation": judged(kld, 99.9, gate=gate)}
         return VariantOutcome(q, tmp_path / f"{q}.gguf", "0" * 64, 1, report, cached=False)
 
     refused = ShapeRefused("q4_k_m", "rows of 40", layers=["a"], works=[], hint="no llama.cpp type takes rows of 40")
@@ -47,7 +46,7 @@ def test_the_summary_shows_every_variant_and_the_run_fails_at_the_end_with_each_
     rows = {r["variant"]: r for r in result.rows({"q8_0": "m:q8_0"}, {})}
     assert list(rows) == ["q4_k_m", "q6_k", "q8_0"]
     assert rows["q8_0"] == {"variant": "q8_0", "built": "yes", "validated": "pass", "registered": "m:q8_0", "cause": ""}
-    assert rows["q6_k"]["validated"] == "FAIL" and rows["q6_k"]["cause"].startswith("gate: mean KLD")
+    assert rows["q6_k"]["validated"] == "FAIL" and rows["q6_k"]["cause"].startswith("gate: mean KL")
     assert rows["q4_k_m"]["built"] == "refused" and rows["q4_k_m"]["cause"] == "preflight: ShapeRefused: q4_k_m: rows of 40"
     assert result.rows()[0]["registered"] == "not asked"
     failure = result.failure()
@@ -77,7 +76,7 @@ def test_a_quant_type_llama_quantize_rejects_does_not_stop_the_others(
     # the summary names both: q8_0 built, validated and registered; tq1_0 built and failed its gate
     rows = {line.split("│")[1].strip(): line for line in done.stdout.splitlines() if line.count("│") >= 5}
     assert "tiny-qwen2:q8_0" in rows["q8_0"] and "pass" in rows["q8_0"] and "ok" in rows["q8_0"]
-    assert "FAIL" in rows["tq1_0"] and "gate: mean KLD" in rows["tq1_0"]
+    assert "FAIL" in rows["tq1_0"] and "gate: mean KL" in rows["tq1_0"]
     assert "1 of 2 variant(s) failed: tq1_0" in done.stderr and "Traceback" not in done.stderr
     m = find_manifest(repo.settings(), "tiny-qwen2:q8_0")
     assert m.validation.passed and m.dvc.pushed
@@ -120,7 +119,7 @@ def test_the_flow_registers_what_succeeded_and_fails_at_the_end_naming_the_rest(
     assert find_manifest(repo.settings(), "tiny-qwen2:q8_0").dvc.pushed
     rows = {r["variant"]: r for r in json.loads(found["convert-tiny-qwen2-variants"].data)}
     assert rows["q8_0"]["registered"] == "tiny-qwen2:q8_0" and rows["q8_0"]["gate"] == "pass" and not rows["q8_0"]["cause"]
-    assert rows["tq1_0"]["built"] == "yes" and rows["tq1_0"]["cause"].startswith("gate: mean KLD")
+    assert rows["tq1_0"]["built"] == "yes" and rows["tq1_0"]["cause"].startswith("gate: mean KL")
     assert rows["tq1_0"]["registered"] == "" and rows["tq1_0"]["validated"] == "FAIL"
     md = found["convert-tiny-qwen2"].data
     assert "| tq1_0 | yes |" in md and "`tiny-qwen2:q8_0`" in md

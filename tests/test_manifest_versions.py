@@ -1,0 +1,66 @@
+"""Manifests registered before the one validation block (schema version 1) still load, read as version 2.
+
+The fixtures under tests/data/ were written by the version-1 code (Manifest.to_json at schema_version 1): a
+GGUF variant with llama-perplexity's figures and a compressed-tensors one with the torch evaluation's.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from pipelines.errors import ManifestInvalid
+from pipelines.manifest import SCHEMA_VERSION, Manifest, load_manifest
+
+DATA = Path(__file__).parent / "data"
+
+
+def _old(name: str) -> dict:
+    raw = json.loads((DATA / name).read_text())
+    assert raw["schema_version"] == 1 and "metrics" in raw["validation"]  # the fixture is the old shape
+    return raw
+
+
+def test_a_version_1_gguf_manifest_reads_as_version_2() -> None:
+    m = load_manifest(DATA / "manifest-v1-gguf.json")
+    assert m.schema_version == SCHEMA_VERSION == 2
+    f = m.validation.figures
+    assert f is not None and f.mean_kl == 0.00151 and f.same_top_pct == 97.22 and f.kl_p99 == 0.0121
+    assert f.ppl_reference == 21.35 and f.ppl == 21.4 and f.ppl_ratio == pytest.approx(21.4 / 21.35)
+    assert f.tokens == 16 * 63  # llama-perplexity scores ctx - 1 - ctx/2 positions of each window
+    assert m.validation.gate == {"max_mean_kl": 0.005, "min_same_top_pct": 97.0, "max_ppl_ratio": 1.02,
+                                 "max_dppl_pct": 2.0, "basis": "tiny-model profile for q4_k_m"}
+    assert m.validation.format == "gguf" and m.validation.passed and m.validation.smoke["tokens_generated"] == 32
+    assert m.validation.report_sha256 == "9" * 64 and m.mean_kl == 0.00151
+
+
+def test_a_version_1_compressed_manifest_reads_as_version_2() -> None:
+    m = load_manifest(DATA / "manifest-v1-compressed.json")
+    f = m.validation.figures
+    assert f is not None and f.mean_kl == 0.00059 and f.same_top_pct == pytest.approx(99.3) and f.tokens == 2040
+    assert f.ppl_reference == 30.1 and f.dppl_pct == pytest.approx((30.12 / 30.1 - 1) * 100, abs=1e-4)
+    assert m.validation.gate["min_same_top_pct"] == 95.0 and m.validation.gate["max_ppl_ratio"] == 1.02
+    assert m.validation.format == "compressed-tensors" and m.parent is None
+
+
+def test_read_back_it_is_written_as_version_2_and_round_trips(tmp_path: Path) -> None:
+    for name in ("manifest-v1-gguf.json", "manifest-v1-compressed.json"):
+        m = load_manifest(DATA / name)
+        again = json.loads(m.to_json())
+        assert again["schema_version"] == 2 and "figures" in again["validation"] and "metrics" not in again["validation"]
+        assert Manifest.model_validate(again) == m
+
+
+def test_an_old_manifest_that_was_invalid_is_still_refused(tmp_path: Path) -> None:
+    raw = _old("manifest-v1-gguf.json")
+    raw["validation"]["failures"] = ["mean KLD 0.9 > 0.1"]  # a manifest exists only for a passed variant
+    bad = tmp_path / "tiny-qwen2" / "q4_k_m.json"
+    bad.parent.mkdir()
+    bad.write_text(json.dumps(raw))
+    with pytest.raises(ManifestInvalid, match="validation.failures"):
+        load_manifest(bad, tmp_path)
+    shutil.copy(DATA / "manifest-v1-gguf.json", bad)
+    assert load_manifest(bad, tmp_path).ref == "tiny-qwen2:q4_k_m"
