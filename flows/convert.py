@@ -11,6 +11,7 @@ Each task calls one pipelines step. What Prefect adds:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import re
@@ -31,9 +32,9 @@ from pipelines import register as reg
 from pipelines.build import GGUFPlan
 from pipelines.catalog import COMPRESSED_VARIANTS, GGUF_QUANT_TYPES, CatalogEntry, load_catalog
 from pipelines.errors import ConfigError, ModelmintError, ShapeRefused, VariantsFailed
+from pipelines.formats import FORMATS, Format, format_of, split_by_format
 from pipelines.fsutil import HashCache
 from pipelines.gates import gguf_gate
-from pipelines.manifest import format_of
 from pipelines.report import Validation
 from pipelines.settings import Settings
 from pipelines.steps import (
@@ -249,9 +250,9 @@ def convert(model: str, variants: list[str] | None = None, revision: str | None 
     """
     settings = Settings.from_env()
     entry = load_catalog(settings.catalog_path).get(model)
-    quants, schemes = split_variants(entry, variants)
+    by_format = split_variants(entry, variants)
     # Refuse before any work a variant that could not be registered (no dvc.yaml stage records it).
-    dvcrepo.require_stages(settings, entry.name, quants + schemes)
+    dvcrepo.require_stages(settings, entry.name, [v for asked in by_format.values() for v in asked])
     with get_client(sync_client=True) as client:
         ensure_limit(client, model_limit(model), 1)
     with slot(model_limit(model), prefect_home=settings.prefect_dir):
@@ -261,34 +262,21 @@ def convert(model: str, variants: list[str] | None = None, revision: str | None 
         header: list[str] = []
         # Each format, and inside it each variant, fails on its own: the others are still built, validated,
         # registered and reported; the run fails at the end, naming every failure and its cause.
-        if quants:
+        for name, asked in by_format.items():
+            if not asked:
+                continue
+            fmt = FORMATS[name]
             try:
-                header, gguf_result = _gguf(entry, settings, quants, revision)
+                lines, result = _BUILDS[name](entry, settings, asked, revision)
             except Exception as err:
                 if not variant_scoped(err):
                     raise
-                gguf_result = _all_failed(entry.name, quants, err)  # type: ignore[arg-type]
-            results.append(gguf_result)
-            if gguf_result.plan is not None:
-                plan = gguf_result.plan
+                lines, result = [], _all_failed(entry.name, asked, err)  # type: ignore[arg-type]
+            header += lines
+            results.append(result)
+            if result.plan is not None:
                 done, failed = _register_all(settings, {
-                    q: lambda q=q: reg.candidate_from_gguf(plan, gguf_result.variants[q]) for q in gguf_result.passed
-                })
-                registrations.update(done)
-                register_errors.update(failed)
-        if schemes:
-            try:
-                built = compress(entry.name, entry, settings, schemes, revision)
-            except Exception as err:
-                if not variant_scoped(err):
-                    raise
-                built = _all_failed(entry.name, schemes, err)  # type: ignore[arg-type]
-            results.append(built)
-            if built.plan is not None:
-                cplan = built.plan
-                header.append(f"compressed-tensors with llmcompressor {cplan.tc.version} from the same source")
-                done, failed = _register_all(settings, {
-                    v: lambda v=v: reg.candidate_from_compressed(cplan, built.variants[v]) for v in built.passed
+                    v: functools.partial(fmt.candidate, result.plan, result.variants[v]) for v in result.passed
                 })
                 registrations.update(done)
                 register_errors.update(failed)
@@ -313,15 +301,14 @@ def _all_failed(name: str, variants: list[str], err: ModelmintError) -> BuildRes
     return BuildResult(name, Path(), {}, {}, {}, [], errors=errors, asked=list(variants))
 
 
-def split_variants(entry: CatalogEntry, variants: list[str] | None) -> tuple[list[str], list[str]]:
-    """The GGUF quant types and compressed schemes a run builds: the catalog's, or the ones named.
+def split_variants(entry: CatalogEntry, variants: list[str] | None) -> dict[Format, list[str]]:
+    """The variants a run builds, by format: the catalog's, or the ones named.
 
     Raises:
-        ConfigError: a name that is neither, or nothing to build.
+        ConfigError: a name that is neither a GGUF quant type nor a compressed scheme, or nothing to build.
     """
     if variants is None:
-        gguf = entry.variants.gguf
-        return (list(gguf.quants) if gguf else []), list(entry.variants.compressed())
+        return {name: fmt.catalog_variants(entry) for name, fmt in FORMATS.items()}
     names = [v.strip().lower() for v in variants if v.strip()]
     unknown = [v for v in names if v not in GGUF_QUANT_TYPES and v not in COMPRESSED_VARIANTS]
     if unknown or not names:
@@ -329,7 +316,15 @@ def split_variants(entry: CatalogEntry, variants: list[str] | None) -> tuple[lis
             f"variants {unknown or variants} name no GGUF quant type or compressed scheme",
             hint=f"e.g. variants=[\"q4_k_m\", \"q8_0\"] or [\"fp8\"]; schemes: {sorted(COMPRESSED_VARIANTS)}",
         )
-    return [v for v in names if v in GGUF_QUANT_TYPES], [v for v in names if v in COMPRESSED_VARIANTS]
+    return split_by_format(names)
+
+
+def _compressed(
+    entry: CatalogEntry, settings: Settings, schemes: list[str], revision: str | None
+) -> tuple[list[str], BuildResult]:
+    result = compress(entry.name, entry, settings, schemes, revision)
+    tc = getattr(result.plan, "tc", None)
+    return ([f"compressed-tensors with llmcompressor {tc.version} from the same source"] if tc else []), result
 
 
 def _gguf(
@@ -430,7 +425,7 @@ def _publish_artifacts(
         done = registrations.get(v)
         rows.append({
             "variant": v,
-            "format": format_of(v),
+            "format": format_of(v).name,
             "built": st["built"],
             "validated": st["validated"],
             "size_mib": round(o.size_bytes / (1 << 20), 2) if o else None,
@@ -478,3 +473,11 @@ def _figures(report: dict[str, Any]) -> dict[str, Any]:
 
 def _num(v: Any, digits: int) -> str:
     return f"{v:.{digits}f}" if isinstance(v, int | float) else "-"
+
+
+_BUILDS: dict[Format, Callable[[CatalogEntry, Settings, list[str], str | None], tuple[list[str], BuildResult]]] = {
+    "gguf": _gguf,
+    "compressed-tensors": _compressed,
+}
+"""How the flow builds each format: the same steps as the library, one task each, with Prefect's caching."""
+

@@ -124,38 +124,10 @@ def convert(
     track: TrackOption = True,
 ) -> None:
     """Fetch, convert to f16, quantize and validate one catalog model (and register it, with --register)."""
-    from pipelines.build import build_gguf
-    from pipelines.catalog import load_catalog, parse_quants
+    from pipelines.catalog import parse_quants
 
-    settings = _settings()
-    entry = load_catalog(settings.catalog_path).get(name)
-    quants = parse_quants(variants) if variants is not None else None
-    if register:
-        from pipelines.dvcrepo import require_stages
-
-        spec = entry.variants.gguf
-        require_stages(settings, name, [q.lower() for q in (quants or (spec.quants if spec else []))])
-    result = build_gguf(
-        entry, settings, revision=revision, quants=quants, progress=lambda m: err.print(f"[dim]•[/dim] {m}")
-    )
-    if not as_json:
-        table = Table("variant", "size", "mean KL", "same top %", "ΔPPL %", "gate", "file", title=f"{name}")
-        for q, v in result.variants.items():
-            verdict = "[green]pass[/green]" if v.passed else "[red]FAIL[/red]: " + "; ".join(v.failures)
-            table.add_row(q, _mib(v.size_bytes), *_figure_cells(v.validation.figures), verdict, str(v.path))
-        out.print(table)
-        if not result.tools_run and not result.errors:
-            err.print("[dim]nothing changed: every step was cached[/dim]")
-    registered: dict[str, str] | None = None
-    register_errors: dict[str, Any] = {}
-    if register and result.plan is not None:
-        from pipelines.register import candidate_from_gguf
-
-        plan = result.plan
-        registered, register_errors = _register_passed(
-            settings, {q: lambda q=q: candidate_from_gguf(plan, result.variants[q]) for q in result.passed}, track
-        )
-    _finish(name, result, result.out_dir / "build.json", registered, register_errors, as_json)
+    _build_command(name, "gguf", parse_quants(variants) if variants is not None else None, revision=revision,
+                   as_json=as_json, register=register, track=track)
 
 
 @app.command()
@@ -172,77 +144,59 @@ def compress(
 ) -> None:
     """Compress one catalog model with llmcompressor (FP8, AWQ, …), validate it against the source (and
     register it, with --register)."""
+    from pipelines.compress import parse_schemes
+
+    _build_command(name, "compressed-tensors", parse_schemes(schemes) if schemes is not None else None,
+                   revision=revision, as_json=as_json, register=register, track=track, serve=serve)
+
+
+def _build_command(name: str, format_name: str, variants: list[str] | None, *, revision: str | None, as_json: bool,
+                   register: bool, track: bool, **options: Any) -> None:
+    """convert and compress: build, validate and (with --register) register one format's variants, then say
+    what became of each (pipelines.compose, the same composition for every format)."""
     from pipelines.catalog import load_catalog
-    from pipelines.compress import build_compressed, parse_schemes
+    from pipelines.compose import build_and_register
+    from pipelines.formats import FORMATS
 
     settings = _settings()
     entry = load_catalog(settings.catalog_path).get(name)
-    chosen = parse_schemes(schemes) if schemes is not None else None
-    if register:
-        from pipelines.dvcrepo import require_stages
-
-        require_stages(settings, name, chosen if chosen is not None else list(entry.variants.compressed()))
-    result = build_compressed(entry, settings, schemes=chosen, revision=revision, serve_smoke=serve,
-                              progress=lambda m: err.print(f"[dim]•[/dim] {m}"))
+    fmt = FORMATS[format_name]  # type: ignore[index]
+    run = build_and_register(fmt, entry, settings, variants=variants, revision=revision, register=register,
+                             track=track, progress=lambda m: err.print(f"[dim]•[/dim] {_escape(m)}", highlight=False),
+                             **options)
+    result = run.result
     if not as_json:
-        table = Table("variant", "scheme", "size", "mean KL", "same top %", "ΔPPL %", "serve", "gate", "checkpoint",
-                      title=name)
-        for v, o in result.variants.items():
-            s = o.report.get("serving")
-            served = "-" if s is None else ("skipped" if s.get("skipped") else ("ok" if s.get("ok") else "FAIL"))
-            verdict = "[green]pass[/green]" if o.passed else "[red]FAIL[/red]: " + _escape("; ".join(o.failures))
-            gs = (o.report.get("preflight") or {}).get("group_size")
-            table.add_row(v, o.report.get("scheme", "?") + (f" g{gs}" if gs else ""), _mib(o.size_bytes),
-                          *_figure_cells(o.validation.figures), served, verdict, str(o.path))
-        out.print(table)
+        out.print(_variants_table(name, result))
         if not result.tools_run and not result.errors:
             err.print("[dim]nothing changed: every step was cached[/dim]")
-    registered: dict[str, str] | None = None
-    register_errors: dict[str, Any] = {}
-    if register:
-        from pipelines.register import candidate_from_compressed
-
-        plan = result.plan
-        registered, register_errors = _register_passed(
-            settings, {v: lambda v=v: candidate_from_compressed(plan, result.variants[v]) for v in result.passed}, track
-        )
-    _finish(name, result, result.out_dir / "compress.json", registered, register_errors, as_json)
+    _finish(name, run, result.out_dir / fmt.summary_file, as_json)
 
 
-def _register_passed(
-    settings: Settings, candidates: dict[str, Any], track: bool
-) -> tuple[dict[str, str], dict[str, Any]]:
-    """Register each passing variant (`candidates`: variant → a function making its candidate); one whose
-    registration fails is reported and the others still go on. Returns the refs made and the errors met."""
-    from pipelines.register import register as register_variant
-    from pipelines.steps import VariantError, variant_scoped
-
-    refs: dict[str, str] = {}
-    errors: dict[str, VariantError] = {}
-    for v, make in candidates.items():
-        try:
-            done = register_variant(settings, make(), track_with_dvc=track, push=track)
-        except Exception as e:
-            if not variant_scoped(e):
-                raise
-            errors[v] = VariantError.of(v, "register", e)
-            err.print(f"[red]•[/red] {v} was not registered: {_escape(errors[v].cause)}", highlight=False)
-            continue
-        refs[v] = done.manifest.ref
-        state = "already registered" if not done.ran else "registered" + (" and pushed" if track else "")
-        if done.reuploaded:
-            state += f" (re-uploaded {len(done.reuploaded)} missing or damaged object(s) to the DVC remote)"
-        err.print(f"[dim]•[/dim] {done.manifest.ref} {state} → {done.path}")
-    return refs, errors
+def _variants_table(name: str, result: Any) -> Table:
+    """One row per measured variant: size, figures, verdict, where it is; a scheme and a serve column where the
+    format has them."""
+    reports = [o.report for o in result.variants.values()]
+    schemes, served = any("scheme" in r for r in reports), any(r.get("serving") is not None for r in reports)
+    table = Table("variant", *(["scheme"] if schemes else []), "size", "mean KL", "same top %", "ΔPPL %",
+                  *(["serve"] if served else []), "gate", "output", title=name)
+    for v, o in result.variants.items():
+        verdict = "[green]pass[/green]" if o.passed else "[red]FAIL[/red]: " + _escape("; ".join(o.failures))
+        cells = [v]
+        if schemes:
+            gs = (o.report.get("preflight") or {}).get("group_size")
+            cells.append(o.report.get("scheme", "?") + (f" g{gs}" if gs else ""))
+        cells += [_mib(o.size_bytes), *_figure_cells(o.validation.figures)]
+        if served:
+            s = o.report.get("serving")
+            cells.append("-" if s is None else ("skipped" if s.get("skipped") else ("ok" if s.get("ok") else "FAIL")))
+        table.add_row(*cells, verdict, str(o.path))
+    return table
 
 
-def _finish(
-    name: str, result: Any, summary_path: Path, registered: dict[str, str] | None, register_errors: dict[str, Any],
-    as_json: bool,
-) -> None:
+def _finish(name: str, run: Any, summary_path: Path, as_json: bool) -> None:
     """Print what became of every variant asked for (built, validated, registered, or the cause of its failure),
     then end with the failures, if any: non-zero only after every other variant was finished."""
-    rows = result.rows(registered, register_errors)
+    rows = run.rows()
     if as_json:
         out.print_json(json.dumps({**json.loads(summary_path.read_text()), "summary": rows}))
     else:
@@ -252,7 +206,7 @@ def _finish(
             table.add_row(r["variant"], r["built"], r["validated"], r["registered"],
                           "[green]ok[/green]" if ok else "[red]" + _escape(r["cause"]) + "[/red]")
         out.print(table)
-    failure = result.failure(register_errors)
+    failure = run.failure()
     if failure is not None:
         raise failure
 

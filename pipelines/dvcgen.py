@@ -11,8 +11,9 @@ from pathlib import Path
 import yaml
 
 from pipelines.catalog import Catalog
+from pipelines.formats import FORMATS
 from pipelines.fsutil import write_text_atomic
-from pipelines.manifest import STAGES, artifact_relpath, stage_name
+from pipelines.manifest import artifact_relpath, stage_name
 
 HEADER = """\
 # GENERATED from registry/catalog.yaml by `modelmint dvc-yaml`: edit the catalog, then regenerate.
@@ -49,7 +50,7 @@ def render(catalog: Catalog) -> str:
                 item = stage_name(entry.name, tag).split("@", 1)[1]
                 items[fmt][item] = {"model": entry.name, "tag": tag}
     stages = {
-        STAGES[fmt]: {
+        FORMATS[fmt].stage: {
             "foreach": items[fmt],
             "do": {
                 "cmd": cmd,

@@ -11,8 +11,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from pipelines.catalog import COMPRESSED_VARIANTS
 from pipelines.errors import ConfigError, ManifestInvalid, NotRegistered
+from pipelines.formats import Format, format_of
 from pipelines.fsutil import write_text_atomic
 from pipelines.gates import Gate
 from pipelines.report import Figures
@@ -28,9 +28,6 @@ _NAME = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-Format = Literal["gguf", "compressed-tensors"]
 
 
 class ArtifactFile(_Strict):
@@ -147,7 +144,10 @@ class Manifest(_Strict):
     @classmethod
     def _upgrade(cls, data: Any) -> Any:
         if isinstance(data, dict) and data.get("schema_version") == 1:
-            return _upgrade_v1(data)
+            try:
+                return _upgrade_v1(data)
+            except (KeyError, TypeError, ValueError, AttributeError) as err:
+                raise ValueError(f"a version-1 manifest whose validation cannot be read ({err!r})") from None
         return data
 
     @model_validator(mode="after")
@@ -164,8 +164,8 @@ class Manifest(_Strict):
             raise ValueError(f"dvc.path {self.dvc.path!r} is not {artifact_relpath(self.name, self.tag)!r}")
         if self.dvc.stage != stage_name(self.name, self.tag):
             raise ValueError(f"dvc.stage {self.dvc.stage!r} is not {stage_name(self.name, self.tag)!r}")
-        if self.format != format_of(self.tag):
-            raise ValueError(f"tag {self.tag!r} is a {format_of(self.tag)} variant, not {self.format}")
+        if self.format != format_of(self.tag).name:
+            raise ValueError(f"tag {self.tag!r} is a {format_of(self.tag).name} variant, not {self.format}")
         return self
 
     @property
@@ -186,25 +186,9 @@ def artifact_relpath(name: str, tag: str) -> str:
     return f"artifacts/{name}/{tag}"
 
 
-def format_of(tag: str) -> Format:
-    """What a variant tag builds: compressed-tensors for llmcompressor schemes (fp8, awq, …), else GGUF."""
-    return "compressed-tensors" if tag in COMPRESSED_VARIANTS else "gguf"
-
-
-def rebuild_command(name: str, tag: str) -> str:
-    """The command that builds, validates and registers (uploads) this variant again on a machine."""
-    if format_of(tag) == "gguf":
-        return f"modelmint convert {name} --variants {tag} --register"
-    return f"modelmint compress {name} --schemes {tag} --register"
-
-
-STAGES: dict[str, str] = {"gguf": "gguf", "compressed-tensors": "compress"}
-"""The dvc.yaml stage (its `foreach` items are name-tag) that builds each format."""
-
-
 def stage_name(name: str, tag: str) -> str:
     """The dvc.yaml stage whose output is that directory: gguf@qwen2.5-q4_k_m, compress@qwen2.5-fp8."""
-    return f"{STAGES[format_of(tag)]}@{name}-{tag}"
+    return f"{format_of(tag).stage}@{name}-{tag}"
 
 
 def parse_ref(ref: str) -> tuple[str, str]:

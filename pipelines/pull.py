@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import shutil
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,8 +19,9 @@ from pipelines.errors import (
     RegistryError,
     RemoteObjectMissing,
 )
+from pipelines.formats import format_of
 from pipelines.fsutil import HashCache, atomic_output
-from pipelines.manifest import Manifest, find_manifest, manifest_path, rebuild_command
+from pipelines.manifest import Manifest, find_manifest, manifest_path
 from pipelines.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -64,20 +64,7 @@ def pull(settings: Settings, ref: str, *, dest: Path | None = None, ollama: bool
     if not _holds(target, manifest, HashCache(settings.home / "hashcache.json")):
         _fetch_into(settings, manifest, target)
         fetched = True
-    result = PullResult(manifest, target, fetched)
-    if manifest.format == "compressed-tensors":
-        from pipelines.serving import serve_command
-
-        result.commands = [serve_command(target)]
-    elif result.modelfile is not None:
-        from pipelines.ollama import install_into_ollama, ollama_commands
-
-        if ollama and shutil.which("ollama"):
-            installed = install_into_ollama(result.modelfile, manifest.ref)
-            result.commands, result.ran_ollama, result.ollama_reply = installed.commands, installed.ran, installed.reply
-        else:
-            result.commands = ollama_commands(result.modelfile, manifest.ref)
-    return result
+    return PullResult(manifest, target, fetched, **format_of(manifest.tag).offer(target, manifest, ollama))
 
 
 def _holds(target: Path, manifest: Manifest, hashes: HashCache) -> bool:
@@ -111,7 +98,7 @@ def _fetch_into(settings: Settings, manifest: Manifest, target: Path) -> None:
             f"{manifest.ref}: {err.message}",
             objects=err.objects,
             hint=f"upload it again from the registering machine (`modelmint verify {manifest.ref} --repair`) or from "
-            f"a machine that has the build (`{rebuild_command(manifest.name, manifest.tag)}`), then rerun the pull",
+            f"a machine that has the build (`{format_of(manifest.tag).rebuild_command(manifest.name, manifest.tag)}`), then rerun the pull",
         ) from err
     cache = dvcrepo.cache_dir(settings)
     listing = dvcrepo.dir_listing(cache, locked.md5)
@@ -143,7 +130,7 @@ def _fetch_into(settings: Settings, manifest: Manifest, target: Path) -> None:
                 # The cached object is not even what its DVC name says (a damaged remote or cache): drop it so
                 # that the next pull downloads it again instead of trusting it.
                 obj.unlink(missing_ok=True)
-                raise BlobMismatch(manifest.ref, f.path, f.sha256, actual, rebuild=rebuild_command(manifest.name, manifest.tag))
+                raise BlobMismatch(manifest.ref, f.path, f.sha256, actual, rebuild=format_of(manifest.tag).rebuild_command(manifest.name, manifest.tag))
 
 
 def _shown(settings: Settings, manifest: Manifest) -> str:

@@ -28,18 +28,17 @@ from pipelines import __version__, dvcrepo
 from pipelines.build import GGUFPlan
 from pipelines.catalog import CatalogEntry
 from pipelines.errors import DiskFullError, GateFailed, ManifestInvalid
+from pipelines.formats import Format, format_of
 from pipelines.fsutil import HashCache, atomic_output, clean_partials, disk_full_located, is_full
 from pipelines.gates import advice_for_report
 from pipelines.manifest import (
     ArtifactFile,
     DvcRef,
-    Format,
     Manifest,
     ParentRef,
     SourceRef,
     Validation,
     artifact_relpath,
-    format_of,
     load_manifest,
     manifest_path,
     save_manifest,
@@ -84,7 +83,7 @@ class Candidate:
 
     @property
     def format(self) -> Format:
-        return format_of(self.tag)
+        return format_of(self.tag).name
 
     @property
     def recipe_sha256(self) -> str:
@@ -272,10 +271,7 @@ def place(settings: Settings, c: Candidate) -> tuple[ArtifactFile, ...]:
                 out = tmp / c.placed_as(f)
                 out.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copyfile(f, out)
-            if c.format == "gguf":
-                write_ollama_files(settings, c, tmp / c.files[0].name)
-            else:
-                write_vllm_files(c, tmp)
+            format_of(c.tag).publish(settings, c, tmp)
     return _describe(settings, dest)
 
 
@@ -417,29 +413,6 @@ def register(settings: Settings, c: Candidate, *, track_with_dvc: bool = True, p
 
 
 # ---------------------------------------------------------------- helpers
-
-
-def write_ollama_files(settings: Settings, c: Candidate, gguf: Path) -> list[Path]:
-    """The Modelfile and the model card, written next to the GGUF by pipelines.ollama (the publish step).
-
-    They are part of the DVC-tracked directory, so a pull places them side by side with the GGUF; the
-    Modelfile names the GGUF relatively (`FROM ./<file>.gguf`), so the directory can be renamed and moved.
-    """
-    from pipelines.ollama import publish_ollama
-
-    # The report as its JSON file has it (sorted keys): the same variant must give the same bytes whether
-    # its report was just measured or read back, or the directory's DVC hash would change on every rerun.
-    report = json.loads(json.dumps(c.report, sort_keys=True))
-    return publish_ollama(gguf, c.source_dir, report, c.entry, gguf.parent, settings=settings).paths
-
-
-def write_vllm_files(c: Candidate, out_dir: Path) -> list[Path]:
-    """The portable vLLM serve config and the model card, written into the placed checkpoint directory."""
-    from pipelines.compress import served_name
-    from pipelines.serving import publish_vllm
-
-    assert c.root is not None, "a compressed-tensors candidate names its checkpoint directory"
-    return publish_vllm(c.root, out_dir, c.report, c.entry, served_name(c.entry.name, c.tag))
 
 
 def _remove_stale_partials(dest: Path) -> None:

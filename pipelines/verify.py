@@ -6,7 +6,8 @@ from dataclasses import dataclass, field
 
 from pipelines import dvcrepo
 from pipelines.errors import ManifestInvalid, RegistryError, RemoteIntegrityError
-from pipelines.manifest import Manifest, find_manifest, list_manifests, rebuild_command
+from pipelines.formats import format_of
+from pipelines.manifest import Manifest, find_manifest, list_manifests
 from pipelines.settings import Settings
 
 
@@ -46,7 +47,7 @@ class VerifyResult:
         if bad:
             problems = [f"{a.ref}: {p}" for a in bad for p in a.problems] + invalid
             return RemoteIntegrityError(problems, [a.ref for a in bad],
-                                        [rebuild_command(a.manifest.name, a.manifest.tag) for a in bad])
+                                        [format_of(a.manifest.tag).rebuild_command(a.manifest.name, a.manifest.tag) for a in bad])
         if invalid:
             return RegistryError(f"{len(invalid)} manifest(s) could not be checked:\n" + "\n".join(invalid),
                                  hint=self.invalid[0].hint)

@@ -23,12 +23,10 @@ from pipelines.compress import (
     build_compressed,
     check_structure,
     evaluate,
-    gate_report,
-    load_dir_receipt,
+    figures_of,
     parse_schemes,
     quantize,
     recipe_for,
-    write_dir_receipt,
 )
 from pipelines.errors import ArtifactError, ConfigError, ToolError, UnsupportedModel
 from pipelines.fetch import read_safetensors_header
@@ -37,6 +35,7 @@ from pipelines.report import Figures
 from pipelines.runner import run
 from pipelines.serving import VllmServeConfig
 from pipelines.settings import Settings, project_root
+from pipelines.steps import load_dir_receipt, write_dir_receipt
 from pipelines.toolchains import llmcompressor
 
 CATALOG = project_root() / "registry" / "catalog.yaml"
@@ -278,7 +277,7 @@ def test_zeroed_scales_fail_the_gate(built, tmp_path: Path) -> None:
     measured = evaluate(result.plan.snapshot.path, broken, llmcompressor(settings), settings=settings, sample=False)
     for v in broken:
         metrics = measured["variants"][v]
-        failures = gate_report(metrics, result.plan.gate(v))
+        failures = result.plan.gate(v).check(figures_of(metrics))
         print(f"{v} with zeroed scales: KL {metrics['mean_kl']:.3g}  top-1 {metrics['top1_agreement']:.4f}  "
               f"ppl ratio {metrics['ppl_ratio']:.4f}  → {failures}")
         assert len(failures) == 3, failures

@@ -60,7 +60,7 @@ def test_an_old_manifest_that_was_invalid_is_still_refused(tmp_path: Path) -> No
     bad = tmp_path / "tiny-qwen2" / "q4_k_m.json"
     bad.parent.mkdir()
     bad.write_text(json.dumps(raw))
-    with pytest.raises(ManifestInvalid, match="validation.failures"):
+    with pytest.raises(ManifestInvalid, match=r"validation\.failures"):
         load_manifest(bad, tmp_path)
     shutil.copy(DATA / "manifest-v1-gguf.json", bad)
     assert load_manifest(bad, tmp_path).ref == "tiny-qwen2:q4_k_m"

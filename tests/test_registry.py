@@ -147,7 +147,8 @@ def _valid_manifest_dict(settings, tmp_path: Path) -> dict:
         (lambda m: m.update(size_bytes=m["size_bytes"] + 1), "differ"),
         (lambda m: m["dvc"].update(path="artifacts/other/q4_k_m"), "dvc.path"),
         (lambda m: m["files"][0].update(path="../escape.gguf"), "inside the artifact directory"),
-        (lambda m: m.update(schema_version=2), "schema_version"),
+        (lambda m: m.update(schema_version=3), "schema_version"),
+        (lambda m: m.update(schema_version=1), "version-1 manifest whose validation cannot be read"),
     ],
 )
 def test_a_manifest_edited_into_an_invalid_state_is_refused(isolated, tmp_path: Path, edit, complaint) -> None:
@@ -339,8 +340,7 @@ def _rebuilt_elsewhere(settings, c, where: Path, seconds: float):  # type: ignor
     return dataclasses.replace(c, files=tuple(files), report=report, report_sha256=sha256_file(report_path))
 
 
-def test_rebuilding_the_same_bytes_elsewhere_leaves_the_manifest_unchanged(repo: Repo, tmp_path: Path,
-                                                                          monkeypatch) -> None:
+def test_rebuilding_the_same_bytes_elsewhere_leaves_the_manifest_unchanged(repo: Repo, tmp_path: Path) -> None:
     settings = repo.settings()
     first = _rebuilt_elsewhere(settings, candidate(settings, tmp_path / "c"), tmp_path / "work-a", 1.25)
     done = register(settings, first)
@@ -351,13 +351,12 @@ def test_rebuilding_the_same_bytes_elsewhere_leaves_the_manifest_unchanged(repo:
     assert again.key == first.key
     second = register(settings, again)
     assert not second.ran and path.read_bytes() == before and second.manifest == done.manifest
-    # the same through the CLI's words
-    from pipelines import cli
+    # the same through the words convert/compress print (pipelines.compose)
+    from pipelines.compose import register_passed
 
     lines: list[str] = []
-    monkeypatch.setattr(cli.err, "print", lambda m, **kw: lines.append(str(m)))
-    cli._register_passed(settings, {first.tag: lambda: _rebuilt_elsewhere(settings, first, tmp_path / "work-c", 3.0)}, True)
-    monkeypatch.undo()
+    register_passed(settings, {first.tag: lambda: _rebuilt_elsewhere(settings, first, tmp_path / "work-c", 3.0)},
+                    say=lines.append)
     assert "already registered" in lines[0] and path.read_bytes() == before
     # with its workspace copy gone (a fresh clone that registers the same build): placed and pushed again,
     # and still the same manifest, byte for byte

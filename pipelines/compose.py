@@ -1,0 +1,93 @@
+"""Build → validate → register, once, for every format: what `modelmint convert` and `modelmint compress` run.
+
+The Prefect flow (flows/convert.py) runs the same steps, one task each so the UI shows them, and adds only what
+Prefect adds: cache keys that skip a finished task without calling it, retries of transient failures,
+concurrency slots, and the run's artifacts. The receipts (pipelines/steps.py) are the truth about what is
+finished: a step whose receipt matches is skipped whether the CLI or the flow asks, and Prefect's cache is only a
+faster way to the same answer (a cached task whose output is gone is run again).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from pipelines.catalog import CatalogEntry
+from pipelines.errors import ModelmintError
+from pipelines.formats import ArtifactFormat
+from pipelines.settings import Settings
+from pipelines.steps import BuildResult, VariantError, variant_scoped
+
+
+@dataclass
+class Run:
+    """One format's build of one catalog entry, and what became of its registration (when asked for)."""
+
+    result: BuildResult
+    registered: dict[str, str] | None = None
+    """Variant → registry ref; None when registration was not asked for."""
+    register_errors: dict[str, VariantError] = field(default_factory=dict)
+
+    def rows(self) -> list[dict[str, str]]:
+        return self.result.rows(self.registered, self.register_errors)
+
+    def failure(self) -> ModelmintError | None:
+        return self.result.failure(self.register_errors)
+
+
+def register_passed(
+    settings: Settings, candidates: dict[str, Callable[[], Any]], *, track: bool = True,
+    say: Callable[[str], None] = lambda _msg: None,
+) -> tuple[dict[str, str], dict[str, VariantError]]:
+    """Register each passing variant (`candidates`: variant → a function making its candidate); one whose
+    registration fails is reported and the others still go on. Returns the refs made and the errors met."""
+    from pipelines.register import register
+
+    refs: dict[str, str] = {}
+    errors: dict[str, VariantError] = {}
+    for v, make in candidates.items():
+        try:
+            done = register(settings, make(), track_with_dvc=track, push=track)
+        except Exception as e:
+            if not variant_scoped(e):
+                raise
+            errors[v] = VariantError.of(v, "register", e)  # type: ignore[arg-type]
+            say(f"{v} was not registered: {errors[v].cause}")
+            continue
+        refs[v] = done.manifest.ref
+        state = "already registered" if not done.ran else "registered" + (" and pushed" if track else "")
+        if done.reuploaded:
+            state += f" (re-uploaded {len(done.reuploaded)} missing or damaged object(s) to the DVC remote)"
+        say(f"{done.manifest.ref} {state} → {done.path}")
+    return refs, errors
+
+
+def build_and_register(
+    fmt: ArtifactFormat, entry: CatalogEntry, settings: Settings, *, variants: list[str] | None = None,
+    revision: str | None = None, register: bool = False, track: bool = True,
+    progress: Callable[[str], None] = lambda _msg: None, **options: Any,
+) -> Run:
+    """Build and validate `entry`'s variants of format `fmt` (the catalog's, or `variants`), then register the
+    ones that passed when `register` is set (with DVC and a push when `track` is set).
+
+    With `register`, every variant must have its dvc.yaml stage before any work starts. Every variant is finished
+    before the run reports the failures of the others (`Run.failure`).
+
+    Raises:
+        RegistryError: `register` is set and a variant has no dvc.yaml stage (before any work).
+        ConfigError, SourceError, ToolchainMissing, DiskFullError: what stops every variant alike.
+    """
+    if register:
+        from pipelines.dvcrepo import require_stages
+
+        require_stages(settings, entry.name, variants if variants is not None else fmt.catalog_variants(entry))
+    result = fmt.build(entry, settings, variants=variants, revision=revision, progress=progress, **options)
+    if not register or result.plan is None:
+        return Run(result)
+    plan = result.plan
+    refs, errors = register_passed(
+        settings, {v: (lambda v=v: fmt.candidate(plan, result.variants[v])) for v in result.passed}, track=track,
+        say=progress,
+    )
+    return Run(result, refs, errors)
