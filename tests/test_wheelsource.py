@@ -213,6 +213,7 @@ def test_a_wheel_without_the_named_gguf_lists_the_ones_it_has(tmp_path: Path, in
     ("version", ">=0.1", "must be one exact release"),
     ("gguf", "../evil.gguf", "must be a relative path to a .gguf file inside the wheel"),
     ("provenance", "x" * 121, "at most 120 characters"),
+    ("architecture", "qwen2", "llama"),
 ])
 def test_the_catalog_refuses_a_loose_pin(tmp_path: Path, field: str, value: str, message: str) -> None:
     from pipelines.catalog import load_catalog
@@ -224,6 +225,15 @@ def test_the_catalog_refuses_a_loose_pin(tmp_path: Path, field: str, value: str,
     path.write_text(yaml.safe_dump({"models": [raw]}))
     with pytest.raises(ConfigError, match=message):
         load_catalog(path)
+
+
+def test_the_catalog_allows_exactly_the_architectures_the_rebuild_checks() -> None:
+    from typing import get_args
+
+    from pipelines.catalog import WheelSource
+    from pipelines.wheelsource import REBUILD_ARCHITECTURES
+
+    assert set(get_args(WheelSource.model_fields["architecture"].annotation)) == REBUILD_ARCHITECTURES
 
 
 def test_the_command_line_says_what_failed_and_what_to_run(tmp_path: Path) -> None:
