@@ -206,7 +206,7 @@ def test_sigkill_at_each_step_leaves_only_partials_and_the_rerun_resumes(catalog
     assert _nothing_half_written(out_dir) == []  # the killed runs' partials were cleaned up
     _assert_reused(before, out_dir)
     assert all((out_dir / s.output).is_file() for s in STEPS)
-    assert json.loads((out_dir / f"{NAME}-{QUANT}.report.json").read_text())["passed"]
+    assert json.loads((out_dir / f"{NAME}-{QUANT}.report.json").read_text())["validation"]["passed"]
 
 
 # ---------------------------------------------------------------- a full disk at each step
