@@ -297,6 +297,76 @@ def pull(
             out.print("  " + shlex.join(argv), highlight=False, soft_wrap=True)
 
 
+@app.command("plan")
+def plan_cmd(
+    ctx: typer.Context,
+    target: Annotated[str | None, typer.Argument(help="a registered name:tag (pulled), a .gguf, or a checkpoint "
+                                                      "directory")] = None,
+    gpus: Annotated[str | None, typer.Option(help="the GPUs: 4xRTX4090-24G, 2x8xH100-80G (nodes x GPUs), "
+                                                  "1x8xA800-80G+1x8xL20-48G (mixed)")] = None,
+    context: Annotated[int | None, typer.Option(help="tokens per sequence (default: the model's maximum)")] = None,
+    concurrency: Annotated[int, typer.Option(min=1, help="sequences served at once")] = 1,
+    kv_cache_dtype: Annotated[str, typer.Option(help="auto (the model's), fp8")] = "auto",
+    as_json: Annotated[bool, typer.Option("--json", help="print the plans as JSON")] = False,
+    list_gpus: Annotated[bool, typer.Option("--list-gpus", help="list the known GPU profiles")] = False,
+) -> None:
+    """Plan how to serve a model on the GPUs you have: tensor / pipeline parallel, replicas, per-GPU memory,
+    max_model_len and max_num_seqs, with one line of reasoning per choice."""
+    import dataclasses
+
+    from pipelines import planner
+
+    if list_gpus:
+        table = Table("GPU", Column("GiB", justify="right"), Column("GB/s", justify="right"), "compute", "FP8",
+                      "interconnect", "node label")
+        for g in planner.known_gpus().values():
+            table.add_row(g.name, f"{g.memory_gib:g}", f"{g.bandwidth_gbs:g}", g.compute_capability,
+                          "yes" if g.fp8_compute else "no", g.interconnect, g.node_label)
+        out.print(table)
+        return
+    if target is None and gpus is None:
+        out.print(ctx.get_help(), highlight=False)  # nothing asked: how to ask
+        return
+    if target is None or gpus is None:
+        raise ConfigError("plan needs what to serve and the GPUs",
+                          hint="modelmint plan NAME:TAG --gpus 4xRTX4090-24G (`modelmint plan --list-gpus` lists them)")
+    if kv_cache_dtype not in planner.KV_BYTES:
+        raise ConfigError(f"unknown --kv-cache-dtype {kv_cache_dtype!r}", hint=f"one of {', '.join(planner.KV_BYTES)}")
+    path = Path(target)
+    if not path.exists() and ":" in target:
+        from pipelines.manifest import find_manifest
+
+        settings = _settings()
+        m = find_manifest(settings, target)
+        path = settings.repo_dir / m.dvc.path
+        path = path / m.file if m.format == "gguf" else path
+        if not path.exists():
+            raise ConfigError(f"{target} is registered but not in this checkout ({path})",
+                              hint=f"modelmint pull {target}")
+    what = planner.served(path)
+    ask = planner.Ask(what.weights_bytes, what.shape, context=context, concurrency=concurrency,
+                      kv_dtype=kv_cache_dtype, fp8_weights=what.fp8_weights)
+    plans = planner.plan(ask, planner.parse_cluster(gpus))
+    if as_json:
+        out.print_json(json.dumps([{**dataclasses.asdict(p), "group": str(p.group)} for p in plans], default=str))
+        return
+    gib = 1 << 30
+    for p in plans:
+        out.print(f"[bold]{p.group}[/bold]: TP {p.tp} × PP {p.pp}, {p.replicas} replica(s); max_model_len "
+                  f"{p.max_model_len}, max_num_seqs {p.max_num_seqs}, KV {p.kv_bytes_per_token:,} B per token per GPU",
+                  highlight=False)
+        table = Table("per GPU", *(Column(c, justify="right") for c in
+                                   ("total", "usable", "weights", "activations", "KV pool", "headroom")))
+        mm = p.memory
+        table.add_row(p.group.gpu.name, *(f"{x / gib:.1f} GiB" for x in
+                                          (mm.total, mm.usable, mm.weights, mm.activations, mm.kv_pool, mm.headroom)))
+        out.print(table)
+        for r in p.reasons:
+            out.print(f"  • {r}", highlight=False)
+        for w in p.warnings:
+            err.print(f"[yellow]warning:[/yellow] {_escape(w)}", highlight=False)
+
+
 @app.command("verify")
 def verify_cmd(
     refs: Annotated[list[str] | None, typer.Argument(help="name:tag … (default: every registered artifact)")] = None,

@@ -66,7 +66,7 @@ def test_the_package_builds_without_setuptools_warnings_and_carries_its_data(tmp
     assert not noise, "\n".join(noise)
     (wheel,) = tmp_path.glob("modelmint-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
-    for f in ("pipelines/data/train.txt", "pipelines/data/eval.txt", "pipelines/gorender/main.go",
+    for f in ("pipelines/data/train.txt", "pipelines/data/eval.txt", "pipelines/data/gpus.yaml", "pipelines/gorender/main.go",
               "pipelines/gorender/go.mod"):
         assert f in names
 

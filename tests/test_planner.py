@@ -1,0 +1,256 @@
+"""The serving planner against the deployment handbooks' worked cases (../shared/notes/handbook-scenarios.md) and
+the rules every plan must keep, swept over models, GPUs and contexts."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pipelines.errors import ConfigError
+from pipelines.fetch import read_safetensors_header
+from pipelines.planner import (
+    GIB,
+    Ask,
+    NodeGroup,
+    PlanRefused,
+    gpu,
+    known_gpus,
+    parse_cluster,
+    plan,
+    plan_group,
+    served,
+    shape_of,
+)
+
+QWEN25_7B = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "num_hidden_layers": 28,
+             "num_attention_heads": 28, "num_key_value_heads": 4, "hidden_size": 3584,
+             "max_position_embeddings": 32768}
+QWEN25_32B = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "num_hidden_layers": 64,
+              "num_attention_heads": 40, "num_key_value_heads": 8, "hidden_size": 5120,
+              "max_position_embeddings": 32768}
+# a 40B-class dense model: 80 GiB of weights in FP16, 64 layers, 64 heads / 8 KV heads
+DENSE_80G = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "num_hidden_layers": 64,
+             "num_attention_heads": 64, "num_key_value_heads": 8, "hidden_size": 8192,
+             "max_position_embeddings": 8192}
+
+
+def _gpu40() -> NodeGroup:
+    return NodeGroup(1, 4, gpu("A100-40G"))
+
+
+def test_kv_bytes_per_token_is_the_handbooks_worked_check() -> None:
+    # Qwen2.5-7B: 28 layers, 4 KV heads, head dim 128, bf16 = 57,344 B per token
+    shape = shape_of(QWEN25_7B)
+    assert shape.head_dim == 128 and shape.kv_bytes_per_token() == 57_344
+    assert shape.kv_bytes_per_token(kv_dtype="fp8") == 28_672
+    # TP splits the KV heads; vLLM takes only sizes that divide the heads and divide or are divided by the KV heads
+    assert shape.kv_bytes_per_token(tp=2) == 57_344 // 2 and shape.kv_bytes_per_token(tp=4) == 57_344 // 4
+    assert shape.tp_sizes(8) == [1, 2, 4]  # 7 divides the 28 heads but not the 4 KV heads
+    # more ranks than KV heads: each rank still holds one (replicated), never less
+    few_kv = shape_of({**QWEN25_7B, "num_attention_heads": 32, "num_key_value_heads": 2, "hidden_size": 4096})
+    assert few_kv.tp_sizes(8) == [1, 2, 4, 8] and few_kv.kv_bytes_per_token(tp=8) == 2 * 28 * 1 * 128 * 2
+    # PP: each stage holds only its own layers' KV
+    assert shape.kv_bytes_per_token(pp=2) == 57_344 // 2
+
+
+def test_an_80_gib_model_on_4_x_40_gib_is_tp_4_with_16_gib_of_kv_pool_per_gpu() -> None:
+    shape = shape_of(DENSE_80G)
+    # the handbook's accounting (no activation reserve): 40 × 0.9 − 20 = 16 GiB per GPU
+    p = plan_group(Ask(80 * GIB, shape, context=8192, activation_share=0.0), _gpu40())
+    assert (p.tp, p.pp, p.replicas) == (4, 1, 1)
+    assert p.memory.weights == 20 * GIB and p.memory.kv_pool == 16 * GIB
+    # modelmint's default also keeps 25 % of the weights for activations: 11 GiB
+    p = plan_group(Ask(80 * GIB, shape, context=8192), _gpu40())
+    assert p.memory.activations == 5 * GIB and p.memory.kv_pool == 11 * GIB
+    # what the pool holds: 11 GiB / (8192 tokens × 64 layers × K and V × 2 KV heads per rank × 128 × 2 B)
+    assert p.max_num_seqs == (11 * GIB) // (8192 * 64 * 2 * 2 * 128 * 2) == 22
+    assert any("tensor parallel 4" in r for r in p.reasons)
+
+
+def test_qwen25_32b_in_fp16_is_64_gib_of_weights_and_16_of_activations() -> None:
+    shape = shape_of(QWEN25_32B)
+    p = plan_group(Ask(64 * GIB, shape, context=8192), NodeGroup(1, 4, gpu("A100-40G")))
+    # TP 2 would hold 32 + 8 GiB per GPU: more than 40 × 0.9; TP 4 holds 16 + 4
+    assert (p.tp, p.pp, p.replicas) == (4, 1, 1)
+    assert p.memory.weights * 4 == 64 * GIB and p.memory.activations * 4 == 16 * GIB
+    on_80 = plan_group(Ask(64 * GIB, shape, context=8192), NodeGroup(1, 4, gpu("H100-80G")))
+    assert (on_80.tp, on_80.replicas) == (2, 2)  # four 80 GiB GPUs hold two TP-2 replicas
+
+
+def test_two_nodes_of_2_x_40_gib_get_tp_2_inside_each_node_and_pp_2_across() -> None:
+    shape = shape_of(DENSE_80G)
+    p = plan_group(Ask(80 * GIB, shape, context=4096), NodeGroup(2, 2, gpu("A100-40G")))
+    assert (p.tp, p.pp) == (2, 2) and p.multi_node and p.memory.weights == 20 * GIB
+    assert any("pipeline parallel 2 across nodes" in r and "32 of 64 layers" in r for r in p.reasons)
+
+
+def test_a800_and_l20_get_independent_instances_never_tensor_parallel_across_types() -> None:
+    shape = shape_of(QWEN25_7B)
+    plans = plan(Ask(int(15.2 * GIB), shape, context=8192, fp8_weights=True),
+                 parse_cluster("1x8xA800-80G+1x8xL20-48G"))
+    assert [(p.group.gpu.name, p.tp, p.pp, p.replicas) for p in plans] == [("A800-80G", 1, 1, 8), ("L20-48G", 1, 1, 8)]
+    # FP8 W8A8: the L20 (Ada, 8.9) computes in FP8, the A800 (Ampere, 8.0) runs it weight-only
+    a800, l20 = plans
+    assert a800.warnings and "W8A16" in a800.warnings[0] and "AWQ" in a800.warnings[0] and not l20.warnings
+
+
+def test_a_plan_that_does_not_fit_names_plans_that_do() -> None:
+    shape = shape_of(DENSE_80G)
+    ask = Ask(80 * GIB, shape, context=8192, concurrency=8)
+    with pytest.raises(PlanRefused) as refused:
+        plan_group(ask, NodeGroup(1, 2, gpu("RTX4090-24G")))
+    assert refused.value.nearest and "does not fit 1x2xRTX4090-24G" in refused.value.message
+    # every suggestion is a plan the planner itself accepts
+    for suggestion in refused.value.nearest:
+        assert suggestion.startswith("--gpus ")
+        group = parse_cluster(suggestion.split()[1])[0]
+        assert plan_group(ask, group).memory.kv_pool > 0
+
+
+def test_a_shorter_context_is_offered_when_more_gpus_are_not_the_only_way() -> None:
+    shape = shape_of(QWEN25_7B)
+    ask = Ask(int(15.2 * GIB), shape, context=32768, concurrency=64)
+    with pytest.raises(PlanRefused) as refused:
+        plan_group(ask, NodeGroup(1, 1, gpu("RTX4090-24G")))
+    shorter = [s for s in refused.value.nearest if s.startswith("--context ")]
+    assert shorter, refused.value.nearest
+    tokens = int(shorter[0].split()[1])
+    assert 256 <= tokens < 32768
+    assert plan_group(Ask(ask.weights_bytes, shape, context=tokens, concurrency=64), NodeGroup(1, 1, gpu("RTX4090-24G")))
+
+
+@pytest.mark.parametrize(("text", "complaint"), [
+    ("4xRTX5090-32G", "unknown GPU 'RTX5090-32G'"),
+    ("4 RTX4090-24G", "is not a GPU group"),
+    ("0xH100-80G", "counts no GPU"),
+])
+def test_bad_inventories_name_the_fix(text: str, complaint: str) -> None:
+    with pytest.raises(ConfigError, match=complaint) as err:
+        parse_cluster(text)
+    assert err.value.hint and ("gpus.yaml" in err.value.hint or "e.g." in err.value.hint)
+
+
+def test_a_context_longer_than_the_model_supports_is_refused() -> None:
+    with pytest.raises(ConfigError, match="longer than") as err:
+        plan_group(Ask(15 * GIB, shape_of(QWEN25_7B), context=65536), NodeGroup(1, 1, gpu("H100-80G")))
+    assert "--context 32768" in (err.value.hint or "")
+
+
+def test_architectures_it_cannot_size_are_refused_by_name() -> None:
+    jamba = {"architectures": ["JambaForCausalLM"], "model_type": "jamba", "num_hidden_layers": 32,
+             "num_attention_heads": 32, "hidden_size": 4096}
+    with pytest.raises(ConfigError, match="JambaForCausalLM has state-space or hybrid layers"):
+        shape_of(jamba)
+
+
+def test_mla_and_sliding_windows_are_sized_per_architecture() -> None:
+    deepseek = {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "num_hidden_layers": 61,
+                "num_attention_heads": 128, "num_key_value_heads": 128, "hidden_size": 7168, "kv_lora_rank": 512,
+                "qk_rope_head_dim": 64, "max_position_embeddings": 163840}
+    mla = shape_of(deepseek)
+    assert mla.kv_bytes_per_token() == 61 * (512 + 64) * 2  # no × 2 for K and V, the same on every TP rank
+    assert mla.kv_bytes_per_token(tp=8) == mla.kv_bytes_per_token()
+    gemma = {"architectures": ["Gemma2ForCausalLM"], "model_type": "gemma2", "num_hidden_layers": 4,
+             "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256, "hidden_size": 2304,
+             "sliding_window": 4096, "max_position_embeddings": 8192,
+             "layer_types": ["sliding_attention", "full_attention"] * 2}
+    g = shape_of(gemma)
+    per_layer = 2 * 4 * 256 * 2
+    assert g.kv_bytes_per_sequence(8192) == 2 * per_layer * 4096 + 2 * per_layer * 8192
+
+
+@pytest.mark.parametrize("name", sorted(known_gpus()))
+def test_every_profile_is_complete(name: str) -> None:
+    g = gpu(name)
+    assert g.memory_gib > 0 and g.bandwidth_gbs > 0 and g.interconnect in ("nvlink", "pcie") and g.node_label
+    assert g.fp8_compute == (tuple(int(x) for x in g.compute_capability.split(".")) >= (8, 9))
+
+
+def test_every_plan_keeps_the_rules() -> None:
+    """Swept over models, GPU groups, contexts and concurrencies: a plan never exceeds usable memory, its TP
+    divides the heads and stays inside a node, its PP is at most the layers and the nodes; a refusal's every
+    suggested GPU group is accepted by the planner itself."""
+    models = [(shape_of(QWEN25_7B), 15.2), (shape_of(QWEN25_32B), 64.0), (shape_of(DENSE_80G), 80.0),
+              (shape_of(QWEN25_7B), 4.5)]
+    groups = [NodeGroup(n, k, gpu(g)) for n, k, g in itertools.product((1, 2), (1, 2, 4, 8),
+                                                                      ("RTX4090-24G", "L40S-48G", "H100-80G"))]
+    checked = refused = 0
+    for (shape, gib), group, ctx, conc in itertools.product(models, groups, (2048, 32768), (1, 32)):
+        ask = Ask(int(gib * GIB), shape, context=min(ctx, shape.max_context), concurrency=conc)
+        try:
+            p = plan_group(ask, group)
+        except PlanRefused as err:
+            refused += 1
+            for s in err.nearest:
+                if s.startswith("--gpus "):
+                    assert plan_group(ask, parse_cluster(s.split()[1])[0])
+            continue
+        checked += 1
+        m = p.memory
+        assert m.weights + m.activations + m.kv_pool == m.usable <= m.total
+        assert m.kv_pool > 0 and p.max_num_seqs >= min(conc, 256)
+        per_seq = shape.kv_bytes_per_sequence(p.max_model_len, tp=p.tp, pp=p.pp)
+        assert per_seq * p.max_num_seqs <= m.kv_pool
+        assert shape.attention_heads % p.tp == 0 and p.tp <= group.gpus_per_node
+        assert p.pp <= min(shape.layers, group.nodes) and p.tp * p.pp * p.replicas <= group.gpus
+    assert checked > 50 and refused > 10  # the sweep exercises both outcomes
+
+
+# ---------------------------------------------------------------- the command line, on real files
+
+MODELMINT = [sys.executable, "-m", "pipelines.cli"]
+
+
+def _plan(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*MODELMINT, "plan", *args], capture_output=True, text=True, env={**os.environ, "COLUMNS": "200"})
+
+
+def test_plan_reads_a_checkpoints_real_tensor_bytes_and_config(tiny_qwen2: Path) -> None:
+    what = served(tiny_qwen2)
+    headers = [read_safetensors_header(f) for f in tiny_qwen2.glob("*.safetensors")]
+    tensor_bytes = sum(v["data_offsets"][1] - v["data_offsets"][0] for h in headers for k, v in h.items()
+                       if k != "__metadata__")
+    assert what.weights_bytes == tensor_bytes and what.shape.architecture == "Qwen2ForCausalLM"
+    done = _plan(str(tiny_qwen2), "--gpus", "2xRTX4090-24G", "--context", "2048", "--concurrency", "4")
+    assert done.returncode == 0, done.stderr
+    assert "1x2xRTX4090-24G: TP 1 × PP 1, 2 replica(s)" in done.stdout and "max_model_len 2048" in done.stdout
+    assert "one GPU holds a replica" in done.stdout and "KV pool" in done.stdout
+    as_json = json.loads(_plan(str(tiny_qwen2), "--gpus", "1xL4-24G", "--json").stdout)
+    assert as_json[0]["tp"] == 1 and as_json[0]["memory"]["weights"] == tensor_bytes
+
+
+def test_plan_reads_a_gguf_tensor_table(tiny_qwen2: Path, tmp_path: Path) -> None:
+    import gguf
+
+    w = gguf.GGUFWriter(str(tmp_path / "m.gguf"), "llama")
+    for k, v in (("block_count", 4), ("attention.head_count", 8), ("attention.head_count_kv", 2),
+                 ("embedding_length", 512), ("context_length", 4096)):
+        (w.add_uint32 if isinstance(v, int) else w.add_string)(f"llama.{k}", v)
+    w.add_tensor("blk.0.attn_q.weight", np.zeros((512, 512), dtype=np.float16))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    what = served(tmp_path / "m.gguf")
+    assert what.weights_bytes == 512 * 512 * 2
+    assert (what.shape.layers, what.shape.kv_heads, what.shape.head_dim, what.shape.max_context) == (4, 2, 64, 4096)
+    assert what.shape.kv_bytes_per_token() == 2 * 4 * 2 * 64 * 2
+
+
+def test_plan_lists_gpus_and_refuses_bad_input_with_the_fix(tiny_qwen2: Path, tmp_path: Path) -> None:
+    listed = _plan("--list-gpus")
+    assert listed.returncode == 0 and all(name in listed.stdout for name in known_gpus())
+    unknown = _plan(str(tiny_qwen2), "--gpus", "4xRTX5090-32G")
+    assert unknown.returncode == 1 and "unknown GPU 'RTX5090-32G'" in unknown.stderr and "gpus.yaml" in unknown.stderr
+    assert "Traceback" not in unknown.stderr
+    nothing = _plan(str(tmp_path), "--gpus", "1xL4-24G")
+    assert nothing.returncode == 1 and "neither a .gguf file nor a checkpoint directory" in nothing.stderr
+    missing = _plan("--gpus", "1xL4-24G")
+    assert missing.returncode == 1 and "modelmint plan NAME:TAG --gpus" in missing.stderr
