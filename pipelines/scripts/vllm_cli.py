@@ -23,6 +23,7 @@ import contextlib
 import importlib.metadata as _md
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -187,7 +188,12 @@ def _smoke(argv: list[str]) -> int:
             _stop(server)
             result["total_s"] = round(time.perf_counter() - t0, 1)
             log.seek(0)
-            tail = log.read().decode("utf-8", "replace").splitlines()[-30:]
+            text = log.read().decode("utf-8", "replace")
+            tail = text.splitlines()[-30:]
+            # what the engine sized its KV cache to (the serving planner checks its own figure against it)
+            sized = re.search(r"KV cache size: ([\d,]+) tokens", text)
+            if sized:
+                result["kv_cache_tokens"] = int(sized.group(1).replace(",", ""))
         if not result["ok"]:
             print("\n".join(tail), file=sys.stderr)
         print(json.dumps(result))
