@@ -47,6 +47,14 @@ def deployed(tmp_path_factory: pytest.TempPathFactory) -> Any:
             yield up
 
 
+@pytest.fixture(autouse=True)
+def _server_up(deployed: Any) -> None:
+    """A test that failed with the server down does not take the next ones with it."""
+    _, settings = deployed
+    if not stack.healthy(settings.prefect_api_url):
+        stack.up(settings, say=lambda _msg: None)
+
+
 def _submit(settings: Settings, variant: str) -> Any:
     """Start a run of one variant (without waiting) and return it once the server has it."""
     before = {r.id for r in flow_runs(settings)}
@@ -123,9 +131,11 @@ def test_down_mid_run_crashes_the_run_frees_its_slot_and_the_rerun_reuses_work(d
     base = next(repo.work.rglob("*f16.gguf"))
     stamp = base.stat().st_mtime_ns
     said: list[str] = []
-    stack.down(settings, say=said.append)
+    try:
+        stack.down(settings, say=said.append)
+    finally:  # the module's other tests need the stack, whatever this one finds
+        stack.up(settings, say=lambda _msg: None)
     assert any("marked Crashed" in line for line in said), said
-    stack.up(settings, say=lambda _msg: None)
     state = _state(settings, run)
     assert state.name == "Crashed" and "down.sh" in (state.message or ""), state
     assert _slots_taken(settings) == 0  # freed by down.sh, not left to lapse

@@ -84,7 +84,7 @@ def test_a_deleted_output_is_rebuilt_not_trusted(built) -> None:
     # llama-quantize is deterministic: the rebuilt file has the same sha256, so its validation report
     # (keyed by that sha256) still stands and is not recomputed.
     assert again.tools_run == ["llama-quantize tiny-qwen2-q8_0.gguf"]
-    assert again.variants["q8_0"].sha256 == first.variants["q8_0"].sha256
+    assert again.variants["q8_0"].digest == first.variants["q8_0"].digest
     assert again.variants["q8_0"].path.exists() and again.variants["q8_0"].passed
 
 
