@@ -361,12 +361,8 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def dead_runs(client: Any, *, pending_grace_s: float = 300) -> list[Any]:
-    """Flow runs of the local work pool that the server thinks live but that have no process on this machine.
-
-    A Pending run gets `pending_grace_s` to start its process (the worker may be starting it right now)."""
-    from datetime import UTC, datetime
-
+def live_runs(client: Any) -> list[Any]:
+    """Flow runs of the local work pool that the server thinks live (scheduled to run, pending or running)."""
     from prefect.client.schemas.filters import (
         FlowRunFilter,
         FlowRunFilterState,
@@ -375,10 +371,30 @@ def dead_runs(client: Any, *, pending_grace_s: float = 300) -> list[Any]:
         WorkPoolFilterName,
     )
 
-    runs = client.read_flow_runs(
+    return client.read_flow_runs(
         flow_run_filter=FlowRunFilter(state=FlowRunFilterState(type=FlowRunFilterStateType(any_=list(LIVE_STATES)))),
         work_pool_filter=WorkPoolFilter(name=WorkPoolFilterName(any_=[WORK_POOL])),
     )
+
+
+def runs_of(client: Any, pgid: int | None) -> list[Any]:
+    """The live runs whose process is in process group `pgid` (a worker's: the runs it started)."""
+    out = []
+    for run in live_runs(client) if pgid else []:
+        pid = flow_run_process(run.id)
+        with contextlib.suppress(ProcessLookupError):
+            if pid is not None and os.getpgid(pid) == pgid:
+                out.append(run)
+    return out
+
+
+def dead_runs(client: Any, *, pending_grace_s: float = 300) -> list[Any]:
+    """Flow runs of the local work pool that the server thinks live but that have no process on this machine.
+
+    A Pending run gets `pending_grace_s` to start its process (the worker may be starting it right now)."""
+    from datetime import UTC, datetime
+
+    runs = live_runs(client)
     now = datetime.now(UTC)
     dead = []
     for run in runs:
@@ -481,13 +497,32 @@ def up(settings: Settings, *, say: Any = print) -> StackState:
 def down(settings: Settings, *, say: Any = print) -> None:
     """Stop the worker and the runs it started; mark those runs Crashed and free their slots; stop the server."""
     state = StackState.load(settings)
-    say(f"• worker {'stopped' if _stop(state.worker_pid) else 'was not running'}")
-    if healthy(settings.prefect_api_url):
+    up_ = healthy(settings.prefect_api_url)
+    # The runs the worker's group is running, named before it stops: a stopped run's engine may report a crash
+    # of its own first, and then no run would look dead; each is marked Crashed by down.sh either way.
+    stopping = []
+    if up_ and _is_ours(state.worker_pid):
         with api(settings) as client:
-            for line in reap(settings, client, "stopped by `bash scripts/down.sh` while it ran"):
+            stopping = runs_of(client, state.worker_pid)
+    say(f"• worker {'stopped' if _stop(state.worker_pid) else 'was not running'}")
+    _wait_gone([r.id for r in stopping])
+    if up_:
+        with api(settings) as client:
+            runs = {str(r.id): r for r in [*stopping, *dead_runs(client)]}
+            for line in reap(settings, client, "stopped by `bash scripts/down.sh` while it ran", list(runs.values())):
                 say(f"• {line}")
     say(f"• server {'stopped' if _stop(state.server_pid) else 'was not running'}")
     StackState(api_url=state.api_url).save(settings)
+
+
+def _wait_gone(run_ids: list[Any], grace_s: float = 20.0) -> None:
+    """Wait until no process runs these flow runs (a stopped engine may still be reporting); SIGKILL the rest."""
+    deadline = time.monotonic() + grace_s
+    while (alive := [pid for r in run_ids if (pid := flow_run_process(r)) is not None]) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    for pid in alive:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
 
 
 def status(settings: Settings, *, say: Any = print) -> bool:

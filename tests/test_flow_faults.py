@@ -191,33 +191,53 @@ def test_a_server_killed_and_restarted_mid_run_leaks_no_slot(deployed) -> None:
     assert find_manifest(repo.settings(), f"{MODEL}:q3_k_m").validation.passed
 
 
+_OUTAGE_IN_THE_SLOT = """
+import os, signal, sys
+from contextlib import contextmanager
+
+from flows.slots import GPU_LIMIT, slot
+from pipelines.catalog import load_catalog
+from pipelines.compress import ensure_compressed, plan_compressed
+from pipelines.settings import Settings
+
+settings = Settings.from_env()
+plan = plan_compressed(load_catalog(settings.catalog_path).get(sys.argv[1]), settings, schemes=["fp8"])
+
+
+@contextmanager
+def slot_then_outage():
+    with slot(GPU_LIMIT, prefect_home=settings.prefect_dir):
+        os.killpg(int(sys.argv[2]), signal.SIGKILL)  # the server goes while llmcompressor runs
+        yield
+
+
+built = ensure_compressed(plan, "fp8", gpu_slot=slot_then_outage)
+print("built" if built.ran and built.receipt else "not built")
+"""
+
+
 def test_a_gpu_slot_released_during_an_outage_keeps_the_checkpoint(deployed, tmp_path: Path) -> None:
     """The step's work is done inside the slot; the server is gone when the slot is released. The receipt
-    is written first, the failed release is a warning, and a second call builds nothing."""
-    from contextlib import contextmanager
+    is written first, the failed release is a warning, and a second call builds nothing.
 
-    from prefect.settings import PREFECT_API_URL, temporary_settings
-
-    from flows.slots import GPU_LIMIT, slot
+    The step runs in a process of its own, as in a flow run: the Prefect client state a lost server leaves
+    behind stays there."""
     from pipelines.catalog import load_catalog
     from pipelines.compress import ensure_compressed, plan_compressed
 
     repo, settings = deployed
-    s = repo.settings(MODELMINT_WORK_DIR=tmp_path / "work")
-    plan = plan_compressed(load_catalog(s.catalog_path).get(MODEL), s, schemes=["fp8"])
+    work = tmp_path / "work"
     state = stack.StackState.load(settings)
-
-    @contextmanager
-    def slot_then_outage():
-        with slot(GPU_LIMIT, prefect_home=settings.prefect_dir):
-            os.killpg(state.server_pid, signal.SIGKILL)  # the server goes while llmcompressor runs
-            yield
-
+    env = {**os.environ, **stack.stack_env(settings), "MODELMINT_WORK_DIR": str(work),
+           "PREFECT_API_URL": settings.prefect_api_url}
     try:
-        with temporary_settings(updates={PREFECT_API_URL: settings.prefect_api_url}):
-            built = ensure_compressed(plan, "fp8", gpu_slot=slot_then_outage)
+        step = subprocess.run([sys.executable, "-c", _OUTAGE_IN_THE_SLOT, MODEL, str(state.server_pid)], env=env,
+                              capture_output=True, text=True, timeout=600)
     finally:
         stack.start_server(settings, state)
         state.save(settings)
-    assert built.ran and built.receipt
+    assert step.returncode == 0 and step.stdout.strip().endswith("built"), step.stdout + step.stderr
+    assert "could not release the slot of gpu" in step.stderr, step.stderr[-2000:]
+    s = repo.settings(MODELMINT_WORK_DIR=work)
+    plan = plan_compressed(load_catalog(s.catalog_path).get(MODEL), s, schemes=["fp8"])
     assert not ensure_compressed(plan, "fp8").ran  # the rerun finds the receipt
