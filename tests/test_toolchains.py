@@ -122,8 +122,11 @@ class Fake:
                               timeout=120)
 
     def popen(self, **extra: str) -> subprocess.Popen[str]:
+        # Ctrl-C as a terminal delivers it: a test run started in the background of a script inherits SIGINT
+        # ignored, and bash cannot trap a signal that was ignored when it started
         return subprocess.Popen(["bash", str(self.script)], env=self.env(**extra), stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, start_new_session=True)
+                                stderr=subprocess.PIPE, text=True, start_new_session=True,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
     def runs(self, stage: str) -> int:
         f = self.count / stage
