@@ -176,7 +176,7 @@ def _build_command(name: str, format_name: str, variants: list[str] | None, *, r
         out.print(_variants_table(name, result))
         if not result.tools_run and not result.errors:
             err.print("[dim]nothing changed: every step was cached[/dim]")
-    _finish(name, run, result.out_dir / fmt.summary_file, as_json)
+    _finish(name, run, result.out_dir / result.plan.summary_name, as_json)
 
 
 def _variants_table(name: str, result: Any) -> Table:

@@ -34,8 +34,6 @@ class ArtifactFormat:
     """The CLI command that builds, validates and (with --register) registers it."""
     option: str
     """That command's option naming variants."""
-    summary_file: str
-    """What a build writes beside its outputs."""
     owns: Callable[[str], bool]
     """Whether a variant tag is of this format."""
     catalog_variants: Callable[[CatalogEntry], list[str]]
@@ -135,13 +133,13 @@ FORMATS: dict[Format, ArtifactFormat] = {
     f.name: f
     for f in (
         ArtifactFormat(
-            name="gguf", stage="gguf", command="convert", option="--variants", summary_file="build.json",
+            name="gguf", stage="gguf", command="convert", option="--variants",
             owns=lambda tag: tag not in COMPRESSED_VARIANTS, catalog_variants=_gguf_variants, build=_gguf_build,
             candidate=_gguf_candidate, publish=_gguf_publish, offer=_gguf_offer,
         ),
         ArtifactFormat(
             name="compressed-tensors", stage="compress", command="compress", option="--schemes",
-            summary_file="compress.json", owns=lambda tag: tag in COMPRESSED_VARIANTS,
+            owns=lambda tag: tag in COMPRESSED_VARIANTS,
             catalog_variants=lambda entry: list(entry.variants.compressed()), build=_compressed_build,
             candidate=_compressed_candidate, publish=_compressed_publish, offer=_compressed_offer,
         ),

@@ -70,6 +70,14 @@ class TensorEntry:
     offset: int
     """Absolute byte offset of the tensor's data in the file."""
 
+    @property
+    def nbytes(self) -> int:
+        """The bytes its data takes in the file (ValueError for a ggml type gguf-py does not know)."""
+        from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+        block, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(self.ggml_type)]
+        return math.prod(self.shape) // block * type_size
+
 
 @dataclass(frozen=True)
 class GGUFHeader:
@@ -198,7 +206,7 @@ def inspect_gguf(path: Path) -> GGUFInfo:
     Raises:
         ArtifactError: not a GGUF, an unsupported version, truncated, or missing required metadata.
     """
-    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, LlamaFileType
+    from gguf import GGMLQuantizationType, LlamaFileType
 
     path = Path(path)
     header = read_gguf_header(path, _wanted_for_info)
@@ -215,8 +223,7 @@ def inspect_gguf(path: Path) -> GGUFInfo:
             raise ArtifactError(f"{path}: tensor {t.name} has unknown ggml type {t.ggml_type}",
                                 hint="delete it and rerun the step that wrote it") from None
         n = math.prod(t.shape)
-        block, type_size = GGML_QUANT_SIZES[qtype]
-        end = t.offset + n // block * type_size
+        end = t.offset + t.nbytes
         if end > size:
             raise ArtifactError(
                 f"{path} is truncated: tensor {t.name} ends at byte {end}, file has {size}",
@@ -463,8 +470,6 @@ def check_imatrix(path: Path) -> None:
     Raises:
         ArtifactError: not an imatrix GGUF, no data, or truncated.
     """
-    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
-
     header = read_gguf_header(path, lambda key, _found: key in ("general.type", "imatrix.chunk_count"))
     problems = []
     if header.metadata.get("general.type") != "imatrix":
@@ -476,11 +481,10 @@ def check_imatrix(path: Path) -> None:
     size = path.stat().st_size
     for t in header.tensors:
         try:
-            block, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(t.ggml_type)]
+            end = t.offset + t.nbytes
         except ValueError:
             problems.append(f"tensor {t.name} has unknown ggml type {t.ggml_type}")
             break
-        end = t.offset + math.prod(t.shape) // block * type_size
         if end > size:
             problems.append(f"truncated: tensor {t.name} ends at byte {end}, the file has {size}")
             break

@@ -15,7 +15,7 @@ from pipelines.errors import ConfigError, ManifestInvalid, NotRegistered
 from pipelines.formats import Format, format_of
 from pipelines.fsutil import write_text_atomic
 from pipelines.gates import Gate
-from pipelines.report import Figures
+from pipelines.report import Figures, perplexity_positions
 from pipelines.report import Validation as Judged
 from pipelines.settings import Settings
 
@@ -104,7 +104,7 @@ def _upgrade_v1(data: dict[str, Any]) -> dict[str, Any]:
     if "mean_kld" in m:  # llama-perplexity's figures (GGUF)
         figures = Figures.of(mean_kl=m["mean_kld"], kl_p99=m.get("kld_p99"), same_top_pct=m["same_top_pct"],
                              ppl_reference=m["ppl_base"], ppl=m["ppl_q"],
-                             tokens=int(m["chunks"] * (m["ctx"] - 1 - m["ctx"] // 2)) if "ctx" in m and "chunks" in m else None)
+                             tokens=perplexity_positions(int(m["ctx"]), int(m["chunks"])) if "ctx" in m and "chunks" in m else None)
     else:  # the torch evaluation's (compressed-tensors)
         figures = Figures.of(mean_kl=m["mean_kl"], kl_p99=m.get("kl_p99"), same_top_pct=100.0 * m["top1_agreement"],
                              ppl_reference=m["ppl_source"], ppl=m["ppl"],

@@ -451,15 +451,9 @@ def served(path: Path) -> Served:
     from pipelines.gguf import read_gguf_header
 
     if path.is_file() and path.suffix == ".gguf":
-        from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
-
         header = read_gguf_header(path, lambda k, found: k == "general.architecture" or
                                   k.startswith(str(found.get("general.architecture", "\0")) + "."))
-        weights = 0
-        for t in header.tensors:
-            block, size = GGML_QUANT_SIZES[GGMLQuantizationType(t.ggml_type)]
-            weights += math.prod(t.shape) // block * size
-        return Served(path, weights, shape_of_gguf(header.metadata), False)
+        return Served(path, sum(t.nbytes for t in header.tensors), shape_of_gguf(header.metadata), False)
     if path.is_dir() and (path / "config.json").is_file():
         config = json.loads((path / "config.json").read_text(encoding="utf-8"))
         weights = 0

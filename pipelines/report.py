@@ -20,6 +20,12 @@ REPORT_VERSION = 2
 """The shape of the `validation` block (1: per-format `kld` / `metrics` dicts, before it existed)."""
 
 
+def perplexity_positions(ctx: int, chunks: int) -> int:
+    """Positions llama-perplexity scores over `chunks` windows of `ctx` tokens: the second half of each window,
+    less its last position."""
+    return chunks * (ctx - 1 - ctx // 2)
+
+
 class _Frozen(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 

@@ -14,7 +14,7 @@ from pipelines.errors import ArtifactError
 from pipelines.fsutil import atomic_output, write_text_atomic
 from pipelines.gates import Gate
 from pipelines.gguf import GGUFInfo
-from pipelines.report import Figures, Validation
+from pipelines.report import Figures, Validation, perplexity_positions
 from pipelines.runner import run
 from pipelines.toolchains import LlamaCpp
 
@@ -42,10 +42,9 @@ class KLDStats:
         return {**asdict(self), "dppl_pct": round(self.dppl_pct, 4)}
 
     def figures(self) -> Figures:
-        """These statistics as every format's figures (llama-perplexity scores the second half of each window,
-        less its last position)."""
+        """These statistics as every format's figures."""
         return Figures.of(mean_kl=self.mean_kld, kl_p99=self.kld_p99, same_top_pct=self.same_top_pct,
-                          ppl_reference=self.ppl_base, ppl=self.ppl_q, tokens=self.chunks * (self.ctx - 1 - self.ctx // 2))
+                          ppl_reference=self.ppl_base, ppl=self.ppl_q, tokens=perplexity_positions(self.ctx, self.chunks))
 
 
 @dataclass(frozen=True)
