@@ -106,18 +106,24 @@ def _spawn(settings: Settings, name: str, argv: list[str]) -> int:
     return proc.pid
 
 
-def _is_ours(pid: int | None) -> bool:
-    """A live process that is a Prefect process (a pid from an old state file may have been reused)."""
-    if not pid:
-        return False
+def _alive(pid: int) -> bool:
+    """The process exists and has not exited (a zombie has exited)."""
     with contextlib.suppress(ChildProcessError):
         os.waitpid(pid, os.WNOHANG)  # reap it if it is our own exited child
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _is_ours(pid: int | None) -> bool:
+    """A live process that is a Prefect process (a pid from an old state file may have been reused)."""
+    if not pid or not _alive(pid):
+        return False
+    try:
+        return b"prefect" in Path(f"/proc/{pid}/cmdline").read_bytes()
     except (FileNotFoundError, ProcessLookupError):
         return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z" and b"prefect" in cmdline
 
 
 def _stop(pid: int | None, grace_s: float = 10.0) -> bool:
@@ -133,8 +139,9 @@ def _stop(pid: int | None, grace_s: float = 10.0) -> bool:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pid, sig)
         deadline = time.monotonic() + grace_s
+        # Wait for the exit itself: an exiting process has an empty cmdline for a moment while it still runs.
         while time.monotonic() < deadline:
-            if not _is_ours(pid):
+            if not _alive(pid):
                 return True
             time.sleep(0.2)
     return True
@@ -350,15 +357,6 @@ def flow_run_process(flow_run_id: Any) -> int | None:
         except OSError:
             continue
     return None
-
-
-def _alive(pid: int) -> bool:
-    with contextlib.suppress(ChildProcessError):
-        os.waitpid(pid, os.WNOHANG)
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def live_runs(client: Any) -> list[Any]:
