@@ -22,9 +22,9 @@ from typing import Any
 
 import yaml
 
-from pipelines.runner import run
-from pipelines.settings import Settings, project_root
-from pipelines.toolchains import llmcompressor
+from pipelines.core.runner import run
+from pipelines.core.settings import Settings, project_root
+from pipelines.core.toolchains import llmcompressor
 
 ROOT = project_root()
 # Qwen2.5-0.5B's geometry: 494 M parameters (tied embeddings), ~0.99 GB in bf16
@@ -68,9 +68,9 @@ print(json.dumps({"oneshot_s": t2 - t1, "in_process_s": time.perf_counter() - t0
 
 _DRIVER = r"""
 import json, sys, time
-from pipelines.catalog import load_catalog
-from pipelines.compress import ensure_compressed, plan_compressed
-from pipelines.settings import Settings
+from pipelines.source.catalog import load_catalog
+from pipelines.compressed.build import ensure_compressed, plan_compressed
+from pipelines.core.settings import Settings
 settings = Settings.from_env()
 v = sys.argv[1]
 entry = load_catalog(settings.catalog_path).get("bench-0.5b")
@@ -110,7 +110,7 @@ def main() -> None:
     tc = llmcompressor(settings)
     model = settings.home / "bench" / "qwen2-shaped-0.5b"
     if not (model / "model.safetensors.index.json").exists():
-        from pipelines.tinymodel import ensure_tiny_model
+        from pipelines.source.tinymodel import ensure_tiny_model
 
         print("generating the 0.5B-shaped model …", flush=True)
         _make_model(model, ensure_tiny_model("tiny-qwen2", settings))

@@ -43,7 +43,7 @@ def main() -> None:
     env_dir = scratch / "env"
     home = env_dir / "modelmint"
     home.mkdir(parents=True)
-    from pipelines.settings import Settings
+    from pipelines.core.settings import Settings
 
     real_home = Settings.from_env().home
     for shared in ("toolchains", "models"):
@@ -56,9 +56,9 @@ def main() -> None:
     })
     from registry_env import Repo, candidate, git, make_repo, write_gguf
 
-    from pipelines import dvcrepo
-    from pipelines.pull import pull
-    from pipelines.register import place, publish, track
+    from pipelines.registry import dvcrepo
+    from pipelines.registry.pull import pull
+    from pipelines.registry.register import place, publish, track
 
     try:
         repo = make_repo(scratch)
@@ -66,7 +66,7 @@ def main() -> None:
         c = candidate(settings, scratch / "build")
         big = c.files[0]
         write_gguf(big, seed=7, mib=args.gib * 1024)
-        from pipelines.fsutil import sha256_file
+        from pipelines.core.fsutil import sha256_file
 
         c = type(c)(**{**c.__dict__, "sha256": sha256_file(big), "size_bytes": big.stat().st_size})
         size = big.stat().st_size

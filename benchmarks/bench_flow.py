@@ -37,7 +37,7 @@ def main() -> None:
     env_dir = scratch / "env"
     home = env_dir / "modelmint"
     home.mkdir(parents=True)
-    from pipelines.settings import Settings
+    from pipelines.core.settings import Settings
 
     real_home = Settings.from_env().home
     for shared in ("toolchains", "models"):

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import yaml
 
-from pipelines.runner import run
-from pipelines.settings import Settings, project_root
-from pipelines.tinymodel import ensure_tiny_model
-from pipelines.toolchains import llama_cpp
+from pipelines.core.runner import run
+from pipelines.core.settings import Settings, project_root
+from pipelines.core.toolchains import llama_cpp
+from pipelines.source.tinymodel import ensure_tiny_model
 
 ROOT = project_root()
 TYPES = ["q4_k_m", "q5_k_m", "q8_0"]
@@ -29,9 +29,9 @@ TYPES = ["q4_k_m", "q5_k_m", "q8_0"]
 _DRIVER = """
 import json, sys, time
 from concurrent.futures import ThreadPoolExecutor
-from pipelines.build import plan_gguf, ensure_base, ensure_quant, quant_parallelism
-from pipelines.catalog import load_catalog
-from pipelines.settings import Settings
+from pipelines.gguf.build import plan_gguf, ensure_base, ensure_quant, quant_parallelism
+from pipelines.source.catalog import load_catalog
+from pipelines.core.settings import Settings
 settings = Settings.from_env()
 quants = sys.argv[1].split(",")
 entry = load_catalog(settings.catalog_path).get("bench-2g")

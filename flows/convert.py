@@ -27,17 +27,12 @@ from prefect.client.orchestration import get_client
 from prefect.tasks import Task
 
 from flows.slots import GPU_LIMIT, ensure_limit, model_limit, prefect_unreachable, slot
-from pipelines import build, dvcrepo
-from pipelines import register as reg
-from pipelines.build import GGUFPlan
-from pipelines.catalog import COMPRESSED_VARIANTS, GGUF_QUANT_TYPES, CatalogEntry, load_catalog
-from pipelines.errors import ConfigError, ModelmintError, ShapeRefused, VariantsFailed
-from pipelines.formats import FORMATS, Format, format_of, split_by_format
-from pipelines.fsutil import HashCache
-from pipelines.gates import gguf_gate
-from pipelines.report import Validation
-from pipelines.settings import Settings
-from pipelines.steps import (
+from pipelines.core.errors import ConfigError, ModelmintError, ShapeRefused, VariantsFailed
+from pipelines.core.fsutil import HashCache
+from pipelines.core.gates import gguf_gate
+from pipelines.core.report import Validation
+from pipelines.core.settings import Settings
+from pipelines.core.steps import (
     BuildResult,
     StepResult,
     VariantError,
@@ -47,6 +42,12 @@ from pipelines.steps import (
     load_receipt,
     variant_scoped,
 )
+from pipelines.gguf import build
+from pipelines.gguf.build import GGUFPlan
+from pipelines.registry import dvcrepo
+from pipelines.registry import register as reg
+from pipelines.registry.formats import FORMATS, Format, format_of, split_by_format
+from pipelines.source.catalog import COMPRESSED_VARIANTS, GGUF_QUANT_TYPES, CatalogEntry, load_catalog
 
 # pipelines' INFO lines (what each step ran, what an interrupted run left and was removed) belong in the run's
 # log: PREFECT_LOGGING_EXTRA_LOGGERS attaches Prefect's handler to the `pipelines` logger, but the logger's
@@ -188,11 +189,11 @@ def publish(settings: Settings, candidate: reg.Candidate, tracked: reg.Tracked) 
 @task(name="compress", task_run_name="compress-{model}", retries=1, retry_condition_fn=_transient,
       cache_policy=NO_CACHE)
 def compress(model: str, entry: CatalogEntry, settings: Settings, schemes: list[str], revision: str | None) -> Any:
-    """AWQ / FP8 / … with llmcompressor (pipelines.compress); each GPU run holds one slot of the `gpu` limit.
+    """AWQ / FP8 / … with llmcompressor (pipelines.compressed.build); each GPU run holds one slot of the `gpu` limit.
 
     Not cached by Prefect: build_compressed skips every step whose receipt matches, on its own.
     """
-    from pipelines.compress import build_compressed
+    from pipelines.compressed.build import build_compressed
 
     return build_compressed(entry, settings, schemes=schemes, revision=revision, gpu_slot=gpu_slot)
 

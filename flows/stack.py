@@ -8,7 +8,7 @@
     python -m flows.stack api-url  the API URL to export as PREFECT_API_URL
 
 The server and the worker are long-lived processes, so they are started here in their own session (not
-through pipelines.runner, which runs tools to completion); their pids and logs live in PREFECT_HOME/stack.
+through pipelines.core.runner, which runs tools to completion); their pids and logs live in PREFECT_HOME/stack.
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ from pathlib import Path
 from typing import Any
 
 from flows.slots import GPU_LIMIT, clock, ensure_limit, model_limit, read_leases, run_label
-from pipelines.errors import ModelmintError, OrchestratorError
-from pipelines.runner import run as run_tool
-from pipelines.settings import Settings, project_root
+from pipelines.core.errors import ModelmintError, OrchestratorError
+from pipelines.core.runner import run as run_tool
+from pipelines.core.settings import Settings, project_root
 
 WORK_POOL = "modelmint-local"
 WORKER_NAME = "modelmint-local-worker"
@@ -81,7 +81,7 @@ class StackState:
             return cls(api_url=settings.prefect_api_url)
 
     def save(self, settings: Settings) -> None:
-        from pipelines.fsutil import write_text_atomic
+        from pipelines.core.fsutil import write_text_atomic
 
         self.path(settings).parent.mkdir(parents=True, exist_ok=True)
         write_text_atomic(self.path(settings), json.dumps(self.__dict__, indent=2) + "\n")
@@ -229,7 +229,7 @@ def ensure_pool_and_limits(settings: Settings) -> None:
     from prefect.client.schemas.actions import WorkPoolCreate
     from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
 
-    from pipelines.catalog import load_catalog
+    from pipelines.source.catalog import load_catalog
 
     limits = {GPU_LIMIT: settings.gpu_slots} | {model_limit(m.name): 1 for m in load_catalog(settings.catalog_path).models}
     with api(settings) as client:

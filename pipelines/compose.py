@@ -2,7 +2,7 @@
 
 The Prefect flow (flows/convert.py) runs the same steps, one task each so the UI shows them, and adds only what
 Prefect adds: cache keys that skip a finished task without calling it, retries of transient failures,
-concurrency slots, and the run's artifacts. The receipts (pipelines/steps.py) are the truth about what is
+concurrency slots, and the run's artifacts. The receipts (pipelines/core/steps.py) are the truth about what is
 finished: a step whose receipt matches is skipped whether the CLI or the flow asks, and Prefect's cache is only a
 faster way to the same answer (a cached task whose output is gone is run again).
 """
@@ -13,11 +13,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipelines.catalog import CatalogEntry
-from pipelines.errors import ModelmintError
-from pipelines.formats import ArtifactFormat
-from pipelines.settings import Settings
-from pipelines.steps import BuildResult, VariantError, variant_scoped
+from pipelines.core.errors import ModelmintError
+from pipelines.core.settings import Settings
+from pipelines.core.steps import BuildResult, VariantError, variant_scoped
+from pipelines.registry.formats import ArtifactFormat
+from pipelines.source.catalog import CatalogEntry
 
 
 @dataclass
@@ -42,7 +42,7 @@ def register_passed(
 ) -> tuple[dict[str, str], dict[str, VariantError]]:
     """Register each passing variant (`candidates`: variant → a function making its candidate); one whose
     registration fails is reported and the others still go on. Returns the refs made and the errors met."""
-    from pipelines.register import register
+    from pipelines.registry.register import register
 
     refs: dict[str, str] = {}
     errors: dict[str, VariantError] = {}
@@ -79,7 +79,7 @@ def build_and_register(
         ConfigError, SourceError, ToolchainMissing, DiskFullError: what stops every variant alike.
     """
     if register:
-        from pipelines.dvcrepo import require_stages
+        from pipelines.registry.dvcrepo import require_stages
 
         require_stages(settings, entry.name, variants if variants is not None else fmt.catalog_variants(entry))
     result = fmt.build(entry, settings, variants=variants, revision=revision, progress=progress, **options)

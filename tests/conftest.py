@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.settings import Settings
+from pipelines.core.settings import Settings
 
 # registry_env: `isolated` (git/DVC/Prefect/modelmint caches in a temp dir) and `repo` (a git + DVC project).
 pytest_plugins = ["registry_env"]
@@ -23,7 +23,7 @@ def settings(tmp_path_factory: pytest.TempPathFactory) -> Settings:
 @pytest.fixture(scope="session")
 def tiny_qwen2(settings: Settings) -> Path:
     """The generated tiny-qwen2 model directory (generated on first use, about a minute)."""
-    from pipelines.tinymodel import ensure_tiny_model
+    from pipelines.source.tinymodel import ensure_tiny_model
 
     return ensure_tiny_model("tiny-qwen2", settings)
 
@@ -31,7 +31,7 @@ def tiny_qwen2(settings: Settings) -> Path:
 @pytest.fixture(scope="session")
 def tiny_llama(settings: Settings) -> Path:
     """The generated tiny-llama model directory (generated on first use, about a minute)."""
-    from pipelines.tinymodel import ensure_tiny_model
+    from pipelines.source.tinymodel import ensure_tiny_model
 
     return ensure_tiny_model("tiny-llama", settings)
 

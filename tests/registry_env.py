@@ -21,9 +21,9 @@ import numpy as np
 import pytest
 import yaml
 
-from pipelines import dvcgen
-from pipelines.catalog import COMPRESSED_VARIANTS, GGUF_QUANT_TYPES, load_catalog
-from pipelines.settings import Settings, project_root
+from pipelines.core.settings import Settings, project_root
+from pipelines.registry import dvcgen
+from pipelines.source.catalog import COMPRESSED_VARIANTS, GGUF_QUANT_TYPES, load_catalog
 
 ROOT = project_root()
 VENV_BIN = Path(sys.executable).parent
@@ -145,7 +145,7 @@ def repo(isolated: Path, tmp_path: Path) -> Repo:
 
 def _qwen_template() -> str:
     """The real Qwen2.5 chat template from the pinned llama.cpp tree (what tiny-qwen2 carries too)."""
-    from pipelines.toolchains import llama_cpp
+    from pipelines.core.toolchains import llama_cpp
 
     return (llama_cpp(Settings.from_env()).source / "models/templates/Qwen-Qwen2.5-7B-Instruct.jinja").read_text()
 
@@ -179,8 +179,8 @@ def write_gguf(path: Path, *, seed: int = 0, mib: float = 0.25) -> Path:
 def judged(mean_kl: float, same_top_pct: float, *, ppl: tuple[float, float] = (10.0, 10.0), gate: Any = None,
            fmt: str = "gguf") -> dict[str, Any]:
     """A report's validation block with these figures (ppl: the reference's, the variant's), as JSON."""
-    from pipelines.gates import Gate
-    from pipelines.report import Figures, Validation
+    from pipelines.core.gates import Gate
+    from pipelines.core.report import Figures, Validation
 
     figures = Figures.of(mean_kl=mean_kl, same_top_pct=same_top_pct, ppl_reference=ppl[0], ppl=ppl[1], tokens=1008)
     return Validation.judge(format=fmt, reference="tiny-qwen2-f16.gguf",  # type: ignore[arg-type]
@@ -192,9 +192,9 @@ def candidate(
     settings: Settings, tmp: Path, *, tag: str = "q4_k_m", seed: int = 0, name: str = "tiny-qwen2", mib: float = 0.25
 ) -> Any:
     """A registration candidate as a validated build would hand it over (synthetic GGUF and report)."""
-    from pipelines.fsutil import sha256_file
-    from pipelines.manifest import ParentRef
-    from pipelines.register import Candidate
+    from pipelines.core.fsutil import sha256_file
+    from pipelines.registry.manifest import ParentRef
+    from pipelines.registry.register import Candidate
 
     entry = load_catalog(settings.catalog_path).get(name)
     out = tmp / f"build-{seed}"

@@ -16,7 +16,7 @@ import pytest
 from registry_env import Repo, free_port, make_repo
 
 from flows import stack
-from pipelines.settings import Settings
+from pipelines.core.settings import Settings
 
 PREFECT = [sys.executable, "-m", "prefect"]
 T = TypeVar("T")

@@ -8,19 +8,19 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipelines.build import gguf_texts
-from pipelines.catalog import COMPRESSED_VARIANTS, GGUFVariants, load_catalog
-from pipelines.compress import compressed_texts, recipe_for
-from pipelines.errors import ConfigError
-from pipelines.settings import project_root
-from pipelines.texts import EVAL_TEXT, TextRef, check_apart, text_ref
+from pipelines.compressed.build import compressed_texts, recipe_for
+from pipelines.core.errors import ConfigError
+from pipelines.core.settings import project_root
+from pipelines.core.texts import EVAL_TEXT, TextRef, check_apart, text_ref
+from pipelines.gguf.build import gguf_texts
+from pipelines.source.catalog import COMPRESSED_VARIANTS, GGUFVariants, load_catalog
 
 CATALOG = project_root() / "registry" / "catalog.yaml"
 ENTRIES = load_catalog(CATALOG).models
 
 
 def _overlap(a: Path, b: Path) -> list[str]:
-    """Content two texts share, found independently of pipelines.texts: equal lines, or a run of 8 words."""
+    """Content two texts share, found independently of pipelines.core.texts: equal lines, or a run of 8 words."""
     ta, tb = a.read_text(encoding="utf-8"), b.read_text(encoding="utf-8")
     lines = {ln.strip() for ln in ta.splitlines() if len(ln.strip()) >= 30} & {
         ln.strip() for ln in tb.splitlines() if len(ln.strip()) >= 30
@@ -95,7 +95,7 @@ def test_a_gguf_calibration_from_the_hub_is_refused_at_the_edge() -> None:
 
 
 def test_a_compressed_model_card_names_both_texts_by_sha256() -> None:
-    from pipelines.serving import VllmServeConfig, model_card
+    from pipelines.publish.vllm import VllmServeConfig, model_card
 
     train, evaluation = text_ref("train.txt"), text_ref(EVAL_TEXT)
     report = {

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.catalog import GeneratedSource, HubSource, load_catalog
-from pipelines.errors import CatalogEntryNotFound, ConfigError
-from pipelines.settings import project_root
+from pipelines.core.errors import CatalogEntryNotFound, ConfigError
+from pipelines.core.settings import project_root
+from pipelines.source.catalog import GeneratedSource, HubSource, load_catalog
 
 COMMIT = "7ae557604adf67be50417f59c2c2f167def9a775"
 

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.catalog import check_quant_types, did_you_mean, load_catalog, parse_quants
-from pipelines.errors import ConfigError
-from pipelines.settings import project_root
+from pipelines.core.errors import ConfigError
+from pipelines.core.settings import project_root
+from pipelines.source.catalog import check_quant_types, did_you_mean, load_catalog, parse_quants
 
 COMMIT = "7ae557604adf67be50417f59c2c2f167def9a775"
 MODELMINT = str(Path(sys.executable).parent / "modelmint")

@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipelines.errors import ArtifactError
-from pipelines.gguf import inspect_gguf
+from pipelines.core.errors import ArtifactError
+from pipelines.core.ggufheader import inspect_gguf
 
 MODELMINT = str(Path(sys.executable).parent / "modelmint")
 

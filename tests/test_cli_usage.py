@@ -12,7 +12,7 @@ import pytest
 import typer.main
 
 from pipelines.cli import app
-from pipelines.settings import project_root
+from pipelines.core.settings import project_root
 
 # The installed console script: what a user runs (pipelines.cli:main), not typer's test runner.
 MODELMINT = str(Path(sys.executable).parent / "modelmint")

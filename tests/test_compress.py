@@ -14,29 +14,20 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipelines.catalog import COMPRESSED_VARIANTS, CalibrationSpec, Variants, load_catalog
-from pipelines.compress import (
-    RECIPE_FILE,
-    VERBATIM_FILES,
-    Recipe,
-    _raise_for_failure,
-    build_compressed,
-    check_structure,
-    evaluate,
-    figures_of,
-    parse_schemes,
-    quantize,
-    recipe_for,
-)
-from pipelines.errors import ArtifactError, ConfigError, ToolError, UnsupportedModel
-from pipelines.fetch import read_safetensors_header
-from pipelines.gates import compressed_gate
-from pipelines.report import Figures
-from pipelines.runner import run
-from pipelines.serving import VllmServeConfig
-from pipelines.settings import Settings, project_root
-from pipelines.steps import load_dir_receipt, write_dir_receipt
-from pipelines.toolchains import llmcompressor
+from pipelines.compressed.build import build_compressed
+from pipelines.compressed.checkpoint import VERBATIM_FILES, check_structure
+from pipelines.compressed.llmc import _raise_for_failure, evaluate, figures_of, quantize
+from pipelines.compressed.recipes import RECIPE_FILE, Recipe, parse_schemes, recipe_for
+from pipelines.core.errors import ArtifactError, ConfigError, ToolError, UnsupportedModel
+from pipelines.core.gates import compressed_gate
+from pipelines.core.report import Figures
+from pipelines.core.runner import run
+from pipelines.core.settings import Settings, project_root
+from pipelines.core.steps import load_dir_receipt, write_dir_receipt
+from pipelines.core.toolchains import llmcompressor
+from pipelines.publish.vllm import VllmServeConfig
+from pipelines.source.catalog import COMPRESSED_VARIANTS, CalibrationSpec, Variants, load_catalog
+from pipelines.source.fetch import read_safetensors_header
 
 CATALOG = project_root() / "registry" / "catalog.yaml"
 SCHEMES = ["fp8", "awq"]

@@ -22,8 +22,8 @@ from registry_env import Repo, free_port, git, make_repo, task_runs
 from stack_env import flow_runs, prefect, stack_up, wait_for
 
 from flows import stack
-from pipelines.manifest import find_manifest, list_manifests, manifest_path
-from pipelines.settings import Settings
+from pipelines.core.settings import Settings
+from pipelines.registry.manifest import find_manifest, list_manifests, manifest_path
 
 pytestmark = pytest.mark.slow
 

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.errors import ArtifactError, DiskFullError, ToolError
-from pipelines.fsutil import atomic_output, free_bytes, is_full, promote, write_text_atomic
-from pipelines.runner import run
-from pipelines.settings import Settings
+from pipelines.core.errors import ArtifactError, DiskFullError, ToolError
+from pipelines.core.fsutil import atomic_output, free_bytes, is_full, promote, write_text_atomic
+from pipelines.core.runner import run
+from pipelines.core.settings import Settings
 
 # A writer that hides ENOSPC behind a C++ iostream message and exits 1, as llama-quantize does.
 _IOSTREAM_WRITER = (
@@ -143,8 +143,8 @@ def test_the_hint_depends_on_the_directory_that_filled(tmp_path: Path) -> None:
 @pytest.fixture(scope="module")
 def base(tmp_path_factory: pytest.TempPathFactory, settings: Settings, tiny_qwen2: Path):
     """tiny-qwen2's f16 GGUF, converted once on an ordinary disk, and the pinned llama.cpp."""
-    from pipelines.gguf import convert
-    from pipelines.toolchains import llama_cpp
+    from pipelines.core.ggufheader import convert
+    from pipelines.core.toolchains import llama_cpp
 
     llama = llama_cpp(settings)
     out = tmp_path_factory.mktemp("base") / "tiny-qwen2-f16.gguf"
@@ -154,7 +154,7 @@ def base(tmp_path_factory: pytest.TempPathFactory, settings: Settings, tiny_qwen
 
 @pytest.mark.slow
 def test_llama_quantize_on_a_full_disk(base, small_disk) -> None:
-    from pipelines.gguf import quantize
+    from pipelines.core.ggufheader import quantize
 
     f16, llama = base
     mnt = small_disk(str(f16.stat().st_size // 8))  # a Q8_0 is about half the f16: a quarter of it fits
@@ -168,9 +168,9 @@ def test_llama_quantize_on_a_full_disk(base, small_disk) -> None:
 
 @pytest.mark.slow
 def test_llama_perplexity_cut_short_by_a_full_disk_is_not_promoted(base, small_disk) -> None:
-    from pipelines.build import GGUF_EVAL_CHUNKS, GGUF_EVAL_CTX
-    from pipelines.texts import EVAL_TEXT, bundled_text
-    from pipelines.validate import kld_base_logits
+    from pipelines.core.texts import EVAL_TEXT, bundled_text
+    from pipelines.gguf.build import GGUF_EVAL_CHUNKS, GGUF_EVAL_CTX
+    from pipelines.gguf.validate import kld_base_logits
 
     f16, llama = base
     mnt = small_disk("8m")  # the logits of 16 x 128 tokens over a 151k vocabulary take ~300 MB
@@ -183,9 +183,9 @@ def test_llama_perplexity_cut_short_by_a_full_disk_is_not_promoted(base, small_d
 
 @pytest.mark.slow
 def test_a_truncated_logits_file_is_named_not_measured(base, tmp_path: Path) -> None:
-    from pipelines.build import GGUF_EVAL_CTX
-    from pipelines.texts import EVAL_TEXT, bundled_text
-    from pipelines.validate import check_logits_file, kl_divergence, kld_base_logits
+    from pipelines.core.texts import EVAL_TEXT, bundled_text
+    from pipelines.gguf.build import GGUF_EVAL_CTX
+    from pipelines.gguf.validate import check_logits_file, kl_divergence, kld_base_logits
 
     f16, llama = base
     logits = kld_base_logits(f16, bundled_text(EVAL_TEXT), tmp_path / "base.kld-base.bin", llama, threads=2, ctx=GGUF_EVAL_CTX,
@@ -203,8 +203,8 @@ def test_a_truncated_logits_file_is_named_not_measured(base, tmp_path: Path) -> 
 
 @pytest.mark.slow
 def test_llama_imatrix_on_a_full_disk(base, small_disk) -> None:
-    from pipelines.gguf import compute_imatrix
-    from pipelines.texts import CALIBRATION_TEXT, bundled_text
+    from pipelines.core.ggufheader import compute_imatrix
+    from pipelines.core.texts import CALIBRATION_TEXT, bundled_text
 
     f16, llama = base
     mnt = small_disk("16k")  # its output is ~40 kB
@@ -223,7 +223,7 @@ def _register_env(repo, tmp_path: Path, mib: float):
 
     from registry_env import candidate, write_gguf
 
-    from pipelines.fsutil import sha256_file
+    from pipelines.core.fsutil import sha256_file
 
     settings = repo.settings()
     c = candidate(settings, tmp_path, tag="q8_0", seed=1)
@@ -232,7 +232,7 @@ def _register_env(repo, tmp_path: Path, mib: float):
 
 
 def test_a_full_artifacts_disk_names_the_repository_not_the_work_dir(repo, tmp_path: Path, small_disk) -> None:
-    from pipelines.register import register
+    from pipelines.registry.register import register
 
     settings, c = _register_env(repo, tmp_path, mib=3)
     mnt = small_disk("1m")
@@ -252,8 +252,8 @@ def test_a_full_artifacts_disk_names_the_repository_not_the_work_dir(repo, tmp_p
 
 
 def test_a_full_dvc_cache_says_how_to_move_it(repo, tmp_path: Path, small_disk) -> None:
-    from pipelines import dvcrepo
-    from pipelines.register import register
+    from pipelines.registry import dvcrepo
+    from pipelines.registry.register import register
 
     settings, c = _register_env(repo, tmp_path, mib=3)
     cache = dvcrepo.cache_dir(settings)

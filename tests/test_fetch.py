@@ -21,11 +21,11 @@ import pytest
 from hubserver import HubServer
 from pydantic import ValidationError
 
-import pipelines.fsutil
-from pipelines.catalog import CatalogEntry, HubSource, load_catalog
-from pipelines.errors import ArtifactError, ConfigError, HubUnavailable, IntegrityError, SourceError
-from pipelines.fetch import fetch, read_safetensors_header
-from pipelines.settings import Settings, project_root
+import pipelines.core.fsutil
+from pipelines.core.errors import ArtifactError, ConfigError, HubUnavailable, IntegrityError, SourceError
+from pipelines.core.settings import Settings, project_root
+from pipelines.source.catalog import CatalogEntry, HubSource, load_catalog
+from pipelines.source.fetch import fetch, read_safetensors_header
 
 TOKEN = "hf_modelmintTESTtoken0123456789abcdef"
 CHAT_TEMPLATE = (
@@ -170,13 +170,13 @@ def settings(tmp_path: Path, hub: HubServer) -> Settings:
 def sha256_calls(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
     """Every full read-and-hash HashCache does (fsutil.sha256_file), recorded."""
     calls: list[Path] = []
-    real = pipelines.fsutil.sha256_file
+    real = pipelines.core.fsutil.sha256_file
 
     def counting(path: Path) -> str:
         calls.append(Path(path))
         return real(path)
 
-    monkeypatch.setattr(pipelines.fsutil, "sha256_file", counting)
+    monkeypatch.setattr(pipelines.core.fsutil, "sha256_file", counting)
     return calls
 
 
@@ -536,7 +536,7 @@ def test_index_naming_a_missing_shard(tmp_path: Path, settings: Settings) -> Non
 def test_generated_source_is_checked_like_a_local_one(
     tmp_path: Path, settings: Settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # pipelines.tinymodel builds real tiny models (its own tests cover that); here only the dispatch matters.
+    # pipelines.source.tinymodel builds real tiny models (its own tests cover that); here only the dispatch matters.
     made = write_dir(tmp_path / "generated" / "tiny-qwen2", tiny_model_files())
     calls: list[tuple[str, Settings]] = []
 
@@ -545,7 +545,7 @@ def test_generated_source_is_checked_like_a_local_one(
         return made
 
     monkeypatch.setitem(
-        sys.modules, "pipelines.tinymodel", types.SimpleNamespace(ensure_tiny_model=ensure_tiny_model)
+        sys.modules, "pipelines.source.tinymodel", types.SimpleNamespace(ensure_tiny_model=ensure_tiny_model)
     )
     snap = fetch(make_entry({"generated": "tiny-qwen2"}), settings)
     assert calls == [("tiny-qwen2", settings)]

@@ -28,8 +28,8 @@ from stack_env import flow_runs, prefect, run_logs, stack_up, wait_for
 
 from flows import stack
 from flows.slots import LEASE_S, model_limit
-from pipelines.manifest import find_manifest, manifest_path
-from pipelines.settings import Settings
+from pipelines.core.settings import Settings
+from pipelines.registry.manifest import find_manifest, manifest_path
 
 pytestmark = pytest.mark.slow
 
@@ -120,7 +120,7 @@ def test_killing_only_the_worker_lets_the_run_finish(deployed) -> None:
     assert find_manifest(repo.settings(), f"{MODEL}:q8_0").validation.passed
     assert _slots_taken(settings) == 0
     # pipelines' INFO lines reach the run's log (docs/registry.md says they show there)
-    assert f"pipelines.fetch: {MODEL}: generated source" in run_logs(settings, run.id)
+    assert f"pipelines.source.fetch: {MODEL}: generated source" in run_logs(settings, run.id)
     _restart_worker(settings)
 
 
@@ -196,9 +196,9 @@ import os, signal, sys
 from contextlib import contextmanager
 
 from flows.slots import GPU_LIMIT, slot
-from pipelines.catalog import load_catalog
-from pipelines.compress import ensure_compressed, plan_compressed
-from pipelines.settings import Settings
+from pipelines.source.catalog import load_catalog
+from pipelines.compressed.build import ensure_compressed, plan_compressed
+from pipelines.core.settings import Settings
 
 settings = Settings.from_env()
 plan = plan_compressed(load_catalog(settings.catalog_path).get(sys.argv[1]), settings, schemes=["fp8"])
@@ -222,8 +222,8 @@ def test_a_gpu_slot_released_during_an_outage_keeps_the_checkpoint(deployed, tmp
 
     The step runs in a process of its own, as in a flow run: the Prefect client state a lost server leaves
     behind stays there."""
-    from pipelines.catalog import load_catalog
-    from pipelines.compress import ensure_compressed, plan_compressed
+    from pipelines.compressed.build import ensure_compressed, plan_compressed
+    from pipelines.source.catalog import load_catalog
 
     repo, settings = deployed
     work = tmp_path / "work"

@@ -18,10 +18,10 @@ from registry_env import PopenCounter, Repo, artifacts, dvc, make_repo, task_run
 
 from flows import stack
 from flows.convert import _convert_key, _transient, artifact_key, convert, model_limit
-from pipelines.catalog import load_catalog
-from pipelines.errors import ConfigError, HubUnavailable
-from pipelines.manifest import find_manifest, list_manifests
-from pipelines.settings import project_root
+from pipelines.core.errors import ConfigError, HubUnavailable
+from pipelines.core.settings import project_root
+from pipelines.registry.manifest import find_manifest, list_manifests
+from pipelines.source.catalog import load_catalog
 
 ROOT = project_root()
 
@@ -186,7 +186,7 @@ def test_variants_parameter_and_content_keys(project: Repo, shared_work: Path, t
     # (its cached result would name a file in the first checkout).
     import dataclasses
 
-    from pipelines.build import plan_gguf
+    from pipelines.gguf.build import plan_gguf
 
     settings = project.settings()
     entry = load_catalog(settings.catalog_path).get("tiny-qwen2")

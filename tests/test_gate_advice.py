@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from pipelines.gates import advice_for_report, compressed_gate, gate_advice, gguf_gate
-from pipelines.report import Figures, Validation
+from pipelines.core.gates import advice_for_report, compressed_gate, gate_advice, gguf_gate
+from pipelines.core.report import Figures, Validation
 
 SMOLLM2 = 134_515_008  # parameters of SmolLM2-135M-Instruct
 
@@ -34,7 +34,7 @@ def test_q8_0_failing_is_never_told_to_try_q8_0() -> None:
     advice = _gguf("q8_0", 0.0042, 94.6, 0.77, params=SMOLLM2)
     assert "q8_0 is llama.cpp's highest-bit quantized type: there is no higher-bit type" in advice
     assert "Try a higher-bit type" not in advice and "q5_k_m" not in advice
-    assert "pipelines/gates.py" in advice and "Llama-3-8B" in advice  # the gate's basis, to check against
+    assert "pipelines/core/gates.py" in advice and "Llama-3-8B" in advice  # the gate's basis, to check against
     assert "mean KL lost 1.5x what the gate allows" in advice and "135 M-parameter" in advice
 
 
@@ -69,7 +69,7 @@ def test_fp8_failing_is_never_told_to_try_fp8() -> None:
     advice = _compressed("fp8", 0.0255, 88.7, 1.029)
     assert "Try fp8" not in advice and "instead of a 4-bit scheme" not in advice
     assert "fp8 is already 8-bit: modelmint has no higher-bit compressed-tensors scheme" in advice
-    assert "pipelines/gates.py" in advice and "RedHatAI" in advice and "q8_0" in advice
+    assert "pipelines/core/gates.py" in advice and "RedHatAI" in advice and "q8_0" in advice
     assert "mean KL lost 4.2x" in advice
     assert "already 8-bit" in _compressed("w8a8", 0.01, 91.0, 1.02)
 

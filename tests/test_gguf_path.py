@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.build import build_gguf
-from pipelines.catalog import load_catalog
-from pipelines.errors import DiskFullError, UnsupportedModel
-from pipelines.gguf import inspect_gguf
-from pipelines.settings import Settings, project_root
+from pipelines.core.errors import DiskFullError, UnsupportedModel
+from pipelines.core.ggufheader import inspect_gguf
+from pipelines.core.settings import Settings, project_root
+from pipelines.gguf.build import build_gguf
+from pipelines.source.catalog import load_catalog
 
 pytestmark = pytest.mark.slow
 

@@ -22,16 +22,16 @@ from typing import Any
 
 import pytest
 
-from pipelines import chat_template
-from pipelines.build import ensure_base, ensure_quant, plan_gguf
-from pipelines.catalog import CatalogEntry, load_catalog
-from pipelines.gotemplate import OllamaRequest, render
-from pipelines.modelfile import Modelfile
-from pipelines.ollama import OllamaModelfile, build_modelfile, publish_ollama, read_source_chat
-from pipelines.runner import run
-from pipelines.settings import Settings, project_root
-from pipelines.template_proof import SYSTEM, TOOLS, ollama_messages
-from pipelines.toolchains import llama_cpp
+from pipelines.chat import jinja as chat_template
+from pipelines.chat.gotemplate import OllamaRequest, render
+from pipelines.chat.modelfile import Modelfile
+from pipelines.chat.proof import SYSTEM, TOOLS, ollama_messages
+from pipelines.core.runner import run
+from pipelines.core.settings import Settings, project_root
+from pipelines.core.toolchains import llama_cpp
+from pipelines.gguf.build import ensure_base, ensure_quant, plan_gguf
+from pipelines.publish.ollama import OllamaModelfile, build_modelfile, publish_ollama, read_source_chat
+from pipelines.source.catalog import CatalogEntry, load_catalog
 
 pytestmark = pytest.mark.slow
 
@@ -48,9 +48,9 @@ class Tiny:
 
 
 def _tiny_entry(settings: Settings, tmp: Path) -> CatalogEntry:
-    """The catalog's tiny-qwen2; until pipelines.tinymodel (which generates it) is in the tree, the same
+    """The catalog's tiny-qwen2; until pipelines.source.tinymodel (which generates it) is in the tree, the same
     model made by the generator it wraps, pipelines/scripts/make_tiny_model.py, as a local source."""
-    if importlib.util.find_spec("pipelines.tinymodel") is not None:
+    if importlib.util.find_spec("pipelines.source.tinymodel") is not None:
         return load_catalog(settings.catalog_path).get("tiny-qwen2")
     llama = llama_cpp(settings)
     model = tmp / "tiny-qwen2"
@@ -142,7 +142,7 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 
 def _prompt(built: OllamaModelfile, settings: Settings, conversation: tuple[dict[str, Any], ...] = CONVERSATION,
             tools: tuple[dict[str, Any], ...] | None = None) -> str:
-    from pipelines.template_proof import Conversation
+    from pipelines.chat.proof import Conversation
 
     conv = Conversation("smoke", conversation, tools)
     return render(OllamaRequest(built.modelfile.template or "", tuple(ollama_messages(conv)), tools), settings)

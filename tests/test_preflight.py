@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 from wide_model import write_wide_model
 
-from pipelines.compress import preflight_group_size, recipe_for, source_tensors
-from pipelines.errors import ShapeRefused
-from pipelines.preflight import block_size, gguf_fallback, indivisible, source_weights
+from pipelines.compressed.build import preflight_group_size, recipe_for, source_tensors
+from pipelines.core.errors import ShapeRefused
+from pipelines.core.preflight import block_size, gguf_fallback, indivisible, source_weights
 
 PROJECTIONS_576 = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj")  # every one but down_proj
 
@@ -49,7 +49,7 @@ def test_gptq_is_checked_like_awq_and_fp8_has_no_group_constraint(wide: Path) ->
 
 
 def test_ignored_layers_are_not_checked(wide: Path) -> None:
-    from pipelines.catalog import AWQVariant
+    from pipelines.source.catalog import AWQVariant
 
     spec = AWQVariant(ignore=["lm_head", "re:.*self_attn\\..*", "re:.*mlp\\.(gate|up)_proj$"], group_sizes=[128])
     choice = preflight_group_size("awq", recipe_for("awq", spec), source_tensors(wide), spec.group_sizes)
@@ -57,7 +57,7 @@ def test_ignored_layers_are_not_checked(wide: Path) -> None:
 
 
 def test_the_group_size_rule_is_llmcompressors() -> None:
-    from pipelines.preflight import Weight
+    from pipelines.core.preflight import Weight
 
     layers = [Weight("a.weight", 576, 1), Weight("b.weight", 96, 1), Weight("c.weight", 1536, 1)]
     # columns smaller than the group are not "indivisible" (validate_group_size_divisibility skips them)

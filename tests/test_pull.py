@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 from registry_env import Repo, candidate, dvc, git
 
-import pipelines.dvcrepo
-from pipelines.errors import BlobMismatch, ManifestInvalid, NotRegistered, RemoteError
-from pipelines.manifest import manifest_path
-from pipelines.pull import pull
-from pipelines.register import register
+import pipelines.registry.dvcrepo
+from pipelines.core.errors import BlobMismatch, ManifestInvalid, NotRegistered, RemoteError
+from pipelines.registry.manifest import manifest_path
+from pipelines.registry.pull import pull
+from pipelines.registry.register import register
 
 MODELMINT = [sys.executable, "-m", "pipelines.cli"]
 
@@ -90,7 +90,7 @@ def test_pull_runs_ollama_create_when_it_is_on_path(published: Repo, tmp_path: P
 
 def _corrupt_remote_blob(repo: Repo, sha_source: Path) -> Path:
     """Overwrite the remote's copy of the GGUF with other bytes of the same size."""
-    from pipelines.fsutil import sha256_file
+    from pipelines.core.fsutil import sha256_file
 
     md5 = __import__("hashlib").md5(sha_source.read_bytes()).hexdigest()
     obj = repo.remote / "files" / "md5" / md5[:2] / md5[2:]
@@ -162,8 +162,8 @@ def test_manifest_and_dvc_lock_must_agree(published: Repo, tmp_path: Path) -> No
 
 def test_pull_runs_dvc_only_when_something_is_missing(published: Repo, monkeypatch) -> None:
     calls: list[list[str]] = []
-    real = pipelines.dvcrepo.run
-    monkeypatch.setattr(pipelines.dvcrepo, "run", lambda argv, **kw: calls.append(list(map(str, argv))) or real(argv, **kw))
+    real = pipelines.registry.dvcrepo.run
+    monkeypatch.setattr(pipelines.registry.dvcrepo, "run", lambda argv, **kw: calls.append(list(map(str, argv))) or real(argv, **kw))
     assert not pull(published.settings(), "tiny-qwen2:q4_k_m").fetched
     assert calls == []
 
@@ -231,7 +231,7 @@ def test_push_and_pull_through_an_s3_remote(s3, tmp_path: Path) -> None:
     # The endpoint goes away: pushing is a transient error, and nothing is registered.
     moto.terminate()
     moto.wait(10)
-    from pipelines.errors import RemoteUnavailable
+    from pipelines.core.errors import RemoteUnavailable
 
     with pytest.raises(RemoteUnavailable):
         register(settings, candidate(settings, tmp_path / "build2", tag="q8_0", seed=5))

@@ -14,11 +14,11 @@ import pytest
 from pydantic import ValidationError
 from registry_env import Repo, candidate, dvc, git, judged, make_repo
 
-import pipelines.dvcrepo
-from pipelines import dvcgen
-from pipelines.catalog import load_catalog
-from pipelines.errors import ManifestInvalid, NotRegistered, RegistryError, RemoteError
-from pipelines.manifest import (
+import pipelines.registry.dvcrepo
+from pipelines.core.errors import ManifestInvalid, NotRegistered, RegistryError, RemoteError
+from pipelines.core.settings import project_root
+from pipelines.registry import dvcgen
+from pipelines.registry.manifest import (
     Manifest,
     find_manifest,
     list_manifests,
@@ -26,8 +26,8 @@ from pipelines.manifest import (
     manifest_path,
     parse_ref,
 )
-from pipelines.register import register
-from pipelines.settings import project_root
+from pipelines.registry.register import register
+from pipelines.source.catalog import load_catalog
 
 MODELMINT = [sys.executable, "-m", "pipelines.cli"]
 
@@ -40,13 +40,13 @@ def _cli(repo: Repo, *args: str) -> subprocess.CompletedProcess[str]:
 def _count_dvc_calls(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
     """Record every DVC process registration starts (the real one still runs)."""
     calls: list[list[str]] = []
-    real = pipelines.dvcrepo.run
+    real = pipelines.registry.dvcrepo.run
 
     def spy(argv, **kw):  # type: ignore[no-untyped-def]
         calls.append([str(a) for a in argv])
         return real(argv, **kw)
 
-    monkeypatch.setattr(pipelines.dvcrepo, "run", spy)
+    monkeypatch.setattr(pipelines.registry.dvcrepo, "run", spy)
     return calls
 
 
@@ -128,7 +128,7 @@ def test_a_new_blob_for_the_same_tag_replaces_the_registration(repo: Repo, tmp_p
 
 
 def _valid_manifest_dict(settings, tmp_path: Path) -> dict:
-    from pipelines.register import Tracked, _describe, _manifest
+    from pipelines.registry.register import Tracked, _describe, _manifest
 
     c = candidate(settings, tmp_path)
     d = tmp_path / "dir"
@@ -193,7 +193,7 @@ def test_invalid_manifests_are_reported_by_list_show_and_find(repo: Repo, tmp_pa
 def test_refs_and_unregistered_tags(repo: Repo) -> None:
     settings = repo.settings()
     assert parse_ref("qwen2.5:Q4_K_M") == ("qwen2.5", "q4_k_m")
-    from pipelines.errors import ConfigError
+    from pipelines.core.errors import ConfigError
 
     with pytest.raises(ConfigError, match="name:tag"):
         parse_ref("qwen2.5")
@@ -217,7 +217,7 @@ def test_not_a_dvc_repository(isolated, tmp_path: Path) -> None:
     plain = tmp_path / "plain"
     (plain / "registry").mkdir(parents=True)
     (plain / "registry" / "catalog.yaml").write_text((project_root() / "registry/catalog.yaml").read_text())
-    from pipelines.settings import Settings
+    from pipelines.core.settings import Settings
 
     settings = Settings.from_env({**os.environ, "MODELMINT_REPO": str(plain)})
     with pytest.raises(RegistryError, match="not a DVC repository"):
@@ -275,14 +275,14 @@ def test_dvc_lock_is_read_under_dvcs_own_lock(repo: Repo, tmp_path: Path) -> Non
     dvc_lock = make_lock(str(repo.root / ".dvc" / "tmp" / "lock"), tmp_dir=str(repo.root / ".dvc" / "tmp"))
     with dvc_lock:
         lock_file.write_text(whole[: len(whole) // 3])  # what another `dvc commit` leaves mid-write
-        reader = threading.Thread(target=lambda: got.append(pipelines.dvcrepo.locked_out(settings, c.stage, c.dvc_path)))
+        reader = threading.Thread(target=lambda: got.append(pipelines.registry.dvcrepo.locked_out(settings, c.stage, c.dvc_path)))
         reader.start()
         reader.join(0.5)
         assert reader.is_alive(), "dvc.lock was read while DVC held its lock"
         lock_file.write_text(whole)
     reader.join(30)
     assert not reader.is_alive()
-    assert isinstance(got[0], pipelines.dvcrepo.LockedOut) and got[0].md5 == reg.manifest.dvc.md5
+    assert isinstance(got[0], pipelines.registry.dvcrepo.LockedOut) and got[0].md5 == reg.manifest.dvc.md5
 
 
 def test_a_variant_outside_the_catalog_is_refused_before_any_work(repo: Repo) -> None:
@@ -326,7 +326,7 @@ def _rebuilt_elsewhere(settings, c, where: Path, seconds: float):  # type: ignor
     whose paths and timings differ (what llama-perplexity's report really holds), written elsewhere."""
     import dataclasses
 
-    from pipelines.fsutil import sha256_file
+    from pipelines.core.fsutil import sha256_file
 
     where.mkdir(parents=True)
     files = []
@@ -431,7 +431,7 @@ def test_verify_checks_every_object_in_the_remote_and_repairs_it(repo: Repo, tmp
     assert fixed.returncode == 0, fixed.stderr
     assert "uploaded again" in fixed.stderr and gone.is_file()
     assert _cli(repo, "verify").returncode == 0
-    from pipelines.pull import pull
+    from pipelines.registry.pull import pull
 
     assert pull(clone.settings(), "tiny-qwen2:q4_k_m").fetched
 

@@ -23,13 +23,15 @@ from registry_env import Repo, artifacts, dvc, git, make_repo
 from test_compress import compress_work_dir
 
 from flows.convert import convert
-from pipelines.catalog import load_catalog
-from pipelines.compress import RECIPE_FILE, build_compressed
-from pipelines.errors import GateFailed
-from pipelines.fsutil import sha256_file
-from pipelines.manifest import find_manifest, list_manifests, manifest_path
-from pipelines.register import candidate_from_compressed, register
-from pipelines.serving import CARD_FILE, SERVE_CONFIG_FILE, VllmServeConfig, check_serve_config
+from pipelines.compressed.build import build_compressed
+from pipelines.compressed.recipes import RECIPE_FILE
+from pipelines.compressed.serve import SERVE_CONFIG_FILE, VllmServeConfig, check_serve_config
+from pipelines.core.errors import GateFailed
+from pipelines.core.fsutil import sha256_file
+from pipelines.publish.vllm import CARD_FILE
+from pipelines.registry.manifest import find_manifest, list_manifests, manifest_path
+from pipelines.registry.register import candidate_from_compressed, register
+from pipelines.source.catalog import load_catalog
 
 MODELMINT = [sys.executable, "-m", "pipelines.cli"]
 

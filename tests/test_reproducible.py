@@ -17,26 +17,26 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipelines.build import build_gguf
-from pipelines.catalog import load_catalog
-from pipelines.compress import ensure_compressed, plan_compressed
-from pipelines.fsutil import sha256_file
-from pipelines.gguf import inspect_gguf, read_imatrix
-from pipelines.settings import Settings, project_root
-from pipelines.texts import EVAL_TEXT, text_ref
+from pipelines.compressed.build import ensure_compressed, plan_compressed
+from pipelines.core.fsutil import sha256_file
+from pipelines.core.ggufheader import inspect_gguf, read_imatrix
+from pipelines.core.settings import Settings, project_root
+from pipelines.core.texts import EVAL_TEXT, text_ref
+from pipelines.gguf.build import build_gguf
+from pipelines.source.catalog import load_catalog
 
 pytestmark = pytest.mark.slow
 
 NAME = "tiny-qwen2"
 
-# Builds the entry's f16, imatrix and q4_k_m with the steps of pipelines.build, in whichever checkout
+# Builds the entry's f16, imatrix and q4_k_m with the steps of pipelines.gguf.build, in whichever checkout
 # PYTHONPATH names, and prints where the package and the outputs are.
 _STEPS = """
 import json
 import pipelines
-from pipelines.build import ensure_base, ensure_imatrix, ensure_quant, plan_gguf
-from pipelines.catalog import load_catalog
-from pipelines.settings import Settings
+from pipelines.gguf.build import ensure_base, ensure_imatrix, ensure_quant, plan_gguf
+from pipelines.source.catalog import load_catalog
+from pipelines.core.settings import Settings
 
 settings = Settings.from_env()
 plan = plan_gguf(load_catalog(settings.catalog_path).get("tiny-qwen2"), settings)
@@ -133,7 +133,7 @@ def test_imatrix_variant_names_its_calibration_portably(imatrix_build) -> None:
 
 
 def test_imatrix_provenance_reaches_the_manifest_and_the_card(imatrix_build) -> None:
-    from pipelines.register import candidate_from_gguf, register
+    from pipelines.registry.register import candidate_from_gguf, register
 
     settings, result = imatrix_build
     plan = result.plan

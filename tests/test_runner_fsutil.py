@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.errors import DiskFullError, ToolError, ToolTimeout
-from pipelines.fsutil import HashCache, atomic_output, clean_partials, partial_path
-from pipelines.runner import run
+from pipelines.core.errors import DiskFullError, ToolError, ToolTimeout
+from pipelines.core.fsutil import HashCache, atomic_output, clean_partials, partial_path
+from pipelines.core.runner import run
 
 
 def test_run_captures_output_and_peak_rss() -> None:
@@ -55,7 +55,7 @@ def test_partials_of_a_killed_process_are_cleaned(tmp_path: Path) -> None:
     final = tmp_path / "out.gguf"
     # A real process killed with SIGKILL while writing its partial file.
     code = (
-        "import os, sys, time; from pathlib import Path; from pipelines.fsutil import atomic_output\n"
+        "import os, sys, time; from pathlib import Path; from pipelines.core.fsutil import atomic_output\n"
         "with atomic_output(Path(sys.argv[1])) as t:\n"
         "    t.write_bytes(b'x' * 1000); print('writing', flush=True); time.sleep(60)\n"
     )
@@ -90,7 +90,7 @@ def test_disk_full_in_a_tool_is_recognised(small_fs: Path) -> None:
 
 
 def test_hash_cache_does_not_rehash_unchanged_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import pipelines.fsutil as fsutil
+    import pipelines.core.fsutil as fsutil
 
     f = tmp_path / "w.safetensors"
     f.write_bytes(b"a" * 4096)

@@ -12,14 +12,14 @@ import subprocess
 import pytest
 from registry_env import VENV_BIN, Repo, make_repo
 
-from pipelines import chat_template
-from pipelines.catalog import WheelSource, load_catalog
-from pipelines.gguf import inspect_gguf, read_gguf_header
-from pipelines.manifest import load_manifest
-from pipelines.runner import run
-from pipelines.settings import Settings
-from pipelines.toolchains import llama_cpp
-from pipelines.wheelsource import RECORD, model_dir
+from pipelines.chat import jinja as chat_template
+from pipelines.core.ggufheader import inspect_gguf, read_gguf_header
+from pipelines.core.runner import run
+from pipelines.core.settings import Settings
+from pipelines.core.toolchains import llama_cpp
+from pipelines.registry.manifest import load_manifest
+from pipelines.source.catalog import WheelSource, load_catalog
+from pipelines.source.wheelsource import RECORD, model_dir
 
 pytestmark = pytest.mark.slow
 VARIANTS = ["q6_k", "q8_0"]

@@ -12,12 +12,13 @@ import pytest
 from gguf import GGUFReader, TokenType
 from pydantic import ValidationError
 
-from pipelines.catalog import GeneratedSource
-from pipelines.errors import ArtifactError, ConfigError
-from pipelines.fsutil import sha256_file
-from pipelines.runner import run
-from pipelines.settings import Settings
-from pipelines.tinymodel import (
+from pipelines.core.errors import ArtifactError, ConfigError
+from pipelines.core.fsutil import sha256_file
+from pipelines.core.runner import run
+from pipelines.core.settings import Settings
+from pipelines.core.toolchains import llama_cpp
+from pipelines.source.catalog import GeneratedSource
+from pipelines.source.tinymodel import (
     EVAL_TEXT,
     SCRIPT,
     TINY_RECIPES,
@@ -29,7 +30,6 @@ from pipelines.tinymodel import (
     tiny_model_dir,
     tiny_recipe,
 )
-from pipelines.toolchains import llama_cpp
 
 
 @dataclass(frozen=True)
@@ -269,7 +269,7 @@ def test_modelmints_header_reader_agrees_with_gguf_py(converted) -> None:
     gguf-py's GGUFReader, including the 150k-token vocabulary when asked for it."""
     from gguf import GGMLQuantizationType
 
-    from pipelines.gguf import inspect_gguf, read_gguf_header
+    from pipelines.core.ggufheader import inspect_gguf, read_gguf_header
 
     _, _, reader = converted
     path = Path(reader.data.filename)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.settings import Settings, project_root
+from pipelines.core.settings import Settings, project_root
 
 ROOT = project_root()
 LIB = ROOT / "toolchains" / "lib.sh"

@@ -17,7 +17,7 @@ import yaml
 from registry_env import Repo, artifacts, dvc, judged, make_repo
 from wide_model import write_wide_model
 
-from pipelines.manifest import find_manifest, list_manifests
+from pipelines.registry.manifest import find_manifest, list_manifests
 
 MODELMINT = [sys.executable, "-m", "pipelines.cli"]
 
@@ -29,9 +29,9 @@ def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_the_summary_shows_every_variant_and_the_run_fails_at_the_end_with_each_cause(tmp_path: Path) -> None:
-    from pipelines.errors import ShapeRefused, VariantsFailed
-    from pipelines.gates import gguf_gate
-    from pipelines.steps import BuildResult, VariantError, VariantOutcome
+    from pipelines.core.errors import ShapeRefused, VariantsFailed
+    from pipelines.core.gates import gguf_gate
+    from pipelines.core.steps import BuildResult, VariantError, VariantOutcome
 
     gate = gguf_gate("q8_0", "tiny")
     def outcome(q: str, kld: float) -> VariantOutcome:
@@ -167,9 +167,9 @@ def test_awq_falls_back_to_group_size_64_and_a_refused_gptq_does_not_stop_it(
 def test_k_quant_fallback_is_predicted_before_the_build_and_matches_llama_quantize(
     isolated, tmp_path: Path, tiny_llama: Path
 ) -> None:
-    from pipelines.build import build_gguf
-    from pipelines.catalog import load_catalog
-    from pipelines.settings import Settings
+    from pipelines.core.settings import Settings
+    from pipelines.gguf.build import build_gguf
+    from pipelines.source.catalog import load_catalog
 
     model = write_wide_model(tmp_path / "wide-576", tokenizer_from=tiny_llama)
     catalog = _wide_catalog(tmp_path, model, {})

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.catalog import load_catalog
-from pipelines.compress import build_compressed
-from pipelines.serving import CPU_KERNELS_MISSING, VllmServeConfig
-from pipelines.settings import Settings, project_root
+from pipelines.compressed.build import build_compressed
+from pipelines.compressed.serve import CPU_KERNELS_MISSING, VllmServeConfig
+from pipelines.core.settings import Settings, project_root
+from pipelines.source.catalog import load_catalog
 
 pytestmark = pytest.mark.slow
 

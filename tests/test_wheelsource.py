@@ -19,11 +19,11 @@ import pytest
 import yaml
 from indexserver import IndexServer
 
-from pipelines.catalog import CatalogEntry
-from pipelines.errors import IntegrityError, PackageIndexUnavailable, SourceError
-from pipelines.fetch import fetch
-from pipelines.settings import Settings
-from pipelines.wheelsource import list_files, normalize, wheel_version
+from pipelines.core.errors import IntegrityError, PackageIndexUnavailable, SourceError
+from pipelines.core.settings import Settings
+from pipelines.source.catalog import CatalogEntry
+from pipelines.source.fetch import fetch
+from pipelines.source.wheelsource import list_files, normalize, wheel_version
 
 PROJECT, VERSION = "llm-tiny", "0.1.2"
 WHEEL = "llm_tiny-0.1.2-py3-none-any.whl"
@@ -216,8 +216,8 @@ def test_a_wheel_without_the_named_gguf_lists_the_ones_it_has(tmp_path: Path, in
     ("architecture", "qwen2", "llama"),
 ])
 def test_the_catalog_refuses_a_loose_pin(tmp_path: Path, field: str, value: str, message: str) -> None:
-    from pipelines.catalog import load_catalog
-    from pipelines.errors import ConfigError
+    from pipelines.core.errors import ConfigError
+    from pipelines.source.catalog import load_catalog
 
     raw = _entry().model_dump(mode="json")
     raw["source"][field] = value
@@ -230,8 +230,8 @@ def test_the_catalog_refuses_a_loose_pin(tmp_path: Path, field: str, value: str,
 def test_the_catalog_allows_exactly_the_architectures_the_rebuild_checks() -> None:
     from typing import get_args
 
-    from pipelines.catalog import WheelSource
-    from pipelines.wheelsource import REBUILD_ARCHITECTURES
+    from pipelines.source.catalog import WheelSource
+    from pipelines.source.wheelsource import REBUILD_ARCHITECTURES
 
     assert set(get_args(WheelSource.model_fields["architecture"].annotation)) == REBUILD_ARCHITECTURES
 

@@ -14,11 +14,11 @@ import typer.main
 import yaml
 
 from pipelines import __version__
-from pipelines.catalog import GGUF_QUANT_TYPES, IMATRIX_REQUIRED, load_catalog
 from pipelines.cli import app
-from pipelines.errors import ConfigError
-from pipelines.settings import Settings, project_root
-from pipelines.toolchains import read_pins
+from pipelines.core.errors import ConfigError
+from pipelines.core.settings import Settings, project_root
+from pipelines.core.toolchains import read_pins
+from pipelines.source.catalog import GGUF_QUANT_TYPES, IMATRIX_REQUIRED, load_catalog
 
 ROOT = project_root()
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
@@ -118,9 +118,9 @@ def test_the_quant_types_are_llama_cpp_file_types() -> None:
 def test_the_imatrix_list_is_what_llama_quantize_refuses(tiny_qwen2: Path, settings: Settings, tmp_path: Path) -> None:
     """Ask llama-quantize about every type for the tiny model's f16 without an imatrix: exactly IMATRIX_REQUIRED
     needs one (its --dry-run applies the same per-tensor rule and says so; one real run shows it refuses)."""
-    from pipelines.gguf import convert
-    from pipelines.runner import run
-    from pipelines.toolchains import llama_cpp
+    from pipelines.core.ggufheader import convert
+    from pipelines.core.runner import run
+    from pipelines.core.toolchains import llama_cpp
 
     llama = llama_cpp(settings)
     f16, _ = convert(tiny_qwen2, tmp_path / "f16.gguf", llama)
@@ -263,7 +263,7 @@ def test_the_gguf_header_walker_speaks_gguf_py_constants() -> None:
 
     from gguf import constants
 
-    from pipelines import gguf as walker
+    from pipelines.core import ggufheader as walker
 
     assert struct.pack("<I", constants.GGUF_MAGIC) == walker.GGUF_MAGIC
     assert constants.GGUF_VERSION in walker.SUPPORTED_GGUF_VERSIONS

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Install a Go compiler (Debian's golang-go) for the Ollama template renderer in pipelines/gorender/.
 # Idempotent: does nothing when `go` is already on PATH. The renderer itself is built on first use, into
-# $MODELMINT_HOME/toolchains/gorender-<hash of its sources>/, by pipelines/gotemplate.py. `--check` checks it.
+# $MODELMINT_HOME/toolchains/gorender-<hash of its sources>/, by pipelines/chat/gotemplate.py. `--check` checks it.
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source=lib.sh

@@ -1,7 +1,7 @@
 """Rebuild a Hugging Face model directory (bf16 Safetensors, tokenizer.json, chat template) from a GGUF.
 
 Run by the llama.cpp converter venv's python (transformers 4.57, torch, gguf-py from the pinned tree) through
-pipelines.runner.run, never imported by modelmint:
+pipelines.core.runner.run, never imported by modelmint:
 
     gguf_to_hf.py --gguf MODEL.gguf --out DIR --tokenizer smollm --result RESULT.json
 

@@ -1,6 +1,6 @@
 """Measure compressed-tensors checkpoints against their source on CPU: KL divergence, top-1 agreement, perplexity.
 
-Run by the llmcompressor venv's python through pipelines.runner.run, never imported by modelmint:
+Run by the llmcompressor venv's python through pipelines.core.runner.run, never imported by modelmint:
 
   llmc_evaluate.py --source DIR --text FILE --ctx 256 --max-chunks 8 --out RESULT.json NAME=DIR [NAME=DIR ...]
 

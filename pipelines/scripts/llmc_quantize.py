@@ -1,7 +1,7 @@
 """Compress a Safetensors model to a compressed-tensors checkpoint with llmcompressor's oneshot.
 
-Run by the llmcompressor venv's python through pipelines.runner.run, never imported by modelmint:
-`llmc_quantize.py JOB.json`. The job (written by pipelines/compress.py) names the source directory, the output
+Run by the llmcompressor venv's python through pipelines.core.runner.run, never imported by modelmint:
+`llmc_quantize.py JOB.json`. The job (written by pipelines/compressed/build.py) names the source directory, the output
 directory, the modifiers of the recipe, the calibration text and the files to copy verbatim from the source.
 The result (timings, versions, device, warnings) is written as JSON to job["result"]. A failure modelmint
 knows how to explain is written there too, as {"ok": false, "error": {"kind", "message"}}, and exits with

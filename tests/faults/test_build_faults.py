@@ -20,10 +20,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipelines.build import GGUF_EVAL_CHUNKS, GGUF_EVAL_CTX
-from pipelines.gguf import check_imatrix, inspect_gguf
-from pipelines.settings import Settings, project_root
-from pipelines.validate import check_logits_file
+from pipelines.core.ggufheader import check_imatrix, inspect_gguf
+from pipelines.core.settings import Settings, project_root
+from pipelines.gguf.build import GGUF_EVAL_CHUNKS, GGUF_EVAL_CTX
+from pipelines.gguf.validate import check_logits_file
 
 pytestmark = pytest.mark.slow
 

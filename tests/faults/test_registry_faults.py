@@ -22,12 +22,12 @@ from pathlib import Path
 import pytest
 from registry_env import Repo, candidate, dvc, git
 
-from pipelines import dvcrepo
-from pipelines.errors import BlobMismatch, ManifestDisagrees, RemoteError, RemoteObjectMissing
-from pipelines.manifest import find_manifest, manifest_path
-from pipelines.pull import pull
-from pipelines.register import register
-from pipelines.verify import verify_remote
+from pipelines.core.errors import BlobMismatch, ManifestDisagrees, RemoteError, RemoteObjectMissing
+from pipelines.registry import dvcrepo
+from pipelines.registry.manifest import find_manifest, manifest_path
+from pipelines.registry.pull import pull
+from pipelines.registry.register import register
+from pipelines.registry.verify import verify_remote
 
 MODELMINT = [sys.executable, "-m", "pipelines.cli"]
 TESTS = Path(__file__).resolve().parents[1]
@@ -40,8 +40,8 @@ _CHILD = """
 import sys
 from pathlib import Path
 from registry_env import candidate
-from pipelines.register import register
-from pipelines.settings import Settings
+from pipelines.registry.register import register
+from pipelines.core.settings import Settings
 
 settings = Settings.from_env()
 done = register(settings, candidate(settings, Path(sys.argv[1]), mib=float(sys.argv[2])))
@@ -330,7 +330,7 @@ def test_a_repair_killed_mid_upload_is_completed_by_the_next_registration(publis
 
 
 def test_a_remote_directory_that_does_not_exist_is_a_configuration_error(repo: Repo, tmp_path: Path) -> None:
-    from pipelines.errors import RemoteError, RemoteUnavailable
+    from pipelines.core.errors import RemoteError, RemoteUnavailable
 
     settings = repo.settings()
     dvc(repo.root, "remote", "modify", "local", "url", "/proc/modelmint-no-such-mount/remote")

@@ -1,0 +1,1 @@
+"""Chat templates: family detection, the model's Jinja, the Go TEMPLATE Ollama runs, their proof, the Modelfile."""

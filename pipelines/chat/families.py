@@ -1,0 +1,666 @@
+"""Chat families: each detects its Hugging Face chat template and writes the Ollama Go TEMPLATE that renders alike.
+
+One small entry per family. `detect` looks at the Jinja source; `build` writes the Go template (and
+may read constants such as a default system prompt out of the Jinja source); `stop` are the strings
+that end a turn. The proof that a TEMPLATE renders what the Jinja renders lives in
+`pipelines.chat.proof` and in tests/test_ollama_templates.py.
+
+Conventions every TEMPLATE here follows, because Ollama works this way:
+- The begin-of-sequence token is left out when the engine adds it (GGUF `tokenizer.ggml.add_bos_token`);
+  Ollama's runner tokenizes the prompt with special tokens added, so writing it would double it.
+- A conversation that ends with a user or tool message gets the generation prompt (transformers'
+  `add_generation_prompt=True`); one that ends with an assistant message is left open for the model
+  to continue it (transformers' `continue_final_message=True`).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any
+
+from pipelines.chat.gojson import json_defines
+from pipelines.core.errors import UnsupportedModel
+
+
+class UnsupportedChatTemplate(UnsupportedModel):
+    """A chat template outside the families modelmint can convert."""
+
+    def __init__(self, message: str, *, families: list[str]) -> None:
+        super().__init__(
+            message,
+            hint="supported families: " + ", ".join(families) + ". To publish anyway, write the Ollama TEMPLATE "
+            "by hand (Go text/template over .Messages, see https://github.com/ollama/ollama/blob/main/docs/"
+            "template.md) and pass it with `modelmint modelfile <file.gguf> --template FILE`",
+        )
+        self.families = families
+
+
+@dataclass(frozen=True)
+class TemplateTokens:
+    """The special-token texts a template prints, and whether the engine adds the BOS token itself."""
+
+    bos: str | None = None
+    eos: str | None = None
+    engine_adds_bos: bool = True
+
+    @property
+    def bos_text(self) -> str:
+        """What the TEMPLATE must print where the Jinja prints bos_token."""
+        return "" if self.engine_adds_bos or not self.bos else self.bos
+
+
+@dataclass(frozen=True)
+class ChatFamily:
+    name: str
+    title: str
+    detect: Callable[[str], bool]
+    build: Callable[[str, TemplateTokens], str]
+    stop: tuple[str, ...]
+    """Strings that end a turn in this family's format (Modelfile `PARAMETER stop`)."""
+    bos_in_template: bool = False
+    """The Jinja prints bos_token first (so the Ollama rendering equals it minus an engine-added BOS)."""
+    thinking: bool = False
+    string_arguments: Callable[[str], bool] = lambda _src: False
+    """Whether this Jinja concatenates tool-call arguments as a JSON string (the OpenAI wire format)
+    instead of printing an object with tojson."""
+    notes: tuple[str, ...] = field(default=())
+    """Known, documented ways the Ollama rendering cannot follow the Jinja (also asserted in the tests)."""
+
+    def template(self, jinja: str, tokens: TemplateTokens) -> str:
+        return self.build(jinja, tokens)
+
+
+FAMILIES: dict[str, ChatFamily] = {}
+
+
+def register(family: ChatFamily) -> ChatFamily:
+    if family.name in FAMILIES:
+        raise ValueError(f"chat family {family.name} registered twice")
+    FAMILIES[family.name] = family
+    return family
+
+
+def detect_family(jinja: str) -> ChatFamily:
+    """The one family whose detector accepts this Jinja chat template.
+
+    Raises:
+        UnsupportedChatTemplate: no family (or more than one) recognises it.
+    """
+    hits = [f for f in FAMILIES.values() if f.detect(jinja)]
+    if len(hits) == 1:
+        return hits[0]
+    names = sorted(FAMILIES)
+    if not hits:
+        head = " ".join(jinja.split())[:120]
+        raise UnsupportedChatTemplate(f"the chat template is not one modelmint can convert (it begins: {head!r})",
+                                      families=names)
+    raise UnsupportedChatTemplate(
+        f"the chat template matches several families ({', '.join(f.name for f in hits)}); refusing to guess",
+        families=names,
+    )
+
+
+def get_family(name: str) -> ChatFamily:
+    """Raises: UnsupportedChatTemplate: no family of that name."""
+    try:
+        return FAMILIES[name]
+    except KeyError:
+        raise UnsupportedChatTemplate(f"no chat family named {name!r}", families=sorted(FAMILIES)) from None
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def golit(text: str) -> str:
+    """`text` as a Go template action printing it: {{ "…" }} with Go string escapes."""
+    out = []
+    for ch in text:
+        if ch == "\\":
+            out.append("\\\\")
+        elif ch == '"':
+            out.append('\\"')
+        elif ch == "\n":
+            out.append("\\n")
+        elif ch == "\r":
+            out.append("\\r")
+        elif ch == "\t":
+            out.append("\\t")
+        elif not ch.isprintable():
+            out.append(f"\\u{ord(ch):04x}" if ord(ch) <= 0xFFFF else f"\\U{ord(ch):08x}")
+        else:
+            out.append(ch)
+    return '{{ "' + "".join(out) + '" }}'
+
+
+def _fill(template: str, **parts: str) -> str:
+    """Join a readable multi-line Go template into one and substitute «NAME» markers.
+
+    Every line after the first must start (after indentation) with `{{-`, which trims the line break and
+    indentation before it in Go, so layout here never reaches the prompt; literal text lives inside
+    actions or right after an action on the same line, and «NL» is a line break inside literal text
+    (a text node, which is what Ollama's tool-call and thinking heuristics read).
+    """
+    out = template.strip("\n")
+    for key, value in parts.items():
+        out = out.replace(f"«{key}»", value)
+    if re.search(r"«(?!NL»)", out):
+        raise ValueError(f"unfilled marker in template: {re.findall(r'«[A-Z_]+»', out)}")
+    for n, line in enumerate(out.split("\n")[1:], 2):
+        if not line.lstrip().startswith("{{-"):
+            raise ValueError(f"template line {n} does not start with '{{{{-': {line!r}")
+    return out.replace("«NL»", "\n")
+
+
+@lru_cache(maxsize=64)
+def _jinja_tree(src: str) -> Any:
+    from jinja2.ext import loopcontrols
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+    return env.parse(src)
+
+
+def _jinja_strings(src: str) -> list[str]:
+    """Every string constant in the Jinja source, escape sequences decoded."""
+    from jinja2 import nodes
+
+    try:
+        tree = _jinja_tree(src)
+    except Exception:
+        return []
+    return [n.value for n in tree.find_all(nodes.Const) if isinstance(n.value, str)]
+
+
+def _jinja_assignment(src: str, name: str) -> Any:
+    from jinja2 import nodes
+
+    try:
+        tree = _jinja_tree(src)
+    except Exception:
+        return None
+    for n in tree.find_all(nodes.Assign):
+        if isinstance(n.target, nodes.Name) and n.target.name == name:
+            return n.node
+    return None
+
+
+def _has_all(src: str, *needles: str) -> bool:
+    return all(n in src for n in needles)
+
+
+def _has_none(src: str, *needles: str) -> bool:
+    return not any(n in src for n in needles)
+
+
+# Per-message loop state most templates need: $i, the message, whether it is the last one, the role of
+# the next message, and (kept across iterations) the role of the previous one.
+_LOOP_HEAD = (
+    '{{- $rest := slice $msgs $i }}{{ $last := eq (len $rest) 1 }}{{ $next := "" }}'
+    "{{ if not $last }}{{ $next = (index $rest 1).Role }}{{ end }}"
+)
+
+
+# ---------------------------------------------------------------- ChatML with Qwen2.5's tool calling
+
+_QWEN_TOOLS_HEAD = (
+    "\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>"
+)
+_QWEN_TOOLS_TAIL = (
+    "\n</tools>\n\nFor each function call, return a json object with function name and arguments within "
+    '<tool_call></tool_call> XML tags:\n<tool_call>\n{"name": <function-name>, "arguments": '
+    "<args-json-object>}\n</tool_call><|im_end|>\n"
+)
+_QWEN_SYSTEM = re.compile(r"^<\|im_start\|>system\n(.+)<\|im_end\|>\n$", re.S)
+
+
+def _qwen_default_system(src: str) -> str | None:
+    for s in _jinja_strings(src):
+        m = _QWEN_SYSTEM.match(s)
+        if m and m.group(1) in _jinja_strings(src):
+            return m.group(1)
+    return None
+
+
+def _squash(src: str) -> str:
+    """The Jinja source without whitespace outside string literals and without trim markers."""
+    out, quote, i = [], "", 0
+    while i < len(src):
+        ch = src[i]
+        if quote:
+            out.append(ch)
+            if ch == "\\" and i + 1 < len(src):
+                out.append(src[i + 1])
+                i += 1
+            elif ch == quote:
+                quote = ""
+        elif ch in "'\"":
+            quote = ch
+            out.append(ch)
+        elif not ch.isspace():
+            out.append(ch)
+        i += 1
+    text = "".join(out)
+    for a, b in (("{%-", "{%"), ("-%}", "%}"), ("{{-", "{{"), ("-}}", "}}")):
+        text = text.replace(a, b)
+    return text
+
+
+# Plain ChatML as Qwen2 (and many fine-tunes) write it: one loop, an optional default system prompt.
+_PLAIN_CHATML = re.compile(
+    r"^\{%formessageinmessages%\}"
+    r"(?P<default>\{%ifloop\.firstandmessages\[0\]\['role'\]!='system'%\}"
+    r"\{\{'<\|im_start\|>system(?:\\n|\n)[^'\\]+<\|im_end\|>(?:\\n|\n)'\}\}\{%endif%\})?"
+    r"\{\{'<\|im_start\|>'\+message\['role'\]\+'(?:\\n|\n)'\+message\['content'\]\+'<\|im_end\|>'\+'(?:\\n|\n)'\}\}"
+    r"\{%endfor%\}\{%ifadd_generation_prompt%\}\{\{'<\|im_start\|>assistant(?:\\n|\n)'\}\}\{%endif%\}$"
+)
+
+
+def _plain_chatml(src: str) -> re.Match[str] | None:
+    return _PLAIN_CHATML.match(_squash(src))
+
+
+def _detect_chatml(src: str) -> bool:
+    return _detect_qwen25(src) or _plain_chatml(src) is not None
+
+
+def _detect_qwen25(src: str) -> bool:
+    strings = _jinja_strings(src)
+    return (
+        _has_all(src, "<|im_start|>", "<|im_end|>", "<tool_call>", "<tool_response>", "tool_call.arguments | tojson")
+        and _QWEN_TOOLS_HEAD in strings
+        and _QWEN_TOOLS_TAIL in strings
+        and _qwen_default_system(src) is not None
+        and _has_none(src, "<think>", "reasoning_content", "enable_thinking", "tool_call.arguments is string")
+    )
+
+
+def _build_chatml(src: str, tokens: TemplateTokens) -> str:
+    plain = _plain_chatml(src)
+    if plain is not None:
+        return _build_plain_chatml(src, plain)
+    default = _qwen_default_system(src)
+    assert default is not None
+    return json_defines() + _fill(
+        """
+{{- $msgs := .Messages }}{{ $first := "" }}{{ if $msgs }}{{ $first = (index $msgs 0).Role }}{{ end }}
+{{- if .Tools }}<|im_start|>system{{ "\\n" }}
+    {{- if eq $first "system" }}{{ (index $msgs 0).Content }}{{ else }}«DEFAULT»{{ end }}
+    {{- «TOOLS_HEAD» }}
+    {{- range .Tools }}{{ "\\n" }}{{ template "mm_tool" . }}{{ end }}
+    {{- «TOOLS_TAIL» }}
+{{- else if eq $first "system" }}<|im_start|>system{{ "\\n" }}{{ (index $msgs 0).Content }}<|im_end|>{{ "\\n" }}
+{{- else }}<|im_start|>system{{ "\\n" }}«DEFAULT»<|im_end|>{{ "\\n" }}
+{{- end }}
+{{- $prev := "" }}
+{{- range $i, $m := $msgs }}
+    «LOOP_HEAD»
+    {{- if or (eq .Role "user") (and (eq .Role "system") $i) (and (eq .Role "assistant") (not .ToolCalls)) }}
+        {{- "<|im_start|>" }}{{ .Role }}{{ "\\n" }}{{ .Content }}
+        {{- if not (and $last (eq .Role "assistant")) }}<|im_end|>{{ "\\n" }}{{ end }}
+    {{- else if eq .Role "assistant" }}<|im_start|>assistant
+        {{- if .Content }}{{ "\\n" }}{{ .Content }}{{ end }}
+        {{- if .ToolCalls }}{{ range .ToolCalls }}«NL»<tool_call>«NL»{"name": "{{ .Function.Name }}", "arguments": {{ template "mm_args" .Function.Arguments }}}«NL»</tool_call>{{ end }}{{ end }}<|im_end|>{{ "\\n" }}
+    {{- else if eq .Role "tool" }}
+        {{- if ne $prev "tool" }}<|im_start|>user{{ end }}
+        {{- "\\n<tool_response>\\n" }}{{ .Content }}{{ "\\n</tool_response>" }}
+        {{- if ne $next "tool" }}<|im_end|>{{ "\\n" }}{{ end }}
+    {{- end }}
+    {{- $prev = .Role }}
+{{- end }}
+{{- if ne $prev "assistant" }}<|im_start|>assistant{{ "\\n" }}{{ end }}
+""",
+        DEFAULT=golit(default),
+        TOOLS_HEAD=golit(_QWEN_TOOLS_HEAD)[3:-3],
+        TOOLS_TAIL=golit(_QWEN_TOOLS_TAIL)[3:-3],
+        LOOP_HEAD=_LOOP_HEAD,
+    )
+
+
+def _build_plain_chatml(src: str, plain: re.Match[str]) -> str:
+    default = ""
+    if plain.group("default"):
+        found = next(m.group(1) for m in map(_QWEN_SYSTEM.match, _jinja_strings(src)) if m)
+        default = f'{{{{- if and (eq $i 0) (ne .Role "system") }}}}<|im_start|>system{{{{ "\\n" }}}}' \
+                  f'{golit(found)}<|im_end|>{{{{ "\\n" }}}}{{{{ end }}}}'
+    return _fill(
+        """
+{{- $msgs := .Messages }}{{ $prev := "" }}
+{{- range $i, $m := $msgs }}
+    «LOOP_HEAD»
+    «DEFAULT»
+    {{- "<|im_start|>" }}{{ .Role }}{{ "\\n" }}{{ .Content }}
+    {{- if not (and $last (eq .Role "assistant")) }}<|im_end|>{{ "\\n" }}{{ end }}
+    {{- $prev = .Role }}
+{{- end }}
+{{- if ne $prev "assistant" }}<|im_start|>assistant{{ "\\n" }}{{ end }}
+""",
+        LOOP_HEAD=_LOOP_HEAD,
+        DEFAULT=default or '{{- "" }}',
+    )
+
+
+register(ChatFamily(
+    name="chatml",
+    title="ChatML: plain (Qwen2) or as Qwen2.5 writes it (default system prompt, <tools>, <tool_call>)",
+    detect=_detect_chatml,
+    build=_build_chatml,
+    stop=("<|im_end|>", "<|im_start|>"),
+))
+
+
+# ---------------------------------------------------------------- Llama 3.1 / 3.2 / 3.3 (JSON tool calls)
+
+_LLAMA3_TOOL_INTRO = (
+    "Given the following functions, please respond with a JSON for a function call with its proper arguments "
+    "that best answers the given prompt.\n\n"
+    'Respond in the format {"name": function name, "parameters": dictionary of argument name and its value}.'
+    "Do not use variables.\n\n"
+)
+
+
+def _detect_llama3(src: str) -> bool:
+    return _has_all(
+        src, "<|start_header_id|>", "<|eot_id|>", "Cutting Knowledge Date: December 2023", "tools_in_user_message",
+        "Given the following functions, please respond with a JSON for a function call",
+        "t | tojson(indent=4)", "This model only supports single tool-calls at once!",
+        "<|start_header_id|>ipython<|end_header_id|>",
+    ) and _has_none(src, "functionary", "<|python_tag|>{{", "reasoning")
+
+
+def _build_llama3(src: str, tokens: TemplateTokens) -> str:
+    # Llama 3.1 prints a fixed date; 3.2 and 3.3 print today's through strftime_now, which Ollama offers as
+    # currentDate (always YYYY-MM-DD: the one documented difference, see ChatFamily.notes).
+    date = "{{ currentDate }}" if "strftime_now" in src else golit("26 Jul 2024")
+    return json_defines(indent=True) + _fill(
+        """
+{{- $msgs := .Messages }}{{ $sys := "" }}
+{{- if and $msgs (eq (index $msgs 0).Role "system") }}{{ $sys = (index $msgs 0).Content }}{{ $msgs = slice $msgs 1 }}{{ end }}
+{{- «BOS» }}<|start_header_id|>system<|end_header_id|>{{ "\\n\\n" }}
+{{- if .Tools }}Environment: ipython{{ "\\n" }}{{ end }}
+{{- "Cutting Knowledge Date: December 2023\\nToday Date: " }}«DATE»{{ "\\n\\n" }}{{ $sys }}<|eot_id|>
+{{- if .Tools }}<|start_header_id|>user<|end_header_id|>{{ "\\n\\n" }}«TOOL_INTRO»
+    {{- range .Tools }}{{ template "mm_tool_i" . }}{{ "\\n\\n" }}{{ end }}
+    {{- (index $msgs 0).Content }}<|eot_id|>{{ $msgs = slice $msgs 1 }}
+{{- end }}
+{{- $prev := "" }}
+{{- range $i, $m := $msgs }}
+    «LOOP_HEAD»
+    {{- if gt (len .ToolCalls) 0 }}<|start_header_id|>assistant<|end_header_id|>{{ "\\n\\n" }}
+        {{- if .ToolCalls }}{{ with index .ToolCalls 0 }}{"name": "{{ .Function.Name }}", "parameters": {{ template "mm_args" .Function.Arguments }}}{{ end }}{{ end }}<|eot_id|>
+    {{- else if or (eq .Role "tool") (eq .Role "ipython") }}<|start_header_id|>ipython<|end_header_id|>{{ "\\n\\n" }}
+        {{- printf "%q" .Content }}<|eot_id|>
+    {{- else }}<|start_header_id|>{{ .Role }}<|end_header_id|>{{ "\\n\\n" }}{{ .Content }}
+        {{- if not (and $last (eq .Role "assistant")) }}<|eot_id|>{{ end }}
+    {{- end }}
+    {{- $prev = .Role }}
+{{- end }}
+{{- if ne $prev "assistant" }}<|start_header_id|>assistant<|end_header_id|>{{ "\\n\\n" }}{{ end }}
+""",
+        BOS=golit(tokens.bos_text)[3:-3],
+        DATE=date,
+        TOOL_INTRO=golit(_LLAMA3_TOOL_INTRO),
+        LOOP_HEAD=_LOOP_HEAD,
+    )
+
+
+register(ChatFamily(
+    name="llama3",
+    title="Llama 3.1 / 3.2 / 3.3 Instruct (tools as JSON in the first user message)",
+    detect=_detect_llama3,
+    build=_build_llama3,
+    stop=("<|eot_id|>", "<|eom_id|>", "<|start_header_id|>", "<|end_header_id|>"),
+    bos_in_template=True,
+    notes=(
+        "Jinja trims message contents (| trim); Go templates cannot, so contents with surrounding whitespace "
+        "keep it in Ollama",
+        "Llama 3.2/3.3 print today's date as '%d %b %Y' through strftime_now; Ollama's currentDate is always "
+        "YYYY-MM-DD, so the 'Today Date:' line has the same date in ISO form",
+    ),
+))
+
+
+# ---------------------------------------------------------------- DeepSeek-R1 distills (<think>)
+
+
+def _detect_deepseek_r1(src: str) -> bool:
+    return _has_all(
+        src, "<｜User｜>", "<｜Assistant｜>", "<｜end▁of▁sentence｜>", "<think>\\n", "</think>",
+        "<｜tool▁calls▁begin｜>", "<｜tool▁outputs▁begin｜>", "ns.system_prompt", "ns.is_first", "ns.is_output_first",
+        "namespace(is_first=false, is_tool=false, is_output_first=true, system_prompt='')",
+        "content.split('</think>')[-1]",
+    ) and _has_none(src, "reasoning_content", "thinking_mode", "<｜tool▁call▁begin｜>' + tool_call")
+
+
+def _build_deepseek_r1(src: str, tokens: TemplateTokens) -> str:
+    # The Qwen distill prints tool-call arguments with tojson and takes calls from messages with
+    # tool_calls; the Llama distill concatenates the arguments (a JSON string) and takes calls only from
+    # messages whose content is none, closing the list after the second call and later ones only.
+    llama_variant = "message['content'] is none" in src
+    think_switch = "enable_thinking" in src
+    if llama_variant:
+        calls = """
+    {{- if and (eq .Role "assistant") .ToolCalls (not .Content) }}{{ $isTool = false }}
+        {{- range .ToolCalls }}
+            {{- if not $isFirst }}<｜Assistant｜><｜tool▁calls▁begin｜>«CALL»{{ $isFirst = true }}
+            {{- else }}{{ "\\n" }}«CALL»<｜tool▁calls▁end｜><｜end▁of▁sentence｜>{{ end }}
+        {{- end }}
+    {{- end }}"""
+    else:
+        calls = """
+    {{- if and (eq .Role "assistant") .ToolCalls }}{{ $isTool = false }}
+        {{- range .ToolCalls }}
+            {{- if not $isFirst }}<｜Assistant｜><｜tool▁calls▁begin｜>«CALL»{{ $isFirst = true }}
+            {{- else }}{{ "\\n" }}«CALL»{{ end }}
+        {{- end }}<｜tool▁calls▁end｜><｜end▁of▁sentence｜>
+    {{- end }}"""
+    call = (
+        '<｜tool▁call▁begin｜>function<｜tool▁sep｜>{{ .Function.Name }}{{ "\\n```json\\n" }}'
+        '{{ template "mm_args" .Function.Arguments }}{{ "\\n```" }}<｜tool▁call▁end｜>'
+    )
+    gen = '<｜Assistant｜><think>{{ "\\n" }}' + ('{{ if not $.Think }}</think>{{ end }}' if think_switch else "")
+    return json_defines() + _fill(
+        """
+{{- $msgs := .Messages }}{{ $sys := "" }}{{ range $msgs }}{{ if eq .Role "system" }}{{ $sys = .Content }}{{ end }}{{ end }}
+{{- «BOS» }}{{ $sys }}
+{{- $isFirst := false }}{{ $isTool := false }}{{ $outFirst := true }}{{ $prev := "" }}
+{{- range $i, $m := .Messages }}
+    «LOOP_HEAD»
+    {{- /* Never renders: declares <think>…</think> around .Thinking, which Ollama reads as the thinking tags. */}}
+    {{- if false }}<think>{{ .Thinking }}</think>{{ end }}
+    {{- if eq .Role "user" }}{{ $isTool = false }}<｜User｜>{{ .Content }}{{ end }}
+    «CALLS»
+    {{- if and (eq .Role "assistant") (or .Content (not .ToolCalls)) }}
+        {{- if $isTool }}<｜tool▁outputs▁end｜>{{ .Content }}{{ $isTool = false }}
+        {{- else }}<｜Assistant｜>{{ .Content }}{{ end }}
+        {{- if not $last }}<｜end▁of▁sentence｜>{{ end }}
+    {{- end }}
+    {{- if eq .Role "tool" }}{{ $isTool = true }}
+        {{- if $outFirst }}<｜tool▁outputs▁begin｜><｜tool▁output▁begin｜>{{ .Content }}<｜tool▁output▁end｜>{{ $outFirst = false }}
+        {{- else }}{{ "\\n" }}<｜tool▁output▁begin｜>{{ .Content }}<｜tool▁output▁end｜>{{ end }}
+    {{- end }}
+    {{- $prev = .Role }}
+{{- end }}
+{{- if $isTool }}<｜tool▁outputs▁end｜>{{ end }}
+{{- if and (not $isTool) (ne $prev "assistant") }}«GEN»{{ end }}
+""",
+        CALLS=calls.strip().replace("«CALL»", call),
+        BOS=golit(tokens.bos_text)[3:-3],
+        LOOP_HEAD=_LOOP_HEAD,
+        GEN=gen,
+    )
+
+
+register(ChatFamily(
+    name="deepseek-r1",
+    title="DeepSeek-R1 distills (Qwen and Llama): <｜User｜>/<｜Assistant｜>, <think> generation prompt",
+    detect=_detect_deepseek_r1,
+    build=_build_deepseek_r1,
+    stop=("<｜end▁of▁sentence｜>", "<｜User｜>", "<｜Assistant｜>"),
+    bos_in_template=True,
+    thinking=True,
+    string_arguments=lambda src: "message['content'] is none" in src,
+    notes=(
+        "the Jinja removes everything up to '</think>' from assistant history; Go templates cannot split "
+        "strings, so the TEMPLATE relies on Ollama passing reasoning in .Thinking (its thinking parser does), "
+        "never inside .Content",
+    ),
+))
+
+
+# ---------------------------------------------------------------- Gemma 2 (<start_of_turn>, no system role)
+
+
+def _detect_gemma(src: str) -> bool:
+    return _has_all(
+        src, "<start_of_turn>", "<end_of_turn>", "System role not supported", "set role = 'model'",
+        "message['content'] | trim",
+    ) and _has_none(src, "tool", "image", "first_user_prefix")
+
+
+def _build_gemma(src: str, tokens: TemplateTokens) -> str:
+    # Gemma 2's Jinja refuses system messages; Ollama users set SYSTEM all the same, so the TEMPLATE puts
+    # the system text at the top of the first user turn, as Gemma 3's own template does.
+    return _fill(
+        """
+{{- $msgs := .Messages }}{{ $pending := .System }}{{ $prev := "" }}
+{{- «BOS» }}
+{{- range $i, $m := $msgs }}
+    «LOOP_HEAD»
+    {{- if ne .Role "system" }}
+        {{- if eq .Role "assistant" }}<start_of_turn>model{{ else }}<start_of_turn>{{ .Role }}{{ end }}{{ "\\n" }}
+        {{- if and $pending (eq .Role "user") }}{{ $pending }}{{ "\\n\\n" }}{{ $pending = "" }}{{ end }}
+        {{- .Content }}{{ if not (and $last (eq .Role "assistant")) }}<end_of_turn>{{ "\\n" }}{{ end }}
+        {{- $prev = .Role }}
+    {{- end }}
+{{- end }}
+{{- if ne $prev "assistant" }}<start_of_turn>model{{ "\\n" }}{{ end }}
+""",
+        BOS=golit(tokens.bos_text)[3:-3],
+        LOOP_HEAD=_LOOP_HEAD,
+    )
+
+
+register(ChatFamily(
+    name="gemma",
+    title="Gemma 2 (<start_of_turn>user/model, no system role, no tools)",
+    detect=_detect_gemma,
+    build=_build_gemma,
+    stop=("<end_of_turn>", "<start_of_turn>"),
+    bos_in_template=True,
+    notes=(
+        "the Jinja raises on a system message; the TEMPLATE prepends the system text to the first user turn",
+        "the Jinja trims message contents (| trim); Go templates cannot",
+        "no tool calling: the Jinja has none",
+    ),
+))
+
+
+# ---------------------------------------------------------------- Mistral [INST] (Nemo: [AVAILABLE_TOOLS])
+
+
+def _detect_mistral(src: str) -> bool:
+    return _has_all(
+        src, "[INST]", "[/INST]", "[AVAILABLE_TOOLS]", "[TOOL_CALLS]", "[TOOL_RESULTS]",
+        'loop.last and system_message is defined', '{"type": "function", "function": {',
+        "tool_call.function|tojson", '{"content": ',
+    ) and _has_none(src, "[SYSTEM_PROMPT]", "[THINK]", "[ARGS]", "[CALL_ID]")
+
+
+def _build_mistral(src: str, tokens: TemplateTokens) -> str:
+    eos = golit(tokens.eos or "</s>")
+    return json_defines() + _fill(
+        """
+{{- $msgs := .Messages }}{{ $sys := "" }}{{ $hasSys := false }}
+{{- if and $msgs (eq (index $msgs 0).Role "system") }}{{ $sys = (index $msgs 0).Content }}{{ $hasSys = true }}{{ $msgs = slice $msgs 1 }}{{ end }}
+{{- $lastUser := -1 }}{{ range $i, $m := $msgs }}{{ if eq .Role "user" }}{{ $lastUser = $i }}{{ end }}{{ end }}
+{{- «BOS» }}
+{{- $prev := "" }}
+{{- range $i, $m := $msgs }}
+    «LOOP_HEAD»
+    {{- if eq .Role "user" }}
+        {{- if and $.Tools (eq $i $lastUser) }}[AVAILABLE_TOOLS][
+            {{- range $j, $t := $.Tools }}{{ if $j }}, {{ end }}
+                {{- "{\\"type\\": \\"function\\", \\"function\\": {\\"name\\": \\"" }}{{ .Function.Name }}{{ "\\"" }}
+                {{- if .Function.Description }}{{ ", \\"description\\": \\"" }}{{ .Function.Description }}{{ "\\"" }}{{ end }}
+                {{- ", \\"parameters\\": " }}{{ template "mm_params" .Function.Parameters }}{{ "}}" }}
+            {{- end }}][/AVAILABLE_TOOLS]
+        {{- end }}
+        {{- if and $last $hasSys }}[INST]{{ $sys }}{{ "\\n\\n" }}{{ .Content }}[/INST]{{ else }}[INST]{{ .Content }}[/INST]{{ end }}
+    {{- else if .ToolCalls }}[TOOL_CALLS][
+        {{- range $j, $c := .ToolCalls }}{{ if $j }}, {{ end }}
+            {{- "{\\"name\\": " }}{{ printf "%q" .Function.Name }}{{ ", \\"arguments\\": " }}
+            {{- template "mm_args" .Function.Arguments }}{{ ", \\"id\\": \\"" }}{{ .ID }}{{ "\\"}" }}
+        {{- end }}]«EOS»
+    {{- else if eq .Role "assistant" }}{{ .Content }}{{ if not $last }}«EOS»{{ end }}
+    {{- else if eq .Role "tool" }}[TOOL_RESULTS]{{ "{\\"content\\": " }}{{ .Content }}{{ ", \\"call_id\\": \\"" }}
+        {{- .ToolCallID }}{{ "\\"}" }}[/TOOL_RESULTS]
+    {{- end }}
+    {{- $prev = .Role }}
+{{- end }}
+""",
+        BOS=golit(tokens.bos_text)[3:-3],
+        EOS=eos,
+        LOOP_HEAD=_LOOP_HEAD,
+    )
+
+
+register(ChatFamily(
+    name="mistral",
+    title="Mistral [INST] with [AVAILABLE_TOOLS] / [TOOL_CALLS] / [TOOL_RESULTS] (Mistral Nemo)",
+    detect=_detect_mistral,
+    build=_build_mistral,
+    stop=("[INST]", "[/INST]"),
+    bos_in_template=True,
+    notes=(
+        "the Jinja puts the system prompt into the last user turn only when that turn ends the conversation; "
+        "the TEMPLATE does the same (so a system prompt is invisible when continuing an assistant message)",
+        "the Jinja places [AVAILABLE_TOOLS] before every user message equal to the last one; the TEMPLATE "
+        "before the last user message only",
+    ),
+))
+
+
+# ---------------------------------------------------------------- Phi-3.5 (<|user|> … <|end|>)
+
+
+def _detect_phi3(src: str) -> bool:
+    norm = "".join(src.split())
+    return _has_all(
+        norm,
+        "{%ifmessage['role']=='system'andmessage['content']%}{{'<|system|>'+message['content']+'<|end|>'}}",
+        "{%elifmessage['role']=='user'%}{{'<|user|>'+message['content']+'<|end|>'}}",
+        "{%elifmessage['role']=='assistant'%}{{'<|assistant|>'+message['content']+'<|end|>'}}",
+        "{%ifadd_generation_prompt%}{{'<|assistant|>'}}{%else%}{{eos_token}}{%endif%}",
+    ) and _has_none(src, "tool", "bos_token", "<|im_start|>")
+
+
+def _build_phi3(src: str, tokens: TemplateTokens) -> str:
+    return _fill(
+        """
+{{- $msgs := .Messages }}{{ $prev := "" }}
+{{- range $i, $m := $msgs }}
+    «LOOP_HEAD»
+    {{- if and (eq .Role "system") .Content }}<|system|>{{ "\\n" }}{{ .Content }}<|end|>{{ "\\n" }}
+    {{- else if eq .Role "user" }}<|user|>{{ "\\n" }}{{ .Content }}<|end|>{{ "\\n" }}
+    {{- else if eq .Role "assistant" }}<|assistant|>{{ "\\n" }}{{ .Content }}{{ if not $last }}<|end|>{{ "\\n" }}{{ end }}
+    {{- end }}
+    {{- $prev = .Role }}
+{{- end }}
+{{- if ne $prev "assistant" }}<|assistant|>{{ "\\n" }}{{ end }}
+""",
+        LOOP_HEAD=_LOOP_HEAD,
+    )
+
+
+register(ChatFamily(
+    name="phi3",
+    title="Phi-3.5 (<|system|>/<|user|>/<|assistant|> … <|end|>)",
+    detect=_detect_phi3,
+    build=_build_phi3,
+    stop=("<|end|>", "<|user|>", "<|assistant|>", "<|endoftext|>"),
+    notes=("no tool calling: the Jinja has none (tool messages are dropped by both)",),
+))

@@ -1,0 +1,1 @@
+"""The compressed-tensors format (llmcompressor, for vLLM): recipes, build, checkpoint check, evaluation."""

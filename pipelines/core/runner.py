@@ -1,0 +1,118 @@
+"""The one way modelmint runs external tools: argv lists, captured output, errors with the stderr tail."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from pipelines.core.errors import DiskFullError, ToolError, ToolTimeout
+from pipelines.core.fsutil import is_full
+
+log = logging.getLogger(__name__)
+
+_TAIL_LINES = 25
+# How tools report a full disk: libc's strerror, and numpy's tofile() (used by the GGUF converter).
+_DISK_FULL_MARKERS = ("No space left on device", "ENOSPC", "Not enough free space to write")
+_SECRET_ENV = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
+
+
+@dataclass(frozen=True)
+class ToolRun:
+    argv: list[str]
+    returncode: int
+    stdout: str
+    stderr: str
+    wall_s: float
+    peak_rss_bytes: int
+    """Peak resident set size of the child process (from wait4), not of modelmint itself."""
+
+
+def _tail(text: str, lines: int = _TAIL_LINES) -> str:
+    return "\n".join(text.rstrip().splitlines()[-lines:])
+
+
+def _tool_name(args: list[str]) -> str:
+    """The program a person would recognise: the script when the argv starts with an interpreter."""
+    first = Path(args[0]).name
+    return Path(args[1]).name if first.startswith("python") and len(args) > 1 else first
+
+
+def run(
+    argv: Sequence[str | os.PathLike[str]],
+    *,
+    cwd: str | os.PathLike[str] | None = None,
+    env: Mapping[str, str] | None = None,
+    timeout: float | None = None,
+    check: bool = True,
+    hint: str | None = None,
+    output: str | os.PathLike[str] | None = None,
+) -> ToolRun:
+    """Run `argv` (never through a shell), wait for it, and return its output and resource use.
+
+    `env` entries are added to a copy of the current environment; tokens are removed unless given explicitly.
+    `output` is the file or directory the tool writes: when the tool fails and the filesystem there is full,
+    that is the cause, whatever the tool printed (llama-quantize says `basic_ios::clear: iostream error`).
+
+    Raises:
+        ToolError: the tool exited non-zero (when `check`), with the command and the tail of stderr.
+        ToolTimeout: the tool ran past `timeout` seconds and was killed.
+        DiskFullError: the tool reported ENOSPC, or failed with `output`'s filesystem full (naming the
+            directory `output` is in; without `output`, `cwd`).
+    """
+    args = [os.fspath(a) for a in argv]
+    child_env = {k: v for k, v in os.environ.items() if k not in _SECRET_ENV}
+    if env:
+        child_env.update(env)
+    log.debug("running %s", args)
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        start = time.perf_counter()
+        proc = subprocess.Popen(
+            # Same process group as modelmint: a signal to the group (Ctrl-C, a cancelled flow run, a
+            # supervisor's kill) reaches the tool too, so no orphan keeps writing after modelmint died.
+            args, cwd=cwd, env=child_env, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+        )
+        timed_out = threading.Event()
+
+        def _kill() -> None:
+            timed_out.set()
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGKILL)
+
+        timer = threading.Timer(timeout, _kill) if timeout else None
+        if timer:
+            timer.start()
+        try:
+            _, status, rusage = os.wait4(proc.pid, 0)
+        except BaseException:
+            # Interrupted (Ctrl-C, a flow cancelled): never leave the tool running behind us.
+            _kill()
+            proc.wait()
+            raise
+        finally:
+            if timer:
+                timer.cancel()
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        wall = time.perf_counter() - start
+        out.seek(0)
+        err.seek(0)
+        stdout = out.read().decode("utf-8", errors="replace")
+        stderr = err.read().decode("utf-8", errors="replace")
+    result = ToolRun(args, proc.returncode, stdout, stderr, wall, rusage.ru_maxrss * 1024)
+    if timed_out.is_set():
+        raise ToolTimeout(args, proc.returncode, _tail(stderr), hint=f"it ran longer than {timeout:.0f} s")
+    if check and proc.returncode != 0:
+        full = any(m in stderr + stdout for m in _DISK_FULL_MARKERS) or (output is not None and is_full(Path(output)))
+        if full:
+            where = Path(output).parent if output is not None else Path(cwd or Path.cwd())
+            raise DiskFullError(str(where), f"{_tool_name(args)} failed:\n{_tail(stderr or stdout, 3)}")
+        raise ToolError(args, proc.returncode, _tail(stderr or stdout), hint=hint)
+    return result

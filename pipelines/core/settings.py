@@ -1,0 +1,127 @@
+"""The one place modelmint reads its environment; everything else receives a Settings."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from pipelines import PACKAGE
+
+if TYPE_CHECKING:
+    from pipelines.core.errors import DiskLocation
+
+_PROJECT_ROOT = PACKAGE.parent
+DEFAULT_PACKAGE_INDEX = "https://pypi.org/simple"
+
+
+@dataclass(frozen=True)
+class Settings:
+    home: Path
+    """Caches that outlive a checkout: toolchains, generated models, the hub download cache."""
+    work_dir: Path
+    """Where builds are written (f16 and quantized GGUFs, reports)."""
+    catalog_path: Path
+    hf_endpoint: str | None = None
+    hf_token: str | None = field(default=None, repr=False)
+    threads: int = 0
+    """Threads for llama.cpp tools; 0 means all cores."""
+    repo_dir: Path = _PROJECT_ROOT
+    """The git + DVC repository holding the catalog, dvc.yaml, the manifests and the registered artifacts."""
+    prefect_home: Path | None = None
+    """PREFECT_HOME of the embedded server and worker (SQLite database, task results); default home/prefect."""
+    prefect_port: int = 4200
+    gpu_slots: int = 1
+    """Size of the `gpu` global concurrency limit that every GPU step holds a slot of."""
+    prefect_crash_after_s: int = 120
+    """A run of the embedded stack silent this long (no heartbeat; runs send one every 30 s) is marked Crashed."""
+    package_index: str = DEFAULT_PACKAGE_INDEX
+    """The simple repository API (PEP 503 / 691) wheel sources are downloaded from: MODELMINT_PACKAGE_INDEX, else
+    pip's PIP_INDEX_URL, else PyPI."""
+
+    @classmethod
+    def from_env(cls, environ: dict[str, str] | None = None) -> Settings:
+        env = os.environ if environ is None else environ
+        home = Path(env.get("MODELMINT_HOME") or Path.home() / ".cache" / "modelmint").expanduser()
+        work = Path(env.get("MODELMINT_WORK_DIR") or _PROJECT_ROOT / "build").expanduser()
+        # DVC_ROOT: set by `dvc repro` for stage commands, so a stage registers into the repository DVC runs.
+        repo = Path(env.get("MODELMINT_REPO") or env.get("DVC_ROOT") or _PROJECT_ROOT).expanduser()
+        catalog = Path(env.get("MODELMINT_CATALOG") or repo / "registry" / "catalog.yaml")
+        return cls(
+            home=home,
+            work_dir=work,
+            catalog_path=catalog,
+            hf_endpoint=env.get("HF_ENDPOINT") or None,
+            hf_token=env.get("HF_TOKEN") or env.get("HUGGING_FACE_HUB_TOKEN") or None,
+            threads=int(env.get("MODELMINT_THREADS") or 0),
+            repo_dir=repo,
+            prefect_home=Path(env["MODELMINT_PREFECT_HOME"]).expanduser() if env.get("MODELMINT_PREFECT_HOME") else None,
+            prefect_port=int(env.get("MODELMINT_PREFECT_PORT") or 4200),
+            gpu_slots=int(env.get("MODELMINT_GPU_SLOTS") or 1),
+            prefect_crash_after_s=int(env.get("MODELMINT_CRASH_AFTER_S") or 120),
+            package_index=env.get("MODELMINT_PACKAGE_INDEX") or env.get("PIP_INDEX_URL") or DEFAULT_PACKAGE_INDEX,
+        )
+
+    @property
+    def toolchains_dir(self) -> Path:
+        return self.home / "toolchains"
+
+    @property
+    def wheels_dir(self) -> Path:
+        """Downloaded wheels of wheel sources, one directory per sha256 (the content is the key)."""
+        return self.home / "wheels"
+
+    @property
+    def models_dir(self) -> Path:
+        """Generated models (the bundled tiny ones) and local snapshots of hub sources."""
+        return self.home / "models"
+
+    @property
+    def manifests_dir(self) -> Path:
+        """One JSON manifest per registered artifact: registry/manifests/<name>/<tag>.json (in git)."""
+        return self.repo_dir / "registry" / "manifests"
+
+    @property
+    def artifacts_dir(self) -> Path:
+        """Registered artifact directories, artifacts/<name>/<tag>/ (DVC-tracked, never in git): the one root
+        register.artifact_dir places them under; manifests record the same path relative to the repository."""
+        return self.repo_dir / "artifacts"
+
+    @property
+    def dvc_site_cache_dir(self) -> Path:
+        """DVC's per-repo state and index databases (DVC_SITE_CACHE_DIR), kept with modelmint's caches."""
+        return self.home / "dvc" / "site-cache"
+
+    @property
+    def prefect_dir(self) -> Path:
+        return self.prefect_home or self.home / "prefect"
+
+    @property
+    def prefect_api_url(self) -> str:
+        return f"http://127.0.0.1:{self.prefect_port}/api"
+
+    @property
+    def effective_threads(self) -> int:
+        return self.threads or os.cpu_count() or 1
+
+    def disk_location(self, path: Path, *, dvc_cache: Path | None = None) -> DiskLocation | None:
+        """Which of modelmint's directories holds `path` (the innermost one), or None.
+
+        `dvc_cache` is the DVC cache directory when it is known (a configured `cache.dir` may be anywhere);
+        otherwise the default `.dvc/cache` of the repository counts.
+        """
+        places: list[tuple[DiskLocation, Path]] = [
+            ("work_dir", self.work_dir),
+            ("artifacts", self.artifacts_dir),
+            ("dvc_cache", dvc_cache or self.repo_dir / ".dvc" / "cache"),
+            ("home", self.home),
+            ("repo", self.repo_dir),
+        ]
+        target = Path(path).resolve()
+        holding = [(len(d.resolve().parts), name) for name, d in places if target.is_relative_to(d.resolve())]
+        return max(holding)[1] if holding else None
+
+
+def project_root() -> Path:
+    return _PROJECT_ROOT

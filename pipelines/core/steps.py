@@ -1,0 +1,353 @@
+"""The format-neutral step core: content keys, receipts, step results, variant outcomes and failures, timing.
+
+Every format's build (pipelines/gguf/build.py for GGUF, pipelines/compressed/build.py for compressed-tensors) is a set of
+resumable steps made of these parts, and registration, the CLI and the Prefect flow read them without knowing
+the format:
+
+- a step's output is keyed by content (`content_key`: source hashes, recipe, tool versions, never paths or
+  timestamps) and is finished when its receipt says so: `write_receipt` for one file, `write_dir_receipt` for a
+  directory, written only after the output was checked, so a killed step never leaves one;
+- `load_receipt` / `load_dir_receipt` give the receipt back only while the output is unchanged (size and mtime
+  of every file), so a rerun skips finished steps without re-reading large files, and a replaced or deleted
+  output is rebuilt;
+- a variant ends as a `VariantOutcome` (measured, with its validation report) or a `VariantError` (no verdict:
+  refused before the work, or a tool failed); `keep_failure` records the second so the run goes on;
+- `BuildResult` is what one build of one format returns, and `summary` what it writes beside its outputs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from pipelines.core.errors import DiskFullError, ModelmintError, ToolchainMissing, ToolError
+from pipelines.core.fsutil import sha256_file, write_text_atomic
+from pipelines.core.report import Validation
+
+
+def content_key(*parts: Any) -> str:
+    """A cache key from content (hashes, recipes, tool versions), never from paths or timestamps."""
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
+
+
+# ---------------------------------------------------------------- receipts: "this output is finished"
+
+
+def receipt_path(out: Path) -> Path:
+    """Where the receipt of output `out` (a file or a directory) lives: beside it."""
+    return out.with_name(out.name + ".receipt.json")
+
+
+def _write(out: Path, receipt: dict[str, Any]) -> dict[str, Any]:
+    write_text_atomic(receipt_path(out), json.dumps(receipt, indent=2, sort_keys=True, default=str) + "\n")
+    return receipt
+
+
+def _read(out: Path, key: str) -> dict[str, Any] | None:
+    try:
+        receipt = json.loads(receipt_path(out).read_text())
+    except (FileNotFoundError, ValueError):
+        return None
+    return receipt if isinstance(receipt, dict) and receipt.get("key") == key else None
+
+
+def load_receipt(out: Path, key: str) -> dict[str, Any] | None:
+    """The receipt of a finished step whose inputs hash to `key` and whose output is still the same file.
+
+    A missing or replaced output file (size or mtime changed) is a miss, not a hit.
+    """
+    receipt = _read(out, key)
+    try:
+        st = out.stat()
+    except FileNotFoundError:
+        return None
+    if receipt is None or receipt.get("size") != st.st_size or receipt.get("mtime_ns") != st.st_mtime_ns:
+        return None
+    return receipt
+
+
+def write_receipt(out: Path, key: str, **extra: Any) -> dict[str, Any]:
+    """Record that file `out` is finished: its size, mtime and sha256, and what the step wants to keep."""
+    st = out.stat()
+    return _write(out, {"key": key, "size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": sha256_file(out),
+                        **extra})
+
+
+def tree_files(d: Path) -> list[Path]:
+    """Every file under directory `d`, in a stable order."""
+    return sorted(p for p in d.rglob("*") if p.is_file())
+
+
+def write_dir_receipt(d: Path, key: str, **extra: Any) -> dict[str, Any]:
+    """Record that directory `d` is finished: every file's size, mtime and sha256, and their combined hash."""
+    files = {}
+    for p in tree_files(d):
+        st = p.stat()
+        files[p.relative_to(d).as_posix()] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": sha256_file(p)}
+    tree = content_key(sorted((k, v["sha256"]) for k, v in files.items()))
+    return _write(d, {"key": key, "tree_sha256": tree, "size": sum(v["size"] for v in files.values()),
+                      "files": files, **extra})
+
+
+def load_dir_receipt(d: Path, key: str) -> dict[str, Any] | None:
+    """The receipt of a finished directory made from inputs hashing to `key`, if no file in it changed since."""
+    receipt = _read(d, key)
+    if receipt is None or not d.is_dir():
+        return None
+    files = receipt.get("files", {})
+    present = {p.relative_to(d).as_posix(): p for p in tree_files(d)}
+    if set(present) != set(files):
+        return None
+    for rel, p in present.items():
+        st = p.stat()
+        if files[rel]["size"] != st.st_size or files[rel]["mtime_ns"] != st.st_mtime_ns:
+            return None
+    return receipt
+
+
+def load_report(path: Path, key: str | None) -> dict[str, Any] | None:
+    """The validation report at `path` if it was made for `key` (any finished report when `key` is None)."""
+    try:
+        report = json.loads(path.read_text())
+    except (FileNotFoundError, ValueError):
+        return None
+    return report if key is None or report.get("key") == key else None
+
+
+@dataclass(frozen=True)
+class StepResult:
+    path: Path
+    receipt: dict[str, Any]
+    ran: bool
+    """False when the step was skipped because its receipt matched."""
+
+
+@contextmanager
+def timed_phase(timings: dict[str, float], name: str) -> Iterator[None]:
+    """Add the wall seconds of the block to `timings[name]` (phases may be entered more than once)."""
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        timings[name] = round(timings.get(name, 0.0) + time.perf_counter() - start, 3)
+
+
+# ---------------------------------------------------------------- how a variant ends
+
+
+@dataclass(frozen=True)
+class VariantError:
+    """A variant that got no verdict: refused before any tool started, or a tool failed building or measuring it.
+
+    Kept as data (the error's class, message, hint) so a run can finish the other variants and report this one.
+    """
+
+    variant: str
+    stage: str
+    """preflight, build, validate or register."""
+    error: str
+    message: str
+    hint: str | None = None
+    transient: bool = False
+
+    summary: str = ""
+    """The one line that says what went wrong (for a tool: its own error line, not the command)."""
+
+    @classmethod
+    def of(cls, variant: str, stage: str, err: ModelmintError) -> VariantError:
+        if isinstance(err, ToolError):
+            lines = [ln.strip() for ln in err.stderr_tail.splitlines() if ln.strip()]
+            said = [ln for ln in lines if re.search(r"\b(ERROR|[A-Za-z]*Error)\b", ln)]
+            line = (said or lines or [""])[-1]
+            summary = f"{Path(err.argv[0]).name if err.argv else 'the tool'} exited with code {err.returncode}: {line}"
+        else:
+            summary = err.message.strip().splitlines()[0] if err.message.strip() else ""
+        return cls(variant, stage, type(err).__name__, err.message, err.hint, err.transient, summary)
+
+    @property
+    def cause(self) -> str:
+        """One line: the stage, the error and what went wrong."""
+        return f"{self.stage}: {self.error}: {self.summary}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"stage": self.stage, "error": self.error, "message": self.message, "hint": self.hint,
+                "transient": self.transient, "cause": self.cause}
+
+
+def variant_scoped(err: BaseException) -> bool:
+    """Whether an error belongs to one variant (the run goes on with the others) rather than to the machine.
+
+    A full disk or a missing toolchain stops every variant alike: those end the run at once.
+    """
+    return isinstance(err, ModelmintError) and not isinstance(err, DiskFullError | ToolchainMissing)
+
+
+def keep_failure(errors: dict[str, VariantError], variant: str, stage: str, err: Exception) -> VariantError:
+    """Record `err` as `variant`'s failure at `stage`, so the run goes on with the other variants; an error that
+    is not the variant's own (see variant_scoped) is raised again instead."""
+    if not variant_scoped(err):
+        raise err
+    errors[variant] = VariantError.of(variant, stage, err)  # type: ignore[arg-type]
+    return errors[variant]
+
+
+@dataclass
+class VariantOutcome:
+    """A measured variant: where it is, its digest, and its validation report (with the verdict)."""
+
+    variant: str
+    path: Path
+    digest: str
+    """The file's sha256 (GGUF), or the hash over every file's sha256 (a checkpoint directory)."""
+    size_bytes: int
+    report: dict[str, Any]
+    cached: bool
+    shards: list[Path] = field(default_factory=list)
+
+    @property
+    def validation(self) -> Validation:
+        """The verdict and the figures it judged (the report's `validation` block)."""
+        return Validation.model_validate(self.report["validation"])
+
+    @property
+    def passed(self) -> bool:
+        return self.validation.passed
+
+    @property
+    def failures(self) -> list[str]:
+        return list(self.validation.failures)
+
+
+# ---------------------------------------------------------------- what one build returns
+
+
+class BuildPlan(Protocol):
+    """What a format's plan tells the format-neutral parts about itself."""
+
+    summary_name: str
+    """The file the build's summary is written to, in the build's output directory."""
+
+    def advice_context(self) -> tuple[int | None, bool | None]:
+        """The source's parameter count and whether an importance matrix was used (None: not known / not asked)."""
+        ...
+
+
+@dataclass
+class BuildResult:
+    name: str
+    out_dir: Path
+    source: dict[str, Any]
+    base: dict[str, Any]
+    """The receipt of the base the variants were made from (GGUF: the f16 conversion; empty when none)."""
+    variants: dict[str, VariantOutcome]
+    tools_run: list[str]
+    """Every step that ran a tool in this build (empty when everything was cached)."""
+    timings: dict[str, float] = field(default_factory=dict)
+    """Wall seconds per phase, cached phases included."""
+    plan: Any = None
+    """The plan the build ran (a BuildPlan; registration reads its keys, recipe and paths)."""
+    errors: dict[str, VariantError] = field(default_factory=dict)
+    """Variants that got no verdict: refused at pre-flight, or a tool failed while building or measuring them."""
+    preflight: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Per variant, what the shape check before the work found (block fallback share, chosen group size)."""
+    asked: list[str] = field(default_factory=list)
+    """Every variant the run was asked for, in order."""
+
+    @property
+    def passed(self) -> list[str]:
+        return [q for q, v in self.variants.items() if v.passed]
+
+    @property
+    def failed(self) -> list[str]:
+        """Variants that were measured and failed their gate."""
+        return [q for q, v in self.variants.items() if not v.passed]
+
+    def cause(self, v: str) -> str | None:
+        """Why variant `v` failed, in one line (the stage first), or None when it passed."""
+        if v in self.errors:
+            return self.errors[v].cause
+        o = self.variants.get(v)
+        if o is not None and not o.passed:
+            return "gate: " + "; ".join(o.failures)
+        return None
+
+    def advice(self, v: str) -> str:
+        """What to try for failed variant `v`: gate advice from its own figures, or the hint of the error it met."""
+        from pipelines.core.gates import advice_for_report
+
+        if v in self.errors:
+            summary = getattr(self.plan, "summary_name", "build.json")
+            return self.errors[v].hint or f"its whole message is under errors.{v} in {self.out_dir / summary}"
+        params, imatrix = self.plan.advice_context() if self.plan is not None else (None, None)
+        return advice_for_report(v, self.variants[v].report, params=params, imatrix=imatrix)
+
+    def rows(
+        self, registered: dict[str, str] | None = None, register_errors: dict[str, VariantError] | None = None
+    ) -> list[dict[str, str]]:
+        """One row per variant asked for: built, validated, registered, and the cause of a failure.
+
+        `registered` maps variants to their registry refs (None: registration was not asked for).
+        """
+        register_errors = register_errors or {}
+        out = []
+        for v in [*self.asked, *(n for n in self.variants if n not in self.asked)]:
+            err, o = self.errors.get(v), self.variants.get(v)
+            stage = err.stage if err else None
+            built = {"preflight": "refused", "build": "failed"}.get(stage or "", "yes" if o or stage else "-")
+            validated = "pass" if o and o.passed else "FAIL" if o else "error" if stage == "validate" else "-"
+            if registered is None:
+                reg = "not asked"
+            elif v in registered:
+                reg = registered[v]
+            else:
+                reg = "failed" if v in register_errors else "-"
+            cause = self.cause(v) or (register_errors[v].cause if v in register_errors else "")
+            out.append({"variant": v, "built": built, "validated": validated, "registered": reg, "cause": cause})
+        return out
+
+    def failure(self, register_errors: dict[str, VariantError] | None = None) -> ModelmintError | None:
+        """The error a run ends with when any variant failed (after every other one was finished), else None."""
+        from pipelines.core.errors import VariantsFailed
+
+        register_errors = register_errors or {}
+        asked = [r["variant"] for r in self.rows()]
+        causes = {v: c for v in asked if (c := self.cause(v) or (register_errors[v].cause if v in register_errors else None))}
+        if not causes:
+            return None
+        advice = {v: (register_errors[v].hint or "") if v in register_errors and self.cause(v) is None else self.advice(v)
+                  for v in causes}
+        return VariantsFailed(asked, causes, advice)
+
+
+def summary(
+    result: BuildResult, per_variant: Callable[[VariantOutcome], dict[str, Any]], **top: Any
+) -> dict[str, Any]:
+    """What a build writes beside its outputs (build.json, compress.json): every variant's place, digest, verdict
+    and figures (`per_variant` adds the format's own keys), every failure, the pre-flight findings and timings."""
+    return {
+        "name": result.name,
+        "source": result.source,
+        **top,
+        "timings": result.timings,
+        "variants": {
+            n: {"path": str(v.path), "size_bytes": v.size_bytes, "passed": v.passed, "failures": v.failures,
+                "validation": v.report.get("validation"), "preflight": result.preflight.get(n), **per_variant(v)}
+            for n, v in result.variants.items()
+        },
+        "errors": {n: e.to_dict() for n, e in result.errors.items()},
+        "preflight": result.preflight,
+    }
+
+
+def write_summary(result: BuildResult, per_variant: Callable[[VariantOutcome], dict[str, Any]], **top: Any) -> Path:
+    """Write `summary(...)` to the plan's summary file in the build's output directory, atomically."""
+    path = result.out_dir / result.plan.summary_name
+    write_text_atomic(path, json.dumps(summary(result, per_variant, **top), indent=2, sort_keys=True) + "\n")
+    return path

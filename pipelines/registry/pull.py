@@ -1,0 +1,166 @@
+"""Pull a registered artifact: manifest → DVC remote → sha256 check → files in place → Ollama or vLLM.
+
+A GGUF lands beside its Modelfile and is handed to Ollama; a compressed-tensors checkpoint lands with its
+vLLM serve config, and the `vllm serve` command is returned."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pipelines.core.errors import (
+    BlobMismatch,
+    ManifestDisagrees,
+    ManifestInvalid,
+    RegistryError,
+    RemoteObjectMissing,
+)
+from pipelines.core.fsutil import HashCache, atomic_output
+from pipelines.core.settings import Settings
+from pipelines.registry import dvcrepo
+from pipelines.registry.formats import format_of
+from pipelines.registry.manifest import Manifest, find_manifest, manifest_path
+
+log = logging.getLogger(__name__)
+
+_CHUNK = 8 * 1024 * 1024
+
+
+@dataclass
+class PullResult:
+    manifest: Manifest
+    dest: Path
+    fetched: bool
+    """False when the destination already held exactly these files (nothing was downloaded or copied)."""
+    commands: list[list[str]] = field(default_factory=list)
+    """The commands that make the model available: Ollama's (run when `ollama` is on PATH), or `vllm serve`."""
+    ran_ollama: bool = False
+    ollama_reply: str | None = None
+
+    @property
+    def modelfile(self) -> Path | None:
+        p = self.dest / "Modelfile"
+        return p if p.is_file() else None
+
+
+def pull(settings: Settings, ref: str, *, dest: Path | None = None, ollama: bool = True) -> PullResult:
+    """Place the registered artifact `ref` (name:tag) in `dest` (default: its path in the repository).
+
+    Every file is checked against the manifest's sha256 before anything in `dest` is replaced; a
+    mismatch raises and leaves `dest` as it was.
+
+    Raises:
+        NotRegistered, ManifestInvalid, ConfigError: no usable manifest for `ref`.
+        RemoteError, RemoteUnavailable: the DVC remote is misconfigured, unreachable, or lacks the blob.
+        BlobMismatch: what came from the remote is not what was registered.
+        ToolError: `ollama create` failed.
+    """
+    manifest = find_manifest(settings, ref)
+    target = dest if dest is not None else settings.repo_dir / manifest.dvc.path
+    fetched = False
+    if not _holds(target, manifest, HashCache(settings.home / "hashcache.json")):
+        _fetch_into(settings, manifest, target)
+        fetched = True
+    return PullResult(manifest, target, fetched, **format_of(manifest.tag).offer(target, manifest, ollama))
+
+
+def _holds(target: Path, manifest: Manifest, hashes: HashCache) -> bool:
+    try:
+        return all(
+            (target / f.path).stat().st_size == f.size and hashes.sha256(target / f.path) == f.sha256
+            for f in manifest.files
+        )
+    except FileNotFoundError:
+        return False
+
+
+def _fetch_into(settings: Settings, manifest: Manifest, target: Path) -> None:
+    stage, path = manifest.dvc.stage, manifest.dvc.path
+    locked = dvcrepo.locked_out(settings, stage, path)
+    if locked is None:
+        raise RegistryError(
+            f"dvc.lock records no {path} for {manifest.ref} (stage {stage})",
+            hint="the manifest was committed without dvc.lock: pull the commit that added both (`git pull`), "
+            "or register it again",
+        )
+    if manifest.dvc.md5 is not None and manifest.dvc.md5 != locked.md5:
+        raise ManifestInvalid(
+            str(settings.manifests_dir / manifest.name / f"{manifest.tag}.json"),
+            f"it records DVC hash {manifest.dvc.md5}, dvc.lock records {locked.md5}",
+        )
+    try:
+        dvcrepo.fetch(settings, stage)
+    except RemoteObjectMissing as err:
+        raise RemoteObjectMissing(
+            f"{manifest.ref}: {err.message}",
+            objects=err.objects,
+            hint=f"upload it again from the registering machine (`modelmint verify {manifest.ref} --repair`) or from "
+            f"a machine that has the build (`{format_of(manifest.tag).rebuild_command(manifest.name, manifest.tag)}`), then rerun the pull",
+        ) from err
+    cache = dvcrepo.cache_dir(settings)
+    listing = dvcrepo.dir_listing(cache, locked.md5)
+    missing = [f.path for f in manifest.files if f.path not in listing]
+    if missing:
+        raise ManifestInvalid(
+            str(settings.manifests_dir / manifest.name / f"{manifest.tag}.json"),
+            f"it lists {missing}, which the DVC-tracked directory does not hold",
+        )
+    with atomic_output(target) as tmp:
+        tmp.mkdir()
+        for f in manifest.files:
+            obj = dvcrepo.cache_object(cache, listing[f.path])
+            if not obj.is_file():
+                from pipelines.core.errors import RemoteError
+
+                raise RemoteError(
+                    f"the DVC remote does not hold {f.path} of {manifest.ref} (md5 {listing[f.path]})",
+                    hint="push it from the machine that registered it (`dvc push`), or check `dvc remote list`",
+                )
+            out = tmp / f.path
+            out.parent.mkdir(parents=True, exist_ok=True)
+            actual, md5 = _copy_hashing(obj, out)
+            if actual != f.sha256:
+                if md5 == listing[f.path]:
+                    # The object is exactly what DVC recorded (its bytes hash to its own address): the manifest
+                    # is what disagrees. Nothing is deleted; the destination keeps whatever it held.
+                    raise ManifestDisagrees(_shown(settings, manifest), f.path, f.sha256, actual, md5)
+                # The cached object is not even what its DVC name says (a damaged remote or cache): drop it so
+                # that the next pull downloads it again instead of trusting it.
+                obj.unlink(missing_ok=True)
+                raise BlobMismatch(manifest.ref, f.path, f.sha256, actual, rebuild=format_of(manifest.tag).rebuild_command(manifest.name, manifest.tag))
+
+
+def _shown(settings: Settings, manifest: Manifest) -> str:
+    """The manifest's path as git commands take it from the repository root."""
+    path = manifest_path(settings, manifest.name, manifest.tag)
+    try:
+        return path.relative_to(settings.repo_dir).as_posix()
+    except ValueError:
+        return str(path)
+
+
+def _copy_hashing(src: Path, dst: Path) -> tuple[str, str]:
+    """Copy `src` to `dst` and return the sha256 and the md5 (DVC's address) of the bytes written, in one read.
+
+    Hashing a chunk (hashlib releases the GIL) overlaps with writing the previous one: about the time of
+    the slower of the two instead of their sum.
+    """
+    h, m = hashlib.sha256(), hashlib.md5()
+
+    def update(chunk: bytes) -> None:
+        h.update(chunk)
+        m.update(chunk)
+
+    pending: Future[None] | None = None
+    with open(src, "rb") as fin, open(dst, "wb") as fout, ThreadPoolExecutor(1) as pool:
+        while chunk := fin.read(_CHUNK):
+            if pending is not None:
+                pending.result()
+            pending = pool.submit(update, chunk)
+            fout.write(chunk)
+        if pending is not None:
+            pending.result()
+    return h.hexdigest(), m.hexdigest()

@@ -1,0 +1,472 @@
+"""Register a validated variant: its artifact directory recorded by DVC and pushed, then its manifest, last.
+
+GGUF variants and compressed-tensors checkpoints take the same steps; only what `place` publishes beside
+the artifact differs (a Modelfile and model card for Ollama; a vLLM serve config and model card for vLLM).
+
+The steps, each safe to repeat after a crash:
+  place    copy the variant (and its serving files) into artifacts/<name>/<tag>/, atomically as a directory
+  track    `dvc commit` the dvc.yaml stage that owns that directory: dvc.lock + the DVC cache
+  publish  `dvc push` it to the default remote, then write registry/manifests/<name>/<tag>.json
+
+Nothing is visible as registered before its manifest exists, and the manifest is written only after
+validation passed and the blob reached the remote. Under `dvc repro` the stage command registers with
+`track=False`: DVC itself records the output after the command returns, and `dvc push` sends it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import shutil
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pipelines import __version__
+from pipelines.core.errors import DiskFullError, GateFailed, ManifestInvalid
+from pipelines.core.fsutil import HashCache, atomic_output, clean_partials, disk_full_located, is_full
+from pipelines.core.gates import advice_for_report
+from pipelines.core.report import Validation as Judged
+from pipelines.core.settings import Settings
+from pipelines.core.steps import VariantOutcome, content_key, load_dir_receipt, load_receipt
+from pipelines.core.toolchains import read_pins
+from pipelines.gguf.build import GGUFPlan
+from pipelines.registry import dvcrepo
+from pipelines.registry.formats import Format, format_of
+from pipelines.registry.manifest import (
+    ArtifactFile,
+    DvcRef,
+    Manifest,
+    ParentRef,
+    SourceRef,
+    Validation,
+    artifact_relpath,
+    load_manifest,
+    manifest_path,
+    save_manifest,
+    stage_name,
+)
+from pipelines.source.catalog import CatalogEntry
+
+if TYPE_CHECKING:
+    from pipelines.compressed.build import CompressPlan
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A validated variant, whatever built it: what registration copies, records and describes."""
+
+    entry: CatalogEntry
+    tag: str
+    files: tuple[Path, ...]
+    """The artifact's own files, main file first (a GGUF, or its shards when it was split; a checkpoint's
+    weights, then its other files)."""
+    sha256: str
+    size_bytes: int
+    source: dict[str, Any]
+    parent: ParentRef | None
+    toolchain: dict[str, str]
+    recipe: dict[str, Any]
+    report: dict[str, Any]
+    report_sha256: str
+    source_dir: Path | None = None
+    """The source model directory (its tokenizer and generation config feed the Modelfile)."""
+    root: Path | None = None
+    """The directory `files` are placed relative to (a checkpoint); None: each is placed by its name."""
+
+    @property
+    def ref(self) -> str:
+        return f"{self.entry.name}:{self.tag}"
+
+    @property
+    def format(self) -> Format:
+        return format_of(self.tag).name
+
+    @property
+    def recipe_sha256(self) -> str:
+        return hashlib.sha256(json.dumps(self.recipe, sort_keys=True).encode()).hexdigest()
+
+    @property
+    def key(self) -> str:
+        """What this registration is made of: the bytes, the source, the recipe, the toolchain, and the gate's
+        verdict with the metrics it judged. Not the report file: its timings and build paths change on every
+        rebuild of the same bytes, and the manifest would be rewritten each time."""
+        return content_key("register", self.sha256, self.source, self.recipe_sha256, self.toolchain,
+                           verdict(self.report))
+
+    @property
+    def stage(self) -> str:
+        return stage_name(self.entry.name, self.tag)
+
+    @property
+    def dvc_path(self) -> str:
+        return artifact_relpath(self.entry.name, self.tag)
+
+    def placed_as(self, f: Path) -> str:
+        """Where file `f` goes inside the artifact directory ('/'-separated)."""
+        return f.relative_to(self.root).as_posix() if self.root is not None else f.name
+
+
+@dataclass(frozen=True)
+class Tracked:
+    """A placed artifact directory and what DVC recorded for it (md5 None when DVC was not asked)."""
+
+    files: tuple[ArtifactFile, ...]
+    md5: str | None
+
+
+@dataclass(frozen=True)
+class Registration:
+    manifest: Manifest
+    path: Path
+    ran: bool
+    """False when the variant was already registered exactly like this (nothing was run)."""
+    reuploaded: tuple[str, ...] = ()
+    """Objects the remote lacked or held damaged, uploaded again by this registration."""
+
+
+def verdict(report: dict[str, Any]) -> dict[str, Any]:
+    """What a validation report decided and on which figures (its validation block: no timings, no paths)."""
+    judged = Judged.of_report(report)
+    if judged is None:
+        raise FileNotFoundError("the validation report predates its validation block: rerun the build to validate again")
+    return judged.model_dump(mode="json")
+
+
+def gguf_recipe(plan: GGUFPlan, tag: str) -> dict[str, Any]:
+    """Everything that decides a GGUF variant's bytes and verdict, as the manifest records it."""
+    spec = plan.spec
+    return {
+        "format": "gguf",
+        "source": plan.entry.source.model_dump(mode="json")
+        | ({"revision": plan.snapshot.revision} if plan.snapshot.revision else {}),
+        "outtype": spec.outtype,
+        "quant": tag,
+        "imatrix": spec.imatrix,
+        "calibration": plan.calibration_record(),
+        "split_max_size": spec.split_max_size,
+        "gate_profile": plan.entry.gate_profile,
+        "eval": plan.evaluation_record,
+    }
+
+
+def toolchain_versions(plan: GGUFPlan) -> dict[str, str]:
+    pins = read_pins("llama-cpp")
+    return {
+        "modelmint": __version__,
+        **plan.llama.versions(),
+        "converter.torch": pins.get("CONVERTER_TORCH", "?"),
+        "converter.transformers": pins.get("CONVERTER_TRANSFORMERS", "?"),
+    }
+
+
+def candidate_from_gguf(plan: GGUFPlan, outcome: VariantOutcome) -> Candidate:
+    """The registration candidate for one validated GGUF variant of `plan`.
+
+    Raises:
+        GateFailed: the variant did not pass validation (it must not be registered).
+        FileNotFoundError: the f16 base or the report is gone (rerun the build).
+    """
+    if not outcome.passed:
+        raise GateFailed(outcome.variant, outcome.failures, str(plan.report_path(outcome.variant)),
+                         advice=advice_for_report(outcome.variant, outcome.report, imatrix=plan.spec.imatrix))
+    base = load_receipt(plan.base_path, plan.base_key)
+    if base is None:
+        raise FileNotFoundError(f"{plan.base_path} is gone or changed since {outcome.variant} was made from it")
+    files = tuple(outcome.shards) or (outcome.path,)
+    hashes = HashCache(plan.settings.home / "hashcache.json")
+    main_sha = outcome.digest if files[0] == outcome.path else hashes.sha256(files[0])
+    return Candidate(
+        entry=plan.entry,
+        tag=outcome.variant,
+        files=files,
+        sha256=main_sha,
+        size_bytes=files[0].stat().st_size,
+        source={k: v for k, v in plan.source.items() if k != "path"},
+        parent=ParentRef(
+            artifact=f"{plan.entry.name}:{plan.spec.outtype}",
+            file=plan.base_path.name,
+            sha256=base["sha256"],
+            size=base["size"],
+        ),
+        toolchain=toolchain_versions(plan),
+        recipe=gguf_recipe(plan, outcome.variant),
+        report=outcome.report,
+        report_sha256=hashes.sha256(plan.report_path(outcome.variant)),
+        source_dir=plan.snapshot.path,
+    )
+
+
+def candidate_from_compressed(plan: CompressPlan, outcome: VariantOutcome) -> Candidate:
+    """The registration candidate for one validated compressed-tensors variant of `plan`.
+
+    Its parent is the source itself (recorded in `source`); the files are the whole checkpoint, weights first.
+
+    Raises:
+        GateFailed: the variant did not pass validation (it must not be registered).
+        FileNotFoundError: the checkpoint or its report changed or is gone since validation (rerun the build).
+    """
+    v = outcome.variant
+    if not outcome.passed:
+        raise GateFailed(v, outcome.failures, str(plan.report_path(v)),
+                         advice=advice_for_report(v, outcome.report, params=plan.params))
+    receipt = load_dir_receipt(outcome.path, plan.quant_key(v))
+    report_path = plan.report_path(v)
+    try:
+        # The report as its file has it: what the manifest's report_sha256 names (no run-time additions).
+        report = json.loads(report_path.read_text(encoding="utf-8"))
+    except (FileNotFoundError, ValueError):
+        report = None
+    judged = Judged.of_report(report) if report is not None else None
+    if receipt is None or judged is None or receipt["tree_sha256"] != outcome.digest or not judged.passed:
+        raise FileNotFoundError(f"{outcome.path} or its report changed since it was validated: rerun `modelmint compress`")
+    names = sorted(receipt["files"])
+    weights = [n for n in names if n == "model.safetensors.index.json"] or [n for n in names if n.endswith(".safetensors")]
+    if not weights:
+        raise FileNotFoundError(f"{outcome.path} holds no safetensors weights: rerun `modelmint compress`")
+    ordered = [weights[0], *(n for n in names if n != weights[0])]
+    main = receipt["files"][weights[0]]
+    return Candidate(
+        entry=plan.entry,
+        tag=v,
+        files=tuple(outcome.path / n for n in ordered),
+        sha256=main["sha256"],
+        size_bytes=main["size"],
+        source={k: val for k, val in plan.source.items() if k != "path"},
+        parent=None,
+        toolchain=plan.toolchain_versions(),
+        recipe=plan.manifest_recipe(v),
+        report=report,
+        report_sha256=HashCache(plan.settings.home / "hashcache.json").sha256(report_path),
+        source_dir=plan.snapshot.path,
+        root=outcome.path,
+    )
+
+
+def artifact_dir(settings: Settings, name: str, tag: str) -> Path:
+    """The registered artifact's directory (under Settings.artifacts_dir, at manifest.artifact_relpath)."""
+    return settings.artifacts_dir / name / tag
+
+
+# ---------------------------------------------------------------- the steps
+
+
+def place(settings: Settings, c: Candidate) -> tuple[ArtifactFile, ...]:
+    """Copy the variant's files into its artifact directory and add its serving files, as one rename.
+
+    Raises:
+        DiskFullError: the disk holding artifacts/ (the repository's) filled; nothing was placed.
+    """
+    dest = artifact_dir(settings, c.entry.name, c.tag)
+    with disk_full_located(settings):
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        _remove_stale_partials(dest)
+        with atomic_output(dest) as tmp:
+            tmp.mkdir()
+            for f in c.files:
+                # A copy, never a link: the build directory is scratch space that later builds rewrite.
+                out = tmp / c.placed_as(f)
+                out.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(f, out)
+            format_of(c.tag).publish(settings, c, tmp)
+    return _describe(settings, dest)
+
+
+def track(settings: Settings, c: Candidate, files: tuple[ArtifactFile, ...]) -> Tracked:
+    """Record the artifact directory in dvc.lock and the DVC cache (`dvc commit` of its stage).
+
+    Raises:
+        RegistryError: not a DVC repository, no such stage (run `modelmint dvc-yaml`), or DVC failed.
+        DiskFullError: the DVC cache's disk (or the repository's) filled.
+    """
+    try:
+        dvcrepo.commit(settings, c.stage)
+    except DiskFullError as err:
+        # DVC names no path; `dvc commit` writes into the cache, and dvc.lock and DVC's state beside it.
+        cache = dvcrepo.cache_dir(settings)
+        where = cache if is_full(cache) else Path(err.path)
+        raise DiskFullError(str(where), err.detail,
+                            location=settings.disk_location(where, dvc_cache=cache)) from err
+    locked = dvcrepo.locked_out(settings, c.stage, c.dvc_path)
+    if locked is None:
+        from pipelines.core.errors import RegistryError
+
+        raise RegistryError(
+            f"dvc commit {c.stage} recorded nothing for {c.dvc_path}",
+            hint="dvc.yaml is out of date with the catalog: run `modelmint dvc-yaml`",
+        )
+    _check_cached(settings, c, locked.md5)
+    return Tracked(files, locked.md5)
+
+
+def _check_cached(settings: Settings, c: Candidate, dir_md5: str) -> None:
+    """Check that `dvc commit` put every object of the artifact into the cache, not only into dvc.lock.
+
+    DVC exits 0 when the cache's disk fills: dvc.lock records the directory, the cache holds `.tmp` stubs.
+
+    Raises:
+        DiskFullError: objects are missing and the cache's disk is full.
+        RegistryError: objects are missing otherwise.
+    """
+    from pipelines.core.errors import RegistryError
+
+    cache = dvcrepo.cache_dir(settings)
+    obj = dvcrepo.cache_object(cache, dir_md5)
+    listing = dvcrepo.dir_listing(cache, dir_md5) if obj.is_file() else {}
+    missing = ([] if obj.is_file() else [dir_md5]) + [
+        rel for rel, md5 in listing.items() if not dvcrepo.cache_object(cache, md5).is_file()
+    ]
+    if not missing:
+        return
+    detail = f"dvc commit {c.stage} exited 0 but left {', '.join(missing)} out of the cache"
+    if is_full(cache):
+        raise DiskFullError(str(cache), detail, location=settings.disk_location(cache, dvc_cache=cache))
+    raise RegistryError(detail, hint="rerun the same command; `dvc doctor` shows DVC's setup")
+
+
+def is_tracked(settings: Settings, c: Candidate, tracked: Tracked) -> bool:
+    """Whether `tracked` still describes the workspace and dvc.lock (no tool is run)."""
+    if not _files_in_place(settings, c, tracked.files, hashed=False):
+        return False
+    if tracked.md5 is None:
+        return True
+    locked = dvcrepo.locked_out(settings, c.stage, c.dvc_path)
+    return locked is not None and locked.md5 == tracked.md5
+
+
+def publish(settings: Settings, c: Candidate, tracked: Tracked, *, push: bool = True) -> Registration:
+    """Push the tracked directory to the default DVC remote, then write the manifest (last).
+
+    The push is checked object by object in the remote (dvcrepo.ensure_in_remote): what is missing or holds
+    other bytes is uploaded again before the manifest says `pushed`.
+
+    Raises:
+        RemoteError, RemoteUnavailable: the push failed or the remote's copy is still wrong; no manifest is written.
+    """
+    reuploaded: tuple[str, ...] = ()
+    if push and tracked.md5 is not None:
+        dvcrepo.push(settings, c.stage)
+        reuploaded = _ensure_in_remote(settings, c, tracked.md5, tracked.files)
+    manifest = _manifest(c, tracked, pushed=push and tracked.md5 is not None)
+    path = manifest_path(settings, c.entry.name, c.tag)
+    try:
+        before = load_manifest(path, settings.manifests_dir)
+    except (FileNotFoundError, ManifestInvalid):
+        before = None
+    if before is not None and before.key == manifest.key:
+        # The same artifact recorded again (`dvc repro` reruns, a new clone, a rebuild elsewhere): keep what the
+        # manifest says of it (its date, its report's hash and smoke timings), so that an unchanged
+        # registration leaves an unchanged file in git.
+        if before.files == manifest.files and before.dvc == manifest.dvc:
+            return Registration(before, path, ran=True, reuploaded=reuploaded)
+        manifest = manifest.model_copy(update={"created_at": before.created_at})
+    return Registration(manifest, save_manifest(settings, manifest), ran=True, reuploaded=reuploaded)
+
+
+def _ensure_in_remote(settings: Settings, c: Candidate, md5: str, files: tuple[ArtifactFile, ...]) -> tuple[str, ...]:
+    check = dvcrepo.ensure_in_remote(settings, c.stage, md5, {f.path: f.sha256 for f in files})
+    return tuple(o.describe() for o in check.bad if o.damaged)
+
+
+def registered(settings: Settings, c: Candidate, *, tracked: bool = True) -> Registration | None:
+    """The registration of exactly this candidate, when it is complete and its files are in place.
+
+    With `tracked`, it must also be recorded in dvc.lock and pushed. Runs no tool: a stat and a few
+    small reads (file hashes come from the hash cache unless a file changed).
+    """
+    path = manifest_path(settings, c.entry.name, c.tag)
+    try:
+        manifest = load_manifest(path, settings.manifests_dir)
+    except (FileNotFoundError, ManifestInvalid):
+        return None
+    if manifest.key != c.key or not _files_in_place(settings, c, tuple(manifest.files), hashed=True):
+        return None
+    if tracked:
+        if manifest.dvc.md5 is None or not manifest.dvc.pushed:
+            return None
+        locked = dvcrepo.locked_out(settings, c.stage, c.dvc_path)
+        if locked is None or locked.md5 != manifest.dvc.md5:
+            return None
+    return Registration(manifest, path, ran=False)
+
+
+def register(settings: Settings, c: Candidate, *, track_with_dvc: bool = True, push: bool = True) -> Registration:
+    """Place, track, push and describe one validated variant; a no-op when it is registered already.
+
+    Raises:
+        RegistryError (RemoteError, RemoteUnavailable): DVC could not record or push it; no manifest.
+    """
+    done = registered(settings, c, tracked=track_with_dvc)
+    if done is not None:
+        if track_with_dvc and push and done.manifest.dvc.md5 is not None:
+            # Registered before, but the remote's copy may have been damaged or deleted since: registering
+            # again is how it is repaired (only a read of the remote when nothing is wrong).
+            fixed = _ensure_in_remote(settings, c, done.manifest.dvc.md5, tuple(done.manifest.files))
+            done = replace(done, reuploaded=fixed)
+        return done
+    files = place(settings, c)
+    tracked = track(settings, c, files) if track_with_dvc else Tracked(files, None)
+    return publish(settings, c, tracked, push=push)
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def _remove_stale_partials(dest: Path) -> None:
+    """Remove what killed registrations of this tag left (`<tag>.partial-<pid>` of a pid that is gone).
+
+    Only this tag's, and only dead writers': another tag of the model may be registering right now.
+    """
+    for p in clean_partials(dest.parent, of=dest.name):
+        log.info("removed %s left by an interrupted registration", p)
+
+
+def _describe(settings: Settings, directory: Path) -> tuple[ArtifactFile, ...]:
+    hashes = HashCache(settings.home / "hashcache.json")
+    return tuple(
+        ArtifactFile(path=p.relative_to(directory).as_posix(), sha256=hashes.sha256(p), size=p.stat().st_size)
+        for p in sorted(directory.rglob("*"))
+        if p.is_file()
+    )
+
+
+def _files_in_place(settings: Settings, c: Candidate, files: tuple[ArtifactFile, ...], *, hashed: bool) -> bool:
+    directory = artifact_dir(settings, c.entry.name, c.tag)
+    hashes = HashCache(settings.home / "hashcache.json") if hashed else None
+    for f in files:
+        p = directory / f.path
+        try:
+            if p.stat().st_size != f.size:
+                return False
+        except FileNotFoundError:
+            return False
+        if hashes is not None and hashes.sha256(p) != f.sha256:
+            return False
+    on_disk = {p.relative_to(directory).as_posix() for p in directory.rglob("*") if p.is_file()}
+    return on_disk == {f.path for f in files}
+
+
+def _manifest(c: Candidate, tracked: Tracked, *, pushed: bool) -> Manifest:
+    return Manifest(
+        name=c.entry.name,
+        tag=c.tag,
+        format=c.format,
+        file=c.placed_as(c.files[0]),
+        sha256=c.sha256,
+        size_bytes=c.size_bytes,
+        files=list(tracked.files),
+        source=SourceRef(**{k: c.source.get(k) for k in ("kind", "repo", "revision", "content_sha256")},
+                         **({"origin": c.source["origin"]} if c.source.get("origin") else {})),
+        parent=c.parent,
+        toolchain=c.toolchain,
+        recipe=c.recipe,
+        recipe_sha256=c.recipe_sha256,
+        validation=Validation(**verdict(c.report), smoke=c.report.get("smoke"), report_sha256=c.report_sha256),
+        dvc=DvcRef(path=c.dvc_path, stage=c.stage, md5=tracked.md5, pushed=pushed),
+        key=c.key,
+        created_at=datetime.now(UTC).replace(microsecond=0),
+    )
