@@ -118,9 +118,9 @@ def test_the_quant_types_are_llama_cpp_file_types() -> None:
 def test_the_imatrix_list_is_what_llama_quantize_refuses(tiny_qwen2: Path, settings: Settings, tmp_path: Path) -> None:
     """Ask llama-quantize about every type for the tiny model's f16 without an imatrix: exactly IMATRIX_REQUIRED
     needs one (its --dry-run applies the same per-tensor rule and says so; one real run shows it refuses)."""
-    from pipelines.gguf.tools import convert
     from pipelines.core.runner import run
     from pipelines.core.toolchains import llama_cpp
+    from pipelines.gguf.tools import convert
 
     llama = llama_cpp(settings)
     f16, _ = convert(tiny_qwen2, tmp_path / "f16.gguf", llama)

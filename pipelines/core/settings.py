@@ -39,6 +39,12 @@ class Settings:
     package_index: str = DEFAULT_PACKAGE_INDEX
     """The simple repository API (PEP 503 / 691) wheel sources are downloaded from: MODELMINT_PACKAGE_INDEX, else
     pip's PIP_INDEX_URL, else PyPI."""
+    ray_address: str | None = None
+    """MODELMINT_RAY_ADDRESS: a Ray cluster (host:port of its GCS) the convert flow's tasks run on; None runs
+    them in the flow's own process (docs/ray.md)."""
+    ray_resources: str | None = None
+    """MODELMINT_RAY_RESOURCES: JSON, step name → extra Ray resources its tasks ask for, e.g.
+    {"compress": {"gpu-H100-80G": 1}} to place a step on the nodes that offer that custom resource."""
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> Settings:
@@ -61,6 +67,8 @@ class Settings:
             gpu_slots=int(env.get("MODELMINT_GPU_SLOTS") or 1),
             prefect_crash_after_s=int(env.get("MODELMINT_CRASH_AFTER_S") or 120),
             package_index=env.get("MODELMINT_PACKAGE_INDEX") or env.get("PIP_INDEX_URL") or DEFAULT_PACKAGE_INDEX,
+            ray_address=env.get("MODELMINT_RAY_ADDRESS") or None,
+            ray_resources=env.get("MODELMINT_RAY_RESOURCES") or None,
         )
 
     @property
