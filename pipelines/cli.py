@@ -222,6 +222,7 @@ def _finish(name: str, run: Any, summary_path: Path, as_json: bool) -> None:
 def list_cmd() -> None:
     """List the registered artifacts (registry/manifests)."""
     from pipelines.core.errors import RegistryError
+    from pipelines.registry.images import published_images
     from pipelines.registry.manifest import list_manifests
 
     settings = _settings()
@@ -236,12 +237,16 @@ def list_cmd() -> None:
         # the other columns give way instead.
         refs = [m.ref for m in listing.manifests]
         artifact = Column("artifact", no_wrap=True, min_width=max(len("artifact"), *map(len, refs)))
-        table = Table(artifact, "format", "size", "sha256", "source", "mean KL", "gate", "DVC")
+        published = {m.ref: published_images(settings, m) for m in listing.manifests}
+        shown = any(published.values())
+        table = Table(artifact, "format", "size", "sha256", "source", "mean KL", "gate", "DVC",
+                      *(["published"] if shown else []))
         for m in listing.manifests:
             dvc = "pushed" if m.dvc.pushed else ("committed" if m.dvc.md5 else "dvc repro")
             kl = m.mean_kl
             table.add_row(m.ref, m.format, _mib(m.size_bytes), m.sha256[:12], m.source.ref,
-                          "-" if kl is None else f"{kl:.5f}", "[green]pass[/green]", dvc)
+                          "-" if kl is None else f"{kl:.5f}", "[green]pass[/green]", dvc,
+                          *([", ".join(published[m.ref]) or "-"] if shown else []))
         out.print(table)
     for bad in listing.invalid:
         err.print(f"[bold red]invalid:[/bold red] {_escape(bad.message)}", highlight=False)
@@ -330,7 +335,7 @@ def publish(
 
     from pipelines.publish.oci import RegistryRef
     from pipelines.registry.formats import format_of
-    from pipelines.registry.images import publish_image
+    from pipelines.registry.images import publications_path, publish_image
 
     if registry is None:
         raise ConfigError("publish needs a registry", hint=f"modelmint publish {ref} --registry HOST[:PORT]/NAMESPACE")
@@ -345,6 +350,9 @@ def publish(
         err.print(f"[yellow]moved {old_tag} from {old}[/yellow]", highlight=False)
     out.print(f"{m.ref} → {', '.join(done.images)} ({done.digest}); {len(done.uploaded)} blob(s) uploaded, "
               f"{len(done.present)} already there", highlight=False, soft_wrap=True)
+    record = publications_path(_settings(), m.name, m.tag)
+    out.print(f"recorded in {record} (`modelmint list` shows it; commit it with the registry)", highlight=False,
+              soft_wrap=True)
     out.print("pull it with:")
     out.print("  " + shlex.join(format_of(m.tag).pull_command(done.images[-1], insecure)), highlight=False,
               soft_wrap=True)

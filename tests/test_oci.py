@@ -195,6 +195,11 @@ def test_publish_pushes_an_ollama_image_whose_digests_are_the_manifests(env: Env
     image = f"{env.registry.host}/modelmint/tiny-qwen2:q4_k_m"
     assert f"{image}-{commit}" in done.stdout and f"ollama pull --insecure {image}" in done.stdout
 
+    listed = env.cli("list")
+    assert listed.returncode == 0 and image in listed.stdout, listed.stdout
+    record = json.loads((env.repo.root / "registry/published/tiny-qwen2/q4_k_m.json").read_text())
+    assert [(r["image"], r["pinned"], r["sha256"]) for r in record] == [(image, f"{image}-{commit}", m.sha256)]
+
     pushed = _pushed(env, "modelmint", "q4_k_m")
     assert pushed == _pushed(env, "modelmint", f"q4_k_m-{commit}")
     assert list(pushed) == FORMAT["manifest"]["keys"]

@@ -13,12 +13,14 @@ from __future__ import annotations
 import json
 import logging
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from pydantic import ValidationError
 
 from pipelines.core.errors import ConfigError, ManifestInvalid, RegistryError, TagConflict
-from pipelines.core.fsutil import HashCache, atomic_output
+from pipelines.core.fsutil import HashCache, atomic_output, write_text_atomic
 from pipelines.core.runner import run
 from pipelines.core.settings import Settings
 from pipelines.publish.oci import (
@@ -110,8 +112,41 @@ def publish_image(settings: Settings, ref: str, registry: RegistryRef, *, force:
             client.put_manifest(repository, tag, image)
     for tag, old in retagged.items():
         log.warning("moved %s from %s to %s", registry.image(manifest.name, tag), old, image.digest)
-    return Published(manifest, [registry.image(manifest.name, t) for t in tags], image.digest, uploaded, present,
+    done = Published(manifest, [registry.image(manifest.name, t) for t in tags], image.digest, uploaded, present,
                      retagged)
+    record_publication(settings, done)
+    return done
+
+
+def publications_path(settings: Settings, name: str, tag: str) -> Path:
+    """registry/published/NAME/TAG.json: where the artifact was published (in git, beside its manifest)."""
+    return settings.repo_dir / "registry" / "published" / name / f"{tag}.json"
+
+
+def record_publication(settings: Settings, done: Published) -> Path:
+    """Add (or refresh) the registry `done` pushed to in the artifact's publication record, atomically."""
+    m = done.manifest
+    path = publications_path(settings, m.name, m.tag)
+    entries = [e for e in _read_publications(path) if e.get("image") != done.images[-1]]
+    entries.append({"image": done.images[-1], "pinned": done.images[0], "digest": done.digest,
+                    "sha256": m.sha256, "published_at": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(path, json.dumps(sorted(entries, key=lambda e: e["image"]), indent=2) + "\n")
+    return path
+
+
+def published_images(settings: Settings, manifest: Manifest) -> list[str]:
+    """The images that hold this registration (records of an earlier registration of the same tag left out)."""
+    path = publications_path(settings, manifest.name, manifest.tag)
+    return [e["image"] for e in _read_publications(path) if e.get("sha256") == manifest.sha256 and "image" in e]
+
+
+def _read_publications(path: Path) -> list[dict[str, Any]]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (FileNotFoundError, ValueError):
+        return []
+    return [e for e in data if isinstance(e, dict)] if isinstance(data, list) else []
 
 
 def manifest_commit(settings: Settings, manifest: Manifest) -> str:
