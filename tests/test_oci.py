@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from ociregistry import RunningRegistry, start_registry
+from ociregistry import RunningRegistry, TokenServer, make_tls, start_registry
 from registry_env import ROOT, Repo, candidate, free_port, isolate, judged, make_repo
 
 from pipelines.core.errors import (
@@ -425,3 +425,41 @@ def test_htpasswd_basic_auth_from_the_environment_and_the_docker_config(env: Env
         assert "s3cret-pw" not in locked.log.read_text()
     finally:
         locked.stop()
+
+
+def test_bearer_tokens_from_the_registrys_token_service(env: Env, tmp_path: Path) -> None:
+    tokens = TokenServer(tmp_path / "tokens", {"team": "s3cret-pw"})
+    locked = start_registry(tmp_path / "bearer", token=tokens)
+    try:
+        where = RegistryRef(locked.host, "modelmint", insecure=True)
+        with pytest.raises(OciAuthRefused):
+            publish_image(env.settings, env.gguf.ref, where)  # anonymous: the token service refuses
+        creds = env.repo.settings(MODELMINT_REGISTRY_USERNAME="team", MODELMINT_REGISTRY_PASSWORD="s3cret-pw")
+        done = publish_image(creds, env.gguf.ref, where)
+        assert done.uploaded and "repository:modelmint/tiny-qwen2:pull,push" in tokens.issued
+        got = pull_image(creds, f"{locked.host}/modelmint/tiny-qwen2:q4_k_m", insecure=True, dest=tmp_path / "pulled",
+                         ollama=False)
+        assert (tmp_path / "pulled" / env.gguf.file).read_bytes() == (
+            env.settings.repo_dir / env.gguf.dvc.path / env.gguf.file).read_bytes() and got.fetched
+    finally:
+        locked.stop()
+        tokens.stop()
+
+
+def test_https_with_the_teams_own_ca(env: Env, tmp_path: Path) -> None:
+    tls = make_tls(tmp_path / "tls")
+    secure = start_registry(tmp_path / "https", tls=tls)
+    try:
+        where = RegistryRef(secure.host, "modelmint")  # https, no --insecure
+        with pytest.raises(OciError, match="not signed by a CA") as caught:
+            publish_image(env.settings, env.gguf.ref, where)
+        assert "MODELMINT_REGISTRY_CA" in (caught.value.hint or "")
+        done = env.cli("publish", env.gguf.ref, "--registry", f"{secure.host}/modelmint",
+                       MODELMINT_REGISTRY_CA=str(tls.ca))
+        assert done.returncode == 0, done.stderr
+        assert f"ollama pull {secure.host}/modelmint/tiny-qwen2:q4_k_m" in done.stdout
+        got = pull_image(env.repo.settings(MODELMINT_REGISTRY_CA=tls.ca),
+                         f"{secure.host}/modelmint/tiny-qwen2:q4_k_m", dest=tmp_path / "pulled", ollama=False)
+        assert got.fetched
+    finally:
+        secure.stop()

@@ -14,6 +14,7 @@ import hashlib
 import json
 import logging
 import re
+import ssl
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -195,7 +196,7 @@ class OciClient:
         self.registry = registry
         self._credentials = credentials
         self._authorization: str | None = None
-        self._verify: str | bool = str(ca) if ca else True
+        self._verify: ssl.SSLContext | bool = ssl.create_default_context(cafile=str(ca)) if ca else True
         self._http = httpx.Client(base_url=registry.url, verify=self._verify, timeout=timeout,
                                   follow_redirects=True)
         self.uploaded: list[str] = []
@@ -227,6 +228,11 @@ class OciClient:
                 request = self._http.build_request(method, url, headers=headers, **kw)
                 r = self._http.send(request, stream=stream)
             except httpx.TransportError as err:
+                if "CERTIFICATE_VERIFY_FAILED" in str(err):
+                    raise OciError(f"the certificate of {self.registry.host} is not signed by a CA this machine "
+                                   f"trusts ({err})", registry=self.registry.host,
+                                   hint="set MODELMINT_REGISTRY_CA to the PEM bundle of the CA that signs it (a "
+                                   "team's private CA); --insecure only for a registry that serves plain HTTP") from err
                 raise OciUnavailable(
                     f"the registry {self.registry.host} cannot be reached ({type(err).__name__}: {err})",
                     registry=self.registry.host,
