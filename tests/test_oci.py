@@ -463,3 +463,23 @@ def test_https_with_the_teams_own_ca(env: Env, tmp_path: Path) -> None:
         assert got.fetched
     finally:
         secure.stop()
+
+
+def test_a_registry_out_of_space_mid_upload_leaves_nothing_tagged(env: Env, small_disk) -> None:
+    import subprocess as sp
+
+    mnt = small_disk("128k")  # less than the GGUF (its first layer)
+    full = start_registry(mnt / "registry")
+    try:
+        where = RegistryRef(full.host, "modelmint", insecure=True)
+        with pytest.raises(OciUnavailable, match="answered 5") as caught:
+            publish_image(env.settings, env.gguf.ref, where)
+        assert "full disk" in (caught.value.hint or "")
+        with OciClient(where) as c:
+            assert c.get_manifest("modelmint/tiny-qwen2", "q4_k_m") is None
+        assert list(full.storage.glob("repositories/modelmint/tiny-qwen2/_manifests/tags/*")) == []
+        sp.run(["mount", "-o", "remount,size=16m", str(mnt)], check=True)
+        done = publish_image(env.settings, env.gguf.ref, where)  # the same command again, with space
+        assert "sha256:" + env.gguf.sha256 in done.uploaded
+    finally:
+        full.stop()
