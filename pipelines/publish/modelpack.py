@@ -9,9 +9,9 @@ format that container runtimes mount as an OCI image volume and modctl / Dragonf
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from pipelines.publish.oci import OCI_MANIFEST, Blob, Image
 
@@ -26,13 +26,16 @@ _DOCS = ("README.md", "vllm.yaml")
 """The model card and the vLLM serve config: documentation of how to serve it, not part of the weights."""
 
 
-@dataclass(frozen=True)
-class PackFile:
-    """One file of the checkpoint directory with the sha256 and size registration recorded."""
+class PackFile(Protocol):
+    """One file of the checkpoint directory with the sha256 and size registration recorded (a manifest's
+    ArtifactFile)."""
 
-    path: str
-    sha256: str
-    size: int
+    @property
+    def path(self) -> str: ...
+    @property
+    def sha256(self) -> str: ...
+    @property
+    def size(self) -> int: ...
 
 
 def layer_type(path: str) -> str:
@@ -44,7 +47,7 @@ def layer_type(path: str) -> str:
     return DOC if name in _DOCS else WEIGHT_CONFIG
 
 
-def modelpack_image(root: Path, files: list[PackFile], descriptor: dict[str, Any], *,
+def modelpack_image(root: Path, files: Sequence[PackFile], descriptor: dict[str, Any], *,
                     extra: tuple[Blob, ...] = ()) -> Image:
     """The ModelPack image of the checkpoint in `root`: one raw layer per file (weights first), then `extra`.
 

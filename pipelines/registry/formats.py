@@ -151,7 +151,7 @@ def _compressed_offer(target: Path, manifest: Manifest, ollama: bool) -> dict[st
 
 
 def _compressed_image(directory: Path, manifest: Manifest, extra: tuple[Blob, ...]) -> Image:
-    from pipelines.publish.modelpack import PackFile, modelpack_image
+    from pipelines.publish.modelpack import modelpack_image
 
     src = manifest.source
     descriptor = {
@@ -161,8 +161,7 @@ def _compressed_image(directory: Path, manifest: Manifest, extra: tuple[Blob, ..
         "description": f"{manifest.ref}: {manifest.recipe.get('recipe', {}).get('scheme', manifest.tag)} "
         f"compressed-tensors checkpoint of {src.ref}, validated by modelmint",
     }
-    files = [PackFile(f.path, f.sha256, f.size) for f in manifest.files]
-    return modelpack_image(directory, files, descriptor, extra=extra)
+    return modelpack_image(directory, manifest.files, descriptor, extra=extra)
 
 
 def _modelmint_pull(image: str, insecure: bool) -> list[str]:
