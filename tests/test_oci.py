@@ -300,6 +300,7 @@ def test_a_checkpoint_is_pushed_as_a_modelpack_artifact_and_pulled_back(env: Env
     m = env.fp8
     done = env.cli("publish", m.ref, "--registry", f"{env.registry.host}/modelmint", "--insecure")
     assert done.returncode == 0, done.stderr
+    assert f"modelmint pull tiny-qwen2:fp8 --from-registry {env.registry.host}/modelmint --insecure" in done.stdout
     pushed = _pushed(env, "modelmint", "fp8")
     assert pushed["mediaType"] == "application/vnd.oci.image.manifest.v1+json"
     assert pushed["artifactType"] == modelpack.ARTIFACT_TYPE and pushed["config"]["mediaType"] == modelpack.CONFIG

@@ -297,6 +297,10 @@ class OciClient:
             return False
         r = self._send("POST", f"/v2/{repository}/blobs/uploads/")
         _ok(r, f"start an upload of {blob.digest}", self.registry.host, expect=(202,))
+        if "location" not in r.headers:
+            raise OciError(f"{self.registry.host} started an upload of {blob.digest} but named no Location for it",
+                           registry=self.registry.host, hint="this is not a distribution API registry, or a proxy "
+                           "in front of it drops headers")
         location = httpx.URL(str(self._http.base_url)).join(r.headers["location"])
         url = location.copy_merge_params({"digest": blob.digest})
         headers = {"Content-Type": "application/octet-stream", "Content-Length": str(blob.size)}
@@ -328,8 +332,8 @@ class OciClient:
         Raises:
             OciBlobMismatch: its bytes do not hash to `digest`.
         """
+        data = bytearray()
         with self._blob_stream(repository, digest) as r:
-            data = b""
             for chunk in r.iter_bytes():
                 data += chunk
                 if len(data) > limit:
@@ -337,7 +341,7 @@ class OciClient:
         actual = hashlib.sha256(data).hexdigest()
         if "sha256:" + actual != digest:
             raise OciBlobMismatch(repository, digest, actual, registry=self.registry.host, hint=_TAMPERED)
-        return data
+        return bytes(data)
 
     def fetch_blob(self, repository: str, digest: str, dest: Path) -> None:
         """Write blob `digest` to `dest`, hashing every byte; a mismatch deletes what was written.
