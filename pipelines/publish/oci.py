@@ -15,7 +15,7 @@ import json
 import logging
 import re
 import ssl
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -191,10 +191,11 @@ def credentials_for(host: str, *, username: str | None, password: str | None,
 class OciClient:
     """One registry's distribution API (https, or http when the RegistryRef is insecure)."""
 
-    def __init__(self, registry: RegistryRef, *, credentials: Credentials | None = None, ca: Path | None = None,
-                 timeout: float = 60.0) -> None:
+    def __init__(self, registry: RegistryRef, *, credentials: Credentials | Callable[[], Credentials | None] | None = None,
+                 ca: Path | None = None, timeout: float = 60.0) -> None:
+        """`credentials` (or a function that finds them, called on the registry's first challenge only)."""
         self.registry = registry
-        self._credentials = credentials
+        self._find_credentials = credentials if callable(credentials) else (lambda: credentials)
         self._authorization: str | None = None
         self._verify: ssl.SSLContext | bool = ssl.create_default_context(cafile=str(ca)) if ca else True
         self._http = httpx.Client(base_url=registry.url, verify=self._verify, timeout=timeout,
@@ -254,12 +255,13 @@ class OciClient:
 
     def _authenticate(self, challenge: str) -> None:
         scheme, _, params = challenge.partition(" ")
-        if (self._credentials is None and scheme.lower() == "basic") or scheme.lower() not in ("basic", "bearer"):
+        creds = self._find_credentials()
+        if (creds is None and scheme.lower() == "basic") or scheme.lower() not in ("basic", "bearer"):
             raise OciAuthRefused(f"{self.registry.host} asks for credentials ({scheme or 'no challenge'}) and none "
                                  "are set", registry=self.registry.host, hint=_LOGIN_HINT)
         basic = None
-        if self._credentials is not None:
-            pair = f"{self._credentials.username}:{self._credentials.password}".encode()
+        if creds is not None:
+            pair = f"{creds.username}:{creds.password}".encode()
             basic = "Basic " + base64.b64encode(pair).decode()
         if scheme.lower() == "basic":
             self._authorization = basic

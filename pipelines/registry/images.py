@@ -26,6 +26,7 @@ from pipelines.core.settings import Settings
 from pipelines.publish.oci import (
     MODELMINT_MANIFEST,
     Blob,
+    Credentials,
     Image,
     OciClient,
     RegistryRef,
@@ -55,9 +56,12 @@ class Published:
 
 
 def client_for(settings: Settings, registry: RegistryRef) -> OciClient:
-    """A client with the credentials the environment or the docker config holds for the registry's host."""
-    creds = credentials_for(registry.host, username=settings.registry_username, password=settings.registry_password,
-                            docker_config=settings.docker_config)
+    """A client with the credentials the environment or the docker config holds for the registry's host (looked up
+    only when the registry asks for them: a broken docker config does not stop an anonymous push)."""
+    def creds() -> Credentials | None:
+        return credentials_for(registry.host, username=settings.registry_username,
+                               password=settings.registry_password, docker_config=settings.docker_config)
+
     return OciClient(registry, credentials=creds, ca=settings.registry_ca)
 
 
