@@ -179,6 +179,21 @@ def test_a_modelfile_whose_from_is_not_the_artifact_is_refused(env: Env, tmp_pat
         ollama_image.ollama_image(d / env.gguf.file, env.gguf.sha256, tmp_path / "Modelfile")
 
 
+def test_registry_and_image_references_are_checked_at_the_edge() -> None:
+    from pipelines.publish.oci import parse_image
+
+    assert RegistryRef.parse("https://registry.internal:5000/modelmint/").image("qwen2.5", "q4_k_m") == (
+        "registry.internal:5000/modelmint/qwen2.5:q4_k_m")
+    for bad in ("registry.internal", "registry.internal/a/b", "registry.internal/mod.elmint", "Registry/x"):
+        with pytest.raises(ConfigError, match="HOST"):
+            RegistryRef.parse(bad)
+    registry, name, tag = parse_image("127.0.0.1:5000/modelmint/qwen2.5:q4_k_m-0123456789ab", insecure=True)
+    assert (registry.url, registry.namespace, name, tag) == ("http://127.0.0.1:5000", "modelmint", "qwen2.5",
+                                                            "q4_k_m-0123456789ab")
+    with pytest.raises(ConfigError, match="HOST/NAMESPACE/NAME:TAG"):
+        parse_image("modelmint/qwen2.5")
+
+
 def test_the_format_table_recognises_the_layouts_it_pushes() -> None:
     assert FORMATS["gguf"].image_config == ollama_image.CONFIG
     assert FORMATS["compressed-tensors"].image_config == modelpack.CONFIG
