@@ -58,6 +58,7 @@ class Published:
 def client_for(settings: Settings, registry: RegistryRef) -> OciClient:
     """A client with the credentials the environment or the docker config holds for the registry's host (looked up
     only when the registry asks for them: a broken docker config does not stop an anonymous push)."""
+
     def creds() -> Credentials | None:
         return credentials_for(registry.host, username=settings.registry_username,
                                password=settings.registry_password, docker_config=settings.docker_config)
