@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import pytest
 from ociregistry import RunningRegistry, TokenServer, make_tls, start_registry
-from registry_env import ROOT, Repo, candidate, free_port, isolate, judged, make_repo
+from registry_env import ROOT, PopenCounter, Repo, candidate, free_port, isolate, judged, make_repo
 
 from pipelines.core.errors import (
     ArtifactError,
@@ -273,8 +273,9 @@ def test_a_second_publish_uploads_no_blob(env: Env) -> None:
     assert {p: p.stat().st_mtime_ns for p in env.registry.storage.joinpath("blobs").rglob("data")} == stamps
 
 
-def test_pull_from_the_registry_without_dvc(env: Env, tmp_path: Path) -> None:
+def test_pull_from_the_registry_without_dvc(env: Env, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     publish_image(env.settings, env.gguf.ref, env.ref("nodvc"))
+    started = PopenCounter(monkeypatch)
     elsewhere = Settings.from_env({"MODELMINT_HOME": str(tmp_path / "home"), "MODELMINT_REPO": str(tmp_path / "no-repo")})
     dest = tmp_path / "pulled"
     got = pull_image(elsewhere, f"{env.registry.host}/nodvc/tiny-qwen2:q4_k_m", insecure=True, dest=dest, ollama=False)
@@ -287,6 +288,7 @@ def test_pull_from_the_registry_without_dvc(env: Env, tmp_path: Path) -> None:
     again = pull_image(elsewhere, f"{env.registry.host}/nodvc/tiny-qwen2:q4_k_m", insecure=True, dest=dest,
                        ollama=False)
     assert not again.fetched
+    assert started.argv == []  # no DVC, no git: a machine with neither pulls the same bytes
 
 
 def test_a_tampered_blob_in_the_registry_is_caught_on_pull(env: Env, tmp_path: Path) -> None:
