@@ -39,7 +39,7 @@ from pipelines.core.settings import Settings
 from pipelines.publish import modelpack, ollama_image
 from pipelines.publish.oci import MODELMINT_MANIFEST, Blob, OciClient, RegistryRef
 from pipelines.registry.formats import FORMATS
-from pipelines.registry.images import publish_image, pull_image
+from pipelines.registry.images import build_image, publish_image, pull_image
 from pipelines.registry.manifest import Manifest, manifest_path
 from pipelines.registry.register import Candidate, register
 from pipelines.source.catalog import load_catalog
@@ -261,16 +261,28 @@ def test_publish_pushes_an_ollama_image_whose_digests_are_the_manifests(env: Env
 def test_a_second_publish_uploads_no_blob(env: Env) -> None:
     where = env.ref("again")
     first = publish_image(env.settings, env.gguf.ref, where)
-    assert first.uploaded and not first.present
+    assert first.uploaded + first.mounted and not first.present
     posts, puts = len(env.registry.requests("POST")), len(env.registry.requests("PUT"))
     stamps = {p: p.stat().st_mtime_ns for p in env.registry.storage.joinpath("blobs").rglob("data")}
     second = publish_image(env.settings, env.gguf.ref, where)
-    assert second.uploaded == [] and sorted(second.present) == sorted(first.uploaded)
+    assert second.uploaded == second.mounted == [] and sorted(second.present) == sorted(first.uploaded + first.mounted)
     assert second.digest == first.digest
     # the registry's own log: no upload started, only the two tags written again
     assert len(env.registry.requests("POST")) == posts
     assert len(env.registry.requests("PUT")) == puts + 2
     assert {p: p.stat().st_mtime_ns for p in env.registry.storage.joinpath("blobs").rglob("data")} == stamps
+
+
+def test_a_blob_in_another_repository_of_the_registry_is_mounted_not_sent(env: Env) -> None:
+    publish_image(env.settings, env.gguf.ref, env.ref("mount-from"))  # (mounted from earlier tests' or uploaded)
+    puts = len(env.registry.requests("PUT"))
+    done = publish_image(env.settings, env.gguf.ref, env.ref("mount-to"))
+    _, image = build_image(env.settings, env.gguf.ref)
+    assert done.uploaded == done.present == [] and sorted(done.mounted) == sorted(b.digest for b in image.blobs)
+    mounts = [ln for ln in env.registry.requests("POST") if "/v2/mount-to/tiny-qwen2/blobs/uploads/?" in ln]
+    assert len(mounts) == len(image.blobs) and all("mount=sha256" in ln for ln in mounts)
+    assert len(env.registry.requests("PUT")) == puts + 2  # the two tags, no blob bytes
+    assert _pushed(env, "mount-to", "q4_k_m")["layers"][0]["digest"] == "sha256:" + env.gguf.sha256
 
 
 def test_pull_from_the_registry_without_dvc(env: Env, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -200,8 +200,6 @@ class OciClient:
         self._verify: ssl.SSLContext | bool = ssl.create_default_context(cafile=str(ca)) if ca else True
         self._http = httpx.Client(base_url=registry.url, verify=self._verify, timeout=timeout,
                                   follow_redirects=True)
-        self.uploaded: list[str] = []
-        """Digests of blobs this client uploaded (a blob the registry held already is not among them)."""
 
     def close(self) -> None:
         self._http.close()
@@ -267,7 +265,10 @@ class OciClient:
             self._authorization = basic
             return
         fields = dict(re.findall(r'(\w+)="([^"]*)"', params))
-        query = {k: v for k, v in fields.items() if k in ("service", "scope")}
+        # a mount asks for two repositories' scopes: one `scope` each, however the challenge lists them
+        scopes = [x for found in re.findall(r'scope="([^"]*)"', params) for x in found.split()]
+        query = [("service", fields["service"])] if "service" in fields else []
+        query += [("scope", x) for x in scopes]
         try:
             r = httpx.get(fields.get("realm", ""), params=query, headers={"Authorization": basic} if basic else {},
                           verify=self._verify, timeout=30)
@@ -289,21 +290,35 @@ class OciClient:
         _ok(r, f"HEAD blob {digest}", self.registry.host)
         return True
 
-    def push_blob(self, repository: str, blob: Blob) -> bool:
-        """Upload `blob` unless the repository holds it (HEAD first); True when it was uploaded.
+    def push_blob(self, repository: str, blob: Blob, *, mount_from: tuple[str, ...] = ()) -> str:
+        """Put `blob` into `repository`: "present" when it holds it already (HEAD first), "mounted" when the registry
+        linked it from one of the `mount_from` repositories (no bytes sent), else "uploaded".
 
         Raises:
             OciError: the registry refused the upload (a digest that does not match the bytes, no space, denied).
         """
         if self.has_blob(repository, blob.digest):
-            return False
-        r = self._send("POST", f"/v2/{repository}/blobs/uploads/")
-        _ok(r, f"start an upload of {blob.digest}", self.registry.host, expect=(202,))
-        if "location" not in r.headers:
+            return "present"
+        r = None
+        for source in mount_from:
+            r = self._send("POST", f"/v2/{repository}/blobs/uploads/", params={"mount": blob.digest, "from": source})
+            if r.status_code == 201:
+                return "mounted"
+            _ok(r, f"mount {blob.digest} from {source}", self.registry.host, expect=(202,))
+            break  # the registry could not mount it and opened an upload instead: use that
+        if r is None:
+            r = self._send("POST", f"/v2/{repository}/blobs/uploads/")
+            _ok(r, f"start an upload of {blob.digest}", self.registry.host, expect=(202,))
+        self._upload(r, blob)
+        return "uploaded"
+
+    def _upload(self, started: httpx.Response, blob: Blob) -> None:
+        """The monolithic PUT of `blob` into the upload `started` opened (its Location)."""
+        if "location" not in started.headers:
             raise OciError(f"{self.registry.host} started an upload of {blob.digest} but named no Location for it",
                            registry=self.registry.host, hint="this is not a distribution API registry, or a proxy "
                            "in front of it drops headers")
-        location = httpx.URL(str(self._http.base_url)).join(r.headers["location"])
+        location = httpx.URL(str(self._http.base_url)).join(started.headers["location"])
         url = location.copy_merge_params({"digest": blob.digest})
         headers = {"Content-Type": "application/octet-stream", "Content-Length": str(blob.size)}
         if blob.data is not None:
@@ -314,8 +329,6 @@ class OciClient:
                 r = self._send("PUT", str(url), headers=headers, content=_chunks(f))
         _ok(r, f"upload {blob.digest} ({blob.path.name if blob.path else blob.media_type})", self.registry.host,
             expect=(201,))
-        self.uploaded.append(blob.digest)
-        return True
 
     @contextmanager
     def _blob_stream(self, repository: str, digest: str) -> Iterator[httpx.Response]:

@@ -50,7 +50,9 @@ class Published:
     digest: str
     uploaded: list[str] = field(default_factory=list)
     present: list[str] = field(default_factory=list)
-    """Blobs the registry held already (HEAD answered 200): not sent."""
+    """Blobs the repository held already (HEAD answered 200): not sent."""
+    mounted: list[str] = field(default_factory=list)
+    """Blobs the registry linked from another repository it holds them in (cross-repository mount): not sent."""
     retagged: dict[str, str] = field(default_factory=dict)
     """With --force: tag → the manifest digest it pointed at before."""
 
@@ -110,17 +112,30 @@ def publish_image(settings: Settings, ref: str, registry: RegistryRef, *, force:
                                       hint="publish under another tag, or move the tag with --force (the old image "
                                       f"stays pullable by its digest, {there[2]})")
                 retagged[tag] = there[2]
-        uploaded, present = [], []
+        mounts = mount_sources(settings, manifest, registry)
+        moved: dict[str, list[str]] = {"uploaded": [], "mounted": [], "present": []}
         for blob in image.blobs:
-            (uploaded if client.push_blob(repository, blob) else present).append(blob.digest)
+            moved[client.push_blob(repository, blob, mount_from=mounts)].append(blob.digest)
         for tag in tags:
             client.put_manifest(repository, tag, image)
     for tag, old in retagged.items():
         log.warning("moved %s from %s to %s", registry.image(manifest.name, tag), old, image.digest)
-    done = Published(manifest, [registry.image(manifest.name, t) for t in tags], image.digest, uploaded, present,
-                     retagged)
+    done = Published(manifest, [registry.image(manifest.name, t) for t in tags], image.digest, moved["uploaded"],
+                     moved["present"], moved["mounted"], retagged)
     record_publication(settings, done)
     return done
+
+
+def mount_sources(settings: Settings, manifest: Manifest, registry: RegistryRef) -> tuple[str, ...]:
+    """Other repositories of the same registry this registration was published to: blobs mount from there."""
+    here = registry.repository(manifest.name)
+    found = []
+    for image in published_images(settings, manifest):
+        where, _, _ = image.rpartition(":")
+        host, _, repository = where.partition("/")
+        if host == registry.host and repository != here and repository not in found:
+            found.append(repository)
+    return tuple(found)
 
 
 def publications_path(settings: Settings, name: str, tag: str) -> Path:
