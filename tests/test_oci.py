@@ -194,6 +194,18 @@ def test_registry_and_image_references_are_checked_at_the_edge() -> None:
         parse_image("modelmint/qwen2.5")
 
 
+def test_registry_credentials_stay_out_of_reprs_cache_keys_and_stored_settings() -> None:
+    from flows.convert import _settings_key
+
+    s = Settings.from_env({"MODELMINT_REGISTRY_USERNAME": "team", "MODELMINT_REGISTRY_PASSWORD": "s3cret-pw",
+                           "HF_TOKEN": "hf_secret"})
+    assert s.registry_password == "s3cret-pw" and "s3cret-pw" not in repr(s)
+    assert "s3cret-pw" not in json.dumps(_settings_key(s)) and "team" not in json.dumps(_settings_key(s))
+    stored = s.without_secrets()
+    assert (stored.hf_token, stored.registry_username, stored.registry_password) == (None, None, None)
+    assert stored.repo_dir == s.repo_dir
+
+
 def test_the_format_table_recognises_the_layouts_it_pushes() -> None:
     assert FORMATS["gguf"].image_config == ollama_image.CONFIG
     assert FORMATS["compressed-tensors"].image_config == modelpack.CONFIG

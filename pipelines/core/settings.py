@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -73,6 +73,10 @@ class Settings:
             docker_config=Path(env.get("DOCKER_CONFIG") or Path.home() / ".docker").expanduser() / "config.json",
             registry_ca=Path(env["MODELMINT_REGISTRY_CA"]).expanduser() if env.get("MODELMINT_REGISTRY_CA") else None,
         )
+
+    def without_secrets(self) -> Settings:
+        """These settings with every credential removed: what may be stored (a cached task result, a report)."""
+        return replace(self, hf_token=None, registry_username=None, registry_password=None)
 
     @property
     def toolchains_dir(self) -> Path:
