@@ -54,7 +54,8 @@ def _transient(_task: Any, _run: Any, state: Any) -> bool:
 def _settings_key(s: Settings) -> dict[str, Any]:
     # Where outputs go is part of what a plan *is*; the token never enters a key or a stored result, and
     # the orchestration settings say nothing about the plan.
-    skip = {"hf_token", "prefect_home", "prefect_port", "gpu_slots", "prefect_crash_after_s", "ray_address", "ray_resources"}
+    skip = {"hf_token", "prefect_home", "prefect_port", "gpu_slots", "prefect_crash_after_s", "ray_address",
+            "ray_resources", "registry_username", "registry_password", "docker_config", "registry_ca"}
     return {k: str(v) for k, v in dataclasses.asdict(s).items() if k not in skip}
 
 
@@ -113,8 +114,8 @@ _CACHED: dict[str, Any] = {"persist_result": True}
       retry_condition_fn=_transient, **_CACHED)
 def fetch_source(entry: CatalogEntry, settings: Settings, revision: str | None, quants: list[str] | None) -> GGUFPlan:
     plan = build.plan_gguf(entry, settings, revision=revision, quants=quants)
-    # The plan is stored as this task's cached result: keep the token out of it.
-    return dataclasses.replace(plan, settings=dataclasses.replace(plan.settings, hf_token=None))
+    # The plan is stored as this task's cached result: keep the token and registry credentials out of it.
+    return dataclasses.replace(plan, settings=plan.settings.without_secrets())
 
 
 @task(name="convert", task_run_name="convert", cache_key_fn=_convert_key, retries=1, retry_condition_fn=_transient, **_CACHED)

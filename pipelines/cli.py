@@ -222,6 +222,7 @@ def _finish(name: str, run: Any, summary_path: Path, as_json: bool) -> None:
 def list_cmd() -> None:
     """List the registered artifacts (registry/manifests)."""
     from pipelines.core.errors import RegistryError
+    from pipelines.registry.images import published_images
     from pipelines.registry.manifest import list_manifests
 
     settings = _settings()
@@ -236,12 +237,16 @@ def list_cmd() -> None:
         # the other columns give way instead.
         refs = [m.ref for m in listing.manifests]
         artifact = Column("artifact", no_wrap=True, min_width=max(len("artifact"), *map(len, refs)))
-        table = Table(artifact, "format", "size", "sha256", "source", "mean KL", "gate", "DVC")
+        published = {m.ref: published_images(settings, m) for m in listing.manifests}
+        shown = any(published.values())
+        table = Table(artifact, "format", "size", "sha256", "source", "mean KL", "gate", "DVC",
+                      *(["published"] if shown else []))
         for m in listing.manifests:
             dvc = "pushed" if m.dvc.pushed else ("committed" if m.dvc.md5 else "dvc repro")
             kl = m.mean_kl
             table.add_row(m.ref, m.format, _mib(m.size_bytes), m.sha256[:12], m.source.ref,
-                          "-" if kl is None else f"{kl:.5f}", "[green]pass[/green]", dvc)
+                          "-" if kl is None else f"{kl:.5f}", "[green]pass[/green]", dvc,
+                          *([", ".join(published[m.ref]) or "-"] if shown else []))
         out.print(table)
     for bad in listing.invalid:
         err.print(f"[bold red]invalid:[/bold red] {_escape(bad.message)}", highlight=False)
@@ -266,35 +271,93 @@ def show(ref: Annotated[str, typer.Argument(help="name:tag, e.g. qwen2.5:q4_k_m"
     out.print_json(find_manifest(_settings(), ref).to_json())
 
 
+RegistryOption = Annotated[str | None, typer.Option("--registry", help="the OCI registry and namespace, "
+                                                   "HOST[:PORT]/NAMESPACE, e.g. registry.internal/modelmint")]
+InsecureOption = Annotated[bool, typer.Option("--insecure", help="speak plain HTTP to the registry")]
+
+
 @app.command()
 def pull(
-    ref: Annotated[str, typer.Argument(help="name:tag, e.g. qwen2.5:q4_k_m")],
+    ref: Annotated[str, typer.Argument(help="name:tag, e.g. qwen2.5:q4_k_m (or name:tag-<commit12> with "
+                                            "--from-registry)")],
     dest: Annotated[Path | None, typer.Option(help="where to place it (default: artifacts/NAME/TAG)")] = None,
     ollama: Annotated[bool, typer.Option(help="run `ollama create` when ollama is on PATH")] = True,
+    from_registry: Annotated[str | None, typer.Option("--from-registry", help="fetch the image `modelmint publish` "
+                                                      "pushed to HOST[:PORT]/NAMESPACE instead of DVC")] = None,
+    insecure: InsecureOption = False,
 ) -> None:
-    """Fetch a registered artifact from the DVC remote, check its sha256, and hand it to Ollama (GGUF) or
-    print its `vllm serve` command (compressed-tensors)."""
+    """Fetch a registered artifact from the DVC remote (or an OCI registry), check its sha256, and hand it to Ollama
+    (GGUF) or print its `vllm serve` command (compressed-tensors)."""
     import shlex
 
     from pipelines.registry.pull import pull as pull_artifact
 
-    result = pull_artifact(_settings(), ref, dest=dest, ollama=ollama)
+    if from_registry is not None:
+        from pipelines.publish.oci import RegistryRef
+        from pipelines.registry.images import pull_image
+        from pipelines.registry.manifest import parse_ref
+
+        name, tag = parse_ref(ref)
+        image = RegistryRef.parse(from_registry, insecure=insecure).image(name, tag)
+        result = pull_image(_settings(), image, insecure=insecure, dest=dest, ollama=ollama)
+        origin = f" from {image}"
+    else:
+        result = pull_artifact(_settings(), ref, dest=dest, ollama=ollama)
+        origin = ""
     m = result.manifest
-    state = "fetched and verified" if result.fetched else "already in place and verified"
+    state = f"fetched{origin} and verified" if result.fetched else "already in place and verified"
     out.print(f"{m.ref} ({_mib(m.size_bytes)}, sha256 {m.sha256[:12]}…) {state} → {result.dest}", soft_wrap=True)
-    if m.format == "compressed-tensors":
-        out.print("serve it with vLLM:")
-        for argv in result.commands:
-            out.print("  " + shlex.join(argv), highlight=False, soft_wrap=True)
-    elif result.modelfile is None:
-        err.print("[yellow]no Modelfile was registered with this artifact[/yellow]")
-    elif result.ran_ollama:
+    if result.ran_ollama:
         out.print(f"[green]ollama create {m.ref} done[/green] (it answers: {_escape(result.ollama_reply or '')[:60]!r}); "
                   f"`ollama run {m.ref}`")
-    else:
+        return
+    if result.modelfile is None and not result.commands:
+        err.print("[yellow]no Modelfile was registered with this artifact[/yellow]")
+    elif result.modelfile is not None:
         out.print("ollama is not on PATH; to use it with Ollama run:")
-        for argv in result.commands:
-            out.print("  " + shlex.join(argv), highlight=False, soft_wrap=True)
+    else:
+        out.print("serve it with vLLM:")
+    for argv in result.commands:
+        out.print("  " + shlex.join(argv), highlight=False, soft_wrap=True)
+
+
+@app.command()
+def publish(
+    ref: Annotated[str, typer.Argument(help="a registered name:tag, e.g. qwen2.5:q4_k_m")],
+    registry: RegistryOption = None,
+    insecure: InsecureOption = False,
+    force: Annotated[bool, typer.Option("--force", help="move tags that point at another image")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="print what was pushed as JSON")] = False,
+) -> None:
+    """Push a registered artifact to an OCI registry: a GGUF as an Ollama image (`ollama pull HOST/NAMESPACE/NAME:TAG`),
+    a compressed-tensors checkpoint as a CNCF ModelPack artifact; tagged TAG-<commit12> and TAG, blobs first."""
+    import shlex
+
+    from pipelines.publish.oci import RegistryRef
+    from pipelines.registry.formats import format_of
+    from pipelines.registry.images import publications_path, publish_image
+
+    if registry is None:
+        raise ConfigError("publish needs a registry", hint=f"modelmint publish {ref} --registry HOST[:PORT]/NAMESPACE")
+    where = RegistryRef.parse(registry, insecure=insecure)
+    done = publish_image(_settings(), ref, where, force=force)
+    if as_json:
+        out.print_json(json.dumps({"ref": done.manifest.ref, "images": done.images, "digest": done.digest,
+                                   "uploaded": done.uploaded, "present": done.present, "mounted": done.mounted,
+                                   "retagged": done.retagged}))
+        return
+    m = done.manifest
+    for old_tag, old in done.retagged.items():
+        err.print(f"[yellow]moved {old_tag} from {old}[/yellow]", highlight=False)
+    mounted = f", {len(done.mounted)} mounted from another repository" if done.mounted else ""
+    out.print(f"{m.ref} → {', '.join(done.images)} ({done.digest}); {len(done.uploaded)} blob(s) uploaded, "
+              f"{len(done.present)} already there{mounted}", highlight=False, soft_wrap=True)
+    record = publications_path(_settings(), m.name, m.tag)
+    out.print(f"recorded in {record} (`modelmint list` shows it; commit it with the registry)", highlight=False,
+              soft_wrap=True)
+    out.print("pull it with:")
+    out.print("  " + shlex.join(format_of(m.tag).pull_command(done.images[-1], insecure)), highlight=False,
+              soft_wrap=True)
 
 
 @app.command("plan")

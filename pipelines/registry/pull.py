@@ -61,13 +61,14 @@ def pull(settings: Settings, ref: str, *, dest: Path | None = None, ollama: bool
     manifest = find_manifest(settings, ref)
     target = dest if dest is not None else settings.repo_dir / manifest.dvc.path
     fetched = False
-    if not _holds(target, manifest, HashCache(settings.home / "hashcache.json")):
+    if not holds(target, manifest, HashCache(settings.home / "hashcache.json")):
         _fetch_into(settings, manifest, target)
         fetched = True
     return PullResult(manifest, target, fetched, **format_of(manifest.tag).offer(target, manifest, ollama))
 
 
-def _holds(target: Path, manifest: Manifest, hashes: HashCache) -> bool:
+def holds(target: Path, manifest: Manifest, hashes: HashCache) -> bool:
+    """Whether `target` holds exactly the files `manifest` records (sizes, then sha256 through the hash cache)."""
     try:
         return all(
             (target / f.path).stat().st_size == f.size and hashes.sha256(target / f.path) == f.sha256
