@@ -384,3 +384,77 @@ _BUILDS: dict[Format, Callable[[CatalogEntry, Settings, list[str], str | None], 
 }
 """How the flow builds each format: the same steps as the library, one task each, with Prefect's caching."""
 
+
+
+# ---------------------------------------------------------------- every catalog model: `convert/all`
+
+
+@flow(name="convert", flow_run_name="all", log_prints=True)
+def convert_all(models: list[str] | None = None, variants: list[str] | None = None) -> dict[str, Any]:
+    """Run `convert/<name>` for every catalog model (or those named), as runs of their own deployments.
+
+    Each run holds its model's `model-<name>` slot and its GPU steps a `gpu` slot, as when started alone, and
+    runs wherever a worker (and, with MODELMINT_RAY_ADDRESS, Ray) has room. The runs are started at once with an
+    idempotency key per model and this run, so a retried fan-out never starts a model twice; this run waits for
+    all of them and publishes one table of every variant's figures and verdict.
+    """
+    settings = Settings.from_env()
+    catalog = load_catalog(settings.catalog_path)
+    names = [catalog.get(m).name for m in models] if models else [m.name for m in catalog.models]
+    started = _start_all(names, variants)
+    finished = _wait_all(started)
+    rows, failed = [], {}
+    with get_client(sync_client=True) as client:
+        for name, run in finished.items():
+            if not run.state.is_completed():
+                failed[name] = run.state.message or run.state.name
+            rows += [{"model": name, **r} for r in _run_rows(client, run.id, name)]
+    create_table_artifact(rows, key="convert-all", description=f"every variant of {len(names)} models")
+    if failed:
+        raise ModelmintError(
+            f"{len(failed)} of {len(names)} models failed: " + "; ".join(f"{n}: {m}" for n, m in sorted(failed.items())),
+            hint="the table artifact convert-all has every variant; each model's own run names its causes "
+            "(`prefect flow-run logs <id>`); the others finished",
+        )
+    return {"models": names, "variants": rows}
+
+
+def _start_all(names: list[str], variants: list[str] | None) -> dict[str, Any]:
+    from prefect.context import FlowRunContext
+    from prefect.deployments import run_deployment
+
+    parent = FlowRunContext.get().flow_run.id  # type: ignore[union-attr]
+    started = {}
+    for name in names:
+        params = {"model": name, **({"variants": variants} if variants else {})}
+        started[name] = run_deployment(f"convert/{name}", parameters=params, timeout=0, as_subflow=True,
+                                       idempotency_key=f"convert-all-{parent}-{name}")
+        get_run_logger().info("started convert/%s: flow run %s", name, started[name].id)
+    return started
+
+
+def _wait_all(started: dict[str, Any], poll_s: float = 5.0) -> dict[str, Any]:
+    import time
+
+    pending, done = dict(started), {}
+    with get_client(sync_client=True) as client:
+        while pending:
+            for name, run in list(pending.items()):
+                now = client.read_flow_run(run.id)
+                if now.state and now.state.is_final():
+                    del pending[name]
+                    done[name] = now
+            if pending:
+                time.sleep(poll_s)
+    return done
+
+
+def _run_rows(client: Any, flow_run_id: Any, name: str) -> list[dict[str, Any]]:
+    """The variants table a convert run published (artifact convert-<name>-variants), or nothing."""
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, ArtifactFilterKey
+
+    found = client.read_artifacts(artifact_filter=ArtifactFilter(
+        flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id]),
+        key=ArtifactFilterKey(any_=[artifact_key("convert", name, "variants")])))
+    data = found[0].data if found else None
+    return json.loads(data) if isinstance(data, str) else list(data or [])

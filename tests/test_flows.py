@@ -33,7 +33,9 @@ ROOT = project_root()
 def test_prefect_yaml_names_one_deployment_per_catalog_entry() -> None:
     doc = yaml.safe_load((ROOT / "prefect.yaml").read_text())
     catalog = [m.name for m in load_catalog(ROOT / "registry" / "catalog.yaml").models]
-    deployments = doc["deployments"]
+    fan_out = [d for d in doc["deployments"] if d["name"] == "all"]
+    assert [d["entrypoint"] for d in fan_out] == ["flows/convert.py:convert_all"]
+    deployments = [d for d in doc["deployments"] if d["name"] != "all"]
     assert sorted(d["name"] for d in deployments) == sorted(catalog)
     for d in deployments:
         assert d["entrypoint"] == "flows/convert.py:convert"

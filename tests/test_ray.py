@@ -167,3 +167,27 @@ def test_tokens_never_reach_the_ray_runtime_environment(monkeypatch) -> None:
     assert env["MODELMINT_THREADS"] == "2" and "hf_canary" not in json.dumps(env)
     assert type(raycluster.task_runner(Settings.from_env({"MODELMINT_RAY_ADDRESS": "127.0.0.1:6379"}))).__name__ \
         == "CheckedRayTaskRunner"
+
+
+@pytest.mark.slow
+def test_convert_all_runs_every_model_as_its_own_run_and_tables_every_variant(isolated, tmp_path, monkeypatch) -> None:
+    """The test project's catalog holds one model (the only one small enough here); the fan-out is the same."""
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    from flows import stack
+
+    with stack_up(tmp_path, monkeypatch, {"tiny-qwen2": ["q8_0"]}) as (repo, settings):
+        bad = prefect(settings, "deployment", "run", "convert/all", "--param", 'variants=["q6_k"]', "--watch")
+        assert bad.returncode != 0
+        parent = next(r for r in flow_runs(settings) if r.name == "all")
+        assert parent.state.is_failed() and "1 of 1 models failed: tiny-qwen2" in parent.state.message
+        run = prefect(settings, "deployment", "run", "convert/all", "--watch")
+        assert run.returncode == 0, run_logs(settings, flow_runs(settings)[-1].id)
+        runs = [r for r in flow_runs(settings) if r.name == "tiny-qwen2"]
+        with stack.api(settings) as client:
+            table = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["convert-all"])))
+    assert [m.ref for m in list_manifests(repo.settings()).manifests] == ["tiny-qwen2:q8_0"]
+    # each model's run is a run of its own deployment (its own process, model slot and logs), under the parent
+    assert len(runs) == 2 and all(r.deployment_id is not None and r.parent_task_run_id is not None for r in runs)
+    rows = json.loads(max(table, key=lambda a: a.created).data)
+    assert [(r["model"], r["variant"], r["gate"]) for r in rows] == [("tiny-qwen2", "q8_0", "pass")]

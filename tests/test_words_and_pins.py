@@ -142,7 +142,7 @@ def test_deployment_descriptions_name_what_the_catalog_builds() -> None:
     catalog = load_catalog(ROOT / "registry" / "catalog.yaml")
     deployments = yaml.safe_load((ROOT / "prefect.yaml").read_text(encoding="utf-8"))["deployments"]
     assert deployments
-    for d in deployments:
+    for d in [d for d in deployments if d["name"] != "all"]:  # convert/all builds every model
         entry = catalog.get(d["parameters"]["model"])
         text = d["description"]
         gguf = entry.variants.gguf
