@@ -309,9 +309,14 @@ def plan_cmd(
     kv_cache_dtype: Annotated[str, typer.Option(help="auto (the model's), fp8")] = "auto",
     as_json: Annotated[bool, typer.Option("--json", help="print the plans as JSON")] = False,
     list_gpus: Annotated[bool, typer.Option("--list-gpus", help="list the known GPU profiles")] = False,
+    out_dir: Annotated[Path | None, typer.Option("--out", help="write the files that carry the plan here: vllm.yaml, "
+                                                     "Kubernetes, LeaderWorkerSet, RayService, Helm values, docker "
+                                                     "run, Ollama")] = None,
+    tokenizer: Annotated[str | None, typer.Option(help="a GGUF's tokenizer for vLLM: the source's Hugging Face "
+                                                       "repository (a registered GGUF: its source)")] = None,
 ) -> None:
     """Plan how to serve a model on the GPUs you have: tensor / pipeline parallel, replicas, per-GPU memory,
-    max_model_len and max_num_seqs, with one line of reasoning per choice."""
+    max_model_len and max_num_seqs, with one line of reasoning per choice; --out writes the files that carry it."""
     import dataclasses
 
     from pipelines.publish import planner
@@ -332,7 +337,7 @@ def plan_cmd(
                           hint="modelmint plan NAME:TAG --gpus 4xRTX4090-24G (`modelmint plan --list-gpus` lists them)")
     if kv_cache_dtype not in planner.KV_BYTES:
         raise ConfigError(f"unknown --kv-cache-dtype {kv_cache_dtype!r}", hint=f"one of {', '.join(planner.KV_BYTES)}")
-    path = Path(target)
+    path, named = Path(target), {"tokenizer": tokenizer}
     if not path.exists() and ":" in target:
         from pipelines.registry.manifest import find_manifest
 
@@ -343,10 +348,20 @@ def plan_cmd(
         if not path.exists():
             raise ConfigError(f"{target} is registered but not in this checkout ({path})",
                               hint=f"modelmint pull {target}")
+        named = {"name": f"{m.name}-{m.tag}", "tokenizer": tokenizer or m.source.repo,
+                 "revision": None if tokenizer else m.source.revision, "ollama_model": m.ref}
     what = planner.served(path)
     ask = planner.Ask(what.weights_bytes, what.shape, context=context, concurrency=concurrency,
                       kv_dtype=kv_cache_dtype, fp8_weights=what.fp8_weights)
     plans = planner.plan(ask, planner.parse_cluster(gpus))
+    if out_dir is not None:
+        from pipelines.publish.servefiles import artifact_of, write_plan_files
+
+        art = artifact_of(path, what.weights_bytes, **named)
+        written = write_plan_files(plans, art, out_dir)
+        if art.gguf and not art.tokenizer:
+            err.print("[yellow]warning:[/yellow] no --tokenizer: vLLM converts the GGUF's own tokenizer (slow, and "
+                      "not always faithful); pass the source's Hugging Face repository", highlight=False)
     if as_json:
         out.print_json(json.dumps([{**dataclasses.asdict(p), "group": str(p.group)} for p in plans], default=str))
         return
@@ -365,6 +380,10 @@ def plan_cmd(
             out.print(f"  • {r}", highlight=False)
         for w in p.warnings:
             err.print(f"[yellow]warning:[/yellow] {_escape(w)}", highlight=False)
+    if out_dir is not None:
+        out.print(f"wrote {len(written)} files under {out_dir}:", highlight=False)
+        for f in written:
+            out.print(f"  {f.relative_to(out_dir)}", highlight=False)
 
 
 @app.command("verify")

@@ -237,6 +237,9 @@ class Plan:
     kv_dtype: str
     reasons: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    utilization: float = GPU_MEMORY_UTILIZATION
+    layer_partition: tuple[int, ...] = ()
+    """Layers per pipeline stage when the stages differ (vLLM's VLLM_PP_LAYER_PARTITION); empty: vLLM's even split."""
 
     @property
     def gpus_per_replica(self) -> int:
@@ -331,7 +334,8 @@ def plan_group(ask: Ask, group: NodeGroup) -> Plan:
                             "vLLM runs this FP8 checkpoint as weight-only W8A16 (Marlin), slower and not for MoE; "
                             "AWQ (W4A16) runs natively on it")
         per_token = ask.shape.kv_bytes_per_token(tp=tp, pp=pp, kv_dtype=ask.kv_dtype)
-        return Plan(group, tp, pp, replicas, max_len, seqs, mem, per_token, ask.kv_dtype, reasons, warnings)
+        return Plan(group, tp, pp, replicas, max_len, seqs, mem, per_token, ask.kv_dtype, reasons, warnings,
+                    ask.utilization)
     raise PlanRefused(f"{ask.shape.architecture} ({ask.weights_bytes / GIB:.1f} GiB of weights) at {context} tokens × "
                       f"{ask.concurrency} sequences does not fit {group}", nearest(ask, group))
 
