@@ -19,6 +19,7 @@ The rules are the deployment handbooks' (../DESIGN.md, "The VRAM planner"), made
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 from dataclasses import dataclass, field
@@ -145,11 +146,14 @@ class ModelShape:
 
     def kv_bytes_per_sequence(self, tokens: int, *, tp: int = 1, pp: int = 1, kv_dtype: str = "auto") -> int:
         """KV cache bytes one sequence of `tokens` needs on one GPU of a TP × PP layout (the largest stage)."""
-        elem = KV_BYTES[kv_dtype]
-        stage_layers = math.ceil(self.layers / pp)
-        windows = self.windows or (None,) * self.layers
         # the first stage's layers (the largest one when layers do not divide evenly)
-        per_layer_tokens = [min(tokens, w) if w else tokens for w in windows[:stage_layers]]
+        return self.kv_bytes_for_layers(tokens, range(math.ceil(self.layers / pp)), tp=tp, kv_dtype=kv_dtype)
+
+    def kv_bytes_for_layers(self, tokens: int, layers: range, *, tp: int = 1, kv_dtype: str = "auto") -> int:
+        """KV cache bytes one sequence of `tokens` needs in `layers` (one pipeline stage's) on one TP rank."""
+        elem = KV_BYTES[kv_dtype]
+        windows = self.windows or (None,) * self.layers
+        per_layer_tokens = [min(tokens, w) if w else tokens for w in windows[layers.start:layers.stop]]
         if self.mla_dims is not None:
             return sum(per_layer_tokens) * self.mla_dims * elem
         kv_per_rank = max(1, self.kv_heads // tp)
@@ -240,6 +244,23 @@ class Plan:
     utilization: float = GPU_MEMORY_UTILIZATION
     layer_partition: tuple[int, ...] = ()
     """Layers per pipeline stage when the stages differ (vLLM's VLLM_PP_LAYER_PARTITION); empty: vLLM's even split."""
+    stages: tuple[NodeGroup, ...] = ()
+    """Pipeline stages of different GPU types (one node each, the first runs Ray's head and the API server), with
+    `stage_memory` their budgets; empty: every stage is a node of `group`."""
+    stage_memory: tuple[GPUMemory, ...] = ()
+
+    @property
+    def label(self) -> str:
+        """The GPUs a plan uses, as --gpus writes them (a pipeline across types: its groups joined with +)."""
+        if not self.stages:
+            return str(self.group)
+        runs: list[list[Any]] = []
+        for s in self.stages:
+            if runs and runs[-1][1] == s.gpus_per_node and runs[-1][2] == s.gpu:
+                runs[-1][0] += 1
+            else:
+                runs.append([1, s.gpus_per_node, s.gpu])
+        return "+".join(str(NodeGroup(n, k, g)) for n, k, g in runs)
 
     @property
     def gpus_per_replica(self) -> int:
@@ -247,7 +268,7 @@ class Plan:
 
     @property
     def multi_node(self) -> bool:
-        return self.pp > 1 and self.group.nodes > 1
+        return self.pp > 1 and (self.group.nodes > 1 or bool(self.stages))
 
 
 class PlanRefused(ConfigError):
@@ -328,16 +349,17 @@ def plan_group(ask: Ask, group: NodeGroup) -> Plan:
         mem, max_len, seqs = fit
         replicas = max(1, group.gpus // (tp * pp)) if pp == 1 else max(1, group.nodes // pp)
         reasons = _reasons(ask, group, tp, pp, mem, replicas)
-        warnings = []
-        if ask.fp8_weights and not group.gpu.fp8_compute:
-            warnings.append(f"{group.gpu.name} (compute capability {group.gpu.compute_capability}) has no FP8 compute: "
-                            "vLLM runs this FP8 checkpoint as weight-only W8A16 (Marlin), slower and not for MoE; "
-                            "AWQ (W4A16) runs natively on it")
+        warnings = [_fp8_warning(group.gpu)] if ask.fp8_weights and not group.gpu.fp8_compute else []
         per_token = ask.shape.kv_bytes_per_token(tp=tp, pp=pp, kv_dtype=ask.kv_dtype)
         return Plan(group, tp, pp, replicas, max_len, seqs, mem, per_token, ask.kv_dtype, reasons, warnings,
                     ask.utilization)
     raise PlanRefused(f"{ask.shape.architecture} ({ask.weights_bytes / GIB:.1f} GiB of weights) at {context} tokens × "
                       f"{ask.concurrency} sequences does not fit {group}", nearest(ask, group))
+
+
+def _fp8_warning(g: GPU) -> str:
+    return (f"{g.name} (compute capability {g.compute_capability}) has no FP8 compute: vLLM runs this FP8 checkpoint "
+            "as weight-only W8A16 (Marlin), slower and not for MoE; AWQ (W4A16) runs natively on it")
 
 
 def _reasons(ask: Ask, group: NodeGroup, tp: int, pp: int, mem: GPUMemory, replicas: int) -> list[str]:
@@ -386,9 +408,12 @@ def nearest(ask: Ask, group: NodeGroup) -> list[str]:
     return out
 
 
-def plan(ask: Ask, cluster: list[NodeGroup]) -> list[Plan]:
+def plan(ask: Ask, cluster: list[NodeGroup], *, pp_across_types: bool = False) -> list[Plan]:
     """One plan per GPU type: tensor parallel never spans types; mixed clusters get independent instances per type
-    behind a router. Refuses only when no group can serve the model (naming the nearest plans)."""
+    behind a router, or (`pp_across_types`) one pipeline whose stages are the nodes of every type. Refuses only
+    when no group can serve the model (naming the nearest plans)."""
+    if pp_across_types and len(cluster) > 1:
+        return [plan_pipeline(ask, cluster)]
     plans, refusals = [], []
     for group in cluster:
         try:
@@ -398,6 +423,83 @@ def plan(ask: Ask, cluster: list[NodeGroup]) -> list[Plan]:
     if not plans:
         raise PlanRefused(refusals[0].message, [n for r in refusals for n in r.nearest])
     return plans
+
+
+def partition(layers: int, shares: list[int]) -> tuple[int, ...]:
+    """`layers` split over stages in proportion to `shares` (largest remainder first), at least one each."""
+    if layers < len(shares):
+        raise ValueError(f"{len(shares)} stages for {layers} layers")
+    raw = [layers * x / sum(shares) for x in shares]
+    parts = [max(1, int(r)) for r in raw]
+    by_remainder = sorted(range(len(raw)), key=lambda i: int(raw[i]) - raw[i])
+    for i in itertools.cycle(by_remainder):
+        if sum(parts) == layers:
+            break
+        if sum(parts) < layers:
+            parts[i] += 1
+        elif parts[i] > 1:
+            parts[i] -= 1
+    return tuple(parts)
+
+
+def _stage_budgets(ask: Ask, stages: list[NodeGroup], tp: int, context: int) -> tuple[tuple[int, ...],
+                                                                                      list[GPUMemory], int]:
+    """(layer partition, per-stage budgets, sequences the tightest stage holds) of a TP-wide pipeline over
+    `stages`: layers in proportion to each stage's usable memory, so that weights and KV fill them alike."""
+    usable = [int(s.gpu.memory_bytes * ask.utilization) for s in stages]
+    parts = partition(ask.shape.layers, usable)
+    mems, seqs, first = [], MAX_NUM_SEQS, 0
+    for stage, room, layers in zip(stages, usable, parts, strict=True):
+        weights = math.ceil(ask.weights_bytes * layers / ask.shape.layers / tp)
+        activations = int(weights * ask.activation_share)
+        mem = GPUMemory(stage.gpu.memory_bytes, room, weights, activations, room - weights - activations)
+        per_seq = ask.shape.kv_bytes_for_layers(context, range(first, first + layers), tp=tp, kv_dtype=ask.kv_dtype)
+        seqs = min(seqs, max(0, mem.kv_pool) // per_seq if per_seq else MAX_NUM_SEQS)
+        mems.append(mem)
+        first += layers
+    return parts, mems, seqs
+
+
+def plan_pipeline(ask: Ask, cluster: list[NodeGroup]) -> Plan:
+    """Pipeline parallel across GPU types (asked for): one stage per node, the same TP on each (never across
+    types), stage sizes through vLLM's layer partition in proportion to each stage's usable memory.
+
+    Raises:
+        ConfigError: a cluster this layout cannot order (the first group must be one node: the first stage,
+            where Ray's head and the API server run; the other stages one other type).
+        PlanRefused: no TP size fits: with the nearest plans that do.
+    """
+    if len(cluster) != 2 or cluster[0].nodes != 1:
+        raise ConfigError(f"pipeline parallel across GPU types takes one node of one type, then nodes of another; "
+                          f"got {'+'.join(map(str, cluster))}",
+                          hint="write the cluster as 1xGPUSxTYPE+NxGPUSxOTHER (the first node is the first stage), "
+                               "or leave out --pp-across-types for independent instances per type")
+    stages = [NodeGroup(1, g.gpus_per_node, g.gpu) for g in cluster for _ in range(g.nodes)]
+    context = min(ask.context or ask.shape.max_context, ask.shape.max_context)
+    label = "+".join(map(str, cluster))
+    if len(stages) > ask.shape.layers:
+        raise ConfigError(f"{len(stages)} pipeline stages for {ask.shape.layers} layers",
+                          hint="use fewer nodes, or independent instances per type")
+    for tp in ask.shape.tp_sizes(min(s.gpus_per_node for s in stages)):
+        parts, mems, seqs = _stage_budgets(ask, stages, tp, context)
+        if seqs < max(1, min(ask.concurrency, MAX_NUM_SEQS)):
+            continue
+        pp = len(stages)
+        reasons = [f"{s.gpu.name} stage: {n} of {ask.shape.layers} layers, {m.weights / GIB:.1f} GiB of weights and "
+                   f"{m.kv_pool / GIB:.1f} GiB of KV pool per GPU" for s, n, m in zip(stages, parts, mems, strict=True)]
+        reasons += [f"pipeline parallel {pp} across GPU types (asked for), layers in proportion to each stage's "
+                    f"usable memory: VLLM_PP_LAYER_PARTITION={','.join(map(str, parts))}; tensor parallel {tp} "
+                    "stays inside each node; expect pipeline bubbles, and run the containers with host networking "
+                    "so that Ray and NCCL reach each other"]
+        warnings = [_fp8_warning(s.gpu) for s in cluster if ask.fp8_weights and not s.gpu.fp8_compute]
+        warnings.append("Ray Serve LLM and the production-stack chart cannot pin which stage runs on which GPU type: "
+                        "`--out` writes this plan's LeaderWorkerSet and docker run files, no RayService or Helm values")
+        per_token = ask.shape.kv_bytes_for_layers(1, range(parts[0]), tp=tp, kv_dtype=ask.kv_dtype)
+        return Plan(cluster[0], tp, pp, 1, context, int(seqs), mems[0], per_token, ask.kv_dtype, reasons, warnings,
+                    ask.utilization, parts, tuple(stages), tuple(mems))
+    raise PlanRefused(f"{ask.shape.architecture} ({ask.weights_bytes / GIB:.1f} GiB of weights) at {context} tokens × "
+                      f"{ask.concurrency} sequences does not fit a pipeline over {label}",
+                      [n for g in cluster for n in nearest(ask, g)])
 
 
 # ---------------------------------------------------------------- what is planned: a GGUF or a checkpoint

@@ -75,7 +75,13 @@ def dns_name(text: str) -> str:
 
 
 def _slug(plan: Plan) -> str:
-    return str(plan.group).lower().replace(".", "-")
+    return plan.label.lower().replace(".", "-")
+
+
+def _node_label(plan: Plan, worker: bool = False) -> str:
+    """The GPU product label a pod is scheduled on: a pipeline across types puts its first stage (the leader) on
+    the first type and the workers on the other."""
+    return (plan.stages[-1] if worker and plan.stages else plan.group).gpu.node_label
 
 
 # ---------------------------------------------------------------- vLLM
@@ -108,7 +114,7 @@ def _env(plan: Plan) -> dict[str, str]:
 
 
 def _labels(art: Artifact, plan: Plan) -> dict[str, str]:
-    return {"app.kubernetes.io/name": art.name, "app.kubernetes.io/instance": f"{art.name}-{_slug(plan)}",
+    return {"app.kubernetes.io/name": art.name, "app.kubernetes.io/instance": dns_name(f"{art.name}-{_slug(plan)}"),
             "app.kubernetes.io/part-of": "modelmint"}
 
 
@@ -173,8 +179,9 @@ def _container(name: str, plan: Plan, art: Artifact, image: str, *, command: lis
     return c
 
 
-def _pod_spec(plan: Plan, art: Artifact, containers: list[dict[str, Any]], config: bool = True) -> dict[str, Any]:
-    return {"nodeSelector": {GPU_LABEL: plan.group.gpu.node_label}, "containers": containers,
+def _pod_spec(plan: Plan, art: Artifact, containers: list[dict[str, Any]], config: bool = True,
+              worker: bool = False) -> dict[str, Any]:
+    return {"nodeSelector": {GPU_LABEL: _node_label(plan, worker)}, "containers": containers,
             "volumes": _volumes(art, config)}
 
 
@@ -244,7 +251,7 @@ def leader_worker_set(plan: Plan, art: Artifact) -> list[dict[str, Any]]:
             "restartPolicy": "RecreateGroupOnPodRestart",
             "leaderTemplate": {"metadata": {"labels": {**labels, "role": "leader"}},
                                "spec": _pod_spec(plan, art, [leader])},
-            "workerTemplate": {"metadata": {"labels": labels}, "spec": _pod_spec(plan, art, [worker])},
+            "workerTemplate": {"metadata": {"labels": labels}, "spec": _pod_spec(plan, art, [worker], worker=True)},
         }},
     }
     selector = {"leaderworkerset.sigs.k8s.io/name": art.name, "role": "leader"}
@@ -290,7 +297,7 @@ def ray_service(plan: Plan, art: Artifact) -> list[dict[str, Any]]:
                           "template": {"metadata": {"labels": labels},
                                        "spec": {"containers": [head], "volumes": _volumes(art, config=False)}}},
         "workerGroupSpecs": [{
-            "groupName": f"gpu-{_slug(plan)}"[:63], "replicas": workers, "minReplicas": plan.pp, "maxReplicas": workers,
+            "groupName": dns_name(f"gpu-{_slug(plan)}"), "replicas": workers, "minReplicas": plan.pp, "maxReplicas": workers,
             "rayStartParams": {},
             "template": {"metadata": {"labels": labels}, "spec": _pod_spec(plan, art, [worker], config=False)},
         }],
@@ -342,7 +349,8 @@ def helm_model_spec(plan: Plan, art: Artifact) -> dict[str, Any]:
 def helm_values(plans: list[Plan], art: Artifact) -> dict[str, Any]:
     """The chart's values: one modelSpec per GPU type, all serving one model name; its router spreads requests over
     every engine serving that name."""
-    return {"servingEngineSpec": {"runtimeClassName": "nvidia", "modelSpec": [helm_model_spec(p, art) for p in plans]}}
+    specs = [helm_model_spec(p, art) for p in plans if not p.stages]  # the chart has one node selector per model
+    return {"servingEngineSpec": {"runtimeClassName": "nvidia", "modelSpec": specs}}
 
 
 # ---------------------------------------------------------------- docker run, and Ollama on consumer boxes
@@ -356,8 +364,10 @@ def _docker_volumes(plan: Plan) -> str:
 def docker_script(plan: Plan, art: Artifact) -> str:
     """A bash script: one container per replica on this machine, or (across nodes) `head` on the first machine and
     `worker HEAD_IP` on each other one, then the head serves once every stage's node has joined."""
-    head = ["#!/usr/bin/env bash", f"# {art.name} on {plan.group}: TP {plan.tp} x PP {plan.pp}, {plan.replicas} "
-            "replica(s) (written by `modelmint plan --out`)",
+    where = (f"# run `head` on the {plan.stages[0].gpu.name} machine (the first stage), `worker` on each "
+             f"{plan.stages[-1].gpu.name} one" if plan.stages else "# every machine the same GPU type")
+    head = ["#!/usr/bin/env bash", f"# {art.name} on {plan.label}: TP {plan.tp} x PP {plan.pp}, {plan.replicas} "
+            "replica(s) (written by `modelmint plan --out`)", *([where] if plan.multi_node else []),
             "set -euo pipefail", 'HERE="$(cd "$(dirname "$0")" && pwd)"',
             f'MODELS="${{MODELS:-{MODELS}}}"  # the host folder holding {art.file} (modelmint pull NAME:TAG --dest)',
             f"IMAGE={VLLM_IMAGE}"]
@@ -396,7 +406,8 @@ def ollama_files(plan: Plan, art: Artifact) -> dict[str, str]:
     ports = [OLLAMA_PORT + 1 + i for i in range(n)]
     model = art.ollama_model or art.name
     start = ["#!/usr/bin/env bash", f"# {model}: one Ollama instance per GPU on this {n}-GPU machine, behind "
-             f"nginx on port {OLLAMA_PORT} (ollama/nginx.conf)", "set -euo pipefail",
+             f"nginx on port {OLLAMA_PORT} (ollama/nginx.conf); `modelmint pull {model}` has created it in Ollama",
+             "set -euo pipefail",
              'HERE="$(cd "$(dirname "$0")" && pwd)"', 'mkdir -p "$HERE/logs"']
     for i, port in enumerate(ports):
         start.append(f'CUDA_VISIBLE_DEVICES={i} OLLAMA_HOST=127.0.0.1:{port} OLLAMA_KEEP_ALIVE=-1 '
@@ -461,13 +472,15 @@ def plan_files(plans: list[Plan], art: Artifact) -> dict[str, str]:
         files[f"{d}/{SERVE_CONFIG_FILE}"] = vllm_config(p, art).to_yaml()
         if p.multi_node:
             files[f"{d}/leaderworkerset.yaml"] = _yaml_docs(leader_worker_set(p, art))
-            files[f"{d}/rayservice.yaml"] = _yaml_docs(ray_service(p, art))
+            if not p.stages:  # Ray Serve LLM cannot pin a stage to a GPU type (the plan's warning says so)
+                files[f"{d}/rayservice.yaml"] = _yaml_docs(ray_service(p, art))
         else:
             files[f"{d}/kubernetes.yaml"] = _yaml_docs(kubernetes_single_node(p, art))
         files[f"{d}/docker-run.sh"] = docker_script(p, art)
         if art.gguf and p.tp == 1 and p.pp == 1 and p.group.nodes == 1 and p.group.gpus_per_node > 1:
             files.update({f"{d}/{k}": v for k, v in ollama_files(p, art).items()})
-    files["helm-values.yaml"] = _yaml_docs([helm_values(plans, art)])
+    if any(not p.stages for p in plans):
+        files["helm-values.yaml"] = _yaml_docs([helm_values(plans, art)])
     return files
 
 
