@@ -314,6 +314,9 @@ def plan_cmd(
                                                      "run, Ollama")] = None,
     tokenizer: Annotated[str | None, typer.Option(help="a GGUF's tokenizer for vLLM: the source's Hugging Face "
                                                        "repository (a registered GGUF: its source)")] = None,
+    pp_across_types: Annotated[bool, typer.Option("--pp-across-types", help="a mixed cluster: one pipeline over "
+                                                                          "every node, stages sized by memory, "
+                                                                          "instead of instances per type")] = False,
 ) -> None:
     """Plan how to serve a model on the GPUs you have: tensor / pipeline parallel, replicas, per-GPU memory,
     max_model_len and max_num_seqs, with one line of reasoning per choice; --out writes the files that carry it."""
@@ -337,9 +340,9 @@ def plan_cmd(
                           hint="modelmint plan NAME:TAG --gpus 4xRTX4090-24G (`modelmint plan --list-gpus` lists them)")
     if kv_cache_dtype not in planner.KV_BYTES:
         raise ConfigError(f"unknown --kv-cache-dtype {kv_cache_dtype!r}", hint=f"one of {', '.join(planner.KV_BYTES)}")
-    path, named = Path(target), {"tokenizer": tokenizer}
+    path, named, smaller = Path(target), {"tokenizer": tokenizer}, ()
     if not path.exists() and ":" in target:
-        from pipelines.registry.manifest import find_manifest
+        from pipelines.registry.manifest import find_manifest, list_manifests
 
         settings = _settings()
         m = find_manifest(settings, target)
@@ -350,10 +353,12 @@ def plan_cmd(
                               hint=f"modelmint pull {target}")
         named = {"name": f"{m.name}-{m.tag}", "tokenizer": tokenizer or m.source.repo,
                  "revision": None if tokenizer else m.source.revision, "ollama_model": m.ref}
+        smaller = tuple(planner.Variant(o.ref, o.size_bytes, str(o.recipe.get("scheme") or "").startswith("FP8"))
+                        for o in list_manifests(settings).manifests if o.name == m.name and o.tag != m.tag)
     what = planner.served(path)
     ask = planner.Ask(what.weights_bytes, what.shape, context=context, concurrency=concurrency,
-                      kv_dtype=kv_cache_dtype, fp8_weights=what.fp8_weights)
-    plans = planner.plan(ask, planner.parse_cluster(gpus))
+                      kv_dtype=kv_cache_dtype, fp8_weights=what.fp8_weights, smaller=smaller)
+    plans = planner.plan(ask, planner.parse_cluster(gpus), pp_across_types=pp_across_types)
     if out_dir is not None:
         from pipelines.publish.servefiles import artifact_of, write_plan_files
 
@@ -367,14 +372,15 @@ def plan_cmd(
         return
     gib = 1 << 30
     for p in plans:
-        out.print(f"[bold]{p.group}[/bold]: TP {p.tp} × PP {p.pp}, {p.replicas} replica(s); max_model_len "
+        out.print(f"[bold]{p.label}[/bold]: TP {p.tp} × PP {p.pp}, {p.replicas} replica(s); max_model_len "
                   f"{p.max_model_len}, max_num_seqs {p.max_num_seqs}, KV {p.kv_bytes_per_token:,} B per token per GPU",
                   highlight=False)
         table = Table("per GPU", *(Column(c, justify="right") for c in
                                    ("total", "usable", "weights", "activations", "KV pool", "headroom")))
-        mm = p.memory
-        table.add_row(p.group.gpu.name, *(f"{x / gib:.1f} GiB" for x in
-                                          (mm.total, mm.usable, mm.weights, mm.activations, mm.kv_pool, mm.headroom)))
+        for name, mm in zip([s.gpu.name for s in p.stages] or [p.group.gpu.name], p.stage_memory or [p.memory],
+                            strict=True):
+            table.add_row(name, *(f"{x / gib:.1f} GiB" for x in
+                                  (mm.total, mm.usable, mm.weights, mm.activations, mm.kv_pool, mm.headroom)))
         out.print(table)
         for r in p.reasons:
             out.print(f"  • {r}", highlight=False)

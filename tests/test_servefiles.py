@@ -303,7 +303,7 @@ def test_vllm_parses_every_vllm_yaml_and_builds_its_engine_config(tiny_qwen2: Pa
     for name, text in configs.items():
         cfg = yaml.safe_load(text)
         cfg["max-model-len"] = min(cfg["max-model-len"], 32768)
-        path = tmp_path / name.replace("/", "_")
+        path = tmp_path / (name.replace("/", "_").replace(".yaml", "") + ".yaml")
         path.write_text(yaml.safe_dump(cfg, sort_keys=False))
         result = _check(path, tiny_qwen2, settings)
         if cfg.get("distributed-executor-backend") == "ray":

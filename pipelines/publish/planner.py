@@ -13,12 +13,15 @@ The rules are the deployment handbooks' (../DESIGN.md, "The VRAM planner"), made
 - tensor parallel only inside a node and only on identical GPUs, dividing the attention and KV heads; pipeline
   parallel across nodes (PP = nodes, TP = GPUs per node), never more stages than layers; independent replicas
   when fewer GPUs hold the model; mixed GPU types get one plan per type (instances behind a router);
-- a plan that cannot fit is refused with the nearest plan that does (more GPUs of the same type, or a shorter
-  context): never "does not fit" alone.
+- a plan that cannot fit is refused with the nearest plans that do (more GPUs of the same type, a smaller
+  registered variant of the same model, a shorter context): never "does not fit" alone;
+- pipeline stages across GPU types only when asked, sized by vLLM's layer partition in proportion to each
+  stage's usable memory.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import re
@@ -280,6 +283,16 @@ class PlanRefused(ConfigError):
 
 
 @dataclass(frozen=True)
+class Variant:
+    """Another registered variant of the same model, offered when the asked one does not fit."""
+
+    ref: str
+    weights_bytes: int
+    """Its registered size: at least its tensor bytes, so a fit with it is a fit with the real variant."""
+    fp8_weights: bool = False
+
+
+@dataclass(frozen=True)
 class Ask:
     """What the user wants served."""
 
@@ -293,6 +306,8 @@ class Ask:
     activation_share: float = ACTIVATION_SHARE
     fp8_weights: bool = False
     """The variant is FP8 W8A8 (it wants FP8 compute)."""
+    smaller: tuple[Variant, ...] = ()
+    """The model's other registered variants (a refusal suggests the largest smaller one that fits)."""
 
 
 def _budget(ask: Ask, g: GPU, tp: int, pp: int) -> GPUMemory:
@@ -380,19 +395,22 @@ def _reasons(ask: Ask, group: NodeGroup, tp: int, pp: int, mem: GPUMemory, repli
     return out
 
 
-def nearest(ask: Ask, group: NodeGroup) -> list[str]:
-    """Plans that do fit, nearest first: more GPUs of the same type, then a shorter context on these GPUs."""
-    out = []
+def _more_gpus(ask: Ask, group: NodeGroup, g: GPU) -> str | None:
+    """The smallest cluster of `g` GPUs, from `group`'s size up (its GPUs per node, then nodes of 8), that serves
+    `ask`, as --gpus writes it."""
     for per_node in (group.gpus_per_node, 8):
         for nodes in range(group.nodes, group.nodes + 8):
-            bigger = NodeGroup(nodes, max(per_node, group.gpus_per_node), group.gpu)
-            if str(bigger) == str(group):
-                continue
-            if any(_serves(ask, bigger, t, p) for t, p in _layouts(ask, bigger)):
-                out.append(f"--gpus {bigger}")
-                break
-        if out:
-            break
+            bigger = NodeGroup(nodes, max(per_node, group.gpus_per_node), g)
+            if str(bigger) != str(group) and any(_serves(ask, bigger, t, p) for t, p in _layouts(ask, bigger)):
+                return f"--gpus {bigger}"
+    return None
+
+
+def nearest(ask: Ask, group: NodeGroup) -> list[str]:
+    """Plans that do fit, nearest first: more GPUs of the same type, a smaller registered variant, a shorter context
+    on these GPUs; when none of these fits, GPUs with more memory."""
+    out = [s for s in [_more_gpus(ask, group, group.gpu)] if s]
+    out += _smaller_variant(ask, group)
     for tp, pp in _layouts(ask, group):
         mem = _budget(ask, group.gpu, tp, pp)
         if mem.kv_pool <= 0:
@@ -402,10 +420,28 @@ def nearest(ask: Ask, group: NodeGroup) -> list[str]:
         if tokens >= 256:
             out.append(f"--context {int(tokens) // 256 * 256} on {group} (TP {tp} × PP {pp})")
             break
+    for g in sorted(known_gpus().values(), key=lambda g: g.memory_gib):
+        found = None if out or g.memory_gib <= group.gpu.memory_gib else _more_gpus(ask, group, g)
+        if found:
+            out.append(found)
     if not out:
-        out.append("a smaller variant of the same model (`modelmint list` shows what is registered), or larger GPUs "
-                   "(`modelmint plan --list-gpus`)")
+        out.append("a smaller variant of the same model (`modelmint list` shows what is registered): no cluster of "
+                   "up to 8 more nodes of 8 of any known GPU holds this one")
     return out
+
+
+def smaller_ask(ask: Ask, variant: Variant) -> Ask:
+    """`ask` for another variant of the same model (same shape, context and concurrency)."""
+    return dataclasses.replace(ask, weights_bytes=variant.weights_bytes, fp8_weights=variant.fp8_weights, smaller=())
+
+
+def _smaller_variant(ask: Ask, group: NodeGroup) -> list[str]:
+    """The largest smaller registered variant that serves `ask` on `group`, as a suggestion."""
+    for v in sorted(ask.smaller, key=lambda v: -v.weights_bytes):
+        if v.weights_bytes < ask.weights_bytes and any(
+                _serves(smaller_ask(ask, v), group, t, p) for t, p in _layouts(ask, group)):
+            return [f"{v.ref} ({v.weights_bytes / GIB:.1f} GiB) on {group}"]
+    return []
 
 
 def plan(ask: Ask, cluster: list[NodeGroup], *, pp_across_types: bool = False) -> list[Plan]:
