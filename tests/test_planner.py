@@ -282,6 +282,7 @@ def test_pipeline_stages_across_types_are_sized_by_their_memory_when_asked() -> 
     # not asked: neither type holds Qwen2.5-32B in FP16 alone (64 + 16 GiB > 72 and > 43.2)
     with pytest.raises(PlanRefused) as refused:
         plan(sc.ask, parse_cluster(sc.gpus))
+    assert refused.value.nearest[0] == "--pp-across-types (one pipeline over 1x1xA800-80G+1x1xL20-48G, layers (40, 24))"
     assert any(s.startswith("--gpus ") for s in refused.value.nearest)
     (p,) = sc.plans()
     assert (p.tp, p.pp, p.replicas, p.label, p.multi_node) == (1, 2, 1, "1x1xA800-80G+1x1xL20-48G", True)

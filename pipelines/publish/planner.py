@@ -457,7 +457,14 @@ def plan(ask: Ask, cluster: list[NodeGroup], *, pp_across_types: bool = False) -
         except PlanRefused as err:
             refusals.append(err)
     if not plans:
-        raise PlanRefused(refusals[0].message, [n for r in refusals for n in r.nearest])
+        across = []
+        if len(cluster) > 1:
+            try:
+                p = plan_pipeline(ask, cluster)
+                across = [f"--pp-across-types (one pipeline over {p.label}, layers {p.layer_partition})"]
+            except ConfigError:  # PlanRefused included: the pipeline does not fit either
+                pass
+        raise PlanRefused(refusals[0].message, across + [n for r in refusals for n in r.nearest])
     return plans
 
 
