@@ -333,3 +333,21 @@ def test_write_plan_files_writes_what_plan_files_says(tmp_path: Path) -> None:
     paths = write_plan_files(sc.plans(), sc.artifact, tmp_path)
     assert {str(p.relative_to(tmp_path)): p.read_text() for p in paths} == ALL_FILES[sc.name]
     assert (tmp_path / "1x4xrtx4090-24g/ollama/start.sh").stat().st_mode & 0o111
+
+
+def test_plans_for_several_gpu_types_share_only_what_they_must() -> None:
+    """Applied together, the A800 and L20 files create distinct Deployments and ConfigMaps (their vllm.yaml
+    differ), and the same model volume and Service: one Service over both types' pods, one served name."""
+    files = ALL_FILES["a800-l20-fp8"]
+    a800, l20 = (_docs(files[f"1x8x{g}/kubernetes.yaml"]) for g in ("a800-80g", "l20-48g"))
+    by_kind = [{d["kind"]: d for d in docs} for docs in (a800, l20)]
+    for kind in ("ConfigMap", "Deployment", "PodDisruptionBudget"):
+        assert by_kind[0][kind]["metadata"]["name"] != by_kind[1][kind]["metadata"]["name"], kind
+    assert by_kind[0]["ConfigMap"]["data"] != by_kind[1]["ConfigMap"]["data"]
+    for kind in ("PersistentVolumeClaim", "Service"):
+        assert by_kind[0][kind] == by_kind[1][kind], kind
+    service = by_kind[0]["Service"]["spec"]["selector"]
+    for docs in by_kind:
+        pod_labels = docs["Deployment"]["spec"]["template"]["metadata"]["labels"]
+        assert service.items() <= pod_labels.items()
+        assert yaml.safe_load(docs["ConfigMap"]["data"]["vllm.yaml"])["served-model-name"] == "qwen2-5-7b-fp8"

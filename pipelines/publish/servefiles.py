@@ -11,6 +11,7 @@ values schema, shellcheck, and an nginx configuration parser.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 import shlex
@@ -58,6 +59,14 @@ class Artifact:
     tokenizer_revision: str | None = None
     ollama_model: str | None = None
     """The name Ollama knows it by (a registered name:tag); None: not served by Ollama."""
+    instance: str | None = None
+    """Set when one output holds plans for several GPU types: it names each plan's own objects apart (the Service,
+    the model volume and the served name stay shared, so requests spread over every type)."""
+
+    @property
+    def object_name(self) -> str:
+        """The name of this plan's own objects (Deployment, ConfigMap, LeaderWorkerSet, containers)."""
+        return dns_name(f"{self.name}-{self.instance}") if self.instance else self.name
 
 
 def artifact_of(path: Path, weights_bytes: int, *, name: str | None = None, tokenizer: str | None = None,
@@ -114,12 +123,16 @@ def _env(plan: Plan) -> dict[str, str]:
 
 
 def _labels(art: Artifact, plan: Plan) -> dict[str, str]:
-    return {"app.kubernetes.io/name": art.name, "app.kubernetes.io/instance": dns_name(f"{art.name}-{_slug(plan)}"),
-            "app.kubernetes.io/part-of": "modelmint"}
+    return {**_model_labels(art), "app.kubernetes.io/instance": dns_name(f"{art.name}-{_slug(plan)}")}
 
 
-def _meta(name: str, art: Artifact, plan: Plan) -> dict[str, Any]:
-    return {"name": name, "labels": _labels(art, plan)}
+def _model_labels(art: Artifact) -> dict[str, str]:
+    """The labels every plan of one model shares: its Service selects them, across GPU types."""
+    return {"app.kubernetes.io/name": art.name, "app.kubernetes.io/part-of": "modelmint"}
+
+
+def _meta(name: str, art: Artifact, plan: Plan | None) -> dict[str, Any]:
+    return {"name": name, "labels": _labels(art, plan) if plan else _model_labels(art)}
 
 
 def _startup_failures(plan: Plan, art: Artifact) -> int:
@@ -150,7 +163,7 @@ def _volumes(art: Artifact, config: bool = True) -> list[dict[str, Any]]:
         {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": SHM}},
     ]
     if config:
-        out.append({"name": "config", "configMap": {"name": f"{art.name}-vllm"}})
+        out.append({"name": "config", "configMap": {"name": f"{art.object_name}-vllm"}})
     return out
 
 
@@ -189,18 +202,18 @@ def _pvc(plan: Plan, art: Artifact) -> dict[str, Any]:
     """The model cache: the pulled artifact (`modelmint pull NAME:TAG --dest` into it), read-only to the pods;
     ReadWriteMany when several pods on several nodes read it."""
     size = math.ceil(art.weights_bytes * 1.2 / GIB) + 1
-    mode = "ReadWriteMany" if plan.replicas * plan.pp > 1 else "ReadWriteOnce"
-    return {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": _meta(f"{art.name}-models", art, plan),
+    mode = "ReadWriteMany" if plan.replicas * plan.pp > 1 or art.instance else "ReadWriteOnce"
+    return {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": _meta(f"{art.name}-models", art, None),
             "spec": {"accessModes": [mode], "resources": {"requests": {"storage": f"{size}Gi"}}}}
 
 
 def _config_map(plan: Plan, art: Artifact) -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": _meta(f"{art.name}-vllm", art, plan),
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": _meta(f"{art.object_name}-vllm", art, plan),
             "data": {SERVE_CONFIG_FILE: vllm_config(plan, art).to_yaml()}}
 
 
-def _service(plan: Plan, art: Artifact, selector: dict[str, str]) -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "Service", "metadata": _meta(art.name, art, plan),
+def _service(name: str, art: Artifact, selector: dict[str, str]) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Service", "metadata": _meta(name, art, None),
             "spec": {"selector": selector, "ports": [{"name": "http", "port": PORT, "targetPort": "http"}]}}
 
 
@@ -209,16 +222,17 @@ def kubernetes_single_node(plan: Plan, art: Artifact) -> list[dict[str, Any]]:
     labels = _labels(art, plan)
     vllm = _container("vllm", plan, art, VLLM_IMAGE, args=["--config", f"/config/{SERVE_CONFIG_FILE}"])
     deployment = {
-        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": _meta(art.name, art, plan),
+        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": _meta(art.object_name, art, plan),
         "spec": {"replicas": plan.replicas, "selector": {"matchLabels": labels},
                  # a new pod needs GPUs the old one holds: replace, never surge
                  "strategy": {"type": "Recreate"} if plan.replicas == 1 else
                  {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}},
                  "template": {"metadata": {"labels": labels}, "spec": _pod_spec(plan, art, [vllm])}},
     }
-    pdb = {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": _meta(art.name, art, plan),
+    pdb = {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": _meta(art.object_name, art, plan),
            "spec": {"maxUnavailable": 1, "selector": {"matchLabels": labels}}}
-    return [_config_map(plan, art), _pvc(plan, art), deployment, _service(plan, art, labels), pdb]
+    # one Service per model, the same in every GPU type's file: it spreads requests over every type's pods
+    return [_config_map(plan, art), _pvc(plan, art), deployment, _service(art.name, art, _model_labels(art)), pdb]
 
 
 # ---------------------------------------------------------------- across nodes: LeaderWorkerSet and RayService
@@ -244,7 +258,8 @@ def leader_worker_set(plan: Plan, art: Artifact) -> list[dict[str, Any]]:
     worker = _container("vllm-worker", plan, art, VLLM_IMAGE, probes=False, command=[
         "/bin/bash", "-c", f"exec ray start --address=$LWS_LEADER_ADDRESS:{RAY_PORT} --num-gpus={plan.tp} --block"])
     lws = {
-        "apiVersion": "leaderworkerset.x-k8s.io/v1", "kind": "LeaderWorkerSet", "metadata": _meta(art.name, art, plan),
+        "apiVersion": "leaderworkerset.x-k8s.io/v1", "kind": "LeaderWorkerSet",
+        "metadata": _meta(art.object_name, art, plan),
         "spec": {"replicas": plan.replicas, "leaderWorkerTemplate": {
             "size": plan.pp,
             # a lost stage breaks the whole pipeline: restart the group together
@@ -254,8 +269,8 @@ def leader_worker_set(plan: Plan, art: Artifact) -> list[dict[str, Any]]:
             "workerTemplate": {"metadata": {"labels": labels}, "spec": _pod_spec(plan, art, [worker], worker=True)},
         }},
     }
-    selector = {"leaderworkerset.sigs.k8s.io/name": art.name, "role": "leader"}
-    return [_config_map(plan, art), _pvc(plan, art), lws, _service(plan, art, selector)]
+    selector = {"leaderworkerset.sigs.k8s.io/name": art.object_name, "role": "leader"}
+    return [_config_map(plan, art), _pvc(plan, art), lws, _service(art.object_name, art, selector)]
 
 
 def serve_config(plan: Plan, art: Artifact) -> dict[str, Any]:
@@ -302,7 +317,7 @@ def ray_service(plan: Plan, art: Artifact) -> list[dict[str, Any]]:
             "template": {"metadata": {"labels": labels}, "spec": _pod_spec(plan, art, [worker], config=False)},
         }],
     }
-    service = {"apiVersion": "ray.io/v1", "kind": "RayService", "metadata": _meta(art.name, art, plan),
+    service = {"apiVersion": "ray.io/v1", "kind": "RayService", "metadata": _meta(art.object_name, art, plan),
                "spec": {"serveConfigV2": _yaml_docs([serve_config(plan, art)]),
                         "rayClusterConfig": cluster}}
     return [_pvc(plan, art), service]
@@ -375,10 +390,10 @@ def docker_script(plan: Plan, art: Artifact) -> str:
         body = []
         for r in range(plan.replicas):
             devices = ",".join(str(r * plan.tp + i) for i in range(plan.tp))
-            body.append(f"docker run -d --name {art.name}-{r} --gpus '\"device={devices}\"' --ipc=host "
+            body.append(f"docker run -d --name {art.object_name}-{r} --gpus '\"device={devices}\"' --ipc=host "
                         f"-p {PORT + r}:{PORT} {_docker_volumes(plan)}\"$IMAGE\" --config /config/{SERVE_CONFIG_FILE}")
         return "\n".join([*head, *body, f'echo "serving {art.name} on ports {PORT}..{PORT + plan.replicas - 1}"', ""])
-    ray = (f"docker run -d --name {art.name}-ray --gpus all --network host --ipc=host "
+    ray = (f"docker run -d --name {art.object_name}-ray --gpus all --network host --ipc=host "
            f'{_docker_volumes(plan)}--entrypoint /bin/bash "$IMAGE" -c')
     wait = ('import ray, sys; ray.init(address="auto", logging_level="ERROR"); '
             f'sys.exit(sum(n["Alive"] for n in ray.nodes()) < {plan.pp})')
@@ -386,8 +401,8 @@ def docker_script(plan: Plan, art: Artifact) -> str:
         'case "${1:-}" in',
         "  head)",
         f'    {ray} "ray start --head --port={RAY_PORT} --num-gpus={plan.tp} --block"',
-        f"    until docker exec {art.name}-ray python3 -c {shlex.quote(wait)}; do sleep 5; done",
-        f"    docker exec -d {art.name}-ray vllm serve --config /config/{SERVE_CONFIG_FILE} --port {PORT}",
+        f"    until docker exec {art.object_name}-ray python3 -c {shlex.quote(wait)}; do sleep 5; done",
+        f"    docker exec -d {art.object_name}-ray vllm serve --config /config/{SERVE_CONFIG_FILE} --port {PORT}",
         f'    echo "serving {art.name} on port {PORT} of this machine" ;;',
         "  worker)",
         '    [ -n "${2:-}" ] || { echo "usage: $0 worker HEAD_IP" >&2; exit 2; }',
@@ -469,16 +484,17 @@ def plan_files(plans: list[Plan], art: Artifact) -> dict[str, str]:
     files: dict[str, str] = {}
     for p in plans:
         d = _slug(p)
-        files[f"{d}/{SERVE_CONFIG_FILE}"] = vllm_config(p, art).to_yaml()
+        a = dataclasses.replace(art, instance=d) if len(plans) > 1 else art
+        files[f"{d}/{SERVE_CONFIG_FILE}"] = vllm_config(p, a).to_yaml()
         if p.multi_node:
-            files[f"{d}/leaderworkerset.yaml"] = _yaml_docs(leader_worker_set(p, art))
+            files[f"{d}/leaderworkerset.yaml"] = _yaml_docs(leader_worker_set(p, a))
             if not p.stages:  # Ray Serve LLM cannot pin a stage to a GPU type (the plan's warning says so)
-                files[f"{d}/rayservice.yaml"] = _yaml_docs(ray_service(p, art))
+                files[f"{d}/rayservice.yaml"] = _yaml_docs(ray_service(p, a))
         else:
-            files[f"{d}/kubernetes.yaml"] = _yaml_docs(kubernetes_single_node(p, art))
-        files[f"{d}/docker-run.sh"] = docker_script(p, art)
-        if art.gguf and p.tp == 1 and p.pp == 1 and p.group.nodes == 1 and p.group.gpus_per_node > 1:
-            files.update({f"{d}/{k}": v for k, v in ollama_files(p, art).items()})
+            files[f"{d}/kubernetes.yaml"] = _yaml_docs(kubernetes_single_node(p, a))
+        files[f"{d}/docker-run.sh"] = docker_script(p, a)
+        if a.gguf and p.tp == 1 and p.pp == 1 and p.group.nodes == 1 and p.group.gpus_per_node > 1:
+            files.update({f"{d}/{k}": v for k, v in ollama_files(p, a).items()})
     if any(not p.stages for p in plans):
         files["helm-values.yaml"] = _yaml_docs([helm_values(plans, art)])
     return files
