@@ -396,13 +396,15 @@ def _reasons(ask: Ask, group: NodeGroup, tp: int, pp: int, mem: GPUMemory, repli
 
 
 def _more_gpus(ask: Ask, group: NodeGroup, g: GPU) -> str | None:
-    """The smallest cluster of `g` GPUs, from `group`'s size up (its GPUs per node, then nodes of 8), that serves
-    `ask`, as --gpus writes it."""
-    for per_node in (group.gpus_per_node, 8):
-        for nodes in range(group.nodes, group.nodes + 8):
-            bigger = NodeGroup(nodes, max(per_node, group.gpus_per_node), g)
-            if str(bigger) != str(group) and any(_serves(ask, bigger, t, p) for t, p in _layouts(ask, bigger)):
-                return f"--gpus {bigger}"
+    """The smallest cluster of `g` GPUs from `group`'s size up (more GPUs in its nodes up to 8, more nodes up to 7
+    more) that serves `ask`, as --gpus writes it: fewest GPUs first, then fewest nodes (TP inside a node before PP
+    across nodes)."""
+    per_node = sorted({group.gpus_per_node, *(k for k in (2, 4, 8) if k > group.gpus_per_node)})
+    candidates = sorted((NodeGroup(n, k, g) for n in range(group.nodes, group.nodes + 8) for k in per_node),
+                        key=lambda c: (c.gpus, c.nodes))
+    for bigger in candidates:
+        if str(bigger) != str(group) and any(_serves(ask, bigger, t, p) for t, p in _layouts(ask, bigger)):
+            return f"--gpus {bigger}"
     return None
 
 
