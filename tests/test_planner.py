@@ -299,6 +299,8 @@ def test_pipeline_stages_across_types_are_sized_by_their_memory_when_asked() -> 
     with pytest.raises(ConfigError, match="one node of one type, then nodes of another") as err:
         plan(sc.ask, parse_cluster("2x1xA800-80G+1x1xL20-48G"), pp_across_types=True)
     assert "1xGPUSxTYPE+NxGPUSxOTHER" in (err.value.hint or "")
+    with pytest.raises(ConfigError, match="one pipeline over several GPU types; 2x4xH100-80G is one"):
+        plan(sc.ask, parse_cluster("2x4xH100-80G"), pp_across_types=True)
 
 
 def test_partition_keeps_every_layer_and_every_stage() -> None:

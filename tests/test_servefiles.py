@@ -272,6 +272,11 @@ def test_plan_out_writes_the_files(tiny_qwen2: Path, tmp_path: Path) -> None:
     cfg = yaml.safe_load((d / "vllm.yaml").read_text())
     assert cfg["model"] == f"/models/{tiny_qwen2.name}" and cfg["max-model-len"] == 2048
     assert _docs((d / "kubernetes.yaml").read_text())[2]["spec"]["replicas"] == 2
+    (tmp_path / "a-file").write_text("")
+    refused = subprocess.run([sys.executable, "-m", "pipelines.cli", "plan", str(tiny_qwen2), "--gpus", "2xL4-24G",
+                              "--out", str(tmp_path / "a-file")], capture_output=True, text=True)
+    assert refused.returncode == 1 and "cannot write" in refused.stderr and "Traceback" not in refused.stderr
+    assert "give --out a folder you can write" in refused.stderr
 
 
 # ---------------------------------------------------------------- vLLM's own parser

@@ -450,7 +450,10 @@ def plan(ask: Ask, cluster: list[NodeGroup], *, pp_across_types: bool = False) -
     """One plan per GPU type: tensor parallel never spans types; mixed clusters get independent instances per type
     behind a router, or (`pp_across_types`) one pipeline whose stages are the nodes of every type. Refuses only
     when no group can serve the model (naming the nearest plans)."""
-    if pp_across_types and len(cluster) > 1:
+    if pp_across_types:
+        if len(cluster) == 1:
+            raise ConfigError(f"--pp-across-types asks for one pipeline over several GPU types; {cluster[0]} is one",
+                              hint="leave it out: nodes of one type get pipeline parallel across them when needed")
         return [plan_pipeline(ask, cluster)]
     plans, refusals = [], []
     for group in cluster:

@@ -22,6 +22,7 @@ from typing import Any
 import yaml
 
 from pipelines.compressed.serve import SERVE_CONFIG_FILE, VllmServeConfig
+from pipelines.core.errors import ConfigError
 from pipelines.core.fsutil import write_text_atomic
 from pipelines.publish.planner import GIB, Plan
 
@@ -501,12 +502,20 @@ def plan_files(plans: list[Plan], art: Artifact) -> dict[str, str]:
 
 
 def write_plan_files(plans: list[Plan], art: Artifact, out_dir: Path) -> list[Path]:
-    """Write `plan_files` under `out_dir` (each file atomically; scripts executable); returns the paths."""
+    """Write `plan_files` under `out_dir` (each file atomically; scripts executable); returns the paths.
+
+    Raises:
+        ConfigError: `out_dir` cannot hold them (a file of that name, no permission, a full disk).
+    """
     written = []
     for rel, text in plan_files(plans, art).items():
         path = out_dir / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_text_atomic(path, text)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write_text_atomic(path, text)
+        except OSError as err:
+            raise ConfigError(f"cannot write {path}: {err.strerror or err}",
+                              hint="give --out a folder you can write (it is created if missing)") from err
         if rel.endswith(".sh"):
             path.chmod(0o755)
         written.append(path)
