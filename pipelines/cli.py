@@ -312,8 +312,6 @@ def plan_cmd(
     out_dir: Annotated[Path | None, typer.Option("--out", help="write the files that carry the plan here: vllm.yaml, "
                                                      "Kubernetes, LeaderWorkerSet, RayService, Helm values, docker "
                                                      "run, Ollama")] = None,
-    tokenizer: Annotated[str | None, typer.Option(help="a GGUF's tokenizer for vLLM: the source's Hugging Face "
-                                                       "repository (a registered GGUF: its source)")] = None,
     pp_across_types: Annotated[bool, typer.Option("--pp-across-types", help="a mixed cluster: one pipeline over "
                                                                           "every node, stages sized by memory, "
                                                                           "instead of instances per type")] = False,
@@ -340,7 +338,7 @@ def plan_cmd(
                           hint="modelmint plan NAME:TAG --gpus 4xRTX4090-24G (`modelmint plan --list-gpus` lists them)")
     if kv_cache_dtype not in planner.KV_BYTES:
         raise ConfigError(f"unknown --kv-cache-dtype {kv_cache_dtype!r}", hint=f"one of {', '.join(planner.KV_BYTES)}")
-    path, named, smaller = Path(target), {"tokenizer": tokenizer}, ()
+    path, named, smaller = Path(target), {}, ()
     if not path.exists() and ":" in target:
         from pipelines.registry.manifest import find_manifest, list_manifests
 
@@ -351,8 +349,7 @@ def plan_cmd(
         if not path.exists():
             raise ConfigError(f"{target} is registered but not in this checkout ({path})",
                               hint=f"modelmint pull {target}")
-        named = {"name": f"{m.name}-{m.tag}", "tokenizer": tokenizer or m.source.repo,
-                 "revision": None if tokenizer else m.source.revision, "ollama_model": m.ref}
+        named = {"name": f"{m.name}-{m.tag}", "ollama_model": m.ref}
         smaller = tuple(planner.Variant(o.ref, o.size_bytes, str(o.recipe.get("scheme") or "").startswith("FP8"))
                         for o in list_manifests(settings).manifests if o.name == m.name and o.tag != m.tag)
     what = planner.served(path)
@@ -360,13 +357,12 @@ def plan_cmd(
                       kv_dtype=kv_cache_dtype, fp8_weights=what.fp8_weights, smaller=smaller)
     plans = planner.plan(ask, planner.parse_cluster(gpus), pp_across_types=pp_across_types)
     if out_dir is not None:
-        from pipelines.publish.servefiles import artifact_of, write_plan_files
+        from pipelines.publish.servefiles import artifact_of, notes, write_plan_files
 
         art = artifact_of(path, what.weights_bytes, **named)
         written = write_plan_files(plans, art, out_dir)
-        if art.gguf and not art.tokenizer:
-            err.print("[yellow]warning:[/yellow] no --tokenizer: vLLM converts the GGUF's own tokenizer (slow, and "
-                      "not always faithful); pass the source's Hugging Face repository", highlight=False)
+        for line in notes(plans, art):
+            err.print(f"[yellow]note:[/yellow] {_escape(line)}", highlight=False)
     if as_json:
         out.print_json(json.dumps([{**dataclasses.asdict(p), "group": str(p.group)} for p in plans], default=str))
         return

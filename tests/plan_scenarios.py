@@ -49,8 +49,8 @@ SCENARIOS = [
     # 4, the model larger than the L20: PP 2 across the two types when asked, stages sized by free memory
     Scenario("a800-l20-pp", Ask(64 * GIB, shape_of(QWEN25_32B), context=8192, concurrency=4),
              "1x1xA800-80G+1x1xL20-48G", _ckpt("qwen2-5-32b", 64), pp_across_types=True),
-    # 6. a GGUF on a consumer 4-GPU box: one replica per GPU, and Ollama's one-instance-per-GPU layout
+    # 6. a GGUF on a consumer 4-GPU box: one model per GPU, Ollama's one-instance-per-GPU layout
     Scenario("gguf-4x4090", Ask(int(4.4 * GIB), shape_of(QWEN25_7B), context=8192, concurrency=32), "4xRTX4090-24G",
              Artifact("qwen2-5-7b-q4-k-m", "qwen2.5-7b-q4_k_m.gguf", True, int(4.4 * GIB),
-                      tokenizer="Qwen/Qwen2.5-7B-Instruct", ollama_model="qwen2.5-7b:q4_k_m")),
+                      ollama_model="qwen2.5-7b:q4_k_m")),
 ]

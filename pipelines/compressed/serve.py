@@ -51,9 +51,6 @@ class VllmServeConfig(BaseModel):
     enable_prefix_caching: bool | None = Field(default=None, alias="enable-prefix-caching")
     quantization: str | None = None
     """Only where vLLM would not detect it (compressed-tensors and GGUF are detected from the files)."""
-    tokenizer: str | None = None
-    """A GGUF's tokenizer: the source's Hugging Face repository (vLLM's own conversion from GGUF is slow)."""
-    tokenizer_revision: str | None = Field(default=None, alias="tokenizer-revision")
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.model_dump(mode="json", by_alias=True, exclude_none=True), sort_keys=False)

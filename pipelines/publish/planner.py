@@ -540,8 +540,6 @@ def plan_pipeline(ask: Ask, cluster: list[NodeGroup]) -> Plan:
                     "stays inside each node; expect pipeline bubbles, and run the containers with host networking "
                     "so that Ray and NCCL reach each other"]
         warnings = [_fp8_warning(s.gpu) for s in cluster if ask.fp8_weights and not s.gpu.fp8_compute]
-        warnings.append("Ray Serve LLM and the production-stack chart cannot pin which stage runs on which GPU type: "
-                        "`--out` writes this plan's LeaderWorkerSet and docker run files, no RayService or Helm values")
         per_token = ask.shape.kv_bytes_for_layers(1, range(parts[0]), tp=tp, kv_dtype=ask.kv_dtype)
         return Plan(cluster[0], tp, pp, 1, context, int(seqs), mems[0], per_token, ask.kv_dtype, reasons, warnings,
                     ask.utilization, parts, tuple(stages), tuple(mems))

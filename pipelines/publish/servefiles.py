@@ -48,7 +48,7 @@ _VLLM_KV = {"fp16": "float16", "bf16": "bfloat16"}
 
 @dataclass(frozen=True)
 class Artifact:
-    """What the files serve: its name, where it lies under MODELS, and (GGUF) the source's tokenizer."""
+    """What the files serve: its name, where it lies under MODELS, and whether it is a GGUF."""
 
     name: str
     """The served model name, also the Kubernetes objects' name (DNS-1123: lower case, digits, dashes)."""
@@ -56,8 +56,6 @@ class Artifact:
     """The GGUF file or checkpoint directory name under MODELS."""
     gguf: bool
     weights_bytes: int
-    tokenizer: str | None = None
-    tokenizer_revision: str | None = None
     ollama_model: str | None = None
     """The name Ollama knows it by (a registered name:tag); None: not served by Ollama."""
     instance: str | None = None
@@ -70,12 +68,12 @@ class Artifact:
         return dns_name(f"{self.name}-{self.instance}") if self.instance else self.name
 
 
-def artifact_of(path: Path, weights_bytes: int, *, name: str | None = None, tokenizer: str | None = None,
-                revision: str | None = None, ollama_model: str | None = None) -> Artifact:
+def artifact_of(path: Path, weights_bytes: int, *, name: str | None = None,
+                ollama_model: str | None = None) -> Artifact:
     """The Artifact for a GGUF file or checkpoint directory at `path` (named after it unless `name`)."""
     gguf = path.suffix == ".gguf"
     return Artifact(dns_name(name or (path.stem if gguf else path.name)), path.name, gguf, weights_bytes,
-                    tokenizer if gguf else None, revision if gguf else None, ollama_model if gguf else None)
+                    ollama_model if gguf else None)
 
 
 def dns_name(text: str) -> str:
@@ -98,8 +96,7 @@ def _node_label(plan: Plan, worker: bool = False) -> str:
 
 
 def vllm_config(plan: Plan, art: Artifact, models: str = MODELS) -> VllmServeConfig:
-    """The `vllm serve --config` options that carry `plan` (GGUF through vLLM's gguf loader, detected from the
-    file; the tokenizer from the source repository)."""
+    """The `vllm serve --config` options that carry `plan` (quantization left to vLLM's detection from the files)."""
     return VllmServeConfig(
         model=f"{models}/{art.file}",
         served_model_name=art.name,
@@ -111,8 +108,6 @@ def vllm_config(plan: Plan, art: Artifact, models: str = MODELS) -> VllmServeCon
         distributed_executor_backend="ray" if plan.multi_node else None,
         kv_cache_dtype=_VLLM_KV.get(plan.kv_dtype, plan.kv_dtype),  # type: ignore[arg-type]
         enable_prefix_caching=True,
-        tokenizer=art.tokenizer,
-        tokenizer_revision=art.tokenizer_revision,
     )
 
 
@@ -331,8 +326,7 @@ def helm_model_spec(plan: Plan, art: Artifact) -> dict[str, Any]:
     """One servingEngineSpec.modelSpec entry of vLLM's production-stack chart (vllm-stack 0.1.12)."""
     cfg = vllm_config(plan, art, models=HELM_MODELS)
     extra = []
-    for flag, value in (("--kv-cache-dtype", cfg.kv_cache_dtype), ("--tokenizer", cfg.tokenizer),
-                        ("--tokenizer-revision", cfg.tokenizer_revision),
+    for flag, value in (("--kv-cache-dtype", cfg.kv_cache_dtype),
                         ("--distributed-executor-backend", cfg.distributed_executor_backend)):
         if value and value != "auto":
             extra += [flag, value]
@@ -486,6 +480,10 @@ def plan_files(plans: list[Plan], art: Artifact) -> dict[str, str]:
     for p in plans:
         d = _slug(p)
         a = dataclasses.replace(art, instance=d) if len(plans) > 1 else art
+        if a.gguf and p.tp == 1 and p.pp == 1 and p.group.nodes == 1 and p.group.gpus_per_node > 1:
+            files.update({f"{d}/{k}": v for k, v in ollama_files(p, a).items()})
+        if a.gguf:  # no vLLM files: see notes()
+            continue
         files[f"{d}/{SERVE_CONFIG_FILE}"] = vllm_config(p, a).to_yaml()
         if p.multi_node:
             files[f"{d}/leaderworkerset.yaml"] = _yaml_docs(leader_worker_set(p, a))
@@ -494,11 +492,24 @@ def plan_files(plans: list[Plan], art: Artifact) -> dict[str, str]:
         else:
             files[f"{d}/kubernetes.yaml"] = _yaml_docs(kubernetes_single_node(p, a))
         files[f"{d}/docker-run.sh"] = docker_script(p, a)
-        if a.gguf and p.tp == 1 and p.pp == 1 and p.group.nodes == 1 and p.group.gpus_per_node > 1:
-            files.update({f"{d}/{k}": v for k, v in ollama_files(p, a).items()})
-    if any(not p.stages for p in plans):
+    if not art.gguf and any(not p.stages for p in plans):
         files["helm-values.yaml"] = _yaml_docs([helm_values(plans, art)])
     return files
+
+
+def notes(plans: list[Plan], art: Artifact) -> list[str]:
+    """Why a file `plan_files` could be expected to write is not written, one line each."""
+    out = []
+    if art.gguf:
+        out.append(f"no vLLM files for a GGUF: vLLM {VLLM_VERSION} has no GGUF loader (its quantization methods and "
+                   "load formats name none); serve the model's compressed-tensors variant with vLLM, or this GGUF "
+                   "with Ollama" + (" (the ollama/ files: one instance per GPU)" if any(
+                       p.group.gpus_per_node > 1 and p.tp == 1 and p.group.nodes == 1 for p in plans) else ""))
+    if any(p.stages for p in plans):
+        out.append("no RayService or Helm values for pipeline stages of different GPU types: Ray Serve LLM and the "
+                   "production-stack chart cannot pin which stage runs on which type (the LeaderWorkerSet and "
+                   "docker run files do)")
+    return out
 
 
 def write_plan_files(plans: list[Plan], art: Artifact, out_dir: Path) -> list[Path]:
