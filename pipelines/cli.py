@@ -303,7 +303,7 @@ def plan_cmd(
     target: Annotated[str | None, typer.Argument(help="a registered name:tag (pulled), a .gguf, or a checkpoint "
                                                       "directory")] = None,
     gpus: Annotated[str | None, typer.Option(help="the GPUs: 4xRTX4090-24G, 2x8xH100-80G (nodes x GPUs), "
-                                                  "1x8xA800-80G+1x8xL20-48G (mixed)")] = None,
+                                                  "1x8xA800-80G+1x8xL20-48G (mixed), or an inventory .yaml")] = None,
     context: Annotated[int | None, typer.Option(help="tokens per sequence (default: the model's maximum)")] = None,
     concurrency: Annotated[int, typer.Option(min=1, help="sequences served at once")] = 1,
     kv_cache_dtype: Annotated[str, typer.Option(help="auto (the model's), fp8")] = "auto",
@@ -355,7 +355,7 @@ def plan_cmd(
     what = planner.served(path)
     ask = planner.Ask(what.weights_bytes, what.shape, context=context, concurrency=concurrency,
                       kv_dtype=kv_cache_dtype, fp8_weights=what.fp8_weights, smaller=smaller)
-    plans = planner.plan(ask, planner.parse_cluster(gpus), pp_across_types=pp_across_types)
+    plans = planner.plan(ask, planner.cluster_of(gpus), pp_across_types=pp_across_types)
     if out_dir is not None:
         from pipelines.publish.servefiles import artifact_of, notes, write_plan_files
 

@@ -7,6 +7,7 @@ import dataclasses
 import itertools
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -24,6 +25,7 @@ from pipelines.publish.planner import (
     NodeGroup,
     PlanRefused,
     Variant,
+    cluster_of,
     gpu,
     known_gpus,
     parse_cluster,
@@ -394,3 +396,24 @@ def test_every_plan_keeps_the_rules_and_every_refusal_names_a_plan_that_fits(dra
     assert shape.attention_heads % p.tp == 0 and (shape.kv_heads % p.tp == 0 or p.tp % shape.kv_heads == 0)
     assert p.tp <= group.gpus_per_node and p.pp <= min(shape.layers, group.nodes)
     assert p.tp * p.pp * p.replicas <= group.gpus
+
+
+def test_an_inventory_file_is_the_same_cluster_and_its_typos_are_named(tiny_qwen2: Path, tmp_path: Path) -> None:
+    inventory = tmp_path / "cluster.yaml"
+    inventory.write_text("- {nodes: 1, gpus: 8, type: A800-80G}\n- gpus: 8\n  type: L20-48G\n")
+    assert cluster_of(str(inventory)) == parse_cluster("1x8xA800-80G+1x8xL20-48G")
+    for text, complaint in (("- {nodes: 1, gpu: 8, type: A800-80G}\n", "group 1: gpus: Field required; gpu: Extra"),
+                            ("- {gpus: 0, type: A800-80G}\n", "group 1: gpus: Input should be greater than or equal"),
+                            ("- {gpus: 8, type: A800-80GB}\n", "unknown GPU 'A800-80GB'"),
+                            ("nodes: 2\n", "is not a list of GPU groups"),
+                            ("- {gpus: 8, type: [\n", "cannot read the inventory")):
+        inventory.write_text(text)
+        with pytest.raises(ConfigError, match=re.escape(complaint)) as err:
+            cluster_of(str(inventory))
+        assert err.value.hint
+    inventory.write_text("- {gpus: 8, type: A800-80GB}\n")
+    refused = _plan(str(tiny_qwen2), "--gpus", str(inventory))
+    assert refused.returncode == 1 and "unknown GPU 'A800-80GB'" in refused.stderr
+    assert "Traceback" not in refused.stderr
+    inventory.write_text("- {gpus: 2, type: L4-24G}\n")
+    assert "1x2xL4-24G: TP 1 × PP 1, 2 replica(s)" in _plan(str(tiny_qwen2), "--gpus", str(inventory)).stdout

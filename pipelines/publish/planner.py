@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from pipelines import PACKAGE
 from pipelines.core.errors import ConfigError
@@ -127,6 +128,47 @@ def parse_cluster(text: str) -> list[NodeGroup]:
             raise ConfigError(f"{part!r} counts no GPU", hint="counts start at 1, e.g. 1x8xH100-80G")
         groups.append(NodeGroup(nodes, per_node, gpu(m.group(3))))
     return groups
+
+
+class _InventoryGroup(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    nodes: int = Field(default=1, ge=1)
+    gpus: int = Field(ge=1, description="GPUs per node")
+    type: str = Field(description="a GPU profile name (modelmint plan --list-gpus)")
+
+
+def load_inventory(path: Path) -> list[NodeGroup]:
+    """A cluster as a YAML inventory: a list of groups, each `{nodes: N, gpus: GPUS_PER_NODE, type: NAME}` (nodes
+    defaults to 1), in the order --gpus would join them with +.
+
+    Raises:
+        ConfigError: not YAML, not a list of such groups (an unknown or misspelled key, a count below one), or an
+            unknown GPU: naming the file, the entry and the fix.
+    """
+    example = "- {nodes: 1, gpus: 8, type: A800-80G}"
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as err:
+        raise ConfigError(f"cannot read the inventory {path}: {err}", hint=f"a YAML list of groups, e.g. {example}") \
+            from None
+    if not isinstance(raw, list) or not raw:
+        raise ConfigError(f"the inventory {path} is not a list of GPU groups", hint=f"write e.g. {example}")
+    groups = []
+    for i, entry in enumerate(raw, 1):
+        try:
+            g = _InventoryGroup.model_validate(entry)
+        except ValidationError as err:
+            problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'entry'}: {e['msg']}" for e in err.errors())
+            raise ConfigError(f"{path}, group {i}: {problems}",
+                              hint=f"each group has gpus and type, and may have nodes: {example}") from None
+        groups.append(NodeGroup(g.nodes, g.gpus, gpu(g.type)))
+    return groups
+
+
+def cluster_of(text: str) -> list[NodeGroup]:
+    """--gpus: a YAML inventory file (.yaml / .yml) or the inline form parse_cluster reads."""
+    return load_inventory(Path(text)) if text.endswith((".yaml", ".yml")) else parse_cluster(text)
 
 
 # ---------------------------------------------------------------- the model's shape
