@@ -19,6 +19,7 @@ from pipelines.core.settings import Settings
 
 if TYPE_CHECKING:
     from pipelines.core.report import Figures
+    from pipelines.publish.planner import Plan
 
 app = typer.Typer(
     help="modelmint: pinned Hugging Face models in; validated GGUF and compressed-tensors artifacts out.",
@@ -297,6 +298,26 @@ def pull(
             out.print("  " + shlex.join(argv), highlight=False, soft_wrap=True)
 
 
+def _print_plans(plans: list[Plan]) -> None:
+    """Each plan's layout, its per-GPU memory table (one row per pipeline stage of its own type) and its reasons."""
+    gib = 1 << 30
+    for p in plans:
+        out.print(f"[bold]{p.label}[/bold]: TP {p.tp} × PP {p.pp}, {p.replicas} replica(s); max_model_len "
+                  f"{p.max_model_len}, max_num_seqs {p.max_num_seqs}, KV {p.kv_bytes_per_token:,} B per token per GPU",
+                  highlight=False)
+        table = Table("per GPU", *(Column(c, justify="right") for c in
+                                   ("total", "usable", "weights", "activations", "KV pool", "headroom")))
+        for name, mm in zip([s.gpu.name for s in p.stages] or [p.group.gpu.name], p.stage_memory or [p.memory],
+                            strict=True):
+            table.add_row(name, *(f"{x / gib:.1f} GiB" for x in
+                                  (mm.total, mm.usable, mm.weights, mm.activations, mm.kv_pool, mm.headroom)))
+        out.print(table)
+        for r in p.reasons:
+            out.print(f"  • {r}", highlight=False)
+        for w in p.warnings:
+            err.print(f"[yellow]warning:[/yellow] {_escape(w)}", highlight=False)
+
+
 @app.command("plan")
 def plan_cmd(
     ctx: typer.Context,
@@ -366,22 +387,7 @@ def plan_cmd(
     if as_json:
         out.print_json(json.dumps([{**dataclasses.asdict(p), "group": str(p.group)} for p in plans], default=str))
         return
-    gib = 1 << 30
-    for p in plans:
-        out.print(f"[bold]{p.label}[/bold]: TP {p.tp} × PP {p.pp}, {p.replicas} replica(s); max_model_len "
-                  f"{p.max_model_len}, max_num_seqs {p.max_num_seqs}, KV {p.kv_bytes_per_token:,} B per token per GPU",
-                  highlight=False)
-        table = Table("per GPU", *(Column(c, justify="right") for c in
-                                   ("total", "usable", "weights", "activations", "KV pool", "headroom")))
-        for name, mm in zip([s.gpu.name for s in p.stages] or [p.group.gpu.name], p.stage_memory or [p.memory],
-                            strict=True):
-            table.add_row(name, *(f"{x / gib:.1f} GiB" for x in
-                                  (mm.total, mm.usable, mm.weights, mm.activations, mm.kv_pool, mm.headroom)))
-        out.print(table)
-        for r in p.reasons:
-            out.print(f"  • {r}", highlight=False)
-        for w in p.warnings:
-            err.print(f"[yellow]warning:[/yellow] {_escape(w)}", highlight=False)
+    _print_plans(plans)
     if out_dir is not None:
         out.print(f"wrote {len(written)} files under {out_dir}:", highlight=False)
         for f in written:
