@@ -415,8 +415,11 @@ def ollama_files(plan: Plan, art: Artifact) -> dict[str, str]:
     n = plan.group.gpus_per_node
     ports = [OLLAMA_PORT + 1 + i for i in range(n)]
     model = art.ollama_model or art.name
+    made = (f"`modelmint pull {model}` creates it in Ollama" if art.ollama_model else
+            f"create it first: `modelmint modelfile {art.file} --source DIR --out Modelfile && ollama create {model} -f "
+            "Modelfile`")
     start = ["#!/usr/bin/env bash", f"# {model}: one Ollama instance per GPU on this {n}-GPU machine, behind "
-             f"nginx on port {OLLAMA_PORT} (ollama/nginx.conf); `modelmint pull {model}` has created it in Ollama",
+             f"nginx on port {OLLAMA_PORT} (ollama/nginx.conf)", f"# {made}",
              "set -euo pipefail",
              'HERE="$(cd "$(dirname "$0")" && pwd)"', 'mkdir -p "$HERE/logs"']
     for i, port in enumerate(ports):

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# qwen2.5-7b:q4_k_m: one Ollama instance per GPU on this 4-GPU machine, behind nginx on port 11434 (ollama/nginx.conf); `modelmint pull qwen2.5-7b:q4_k_m` has created it in Ollama
+# qwen2.5-7b:q4_k_m: one Ollama instance per GPU on this 4-GPU machine, behind nginx on port 11434 (ollama/nginx.conf)
+# `modelmint pull qwen2.5-7b:q4_k_m` creates it in Ollama
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 mkdir -p "$HERE/logs"
