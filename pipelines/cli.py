@@ -19,6 +19,7 @@ from pipelines.core.settings import Settings
 
 if TYPE_CHECKING:
     from pipelines.core.report import Figures
+    from pipelines.publish.planner import Plan
 
 app = typer.Typer(
     help="modelmint: pinned Hugging Face models in; validated GGUF and compressed-tensors artifacts out.",
@@ -360,21 +361,47 @@ def publish(
               soft_wrap=True)
 
 
+def _print_plans(plans: list[Plan]) -> None:
+    """Each plan's layout, its per-GPU memory table (one row per pipeline stage of its own type) and its reasons."""
+    gib = 1 << 30
+    for p in plans:
+        out.print(f"[bold]{p.label}[/bold]: TP {p.tp} × PP {p.pp}, {p.replicas} replica(s); max_model_len "
+                  f"{p.max_model_len}, max_num_seqs {p.max_num_seqs}, KV {p.kv_bytes_per_token:,} B per token per GPU",
+                  highlight=False)
+        table = Table("per GPU", *(Column(c, justify="right") for c in
+                                   ("total", "usable", "weights", "activations", "KV pool", "headroom")))
+        for name, mm in zip([s.gpu.name for s in p.stages] or [p.group.gpu.name], p.stage_memory or [p.memory],
+                            strict=True):
+            table.add_row(name, *(f"{x / gib:.1f} GiB" for x in
+                                  (mm.total, mm.usable, mm.weights, mm.activations, mm.kv_pool, mm.headroom)))
+        out.print(table)
+        for r in p.reasons:
+            out.print(f"  • {r}", highlight=False)
+        for w in p.warnings:
+            err.print(f"[yellow]warning:[/yellow] {_escape(w)}", highlight=False)
+
+
 @app.command("plan")
 def plan_cmd(
     ctx: typer.Context,
     target: Annotated[str | None, typer.Argument(help="a registered name:tag (pulled), a .gguf, or a checkpoint "
                                                       "directory")] = None,
     gpus: Annotated[str | None, typer.Option(help="the GPUs: 4xRTX4090-24G, 2x8xH100-80G (nodes x GPUs), "
-                                                  "1x8xA800-80G+1x8xL20-48G (mixed)")] = None,
+                                                  "1x8xA800-80G+1x8xL20-48G (mixed), or an inventory .yaml")] = None,
     context: Annotated[int | None, typer.Option(help="tokens per sequence (default: the model's maximum)")] = None,
     concurrency: Annotated[int, typer.Option(min=1, help="sequences served at once")] = 1,
     kv_cache_dtype: Annotated[str, typer.Option(help="auto (the model's), fp8")] = "auto",
     as_json: Annotated[bool, typer.Option("--json", help="print the plans as JSON")] = False,
     list_gpus: Annotated[bool, typer.Option("--list-gpus", help="list the known GPU profiles")] = False,
+    out_dir: Annotated[Path | None, typer.Option("--out", help="write the files that carry the plan here: vllm.yaml, "
+                                                     "Kubernetes, LeaderWorkerSet, RayService, Helm values, docker "
+                                                     "run, Ollama")] = None,
+    pp_across_types: Annotated[bool, typer.Option("--pp-across-types", help="a mixed cluster: one pipeline over "
+                                                                          "every node, stages sized by memory, "
+                                                                          "instead of instances per type")] = False,
 ) -> None:
     """Plan how to serve a model on the GPUs you have: tensor / pipeline parallel, replicas, per-GPU memory,
-    max_model_len and max_num_seqs, with one line of reasoning per choice."""
+    max_model_len and max_num_seqs, with one line of reasoning per choice; --out writes the files that carry it."""
     import dataclasses
 
     from pipelines.publish import planner
@@ -395,9 +422,9 @@ def plan_cmd(
                           hint="modelmint plan NAME:TAG --gpus 4xRTX4090-24G (`modelmint plan --list-gpus` lists them)")
     if kv_cache_dtype not in planner.KV_BYTES:
         raise ConfigError(f"unknown --kv-cache-dtype {kv_cache_dtype!r}", hint=f"one of {', '.join(planner.KV_BYTES)}")
-    path = Path(target)
+    path, named, smaller = Path(target), {}, ()
     if not path.exists() and ":" in target:
-        from pipelines.registry.manifest import find_manifest
+        from pipelines.registry.manifest import find_manifest, list_manifests
 
         settings = _settings()
         m = find_manifest(settings, target)
@@ -406,28 +433,28 @@ def plan_cmd(
         if not path.exists():
             raise ConfigError(f"{target} is registered but not in this checkout ({path})",
                               hint=f"modelmint pull {target}")
+        named = {"name": f"{m.name}-{m.tag}", "ollama_model": m.ref}
+        smaller = tuple(planner.Variant(o.ref, o.size_bytes, str(o.recipe.get("scheme") or "").startswith("FP8"))
+                        for o in list_manifests(settings).manifests if o.name == m.name and o.tag != m.tag)
     what = planner.served(path)
     ask = planner.Ask(what.weights_bytes, what.shape, context=context, concurrency=concurrency,
-                      kv_dtype=kv_cache_dtype, fp8_weights=what.fp8_weights)
-    plans = planner.plan(ask, planner.parse_cluster(gpus))
+                      kv_dtype=kv_cache_dtype, fp8_weights=what.fp8_weights, smaller=smaller)
+    plans = planner.plan(ask, planner.cluster_of(gpus), pp_across_types=pp_across_types)
+    if out_dir is not None:
+        from pipelines.publish.servefiles import artifact_of, notes, write_plan_files
+
+        art = artifact_of(path, what.weights_bytes, **named)
+        written = write_plan_files(plans, art, out_dir)
+        for line in notes(plans, art):
+            err.print(f"[yellow]note:[/yellow] {_escape(line)}", highlight=False)
     if as_json:
         out.print_json(json.dumps([{**dataclasses.asdict(p), "group": str(p.group)} for p in plans], default=str))
         return
-    gib = 1 << 30
-    for p in plans:
-        out.print(f"[bold]{p.group}[/bold]: TP {p.tp} × PP {p.pp}, {p.replicas} replica(s); max_model_len "
-                  f"{p.max_model_len}, max_num_seqs {p.max_num_seqs}, KV {p.kv_bytes_per_token:,} B per token per GPU",
-                  highlight=False)
-        table = Table("per GPU", *(Column(c, justify="right") for c in
-                                   ("total", "usable", "weights", "activations", "KV pool", "headroom")))
-        mm = p.memory
-        table.add_row(p.group.gpu.name, *(f"{x / gib:.1f} GiB" for x in
-                                          (mm.total, mm.usable, mm.weights, mm.activations, mm.kv_pool, mm.headroom)))
-        out.print(table)
-        for r in p.reasons:
-            out.print(f"  • {r}", highlight=False)
-        for w in p.warnings:
-            err.print(f"[yellow]warning:[/yellow] {_escape(w)}", highlight=False)
+    _print_plans(plans)
+    if out_dir is not None:
+        out.print(f"wrote {len(written)} files under {out_dir}:", highlight=False)
+        for f in written:
+            out.print(f"  {f.relative_to(out_dir)}", highlight=False)
 
 
 @app.command("verify")
