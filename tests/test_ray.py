@@ -191,3 +191,61 @@ def test_convert_all_runs_every_model_as_its_own_run_and_tables_every_variant(is
     assert len(runs) == 2 and all(r.deployment_id is not None and r.parent_task_run_id is not None for r in runs)
     rows = json.loads(max(table, key=lambda a: a.created).data)
     assert [(r["model"], r["variant"], r["gate"]) for r in rows] == [("tiny-qwen2", "q8_0", "pass")]
+
+
+# ---------------------------------------------------------------- Kubernetes: KubeRay workers and the Prefect job
+
+
+K8S = Path(__file__).parent.parent / "containers" / "k8s"
+
+
+def test_the_kuberay_cluster_manifest_passes_kuberay_and_kubernetes_schemas() -> None:
+    import yaml
+    from test_servefiles import check_core, check_custom
+
+    docs = [d for d in yaml.safe_load_all((K8S / "raycluster.yaml").read_text()) if d]
+    assert [d["kind"] for d in docs] == ["PersistentVolumeClaim", "RayCluster"]
+    assert check_core(docs[0]) == [] and check_custom(docs[1]) == []
+    spec = docs[1]["spec"]
+    assert spec["rayVersion"] == "2.60.0"  # the ray pin (pyproject.toml's ray extra)
+    mounts = {g["groupName"]: g["template"]["spec"]["containers"][0]["volumeMounts"] for g in spec["workerGroupSpecs"]}
+    assert all(m == [{"name": "work", "mountPath": "/data"}] for m in mounts.values())  # one storage on every node
+    # the check can fail: a misspelled field of the RayCluster, a pod field Kubernetes does not know
+    broken = json.loads(json.dumps(docs[1]))
+    broken["spec"]["workerGroupSpecs"][0]["replica"] = 2
+    broken["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0]["imagePullPolcy"] = "Always"
+    errors = check_custom(broken)
+    assert any("replica" in e for e in errors) and any("imagePullPolcy" in e for e in errors)
+
+
+def _rendered_job(template: dict) -> dict:
+    """The work pool's Job as Prefect renders it with the variables' defaults (a key whose value is None is left
+    out, as Prefect's template rendering does)."""
+    import re
+
+    defaults = {k: v.get("default") for k, v in template["variables"]["properties"].items()}
+    defaults.update(command=["prefect", "flow-run", "execute"], env=[{"name": "PREFECT_API_URL", "value": "http://x"}],
+                    name="convert-run", image=defaults.get("image") or "modelmint/prefect-worker:0.1.0")
+
+    def render(node):  # type: ignore[no-untyped-def]
+        if isinstance(node, dict):
+            out = {k: render(v) for k, v in node.items()}
+            return {k: v for k, v in out.items() if v is not None}
+        if isinstance(node, list):
+            return [render(v) for v in node]
+        if isinstance(node, str) and (m := re.fullmatch(r"\{\{\s*([a-z_]+)\s*\}\}", node)):
+            return defaults.get(m.group(1))
+        if isinstance(node, str):
+            return re.sub(r"\{\{\s*([a-z_]+)\s*\}\}", lambda m: str(defaults.get(m.group(1)) or ""), node)
+        return node
+
+    return render(template["job_configuration"]["job_manifest"])
+
+
+def test_the_prefect_kubernetes_job_template_renders_a_valid_job() -> None:
+    from test_servefiles import check_core
+
+    template = json.loads((K8S / "base-job-template.json").read_text())
+    job = _rendered_job(template)
+    assert check_core(job) == []
+    assert job["spec"]["template"]["spec"]["volumes"][0]["persistentVolumeClaim"]["claimName"]

@@ -77,6 +77,11 @@ def _crd(name: str) -> dict[str, Any]:
 
 LWS = _crd("leaderworkerset-v1.schema.json.gz")
 RAYSERVICE = _crd("rayservice-v1.schema.json.gz")
+# A RayCluster's spec is KubeRay's RayClusterSpec, the type RayService embeds as spec.rayClusterConfig: the same
+# vendored CRD schema checks it (KubeRay v1.7.0, tests/data/schemas/README.md).
+RAYCLUSTER = {"type": "object", "required": ["apiVersion", "kind", "metadata", "spec"], "additionalProperties": False,
+              "properties": {"apiVersion": {"type": "string"}, "kind": {"type": "string"}, "metadata": {"type": "object"},
+                             "spec": RAYSERVICE["properties"]["spec"]["properties"]["rayClusterConfig"]}}
 HELM = strict(json.loads((SCHEMAS / "production-stack-values.schema.json").read_text()), frozenset(HELM_UNDECLARED))
 
 
@@ -88,7 +93,8 @@ def _errors(schema: dict[str, Any], doc: dict[str, Any]) -> list[str]:
 def check_custom(doc: dict[str, Any]) -> list[str]:
     """A LeaderWorkerSet or RayService against its upstream CRD schema, and every pod template in it against
     Kubernetes' own (as a v1 PodTemplate)."""
-    kinds = {"LeaderWorkerSet": ("leaderworkerset.x-k8s.io/v1", LWS), "RayService": ("ray.io/v1", RAYSERVICE)}
+    kinds = {"LeaderWorkerSet": ("leaderworkerset.x-k8s.io/v1", LWS), "RayService": ("ray.io/v1", RAYSERVICE),
+             "RayCluster": ("ray.io/v1", RAYCLUSTER)}
     api, schema = kinds[doc["kind"]]
     errors = [] if doc["apiVersion"] == api else [f"apiVersion {doc['apiVersion']} is not {api}"]
     errors += _errors(schema, doc)
@@ -96,7 +102,7 @@ def check_custom(doc: dict[str, Any]) -> list[str]:
         t = doc["spec"]["leaderWorkerTemplate"]
         templates = [t["leaderTemplate"], t["workerTemplate"]]
     else:
-        c = doc["spec"]["rayClusterConfig"]
+        c = doc["spec"]["rayClusterConfig"] if doc["kind"] == "RayService" else doc["spec"]
         templates = [c["headGroupSpec"]["template"], *(g["template"] for g in c["workerGroupSpecs"])]
     for i, template in enumerate(templates):
         errors += check_core({"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": f"template-{i}"},

@@ -246,11 +246,12 @@ def test_every_image_reference_is_tagged_with_the_version() -> None:
     assert template["variables"]["properties"]["image"]["default"] == f"modelmint/prefect-worker:{VERSION}"
 
 
-def test_the_worker_installs_prefect_kubernetes_from_the_project_pins() -> None:
-    extra = PYPROJECT["project"]["optional-dependencies"]["k8s"]
-    assert any(r.startswith("prefect-kubernetes==") for r in extra)
+def test_the_worker_installs_prefect_kubernetes_and_ray_from_the_project_pins() -> None:
+    extras = PYPROJECT["project"]["optional-dependencies"]
+    assert any(r.startswith("prefect-kubernetes==") for r in extras["k8s"])
+    assert any(r.startswith("prefect-ray==") for r in extras["ray"]) and any(r.startswith("ray[default]==") for r in extras["ray"])
     text = (ROOT / "containers" / "prefect-worker" / "Dockerfile").read_text()
-    assert '".[k8s]"' in text and "prefect-kubernetes==" not in text
+    assert '".[k8s,ray]"' in text and "prefect-kubernetes==" not in text and "prefect-ray==" not in text
 
 
 # ---------------------------------------------------------------- hand-written tables that gguf-py also holds
