@@ -57,7 +57,8 @@ class ChatFamily:
     name: str
     title: str
     detect: Callable[[str], bool]
-    build: Callable[[str, TemplateTokens], str]
+    build: Callable[[str, TemplateTokens], str] | None
+    """Writes the proven Go TEMPLATE; None for a family Ollama renders with a built-in RENDERER only."""
     stop: tuple[str, ...]
     """Strings that end a turn in this family's format (Modelfile `PARAMETER stop`)."""
     bos_in_template: bool = False
@@ -68,9 +69,36 @@ class ChatFamily:
     instead of printing an object with tojson."""
     notes: tuple[str, ...] = field(default=())
     """Known, documented ways the Ollama rendering cannot follow the Jinja (also asserted in the tests)."""
+    markers: tuple[str, ...] = field(default=())
+    """Texts of the Jinja source that identify the family: the evidence shown to users, and what a
+    near-miss lacks when a template resembles this family without being it."""
+    renderer: str | None = None
+    """Ollama's built-in RENDERER for this family (pipelines.chat.renderers.RENDERERS)."""
+    parser: str | None = None
+    """Ollama's built-in PARSER that returns thinking and structured tool_calls for it."""
+    tool_calls: str = ""
+    """How Ollama returns structured tool_calls for this family (the PARSER, or the TEMPLATE's tag)."""
+
+    @property
+    def kind(self) -> str:
+        """'proven' (a TEMPLATE proven on the suite) or 'renderer' (Ollama's built-in RENDERER only)."""
+        return "proven" if self.build is not None else "renderer"
 
     def template(self, jinja: str, tokens: TemplateTokens) -> str:
+        """The Go TEMPLATE for this Jinja.
+
+        Raises:
+            UnsupportedChatTemplate: the family has no TEMPLATE (Ollama renders it with a RENDERER).
+        """
+        if self.build is None:
+            raise UnsupportedChatTemplate(
+                f"the {self.name} family has no Go TEMPLATE: Ollama renders it with RENDERER {self.renderer}",
+                families=sorted(FAMILIES))
         return self.build(jinja, tokens)
+
+    def evidence(self, jinja: str) -> tuple[list[str], list[str]]:
+        """(markers found, markers missing) in this Jinja source."""
+        return [m for m in self.markers if m in jinja], [m for m in self.markers if m not in jinja]
 
 
 FAMILIES: dict[str, ChatFamily] = {}
@@ -83,24 +111,57 @@ def register(family: ChatFamily) -> ChatFamily:
     return family
 
 
+def matching_families(jinja: str) -> list[ChatFamily]:
+    """Every family whose detector accepts this Jinja (more than one means: refuse)."""
+    return [f for f in FAMILIES.values() if f.detect(jinja)]
+
+
+def nearest_family(jinja: str) -> tuple[ChatFamily, list[str], list[str]] | None:
+    """The family whose markers this Jinja shares most, with the markers found and missing; None when
+    it shares none."""
+    best: tuple[float, ChatFamily, list[str], list[str]] | None = None
+    for fam in FAMILIES.values():
+        found, missing = fam.evidence(jinja)
+        if fam.markers and found:
+            score = len(found) / len(fam.markers)
+            if best is None or score > best[0]:
+                best = (score, fam, found, missing)
+    return None if best is None else best[1:]
+
+
+def refusal_reason(jinja: str) -> str:
+    """Why no family accepts this Jinja, naming the nearest family and what differs from it."""
+    hits = matching_families(jinja)
+    if len(hits) > 1:
+        return f"matches several families ({', '.join(f.name for f in hits)}); refusing to guess"
+    near = nearest_family(jinja)
+    if near is None:
+        return "shares no marker with any family"
+    fam, found, missing = near
+    if not missing:
+        return (f"has every marker of {fam.name} but is not the template modelmint proved for it "
+                "(a variant or an edited version)")
+    return (f"nearest family {fam.name} ({len(found)} of {len(fam.markers)} markers); lacks "
+            + ", ".join(repr(m) for m in missing))
+
+
 def detect_family(jinja: str) -> ChatFamily:
     """The one family whose detector accepts this Jinja chat template.
 
     Raises:
-        UnsupportedChatTemplate: no family (or more than one) recognises it.
+        UnsupportedChatTemplate: no family (or more than one) recognises it; the message names the
+            nearest family and what differs.
     """
-    hits = [f for f in FAMILIES.values() if f.detect(jinja)]
+    hits = matching_families(jinja)
     if len(hits) == 1:
         return hits[0]
     names = sorted(FAMILIES)
     if not hits:
         head = " ".join(jinja.split())[:120]
-        raise UnsupportedChatTemplate(f"the chat template is not one modelmint can convert (it begins: {head!r})",
-                                      families=names)
-    raise UnsupportedChatTemplate(
-        f"the chat template matches several families ({', '.join(f.name for f in hits)}); refusing to guess",
-        families=names,
-    )
+        raise UnsupportedChatTemplate(
+            f"the chat template is not one modelmint can convert: {refusal_reason(jinja)} (it begins: {head!r})",
+            families=names)
+    raise UnsupportedChatTemplate(f"the chat template {refusal_reason(jinja)}", families=names)
 
 
 def get_family(name: str) -> ChatFamily:
@@ -349,6 +410,8 @@ register(ChatFamily(
     detect=_detect_chatml,
     build=_build_chatml,
     stop=("<|im_end|>", "<|im_start|>"),
+    markers=("<|im_start|>", "<|im_end|>", "<tool_call>", "<tool_response>"),
+    tool_calls="TEMPLATE: Ollama's tool parser reads the <tool_call> tag from the TEMPLATE (Qwen2.5); plain ChatML has none",
 ))
 
 
@@ -413,6 +476,9 @@ register(ChatFamily(
     detect=_detect_llama3,
     build=_build_llama3,
     stop=("<|eot_id|>", "<|eom_id|>", "<|start_header_id|>", "<|end_header_id|>"),
+    markers=("<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>", "Cutting Knowledge Date: December 2023",
+             "tools_in_user_message", "<|start_header_id|>ipython<|end_header_id|>"),
+    tool_calls="TEMPLATE: bare JSON objects ({\"name\": …, \"parameters\": …}), which Ollama's tool parser reads",
     bos_in_template=True,
     notes=(
         "Jinja trims message contents (| trim); Go templates cannot, so contents with surrounding whitespace "
@@ -500,6 +566,9 @@ register(ChatFamily(
     detect=_detect_deepseek_r1,
     build=_build_deepseek_r1,
     stop=("<｜end▁of▁sentence｜>", "<｜User｜>", "<｜Assistant｜>"),
+    markers=("<｜User｜>", "<｜Assistant｜>", "<｜tool▁calls▁begin｜>", "<｜tool▁outputs▁begin｜>", "ns.is_output_first",
+             "content.split('</think>')[-1]"),
+    tool_calls="none structured: the TEMPLATE declares no tool-call tag Ollama can parse (thinking is parsed)",
     bos_in_template=True,
     thinking=True,
     string_arguments=lambda src: "message['content'] is none" in src,
@@ -550,6 +619,8 @@ register(ChatFamily(
     detect=_detect_gemma,
     build=_build_gemma,
     stop=("<end_of_turn>", "<start_of_turn>"),
+    markers=("<start_of_turn>", "<end_of_turn>", "System role not supported", "set role = 'model'"),
+    tool_calls="none: the Jinja has no tools",
     bos_in_template=True,
     notes=(
         "the Jinja raises on a system message; the TEMPLATE prepends the system text to the first user turn",
@@ -614,6 +685,9 @@ register(ChatFamily(
     detect=_detect_mistral,
     build=_build_mistral,
     stop=("[INST]", "[/INST]"),
+    markers=("[INST]", "[/INST]", "[AVAILABLE_TOOLS]", "[TOOL_CALLS]", "[TOOL_RESULTS]",
+             "loop.last and system_message is defined"),
+    tool_calls="TEMPLATE: Ollama's tool parser reads the [TOOL_CALLS][ tag from the TEMPLATE",
     bos_in_template=True,
     notes=(
         "the Jinja puts the system prompt into the last user turn only when that turn ends the conversation; "
@@ -662,5 +736,112 @@ register(ChatFamily(
     detect=_detect_phi3,
     build=_build_phi3,
     stop=("<|end|>", "<|user|>", "<|assistant|>", "<|endoftext|>"),
+    markers=("<|system|>", "<|user|>", "<|assistant|>", "<|end|>"),
+    tool_calls="none: the Jinja has no tools",
     notes=("no tool calling: the Jinja has none (tool messages are dropped by both)",),
 ))
+
+
+# ---------------------------------------------------------------- families Ollama renders in Go code
+#
+# Their Jinja needs what Go's text/template cannot do (string splitting and stripping of reasoning,
+# Python-style value printing, per-argument XML), so Ollama ships a RENDERER for each. They are
+# recognised by markers taken from the template itself; every marker must be present and no
+# forbidden text, so a neighbour (an older or newer version of the same model line) is refused with
+# what it lacks instead of being published with the wrong renderer.
+
+
+def _renderer_family(name: str, title: str, *, renderer: str, parser: str, markers: tuple[str, ...],
+                     forbidden: tuple[str, ...], stop: tuple[str, ...], notes: tuple[str, ...] = (),
+                     thinking: bool = False) -> ChatFamily:
+    from pipelines.chat.renderers import PARSERS, RENDERERS
+
+    if renderer not in RENDERERS or parser not in PARSERS:
+        raise ValueError(f"{name}: Ollama has no renderer {renderer!r} or parser {parser!r}")
+    return register(ChatFamily(
+        name=name,
+        title=title,
+        detect=lambda src: _has_all(src, *markers) and _has_none(src, *forbidden),
+        build=None,
+        stop=stop,
+        thinking=thinking,
+        notes=("rendered by Ollama's built-in RENDERER " + renderer + "; modelmint does not prove it on its "
+               "suite (no Go TEMPLATE can follow this Jinja)", *notes),
+        markers=markers,
+        renderer=renderer,
+        parser=parser,
+        tool_calls=f"PARSER {parser} returns structured tool_calls",
+    ))
+
+
+_IM = ("<|im_end|>", "<|im_start|>")
+
+_renderer_family(
+    "qwen3-coder", "Qwen3-Coder (<tool_call><function=…><parameter=…> XML tool calls, no thinking)",
+    renderer="qwen3-coder", parser="qwen3-coder", stop=_IM,
+    markers=("<|im_start|>", "<tool_call>", "<function=", "<parameter=", "render_extra_keys"),
+    forbidden=("<think>", "enable_thinking", "truncate_history_thinking", "<|vision_start|>"),
+)
+_renderer_family(
+    "qwen3.5", "Qwen3.5 (hybrid thinking, XML tool calls, vision placeholders)",
+    renderer="qwen3.5", parser="qwen3.5", stop=_IM, thinking=True,
+    markers=("<|im_start|>", "<think>", "<function=", "<parameter=", "<|vision_start|>", "enable_thinking",
+             "render_content"),
+    forbidden=("truncate_history_thinking",),
+)
+_renderer_family(
+    "nemotron-3-nano", "NVIDIA Nemotron 3 Nano (ChatML, <think> with history truncation, XML tool calls)",
+    renderer="nemotron-3-nano", parser="nemotron-3-nano", stop=_IM, thinking=True,
+    markers=("<|im_start|>", "<think>", "<function=", "<parameter=", "truncate_history_thinking",
+             "render_extra_keys"),
+    forbidden=("<|vision_start|>",),
+)
+_renderer_family(
+    "deepseek3.1", "DeepSeek V3.1 (hybrid thinking switch, <｜tool▁calls▁begin｜> tool calls)",
+    renderer="deepseek3.1", parser="deepseek3", stop=("<｜end▁of▁sentence｜>",), thinking=True,
+    markers=("<｜User｜>", "<｜Assistant｜>", "<｜tool▁calls▁begin｜>", "<｜tool▁sep｜>", "<｜tool▁output▁begin｜>",
+             "set thinking = enable_thinking"),
+    forbidden=("reasoning_content", "DSML"),
+)
+_renderer_family(
+    "glm-4.7", "GLM-4.7 ([gMASK]<sop>, <arg_key>/<arg_value> tool calls, clear_thinking)",
+    renderer="glm-4.7", parser="glm-4.7", stop=("<|user|>", "<|observation|>", "<|endoftext|>"), thinking=True,
+    markers=("[gMASK]<sop>", "<|observation|>", "<arg_key>", "<arg_value>", "clear_thinking"),
+    forbidden=(),
+)
+_renderer_family(
+    "gemma4", "Gemma 4 26B/31B (<|turn>, <|\"|> strings, <|tool_call>, empty thought channel when not thinking)",
+    renderer="gemma4-large", parser="gemma4", stop=("<turn|>",), thinking=True,
+    markers=("<|turn>", "<turn|>", '<|"|>', "<|tool_call>", "<|channel>", "'<|channel>thought\\n<channel|>'"),
+    forbidden=(),
+    notes=("Ollama's gemma4-large renderer follows Google's 31B template; the E2B/E4B templates (no empty "
+           "thought channel) would need RENDERER gemma4-small",),
+)
+_renderer_family(
+    "lfm2", "Liquid LFM2 (ChatML, 'List of tools:' with <|tool_list_start|>, no thinking)",
+    renderer="lfm2", parser="lfm2", stop=_IM,
+    markers=("<|im_start|>", "List of tools: ", "<|tool_list_start|>", "<|tool_list_end|>",
+             "<|tool_response_start|>"),
+    forbidden=("<think>", "keep_past_thinking", "preserve_thinking"),
+)
+_renderer_family(
+    "cohere", "Cohere Command A 2026 / North (Cohere2 MoE: <|START_TEXT|>, <|START_THINKING|>, <|START_ACTION|>)",
+    renderer="cohere", parser="cohere", stop=("<|END_OF_TURN_TOKEN|>",), thinking=True,
+    markers=("<|START_OF_TURN_TOKEN|>", "<|START_TEXT|>", "<|START_THINKING|>", "<|START_ACTION|>",
+             "<|START_TOOL_RESULT|>", "platform_instruction_override"),
+    forbidden=(),
+    notes=("Ollama's cohere renderer leaves the template's platform instructions to the Modelfile SYSTEM",),
+)
+_renderer_family(
+    "glimmer", "Muse Glimmer (ATEM channels: <|start|>…<|message|>…<|eom|>)",
+    renderer="glimmer", parser="glimmer", stop=("<|eot|>",), thinking=True,
+    markers=("<|start|>", "<|message|>", "<|eom|>", "<|eot|>", "Muse Glimmer ATEM"),
+    forbidden=(),
+)
+_renderer_family(
+    "laguna", "Poolside Laguna XS.2 (〈|EOS|〉 prefix, default system prompt, <think> off by default)",
+    renderer="laguna", parser="laguna", stop=("〈|EOS|〉",), thinking=True,
+    markers=("〈|EOS|〉", "render_assistant_messages_raw", "enable_thinking | default(false)",
+             "You are a helpful, conversationally-fluent assistant made by Poolside."),
+    forbidden=("preserve_thinking",),
+)

@@ -18,8 +18,10 @@ from pipelines.chat.families import (
     UnsupportedChatTemplate,
     detect_family,
     get_family,
+    matching_families,
 )
 from pipelines.chat.modelfile import Message, Modelfile, Parameter
+from pipelines.chat.renderers import check_ollama_version, required_version
 from pipelines.core.errors import ArtifactError, ConfigError, UnsupportedModel
 from pipelines.core.fsutil import HashCache, write_text_atomic
 from pipelines.core.report import card_validation
@@ -271,6 +273,8 @@ class OllamaModelfile:
     thinking tags), when it was proven."""
     notes: tuple[str, ...] = field(default=())
     """The family's documented differences from the Jinja (chat_families.ChatFamily.notes)."""
+    evidence: tuple[str, ...] = field(default=())
+    """The family's markers found in the chat template (why this family was chosen)."""
 
 
 def _stops(family: ChatFamily | None, *texts: str | None) -> tuple[str, ...]:
@@ -315,6 +319,8 @@ def build_modelfile(
     license_text: str | None = None,
     messages: tuple[Message, ...] = (),
     verify: bool | None = None,
+    force: bool = False,
+    ollama_version: str | None = None,
 ) -> OllamaModelfile:
     """The Modelfile for `gguf`: FROM it, the TEMPLATE of its chat family, stop tokens, defaults, licence.
 
@@ -323,13 +329,17 @@ def build_modelfile(
     names a family instead of detecting it; `template` is a hand-written Ollama TEMPLATE used as is.
     `verify` renders the conversation suite through both templates and refuses a mismatch (None: when
     a Go compiler or a built renderer is available). `out_dir` is where the Modelfile will live (FROM is
-    relative to it; default: the GGUF's directory).
+    relative to it; default: the GGUF's directory). A `family` the template does not match is refused
+    unless `force`, and then a failed proof is a warning. A family Ollama renders with a built-in
+    RENDERER gets RENDERER/PARSER/REQUIRES and no TEMPLATE; `ollama_version` refuses a target release
+    older than those need.
 
     Raises:
         UnsupportedChatTemplate: no chat template, or one outside the supported families (the hint says how
             to supply a TEMPLATE by hand), or a TEMPLATE that does not reproduce it.
         UnsupportedModel: no eos token anywhere (generation would never stop).
-        ConfigError: num_ctx beyond the model's context length.
+        ConfigError: num_ctx beyond the model's context length, a `family` the template does not match
+            (without `force`), an `ollama_version` older than the RENDERER/PARSER need.
         ArtifactError: `gguf` is not a readable GGUF.
         ModelfileError: SYSTEM or licence text that no Modelfile can hold.
     """
@@ -375,18 +385,12 @@ def build_modelfile(
         if jinja is None:
             raise UnsupportedChatTemplate(f"neither {gguf.name} nor its source has a chat template",
                                           families=sorted(FAMILIES))
-        if family is None:
-            fam = detect_family(jinja)
+        fam = detect_family(jinja) if family is None else _forced_family(family, jinja, force, warnings)
+        if fam.build is not None:
+            go_template = fam.template(jinja, tokens)
+            proof = _maybe_prove(jinja, go_template, fam, tokens, settings, verify, warnings, force=force)
         else:
-            fam = get_family(family)
-            hits = [f.name for f in FAMILIES.values() if f.detect(jinja)]
-            if hits and fam.name not in hits:
-                raise ConfigError(f"the chat family is set to {fam.name}, but the chat template is {hits[0]}",
-                                  hint="fix chat_family in registry/catalog.yaml (or leave it out to detect it)")
-            if not hits:
-                warnings.append(f"the chat template is not recognised as {fam.name}; using that family as asked")
-        go_template = fam.template(jinja, tokens)
-        proof = _maybe_prove(jinja, go_template, fam, tokens, settings, verify, warnings)
+            go_template = None
 
     ctx = g.context_length or (src.context_length if src else None)
     if num_ctx is None:
@@ -410,9 +414,18 @@ def build_modelfile(
                       f"{proof.conversations} conversations"
                       + (f" (the source template refuses {', '.join(proof.refused_by_jinja)})."
                          if proof.refused_by_jinja else "."))
+    renderer, parser = (fam.renderer, fam.parser) if fam is not None and go_template is None else (None, None)
+    requires = None
+    if renderer:
+        requires = check_ollama_version(renderer, parser, ollama_version or required_version(renderer, parser))
+        header.append(f"Ollama renders this family with its built-in RENDERER {renderer} and PARSER {parser} "
+                      f"(Ollama {requires} or newer); modelmint does not prove those.")
     modelfile = Modelfile(
         from_=_from_path(gguf, out_dir),
         template=go_template,
+        renderer=renderer,
+        parser=parser,
+        requires=requires,
         system=system,
         parameters=tuple(params),
         messages=messages,
@@ -428,11 +441,34 @@ def build_modelfile(
 
         reading = analyze(go_template, settings)
     return OllamaModelfile(modelfile, fam.name if fam else None, origin, stops, int(num_ctx), proof,
-                           tuple(warnings), reading, fam.notes if fam else ())
+                           tuple(warnings), reading, fam.notes if fam else (),
+                           tuple(fam.evidence(jinja)[0]) if fam and jinja else ())
+
+
+def _forced_family(name: str, jinja: str, force: bool, warnings: list[str]) -> ChatFamily:
+    """The family `name` set by hand, refused when the template is another family's or none's (unless `force`).
+
+    Raises:
+        ConfigError: the template does not match `name` and `force` is off.
+    """
+    fam = get_family(name)
+    hits = [f.name for f in matching_families(jinja)]
+    if fam.name in hits:
+        return fam
+    _found, missing = fam.evidence(jinja)
+    why = (f"the chat template is {hits[0]}" if hits else
+           f"the chat template is not recognised as {fam.name}"
+           + (f" (it lacks {', '.join(repr(m) for m in missing)})" if missing else ""))
+    if not force:
+        raise ConfigError(f"the chat family is set to {fam.name}, but {why}",
+                          hint="leave the family out to detect it (fix chat_family in registry/catalog.yaml), or "
+                               "pass --force to use it anyway; the proof result is then printed as a warning")
+    warnings.append(f"{why}; using {fam.name} as forced")
+    return fam
 
 
 def _maybe_prove(jinja: str, go_template: str, fam: ChatFamily, tokens: TemplateTokens, settings: Settings,
-                 verify: bool | None, warnings: list[str]) -> TemplateProof | None:
+                 verify: bool | None, warnings: list[str], *, force: bool = False) -> TemplateProof | None:
     from pipelines.chat.gotemplate import GoMissing, find_go, source_hash
 
     if verify is False:
@@ -446,7 +482,10 @@ def _maybe_prove(jinja: str, go_template: str, fam: ChatFamily, tokens: Template
             warnings.append("TEMPLATE not proven here (no Go compiler): run `bash toolchains/setup-go.sh`")
             return None
     proof = prove_template(jinja, go_template, fam, tokens, settings)
-    if not proof.holds:
+    if not proof.holds and force:
+        warnings.append(f"the {fam.name} TEMPLATE renders differently from the chat template on: "
+                        f"{', '.join(proof.different) or 'every conversation'} (published anyway: --force)")
+    elif not proof.holds:
         raise UnsupportedChatTemplate(
             f"the chat template looks like {fam.name}, but the {fam.name} TEMPLATE renders differently on: "
             f"{', '.join(proof.different) or 'every conversation'}",
@@ -680,3 +719,41 @@ def install_into_ollama(modelfile_path: Path, tag: str, *, timeout: float = 900)
     if not reply:
         raise ArtifactError(f"`ollama run {tag}` answered nothing", hint="check the Modelfile's TEMPLATE and stop")
     return OllamaInstall(commands, ran=True, reply=reply)
+
+
+# ---------------------------------------------------------------- a bare chat template, no model
+
+
+@dataclass(frozen=True)
+class TemplateConversion:
+    """What `modelmint template` prints: the family, the Modelfile lines, the proof and the notes."""
+
+    family: ChatFamily
+    lines: str
+    """TEMPLATE (and RENDERER/PARSER/REQUIRES lines where they apply), as Modelfile text."""
+    proof: TemplateProof | None
+    warnings: tuple[str, ...]
+
+
+def convert_template(jinja: str, tokens: TemplateTokens, settings: Settings, *, family: str | None = None,
+                     force: bool = False) -> TemplateConversion:
+    """Convert a bare Jinja chat template to Ollama's Modelfile lines, proving the TEMPLATE on the suite.
+
+    Raises:
+        UnsupportedChatTemplate: no family recognises it (the message names the nearest), or its TEMPLATE
+            renders differently (without `force`).
+        ConfigError: `family` does not match it (without `force`).
+        GoMissing, ToolError: the Go renderer cannot be built or run.
+    """
+    warnings: list[str] = []
+    fam = detect_family(jinja) if family is None else _forced_family(family, jinja, force, warnings)
+    proof = None
+    if fam.build is not None:
+        go_template = fam.template(jinja, tokens)
+        proof = _maybe_prove(jinja, go_template, fam, tokens, settings, True, warnings, force=force)
+        mf = Modelfile(from_="x", template=go_template)
+    else:
+        mf = Modelfile(from_="x", renderer=fam.renderer, parser=fam.parser,
+                       requires=required_version(fam.renderer, fam.parser))
+    lines = mf.to_text().split("\n", 1)[1]  # drop the placeholder FROM line
+    return TemplateConversion(fam, lines, proof, tuple(warnings))
