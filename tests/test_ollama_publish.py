@@ -154,8 +154,8 @@ def test_embedded_template_that_disagrees_is_named(tmp_path: Path, qwen_gguf: Pa
 
 def test_template_outside_the_families_says_how_to_write_one(tmp_path: Path, llama_models: Path,
                                                              settings: Settings) -> None:
-    qwen3 = (llama_models / "templates" / "Qwen-Qwen3-0.6B.jinja").read_text(encoding="utf-8")
-    gguf = _write_gguf(tmp_path / "q3.gguf", template=qwen3, tokens=["<|endoftext|>", "<|im_end|>"], eos=1)
+    smol = (llama_models / "templates" / "HuggingFaceTB-SmolLM3-3B.jinja").read_text(encoding="utf-8")
+    gguf = _write_gguf(tmp_path / "q3.gguf", template=smol, tokens=["<|endoftext|>", "<|im_end|>"], eos=1)
     with pytest.raises(UnsupportedChatTemplate, match="not one modelmint can convert") as err:
         build_modelfile(gguf, settings=settings)
     assert "--template FILE" in (err.value.hint or "")
@@ -229,10 +229,38 @@ def test_cli_writes_a_modelfile_or_explains(tmp_path: Path, qwen_gguf: Path, lla
                           capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 0, done.stderr
     assert Modelfile.parse(out.read_text(encoding="utf-8")).from_ == str(qwen_gguf.resolve())
-    assert "proven on 14 conversations" in done.stderr
+    assert "proven on 16 conversations" in done.stderr
 
-    qwen3 = (llama_models / "templates" / "Qwen-Qwen3-0.6B.jinja").read_text(encoding="utf-8")
-    bad = _write_gguf(tmp_path / "q3.gguf", template=qwen3, tokens=["<|im_end|>"], eos=0)
+    smol = (llama_models / "templates" / "HuggingFaceTB-SmolLM3-3B.jinja").read_text(encoding="utf-8")
+    bad = _write_gguf(tmp_path / "q3.gguf", template=smol, tokens=["<|im_end|>"], eos=0)
     failed = subprocess.run([*MODELMINT, "modelfile", str(bad)], capture_output=True, text=True, env=env,
                             timeout=300)
     assert failed.returncode == 1 and "--template FILE" in " ".join(failed.stderr.split())
+
+
+def test_a_renderer_family_gets_renderer_parser_and_requires(tmp_path: Path, llama_models: Path,
+                                                             settings: Settings) -> None:
+    glm = (llama_models / "templates" / "GLM-4.7-Flash.jinja").read_text(encoding="utf-8")
+    gguf = _write_gguf(tmp_path / "glm.gguf", template=glm, tokens=["<|endoftext|>", "<|user|>"], eos=0)
+    built = build_modelfile(gguf, settings=settings)
+    mf = built.modelfile
+    assert (built.family, mf.template, mf.renderer, mf.parser, mf.requires) == (
+        "glm-4.7", None, "glm-4.7", "glm-4.7", "0.14.3")
+    assert built.proof is None and "'clear_thinking'" in str(built.evidence)
+    text = mf.to_text()
+    assert "RENDERER glm-4.7\nPARSER glm-4.7\nREQUIRES 0.14.3\n" in text and "TEMPLATE" not in text
+    assert build_modelfile(gguf, settings=settings, ollama_version="0.20.0").modelfile.requires == "0.14.3"
+    with pytest.raises(ConfigError, match=r"Ollama 0\.13\.0 is older than this Modelfile needs"):
+        build_modelfile(gguf, settings=settings, ollama_version="0.13.0")
+
+
+def test_a_forced_family_is_refused_unless_force(tmp_path: Path, llama_models: Path, settings: Settings) -> None:
+    smol = (llama_models / "templates" / "HuggingFaceTB-SmolLM3-3B.jinja").read_text(encoding="utf-8")
+    gguf = _write_gguf(tmp_path / "smol.gguf", template=smol, tokens=["<|endoftext|>", "<|im_end|>"], eos=1)
+    with pytest.raises(ConfigError, match="not recognised as qwen3") as err:
+        build_modelfile(gguf, settings=settings, family="qwen3")
+    assert "--force" in (err.value.hint or "")
+    built = build_modelfile(gguf, settings=settings, family="qwen3", force=True)
+    assert built.family == "qwen3" and built.proof is not None and not built.proof.holds
+    assert any("renders differently" in w and "--force" in w for w in built.warnings)
+    assert any("using qwen3 as forced" in w for w in built.warnings)

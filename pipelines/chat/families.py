@@ -64,6 +64,9 @@ class ChatFamily:
     bos_in_template: bool = False
     """The Jinja prints bos_token first (so the Ollama rendering equals it minus an engine-added BOS)."""
     thinking: bool = False
+    content_none_ok: bool = True
+    """Whether the Jinja accepts a tool-call message whose content is None (one that concatenates the content
+    needs '', which is what Ollama always passes)."""
     string_arguments: Callable[[str], bool] = lambda _src: False
     """Whether this Jinja concatenates tool-call arguments as a JSON string (the OpenAI wire format)
     instead of printing an object with tojson."""
@@ -415,6 +418,130 @@ register(ChatFamily(
 ))
 
 
+# ---------------------------------------------------------------- Qwen3 and QwQ (ChatML, <think>, Qwen tool calls)
+
+_QWEN3_TOOLS_HEAD = _QWEN_TOOLS_HEAD[2:]  # Qwen3 writes "\n\n" after the system text only when there is one
+_QWEN3_NO_THINK = "{%- if enable_thinking is defined and enable_thinking is false %}"
+
+
+def _detect_qwen3(src: str) -> bool:
+    strings = _jinja_strings(src)
+    return (
+        _has_all(src, "<|im_start|>", "<|im_end|>", "multi_step_tool=true, last_query_index=messages|length - 1",
+                 "message.content.startswith('<tool_response>')", "message.reasoning_content is defined",
+                 "'\\n<think>\\n' + reasoning_content.strip('\\n') + '\\n</think>\\n\\n' + content.lstrip('\\n')",
+                 _QWEN3_NO_THINK, "tool_call.arguments | tojson")
+        and _QWEN3_TOOLS_HEAD in strings and _QWEN_TOOLS_TAIL in strings
+        and _has_none(src, "<|vision_start|>", "<function=", "render_content", "default_system", "xml_tools")
+    )
+
+
+def _detect_qwq(src: str) -> bool:
+    strings = _jinja_strings(src)
+    return (
+        _has_all(src, "<|im_start|>", "<|im_end|>", "{{- '<|im_start|>assistant\\n<think>\\n' }}",
+                 "{%- if not enable_thinking -%}{{- '</think>' -}}{%- endif -%}",
+                 "{%- set content = message.content.split('</think>')[-1].lstrip('\\n') %}",
+                 "tool_call.arguments | tojson")
+        and _QWEN_TOOLS_HEAD in strings and _QWEN_TOOLS_TAIL in strings
+        and _has_none(src, "multi_step_tool", "reasoning_content", "<function=", "default_system", "xml_tools")
+    )
+
+
+_QWEN3_BODY = """
+{{- $msgs := .Messages }}{{ $first := "" }}{{ if $msgs }}{{ $first = (index $msgs 0).Role }}{{ end }}
+{{- if .Tools }}<|im_start|>system{{ "\\n" }}
+    {{- if eq $first "system" }}{{ (index $msgs 0).Content }}«SYS_SEP»{{ end }}
+    {{- «TOOLS_HEAD» }}
+    {{- range .Tools }}{{ "\\n" }}{{ template "mm_tool" . }}{{ end }}
+    {{- «TOOLS_TAIL» }}
+{{- else if eq $first "system" }}<|im_start|>system{{ "\\n" }}{{ (index $msgs 0).Content }}<|im_end|>{{ "\\n" }}
+{{- end }}
+{{- $lastQuery := -1 }}{{ range $i, $m := $msgs }}{{ if eq .Role "user" }}{{ $lastQuery = $i }}{{ end }}{{ end }}
+{{- $prev := "" }}
+{{- range $i, $m := .Messages }}
+    «LOOP_HEAD»
+    {{- if or (eq .Role "user") (and (eq .Role "system") $i) }}
+        {{- "<|im_start|>" }}{{ .Role }}{{ "\\n" }}{{ .Content }}<|im_end|>{{ "\\n" }}
+    {{- else if eq .Role "assistant" }}<|im_start|>assistant
+        «ASSISTANT»
+        {{- if not (and $last (not .ToolCalls)) }}<|im_end|>{{ "\\n" }}{{ end }}
+    {{- else if eq .Role "tool" }}
+        {{- if ne $prev "tool" }}<|im_start|>user{{ end }}
+        {{- "\\n<tool_response>\\n" }}{{ .Content }}{{ "\\n</tool_response>" }}
+        {{- if ne $next "tool" }}<|im_end|>{{ "\\n" }}{{ end }}
+    {{- end }}
+    {{- $prev = .Role }}
+{{- end }}
+{{- if ne $prev "assistant" }}<|im_start|>assistant{{ "\\n" }}«GEN»{{ end }}
+"""
+
+# Qwen3: the reasoning of turns after the last user query is kept inside <think>; earlier turns lose it.
+_QWEN3_ASSISTANT = """
+        {{- if and (gt $i $lastQuery) (or $last .Thinking) }}{{ "\\n<think>\\n" }}{{ .Thinking }}{{ "\\n</think>\\n\\n" }}{{ .Content }}
+        {{- else }}{{ "\\n" }}{{ .Content }}{{ end }}
+        {{- if and $m.Content $m.ToolCalls }}{{ "\\n" }}{{ end }}
+        «CALLS»
+        «THINK_TAGS»"""
+
+# QwQ: reasoning never comes back; a message with tool calls prints its content only when the Jinja sees some
+# (reasoning reaches the Jinja inside the content, so .Thinking counts).
+_QWQ_ASSISTANT = """
+        {{- if or .Content .Thinking (not $m.ToolCalls) }}{{ "\\n" }}{{ .Content }}{{ end }}
+        {{- if .ToolCalls }}{{ range .ToolCalls }}«NL»<tool_call>«NL»{"name": "{{ .Function.Name }}", "arguments": {{ template "mm_args" .Function.Arguments }}}«NL»</tool_call>{{ end }}{{ end }}
+        «THINK_TAGS»"""
+
+# Ollama reads its tool-call tag from the first text inside the first `if` on .ToolCalls, so the tag opens it.
+_QWEN3_CALLS = (
+    '{{- if .ToolCalls }}{{ range $j, $c := .ToolCalls }}<tool_call>«NL»{"name": "{{ .Function.Name }}", '
+    '"arguments": {{ template "mm_args" .Function.Arguments }}}«NL»</tool_call>'
+    '{{ if gt (len (slice $m.ToolCalls $j)) 1 }}«NL»{{ end }}{{ end }}{{ end }}'
+)
+# Never renders: declares <think>…</think> around .Thinking, which Ollama reads as the thinking tags.
+_THINK_TAGS = "{{- if false }}<think>{{ .Thinking }}</think>{{ end }}"
+
+
+def _build_qwen3(src: str, tokens: TemplateTokens) -> str:
+    qwq = _detect_qwq(src)
+    return json_defines() + _fill(
+        _QWEN3_BODY,
+        SYS_SEP="" if qwq else '{{ "\\n\\n" }}',
+        TOOLS_HEAD=golit(_QWEN_TOOLS_HEAD if qwq else _QWEN3_TOOLS_HEAD)[3:-3],
+        TOOLS_TAIL=golit(_QWEN_TOOLS_TAIL)[3:-3],
+        LOOP_HEAD=_LOOP_HEAD,
+        ASSISTANT=(_QWQ_ASSISTANT if qwq else _QWEN3_ASSISTANT).strip("\n"),
+        CALLS=_QWEN3_CALLS,
+        THINK_TAGS=_THINK_TAGS,
+        GEN=('<think>{{ "\\n" }}{{ if not .Think }}</think>{{ end }}' if qwq
+             else '{{ if and .IsThinkSet (not .Think) }}<think>{{ "\\n\\n" }}</think>{{ "\\n\\n" }}{{ end }}'),
+    )
+
+
+register(ChatFamily(
+    name="qwen3",
+    title="Qwen3 (hybrid thinking, enable_thinking) and QwQ (always thinks): ChatML with <think> and <tool_call>",
+    detect=lambda src: _detect_qwen3(src) or _detect_qwq(src),
+    build=_build_qwen3,
+    stop=("<|im_end|>", "<|im_start|>"),
+    thinking=True,
+    content_none_ok=False,
+    markers=("<|im_start|>", "<|im_end|>", "<tool_call>", "<tool_response>", "<think>", "</think>",
+             "enable_thinking"),
+    tool_calls="TEMPLATE: Ollama's tool parser reads the <tool_call> tag from the TEMPLATE; its thinking parser "
+               "the <think> tags",
+    notes=(
+        "the Jinja cuts '<think>…</think>' out of assistant contents; Go templates cannot split strings, so the "
+        "TEMPLATE relies on Ollama passing reasoning in .Thinking (its thinking parser does), never inside .Content",
+        "Qwen3's Jinja strips line breaks around the kept reasoning (strip('\\n')); the TEMPLATE prints .Thinking "
+        "as Ollama stores it",
+        "Qwen3's Jinja does not count a user message that is wholly a '<tool_response>…</tool_response>' as a "
+        "query; Go templates cannot test a suffix, so the TEMPLATE counts every user message",
+        "the Jinja concatenates message contents, so a tool-call message needs content '' rather than None "
+        "(Ollama's contents are always strings)",
+    ),
+))
+
+
 # ---------------------------------------------------------------- Llama 3.1 / 3.2 / 3.3 (JSON tool calls)
 
 _LLAMA3_TOOL_INTRO = (
@@ -509,7 +636,7 @@ def _build_deepseek_r1(src: str, tokens: TemplateTokens) -> str:
     think_switch = "enable_thinking" in src
     if llama_variant:
         calls = """
-    {{- if and (eq .Role "assistant") .ToolCalls (not .Content) }}{{ $isTool = false }}
+    {{- if and (eq .Role "assistant") .ToolCalls (not (or .Content .Thinking)) }}{{ $isTool = false }}
         {{- range .ToolCalls }}
             {{- if not $isFirst }}<｜Assistant｜><｜tool▁calls▁begin｜>«CALL»{{ $isFirst = true }}
             {{- else }}{{ "\\n" }}«CALL»<｜tool▁calls▁end｜><｜end▁of▁sentence｜>{{ end }}
@@ -539,7 +666,7 @@ def _build_deepseek_r1(src: str, tokens: TemplateTokens) -> str:
     {{- if false }}<think>{{ .Thinking }}</think>{{ end }}
     {{- if eq .Role "user" }}{{ $isTool = false }}<｜User｜>{{ .Content }}{{ end }}
     «CALLS»
-    {{- if and (eq .Role "assistant") (or .Content (not .ToolCalls)) }}
+    {{- if and (eq .Role "assistant") (or .Content .Thinking (not .ToolCalls)) }}
         {{- if $isTool }}<｜tool▁outputs▁end｜>{{ .Content }}{{ $isTool = false }}
         {{- else }}<｜Assistant｜>{{ .Content }}{{ end }}
         {{- if not $last }}<｜end▁of▁sentence｜>{{ end }}

@@ -133,6 +133,11 @@ SUITE: tuple[Conversation, ...] = (
         _u("What is 2+2?"), _a("4", reasoning="2 plus 2 makes 4."), _u("And 3+3?"),
     )),
     Conversation("think-on", (_u("Think carefully: what is 17*23?"),), think=True),
+    Conversation("think-off", (_u("Quick: what is 2+2?"),), think=False),
+    Conversation("reasoning-in-tool-loop", (
+        _u("What's the weather in Paris?"), {**_calls(PARIS), "reasoning": "I need the weather tool."},
+        _tool("call00001", "get_weather", WEATHER_JSON),
+    ), TOOLS, think=True),
 )
 
 
@@ -143,8 +148,10 @@ def hf_messages(conv: Conversation, family: ChatFamily, jinja: str) -> list[dict
     for m in conv.messages:
         m = dict(m)
         reasoning = m.pop("reasoning", None)
+        if m.get("content") is None and not family.content_none_ok:
+            m["content"] = ""
         if reasoning is not None and family.thinking:
-            m["content"] = f"<think>\n{reasoning}\n</think>{m['content']}"
+            m["content"] = f"<think>\n{reasoning}\n</think>{m['content'] or ''}"
         if "tool_calls" in m and string_arguments:
             m["tool_calls"] = [
                 {**c, "function": {**c["function"], "arguments": json.dumps(c["function"]["arguments"],
