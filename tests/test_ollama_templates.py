@@ -55,14 +55,20 @@ CLAIMED: dict[str, tuple[str, TemplateTokens]] = {
     "ggml-vocab-qwen2.gguf": ("chatml", TemplateTokens(None, "<|im_end|>", engine_adds_bos=False)),
     "Qwen-Qwen3-0.6B.jinja": ("qwen3", TemplateTokens(None, "<|im_end|>", engine_adds_bos=False)),
     "Qwen-QwQ-32B.jinja": ("qwen3", TemplateTokens(None, "<|im_end|>", engine_adds_bos=False)),
+    "NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use.jinja": ("hermes", TemplateTokens("<|begin_of_text|>", "<|im_end|>")),
+    "NousResearch-Hermes-3-Llama-3.1-8B-tool_use.jinja": ("hermes", TemplateTokens("<|begin_of_text|>", "<|im_end|>")),
 }
 
 _GEMMA_SYSTEM = "Gemma 2's template raises 'System role not supported' (see test_gemma_system_prompt)"
 _GEMMA_TOOLS = "Gemma 2 has no tool role: its template raises on the tool turns"
 _PHI_TOOLS = "Phi-3.5 has no tool calling: its template fails on a tool-call message (content None)"
 _QWEN2_TOOLS = "Qwen2's plain ChatML has no tool calling: it fails on a tool-call message (content None)"
+_HERMES_NO_TOOLS = "Hermes' tool_use template iterates tools unconditionally and fails without them (see test_hermes_without_tools)"
 # (family or source, conversation) → why the Jinja refuses it. Everything not listed must be byte-identical.
 DOCUMENTED: dict[tuple[str, str], str] = {
+    **{("hermes", c): _HERMES_NO_TOOLS for c in ("user", "system-user", "multi-turn", "system-multi-turn",
+                                                  "continue-assistant", "special-characters", "reasoning-in-history",
+                                                  "think-on", "think-off")},
     ("llama3", "parallel-tool-calls"): "Llama 3.x raises 'This model only supports single tool-calls at once!'",
     ("gemma", "system-user"): _GEMMA_SYSTEM,
     ("gemma", "system-multi-turn"): _GEMMA_SYSTEM,
@@ -170,6 +176,7 @@ OLLAMA_READING = {
     "microsoft-Phi-3.5-mini-instruct.jinja": (False, "{", ()),
     "Qwen-Qwen3-0.6B.jinja": (True, "<tool_call>", ("<think>", "</think>")),
     "Qwen-QwQ-32B.jinja": (True, "<tool_call>", ("<think>", "</think>")),
+    "NousResearch-Hermes-3-Llama-3.1-8B-tool_use.jinja": (True, "<tool_call>", ()),
 }
 
 
@@ -382,3 +389,30 @@ def test_qwen3_tool_call_content_none_needs_empty_string(templates_dir: Path) ->
     with pytest.raises(TypeError, match="NoneType"):
         chat_template.render(jinja, messages)
     assert FAMILIES["qwen3"].content_none_ok is False
+
+
+HERMES = "NousResearch-Hermes-3-Llama-3.1-8B-tool_use.jinja"
+
+
+@pytest.mark.parametrize("conversation", ["multi-turn", "system-multi-turn", "continue-assistant"])
+def test_hermes_without_tools(settings: Settings, templates_dir: Path, conversation: str) -> None:
+    # The Jinja fails on tools=None; given an empty tool list it renders, and the TEMPLATE without tools equals that.
+    from pipelines.chat.proof import hf_messages, ollama_messages
+
+    conv = next(c for c in SUITE if c.name == conversation)
+    family, tokens = FAMILIES["hermes"], CLAIMED[HERMES][1]
+    jinja = _jinja(templates_dir, HERMES)
+    expected = chat_template.render(jinja, hf_messages(conv, family, jinja), tools=[], bos_token=tokens.bos,
+                                    add_generation_prompt=not conv.continues_assistant,
+                                    continue_final_message=conv.continues_assistant)
+    assert "<tools>  </tools>" in expected
+    go = render(OllamaRequest(family.template(jinja, tokens), tuple(ollama_messages(conv))), settings)
+    assert tokens.bos + go == expected
+
+
+def test_hermes_trims_parameter_descriptions_go_cannot(settings: Settings, templates_dir: Path) -> None:
+    tool = {"type": "function", "function": {"name": "f", "description": "d", "parameters": {
+        "type": "object", "properties": {"x": {"type": "string", "description": " padded "}}}}}
+    r = _both(settings, templates_dir, HERMES, Conversation("pad", ({"role": "user", "content": "x"},), tools=(tool,)))
+    assert r.hf is not None and "x(str): padded\"" in r.hf
+    assert "x(str):  padded \"" in (r.ollama or "")

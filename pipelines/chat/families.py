@@ -542,6 +542,102 @@ register(ChatFamily(
 ))
 
 
+# ---------------------------------------------------------------- Hermes 2 Pro / Hermes 3 tool use (ChatML + Python signatures)
+
+_HERMES_INTRO = (
+    "You are a function calling AI model. You are provided with function signatures within <tools></tools> XML "
+    "tags. You may call one or more functions to assist with the user query. Don't make assumptions about what "
+    "values to plug into functions. Here are the available tools: <tools> "
+)
+_HERMES_TAIL = (
+    " </tools>",
+    'Use the following pydantic model json schema for each tool call you will make: {"properties": {"name": '
+    '{"title": "Name", "type": "string"}, "arguments": {"title": "Arguments", "type": "object"}}, "required": '
+    '["name", "arguments"], "title": "FunctionCall", "type": "object"}}\n',
+    "For each function call return a json object with function name and arguments within <tool_call></tool_call> "
+    "XML tags as follows:\n",
+    "<tool_call>\n",
+    '{"name": <function-name>, "arguments": <args-dict>}\n',
+    "</tool_call><|im_end|>\n",
+)
+# json_to_python_type of the Jinja: its array branch passes `json_spec|items` (the schema's key/value pairs, not
+# its items), whose type is undefined and so iterable and empty: every array prints as list[Union[]]. (The
+# same reasoning makes an unknown type name print one Any per character; the TEMPLATE prints Any.)
+_HERMES_PYTYPE = (
+    '{{- define "mm_pytype" }}{{ if eq (len .Type) 1 }}{{ template "mm_pytype1" index .Type 0 }}{{ else if .Type }}'
+    'Union[{{ range $i, $t := .Type }}{{ if $i }},{{ end }}{{ template "mm_pytype1" $t }}{{ end }}]'
+    '{{ else }}Any{{ end }}{{ end }}\n'
+    '{{- define "mm_pytype1" }}{{ if eq . "string" }}str{{ else if eq . "number" }}float{{ else if eq . "integer" }}'
+    'int{{ else if eq . "boolean" }}bool{{ else if eq . "array" }}list[Union[]]{{ else if eq . "object" }}dict'
+    '{{ else }}Any{{ end }}{{ end }}\n'
+)
+
+
+def _detect_hermes(src: str) -> bool:
+    strings = _jinja_strings(src)
+    return (
+        _has_all(src, "<|im_start|>", "macro json_to_python_type(json_spec)", "loop.previtem.role != \"tool\"",
+                 "message.tool_calls is not defined", "tool_call.arguments|tojson", "param_fields.description|trim")
+        and _HERMES_INTRO in strings and all(t in strings for t in _HERMES_TAIL)
+    )
+
+
+def _build_hermes(src: str, tokens: TemplateTokens) -> str:
+    return json_defines() + _HERMES_PYTYPE + _fill(
+        """
+{{- $msgs := .Messages }}{{ «BOS» }}<|im_start|>system{{ "\\n" }}«INTRO»
+{{- range $ti, $t := .Tools }}{{ if $ti }}{{ "\\n" }}{{ end }}
+    {{- with .Function }}{"type": "function", "function": {"name": "{{ .Name }}", "description": "{{ .Name }}(
+        {{- $first := true }}{{ range $k, $v := .Parameters.Properties }}{{ if not $first }}, {{ end }}{{ $first = false }}{{ $k }}: {{ template "mm_pytype" $v }}{{ end }}) - {{ .Description }}{{ "\\n\\n" }}
+        {{- $first = true }}{{ range $k, $v := .Parameters.Properties }}{{ if $first }}{{ "    Args:\\n" }}{{ end }}{{ $first = false }}{{ "        " }}{{ $k }}({{ template "mm_pytype" $v }}): {{ $v.Description }}{{ end }}", "parameters": {{ if $first }}{{ "{}" }}{{ else }}{{ template "mm_params" .Parameters }}{{ end }}{{ "}" }}
+    {{- end }}
+{{- end }}«TAIL»
+{{- $prev := "" }}
+{{- range $i, $m := .Messages }}
+    «LOOP_HEAD»
+    {{- if or (eq .Role "user") (eq .Role "system") (and (eq .Role "assistant") (not $m.ToolCalls)) }}
+        {{- "<|im_start|>" }}{{ .Role }}{{ "\\n" }}{{ .Content }}
+        {{- if not (and $last (eq .Role "assistant")) }}<|im_end|>{{ "\\n" }}{{ end }}
+    {{- else if eq .Role "assistant" }}<|im_start|>assistant
+        {{- if .ToolCalls }}{{ range .ToolCalls }}«NL»<tool_call>«NL»{"name": "{{ .Function.Name }}", "arguments": {{ template "mm_args" .Function.Arguments }}}«NL»</tool_call>{{ end }}{{ end }}<|im_end|>{{ "\\n" }}
+    {{- else if eq .Role "tool" }}
+        {{- if and $i (ne $prev "tool") }}<|im_start|>tool{{ "\\n" }}{{ end }}<tool_response>{{ "\\n" }}{{ .Content }}
+        {{- if $last }}{{ "\\n</tool_response>" }}<|im_end|>{{ else }}{{ "\\n</tool_response>\\n" }}{{ if ne $next "tool" }}<|im_end|>{{ end }}{{ end }}
+    {{- end }}
+    {{- $prev = .Role }}
+{{- end }}
+{{- if ne $prev "assistant" }}<|im_start|>assistant{{ "\\n" }}{{ end }}
+""",
+        BOS=golit(tokens.bos_text)[3:-3],
+        INTRO=golit(_HERMES_INTRO),
+        TAIL=golit("".join(_HERMES_TAIL)),
+        LOOP_HEAD=_LOOP_HEAD,
+    )
+
+
+register(ChatFamily(
+    name="hermes",
+    title="Hermes 2 Pro / Hermes 3 tool use (ChatML; tools as Python signatures, <tool_call> and a tool role)",
+    detect=_detect_hermes,
+    build=_build_hermes,
+    stop=("<|im_end|>", "<|im_start|>"),
+    bos_in_template=True,
+    content_none_ok=False,
+    markers=("<|im_start|>", "<|im_end|>", "<tool_call>", "<tool_response>", "json_to_python_type",
+             "You are a function calling AI model"),
+    tool_calls="TEMPLATE: Ollama's tool parser reads the <tool_call> tag from the TEMPLATE",
+    notes=(
+        "the Jinja trims each parameter description (| trim); Go templates cannot",
+        "the Jinja prints 'dict[str, …]' for an object with additionalProperties and '-> type' for a tool's "
+        "return; Ollama's tool schema carries neither, so the TEMPLATE prints 'dict' and no return",
+        "the Jinja prints a type name it does not know as 'Union[Any,…]' with one Any per character; the "
+        "TEMPLATE prints 'Any'",
+        "the Jinja (the tool_use variant) fails without tools ('NoneType' object is not iterable); the TEMPLATE "
+        "prints the tool system prompt with an empty <tools>  </tools>",
+    ),
+))
+
+
 # ---------------------------------------------------------------- Llama 3.1 / 3.2 / 3.3 (JSON tool calls)
 
 _LLAMA3_TOOL_INTRO = (
