@@ -55,6 +55,9 @@ CLAIMED: dict[str, tuple[str, TemplateTokens]] = {
     "ggml-vocab-qwen2.gguf": ("chatml", TemplateTokens(None, "<|im_end|>", engine_adds_bos=False)),
     "Qwen-Qwen3-0.6B.jinja": ("qwen3", TemplateTokens(None, "<|im_end|>", engine_adds_bos=False)),
     "Qwen-QwQ-32B.jinja": ("qwen3", TemplateTokens(None, "<|im_end|>", engine_adds_bos=False)),
+    "ibm-granite-granite-4.0.jinja": ("granite4", TemplateTokens(None, "<|end_of_text|>", engine_adds_bos=False)),
+    "ibm-granite-granite-4.1.jinja": ("granite4", TemplateTokens(None, "<|end_of_text|>", engine_adds_bos=False)),
+    "HuggingFaceTB-SmolLM3-3B.jinja": ("smollm3", TemplateTokens(None, "<|im_end|>", engine_adds_bos=False)),
     "NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use.jinja": ("hermes", TemplateTokens("<|begin_of_text|>", "<|im_end|>")),
     "NousResearch-Hermes-3-Llama-3.1-8B-tool_use.jinja": ("hermes", TemplateTokens("<|begin_of_text|>", "<|im_end|>")),
 }
@@ -177,6 +180,8 @@ OLLAMA_READING = {
     "Qwen-Qwen3-0.6B.jinja": (True, "<tool_call>", ("<think>", "</think>")),
     "Qwen-QwQ-32B.jinja": (True, "<tool_call>", ("<think>", "</think>")),
     "NousResearch-Hermes-3-Llama-3.1-8B-tool_use.jinja": (True, "<tool_call>", ()),
+    "HuggingFaceTB-SmolLM3-3B.jinja": (False, "{", ("<think>", "</think>")),
+    "ibm-granite-granite-4.0.jinja": (True, "<tool_call>", ()),
 }
 
 
@@ -196,7 +201,7 @@ def test_suite_covers_what_the_issue_asks_for() -> None:
 
 def test_unknown_template_is_a_clear_error(templates_dir: Path) -> None:
     with pytest.raises(UnsupportedChatTemplate) as err:
-        detect_family((templates_dir / "HuggingFaceTB-SmolLM3-3B.jinja").read_text(encoding="utf-8"))
+        detect_family((templates_dir / "Bielik-11B-v3.0-Instruct.jinja").read_text(encoding="utf-8"))
     assert "TEMPLATE by hand" in str(err.value) and "--template" in str(err.value)
     assert "nearest family" in str(err.value)
     assert set(err.value.families) == set(FAMILIES)
@@ -416,3 +421,24 @@ def test_hermes_trims_parameter_descriptions_go_cannot(settings: Settings, templ
     r = _both(settings, templates_dir, HERMES, Conversation("pad", ({"role": "user", "content": "x"},), tools=(tool,)))
     assert r.hf is not None and "x(str): padded\"" in r.hf
     assert "x(str):  padded \"" in (r.ollama or "")
+
+
+def test_smollm3_system_switch_words_are_not_followed(settings: Settings, templates_dir: Path) -> None:
+    conv = Conversation("sys-no-think", ({"role": "system", "content": "Be brief. /no_think"},
+                                        {"role": "user", "content": "hi"}))
+    r = _both(settings, templates_dir, "HuggingFaceTB-SmolLM3-3B.jinja", conv)
+    assert r.hf is not None and "Reasoning Mode: /no_think" in r.hf and "Be brief.\n\n" in r.hf
+    assert "Reasoning Mode: /think" in (r.ollama or "") and "Be brief. /no_think\n\n" in (r.ollama or "")
+    # Ollama's own switch gives the /no_think rendering.
+    off = _both(settings, templates_dir, "HuggingFaceTB-SmolLM3-3B.jinja",
+                Conversation("off", ({"role": "user", "content": "hi"},), think=False))
+    assert off.equal and "Reasoning Mode: /no_think" in (off.ollama or "")
+
+
+def test_granite41_has_no_default_system_turn(settings: Settings, templates_dir: Path) -> None:
+    conv = Conversation("hi", ({"role": "user", "content": "hi"},))
+    r40 = _both(settings, templates_dir, "ibm-granite-granite-4.0.jinja", conv)
+    r41 = _both(settings, templates_dir, "ibm-granite-granite-4.1.jinja", conv)
+    assert r40.equal and r41.equal
+    assert (r40.ollama or "").startswith("<|start_of_role|>system<|end_of_role|>You are a helpful assistant.")
+    assert r41.ollama == "<|start_of_role|>user<|end_of_role|>hi<|end_of_text|>\n<|start_of_role|>assistant<|end_of_role|>"

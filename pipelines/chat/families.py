@@ -638,6 +638,154 @@ register(ChatFamily(
 ))
 
 
+# ---------------------------------------------------------------- SmolLM3 (ChatML, /think and /no_think modes)
+
+_SMOL_HEAD = ("## Metadata\n\n", "Knowledge Cutoff Date: June 2025\n", "## Custom Instructions\n\n")
+_SMOL_DEFAULT = "You are a helpful AI assistant named SmolLM, trained by Hugging Face."
+
+
+def _smol_defaults(src: str) -> tuple[str, str] | None:
+    """(the /think default system text, the /no_think one), read from the Jinja."""
+    found = [t for t in _jinja_strings(src) if t.startswith(_SMOL_DEFAULT)]
+    long = [t for t in found if t != _SMOL_DEFAULT + "\n\n"]
+    return (long[0], _SMOL_DEFAULT + "\n\n") if len(found) == 2 and len(long) == 1 else None
+
+
+def _detect_smollm3(src: str) -> bool:
+    return (
+        _has_all(src, "<|im_start|>", "<|im_end|>", 'set reasoning_mode = "/think"', 'set reasoning_mode = "/no_think"',
+                 '"Reasoning Mode: " + reasoning_mode', '"<think>\\n\\n</think>\\n"', 'content.lstrip("\\n")',
+                 'system_message.replace("/no_think", "")')
+        and all(h in _jinja_strings(src) for h in _SMOL_HEAD)
+        and _smol_defaults(src) is not None
+        and _has_none(src, "tools", "tool_call", "xml_tools", "python_tools")
+    )
+
+
+def _build_smollm3(src: str, tokens: TemplateTokens) -> str:
+    defaults = _smol_defaults(src)
+    assert defaults is not None
+    return _fill(
+        """
+{{- $msgs := .Messages }}{{ $noThink := and .IsThinkSet (not .Think) }}{{ $sys := "" }}
+{{- if and $msgs (eq (index $msgs 0).Role "system") }}{{ $sys = (index $msgs 0).Content }}{{ end }}
+{{- "<|im_start|>system\\n" }}«HEAD0»«HEAD1»{{ "Reasoning Mode: " }}{{ if $noThink }}/no_think{{ else }}/think{{ end }}{{ "\\n\\n" }}«HEAD2»
+{{- if $sys }}{{ $sys }}{{ "\\n\\n" }}{{ else if $noThink }}«SHORT»{{ else }}«LONG»{{ end }}<|im_end|>{{ "\\n" }}
+{{- $prev := "" }}
+{{- range $i, $m := .Messages }}
+    «LOOP_HEAD»
+    {{- if eq .Role "user" }}<|im_start|>user{{ "\\n" }}{{ .Content }}<|im_end|>{{ "\\n" }}
+    {{- else if eq .Role "assistant" }}<|im_start|>assistant{{ "\\n" }}
+        {{- if $noThink }}<think>«NL»«NL»</think>«NL»{{ end }}
+        {{- if .Thinking }}<think>«NL»{{ .Thinking }}«NL»</think>{{ end }}{{ .Content }}
+        {{- if not $last }}<|im_end|>{{ "\\n" }}{{ end }}
+    {{- else if eq .Role "tool" }}<|im_start|>user{{ "\\n" }}{{ .Content }}<|im_end|>{{ "\\n" }}
+    {{- end }}
+    {{- if ne .Role "system" }}{{ $prev = .Role }}{{ end }}
+{{- end }}
+{{- if ne $prev "assistant" }}<|im_start|>assistant{{ "\\n" }}{{ if $noThink }}<think>«NL»«NL»</think>«NL»{{ end }}{{ end }}
+""",
+        HEAD0=golit(_SMOL_HEAD[0]), HEAD1=golit(_SMOL_HEAD[1]), HEAD2=golit(_SMOL_HEAD[2]),
+        SHORT=golit(defaults[1]), LONG=golit(defaults[0]),
+        LOOP_HEAD=_LOOP_HEAD,
+    )
+
+
+register(ChatFamily(
+    name="smollm3",
+    title="SmolLM3 (ChatML; Reasoning Mode /think or /no_think; no tool calling in this template)",
+    detect=_detect_smollm3,
+    build=_build_smollm3,
+    stop=("<|im_end|>", "<|im_start|>"),
+    thinking=True,
+    markers=("<|im_start|>", "<|im_end|>", "Knowledge Cutoff Date: June 2025", "Reasoning Mode: ",
+             "named SmolLM", "/no_think"),
+    tool_calls="none: this template prints neither tools nor tool calls (tool results go in as user turns)",
+    notes=(
+        "the Jinja switches to /no_think or /think when the system prompt contains that word, and removes it; Go "
+        "templates cannot search strings, so the TEMPLATE follows Ollama's think setting only and prints the "
+        "system prompt as given",
+        "the Jinja strips line breaks at the start of assistant contents and trailing whitespace of the system "
+        "prompt; Go templates cannot",
+        "the Jinja prints reasoning kept inside assistant contents; the TEMPLATE prints Ollama's .Thinking in "
+        "<think>…</think> before the content, which is the same text",
+    ),
+))
+
+
+# ---------------------------------------------------------------- Granite 4.0 / 4.1 (<|start_of_role|>, <tool_call>)
+
+_GRANITE4_PREFIX = (
+    "You are a helpful assistant with access to the following tools. You may call one or more tools to assist "
+    "with the user query.\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>"
+)
+_GRANITE4_SUFFIX = (
+    '\n</tools>\n\nFor each tool call, return a json object with function name and arguments within '
+    '<tool_call></tool_call> XML tags:\n<tool_call>\n{"name": <function-name>, "arguments": '
+    '<args-json-object>}\n</tool_call>. If a tool does not exist in the provided list of tools, notify the user '
+    "that you do not have the ability to fulfill the request."
+)
+_GRANITE4_DEFAULT = "You are a helpful assistant. Please ensure responses are professional, accurate, and safe."
+
+
+def _detect_granite4(src: str) -> bool:
+    strings = _jinja_strings(src)
+    return (
+        _has_all(src, "<|start_of_role|>", "<|end_of_role|>", "<|end_of_text|>", "tools_system_message_prefix",
+                 "ns.tools_system_message + '\\n' + (tool | tojson)", "(loop.first and content.val) or (not loop.first)",
+                 "tool_call.arguments | tojson", "messages[loop.index0 - 1].role != 'tool'")
+        and _GRANITE4_PREFIX in strings and _GRANITE4_SUFFIX in strings
+        and _has_none(src, "<think>", "enable_thinking", "<|tool_call|>")
+    )
+
+
+def _build_granite4(src: str, tokens: TemplateTokens) -> str:
+    default = ""
+    if f"g4_default_system_message = '{_GRANITE4_DEFAULT}'" in src:  # Granite 4.0 (4.1 prints no system turn)
+        default = f'<|start_of_role|>system<|end_of_role|>{golit(_GRANITE4_DEFAULT)}<|end_of_text|>{{{{ "\\n" }}}}'
+    return json_defines() + _fill(
+        """
+{{- $msgs := .Messages }}{{ $first := "" }}{{ if $msgs }}{{ $first = (index $msgs 0).Role }}{{ end }}
+{{- $sys := "" }}{{ if eq $first "system" }}{{ $sys = (index $msgs 0).Content }}{{ end }}
+{{- if or $sys .Tools }}<|start_of_role|>system<|end_of_role|>{{ $sys }}
+    {{- if .Tools }}{{ if eq $first "system" }}{{ "\\n\\n" }}{{ end }}«PREFIX»{{ range .Tools }}{{ "\\n" }}{{ template "mm_tool" . }}{{ end }}«SUFFIX»{{ end }}
+    {{- "<|end_of_text|>\\n" }}
+{{- else }}«DEFAULT»{{ end }}
+{{- $prev := "" }}
+{{- range $i, $m := .Messages }}
+    «LOOP_HEAD»
+    {{- if or (eq .Role "user") (and (eq .Role "system") $i) }}<|start_of_role|>{{ .Role }}<|end_of_role|>{{ .Content }}<|end_of_text|>{{ "\\n" }}
+    {{- else if eq .Role "assistant" }}<|start_of_role|>assistant<|end_of_role|>{{ .Content }}
+        {{- if and $m.Content $m.ToolCalls }}{{ "\\n" }}{{ end }}
+        «CALLS»
+        {{- if not (and $last (not $m.ToolCalls)) }}<|end_of_text|>{{ "\\n" }}{{ end }}
+    {{- else if eq .Role "tool" }}
+        {{- if ne $prev "tool" }}<|start_of_role|>user<|end_of_role|>{{ end }}
+        {{- "\\n<tool_response>\\n" }}{{ .Content }}{{ "\\n</tool_response>" }}
+        {{- if ne $next "tool" }}<|end_of_text|>{{ "\\n" }}{{ end }}
+    {{- end }}
+    {{- $prev = .Role }}
+{{- end }}
+{{- if ne $prev "assistant" }}<|start_of_role|>assistant<|end_of_role|>{{ end }}
+""",
+        PREFIX=golit(_GRANITE4_PREFIX), SUFFIX=golit(_GRANITE4_SUFFIX), DEFAULT=default or '{{- "" }}',
+        LOOP_HEAD=_LOOP_HEAD, CALLS=_QWEN3_CALLS,
+    )
+
+
+register(ChatFamily(
+    name="granite4",
+    title="Granite 4.0 / 4.1 (<|start_of_role|>…<|end_of_role|>, tools in the system turn, <tool_call> JSON)",
+    detect=_detect_granite4,
+    build=_build_granite4,
+    stop=("<|end_of_text|>", "<|start_of_role|>"),
+    markers=("<|start_of_role|>", "<|end_of_role|>", "<|end_of_text|>", "<tool_call>", "<tool_response>",
+             "tools_system_message_prefix"),
+    tool_calls="TEMPLATE: Ollama's tool parser reads the <tool_call> tag from the TEMPLATE",
+    notes=("Ollama has no documents: the Jinja's <documents> system section is never printed",),
+))
+
+
 # ---------------------------------------------------------------- Llama 3.1 / 3.2 / 3.3 (JSON tool calls)
 
 _LLAMA3_TOOL_INTRO = (
