@@ -154,7 +154,7 @@ def test_embedded_template_that_disagrees_is_named(tmp_path: Path, qwen_gguf: Pa
 
 def test_template_outside_the_families_says_how_to_write_one(tmp_path: Path, llama_models: Path,
                                                              settings: Settings) -> None:
-    smol = (llama_models / "templates" / "HuggingFaceTB-SmolLM3-3B.jinja").read_text(encoding="utf-8")
+    smol = (llama_models / "templates" / "Bielik-11B-v3.0-Instruct.jinja").read_text(encoding="utf-8")
     gguf = _write_gguf(tmp_path / "q3.gguf", template=smol, tokens=["<|endoftext|>", "<|im_end|>"], eos=1)
     with pytest.raises(UnsupportedChatTemplate, match="not one modelmint can convert") as err:
         build_modelfile(gguf, settings=settings)
@@ -231,7 +231,7 @@ def test_cli_writes_a_modelfile_or_explains(tmp_path: Path, qwen_gguf: Path, lla
     assert Modelfile.parse(out.read_text(encoding="utf-8")).from_ == str(qwen_gguf.resolve())
     assert "proven on 16 conversations" in done.stderr
 
-    smol = (llama_models / "templates" / "HuggingFaceTB-SmolLM3-3B.jinja").read_text(encoding="utf-8")
+    smol = (llama_models / "templates" / "Bielik-11B-v3.0-Instruct.jinja").read_text(encoding="utf-8")
     bad = _write_gguf(tmp_path / "q3.gguf", template=smol, tokens=["<|im_end|>"], eos=0)
     failed = subprocess.run([*MODELMINT, "modelfile", str(bad)], capture_output=True, text=True, env=env,
                             timeout=300)
@@ -255,7 +255,7 @@ def test_a_renderer_family_gets_renderer_parser_and_requires(tmp_path: Path, lla
 
 
 def test_a_forced_family_is_refused_unless_force(tmp_path: Path, llama_models: Path, settings: Settings) -> None:
-    smol = (llama_models / "templates" / "HuggingFaceTB-SmolLM3-3B.jinja").read_text(encoding="utf-8")
+    smol = (llama_models / "templates" / "Bielik-11B-v3.0-Instruct.jinja").read_text(encoding="utf-8")
     gguf = _write_gguf(tmp_path / "smol.gguf", template=smol, tokens=["<|endoftext|>", "<|im_end|>"], eos=1)
     with pytest.raises(ConfigError, match="not recognised as qwen3") as err:
         build_modelfile(gguf, settings=settings, family="qwen3")
@@ -264,3 +264,14 @@ def test_a_forced_family_is_refused_unless_force(tmp_path: Path, llama_models: P
     assert built.family == "qwen3" and built.proof is not None and not built.proof.holds
     assert any("renders differently" in w and "--force" in w for w in built.warnings)
     assert any("using qwen3 as forced" in w for w in built.warnings)
+
+
+def test_a_proven_family_with_a_parser_gets_template_and_parser(tmp_path: Path, llama_models: Path,
+                                                                settings: Settings) -> None:
+    ministral = (llama_models / "templates" / "mistralai-Ministral-3-14B-Reasoning-2512.jinja").read_text(encoding="utf-8")
+    gguf = _write_gguf(tmp_path / "ministral.gguf", template=ministral, tokens=["<s>", "</s>"], eos=1, add_bos=True)
+    built = build_modelfile(gguf, settings=settings)
+    mf = built.modelfile
+    assert built.family == "ministral3" and built.proof is not None and built.proof.holds
+    assert (mf.renderer, mf.parser, mf.requires) == (None, "ministral", "0.14.0") and mf.template
+    assert "PARSER ministral\nREQUIRES 0.14.0\n" in mf.to_text()

@@ -57,6 +57,9 @@ CLAIMED: dict[str, tuple[str, TemplateTokens]] = {
     "Qwen-QwQ-32B.jinja": ("qwen3", TemplateTokens(None, "<|im_end|>", engine_adds_bos=False)),
     "ibm-granite-granite-4.0.jinja": ("granite4", TemplateTokens(None, "<|end_of_text|>", engine_adds_bos=False)),
     "ibm-granite-granite-4.1.jinja": ("granite4", TemplateTokens(None, "<|end_of_text|>", engine_adds_bos=False)),
+    "Mistral-Small-3.2-24B-Instruct-2506.jinja": ("mistral3", TemplateTokens("<s>", "</s>")),
+    "unsloth-mistral-Devstral-Small-2507.jinja": ("mistral3", TemplateTokens("<s>", "</s>")),
+    "mistralai-Ministral-3-14B-Reasoning-2512.jinja": ("ministral3", TemplateTokens("<s>", "</s>")),
     "HuggingFaceTB-SmolLM3-3B.jinja": ("smollm3", TemplateTokens(None, "<|im_end|>", engine_adds_bos=False)),
     "NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use.jinja": ("hermes", TemplateTokens("<|begin_of_text|>", "<|im_end|>")),
     "NousResearch-Hermes-3-Llama-3.1-8B-tool_use.jinja": ("hermes", TemplateTokens("<|begin_of_text|>", "<|im_end|>")),
@@ -182,6 +185,9 @@ OLLAMA_READING = {
     "NousResearch-Hermes-3-Llama-3.1-8B-tool_use.jinja": (True, "<tool_call>", ()),
     "HuggingFaceTB-SmolLM3-3B.jinja": (False, "{", ("<think>", "</think>")),
     "ibm-granite-granite-4.0.jinja": (True, "<tool_call>", ()),
+    "Mistral-Small-3.2-24B-Instruct-2506.jinja": (True, "[TOOL_CALLS]", ()),
+    "unsloth-mistral-Devstral-Small-2507.jinja": (True, "[TOOL_CALLS]", ()),
+    "mistralai-Ministral-3-14B-Reasoning-2512.jinja": (True, "[TOOL_CALLS]", ()),
 }
 
 
@@ -442,3 +448,17 @@ def test_granite41_has_no_default_system_turn(settings: Settings, templates_dir:
     assert r40.equal and r41.equal
     assert (r40.ollama or "").startswith("<|start_of_role|>system<|end_of_role|>You are a helpful assistant.")
     assert r41.ollama == "<|start_of_role|>user<|end_of_role|>hi<|end_of_text|>\n<|start_of_role|>assistant<|end_of_role|>"
+
+
+def test_mistral_small_default_system_prompt_has_todays_date(settings: Settings, templates_dir: Path) -> None:
+    r = _both(settings, templates_dir, "Mistral-Small-3.2-24B-Instruct-2506.jinja",
+              Conversation("hi", ({"role": "user", "content": "hi"},)))
+    assert r.equal and "The current date is 2026-11-26." in (r.ollama or "")
+
+
+def test_mistral_small_refuses_non_alternating_turns_the_template_renders(settings: Settings,
+                                                                          templates_dir: Path) -> None:
+    conv = Conversation("a-first", ({"role": "assistant", "content": "Hello."}, {"role": "user", "content": "hi"}))
+    r = _both(settings, templates_dir, "Mistral-Small-3.2-24B-Instruct-2506.jinja", conv)
+    assert r.hf is None and "alternate" in (r.hf_error or "")
+    assert (r.ollama or "").endswith("Hello.</s>[INST]hi[/INST]")

@@ -414,12 +414,14 @@ def build_modelfile(
                       f"{proof.conversations} conversations"
                       + (f" (the source template refuses {', '.join(proof.refused_by_jinja)})."
                          if proof.refused_by_jinja else "."))
-    renderer, parser = (fam.renderer, fam.parser) if fam is not None and go_template is None else (None, None)
+    renderer = fam.renderer if fam is not None and go_template is None else None
+    parser = fam.parser if fam is not None and origin != "manual" else None
     requires = None
-    if renderer:
+    if renderer or parser:
         requires = check_ollama_version(renderer, parser, ollama_version or required_version(renderer, parser))
-        header.append(f"Ollama renders this family with its built-in RENDERER {renderer} and PARSER {parser} "
-                      f"(Ollama {requires} or newer); modelmint does not prove those.")
+        header.append(("Ollama renders this family with its built-in RENDERER " + renderer + " and parses"
+                       if renderer else "Ollama parses its output")
+                      + f" with its built-in PARSER {parser} (Ollama {requires} or newer).")
     modelfile = Modelfile(
         from_=_from_path(gguf, out_dir),
         template=go_template,
@@ -751,7 +753,8 @@ def convert_template(jinja: str, tokens: TemplateTokens, settings: Settings, *, 
     if fam.build is not None:
         go_template = fam.template(jinja, tokens)
         proof = _maybe_prove(jinja, go_template, fam, tokens, settings, True, warnings, force=force)
-        mf = Modelfile(from_="x", template=go_template)
+        mf = Modelfile(from_="x", template=go_template, parser=fam.parser,
+                       requires=required_version(None, fam.parser) if fam.parser else None)
     else:
         mf = Modelfile(from_="x", renderer=fam.renderer, parser=fam.parser,
                        requires=required_version(fam.renderer, fam.parser))
