@@ -28,7 +28,7 @@ from pipelines.core.toolchains import llama_cpp
 from tests.test_ollama_templates import CLAIMED
 
 # The floor this branch reached; raise it as families are added (the target is 45 of 70).
-COVERED_AT_LEAST = 31
+COVERED_AT_LEAST = 32
 
 
 @pytest.fixture(scope="module")
@@ -92,7 +92,6 @@ NEAR_MISSES = {
     "deepseek-ai-DeepSeek-V3.2.jinja": ("deepseek3.1", "'<｜tool▁calls▁begin｜>'"),
     "poolside-Laguna-XS-2.1.jinja": ("laguna", "made by Poolside"),
     "CohereForAI-c4ai-command-r7b-12-2024-tool_use.jinja": ("cohere", "'<|START_TEXT|>'"),
-    "Bielik-11B-v3.0-Instruct.jinja": ("qwen3", "lacks '<tool_response>'"),
 }
 
 

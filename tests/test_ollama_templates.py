@@ -60,6 +60,7 @@ CLAIMED: dict[str, tuple[str, TemplateTokens]] = {
     "Mistral-Small-3.2-24B-Instruct-2506.jinja": ("mistral3", TemplateTokens("<s>", "</s>")),
     "unsloth-mistral-Devstral-Small-2507.jinja": ("mistral3", TemplateTokens("<s>", "</s>")),
     "mistralai-Ministral-3-14B-Reasoning-2512.jinja": ("ministral3", TemplateTokens("<s>", "</s>")),
+    "Bielik-11B-v3.0-Instruct.jinja": ("bielik", TemplateTokens("<s>", "<|im_end|>")),
     "HuggingFaceTB-SmolLM3-3B.jinja": ("smollm3", TemplateTokens(None, "<|im_end|>", engine_adds_bos=False)),
     "NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use.jinja": ("hermes", TemplateTokens("<|begin_of_text|>", "<|im_end|>")),
     "NousResearch-Hermes-3-Llama-3.1-8B-tool_use.jinja": ("hermes", TemplateTokens("<|begin_of_text|>", "<|im_end|>")),
@@ -185,6 +186,7 @@ OLLAMA_READING = {
     "NousResearch-Hermes-3-Llama-3.1-8B-tool_use.jinja": (True, "<tool_call>", ()),
     "HuggingFaceTB-SmolLM3-3B.jinja": (False, "{", ("<think>", "</think>")),
     "ibm-granite-granite-4.0.jinja": (True, "<tool_call>", ()),
+    "Bielik-11B-v3.0-Instruct.jinja": (True, "<tool_call>", ("<think>", "</think>")),
     "Mistral-Small-3.2-24B-Instruct-2506.jinja": (True, "[TOOL_CALLS]", ()),
     "unsloth-mistral-Devstral-Small-2507.jinja": (True, "[TOOL_CALLS]", ()),
     "mistralai-Ministral-3-14B-Reasoning-2512.jinja": (True, "[TOOL_CALLS]", ()),
@@ -207,7 +209,7 @@ def test_suite_covers_what_the_issue_asks_for() -> None:
 
 def test_unknown_template_is_a_clear_error(templates_dir: Path) -> None:
     with pytest.raises(UnsupportedChatTemplate) as err:
-        detect_family((templates_dir / "Bielik-11B-v3.0-Instruct.jinja").read_text(encoding="utf-8"))
+        detect_family((templates_dir / "openbmb-MiniCPM5-1B.jinja").read_text(encoding="utf-8"))
     assert "TEMPLATE by hand" in str(err.value) and "--template" in str(err.value)
     assert "nearest family" in str(err.value)
     assert set(err.value.families) == set(FAMILIES)

@@ -786,6 +786,94 @@ register(ChatFamily(
 ))
 
 
+# ---------------------------------------------------------------- Bielik v3 (ChatML, Polish tool and thinking prompts)
+
+_BIELIK_TOOLS = (
+    "\n\nMasz dostęp do następujących narzędzi. Definicje narzędzi znajdują się poniżej wewnątrz znaczników "
+    "<|function_list|>:\n<|function_list|>\n"
+)
+_BIELIK_TOOLS_TAIL_START = "]\n<|function_list|>\n\nAby wywołać narzędzie"
+
+
+def _bielik_texts(src: str) -> tuple[str, str] | None:
+    """(the text after the tool list, the thinking instructions), read from the Jinja."""
+    strings = _jinja_strings(src)
+    tail = [t for t in strings if t.startswith(_BIELIK_TOOLS_TAIL_START)]
+    at = next((i for i, t in enumerate(strings) if t.startswith("\n\nZanim odpowiesz")), None)
+    if len(tail) != 1 or at is None or _BIELIK_TOOLS not in strings:
+        return None
+    return tail[0], "".join(strings[at:at + 5])
+
+
+def _detect_bielik(src: str) -> bool:
+    return (
+        _has_all(src, "<|im_start|>", "<|function_list|>", "<|function_output|>", "reasoning_content.strip()",
+                 "content.lstrip()", "{%- if enable_thinking %}", "{{- ',\\n' }}", "messages[loop_start_index:]")
+        and _bielik_texts(src) is not None
+    )
+
+
+def _build_bielik(src: str, tokens: TemplateTokens) -> str:
+    texts = _bielik_texts(src)
+    assert texts is not None
+    return json_defines() + _fill(
+        """
+{{- $msgs := .Messages }}{{ $sys := "" }}
+{{- if and $msgs (eq (index $msgs 0).Role "system") }}{{ $sys = (index $msgs 0).Content }}{{ end }}
+{{- «BOS» }}
+{{- $prev2 := "" }}
+{{- if or $sys .Tools }}<|im_start|>system{{ "\\n" }}{{ $sys }}
+    {{- if .Tools }}«TOOLS»[{{ range $j, $t := .Tools }}{{ if $j }}{{ ",\\n" }}{{ end }}{{ template "mm_tool" . }}{{ end }}«TAIL»{{ end }}
+    {{- if .Think }}«THINK»{{ end }}<|im_end|>{{ "\\n" }}
+{{- end }}
+{{- $prev := "" }}
+{{- range $i, $m := .Messages }}
+    «LOOP_HEAD»
+    {{- if eq .Role "user" }}<|im_start|>user{{ "\\n" }}{{ .Content }}<|im_end|>{{ "\\n" }}
+    {{- else if eq .Role "assistant" }}<|im_start|>assistant{{ "\\n" }}
+        {{- if .Thinking }}<think>«NL»{{ .Thinking }}«NL»</think>«NL»{{ end }}{{ .Content }}
+        {{- if .ToolCalls }}{{ range .ToolCalls }}«NL»<tool_call>«NL»{"name": "{{ .Function.Name }}", "arguments": {{ template "mm_args" .Function.Arguments }}}«NL»</tool_call>{{ end }}{{ end }}
+        {{- if not (and $last (not $m.ToolCalls)) }}<|im_end|>{{ "\\n" }}{{ end }}
+    {{- else if and (eq .Role "tool") $sys }}
+        {{- if or (eq $i 1) (ne $prev2 "tool") }}<|im_start|>user{{ "\\n" }}{{ end }}<|function_output|>{{ .Content }}
+        {{- if $last }}<|im_end|>{{ "\\n" }}{{ end }}
+    {{- else if eq .Role "tool" }}
+        {{- if ne $prev "tool" }}<|im_start|>user{{ "\\n" }}{{ end }}<|function_output|>{{ .Content }}
+        {{- if ne $next "tool" }}<|im_end|>{{ "\\n" }}{{ end }}
+    {{- end }}
+    {{- $prev2 = $prev }}{{ $prev = .Role }}
+{{- end }}
+{{- if ne $prev "assistant" }}<|im_start|>assistant{{ "\\n" }}{{ if .Think }}<think>{{ "\\n" }}{{ end }}{{ end }}
+""",
+        BOS=golit(tokens.bos_text)[3:-3],
+        TOOLS=golit(_BIELIK_TOOLS), TAIL=golit(texts[0]), THINK=golit(texts[1]),
+        LOOP_HEAD=_LOOP_HEAD,
+    )
+
+
+register(ChatFamily(
+    name="bielik",
+    title="Bielik v3 (ChatML; Polish tool and thinking instructions, <tool_call>, <|function_output|>)",
+    detect=_detect_bielik,
+    build=_build_bielik,
+    stop=("<|im_end|>", "<|im_start|>"),
+    bos_in_template=True,
+    thinking=True,
+    content_none_ok=False,
+    markers=("<|im_start|>", "<|im_end|>", "<tool_call>", "<|function_list|>", "<|function_output|>", "<think>"),
+    tool_calls="TEMPLATE: Ollama's tool parser reads the <tool_call> tag from the TEMPLATE",
+    notes=(
+        "the Jinja strips whitespace around kept reasoning and at the start of assistant contents; Go templates "
+        "cannot",
+        "the Jinja ignores later system messages; so does the TEMPLATE",
+        "after a system message the Jinja looks at tool neighbours one place off (it indexes the whole list while "
+        "looping over the rest), so tool results stay open until the end; the TEMPLATE does the same",
+        "the Jinja leaves out the system turn, and with it the thinking instructions, when there is neither a "
+        "system message nor tools; so does the TEMPLATE",
+    ),
+))
+
+
 # ---------------------------------------------------------------- Llama 3.1 / 3.2 / 3.3 (JSON tool calls)
 
 _LLAMA3_TOOL_INTRO = (
