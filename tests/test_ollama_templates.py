@@ -60,6 +60,8 @@ CLAIMED: dict[str, tuple[str, TemplateTokens]] = {
     "Mistral-Small-3.2-24B-Instruct-2506.jinja": ("mistral3", TemplateTokens("<s>", "</s>")),
     "unsloth-mistral-Devstral-Small-2507.jinja": ("mistral3", TemplateTokens("<s>", "</s>")),
     "mistralai-Ministral-3-14B-Reasoning-2512.jinja": ("ministral3", TemplateTokens("<s>", "</s>")),
+    "ibm-granite-granite-3.3-2B-Instruct.jinja": ("granite3.3",
+                                                  TemplateTokens(None, "<|end_of_text|>", engine_adds_bos=False)),
     "Bielik-11B-v3.0-Instruct.jinja": ("bielik", TemplateTokens("<s>", "<|im_end|>")),
     "HuggingFaceTB-SmolLM3-3B.jinja": ("smollm3", TemplateTokens(None, "<|im_end|>", engine_adds_bos=False)),
     "NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use.jinja": ("hermes", TemplateTokens("<|begin_of_text|>", "<|im_end|>")),
@@ -187,6 +189,7 @@ OLLAMA_READING = {
     "HuggingFaceTB-SmolLM3-3B.jinja": (False, "{", ("<think>", "</think>")),
     "ibm-granite-granite-4.0.jinja": (True, "<tool_call>", ()),
     "Bielik-11B-v3.0-Instruct.jinja": (True, "<tool_call>", ("<think>", "</think>")),
+    "ibm-granite-granite-3.3-2B-Instruct.jinja": (True, "<|tool_call|>[", ()),
     "Mistral-Small-3.2-24B-Instruct-2506.jinja": (True, "[TOOL_CALLS]", ()),
     "unsloth-mistral-Devstral-Small-2507.jinja": (True, "[TOOL_CALLS]", ()),
     "mistralai-Ministral-3-14B-Reasoning-2512.jinja": (True, "[TOOL_CALLS]", ()),
@@ -464,3 +467,12 @@ def test_mistral_small_refuses_non_alternating_turns_the_template_renders(settin
     r = _both(settings, templates_dir, "Mistral-Small-3.2-24B-Instruct-2506.jinja", conv)
     assert r.hf is None and "alternate" in (r.hf_error or "")
     assert (r.ollama or "").endswith("Hello.</s>[INST]hi[/INST]")
+
+
+def test_granite33_date_is_iso_in_ollama(settings: Settings, templates_dir: Path) -> None:
+    name = "ibm-granite-granite-3.3-2B-Instruct.jinja"
+    text = chat_template.render(_jinja(templates_dir, name), [{"role": "user", "content": "hi"}],
+                                now=datetime(2026, 11, 26, 12))
+    assert "Today's Date: November 26, 2026." in text
+    r = _both(settings, templates_dir, name, Conversation("hi", ({"role": "user", "content": "hi"},)))
+    assert r.equal and "Today's Date: 2026-11-26." in (r.ollama or "")

@@ -64,6 +64,11 @@ class ChatFamily:
     bos_in_template: bool = False
     """The Jinja prints bos_token first (so the Ollama rendering equals it minus an engine-added BOS)."""
     thinking: bool = False
+    think_variable: str = "enable_thinking"
+    """The Jinja variable that switches thinking on (Ollama's think setting maps onto it)."""
+    jinja_date: str | None = None
+    """The strftime format in which the Jinja prints today's date; Ollama's currentDate prints the same date as
+    YYYY-MM-DD, the one normalisation the proof applies."""
     content_none_ok: bool = True
     """Whether the Jinja accepts a tool-call message whose content is None (one that concatenates the content
     needs '', which is what Ollama always passes)."""
@@ -874,6 +879,85 @@ register(ChatFamily(
 ))
 
 
+# ---------------------------------------------------------------- Granite 3.3 (<|start_of_role|>, available_tools role)
+
+_GRANITE33_BASE = ("Knowledge Cutoff Date: April 2024. Today's Date: ", ". You are Granite, developed by IBM.")
+_GRANITE33_TOOLS = " You are a helpful assistant with access to the following tools. When a tool is required"
+_GRANITE33_PLAIN = " You are a helpful AI assistant."
+_GRANITE33_THINK = " You are a helpful AI assistant.\nRespond to every user query in a comprehensive and detailed way."
+
+
+def _granite33_texts(src: str) -> tuple[str, str] | None:
+    """(the tools sentence, the thinking instructions) the Jinja appends to its default system prompt."""
+    strings = _jinja_strings(src)
+    tools = [t for t in strings if t.startswith(_GRANITE33_TOOLS) and "documents" not in t]
+    think = [t for t in strings if t.startswith(_GRANITE33_THINK)]
+    return (tools[0], think[0]) if len(tools) == 1 and len(think) == 1 else None
+
+
+def _detect_granite33(src: str) -> bool:
+    strings = _jinja_strings(src)
+    return (
+        _has_all(src, "<|start_of_role|>", "<|end_of_role|>", "<|end_of_text|>", "strftime_now('%B %d, %Y')",
+                 "<|start_of_role|>available_tools<|end_of_role|>", "available_tools | tojson(indent=4)",
+                 "{%- elif thinking %}", "{%- if loop.last and add_generation_prompt %}")
+        and all(t in strings for t in (*_GRANITE33_BASE, _GRANITE33_PLAIN))
+        and _granite33_texts(src) is not None
+        and _has_none(src, "tool_calls", "<tool_call>")
+    )
+
+
+def _build_granite33(src: str, tokens: TemplateTokens) -> str:
+    texts = _granite33_texts(src)
+    assert texts is not None
+    return json_defines(indent=True, tool_depths=(1,)) + _fill(
+        """
+{{- $msgs := .Messages }}{{ $hasSys := and $msgs (eq (index $msgs 0).Role "system") }}
+{{- "<|start_of_role|>system<|end_of_role|>" }}
+{{- if $hasSys }}{{ (index $msgs 0).Content }}{{ $msgs = slice $msgs 1 }}
+{{- else }}«BASE0»{{ currentDate }}«BASE1»{{ if .Tools }}«TOOLS»{{ else if .Think }}«THINK»{{ else }}«PLAIN»{{ end }}
+{{- end }}<|end_of_text|>{{ "\\n" }}
+{{- if .Tools }}<|start_of_role|>available_tools<|end_of_role|>[
+    {{- range $j, $t := .Tools }}{{ if $j }},{{ end }}{{ "\\n    " }}{{ template "mm_tool_i1" . }}{{ end }}{{ "\\n]" }}<|end_of_text|>{{ "\\n" }}
+{{- end }}
+{{- /* Never renders: the model calls tools as <|tool_call|>[…], the tag Ollama's tool parser waits for. */}}
+{{- if false }}{{ if .ToolCalls }}<|tool_call|>[{{ range .ToolCalls }}{{ .Function.Name }}{{ end }}]{{ end }}{{ end }}
+{{- range $i, $m := $msgs }}
+    «LOOP_HEAD»
+    {{- "<|start_of_role|>" }}{{ .Role }}<|end_of_role|>{{ .Content }}
+    {{- if not (and $last (eq .Role "assistant")) }}<|end_of_text|>{{ "\\n" }}{{ end }}
+    {{- if and $last (ne .Role "assistant") }}<|start_of_role|>assistant<|end_of_role|>{{ end }}
+{{- end }}
+""",
+        BASE0=golit(_GRANITE33_BASE[0]), BASE1=golit(_GRANITE33_BASE[1]),
+        TOOLS=golit(texts[0]), THINK=golit(texts[1]), PLAIN=golit(_GRANITE33_PLAIN),
+        LOOP_HEAD=_LOOP_HEAD,
+    )
+
+
+register(ChatFamily(
+    name="granite3.3",
+    title="Granite 3.3 (<|start_of_role|>…<|end_of_role|>, tools as an available_tools turn, thinking switch)",
+    detect=_detect_granite33,
+    build=_build_granite33,
+    stop=("<|end_of_text|>", "<|start_of_role|>"),
+    think_variable="thinking",
+    jinja_date="%B %d, %Y",
+    content_none_ok=False,
+    markers=("<|start_of_role|>", "<|end_of_role|>", "<|end_of_text|>", "available_tools",
+             "You are Granite, developed by IBM."),
+    tool_calls="TEMPLATE: the model answers <|tool_call|>[…]; a never-rendered block names that tag for Ollama's "
+               "tool parser (the Jinja prints no tool calls in the history)",
+    notes=(
+        "the Jinja prints today's date as '%B %d, %Y' through strftime_now; Ollama's currentDate is always "
+        "YYYY-MM-DD, so the default system prompt has the same date in ISO form",
+        "the Jinja prints no tool calls in assistant history (only their content); neither does the TEMPLATE",
+        "Ollama has no documents or controls: the Jinja's document turns and citation/hallucination "
+        "instructions are never printed",
+    ),
+))
+
+
 # ---------------------------------------------------------------- Llama 3.1 / 3.2 / 3.3 (JSON tool calls)
 
 _LLAMA3_TOOL_INTRO = (
@@ -935,6 +1019,7 @@ register(ChatFamily(
     detect=_detect_llama3,
     build=_build_llama3,
     stop=("<|eot_id|>", "<|eom_id|>", "<|start_header_id|>", "<|end_header_id|>"),
+    jinja_date="%d %b %Y",
     markers=("<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>", "Cutting Knowledge Date: December 2023",
              "tools_in_user_message", "<|start_header_id|>ipython<|end_header_id|>"),
     tool_calls="TEMPLATE: bare JSON objects ({\"name\": …, \"parameters\": …}), which Ollama's tool parser reads",

@@ -202,7 +202,7 @@ def render_hf(jinja: str, conv: Conversation, family: ChatFamily, tokens: Templa
     """Raises: UnsupportedModel: the Jinja refuses this conversation."""
     special = {k: v for k, v in (("bos_token", tokens.bos), ("eos_token", tokens.eos)) if v is not None}
     if conv.think is not None:
-        special["enable_thinking"] = conv.think
+        special[family.think_variable] = conv.think
     try:
         text = chat_template.render(
             jinja, hf_messages(conv, family, jinja),
@@ -214,9 +214,9 @@ def render_hf(jinja: str, conv: Conversation, family: ChatFamily, tokens: Templa
         )
     except (TypeError, ValueError) as err:  # a Jinja that concatenates a None, …
         raise UnsupportedModel(f"the chat template failed to render: {err}") from err
-    if family.name == "llama3" and "strftime_now" in jinja:
-        # Documented: Ollama's currentDate has no format; the same date prints as YYYY-MM-DD.
-        text = text.replace(f"Today Date: {now:%d %b %Y}", f"Today Date: {now:%Y-%m-%d}", 1)
+    if family.jinja_date and "strftime_now" in jinja:
+        # Documented (ChatFamily.jinja_date): Ollama's currentDate has no format; the same date prints as YYYY-MM-DD.
+        text = text.replace(now.strftime(family.jinja_date), f"{now:%Y-%m-%d}", 1)
     return text
 
 
