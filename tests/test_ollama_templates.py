@@ -62,6 +62,8 @@ CLAIMED: dict[str, tuple[str, TemplateTokens]] = {
     "mistralai-Ministral-3-14B-Reasoning-2512.jinja": ("ministral3", TemplateTokens("<s>", "</s>")),
     "ibm-granite-granite-3.3-2B-Instruct.jinja": ("granite3.3",
                                                   TemplateTokens(None, "<|end_of_text|>", engine_adds_bos=False)),
+    "StepFun3.5-Flash.jinja": ("step3.5", TemplateTokens("<s>", "<|im_end|>")),
+    "LFM2.5-Instruct.jinja": ("lfm2.5", TemplateTokens("<|startoftext|>", "<|im_end|>")),
     "Bielik-11B-v3.0-Instruct.jinja": ("bielik", TemplateTokens("<s>", "<|im_end|>")),
     "HuggingFaceTB-SmolLM3-3B.jinja": ("smollm3", TemplateTokens(None, "<|im_end|>", engine_adds_bos=False)),
     "NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use.jinja": ("hermes", TemplateTokens("<|begin_of_text|>", "<|im_end|>")),
@@ -189,6 +191,8 @@ OLLAMA_READING = {
     "HuggingFaceTB-SmolLM3-3B.jinja": (False, "{", ("<think>", "</think>")),
     "ibm-granite-granite-4.0.jinja": (True, "<tool_call>", ()),
     "Bielik-11B-v3.0-Instruct.jinja": (True, "<tool_call>", ("<think>", "</think>")),
+    "LFM2.5-Instruct.jinja": (True, "{", ("<think>", "</think>")),
+    "StepFun3.5-Flash.jinja": (True, "<tool_call>\n<function=", ("<think>", "</think>")),
     "ibm-granite-granite-3.3-2B-Instruct.jinja": (True, "<|tool_call|>[", ()),
     "Mistral-Small-3.2-24B-Instruct-2506.jinja": (True, "[TOOL_CALLS]", ()),
     "unsloth-mistral-Devstral-Small-2507.jinja": (True, "[TOOL_CALLS]", ()),
@@ -476,3 +480,12 @@ def test_granite33_date_is_iso_in_ollama(settings: Settings, templates_dir: Path
     assert "Today's Date: November 26, 2026." in text
     r = _both(settings, templates_dir, name, Conversation("hi", ({"role": "user", "content": "hi"},)))
     assert r.equal and "Today's Date: 2026-11-26." in (r.ollama or "")
+
+
+def test_step35_prints_arguments_as_python_str(settings: Settings, templates_dir: Path) -> None:
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": {"flag": True, "n": 1000000,
+                                                                                   "none": None}}}
+    conv = Conversation("py", ({"role": "user", "content": "x"}, {"role": "assistant", "content": "", "tool_calls": [call]},
+                               {"role": "tool", "content": "ok"}), tools=None)
+    r = _both(settings, templates_dir, "StepFun3.5-Flash.jinja", conv)
+    assert r.equal and "<parameter=flag>\nTrue\n" in (r.ollama or "") and "\n1000000\n" in (r.ollama or "")
