@@ -64,6 +64,9 @@ class ChatFamily:
     bos_in_template: bool = False
     """The Jinja prints bos_token first (so the Ollama rendering equals it minus an engine-added BOS)."""
     thinking: bool = False
+    reasoning_key: str | None = None
+    """The message key this Jinja reads reasoning from (e.g. reasoning_content); None: reasoning comes inside
+    the content as <think>…</think>, the way a thinking model wrote it."""
     think_variable: str = "enable_thinking"
     """The Jinja variable that switches thinking on (Ollama's think setting maps onto it)."""
     jinja_date: str | None = None
@@ -1103,6 +1106,116 @@ register(ChatFamily(
         "tool-call arguments print as Python's str(); numbers print as JSON does (1e21 and beyond differ)",
         "the Jinja always opens <think>; Ollama's think=false cannot switch it off",
     ),
+))
+
+
+# ---------------------------------------------------------------- Kimi K2 (<|im_system|>/<|im_user|>/<|im_assistant|>)
+
+
+def _detect_kimi_k2(src: str) -> bool:
+    return _has_all(
+        src, "<|im_system|>tool_declare<|im_middle|>{{ tools | tojson }}<|im_end|>",
+        "<|im_system|>system<|im_middle|>You are a helpful assistant<|im_end|>", "<|im_user|>user<|im_middle|>",
+        "<|im_assistant|>assistant<|im_middle|>", "<|im_system|>tool<|im_middle|>", "<|tool_calls_section_begin|>",
+        "'functions.' + func_name + ':' + loop.index0|string", "## Return of {{ message.tool_call_id }}\\n{{",
+    ) and _has_none(src, "<think>", "reasoning_content", "toolcall_")
+
+
+def _build_kimi_k2(src: str, tokens: TemplateTokens) -> str:
+    return json_defines() + _fill(
+        """
+{{- if .Tools }}<|im_system|>tool_declare<|im_middle|>[{{ range $j, $t := .Tools }}{{ if $j }}, {{ end }}{{ template "mm_tool" . }}{{ end }}]<|im_end|>{{ end }}
+{{- $msgs := .Messages }}
+{{- range $i, $m := .Messages }}
+    «LOOP_HEAD»
+    {{- if and (eq $i 0) (ne .Role "system") }}<|im_system|>system<|im_middle|>You are a helpful assistant<|im_end|>{{ end }}
+    {{- if eq .Role "system" }}<|im_system|>system<|im_middle|>{{ .Content }}
+    {{- else if eq .Role "user" }}<|im_user|>user<|im_middle|>{{ .Content }}
+    {{- else if eq .Role "assistant" }}<|im_assistant|>assistant<|im_middle|>{{ .Content }}
+        {{- if .ToolCalls }}<|tool_calls_section_begin|>{{ range $j, $c := .ToolCalls }}<|tool_call_begin|>functions.{{ .Function.Name }}:{{ $j }}<|tool_call_argument_begin|>{{ template "mm_args" .Function.Arguments }}<|tool_call_end|>{{ end }}<|tool_calls_section_end|>{{ end }}
+    {{- else if eq .Role "tool" }}<|im_system|>tool<|im_middle|>## Return of {{ .ToolCallID }}{{ "\\\\n" }}{{ .Content }}
+    {{- end }}
+    {{- if not (and $last (eq .Role "assistant") (not $m.ToolCalls)) }}<|im_end|>{{ end }}
+    {{- if and $last (ne .Role "assistant") }}<|im_assistant|>assistant<|im_middle|>{{ end }}
+{{- end }}
+""",
+        LOOP_HEAD=_LOOP_HEAD,
+    )
+
+
+register(ChatFamily(
+    name="kimi-k2",
+    title="Kimi K2 Instruct (<|im_system|>/<|im_user|>/<|im_assistant|>, tool_declare, <|tool_call_begin|>)",
+    detect=_detect_kimi_k2,
+    build=_build_kimi_k2,
+    stop=("<|im_end|>",),
+    markers=("<|im_system|>", "<|im_user|>", "<|im_assistant|>", "<|im_middle|>", "<|tool_calls_section_begin|>",
+             "tool_declare"),
+    tool_calls="TEMPLATE: Ollama's tool parser waits for <|tool_calls_section_begin|>, but the calls inside are "
+               "not plain JSON and Ollama ships no Kimi PARSER, so structured tool_calls are not guaranteed",
+    notes=("the Jinja writes a literal backslash-n after '## Return of <id>' (it is template text, not an "
+           "escape); so does the TEMPLATE",),
+))
+
+
+# ---------------------------------------------------------------- Spark 2.5 (<|System|>/<|User|>/<|Bot|>, GLM-style calls)
+
+_ARGVAL_DEFINE = (
+    '{{- define "mm_argval" }}{{ if eq (printf "%T" .) "string" }}{{ . }}{{ else }}{{ template "mm_json" . }}'
+    '{{ end }}{{ end }}\n'
+)
+
+
+def _detect_spark(src: str) -> bool:
+    return _has_all(
+        src, "'<｜start▁of▁sentence｜><|System|>' + '\\n' + default_system", "set default_system = 'you are a helpful assistant.'",
+        "'## Tools' + '\\n' + 'You have access to the following functions:' + '\\n' + '<tools>'",
+        "'\\n' + tool.function | tojson", "'<｜start▁of▁sentence｜><|Bot|>'", "'<tool_call>' + tool_call.function.name",
+        "'<arg_key>' ~ k ~ '</arg_key><arg_value>' ~ (v if v is string else v | tojson) ~ '</arg_value>'",
+        "enable_thinking | default(true)", "message.reasoning_content",
+    )
+
+
+def _build_spark(src: str, tokens: TemplateTokens) -> str:
+    sos, eos = "<｜start▁of▁sentence｜>", "<｜end▁of▁sentence｜>"
+    return json_defines() + _ARGVAL_DEFINE + _fill(
+        """
+{{- $msgs := .Messages }}{{ $sys := "" }}{{ if and $msgs (eq (index $msgs 0).Role "system") }}{{ $sys = (index $msgs 0).Content }}{{ end }}
+{{- "«SOS»<|System|>\\nyou are a helpful assistant." }}
+{{- if .Tools }}{{ "## Tools\\nYou have access to the following functions:\\n<tools>" }}{{ range .Tools }}{{ "\\n" }}{{ template "mm_function" .Function }}{{ end }}{{ "\\n</tools>" }}{{ end }}
+{{- if $sys }}{{ "\\n\\n" }}{{ $sys }}{{ end }}«EOS»
+{{- $prev := "" }}
+{{- range $i, $m := .Messages }}
+    «LOOP_HEAD»
+    {{- if and (eq .Role "system") $i }}«SOS»<|System|>{{ "\\n" }}{{ .Content }}«EOS»
+    {{- else if eq .Role "user" }}«SOS»<|User|>{{ .Content }}«EOS»
+    {{- else if eq .Role "assistant" }}«SOS»<|Bot|>{{ if .Thinking }}<think>{{ .Thinking }}</think>{{ else }}</think>{{ end }}{{ .Content }}
+        {{- if .ToolCalls }}{{ range .ToolCalls }}<tool_call>{{ .Function.Name }}{{ range $k, $v := .Function.Arguments }}<arg_key>{{ $k }}</arg_key><arg_value>{{ template "mm_argval" $v }}</arg_value>{{ end }}</tool_call>{{ end }}{{ end }}
+        {{- if not (and $last (not $m.ToolCalls)) }}«EOS»{{ end }}
+    {{- else if eq .Role "tool" }}
+        {{- if ne $prev "tool" }}«SOS»<|Tool|>{{ end }}<tool_response>{{ .Content }}</tool_response>
+        {{- if ne $next "tool" }}«EOS»{{ end }}
+    {{- end }}
+    {{- $prev = .Role }}
+{{- end }}
+{{- if ne $prev "assistant" }}«SOS»<|Bot|>{{ if and .IsThinkSet (not .Think) }}</think>{{ else }}<think>{{ end }}{{ end }}
+""",
+        SOS=sos, EOS=eos, LOOP_HEAD=_LOOP_HEAD,
+    )
+
+
+register(ChatFamily(
+    name="spark2.5",
+    title="Spark 2.5 (<｜start▁of▁sentence｜><|System|>/<|User|>/<|Bot|>, <think>, <arg_key>/<arg_value> tool calls)",
+    detect=_detect_spark,
+    build=_build_spark,
+    stop=("<｜end▁of▁sentence｜>",),
+    thinking=True,
+    reasoning_key="reasoning_content",
+    markers=("<|System|>", "<|User|>", "<|Bot|>", "<|Tool|>", "<arg_key>", "<tool_call>"),
+    tool_calls="TEMPLATE: Ollama's tool parser reads the <tool_call> tag; the <arg_key>/<arg_value> pairs are not "
+               "JSON, so structured tool_calls need a PARSER Ollama does not ship for this family",
+    notes=("the Jinja prints its own <｜start▁of▁sentence｜> before every turn; the TEMPLATE does the same",),
 ))
 
 

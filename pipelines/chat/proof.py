@@ -150,7 +150,9 @@ def hf_messages(conv: Conversation, family: ChatFamily, jinja: str) -> list[dict
         reasoning = m.pop("reasoning", None)
         if m.get("content") is None and not family.content_none_ok:
             m["content"] = ""
-        if reasoning is not None and family.thinking:
+        if reasoning is not None and family.thinking and family.reasoning_key:
+            m[family.reasoning_key] = reasoning
+        elif reasoning is not None and family.thinking:
             m["content"] = f"<think>\n{reasoning}\n</think>{m['content'] or ''}"
         if "tool_calls" in m and string_arguments:
             m["tool_calls"] = [
