@@ -28,7 +28,7 @@ from pipelines.core.toolchains import llama_cpp
 from tests.test_ollama_templates import CLAIMED
 
 # The floor this branch reached; raise it as families are added (the target is 45 of 70).
-COVERED_AT_LEAST = 37
+COVERED_AT_LEAST = 38
 
 
 @pytest.fixture(scope="module")

@@ -1219,6 +1219,84 @@ register(ChatFamily(
 ))
 
 
+# ---------------------------------------------------------------- Ling 3.0 / Bailing V3 (<role>…</role>, detailed thinking)
+
+_LING_TOOLS_HEAD = (
+    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with "
+    "function signatures within <tools></tools> XML tags:\n<tools>"
+)
+_LING_TOOLS_TAIL_START = "\n</tools>\n\nIf none of the functions can be used, point it out."
+
+
+def _ling_tail(src: str) -> str | None:
+    found = [t for t in _jinja_strings(src) if t.startswith(_LING_TOOLS_TAIL_START)]
+    return found[0] if len(found) == 1 else None
+
+
+def _detect_ling(src: str) -> bool:
+    return (
+        _has_all(src, "{#- Bailing V3 chat template -#}", "'<role>SYSTEM</role>'", "'<role>HUMAN</role>'",
+                 "'<role>ASSISTANT</role>\\n<think></think>'", "'<role>OBSERVATION</role>'", "<|role_end|>",
+                 "{% set preserved_thinking = true %}", "'detailed thinking ' + thinking_option + '<|role_end|>'",
+                 "'\\n<arg_value>'")
+        and _LING_TOOLS_HEAD in _jinja_strings(src) and _ling_tail(src) is not None
+    )
+
+
+def _build_ling(src: str, tokens: TemplateTokens) -> str:
+    tail = _ling_tail(src)
+    assert tail is not None
+    return json_defines() + _ARGVAL_DEFINE + _fill(
+        """
+{{- $msgs := .Messages }}{{ $sys := false }}{{ if and $msgs (eq (index $msgs 0).Role "system") }}{{ $sys = true }}{{ end }}
+{{- $opt := "on" }}{{ if and .IsThinkSet (not .Think) }}{{ $opt = "off" }}{{ end }}
+{{- "<role>SYSTEM</role>" }}{{ if $sys }}{{ (index $msgs 0).Content }}{{ "\\n" }}{{ end }}
+{{- if .Tools }}«HEAD»{{ range .Tools }}{{ "\\n" }}{{ template "mm_tool" . }}{{ end }}«TAIL»{{ end }}
+{{- "detailed thinking " }}{{ $opt }}<|role_end|>
+{{- $prev := "" }}
+{{- range $i, $m := .Messages }}
+    «LOOP_HEAD»
+    {{- if eq .Role "user" }}<role>HUMAN</role>{{ .Content }}<|role_end|>
+    {{- else if and (eq .Role "system") $i }}<role>SYSTEM</role>{{ .Content }}<|role_end|>
+    {{- else if eq .Role "assistant" }}<role>ASSISTANT</role>{{ "\\n" }}<think>{{ .Thinking }}</think>{{ .Content }}
+        {{- if .ToolCalls }}{{ range $j, $c := .ToolCalls }}{{ if or $j $m.Content }}{{ "\\n" }}{{ end }}<tool_call>{{ .Function.Name }}{{ "\\n" }}
+            {{- range $k, $v := .Function.Arguments }}<arg_key>{{ $k }}</arg_key>{{ "\\n" }}<arg_value>{{ template "mm_argval" $v }}</arg_value>{{ end }}
+            {{- "\\n</tool_call>" }}{{ end }}{{ end }}
+        {{- if not (and $last (not $m.ToolCalls)) }}<|role_end|>{{ end }}
+        «THINK_TAGS»
+    {{- else if eq .Role "tool" }}
+        {{- if ne $prev "tool" }}<role>OBSERVATION</role>{{ end }}{{ "\\n<tool_response>\\n" }}{{ .Content }}{{ "\\n</tool_response>" }}
+        {{- if ne $next "tool" }}<|role_end|>{{ end }}
+    {{- end }}
+    {{- $prev = .Role }}
+{{- end }}
+{{- if ne $prev "assistant" }}<role>ASSISTANT</role>{{ "\\n" }}<think>{{ if eq $opt "off" }}</think>{{ end }}{{ end }}
+""",
+        HEAD=golit(_LING_TOOLS_HEAD), TAIL=golit(tail), LOOP_HEAD=_LOOP_HEAD, THINK_TAGS=_THINK_TAGS,
+    )
+
+
+register(ChatFamily(
+    name="ling3",
+    title="Ling 3.0 / Bailing V3 (<role>SYSTEM|HUMAN|ASSISTANT|OBSERVATION</role>, detailed thinking on/off)",
+    detect=_detect_ling,
+    build=_build_ling,
+    stop=("<|role_end|>", "<role>HUMAN</role>"),
+    thinking=True,
+    markers=("<role>SYSTEM</role>", "<role>HUMAN</role>", "<role>ASSISTANT</role>", "<|role_end|>",
+             "detailed thinking ", "<arg_key>"),
+    tool_calls="none structured: the calls are <tool_call> blocks of <arg_key>/<arg_value> pairs, not JSON, and "
+               "Ollama ships no Ling PARSER",
+    notes=(
+        "the Jinja leaves out its 'detailed thinking on/off' line when the system prompt already says it; Go "
+        "templates cannot search strings, so the TEMPLATE always writes the line from Ollama's think setting",
+        "the Jinja strips line breaks around the reasoning and at the start of contents; Go templates cannot",
+        "the Jinja counts a user message that is wholly '<tool_response>…</tool_response>' as no query, which "
+        "only matters when preserved_thinking is off; it is always on in this template",
+    ),
+))
+
+
 # ---------------------------------------------------------------- Llama 3.1 / 3.2 / 3.3 (JSON tool calls)
 
 _LLAMA3_TOOL_INTRO = (
