@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from pipelines.chat.coverage import DOC, classify, render_doc, survey
-from pipelines.chat.families import FAMILIES, UnsupportedChatTemplate, detect_family
+from pipelines.chat.families import FAMILIES, TemplateTokens, UnsupportedChatTemplate, detect_family
 from pipelines.chat.renderers import (
     COMMAND_SINCE,
     PARSERS,
@@ -25,10 +25,11 @@ from pipelines.chat.renderers import (
 from pipelines.core.errors import ConfigError
 from pipelines.core.settings import Settings
 from pipelines.core.toolchains import llama_cpp
+from pipelines.publish.ollama import convert_template
 from tests.test_ollama_templates import CLAIMED
 
 # The floor this branch reached; raise it as families are added (the issue's target is 45 of 70).
-COVERED_AT_LEAST = 38
+COVERED_AT_LEAST = 39
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +89,7 @@ def test_renderer_mapped_templates(tree: tuple[Path, str], name: str) -> None:
 
 # Near-misses: a neighbour of a family (an older or newer version) refused with what differs.
 NEAR_MISSES = {
-    "GLM-4.6.jinja": ("glm-4.7", "'clear_thinking'"),
+    "LFM2.5-8B-A1B.jinja": ("lfm2.5", "nearest family"),
     "deepseek-ai-DeepSeek-V3.2.jinja": ("deepseek3.1", "'<｜tool▁calls▁begin｜>'"),
     "poolside-Laguna-XS-2.1.jinja": ("laguna", "made by Poolside"),
     "CohereForAI-c4ai-command-r7b-12-2024-tool_use.jinja": ("cohere", "'<|START_TEXT|>'"),
@@ -129,3 +130,18 @@ def test_an_ollama_version_older_than_the_renderer_is_refused() -> None:
     assert "--template" in (err.value.hint or "")
     with pytest.raises(ConfigError, match="no built-in RENDERER"):
         required_version("qwen4", None)
+
+
+def test_an_edited_family_template_is_a_near_miss_with_what_differs(tree: tuple[Path, str]) -> None:
+    # A family's template edited upstream (here: Qwen3's thinking switch renamed) must not keep matching.
+    qwen3 = (tree[0] / "Qwen-Qwen3-0.6B.jinja").read_text(encoding="utf-8")
+    edited = qwen3.replace("enable_thinking", "thinking_mode")
+    with pytest.raises(UnsupportedChatTemplate, match=r"nearest family qwen3 \(6 of 7 markers\); lacks 'enable_thinking'"):
+        detect_family(edited)
+    # An edit the detector does not see (a line break after each tool response) is caught by the proof, which
+    # names the conversations that differ: never published with the wrong format.
+    tweaked = qwen3.replace("{{- '\\n</tool_response>' }}", "{{- '\\n</tool_response>\\n' }}")
+    assert tweaked != qwen3 and detect_family(tweaked).name == "qwen3"
+    tokens = TemplateTokens(None, "<|im_end|>", engine_adds_bos=False)
+    with pytest.raises(UnsupportedChatTemplate, match="renders differently on: tool-call-and-result"):
+        convert_template(tweaked, tokens, Settings.from_env())

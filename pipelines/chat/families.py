@@ -128,13 +128,13 @@ def matching_families(jinja: str) -> list[ChatFamily]:
 
 
 def nearest_family(jinja: str) -> tuple[ChatFamily, list[str], list[str]] | None:
-    """The family whose markers this Jinja shares most, with the markers found and missing; None when
-    it shares none."""
-    best: tuple[float, ChatFamily, list[str], list[str]] | None = None
+    """The family whose markers this Jinja shares most (markers found less markers missing, then markers
+    found), with the markers found and missing; None when it shares none."""
+    best: tuple[tuple[int, int], ChatFamily, list[str], list[str]] | None = None
     for fam in FAMILIES.values():
         found, missing = fam.evidence(jinja)
         if fam.markers and found:
-            score = len(found) / len(fam.markers)
+            score = (len(found) - len(missing), len(found))
             if best is None or score > best[0]:
                 best = (score, fam, found, missing)
     return None if best is None else best[1:]
@@ -1297,6 +1297,78 @@ register(ChatFamily(
 ))
 
 
+# ---------------------------------------------------------------- GLM-4.6 ([gMASK]<sop>, /nothink, <arg_key>/<arg_value>)
+
+_GLM46_TOOLS_HEAD = (
+    "<|system|>\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided "
+    "with function signatures within <tools></tools> XML tags:\n<tools>\n"
+)
+_GLM46_TOOLS_TAIL = (
+    "</tools>\n\nFor each function call, output the function name and arguments within the following XML format:\n"
+    "<tool_call>{function-name}\n<arg_key>{arg-key-1}</arg_key>\n<arg_value>{arg-value-1}</arg_value>\n"
+    "<arg_key>{arg-key-2}</arg_key>\n<arg_value>{arg-value-2}</arg_value>\n...\n</tool_call>"
+)
+
+
+def _detect_glm46(src: str) -> bool:
+    return _has_all(
+        src, "[gMASK]<sop>", _GLM46_TOOLS_HEAD.replace("<tools>\n", "<tools>\n{% for tool in tools %}"),
+        _GLM46_TOOLS_TAIL, "'/nothink' if (enable_thinking is defined and not enable_thinking",
+        "{{ '\\n<think>' + reasoning_content.strip() +  '</think>'}}", "{{ '\\n' + content.strip() }}",
+        "{{ '\\n<tool_call>' + tc.name }}", "<arg_value>{{ v | tojson(ensure_ascii=False) if v is not string else v }}",
+        "<|assistant|>{{- '\\n<think></think>' if (enable_thinking is defined and not enable_thinking) else '' -}}",
+    ) and _has_none(src, "clear_thinking")
+
+
+def _build_glm46(src: str, tokens: TemplateTokens) -> str:
+    return json_defines() + _ARGVAL_DEFINE + _fill(
+        """
+{{- $msgs := .Messages }}{{ $noThink := and .IsThinkSet (not .Think) }}
+{{- "[gMASK]<sop>" }}
+{{- if .Tools }}«HEAD»{{ range .Tools }}{{ template "mm_tool" . }}{{ "\\n" }}{{ end }}«TAIL»{{ end }}
+{{- $lastUser := -1 }}{{ range $i, $m := $msgs }}{{ if eq .Role "user" }}{{ $lastUser = $i }}{{ end }}{{ end }}
+{{- $prev := "" }}
+{{- range $i, $m := .Messages }}
+    «LOOP_HEAD»
+    {{- if eq .Role "user" }}<|user|>{{ "\\n" }}{{ .Content }}{{ if $noThink }}/nothink{{ end }}
+    {{- else if eq .Role "assistant" }}<|assistant|>
+        {{- if and (gt $i $lastUser) .Thinking }}«NL»<think>{{ .Thinking }}</think>{{ else }}«NL»<think></think>{{ end }}
+        {{- if .Content }}{{ "\\n" }}{{ .Content }}{{ end }}
+        {{- if .ToolCalls }}{{ range .ToolCalls }}«NL»<tool_call>{{ .Function.Name }}{{ "\\n" }}
+            {{- range $k, $v := .Function.Arguments }}<arg_key>{{ $k }}</arg_key>{{ "\\n" }}<arg_value>{{ template "mm_argval" $v }}</arg_value>{{ "\\n" }}{{ end }}
+            {{- "</tool_call>" }}{{ end }}{{ end }}
+    {{- else if eq .Role "tool" }}
+        {{- if ne $prev "tool" }}<|observation|>{{ end }}{{ "\\n<tool_response>\\n" }}{{ .Content }}{{ "\\n</tool_response>" }}
+    {{- else if eq .Role "system" }}<|system|>{{ "\\n" }}{{ .Content }}
+    {{- end }}
+    {{- $prev = .Role }}
+{{- end }}
+{{- if ne $prev "assistant" }}<|assistant|>{{ if $noThink }}{{ "\\n" }}<think></think>{{ end }}{{ end }}
+""",
+        HEAD=golit(_GLM46_TOOLS_HEAD), TAIL=golit(_GLM46_TOOLS_TAIL), LOOP_HEAD=_LOOP_HEAD,
+    )
+
+
+register(ChatFamily(
+    name="glm-4.6",
+    title="GLM-4.6 ([gMASK]<sop>, <|user|>/<|assistant|>/<|observation|>, /nothink, <arg_key>/<arg_value> calls)",
+    detect=_detect_glm46,
+    build=_build_glm46,
+    stop=("<|user|>", "<|observation|>", "<|endoftext|>"),
+    thinking=True,
+    content_none_ok=False,
+    markers=("[gMASK]<sop>", "<|observation|>", "<arg_key>", "<arg_value>", "/nothink"),
+    tool_calls="none structured: <tool_call> blocks of <arg_key>/<arg_value> pairs are not JSON; Ollama's "
+               "glm-4.7 PARSER reads this format but modelmint has not checked it against GLM-4.6",
+    notes=(
+        "the Jinja strips whitespace around reasoning and contents; Go templates cannot",
+        "the Jinja prints a None content as 'None'; with '' (what Ollama holds) both print nothing",
+        "the Jinja adds '/nothink' to a user message only when it does not already end with it; Go templates "
+        "cannot test a suffix, so the TEMPLATE always adds it when thinking is off",
+    ),
+))
+
+
 # ---------------------------------------------------------------- Llama 3.1 / 3.2 / 3.3 (JSON tool calls)
 
 _LLAMA3_TOOL_INTRO = (
@@ -1869,6 +1941,7 @@ _renderer_family(
     "laguna", "Poolside Laguna XS.2 (〈|EOS|〉 prefix, default system prompt, <think> off by default)",
     renderer="laguna", parser="laguna", stop=("〈|EOS|〉",), thinking=True,
     markers=("〈|EOS|〉", "render_assistant_messages_raw", "enable_thinking | default(false)",
-             "You are a helpful, conversationally-fluent assistant made by Poolside."),
+             "You are a helpful, conversationally-fluent assistant made by Poolside.", "<think>", "<tool_call>",
+             "reasoning_content"),
     forbidden=("preserve_thinking",),
 )
