@@ -1369,6 +1369,56 @@ register(ChatFamily(
 ))
 
 
+# ---------------------------------------------------------------- RWKV World (System: / User: / Assistant:)
+
+
+def _detect_rwkv(src: str) -> bool:
+    return _has_all(
+        src, "{{- 'System: ' + ns.system_prompt + '\\n\\n' -}}", "{{- 'User: ' + message['content']|trim + '\\n\\n' -}}",
+        "{{- 'Assistant: ' + content|trim + '\\n\\n' -}}", "{{- 'Assistant:' -}}", "{{- ' <think>\\n</think>' }}",
+        "{{- ' <think>' }}", "message['content'] is  not none",
+    ) and _has_none(src, "tool")
+
+
+def _build_rwkv(src: str, tokens: TemplateTokens) -> str:
+    return _fill(
+        """
+{{- $msgs := .Messages }}{{ $sys := "" }}{{ range $msgs }}{{ if eq .Role "system" }}{{ $sys = .Content }}{{ end }}{{ end }}
+{{- «BOS» }}{{ if $sys }}System: {{ $sys }}{{ "\\n\\n" }}{{ end }}
+{{- $prev := "" }}
+{{- range $i, $m := .Messages }}
+    «LOOP_HEAD»
+    {{- if eq .Role "user" }}User: {{ .Content }}{{ "\\n\\n" }}
+    {{- else if and (eq .Role "assistant") (or .Content .Thinking (not .ToolCalls)) }}Assistant: {{ .Content }}
+        {{- if not $last }}{{ "\\n\\n" }}{{ end }}
+        «THINK_TAGS»
+    {{- end }}
+    {{- $prev = .Role }}
+{{- end }}
+{{- if ne $prev "assistant" }}Assistant:{{ if .IsThinkSet }}{{ if .Think }} <think>{{ else }} <think>{{ "\\n" }}</think>{{ end }}{{ end }}{{ end }}
+""",
+        BOS=golit(tokens.bos_text)[3:-3], LOOP_HEAD=_LOOP_HEAD, THINK_TAGS=_THINK_TAGS,
+    )
+
+
+register(ChatFamily(
+    name="rwkv-world",
+    title="RWKV World as llama.cpp writes it (System: / User: / Assistant:, optional <think>)",
+    detect=_detect_rwkv,
+    build=_build_rwkv,
+    stop=("\n\nUser:", "\n\nSystem:"),
+    bos_in_template=True,
+    thinking=True,
+    markers=("System: ", "User: ", "Assistant: ", "Assistant:"),
+    tool_calls="none: the Jinja prints neither tools nor tool results",
+    notes=(
+        "the Jinja trims user and assistant contents; Go templates cannot",
+        "the Jinja uses the last system message only; so does the TEMPLATE",
+        "the Jinja cuts reasoning out of assistant contents; the TEMPLATE relies on Ollama passing it in .Thinking",
+    ),
+))
+
+
 # ---------------------------------------------------------------- Llama 3.1 / 3.2 / 3.3 (JSON tool calls)
 
 _LLAMA3_TOOL_INTRO = (
