@@ -29,7 +29,7 @@ from pipelines.publish.ollama import convert_template
 from tests.test_ollama_templates import CLAIMED
 
 # The floor this branch reached; raise it as families are added (the target is 45 of 70).
-COVERED_AT_LEAST = 40
+COVERED_AT_LEAST = 42
 
 
 @pytest.fixture(scope="module")

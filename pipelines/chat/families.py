@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
-from pipelines.chat.gojson import json_defines
+from pipelines.chat.gojson import html_json_defines, json_defines
 from pipelines.core.errors import UnsupportedModel
 
 
@@ -1415,6 +1415,139 @@ register(ChatFamily(
         "the Jinja trims user and assistant contents; Go templates cannot",
         "the Jinja uses the last system message only; so does the TEMPLATE",
         "the Jinja cuts reasoning out of assistant contents; the TEMPLATE relies on Ollama passing it in .Thinking",
+    ),
+))
+
+
+# ---------------------------------------------------------------- MiniMax-M1 (<beginning_of_sentence>role name=…)
+
+_MINIMAX_DEFAULT = "You are a helpful assistant created by Minimax based on MiniMax-M1 model."
+_MINIMAX_TOOLS_HEAD = "<beginning_of_sentence>system tool_setting=tools\nYou are provided with these tools:\n<tools>\n"
+_MINIMAX_TOOLS_TAIL = (
+    "</tools>\n\nIf you need to call tools, please respond with <tool_calls></tool_calls> XML tags, and provide "
+    "tool-name and json-object of arguments, following the format below:\n<tool_calls>\n{\"name\": <tool-name>, "
+    "\"arguments\": <args-json-object>}\n...\n</tool_calls><end_of_sentence>\n"
+)
+
+
+def _detect_minimax_m1(src: str) -> bool:
+    strings = _jinja_strings(src)
+    return (
+        _has_all(src, "{{ '<begin_of_document>' -}}", "'<beginning_of_sentence>system ai_setting=assistant\\n'",
+                 "'<beginning_of_sentence>user name=user\\n'", "'<beginning_of_sentence>ai name=assistant\\n'",
+                 "'<beginning_of_sentence>tool name=tools\\n'", "'tool result: ' + message.content + '\\n\\n'",
+                 "tool_call.function.arguments | tojson + '}\\n'")
+        and all(t in strings for t in (_MINIMAX_DEFAULT, _MINIMAX_TOOLS_HEAD, _MINIMAX_TOOLS_TAIL))
+    )
+
+
+def _build_minimax_m1(src: str, tokens: TemplateTokens) -> str:
+    return json_defines() + _fill(
+        """
+{{- $msgs := .Messages }}{{ $hasSys := and $msgs (eq (index $msgs 0).Role "system") }}
+{{- "<begin_of_document>" }}
+{{- if $hasSys }}{{ with (index $msgs 0).Content }}<beginning_of_sentence>system ai_setting=assistant{{ "\\n" }}{{ . }}<end_of_sentence>{{ "\\n" }}{{ end }}
+{{- else }}<beginning_of_sentence>system ai_setting=assistant{{ "\\n" }}«DEFAULT»<end_of_sentence>{{ "\\n" }}{{ end }}
+{{- if .Tools }}«HEAD»{{ range .Tools }}{{ template "mm_tool" . }}{{ "\\n" }}{{ end }}«TAIL»{{ end }}
+{{- $prev := "" }}
+{{- range $i, $m := .Messages }}
+    «LOOP_HEAD»
+    {{- if eq .Role "user" }}<beginning_of_sentence>user name=user{{ "\\n" }}{{ .Content }}<end_of_sentence>{{ "\\n" }}
+    {{- else if eq .Role "assistant" }}<beginning_of_sentence>ai name=assistant{{ "\\n" }}
+        {{- if .ToolCalls }}<tool_calls>{{ "\\n" }}
+            {{- range .ToolCalls }}{"name": "{{ .Function.Name }}", "arguments": {{ template "mm_args" .Function.Arguments }}}{{ "\\n" }}{{ end }}
+            {{- "</tool_calls><end_of_sentence>\\n" }}
+        {{- else }}{{ .Content }}{{ if not $last }}<end_of_sentence>{{ "\\n" }}{{ end }}{{ end }}
+    {{- else if eq .Role "tool" }}<beginning_of_sentence>tool name=tools{{ "\\n" }}tool result: {{ .Content }}{{ "\\n\\n" }}<end_of_sentence>{{ "\\n" }}
+    {{- end }}
+    {{- $prev = .Role }}
+{{- end }}
+{{- if ne $prev "assistant" }}<beginning_of_sentence>ai name=assistant{{ "\\n" }}{{ end }}
+""",
+        DEFAULT=golit(_MINIMAX_DEFAULT), HEAD=golit(_MINIMAX_TOOLS_HEAD), TAIL=golit(_MINIMAX_TOOLS_TAIL),
+        LOOP_HEAD=_LOOP_HEAD,
+    )
+
+
+register(ChatFamily(
+    name="minimax-m1",
+    title="MiniMax-M1 (<beginning_of_sentence>system/user/ai/tool name=…, <tool_calls> JSON lines)",
+    detect=_detect_minimax_m1,
+    build=_build_minimax_m1,
+    stop=("<end_of_sentence>",),
+    markers=("<begin_of_document>", "<beginning_of_sentence>", "<end_of_sentence>", "ai name=assistant",
+             "<tool_calls>"),
+    tool_calls="TEMPLATE: Ollama's tool parser reads the <tool_calls> tag and the JSON objects after it",
+    notes=(
+        "the Jinja trims the system prompt and message contents; Go templates cannot",
+        "the Jinja drops system messages after the first; so does the TEMPLATE",
+    ),
+))
+
+
+# ---------------------------------------------------------------- Functionary v3.1 (Llama 3.1 headers, <function=…>)
+
+_FUNCTIONARY_TAIL_START = "\nThink very carefully before calling functions."
+
+
+def _functionary_tail(src: str) -> str | None:
+    found = [t for t in _jinja_strings(src) if t.startswith(_FUNCTIONARY_TAIL_START)]
+    return found[0] if len(found) == 1 else None
+
+
+def _detect_functionary31(src: str) -> bool:
+    return (
+        _has_all(src, "{# version=v3-llama3.1 #}", "<|start_header_id|>ipython<|end_header_id|>\\n\\n",
+                 "\"\\nYou have access to the following functions:\\n\\n\"", "'<function=' + tool_call['function']['name'] + '>'",
+                 "'<|python_tag|>'", "{{ '<|eom_id|>' }}", "\"Use the function '\"|safe + t[\"function\"][\"name\"]")
+        and _functionary_tail(src) is not None
+    )
+
+
+def _build_functionary31(src: str, tokens: TemplateTokens) -> str:
+    tail = _functionary_tail(src)
+    assert tail is not None
+    return json_defines() + html_json_defines() + _fill(
+        """
+{{- $msgs := .Messages }}
+{{- «BOS» }}<|start_header_id|>system<|end_header_id|>{{ "\\n\\n\\nCutting Knowledge Date: December 2023\\n\\n" }}
+{{- if .Tools }}{{ "\\nYou have access to the following functions:\\n\\n" }}
+    {{- range .Tools }}Use the function '{{ html .Function.Name }}' to '{{ html .Function.Description }}'{{ "\\n" }}{{ template "mmh_function" .Function }}{{ "\\n\\n" }}{{ end }}«TAIL»
+{{- end }}<|eot_id|>
+{{- $prev := "" }}
+{{- range $i, $m := .Messages }}
+    «LOOP_HEAD»
+    {{- if or (eq .Role "user") (eq .Role "system") }}<|start_header_id|>{{ .Role }}<|end_header_id|>{{ "\\n\\n" }}{{ .Content }}<|eot_id|>
+    {{- else if eq .Role "tool" }}<|start_header_id|>ipython<|end_header_id|>{{ "\\n\\n" }}{{ .Content }}<|eot_id|>
+    {{- else }}<|start_header_id|>{{ .Role }}<|end_header_id|>{{ "\\n\\n" }}{{ .Content }}
+        {{- if .ToolCalls }}{{ range .ToolCalls }}<function={{ .Function.Name }}>{{ template "mm_args" .Function.Arguments }}</function>{{ end }}<|eom_id|>
+        {{- else if not $last }}<|eot_id|>{{ end }}
+    {{- end }}
+    {{- $prev = .Role }}
+{{- end }}
+{{- if ne $prev "assistant" }}<|start_header_id|>assistant<|end_header_id|>{{ "\\n\\n" }}{{ end }}
+""",
+        BOS=golit(tokens.bos_text)[3:-3], TAIL=golit(tail), LOOP_HEAD=_LOOP_HEAD,
+    )
+
+
+register(ChatFamily(
+    name="functionary-v3.1",
+    title="Functionary medium v3.1 (Llama 3.1 headers, <function=name>{json}</function> calls, ipython results)",
+    detect=_detect_functionary31,
+    build=_build_functionary31,
+    stop=("<|eot_id|>", "<|eom_id|>", "<|start_header_id|>"),
+    bos_in_template=True,
+    markers=("<|start_header_id|>", "<|eot_id|>", "<|eom_id|>", "<function=", "<|python_tag|>",
+             "version=v3-llama3.1"),
+    tool_calls="TEMPLATE: Ollama's tool parser waits for <function=, but the function name precedes the JSON, so "
+               "structured tool_calls are not guaranteed (Ollama ships no Functionary PARSER)",
+    notes=(
+        "a call to the function named 'python' prints as <|python_tag|> in the Jinja; the TEMPLATE prints every "
+        "call as <function=…>",
+        "the Jinja's code_interpreter tool type ('Environment: ipython') has no counterpart in Ollama's tools",
+        "the Jinja adds '|safe' strings to the tool name, description and JSON, which HTML-escapes them (&#34;); "
+        "the TEMPLATE escapes them the same way",
     ),
 ))
 

@@ -14,6 +14,8 @@ backslashes, newlines, tabs and carriage returns.
 
 from __future__ import annotations
 
+import re
+
 _DEPTH = 8  # deepest nesting printed with an indent; deeper values fall back to the compact form
 
 
@@ -119,6 +121,21 @@ def _tool_indent_define(base: int) -> str:
         f'{_nl(base + 4)}{{{{ printf "%q" $r }}}}{{{{ end }}}}{_nl(base + 3)}]{{{{ end }}}}{{{{ end }}}}{_nl(base + 2)}{{{{ "}}" }}}}'
         f'{{{{ end }}}}{_nl(base + 1)}{{{{ "}}" }}}}{_nl(base + 0)}{{{{ "}}" }}}}{{{{ end }}}}'
     )
+
+
+def _html_action(action: str) -> str:
+    inner = re.fullmatch(r"\{\{(-?) (printf \"%q\" .+?|json \.) \}\}", action)
+    if inner:
+        action = f"{{{{{inner.group(1)} html ({inner.group(2)}) }}}}"
+    return action.replace('define "mm_', 'define "mmh_').replace('template "mm_', 'template "mmh_')
+
+
+def html_json_defines() -> str:
+    """The compact set again as mmh_*, every printed character HTML-escaped the way markupsafe escapes (a Jinja
+    that adds a `|safe` string to `tojson` output escapes that output: &#34; for each quote)."""
+    parts = re.split(r"(\{\{.*?\}\})", _compact_defines())
+    out = [_html_action(p) if p.startswith("{{") else p.replace("&", "&amp;").replace('"', "&#34;") for p in parts]
+    return "".join(out).replace('{{- define "', '\n{{- define "').lstrip("\n") + "\n"
 
 
 def json_defines(*, indent: bool = False, tool_depths: tuple[int, ...] = ()) -> str:
