@@ -29,7 +29,7 @@ from pipelines.publish.ollama import convert_template
 from tests.test_ollama_templates import CLAIMED
 
 # The floor this branch reached; raise it as families are added (the target is 45 of 70).
-COVERED_AT_LEAST = 42
+COVERED_AT_LEAST = 44
 
 
 @pytest.fixture(scope="module")
@@ -91,7 +91,6 @@ def test_renderer_mapped_templates(tree: tuple[Path, str], name: str) -> None:
 NEAR_MISSES = {
     "LFM2.5-8B-A1B.jinja": ("lfm2.5", "nearest family"),
     "deepseek-ai-DeepSeek-V3.2.jinja": ("deepseek3.1", "'<｜tool▁calls▁begin｜>'"),
-    "poolside-Laguna-XS-2.1.jinja": ("laguna", "made by Poolside"),
     "CohereForAI-c4ai-command-r7b-12-2024-tool_use.jinja": ("cohere", "'<|START_TEXT|>'"),
 }
 

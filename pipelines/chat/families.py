@@ -228,11 +228,9 @@ def _fill(template: str, **parts: str) -> str:
 
 @lru_cache(maxsize=64)
 def _jinja_tree(src: str) -> Any:
-    from jinja2.ext import loopcontrols
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
+    from pipelines.chat.jinja import environment
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
-    return env.parse(src)
+    return environment().parse(src)
 
 
 def _jinja_strings(src: str) -> list[str]:
@@ -1548,6 +1546,151 @@ register(ChatFamily(
         "the Jinja's code_interpreter tool type ('Environment: ipython') has no counterpart in Ollama's tools",
         "the Jinja adds '|safe' strings to the tool name, description and JSON, which HTML-escapes them (&#34;); "
         "the TEMPLATE escapes them the same way",
+    ),
+))
+
+
+# ---------------------------------------------------------------- Laguna XS 2.1 (<system>/<user>/<assistant> tags)
+
+_LAGUNA21_TOOLS = (
+    "You may call functions to assist with the user query.\nAll available function signatures are listed below:\n"
+    "<available_tools>\n"
+)
+_LAGUNA21_CALL_FORMAT = (
+    "<tool_call>function-name\n<arg_key>argument-key</arg_key>\n<arg_value>value-of-argument-key</arg_value>\n"
+    "</tool_call>"
+)
+_LAGUNA21_THINK = (
+    "</available_tools>\n\nWrap your thinking in '<think>', '</think>' tags, followed by a function call. For each "
+    "function call, return an unescaped XML-like object with function name and arguments within '<tool_call>' and "
+    "'</tool_call>' tags, like here:\n<think> your thoughts here </think>\n" + _LAGUNA21_CALL_FORMAT
+)
+_LAGUNA21_PLAIN = (
+    "</available_tools>\n\nFor each function call, return an unescaped XML-like object with function name and "
+    "arguments within '<tool_call>' and '</tool_call>' tags, like here:\n" + _LAGUNA21_CALL_FORMAT
+)
+
+
+def _detect_laguna21(src: str) -> bool:
+    return _has_all(
+        src, '{{- "〈|EOS|〉" -}}', "enable_thinking | default(false)", "render_assistant_messages_raw | default(false)",
+        '"\\n\\n### Tools\\n\\n"', '"<user>\\n" + content + "\\n</user>\\n"', "'<think>\\n' + reasoning_content.strip() + '\\n</think>\\n'",
+        '"<tool_response>\\n" + content + "\\n</tool_response>\\n"', '"<system>\\n" + content + "\\n</system>\\n"',
+        "Wrap your thinking in '<think>', '</think>' tags, followed by a function call.",
+    ) and _has_none(src, "You are a helpful, conversationally-fluent assistant made by Poolside.", "preserve_thinking")
+
+
+def _build_laguna21(src: str, tokens: TemplateTokens) -> str:
+    return json_defines() + _ARGVAL_DEFINE + _fill(
+        """
+{{- $msgs := .Messages }}{{ $sys := "" }}{{ if and $msgs (eq (index $msgs 0).Role "system") }}{{ $sys = (index $msgs 0).Content }}{{ end }}
+{{- "〈|EOS|〉" }}
+{{- if or $sys .Tools }}<system>{{ "\\n" }}{{ if $sys }}{{ "\\n" }}{{ $sys }}{{ end }}
+    {{- if .Tools }}{{ "\\n\\n### Tools\\n\\n" }}«TOOLS»{{ range .Tools }}{{ template "mm_tool" . }}{{ "\\n" }}{{ end }}{{ if .Think }}«THINK»{{ else }}«PLAIN»{{ end }}{{ end }}
+    {{- "\\n</system>\\n" }}
+{{- end }}
+{{- $prev := "" }}
+{{- range $i, $m := .Messages }}
+    «LOOP_HEAD»
+    {{- if eq .Role "user" }}<user>{{ "\\n" }}{{ .Content }}{{ "\\n" }}</user>{{ "\\n" }}
+    {{- else if eq .Role "assistant" }}<assistant>{{ "\\n" }}
+        {{- if .Thinking }}<think>«NL»{{ .Thinking }}«NL»</think>«NL»{{ else }}</think>«NL»{{ end }}
+        {{- if .Content }}{{ .Content }}{{ if not (and $last (not $m.ToolCalls)) }}{{ "\\n" }}{{ end }}{{ end }}
+        {{- if .ToolCalls }}{{ range .ToolCalls }}<tool_call>{{ .Function.Name }}{{ "\\n" }}
+            {{- range $k, $v := .Function.Arguments }}<arg_key>{{ $k }}</arg_key>{{ "\\n" }}<arg_value>{{ template "mm_argval" $v }}</arg_value>{{ "\\n" }}{{ end }}
+            {{- "</tool_call>\\n" }}{{ end }}{{ end }}
+        {{- if not (and $last (not $m.ToolCalls)) }}</assistant>{{ "\\n" }}{{ end }}
+    {{- else if eq .Role "tool" }}<tool_response>{{ "\\n" }}{{ .Content }}{{ "\\n" }}</tool_response>{{ "\\n" }}
+    {{- else if and (eq .Role "system") $i }}<system>{{ "\\n" }}{{ .Content }}{{ "\\n" }}</system>{{ "\\n" }}
+    {{- end }}
+    {{- $prev = .Role }}
+{{- end }}
+{{- if ne $prev "assistant" }}<assistant>{{ "\\n" }}{{ if .Think }}<think>{{ else }}</think>{{ end }}{{ end }}
+""",
+        TOOLS=golit(_LAGUNA21_TOOLS), THINK=golit(_LAGUNA21_THINK), PLAIN=golit(_LAGUNA21_PLAIN),
+        LOOP_HEAD=_LOOP_HEAD,
+    )
+
+
+register(ChatFamily(
+    name="laguna-xs-2.1",
+    title="Poolside Laguna XS 2.1 (〈|EOS|〉, <system>/<user>/<assistant> tags, <arg_key>/<arg_value> calls)",
+    detect=_detect_laguna21,
+    build=_build_laguna21,
+    stop=("〈|EOS|〉", "</assistant>"),
+    thinking=True,
+    reasoning_key="reasoning",
+    markers=("〈|EOS|〉", "<assistant>", "<user>", "<arg_key>", "render_assistant_messages_raw"),
+    tool_calls="none structured: <tool_call> blocks of <arg_key>/<arg_value> pairs are not JSON; Ollama's laguna "
+               "PARSER follows Laguna XS.2 and modelmint has not checked it against 2.1",
+    notes=(
+        "the Jinja strips whitespace around the system prompt, reasoning and contents; Go templates cannot",
+        "render_assistant_messages_raw is not an Ollama setting: the TEMPLATE follows its default (false)",
+    ),
+))
+
+
+# ---------------------------------------------------------------- Laguna S 2.1 (thinking on by default, compact tags)
+
+_LAGUNA_DEFAULT = ("You are a helpful, conversationally-fluent assistant made by Poolside. You are here to be helpful "
+                   "to users through natural language conversations.")
+
+
+def _detect_laguna_s21(src: str) -> bool:
+    return _has_all(
+        src, '{{- "〈|EOS|〉" -}}', "enable_thinking | default(true)", "preserve_thinking | default(false)",
+        f'set system_message = "{_LAGUNA_DEFAULT}"', '"<user>" + content + "</user>\\n"',
+        "'<think>' + reasoning_content + '</think>'", '"<tool_response>" + content + "</tool_response>\\n"',
+        '"<system>" + content + "</system>\\n"', '"### Tools\\n\\n"', '"</available_tools>"',
+    ) and _has_none(src, "render_assistant_messages_raw")
+
+
+def _build_laguna_s21(src: str, tokens: TemplateTokens) -> str:
+    return json_defines() + _ARGVAL_DEFINE + _fill(
+        """
+{{- $msgs := .Messages }}{{ $think := or (not .IsThinkSet) .Think }}
+{{- $hasSys := and $msgs (eq (index $msgs 0).Role "system") }}{{ $sys := «DEFAULT» }}{{ if $hasSys }}{{ $sys = (index $msgs 0).Content }}{{ end }}
+{{- "〈|EOS|〉" }}
+{{- if or $sys .Tools $think }}<system>{{ $sys }}{{ if and $sys .Tools }}{{ "\\n\\n" }}{{ end }}
+    {{- if .Tools }}«TOOLS»{{ range .Tools }}{{ template "mm_tool" . }}{{ "\\n" }}{{ end }}</available_tools>{{ end }}</system>{{ "\\n" }}
+{{- end }}
+{{- $prev := "" }}
+{{- range $i, $m := .Messages }}
+    «LOOP_HEAD»
+    {{- if eq .Role "user" }}<user>{{ .Content }}</user>{{ "\\n" }}
+    {{- else if eq .Role "assistant" }}<assistant>{{ if $think }}<think>{{ .Thinking }}</think>{{ else }}</think>{{ end }}{{ .Content }}
+        {{- if .ToolCalls }}{{ range .ToolCalls }}<tool_call>{{ .Function.Name }}
+            {{- range $k, $v := .Function.Arguments }}<arg_key>{{ $k }}</arg_key><arg_value>{{ template "mm_argval" $v }}</arg_value>{{ end }}</tool_call>{{ end }}{{ end }}
+        {{- if not (and $last (not $m.ToolCalls)) }}</assistant>{{ "\\n" }}{{ end }}
+    {{- else if eq .Role "tool" }}<tool_response>{{ .Content }}</tool_response>{{ "\\n" }}
+    {{- else if and (eq .Role "system") $i }}<system>{{ .Content }}</system>{{ "\\n" }}
+    {{- end }}
+    {{- $prev = .Role }}
+{{- end }}
+{{- if ne $prev "assistant" }}<assistant>{{ if $think }}<think>{{ else }}</think>{{ end }}{{ end }}
+""",
+        DEFAULT=golit(_LAGUNA_DEFAULT)[3:-3],
+        TOOLS=golit("### Tools\n\nYou may call functions to assist with the user query.\n"
+                    "All available function signatures are listed below:\n<available_tools>\n"),
+        LOOP_HEAD=_LOOP_HEAD,
+    )
+
+
+register(ChatFamily(
+    name="laguna-s-2.1",
+    title="Poolside Laguna S 2.1 (〈|EOS|〉, <system>/<user>/<assistant>, thinking on unless switched off)",
+    detect=_detect_laguna_s21,
+    build=_build_laguna_s21,
+    stop=("〈|EOS|〉", "</assistant>"),
+    thinking=True,
+    reasoning_key="reasoning",
+    markers=("〈|EOS|〉", "<assistant>", "<user>", "<arg_key>", "preserve_thinking", "made by Poolside"),
+    tool_calls="none structured: <tool_call> blocks of <arg_key>/<arg_value> pairs are not JSON; Ollama's "
+               "poolside-v1 PARSER follows a neighbouring Laguna template that modelmint has not checked against S 2.1",
+    notes=(
+        "the Jinja trims the system prompt's trailing whitespace and treats a whitespace-only one as none; Go "
+        "templates cannot",
+        "preserve_thinking is not an Ollama setting: the TEMPLATE follows its default (false)",
     ),
 ))
 
