@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from datetime import datetime
 from functools import lru_cache
-from typing import Any
+from typing import Any, ClassVar
 
 from pipelines.core.errors import UnsupportedModel
 
@@ -28,7 +28,7 @@ def generation_extension() -> Any:
     from jinja2.ext import Extension
 
     class Generation(Extension):
-        tags = {"generation"}
+        tags: ClassVar[set[str]] = {"generation"}
 
         def parse(self, parser: Any) -> Any:
             lineno = next(parser.stream).lineno
