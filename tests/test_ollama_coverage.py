@@ -28,8 +28,8 @@ from pipelines.core.toolchains import llama_cpp
 from pipelines.publish.ollama import convert_template
 from tests.test_ollama_templates import CLAIMED
 
-# The floor this branch reached; raise it as families are added (the target is 45 of 70).
-COVERED_AT_LEAST = 44
+# The floor this branch reached (the target: 45 of 70); raise it as families are added.
+COVERED_AT_LEAST = 45
 
 
 @pytest.fixture(scope="module")
@@ -89,7 +89,7 @@ def test_renderer_mapped_templates(tree: tuple[Path, str], name: str) -> None:
 
 # Near-misses: a neighbour of a family (an older or newer version) refused with what differs.
 NEAR_MISSES = {
-    "LFM2.5-8B-A1B.jinja": ("lfm2.5", "nearest family"),
+    "Kimi-K2-Instruct.jinja": ("kimi-k2", "has every marker of kimi-k2"),
     "deepseek-ai-DeepSeek-V3.2.jinja": ("deepseek3.1", "'<｜tool▁calls▁begin｜>'"),
     "CohereForAI-c4ai-command-r7b-12-2024-tool_use.jinja": ("cohere", "'<|START_TEXT|>'"),
 }

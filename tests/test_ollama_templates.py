@@ -70,6 +70,7 @@ CLAIMED: dict[str, tuple[str, TemplateTokens]] = {
     "meetkai-functionary-medium-v3.1.jinja": ("functionary-v3.1", LLAMA3),
     "poolside-Laguna-XS-2.1.jinja": ("laguna-xs-2.1", TemplateTokens(None, "〈|EOS|〉", engine_adds_bos=False)),
     "poolside-Laguna-S-2.1.jinja": ("laguna-s-2.1", TemplateTokens(None, "〈|EOS|〉", engine_adds_bos=False)),
+    "LFM2.5-8B-A1B.jinja": ("lfm2.5-moe", TemplateTokens("<|startoftext|>", "<|im_end|>")),
     "GLM-4.6.jinja": ("glm-4.6", TemplateTokens(None, "<|endoftext|>", engine_adds_bos=False)),
     "StepFun3.5-Flash.jinja": ("step3.5", TemplateTokens("<s>", "<|im_end|>")),
     "LFM2.5-Instruct.jinja": ("lfm2.5", TemplateTokens("<|startoftext|>", "<|im_end|>")),
@@ -209,6 +210,7 @@ OLLAMA_READING = {
     "MiniMax-M1.jinja": (True, "<tool_calls>", ()),
     "poolside-Laguna-XS-2.1.jinja": (True, "<tool_call>", ("<think>", "</think>")),
     "poolside-Laguna-S-2.1.jinja": (True, "<tool_call>", ("<think>", "</think>")),
+    "LFM2.5-8B-A1B.jinja": (True, "<|tool_call_start|>[", ("<think>", "</think>")),
     "meetkai-functionary-medium-v3.1.jinja": (True, "<function=", ()),
     "StepFun3.5-Flash.jinja": (True, "<tool_call>\n<function=", ("<think>", "</think>")),
     "ibm-granite-granite-3.3-2B-Instruct.jinja": (True, "<|tool_call|>[", ()),
@@ -507,3 +509,8 @@ def test_step35_prints_arguments_as_python_str(settings: Settings, templates_dir
                                {"role": "tool", "content": "ok"}), tools=None)
     r = _both(settings, templates_dir, "StepFun3.5-Flash.jinja", conv)
     assert r.equal and "<parameter=flag>\nTrue\n" in (r.ollama or "") and "\n1000000\n" in (r.ollama or "")
+
+
+def test_lfm25_moe_prints_pythonic_arguments(settings: Settings, templates_dir: Path) -> None:
+    r = _both(settings, templates_dir, "LFM2.5-8B-A1B.jinja", next(c for c in SUITE if c.name == "tool-call-nested-arguments"))
+    assert r.equal and "search(max_results=3, query='llama.cpp \"GGUF\"', tags=['ml', 'quantization'])" in (r.ollama or "")

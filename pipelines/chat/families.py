@@ -1695,6 +1695,82 @@ register(ChatFamily(
 ))
 
 
+# ---------------------------------------------------------------- LFM2.5 8B-A1B (Pythonic tool calls; PARSER lfm2-thinking)
+
+# format_arg_value of the Jinja: a string in single quotes, a mapping as JSON, anything else as Python's str().
+_PYVAL_DEFINE = (
+    '{{- define "mm_pyrepr" }}{{ $t := printf "%T" . }}{{ if eq $t "string" }}\'{{ . }}\''
+    '{{ else if eq $t "[]interface {}" }}[{{ range $i, $v := . }}{{ if $i }}, {{ end }}{{ template "mm_pyrepr" $v }}{{ end }}]'
+    '{{ else if eq $t "map[string]interface {}" }}{{ "{" }}{{ $first := true }}{{ range $k, $v := . }}'
+    '{{ if not $first }}, {{ end }}{{ $first = false }}\'{{ $k }}\': {{ template "mm_pyrepr" $v }}{{ end }}{{ "}" }}'
+    '{{ else if eq $t "bool" }}{{ if . }}True{{ else }}False{{ end }}{{ else if eq $t "<nil>" }}None'
+    '{{ else }}{{ json . }}{{ end }}{{ end }}\n'
+    '{{- define "mm_pyval" }}{{ if eq (printf "%T" .) "map[string]interface {}" }}{{ template "mm_json" . }}'
+    '{{ else }}{{ template "mm_pyrepr" . }}{{ end }}{{ end }}\n'
+)
+
+
+def _detect_lfm25_moe(src: str) -> bool:
+    return _has_all(
+        src, "{{- bos_token -}}", "preserve_thinking | default(false)", "macro format_arg_value(arg_value)",
+        "{{- \"'\" + arg_value + \"'\" -}}", '"<|tool_call_start|>[" + (tool_calls_ns.tool_calls | join(", ")) + "]<|tool_call_end|>"',
+        '"List of tools: ["', "message.thinking is defined and (preserve_thinking or loop.index0 > ns.last_user_index)",
+        "{%- generation -%}",
+    )
+
+
+def _build_lfm25_moe(src: str, tokens: TemplateTokens) -> str:
+    return json_defines() + _PYVAL_DEFINE + _fill(
+        """
+{{- $msgs := .Messages }}{{ $sys := "" }}{{ $hasSys := and $msgs (eq (index $msgs 0).Role "system") }}
+{{- if $hasSys }}{{ $sys = (index $msgs 0).Content }}{{ end }}
+{{- $lastUser := -1 }}{{ range $i, $m := $msgs }}{{ if eq .Role "user" }}{{ $lastUser = $i }}{{ end }}{{ end }}
+{{- «BOS» }}
+{{- if or $sys .Tools }}<|im_start|>system{{ "\\n" }}{{ $sys }}
+    {{- if .Tools }}{{ if $sys }}{{ "\\n" }}{{ end }}List of tools: [{{ range $j, $t := .Tools }}{{ if $j }}, {{ end }}{{ template "mm_tool" . }}{{ end }}]{{ end }}<|im_end|>{{ "\\n" }}
+{{- end }}
+{{- $prev := "" }}
+{{- range $i, $m := .Messages }}
+    «LOOP_HEAD»
+    {{- if or $i (not $hasSys) }}<|im_start|>{{ .Role }}{{ "\\n" }}
+        {{- if and (eq .Role "assistant") .Thinking (gt $i $lastUser) }}<think>{{ .Thinking }}</think>{{ end }}{{ .Content }}
+        {{- if .ToolCalls }}<|tool_call_start|>[{{ range $j, $c := .ToolCalls }}{{ if $j }}, {{ end }}{{ .Function.Name }}(
+            {{- $first := true }}{{ range $k, $v := .Function.Arguments }}{{ if not $first }}, {{ end }}{{ $first = false }}{{ $k }}={{ template "mm_pyval" $v }}{{ end }})
+            {{- end }}]<|tool_call_end|>{{ end }}
+        {{- if not (and $last (eq .Role "assistant") (not $m.ToolCalls)) }}<|im_end|>{{ "\\n" }}{{ end }}
+        {{- $prev = .Role }}
+    {{- end }}
+{{- end }}
+{{- if ne $prev "assistant" }}<|im_start|>assistant{{ "\\n" }}{{ end }}
+""",
+        BOS=golit(tokens.bos_text)[3:-3],
+        LOOP_HEAD=_LOOP_HEAD,
+    )
+
+
+register(ChatFamily(
+    name="lfm2.5-moe",
+    title="Liquid LFM2.5 8B-A1B (ChatML, Pythonic <|tool_call_start|>[f(a='x')]<|tool_call_end|>; PARSER lfm2-thinking)",
+    detect=_detect_lfm25_moe,
+    build=_build_lfm25_moe,
+    stop=("<|im_end|>", "<|im_start|>"),
+    bos_in_template=True,
+    thinking=True,
+    reasoning_key="thinking",
+    content_none_ok=False,
+    markers=("<|im_start|>", "<|im_end|>", "List of tools: [", "<|tool_call_start|>", "format_arg_value",
+             "preserve_thinking"),
+    parser="lfm2-thinking",
+    tool_calls="PARSER lfm2-thinking returns structured tool_calls and the <think> reasoning",
+    notes=(
+        "tool-call arguments print as the Jinja's format_arg_value does (strings in single quotes, Python str() of "
+        "other values); strings holding quotes or backslashes and floats with no fraction (2.0) print differently",
+        "preserve_thinking is not an Ollama setting: the TEMPLATE follows its default (false)",
+        "the Jinja fails on a None content; Ollama's contents are always strings",
+    ),
+))
+
+
 # ---------------------------------------------------------------- Llama 3.1 / 3.2 / 3.3 (JSON tool calls)
 
 _LLAMA3_TOOL_INTRO = (
