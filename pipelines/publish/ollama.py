@@ -349,48 +349,11 @@ def build_modelfile(
     g = read_gguf_chat(gguf)
     src = read_source_chat(source) if isinstance(source, Path | str) else source
     warnings: list[str] = []
-
-    jinja, origin = (src.chat_template, f"source:{src.template_file}") if src and src.chat_template else (None, "")
-    if g.chat_template and jinja is not None and g.chat_template != jinja:
-        warnings.append(
-            f"{gguf.name} embeds a chat template that differs from the source's {src.template_file}; "  # type: ignore[union-attr]
-            f"the TEMPLATE follows the source's {src.template_file} (the pinned upstream is the reference), "  # type: ignore[union-attr]
-            "not the embedded one"
-        )
-    if jinja is None and g.chat_template:
-        jinja, origin = g.chat_template, "gguf"
-
-    bos = (src.bos_token if src else None) or g.bos_text
-    eos = (src.eos_token if src else None) or g.eos_text
-    if not eos and not g.eot_text:
-        raise UnsupportedModel(
-            f"{gguf.name} has no eos token (neither its tokenizer metadata nor the source's tokenizer_config.json "
-            "names one): generation would never stop",
-            hint="fix the tokenizer's eos_token in the source and reconvert",
-        )
-    add_bos = g.add_bos if g.add_bos is not None else (src.add_bos_token if src else None)
-    if add_bos is None:
-        add_bos = True
-        warnings.append("neither the GGUF nor the source says whether a BOS token is added; assuming it is")
-    tokens = TemplateTokens(bos=bos, eos=eos, engine_adds_bos=add_bos)
-
-    fam: ChatFamily | None = None
-    proof: TemplateProof | None = None
-    if template is not None:
-        go_template, origin = template, "manual"
-        if family:
-            fam = get_family(family)
-        warnings.append("hand-written TEMPLATE: not proven against the chat template")
-    else:
-        if jinja is None:
-            raise UnsupportedChatTemplate(f"neither {gguf.name} nor its source has a chat template",
-                                          families=sorted(FAMILIES))
-        fam = detect_family(jinja) if family is None else _forced_family(family, jinja, force, warnings)
-        if fam.build is not None:
-            go_template = fam.template(jinja, tokens)
-            proof = _maybe_prove(jinja, go_template, fam, tokens, settings, verify, warnings, force=force)
-        else:
-            go_template = None
+    jinja, origin = _chat_template_of(gguf, g, src, warnings)
+    tokens = _template_tokens(gguf, g, src, warnings)
+    fam, go_template, origin, proof = _family_and_template(
+        gguf, jinja, origin, tokens, settings, family=family, template=template, verify=verify, force=force,
+        warnings=warnings)
 
     ctx = g.context_length or (src.context_length if src else None)
     if num_ctx is None:
@@ -398,9 +361,7 @@ def build_modelfile(
     elif ctx and num_ctx > ctx:
         raise ConfigError(f"num_ctx {num_ctx} is beyond the model's context length {ctx}",
                           hint=f"pass --num-ctx {ctx} or less")
-
-    gen_eos = src.generation_eos_texts if src else []
-    stops = _stops(fam, eos, g.eot_text, *gen_eos)
+    stops = _stops(fam, tokens.eos, g.eot_text, *(src.generation_eos_texts if src else []))
     params = [Parameter("stop", s) for s in stops]
     params.append(Parameter("num_ctx", int(num_ctx)))
     params += _sampling(src.generation if src else {})
@@ -414,37 +375,93 @@ def build_modelfile(
                       f"{proof.conversations} conversations"
                       + (f" (the source template refuses {', '.join(proof.refused_by_jinja)})."
                          if proof.refused_by_jinja else "."))
-    renderer = fam.renderer if fam is not None and go_template is None else None
-    parser = fam.parser if fam is not None and origin != "manual" else None
-    requires = None
-    if renderer or parser:
-        requires = check_ollama_version(renderer, parser, ollama_version or required_version(renderer, parser))
-        header.append(("Ollama renders this family with its built-in RENDERER " + renderer + " and parses"
-                       if renderer else "Ollama parses its output")
-                      + f" with its built-in PARSER {parser} (Ollama {requires} or newer).")
+    renderer, parser, requires = _builtin_names(fam, go_template, origin, ollama_version, header)
     modelfile = Modelfile(
-        from_=_from_path(gguf, out_dir),
-        template=go_template,
-        renderer=renderer,
-        parser=parser,
-        requires=requires,
-        system=system,
-        parameters=tuple(params),
-        messages=messages,
-        licenses=(licence.strip("\n"),) if licence else (),
-        comments=tuple(header),
+        from_=_from_path(gguf, out_dir), template=go_template, renderer=renderer, parser=parser, requires=requires,
+        system=system, parameters=tuple(params), messages=messages,
+        licenses=(licence.strip("\n"),) if licence else (), comments=tuple(header),
     )
     modelfile.to_text()  # fail here, not at write time, on text no Modelfile can hold
     for w in warnings:
         log.warning("%s", w)
     reading = None
-    if proof is not None:
+    if proof is not None and go_template is not None:
         from pipelines.chat.gotemplate import analyze
 
         reading = analyze(go_template, settings)
     return OllamaModelfile(modelfile, fam.name if fam else None, origin, stops, int(num_ctx), proof,
                            tuple(warnings), reading, fam.notes if fam else (),
                            tuple(fam.evidence(jinja)[0]) if fam and jinja else ())
+
+
+def _chat_template_of(gguf: Path, g: GGUFChat, src: SourceChat | None, warnings: list[str]) -> tuple[str | None, str]:
+    """The Jinja chat template to follow and where it came from: the source's wins over the GGUF's."""
+    jinja, origin = (src.chat_template, f"source:{src.template_file}") if src and src.chat_template else (None, "")
+    if g.chat_template and jinja is not None and g.chat_template != jinja:
+        warnings.append(
+            f"{gguf.name} embeds a chat template that differs from the source's {src.template_file}; "  # type: ignore[union-attr]
+            f"the TEMPLATE follows the source's {src.template_file} (the pinned upstream is the reference), "  # type: ignore[union-attr]
+            "not the embedded one"
+        )
+    if jinja is None and g.chat_template:
+        jinja, origin = g.chat_template, "gguf"
+    return jinja, origin
+
+
+def _template_tokens(gguf: Path, g: GGUFChat, src: SourceChat | None, warnings: list[str]) -> TemplateTokens:
+    """Raises: UnsupportedModel: no eos token anywhere (generation would never stop)."""
+    bos = (src.bos_token if src else None) or g.bos_text
+    eos = (src.eos_token if src else None) or g.eos_text
+    if not eos and not g.eot_text:
+        raise UnsupportedModel(
+            f"{gguf.name} has no eos token (neither its tokenizer metadata nor the source's tokenizer_config.json "
+            "names one): generation would never stop",
+            hint="fix the tokenizer's eos_token in the source and reconvert",
+        )
+    add_bos = g.add_bos if g.add_bos is not None else (src.add_bos_token if src else None)
+    if add_bos is None:
+        add_bos = True
+        warnings.append("neither the GGUF nor the source says whether a BOS token is added; assuming it is")
+    return TemplateTokens(bos=bos, eos=eos, engine_adds_bos=add_bos)
+
+
+def _family_and_template(gguf: Path, jinja: str | None, origin: str, tokens: TemplateTokens, settings: Settings, *,
+                         family: str | None, template: str | None, verify: bool | None, force: bool,
+                         warnings: list[str]) -> tuple[ChatFamily | None, str | None, str, TemplateProof | None]:
+    """(family, Go TEMPLATE or None for a RENDERER family, template origin, proof).
+
+    Raises:
+        UnsupportedChatTemplate, ConfigError: as build_modelfile.
+    """
+    if template is not None:
+        warnings.append("hand-written TEMPLATE: not proven against the chat template")
+        return (get_family(family) if family else None), template, "manual", None
+    if jinja is None:
+        raise UnsupportedChatTemplate(f"neither {gguf.name} nor its source has a chat template",
+                                      families=sorted(FAMILIES))
+    fam = detect_family(jinja) if family is None else _forced_family(family, jinja, force, warnings)
+    if fam.build is None:
+        return fam, None, origin, None
+    go_template = fam.template(jinja, tokens)
+    return fam, go_template, origin, _maybe_prove(jinja, go_template, fam, tokens, settings, verify, warnings,
+                                                   force=force)
+
+
+def _builtin_names(fam: ChatFamily | None, go_template: str | None, origin: str, ollama_version: str | None,
+                   header: list[str]) -> tuple[str | None, str | None, str | None]:
+    """(RENDERER, PARSER, REQUIRES) for the family, with a header line saying so.
+
+    Raises:
+        ConfigError: `ollama_version` is older than they need.
+    """
+    renderer = fam.renderer if fam is not None and go_template is None else None
+    parser = fam.parser if fam is not None and origin != "manual" else None
+    if not (renderer or parser):
+        return None, None, None
+    requires = check_ollama_version(renderer, parser, ollama_version or required_version(renderer, parser))
+    header.append((f"Ollama renders this family with its built-in RENDERER {renderer} and parses" if renderer
+                   else "Ollama parses its output") + f" with its built-in PARSER {parser} (Ollama {requires} or newer).")
+    return renderer, parser, requires
 
 
 def _forced_family(name: str, jinja: str, force: bool, warnings: list[str]) -> ChatFamily:
