@@ -641,6 +641,9 @@ def model_card(gguf: Path, built: OllamaModelfile, report: dict[str, Any], entry
                 "tool_call_tag": built.reading.tool_tag,
                 "thinking_tags": list(built.reading.thinking_tags),
             } if built.reading else None,
+            **({"ollama_builtin": {"renderer": built.modelfile.renderer, "parser": built.modelfile.parser,
+                                   "requires": built.modelfile.requires}}
+               if built.modelfile.renderer or built.modelfile.parser else {}),
             "stop": list(built.stops),
             "num_ctx": built.num_ctx,
             **({"block_fallback": _fallback_summary(report["preflight"])} if report.get("preflight") else {}),
@@ -648,13 +651,7 @@ def model_card(gguf: Path, built: OllamaModelfile, report: dict[str, Any], entry
     })
     head = yaml.safe_dump(front, sort_keys=False, allow_unicode=True, width=100)
     rows = "\n".join(f"| {k} | {v} |" for k, v in validation.items() if not isinstance(v, dict | list))
-    proof = built.proof
-    proof_line = (
-        f"Its TEMPLATE renders byte-identical prompts to the source chat template on {len(proof.identical)} of "
-        f"{proof.conversations} conversations"
-        + (f" (the source template refuses {', '.join(proof.refused_by_jinja)})" if proof.refused_by_jinja else "")
-        + "." if proof else "Its TEMPLATE was not proven on this machine (no Go compiler)."
-    )
+    proof_line = _template_line(built)
     return f"""---
 {head}---
 
@@ -686,6 +683,24 @@ llama-server -m {gguf.name} --jinja -c {built.num_ctx}
 | --- | --- |
 {rows}
 """
+
+
+def _template_line(built: OllamaModelfile) -> str:
+    """The card's sentence on how Ollama renders the prompt: the proof, or the built-in RENDERER/PARSER."""
+    proof, mf = built.proof, built.modelfile
+    if mf.renderer:
+        line = (f"Ollama renders it with its built-in RENDERER `{mf.renderer}` (not proven by modelmint), so the "
+                f"Modelfile needs Ollama {mf.requires} or newer.")
+    elif proof:
+        line = (f"Its TEMPLATE renders byte-identical prompts to the source chat template on {len(proof.identical)} "
+                f"of {proof.conversations} conversations"
+                + (f" (the source template refuses {', '.join(proof.refused_by_jinja)})" if proof.refused_by_jinja
+                   else "") + ".")
+    else:
+        line = "Its TEMPLATE was not proven on this machine (no Go compiler)."
+    if mf.parser:
+        line += f" Ollama's built-in PARSER `{mf.parser}` returns its thinking and structured tool calls."
+    return line
 
 
 def _notes(built: OllamaModelfile) -> str:
