@@ -174,8 +174,8 @@ def test_tokenizer_without_eos_is_refused(tmp_path: Path, llama_models: Path, se
 
 def test_system_with_triple_quotes_round_trips(tmp_path: Path, llama_models: Path, settings: Settings) -> None:
     phi = (llama_models / "templates" / "microsoft-Phi-3.5-mini-instruct.jinja").read_text(encoding="utf-8")
-    gguf = _write_gguf(tmp_path / "phi.gguf", template=phi, tokens=["<s>", "<|endoftext|>", "<|end|>"], eos=1,
-                       add_bos=True, ctx=4096)
+    gguf = _write_gguf(tmp_path / "phi.gguf", template=phi, tokens=["<s>", "<|endoftext|>", "<|end|>", "<|user|>",
+                                                                   "<|assistant|>"], eos=1, add_bos=True, ctx=4096)
     system = 'Write Python with """docstrings""" and \\n escapes.\nReply in français — "toujours".'
     built = build_modelfile(gguf, settings=settings, system=system)
     text = built.modelfile.to_text()
@@ -241,7 +241,8 @@ def test_cli_writes_a_modelfile_or_explains(tmp_path: Path, qwen_gguf: Path, lla
 def test_a_renderer_family_gets_renderer_parser_and_requires(tmp_path: Path, llama_models: Path,
                                                              settings: Settings) -> None:
     glm = (llama_models / "templates" / "GLM-4.7-Flash.jinja").read_text(encoding="utf-8")
-    gguf = _write_gguf(tmp_path / "glm.gguf", template=glm, tokens=["<|endoftext|>", "<|user|>"], eos=0)
+    gguf = _write_gguf(tmp_path / "glm.gguf", template=glm, tokens=["<|endoftext|>", "<|user|>", "<|observation|>"],
+                       eos=0)
     built = build_modelfile(gguf, settings=settings)
     mf = built.modelfile
     assert (built.family, mf.template, mf.renderer, mf.parser, mf.requires) == (
@@ -269,7 +270,8 @@ def test_a_forced_family_is_refused_unless_force(tmp_path: Path, llama_models: P
 def test_a_proven_family_with_a_parser_gets_template_and_parser(tmp_path: Path, llama_models: Path,
                                                                 settings: Settings) -> None:
     ministral = (llama_models / "templates" / "mistralai-Ministral-3-14B-Reasoning-2512.jinja").read_text(encoding="utf-8")
-    gguf = _write_gguf(tmp_path / "ministral.gguf", template=ministral, tokens=["<s>", "</s>"], eos=1, add_bos=True)
+    gguf = _write_gguf(tmp_path / "ministral.gguf", template=ministral, tokens=["<s>", "</s>", "[INST]", "[/INST]"],
+                       eos=1, add_bos=True)
     built = build_modelfile(gguf, settings=settings)
     mf = built.modelfile
     assert built.family == "ministral3" and built.proof is not None and built.proof.holds
@@ -318,7 +320,8 @@ def test_cli_modelfile_explain(tmp_path: Path, qwen_gguf: Path, llama_models: Pa
 def test_card_of_a_renderer_family_names_renderer_parser_and_requires(tmp_path: Path, llama_models: Path,
                                                                     settings: Settings) -> None:
     glm = (llama_models / "templates" / "GLM-4.7-Flash.jinja").read_text(encoding="utf-8")
-    gguf = _write_gguf(tmp_path / "glm.gguf", template=glm, tokens=["<|endoftext|>", "<|user|>"], eos=0)
+    gguf = _write_gguf(tmp_path / "glm.gguf", template=glm, tokens=["<|endoftext|>", "<|user|>", "<|observation|>"],
+                       eos=0)
     entry = CatalogEntry.model_validate({"name": "glm", "license": "mit",
                                          "source": {"repo": "zai-org/GLM-4.7-Flash", "revision": "0" * 40}})
     published = publish_ollama(gguf, None, REPORT, entry, tmp_path / "pub", settings=settings)
@@ -328,3 +331,17 @@ def test_card_of_a_renderer_family_names_renderer_parser_and_requires(tmp_path: 
     assert "built-in RENDERER `glm-4.7`" in card and "Ollama 0.14.3 or newer" in card
     assert "not proven on this machine" not in card
     assert "RENDERER glm-4.7\n" in published.modelfile.read_text(encoding="utf-8")
+
+
+def test_a_tokenizer_without_the_templates_special_tokens_is_refused(tmp_path: Path, llama_models: Path,
+                                                                    settings: Settings) -> None:
+    qwen3 = (llama_models / "templates" / "Qwen-Qwen3-0.6B.jinja").read_text(encoding="utf-8")
+    gguf = _write_gguf(tmp_path / "q3.gguf", template=qwen3, tokens=["<|endoftext|>", "<|im_end|>"], eos=1)
+    with pytest.raises(UnsupportedModel, match=r"lacks the special tokens <\|im_start\|> that the qwen3") as err:
+        build_modelfile(gguf, settings=settings)
+    assert "--force" in (err.value.hint or "")
+    built = build_modelfile(gguf, settings=settings, force=True)
+    assert built.family == "qwen3" and any("lacks the special tokens" in w for w in built.warnings)
+    full = _write_gguf(tmp_path / "q3ok.gguf", template=qwen3, tokens=["<|endoftext|>", "<|im_end|>", "<|im_start|>"],
+                       eos=1)
+    assert build_modelfile(full, settings=settings).proof is not None

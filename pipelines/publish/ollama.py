@@ -174,6 +174,8 @@ class GGUFChat:
     add_bos: bool | None
     context_length: int | None
     file_type: str | None
+    vocab: frozenset[str] = frozenset()
+    """Every token text of the GGUF's tokenizer (empty when it has none)."""
 
 
 def read_gguf_chat(path: Path) -> GGUFChat:
@@ -216,6 +218,7 @@ def read_gguf_chat(path: Path) -> GGUFChat:
         add_bos=bool(add_bos) if add_bos is not None else None,
         context_length=int(ctx) if isinstance(ctx, int) else None,
         file_type=file_type,
+        vocab=frozenset(t for t in tokens if isinstance(t, str)),
     )
 
 
@@ -352,7 +355,7 @@ def build_modelfile(
     tokens = _template_tokens(gguf, g, src, warnings)
     fam, go_template, origin, proof = _family_and_template(
         gguf, jinja, origin, tokens, settings, family=family, template=template, verify=verify, force=force,
-        warnings=warnings)
+        vocab=g.vocab, warnings=warnings)
 
     num_ctx = _num_ctx(g, src, num_ctx)
     stops = _stops(fam, tokens.eos, g.eot_text, *(src.generation_eos_texts if src else []))
@@ -431,7 +434,8 @@ def _template_tokens(gguf: Path, g: GGUFChat, src: SourceChat | None, warnings: 
 
 def _family_and_template(gguf: Path, jinja: str | None, origin: str, tokens: TemplateTokens, settings: Settings, *,
                          family: str | None, template: str | None, verify: bool | None, force: bool,
-                         warnings: list[str]) -> tuple[ChatFamily | None, str | None, str, TemplateProof | None]:
+                         vocab: frozenset[str], warnings: list[str],
+                         ) -> tuple[ChatFamily | None, str | None, str, TemplateProof | None]:
     """(family, Go TEMPLATE or None for a RENDERER family, template origin, proof).
 
     Raises:
@@ -444,11 +448,35 @@ def _family_and_template(gguf: Path, jinja: str | None, origin: str, tokens: Tem
         raise UnsupportedChatTemplate(f"neither {gguf.name} nor its source has a chat template",
                                       families=sorted(FAMILIES))
     fam = detect_family(jinja) if family is None else _forced_family(family, jinja, force, warnings)
+    _check_special_tokens(fam, gguf, vocab, force, warnings)
     if fam.build is None:
         return fam, None, origin, None
     go_template = fam.template(jinja, tokens)
     return fam, go_template, origin, _maybe_prove(jinja, go_template, fam, tokens, settings, verify, warnings,
                                                    force=force)
+
+
+# Turn markers that are always single special tokens where a template prints them: <|…|>, <｜…｜>, [INST]-style.
+_SPECIAL = re.compile(r"^(<[|｜]\S+[|｜]>|\[/?[A-Z_]+\])$")
+
+
+def _check_special_tokens(fam: ChatFamily, gguf: Path, vocab: frozenset[str], force: bool,
+                          warnings: list[str]) -> None:
+    """Refuse a family whose turn markers the GGUF's tokenizer lacks: the model would read them as plain text.
+
+    Raises:
+        UnsupportedModel: a marker is missing (unless `force`, which makes it a warning).
+    """
+    missing = [t for t in fam.stop if _SPECIAL.match(t) and t not in vocab]
+    if not vocab or not missing:
+        return
+    message = (f"{gguf.name}'s tokenizer lacks the special tokens {', '.join(missing)} that the {fam.name} chat "
+               "template prints; the model would see them as plain text")
+    if force:
+        warnings.append(message + " (published anyway: --force)")
+        return
+    raise UnsupportedModel(message, hint="check that the GGUF was converted from the model the chat template belongs "
+                                         "to (`modelmint inspect <file.gguf>`), or pass --force")
 
 
 def _builtin_names(fam: ChatFamily | None, go_template: str | None, origin: str, ollama_version: str | None,
