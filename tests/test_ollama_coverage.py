@@ -13,7 +13,13 @@ from pathlib import Path
 import pytest
 
 from pipelines.chat.coverage import DOC, classify, render_doc, survey
-from pipelines.chat.families import FAMILIES, TemplateTokens, UnsupportedChatTemplate, detect_family
+from pipelines.chat.families import (
+    FAMILIES,
+    TemplateTokens,
+    UnsupportedChatTemplate,
+    detect_family,
+    go_blockers,
+)
 from pipelines.chat.renderers import (
     COMMAND_SINCE,
     PARSERS,
@@ -144,3 +150,12 @@ def test_an_edited_family_template_is_a_near_miss_with_what_differs(tree: tuple[
     tokens = TemplateTokens(None, "<|im_end|>", engine_adds_bos=False)
     with pytest.raises(UnsupportedChatTemplate, match="renders differently on: tool-call-and-result"):
         convert_template(tweaked, tokens, Settings.from_env())
+
+
+def test_a_refusal_names_the_constructs_go_cannot_express(tree: tuple[Path, str]) -> None:
+    row = classify("hy3", (tree[0] / "tencent-Hy3.jinja").read_text(encoding="utf-8"))
+    assert row.kind == "refused" and "it uses what Go templates cannot express: " in row.reason
+    assert "splitting strings (.split)" in go_blockers((tree[0] / "Qwen-Qwen3-0.6B.jinja").read_text(encoding="utf-8"))
+    assert go_blockers("{% for m in messages %}{{ m.content }}{% endfor %}") == []
+    assert go_blockers("{{ messages|length - 1 }}{{ x | trim }}") == ["stripping whitespace (.strip / trim)",
+                                                                      "arithmetic"]

@@ -140,20 +140,42 @@ def nearest_family(jinja: str) -> tuple[ChatFamily, list[str], list[str]] | None
     return None if best is None else best[1:]
 
 
+# Jinja constructs Go's text/template (with Ollama's functions) has no counterpart for: no string methods, no
+# arithmetic, no Python value printing.
+_GO_CANNOT = (
+    (re.compile(r"\.split\("), "splitting strings (.split)"),
+    (re.compile(r"\.(?:l|r)?strip\(|\|\s*trim\b"), "stripping whitespace (.strip / trim)"),
+    (re.compile(r"\.(?:startswith|endswith)\("), "prefix and suffix tests (.startswith / .endswith)"),
+    (re.compile(r"\.replace\("), "replacing text (.replace)"),
+    (re.compile(r"'[^']*'\s+in\s+\w|\"[^\"]*\"\s+in\s+\w"), "substring tests ('x' in s)"),
+    (re.compile(r"\|\s*string\b"), "Python's str() of values (| string)"),
+    (re.compile(r"[\w)\]]\s*[-+*%]\s*\d|\d\s*[-+*%]\s*[\w(]"), "arithmetic"),
+)
+
+
+def go_blockers(jinja: str) -> list[str]:
+    """The constructs of this Jinja that a Go TEMPLATE cannot reproduce (where a family's TEMPLATE works around one,
+    its notes say how)."""
+    return [what for pattern, what in _GO_CANNOT if pattern.search(jinja)]
+
+
 def refusal_reason(jinja: str) -> str:
-    """Why no family accepts this Jinja, naming the nearest family and what differs from it."""
+    """Why no family accepts this Jinja, naming the nearest family and what differs from it, and the constructs a
+    hand-written TEMPLATE would have to do without."""
     hits = matching_families(jinja)
     if len(hits) > 1:
         return f"matches several families ({', '.join(f.name for f in hits)}); refusing to guess"
     near = nearest_family(jinja)
+    blockers = go_blockers(jinja)
+    tail = f"; it uses what Go templates cannot express: {', '.join(blockers)}" if blockers else ""
     if near is None:
-        return "shares no marker with any family"
+        return "shares no marker with any family" + tail
     fam, found, missing = near
     if not missing:
         return (f"has every marker of {fam.name} but is not the template modelmint proved for it "
-                "(a variant or an edited version)")
+                "(a variant or an edited version)" + tail)
     return (f"nearest family {fam.name} ({len(found)} of {len(fam.markers)} markers); lacks "
-            + ", ".join(repr(m) for m in missing))
+            + ", ".join(repr(m) for m in missing) + tail)
 
 
 def detect_family(jinja: str) -> ChatFamily:
