@@ -95,8 +95,12 @@ def render_doc(rows: list[Coverage], tree: str) -> str:
         "Ollama before 0.12.0 refuses such a Modelfile at `ollama create` (RENDERER and PARSER are unknown "
         "commands), and before 0.14.0 it refuses REQUIRES the same way; nothing is silently ignored. A release "
         "that knows the commands but not the name accepts the Modelfile and fails at chat time with "
-        "`unknown renderer`; REQUIRES is recorded and shown by `ollama show`, not enforced (as of v0.32.15). "
-        "`modelmint modelfile --ollama-version X` refuses a target older than the names need.",
+        "`unknown renderer`, while an unknown PARSER name is ignored (no structured parsing); REQUIRES is "
+        "recorded and shown by `ollama show`, not enforced (as of v0.32.15). `modelmint modelfile "
+        "--ollama-version X` refuses a target older than the names need. Ollama v0.32.15 infers a RENDERER and "
+        "PARSER itself only for GGUF architectures gemma4, laguna and nemotron_h (server/create.go; for gemma4 "
+        "it then chooses gemma4-small or gemma4-large by model name and parameter count, "
+        "server/renderer_resolution.go); modelmint always names them in the Modelfile, the one its template needs.",
         "",
         *_names_table(),
         "",
