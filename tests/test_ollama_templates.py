@@ -273,7 +273,8 @@ def test_ollama_merges_consecutive_messages_of_one_role(settings: Settings, temp
     assert r.ollama == _both(settings, templates_dir, "Qwen-Qwen2.5-7B-Instruct.jinja", merged).hf
 
 
-@pytest.mark.parametrize("name", ["meta-llama-Llama-3.1-8B-Instruct.jinja", "google-gemma-2-2b-it.jinja"])
+@pytest.mark.parametrize("name", ["meta-llama-Llama-3.1-8B-Instruct.jinja", "google-gemma-2-2b-it.jinja",
+                                  "llama-cpp-rwkv-world.jinja", "MiniMax-M1.jinja"])
 def test_jinja_trims_contents_go_cannot(settings: Settings, templates_dir: Path, name: str) -> None:
     padded = Conversation("padded", ({"role": "user", "content": "  spaced out \n"},))
     tight = Conversation("tight", ({"role": "user", "content": "spaced out"},))
@@ -514,3 +515,17 @@ def test_step35_prints_arguments_as_python_str(settings: Settings, templates_dir
 def test_lfm25_moe_prints_pythonic_arguments(settings: Settings, templates_dir: Path) -> None:
     r = _both(settings, templates_dir, "LFM2.5-8B-A1B.jinja", next(c for c in SUITE if c.name == "tool-call-nested-arguments"))
     assert r.equal and "search(max_results=3, query='llama.cpp \"GGUF\"', tags=['ml', 'quantization'])" in (r.ollama or "")
+
+
+def test_glm46_nothink_is_added_even_when_present(settings: Settings, templates_dir: Path) -> None:
+    conv = Conversation("nt", ({"role": "user", "content": "hi /nothink"},), think=False)
+    r = _both(settings, templates_dir, "GLM-4.6.jinja", conv)
+    assert r.hf is not None and "hi /nothink<|assistant|>" in r.hf
+    assert "hi /nothink/nothink<|assistant|>" in (r.ollama or "")
+
+
+def test_ling_thinking_line_follows_ollama_not_the_system_prompt(settings: Settings, templates_dir: Path) -> None:
+    conv = Conversation("sys", ({"role": "system", "content": "detailed thinking off"}, {"role": "user", "content": "hi"}))
+    r = _both(settings, templates_dir, "inclusionai-ling-3.0-flash.jinja", conv)
+    assert r.hf is not None and r.hf.startswith("<role>SYSTEM</role>detailed thinking off<|role_end|>")
+    assert (r.ollama or "").startswith("<role>SYSTEM</role>detailed thinking off\ndetailed thinking on<|role_end|>")
