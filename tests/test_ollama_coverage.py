@@ -35,7 +35,7 @@ from pipelines.publish.ollama import convert_template
 from tests.test_ollama_templates import CLAIMED
 
 # The floor this branch reached (the target: 45 of 70); raise it as families are added.
-COVERED_AT_LEAST = 45
+COVERED_AT_LEAST = 46
 
 
 @pytest.fixture(scope="module")

@@ -1793,6 +1793,91 @@ register(ChatFamily(
 ))
 
 
+# ---------------------------------------------------------------- Solar Open (<|begin|>role<|content|>…<|end|>)
+
+_SOLAR_PROVIDER = ("## Provider System Prompt\n\nYou are Solar Open 100B, a large language model trained by Upstage AI, "
+                   "a Korean startup. Your knowledge cutoff is 2025-07. The current date is ")
+_SOLAR_TOOLS_START = "\nYou may invoke one or more tools to assist with the user's query."
+
+
+def _solar_tools_texts(src: str) -> list[str] | None:
+    """The tool instructions after the tool list, in order, read from the Jinja."""
+    strings = _jinja_strings(src)
+    try:
+        at = strings.index("<|tools:end|>\n")
+    except ValueError:
+        return None
+    tail = strings[at + 1:at + 7]
+    ok = len(tail) == 6 and tail[0] == "\n### Tool Call Format\n" and tail[-1].startswith("- Ensure the <tool-call-id>")
+    return tail if ok else None
+
+
+def _detect_solar(src: str) -> bool:
+    return (
+        _has_all(src, '"<|begin|>system<|content|>"', '"<|begin|>user<|content|>" + message.content + "<|end|>"',
+                 '"<|begin|>assistant<|content|>" + message.content + "<|end|>"', '"<|begin|>assistant<|tool_calls|>"',
+                 '"<|begin|>tool<|tool_response|>"', "strftime_now(\"%Y-%m-%d\")", 'think_render_option == "lastthink"',
+                 '"<|begin|>assistant<|think|>" + message.reasoning + "<|end|>"', '{{- "<|begin|>assistant" }}')
+        and _SOLAR_PROVIDER in _jinja_strings(src) and _solar_tools_texts(src) is not None
+        and any(t.startswith(_SOLAR_TOOLS_START) for t in _jinja_strings(src))
+    )
+
+
+def _build_solar(src: str, tokens: TemplateTokens) -> str:
+    tail = _solar_tools_texts(src)
+    intro = next(t for t in _jinja_strings(src) if t.startswith(_SOLAR_TOOLS_START))
+    assert tail is not None
+    return json_defines() + _fill(
+        """
+{{- $msgs := .Messages }}{{ $hasSys := false }}{{ range $msgs }}{{ if eq .Role "system" }}{{ $hasSys = true }}{{ end }}{{ end }}
+{{- $lastUser := -1 }}{{ range $i, $m := $msgs }}{{ if eq .Role "user" }}{{ $lastUser = $i }}{{ end }}{{ end }}
+{{- "<|begin|>system<|content|>" }}«PROVIDER»{{ currentDate }}.
+{{- if $hasSys }}{{ "\\n\\n## System Prompt" }}{{ range $msgs }}{{ if eq .Role "system" }}{{ "\\n\\n" }}{{ .Content }}{{ end }}{{ end }}{{ end }}
+{{- if .Tools }}{{ "\\n\\n## Tools\\n\\n### Tool Call Instruction" }}«INTRO»{{ "\\n### Available Tools\\n<|tools:begin|>" }}
+    {{- range .Tools }}<|tool:begin|>{{ template "mm_function" .Function }}<|tool:end|>{{ end }}{{ "<|tools:end|>\\n" }}«TAIL»
+{{- end }}<|end|>
+{{- $prev := "" }}
+{{- range $i, $m := .Messages }}
+    «LOOP_HEAD»
+    {{- if eq .Role "user" }}<|begin|>user<|content|>{{ .Content }}<|end|>
+    {{- else if eq .Role "tool" }}
+        {{- if ne $prev "tool" }}<|begin|>tool<|tool_response|>{{ end }}
+        {{- "<|tool_response:begin|>" }}{{ .ToolCallID }}<|tool_response:name|>{{ .ToolName }}<|tool_response:result|>{{ .Content }}<|tool_response:end|>
+        {{- if ne $next "tool" }}<|end|>{{ end }}
+    {{- else if eq .Role "assistant" }}
+        {{- if and .Thinking (gt $i $lastUser) }}<|begin|>assistant<|think|>{{ .Thinking }}<|end|>{{ end }}
+        {{- if .ToolCalls }}<|begin|>assistant<|tool_calls|>{{ range .ToolCalls }}<|tool_call:begin|>{{ .ID }}<|tool_call:name|>{{ .Function.Name }}<|tool_call:args|>{{ template "mm_args" .Function.Arguments }}<|tool_call:end|>{{ end }}<|calls|>
+        {{- else }}<|begin|>assistant<|content|>{{ .Content }}{{ if not $last }}<|end|>{{ end }}{{ end }}
+        {{- /* Never renders: the model's reasoning sits between <|think|> and <|end|>, the tags Ollama's thinking parser reads. */}}
+        {{- if false }}<|think|>{{ .Thinking }}<|end|>{{ end }}
+    {{- end }}
+    {{- $prev = .Role }}
+{{- end }}
+{{- if ne $prev "assistant" }}{{ if eq .ThinkLevel "low" }}<|begin|>assistant<|think|><|end|>{{ end }}<|begin|>assistant{{ end }}
+""",
+        PROVIDER=golit(_SOLAR_PROVIDER), INTRO=golit(intro), TAIL=golit("".join(tail)), LOOP_HEAD=_LOOP_HEAD,
+    )
+
+
+register(ChatFamily(
+    name="solar-open",
+    title="Upstage Solar Open (<|begin|>role<|content|>…<|end|>, <|think|> reasoning, <|tool_call:begin|> calls)",
+    detect=_detect_solar,
+    build=_build_solar,
+    stop=("<|end|>", "<|calls|>"),
+    thinking=True,
+    reasoning_key="reasoning",
+    markers=("<|begin|>", "<|content|>", "<|end|>", "<|tool_calls|>", "<|tool_call:begin|>", "Solar Open"),
+    tool_calls="none structured: the calls are <|tool_call:begin|>id<|tool_call:name|>…<|tool_call:args|>{…}, "
+               "not a format Ollama's tool parser reads, and Ollama ships no Solar PARSER",
+    notes=(
+        "the Jinja names a tool result's tool by looking up its call id; the TEMPLATE prints Ollama's tool_name",
+        "the Jinja's reasoning_effort low/minimal maps to Ollama's think level 'low'; its think_render_option and "
+        "response_format have no Ollama counterpart (the TEMPLATE follows their defaults)",
+    ),
+))
+
+
 # ---------------------------------------------------------------- Llama 3.1 / 3.2 / 3.3 (JSON tool calls)
 
 _LLAMA3_TOOL_INTRO = (
