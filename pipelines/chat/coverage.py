@@ -40,7 +40,7 @@ def classify(name: str, jinja: str) -> Coverage:
             evidence += f"; RENDERER {fam.renderer}, PARSER {fam.parser}, REQUIRES {required_version(fam.renderer, fam.parser)}"
         return Coverage(name, fam.name, fam.kind, evidence)
     near = nearest_family(jinja)
-    escape = "publish with `modelmint modelfile <file.gguf> --template FILE` (a hand-written TEMPLATE)"
+    escape = "publish with `modelmint modelfile MODEL.gguf --template FILE` (a hand-written TEMPLATE)"
     return Coverage(name, near[0].name if near else None, "refused", f"{refusal_reason(jinja)}; {escape}")
 
 
@@ -50,7 +50,8 @@ def survey(templates_dir: Path) -> list[Coverage]:
 
 
 def _cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
+    """Text for a Markdown table cell: pipes and angle brackets escaped (<tool_call> would read as HTML)."""
+    return text.replace("|", "\\|").replace("<", "\\<").replace("\n", " ")
 
 
 def _families_table() -> list[str]:
