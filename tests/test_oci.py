@@ -525,3 +525,19 @@ def test_a_registry_out_of_space_mid_upload_leaves_nothing_tagged(env: Env, smal
         assert "sha256:" + env.gguf.sha256 in done.uploaded
     finally:
         full.stop()
+
+
+def test_renderer_parser_and_requires_travel_in_the_config_blob(tmp_path: Path) -> None:
+    """A family Ollama renders in Go code publishes RENDERER / PARSER / REQUIRES; `ollama create` keeps them in
+    ConfigV2 (types/model/config.go), not in layers, so the image's config must carry them in the struct's order."""
+    from types import SimpleNamespace
+
+    from pipelines.chat.modelfile import Modelfile
+    from pipelines.publish.ollama_image import config_json
+
+    info = SimpleNamespace(architecture="qwen3", parameter_count=8_000_000_000, file_type="Q4_K_M")
+    mf = Modelfile(from_="m.gguf", renderer="qwen3-coder", parser="qwen3-coder", requires="0.14.0")
+    config = json.loads(config_json(info, mf))
+    assert list(config) == FORMAT["config"]["keys_in_order_with_renderer"]
+    assert (config["renderer"], config["parser"], config["requires"]) == ("qwen3-coder", "qwen3-coder", "0.14.0")
+    assert list(json.loads(config_json(info, Modelfile(from_="m.gguf")))) == FORMAT["config"]["keys_in_order"]

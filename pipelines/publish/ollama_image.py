@@ -57,7 +57,7 @@ def ollama_image(gguf: Path, sha256: str, modelfile: Path, *, extra: tuple[Blob,
     if mf.messages:
         layers.append(Blob.of_bytes(MESSAGES, go_json([{"role": m.role, "content": m.content}
                                                        for m in mf.messages]).encode() + b"\n"))
-    return Image(DOCKER_MANIFEST, Blob.of_bytes(CONFIG, config_json(info)), (*layers, *extra))
+    return Image(DOCKER_MANIFEST, Blob.of_bytes(CONFIG, config_json(info, mf)), (*layers, *extra))
 
 
 def params_json(mf: Modelfile) -> bytes | None:
@@ -74,14 +74,19 @@ def params_json(mf: Modelfile) -> bytes | None:
     return (go_json(dict(sorted(params.items()))) + "\n").encode() if params else None
 
 
-def config_json(info: Any) -> bytes:
-    """ConfigV2 as `ollama create` writes it for a GGUF: its fields in the struct's order, empty ones left out."""
+def config_json(info: Any, mf: Modelfile | None = None) -> bytes:
+    """ConfigV2 as `ollama create` writes it for a GGUF: its fields in the struct's order, empty ones left out.
+
+    RENDERER, PARSER and REQUIRES of the Modelfile live here, not in layers (ollama types/model/config.go): an image
+    of a family Ollama renders in Go code carries them, or `ollama pull` would give it no chat format at all."""
     config = {
         "model_format": "gguf",
         "model_family": info.architecture,
         "model_families": [info.architecture],
         "model_type": human_number(info.parameter_count),
         "file_type": ollama_file_type(info.file_type),
+        **{k: v for k, v in (("renderer", mf and mf.renderer), ("parser", mf and mf.parser),
+                             ("requires", mf and mf.requires)) if v},
         "architecture": "amd64",
         "os": "linux",
     }
