@@ -50,6 +50,18 @@ class Cluster:
                     continue
         return found
 
+    def raylet(self, resource: str) -> int:
+        """The pid of the raylet of the node that offers `resource`."""
+        for pid in self.pids():
+            try:
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if Path(cmd[0].decode()).name == "raylet" and any(
+                    a.startswith(b"--static_resource_list=") and f"{resource},".encode() in a for a in cmd):
+                return pid
+        raise AssertionError(f"no raylet offers {resource}")
+
     def stop(self) -> None:
         for sig in (signal.SIGTERM, signal.SIGKILL):
             for pid in self.pids():
@@ -114,6 +126,46 @@ def test_the_flow_runs_its_steps_on_both_nodes_and_registers_what_a_local_run_do
     want = {f["path"]: f["sha256"] for f in golden["files"] if f["path"].endswith(".gguf")}
     got = {f.path: f.sha256 for f in manifests["q4_k_m"].files if f.path.endswith(".gguf")}
     assert got == want
+
+
+def _task_running(settings: Settings, prefix: str) -> bool:
+    from prefect.client.schemas.filters import TaskRunFilter, TaskRunFilterName
+
+    from flows import stack
+
+    with stack.api(settings) as client:
+        runs = client.read_task_runs(task_run_filter=TaskRunFilter(name=TaskRunFilterName(like_=prefix)))
+    return any(r.state and r.state.name == "Running" for r in runs)
+
+
+@pytest.mark.slow
+def test_a_node_lost_mid_step_is_retried_by_ray_on_its_replacement(cluster, isolated, tmp_path, monkeypatch) -> None:
+    """SIGKILL the raylet of the node running validate (llama-perplexity, the longest step of a tiny model): Ray
+    retries the task on the node that replaces it (one offering the same resource), the run completes, and what
+    it registers is what a run without loss registers."""
+    from ray.util.state import list_tasks
+    from stack_env import wait_for
+
+    placement = {"validate": {"node-b": 1}}
+    with stack_up(tmp_path, monkeypatch, {"tiny-qwen2": ["q8_0"]}, MODELMINT_RAY_ADDRESS=cluster.address,
+                  MODELMINT_RAY_RESOURCES=json.dumps(placement), MODELMINT_THREADS="1") as (repo, settings):
+        started = prefect(settings, "deployment", "run", "convert/tiny-qwen2")
+        assert started.returncode == 0, started.stderr
+        wait_for(lambda: _task_running(settings, "validate"), 600, "validate to run on node-b")
+        os.kill(cluster.raylet("node-b"), signal.SIGKILL)
+        _ray_start("--address", cluster.address, "--node-ip-address", "127.0.0.1", "--num-cpus", "1",
+                   "--resources", '{"node-b": 1}')
+        run = wait_for(lambda: next((r for r in flow_runs(settings) if r.state and r.state.is_final()), None), 900,
+                       "the run to finish")
+        assert run.state.is_completed(), run_logs(settings, run.id)
+        manifests = list_manifests(repo.settings()).manifests
+    attempts = [(t.attempt_number, t.state) for t in list_tasks(address=cluster.dashboard, limit=1000,
+                                                                 filters=[("name", "=", "validate")])]
+    assert (0, "FAILED") in attempts and any(n > 0 and st == "FINISHED" for n, st in attempts), attempts
+    golden = json.loads((GOLDEN / "q8_0.manifest.json").read_text())
+    assert [m.ref for m in manifests] == ["tiny-qwen2:q8_0"]
+    want = {f["path"]: f["sha256"] for f in golden["files"] if f["path"].endswith(".gguf")}
+    assert {f.path: f.sha256 for f in manifests[0].files if f.path.endswith(".gguf")} == want
 
 
 @pytest.mark.slow
