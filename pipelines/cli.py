@@ -122,7 +122,7 @@ def fetch_cmd(
 
 @app.command()
 def convert(
-    name: Annotated[str, typer.Argument(help="catalog entry, e.g. qwen2.5")],
+    name: Annotated[str | None, typer.Argument(help="catalog entry, e.g. qwen2.5")] = None,
     variants: Annotated[
         str | None, typer.Option(help="comma-separated llama.cpp types, e.g. q4_k_m,q8_0 (default: the catalog's)")
     ] = None,
@@ -130,12 +130,35 @@ def convert(
     as_json: Annotated[bool, typer.Option("--json", help="print the build summary as JSON")] = False,
     register: RegisterOption = False,
     track: TrackOption = True,
+    every: Annotated[bool, typer.Option("--all", help="every catalog model with GGUF variants, one after another")] = False,
 ) -> None:
     """Fetch, convert to f16, quantize and validate one catalog model (and register it, with --register)."""
-    from pipelines.source.catalog import parse_quants
+    from pipelines.source.catalog import load_catalog, parse_quants
 
-    _build_command(name, "gguf", parse_quants(variants) if variants is not None else None, revision=revision,
-                   as_json=as_json, register=register, track=track)
+    if name is None and not every:
+        # typer 0.29's own click (pinned), the one it raises and shows as usage text itself
+        from typer._click.exceptions import MissingParameter
+
+        raise MissingParameter(param_hint="NAME (a catalog model) or --all", param_type="argument")
+    if name is not None and every:
+        raise typer.BadParameter("name one catalog model or give --all, not both", param_hint="NAME / --all")
+    asked = parse_quants(variants) if variants is not None else None
+    if not every:
+        _build_command(name, "gguf", asked, revision=revision, as_json=as_json, register=register, track=track)
+        return
+    failed: dict[str, str] = {}
+    for entry in load_catalog(_settings().catalog_path).models:
+        if entry.variants.gguf is None:
+            continue
+        try:
+            _build_command(entry.name, "gguf", asked, revision=revision, as_json=as_json, register=register,
+                           track=track)
+        except ModelmintError as e:  # one model's failure does not stop the others
+            failed[entry.name] = e.message.splitlines()[0]
+            err.print(f"[red]{entry.name}[/red]: {_escape(failed[entry.name])}")
+    if failed:
+        raise ModelmintError(f"{len(failed)} model(s) failed: {', '.join(failed)}",
+                             hint="each model's own error is printed above; rerun `modelmint convert NAME` for one")
 
 
 @app.command()

@@ -33,8 +33,12 @@ def _is_group(command: Any) -> bool:
     return hasattr(command, "commands")
 
 
+ONE_OF = {"convert": ("name", "every")}
+"""Commands that need one of two parameters (a NAME or --all): neither is required alone."""
+
+
 def _needs_arguments(command: Any) -> bool:
-    return _is_group(command) or any(p.required for p in command.params)
+    return _is_group(command) or any(p.required for p in command.params) or command.name in ONE_OF
 
 
 @pytest.fixture(scope="module")

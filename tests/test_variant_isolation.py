@@ -190,3 +190,19 @@ def test_k_quant_fallback_is_predicted_before_the_build_and_matches_llama_quanti
         assert pre["observed"]["fallback_params"] == pre["fallback_params"]
     observed = result.variants["q4_k_m"].report["preflight"]["observed"]
     assert observed["log_fallback_tensors"] > 0 and any(t.endswith(":Q5_0") for t in observed["tensors"])
+
+
+@pytest.mark.slow
+def test_convert_all_goes_on_past_a_model_that_fails(isolated, tmp_path: Path, work: Path, tiny_qwen2: Path,
+                                                     monkeypatch) -> None:
+    """`modelmint convert --all`: qwen2.5 cannot be fetched (the hub is off), tiny-qwen2 is still built and
+    registered, and the command fails at the end naming the model that failed."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    repo = make_repo(tmp_path, models={"qwen2.5": ["q8_0"], "tiny-qwen2": ["q8_0"]}, work=work)
+    done = _cli(repo, "convert", "--all", "--variants", "q8_0", "--register")
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "1 model(s) failed: qwen2.5" in done.stderr and "HF_HUB_OFFLINE" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert [x.ref for x in list_manifests(repo.settings()).manifests] == ["tiny-qwen2:q8_0"]
+    both = _cli(repo, "convert", "tiny-qwen2", "--all")
+    assert both.returncode == 2 and "not both" in both.stderr
