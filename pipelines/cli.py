@@ -395,6 +395,69 @@ def verify_cmd(
         raise error
 
 
+@app.command("watch")
+def watch_cmd(
+    names: Annotated[list[str] | None, typer.Argument(help="catalog entries (default: every one with source.track)")] = None,
+    apply: Annotated[bool, typer.Option("--apply", help="move each moved pin in registry/catalog.yaml and "
+                                                       "regenerate dvc.yaml")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="print what moved as JSON")] = False,
+) -> None:
+    """Compare each tracked upstream ref's current commit on the hub with the catalog's pin: what moved, which
+    files changed (weights, tokenizer, chat template, config), and with --apply, move the pin."""
+    from pipelines.source import upstream
+    from pipelines.source.catalog import load_catalog
+
+    settings = _settings()
+    entries = upstream.tracked(load_catalog(settings.catalog_path), names or ())
+    if not entries:
+        err.print(f"no catalog entry tracks an upstream ref: add `track: main` under an entry's source in "
+                  f"{settings.catalog_path}", highlight=False)
+        return
+    limit, found, failed = upstream.RateLimit(0.2), [], []
+    for entry in entries:
+        try:
+            found.append(upstream.check(entry, settings, limit=limit))
+        except ModelmintError as e:
+            failed.append((entry.name, e))
+    moved = [m for m in found if m.moved]
+    if apply:
+        from pipelines.registry.pins import move_pin
+
+        for m in moved:
+            move_pin(settings, m.name, m.head)
+    if as_json:
+        out.print_json(json.dumps({"moved": [m.to_dict() for m in moved], "applied": apply and bool(moved),
+                                   "unchanged": [m.name for m in found if not m.moved],
+                                   "errors": {n: e.message for n, e in failed}}))
+    else:
+        _print_movements(found, applied=apply)
+    for name, e in failed:
+        err.print(f"[bold red]{name}:[/bold red] {_escape(e.message)}", highlight=False)
+        if e.hint:
+            err.print(f"[yellow]  → {_escape(e.hint)}[/yellow]", highlight=False)
+    if failed:
+        raise ModelmintError(f"{len(failed)} of {len(entries)} tracked entries could not be checked: "
+                             f"{', '.join(n for n, _ in failed)}; nothing was changed for them",
+                             hint="rerun `modelmint watch` later for a hub that was down (the scheduled flow "
+                             "retries on its next tick); fix the catalog for the others")
+
+
+def _print_movements(found: list[Any], *, applied: bool) -> None:
+    for m in found:
+        if not m.moved:
+            out.print(f"{m.name}: {m.repo} {m.ref} is still at the pin {m.head[:12]}", highlight=False)
+            continue
+        was = (m.pinned or "unpinned")[:12]
+        what = "weights and variants rebuild" if m.rebuilds_weights else "no weights change: template/config only"
+        out.print(f"[bold]{m.name}[/bold]: {m.repo} {m.ref} moved {was} → {m.head[:12]} "
+                  f"({', '.join(m.kinds) or 'no listed file changed'}; {what})"
+                  + (" [green]pin moved[/green]" if applied else ""), highlight=False, soft_wrap=True)
+        for c in m.changes:
+            out.print(f"  {c.change:<8} {c.path}  [dim]{c.kind}[/dim]", highlight=False, soft_wrap=True)
+    if any(m.moved for m in found) and not applied:
+        out.print("[dim]`modelmint watch --apply` moves these pins in the catalog and regenerates dvc.yaml[/dim]")
+
+
 @app.command("dvc-yaml")
 def dvc_yaml(
     check: Annotated[bool, typer.Option("--check", help="only check that dvc.yaml matches the catalog")] = False,

@@ -1,0 +1,220 @@
+"""Upstream updates: tracked refs resolved on a hub-compatible server, pins moved in place, flows and webhooks that
+start one conversion per upstream commit."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+from hubserver import HubServer
+from registry_env import git
+from test_fetch import tiny_model_files, tiny_weights
+
+from pipelines.core.errors import ConfigError, HubUnavailable, SourceError
+from pipelines.core.settings import Settings
+from pipelines.registry import pins
+from pipelines.source import upstream
+from pipelines.source.catalog import load_catalog, set_revision
+
+MODELMINT = str(Path(sys.executable).parent / "modelmint")
+
+CATALOG = """\
+# what this project builds
+models:
+  # a tracked model: the pin follows main
+  - name: tiny
+    description: a tiny model   # kept as written
+    source:
+      repo: acme/tiny
+      revision: {pin}   # the commit in use
+      track: main
+    license: apache-2.0
+    variants:
+      gguf: {{quants: [q8_0]}}
+
+  - name: fixed
+    source: {{repo: acme/fixed, revision: '{fixed}'}}
+    license: apache-2.0
+"""
+
+
+@pytest.fixture
+def hub() -> Iterator[HubServer]:
+    with HubServer() as server:
+        yield server
+
+
+@pytest.fixture
+def project(tmp_path: Path, hub: HubServer, monkeypatch: pytest.MonkeyPatch) -> Settings:
+    """A git checkout whose catalog tracks acme/tiny@main (pinned at its first commit) and pins acme/fixed."""
+    first = hub.add_repo("acme/tiny", tiny_model_files())
+    fixed = hub.add_repo("acme/fixed", tiny_model_files())
+    root = tmp_path / "repo"
+    (root / "registry").mkdir(parents=True)
+    (root / "registry" / "catalog.yaml").write_text(CATALOG.format(pin=first.commit, fixed=fixed.commit))
+    (tmp_path / "gitconfig").write_text("[user]\n\tname = t\n\temail = t@modelmint.invalid\n")
+    monkeypatch.setenv("GIT_CONFIG_GLOBAL", str(tmp_path / "gitconfig"))
+    monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
+    git(root, "init", "-q", "-b", "main")
+    git(root, "add", "-A")
+    git(root, "commit", "-q", "-m", "a modelmint project")
+    return Settings(home=tmp_path / "home", work_dir=tmp_path / "work", catalog_path=root / "registry" / "catalog.yaml",
+                    hf_endpoint=hub.endpoint, repo_dir=root)
+
+
+def _entry(settings: Settings, name: str = "tiny"):  # type: ignore[no-untyped-def]
+    return load_catalog(settings.catalog_path).get(name)
+
+
+# ---------------------------------------------------------------- item 1: what moved
+
+
+def test_nothing_moved(project: Settings) -> None:
+    m = upstream.check(_entry(project), project)
+    assert not m.moved and m.changes == ()
+
+
+def test_new_commit_is_classified_by_file(project: Settings, hub: HubServer) -> None:
+    old = _entry(project).source.revision  # type: ignore[union-attr]
+    new = hub.push("acme/tiny", {"model.safetensors": tiny_weights(seed=1), "chat_template.jinja": b"{{ x }}",
+                                 "README.md": None, "tokenizer.json": b"{}"})
+    m = upstream.check(_entry(project), project)
+    assert (m.pinned, m.head, m.moved, m.rebuilds_weights) == (old, new.commit, True, True)
+    assert {(c.path, c.kind, c.change) for c in m.changes} == {
+        ("model.safetensors", "weights", "modified"), ("chat_template.jinja", "chat template", "modified"),
+        ("README.md", "other", "removed"), ("tokenizer.json", "tokenizer", "modified")}
+
+
+def test_template_only_change_keeps_the_weights(project: Settings, hub: HubServer) -> None:
+    hub.push("acme/tiny", {"chat_template.jinja": b"{{ messages }}", "generation_config.json": b"{}"})
+    m = upstream.check(_entry(project), project)
+    assert m.moved and not m.rebuilds_weights and m.kinds == ["chat template", "generation config"]
+
+
+def test_missing_branch_is_named(project: Settings) -> None:
+    entry = _entry(project)
+    entry = entry.model_copy(update={"source": entry.source.model_copy(update={"track": "release"})})
+    with pytest.raises(SourceError, match=r"acme/tiny has no branch or tag 'release' \(source.track of tiny\)"):
+        upstream.check(entry, project)
+
+
+def test_pin_the_ref_never_contained(project: Settings, hub: HubServer) -> None:
+    side = hub.push("acme/tiny", {"README.md": b"# side\n"}, branch="main")
+    hub.branch("acme/tiny", "side", side.commit)
+    first = _entry(project).source.revision  # type: ignore[union-attr]
+    hub.branch("acme/tiny", "main", first)  # main back at the pin: a fresh main commit, then pin the side one
+    hub.push("acme/tiny", {"LICENSE": b"MIT\n"})
+    set_revision(project.catalog_path, "tiny", side.commit)
+    with pytest.raises(SourceError, match=r"tiny pins acme/tiny@[0-9a-f]{12}, a commit that 'main' .* never contained"):
+        upstream.check(_entry(project), project)
+
+
+def test_hub_errors_say_what_and_are_transient_only_when_they_are(project: Settings, hub: HubServer) -> None:
+    hub.push("acme/tiny", {"LICENSE": b"MIT\n"})
+    hub.fail_status = 500
+    with pytest.raises(HubUnavailable) as down:
+        upstream.check(_entry(project), project)
+    assert down.value.transient
+    hub.fail_status = 0
+    hub.token = "good-token"
+    revoked = Settings(**{**project.__dict__, "hf_token": "revoked-token"})
+    with pytest.raises(SourceError, match=r"HTTP 401: token rejected") as refused:
+        upstream.check(_entry(revoked), revoked)
+    assert not refused.value.transient and "revoked-token" not in str(refused.value)
+
+
+def test_slow_hub_is_bounded(project: Settings, hub: HubServer) -> None:
+    hub.delay_s = 3.0
+    start = time.monotonic()
+    with pytest.raises(HubUnavailable, match="did not answer in time"):
+        upstream.check(_entry(project), project, timeout=0.5)
+    assert time.monotonic() - start < 2.5
+
+
+def test_rate_limit_spaces_calls() -> None:
+    limit = upstream.RateLimit(0.2)
+    start = time.monotonic()
+    for _ in range(4):
+        limit.wait()
+    assert time.monotonic() - start >= 0.6
+
+
+def test_track_must_be_a_ref(tmp_path: Path) -> None:
+    for bad, said in (("a" * 40, "is a commit, which never moves"), ("main branch", "is not a branch or tag name")):
+        path = tmp_path / "catalog.yaml"
+        path.write_text(f"models:\n  - name: t\n    source: {{repo: a/b, revision: {'b' * 40}, track: '{bad}'}}\n"
+                        "    license: mit\n")
+        with pytest.raises(ConfigError, match=said):
+            load_catalog(path)
+
+
+def test_set_revision_edits_one_value(project: Settings) -> None:
+    before = project.catalog_path.read_text()
+    old = _entry(project).source.revision  # type: ignore[union-attr]
+    assert set_revision(project.catalog_path, "tiny", "c" * 40) == old
+    after = project.catalog_path.read_text()
+    assert after == before.replace(old, "c" * 40)  # type: ignore[arg-type]
+    fixed = _entry(project, "fixed").source.revision  # type: ignore[union-attr]
+    set_revision(project.catalog_path, "fixed", "d" * 40)
+    assert f"revision: '{'d' * 40}'" in project.catalog_path.read_text() and fixed not in project.catalog_path.read_text()
+    with pytest.raises(ConfigError, match="not a 40-hex commit"):
+        set_revision(project.catalog_path, "tiny", "main")
+
+
+def test_watch_command_prints_and_applies(project: Settings, hub: HubServer) -> None:
+    old = _entry(project).source.revision  # type: ignore[union-attr]
+    new = hub.push("acme/tiny", {"model.safetensors": tiny_weights(seed=2)})
+    env = {**os.environ, "HF_ENDPOINT": hub.endpoint, "MODELMINT_HOME": str(project.home),
+           "MODELMINT_REPO": str(project.repo_dir), "COLUMNS": "200"}
+    env.pop("MODELMINT_CATALOG", None)
+    proc = subprocess.run([MODELMINT, "watch", "--apply"], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert f"tiny: acme/tiny main moved {old[:12]} → {new.commit[:12]} (weights" in proc.stdout  # type: ignore[index]
+    assert "modified model.safetensors" in proc.stdout.replace("  ", " ").replace("  ", " ")
+    text = project.catalog_path.read_text()
+    assert f"revision: {new.commit}   # the commit in use" in text and "# kept as written" in text
+    assert yaml.safe_load((project.repo_dir / "dvc.yaml").read_text().split("\n", 1)[1] or "{}") is not None
+
+    proc = subprocess.run([MODELMINT, "watch", "tiny", "nope", "--json"], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert "no catalog entry named 'nope'" in proc.stderr
+
+    hub.fail_status = 503
+    proc = subprocess.run([MODELMINT, "watch", "--json"], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert json.loads(proc.stdout)["moved"] == [] and "could not be checked: tiny" in proc.stderr
+
+
+# ---------------------------------------------------------------- recording a pin in git
+
+
+def test_record_in_place_commits_once(project: Settings, hub: HubServer) -> None:
+    hub.push("acme/tiny", {"tokenizer.json": b"{}"})
+    m = upstream.check(_entry(project), project)
+    first = pins.record_pin(project, m)
+    again = pins.record_pin(project, m)
+    assert first.commit is not None and again.commit is None and first.where == "main"
+    log = git(project.repo_dir, "log", "--format=%s")
+    assert log.count(f"tiny: pin acme/tiny@{m.head[:12]}") == 1 and "changed: tokenizer" in log
+    assert git(project.repo_dir, "status", "--porcelain") == ""
+
+
+def test_record_on_a_branch_leaves_the_checkout(project: Settings, hub: HubServer) -> None:
+    hub.push("acme/tiny", {"chat_template.jinja": b"{{ messages }}"})
+    m = upstream.check(_entry(project), project)
+    before = project.catalog_path.read_text()
+    rec = pins.record_pin(project, m, "branch")
+    assert rec.where == f"upstream/tiny-{m.head[:12]}" and rec.commit
+    assert project.catalog_path.read_text() == before
+    shown = git(project.repo_dir, "show", f"{rec.where}:registry/catalog.yaml")
+    assert shown == before.replace(m.pinned, m.head)  # type: ignore[arg-type]
+    assert "weights unchanged" in git(project.repo_dir, "log", "-1", "--format=%B", rec.where)
+    assert pins.record_pin(project, m, "branch").commit is None
