@@ -27,6 +27,9 @@ app = typer.Typer(
 )
 catalog_app = typer.Typer(help="The models modelmint knows how to build.", no_args_is_help=True)
 app.add_typer(catalog_app, name="catalog")
+webhook_app = typer.Typer(help="Receive the hub's webhooks: a tracked ref's new commit starts its conversion.",
+                          no_args_is_help=True)
+app.add_typer(webhook_app, name="webhook")
 
 
 def _console(*, stderr: bool = False) -> Console:
@@ -456,6 +459,25 @@ def _print_movements(found: list[Any], *, applied: bool) -> None:
             out.print(f"  {c.change:<8} {c.path}  [dim]{c.kind}[/dim]", highlight=False, soft_wrap=True)
     if any(m.moved for m in found) and not applied:
         out.print("[dim]`modelmint watch --apply` moves these pins in the catalog and regenerates dvc.yaml[/dim]")
+
+
+@webhook_app.command("serve")
+def webhook_serve(
+    host: Annotated[str, typer.Option(help="address to listen on (a reverse proxy in front for the internet)")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="port to listen on")] = 8765,
+) -> None:
+    """Serve the webhook receiver: Hugging Face `repo.content` events for tracked refs start `convert/<name>` runs
+    on the Prefect server (PREFECT_API_URL); the secret is MODELMINT_WEBHOOK_SECRET."""
+    # The receiver hands work to Prefect, so it lives with the flows (pipelines itself never imports Prefect).
+    from flows.webhook import serve
+
+    settings = _settings()
+    if not settings.webhook_secret:
+        raise ConfigError("MODELMINT_WEBHOOK_SECRET is not set",
+                          hint="set it to the secret configured on the hub's webhook, then rerun "
+                          "`modelmint webhook serve`")
+    err.print(f"receiving webhooks on http://{host}:{port}/ (Ctrl-C stops)", highlight=False)
+    serve(settings, host=host, port=port)
 
 
 @app.command("dvc-yaml")

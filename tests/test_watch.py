@@ -218,3 +218,86 @@ def test_record_on_a_branch_leaves_the_checkout(project: Settings, hub: HubServe
     assert shown == before.replace(m.pinned, m.head)  # type: ignore[arg-type]
     assert "weights unchanged" in git(project.repo_dir, "log", "-1", "--format=%B", rec.where)
     assert pins.record_pin(project, m, "branch").commit is None
+
+
+# ---------------------------------------------------------------- items 2 and 3: one conversion per upstream commit
+
+
+@pytest.fixture
+def prefect_project(project: Settings, hub: HubServer, monkeypatch: pytest.MonkeyPatch) -> Iterator[Settings]:
+    """`project` behind an in-process Prefect API holding a `convert/tiny` deployment (no worker: runs stay
+    Scheduled, so a test counts exactly what was asked of Prefect)."""
+    from prefect.client.orchestration import get_client
+    from prefect.testing.utilities import prefect_test_harness
+
+    for key, value in {"MODELMINT_REPO": project.repo_dir, "MODELMINT_HOME": project.home,
+                       "MODELMINT_WORK_DIR": project.work_dir, "HF_ENDPOINT": hub.endpoint}.items():
+        monkeypatch.setenv(key, str(value))
+    for key in ("MODELMINT_CATALOG", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"):
+        monkeypatch.delenv(key, raising=False)
+    with prefect_test_harness(server_startup_timeout=180), get_client(sync_client=True) as client:
+        flow_id = client.create_flow_from_name("convert")
+        client.create_deployment(flow_id=flow_id, name="tiny", entrypoint="flows/convert.py:convert")
+        yield Settings.from_env()
+
+
+def _conversions() -> list[tuple[str, str | None]]:
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        runs = client.read_flow_runs()
+    return sorted((str(r.id), r.parameters.get("revision")) for r in runs if r.parameters.get("model") == "tiny")
+
+
+def _event(repo: str, new: str, *, ref: str = "refs/heads/main") -> bytes:
+    return json.dumps({"event": {"action": "update", "scope": "repo.content"},
+                       "repo": {"type": "model", "name": repo, "headSha": new},
+                       "updatedRefs": [{"ref": ref, "oldSha": "0" * 40, "newSha": new}]}).encode()
+
+
+def test_one_conversion_per_upstream_commit(prefect_project: Settings, hub: HubServer) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    from starlette.testclient import TestClient
+
+    from flows.watch import watch_upstream
+    from flows.webhook import create_app
+
+    settings = prefect_project
+    assert watch_upstream()["unchanged"] == ["tiny"] and _conversions() == []  # nothing moved: nothing runs
+
+    new = hub.push("acme/tiny", {"model.safetensors": tiny_weights(seed=3)}).commit
+    hub.fail_status = 500  # the hub fails: nothing now, not even the pin
+    assert watch_upstream()["failed"] == ["tiny"] and _conversions() == []
+    assert new not in settings.catalog_path.read_text()
+
+    hub.fail_status = 0  # the next ticks, two at once: one conversion with that revision, one pin commit
+    with ThreadPoolExecutor(2) as pool:
+        ticks = list(pool.map(lambda _: watch_upstream(), range(2)))
+    runs = _conversions()
+    assert [r for _, r in runs] == [new], runs
+    assert {t["moved"]["tiny"]["flow_run"] for t in ticks if t["moved"]} == {runs[0][0]}
+    assert f"revision: {new}" in settings.catalog_path.read_text()
+    assert git(settings.repo_dir, "log", "--format=%s").count(f"tiny: pin acme/tiny@{new[:12]}") == 1
+    assert watch_upstream()["unchanged"] == ["tiny"] and len(_conversions()) == 1
+
+    client = TestClient(create_app(settings, "s3cret"))
+    assert client.post("/", content=_event("acme/tiny", new), headers={"X-Webhook-Secret": "wrong"}).status_code == 401
+    assert client.post("/", content=_event("acme/tiny", new)).status_code == 401
+    ok = {"X-Webhook-Secret": "s3cret"}
+    assert client.post("/", content=b"{not json", headers=ok).status_code == 400
+    assert client.post("/", content=_event("acme/other", new), headers=ok).status_code == 404
+    bad_sha = client.post("/", content=_event("acme/tiny", "main"), headers=ok)
+    assert bad_sha.status_code == 400 and "40-hex" in bad_sha.json()["error"]
+    assert len(_conversions()) == 1  # nothing the receiver refused started anything
+
+    # the webhook for the pinned commit: nothing to do; for a new commit: its run, which the next tick finds again
+    assert "ignored" in client.post("/", content=_event("acme/tiny", new), headers=ok).json()
+    newer = hub.push("acme/tiny", {"tokenizer.json": b"{}"}).commit
+    start = time.monotonic()
+    answer = client.post("/", content=_event("acme/tiny", newer), headers=ok)
+    assert answer.status_code == 202 and time.monotonic() - start < 1.0, answer.text
+    assert client.post("/", content=_event("acme/tiny", newer), headers=ok).json() == answer.json()
+    tick = watch_upstream()
+    assert tick["moved"]["tiny"]["flow_run"] == answer.json()["started"][0]["flow_run"]
+    assert sorted(r for _, r in _conversions()) == sorted([new, newer])
