@@ -10,6 +10,7 @@ What Prefect adds to pipelines.source.upstream and pipelines.registry.pins:
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from prefect import flow, get_run_logger, task
@@ -90,3 +91,31 @@ def _report(started: dict[str, dict[str, Any]], unchanged: list[str], failed: li
                       f"Unchanged: {', '.join(unchanged) or '-'}", "",
                       f"Not checked (see the log; the next tick tries again): {', '.join(failed) or '-'}"])
     create_markdown_artifact(text, key="watch-upstream", description="what moved upstream")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m flows.watch convert NAME…`: start (or find) the conversion of each entry's pinned commit on the
+    Prefect server at PREFECT_API_URL, with the key the watcher and the webhook use (CI's `prefect` mode)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m flows.watch")
+    parser.add_argument("command", choices=["convert"])
+    parser.add_argument("names", nargs="+", help="catalog entries whose pinned commit to convert")
+    args = parser.parse_args(argv)
+    try:
+        catalog = load_catalog(Settings.from_env().catalog_path)
+        commits = {name: getattr(catalog.get(name).source, "revision", None) for name in args.names}
+    except ModelmintError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    for name, commit in commits.items():
+        if commit is None:
+            print(f"error: {name} has no pinned hub commit to convert", file=sys.stderr)
+            return 1
+        run = start_conversion(name, commit)
+        print(f"{name}@{commit[:12]}: flow run {run.name} ({run.id})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

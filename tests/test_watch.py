@@ -301,3 +301,56 @@ def test_one_conversion_per_upstream_commit(prefect_project: Settings, hub: HubS
     tick = watch_upstream()
     assert tick["moved"]["tiny"]["flow_run"] == answer.json()["started"][0]["flow_run"]
     assert sorted(r for _, r in _conversions()) == sorted([new, newer])
+
+
+# ---------------------------------------------------------------- item 5: the deployment and the CI workflows
+
+ROOT = Path(__file__).resolve().parent.parent
+WORKFLOWS = ROOT / ".github" / "workflows"
+
+
+def test_watch_upstream_deployment_is_scheduled() -> None:
+    from flows import stack
+
+    doc = yaml.safe_load((ROOT / "prefect.yaml").read_text())
+    (watch,) = [d for d in doc["deployments"] if d["name"] == "watch-upstream"]
+    assert watch["entrypoint"] == "flows/watch.py:watch_upstream" and watch["work_pool"]["name"] == stack.WORK_POOL
+    (schedule,) = watch["schedules"]
+    assert len(schedule["cron"].split()) == 5 and watch["parameters"] == {"record": "in-place"}
+
+
+def _check_workflow(*paths: Path) -> subprocess.CompletedProcess[str]:
+    cli = Path(sys.executable).parent / "check-jsonschema"
+    return subprocess.run([str(cli), "--builtin-schema", "vendor.github-workflows", *map(str, paths)],
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_workflows_match_githubs_schema(tmp_path: Path) -> None:
+    proc = _check_workflow(WORKFLOWS / "upstream.yml", WORKFLOWS / "ci.yml")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    # the check can fail: a job without runs-on, a trigger GitHub does not have
+    broken = tmp_path / "broken.yml"
+    broken.write_text("on: {upstream_moved: {}}\njobs:\n  a:\n    steps: [{run: 'true'}]\n")
+    assert _check_workflow(broken).returncode == 1
+
+
+def test_upstream_workflow_shape() -> None:
+    doc = yaml.load((WORKFLOWS / "upstream.yml").read_text(), Loader=yaml.BaseLoader)  # `on` stays a string
+    assert set(doc["on"]) == {"schedule", "workflow_dispatch", "repository_dispatch"}
+    steps = doc["jobs"]["rebuild"]["steps"]
+    runs = "\n".join(s.get("run", "") for s in steps)
+    assert "modelmint watch $MOVED --apply" in runs and 'modelmint convert "$name" --register' in runs
+    assert "python -m flows.watch convert" in runs and "dvc push" in runs
+    pr = steps[-1]
+    assert pr["uses"].startswith("peter-evans/create-pull-request@")
+    assert {"registry/catalog.yaml", "dvc.yaml", "dvc.lock", "registry/manifests/**"} <= set(pr["with"]["add-paths"].split())
+    assert "modelmint watch $MODELS --json" in doc["jobs"]["watch"]["steps"][3]["run"]
+    ci = yaml.load((WORKFLOWS / "ci.yml").read_text(), Loader=yaml.BaseLoader)
+    assert [s["run"] for s in ci["jobs"]["test"]["steps"] if "run" in s] == ["bash scripts/test.sh"]
+    assert "bash scripts/test.sh" in (ROOT / "README.md").read_text()
+
+
+def test_flows_watch_convert_names_its_errors() -> None:
+    proc = subprocess.run([sys.executable, "-m", "flows.watch", "convert", "nope"], capture_output=True, text=True,
+                          cwd=ROOT, timeout=120)
+    assert proc.returncode == 1 and "no catalog entry named 'nope'" in proc.stderr and "Traceback" not in proc.stderr
