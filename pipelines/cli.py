@@ -262,11 +262,26 @@ def _figure_cells(f: Figures | None) -> tuple[str, str, str]:
 
 
 @app.command()
-def show(ref: Annotated[str, typer.Argument(help="name:tag, e.g. qwen2.5:q4_k_m")]) -> None:
-    """Print one artifact's manifest."""
+def show(
+    ref: Annotated[str, typer.Argument(help="name:tag, e.g. qwen2.5:q4_k_m")],
+    history: Annotated[bool, typer.Option("--history", help="list every version of the tag git recorded")] = False,
+) -> None:
+    """Print one artifact's manifest (with --history: its versions, newest first)."""
     from pipelines.registry.manifest import find_manifest
 
-    out.print_json(find_manifest(_settings(), ref).to_json())
+    if not history:
+        out.print_json(find_manifest(_settings(), ref).to_json())
+        return
+    from pipelines.registry.history import history as versions_of
+
+    table = Table("registered", "source commit", "sha256", "mean KL", "replaces", "git commit", "", title=ref)
+    for v in versions_of(_settings(), ref):
+        m = v.manifest
+        table.add_row(m.created_at.isoformat(), (m.source.revision or m.source.ref)[:12], m.sha256[:12],
+                      "-" if m.mean_kl is None else f"{m.mean_kl:.5f}",
+                      m.replaces.sha256[:12] if m.replaces else "-",
+                      v.commit[:12] if v.commit else "not committed", "[green]current[/green]" if v.current else "")
+    out.print(table)
 
 
 @app.command()

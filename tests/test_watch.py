@@ -354,3 +354,33 @@ def test_flows_watch_convert_names_its_errors() -> None:
     proc = subprocess.run([sys.executable, "-m", "flows.watch", "convert", "nope"], capture_output=True, text=True,
                           cwd=ROOT, timeout=120)
     assert proc.returncode == 1 and "no catalog entry named 'nope'" in proc.stderr and "Traceback" not in proc.stderr
+
+
+# ---------------------------------------------------------------- item 4: a new version of the same tag
+
+
+def test_a_new_version_names_the_one_it_replaces(repo, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    from registry_env import candidate
+
+    from pipelines.registry.history import history
+    from pipelines.registry.register import register
+
+    settings = repo.settings()
+    first = register(settings, candidate(settings, tmp_path, seed=1)).manifest
+    assert first.replaces is None and "replaces" not in json.loads(first.to_json())
+    repo.commit_all("tiny-qwen2:q4_k_m, first version")
+    second = register(settings, candidate(settings, tmp_path, seed=2)).manifest
+    assert second.replaces == first.previous() and second.replaces.sha256 == first.sha256  # type: ignore[union-attr]
+    again = register(settings, candidate(settings, tmp_path, seed=2)).manifest
+    assert again.replaces == second.replaces  # the same registration again replaces the same one
+
+    versions = history(settings, "tiny-qwen2:q4_k_m")
+    assert [(v.manifest.sha256, v.current, v.commit is None) for v in versions] == [
+        (second.sha256, True, True), (first.sha256, False, False)]
+    repo.commit_all("tiny-qwen2:q4_k_m, second version")
+    proc = subprocess.run([MODELMINT, "show", "tiny-qwen2:q4_k_m", "--history"], env={**repo.env(), "COLUMNS": "200"},
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    lines = [line for line in proc.stdout.splitlines() if first.sha256[:12] in line or second.sha256[:12] in line]
+    assert len(lines) == 2 and "current" in lines[0] and first.sha256[:12] in lines[0]  # replaces column
+    assert "not committed" not in proc.stdout
