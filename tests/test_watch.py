@@ -384,3 +384,14 @@ def test_a_new_version_names_the_one_it_replaces(repo, tmp_path: Path) -> None: 
     lines = [line for line in proc.stdout.splitlines() if first.sha256[:12] in line or second.sha256[:12] in line]
     assert len(lines) == 2 and "current" in lines[0] and first.sha256[:12] in lines[0]  # replaces column
     assert "not committed" not in proc.stdout
+
+
+def test_a_commit_that_removes_the_weights_is_reported_and_refused(project: Settings, hub: HubServer) -> None:
+    from pipelines.source.fetch import fetch
+
+    broken = hub.push("acme/tiny", {"model.safetensors": None})
+    m = upstream.check(_entry(project), project)
+    assert [(c.path, c.kind, c.change) for c in m.changes] == [("model.safetensors", "weights", "removed")]
+    with pytest.raises(SourceError, match=r"has no \.safetensors weights"):  # what its conversion run says first
+        fetch(_entry(project), project, revision=broken.commit)
+    assert hub.downloaded() == []
