@@ -286,8 +286,10 @@ def show(
 
 @app.command()
 def pull(
-    ref: Annotated[str, typer.Argument(help="name:tag, e.g. qwen2.5:q4_k_m")],
-    dest: Annotated[Path | None, typer.Option(help="where to place it (default: artifacts/NAME/TAG)")] = None,
+    ref: Annotated[str, typer.Argument(help="name:tag, e.g. qwen2.5:q4_k_m; name:tag@COMMIT12 for an earlier "
+                                            "version (`modelmint show NAME:TAG --history` lists them)")],
+    dest: Annotated[Path | None, typer.Option(help="where to place it (default: artifacts/NAME/TAG; an earlier "
+                                                   "version: MODELMINT_WORK_DIR/pulled/NAME/TAG@COMMIT)")] = None,
     ollama: Annotated[bool, typer.Option(help="run `ollama create` when ollama is on PATH")] = True,
 ) -> None:
     """Fetch a registered artifact from the DVC remote, check its sha256, and hand it to Ollama (GGUF) or
@@ -310,7 +312,8 @@ def pull(
         out.print(f"[green]ollama create {m.ref} done[/green] (it answers: {_escape(result.ollama_reply or '')[:60]!r}); "
                   f"`ollama run {m.ref}`")
     else:
-        out.print("ollama is not on PATH; to use it with Ollama run:")
+        out.print("an earlier version (Ollama keeps the current one under this name); to use it run:" if "@" in ref
+                  else "ollama is not on PATH; to use it with Ollama run:")
         for argv in result.commands:
             out.print("  " + shlex.join(argv), highlight=False, soft_wrap=True)
 

@@ -363,7 +363,11 @@ def test_a_new_version_names_the_one_it_replaces(repo, tmp_path: Path) -> None: 
     from registry_env import candidate
 
     from pipelines.registry.history import history
+    from pipelines.registry.manifest import find_manifest
     from pipelines.registry.register import register
+
+    def find_current(s: Settings):  # type: ignore[no-untyped-def]
+        return find_manifest(s, "tiny-qwen2:q4_k_m")
 
     settings = repo.settings()
     first = register(settings, candidate(settings, tmp_path, seed=1)).manifest
@@ -385,6 +389,20 @@ def test_a_new_version_names_the_one_it_replaces(repo, tmp_path: Path) -> None: 
     assert len(lines) == 2 and "current" in lines[0] and first.sha256[:12] in lines[0]  # replaces column
     assert "not committed" not in proc.stdout
 
+    # the earlier version from the DVC remote (dvc get at the git commit that registered it), checked by sha256
+    old_commit = history(settings, "tiny-qwen2:q4_k_m")[1].commit
+    proc = subprocess.run([MODELMINT, "pull", f"tiny-qwen2:q4_k_m@{old_commit[:12]}", "--no-ollama"],  # type: ignore[index]
+                          env={**repo.env(), "COLUMNS": "200"}, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    pulled = repo.work / "pulled" / "tiny-qwen2" / f"q4_k_m@{old_commit[:12]}"  # type: ignore[index]
+    from pipelines.core.fsutil import sha256_file
+
+    assert sha256_file(pulled / first.file) == first.sha256 and "earlier version" in proc.stdout
+    assert find_current(settings).sha256 == second.sha256  # the current version is untouched
+    proc = subprocess.run([MODELMINT, "pull", "tiny-qwen2:q4_k_m@0000000"], env=repo.env(), capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 1 and "has no version @0000000" in proc.stderr and "Traceback" not in proc.stderr
+
 
 def test_a_commit_that_removes_the_weights_is_reported_and_refused(project: Settings, hub: HubServer) -> None:
     from pipelines.source.fetch import fetch
@@ -395,3 +413,34 @@ def test_a_commit_that_removes_the_weights_is_reported_and_refused(project: Sett
     with pytest.raises(SourceError, match=r"has no \.safetensors weights"):  # what its conversion run says first
         fetch(_entry(project), project, revision=broken.commit)
     assert hub.downloaded() == []
+
+
+def test_webhook_serve_listens_on_loopback_and_needs_a_secret(project: Settings, hub: HubServer) -> None:
+    import httpx
+    from registry_env import free_port
+
+    env = {**os.environ, "MODELMINT_HOME": str(project.home), "MODELMINT_REPO": str(project.repo_dir),
+           "HF_ENDPOINT": hub.endpoint}
+    env.pop("MODELMINT_WEBHOOK_SECRET", None)
+    refused = subprocess.run([MODELMINT, "webhook", "serve"], env=env, capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 1 and "MODELMINT_WEBHOOK_SECRET is not set" in refused.stderr
+    assert "Traceback" not in refused.stderr
+
+    port = free_port()
+    proc = subprocess.Popen([MODELMINT, "webhook", "serve", "--port", str(port)],
+                            env={**env, "MODELMINT_WEBHOOK_SECRET": "s3cret"}, stderr=subprocess.PIPE, text=True)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                assert httpx.get(f"{url}/healthz", timeout=2).json() == {"ok": True}
+                break
+            except httpx.TransportError:
+                assert proc.poll() is None and time.monotonic() < deadline, "the receiver did not start"
+                time.sleep(0.3)
+        assert httpx.post(url, content=_event("acme/tiny", "a" * 40), timeout=5).status_code == 401
+        assert httpx.post(url, content=b"[]", headers={"X-Webhook-Secret": "s3cret"}, timeout=5).status_code == 400
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=30)
