@@ -316,7 +316,7 @@ def test_watch_upstream_deployment_is_scheduled() -> None:
     (watch,) = [d for d in doc["deployments"] if d["name"] == "watch-upstream"]
     assert watch["entrypoint"] == "flows/watch.py:watch_upstream" and watch["work_pool"]["name"] == stack.WORK_POOL
     (schedule,) = watch["schedules"]
-    assert len(schedule["cron"].split()) == 5 and watch["parameters"] == {"record": "in-place"}
+    assert len(schedule["cron"].split()) == 5 and watch["parameters"] == {"record": "branch"}
 
 
 def _check_workflow(*paths: Path) -> subprocess.CompletedProcess[str]:
