@@ -444,3 +444,53 @@ def test_webhook_serve_listens_on_loopback_and_needs_a_secret(project: Settings,
     finally:
         proc.terminate()
         proc.communicate(timeout=30)
+
+
+# ---------------------------------------------------------------- item 4: a template-only change rebuilds no weights
+
+
+@pytest.mark.slow
+def test_a_template_only_change_runs_no_converter_or_quantizer(tiny_qwen2: Path, tmp_path: Path, hub: HubServer,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    import gguf as gguf_py
+    from registry_env import REAL_HOME, PopenCounter
+
+    from pipelines.core.ggufheader import inspect_gguf
+    from pipelines.gguf.build import ensure_base, ensure_quant, plan_gguf
+    from pipelines.source.catalog import CatalogEntry
+
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "toolchains").symlink_to(REAL_HOME / "toolchains")
+    files = {p.name: p.read_bytes() for p in tiny_qwen2.iterdir() if p.is_file()}
+    first = hub.add_repo("acme/tiny-qwen2", files)
+    settings = Settings(home=home, work_dir=tmp_path / "work", catalog_path=tmp_path / "catalog.yaml",
+                        hf_endpoint=hub.endpoint, threads=2)
+    entry = CatalogEntry.model_validate({
+        "name": "tiny-hub", "license": "apache-2.0", "chat_family": "chatml", "gate_profile": "tiny",
+        "source": {"repo": "acme/tiny-qwen2", "revision": first.commit, "track": "main"},
+        "variants": {"gguf": {"quants": ["q8_0"]}}})
+    before = plan_gguf(entry, settings)
+    assert ensure_base(before).ran and ensure_quant(before, "q8_0").ran  # the converter and llama-quantize ran
+
+    config = json.loads(files["tokenizer_config.json"])
+    template = config["chat_template"] + "{#- a corrected template -#}"
+    fixed = hub.push("acme/tiny-qwen2", {"tokenizer_config.json": json.dumps({**config, "chat_template": template},
+                                                                             indent=2).encode()}).commit
+    after = plan_gguf(entry, settings, revision=fixed)
+    assert after.weights_key == before.weights_key and after.base_key != before.base_key
+    runs = PopenCounter(monkeypatch)
+    base, quant = ensure_base(after), ensure_quant(after, "q8_0")
+    assert runs.argv == []  # no converter, no llama-quantize: the tensors are the earlier build's
+    for old, new in ((before.base_path, base.path), (before.quant_path("q8_0"), quant.path)):
+        assert new != old and inspect_gguf(new).chat_template == template
+        a, b = gguf_py.GGUFReader(old), gguf_py.GGUFReader(new)
+        assert [(t.name, t.tensor_type, bytes(t.data)) for t in a.tensors] == [
+            (t.name, t.tensor_type, bytes(t.data)) for t in b.tensors]
+    meta = inspect_gguf(quant.path).metadata
+    assert meta["modelmint.source.revision"] == fixed and meta["modelmint.variant"] == "q8_0"
+
+    # any other tokenizer change is a new weights key: converted again
+    other = hub.push("acme/tiny-qwen2", {"tokenizer_config.json": json.dumps({**config, "model_max_length": 7})
+                                         .encode()}).commit
+    assert plan_gguf(entry, settings, revision=other).weights_key != before.weights_key
