@@ -93,9 +93,20 @@ def test_new_commit_is_classified_by_file(project: Settings, hub: HubServer) -> 
 
 
 def test_template_only_change_keeps_the_weights(project: Settings, hub: HubServer) -> None:
-    hub.push("acme/tiny", {"chat_template.jinja": b"{{ messages }}", "generation_config.json": b"{}"})
+    hub.push("acme/tiny", {"chat_template.jinja": b"{{ messages }}", "docs/usage.md": b"# how to\n"})
     m = upstream.check(_entry(project), project)
-    assert m.moved and not m.rebuilds_weights and m.kinds == ["chat template", "generation config"]
+    assert m.moved and not m.rebuilds_weights and m.kinds == ["chat template", "other"]
+
+    # the template inside tokenizer_config.json: only that key differs, so it is a chat template change
+    config = json.loads(tiny_model_files()["tokenizer_config.json"])
+    set_revision(project.catalog_path, "tiny", m.head)
+    hub.push("acme/tiny", {"tokenizer_config.json": json.dumps({**config, "chat_template": "{{ fixed }}"}).encode()})
+    m = upstream.check(_entry(project), project)
+    assert [(c.path, c.kind) for c in m.changes] == [("tokenizer_config.json", "chat template")]
+    assert not m.rebuilds_weights
+    set_revision(project.catalog_path, "tiny", m.head)
+    hub.push("acme/tiny", {"tokenizer_config.json": json.dumps({**config, "eos_token": "</s>"}).encode()})
+    assert upstream.check(_entry(project), project).kinds == ["tokenizer"]
 
 
 def test_missing_branch_is_named(project: Settings) -> None:
@@ -176,7 +187,7 @@ def test_watch_command_prints_and_applies(project: Settings, hub: HubServer) -> 
     env.pop("MODELMINT_CATALOG", None)
     proc = subprocess.run([MODELMINT, "watch", "--apply"], env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    assert f"tiny: acme/tiny main moved {old[:12]} → {new.commit[:12]} (weights" in proc.stdout  # type: ignore[index]
+    assert f"tiny: acme/tiny main moved {old[:12]} → {new.commit[:12]} (weights; variants rebuild)" in proc.stdout  # type: ignore[index]
     assert "modified model.safetensors" in proc.stdout.replace("  ", " ").replace("  ", " ")
     text = project.catalog_path.read_text()
     assert f"revision: {new.commit}   # the commit in use" in text and "# kept as written" in text

@@ -12,7 +12,7 @@ from typing import Literal
 from pipelines.core.errors import ConfigError, SourceError
 from pipelines.core.settings import Settings
 from pipelines.source.catalog import Catalog, CatalogEntry, HubSource
-from pipelines.source.fetch import hub_errors
+from pipelines.source.fetch import ALLOW_PATTERNS, CODE_PATTERNS, hub_errors
 
 FileKind = Literal["weights", "tokenizer", "chat template", "generation config", "config", "other"]
 
@@ -26,9 +26,11 @@ _KINDS: tuple[tuple[FileKind, tuple[str, ...]], ...] = (
                    "tokenizer.model", "vocab.json", "vocab.txt", "merges.txt", "*.tiktoken")),
     ("config", ("config.json", "*.py")),
 )
-REBUILD_KINDS: frozenset[FileKind] = frozenset({"weights", "tokenizer", "config"})
-"""Kinds of change that alter the converted weights or their GGUF vocabulary: the variants are rebuilt. A change to
-the chat template or generation config alone changes only what is published around the weights."""
+
+
+def _fetched(path: str) -> bool:
+    """Whether the build downloads this repo file (fetch's allow-list; code files count, trusted or refused)."""
+    return "/" not in path and any(fnmatch.fnmatchcase(path, g) for g in (*ALLOW_PATTERNS, *CODE_PATTERNS))
 
 
 def classify(path: str) -> FileKind:
@@ -64,9 +66,10 @@ class Movement:
 
     @property
     def rebuilds_weights(self) -> bool:
-        """Whether the new commit changes what the variants are built from (False: only template / generation
-        config / other files, so the existing weights stay valid)."""
-        return self.pinned is None or any(c.kind in REBUILD_KINDS for c in self.changes)
+        """Whether the new commit changes a file the build reads other than the chat template. False: the GGUFs
+        already built get the new template written into them and no converter or quantizer runs
+        (pipelines/gguf/retemplate.py); compressed-tensors variants are built again either way."""
+        return self.pinned is None or any(c.kind != "chat template" and _fetched(c.path) for c in self.changes)
 
     def to_dict(self) -> dict[str, object]:
         return {"name": self.name, "repo": self.repo, "ref": self.ref, "pinned": self.pinned, "head": self.head,
@@ -147,7 +150,38 @@ def check(entry: CatalogEntry, settings: Settings, *, limit: RateLimit | None = 
                 f"{entry.name} pins {repo}@{pinned[:12]}, a commit that {ref!r} (now {head[:12]}) never contained",
                 repo_id=repo, revision=pinned,
                 hint=f"pin a commit of {ref!r} as source.revision of {entry.name}, or track the branch the pin is on")
-    return Movement(entry.name, repo, ref, pinned, head, _diff(before, now))
+        changes = _diff(before, now)
+        if any(c.path == _TOKENIZER_CONFIG and c.change == "modified" for c in changes):
+            # many repos keep the chat template inside tokenizer_config.json: read both to tell which changed
+            configs = []
+            for commit in (pinned, head):
+                wait()
+                configs.append(_get(f"{api.endpoint}/{repo}/resolve/{commit}/{_TOKENIZER_CONFIG}", api.token, timeout))
+            changes = _template_only(changes, *configs)
+    return Movement(entry.name, repo, ref, pinned, head, changes)
+
+
+_TOKENIZER_CONFIG = "tokenizer_config.json"
+
+
+def _template_only(changes: tuple[FileChange, ...], old: object, new: object) -> tuple[FileChange, ...]:
+    """`changes` with tokenizer_config.json counted as a chat template change when its chat_template key is all
+    that differs between the two versions."""
+    if not (isinstance(old, dict) and isinstance(new, dict)):
+        return changes
+    rest = [{k: v for k, v in d.items() if k != "chat_template"} for d in (old, new)]
+    if rest[0] != rest[1]:
+        return changes
+    return tuple(FileChange(c.path, "chat template", c.change) if c.path == _TOKENIZER_CONFIG else c for c in changes)
+
+
+def _get(url: str, token: str | bool | None, timeout: float) -> object:
+    """One JSON answer of the hub, with the client's headers, errors and a time limit (pages: `_history`)."""
+    from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
+
+    response = get_session().get(url, headers=build_hf_headers(token=token), timeout=timeout)
+    hf_raise_for_status(response)
+    return response.json()
 
 
 def _history(endpoint: str, token: str | bool | None, repo: str, head: str, timeout: float, pages: int = 20) -> set[str]:
@@ -155,12 +189,11 @@ def _history(endpoint: str, token: str | bool | None, repo: str, head: str, time
     from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
 
     url: str | None = f"{endpoint}/api/models/{repo}/commits/{head}"
-    headers = build_hf_headers(token=token)
     seen: set[str] = set()
     for _ in range(pages):
         if url is None:
             break
-        response = get_session().get(url, headers=headers, timeout=timeout)
+        response = get_session().get(url, headers=build_hf_headers(token=token), timeout=timeout)
         hf_raise_for_status(response)
         seen.update(str(c["id"]) for c in response.json())
         url = response.links.get("next", {}).get("url")
