@@ -8,7 +8,7 @@ finds the same run.
 
     401  no or wrong X-Webhook-Secret          400  not JSON, or not a repo update event
     404  a repo the catalog does not hold      413  a body over 1 MiB
-    503  Prefect could not be reached (the hub sends the event again)
+    500  the Prefect server has no convert/<name> deployment      503  Prefect could not be reached (the hub resends)
     202  started (or already started) conversions, or ignored: an update of a ref no entry tracks
 """
 
@@ -21,6 +21,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+from prefect.exceptions import ObjectNotFound
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
@@ -79,6 +80,9 @@ def create_app(settings: Settings, secret: str, dispatch: Dispatch = start_conve
         for name, commit in wanted:
             try:
                 run = await run_in_threadpool(dispatch, name, commit)
+            except ObjectNotFound:
+                log.error("webhook: Prefect has no deployment convert/%s: run `prefect deploy --all`", name)
+                return _answer(500, error=f"no deployment convert/{name} on the Prefect server", started=started)
             except Exception as err:  # Prefect's client raises httpx and its own errors: the hub will resend
                 log.error("webhook: could not start the conversion of %s@%s: %s", name, commit[:12], err)
                 return _answer(503, error="Prefect could not be reached; send the event again", started=started)

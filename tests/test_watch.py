@@ -313,6 +313,16 @@ def test_one_conversion_per_upstream_commit(prefect_project: Settings, hub: HubS
     assert tick["moved"]["tiny"]["flow_run"] == answer.json()["started"][0]["flow_run"]
     assert sorted(r for _, r in _conversions()) == sorted([new, newer])
 
+    # an entry whose conversion is not deployed: the receiver says so, nothing starts
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as prefect:
+        prefect.delete_deployment(prefect.read_deployment_by_name("convert/tiny").id)
+    newest = hub.push("acme/tiny", {"LICENSE": b"MIT\n"}).commit
+    missing = client.post("/", content=_event("acme/tiny", newest), headers=ok)
+    assert missing.status_code == 500 and "no deployment convert/tiny" in missing.json()["error"]
+    assert newest not in [r for _, r in _conversions()]  # (deleting a deployment deletes its runs too)
+
 
 # ---------------------------------------------------------------- item 5: the deployment and the CI workflows
 
