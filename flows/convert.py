@@ -10,26 +10,32 @@ Each task calls one pipelines step. What Prefect adds:
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import json
-import logging
 import re
 from collections.abc import Callable
-from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, TypeVar
 
-from prefect import flow, get_run_logger, task
+from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
-from prefect.cache_policies import NO_CACHE
 from prefect.client.orchestration import get_client
 from prefect.tasks import Task
 
-from flows.slots import GPU_LIMIT, ensure_limit, model_limit, prefect_unreachable, slot
+from flows import raycluster
+from flows.slots import ensure_limit, model_limit, slot
+from flows.tasks import (
+    compress,
+    compute_imatrix,
+    convert_base,
+    fetch_source,
+    publish,
+    quantize,
+    register,
+    validate,
+)
 from pipelines.core.errors import ConfigError, ModelmintError, ShapeRefused, VariantsFailed
 from pipelines.core.fsutil import HashCache
-from pipelines.core.gates import gguf_gate
 from pipelines.core.report import Validation
 from pipelines.core.settings import Settings
 from pipelines.core.steps import (
@@ -37,7 +43,6 @@ from pipelines.core.steps import (
     StepResult,
     VariantError,
     VariantOutcome,
-    content_key,
     keep_failure,
     load_receipt,
     variant_scoped,
@@ -49,24 +54,7 @@ from pipelines.registry import register as reg
 from pipelines.registry.formats import FORMATS, Format, format_of, split_by_format
 from pipelines.source.catalog import COMPRESSED_VARIANTS, GGUF_QUANT_TYPES, CatalogEntry, load_catalog
 
-# pipelines' INFO lines (what each step ran, what an interrupted run left and was removed) belong in the run's
-# log: PREFECT_LOGGING_EXTRA_LOGGERS attaches Prefect's handler to the `pipelines` logger, but the logger's
-# own level would still be the root's WARNING.
-logging.getLogger("pipelines").setLevel(logging.INFO)
-
 R = TypeVar("R")
-
-
-def _transient(_task: Any, _run: Any, state: Any) -> bool:
-    """Retry only what may succeed when tried again: modelmint's transient errors, and any error saying the
-    Prefect API (or another server) could not be reached (httpx's errors do not derive from ConnectionError)."""
-    try:
-        state.result()
-    except ModelmintError as err:
-        return err.transient
-    except Exception as err:
-        return prefect_unreachable(err)
-    return False
 
 
 def _cached(step: Task[..., R], current: Callable[[R], bool], *args: Any) -> R:
@@ -80,127 +68,6 @@ def _cached(step: Task[..., R], current: Callable[[R], bool], *args: Any) -> R:
         get_run_logger().info("%s: cached output is gone or changed, running it again", step.name)
         result = step.with_options(refresh_cache=True)(*args)
     return result
-
-
-# ---------------------------------------------------------------- cache keys (content only)
-
-
-def _settings_key(s: Settings) -> dict[str, Any]:
-    # Where outputs go is part of what a plan *is*; the token never enters a key or a stored result, and
-    # the orchestration settings say nothing about the plan.
-    skip = {"hf_token", "prefect_home", "prefect_port", "gpu_slots", "prefect_crash_after_s"}
-    return {k: str(v) for k, v in dataclasses.asdict(s).items() if k not in skip}
-
-
-def _fetch_key(_ctx: Any, p: dict[str, Any]) -> str:
-    entry: CatalogEntry = p["entry"]
-    return content_key("fetch", entry.model_dump(mode="json"), p["revision"], p["quants"], _settings_key(p["settings"]))
-
-
-def _convert_key(_ctx: Any, p: dict[str, Any]) -> str:
-    plan: GGUFPlan = p["plan"]
-    # base_key = the source files' sha256s + outtype + llama.cpp commit + modelmint version. The result is
-    # a file in this plan's work directory, so where it is written is part of the key too: two checkouts
-    # sharing one Prefect server must not be handed each other's build directories.
-    return content_key("convert", plan.snapshot.revision, plan.base_key, str(plan.base_path))
-
-
-def _imatrix_key(_ctx: Any, p: dict[str, Any]) -> str:
-    plan: GGUFPlan = p["plan"]
-    return content_key("imatrix", plan.imatrix_key, p["base"].receipt["sha256"], str(plan.imatrix_path))
-
-
-def _quantize_key(_ctx: Any, p: dict[str, Any]) -> str:
-    plan: GGUFPlan = p["plan"]
-    imatrix: StepResult | None = p["imatrix"]
-    return content_key(
-        "quantize", plan.quant_key(p["q"]), p["base"].receipt["sha256"], imatrix.receipt["sha256"] if imatrix else None,
-        str(plan.quant_path(p["q"])),
-    )
-
-
-def _validate_key(_ctx: Any, p: dict[str, Any]) -> str:
-    plan: GGUFPlan = p["plan"]
-    q = p["q"]
-    gate = gguf_gate(q, plan.entry.gate_profile).to_dict()
-    return content_key("validate", p["quant"].receipt["sha256"], plan.logits_key, gate, str(plan.report_path(q)))
-
-
-def _register_key(_ctx: Any, p: dict[str, Any]) -> str:
-    candidate: reg.Candidate = p["candidate"]
-    # candidate.key = the blob's sha256 + recipe + validation report + toolchain; the entry decides the
-    # serving files written beside it (chat family, licence)
-    return content_key("register", candidate.key, candidate.entry.model_dump(mode="json"))
-
-
-def _publish_key(_ctx: Any, p: dict[str, Any]) -> str:
-    candidate: reg.Candidate = p["candidate"]
-    return content_key("publish", candidate.key, p["tracked"].md5)
-
-
-# ---------------------------------------------------------------- tasks: one pipelines step each
-
-_CACHED: dict[str, Any] = {"persist_result": True}
-
-
-@task(name="fetch", task_run_name="fetch", cache_key_fn=_fetch_key, retries=3, retry_delay_seconds=[5, 30, 120],
-      retry_condition_fn=_transient, **_CACHED)
-def fetch_source(entry: CatalogEntry, settings: Settings, revision: str | None, quants: list[str] | None) -> GGUFPlan:
-    plan = build.plan_gguf(entry, settings, revision=revision, quants=quants)
-    # The plan is stored as this task's cached result: keep the token out of it.
-    return dataclasses.replace(plan, settings=dataclasses.replace(plan.settings, hf_token=None))
-
-
-@task(name="convert", task_run_name="convert", cache_key_fn=_convert_key, retries=1, retry_condition_fn=_transient, **_CACHED)
-def convert_base(plan: GGUFPlan) -> StepResult:
-    return build.ensure_base(plan)
-
-
-@task(name="imatrix", task_run_name="imatrix", cache_key_fn=_imatrix_key, retries=1, retry_condition_fn=_transient, **_CACHED)
-def compute_imatrix(plan: GGUFPlan, base: StepResult) -> StepResult | None:
-    return build.ensure_imatrix(plan)
-
-
-@task(name="quantize", task_run_name="quantize-{q}", cache_key_fn=_quantize_key, retries=1,
-      retry_condition_fn=_transient, **_CACHED)
-def quantize(plan: GGUFPlan, q: str, base: StepResult, imatrix: StepResult | None, threads: int) -> StepResult:
-    return build.ensure_quant(plan, q, threads=threads)
-
-
-@task(name="validate", task_run_name="validate-{q}", cache_key_fn=_validate_key, retries=1,
-      retry_condition_fn=_transient, **_CACHED)
-def validate(plan: GGUFPlan, q: str, quant: StepResult) -> VariantOutcome:
-    return build.ensure_validated(plan, q)
-
-
-@task(name="register", task_run_name="register-{candidate.tag}", cache_key_fn=_register_key, **_CACHED)
-def register(settings: Settings, candidate: reg.Candidate) -> reg.Tracked:
-    """Place the artifact directory and `dvc commit` its stage (local: no network, no retries)."""
-    return reg.track(settings, candidate, reg.place(settings, candidate))
-
-
-@task(name="publish", task_run_name="publish-{candidate.tag}", cache_key_fn=_publish_key, retries=3,
-      retry_delay_seconds=[10, 60, 300], retry_condition_fn=_transient, **_CACHED)
-def publish(settings: Settings, candidate: reg.Candidate, tracked: reg.Tracked) -> reg.Registration:
-    """`dvc push` to the remote, then the manifest: the variant is registered once this returns."""
-    return reg.publish(settings, candidate, tracked)
-
-
-@task(name="compress", task_run_name="compress-{model}", retries=1, retry_condition_fn=_transient,
-      cache_policy=NO_CACHE)
-def compress(model: str, entry: CatalogEntry, settings: Settings, schemes: list[str], revision: str | None) -> Any:
-    """AWQ / FP8 / … with llmcompressor (pipelines.compressed.build); each GPU run holds one slot of the `gpu` limit.
-
-    Not cached by Prefect: build_compressed skips every step whose receipt matches, on its own.
-    """
-    from pipelines.compressed.build import build_compressed
-
-    return build_compressed(entry, settings, schemes=schemes, revision=revision, gpu_slot=gpu_slot)
-
-
-def gpu_slot() -> AbstractContextManager[Any]:
-    """One slot of the `gpu` global limit (flows.slots: strict, holder named, waits said, release never fatal)."""
-    return slot(GPU_LIMIT, prefect_home=Settings.from_env().prefect_dir)
 
 
 # ---------------------------------------------------------------- "is the cached output still there?"
@@ -242,7 +109,7 @@ def _report_current(plan: GGUFPlan) -> Callable[[VariantOutcome], bool]:
 # ---------------------------------------------------------------- the flow
 
 
-@flow(name="convert", flow_run_name="{model}", log_prints=True)
+@flow(name="convert", flow_run_name="{model}", log_prints=True, task_runner=raycluster.task_runner(Settings.from_env()))
 def convert(model: str, variants: list[str] | None = None, revision: str | None = None) -> dict[str, Any]:
     """Build, validate, register and publish the variants of one catalog model.
 
@@ -254,6 +121,8 @@ def convert(model: str, variants: list[str] | None = None, revision: str | None 
     by_format = split_variants(entry, variants)
     # Refuse before any work a variant that could not be registered (no dvc.yaml stage records it).
     dvcrepo.require_stages(settings, entry.name, [v for asked in by_format.values() for v in asked])
+    if settings.ray_address:
+        _check_cluster(settings, by_format)
     with get_client(sync_client=True) as client:
         ensure_limit(client, model_limit(model), 1)
     with slot(model_limit(model), prefect_home=settings.prefect_dir):
@@ -296,6 +165,20 @@ def convert(model: str, variants: list[str] | None = None, revision: str | None 
     return summary
 
 
+def _check_cluster(settings: Settings, by_format: dict[Format, list[str]]) -> None:
+    """On Ray: every step's resources are offered by some node, and every node sees this run's storage and
+    has the toolchains the asked formats need (flows.raycluster)."""
+    from pipelines.core.toolchains import llama_cpp, llmcompressor
+
+    raycluster.ship_by_value(convert.fn.__module__)
+    raycluster.check_resources(settings)
+    needed = [tc(settings).prefix for name, tc in (("gguf", llama_cpp), ("compressed-tensors", llmcompressor))
+              if by_format.get(name)]  # type: ignore[call-overload]
+    for node in raycluster.probe_nodes(settings, needed):
+        get_run_logger().info("Ray node %s on %s: sees the work directory and the toolchains",
+                              node["node"][:12], node["host"])
+
+
 def _all_failed(name: str, variants: list[str], err: ModelmintError) -> BuildResult:
     """A format's result when its shared steps failed (fetch, convert, imatrix): every variant failed with that."""
     errors = {v: VariantError.of(v, "build", err) for v in variants}
@@ -323,7 +206,8 @@ def split_variants(entry: CatalogEntry, variants: list[str] | None) -> dict[Form
 def _compressed(
     entry: CatalogEntry, settings: Settings, schemes: list[str], revision: str | None
 ) -> tuple[list[str], BuildResult]:
-    result = compress(entry.name, entry, settings, schemes, revision)
+    with raycluster.placed(settings, "compress"):
+        result = compress.submit(entry.name, entry, settings, schemes, revision).result()
     tc = getattr(result.plan, "tc", None)
     return ([f"compressed-tensors with llmcompressor {tc.version} from the same source"] if tc else []), result
 
@@ -354,7 +238,8 @@ def _gguf(
     quants_done: dict[str, StepResult] = {}
     for i in range(0, len(todo), jobs):
         batch = todo[i : i + jobs]
-        futures = {q: quantize.submit(plan, q, base, imatrix, per_job) for q in batch}
+        with raycluster.placed(plan.settings, "quantize"):
+            futures = {q: quantize.submit(plan, q, base, imatrix, per_job) for q in batch}
         for q, fut in futures.items():
             try:
                 step = fut.result()
@@ -365,12 +250,7 @@ def _gguf(
                 continue
             quants_done[q] = step
 
-    outcomes: dict[str, VariantOutcome] = {}
-    for q in quants_done:
-        try:
-            outcomes[q] = _cached(validate, _report_current(plan), plan, q, quants_done[q])
-        except Exception as err:
-            keep_failure(errors, q, "validate", err)
+    outcomes = _validate_all(plan, quants_done, errors)
 
     snap = plan.snapshot
     source = f"{snap.repo_id}@{snap.revision}" if snap.repo_id else f"{snap.kind} source"
@@ -381,6 +261,28 @@ def _gguf(
     result = BuildResult(entry.name, plan.out_dir, plan.source, base.receipt, outcomes, [], plan=plan, errors=errors,
                          preflight=preflight, asked=list(plan.spec.quants))
     return header, result
+
+
+def _validate_all(plan: GGUFPlan, quants: dict[str, StepResult], errors: dict[str, VariantError]) -> dict[str, VariantOutcome]:
+    """Validate each quantized variant; on Ray all at once (each on the node Ray places it), here one by one
+    (llama-perplexity uses every core it is given)."""
+    current = _report_current(plan)
+    outcomes: dict[str, VariantOutcome] = {}
+    ahead = {}
+    if plan.settings.ray_address:
+        with raycluster.placed(plan.settings, "validate"):
+            ahead = {q: validate.submit(plan, q, step) for q, step in quants.items()}
+    for q, step in quants.items():
+        try:
+            outcome = (ahead[q] if q in ahead else validate.submit(plan, q, step)).result()
+            if not current(outcome):
+                get_run_logger().info("validate-%s: cached report is gone or changed, running it again", q)
+                with raycluster.placed(plan.settings, "validate"):
+                    outcome = validate.with_options(refresh_cache=True).submit(plan, q, step).result()
+            outcomes[q] = outcome
+        except Exception as err:
+            keep_failure(errors, q, "validate", err)
+    return outcomes
 
 
 def _register_all(
@@ -482,3 +384,77 @@ _BUILDS: dict[Format, Callable[[CatalogEntry, Settings, list[str], str | None], 
 }
 """How the flow builds each format: the same steps as the library, one task each, with Prefect's caching."""
 
+
+
+# ---------------------------------------------------------------- every catalog model: `convert/all`
+
+
+@flow(name="convert", flow_run_name="all", log_prints=True)
+def convert_all(models: list[str] | None = None, variants: list[str] | None = None) -> dict[str, Any]:
+    """Run `convert/<name>` for every catalog model (or those named), as runs of their own deployments.
+
+    Each run holds its model's `model-<name>` slot and its GPU steps a `gpu` slot, as when started alone, and
+    runs wherever a worker (and, with MODELMINT_RAY_ADDRESS, Ray) has room. The runs are started at once with an
+    idempotency key per model and this run, so a retried fan-out never starts a model twice; this run waits for
+    all of them and publishes one table of every variant's figures and verdict.
+    """
+    settings = Settings.from_env()
+    catalog = load_catalog(settings.catalog_path)
+    names = [catalog.get(m).name for m in models] if models else [m.name for m in catalog.models]
+    started = _start_all(names, variants)
+    finished = _wait_all(started)
+    rows, failed = [], {}
+    with get_client(sync_client=True) as client:
+        for name, run in finished.items():
+            if not run.state.is_completed():
+                failed[name] = run.state.message or run.state.name
+            rows += [{"model": name, **r} for r in _run_rows(client, run.id, name)]
+    create_table_artifact(rows, key="convert-all", description=f"every variant of {len(names)} models")
+    if failed:
+        raise ModelmintError(
+            f"{len(failed)} of {len(names)} models failed: " + "; ".join(f"{n}: {m}" for n, m in sorted(failed.items())),
+            hint="the table artifact convert-all has every variant; each model's own run names its causes "
+            "(`prefect flow-run logs <id>`); the others finished",
+        )
+    return {"models": names, "variants": rows}
+
+
+def _start_all(names: list[str], variants: list[str] | None) -> dict[str, Any]:
+    from prefect.context import FlowRunContext
+    from prefect.deployments import run_deployment
+
+    parent = FlowRunContext.get().flow_run.id  # type: ignore[union-attr]
+    started = {}
+    for name in names:
+        params = {"model": name, **({"variants": variants} if variants else {})}
+        started[name] = run_deployment(f"convert/{name}", parameters=params, timeout=0, as_subflow=True,
+                                       idempotency_key=f"convert-all-{parent}-{name}")
+        get_run_logger().info("started convert/%s: flow run %s", name, started[name].id)
+    return started
+
+
+def _wait_all(started: dict[str, Any], poll_s: float = 5.0) -> dict[str, Any]:
+    import time
+
+    pending, done = dict(started), {}
+    with get_client(sync_client=True) as client:
+        while pending:
+            for name, run in list(pending.items()):
+                now = client.read_flow_run(run.id)
+                if now.state and now.state.is_final():
+                    del pending[name]
+                    done[name] = now
+            if pending:
+                time.sleep(poll_s)
+    return done
+
+
+def _run_rows(client: Any, flow_run_id: Any, name: str) -> list[dict[str, Any]]:
+    """The variants table a convert run published (artifact convert-<name>-variants), or nothing."""
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, ArtifactFilterKey
+
+    found = client.read_artifacts(artifact_filter=ArtifactFilter(
+        flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id]),
+        key=ArtifactFilterKey(any_=[artifact_key("convert", name, "variants")])))
+    data = found[0].data if found else None
+    return json.loads(data) if isinstance(data, str) else list(data or [])

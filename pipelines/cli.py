@@ -19,6 +19,7 @@ from pipelines.core.settings import Settings
 
 if TYPE_CHECKING:
     from pipelines.core.report import Figures
+    from pipelines.publish.planner import Plan
 
 app = typer.Typer(
     help="modelmint: pinned Hugging Face models in; validated GGUF and compressed-tensors artifacts out.",
@@ -225,6 +226,7 @@ def _finish(name: str, run: Any, summary_path: Path, as_json: bool) -> None:
 def list_cmd() -> None:
     """List the registered artifacts (registry/manifests)."""
     from pipelines.core.errors import RegistryError
+    from pipelines.registry.images import published_images
     from pipelines.registry.manifest import list_manifests
 
     settings = _settings()
@@ -239,12 +241,16 @@ def list_cmd() -> None:
         # the other columns give way instead.
         refs = [m.ref for m in listing.manifests]
         artifact = Column("artifact", no_wrap=True, min_width=max(len("artifact"), *map(len, refs)))
-        table = Table(artifact, "format", "size", "sha256", "source", "mean KL", "gate", "DVC")
+        published = {m.ref: published_images(settings, m) for m in listing.manifests}
+        shown = any(published.values())
+        table = Table(artifact, "format", "size", "sha256", "source", "mean KL", "gate", "DVC",
+                      *(["published"] if shown else []))
         for m in listing.manifests:
             dvc = "pushed" if m.dvc.pushed else ("committed" if m.dvc.md5 else "dvc repro")
             kl = m.mean_kl
             table.add_row(m.ref, m.format, _mib(m.size_bytes), m.sha256[:12], m.source.ref,
-                          "-" if kl is None else f"{kl:.5f}", "[green]pass[/green]", dvc)
+                          "-" if kl is None else f"{kl:.5f}", "[green]pass[/green]", dvc,
+                          *([", ".join(published[m.ref]) or "-"] if shown else []))
         out.print(table)
     for bad in listing.invalid:
         err.print(f"[bold red]invalid:[/bold red] {_escape(bad.message)}", highlight=False)
@@ -284,38 +290,116 @@ def show(
     out.print(table)
 
 
+RegistryOption = Annotated[str | None, typer.Option("--registry", help="the OCI registry and namespace, "
+                                                   "HOST[:PORT]/NAMESPACE, e.g. registry.internal/modelmint")]
+InsecureOption = Annotated[bool, typer.Option("--insecure", help="speak plain HTTP to the registry")]
+
+
 @app.command()
 def pull(
     ref: Annotated[str, typer.Argument(help="name:tag, e.g. qwen2.5:q4_k_m; name:tag@COMMIT12 for an earlier "
-                                            "version (`modelmint show NAME:TAG --history` lists them)")],
+                                            "version (`modelmint show NAME:TAG --history` lists them); "
+                                            "name:tag-<commit12> with --from-registry")],
     dest: Annotated[Path | None, typer.Option(help="where to place it (default: artifacts/NAME/TAG; an earlier "
                                                    "version: MODELMINT_WORK_DIR/pulled/NAME/TAG@COMMIT)")] = None,
     ollama: Annotated[bool, typer.Option(help="run `ollama create` when ollama is on PATH")] = True,
+    from_registry: Annotated[str | None, typer.Option("--from-registry", help="fetch the image `modelmint publish` "
+                                                      "pushed to HOST[:PORT]/NAMESPACE instead of DVC")] = None,
+    insecure: InsecureOption = False,
 ) -> None:
-    """Fetch a registered artifact from the DVC remote, check its sha256, and hand it to Ollama (GGUF) or
-    print its `vllm serve` command (compressed-tensors)."""
+    """Fetch a registered artifact from the DVC remote (or an OCI registry), check its sha256, and hand it to Ollama
+    (GGUF) or print its `vllm serve` command (compressed-tensors)."""
     import shlex
 
     from pipelines.registry.pull import pull as pull_artifact
 
-    result = pull_artifact(_settings(), ref, dest=dest, ollama=ollama)
+    if from_registry is not None:
+        from pipelines.publish.oci import RegistryRef
+        from pipelines.registry.images import pull_image
+        from pipelines.registry.manifest import parse_ref
+
+        name, tag = parse_ref(ref)
+        image = RegistryRef.parse(from_registry, insecure=insecure).image(name, tag)
+        result = pull_image(_settings(), image, insecure=insecure, dest=dest, ollama=ollama)
+        origin = f" from {image}"
+    else:
+        result = pull_artifact(_settings(), ref, dest=dest, ollama=ollama)
+        origin = ""
     m = result.manifest
-    state = "fetched and verified" if result.fetched else "already in place and verified"
+    state = f"fetched{origin} and verified" if result.fetched else "already in place and verified"
     out.print(f"{m.ref} ({_mib(m.size_bytes)}, sha256 {m.sha256[:12]}…) {state} → {result.dest}", soft_wrap=True)
-    if m.format == "compressed-tensors":
-        out.print("serve it with vLLM:")
-        for argv in result.commands:
-            out.print("  " + shlex.join(argv), highlight=False, soft_wrap=True)
-    elif result.modelfile is None:
-        err.print("[yellow]no Modelfile was registered with this artifact[/yellow]")
-    elif result.ran_ollama:
+    if result.ran_ollama:
         out.print(f"[green]ollama create {m.ref} done[/green] (it answers: {_escape(result.ollama_reply or '')[:60]!r}); "
                   f"`ollama run {m.ref}`")
-    else:
+        return
+    if result.modelfile is None and not result.commands:
+        err.print("[yellow]no Modelfile was registered with this artifact[/yellow]")
+    elif result.modelfile is not None:
         out.print("an earlier version (Ollama keeps the current one under this name); to use it run:" if "@" in ref
                   else "ollama is not on PATH; to use it with Ollama run:")
-        for argv in result.commands:
-            out.print("  " + shlex.join(argv), highlight=False, soft_wrap=True)
+    else:
+        out.print("serve it with vLLM:")
+    for argv in result.commands:
+        out.print("  " + shlex.join(argv), highlight=False, soft_wrap=True)
+
+
+@app.command()
+def publish(
+    ref: Annotated[str, typer.Argument(help="a registered name:tag, e.g. qwen2.5:q4_k_m")],
+    registry: RegistryOption = None,
+    insecure: InsecureOption = False,
+    force: Annotated[bool, typer.Option("--force", help="move tags that point at another image")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="print what was pushed as JSON")] = False,
+) -> None:
+    """Push a registered artifact to an OCI registry: a GGUF as an Ollama image (`ollama pull HOST/NAMESPACE/NAME:TAG`),
+    a compressed-tensors checkpoint as a CNCF ModelPack artifact; tagged TAG-<commit12> and TAG, blobs first."""
+    import shlex
+
+    from pipelines.publish.oci import RegistryRef
+    from pipelines.registry.formats import format_of
+    from pipelines.registry.images import publications_path, publish_image
+
+    if registry is None:
+        raise ConfigError("publish needs a registry", hint=f"modelmint publish {ref} --registry HOST[:PORT]/NAMESPACE")
+    where = RegistryRef.parse(registry, insecure=insecure)
+    done = publish_image(_settings(), ref, where, force=force)
+    if as_json:
+        out.print_json(json.dumps({"ref": done.manifest.ref, "images": done.images, "digest": done.digest,
+                                   "uploaded": done.uploaded, "present": done.present, "mounted": done.mounted,
+                                   "retagged": done.retagged}))
+        return
+    m = done.manifest
+    for old_tag, old in done.retagged.items():
+        err.print(f"[yellow]moved {old_tag} from {old}[/yellow]", highlight=False)
+    mounted = f", {len(done.mounted)} mounted from another repository" if done.mounted else ""
+    out.print(f"{m.ref} → {', '.join(done.images)} ({done.digest}); {len(done.uploaded)} blob(s) uploaded, "
+              f"{len(done.present)} already there{mounted}", highlight=False, soft_wrap=True)
+    record = publications_path(_settings(), m.name, m.tag)
+    out.print(f"recorded in {record} (`modelmint list` shows it; commit it with the registry)", highlight=False,
+              soft_wrap=True)
+    out.print("pull it with:")
+    out.print("  " + shlex.join(format_of(m.tag).pull_command(done.images[-1], insecure)), highlight=False,
+              soft_wrap=True)
+
+
+def _print_plans(plans: list[Plan]) -> None:
+    """Each plan's layout, its per-GPU memory table (one row per pipeline stage of its own type) and its reasons."""
+    gib = 1 << 30
+    for p in plans:
+        out.print(f"[bold]{p.label}[/bold]: TP {p.tp} × PP {p.pp}, {p.replicas} replica(s); max_model_len "
+                  f"{p.max_model_len}, max_num_seqs {p.max_num_seqs}, KV {p.kv_bytes_per_token:,} B per token per GPU",
+                  highlight=False)
+        table = Table("per GPU", *(Column(c, justify="right") for c in
+                                   ("total", "usable", "weights", "activations", "KV pool", "headroom")))
+        for name, mm in zip([s.gpu.name for s in p.stages] or [p.group.gpu.name], p.stage_memory or [p.memory],
+                            strict=True):
+            table.add_row(name, *(f"{x / gib:.1f} GiB" for x in
+                                  (mm.total, mm.usable, mm.weights, mm.activations, mm.kv_pool, mm.headroom)))
+        out.print(table)
+        for r in p.reasons:
+            out.print(f"  • {r}", highlight=False)
+        for w in p.warnings:
+            err.print(f"[yellow]warning:[/yellow] {_escape(w)}", highlight=False)
 
 
 @app.command("plan")
@@ -324,15 +408,21 @@ def plan_cmd(
     target: Annotated[str | None, typer.Argument(help="a registered name:tag (pulled), a .gguf, or a checkpoint "
                                                       "directory")] = None,
     gpus: Annotated[str | None, typer.Option(help="the GPUs: 4xRTX4090-24G, 2x8xH100-80G (nodes x GPUs), "
-                                                  "1x8xA800-80G+1x8xL20-48G (mixed)")] = None,
+                                                  "1x8xA800-80G+1x8xL20-48G (mixed), or an inventory .yaml")] = None,
     context: Annotated[int | None, typer.Option(help="tokens per sequence (default: the model's maximum)")] = None,
     concurrency: Annotated[int, typer.Option(min=1, help="sequences served at once")] = 1,
     kv_cache_dtype: Annotated[str, typer.Option(help="auto (the model's), fp8")] = "auto",
     as_json: Annotated[bool, typer.Option("--json", help="print the plans as JSON")] = False,
     list_gpus: Annotated[bool, typer.Option("--list-gpus", help="list the known GPU profiles")] = False,
+    out_dir: Annotated[Path | None, typer.Option("--out", help="write the files that carry the plan here: vllm.yaml, "
+                                                     "Kubernetes, LeaderWorkerSet, RayService, Helm values, docker "
+                                                     "run, Ollama")] = None,
+    pp_across_types: Annotated[bool, typer.Option("--pp-across-types", help="a mixed cluster: one pipeline over "
+                                                                          "every node, stages sized by memory, "
+                                                                          "instead of instances per type")] = False,
 ) -> None:
     """Plan how to serve a model on the GPUs you have: tensor / pipeline parallel, replicas, per-GPU memory,
-    max_model_len and max_num_seqs, with one line of reasoning per choice."""
+    max_model_len and max_num_seqs, with one line of reasoning per choice; --out writes the files that carry it."""
     import dataclasses
 
     from pipelines.publish import planner
@@ -353,9 +443,9 @@ def plan_cmd(
                           hint="modelmint plan NAME:TAG --gpus 4xRTX4090-24G (`modelmint plan --list-gpus` lists them)")
     if kv_cache_dtype not in planner.KV_BYTES:
         raise ConfigError(f"unknown --kv-cache-dtype {kv_cache_dtype!r}", hint=f"one of {', '.join(planner.KV_BYTES)}")
-    path = Path(target)
+    path, named, smaller = Path(target), {}, ()
     if not path.exists() and ":" in target:
-        from pipelines.registry.manifest import find_manifest
+        from pipelines.registry.manifest import find_manifest, list_manifests
 
         settings = _settings()
         m = find_manifest(settings, target)
@@ -364,28 +454,28 @@ def plan_cmd(
         if not path.exists():
             raise ConfigError(f"{target} is registered but not in this checkout ({path})",
                               hint=f"modelmint pull {target}")
+        named = {"name": f"{m.name}-{m.tag}", "ollama_model": m.ref}
+        smaller = tuple(planner.Variant(o.ref, o.size_bytes, str(o.recipe.get("scheme") or "").startswith("FP8"))
+                        for o in list_manifests(settings).manifests if o.name == m.name and o.tag != m.tag)
     what = planner.served(path)
     ask = planner.Ask(what.weights_bytes, what.shape, context=context, concurrency=concurrency,
-                      kv_dtype=kv_cache_dtype, fp8_weights=what.fp8_weights)
-    plans = planner.plan(ask, planner.parse_cluster(gpus))
+                      kv_dtype=kv_cache_dtype, fp8_weights=what.fp8_weights, smaller=smaller)
+    plans = planner.plan(ask, planner.cluster_of(gpus), pp_across_types=pp_across_types)
+    if out_dir is not None:
+        from pipelines.publish.servefiles import artifact_of, notes, write_plan_files
+
+        art = artifact_of(path, what.weights_bytes, **named)
+        written = write_plan_files(plans, art, out_dir)
+        for line in notes(plans, art):
+            err.print(f"[yellow]note:[/yellow] {_escape(line)}", highlight=False)
     if as_json:
         out.print_json(json.dumps([{**dataclasses.asdict(p), "group": str(p.group)} for p in plans], default=str))
         return
-    gib = 1 << 30
-    for p in plans:
-        out.print(f"[bold]{p.group}[/bold]: TP {p.tp} × PP {p.pp}, {p.replicas} replica(s); max_model_len "
-                  f"{p.max_model_len}, max_num_seqs {p.max_num_seqs}, KV {p.kv_bytes_per_token:,} B per token per GPU",
-                  highlight=False)
-        table = Table("per GPU", *(Column(c, justify="right") for c in
-                                   ("total", "usable", "weights", "activations", "KV pool", "headroom")))
-        mm = p.memory
-        table.add_row(p.group.gpu.name, *(f"{x / gib:.1f} GiB" for x in
-                                          (mm.total, mm.usable, mm.weights, mm.activations, mm.kv_pool, mm.headroom)))
-        out.print(table)
-        for r in p.reasons:
-            out.print(f"  • {r}", highlight=False)
-        for w in p.warnings:
-            err.print(f"[yellow]warning:[/yellow] {_escape(w)}", highlight=False)
+    _print_plans(plans)
+    if out_dir is not None:
+        out.print(f"wrote {len(written)} files under {out_dir}:", highlight=False)
+        for f in written:
+            out.print(f"  {f.relative_to(out_dir)}", highlight=False)
 
 
 @app.command("verify")
@@ -609,6 +699,12 @@ def modelfile(
     output: Annotated[Path | None, typer.Option("--out", help="write the Modelfile here instead of "
                                                              "printing it")] = None,
     verify: Annotated[bool, typer.Option(help="prove the TEMPLATE against the chat template (needs Go)")] = True,
+    force: Annotated[bool, typer.Option(help="use --family even where the template does not match it; a "
+                                             "failed proof becomes a warning")] = False,
+    ollama_version: Annotated[str | None, typer.Option(help="the oldest Ollama release the Modelfile must "
+                                                            "work with (refused when its RENDERER needs newer)")] = None,
+    explain: Annotated[bool, typer.Option(help="print on standard error the family, the evidence, the proof "
+                                               "per conversation and the notes")] = False,
 ) -> None:
     """Write an Ollama Modelfile for a GGUF: FROM it, a TEMPLATE proven against its chat template, stops."""
     from pipelines.core.fsutil import write_text_atomic
@@ -617,8 +713,11 @@ def modelfile(
     built = build_modelfile(
         gguf, source, settings=_settings(), out_dir=(output.parent if output else Path.cwd()),
         family=family, template=template.read_text(encoding="utf-8") if template else None,
-        system=system, num_ctx=num_ctx, verify=None if verify else False,
+        system=system, num_ctx=num_ctx, verify=None if verify else False, force=force,
+        ollama_version=ollama_version,
     )
+    if explain:
+        _explain(built.family, built.evidence, built.proof, built.notes, built.warnings)
     text = built.modelfile.to_text()  # warnings were logged by build_modelfile
     if output is None:
         sys.stdout.write(text)
@@ -627,6 +726,59 @@ def modelfile(
     proof = built.proof
     err.print(f"wrote {output} (family {built.family or 'hand-written'}"
               + (f", TEMPLATE proven on {len(proof.identical)} conversations" if proof else "") + ")")
+
+
+def _explain(family: str | None, evidence: tuple[str, ...], proof: Any, notes: tuple[str, ...],
+             warnings: tuple[str, ...]) -> None:
+    from pipelines.chat.families import FAMILIES
+
+    def _say(text: str) -> None:
+        err.print(_escape(text), highlight=False)
+
+    fam = FAMILIES.get(family or "")
+    _say(f"family: {family or 'hand-written TEMPLATE'}" + (f" ({fam.title})" if fam else ""))
+    if fam and fam.renderer:
+        _say(f"Ollama gets: RENDERER {fam.renderer}, PARSER {fam.parser}")
+    if fam:
+        _say(f"tool calls: {fam.tool_calls}")
+    _say("evidence: " + (", ".join(repr(m) for m in evidence) or "none (family given by hand)"))
+    if proof is not None:
+        for name in proof.identical:
+            _say(f"  proof {name}: byte-identical")
+        for name in proof.refused_by_jinja:
+            _say(f"  proof {name}: the chat template itself refuses it")
+        for name in proof.different:
+            _say(f"  proof {name}: DIFFERENT")
+    else:
+        _say("proof: none (" + ("Ollama's RENDERER is not proven here" if fam and fam.renderer
+                                     else "not run") + ")")
+    for line in (*(f"note: {n}" for n in notes), *(f"warning: {w}" for w in warnings)):
+        _say(line)
+
+
+@app.command("template")
+def template_cmd(
+    chat_template: Annotated[Path, typer.Argument(help="a Hugging Face chat template (.jinja)")],
+    bos: Annotated[str | None, typer.Option(help="the tokenizer's BOS token text")] = None,
+    eos: Annotated[str | None, typer.Option(help="the tokenizer's EOS token text")] = None,
+    engine_bos: Annotated[bool, typer.Option("--engine-bos/--no-engine-bos",
+                                             help="whether the engine adds BOS itself (GGUF add_bos_token)")] = True,
+    family: Annotated[str | None, typer.Option(help="chat family instead of detecting it")] = None,
+    force: Annotated[bool, typer.Option(help="use --family even where the template does not match it")] = False,
+) -> None:
+    """Convert a bare chat template to Ollama's TEMPLATE (or RENDERER/PARSER) lines, proven on the suite."""
+    from pipelines.chat.families import TemplateTokens
+    from pipelines.publish.ollama import convert_template
+
+    try:
+        jinja = chat_template.read_text(encoding="utf-8")
+    except OSError as e:
+        raise ConfigError(f"cannot read {chat_template}: {e.strerror}", hint="pass the path of a .jinja file") from e
+    done = convert_template(jinja, TemplateTokens(bos, eos, engine_adds_bos=engine_bos), _settings(),
+                            family=family, force=force)
+    sys.stdout.write(done.lines)
+    fam = done.family
+    _explain(fam.name, tuple(fam.evidence(jinja)[0]), done.proof, fam.notes, done.warnings)
 
 
 def main() -> None:

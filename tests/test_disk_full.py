@@ -143,8 +143,8 @@ def test_the_hint_depends_on_the_directory_that_filled(tmp_path: Path) -> None:
 @pytest.fixture(scope="module")
 def base(tmp_path_factory: pytest.TempPathFactory, settings: Settings, tiny_qwen2: Path):
     """tiny-qwen2's f16 GGUF, converted once on an ordinary disk, and the pinned llama.cpp."""
-    from pipelines.core.ggufheader import convert
     from pipelines.core.toolchains import llama_cpp
+    from pipelines.gguf.tools import convert
 
     llama = llama_cpp(settings)
     out = tmp_path_factory.mktemp("base") / "tiny-qwen2-f16.gguf"
@@ -154,7 +154,7 @@ def base(tmp_path_factory: pytest.TempPathFactory, settings: Settings, tiny_qwen
 
 @pytest.mark.slow
 def test_llama_quantize_on_a_full_disk(base, small_disk) -> None:
-    from pipelines.core.ggufheader import quantize
+    from pipelines.gguf.tools import quantize
 
     f16, llama = base
     mnt = small_disk(str(f16.stat().st_size // 8))  # a Q8_0 is about half the f16: a quarter of it fits
@@ -203,8 +203,8 @@ def test_a_truncated_logits_file_is_named_not_measured(base, tmp_path: Path) -> 
 
 @pytest.mark.slow
 def test_llama_imatrix_on_a_full_disk(base, small_disk) -> None:
-    from pipelines.core.ggufheader import compute_imatrix
     from pipelines.core.texts import CALIBRATION_TEXT, bundled_text
+    from pipelines.gguf.tools import compute_imatrix
 
     f16, llama = base
     mnt = small_disk("16k")  # its output is ~40 kB

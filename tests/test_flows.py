@@ -17,7 +17,8 @@ from prefect.testing.utilities import prefect_test_harness
 from registry_env import PopenCounter, Repo, artifacts, dvc, make_repo, task_runs
 
 from flows import stack
-from flows.convert import _convert_key, _transient, artifact_key, convert, model_limit
+from flows.convert import artifact_key, convert, model_limit
+from flows.tasks import _convert_key, _transient
 from pipelines.core.errors import ConfigError, HubUnavailable
 from pipelines.core.settings import project_root
 from pipelines.registry.manifest import find_manifest, list_manifests
@@ -32,7 +33,10 @@ ROOT = project_root()
 def test_prefect_yaml_names_one_deployment_per_catalog_entry() -> None:
     doc = yaml.safe_load((ROOT / "prefect.yaml").read_text())
     catalog = [m.name for m in load_catalog(ROOT / "registry" / "catalog.yaml").models]
-    deployments = [d for d in doc["deployments"] if d["name"] != "watch-upstream"]  # tests/test_watch.py checks it
+    fan_out = [d for d in doc["deployments"] if d["name"] == "all"]
+    assert [d["entrypoint"] for d in fan_out] == ["flows/convert.py:convert_all"]
+    # convert/all and watch-upstream (tests/test_watch.py checks it) are not one model's conversion
+    deployments = [d for d in doc["deployments"] if d["name"] not in ("all", "watch-upstream")]
     assert sorted(d["name"] for d in deployments) == sorted(catalog)
     for d in deployments:
         assert d["entrypoint"] == "flows/convert.py:convert"

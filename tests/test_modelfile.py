@@ -137,3 +137,11 @@ def test_random_text_round_trips_or_is_provably_unrepresentable(seed: int) -> No
         return
     back = Modelfile.parse(text)
     assert back.system == value and back.licenses == (value,) and back.messages == (Message("user", value),)
+
+
+def test_renderer_parser_and_requires_round_trip() -> None:
+    text = "FROM ./m.gguf\nrenderer qwen3.5\nPARSER qwen3.5\nREQUIRES 0.17.1\n"
+    m = Modelfile.parse(text)
+    assert (m.renderer, m.parser, m.requires) == ("qwen3.5", "qwen3.5", "0.17.1")
+    assert m.to_text() == "FROM ./m.gguf\nRENDERER qwen3.5\nPARSER qwen3.5\nREQUIRES 0.17.1\n"
+    assert Modelfile.parse(m.to_text()) == m

@@ -154,8 +154,8 @@ def test_embedded_template_that_disagrees_is_named(tmp_path: Path, qwen_gguf: Pa
 
 def test_template_outside_the_families_says_how_to_write_one(tmp_path: Path, llama_models: Path,
                                                              settings: Settings) -> None:
-    qwen3 = (llama_models / "templates" / "Qwen-Qwen3-0.6B.jinja").read_text(encoding="utf-8")
-    gguf = _write_gguf(tmp_path / "q3.gguf", template=qwen3, tokens=["<|endoftext|>", "<|im_end|>"], eos=1)
+    unknown = (llama_models / "templates" / "tencent-Hy3.jinja").read_text(encoding="utf-8")
+    gguf = _write_gguf(tmp_path / "q3.gguf", template=unknown, tokens=["<|endoftext|>", "<|im_end|>"], eos=1)
     with pytest.raises(UnsupportedChatTemplate, match="not one modelmint can convert") as err:
         build_modelfile(gguf, settings=settings)
     assert "--template FILE" in (err.value.hint or "")
@@ -174,8 +174,8 @@ def test_tokenizer_without_eos_is_refused(tmp_path: Path, llama_models: Path, se
 
 def test_system_with_triple_quotes_round_trips(tmp_path: Path, llama_models: Path, settings: Settings) -> None:
     phi = (llama_models / "templates" / "microsoft-Phi-3.5-mini-instruct.jinja").read_text(encoding="utf-8")
-    gguf = _write_gguf(tmp_path / "phi.gguf", template=phi, tokens=["<s>", "<|endoftext|>", "<|end|>"], eos=1,
-                       add_bos=True, ctx=4096)
+    gguf = _write_gguf(tmp_path / "phi.gguf", template=phi, tokens=["<s>", "<|endoftext|>", "<|end|>", "<|user|>",
+                                                                   "<|assistant|>"], eos=1, add_bos=True, ctx=4096)
     system = 'Write Python with """docstrings""" and \\n escapes.\nReply in français — "toujours".'
     built = build_modelfile(gguf, settings=settings, system=system)
     text = built.modelfile.to_text()
@@ -229,10 +229,119 @@ def test_cli_writes_a_modelfile_or_explains(tmp_path: Path, qwen_gguf: Path, lla
                           capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 0, done.stderr
     assert Modelfile.parse(out.read_text(encoding="utf-8")).from_ == str(qwen_gguf.resolve())
-    assert "proven on 14 conversations" in done.stderr
+    assert "proven on 16 conversations" in done.stderr
 
-    qwen3 = (llama_models / "templates" / "Qwen-Qwen3-0.6B.jinja").read_text(encoding="utf-8")
-    bad = _write_gguf(tmp_path / "q3.gguf", template=qwen3, tokens=["<|im_end|>"], eos=0)
+    unknown = (llama_models / "templates" / "tencent-Hy3.jinja").read_text(encoding="utf-8")
+    bad = _write_gguf(tmp_path / "q3.gguf", template=unknown, tokens=["<|im_end|>"], eos=0)
     failed = subprocess.run([*MODELMINT, "modelfile", str(bad)], capture_output=True, text=True, env=env,
                             timeout=300)
     assert failed.returncode == 1 and "--template FILE" in " ".join(failed.stderr.split())
+
+
+def test_a_renderer_family_gets_renderer_parser_and_requires(tmp_path: Path, llama_models: Path,
+                                                             settings: Settings) -> None:
+    glm = (llama_models / "templates" / "GLM-4.7-Flash.jinja").read_text(encoding="utf-8")
+    gguf = _write_gguf(tmp_path / "glm.gguf", template=glm, tokens=["<|endoftext|>", "<|user|>", "<|observation|>"],
+                       eos=0)
+    built = build_modelfile(gguf, settings=settings)
+    mf = built.modelfile
+    assert (built.family, mf.template, mf.renderer, mf.parser, mf.requires) == (
+        "glm-4.7", None, "glm-4.7", "glm-4.7", "0.14.3")
+    assert built.proof is None and "'clear_thinking'" in str(built.evidence)
+    text = mf.to_text()
+    assert "RENDERER glm-4.7\nPARSER glm-4.7\nREQUIRES 0.14.3\n" in text and "TEMPLATE" not in text
+    assert build_modelfile(gguf, settings=settings, ollama_version="0.20.0").modelfile.requires == "0.14.3"
+    with pytest.raises(ConfigError, match=r"Ollama 0\.13\.0 is older than this Modelfile needs"):
+        build_modelfile(gguf, settings=settings, ollama_version="0.13.0")
+
+
+def test_a_forced_family_is_refused_unless_force(tmp_path: Path, llama_models: Path, settings: Settings) -> None:
+    unknown = (llama_models / "templates" / "tencent-Hy3.jinja").read_text(encoding="utf-8")
+    gguf = _write_gguf(tmp_path / "smol.gguf", template=unknown, tokens=["<|endoftext|>", "<|im_end|>"], eos=1)
+    with pytest.raises(ConfigError, match="not recognised as qwen3") as err:
+        build_modelfile(gguf, settings=settings, family="qwen3")
+    assert "--force" in (err.value.hint or "")
+    built = build_modelfile(gguf, settings=settings, family="qwen3", force=True)
+    assert built.family == "qwen3" and built.proof is not None and not built.proof.holds
+    assert any("renders differently" in w and "--force" in w for w in built.warnings)
+    assert any("using qwen3 as forced" in w for w in built.warnings)
+
+
+def test_a_proven_family_with_a_parser_gets_template_and_parser(tmp_path: Path, llama_models: Path,
+                                                                settings: Settings) -> None:
+    ministral = (llama_models / "templates" / "mistralai-Ministral-3-14B-Reasoning-2512.jinja").read_text(encoding="utf-8")
+    gguf = _write_gguf(tmp_path / "ministral.gguf", template=ministral, tokens=["<s>", "</s>", "[INST]", "[/INST]"],
+                       eos=1, add_bos=True)
+    built = build_modelfile(gguf, settings=settings)
+    mf = built.modelfile
+    assert built.family == "ministral3" and built.proof is not None and built.proof.holds
+    assert (mf.renderer, mf.parser, mf.requires) == (None, "ministral", "0.14.0") and mf.template
+    assert "PARSER ministral\nREQUIRES 0.14.0\n" in mf.to_text()
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", "COLUMNS": "400"}
+    return subprocess.run([*MODELMINT, *args], capture_output=True, text=True, env=env, timeout=300)
+
+
+def test_cli_template_converts_a_bare_chat_template(llama_models: Path) -> None:
+    templates = llama_models / "templates"
+    done = _cli("template", str(templates / "Qwen-Qwen3-0.6B.jinja"), "--eos", "<|im_end|>", "--no-engine-bos")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith('TEMPLATE """') and "<think>" in done.stdout
+    assert "family: qwen3" in done.stderr and "proof think-off: byte-identical" in done.stderr
+    assert "note: " in done.stderr and "evidence: '<|im_start|>'" in done.stderr
+
+    renderer = _cli("template", str(templates / "GLM-4.7-Flash.jinja"))
+    assert renderer.returncode == 0 and renderer.stdout == "RENDERER glm-4.7\nPARSER glm-4.7\nREQUIRES 0.14.3\n"
+
+    refused = _cli("template", str(templates / "GLM-4.6.jinja").replace("4.6", "4.6-missing"))
+    assert refused.returncode == 1 and "cannot read" in refused.stderr
+
+    unknown = _cli("template", str(templates / "tencent-Hy3.jinja"))
+    assert unknown.returncode == 1 and unknown.stdout == ""
+    assert "--template FILE" in " ".join(unknown.stderr.split())
+
+    forced = _cli("template", str(templates / "Bielik-11B-v3.0-Instruct.jinja"), "--family", "qwen3")
+    assert forced.returncode == 1 and "--force" in " ".join(forced.stderr.split())
+    warned = _cli("template", str(templates / "Bielik-11B-v3.0-Instruct.jinja"), "--family", "qwen3", "--force",
+                  "--eos", "<|im_end|>")
+    assert warned.returncode == 0 and "warning: " in warned.stderr and "renders differently" in warned.stderr
+
+
+def test_cli_modelfile_explain(tmp_path: Path, qwen_gguf: Path, llama_models: Path) -> None:
+    done = _cli("modelfile", str(qwen_gguf), "--source", str(_qwen_source(tmp_path, llama_models)), "--explain")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("# Generated by modelmint")
+    assert "family: chatml" in done.stderr and "evidence: '<|im_start|>'" in done.stderr
+    assert "proof tool-round-trip: byte-identical" in done.stderr
+
+
+def test_card_of_a_renderer_family_names_renderer_parser_and_requires(tmp_path: Path, llama_models: Path,
+                                                                    settings: Settings) -> None:
+    glm = (llama_models / "templates" / "GLM-4.7-Flash.jinja").read_text(encoding="utf-8")
+    gguf = _write_gguf(tmp_path / "glm.gguf", template=glm, tokens=["<|endoftext|>", "<|user|>", "<|observation|>"],
+                       eos=0)
+    entry = CatalogEntry.model_validate({"name": "glm", "license": "mit",
+                                         "source": {"repo": "zai-org/GLM-4.7-Flash", "revision": "0" * 40}})
+    published = publish_ollama(gguf, None, REPORT, entry, tmp_path / "pub", settings=settings)
+    card = published.model_card.read_text(encoding="utf-8")
+    front = yaml.safe_load(card.split("---\n")[1])
+    assert front["modelmint"]["ollama_builtin"] == {"renderer": "glm-4.7", "parser": "glm-4.7", "requires": "0.14.3"}
+    assert "built-in RENDERER `glm-4.7`" in card and "Ollama 0.14.3 or newer" in card
+    assert "not proven on this machine" not in card
+    assert "RENDERER glm-4.7\n" in published.modelfile.read_text(encoding="utf-8")
+
+
+def test_a_tokenizer_without_the_templates_special_tokens_is_refused(tmp_path: Path, llama_models: Path,
+                                                                    settings: Settings) -> None:
+    qwen3 = (llama_models / "templates" / "Qwen-Qwen3-0.6B.jinja").read_text(encoding="utf-8")
+    gguf = _write_gguf(tmp_path / "q3.gguf", template=qwen3, tokens=["<|endoftext|>", "<|im_end|>"], eos=1)
+    with pytest.raises(UnsupportedModel, match=r"lacks the special tokens <\|im_start\|> that the qwen3") as err:
+        build_modelfile(gguf, settings=settings)
+    assert "--force" in (err.value.hint or "")
+    built = build_modelfile(gguf, settings=settings, force=True)
+    assert built.family == "qwen3" and any("lacks the special tokens" in w for w in built.warnings)
+    full = _write_gguf(tmp_path / "q3ok.gguf", template=qwen3, tokens=["<|endoftext|>", "<|im_end|>", "<|im_start|>"],
+                       eos=1)
+    assert build_modelfile(full, settings=settings).proof is not None

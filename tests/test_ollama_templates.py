@@ -53,14 +53,44 @@ CLAIMED: dict[str, tuple[str, TemplateTokens]] = {
     "microsoft-Phi-3.5-mini-instruct.jinja": ("phi3", TemplateTokens("<s>", "<|endoftext|>")),
     # Plain ChatML as embedded in llama.cpp's Qwen2 vocab GGUF (Qwen2-Instruct's template).
     "ggml-vocab-qwen2.gguf": ("chatml", TemplateTokens(None, "<|im_end|>", engine_adds_bos=False)),
+    "Qwen-Qwen3-0.6B.jinja": ("qwen3", TemplateTokens(None, "<|im_end|>", engine_adds_bos=False)),
+    "Qwen-QwQ-32B.jinja": ("qwen3", TemplateTokens(None, "<|im_end|>", engine_adds_bos=False)),
+    "ibm-granite-granite-4.0.jinja": ("granite4", TemplateTokens(None, "<|end_of_text|>", engine_adds_bos=False)),
+    "ibm-granite-granite-4.1.jinja": ("granite4", TemplateTokens(None, "<|end_of_text|>", engine_adds_bos=False)),
+    "Mistral-Small-3.2-24B-Instruct-2506.jinja": ("mistral3", TemplateTokens("<s>", "</s>")),
+    "unsloth-mistral-Devstral-Small-2507.jinja": ("mistral3", TemplateTokens("<s>", "</s>")),
+    "mistralai-Ministral-3-14B-Reasoning-2512.jinja": ("ministral3", TemplateTokens("<s>", "</s>")),
+    "ibm-granite-granite-3.3-2B-Instruct.jinja": ("granite3.3",
+                                                  TemplateTokens(None, "<|end_of_text|>", engine_adds_bos=False)),
+    "moonshotai-Kimi-K2.jinja": ("kimi-k2", TemplateTokens(None, "<|im_end|>", engine_adds_bos=False)),
+    "Spark2.5.jinja": ("spark2.5", TemplateTokens(None, "<｜end▁of▁sentence｜>", engine_adds_bos=False)),
+    "inclusionai-ling-3.0-flash.jinja": ("ling3", TemplateTokens(None, "<|role_end|>", engine_adds_bos=False)),
+    "llama-cpp-rwkv-world.jinja": ("rwkv-world", TemplateTokens(None, "\n\n", engine_adds_bos=False)),
+    "MiniMax-M1.jinja": ("minimax-m1", TemplateTokens(None, "<end_of_sentence>", engine_adds_bos=False)),
+    "meetkai-functionary-medium-v3.1.jinja": ("functionary-v3.1", LLAMA3),
+    "poolside-Laguna-XS-2.1.jinja": ("laguna-xs-2.1", TemplateTokens(None, "〈|EOS|〉", engine_adds_bos=False)),
+    "poolside-Laguna-S-2.1.jinja": ("laguna-s-2.1", TemplateTokens(None, "〈|EOS|〉", engine_adds_bos=False)),
+    "LFM2.5-8B-A1B.jinja": ("lfm2.5-moe", TemplateTokens("<|startoftext|>", "<|im_end|>")),
+    "upstage-Solar-Open-100B.jinja": ("solar-open", TemplateTokens(None, "<|end|>", engine_adds_bos=False)),
+    "GLM-4.6.jinja": ("glm-4.6", TemplateTokens(None, "<|endoftext|>", engine_adds_bos=False)),
+    "StepFun3.5-Flash.jinja": ("step3.5", TemplateTokens("<s>", "<|im_end|>")),
+    "LFM2.5-Instruct.jinja": ("lfm2.5", TemplateTokens("<|startoftext|>", "<|im_end|>")),
+    "Bielik-11B-v3.0-Instruct.jinja": ("bielik", TemplateTokens("<s>", "<|im_end|>")),
+    "HuggingFaceTB-SmolLM3-3B.jinja": ("smollm3", TemplateTokens(None, "<|im_end|>", engine_adds_bos=False)),
+    "NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use.jinja": ("hermes", TemplateTokens("<|begin_of_text|>", "<|im_end|>")),
+    "NousResearch-Hermes-3-Llama-3.1-8B-tool_use.jinja": ("hermes", TemplateTokens("<|begin_of_text|>", "<|im_end|>")),
 }
 
 _GEMMA_SYSTEM = "Gemma 2's template raises 'System role not supported' (see test_gemma_system_prompt)"
 _GEMMA_TOOLS = "Gemma 2 has no tool role: its template raises on the tool turns"
 _PHI_TOOLS = "Phi-3.5 has no tool calling: its template fails on a tool-call message (content None)"
 _QWEN2_TOOLS = "Qwen2's plain ChatML has no tool calling: it fails on a tool-call message (content None)"
+_HERMES_NO_TOOLS = "Hermes' tool_use template iterates tools unconditionally and fails without them (see test_hermes_without_tools)"
 # (family or source, conversation) → why the Jinja refuses it. Everything not listed must be byte-identical.
 DOCUMENTED: dict[tuple[str, str], str] = {
+    **{("hermes", c): _HERMES_NO_TOOLS for c in ("user", "system-user", "multi-turn", "system-multi-turn",
+                                                  "continue-assistant", "special-characters", "reasoning-in-history",
+                                                  "think-on", "think-off")},
     ("llama3", "parallel-tool-calls"): "Llama 3.x raises 'This model only supports single tool-calls at once!'",
     ("gemma", "system-user"): _GEMMA_SYSTEM,
     ("gemma", "system-multi-turn"): _GEMMA_SYSTEM,
@@ -70,14 +100,17 @@ DOCUMENTED: dict[tuple[str, str], str] = {
     ("gemma", "tool-call-and-result"): _GEMMA_TOOLS,
     ("gemma", "parallel-tool-calls"): _GEMMA_TOOLS,
     ("gemma", "tool-call-nested-arguments"): _GEMMA_TOOLS,
+    ("gemma", "reasoning-in-tool-loop"): _GEMMA_TOOLS,
     ("phi3", "tool-call-and-result"): _PHI_TOOLS,
     ("phi3", "tool-round-trip"): _PHI_TOOLS,
     ("phi3", "parallel-tool-calls"): _PHI_TOOLS,
     ("phi3", "tool-call-nested-arguments"): _PHI_TOOLS,
+    ("phi3", "reasoning-in-tool-loop"): _PHI_TOOLS,
     ("ggml-vocab-qwen2.gguf", "tool-call-and-result"): _QWEN2_TOOLS,
     ("ggml-vocab-qwen2.gguf", "tool-round-trip"): _QWEN2_TOOLS,
     ("ggml-vocab-qwen2.gguf", "parallel-tool-calls"): _QWEN2_TOOLS,
     ("ggml-vocab-qwen2.gguf", "tool-call-nested-arguments"): _QWEN2_TOOLS,
+    ("ggml-vocab-qwen2.gguf", "reasoning-in-tool-loop"): _QWEN2_TOOLS,
 }
 
 
@@ -128,12 +161,14 @@ def test_every_llama_cpp_template_is_claimed_or_refused(templates_dir: Path) -> 
         except UnsupportedChatTemplate:
             continue
         claimed.add(path.name)
-    # A detector that starts accepting another file must come with that file's proof (add it to CLAIMED).
-    assert claimed == {n for n in CLAIMED if n.endswith(".jinja")}
+    # A detector that starts accepting another file must come with that file's proof (add it to CLAIMED), or
+    # be a family Ollama renders with a built-in RENDERER (tests/test_ollama_coverage.py).
+    proven = {n for n in claimed if FAMILIES[detect_family((templates_dir / n).read_text(encoding="utf-8")).name].build}
+    assert proven == {n for n in CLAIMED if n.endswith(".jinja")}
 
 
 def test_every_family_is_proven_on_a_real_template() -> None:
-    assert {family for family, _ in CLAIMED.values()} == set(FAMILIES)
+    assert {family for family, _ in CLAIMED.values()} == {f.name for f in FAMILIES.values() if f.build}
 
 
 @pytest.mark.parametrize("conversation", [c.name for c in SUITE])
@@ -161,6 +196,29 @@ OLLAMA_READING = {
     "google-gemma-2-2b-it.jinja": (False, "{", ()),
     "mistralai-Mistral-Nemo-Instruct-2407.jinja": (True, "[TOOL_CALLS][", ()),
     "microsoft-Phi-3.5-mini-instruct.jinja": (False, "{", ()),
+    "Qwen-Qwen3-0.6B.jinja": (True, "<tool_call>", ("<think>", "</think>")),
+    "Qwen-QwQ-32B.jinja": (True, "<tool_call>", ("<think>", "</think>")),
+    "NousResearch-Hermes-3-Llama-3.1-8B-tool_use.jinja": (True, "<tool_call>", ()),
+    "HuggingFaceTB-SmolLM3-3B.jinja": (False, "{", ("<think>", "</think>")),
+    "ibm-granite-granite-4.0.jinja": (True, "<tool_call>", ()),
+    "Bielik-11B-v3.0-Instruct.jinja": (True, "<tool_call>", ("<think>", "</think>")),
+    "LFM2.5-Instruct.jinja": (True, "{", ("<think>", "</think>")),
+    "moonshotai-Kimi-K2.jinja": (True, "<|tool_calls_section_begin|>", ()),
+    "Spark2.5.jinja": (True, "<tool_call>", ("<think>", "</think>")),
+    "inclusionai-ling-3.0-flash.jinja": (True, "{", ("<think>", "</think>")),
+    "GLM-4.6.jinja": (True, "<tool_call>", ("<think>", "</think>")),
+    "llama-cpp-rwkv-world.jinja": (False, "{", ("<think>", "</think>")),
+    "MiniMax-M1.jinja": (True, "<tool_calls>", ()),
+    "poolside-Laguna-XS-2.1.jinja": (True, "<tool_call>", ("<think>", "</think>")),
+    "poolside-Laguna-S-2.1.jinja": (True, "<tool_call>", ("<think>", "</think>")),
+    "LFM2.5-8B-A1B.jinja": (True, "<|tool_call_start|>[", ("<think>", "</think>")),
+    "upstage-Solar-Open-100B.jinja": (True, "<|begin|>assistant<|tool_calls|>", ("<|think|>", "<|end|>")),
+    "meetkai-functionary-medium-v3.1.jinja": (True, "<function=", ()),
+    "StepFun3.5-Flash.jinja": (True, "<tool_call>\n<function=", ("<think>", "</think>")),
+    "ibm-granite-granite-3.3-2B-Instruct.jinja": (True, "<|tool_call|>[", ()),
+    "Mistral-Small-3.2-24B-Instruct-2506.jinja": (True, "[TOOL_CALLS]", ()),
+    "unsloth-mistral-Devstral-Small-2507.jinja": (True, "[TOOL_CALLS]", ()),
+    "mistralai-Ministral-3-14B-Reasoning-2512.jinja": (True, "[TOOL_CALLS]", ()),
 }
 
 
@@ -180,8 +238,9 @@ def test_suite_covers_what_the_issue_asks_for() -> None:
 
 def test_unknown_template_is_a_clear_error(templates_dir: Path) -> None:
     with pytest.raises(UnsupportedChatTemplate) as err:
-        detect_family((templates_dir / "Qwen-Qwen3-0.6B.jinja").read_text(encoding="utf-8"))
+        detect_family((templates_dir / "openbmb-MiniCPM5-1B.jinja").read_text(encoding="utf-8"))
     assert "TEMPLATE by hand" in str(err.value) and "--template" in str(err.value)
+    assert "nearest family" in str(err.value)
     assert set(err.value.families) == set(FAMILIES)
 
 
@@ -216,7 +275,8 @@ def test_ollama_merges_consecutive_messages_of_one_role(settings: Settings, temp
     assert r.ollama == _both(settings, templates_dir, "Qwen-Qwen2.5-7B-Instruct.jinja", merged).hf
 
 
-@pytest.mark.parametrize("name", ["meta-llama-Llama-3.1-8B-Instruct.jinja", "google-gemma-2-2b-it.jinja"])
+@pytest.mark.parametrize("name", ["meta-llama-Llama-3.1-8B-Instruct.jinja", "google-gemma-2-2b-it.jinja",
+                                  "llama-cpp-rwkv-world.jinja", "MiniMax-M1.jinja"])
 def test_jinja_trims_contents_go_cannot(settings: Settings, templates_dir: Path, name: str) -> None:
     padded = Conversation("padded", ({"role": "user", "content": "  spaced out \n"},))
     tight = Conversation("tight", ({"role": "user", "content": "spaced out"},))
@@ -330,3 +390,144 @@ def test_think_values(settings: Settings, think: object, expected: str) -> None:
 def test_renderer_reports_template_errors(settings: Settings) -> None:
     (bad,) = render_batch([OllamaRequest("{{ .Messages ")], settings)
     assert not isinstance(bad, str) and "TEMPLATE" in bad.message
+
+
+QWEN3 = "Qwen-Qwen3-0.6B.jinja"
+
+
+def test_qwen3_thinking_keeps_surrounding_newlines(settings: Settings, templates_dir: Path) -> None:
+    # After the last query the Jinja keeps the reasoning, stripped of line breaks; Ollama prints .Thinking as is.
+    conv = Conversation("padded-reasoning", (
+        {"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4", "reasoning": "\nadd\n"},
+        {"role": "tool", "content": "checked"},
+    ))
+    r = _both(settings, templates_dir, QWEN3, conv)
+    assert r.hf is not None and "<think>\nadd\n</think>\n\n4<|im_end|>" in r.hf
+    assert "<think>\n\nadd\n\n</think>\n\n4<|im_end|>" in (r.ollama or "")
+
+
+def test_qwen3_wrapped_tool_response_counts_as_a_query_in_ollama(settings: Settings, templates_dir: Path) -> None:
+    # The Jinja skips a user message that is wholly '<tool_response>…</tool_response>' when it looks for the last
+    # query, so the reasoning of the assistant turn before it survives; the TEMPLATE counts every user message.
+    conv = Conversation("wrapped", (
+        {"role": "user", "content": "Go."}, {"role": "assistant", "content": "Calling.", "reasoning": "use it"},
+        {"role": "user", "content": "<tool_response>\nok\n</tool_response>"},
+    ))
+    r = _both(settings, templates_dir, QWEN3, conv)
+    assert r.hf is not None and "<think>\nuse it\n</think>" in r.hf
+    assert "use it" not in (r.ollama or "")
+
+
+@pytest.mark.parametrize(("think", "tail"), [(None, "assistant\n"), (True, "assistant\n"),
+                                             (False, "assistant\n<think>\n\n</think>\n\n")])
+def test_qwen3_thinking_switch(settings: Settings, templates_dir: Path, think: bool | None, tail: str) -> None:
+    r = _both(settings, templates_dir, QWEN3, Conversation("q", ({"role": "user", "content": "hi"},), think=think))
+    assert r.equal and (r.ollama or "").endswith(tail)
+
+
+def test_qwen3_tool_call_content_none_needs_empty_string(templates_dir: Path) -> None:
+    jinja = (templates_dir / QWEN3).read_text(encoding="utf-8")
+    messages = [{"role": "user", "content": "x"}, {"role": "assistant", "content": None, "tool_calls": [
+        {"type": "function", "function": {"name": "f", "arguments": {}}}]}]
+    with pytest.raises(TypeError, match="NoneType"):
+        chat_template.render(jinja, messages)
+    assert FAMILIES["qwen3"].content_none_ok is False
+
+
+HERMES = "NousResearch-Hermes-3-Llama-3.1-8B-tool_use.jinja"
+
+
+@pytest.mark.parametrize("conversation", ["multi-turn", "system-multi-turn", "continue-assistant"])
+def test_hermes_without_tools(settings: Settings, templates_dir: Path, conversation: str) -> None:
+    # The Jinja fails on tools=None; given an empty tool list it renders, and the TEMPLATE without tools equals that.
+    from pipelines.chat.proof import hf_messages, ollama_messages
+
+    conv = next(c for c in SUITE if c.name == conversation)
+    family, tokens = FAMILIES["hermes"], CLAIMED[HERMES][1]
+    jinja = _jinja(templates_dir, HERMES)
+    expected = chat_template.render(jinja, hf_messages(conv, family, jinja), tools=[], bos_token=tokens.bos,
+                                    add_generation_prompt=not conv.continues_assistant,
+                                    continue_final_message=conv.continues_assistant)
+    assert "<tools>  </tools>" in expected
+    go = render(OllamaRequest(family.template(jinja, tokens), tuple(ollama_messages(conv))), settings)
+    assert tokens.bos + go == expected
+
+
+def test_hermes_trims_parameter_descriptions_go_cannot(settings: Settings, templates_dir: Path) -> None:
+    tool = {"type": "function", "function": {"name": "f", "description": "d", "parameters": {
+        "type": "object", "properties": {"x": {"type": "string", "description": " padded "}}}}}
+    r = _both(settings, templates_dir, HERMES, Conversation("pad", ({"role": "user", "content": "x"},), tools=(tool,)))
+    assert r.hf is not None and "x(str): padded\"" in r.hf
+    assert "x(str):  padded \"" in (r.ollama or "")
+
+
+def test_smollm3_system_switch_words_are_not_followed(settings: Settings, templates_dir: Path) -> None:
+    conv = Conversation("sys-no-think", ({"role": "system", "content": "Be brief. /no_think"},
+                                        {"role": "user", "content": "hi"}))
+    r = _both(settings, templates_dir, "HuggingFaceTB-SmolLM3-3B.jinja", conv)
+    assert r.hf is not None and "Reasoning Mode: /no_think" in r.hf and "Be brief.\n\n" in r.hf
+    assert "Reasoning Mode: /think" in (r.ollama or "") and "Be brief. /no_think\n\n" in (r.ollama or "")
+    # Ollama's own switch gives the /no_think rendering.
+    off = _both(settings, templates_dir, "HuggingFaceTB-SmolLM3-3B.jinja",
+                Conversation("off", ({"role": "user", "content": "hi"},), think=False))
+    assert off.equal and "Reasoning Mode: /no_think" in (off.ollama or "")
+
+
+def test_granite41_has_no_default_system_turn(settings: Settings, templates_dir: Path) -> None:
+    conv = Conversation("hi", ({"role": "user", "content": "hi"},))
+    r40 = _both(settings, templates_dir, "ibm-granite-granite-4.0.jinja", conv)
+    r41 = _both(settings, templates_dir, "ibm-granite-granite-4.1.jinja", conv)
+    assert r40.equal and r41.equal
+    assert (r40.ollama or "").startswith("<|start_of_role|>system<|end_of_role|>You are a helpful assistant.")
+    assert r41.ollama == "<|start_of_role|>user<|end_of_role|>hi<|end_of_text|>\n<|start_of_role|>assistant<|end_of_role|>"
+
+
+def test_mistral_small_default_system_prompt_has_todays_date(settings: Settings, templates_dir: Path) -> None:
+    r = _both(settings, templates_dir, "Mistral-Small-3.2-24B-Instruct-2506.jinja",
+              Conversation("hi", ({"role": "user", "content": "hi"},)))
+    assert r.equal and "The current date is 2026-11-26." in (r.ollama or "")
+
+
+def test_mistral_small_refuses_non_alternating_turns_the_template_renders(settings: Settings,
+                                                                          templates_dir: Path) -> None:
+    conv = Conversation("a-first", ({"role": "assistant", "content": "Hello."}, {"role": "user", "content": "hi"}))
+    r = _both(settings, templates_dir, "Mistral-Small-3.2-24B-Instruct-2506.jinja", conv)
+    assert r.hf is None and "alternate" in (r.hf_error or "")
+    assert (r.ollama or "").endswith("Hello.</s>[INST]hi[/INST]")
+
+
+def test_granite33_date_is_iso_in_ollama(settings: Settings, templates_dir: Path) -> None:
+    name = "ibm-granite-granite-3.3-2B-Instruct.jinja"
+    text = chat_template.render(_jinja(templates_dir, name), [{"role": "user", "content": "hi"}],
+                                now=datetime(2026, 11, 26, 12))
+    assert "Today's Date: November 26, 2026." in text
+    r = _both(settings, templates_dir, name, Conversation("hi", ({"role": "user", "content": "hi"},)))
+    assert r.equal and "Today's Date: 2026-11-26." in (r.ollama or "")
+
+
+def test_step35_prints_arguments_as_python_str(settings: Settings, templates_dir: Path) -> None:
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": {"flag": True, "n": 1000000,
+                                                                                   "none": None}}}
+    conv = Conversation("py", ({"role": "user", "content": "x"}, {"role": "assistant", "content": "", "tool_calls": [call]},
+                               {"role": "tool", "content": "ok"}), tools=None)
+    r = _both(settings, templates_dir, "StepFun3.5-Flash.jinja", conv)
+    assert r.equal and "<parameter=flag>\nTrue\n" in (r.ollama or "") and "\n1000000\n" in (r.ollama or "")
+
+
+def test_lfm25_moe_prints_pythonic_arguments(settings: Settings, templates_dir: Path) -> None:
+    r = _both(settings, templates_dir, "LFM2.5-8B-A1B.jinja", next(c for c in SUITE if c.name == "tool-call-nested-arguments"))
+    assert r.equal and "search(max_results=3, query='llama.cpp \"GGUF\"', tags=['ml', 'quantization'])" in (r.ollama or "")
+
+
+def test_glm46_nothink_is_added_even_when_present(settings: Settings, templates_dir: Path) -> None:
+    conv = Conversation("nt", ({"role": "user", "content": "hi /nothink"},), think=False)
+    r = _both(settings, templates_dir, "GLM-4.6.jinja", conv)
+    assert r.hf is not None and "hi /nothink<|assistant|>" in r.hf
+    assert "hi /nothink/nothink<|assistant|>" in (r.ollama or "")
+
+
+def test_ling_thinking_line_follows_ollama_not_the_system_prompt(settings: Settings, templates_dir: Path) -> None:
+    conv = Conversation("sys", ({"role": "system", "content": "detailed thinking off"}, {"role": "user", "content": "hi"}))
+    r = _both(settings, templates_dir, "inclusionai-ling-3.0-flash.jinja", conv)
+    assert r.hf is not None and r.hf.startswith("<role>SYSTEM</role>detailed thinking off<|role_end|>")
+    assert (r.ollama or "").startswith("<role>SYSTEM</role>detailed thinking off\ndetailed thinking on<|role_end|>")

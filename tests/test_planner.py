@@ -3,15 +3,20 @@ the rules every plan must keep, swept over models, GPUs and contexts."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from plan_scenarios import DENSE_80G, QWEN25_7B, QWEN25_32B, SCENARIOS
 
 from pipelines.core.errors import ConfigError
 from pipelines.publish.planner import (
@@ -19,26 +24,20 @@ from pipelines.publish.planner import (
     Ask,
     NodeGroup,
     PlanRefused,
+    Variant,
+    cluster_of,
     gpu,
     known_gpus,
     parse_cluster,
+    partition,
     plan,
     plan_group,
     served,
     shape_of,
+    shape_of_gguf,
+    smaller_ask,
 )
 from pipelines.source.fetch import read_safetensors_header
-
-QWEN25_7B = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "num_hidden_layers": 28,
-             "num_attention_heads": 28, "num_key_value_heads": 4, "hidden_size": 3584,
-             "max_position_embeddings": 32768}
-QWEN25_32B = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "num_hidden_layers": 64,
-              "num_attention_heads": 40, "num_key_value_heads": 8, "hidden_size": 5120,
-              "max_position_embeddings": 32768}
-# a 40B-class dense model: 80 GiB of weights in FP16, 64 layers, 64 heads / 8 KV heads
-DENSE_80G = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "num_hidden_layers": 64,
-             "num_attention_heads": 64, "num_key_value_heads": 8, "hidden_size": 8192,
-             "max_position_embeddings": 8192}
 
 
 def _gpu40() -> NodeGroup:
@@ -275,3 +274,146 @@ def test_the_planners_kv_bytes_per_token_is_what_vllm_sizes_its_cache_with(tiny_
     tokens = served_by_vllm["kv_cache_tokens"]
     predicted = GIB // served(tiny_qwen2).shape.kv_bytes_per_token()
     assert abs(predicted - tokens) <= 0.01 * tokens, (predicted, tokens)
+
+
+# ---------------------------------------------------------------- across GPU types, smaller variants, hybrids
+
+
+def test_pipeline_stages_across_types_are_sized_by_their_memory_when_asked() -> None:
+    sc = next(s for s in SCENARIOS if s.name == "a800-l20-pp")
+    # not asked: neither type holds Qwen2.5-32B in FP16 alone (64 + 16 GiB > 72 and > 43.2)
+    with pytest.raises(PlanRefused) as refused:
+        plan(sc.ask, parse_cluster(sc.gpus))
+    assert refused.value.nearest[0] == "--pp-across-types (one pipeline over 1x1xA800-80G+1x1xL20-48G, layers (40, 24))"
+    assert any(s.startswith("--gpus ") for s in refused.value.nearest)
+    (p,) = sc.plans()
+    assert (p.tp, p.pp, p.replicas, p.label, p.multi_node) == (1, 2, 1, "1x1xA800-80G+1x1xL20-48G", True)
+    # layers in proportion to usable memory: 72 : 43.2 GiB is 40 : 24 of 64 layers
+    assert p.layer_partition == (40, 24)
+    a800, l20 = p.stage_memory
+    assert (a800.weights, l20.weights) == (40 * GIB, 24 * GIB)
+    assert a800.kv_pool == int(80 * GIB * 0.9) - 50 * GIB and l20.kv_pool == int(48 * GIB * 0.9) - 30 * GIB
+    # the tightest stage bounds the sequences: 40 layers' KV at 8192 tokens on the A800
+    per_seq_a800 = sc.ask.shape.kv_bytes_for_layers(8192, range(40))
+    assert p.max_num_seqs == min(a800.kv_pool // per_seq_a800,
+                                 l20.kv_pool // sc.ask.shape.kv_bytes_for_layers(8192, range(40, 64)))
+    assert any("VLLM_PP_LAYER_PARTITION=40,24" in r for r in p.reasons)
+    with pytest.raises(ConfigError, match="one node of one type, then nodes of another") as err:
+        plan(sc.ask, parse_cluster("2x1xA800-80G+1x1xL20-48G"), pp_across_types=True)
+    assert "1xGPUSxTYPE+NxGPUSxOTHER" in (err.value.hint or "")
+    with pytest.raises(ConfigError, match="one pipeline over several GPU types; 2x4xH100-80G is one"):
+        plan(sc.ask, parse_cluster("2x4xH100-80G"), pp_across_types=True)
+
+
+def test_partition_keeps_every_layer_and_every_stage() -> None:
+    assert partition(64, [72, 43]) == (40, 24)
+    assert partition(10, [1, 1, 1]) == (4, 3, 3) and partition(3, [100, 1, 1]) == (1, 1, 1)
+    assert partition(28, [43, 43]) == (14, 14)
+
+
+def test_a_refusal_suggests_a_smaller_registered_variant_that_fits() -> None:
+    smaller = (Variant("dense:fp8", 41 * GIB), Variant("dense:awq", 22 * GIB), Variant("dense:q2", 12 * GIB))
+    ask = Ask(80 * GIB, shape_of(DENSE_80G), context=4096, smaller=smaller)
+    group = NodeGroup(1, 2, gpu("RTX4090-24G"))
+    with pytest.raises(PlanRefused) as refused:
+        plan_group(ask, group)
+    offered = [s for s in refused.value.nearest if s.startswith("dense:")]
+    assert offered == ["dense:awq (22.0 GiB) on 1x2xRTX4090-24G"]  # the largest that fits, not the smallest
+    assert plan_group(smaller_ask(ask, smaller[1]), group).tp == 2
+
+
+def test_hybrid_and_state_space_models_are_refused_by_name() -> None:
+    qwen3_next = {"architectures": ["Qwen3NextForCausalLM"], "model_type": "qwen3_next", "num_hidden_layers": 48,
+                  "num_attention_heads": 16, "num_key_value_heads": 2, "hidden_size": 2048}
+    with pytest.raises(ConfigError, match="Qwen3NextForCausalLM has state-space or hybrid layers") as err:
+        shape_of(qwen3_next)
+    assert "vLLM's logged KV cache size" in (err.value.hint or "")
+    hybrid = {**QWEN25_7B, "architectures": ["SomeHybridForCausalLM"], "model_type": "somehybrid",
+              "layer_types": ["full_attention", "mamba"] * 14}
+    with pytest.raises(ConfigError, match="SomeHybridForCausalLM has state-space or hybrid layers"):
+        shape_of(hybrid)
+    with pytest.raises(ConfigError, match="mamba has state-space layers"):
+        shape_of_gguf({"general.architecture": "mamba", "mamba.block_count": 64, "mamba.ssm.state_size": 16})
+
+
+# ---------------------------------------------------------------- properties, over models hypothesis draws
+
+
+@st.composite
+def _asks(draw: st.DrawFn) -> tuple[Ask, NodeGroup]:
+    kv = draw(st.sampled_from([1, 2, 4, 8, 16]))
+    heads = kv * draw(st.sampled_from([1, 2, 3, 4, 7, 8]))
+    layers = draw(st.integers(1, 96))
+    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "num_hidden_layers": layers,
+              "num_attention_heads": heads, "num_key_value_heads": kv,
+              "hidden_size": heads * draw(st.sampled_from([64, 128, 256])),
+              "max_position_embeddings": draw(st.sampled_from([2048, 8192, 32768, 131072]))}
+    shape = shape_of(config)
+    weights = int(draw(st.floats(0.1, 600)) * GIB)
+    smaller = tuple(Variant(f"m:v{i}", int(weights * f)) for i, f in enumerate(draw(
+        st.lists(st.floats(0.05, 0.95), max_size=2))))
+    ask = Ask(weights, shape, context=draw(st.integers(256, shape.max_context)),
+              concurrency=draw(st.integers(1, 300)), kv_dtype=draw(st.sampled_from(["auto", "fp8"])),
+              smaller=smaller)
+    group = NodeGroup(draw(st.integers(1, 4)), draw(st.sampled_from([1, 2, 4, 8])),
+                      gpu(draw(st.sampled_from(sorted(known_gpus())))))
+    return ask, group
+
+
+def _accepted(ask: Ask, group: NodeGroup, suggestion: str) -> None:
+    """The planner itself accepts what a refusal suggested; or, where it suggests no plan, none exists: the model
+    cannot be split finely enough (heads, layers) for even the largest cluster it considers."""
+    if suggestion.startswith("a smaller variant"):
+        largest = max(known_gpus().values(), key=lambda g: g.memory_gib)
+        with pytest.raises(PlanRefused):
+            plan_group(ask, NodeGroup(group.nodes + 7, 8, largest))
+    elif suggestion.startswith("--gpus "):
+        assert plan_group(ask, parse_cluster(suggestion.split()[1])[0])
+    elif suggestion.startswith("--context "):
+        _, tokens, _, group, *_ = suggestion.split()
+        assert plan_group(dataclasses.replace(ask, context=int(tokens)), parse_cluster(group)[0])
+    else:
+        variant = next(v for v in ask.smaller if suggestion.startswith(v.ref + " "))
+        assert plan_group(smaller_ask(ask, variant), parse_cluster(suggestion.split(" on ")[1])[0])
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_asks())
+def test_every_plan_keeps_the_rules_and_every_refusal_names_a_plan_that_fits(drawn: tuple[Ask, NodeGroup]) -> None:
+    ask, group = drawn
+    try:
+        p = plan_group(ask, group)
+    except PlanRefused as err:
+        assert err.nearest
+        for suggestion in err.nearest:
+            _accepted(ask, group, suggestion)
+        return
+    m, shape = p.memory, ask.shape
+    assert m.weights + m.activations + m.kv_pool == m.usable <= m.total and m.kv_pool > 0
+    assert shape.kv_bytes_per_sequence(p.max_model_len, tp=p.tp, pp=p.pp, kv_dtype=ask.kv_dtype) * p.max_num_seqs \
+        <= m.kv_pool
+    assert p.max_num_seqs >= min(ask.concurrency, 256) and p.max_model_len == ask.context
+    assert shape.attention_heads % p.tp == 0 and (shape.kv_heads % p.tp == 0 or p.tp % shape.kv_heads == 0)
+    assert p.tp <= group.gpus_per_node and p.pp <= min(shape.layers, group.nodes)
+    assert p.tp * p.pp * p.replicas <= group.gpus
+
+
+def test_an_inventory_file_is_the_same_cluster_and_its_typos_are_named(tiny_qwen2: Path, tmp_path: Path) -> None:
+    inventory = tmp_path / "cluster.yaml"
+    inventory.write_text("- {nodes: 1, gpus: 8, type: A800-80G}\n- gpus: 8\n  type: L20-48G\n")
+    assert cluster_of(str(inventory)) == parse_cluster("1x8xA800-80G+1x8xL20-48G")
+    for text, complaint in (("- {nodes: 1, gpu: 8, type: A800-80G}\n", "group 1: gpus: Field required; gpu: Extra"),
+                            ("- {gpus: 0, type: A800-80G}\n", "group 1: gpus: Input should be greater than or equal"),
+                            ("- {gpus: 8, type: A800-80GB}\n", "unknown GPU 'A800-80GB'"),
+                            ("nodes: 2\n", "is not a list of GPU groups"),
+                            ("- {gpus: 8, type: [\n", "cannot read the inventory")):
+        inventory.write_text(text)
+        with pytest.raises(ConfigError, match=re.escape(complaint)) as err:
+            cluster_of(str(inventory))
+        assert err.value.hint
+    inventory.write_text("- {gpus: 8, type: A800-80GB}\n")
+    refused = _plan(str(tiny_qwen2), "--gpus", str(inventory))
+    assert refused.returncode == 1 and "unknown GPU 'A800-80GB'" in refused.stderr
+    assert "Traceback" not in refused.stderr
+    inventory.write_text("- {gpus: 2, type: L4-24G}\n")
+    assert "1x2xL4-24G: TP 1 × PP 1, 2 replica(s)" in _plan(str(tiny_qwen2), "--gpus", str(inventory)).stdout

@@ -118,9 +118,9 @@ def test_the_quant_types_are_llama_cpp_file_types() -> None:
 def test_the_imatrix_list_is_what_llama_quantize_refuses(tiny_qwen2: Path, settings: Settings, tmp_path: Path) -> None:
     """Ask llama-quantize about every type for the tiny model's f16 without an imatrix: exactly IMATRIX_REQUIRED
     needs one (its --dry-run applies the same per-tensor rule and says so; one real run shows it refuses)."""
-    from pipelines.core.ggufheader import convert
     from pipelines.core.runner import run
     from pipelines.core.toolchains import llama_cpp
+    from pipelines.gguf.tools import convert
 
     llama = llama_cpp(settings)
     f16, _ = convert(tiny_qwen2, tmp_path / "f16.gguf", llama)
@@ -141,7 +141,7 @@ def test_the_imatrix_list_is_what_llama_quantize_refuses(tiny_qwen2: Path, setti
 def test_deployment_descriptions_name_what_the_catalog_builds() -> None:
     catalog = load_catalog(ROOT / "registry" / "catalog.yaml")
     deployments = yaml.safe_load((ROOT / "prefect.yaml").read_text(encoding="utf-8"))["deployments"]
-    converts = [d for d in deployments if d["entrypoint"] == "flows/convert.py:convert"]  # not watch-upstream
+    converts = [d for d in deployments if d["entrypoint"] == "flows/convert.py:convert"]  # not all, watch-upstream
     assert converts
     for d in converts:
         entry = catalog.get(d["parameters"]["model"])
@@ -247,11 +247,12 @@ def test_every_image_reference_is_tagged_with_the_version() -> None:
     assert template["variables"]["properties"]["image"]["default"] == f"modelmint/prefect-worker:{VERSION}"
 
 
-def test_the_worker_installs_prefect_kubernetes_from_the_project_pins() -> None:
-    extra = PYPROJECT["project"]["optional-dependencies"]["k8s"]
-    assert any(r.startswith("prefect-kubernetes==") for r in extra)
+def test_the_worker_installs_prefect_kubernetes_and_ray_from_the_project_pins() -> None:
+    extras = PYPROJECT["project"]["optional-dependencies"]
+    assert any(r.startswith("prefect-kubernetes==") for r in extras["k8s"])
+    assert any(r.startswith("prefect-ray==") for r in extras["ray"]) and any(r.startswith("ray[default]==") for r in extras["ray"])
     text = (ROOT / "containers" / "prefect-worker" / "Dockerfile").read_text()
-    assert '".[k8s]"' in text and "prefect-kubernetes==" not in text
+    assert '".[k8s,ray]"' in text and "prefect-kubernetes==" not in text and "prefect-ray==" not in text
 
 
 # ---------------------------------------------------------------- hand-written tables that gguf-py also holds

@@ -14,6 +14,8 @@ backslashes, newlines, tabs and carriage returns.
 
 from __future__ import annotations
 
+import re
+
 _DEPTH = 8  # deepest nesting printed with an indent; deeper values fall back to the compact form
 
 
@@ -98,27 +100,50 @@ def _indent_defines() -> str:
             f'{{{{- if .Description }}}}{{{{ $sep }}}}{key}"description": {{{{ printf "%q" .Description }}}}{{{{ end }}}}'
             f'{_nl(d)}{{{{ "}}" }}}}{{{{ end }}}}'
         )
-    # A tool at depth 0: {"type", "function": {"name", "description", "parameters": {…}}}.
-    parts.append(
-        '{{- define "mm_tool_i" }}{{ "{" }}'
-        f'{_nl(1)}"type": {{{{ printf "%q" .Type }}}},{_nl(1)}"function": {{{{ "{{" }}}}'
-        f'{{{{- with .Function }}}}{_nl(2)}"name": {{{{ printf "%q" .Name }}}}'
-        f'{{{{- if .Description }}}},{_nl(2)}"description": {{{{ printf "%q" .Description }}}}{{{{ end }}}}'
-        f',{_nl(2)}"parameters": {{{{ "{{" }}}}{{{{ with .Parameters }}}}{_nl(3)}"type": {{{{ printf "%q" .Type }}}},'
-        f'{_nl(3)}"properties": {{{{ if not .Properties }}}}{{{{ "{{}}" }}}}{{{{ else }}}}{{{{ "{{" }}}}'
-        '{{- $first := true }}{{ range $k, $v := .Properties }}{{ if not $first }},{{ end }}{{ $first = false }}'
-        f'{_nl(4)}{{{{ printf "%q" $k }}}}: {{{{ template "mm_prop_i4" $v }}}}{{{{ end }}}}{_nl(3)}{{{{ "}}" }}}}{{{{ end }}}}'
-        f'{{{{- if .Required }}}},{_nl(3)}"required": [{{{{ range $i, $r := .Required }}}}{{{{ if $i }}}},{{{{ end }}}}'
-        f'{_nl(4)}{{{{ printf "%q" $r }}}}{{{{ end }}}}{_nl(3)}]{{{{ end }}}}{{{{ end }}}}{_nl(2)}{{{{ "}}" }}}}'
-        f'{{{{ end }}}}{_nl(1)}{{{{ "}}" }}}}{_nl(0)}{{{{ "}}" }}}}{{{{ end }}}}'
-    )
+    parts.append(_tool_indent_define(0))
     return "".join(parts)
 
 
-def json_defines(*, indent: bool = False) -> str:
-    """The `define` blocks a TEMPLATE needs (the compact set always, the indent=4 set when asked), one per line.
+def _tool_indent_define(base: int) -> str:
+    """mm_tool_i (base 0) or mm_tool_i<base>: one tool, {"type", "function": {"name", "description",
+    "parameters": {…}}}, as json.dumps(…, indent=4) prints it nested `base` levels deep."""
+    name = "mm_tool_i" if base == 0 else f"mm_tool_i{base}"
+    return (
+        f'{{{{- define "{name}" }}}}{{{{ "{{" }}}}'
+        f'{_nl(base + 1)}"type": {{{{ printf "%q" .Type }}}},{_nl(base + 1)}"function": {{{{ "{{" }}}}'
+        f'{{{{- with .Function }}}}{_nl(base + 2)}"name": {{{{ printf "%q" .Name }}}}'
+        f'{{{{- if .Description }}}},{_nl(base + 2)}"description": {{{{ printf "%q" .Description }}}}{{{{ end }}}}'
+        f',{_nl(base + 2)}"parameters": {{{{ "{{" }}}}{{{{ with .Parameters }}}}{_nl(base + 3)}"type": {{{{ printf "%q" .Type }}}},'
+        f'{_nl(base + 3)}"properties": {{{{ if not .Properties }}}}{{{{ "{{}}" }}}}{{{{ else }}}}{{{{ "{{" }}}}'
+        '{{- $first := true }}{{ range $k, $v := .Properties }}{{ if not $first }},{{ end }}{{ $first = false }}'
+        f'{_nl(base + 4)}{{{{ printf "%q" $k }}}}: {{{{ template "mm_prop_i{base + 4}" $v }}}}{{{{ end }}}}{_nl(base + 3)}{{{{ "}}" }}}}{{{{ end }}}}'
+        f'{{{{- if .Required }}}},{_nl(base + 3)}"required": [{{{{ range $i, $r := .Required }}}}{{{{ if $i }}}},{{{{ end }}}}'
+        f'{_nl(base + 4)}{{{{ printf "%q" $r }}}}{{{{ end }}}}{_nl(base + 3)}]{{{{ end }}}}{{{{ end }}}}{_nl(base + 2)}{{{{ "}}" }}}}'
+        f'{{{{ end }}}}{_nl(base + 1)}{{{{ "}}" }}}}{_nl(base + 0)}{{{{ "}}" }}}}{{{{ end }}}}'
+    )
+
+
+def _html_action(action: str) -> str:
+    inner = re.fullmatch(r"\{\{(-?) (printf \"%q\" .+?|json \.) \}\}", action)
+    if inner:
+        action = f"{{{{{inner.group(1)} html ({inner.group(2)}) }}}}"
+    return action.replace('define "mm_', 'define "mmh_').replace('template "mm_', 'template "mmh_')
+
+
+def html_json_defines() -> str:
+    """The compact set again as mmh_*, every printed character HTML-escaped the way markupsafe escapes (a Jinja
+    that adds a `|safe` string to `tojson` output escapes that output: &#34; for each quote)."""
+    parts = re.split(r"(\{\{.*?\}\})", _compact_defines())
+    out = [_html_action(p) if p.startswith("{{") else p.replace("&", "&amp;").replace('"', "&#34;") for p in parts]
+    return "".join(out).replace('{{- define "', '\n{{- define "').lstrip("\n") + "\n"
+
+
+def json_defines(*, indent: bool = False, tool_depths: tuple[int, ...] = ()) -> str:
+    """The `define` blocks a TEMPLATE needs (the compact set always, the indent=4 set when asked), one per line;
+    `tool_depths` adds mm_tool_i<d> for tools printed d levels deep (a list of tools is 1).
 
     Each block starts with `{{- define`, which trims the line break before it: layout only.
     """
     text = _compact_defines() + (_indent_defines() if indent else "")
+    text += "".join(_tool_indent_define(d) for d in tool_depths)
     return text.replace('{{- define "', '\n{{- define "').lstrip("\n") + "\n"

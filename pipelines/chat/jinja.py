@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from datetime import datetime
 from functools import lru_cache
-from typing import Any
+from typing import Any, ClassVar
 
 from pipelines.core.errors import UnsupportedModel
 
@@ -21,14 +21,40 @@ def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None, s
     return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
 
-@lru_cache(maxsize=32)
-def _compile(source: str) -> Any:
+def generation_extension() -> Any:
+    """The `{% generation %}…{% endgeneration %}` tag transformers' chat templates may use: it marks the
+    assistant's tokens for training masks and renders its body unchanged (transformers' AssistantTracker)."""
+    from jinja2 import nodes
+    from jinja2.ext import Extension
+
+    class Generation(Extension):
+        tags: ClassVar[set[str]] = {"generation"}
+
+        def parse(self, parser: Any) -> Any:
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+            return nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(lineno)
+
+        def _body(self, caller: Any) -> str:
+            return caller()
+
+    return Generation
+
+
+def environment() -> Any:
+    """The Jinja environment transformers builds in utils/chat_template_utils.py: sandboxed, trim/lstrip blocks,
+    loop controls and the generation tag."""
     from jinja2.ext import loopcontrols
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-    # Same environment transformers builds in utils/chat_template_utils.py: sandboxed, trim/lstrip blocks,
-    # loop controls, a JSON filter that keeps non-ASCII, raise_exception and strftime_now.
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+    return ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                         extensions=[loopcontrols, generation_extension()])
+
+
+@lru_cache(maxsize=32)
+def _compile(source: str) -> Any:
+    # A JSON filter that keeps non-ASCII, raise_exception and strftime_now, as transformers adds them.
+    env = environment()
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)

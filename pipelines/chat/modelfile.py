@@ -75,7 +75,8 @@ class Message:
 
 @dataclass(frozen=True)
 class Modelfile:
-    """FROM, TEMPLATE, SYSTEM, PARAMETER, MESSAGE and LICENSE commands; `to_text` and `parse` round-trip.
+    """FROM, TEMPLATE, RENDERER, PARSER, REQUIRES, SYSTEM, PARAMETER, MESSAGE and LICENSE commands; `to_text`
+    and `parse` round-trip.
 
     `comments` are header lines printed as `# …` before FROM and read back from the comment lines
     that precede the first command.
@@ -84,6 +85,12 @@ class Modelfile:
     from_: str
     template: str | None = None
     system: str | None = None
+    renderer: str | None = None
+    """One of Ollama's built-in renderers (pipelines.chat.renderers.RENDERERS)."""
+    parser: str | None = None
+    """One of Ollama's built-in parsers (pipelines.chat.renderers.PARSERS)."""
+    requires: str | None = None
+    """The oldest Ollama release the Modelfile is for (REQUIRES, e.g. 0.14.3)."""
     parameters: tuple[Parameter, ...] = ()
     messages: tuple[Message, ...] = ()
     licenses: tuple[str, ...] = ()
@@ -107,6 +114,9 @@ class Modelfile:
         lines.append("FROM " + _encode(self.from_, "FROM"))
         if self.template is not None:
             lines.append("TEMPLATE " + _encode(self.template, "TEMPLATE", prefer=triple))
+        for command, value in (("RENDERER", self.renderer), ("PARSER", self.parser), ("REQUIRES", self.requires)):
+            if value is not None:
+                lines.append(f"{command} " + _encode(value, command))
         if self.system is not None:
             lines.append("SYSTEM " + _encode(self.system, "SYSTEM", prefer=triple))
         for p in self.parameters:
@@ -130,6 +140,7 @@ class Modelfile:
         commands, header = _scan(text)
         from_: str | None = None
         template = system = None
+        named: dict[str, str] = {}
         params: list[Parameter] = []
         messages: list[Message] = []
         licenses: list[str] = []
@@ -140,6 +151,8 @@ class Modelfile:
                 template = args
             elif name == "system":
                 system = args
+            elif name in _NAMED:
+                named[name] = args
             elif name == "license":
                 licenses.append(args)
             elif name == "message":
@@ -151,11 +164,12 @@ class Modelfile:
                 params.append(Parameter(name, _parse_value(name, args, line)))
         if from_ is None:
             raise ModelfileError("no FROM line", hint="a Modelfile starts with FROM <path to .gguf or model name>")
-        return cls(from_=from_, template=template, system=system, parameters=tuple(params),
+        return cls(from_=from_, template=template, system=system, parameters=tuple(params), **named,
                    messages=tuple(messages), licenses=tuple(licenses), comments=tuple(header))
 
 
-_UNMODELLED = ("adapter", "draft", "renderer", "parser", "requires")
+_UNMODELLED = ("adapter", "draft")
+_NAMED = ("renderer", "parser", "requires")
 _COMMANDS = ("from", "license", "template", "system", "adapter", "draft", "renderer", "parser", "parameter",
              "message", "requires")
 

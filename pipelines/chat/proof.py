@@ -133,6 +133,11 @@ SUITE: tuple[Conversation, ...] = (
         _u("What is 2+2?"), _a("4", reasoning="2 plus 2 makes 4."), _u("And 3+3?"),
     )),
     Conversation("think-on", (_u("Think carefully: what is 17*23?"),), think=True),
+    Conversation("think-off", (_u("Quick: what is 2+2?"),), think=False),
+    Conversation("reasoning-in-tool-loop", (
+        _u("What's the weather in Paris?"), {**_calls(PARIS), "reasoning": "I need the weather tool."},
+        _tool("call00001", "get_weather", WEATHER_JSON),
+    ), TOOLS, think=True),
 )
 
 
@@ -143,8 +148,12 @@ def hf_messages(conv: Conversation, family: ChatFamily, jinja: str) -> list[dict
     for m in conv.messages:
         m = dict(m)
         reasoning = m.pop("reasoning", None)
-        if reasoning is not None and family.thinking:
-            m["content"] = f"<think>\n{reasoning}\n</think>{m['content']}"
+        if m.get("content") is None and not family.content_none_ok:
+            m["content"] = ""
+        if reasoning is not None and family.thinking and family.reasoning_key:
+            m[family.reasoning_key] = reasoning
+        elif reasoning is not None and family.thinking:
+            m["content"] = f"<think>\n{reasoning}\n</think>{m['content'] or ''}"
         if "tool_calls" in m and string_arguments:
             m["tool_calls"] = [
                 {**c, "function": {**c["function"], "arguments": json.dumps(c["function"]["arguments"],
@@ -195,7 +204,7 @@ def render_hf(jinja: str, conv: Conversation, family: ChatFamily, tokens: Templa
     """Raises: UnsupportedModel: the Jinja refuses this conversation."""
     special = {k: v for k, v in (("bos_token", tokens.bos), ("eos_token", tokens.eos)) if v is not None}
     if conv.think is not None:
-        special["enable_thinking"] = conv.think
+        special[family.think_variable] = conv.think
     try:
         text = chat_template.render(
             jinja, hf_messages(conv, family, jinja),
@@ -207,9 +216,9 @@ def render_hf(jinja: str, conv: Conversation, family: ChatFamily, tokens: Templa
         )
     except (TypeError, ValueError) as err:  # a Jinja that concatenates a None, …
         raise UnsupportedModel(f"the chat template failed to render: {err}") from err
-    if family.name == "llama3" and "strftime_now" in jinja:
-        # Documented: Ollama's currentDate has no format; the same date prints as YYYY-MM-DD.
-        text = text.replace(f"Today Date: {now:%d %b %Y}", f"Today Date: {now:%Y-%m-%d}", 1)
+    if family.jinja_date and "strftime_now" in jinja:
+        # Documented (ChatFamily.jinja_date): Ollama's currentDate has no format; the same date prints as YYYY-MM-DD.
+        text = text.replace(now.strftime(family.jinja_date), f"{now:%Y-%m-%d}", 1)
     return text
 
 

@@ -124,6 +124,34 @@ def check_structure(out_dir: Path, source_dir: Path, recipe: Recipe) -> dict[str
     fmt = SCHEME_FORMATS.get(recipe.scheme)
     if fmt is None:
         raise ConfigError(f"modelmint has no structure check for scheme {recipe.scheme}")
+    problems = _config_problems(out_dir, fmt, recipe)
+    try:
+        out_t = source_tensors(out_dir)
+        src_t = source_tensors(source_dir)
+    except ArtifactError as err:
+        raise ArtifactError(f"{out_dir}: {err.message}") from err
+    targets = targeted_linears(src_t, recipe.ignore)
+    problems += _tensor_problems(out_t, src_t, targets, fmt, recipe)
+    problems += _file_problems(out_dir, source_dir)
+    if problems:
+        shown = "; ".join(problems[:12]) + (f"; … {len(problems) - 12} more" if len(problems) > 12 else "")
+        raise ArtifactError(f"{out_dir.name} does not match its {recipe.scheme} recipe: {shown}")
+    dtypes: dict[str, int] = {}
+    for info in out_t.values():
+        dtypes[info["dtype"]] = dtypes.get(info["dtype"], 0) + 1
+    return {
+        "format": fmt.format,
+        "scheme": recipe.scheme,
+        "quantized_linears": len(targets),
+        "ignored": recipe.ignore,
+        "lm_head": "tied to the embeddings" if not any(n.startswith("lm_head.") for n in out_t) else "unquantized",
+        "tensor_dtypes": dict(sorted(dtypes.items())),
+        "shards": [p.name for p in safetensors_files(out_dir)],
+    }
+
+
+def _config_problems(out_dir: Path, fmt: SchemeFormat, recipe: Recipe) -> list[str]:
+    """What config.json's quantization_config says that the recipe's scheme does not."""
     try:
         config = json.loads((out_dir / "config.json").read_text())
     except (OSError, ValueError) as err:
@@ -159,13 +187,13 @@ def check_structure(out_dir: Path, source_dir: Path, recipe: Recipe) -> dict[str
                 problems.append(f"{gname}.input_activations.{key} is {(acts or {}).get(key)!r}, want {want!r}")
     if sorted(qc.get("ignore") or []) != sorted(recipe.ignore):
         problems.append(f"ignore is {qc.get('ignore')}, the recipe says {recipe.ignore}")
+    return problems
 
-    try:
-        out_t = source_tensors(out_dir)
-        src_t = source_tensors(source_dir)
-    except ArtifactError as err:
-        raise ArtifactError(f"{out_dir}: {err.message}") from err
-    targets = targeted_linears(src_t, recipe.ignore)
+
+def _tensor_problems(out_t: dict[str, dict[str, Any]], src_t: dict[str, dict[str, Any]], targets: list[str],
+                     fmt: SchemeFormat, recipe: Recipe) -> list[str]:
+    """Targeted Linears carry the scheme's tensors in the source's shape; every other source tensor is unchanged."""
+    problems: list[str] = []
     expected_names: set[str] = set()
     for module in targets:
         shape = src_t[f"{module}.weight"]["shape"]
@@ -193,36 +221,26 @@ def check_structure(out_dir: Path, source_dir: Path, recipe: Recipe) -> dict[str
             problems.append(f"{name} of the source is missing")
         elif got["dtype"] != info["dtype"] or got["shape"] != info["shape"]:
             problems.append(f"{name} is {got['dtype']}{got['shape']}, the source's is {info['dtype']}{info['shape']}")
-    leftover = sorted(set(out_t) - expected_names - set(src_t))
     # lm_head (and anything else ignored) must not carry quantization tensors
-    for name in leftover:
+    for name in sorted(set(out_t) - expected_names - set(src_t)):
         module = name.rsplit(".", 1)[0]
         if _ignored(module, recipe.ignore):
             problems.append(f"{name}: {module} is in the recipe's ignore list but was quantized")
         else:
             problems.append(f"unexpected tensor {name}")
+    return problems
 
+
+def _file_problems(out_dir: Path, source_dir: Path) -> list[str]:
+    """The tokenizer, generation config and licence are the source's bytes; our recipe is saved."""
+    problems = []
     for name in VERBATIM_FILES:
         src = source_dir / name
         if src.is_file() and (not (out_dir / name).is_file() or sha256_file(out_dir / name) != sha256_file(src)):
             problems.append(f"{name} is not the source's file byte for byte")
     if not (out_dir / RECIPE_FILE).is_file():
         problems.append(f"{RECIPE_FILE} is missing")
-    if problems:
-        shown = "; ".join(problems[:12]) + (f"; … {len(problems) - 12} more" if len(problems) > 12 else "")
-        raise ArtifactError(f"{out_dir.name} does not match its {recipe.scheme} recipe: {shown}")
-    dtypes: dict[str, int] = {}
-    for info in out_t.values():
-        dtypes[info["dtype"]] = dtypes.get(info["dtype"], 0) + 1
-    return {
-        "format": fmt.format,
-        "scheme": recipe.scheme,
-        "quantized_linears": len(targets),
-        "ignored": recipe.ignore,
-        "lm_head": "tied to the embeddings" if not any(n.startswith("lm_head.") for n in out_t) else "unquantized",
-        "tensor_dtypes": dict(sorted(dtypes.items())),
-        "shards": [p.name for p in safetensors_files(out_dir)],
-    }
+    return problems
 
 
 def check_checkpoint(d: Path) -> None:

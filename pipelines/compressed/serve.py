@@ -45,6 +45,12 @@ class VllmServeConfig(BaseModel):
     pipeline_parallel_size: int = Field(default=1, alias="pipeline-parallel-size", ge=1)
     generation_config: Literal["auto", "vllm"] = Field(default="auto", alias="generation-config")
     """auto: sampling defaults from the model's generation_config.json (copied verbatim from the source)."""
+    # set by serving plans (pipelines/publish/servefiles.py); None leaves vLLM's default and the key out
+    distributed_executor_backend: Literal["ray", "mp"] | None = Field(default=None, alias="distributed-executor-backend")
+    kv_cache_dtype: Literal["auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2"] | None = Field(default=None, alias="kv-cache-dtype")
+    enable_prefix_caching: bool | None = Field(default=None, alias="enable-prefix-caching")
+    quantization: str | None = None
+    """Only where vLLM would not detect it (compressed-tensors and GGUF are detected from the files)."""
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.model_dump(mode="json", by_alias=True, exclude_none=True), sort_keys=False)

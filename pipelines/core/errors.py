@@ -302,3 +302,43 @@ class ManifestDisagrees(ManifestInvalid):
 
 class OrchestratorError(ModelmintError):
     """The Prefect server, work pool or deployment a command needs is not there."""
+
+
+class OciError(RegistryError):
+    """An OCI registry (the distribution HTTP API) refused or failed a request; `registry` is its host."""
+
+    def __init__(self, message: str, *, registry: str, hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.registry = registry
+
+
+class OciUnavailable(OciError):
+    """The registry could not be reached or answered 5xx: worth retrying."""
+
+    transient = True
+
+
+class OciAuthRefused(OciError):
+    """The registry asked for credentials that were missing or that it refused."""
+
+
+class TagConflict(OciError):
+    """A tag in the registry already points at other bytes than this artifact's image."""
+
+    def __init__(self, image: str, existing: str, wanted: str, *, registry: str, hint: str) -> None:
+        super().__init__(f"{image} already points at {existing}, not at this artifact's image {wanted}; nothing was "
+                         "tagged", registry=registry, hint=hint)
+        self.image = image
+        self.existing = existing
+        self.wanted = wanted
+
+
+class OciBlobMismatch(OciError):
+    """A blob read back from the registry whose sha256 is not its digest: it replaces nothing."""
+
+    def __init__(self, image: str, digest: str, actual: str, *, registry: str, hint: str) -> None:
+        super().__init__(f"{image}: blob {digest} from the registry has sha256:{actual}; nothing was replaced",
+                         registry=registry, hint=hint)
+        self.image = image
+        self.digest = digest
+        self.actual = actual

@@ -1,20 +1,18 @@
-"""GGUF steps: convert Safetensors to f16/bf16, quantize, imatrix, split, and read a GGUF back to check it."""
+"""Read a GGUF back without loading it: the header walk, what a build checks in it, an importance matrix's record."""
 
 from __future__ import annotations
 
-import json
 import math
+import mmap
 import re
+import struct
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipelines.core.errors import ArtifactError, ToolError, UnsupportedModel
-from pipelines.core.fsutil import atomic_output, partial_path
-from pipelines.core.runner import ToolRun, run
-from pipelines.core.toolchains import LlamaCpp
+from pipelines.core.errors import ArtifactError
 
 GGUF_MAGIC = b"GGUF"
 SUPPORTED_GGUF_VERSIONS = (2, 3)
@@ -96,10 +94,38 @@ def read_gguf_header(path: Path, keep: Callable[[str, dict[str, Any]], bool]) ->
     Raises:
         ArtifactError: not a GGUF, an unsupported version, or a header that is truncated or damaged.
     """
-    import mmap
-    import struct
+    with _mapped(Path(path)) as mm:
+        version, n_tensors, n_kv = struct.unpack_from("<IQQ", mm, 4)
+        if version not in SUPPORTED_GGUF_VERSIONS:
+            raise ArtifactError(f"{path}: GGUF version {version} is not supported (want {SUPPORTED_GGUF_VERSIONS})")
+        cur = _Cursor(mm, 24)
+        found: dict[str, Any] = {}
+        alignment = 32
+        entries: list[tuple[str, tuple[int, ...], int, int]] = []
+        try:
+            for _ in range(n_kv):
+                key = cur.string()
+                wanted = keep(key, found)
+                v = cur.value(cur.scalar("I"), wanted or key == "general.alignment")
+                if key == "general.alignment" and isinstance(v, int) and v > 0:
+                    alignment = v
+                if wanted:
+                    found[key] = v
+            for _ in range(n_tensors):
+                name = cur.string()
+                dims = cur.scalars(f"{cur.scalar('I')}Q")
+                ggml_type, offset = cur.scalars("IQ")
+                entries.append((name, tuple(int(d) for d in dims), ggml_type, offset))
+        except (struct.error, ValueError, OverflowError, MemoryError) as err:
+            raise ArtifactError(f"{path} is damaged or truncated inside its header: {err}",
+                                hint="delete it and rerun the step that wrote it") from err
+        data_start = cur.pos + (-cur.pos % alignment)
+    tensors = [TensorEntry(n, shape, t, data_start + off) for n, shape, t, off in entries]
+    return GGUFHeader(version, found, tensors)
 
-    path = Path(path)
+
+def _mapped(path: Path) -> mmap.mmap:
+    """The file mapped read-only, after checking it is a GGUF (clear errors for a missing path or a directory)."""
     try:
         fh = open(path, "rb")  # noqa: SIM115 - closed below, after the mmap
     except FileNotFoundError as err:
@@ -114,74 +140,47 @@ def read_gguf_header(path: Path, keep: Callable[[str, dict[str, Any]], bool]) ->
         if path.stat().st_size < 24 or fh.read(4) != GGUF_MAGIC:
             fh.seek(0)
             raise ArtifactError(f"{path} is not a GGUF file (magic {fh.read(4)!r})", hint="pass a .gguf file")
-        mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
-    with mm:
-        version, n_tensors, n_kv = struct.unpack_from("<IQQ", mm, 4)
-        if version not in SUPPORTED_GGUF_VERSIONS:
-            raise ArtifactError(f"{path}: GGUF version {version} is not supported (want {SUPPORTED_GGUF_VERSIONS})")
-        pos = 24
+        return mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
 
-        def string() -> str:
-            nonlocal pos
-            (n,) = struct.unpack_from("<Q", mm, pos)
-            if pos + 8 + n > len(mm):
-                raise struct.error("string runs past the end of the file")
-            pos += 8 + n
-            return bytes(mm[pos - n : pos]).decode("utf-8", errors="replace")
 
-        def value(kind: int, wanted: bool) -> Any:
-            nonlocal pos
-            if kind == _STRING:
-                if wanted:
-                    return string()
-                (n,) = struct.unpack_from("<Q", mm, pos)
-                pos += 8 + n
-                return None
-            if kind == _ARRAY:
-                sub, count = struct.unpack_from("<IQ", mm, pos)
-                pos += 12
-                if sub in _SCALARS:
-                    width = struct.calcsize(_SCALARS[sub])
-                    items = list(struct.unpack_from(f"<{count}{_SCALARS[sub]}", mm, pos)) if wanted else None
-                    pos += width * count
-                    return items
-                got = [value(sub, wanted) for _ in range(count)]
-                return got if wanted else None
-            fmt = _SCALARS.get(kind)
-            if fmt is None:
-                raise ValueError(f"unknown GGUF value type {kind}")
-            (v,) = struct.unpack_from("<" + fmt, mm, pos)
-            pos += struct.calcsize(fmt)
-            return v
+class _Cursor:
+    """A position in a mapped GGUF header, reading little-endian values forward."""
 
-        found: dict[str, Any] = {}
-        alignment = 32
-        entries: list[tuple[str, tuple[int, ...], int, int]] = []
-        try:
-            for _ in range(n_kv):
-                key = string()
-                (kind,) = struct.unpack_from("<I", mm, pos)
-                pos += 4
-                wanted = keep(key, found)
-                v = value(kind, wanted or key == "general.alignment")
-                if key == "general.alignment" and isinstance(v, int) and v > 0:
-                    alignment = v
-                if wanted:
-                    found[key] = v
-            for _ in range(n_tensors):
-                name = string()
-                (n_dims,) = struct.unpack_from("<I", mm, pos)
-                dims = struct.unpack_from(f"<{n_dims}Q", mm, pos + 4)
-                pos += 4 + 8 * n_dims
-                ggml_type, offset = struct.unpack_from("<IQ", mm, pos)
-                pos += 12
-                entries.append((name, tuple(int(d) for d in dims), ggml_type, offset))
-        except (struct.error, ValueError, OverflowError, MemoryError) as err:
-            raise ArtifactError(f"{path} is damaged or truncated inside its header: {err}",
-                                hint="delete it and rerun the step that wrote it") from err
-        data_start = pos + (-pos % alignment)
-    tensors = [TensorEntry(n, shape, t, data_start + off) for n, shape, t, off in entries]
-    return GGUFHeader(version, found, tensors)
+    def __init__(self, mm: mmap.mmap, pos: int) -> None:
+        self.mm, self.pos = mm, pos
+
+    def scalars(self, fmt: str) -> tuple[Any, ...]:
+        got = struct.unpack_from("<" + fmt, self.mm, self.pos)
+        self.pos += struct.calcsize("<" + fmt)
+        return got
+
+    def scalar(self, fmt: str) -> Any:
+        return self.scalars(fmt)[0]
+
+    def string(self, wanted: bool = True) -> str | None:
+        n = self.scalar("Q")
+        if self.pos + n > len(self.mm):
+            raise struct.error("string runs past the end of the file")
+        self.pos += n
+        return bytes(self.mm[self.pos - n : self.pos]).decode("utf-8", errors="replace") if wanted else None
+
+    def value(self, kind: int, wanted: bool) -> Any:
+        """One metadata value of GGUF type `kind`; decoded only when wanted (skipped otherwise)."""
+        if kind == _STRING:
+            return self.string(wanted)
+        if kind == _ARRAY:
+            sub, count = self.scalars("IQ")
+            if sub in _SCALARS:
+                width = struct.calcsize(_SCALARS[sub])
+                items = list(struct.unpack_from(f"<{count}{_SCALARS[sub]}", self.mm, self.pos)) if wanted else None
+                self.pos += width * count
+                return items
+            got = [self.value(sub, wanted) for _ in range(count)]
+            return got if wanted else None
+        fmt = _SCALARS.get(kind)
+        if fmt is None:
+            raise ValueError(f"unknown GGUF value type {kind}")
+        return self.scalar(fmt)
 
 
 _INFO_KEYS = frozenset({
@@ -301,118 +300,6 @@ def check_gguf(info: GGUFInfo, *, expect_file_type: str, require_chat_template: 
         raise ArtifactError(f"{info.path}: " + "; ".join(problems), hint="delete it and rerun the step")
 
 
-def _converter_error(err: ToolError, model_dir: Path) -> Exception:
-    tail = err.stderr_tail
-    if "is not supported" in tail or "NotImplementedError" in tail or ("Model " in tail and "not supported" in tail):
-        return UnsupportedModel(
-            f"the pinned llama.cpp converter does not support the architecture of {model_dir}:\n{tail}",
-            hint="check config.json's `architectures` against `convert_hf_to_gguf.py --print-supported-models`; "
-            "a newer llama.cpp pin in toolchains/llama-cpp.env may add it",
-        )
-    if "BPE pre-tokenizer was not recognized" in tail:
-        return UnsupportedModel(
-            f"the converter does not recognise the tokenizer of {model_dir}:\n{tail}",
-            hint="the tokenizer needs a llama.cpp pre-tokenizer entry (convert_hf_to_gguf_update.py upstream)",
-        )
-    return err
-
-
-def convert(
-    model_dir: Path,
-    out: Path,
-    llama: LlamaCpp,
-    *,
-    outtype: str = "f16",
-    provenance: dict[str, Any] | None = None,
-    timeout: float | None = None,
-) -> tuple[GGUFInfo, ToolRun]:
-    """Convert a Safetensors model directory to a single GGUF at `out` (atomically), and check it.
-
-    `provenance` entries are written through the converter's --metadata override (general.* keys).
-
-    Raises:
-        UnsupportedModel: the converter cannot handle the architecture or tokenizer.
-        ToolError, DiskFullError: the converter failed.
-        ArtifactError: the output does not read back as the expected GGUF.
-    """
-    meta = partial_path(out.with_suffix(".metadata.json"))
-    with atomic_output(out, check=gguf_check(outtype)) as tmp:
-        argv: list[str | Path] = [
-            llama.python, llama.converter, model_dir, "--outfile", tmp, "--outtype", outtype,
-        ]
-        if provenance:
-            meta.write_text(json.dumps(provenance), encoding="utf-8")
-            argv += ["--metadata", meta]
-        try:
-            result = run(argv, timeout=timeout, output=tmp)
-        except ToolError as err:
-            raise _converter_error(err, model_dir) from err
-        finally:
-            meta.unlink(missing_ok=True)
-    return inspect_gguf(out), result
-
-
-def quantize(
-    source: Path,
-    out: Path,
-    qtype: str,
-    llama: LlamaCpp,
-    *,
-    threads: int,
-    imatrix: Path | None = None,
-    kv: dict[str, str | int] | None = None,
-    timeout: float | None = None,
-) -> tuple[GGUFInfo, ToolRun]:
-    """Quantize a 16-bit GGUF to `qtype` with llama-quantize, atomically, and check the result.
-
-    `kv` entries become `--override-kv` metadata in the output (provenance the manifest also records).
-    llama-quantize copies the `--imatrix` argument into `quantize.imatrix.file` as given: it runs in the
-    imatrix's directory and is given its bare name, so the output names no path of this machine.
-
-    Raises:
-        ToolError, DiskFullError: llama-quantize failed.
-        ArtifactError: the output is not a `qtype` GGUF with tokenizer and chat template.
-    """
-    with atomic_output(out, check=gguf_check(qtype)) as tmp:
-        argv: list[str | Path] = [llama.bin("llama-quantize")]
-        if imatrix is not None:
-            argv += ["--imatrix", imatrix.name]
-        for key, value in (kv or {}).items():
-            kind = "int" if isinstance(value, int) else "str"
-            argv += ["--override-kv", f"{key}={kind}:{value}"]
-        argv += [Path(source).resolve(), tmp.resolve(), qtype.upper(), str(threads)]
-        result = run(argv, timeout=timeout, cwd=imatrix.parent if imatrix is not None else None, output=tmp)
-    return inspect_gguf(out), result
-
-
-def compute_imatrix(
-    model: Path, text: Path, out: Path, llama: LlamaCpp, *, threads: int, ctx: int = 128, chunks: int = 32
-) -> tuple[dict[str, Any], ToolRun]:
-    """Compute an importance matrix over `text` with llama-imatrix (GGUF output), atomically.
-
-    llama-imatrix records its `-f` argument as given in `imatrix.datasets` (and llama-quantize copies it
-    into every quant as `quantize.imatrix.dataset`): it runs in the text's directory and is given the
-    bare file name, so the matrix and the quants name `train.txt`, not a path of this machine. It exits 0
-    even when writing its file failed: the file is read back (`check_imatrix`) before it is renamed into place.
-    Returns what the matrix says of itself (datasets, chunks, chunk size) and the tool run.
-
-    Raises:
-        ToolError, DiskFullError: llama-imatrix failed.
-        ArtifactError: the output is not an imatrix GGUF computed on `text`.
-    """
-    with atomic_output(out, check=check_imatrix) as tmp:
-        result = run([
-            llama.bin("llama-imatrix"), "-m", Path(model).resolve(), "-f", text.name, "-o", tmp.resolve(),
-            "-c", str(ctx), "-b", str(ctx), "--chunks", str(chunks), "-t", str(threads), "--no-ppl",
-            "--output-format", "gguf",
-        ], cwd=text.parent, output=tmp)
-        made = read_imatrix(tmp)
-        if made["datasets"] != [text.name] or made["chunks"] < 1:
-            raise ArtifactError(f"llama-imatrix wrote {made} for {text.name}",
-                                hint="delete it and rerun the step that wrote it")
-    return made, result
-
-
 def read_imatrix(path: Path) -> dict[str, Any]:
     """The datasets, chunk count and chunk size an imatrix GGUF records (llama-imatrix --output-format gguf).
 
@@ -429,39 +316,6 @@ def read_imatrix(path: Path) -> dict[str, Any]:
         "chunks": int(meta.get("imatrix.chunk_count") or 0),
         "chunk_size": int(meta.get("imatrix.chunk_size") or 0),
     }
-
-
-def split(path: Path, max_size: str, llama: LlamaCpp) -> list[Path]:
-    """Split `path` into shards of at most `max_size` with llama-gguf-split; returns the shard paths.
-
-    Shards are written to a temporary directory and moved beside `path` only when all exist; the
-    unsplit file is kept (it is what validation measured).
-    """
-    stem = path.name.removesuffix(".gguf")
-    shard_dir = path.parent / f"{stem}.shards"
-
-    def _check_shards(tmp: Path) -> None:
-        shards = sorted(tmp.glob(f"{stem}-*-of-*.gguf"))
-        if not shards:
-            raise ArtifactError(f"llama-gguf-split wrote no shards for {path}")
-        infos = [inspect_gguf(s) for s in shards]  # each shard's tensors must lie within the shard
-        if infos[0].split_count != len(shards):
-            raise ArtifactError(f"{shards[0]} says split.count={infos[0].split_count}, found {len(shards)} shards")
-
-    with atomic_output(shard_dir, check=_check_shards) as tmp:
-        tmp.mkdir()
-        run([llama.bin("llama-gguf-split"), "--split", "--split-max-size", max_size, path, tmp / stem],
-            output=tmp / stem)
-    return sorted(shard_dir.glob(f"{stem}-*-of-*.gguf"))
-
-
-def gguf_check(file_type: str) -> Callable[[Path], None]:
-    """The read-back an output GGUF of `file_type` must pass before it is promoted (see fsutil.promote)."""
-
-    def _check(path: Path) -> None:
-        check_gguf(inspect_gguf(path), expect_file_type=file_type)
-
-    return _check
 
 
 def check_imatrix(path: Path) -> None:

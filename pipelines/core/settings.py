@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -41,6 +41,19 @@ class Settings:
     package_index: str = DEFAULT_PACKAGE_INDEX
     """The simple repository API (PEP 503 / 691) wheel sources are downloaded from: MODELMINT_PACKAGE_INDEX, else
     pip's PIP_INDEX_URL, else PyPI."""
+    ray_address: str | None = None
+    """MODELMINT_RAY_ADDRESS: a Ray cluster (host:port of its GCS) the convert flow's tasks run on; None runs
+    them in the flow's own process (docs/ray.md)."""
+    ray_resources: str | None = None
+    """MODELMINT_RAY_RESOURCES: JSON, step name → extra Ray resources its tasks ask for, e.g.
+    {"compress": {"gpu-H100-80G": 1}} to place a step on the nodes that offer that custom resource."""
+    registry_username: str | None = None
+    """OCI registry credentials (MODELMINT_REGISTRY_USERNAME / _PASSWORD); else the docker config's entry for the host."""
+    registry_password: str | None = field(default=None, repr=False)
+    docker_config: Path | None = None
+    """The docker config file whose `auths` hold registry credentials ($DOCKER_CONFIG/config.json, ~/.docker/…)."""
+    registry_ca: Path | None = None
+    """A CA bundle (PEM) that signs the OCI registry's certificate (MODELMINT_REGISTRY_CA); None: the system's."""
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> Settings:
@@ -64,7 +77,17 @@ class Settings:
             prefect_crash_after_s=int(env.get("MODELMINT_CRASH_AFTER_S") or 120),
             webhook_secret=env.get("MODELMINT_WEBHOOK_SECRET") or None,
             package_index=env.get("MODELMINT_PACKAGE_INDEX") or env.get("PIP_INDEX_URL") or DEFAULT_PACKAGE_INDEX,
+            ray_address=env.get("MODELMINT_RAY_ADDRESS") or None,
+            ray_resources=env.get("MODELMINT_RAY_RESOURCES") or None,
+            registry_username=env.get("MODELMINT_REGISTRY_USERNAME") or None,
+            registry_password=env.get("MODELMINT_REGISTRY_PASSWORD") or None,
+            docker_config=Path(env.get("DOCKER_CONFIG") or Path.home() / ".docker").expanduser() / "config.json",
+            registry_ca=Path(env["MODELMINT_REGISTRY_CA"]).expanduser() if env.get("MODELMINT_REGISTRY_CA") else None,
         )
+
+    def without_secrets(self) -> Settings:
+        """These settings with every credential removed: what may be stored (a cached task result, a report)."""
+        return replace(self, hf_token=None, registry_username=None, registry_password=None)
 
     @property
     def toolchains_dir(self) -> Path:

@@ -17,10 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from pipelines import __version__
-from pipelines.core import ggufheader as gguf
 from pipelines.core.errors import ShapeRefused
 from pipelines.core.fsutil import clean_partials, disk_full_located
 from pipelines.core.gates import gguf_gate
+from pipelines.core.ggufheader import inspect_gguf, read_gguf_header
 from pipelines.core.preflight import BlockFallback, Weight, gguf_fallback, observed_fallback, source_weights
 from pipelines.core.report import REPORT_VERSION
 from pipelines.core.settings import Settings
@@ -39,6 +39,7 @@ from pipelines.core.steps import (
 )
 from pipelines.core.texts import EVAL_TEXT, TextRef, check_apart, text_ref
 from pipelines.core.toolchains import LlamaCpp, llama_cpp
+from pipelines.gguf import tools as gguf
 from pipelines.gguf.validate import kld_base_logits, validate_variant
 from pipelines.source.catalog import CatalogEntry, GGUFVariants, HubSource
 
@@ -333,7 +334,7 @@ def _observed_fallback(path: Path, q: str, log_text: str) -> dict[str, Any]:
     """What llama-quantize stored in smaller blocks than `q` asks for, read from the output's tensor table."""
     from gguf import GGMLQuantizationType
 
-    header = gguf.read_gguf_header(path, lambda _k, _f: False)
+    header = read_gguf_header(path, lambda _k, _f: False)
     tensors = [(t.name, t.shape, GGMLQuantizationType(t.ggml_type).name) for t in header.tensors]
     return observed_fallback(q, tensors, log_text)
 
@@ -369,7 +370,7 @@ def ensure_validated(plan: GGUFPlan, q: str) -> VariantOutcome:
     cached = report is not None
     if report is None:
         logits = ensure_reference_logits(plan)
-        info = gguf.inspect_gguf(qpath)
+        info = inspect_gguf(qpath)
         predicted = plan.block_fallback(q).to_dict()
         observed = qreceipt.get("fallback")
         preflight = {**predicted, "observed": observed,

@@ -13,9 +13,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from pipelines.core import ggufheader
 from pipelines.core.fsutil import atomic_output
+from pipelines.core.ggufheader import GGUFInfo, inspect_gguf
 from pipelines.core.steps import content_key, load_receipt, receipt_path
+from pipelines.gguf.tools import gguf_check
 from pipelines.source.upstream import classify
 
 
@@ -59,7 +60,7 @@ def find_donor(out: Path, same: str) -> tuple[Path, dict[str, Any]] | None:
 
 
 def retemplate(donor: Path, out: Path, *, file_type: str, template: str,
-               metadata: Mapping[str, str | int]) -> ggufheader.GGUFInfo:
+               metadata: Mapping[str, str | int]) -> GGUFInfo:
     """Copy GGUF `donor` to `out` (atomically) with `template` as its chat template and `metadata` set; every
     tensor and every other key stays as it is.
 
@@ -77,10 +78,10 @@ def retemplate(donor: Path, out: Path, *, file_type: str, template: str,
     for key, value in metadata.items():
         kind = gguf.GGUFValueType.INT64 if isinstance(value, int) else gguf.GGUFValueType.STRING
         new[key] = MetadataDetails(kind, value)
-    with atomic_output(out, check=ggufheader.gguf_check(file_type)) as tmp:
+    with atomic_output(out, check=gguf_check(file_type)) as tmp:
         writer = gguf.GGUFWriter(tmp, arch=str(arch.contents()), endianess=reader.endianess)
         alignment = reader.get_field(gguf.Keys.General.ALIGNMENT)
         if alignment is not None:
             writer.data_alignment = int(alignment.contents())
         copy_with_new_metadata(reader, writer, new, [])
-    return ggufheader.inspect_gguf(out)
+    return inspect_gguf(out)

@@ -13,12 +13,16 @@ The rules are the deployment handbooks' (../DESIGN.md, "The VRAM planner"), made
 - tensor parallel only inside a node and only on identical GPUs, dividing the attention and KV heads; pipeline
   parallel across nodes (PP = nodes, TP = GPUs per node), never more stages than layers; independent replicas
   when fewer GPUs hold the model; mixed GPU types get one plan per type (instances behind a router);
-- a plan that cannot fit is refused with the nearest plan that does (more GPUs of the same type, or a shorter
-  context): never "does not fit" alone.
+- a plan that cannot fit is refused with the nearest plans that do (more GPUs of the same type, a smaller
+  registered variant of the same model, a shorter context): never "does not fit" alone;
+- pipeline stages across GPU types only when asked, sized by vLLM's layer partition in proportion to each
+  stage's usable memory.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import math
 import re
 from dataclasses import dataclass, field
@@ -27,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from pipelines import PACKAGE
 from pipelines.core.errors import ConfigError
@@ -125,6 +130,47 @@ def parse_cluster(text: str) -> list[NodeGroup]:
     return groups
 
 
+class _InventoryGroup(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    nodes: int = Field(default=1, ge=1)
+    gpus: int = Field(ge=1, description="GPUs per node")
+    type: str = Field(description="a GPU profile name (modelmint plan --list-gpus)")
+
+
+def load_inventory(path: Path) -> list[NodeGroup]:
+    """A cluster as a YAML inventory: a list of groups, each `{nodes: N, gpus: GPUS_PER_NODE, type: NAME}` (nodes
+    defaults to 1), in the order --gpus would join them with +.
+
+    Raises:
+        ConfigError: not YAML, not a list of such groups (an unknown or misspelled key, a count below one), or an
+            unknown GPU: naming the file, the entry and the fix.
+    """
+    example = "- {nodes: 1, gpus: 8, type: A800-80G}"
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as err:
+        raise ConfigError(f"cannot read the inventory {path}: {err}", hint=f"a YAML list of groups, e.g. {example}") \
+            from None
+    if not isinstance(raw, list) or not raw:
+        raise ConfigError(f"the inventory {path} is not a list of GPU groups", hint=f"write e.g. {example}")
+    groups = []
+    for i, entry in enumerate(raw, 1):
+        try:
+            g = _InventoryGroup.model_validate(entry)
+        except ValidationError as err:
+            problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'entry'}: {e['msg']}" for e in err.errors())
+            raise ConfigError(f"{path}, group {i}: {problems}",
+                              hint=f"each group has gpus and type, and may have nodes: {example}") from None
+        groups.append(NodeGroup(g.nodes, g.gpus, gpu(g.type)))
+    return groups
+
+
+def cluster_of(text: str) -> list[NodeGroup]:
+    """--gpus: a YAML inventory file (.yaml / .yml) or the inline form parse_cluster reads."""
+    return load_inventory(Path(text)) if text.endswith((".yaml", ".yml")) else parse_cluster(text)
+
+
 # ---------------------------------------------------------------- the model's shape
 
 
@@ -145,11 +191,14 @@ class ModelShape:
 
     def kv_bytes_per_sequence(self, tokens: int, *, tp: int = 1, pp: int = 1, kv_dtype: str = "auto") -> int:
         """KV cache bytes one sequence of `tokens` needs on one GPU of a TP × PP layout (the largest stage)."""
-        elem = KV_BYTES[kv_dtype]
-        stage_layers = math.ceil(self.layers / pp)
-        windows = self.windows or (None,) * self.layers
         # the first stage's layers (the largest one when layers do not divide evenly)
-        per_layer_tokens = [min(tokens, w) if w else tokens for w in windows[:stage_layers]]
+        return self.kv_bytes_for_layers(tokens, range(math.ceil(self.layers / pp)), tp=tp, kv_dtype=kv_dtype)
+
+    def kv_bytes_for_layers(self, tokens: int, layers: range, *, tp: int = 1, kv_dtype: str = "auto") -> int:
+        """KV cache bytes one sequence of `tokens` needs in `layers` (one pipeline stage's) on one TP rank."""
+        elem = KV_BYTES[kv_dtype]
+        windows = self.windows or (None,) * self.layers
+        per_layer_tokens = [min(tokens, w) if w else tokens for w in windows[layers.start:layers.stop]]
         if self.mla_dims is not None:
             return sum(per_layer_tokens) * self.mla_dims * elem
         kv_per_rank = max(1, self.kv_heads // tp)
@@ -237,6 +286,26 @@ class Plan:
     kv_dtype: str
     reasons: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    utilization: float = GPU_MEMORY_UTILIZATION
+    layer_partition: tuple[int, ...] = ()
+    """Layers per pipeline stage when the stages differ (vLLM's VLLM_PP_LAYER_PARTITION); empty: vLLM's even split."""
+    stages: tuple[NodeGroup, ...] = ()
+    """Pipeline stages of different GPU types (one node each, the first runs Ray's head and the API server), with
+    `stage_memory` their budgets; empty: every stage is a node of `group`."""
+    stage_memory: tuple[GPUMemory, ...] = ()
+
+    @property
+    def label(self) -> str:
+        """The GPUs a plan uses, as --gpus writes them (a pipeline across types: its groups joined with +)."""
+        if not self.stages:
+            return str(self.group)
+        runs: list[list[Any]] = []
+        for s in self.stages:
+            if runs and runs[-1][1] == s.gpus_per_node and runs[-1][2] == s.gpu:
+                runs[-1][0] += 1
+            else:
+                runs.append([1, s.gpus_per_node, s.gpu])
+        return "+".join(str(NodeGroup(n, k, g)) for n, k, g in runs)
 
     @property
     def gpus_per_replica(self) -> int:
@@ -244,7 +313,7 @@ class Plan:
 
     @property
     def multi_node(self) -> bool:
-        return self.pp > 1 and self.group.nodes > 1
+        return self.pp > 1 and (self.group.nodes > 1 or bool(self.stages))
 
 
 class PlanRefused(ConfigError):
@@ -253,6 +322,16 @@ class PlanRefused(ConfigError):
     def __init__(self, message: str, nearest: list[str]) -> None:
         super().__init__(message, hint="nearest plans that fit: " + "; ".join(nearest))
         self.nearest = nearest
+
+
+@dataclass(frozen=True)
+class Variant:
+    """Another registered variant of the same model, offered when the asked one does not fit."""
+
+    ref: str
+    weights_bytes: int
+    """Its registered size: at least its tensor bytes, so a fit with it is a fit with the real variant."""
+    fp8_weights: bool = False
 
 
 @dataclass(frozen=True)
@@ -269,6 +348,8 @@ class Ask:
     activation_share: float = ACTIVATION_SHARE
     fp8_weights: bool = False
     """The variant is FP8 W8A8 (it wants FP8 compute)."""
+    smaller: tuple[Variant, ...] = ()
+    """The model's other registered variants (a refusal suggests the largest smaller one that fits)."""
 
 
 def _budget(ask: Ask, g: GPU, tp: int, pp: int) -> GPUMemory:
@@ -325,15 +406,17 @@ def plan_group(ask: Ask, group: NodeGroup) -> Plan:
         mem, max_len, seqs = fit
         replicas = max(1, group.gpus // (tp * pp)) if pp == 1 else max(1, group.nodes // pp)
         reasons = _reasons(ask, group, tp, pp, mem, replicas)
-        warnings = []
-        if ask.fp8_weights and not group.gpu.fp8_compute:
-            warnings.append(f"{group.gpu.name} (compute capability {group.gpu.compute_capability}) has no FP8 compute: "
-                            "vLLM runs this FP8 checkpoint as weight-only W8A16 (Marlin), slower and not for MoE; "
-                            "AWQ (W4A16) runs natively on it")
+        warnings = [_fp8_warning(group.gpu)] if ask.fp8_weights and not group.gpu.fp8_compute else []
         per_token = ask.shape.kv_bytes_per_token(tp=tp, pp=pp, kv_dtype=ask.kv_dtype)
-        return Plan(group, tp, pp, replicas, max_len, seqs, mem, per_token, ask.kv_dtype, reasons, warnings)
+        return Plan(group, tp, pp, replicas, max_len, seqs, mem, per_token, ask.kv_dtype, reasons, warnings,
+                    ask.utilization)
     raise PlanRefused(f"{ask.shape.architecture} ({ask.weights_bytes / GIB:.1f} GiB of weights) at {context} tokens × "
                       f"{ask.concurrency} sequences does not fit {group}", nearest(ask, group))
+
+
+def _fp8_warning(g: GPU) -> str:
+    return (f"{g.name} (compute capability {g.compute_capability}) has no FP8 compute: vLLM runs this FP8 checkpoint "
+            "as weight-only W8A16 (Marlin), slower and not for MoE; AWQ (W4A16) runs natively on it")
 
 
 def _reasons(ask: Ask, group: NodeGroup, tp: int, pp: int, mem: GPUMemory, replicas: int) -> list[str]:
@@ -354,19 +437,24 @@ def _reasons(ask: Ask, group: NodeGroup, tp: int, pp: int, mem: GPUMemory, repli
     return out
 
 
+def _more_gpus(ask: Ask, group: NodeGroup, g: GPU) -> str | None:
+    """The smallest cluster of `g` GPUs from `group`'s size up (more GPUs in its nodes up to 8, more nodes up to 7
+    more) that serves `ask`, as --gpus writes it: fewest GPUs first, then fewest nodes (TP inside a node before PP
+    across nodes)."""
+    per_node = sorted({group.gpus_per_node, *(k for k in (2, 4, 8) if k > group.gpus_per_node)})
+    candidates = sorted((NodeGroup(n, k, g) for n in range(group.nodes, group.nodes + 8) for k in per_node),
+                        key=lambda c: (c.gpus, c.nodes))
+    for bigger in candidates:
+        if str(bigger) != str(group) and any(_serves(ask, bigger, t, p) for t, p in _layouts(ask, bigger)):
+            return f"--gpus {bigger}"
+    return None
+
+
 def nearest(ask: Ask, group: NodeGroup) -> list[str]:
-    """Plans that do fit, nearest first: more GPUs of the same type, then a shorter context on these GPUs."""
-    out = []
-    for per_node in (group.gpus_per_node, 8):
-        for nodes in range(group.nodes, group.nodes + 8):
-            bigger = NodeGroup(nodes, max(per_node, group.gpus_per_node), group.gpu)
-            if str(bigger) == str(group):
-                continue
-            if any(_serves(ask, bigger, t, p) for t, p in _layouts(ask, bigger)):
-                out.append(f"--gpus {bigger}")
-                break
-        if out:
-            break
+    """Plans that do fit, nearest first: more GPUs of the same type, a smaller registered variant, a shorter context
+    on these GPUs; when none of these fits, GPUs with more memory."""
+    out = [s for s in [_more_gpus(ask, group, group.gpu)] if s]
+    out += _smaller_variant(ask, group)
     for tp, pp in _layouts(ask, group):
         mem = _budget(ask, group.gpu, tp, pp)
         if mem.kv_pool <= 0:
@@ -376,15 +464,39 @@ def nearest(ask: Ask, group: NodeGroup) -> list[str]:
         if tokens >= 256:
             out.append(f"--context {int(tokens) // 256 * 256} on {group} (TP {tp} × PP {pp})")
             break
+    for g in sorted(known_gpus().values(), key=lambda g: g.memory_gib):
+        found = None if out or g.memory_gib <= group.gpu.memory_gib else _more_gpus(ask, group, g)
+        if found:
+            out.append(found)
     if not out:
-        out.append("a smaller variant of the same model (`modelmint list` shows what is registered), or larger GPUs "
-                   "(`modelmint plan --list-gpus`)")
+        out.append("a smaller variant of the same model (`modelmint list` shows what is registered): no cluster of "
+                   "up to 8 more nodes of 8 of any known GPU holds this one")
     return out
 
 
-def plan(ask: Ask, cluster: list[NodeGroup]) -> list[Plan]:
+def smaller_ask(ask: Ask, variant: Variant) -> Ask:
+    """`ask` for another variant of the same model (same shape, context and concurrency)."""
+    return dataclasses.replace(ask, weights_bytes=variant.weights_bytes, fp8_weights=variant.fp8_weights, smaller=())
+
+
+def _smaller_variant(ask: Ask, group: NodeGroup) -> list[str]:
+    """The largest smaller registered variant that serves `ask` on `group`, as a suggestion."""
+    for v in sorted(ask.smaller, key=lambda v: -v.weights_bytes):
+        if v.weights_bytes < ask.weights_bytes and any(
+                _serves(smaller_ask(ask, v), group, t, p) for t, p in _layouts(ask, group)):
+            return [f"{v.ref} ({v.weights_bytes / GIB:.1f} GiB) on {group}"]
+    return []
+
+
+def plan(ask: Ask, cluster: list[NodeGroup], *, pp_across_types: bool = False) -> list[Plan]:
     """One plan per GPU type: tensor parallel never spans types; mixed clusters get independent instances per type
-    behind a router. Refuses only when no group can serve the model (naming the nearest plans)."""
+    behind a router, or (`pp_across_types`) one pipeline whose stages are the nodes of every type. Refuses only
+    when no group can serve the model (naming the nearest plans)."""
+    if pp_across_types:
+        if len(cluster) == 1:
+            raise ConfigError(f"--pp-across-types asks for one pipeline over several GPU types; {cluster[0]} is one",
+                              hint="leave it out: nodes of one type get pipeline parallel across them when needed")
+        return [plan_pipeline(ask, cluster)]
     plans, refusals = [], []
     for group in cluster:
         try:
@@ -392,8 +504,90 @@ def plan(ask: Ask, cluster: list[NodeGroup]) -> list[Plan]:
         except PlanRefused as err:
             refusals.append(err)
     if not plans:
-        raise PlanRefused(refusals[0].message, [n for r in refusals for n in r.nearest])
+        across = []
+        if len(cluster) > 1:
+            try:
+                p = plan_pipeline(ask, cluster)
+                across = [f"--pp-across-types (one pipeline over {p.label}, layers {p.layer_partition})"]
+            except ConfigError:  # PlanRefused included: the pipeline does not fit either
+                pass
+        raise PlanRefused(refusals[0].message, across + [n for r in refusals for n in r.nearest])
     return plans
+
+
+def partition(layers: int, shares: list[int]) -> tuple[int, ...]:
+    """`layers` split over stages in proportion to `shares` (largest remainder first), at least one each."""
+    if layers < len(shares):
+        raise ValueError(f"{len(shares)} stages for {layers} layers")
+    raw = [layers * x / sum(shares) for x in shares]
+    parts = [max(1, int(r)) for r in raw]
+    by_remainder = sorted(range(len(raw)), key=lambda i: int(raw[i]) - raw[i])
+    for i in itertools.cycle(by_remainder):
+        if sum(parts) == layers:
+            break
+        if sum(parts) < layers:
+            parts[i] += 1
+        elif parts[i] > 1:
+            parts[i] -= 1
+    return tuple(parts)
+
+
+def _stage_budgets(ask: Ask, stages: list[NodeGroup], tp: int, context: int) -> tuple[tuple[int, ...],
+                                                                                      list[GPUMemory], int]:
+    """(layer partition, per-stage budgets, sequences the tightest stage holds) of a TP-wide pipeline over
+    `stages`: layers in proportion to each stage's usable memory, so that weights and KV fill them alike."""
+    usable = [int(s.gpu.memory_bytes * ask.utilization) for s in stages]
+    parts = partition(ask.shape.layers, usable)
+    mems, seqs, first = [], MAX_NUM_SEQS, 0
+    for stage, room, layers in zip(stages, usable, parts, strict=True):
+        weights = math.ceil(ask.weights_bytes * layers / ask.shape.layers / tp)
+        activations = int(weights * ask.activation_share)
+        mem = GPUMemory(stage.gpu.memory_bytes, room, weights, activations, room - weights - activations)
+        per_seq = ask.shape.kv_bytes_for_layers(context, range(first, first + layers), tp=tp, kv_dtype=ask.kv_dtype)
+        seqs = min(seqs, max(0, mem.kv_pool) // per_seq if per_seq else MAX_NUM_SEQS)
+        mems.append(mem)
+        first += layers
+    return parts, mems, seqs
+
+
+def plan_pipeline(ask: Ask, cluster: list[NodeGroup]) -> Plan:
+    """Pipeline parallel across GPU types (asked for): one stage per node, the same TP on each (never across
+    types), stage sizes through vLLM's layer partition in proportion to each stage's usable memory.
+
+    Raises:
+        ConfigError: a cluster this layout cannot order (the first group must be one node: the first stage,
+            where Ray's head and the API server run; the other stages one other type).
+        PlanRefused: no TP size fits: with the nearest plans that do.
+    """
+    if len(cluster) != 2 or cluster[0].nodes != 1:
+        raise ConfigError(f"pipeline parallel across GPU types takes one node of one type, then nodes of another; "
+                          f"got {'+'.join(map(str, cluster))}",
+                          hint="write the cluster as 1xGPUSxTYPE+NxGPUSxOTHER (the first node is the first stage), "
+                               "or leave out --pp-across-types for independent instances per type")
+    stages = [NodeGroup(1, g.gpus_per_node, g.gpu) for g in cluster for _ in range(g.nodes)]
+    context = min(ask.context or ask.shape.max_context, ask.shape.max_context)
+    label = "+".join(map(str, cluster))
+    if len(stages) > ask.shape.layers:
+        raise ConfigError(f"{len(stages)} pipeline stages for {ask.shape.layers} layers",
+                          hint="use fewer nodes, or independent instances per type")
+    for tp in ask.shape.tp_sizes(min(s.gpus_per_node for s in stages)):
+        parts, mems, seqs = _stage_budgets(ask, stages, tp, context)
+        if seqs < max(1, min(ask.concurrency, MAX_NUM_SEQS)):
+            continue
+        pp = len(stages)
+        reasons = [f"{s.gpu.name} stage: {n} of {ask.shape.layers} layers, {m.weights / GIB:.1f} GiB of weights and "
+                   f"{m.kv_pool / GIB:.1f} GiB of KV pool per GPU" for s, n, m in zip(stages, parts, mems, strict=True)]
+        reasons += [f"pipeline parallel {pp} across GPU types (asked for), layers in proportion to each stage's "
+                    f"usable memory: VLLM_PP_LAYER_PARTITION={','.join(map(str, parts))}; tensor parallel {tp} "
+                    "stays inside each node; expect pipeline bubbles, and run the containers with host networking "
+                    "so that Ray and NCCL reach each other"]
+        warnings = [_fp8_warning(s.gpu) for s in cluster if ask.fp8_weights and not s.gpu.fp8_compute]
+        per_token = ask.shape.kv_bytes_for_layers(1, range(parts[0]), tp=tp, kv_dtype=ask.kv_dtype)
+        return Plan(cluster[0], tp, pp, 1, context, int(seqs), mems[0], per_token, ask.kv_dtype, reasons, warnings,
+                    ask.utilization, parts, tuple(stages), tuple(mems))
+    raise PlanRefused(f"{ask.shape.architecture} ({ask.weights_bytes / GIB:.1f} GiB of weights) at {context} tokens × "
+                      f"{ask.concurrency} sequences does not fit a pipeline over {label}",
+                      [n for g in cluster for n in nearest(ask, g)])
 
 
 # ---------------------------------------------------------------- what is planned: a GGUF or a checkpoint

@@ -19,6 +19,7 @@ from pipelines.source.catalog import COMPRESSED_VARIANTS, CatalogEntry
 if TYPE_CHECKING:
     from pipelines.core.settings import Settings
     from pipelines.core.steps import BuildResult, VariantOutcome
+    from pipelines.publish.oci import Blob, Image
     from pipelines.registry.manifest import Manifest
     from pipelines.registry.register import Candidate
 
@@ -46,6 +47,12 @@ class ArtifactFormat:
     """Write the serving files into the artifact directory being placed (Modelfile and card; vllm.yaml and card)."""
     offer: Callable[[Path, Manifest, bool], dict[str, Any]]
     """After a pull into a directory: the commands that serve it, and what was run (PullResult fields)."""
+    image: Callable[[Path, Manifest, tuple[Blob, ...]], Image]
+    """(registered artifact directory, its manifest, extra layers) → the OCI image `modelmint publish` pushes."""
+    image_config: str
+    """The media type of that image's config blob: how a pull recognises the layout."""
+    pull_command: Callable[[str, bool], list[str]]
+    """(HOST/NAMESPACE/NAME:TAG, insecure) → the command that fetches the published image where it is used."""
 
     def rebuild_command(self, name: str, tag: str) -> str:
         """The command that builds, validates and registers (uploads) this variant again on a machine."""
@@ -94,6 +101,20 @@ def _gguf_offer(target: Path, manifest: Manifest, ollama: bool) -> dict[str, Any
     return {"commands": ollama_commands(modelfile, manifest.ref)}
 
 
+def _gguf_image(directory: Path, manifest: Manifest, extra: tuple[Blob, ...]) -> Image:
+    from pipelines.core.errors import ArtifactError
+    from pipelines.publish.oci import MODELMINT_FILE, TITLE, Blob
+    from pipelines.publish.ollama_image import ollama_image
+
+    ggufs = [f.path for f in manifest.files if f.path.endswith(".gguf")]
+    if len(ggufs) != 1:
+        raise ArtifactError(f"{manifest.ref} is split into {len(ggufs)} GGUF files; an Ollama image holds one",
+                            hint="register it without split_max_size in the catalog to publish it for `ollama pull`")
+    files = tuple(Blob.of_file(MODELMINT_FILE, directory / f.path, f.sha256, f.size, {TITLE: f.path})
+                  for f in manifest.files if f.path != manifest.file)
+    return ollama_image(directory / manifest.file, manifest.sha256, directory / "Modelfile", extra=(*files, *extra))
+
+
 def _gguf_variants(entry: CatalogEntry) -> list[str]:
     spec = entry.variants.gguf
     return [q.lower() for q in spec.quants] if spec else []
@@ -129,19 +150,43 @@ def _compressed_offer(target: Path, manifest: Manifest, ollama: bool) -> dict[st
     return {"commands": [serve_command(target)]}
 
 
+def _compressed_image(directory: Path, manifest: Manifest, extra: tuple[Blob, ...]) -> Image:
+    from pipelines.publish.modelpack import modelpack_image
+
+    src = manifest.source
+    descriptor = {
+        "createdAt": manifest.created_at.strftime("%Y-%m-%dT%H:%M:%SZ"), "name": manifest.name,
+        "version": manifest.tag, "revision": src.revision,
+        "sourceURL": f"https://huggingface.co/{src.repo}" if src.repo else None,
+        "description": f"{manifest.ref}: {manifest.recipe.get('recipe', {}).get('scheme', manifest.tag)} "
+        f"compressed-tensors checkpoint of {src.ref}, validated by modelmint",
+    }
+    return modelpack_image(directory, manifest.files, descriptor, extra=extra)
+
+
+def _modelmint_pull(image: str, insecure: bool) -> list[str]:
+    where, _, tag = image.rpartition(":")
+    registry, _, name = where.rpartition("/")
+    return ["modelmint", "pull", f"{name}:{tag}", "--from-registry", registry, *(["--insecure"] if insecure else [])]
+
+
 FORMATS: dict[Format, ArtifactFormat] = {
     f.name: f
     for f in (
         ArtifactFormat(
             name="gguf", stage="gguf", command="convert", option="--variants",
             owns=lambda tag: tag not in COMPRESSED_VARIANTS, catalog_variants=_gguf_variants, build=_gguf_build,
-            candidate=_gguf_candidate, publish=_gguf_publish, offer=_gguf_offer,
+            candidate=_gguf_candidate, publish=_gguf_publish, offer=_gguf_offer, image=_gguf_image,
+            image_config="application/vnd.docker.container.image.v1+json",
+            pull_command=lambda image, insecure: ["ollama", "pull", *(["--insecure"] if insecure else []), image],
         ),
         ArtifactFormat(
             name="compressed-tensors", stage="compress", command="compress", option="--schemes",
             owns=lambda tag: tag in COMPRESSED_VARIANTS,
             catalog_variants=lambda entry: list(entry.variants.compressed()), build=_compressed_build,
             candidate=_compressed_candidate, publish=_compressed_publish, offer=_compressed_offer,
+            image=_compressed_image, image_config="application/vnd.cncf.model.config.v1+json",
+            pull_command=_modelmint_pull,
         ),
     )
 }

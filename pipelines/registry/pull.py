@@ -66,7 +66,7 @@ names an earlier version by its source commit or the git commit that registered 
     manifest = find_manifest(settings, ref)
     target = dest if dest is not None else settings.repo_dir / manifest.dvc.path
     fetched = False
-    if not _holds(target, manifest, HashCache(settings.home / "hashcache.json")):
+    if not holds(target, manifest, HashCache(settings.home / "hashcache.json")):
         _fetch_into(settings, manifest, target)
         fetched = True
     return PullResult(manifest, target, fetched, **format_of(manifest.tag).offer(target, manifest, ollama))
@@ -95,7 +95,7 @@ def _pull_version(settings: Settings, ref: str, at: str, *, dest: Path | None, o
                             "can be pulled")
     target = dest if dest is not None else settings.work_dir / "pulled" / manifest.name / f"{manifest.tag}@{at}"
     hashes = HashCache(settings.home / "hashcache.json")
-    if _holds(target, manifest, hashes):
+    if holds(target, manifest, hashes):
         return PullResult(manifest, target, False, **format_of(manifest.tag).offer(target, manifest, False))
     with atomic_output(target) as tmp:
         dvcrepo.get(settings, manifest.dvc.path, rev=version.commit, out=tmp)
@@ -106,7 +106,8 @@ def _pull_version(settings: Settings, ref: str, at: str, *, dest: Path | None, o
     return PullResult(manifest, target, True, **format_of(manifest.tag).offer(target, manifest, False))
 
 
-def _holds(target: Path, manifest: Manifest, hashes: HashCache) -> bool:
+def holds(target: Path, manifest: Manifest, hashes: HashCache) -> bool:
+    """Whether `target` holds exactly the files `manifest` records (sizes, then sha256 through the hash cache)."""
     try:
         return all(
             (target / f.path).stat().st_size == f.size and hashes.sha256(target / f.path) == f.sha256

@@ -461,6 +461,8 @@ class CatalogEntry(_Strict):
     def _name(cls, v: str) -> str:
         if not _NAME.fullmatch(v):
             raise ValueError(f"name {v!r} must be lower-case letters, digits, '.', '_' or '-'")
+        if v == "all":
+            raise ValueError("name 'all' is taken: convert/all is the deployment that converts every model")
         return v
 
     def with_quants(self, quants: list[str]) -> CatalogEntry:

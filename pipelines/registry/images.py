@@ -1,0 +1,278 @@
+"""Registered artifacts as OCI images in a team's registry: `modelmint publish` pushes one, `pull --from-registry`
+fetches and verifies one without DVC.
+
+A GGUF becomes an Ollama image (`ollama pull HOST/NAMESPACE/NAME:TAG`), a compressed-tensors checkpoint a CNCF
+ModelPack artifact; the format table (formats.py) says which. Every layer that carries a registered file has that
+file's sha256 from the manifest as its digest, and the manifest itself travels as a layer, byte for byte. Blobs go
+first (HEAD before each: the registry never receives one twice), tags last: `TAG-<commit12>` (the git commit that
+recorded the manifest, never moved) and `TAG`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from pipelines.core.errors import ConfigError, ManifestInvalid, RegistryError, TagConflict
+from pipelines.core.fsutil import HashCache, atomic_output, write_text_atomic
+from pipelines.core.runner import run
+from pipelines.core.settings import Settings
+from pipelines.publish.oci import (
+    MODELMINT_MANIFEST,
+    Blob,
+    Credentials,
+    Image,
+    OciClient,
+    RegistryRef,
+    credentials_for,
+    parse_image,
+)
+from pipelines.registry.formats import FORMATS, format_of
+from pipelines.registry.manifest import Manifest, find_manifest, manifest_path
+from pipelines.registry.pull import PullResult, holds
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Published:
+    """What `publish_image` did: the image, the tags it set, and which blobs went over the wire."""
+
+    manifest: Manifest
+    images: list[str]
+    """HOST/NAMESPACE/NAME:TAG-<commit12>, then HOST/NAMESPACE/NAME:TAG."""
+    digest: str
+    uploaded: list[str] = field(default_factory=list)
+    present: list[str] = field(default_factory=list)
+    """Blobs the repository held already (HEAD answered 200): not sent."""
+    mounted: list[str] = field(default_factory=list)
+    """Blobs the registry linked from another repository it holds them in (cross-repository mount): not sent."""
+    retagged: dict[str, str] = field(default_factory=dict)
+    """With --force: tag → the manifest digest it pointed at before."""
+
+
+def client_for(settings: Settings, registry: RegistryRef) -> OciClient:
+    """A client with the credentials the environment or the docker config holds for the registry's host (looked up
+    only when the registry asks for them: a broken docker config does not stop an anonymous push)."""
+
+    def creds() -> Credentials | None:
+        return credentials_for(registry.host, username=settings.registry_username,
+                               password=settings.registry_password, docker_config=settings.docker_config)
+
+    return OciClient(registry, credentials=creds, ca=settings.registry_ca)
+
+
+def build_image(settings: Settings, ref: str) -> tuple[Manifest, Image]:
+    """The image of registered artifact `ref`, from its directory in the checkout (every file checked first).
+
+    Raises:
+        NotRegistered: never registered (a variant that failed its gate never is).
+        ManifestInvalid: its manifest does not say it passed validation, or does not check out.
+        RegistryError: its files are not in the checkout, or hold other bytes than registered.
+    """
+    manifest = find_manifest(settings, ref)
+    path = manifest_path(settings, manifest.name, manifest.tag)
+    if not manifest.validation.passed:  # the schema admits only passed ones; a second look costs nothing
+        raise ManifestInvalid(str(path), "its validation did not pass: it is never published")
+    directory = settings.repo_dir / manifest.dvc.path
+    if not holds(directory, manifest, HashCache(settings.home / "hashcache.json")):
+        raise RegistryError(f"{directory} does not hold {manifest.ref} as registered (missing or changed files)",
+                            hint=f"place the registered files first: `modelmint pull {manifest.ref}`, then publish")
+    extra = (Blob.of_bytes(MODELMINT_MANIFEST, path.read_bytes()),)
+    return manifest, format_of(manifest.tag).image(directory, manifest, extra)
+
+
+def publish_image(settings: Settings, ref: str, registry: RegistryRef, *, force: bool = False) -> Published:
+    """Push registered artifact `ref` to `registry` as its format's image and tag it TAG-<commit12> and TAG.
+
+    Raises:
+        everything build_image raises; ConfigError: its manifest is not committed in git.
+        TagConflict: a tag points at another image (nothing uploaded or tagged; --force moves it).
+        OciUnavailable, OciAuthRefused, OciError: the registry is down, refuses, or fails (blobs before tags, so
+            nothing is half-tagged).
+    """
+    manifest, image = build_image(settings, ref)
+    commit = manifest_commit(settings, manifest)
+    tags = [f"{manifest.tag}-{commit[:12]}", manifest.tag]
+    repository = registry.repository(manifest.name)
+    with client_for(settings, registry) as client:
+        retagged = {}
+        for tag in tags:
+            there = client.get_manifest(repository, tag)
+            if there is not None and there[2] != image.digest:
+                if not force:
+                    raise TagConflict(registry.image(manifest.name, tag), describe(client, repository, there),
+                                      image.digest, registry=registry.host,
+                                      hint="publish under another tag, or move the tag with --force (the old image "
+                                      f"stays pullable by its digest, {there[2]})")
+                retagged[tag] = there[2]
+        mounts = mount_sources(settings, manifest, registry)
+        moved: dict[str, list[str]] = {"uploaded": [], "mounted": [], "present": []}
+        for blob in image.blobs:
+            moved[client.push_blob(repository, blob, mount_from=mounts)].append(blob.digest)
+        for tag in tags:
+            client.put_manifest(repository, tag, image)
+    for tag, old in retagged.items():
+        log.warning("moved %s from %s to %s", registry.image(manifest.name, tag), old, image.digest)
+    done = Published(manifest, [registry.image(manifest.name, t) for t in tags], image.digest, moved["uploaded"],
+                     moved["present"], moved["mounted"], retagged)
+    record_publication(settings, done)
+    return done
+
+
+def mount_sources(settings: Settings, manifest: Manifest, registry: RegistryRef) -> tuple[str, ...]:
+    """Other repositories of the same registry this registration was published to: blobs mount from there."""
+    here = registry.repository(manifest.name)
+    found = []
+    for image in published_images(settings, manifest):
+        where, _, _ = image.rpartition(":")
+        host, _, repository = where.partition("/")
+        if host == registry.host and repository != here and repository not in found:
+            found.append(repository)
+    return tuple(found)
+
+
+def publications_path(settings: Settings, name: str, tag: str) -> Path:
+    """registry/published/NAME/TAG.json: where the artifact was published (in git, beside its manifest)."""
+    return settings.repo_dir / "registry" / "published" / name / f"{tag}.json"
+
+
+def record_publication(settings: Settings, done: Published) -> Path:
+    """Add (or refresh) the registry `done` pushed to in the artifact's publication record, atomically."""
+    m = done.manifest
+    path = publications_path(settings, m.name, m.tag)
+    entries = [e for e in _read_publications(path) if e.get("image") != done.images[-1]]
+    entries.append({"image": done.images[-1], "pinned": done.images[0], "digest": done.digest,
+                    "sha256": m.sha256, "published_at": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(path, json.dumps(sorted(entries, key=lambda e: e["image"]), indent=2) + "\n")
+    return path
+
+
+def published_images(settings: Settings, manifest: Manifest) -> list[str]:
+    """The images that hold this registration (records of an earlier registration of the same tag left out)."""
+    path = publications_path(settings, manifest.name, manifest.tag)
+    return [e["image"] for e in _read_publications(path) if e.get("sha256") == manifest.sha256 and "image" in e]
+
+
+def _read_publications(path: Path) -> list[dict[str, Any]]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (FileNotFoundError, ValueError):
+        return []
+    return [e for e in data if isinstance(e, dict)] if isinstance(data, list) else []
+
+
+def manifest_commit(settings: Settings, manifest: Manifest) -> str:
+    """The git commit that recorded the manifest as it is now.
+
+    Raises:
+        ConfigError: the manifest is not committed, or has uncommitted changes.
+    """
+    rel = manifest_path(settings, manifest.name, manifest.tag).relative_to(settings.repo_dir).as_posix()
+    changed = run(["git", "status", "--porcelain", "--", rel], cwd=settings.repo_dir).stdout.strip()
+    commit = run(["git", "log", "-1", "--format=%H", "--", rel], cwd=settings.repo_dir, check=False).stdout.strip()
+    if changed or not commit:
+        raise ConfigError(f"{rel} is not committed: the image's TAG-<commit> tag must name the commit that holds it",
+                          hint=f"git add {rel} dvc.lock && git commit -m 'register {manifest.ref}', then publish")
+    return commit
+
+
+def describe(client: OciClient, repository: str, there: tuple[bytes, str, str]) -> str:
+    """What an existing manifest is: the modelmint artifact it carries (name:tag, main file sha256, date), or its
+    digest and layer count."""
+    data, _, digest = there
+    try:
+        layers = json.loads(data).get("layers") or []
+        layer = next(x for x in layers if x.get("mediaType") == MODELMINT_MANIFEST)
+        other = Manifest.model_validate_json(client.read_blob(repository, layer["digest"]))
+        return (f"{digest} ({other.ref}, {other.file} sha256 {other.sha256[:12]}…, registered "
+                f"{other.created_at:%Y-%m-%d %H:%M} UTC)")
+    except (ValueError, StopIteration, AttributeError, KeyError, RegistryError):
+        return f"{digest} (not an image modelmint published)"
+
+
+# ---------------------------------------------------------------- pull
+
+
+def pull_image(settings: Settings, image: str, *, insecure: bool = False, dest: Path | None = None,
+               ollama: bool = True) -> PullResult:
+    """Fetch HOST/NAMESPACE/NAME:TAG into `dest` (default: its artifacts/ path), every blob hashed, every file
+    checked against the manifest the image carries (and this checkout's, when it has one); no DVC involved.
+
+    Raises:
+        RegistryError: no such image, or not one modelmint published, or one that disagrees with its manifest.
+        OciBlobMismatch: a blob's bytes are not its digest (nothing in `dest` is replaced).
+        OciUnavailable, OciAuthRefused, OciError: the registry is down or refuses.
+    """
+    registry, name, tag = parse_image(image, insecure=insecure)
+    repository = registry.repository(name)
+    with client_for(settings, registry) as client:
+        got = client.get_manifest(repository, tag)
+        if got is None:
+            raise RegistryError(f"{image} is not in the registry",
+                                hint=f"publish it: `modelmint publish NAME:TAG --registry {registry.host}/"
+                                f"{registry.namespace}`")
+        manifest = _read_image(client, repository, image, got)
+        _agrees_with_checkout(settings, manifest, image)
+        target = dest if dest is not None else settings.repo_dir / manifest.dvc.path
+        fetched = not holds(target, manifest, HashCache(settings.home / "hashcache.json"))
+        if fetched:
+            with atomic_output(target) as tmp:
+                tmp.mkdir()
+                for f in manifest.files:
+                    (tmp / f.path).parent.mkdir(parents=True, exist_ok=True)
+                    client.fetch_blob(repository, "sha256:" + f.sha256, tmp / f.path)
+    return PullResult(manifest, target, fetched, **format_of(manifest.tag).offer(target, manifest, ollama))
+
+
+def _read_image(client: OciClient, repository: str, image: str,
+                got: tuple[bytes, str, str]) -> Manifest:
+    """The modelmint manifest an image carries, checked against the image's layout and layers."""
+    data = json.loads(got[0])
+    layers = data.get("layers") or []
+    carried = [x for x in layers if x.get("mediaType") == MODELMINT_MANIFEST]
+    if len(carried) != 1:
+        raise RegistryError(f"{image} carries no modelmint manifest: it was not published by `modelmint publish`",
+                            hint="pull it with the tool that pushed it (`ollama pull`, `oras pull`)")
+    raw = client.read_blob(repository, carried[0]["digest"])
+    try:
+        manifest = Manifest.model_validate_json(raw)
+    except ValidationError as err:
+        raise ManifestInvalid(f"{image} (layer {carried[0]['digest']})", str(err).splitlines()[0]) from err
+    want = FORMATS[manifest.format].image_config
+    if (data.get("config") or {}).get("mediaType") != want:
+        raise RegistryError(f"{image} holds {manifest.ref}, a {manifest.format} artifact, but its config is not {want}",
+                            hint="the tag was pushed by something else: publish the artifact again with --force")
+    sizes = {x.get("digest"): x.get("size") for x in layers}
+    wrong = [f.path for f in manifest.files if sizes.get("sha256:" + f.sha256) != f.size]
+    if wrong:
+        raise RegistryError(f"{image}: the layers do not carry {', '.join(wrong)} as its manifest records them",
+                            hint="publish the artifact again from the registering machine with --force")
+    return manifest
+
+
+def _agrees_with_checkout(settings: Settings, manifest: Manifest, image: str) -> None:
+    """When this checkout has the artifact's manifest, the image must carry the same files.
+
+    Raises:
+        RegistryError: it carries another registration of the same name:tag.
+    """
+    try:
+        local = find_manifest(settings, manifest.ref)
+    except RegistryError:
+        return  # no checkout, or this name:tag is not registered in it: the image's own manifest is the record
+    if local.files != manifest.files:
+        raise RegistryError(
+            f"{image} holds another registration of {manifest.ref} ({manifest.file} sha256 {manifest.sha256[:12]}…, "
+            f"registered {manifest.created_at:%Y-%m-%d %H:%M}) than this checkout records (sha256 "
+            f"{local.sha256[:12]}…, {local.created_at:%Y-%m-%d %H:%M})",
+            hint="pull the tag of this checkout's commit (TAG-<commit12>: `git log -1 --format=%h -- "
+            f"registry/manifests/{manifest.name}/{manifest.tag}.json`), or `git pull` to update the checkout",
+        )

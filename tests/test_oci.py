@@ -1,0 +1,543 @@
+"""`modelmint publish` and `pull --from-registry` against a real distribution registry (Debian's docker-registry 2.8).
+
+One tiny GGUF (q4_k_m) and one synthetic compressed-tensors checkpoint (fp8) are registered once for the module
+into a real git + DVC project; one registry runs for the module on 127.0.0.1. Tests that need a clean namespace use
+their own (the registry creates repositories on first push).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import subprocess
+import sys
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from ociregistry import RunningRegistry, TokenServer, make_tls, start_registry
+from registry_env import ROOT, PopenCounter, Repo, candidate, free_port, isolate, judged, make_repo
+
+from pipelines.core.errors import (
+    ArtifactError,
+    ConfigError,
+    ManifestInvalid,
+    NotRegistered,
+    OciAuthRefused,
+    OciBlobMismatch,
+    OciError,
+    OciUnavailable,
+    TagConflict,
+)
+from pipelines.core.fsutil import sha256_file
+from pipelines.core.settings import Settings
+from pipelines.publish import modelpack, ollama_image
+from pipelines.publish.oci import MODELMINT_MANIFEST, Blob, OciClient, RegistryRef
+from pipelines.registry.formats import FORMATS
+from pipelines.registry.images import build_image, publish_image, pull_image
+from pipelines.registry.manifest import Manifest, manifest_path
+from pipelines.registry.register import Candidate, register
+from pipelines.source.catalog import load_catalog
+
+MODELMINT = [sys.executable, "-m", "pipelines.cli"]
+FORMAT = json.loads((ROOT / "tests" / "data" / "ollama_image_format.json").read_text())
+
+
+@dataclass
+class Env:
+    repo: Repo
+    settings: Settings
+    gguf: Manifest
+    fp8: Manifest
+    registry: RunningRegistry
+
+    def ref(self, namespace: str) -> RegistryRef:
+        return RegistryRef(self.registry.host, namespace, insecure=True)
+
+    def client(self, namespace: str = "modelmint") -> OciClient:
+        return OciClient(self.ref(namespace))
+
+    def cli(self, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*MODELMINT, *args], env={**self.repo.env(), "COLUMNS": "200", **env},
+                              capture_output=True, text=True, cwd=self.repo.root)
+
+
+def _checkpoint(settings: Settings, out: Path) -> Candidate:
+    """A compressed-tensors candidate as a validated build hands it over (tiny synthetic weights, real layout)."""
+    from safetensors.numpy import save_file
+
+    out.mkdir(parents=True)
+    save_file({"model.embed_tokens.weight": np.arange(4096, dtype=np.float32).reshape(64, 64)},
+              str(out / "model.safetensors"))
+    (out / "config.json").write_text(json.dumps({
+        "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "max_position_embeddings": 2048,
+        "torch_dtype": "bfloat16", "quantization_config": {"quant_method": "compressed-tensors"}}))
+    (out / "tokenizer.json").write_text('{"version": "1.0"}')
+    report = {"variant": "fp8", "scheme": "FP8_DYNAMIC",
+              "validation": judged(0.001, 99.0, ppl=(10.0, 10.1), fmt="compressed-tensors")}
+    (out.parent / "fp8.report.json").write_text(json.dumps(report))
+    files = tuple(out / n for n in ("model.safetensors", "config.json", "tokenizer.json"))
+    return Candidate(
+        entry=load_catalog(settings.catalog_path).get("tiny-qwen2"), tag="fp8", files=files,
+        sha256=sha256_file(files[0]), size_bytes=files[0].stat().st_size,
+        source={"kind": "generated", "repo": None, "revision": None, "content_sha256": "a" * 64}, parent=None,
+        toolchain={"modelmint": "0.1.0", "llmcompressor": "0.14.0.1"},
+        recipe={"format": "compressed-tensors", "recipe": {"scheme": "FP8_DYNAMIC"}}, report=report,
+        report_sha256=sha256_file(out.parent / "fp8.report.json"), root=out,
+    )
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
+    base = tmp_path_factory.mktemp("oci")
+    with pytest.MonkeyPatch.context() as mp:
+        isolate(base / "env", mp)
+        repo = make_repo(base, models={"tiny-qwen2": ["q4_k_m", "fp8"]})
+        settings = repo.settings()
+        gguf = register(settings, candidate(settings, base / "build")).manifest
+        fp8 = register(settings, _checkpoint(settings, base / "build" / "fp8")).manifest
+        repo.commit_all("register tiny-qwen2:q4_k_m and tiny-qwen2:fp8")
+        registry = start_registry(base / "registry")
+        try:
+            yield Env(repo, settings, gguf, fp8, registry)
+        finally:
+            registry.stop()
+
+
+def _pushed(env: Env, namespace: str, tag: str, name: str = "tiny-qwen2") -> dict[str, Any]:
+    with env.client(namespace) as c:
+        got = c.get_manifest(f"{namespace}/{name}", tag)
+    assert got is not None, f"{namespace}/{name}:{tag} is not in the registry"
+    return json.loads(got[0])
+
+
+def _commit12(env: Env, m: Manifest) -> str:
+    rel = manifest_path(env.settings, m.name, m.tag).relative_to(env.repo.root)
+    return subprocess.run(["git", "log", "-1", "--format=%H", "--", str(rel)], cwd=env.repo.root, check=True,
+                          capture_output=True, text=True).stdout.strip()[:12]
+
+
+# ---------------------------------------------------------------- Ollama's format, from its source
+
+
+def test_ollama_numbers_and_file_types_as_ollama_prints_them() -> None:
+    for n, shown in FORMAT["human_number"].items():
+        assert ollama_image.human_number(int(n)) == shown, n
+    for llama, shown in FORMAT["file_type"].items():
+        assert ollama_image.ollama_file_type(None if llama == "none" else llama.removeprefix("MOSTLY_")) == shown
+
+
+def test_params_are_typed_as_ollama_options() -> None:
+    from pipelines.chat.modelfile import Modelfile, Parameter
+
+    mf = Modelfile(from_="./m.gguf", parameters=(
+        Parameter("stop", "<|im_end|>"), Parameter("stop", "a&b"), Parameter("num_ctx", 8192),
+        Parameter("temperature", 0.7), Parameter("top_p", 0.8), Parameter("repeat_penalty", 1.05),
+        Parameter("use_mmap", True)))
+    raw = ollama_image.params_json(mf)
+    assert raw == (b'{"num_ctx":8192,"repeat_penalty":1.05,"stop":["\\u003c|im_end|\\u003e","a\\u0026b"],'
+                   b'"temperature":0.7,"top_p":0.8,"use_mmap":true}\n')
+    kinds = FORMAT["params"]
+    for key, value in json.loads(raw).items():
+        kind = next(k for k in ("float32", "int", "bool", "string_list") if key in kinds[k])
+        assert isinstance(value, {"float32": float, "int": int, "bool": bool, "string_list": list}[kind])
+
+
+@pytest.mark.skipif(shutil.which("go") is None, reason="needs Go (bash toolchains/setup-go.sh)")
+def test_go_json_is_what_go_writes(tmp_path: Path) -> None:
+    """The same values through Go's own encoding/json (a program written here, not Ollama's code)."""
+    (tmp_path / "main.go").write_text(
+        'package main\nimport ("encoding/json"; "os")\nfunc main() {\n'
+        ' e := json.NewEncoder(os.Stdout)\n'
+        ' e.Encode(map[string]any{"t": float32(0.7), "p": float32(1.05), "z": float32(1e-7), "big": float32(3e21),'
+        ' "one": float32(1), "n": int64(8192), "s": []string{"<|im_end|>", "a&b", "\\u2028é\\t"}})\n'
+        ' e.Encode([]float64{0.1, 1e-7, 1e21, 123456789})\n}\n')
+    (tmp_path / "go.mod").write_text("module gojsoncheck\ngo 1.19\n")
+    go = subprocess.run(["go", "run", "."], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                        env={"HOME": str(tmp_path), "GOCACHE": str(tmp_path / "cache"), "GOFLAGS": "-mod=mod",
+                             "PATH": str(Path(shutil.which("go")).parent)})
+    assert go.returncode == 0, go.stderr
+    f32 = ollama_image._Float32
+    ours = [
+        ollama_image.go_json(dict(sorted({"t": f32(0.7), "p": f32(1.05), "z": f32(1e-7), "big": f32(3e21),
+                                          "one": f32(1), "n": 8192, "s": ["<|im_end|>", "a&b", "\u2028é\t"]}.items()))),
+        ollama_image.go_json([0.1, 1e-7, 1e21, 123456789.0]),
+    ]
+    assert go.stdout.splitlines() == ours
+
+
+def test_a_modelfile_whose_from_is_not_the_artifact_is_refused(env: Env, tmp_path: Path) -> None:
+    d = env.settings.repo_dir / env.gguf.dvc.path
+    (tmp_path / "Modelfile").write_text((d / "Modelfile").read_text().replace(
+        f"FROM ./{env.gguf.file}", "FROM ./another.gguf"))
+    with pytest.raises(ArtifactError, match=r"FROM \./another\.gguf"):
+        ollama_image.ollama_image(d / env.gguf.file, env.gguf.sha256, tmp_path / "Modelfile")
+
+
+def test_registry_and_image_references_are_checked_at_the_edge() -> None:
+    from pipelines.publish.oci import parse_image
+
+    assert RegistryRef.parse("https://registry.internal:5000/modelmint/").image("qwen2.5", "q4_k_m") == (
+        "registry.internal:5000/modelmint/qwen2.5:q4_k_m")
+    for bad in ("registry.internal", "registry.internal/a/b", "registry.internal/mod.elmint", "Registry/x"):
+        with pytest.raises(ConfigError, match="HOST"):
+            RegistryRef.parse(bad)
+    registry, name, tag = parse_image("127.0.0.1:5000/modelmint/qwen2.5:q4_k_m-0123456789ab", insecure=True)
+    assert (registry.url, registry.namespace, name, tag) == ("http://127.0.0.1:5000", "modelmint", "qwen2.5",
+                                                            "q4_k_m-0123456789ab")
+    with pytest.raises(ConfigError, match="HOST/NAMESPACE/NAME:TAG"):
+        parse_image("modelmint/qwen2.5")
+
+
+def test_registry_credentials_stay_out_of_reprs_cache_keys_and_stored_settings() -> None:
+    from flows.tasks import _settings_key
+
+    s = Settings.from_env({"MODELMINT_REGISTRY_USERNAME": "team", "MODELMINT_REGISTRY_PASSWORD": "s3cret-pw",
+                           "HF_TOKEN": "hf_secret"})
+    assert s.registry_password == "s3cret-pw" and "s3cret-pw" not in repr(s)
+    assert "s3cret-pw" not in json.dumps(_settings_key(s)) and "team" not in json.dumps(_settings_key(s))
+    stored = s.without_secrets()
+    assert (stored.hf_token, stored.registry_username, stored.registry_password) == (None, None, None)
+    assert stored.repo_dir == s.repo_dir
+
+
+def test_the_format_table_recognises_the_layouts_it_pushes() -> None:
+    assert FORMATS["gguf"].image_config == ollama_image.CONFIG
+    assert FORMATS["compressed-tensors"].image_config == modelpack.CONFIG
+
+
+# ---------------------------------------------------------------- a GGUF as an Ollama image
+
+
+def test_publish_pushes_an_ollama_image_whose_digests_are_the_manifests(env: Env) -> None:
+    m = env.gguf
+    done = env.cli("publish", m.ref, "--registry", f"{env.registry.host}/modelmint", "--insecure")
+    assert done.returncode == 0, done.stderr
+    commit = _commit12(env, m)
+    image = f"{env.registry.host}/modelmint/tiny-qwen2:q4_k_m"
+    assert f"{image}-{commit}" in done.stdout and f"ollama pull --insecure {image}" in done.stdout
+
+    listed = env.cli("list")
+    assert listed.returncode == 0 and image in listed.stdout, listed.stdout
+    record = json.loads((env.repo.root / "registry/published/tiny-qwen2/q4_k_m.json").read_text())
+    assert [(r["image"], r["pinned"], r["sha256"]) for r in record] == [(image, f"{image}-{commit}", m.sha256)]
+
+    pushed = _pushed(env, "modelmint", "q4_k_m")
+    assert pushed == _pushed(env, "modelmint", f"q4_k_m-{commit}")
+    assert list(pushed) == FORMAT["manifest"]["keys"]
+    assert pushed["mediaType"] == FORMAT["manifest"]["mediaType"] and pushed["schemaVersion"] == 2
+    assert pushed["config"]["mediaType"] == FORMAT["config"]["mediaType"]
+    kinds = [x["mediaType"] for x in pushed["layers"]]
+    ollama_kinds = [k for k in kinds if k.startswith("application/vnd.ollama.image.")]
+    order = [FORMAT["layers"][k] for k in FORMAT["layer_order"]]
+    assert ollama_kinds == sorted(ollama_kinds, key=order.index)
+    assert ollama_kinds[:2] == [FORMAT["layers"]["model"], FORMAT["layers"]["template"]]
+    assert FORMAT["layers"]["params"] in kinds and MODELMINT_MANIFEST in kinds
+    assert kinds.index(MODELMINT_MANIFEST) > max(kinds.index(k) for k in ollama_kinds)
+
+    # every layer read back through the API: its bytes hash to its digest; registered files are byte-identical
+    d = env.settings.repo_dir / m.dvc.path
+    registered = {"sha256:" + f.sha256: d / f.path for f in m.files}
+    assert pushed["layers"][0]["digest"] == "sha256:" + m.sha256
+    blobs: dict[str, bytes] = {}
+    with env.client() as c:
+        for x in [*pushed["layers"], pushed["config"]]:
+            assert set(FORMAT["descriptor"]["required"]) <= set(x)
+            data = c.read_blob("modelmint/tiny-qwen2", x["digest"])
+            assert len(data) == x["size"] and "sha256:" + hashlib.sha256(data).hexdigest() == x["digest"]
+            blobs[x["mediaType"]] = data
+            if x["digest"] in registered:
+                assert data == registered[x["digest"]].read_bytes()
+    assert set(registered) <= {x["digest"] for x in pushed["layers"]}
+    assert blobs[MODELMINT_MANIFEST] == manifest_path(env.settings, m.name, m.tag).read_bytes()
+
+    from pipelines.chat.modelfile import Modelfile
+
+    mf = Modelfile.parse((d / "Modelfile").read_text())
+    assert blobs[FORMAT["layers"]["template"]].decode() == mf.template
+    params = json.loads(blobs[FORMAT["layers"]["params"]])
+    assert params["stop"] == mf.parameter("stop") and params["num_ctx"] == mf.parameter("num_ctx")[0]
+    config_raw = blobs[FORMAT["config"]["mediaType"]]
+    config = json.loads(config_raw)
+    assert config_raw.endswith(b"}\n") and list(config) == FORMAT["config"]["keys_in_order"]
+    assert {k: config[k] for k in FORMAT["config"]["constant"]} == FORMAT["config"]["constant"]
+    assert config["model_family"] == "qwen2" and config["model_families"] == ["qwen2"]
+    assert config["file_type"] == "unknown" and config["model_type"] == "66K"  # 65,536 float32 elements
+
+
+def test_a_second_publish_uploads_no_blob(env: Env) -> None:
+    where = env.ref("again")
+    first = publish_image(env.settings, env.gguf.ref, where)
+    assert first.uploaded + first.mounted and not first.present
+    posts, puts = len(env.registry.requests("POST")), len(env.registry.requests("PUT"))
+    stamps = {p: p.stat().st_mtime_ns for p in env.registry.storage.joinpath("blobs").rglob("data")}
+    second = publish_image(env.settings, env.gguf.ref, where)
+    assert second.uploaded == second.mounted == [] and sorted(second.present) == sorted(first.uploaded + first.mounted)
+    assert second.digest == first.digest
+    # the registry's own log: no upload started, only the two tags written again
+    assert len(env.registry.requests("POST")) == posts
+    assert len(env.registry.requests("PUT")) == puts + 2
+    assert {p: p.stat().st_mtime_ns for p in env.registry.storage.joinpath("blobs").rglob("data")} == stamps
+
+
+def test_a_blob_in_another_repository_of_the_registry_is_mounted_not_sent(env: Env) -> None:
+    publish_image(env.settings, env.gguf.ref, env.ref("mount-from"))  # (mounted from earlier tests' or uploaded)
+    puts = len(env.registry.requests("PUT"))
+    done = publish_image(env.settings, env.gguf.ref, env.ref("mount-to"))
+    _, image = build_image(env.settings, env.gguf.ref)
+    assert done.uploaded == done.present == [] and sorted(done.mounted) == sorted(b.digest for b in image.blobs)
+    mounts = [ln for ln in env.registry.requests("POST") if "/v2/mount-to/tiny-qwen2/blobs/uploads/?" in ln]
+    assert len(mounts) == len(image.blobs) and all("mount=sha256" in ln for ln in mounts)
+    assert len(env.registry.requests("PUT")) == puts + 2  # the two tags, no blob bytes
+    assert _pushed(env, "mount-to", "q4_k_m")["layers"][0]["digest"] == "sha256:" + env.gguf.sha256
+
+
+def test_pull_from_the_registry_without_dvc(env: Env, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    publish_image(env.settings, env.gguf.ref, env.ref("nodvc"))
+    started = PopenCounter(monkeypatch)
+    elsewhere = Settings.from_env({"MODELMINT_HOME": str(tmp_path / "home"), "MODELMINT_REPO": str(tmp_path / "no-repo")})
+    dest = tmp_path / "pulled"
+    got = pull_image(elsewhere, f"{env.registry.host}/nodvc/tiny-qwen2:q4_k_m", insecure=True, dest=dest, ollama=False)
+    assert got.fetched and got.manifest == env.gguf
+    d = env.settings.repo_dir / env.gguf.dvc.path
+    assert sorted(p.name for p in dest.iterdir()) == sorted(f.path for f in env.gguf.files)
+    for f in env.gguf.files:
+        assert (dest / f.path).read_bytes() == (d / f.path).read_bytes()
+    assert got.commands[0][:2] == ["ollama", "create"]
+    again = pull_image(elsewhere, f"{env.registry.host}/nodvc/tiny-qwen2:q4_k_m", insecure=True, dest=dest,
+                       ollama=False)
+    assert not again.fetched
+    assert started.argv == []  # no DVC, no git: a machine with neither pulls the same bytes
+
+
+def test_a_tampered_blob_in_the_registry_is_caught_on_pull(env: Env, tmp_path: Path) -> None:
+    publish_image(env.settings, env.gguf.ref, env.ref("tamper"))
+    data = env.registry.blob_data("sha256:" + env.gguf.sha256)
+    original = data.read_bytes()
+    dest = tmp_path / "pulled"
+    dest.mkdir()
+    (dest / "kept").write_text("what was here before")
+    try:
+        data.write_bytes(original[:-1] + bytes([original[-1] ^ 0xFF]))  # same size, one byte flipped
+        with pytest.raises(OciBlobMismatch, match=env.gguf.sha256) as caught:
+            pull_image(env.settings, f"{env.registry.host}/tamper/tiny-qwen2:q4_k_m", insecure=True, dest=dest,
+                       ollama=False)
+        assert "delete the blob" in (caught.value.hint or "")
+        assert [p.name for p in dest.iterdir()] == ["kept"]
+        assert not list(tmp_path.glob("pulled.partial*"))
+    finally:
+        data.write_bytes(original)
+
+
+# ---------------------------------------------------------------- a checkpoint as a ModelPack artifact
+
+
+def test_a_checkpoint_is_pushed_as_a_modelpack_artifact_and_pulled_back(env: Env, tmp_path: Path) -> None:
+    m = env.fp8
+    done = env.cli("publish", m.ref, "--registry", f"{env.registry.host}/modelmint", "--insecure")
+    assert done.returncode == 0, done.stderr
+    assert f"modelmint pull tiny-qwen2:fp8 --from-registry {env.registry.host}/modelmint --insecure" in done.stdout
+    pushed = _pushed(env, "modelmint", "fp8")
+    assert pushed["mediaType"] == "application/vnd.oci.image.manifest.v1+json"
+    assert pushed["artifactType"] == modelpack.ARTIFACT_TYPE and pushed["config"]["mediaType"] == modelpack.CONFIG
+    by_path = {x["annotations"][modelpack.FILEPATH]: x for x in pushed["layers"] if x["mediaType"] != MODELMINT_MANIFEST}
+    assert set(by_path) == {f.path for f in m.files}
+    for f in m.files:
+        assert by_path[f.path]["digest"] == "sha256:" + f.sha256 and by_path[f.path]["size"] == f.size
+    assert by_path["model.safetensors"]["mediaType"] == modelpack.WEIGHT
+    assert by_path["config.json"]["mediaType"] == modelpack.WEIGHT_CONFIG
+    assert by_path["vllm.yaml"]["mediaType"] == modelpack.DOC
+    assert pushed["layers"][0]["mediaType"] == modelpack.WEIGHT
+    with env.client() as c:
+        config = json.loads(c.read_blob("modelmint/tiny-qwen2", pushed["config"]["digest"]))
+    assert config["modelfs"] == {"type": "layers", "diffIds": [x["digest"] for x in pushed["layers"]]}
+    assert config["config"]["format"] == "safetensors" and config["descriptor"]["name"] == "tiny-qwen2"
+
+    dest = tmp_path / "fp8"
+    pulled = env.cli("pull", m.ref, "--from-registry", f"{env.registry.host}/modelmint", "--insecure",
+                     "--dest", str(dest))
+    assert pulled.returncode == 0, pulled.stderr
+    assert "fetched from" in pulled.stdout and "vllm serve" in pulled.stdout
+    d = env.settings.repo_dir / m.dvc.path
+    for f in m.files:
+        assert (dest / f.path).read_bytes() == (d / f.path).read_bytes()
+
+
+# ---------------------------------------------------------------- bad input
+
+
+def test_a_tag_pointing_at_other_bytes_is_refused_unless_forced(env: Env) -> None:
+    where = env.ref("conflict")
+    publish_image(env.settings, env.fp8.ref, where)
+    with env.client("conflict") as c:  # point q4_k_m at the fp8 image (its blobs are in the repository)
+        there = c.get_manifest("conflict/tiny-qwen2", "fp8")
+        assert there is not None
+        c._send("PUT", "/v2/conflict/tiny-qwen2/manifests/q4_k_m", content=there[0],
+                headers={"Content-Type": there[1]}).raise_for_status()
+    before = len(env.registry.requests("POST"))
+    with pytest.raises(TagConflict, match=r"q4_k_m already points at sha256:\w+ \(tiny-qwen2:fp8, model.safetensors"):
+        publish_image(env.settings, env.gguf.ref, where)
+    assert len(env.registry.requests("POST")) == before  # refused before any upload
+    refused = env.cli("publish", env.gguf.ref, "--registry", f"{env.registry.host}/conflict", "--insecure")
+    assert refused.returncode == 1 and "--force" in refused.stderr and "tiny-qwen2:fp8" in refused.stderr
+    forced = publish_image(env.settings, env.gguf.ref, where, force=True)
+    assert forced.retagged == {"q4_k_m": there[2]}
+    assert _pushed(env, "conflict", "q4_k_m")["layers"][0]["digest"] == "sha256:" + env.gguf.sha256
+
+
+def test_a_registry_that_is_down(env: Env) -> None:
+    down = RegistryRef(f"127.0.0.1:{free_port()}", "modelmint", insecure=True)
+    with pytest.raises(OciUnavailable, match="cannot be reached") as caught:
+        publish_image(env.settings, env.gguf.ref, down)
+    assert "--insecure" in (caught.value.hint or "")
+    shown = env.cli("publish", env.gguf.ref, "--registry", f"{down.host}/modelmint", "--insecure")
+    assert shown.returncode == 1 and "cannot be reached" in shown.stderr and "Traceback" not in shown.stderr
+
+
+def test_never_registered_or_not_passed_is_never_published(env: Env) -> None:
+    with pytest.raises(NotRegistered):
+        publish_image(env.settings, "tiny-qwen2:q8_0", env.ref("modelmint"))
+    path = manifest_path(env.settings, "tiny-qwen2", "q4_k_m")
+    original = path.read_text()
+    try:
+        data = json.loads(original)
+        data["validation"]["passed"] = False
+        path.write_text(json.dumps(data))
+        with pytest.raises(ManifestInvalid, match=r"validation\.passed"):
+            publish_image(env.settings, env.gguf.ref, env.ref("failed"))
+        path.write_text(original + "\n")  # still valid, but not what git holds
+        with pytest.raises(ConfigError, match="not committed"):
+            publish_image(env.settings, env.gguf.ref, env.ref("failed"))
+    finally:
+        path.write_text(original)
+    with env.client("failed") as c:
+        assert c.get_manifest("failed/tiny-qwen2", "q4_k_m") is None
+
+
+def test_a_blob_the_registry_refuses_stops_before_any_tag(env: Env) -> None:
+    """Bytes that are not their digest: the registry refuses the upload, the error says so, nothing is tagged."""
+    bad = Blob(ollama_image.MODEL, "sha256:" + "0" * 64, 3, data=b"abc")
+    with env.client("halfway") as c:
+        with pytest.raises(OciError, match="DIGEST_INVALID") as caught:
+            c.push_blob("halfway/tiny-qwen2", bad)
+        assert "nothing was tagged" in (caught.value.hint or "")
+        assert c.get_manifest("halfway/tiny-qwen2", "q4_k_m") is None
+
+
+# ---------------------------------------------------------------- auth
+
+
+def _htpasswd(path: Path, user: str, password: str) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        import crypt  # bcrypt through the C library: distribution's htpasswd accepts bcrypt only
+
+        path.write_text(f"{user}:{crypt.crypt(password, crypt.mksalt(crypt.METHOD_BLOWFISH))}\n")
+
+
+def test_htpasswd_basic_auth_from_the_environment_and_the_docker_config(env: Env, tmp_path: Path) -> None:
+    import base64
+
+    _htpasswd(tmp_path / "htpasswd", "team", "s3cret-pw")
+    locked = start_registry(tmp_path / "locked", auth=tmp_path / "htpasswd")
+    try:
+        where = RegistryRef(locked.host, "modelmint", insecure=True)
+        with pytest.raises(OciAuthRefused) as caught:
+            publish_image(env.settings, env.gguf.ref, where)
+        assert "MODELMINT_REGISTRY_USERNAME" in (caught.value.hint or "")
+        wrong = env.repo.settings(MODELMINT_REGISTRY_USERNAME="team", MODELMINT_REGISTRY_PASSWORD="nope")
+        with pytest.raises(OciAuthRefused):
+            publish_image(wrong, env.gguf.ref, where)
+        done = env.cli("publish", env.gguf.ref, "--registry", f"{locked.host}/modelmint", "--insecure",
+                       MODELMINT_REGISTRY_USERNAME="team", MODELMINT_REGISTRY_PASSWORD="s3cret-pw")
+        assert done.returncode == 0, done.stderr
+        assert "s3cret-pw" not in done.stdout + done.stderr
+        docker = tmp_path / "docker"
+        docker.mkdir()
+        (docker / "config.json").write_text(json.dumps(
+            {"auths": {locked.host: {"auth": base64.b64encode(b"team:s3cret-pw").decode()}}}))
+        got = pull_image(env.repo.settings(DOCKER_CONFIG=docker), f"{locked.host}/modelmint/tiny-qwen2:q4_k_m",
+                         insecure=True, dest=tmp_path / "pulled", ollama=False)
+        assert got.fetched
+        assert "s3cret-pw" not in locked.log.read_text()
+    finally:
+        locked.stop()
+
+
+def test_bearer_tokens_from_the_registrys_token_service(env: Env, tmp_path: Path) -> None:
+    tokens = TokenServer(tmp_path / "tokens", {"team": "s3cret-pw"})
+    locked = start_registry(tmp_path / "bearer", token=tokens)
+    try:
+        where = RegistryRef(locked.host, "modelmint", insecure=True)
+        with pytest.raises(OciAuthRefused):
+            publish_image(env.settings, env.gguf.ref, where)  # anonymous: the token service refuses
+        creds = env.repo.settings(MODELMINT_REGISTRY_USERNAME="team", MODELMINT_REGISTRY_PASSWORD="s3cret-pw")
+        done = publish_image(creds, env.gguf.ref, where)
+        assert done.uploaded and "repository:modelmint/tiny-qwen2:pull,push" in tokens.issued
+        got = pull_image(creds, f"{locked.host}/modelmint/tiny-qwen2:q4_k_m", insecure=True, dest=tmp_path / "pulled",
+                         ollama=False)
+        assert (tmp_path / "pulled" / env.gguf.file).read_bytes() == (
+            env.settings.repo_dir / env.gguf.dvc.path / env.gguf.file).read_bytes() and got.fetched
+    finally:
+        locked.stop()
+        tokens.stop()
+
+
+def test_https_with_the_teams_own_ca(env: Env, tmp_path: Path) -> None:
+    tls = make_tls(tmp_path / "tls")
+    secure = start_registry(tmp_path / "https", tls=tls)
+    try:
+        where = RegistryRef(secure.host, "modelmint")  # https, no --insecure
+        with pytest.raises(OciError, match="not signed by a CA") as caught:
+            publish_image(env.settings, env.gguf.ref, where)
+        assert "MODELMINT_REGISTRY_CA" in (caught.value.hint or "")
+        done = env.cli("publish", env.gguf.ref, "--registry", f"{secure.host}/modelmint",
+                       MODELMINT_REGISTRY_CA=str(tls.ca))
+        assert done.returncode == 0, done.stderr
+        assert f"ollama pull {secure.host}/modelmint/tiny-qwen2:q4_k_m" in done.stdout
+        got = pull_image(env.repo.settings(MODELMINT_REGISTRY_CA=tls.ca),
+                         f"{secure.host}/modelmint/tiny-qwen2:q4_k_m", dest=tmp_path / "pulled", ollama=False)
+        assert got.fetched
+    finally:
+        secure.stop()
+
+
+def test_a_registry_out_of_space_mid_upload_leaves_nothing_tagged(env: Env, small_disk) -> None:
+    import subprocess as sp
+
+    mnt = small_disk("128k")  # less than the GGUF (its first layer)
+    full = start_registry(mnt / "registry")
+    try:
+        where = RegistryRef(full.host, "modelmint", insecure=True)
+        with pytest.raises(OciUnavailable, match="answered 5") as caught:
+            publish_image(env.settings, env.gguf.ref, where)
+        assert "full disk" in (caught.value.hint or "")
+        with OciClient(where) as c:
+            assert c.get_manifest("modelmint/tiny-qwen2", "q4_k_m") is None
+        assert list(full.storage.glob("repositories/modelmint/tiny-qwen2/_manifests/tags/*")) == []
+        sp.run(["mount", "-o", "remount,size=16m", str(mnt)], check=True)
+        done = publish_image(env.settings, env.gguf.ref, where)  # the same command again, with space
+        assert "sha256:" + env.gguf.sha256 in done.uploaded
+    finally:
+        full.stop()
+
+
+def test_renderer_parser_and_requires_travel_in_the_config_blob(tmp_path: Path) -> None:
+    """A family Ollama renders in Go code publishes RENDERER / PARSER / REQUIRES; `ollama create` keeps them in
+    ConfigV2 (types/model/config.go), not in layers, so the image's config must carry them in the struct's order."""
+    from types import SimpleNamespace
+
+    from pipelines.chat.modelfile import Modelfile
+    from pipelines.publish.ollama_image import config_json
+
+    info = SimpleNamespace(architecture="qwen3", parameter_count=8_000_000_000, file_type="Q4_K_M")
+    mf = Modelfile(from_="m.gguf", renderer="qwen3-coder", parser="qwen3-coder", requires="0.14.0")
+    config = json.loads(config_json(info, mf))
+    assert list(config) == FORMAT["config"]["keys_in_order_with_renderer"]
+    assert (config["renderer"], config["parser"], config["requires"]) == ("qwen3-coder", "qwen3-coder", "0.14.0")
+    assert list(json.loads(config_json(info, Modelfile(from_="m.gguf")))) == FORMAT["config"]["keys_in_order"]
