@@ -4,13 +4,13 @@ Sub-packages by concern; imports point down these layers only (core is imported 
 
     core/       settings, errors, runner, fs, toolchains, step receipts, validation report, gates, texts,
                 the GGUF header reader
-    source/     the catalog, fetch from the hub (or a rebuilt wheel model), generated tiny models
+    source/     the catalog, fetch from the hub (or a rebuilt wheel model), generated tiny models, what moved upstream
     gguf/       llama.cpp: f16 and k-quant build, llama-perplexity validation
     compressed/ llmcompressor: FP8 / AWQ recipes, checkpoint check, build, evaluation
     chat/       chat families, the model's Jinja template, Go TEMPLATEs, their proof, the Modelfile
     publish/    what is served: Ollama (Modelfile, card, install), vLLM (vllm.yaml, card), the serving planner
     registry/   the format table (formats.py: how each format builds, registers, publishes, pulls), registration,
-                manifests, DVC, pull, verify, dvc.yaml generation
+                manifests and their history, DVC, pull, verify, dvc.yaml generation, moving a pin
     compose.py  build → validate → register, as the CLI and the flow run it; cli.py the command line
 
 tests/test_layout.py checks the direction of every import.

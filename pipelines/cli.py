@@ -28,6 +28,9 @@ app = typer.Typer(
 )
 catalog_app = typer.Typer(help="The models modelmint knows how to build.", no_args_is_help=True)
 app.add_typer(catalog_app, name="catalog")
+webhook_app = typer.Typer(help="Receive the hub's webhooks: a tracked ref's new commit starts its conversion.",
+                          no_args_is_help=True)
+app.add_typer(webhook_app, name="webhook")
 
 
 def _console(*, stderr: bool = False) -> Console:
@@ -288,11 +291,26 @@ def _figure_cells(f: Figures | None) -> tuple[str, str, str]:
 
 
 @app.command()
-def show(ref: Annotated[str, typer.Argument(help="name:tag, e.g. qwen2.5:q4_k_m")]) -> None:
-    """Print one artifact's manifest."""
+def show(
+    ref: Annotated[str, typer.Argument(help="name:tag, e.g. qwen2.5:q4_k_m")],
+    history: Annotated[bool, typer.Option("--history", help="list every version of the tag git recorded")] = False,
+) -> None:
+    """Print one artifact's manifest (with --history: its versions, newest first)."""
     from pipelines.registry.manifest import find_manifest
 
-    out.print_json(find_manifest(_settings(), ref).to_json())
+    if not history:
+        out.print_json(find_manifest(_settings(), ref).to_json())
+        return
+    from pipelines.registry.history import history as versions_of
+
+    table = Table("registered", "source commit", "sha256", "mean KL", "replaces", "git commit", "", title=ref)
+    for v in versions_of(_settings(), ref):
+        m = v.manifest
+        table.add_row(m.created_at.isoformat(), (m.source.revision or m.source.ref)[:12], m.sha256[:12],
+                      "-" if m.mean_kl is None else f"{m.mean_kl:.5f}",
+                      m.replaces.sha256[:12] if m.replaces else "-",
+                      v.commit[:12] if v.commit else "not committed", "[green]current[/green]" if v.current else "")
+    out.print(table)
 
 
 RegistryOption = Annotated[str | None, typer.Option("--registry", help="the OCI registry and namespace, "
@@ -302,9 +320,11 @@ InsecureOption = Annotated[bool, typer.Option("--insecure", help="speak plain HT
 
 @app.command()
 def pull(
-    ref: Annotated[str, typer.Argument(help="name:tag, e.g. qwen2.5:q4_k_m (or name:tag-<commit12> with "
-                                            "--from-registry)")],
-    dest: Annotated[Path | None, typer.Option(help="where to place it (default: artifacts/NAME/TAG)")] = None,
+    ref: Annotated[str, typer.Argument(help="name:tag, e.g. qwen2.5:q4_k_m; name:tag@COMMIT12 for an earlier "
+                                            "version (`modelmint show NAME:TAG --history` lists them); "
+                                            "name:tag-<commit12> with --from-registry")],
+    dest: Annotated[Path | None, typer.Option(help="where to place it (default: artifacts/NAME/TAG; an earlier "
+                                                   "version: MODELMINT_WORK_DIR/pulled/NAME/TAG@COMMIT)")] = None,
     ollama: Annotated[bool, typer.Option(help="run `ollama create` when ollama is on PATH")] = True,
     from_registry: Annotated[str | None, typer.Option("--from-registry", help="fetch the image `modelmint publish` "
                                                       "pushed to HOST[:PORT]/NAMESPACE instead of DVC")] = None,
@@ -338,7 +358,8 @@ def pull(
     if result.modelfile is None and not result.commands:
         err.print("[yellow]no Modelfile was registered with this artifact[/yellow]")
     elif result.modelfile is not None:
-        out.print("ollama is not on PATH; to use it with Ollama run:")
+        out.print("an earlier version (Ollama keeps the current one under this name); to use it run:" if "@" in ref
+                  else "ollama is not on PATH; to use it with Ollama run:")
     else:
         out.print("serve it with vLLM:")
     for argv in result.commands:
@@ -506,6 +527,88 @@ def verify_cmd(
     error = result.error()
     if error is not None:
         raise error
+
+
+@app.command("watch")
+def watch_cmd(
+    names: Annotated[list[str] | None, typer.Argument(help="catalog entries (default: every one with source.track)")] = None,
+    apply: Annotated[bool, typer.Option("--apply", help="move each moved pin in registry/catalog.yaml and "
+                                                       "regenerate dvc.yaml")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="print what moved as JSON")] = False,
+) -> None:
+    """Compare each tracked upstream ref's current commit on the hub with the catalog's pin: what moved, which
+    files changed (weights, tokenizer, chat template, config), and with --apply, move the pin."""
+    from pipelines.source import upstream
+    from pipelines.source.catalog import load_catalog
+
+    settings = _settings()
+    entries = upstream.tracked(load_catalog(settings.catalog_path), names or ())
+    if not entries:
+        err.print(f"no catalog entry tracks an upstream ref: add `track: main` under an entry's source in "
+                  f"{settings.catalog_path}", highlight=False)
+        return
+    limit, found, failed = upstream.RateLimit(0.2), [], []
+    for entry in entries:
+        try:
+            found.append(upstream.check(entry, settings, limit=limit))
+        except ModelmintError as e:
+            failed.append((entry.name, e))
+    moved = [m for m in found if m.moved]
+    if apply:
+        from pipelines.registry.pins import move_pin
+
+        for m in moved:
+            move_pin(settings, m.name, m.head)
+    if as_json:
+        out.print_json(json.dumps({"moved": [m.to_dict() for m in moved], "applied": apply and bool(moved),
+                                   "unchanged": [m.name for m in found if not m.moved],
+                                   "errors": {n: e.message for n, e in failed}}))
+    else:
+        _print_movements(found, applied=apply)
+    for name, e in failed:
+        err.print(f"[bold red]{name}:[/bold red] {_escape(e.message)}", highlight=False)
+        if e.hint:
+            err.print(f"[yellow]  → {_escape(e.hint)}[/yellow]", highlight=False)
+    if failed:
+        raise ModelmintError(f"{len(failed)} of {len(entries)} tracked entries could not be checked: "
+                             f"{', '.join(n for n, _ in failed)}; nothing was changed for them",
+                             hint="rerun `modelmint watch` later for a hub that was down (the scheduled flow "
+                             "retries on its next tick); fix the catalog for the others")
+
+
+def _print_movements(found: list[Any], *, applied: bool) -> None:
+    for m in found:
+        if not m.moved:
+            out.print(f"{m.name}: {m.repo} {m.ref} is still at the pin {m.head[:12]}", highlight=False)
+            continue
+        was = (m.pinned or "unpinned")[:12]
+        what = "variants rebuild" if m.rebuilds_weights else "chat template only: no weights rebuilt"
+        out.print(f"[bold]{m.name}[/bold]: {m.repo} {m.ref} moved {was} → {m.head[:12]} "
+                  f"({', '.join(m.kinds) or 'no listed file changed'}; {what})"
+                  + (" [green]pin moved[/green]" if applied else ""), highlight=False, soft_wrap=True)
+        for c in m.changes:
+            out.print(f"  {c.change:<8} {c.path}  [dim]{c.kind}[/dim]", highlight=False, soft_wrap=True)
+    if any(m.moved for m in found) and not applied:
+        out.print("[dim]`modelmint watch --apply` moves these pins in the catalog and regenerates dvc.yaml[/dim]")
+
+
+@webhook_app.command("serve")
+def webhook_serve(
+    host: Annotated[str, typer.Option(help="address to listen on (a reverse proxy in front for the internet)")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="port to listen on")] = 8765,
+) -> None:
+    """Serve the webhook receiver: Hugging Face `repo.content` events for tracked refs start `convert/<name>` runs
+    on the Prefect server (PREFECT_API_URL); the secret is MODELMINT_WEBHOOK_SECRET."""
+    # The receiver hands work to Prefect, so it lives with the flows (pipelines itself never imports Prefect).
+    from flows.webhook import serve
+
+    settings = _settings()
+    if not settings.webhook_secret:
+        raise ConfigError("MODELMINT_WEBHOOK_SECRET is not set",
+                          hint="set it to the secret configured on the hub's webhook, then rerun "
+                          "`modelmint webhook serve`")
+    err.print(f"receiving webhooks on http://{host}:{port}/ (Ctrl-C stops)", highlight=False)
+    serve(settings, host=host, port=port)
 
 
 @app.command("dvc-yaml")

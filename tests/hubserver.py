@@ -42,7 +42,11 @@ def _lfs_pointer(sha256: str, size: int) -> bytes:
 
 @dataclass
 class FakeRepo:
-    """One model repo with a single commit, reachable by that commit or by the branch `main`."""
+    """One commit of a model repo: its files, and (on the newest commit object) the repo's branches and history.
+
+    `HubServer.add_repo` makes a repo of one commit, reachable by that commit or the branch `main`;
+    `HubServer.push` adds a commit on a branch (older commits stay reachable by their sha, as on the hub).
+    """
 
     repo_id: str
     files: dict[str, bytes]
@@ -50,16 +54,37 @@ class FakeRepo:
     lie_about: frozenset[str] = frozenset()
     """LFS paths whose advertised sha256 (model_info, tree, X-Linked-Etag) is not the served bytes' sha256."""
     commit: str = ""
+    parent: str | None = None
+    refs: dict[str, str] = field(default_factory=dict)
+    """Branch and tag names → commit (default: `main` → this commit)."""
+    older: dict[str, FakeRepo] = field(default_factory=dict)
+    """Every earlier commit of the repo, by sha."""
 
     def __post_init__(self) -> None:
         if not self.commit:
-            h = hashlib.sha1(self.repo_id.encode())
+            h = hashlib.sha1(self.repo_id.encode() + (self.parent or "").encode())
             for path in sorted(self.files):
                 h.update(path.encode() + b"\0" + hashlib.sha256(self.files[path]).digest())
             self.commit = h.hexdigest()
+        self.refs = self.refs or {"main": self.commit}
 
     def resolve(self, revision: str) -> str | None:
-        return self.commit if revision in (self.commit, "main") else None
+        if revision in self.refs:
+            return self.refs[revision]
+        return revision if revision == self.commit or revision in self.older else None
+
+    def at(self, commit: str) -> FakeRepo:
+        """The repo as it was at `commit` (a commit `resolve` answered)."""
+        return self if commit == self.commit else self.older[commit]
+
+    def history(self, commit: str) -> list[str]:
+        """The commits reachable from `commit`, newest first (first parents only: the fake hub never merges)."""
+        out: list[str] = []
+        at: str | None = commit
+        while at is not None:
+            out.append(at)
+            at = self.at(at).parent
+        return out
 
     def is_lfs(self, path: str) -> bool:
         return Path(path).suffix in LFS_SUFFIXES or len(self.files[path]) > _LFS_THRESHOLD
@@ -110,7 +135,8 @@ class HubServer:
 
     Implements what huggingface_hub 2.4.0 calls for a pinned download:
     `GET /api/models/{repo}/revision/{rev}` (model_info; `?blobs=true` adds sizes and LFS sha256),
-    `GET /api/models/{repo}/tree/{rev}` (list_repo_tree, which snapshot_download uses), and
+    `GET /api/models/{repo}/tree/{rev}` (list_repo_tree, which snapshot_download uses),
+    `GET /api/models/{repo}/commits/{rev}` (list_repo_commits: the history, newest first, one page), and
     `HEAD`/`GET /{repo}/resolve/{rev}/{path}`. Small files come from the hub with `ETag` = git blob sha1;
     LFS files answer `302` to a second server on another port (the "CDN": a different origin, so the
     client drops the Authorization header as it does for the real CDN) with `X-Linked-Etag` = sha256 and
@@ -150,6 +176,23 @@ class HubServer:
         repo = FakeRepo(repo_id, dict(files), gated=gated, lie_about=frozenset(lie_about))
         self.repos[repo_id] = repo
         return repo
+
+    def push(self, repo_id: str, changes: Mapping[str, bytes | None], *, branch: str = "main") -> FakeRepo:
+        """A new commit on `branch` of a published repo: `changes` maps paths to new bytes (None removes one).
+        The branch moves to it; every older commit stays reachable by its sha."""
+        old = self.repos[repo_id]
+        parent = old.at(old.refs[branch])
+        files = {**parent.files, **{p: b for p, b in changes.items() if b is not None}}
+        files = {p: b for p, b in files.items() if changes.get(p, b"") is not None}
+        new = FakeRepo(repo_id, files, gated=old.gated, lie_about=old.lie_about, parent=parent.commit,
+                       refs=dict(old.refs), older={**old.older, old.commit: old})
+        new.refs[branch] = new.commit
+        self.repos[repo_id] = new
+        return new
+
+    def branch(self, repo_id: str, name: str, commit: str) -> None:
+        """Create or move the branch (or tag) `name` of a published repo to `commit`."""
+        self.repos[repo_id].refs[name] = commit
 
     def start(self) -> HubServer:
         for role in ("hub", "cdn"):
@@ -317,17 +360,18 @@ def _handler(hub: HubServer, role: str) -> type[BaseHTTPRequestHandler]:
             if repo is None:
                 return
             rest = parts[2:]
-            if not rest or rest[0] == "revision":
+            if not rest or rest[0] in ("revision", "tree", "commits"):
                 revision = rest[1] if len(rest) > 1 else "main"
                 commit = repo.resolve(revision)
                 if commit is None:
                     return self._error(404, "RevisionNotFound", f"Invalid rev id: {revision}")
-                return self._json(self._model_info(repo, commit, blobs=_true(query, "blobs")))
-            if rest[0] == "tree" and len(rest) >= 2:
-                commit = repo.resolve(rest[1])
-                if commit is None:
-                    return self._error(404, "RevisionNotFound", f"Invalid rev id: {rest[1]}")
-                return self._json(self._tree(repo, "/".join(rest[2:]), recursive=_true(query, "recursive")))
+                if rest and rest[0] == "tree":
+                    return self._json(self._tree(repo.at(commit), "/".join(rest[2:]),
+                                                 recursive=_true(query, "recursive")))
+                if rest and rest[0] == "commits":
+                    return self._json([{"id": c, "title": f"commit {c[:7]}", "message": "", "authors": [],
+                                        "date": "2024-09-18T15:23:00.000Z"} for c in repo.history(commit)])
+                return self._json(self._model_info(repo.at(commit), commit, blobs=_true(query, "blobs")))
             return self._error(404, None, "Not Found")
 
         def _model_info(self, repo: FakeRepo, commit: str, *, blobs: bool) -> dict[str, object]:
@@ -402,6 +446,7 @@ def _handler(hub: HubServer, role: str) -> type[BaseHTTPRequestHandler]:
                 return self._error(404, "RevisionNotFound", f"Invalid rev id: {revision}")
             if not self._authorized(repo):
                 return
+            repo = repo.at(commit)
             if path not in repo.files:
                 return self._error(
                     404, "EntryNotFound", f"{path} does not exist at {commit}", **{"X-Repo-Commit": commit}
@@ -425,9 +470,11 @@ def _handler(hub: HubServer, role: str) -> type[BaseHTTPRequestHandler]:
 
         def _cdn(self, parts: list[str]) -> None:
             # /lfs/{owner}/{name}/{commit}/{path…}; the signed URL is the authorization, as on the real CDN.
-            repo = hub.repos.get("/".join(parts[1:3])) if len(parts) > 4 and parts[0] == "lfs" else None
+            latest = hub.repos.get("/".join(parts[1:3])) if len(parts) > 4 and parts[0] == "lfs" else None
             path = "/".join(parts[4:])
-            if repo is None or repo.commit != parts[3] or path not in repo.files:
+            known = latest is not None and parts[3] in (latest.commit, *latest.older)
+            repo = latest.at(parts[3]) if latest is not None and known else None
+            if repo is None or path not in repo.files:
                 return self._send(
                     403, b"<Error><Code>AccessDenied</Code></Error>", {"Content-Type": "text/xml"}
                 )

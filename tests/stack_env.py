@@ -35,6 +35,8 @@ def stack_up(base: Path, mp: pytest.MonkeyPatch, models: dict[str, list[str]], *
     mp.setenv("MODELMINT_REPO", str(repo.root))
     mp.setenv("MODELMINT_WORK_DIR", str(repo.work))
     mp.setenv("MODELMINT_PREFECT_PORT", str(free_port()))
+    # prefect.yaml's watch-upstream deployment has a cron schedule: a test counts only the runs it starts itself
+    mp.setenv("PREFECT_SERVER_SERVICES_SCHEDULER_ENABLED", "false")
     for k, v in env.items():
         mp.setenv(k, v)
     settings = Settings.from_env()

@@ -51,8 +51,17 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
         "MODELMINT_HOME": str(tmp / "home"),
         "MODELMINT_WORK_DIR": str(tmp / "work"),
         "MODELMINT_CATALOG": str(project_root() / "registry" / "catalog.yaml"),
+        # nothing listens there: `modelmint watch` asks this "hub" about the catalog's tracked refs, never the real one
+        "HF_ENDPOINT": "http://127.0.0.1:9",
         "COLUMNS": "120",
     }
+
+
+# Commands that run without arguments but need something a fresh machine lacks: modelmint's message, exit 1.
+NEEDS_SETUP = {
+    ("watch",): "could not be checked",
+    ("webhook", "serve"): "MODELMINT_WEBHOOK_SECRET is not set",
+}
 
 
 def _run(env: dict[str, str], tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -74,6 +83,8 @@ def test_no_arguments(env: dict[str, str], tmp_path: Path, path: tuple[str, ...]
         assert f"Usage: modelmint {' '.join(path)}".rstrip() in both
         if not _is_group(command):  # a group prints its help (with the usage) instead of an error
             assert "Usage:" in proc.stderr and "Missing" in proc.stderr, proc.stderr
+    elif path in NEEDS_SETUP:
+        assert proc.returncode == 1 and NEEDS_SETUP[path] in proc.stderr, both
     else:  # catalog list, list, dvc-yaml: their normal run, here on a fresh repository
         assert proc.returncode == 0, both
 

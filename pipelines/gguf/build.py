@@ -178,6 +178,13 @@ class GGUFPlan:
         return self.quant_path(q).with_suffix(".report.json")
 
     @functools.cached_property
+    def weights_key(self) -> str:
+        """The source's content key without its chat template: equal for commits that convert to the same tensors."""
+        from pipelines.gguf.retemplate import weights_key
+
+        return weights_key(self.snapshot.path, self.snapshot.files)
+
+    @functools.cached_property
     def weights(self) -> list[Weight]:
         """The source's 2-D weights (from its Safetensors headers): what the block-size pre-flight reads."""
         from pipelines.source.fetch import source_tensors
@@ -238,17 +245,40 @@ def plan_gguf(
 
 
 def ensure_base(plan: GGUFPlan) -> StepResult:
-    """The f16/bf16 GGUF converted from the source Safetensors."""
+    """The f16/bf16 GGUF converted from the source Safetensors (or, when only the chat template changed since an
+    earlier build of the same weights, that build's f16 with the new template: no converter run)."""
     out, key = plan.base_path, plan.base_key
     receipt = load_receipt(out, key)
     if receipt is not None:
         return StepResult(out, receipt, ran=False)
+    same = content_key("weights-base", plan.weights_key, plan.spec.outtype, plan.llama.commit, __version__)
     with disk_full_located(plan.settings):
+        if done := _retemplated(plan, out, key, same, plan.spec.outtype, _provenance(plan)):
+            return done
         info, tool = gguf.convert(
             plan.snapshot.path, out, plan.llama, outtype=plan.spec.outtype, provenance=_provenance(plan)
         )
         receipt = write_receipt(out, key, gguf=info.to_dict(), wall_s=round(tool.wall_s, 3),
-                                peak_rss=tool.peak_rss_bytes)
+                                peak_rss=tool.peak_rss_bytes, weights_key=same)
+    return StepResult(out, receipt, ran=True)
+
+
+def _retemplated(plan: GGUFPlan, out: Path, key: str, same: str | None, file_type: str,
+                 metadata: dict[str, Any]) -> StepResult | None:
+    """`out` made from a finished output of an earlier build with the same weights key `same`, given this source's
+    chat template and provenance; None when there is no such build (or no single template to write)."""
+    from pipelines.gguf import retemplate
+
+    template = retemplate.chat_template(plan.snapshot.path) if same else None
+    found = retemplate.find_donor(out, same) if same and template else None
+    if found is None or template is None:
+        return None
+    donor, donor_receipt = found
+    info = retemplate.retemplate(donor, out, file_type=file_type, template=template, metadata=metadata)
+    log.info("%s: only the chat template differs from %s: rewrote its metadata, no tool run", out.name, donor)
+    kept = {k: donor_receipt[k] for k in ("fallback",) if k in donor_receipt}
+    receipt = write_receipt(out, key, gguf=info.to_dict(), weights_key=same, retemplated_from=donor_receipt["sha256"],
+                            **kept)
     return StepResult(out, receipt, ran=True)
 
 
@@ -282,7 +312,12 @@ def ensure_quant(plan: GGUFPlan, q: str, *, threads: int | None = None) -> StepR
         if imatrix_sha is None:
             raise FileNotFoundError(f"{plan.imatrix_path} has not been computed (run ensure_imatrix first)")
         kv["modelmint.imatrix.sha256"] = imatrix_sha
+    # an importance matrix is keyed by its source commit: only plain quants are carried over to a new template
+    same = None if plan.calibration is not None else content_key("weights-quant", plan.weights_key, q, plan.llama.commit,
+                                                                 __version__)
     with disk_full_located(plan.settings):
+        if done := _retemplated(plan, out, key, same, q, {**_provenance(plan), **kv}):
+            return done
         info, tool = gguf.quantize(
             plan.base_path, out, q, plan.llama,
             threads=threads or plan.settings.effective_threads,
@@ -290,7 +325,8 @@ def ensure_quant(plan: GGUFPlan, q: str, *, threads: int | None = None) -> StepR
             kv=kv,
         )
         receipt = write_receipt(out, key, gguf=info.to_dict(), wall_s=round(tool.wall_s, 3),
-                                peak_rss=tool.peak_rss_bytes, fallback=_observed_fallback(out, q, tool.stderr + tool.stdout))
+                                peak_rss=tool.peak_rss_bytes, fallback=_observed_fallback(out, q, tool.stderr + tool.stdout),
+                                weights_key=same)
     return StepResult(out, receipt, ran=True)
 
 

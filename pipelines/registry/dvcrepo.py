@@ -143,6 +143,13 @@ def fetch(settings: Settings, stage: str) -> None:
     dvc(settings, "fetch", stage, what=f"dvc fetch {stage}", remote=True)
 
 
+def get(settings: Settings, path: str, *, rev: str, out: Path) -> None:
+    """`dvc get` of `path` as the git commit `rev` of this repository records it, into `out` (from the remote)."""
+    root = require_repo(settings)
+    dvc(settings, "get", str(root), path, "--rev", rev, "-o", str(out), what=f"dvc get {path} --rev {rev[:12]}",
+        remote=True)
+
+
 def cache_dir(settings: Settings) -> Path:
     """The DVC cache directory (`cache.dir`, default .dvc/cache), from DVC's own config loader: no process.
 

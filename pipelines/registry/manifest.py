@@ -129,6 +129,16 @@ class DvcRef(_Strict):
     pushed: bool = Field(description="the blob was pushed to the default DVC remote before this was written")
 
 
+class PreviousVersion(_Strict):
+    """The registration of the same name:tag that this one replaced (it stays pullable: its dvc.lock and manifest
+    are in git history, its blobs in the DVC remote)."""
+
+    revision: str | None = Field(pattern=r"^[0-9a-f]{40}$", description="its source commit (hub sources)")
+    sha256: str = Field(pattern=_SHA256, description="its main file's sha256")
+    key: str = Field(pattern=_SHA256)
+    created_at: datetime
+
+
 class Manifest(_Strict):
     schema_version: Literal[2] = SCHEMA_VERSION
     name: str
@@ -148,6 +158,7 @@ class Manifest(_Strict):
     dvc: DvcRef
     key: str = Field(pattern=_SHA256, description="content key of this registration (what made it)")
     created_at: datetime
+    replaces: PreviousVersion | None = Field(default=None, description="the version of this tag it replaced")
 
     @field_validator("name", "tag")
     @classmethod
@@ -188,6 +199,11 @@ class Manifest(_Strict):
     def ref(self) -> str:
         return f"{self.name}:{self.tag}"
 
+    def previous(self) -> PreviousVersion:
+        """This registration as the one a new version of its tag replaces."""
+        return PreviousVersion(revision=self.source.revision, sha256=self.sha256, key=self.key,
+                               created_at=self.created_at)
+
     @property
     def mean_kl(self) -> float | None:
         """Mean KL divergence from what the variant was measured against."""
@@ -197,6 +213,8 @@ class Manifest(_Strict):
         data = self.model_dump(mode="json")
         if data["source"].get("origin") is None:
             data["source"].pop("origin", None)  # only wheel sources have one: other manifests keep their shape
+        if data.get("replaces") is None:
+            data.pop("replaces", None)  # a first registration keeps the shape manifests had before
         return json.dumps(data, indent=2, sort_keys=True) + "\n"
 
 

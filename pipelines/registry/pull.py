@@ -13,6 +13,7 @@ from pathlib import Path
 
 from pipelines.core.errors import (
     BlobMismatch,
+    ConfigError,
     ManifestDisagrees,
     ManifestInvalid,
     RegistryError,
@@ -47,17 +48,21 @@ class PullResult:
 
 
 def pull(settings: Settings, ref: str, *, dest: Path | None = None, ollama: bool = True) -> PullResult:
-    """Place the registered artifact `ref` (name:tag) in `dest` (default: its path in the repository).
+    """Place the registered artifact `ref` (name:tag) in `dest` (default: its path in the repository); `name:tag@C`
+names an earlier version by its source commit or the git commit that registered it (a unique prefix, e.g. 12 hex).
 
     Every file is checked against the manifest's sha256 before anything in `dest` is replaced; a
     mismatch raises and leaves `dest` as it was.
 
     Raises:
-        NotRegistered, ManifestInvalid, ConfigError: no usable manifest for `ref`.
+        NotRegistered, ManifestInvalid, ConfigError: no usable manifest for `ref` (or no version `@C` of it).
         RemoteError, RemoteUnavailable: the DVC remote is misconfigured, unreachable, or lacks the blob.
         BlobMismatch: what came from the remote is not what was registered.
         ToolError: `ollama create` failed.
     """
+    ref, _, at = ref.partition("@")
+    if at:
+        return _pull_version(settings, ref, at, dest=dest, ollama=ollama)
     manifest = find_manifest(settings, ref)
     target = dest if dest is not None else settings.repo_dir / manifest.dvc.path
     fetched = False
@@ -65,6 +70,40 @@ def pull(settings: Settings, ref: str, *, dest: Path | None = None, ollama: bool
         _fetch_into(settings, manifest, target)
         fetched = True
     return PullResult(manifest, target, fetched, **format_of(manifest.tag).offer(target, manifest, ollama))
+
+
+def _pull_version(settings: Settings, ref: str, at: str, *, dest: Path | None, ollama: bool) -> PullResult:
+    """An earlier version of `ref` from the DVC remote, through `dvc get --rev` at the git commit that registered it;
+    every file checked against that version's manifest. Ollama is not run: the current version keeps the name."""
+    from pipelines.registry.history import history
+
+    versions = history(settings, ref)
+    found = [v for v in versions if (v.manifest.source.revision or "").startswith(at.lower())] or [
+        v for v in versions if (v.commit or "").startswith(at.lower())]
+    listed = ", ".join(f"{(v.manifest.source.revision or '-')[:12]} (git {(v.commit or 'uncommitted')[:12]})"
+                       for v in versions)
+    if len(at) < 7 or len(found) != 1:
+        raise ConfigError(f"{ref} has {'no' if not found else 'more than one'} version @{at} (versions: {listed})",
+                          hint=f"name one by 7 or more hex digits of its source commit; `modelmint show {ref} "
+                          "--history` lists them")
+    version = found[0]
+    if version.current:
+        return pull(settings, ref, dest=dest, ollama=ollama)
+    manifest = version.manifest
+    if version.commit is None or manifest.dvc.md5 is None:
+        raise RegistryError(f"{ref}@{at} was not recorded in DVC", hint="only versions committed with dvc.lock "
+                            "can be pulled")
+    target = dest if dest is not None else settings.work_dir / "pulled" / manifest.name / f"{manifest.tag}@{at}"
+    hashes = HashCache(settings.home / "hashcache.json")
+    if holds(target, manifest, hashes):
+        return PullResult(manifest, target, False, **format_of(manifest.tag).offer(target, manifest, False))
+    with atomic_output(target) as tmp:
+        dvcrepo.get(settings, manifest.dvc.path, rev=version.commit, out=tmp)
+        for f in manifest.files:
+            actual = hashes.sha256(tmp / f.path) if (tmp / f.path).is_file() else "missing"
+            if actual != f.sha256:
+                raise BlobMismatch(f"{ref}@{at}", f.path, f.sha256, actual)
+    return PullResult(manifest, target, True, **format_of(manifest.tag).offer(target, manifest, False))
 
 
 def holds(target: Path, manifest: Manifest, hashes: HashCache) -> bool:

@@ -359,11 +359,13 @@ def publish(settings: Settings, c: Candidate, tracked: Tracked, *, push: bool = 
         before = None
     if before is not None and before.key == manifest.key:
         # The same artifact recorded again (`dvc repro` reruns, a new clone, a rebuild elsewhere): keep what the
-        # manifest says of it (its date, its report's hash and smoke timings), so that an unchanged
-        # registration leaves an unchanged file in git.
+        # manifest says of it (its date, its report's hash and smoke timings, what it replaced), so that an
+        # unchanged registration leaves an unchanged file in git.
         if before.files == manifest.files and before.dvc == manifest.dvc:
             return Registration(before, path, ran=True, reuploaded=reuploaded)
-        manifest = manifest.model_copy(update={"created_at": before.created_at})
+        manifest = manifest.model_copy(update={"created_at": before.created_at, "replaces": before.replaces})
+    elif before is not None:
+        manifest = manifest.model_copy(update={"replaces": before.previous()})
     return Registration(manifest, save_manifest(settings, manifest), ran=True, reuploaded=reuploaded)
 
 

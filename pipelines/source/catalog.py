@@ -22,9 +22,11 @@ from pydantic import (
 )
 
 from pipelines.core.errors import CatalogEntryNotFound, ConfigError
+from pipelines.core.fsutil import write_text_atomic
 
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")
 _NAME = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
+_REF = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._/-]*$")
 
 # llama-quantize's type names (tools/quantize/quantize.cpp in the pinned tree), written lower-case in the
 # catalog as users of Ollama tags and Hugging Face GGUF repos know them (qwen2.5:q4_k_m).
@@ -107,7 +109,7 @@ class _Strict(BaseModel):
 
 
 class HubSource(_Strict):
-    """A Hugging Face Hub repo at a pinned commit: the source of truth."""
+    """A Hugging Face Hub repo at a pinned commit: the source of truth; `track` names the ref the pin follows."""
 
     repo: str
     revision: str | None = Field(
@@ -119,6 +121,21 @@ class HubSource(_Strict):
     def _repo_id(cls, v: str) -> str:
         if not re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+", v):
             raise ValueError(f"{v!r} is not a Hugging Face repo id (owner/name)")
+        return v
+
+    track: str | None = Field(
+        default=None,
+        description="the branch or tag this entry follows upstream (e.g. main): `modelmint watch` compares its "
+        "current commit with `revision` and moves the pin",
+    )
+
+    @field_validator("track")
+    @classmethod
+    def _ref(cls, v: str | None) -> str | None:
+        if v is not None and (not _REF.fullmatch(v) or ".." in v or v.endswith((".", "/", ".lock"))):
+            raise ValueError(f"track {v!r} is not a branch or tag name (e.g. main, v1.0, refs/pr/3)")
+        if v is not None and _COMMIT.fullmatch(v):
+            raise ValueError(f"track {v!r} is a commit, which never moves: put it in `revision` and track a branch")
         return v
 
     @field_validator("revision")
@@ -504,6 +521,54 @@ def load_catalog(path: Path) -> Catalog:
         problems = [_describe(e, raw, root) for e in err.errors(include_url=False)]
         listed = problems[0] if len(problems) == 1 else f"{len(problems)} problems:\n  " + "\n  ".join(problems)
         raise ConfigError(f"{path} is invalid: {listed}", hint=hint) from err
+
+
+def set_revision(path: Path, name: str, commit: str) -> str | None:
+    """Move `name`'s pinned commit to `commit` in the catalog file by editing that one value in place (comments,
+    order, quoting and every other byte stay as they are). Returns the previous pin; nothing is written when it
+    is already `commit`.
+
+    Raises:
+        ConfigError: the catalog does not validate, has no hub entry `name`, or `commit` is not a 40-hex commit.
+    """
+    if not _COMMIT.fullmatch(commit):
+        raise ConfigError(f"{commit!r} is not a 40-hex commit", hint="pin the exact commit the hub answered")
+    catalog = load_catalog(path)
+    entry = catalog.get(name)
+    if not isinstance(entry.source, HubSource):
+        raise ConfigError(f"{name} is not a hub source: it has no pinned commit to move",
+                          hint=f"only entries with source.repo follow an upstream ({path})")
+    if entry.source.revision == commit:
+        return commit
+    text = path.read_text(encoding="utf-8")
+    node = _revision_node(yaml.compose(text, Loader=yaml.SafeLoader), name)
+    start, end = node.start_mark.index, node.end_mark.index
+    quote = text[start] if text[start] in "'\"" else ""
+    new_text = text[:start] + f"{quote}{commit}{quote}" + text[end:]
+    write_text_atomic(path, new_text)
+    try:
+        moved = load_catalog(path).get(name).source
+    except ConfigError:
+        write_text_atomic(path, text)
+        raise
+    assert isinstance(moved, HubSource) and moved.revision == commit, f"{path}: the pin of {name} did not move"
+    return entry.source.revision
+
+
+def _revision_node(root: yaml.Node | None, name: str) -> yaml.ScalarNode:
+    """The scalar node of `models[name].source.revision` in a composed catalog."""
+
+    def get(node: yaml.Node | None, key: str) -> yaml.Node | None:
+        if isinstance(node, yaml.MappingNode):
+            return next((v for k, v in node.value if isinstance(k, yaml.ScalarNode) and k.value == key), None)
+        return None
+
+    models = get(root, "models")
+    entries = models.value if isinstance(models, yaml.SequenceNode) else []
+    entry = next(e for e in entries if isinstance(n := get(e, "name"), yaml.ScalarNode) and n.value == name)
+    node = get(get(entry, "source"), "revision")
+    assert isinstance(node, yaml.ScalarNode), f"entry {name} validated but has no source.revision scalar"
+    return node
 
 
 def _describe(error: Any, raw: dict[str, Any], root: yaml.Node | None) -> str:

@@ -387,7 +387,7 @@ def _fetch_hub(
     hub = dict(endpoint=settings.hf_endpoint, token=settings.hf_token)
 
     log.info("%s: listing %s@%s", entry.name, repo_id, revision[:12])
-    with _hub_errors(entry, settings, **kw):
+    with hub_errors(entry, settings, **kw):
         # huggingface_hub sets no timeout on API calls: a hub that stops answering would hang the build.
         info = HfApi(**hub).model_info(repo_id, revision=revision, files_metadata=True,
                                        timeout=constants.HF_HUB_ETAG_TIMEOUT)
@@ -404,7 +404,7 @@ def _fetch_hub(
 
     shards = None
     if INDEX_FILE in remote:
-        with _hub_errors(entry, settings, **kw):
+        with hub_errors(entry, settings, **kw):
             index_path = hf_hub_download(repo_id, INDEX_FILE, revision=revision, cache_dir=cache_dir, **hub)
         shards = _index_shards(Path(index_path), **kw)
         if absent := [s for s in shards if s not in remote]:
@@ -419,7 +419,7 @@ def _fetch_hub(
     # File by file rather than snapshot_download: its tree listing has no timeout, and the listing is known.
     # Every request here is bounded (HF_HUB_ETAG_TIMEOUT, HF_HUB_DOWNLOAD_TIMEOUT); a file already in the
     # cache at this commit is not requested again.
-    with _hub_errors(entry, settings, **kw):
+    with hub_errors(entry, settings, **kw):
         paths = [Path(hf_hub_download(repo_id, f, revision=revision, cache_dir=cache_dir, **hub)) for f in files]
     root = paths[0].parent if paths else cache_dir
     hashes = HashCache(settings.home / "hashcache.json")
@@ -486,7 +486,7 @@ def _evict(pointer: Path) -> None:
 
 
 @contextlib.contextmanager
-def _hub_errors(entry: CatalogEntry, settings: Settings, *, repo_id: str, revision: str) -> Iterator[None]:
+def hub_errors(entry: CatalogEntry, settings: Settings, *, repo_id: str, revision: str) -> Iterator[None]:
     """Turn huggingface_hub's and httpx's errors into SourceError / HubUnavailable; never echo the token."""
     import httpx2
     from huggingface_hub.errors import (

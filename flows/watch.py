@@ -1,0 +1,121 @@
+"""The `watch-upstream` flow: each tracked ref that moved gets its pin recorded and one `convert/<name>` run.
+
+What Prefect adds to pipelines.source.upstream and pipelines.registry.pins:
+  schedule      a cron schedule in prefect.yaml (deployment watch-upstream/watch-upstream)
+  idempotency   each conversion is started through run_deployment with the key `upstream-<name>-<commit>`, so one
+                upstream commit makes one run, whoever asks (two overlapping ticks, a tick and the webhook)
+  no retries    a hub that fails (5xx, 429, timeouts) triggers nothing now: the next tick checks again
+  artifacts     a Markdown table per run: what moved, what changed, which run converts it
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from prefect import flow, get_run_logger, task
+from prefect.artifacts import create_markdown_artifact
+from prefect.cache_policies import NO_CACHE
+from prefect.deployments import run_deployment
+
+from pipelines.core.errors import ModelmintError
+from pipelines.core.settings import Settings
+from pipelines.registry.pins import RecordMode, record_pin
+from pipelines.source import upstream
+from pipelines.source.catalog import CatalogEntry, load_catalog
+
+HUB_INTERVAL_S = 0.5
+"""At most two hub calls a second from one watcher run."""
+
+
+def conversion_key(name: str, commit: str) -> str:
+    """The idempotency key of the conversion of `name` at an upstream `commit`: the watcher and the webhook use it."""
+    return f"upstream-{name}-{commit}"
+
+
+def start_conversion(name: str, commit: str) -> Any:
+    """Ask Prefect for the `convert/<name>` run of `commit`: created once, then the same run for the same key.
+
+    Does not wait for the run; returns it (its id, name and state).
+    """
+    return run_deployment(f"convert/{name}", parameters={"model": name, "revision": commit}, timeout=0,
+                          idempotency_key=conversion_key(name, commit), as_subflow=False,
+                          tags=["upstream", f"upstream-{commit[:12]}"])
+
+
+@task(name="check-upstream", task_run_name="check-{entry.name}", cache_policy=NO_CACHE)
+def check_upstream(entry: CatalogEntry, settings: Settings, limit: upstream.RateLimit) -> upstream.Movement | None:
+    """One tracked entry against the hub; None when the hub failed or refused (logged, nothing triggered)."""
+    try:
+        return upstream.check(entry, settings, limit=limit)
+    except ModelmintError as err:
+        when = "the next tick checks again" if err.transient else "fix it; nothing is triggered until then"
+        get_run_logger().warning("%s: %s (%s)", entry.name, err.message, when)
+        return None
+
+
+@task(name="record-and-convert", task_run_name="record-{m.name}", cache_policy=NO_CACHE)
+def record_and_convert(m: upstream.Movement, settings: Settings, record: RecordMode) -> dict[str, Any]:
+    """Record the new pin, then start (or find) its one conversion."""
+    recorded = record_pin(settings, m, record)
+    run = start_conversion(m.name, m.head)
+    get_run_logger().info("%s: %s → %s recorded on %s; conversion %s (%s)", m.name, (m.pinned or "unpinned")[:12],
+                          m.head[:12], recorded.where, run.name, run.id)
+    return {**m.to_dict(), "recorded_on": recorded.where, "git_commit": recorded.commit, "flow_run": str(run.id),
+            "flow_run_name": run.name}
+
+
+@flow(name="watch-upstream", log_prints=True)
+def watch_upstream(names: list[str] | None = None, record: RecordMode = "in-place") -> dict[str, Any]:
+    """Check every tracked catalog entry (or `names`) upstream; for each moved pin, record it (`record`: in-place
+    commits on the checkout's branch, branch commits on upstream/<name>-<commit12>) and start its conversion."""
+    settings = Settings.from_env()
+    entries = upstream.tracked(load_catalog(settings.catalog_path), names or ())
+    limit = upstream.RateLimit(HUB_INTERVAL_S)
+    found = {e.name: check_upstream(e, settings, limit) for e in entries}
+    started = {m.name: record_and_convert(m, settings, record) for m in found.values() if m is not None and m.moved}
+    failed = sorted(n for n, m in found.items() if m is None)
+    unchanged = sorted(n for n, m in found.items() if m is not None and not m.moved)
+    _report(started, unchanged, failed)
+    return {"moved": started, "unchanged": unchanged, "failed": failed}
+
+
+def _report(started: dict[str, dict[str, Any]], unchanged: list[str], failed: list[str]) -> None:
+    rows = ["| model | ref | from → to | changed | rebuild | recorded on | conversion |",
+            "| --- | --- | --- | --- | --- | --- | --- |"]
+    for name, s in started.items():
+        rows.append(f"| {name} | {s['ref']} | {(s['pinned'] or 'unpinned')[:12]} → {s['head'][:12]} | "
+                    f"{', '.join(s['kinds']) or '-'} | {'weights' if s['rebuilds_weights'] else 'template only'} | "
+                    f"{s['recorded_on']} | {s['flow_run_name']} |")
+    text = "\n".join(["# Upstream", "", *(rows if started else ["Nothing moved."]), "",
+                      f"Unchanged: {', '.join(unchanged) or '-'}", "",
+                      f"Not checked (see the log; the next tick tries again): {', '.join(failed) or '-'}"])
+    create_markdown_artifact(text, key="watch-upstream", description="what moved upstream")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m flows.watch convert NAME…`: start (or find) the conversion of each entry's pinned commit on the
+    Prefect server at PREFECT_API_URL, with the key the watcher and the webhook use (CI's `prefect` mode)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m flows.watch")
+    parser.add_argument("command", choices=["convert"])
+    parser.add_argument("names", nargs="+", help="catalog entries whose pinned commit to convert")
+    args = parser.parse_args(argv)
+    try:
+        catalog = load_catalog(Settings.from_env().catalog_path)
+        commits = {name: getattr(catalog.get(name).source, "revision", None) for name in args.names}
+    except ModelmintError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    for name, commit in commits.items():
+        if commit is None:
+            print(f"error: {name} has no pinned hub commit to convert", file=sys.stderr)
+            return 1
+        run = start_conversion(name, commit)
+        print(f"{name}@{commit[:12]}: flow run {run.name} ({run.id})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
