@@ -489,98 +489,93 @@ def _evict(pointer: Path) -> None:
 def hub_errors(entry: CatalogEntry, settings: Settings, *, repo_id: str, revision: str) -> Iterator[None]:
     """Turn huggingface_hub's and httpx's errors into SourceError / HubUnavailable; never echo the token."""
     import httpx2
-    from huggingface_hub.errors import (
-        DisabledRepoError,
-        GatedRepoError,
-        HfHubHTTPError,
-        LocalEntryNotFoundError,
-        OfflineModeIsEnabled,
-        RepositoryNotFoundError,
-        RevisionNotFoundError,
-    )
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, OfflineModeIsEnabled
 
-    kw = {"repo_id": repo_id, "revision": revision}
-    page = f"{(settings.hf_endpoint or 'https://huggingface.co').rstrip('/')}/{repo_id}"
-    retry = (f"the hub may be down or overloaded: rerun the same command (e.g. `{_command(entry)}`) in a few "
-             "minutes (a flow retries this by itself)")
-    access_hint = (
-        f"open {page} with the account that should download it, accept the licence there, then set HF_TOKEN "
-        "to a read token of that account and rerun"
-    )
-
-    def unavailable(err: BaseException) -> HubUnavailable:
-        slow = isinstance(err, (httpx2.TimeoutException, TimeoutError))
-        return HubUnavailable(
-            f"the hub at {settings.hf_endpoint or 'https://huggingface.co'} "
-            f"{'did not answer in time' if slow else 'could not be reached'} for "
-            f"{repo_id}@{revision[:12]}: {_scrub(_short(err), settings)}",
-            hint=retry,
-            **kw,
-        )
-
-    def from_status(err: HfHubHTTPError) -> SourceError:
-        status = err.response.status_code if err.response is not None else None
-        if status in (401, 403):
-            return SourceError(
-                f"the hub refused access to {repo_id} (HTTP {status}"
-                f"{': token rejected' if settings.hf_token else ', no token set'})",
-                hint=access_hint,
-                **kw,
-            )
-        if status is None or status >= 500 or status in (408, 429):
-            return unavailable(err)
-        return SourceError(
-            f"the hub answered HTTP {status} for {repo_id}@{revision[:12]}: {_scrub(_short(err), settings)}",
-            **kw,
-        )
-
+    said = _HubSays(entry, settings, repo_id, revision)
     try:
         yield
-    except GatedRepoError as err:  # before RepositoryNotFoundError: it is a subclass
-        raise SourceError(
-            f"{repo_id} is gated and this account has not been granted access"
-            f"{'' if settings.hf_token else ' (no HF_TOKEN set)'}",
-            hint=access_hint,
-            **kw,
-        ) from err
-    except RevisionNotFoundError as err:
-        raise SourceError(
-            f"{repo_id} has no commit {revision}",
-            hint=f"check source.revision of {entry.name}; `hf models info {repo_id} --expand sha` shows the "
-            "current one",
-            **kw,
-        ) from err
-    except RepositoryNotFoundError as err:
-        raise SourceError(
-            f"repo {repo_id} not found (or private: set HF_TOKEN)",
-            hint=f"check source.repo of {entry.name} in registry/catalog.yaml; for a private repo, "
-            "set HF_TOKEN to a token that can read it",
-            **kw,
-        ) from err
-    except DisabledRepoError as err:
-        raise SourceError(
-            f"{repo_id} has been disabled on the hub", hint="pick another source", **kw
-        ) from err
-    except OfflineModeIsEnabled as err:
-        raise SourceError(
-            f"HF_HUB_OFFLINE is set, so {repo_id} cannot be checked against the hub",
-            hint="unset HF_HUB_OFFLINE and rerun",
-            **kw,
-        ) from err
-    except HfHubHTTPError as err:
-        raise from_status(err) from err
+    except (HfHubHTTPError, OfflineModeIsEnabled) as err:  # OfflineModeIsEnabled is no HTTP error
+        raise said.error(err) from err
     except LocalEntryNotFoundError as err:
         # snapshot_download's answer to a failed listing or HEAD: the cause says why.
         cause = err.__cause__
-        if isinstance(cause, HfHubHTTPError):
-            raise from_status(cause) from err
-        raise unavailable(cause or err) from err
+        raise (said.from_status(cause) if isinstance(cause, HfHubHTTPError) else said.unavailable(cause or err)) from err
     except (httpx2.TransportError, ConnectionError, TimeoutError) as err:
-        raise unavailable(err) from err
+        raise said.unavailable(err) from err
     except OSError as err:
         if err.errno == errno.ENOSPC:
             raise DiskFullError(str(settings.home / "hub"), f"downloading {repo_id}@{revision[:12]}") from err
         raise
+
+
+class _HubSays:
+    """What modelmint says for each hub error about one repo at one revision (hub_errors)."""
+
+    def __init__(self, entry: CatalogEntry, settings: Settings, repo_id: str, revision: str) -> None:
+        self.entry, self.settings, self.repo_id, self.revision = entry, settings, repo_id, revision
+        self.kw = {"repo_id": repo_id, "revision": revision}
+        page = f"{(settings.hf_endpoint or 'https://huggingface.co').rstrip('/')}/{repo_id}"
+        self.access_hint = (
+            f"open {page} with the account that should download it, accept the licence there, then set HF_TOKEN "
+            "to a read token of that account and rerun"
+        )
+
+    def unavailable(self, err: BaseException) -> HubUnavailable:
+        import httpx2
+
+        slow = isinstance(err, (httpx2.TimeoutException, TimeoutError))
+        return HubUnavailable(
+            f"the hub at {self.settings.hf_endpoint or 'https://huggingface.co'} "
+            f"{'did not answer in time' if slow else 'could not be reached'} for "
+            f"{self.repo_id}@{self.revision[:12]}: {_scrub(_short(err), self.settings)}",
+            hint=f"the hub may be down or overloaded: rerun the same command (e.g. `{_command(self.entry)}`) in a "
+            "few minutes (a flow retries this by itself)",
+            **self.kw,
+        )
+
+    def from_status(self, err: Any) -> SourceError:
+        status = err.response.status_code if err.response is not None else None
+        if status in (401, 403):
+            return SourceError(
+                f"the hub refused access to {self.repo_id} (HTTP {status}"
+                f"{': token rejected' if self.settings.hf_token else ', no token set'})",
+                hint=self.access_hint,
+                **self.kw,
+            )
+        if status is None or status >= 500 or status in (408, 429):
+            return self.unavailable(err)
+        return SourceError(f"the hub answered HTTP {status} for {self.repo_id}@{self.revision[:12]}: "
+                           f"{_scrub(_short(err), self.settings)}", **self.kw)
+
+    def error(self, err: Any) -> SourceError:
+        """A hub HTTP error by its kind (the specific ones first: GatedRepoError is a RepositoryNotFoundError)."""
+        from huggingface_hub.errors import (
+            DisabledRepoError,
+            GatedRepoError,
+            OfflineModeIsEnabled,
+            RepositoryNotFoundError,
+            RevisionNotFoundError,
+        )
+
+        repo_id, name = self.repo_id, self.entry.name
+        if isinstance(err, GatedRepoError):
+            return SourceError(f"{repo_id} is gated and this account has not been granted access"
+                               f"{'' if self.settings.hf_token else ' (no HF_TOKEN set)'}", hint=self.access_hint,
+                               **self.kw)
+        if isinstance(err, RevisionNotFoundError):
+            return SourceError(f"{repo_id} has no commit {self.revision}",
+                               hint=f"check source.revision of {name}; `hf models info {repo_id} --expand sha` shows "
+                               "the current one", **self.kw)
+        if isinstance(err, RepositoryNotFoundError):
+            return SourceError(f"repo {repo_id} not found (or private: set HF_TOKEN)",
+                               hint=f"check source.repo of {name} in registry/catalog.yaml; for a private repo, set "
+                               "HF_TOKEN to a token that can read it", **self.kw)
+        if isinstance(err, DisabledRepoError):
+            return SourceError(f"{repo_id} has been disabled on the hub", hint="pick another source", **self.kw)
+        if isinstance(err, OfflineModeIsEnabled):
+            return SourceError(f"HF_HUB_OFFLINE is set, so {repo_id} cannot be checked against the hub",
+                               hint="unset HF_HUB_OFFLINE and rerun", **self.kw)
+        return self.from_status(err)
 
 
 def _command(entry: CatalogEntry) -> str:
