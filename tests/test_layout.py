@@ -37,8 +37,8 @@ def _layer(module: str) -> str | None:
 
 def _violations(root: Path) -> list[str]:
     bad = []
-    for path in sorted(root.glob("*/*.py")):
-        here = path.parent.name
+    for path in sorted(root.glob("*/**/*.py")):
+        here = path.relative_to(root).parts[0]
         if here not in LAYERS:
             continue
         for line, module in _imports(path):
@@ -55,13 +55,16 @@ def test_imports_point_down_the_layers() -> None:
 
 
 def test_the_layer_check_finds_an_upward_import(tmp_path: Path) -> None:
-    """The check itself can fail: a core module importing a publisher, and a build importing the CLI."""
+    """The check itself can fail: a core module importing a publisher, a build importing the CLI, and a module of a
+    package nested in a layer (chat/families/) importing a publisher."""
     for pkg, text in {"core": "from pipelines.publish.ollama import x\n", "gguf": "def f():\n    from pipelines.cli import main\n",
-                      "chat": "from pipelines.source import catalog\n", "registry": "from pipelines.core.steps import y\n"}.items():
-        (tmp_path / "pipelines" / pkg).mkdir(parents=True)
+                      "chat": "from pipelines.source import catalog\n", "registry": "from pipelines.core.steps import y\n",
+                      "chat/families": "from pipelines.publish import ollama\nfrom pipelines.chat import jinja\n"}.items():
+        (tmp_path / "pipelines" / pkg).mkdir(parents=True, exist_ok=True)
         (tmp_path / "pipelines" / pkg / "m.py").write_text(text)
     found = _violations(tmp_path / "pipelines")
     assert found == [
+        "pipelines/chat/families/m.py:1 imports pipelines.publish.ollama: publish is not below chat",
         "pipelines/chat/m.py:1 imports pipelines.source.catalog: source is not below chat",
         "pipelines/core/m.py:1 imports pipelines.publish.ollama: publish is not below core",
         "pipelines/gguf/m.py:2 imports pipelines.cli, above every layer",

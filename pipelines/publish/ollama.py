@@ -275,7 +275,7 @@ class OllamaModelfile:
     """What Ollama reads from the TEMPLATE (gotemplate.TemplateAnalysis: tools offered, tool-call tag,
     thinking tags), when it was proven."""
     notes: tuple[str, ...] = field(default=())
-    """The family's documented differences from the Jinja (chat_families.ChatFamily.notes)."""
+    """The family's documented differences from the Jinja (pipelines.chat.families.ChatFamily.notes)."""
     evidence: tuple[str, ...] = field(default=())
     """The family's markers found in the chat template (why this family was chosen)."""
 
@@ -651,31 +651,7 @@ def model_card(gguf: Path, built: OllamaModelfile, report: dict[str, Any], entry
         "quantization": qtype,
         "model_name": name,
         "validation": validation,
-        "modelmint": {
-            "version": __version__,
-            "file": gguf.name,
-            "sha256": sha,
-            "size_bytes": gguf.stat().st_size,
-            "source": {k: v for k, v in (("repo", repo), ("revision", revision), ("kind", source.get("kind")),
-                                         ("origin", source.get("origin"))) if v},
-            "toolchain": report.get("toolchain") or {},
-            "calibration": report.get("calibration"),
-            "evaluation": report.get("evaluation"),
-            "chat_family": built.family,
-            "template_origin": built.template_origin,
-            "template_proof": asdict(built.proof) if built.proof else None,
-            "ollama": {
-                "tools": "tools" in built.reading.vars,
-                "tool_call_tag": built.reading.tool_tag,
-                "thinking_tags": list(built.reading.thinking_tags),
-            } if built.reading else None,
-            **({"ollama_builtin": {"renderer": built.modelfile.renderer, "parser": built.modelfile.parser,
-                                   "requires": built.modelfile.requires}}
-               if built.modelfile.renderer or built.modelfile.parser else {}),
-            "stop": list(built.stops),
-            "num_ctx": built.num_ctx,
-            **({"block_fallback": _fallback_summary(report["preflight"])} if report.get("preflight") else {}),
-        },
+        "modelmint": _card_provenance(gguf, built, report, sha=sha, repo=repo, revision=revision),
     })
     head = yaml.safe_dump(front, sort_keys=False, allow_unicode=True, width=100)
     rows = "\n".join(f"| {k} | {v} |" for k, v in validation.items() if not isinstance(v, dict | list))
@@ -711,6 +687,38 @@ llama-server -m {gguf.name} --jinja -c {built.num_ctx}
 | --- | --- |
 {rows}
 """
+
+
+def _card_provenance(gguf: Path, built: OllamaModelfile, report: dict[str, Any], *, sha: str, repo: str | None,
+                     revision: str | None) -> dict[str, Any]:
+    """The card's `modelmint` front-matter block: the file, its source and toolchain, the chat template and its
+    proof, how Ollama serves it."""
+    source = report.get("source") or {}
+    return {
+        "version": __version__,
+        "file": gguf.name,
+        "sha256": sha,
+        "size_bytes": gguf.stat().st_size,
+        "source": {k: v for k, v in (("repo", repo), ("revision", revision), ("kind", source.get("kind")),
+                                     ("origin", source.get("origin"))) if v},
+        "toolchain": report.get("toolchain") or {},
+        "calibration": report.get("calibration"),
+        "evaluation": report.get("evaluation"),
+        "chat_family": built.family,
+        "template_origin": built.template_origin,
+        "template_proof": asdict(built.proof) if built.proof else None,
+        "ollama": {
+            "tools": "tools" in built.reading.vars,
+            "tool_call_tag": built.reading.tool_tag,
+            "thinking_tags": list(built.reading.thinking_tags),
+        } if built.reading else None,
+        **({"ollama_builtin": {"renderer": built.modelfile.renderer, "parser": built.modelfile.parser,
+                               "requires": built.modelfile.requires}}
+           if built.modelfile.renderer or built.modelfile.parser else {}),
+        "stop": list(built.stops),
+        "num_ctx": built.num_ctx,
+        **({"block_fallback": _fallback_summary(report["preflight"])} if report.get("preflight") else {}),
+    }
 
 
 def _template_line(built: OllamaModelfile) -> str:

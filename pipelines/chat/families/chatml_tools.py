@@ -1,0 +1,156 @@
+"""ChatML with their own tool formats: LFM2.5 Instruct ("List of tools: [...]") and Step 3.5 Flash (XML tool
+calls, Ollama PARSER qwen3.5).
+"""
+
+from __future__ import annotations
+
+from pipelines.chat.families.core import ChatFamily, TemplateTokens, register
+from pipelines.chat.families.helpers import _LOOP_HEAD, _fill, _has_all, _has_none, _jinja_strings, golit
+from pipelines.chat.gojson import json_defines
+
+# ---------------------------------------------------------------- LFM2.5 Instruct (ChatML, "List of tools: [...]")
+
+
+def _detect_lfm25(src: str) -> bool:
+    return (
+        _has_all(src, "<|im_start|>", "<|im_end|>", "keep_past_thinking | default(false)", '"List of tools: ["',
+                 "ns.last_assistant_index = loop.index0", 'content.split("</think>")[-1] | trim',
+                 '("\\n" if ns.system_prompt else "")')
+        and _has_none(src, "<|tool_list_start|>", "<|tool_call_start|>", "{%- generation", "tool_calls")
+    )
+
+
+def _build_lfm25(src: str, tokens: TemplateTokens) -> str:
+    return json_defines() + _fill(
+        """
+{{- $msgs := .Messages }}{{ $sys := "" }}{{ $hasSys := and $msgs (eq (index $msgs 0).Role "system") }}
+{{- if $hasSys }}{{ $sys = (index $msgs 0).Content }}{{ end }}
+{{- $lastA := -1 }}{{ range $i, $m := $msgs }}{{ if eq .Role "assistant" }}{{ $lastA = $i }}{{ end }}{{ end }}
+{{- «BOS» }}
+{{- if or $sys .Tools }}<|im_start|>system{{ "\\n" }}{{ $sys }}
+    {{- if .Tools }}{{ if $sys }}{{ "\\n" }}{{ end }}List of tools: [{{ range $j, $t := .Tools }}{{ if $j }}, {{ end }}{{ template "mm_tool" . }}{{ end }}]{{ end }}<|im_end|>{{ "\\n" }}
+{{- end }}
+{{- $prev := "" }}
+{{- range $i, $m := .Messages }}
+    «LOOP_HEAD»
+    {{- if or $i (not $hasSys) }}<|im_start|>{{ .Role }}{{ "\\n" }}
+        {{- if and (eq .Role "assistant") (eq $i $lastA) .Thinking }}<think>«NL»{{ .Thinking }}«NL»</think>{{ end }}{{ .Content }}
+        {{- if not (and $last (eq .Role "assistant")) }}<|im_end|>{{ "\\n" }}{{ end }}
+        {{- $prev = .Role }}
+    {{- end }}
+{{- end }}
+{{- if ne $prev "assistant" }}<|im_start|>assistant{{ "\\n" }}{{ end }}
+""",
+        BOS=golit(tokens.bos_text)[3:-3],
+        LOOP_HEAD=_LOOP_HEAD,
+    )
+
+
+register(ChatFamily(
+    name="lfm2.5",
+    title="Liquid LFM2.5 Instruct (ChatML, 'List of tools: [...]' in the system turn; PARSER lfm2)",
+    detect=_detect_lfm25,
+    build=_build_lfm25,
+    stop=("<|im_end|>", "<|im_start|>"),
+    bos_in_template=True,
+    thinking=True,
+    content_none_ok=False,
+    markers=("<|im_start|>", "<|im_end|>", "List of tools: [", "keep_past_thinking"),
+    parser="lfm2",
+    tool_calls="PARSER lfm2 returns structured tool_calls (<|tool_call_start|>[…]<|tool_call_end|>); the Jinja "
+               "prints no tool calls in the history, and neither does the TEMPLATE",
+    notes=(
+        "the Jinja keeps the reasoning of the last assistant turn inside its content and trims earlier contents "
+        "after cutting it; the TEMPLATE prints .Thinking in <think>…</think> on the last assistant turn only and "
+        "cannot trim",
+        "the Jinja prints a tool-call message's None content as 'null'; with '' (what Ollama holds) both print "
+        "nothing",
+        "keep_past_thinking is not an Ollama setting: the TEMPLATE follows its default (false)",
+    ),
+))
+
+
+# ---------------------------------------------------------------- Step 3.5 Flash (ChatML, XML tool calls; PARSER qwen3.5)
+
+_STEP_TOOLS_HEAD = "# Tools\n\nYou have access to the following functions in JSONSchema format:\n\n<tools>"
+_STEP_TOOLS_TAIL = "\n</tools>\n\nIf you choose to call a function ONLY reply in the following format with NO suffix:"
+# A tool-call argument as the Jinja prints it: mappings and lists as JSON, anything else as Python's str().
+_PYSTR_DEFINE = (
+    '{{- define "mm_pystr" }}{{ $t := printf "%T" . }}{{ if eq $t "string" }}{{ . }}'
+    '{{ else if or (eq $t "map[string]interface {}") (eq $t "[]interface {}") }}{{ template "mm_json" . }}'
+    '{{ else if eq $t "bool" }}{{ if . }}True{{ else }}False{{ end }}{{ else if eq $t "<nil>" }}None'
+    '{{ else }}{{ json . }}{{ end }}{{ end }}\n'
+)
+
+
+def _step_tail(src: str) -> str | None:
+    found = [t for t in _jinja_strings(src) if t.startswith(_STEP_TOOLS_TAIL)]
+    return found[0] if len(found) == 1 else None
+
+
+def _detect_step35(src: str) -> bool:
+    return (
+        _has_all(src, "<|im_start|>", "<|im_end|>", "<|im_start|>tool_response\\n", "'<tool_call>\\n<function='",
+                 "'<parameter=' + args_name + '>\\n'", "multi_step_tool=true", "'\\n<think>\\n' + reasoning_content",
+                 "{{- '<|im_start|>assistant\\n<think>\\n' }}", "message.name == 'observation'")
+        and _STEP_TOOLS_HEAD in _jinja_strings(src) and _step_tail(src) is not None
+    )
+
+
+def _build_step35(src: str, tokens: TemplateTokens) -> str:
+    tail = _step_tail(src)
+    assert tail is not None
+    return json_defines() + _PYSTR_DEFINE + _fill(
+        """
+{{- $msgs := .Messages }}{{ $first := "" }}{{ if $msgs }}{{ $first = (index $msgs 0).Role }}{{ end }}
+{{- «BOS» }}
+{{- if .Tools }}<|im_start|>system{{ "\\n" }}
+    {{- if eq $first "system" }}{{ (index $msgs 0).Content }}{{ "\\n\\n" }}{{ end }}
+    {{- «HEAD» }}{{ range .Tools }}{{ "\\n" }}{{ template "mm_tool" . }}{{ end }}«TAIL»
+{{- else if eq $first "system" }}<|im_start|>system{{ "\\n" }}{{ (index $msgs 0).Content }}<|im_end|>{{ "\\n" }}
+{{- end }}
+{{- $lastQuery := -1 }}{{ range $i, $m := $msgs }}{{ if eq .Role "user" }}{{ $lastQuery = $i }}{{ end }}{{ end }}
+{{- $prev := "" }}
+{{- range $i, $m := .Messages }}
+    «LOOP_HEAD»
+    {{- if or (eq .Role "user") (and (eq .Role "system") $i) }}<|im_start|>{{ .Role }}{{ "\\n" }}{{ .Content }}<|im_end|>{{ "\\n" }}
+    {{- else if eq .Role "assistant" }}<|im_start|>assistant{{ "\\n" }}
+        {{- if gt $i $lastQuery }}<think>«NL»{{ .Thinking }}«NL»</think>«NL»{{ end }}{{ .Content }}
+        {{- if .ToolCalls }}{{ range .ToolCalls }}<tool_call>«NL»<function={{ .Function.Name }}>{{ "\\n" }}
+            {{- range $k, $v := .Function.Arguments }}<parameter={{ $k }}>«NL»{{ template "mm_pystr" $v }}«NL»</parameter>«NL»{{ end }}
+            {{- "</function>\\n</tool_call>" }}{{ end }}{{ end }}
+        {{- if not (and $last (not $m.ToolCalls)) }}<|im_end|>{{ "\\n" }}{{ end }}
+    {{- else if eq .Role "tool" }}
+        {{- if ne $prev "tool" }}<|im_start|>tool_response{{ "\\n" }}{{ end }}<tool_response>{{ .Content }}</tool_response>
+        {{- if ne $next "tool" }}<|im_end|>{{ "\\n" }}{{ end }}
+    {{- end }}
+    {{- $prev = .Role }}
+{{- end }}
+{{- if ne $prev "assistant" }}<|im_start|>assistant{{ "\\n" }}<think>{{ "\\n" }}{{ end }}
+""",
+        BOS=golit(tokens.bos_text)[3:-3],
+        HEAD=golit(_STEP_TOOLS_HEAD)[3:-3],
+        TAIL=golit(tail),
+        LOOP_HEAD=_LOOP_HEAD,
+    )
+
+
+register(ChatFamily(
+    name="step3.5",
+    title="StepFun Step 3.5 Flash (ChatML, <think> always open, <tool_call><function=…><parameter=…>; PARSER qwen3.5)",
+    detect=_detect_step35,
+    build=_build_step35,
+    stop=("<|im_end|>", "<|im_start|>"),
+    bos_in_template=True,
+    thinking=True,
+    markers=("<|im_start|>", "<|im_end|>", "<tool_call>", "<function=", "<parameter=", "tool_response"),
+    parser="qwen3.5",
+    tool_calls="PARSER qwen3.5 returns the <think> reasoning and the XML tool calls as structured tool_calls",
+    notes=(
+        "the Jinja counts a user message that is wholly '<tool_response>…</tool_response>' as no query; Go "
+        "templates cannot test a suffix, so the TEMPLATE counts every user message",
+        "the Jinja renames a later system message named 'observation'; Ollama messages carry no name",
+        "tool-call arguments print as Python's str(); numbers print as JSON does (1e21 and beyond differ)",
+        "the Jinja always opens <think>; Ollama's think=false cannot switch it off",
+    ),
+))

@@ -1,0 +1,197 @@
+"""The chat-family machinery every family module uses.
+
+ChatFamily and TemplateTokens; the registry (FAMILIES, register); recognition and refusal (matching_families,
+nearest_family, go_blockers, refusal_reason, detect_family, get_family). The conventions every TEMPLATE follows
+are in the package docstring; the helpers that read Jinja and write Go are in helpers.py.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from pipelines.core.errors import UnsupportedModel
+
+__all__ = ["FAMILIES", "ChatFamily", "TemplateTokens", "UnsupportedChatTemplate", "detect_family", "get_family",
+           "go_blockers", "matching_families", "nearest_family", "refusal_reason", "register"]
+
+
+class UnsupportedChatTemplate(UnsupportedModel):
+    """A chat template outside the families modelmint can convert."""
+
+    def __init__(self, message: str, *, families: list[str]) -> None:
+        super().__init__(
+            message,
+            hint="supported families: " + ", ".join(families) + ". To publish anyway, write the Ollama TEMPLATE "
+            "by hand (Go text/template over .Messages, see https://github.com/ollama/ollama/blob/main/docs/"
+            "template.md) and pass it with `modelmint modelfile <file.gguf> --template FILE`",
+        )
+        self.families = families
+
+
+@dataclass(frozen=True)
+class TemplateTokens:
+    """The special-token texts a template prints, and whether the engine adds the BOS token itself."""
+
+    bos: str | None = None
+    eos: str | None = None
+    engine_adds_bos: bool = True
+
+    @property
+    def bos_text(self) -> str:
+        """What the TEMPLATE must print where the Jinja prints bos_token."""
+        return "" if self.engine_adds_bos or not self.bos else self.bos
+
+
+@dataclass(frozen=True)
+class ChatFamily:
+    name: str
+    title: str
+    detect: Callable[[str], bool]
+    build: Callable[[str, TemplateTokens], str] | None
+    """Writes the proven Go TEMPLATE; None for a family Ollama renders with a built-in RENDERER only."""
+    stop: tuple[str, ...]
+    """Strings that end a turn in this family's format (Modelfile `PARAMETER stop`)."""
+    bos_in_template: bool = False
+    """The Jinja prints bos_token first (so the Ollama rendering equals it minus an engine-added BOS)."""
+    thinking: bool = False
+    reasoning_key: str | None = None
+    """The message key this Jinja reads reasoning from (e.g. reasoning_content); None: reasoning comes inside
+    the content as <think>…</think>, the way a thinking model wrote it."""
+    think_variable: str = "enable_thinking"
+    """The Jinja variable that switches thinking on (Ollama's think setting maps onto it)."""
+    jinja_date: str | None = None
+    """The strftime format in which the Jinja prints today's date; Ollama's currentDate prints the same date as
+    YYYY-MM-DD, the one normalisation the proof applies."""
+    content_none_ok: bool = True
+    """Whether the Jinja accepts a tool-call message whose content is None (one that concatenates the content
+    needs '', which is what Ollama always passes)."""
+    string_arguments: Callable[[str], bool] = lambda _src: False
+    """Whether this Jinja concatenates tool-call arguments as a JSON string (the OpenAI wire format)
+    instead of printing an object with tojson."""
+    notes: tuple[str, ...] = field(default=())
+    """Known, documented ways the Ollama rendering cannot follow the Jinja (also asserted in the tests)."""
+    markers: tuple[str, ...] = field(default=())
+    """Texts of the Jinja source that identify the family: the evidence shown to users, and what a
+    near-miss lacks when a template resembles this family without being it."""
+    renderer: str | None = None
+    """Ollama's built-in RENDERER for this family (pipelines.chat.renderers.RENDERERS)."""
+    parser: str | None = None
+    """Ollama's built-in PARSER that returns thinking and structured tool_calls for it."""
+    tool_calls: str = ""
+    """How Ollama returns structured tool_calls for this family (the PARSER, or the TEMPLATE's tag)."""
+
+    @property
+    def kind(self) -> str:
+        """'proven' (a TEMPLATE proven on the suite) or 'renderer' (Ollama's built-in RENDERER only)."""
+        return "proven" if self.build is not None else "renderer"
+
+    def template(self, jinja: str, tokens: TemplateTokens) -> str:
+        """The Go TEMPLATE for this Jinja.
+
+        Raises:
+            UnsupportedChatTemplate: the family has no TEMPLATE (Ollama renders it with a RENDERER).
+        """
+        if self.build is None:
+            raise UnsupportedChatTemplate(
+                f"the {self.name} family has no Go TEMPLATE: Ollama renders it with RENDERER {self.renderer}",
+                families=sorted(FAMILIES))
+        return self.build(jinja, tokens)
+
+    def evidence(self, jinja: str) -> tuple[list[str], list[str]]:
+        """(markers found, markers missing) in this Jinja source."""
+        return [m for m in self.markers if m in jinja], [m for m in self.markers if m not in jinja]
+
+
+FAMILIES: dict[str, ChatFamily] = {}
+
+
+def register(family: ChatFamily) -> ChatFamily:
+    if family.name in FAMILIES:
+        raise ValueError(f"chat family {family.name} registered twice")
+    FAMILIES[family.name] = family
+    return family
+
+
+def matching_families(jinja: str) -> list[ChatFamily]:
+    """Every family whose detector accepts this Jinja (more than one means: refuse)."""
+    return [f for f in FAMILIES.values() if f.detect(jinja)]
+
+
+def nearest_family(jinja: str) -> tuple[ChatFamily, list[str], list[str]] | None:
+    """The family whose markers this Jinja shares most (markers found less markers missing, then markers
+    found), with the markers found and missing; None when it shares none."""
+    best: tuple[tuple[int, int], ChatFamily, list[str], list[str]] | None = None
+    for fam in FAMILIES.values():
+        found, missing = fam.evidence(jinja)
+        if fam.markers and found:
+            score = (len(found) - len(missing), len(found))
+            if best is None or score > best[0]:
+                best = (score, fam, found, missing)
+    return None if best is None else best[1:]
+
+
+# Jinja constructs Go's text/template (with Ollama's functions) has no counterpart for: no string methods, no
+# arithmetic, no Python value printing.
+_GO_CANNOT = (
+    (re.compile(r"\.split\("), "splitting strings (.split)"),
+    (re.compile(r"\.(?:l|r)?strip\(|\|\s*trim\b"), "stripping whitespace (.strip / trim)"),
+    (re.compile(r"\.(?:startswith|endswith)\("), "prefix and suffix tests (.startswith / .endswith)"),
+    (re.compile(r"\.replace\("), "replacing text (.replace)"),
+    (re.compile(r"'[^']*'\s+in\s+\w|\"[^\"]*\"\s+in\s+\w"), "substring tests ('x' in s)"),
+    (re.compile(r"\|\s*string\b"), "Python's str() of values (| string)"),
+    (re.compile(r"[\w)\]]\s*[-+*%]\s*\d|\d\s*[-+*%]\s*[\w(]"), "arithmetic"),
+)
+
+
+def go_blockers(jinja: str) -> list[str]:
+    """The constructs of this Jinja that a Go TEMPLATE cannot reproduce (where a family's TEMPLATE works around one,
+    its notes say how)."""
+    return [what for pattern, what in _GO_CANNOT if pattern.search(jinja)]
+
+
+def refusal_reason(jinja: str) -> str:
+    """Why no family accepts this Jinja, naming the nearest family and what differs from it, and the constructs a
+    hand-written TEMPLATE would have to do without."""
+    hits = matching_families(jinja)
+    if len(hits) > 1:
+        return f"matches several families ({', '.join(f.name for f in hits)}); refusing to guess"
+    near = nearest_family(jinja)
+    blockers = go_blockers(jinja)
+    tail = f"; it uses what Go templates cannot express: {', '.join(blockers)}" if blockers else ""
+    if near is None:
+        return "shares no marker with any family" + tail
+    fam, found, missing = near
+    if not missing:
+        return (f"has every marker of {fam.name} but is not the template modelmint proved for it "
+                "(a variant or an edited version)" + tail)
+    return (f"nearest family {fam.name} ({len(found)} of {len(fam.markers)} markers); lacks "
+            + ", ".join(repr(m) for m in missing) + tail)
+
+
+def detect_family(jinja: str) -> ChatFamily:
+    """The one family whose detector accepts this Jinja chat template.
+
+    Raises:
+        UnsupportedChatTemplate: no family (or more than one) recognises it; the message names the
+            nearest family and what differs.
+    """
+    hits = matching_families(jinja)
+    if len(hits) == 1:
+        return hits[0]
+    names = sorted(FAMILIES)
+    if not hits:
+        head = " ".join(jinja.split())[:120]
+        raise UnsupportedChatTemplate(
+            f"the chat template is not one modelmint can convert: {refusal_reason(jinja)} (it begins: {head!r})",
+            families=names)
+    raise UnsupportedChatTemplate(f"the chat template {refusal_reason(jinja)}", families=names)
+
+
+def get_family(name: str) -> ChatFamily:
+    """Raises: UnsupportedChatTemplate: no family of that name."""
+    try:
+        return FAMILIES[name]
+    except KeyError:
+        raise UnsupportedChatTemplate(f"no chat family named {name!r}", families=sorted(FAMILIES)) from None

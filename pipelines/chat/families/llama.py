@@ -1,0 +1,173 @@
+"""Llama 3.1 / 3.2 / 3.3 (JSON tool calls) and the DeepSeek-R1 distills (<think>).
+"""
+
+from __future__ import annotations
+
+from pipelines.chat.families.core import ChatFamily, TemplateTokens, register
+from pipelines.chat.families.helpers import _LOOP_HEAD, _fill, _has_all, _has_none, golit
+from pipelines.chat.gojson import json_defines
+
+# ---------------------------------------------------------------- Llama 3.1 / 3.2 / 3.3 (JSON tool calls)
+
+_LLAMA3_TOOL_INTRO = (
+    "Given the following functions, please respond with a JSON for a function call with its proper arguments "
+    "that best answers the given prompt.\n\n"
+    'Respond in the format {"name": function name, "parameters": dictionary of argument name and its value}.'
+    "Do not use variables.\n\n"
+)
+
+
+def _detect_llama3(src: str) -> bool:
+    return _has_all(
+        src, "<|start_header_id|>", "<|eot_id|>", "Cutting Knowledge Date: December 2023", "tools_in_user_message",
+        "Given the following functions, please respond with a JSON for a function call",
+        "t | tojson(indent=4)", "This model only supports single tool-calls at once!",
+        "<|start_header_id|>ipython<|end_header_id|>",
+    ) and _has_none(src, "functionary", "<|python_tag|>{{", "reasoning")
+
+
+def _build_llama3(src: str, tokens: TemplateTokens) -> str:
+    # Llama 3.1 prints a fixed date; 3.2 and 3.3 print today's through strftime_now, which Ollama offers as
+    # currentDate (always YYYY-MM-DD: the one documented difference, see ChatFamily.notes).
+    date = "{{ currentDate }}" if "strftime_now" in src else golit("26 Jul 2024")
+    return json_defines(indent=True) + _fill(
+        """
+{{- $msgs := .Messages }}{{ $sys := "" }}
+{{- if and $msgs (eq (index $msgs 0).Role "system") }}{{ $sys = (index $msgs 0).Content }}{{ $msgs = slice $msgs 1 }}{{ end }}
+{{- «BOS» }}<|start_header_id|>system<|end_header_id|>{{ "\\n\\n" }}
+{{- if .Tools }}Environment: ipython{{ "\\n" }}{{ end }}
+{{- "Cutting Knowledge Date: December 2023\\nToday Date: " }}«DATE»{{ "\\n\\n" }}{{ $sys }}<|eot_id|>
+{{- if .Tools }}<|start_header_id|>user<|end_header_id|>{{ "\\n\\n" }}«TOOL_INTRO»
+    {{- range .Tools }}{{ template "mm_tool_i" . }}{{ "\\n\\n" }}{{ end }}
+    {{- (index $msgs 0).Content }}<|eot_id|>{{ $msgs = slice $msgs 1 }}
+{{- end }}
+{{- $prev := "" }}
+{{- range $i, $m := $msgs }}
+    «LOOP_HEAD»
+    {{- if gt (len .ToolCalls) 0 }}<|start_header_id|>assistant<|end_header_id|>{{ "\\n\\n" }}
+        {{- if .ToolCalls }}{{ with index .ToolCalls 0 }}{"name": "{{ .Function.Name }}", "parameters": {{ template "mm_args" .Function.Arguments }}}{{ end }}{{ end }}<|eot_id|>
+    {{- else if or (eq .Role "tool") (eq .Role "ipython") }}<|start_header_id|>ipython<|end_header_id|>{{ "\\n\\n" }}
+        {{- printf "%q" .Content }}<|eot_id|>
+    {{- else }}<|start_header_id|>{{ .Role }}<|end_header_id|>{{ "\\n\\n" }}{{ .Content }}
+        {{- if not (and $last (eq .Role "assistant")) }}<|eot_id|>{{ end }}
+    {{- end }}
+    {{- $prev = .Role }}
+{{- end }}
+{{- if ne $prev "assistant" }}<|start_header_id|>assistant<|end_header_id|>{{ "\\n\\n" }}{{ end }}
+""",
+        BOS=golit(tokens.bos_text)[3:-3],
+        DATE=date,
+        TOOL_INTRO=golit(_LLAMA3_TOOL_INTRO),
+        LOOP_HEAD=_LOOP_HEAD,
+    )
+
+
+register(ChatFamily(
+    name="llama3",
+    title="Llama 3.1 / 3.2 / 3.3 Instruct (tools as JSON in the first user message)",
+    detect=_detect_llama3,
+    build=_build_llama3,
+    stop=("<|eot_id|>", "<|eom_id|>", "<|start_header_id|>", "<|end_header_id|>"),
+    jinja_date="%d %b %Y",
+    markers=("<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>", "Cutting Knowledge Date: December 2023",
+             "tools_in_user_message", "<|start_header_id|>ipython<|end_header_id|>"),
+    tool_calls="TEMPLATE: bare JSON objects ({\"name\": …, \"parameters\": …}), which Ollama's tool parser reads",
+    bos_in_template=True,
+    notes=(
+        "Jinja trims message contents (| trim); Go templates cannot, so contents with surrounding whitespace "
+        "keep it in Ollama",
+        "Llama 3.2/3.3 print today's date as '%d %b %Y' through strftime_now; Ollama's currentDate is always "
+        "YYYY-MM-DD, so the 'Today Date:' line has the same date in ISO form",
+    ),
+))
+
+
+# ---------------------------------------------------------------- DeepSeek-R1 distills (<think>)
+
+
+def _detect_deepseek_r1(src: str) -> bool:
+    return _has_all(
+        src, "<｜User｜>", "<｜Assistant｜>", "<｜end▁of▁sentence｜>", "<think>\\n", "</think>",
+        "<｜tool▁calls▁begin｜>", "<｜tool▁outputs▁begin｜>", "ns.system_prompt", "ns.is_first", "ns.is_output_first",
+        "namespace(is_first=false, is_tool=false, is_output_first=true, system_prompt='')",
+        "content.split('</think>')[-1]",
+    ) and _has_none(src, "reasoning_content", "thinking_mode", "<｜tool▁call▁begin｜>' + tool_call")
+
+
+def _build_deepseek_r1(src: str, tokens: TemplateTokens) -> str:
+    # The Qwen distill prints tool-call arguments with tojson and takes calls from messages with
+    # tool_calls; the Llama distill concatenates the arguments (a JSON string) and takes calls only from
+    # messages whose content is none, closing the list after the second call and later ones only.
+    llama_variant = "message['content'] is none" in src
+    think_switch = "enable_thinking" in src
+    if llama_variant:
+        calls = """
+    {{- if and (eq .Role "assistant") .ToolCalls (not (or .Content .Thinking)) }}{{ $isTool = false }}
+        {{- range .ToolCalls }}
+            {{- if not $isFirst }}<｜Assistant｜><｜tool▁calls▁begin｜>«CALL»{{ $isFirst = true }}
+            {{- else }}{{ "\\n" }}«CALL»<｜tool▁calls▁end｜><｜end▁of▁sentence｜>{{ end }}
+        {{- end }}
+    {{- end }}"""
+    else:
+        calls = """
+    {{- if and (eq .Role "assistant") .ToolCalls }}{{ $isTool = false }}
+        {{- range .ToolCalls }}
+            {{- if not $isFirst }}<｜Assistant｜><｜tool▁calls▁begin｜>«CALL»{{ $isFirst = true }}
+            {{- else }}{{ "\\n" }}«CALL»{{ end }}
+        {{- end }}<｜tool▁calls▁end｜><｜end▁of▁sentence｜>
+    {{- end }}"""
+    call = (
+        '<｜tool▁call▁begin｜>function<｜tool▁sep｜>{{ .Function.Name }}{{ "\\n```json\\n" }}'
+        '{{ template "mm_args" .Function.Arguments }}{{ "\\n```" }}<｜tool▁call▁end｜>'
+    )
+    gen = '<｜Assistant｜><think>{{ "\\n" }}' + ('{{ if not $.Think }}</think>{{ end }}' if think_switch else "")
+    return json_defines() + _fill(
+        """
+{{- $msgs := .Messages }}{{ $sys := "" }}{{ range $msgs }}{{ if eq .Role "system" }}{{ $sys = .Content }}{{ end }}{{ end }}
+{{- «BOS» }}{{ $sys }}
+{{- $isFirst := false }}{{ $isTool := false }}{{ $outFirst := true }}{{ $prev := "" }}
+{{- range $i, $m := .Messages }}
+    «LOOP_HEAD»
+    {{- /* Never renders: declares <think>…</think> around .Thinking, which Ollama reads as the thinking tags. */}}
+    {{- if false }}<think>{{ .Thinking }}</think>{{ end }}
+    {{- if eq .Role "user" }}{{ $isTool = false }}<｜User｜>{{ .Content }}{{ end }}
+    «CALLS»
+    {{- if and (eq .Role "assistant") (or .Content .Thinking (not .ToolCalls)) }}
+        {{- if $isTool }}<｜tool▁outputs▁end｜>{{ .Content }}{{ $isTool = false }}
+        {{- else }}<｜Assistant｜>{{ .Content }}{{ end }}
+        {{- if not $last }}<｜end▁of▁sentence｜>{{ end }}
+    {{- end }}
+    {{- if eq .Role "tool" }}{{ $isTool = true }}
+        {{- if $outFirst }}<｜tool▁outputs▁begin｜><｜tool▁output▁begin｜>{{ .Content }}<｜tool▁output▁end｜>{{ $outFirst = false }}
+        {{- else }}{{ "\\n" }}<｜tool▁output▁begin｜>{{ .Content }}<｜tool▁output▁end｜>{{ end }}
+    {{- end }}
+    {{- $prev = .Role }}
+{{- end }}
+{{- if $isTool }}<｜tool▁outputs▁end｜>{{ end }}
+{{- if and (not $isTool) (ne $prev "assistant") }}«GEN»{{ end }}
+""",
+        CALLS=calls.strip().replace("«CALL»", call),
+        BOS=golit(tokens.bos_text)[3:-3],
+        LOOP_HEAD=_LOOP_HEAD,
+        GEN=gen,
+    )
+
+
+register(ChatFamily(
+    name="deepseek-r1",
+    title="DeepSeek-R1 distills (Qwen and Llama): <｜User｜>/<｜Assistant｜>, <think> generation prompt",
+    detect=_detect_deepseek_r1,
+    build=_build_deepseek_r1,
+    stop=("<｜end▁of▁sentence｜>", "<｜User｜>", "<｜Assistant｜>"),
+    markers=("<｜User｜>", "<｜Assistant｜>", "<｜tool▁calls▁begin｜>", "<｜tool▁outputs▁begin｜>", "ns.is_output_first",
+             "content.split('</think>')[-1]"),
+    tool_calls="none structured: the TEMPLATE declares no tool-call tag Ollama can parse (thinking is parsed)",
+    bos_in_template=True,
+    thinking=True,
+    string_arguments=lambda src: "message['content'] is none" in src,
+    notes=(
+        "the Jinja removes everything up to '</think>' from assistant history; Go templates cannot split "
+        "strings, so the TEMPLATE relies on Ollama passing reasoning in .Thinking (its thinking parser does), "
+        "never inside .Content",
+    ),
+))

@@ -1,0 +1,113 @@
+"""Families Ollama renders in Go code: no Go TEMPLATE can follow their Jinja, so Ollama's built-in RENDERER and
+PARSER serve them; each is recognised by markers of its template and refused when a forbidden text shows up.
+"""
+
+from __future__ import annotations
+
+from pipelines.chat.families.core import ChatFamily, register
+from pipelines.chat.families.helpers import _has_all, _has_none
+
+# ---------------------------------------------------------------- families Ollama renders in Go code
+#
+# Their Jinja needs what Go's text/template cannot do (string splitting and stripping of reasoning,
+# Python-style value printing, per-argument XML), so Ollama ships a RENDERER for each. They are
+# recognised by markers taken from the template itself; every marker must be present and no
+# forbidden text, so a neighbour (an older or newer version of the same model line) is refused with
+# what it lacks instead of being published with the wrong renderer.
+
+
+def _renderer_family(name: str, title: str, *, renderer: str, parser: str, markers: tuple[str, ...],
+                     forbidden: tuple[str, ...], stop: tuple[str, ...], notes: tuple[str, ...] = (),
+                     thinking: bool = False) -> ChatFamily:
+    from pipelines.chat.renderers import PARSERS, RENDERERS
+
+    if renderer not in RENDERERS or parser not in PARSERS:
+        raise ValueError(f"{name}: Ollama has no renderer {renderer!r} or parser {parser!r}")
+    return register(ChatFamily(
+        name=name,
+        title=title,
+        detect=lambda src: _has_all(src, *markers) and _has_none(src, *forbidden),
+        build=None,
+        stop=stop,
+        thinking=thinking,
+        notes=("rendered by Ollama's built-in RENDERER " + renderer + "; modelmint does not prove it on its "
+               "suite (no Go TEMPLATE can follow this Jinja)", *notes),
+        markers=markers,
+        renderer=renderer,
+        parser=parser,
+        tool_calls=f"PARSER {parser} returns structured tool_calls",
+    ))
+
+
+_IM = ("<|im_end|>", "<|im_start|>")
+
+_renderer_family(
+    "qwen3-coder", "Qwen3-Coder (<tool_call><function=…><parameter=…> XML tool calls, no thinking)",
+    renderer="qwen3-coder", parser="qwen3-coder", stop=_IM,
+    markers=("<|im_start|>", "<tool_call>", "<function=", "<parameter=", "render_extra_keys"),
+    forbidden=("<think>", "enable_thinking", "truncate_history_thinking", "<|vision_start|>"),
+)
+_renderer_family(
+    "qwen3.5", "Qwen3.5 (hybrid thinking, XML tool calls, vision placeholders)",
+    renderer="qwen3.5", parser="qwen3.5", stop=_IM, thinking=True,
+    markers=("<|im_start|>", "<think>", "<function=", "<parameter=", "<|vision_start|>", "enable_thinking",
+             "render_content"),
+    forbidden=("truncate_history_thinking",),
+)
+_renderer_family(
+    "nemotron-3-nano", "NVIDIA Nemotron 3 Nano (ChatML, <think> with history truncation, XML tool calls)",
+    renderer="nemotron-3-nano", parser="nemotron-3-nano", stop=_IM, thinking=True,
+    markers=("<|im_start|>", "<think>", "<function=", "<parameter=", "truncate_history_thinking",
+             "render_extra_keys"),
+    forbidden=("<|vision_start|>",),
+)
+_renderer_family(
+    "deepseek3.1", "DeepSeek V3.1 (hybrid thinking switch, <｜tool▁calls▁begin｜> tool calls)",
+    renderer="deepseek3.1", parser="deepseek3", stop=("<｜end▁of▁sentence｜>",), thinking=True,
+    markers=("<｜User｜>", "<｜Assistant｜>", "<｜tool▁calls▁begin｜>", "<｜tool▁sep｜>", "<｜tool▁output▁begin｜>",
+             "set thinking = enable_thinking"),
+    forbidden=("reasoning_content", "DSML"),
+)
+_renderer_family(
+    "glm-4.7", "GLM-4.7 ([gMASK]<sop>, <arg_key>/<arg_value> tool calls, clear_thinking)",
+    renderer="glm-4.7", parser="glm-4.7", stop=("<|user|>", "<|observation|>", "<|endoftext|>"), thinking=True,
+    markers=("[gMASK]<sop>", "<|observation|>", "<arg_key>", "<arg_value>", "clear_thinking"),
+    forbidden=(),
+)
+_renderer_family(
+    "gemma4", "Gemma 4 26B/31B (<|turn>, <|\"|> strings, <|tool_call>, empty thought channel when not thinking)",
+    renderer="gemma4-large", parser="gemma4", stop=("<turn|>",), thinking=True,
+    markers=("<|turn>", "<turn|>", '<|"|>', "<|tool_call>", "<|channel>", "'<|channel>thought\\n<channel|>'"),
+    forbidden=(),
+    notes=("Ollama's gemma4-large renderer follows Google's 31B template; the E2B/E4B templates (no empty "
+           "thought channel) would need RENDERER gemma4-small",),
+)
+_renderer_family(
+    "lfm2", "Liquid LFM2 (ChatML, 'List of tools:' with <|tool_list_start|>, no thinking)",
+    renderer="lfm2", parser="lfm2", stop=_IM,
+    markers=("<|im_start|>", "List of tools: ", "<|tool_list_start|>", "<|tool_list_end|>",
+             "<|tool_response_start|>"),
+    forbidden=("<think>", "keep_past_thinking", "preserve_thinking"),
+)
+_renderer_family(
+    "cohere", "Cohere Command A 2026 / North (Cohere2 MoE: <|START_TEXT|>, <|START_THINKING|>, <|START_ACTION|>)",
+    renderer="cohere", parser="cohere", stop=("<|END_OF_TURN_TOKEN|>",), thinking=True,
+    markers=("<|START_OF_TURN_TOKEN|>", "<|START_TEXT|>", "<|START_THINKING|>", "<|START_ACTION|>",
+             "<|START_TOOL_RESULT|>", "platform_instruction_override"),
+    forbidden=(),
+    notes=("Ollama's cohere renderer leaves the template's platform instructions to the Modelfile SYSTEM",),
+)
+_renderer_family(
+    "glimmer", "Muse Glimmer (ATEM channels: <|start|>…<|message|>…<|eom|>)",
+    renderer="glimmer", parser="glimmer", stop=("<|eot|>",), thinking=True,
+    markers=("<|start|>", "<|message|>", "<|eom|>", "<|eot|>", "Muse Glimmer ATEM"),
+    forbidden=(),
+)
+_renderer_family(
+    "laguna", "Poolside Laguna XS.2 (〈|EOS|〉 prefix, default system prompt, <think> off by default)",
+    renderer="laguna", parser="laguna", stop=("〈|EOS|〉",), thinking=True,
+    markers=("〈|EOS|〉", "render_assistant_messages_raw", "enable_thinking | default(false)",
+             "You are a helpful, conversationally-fluent assistant made by Poolside.", "<think>", "<tool_call>",
+             "reasoning_content"),
+    forbidden=("preserve_thinking",),
+)
