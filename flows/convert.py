@@ -29,7 +29,6 @@ from prefect.tasks import Task
 from flows.slots import GPU_LIMIT, ensure_limit, model_limit, prefect_unreachable, slot
 from pipelines.core.errors import ConfigError, ModelmintError, ShapeRefused, VariantsFailed
 from pipelines.core.fsutil import HashCache
-from pipelines.core.gates import gguf_gate
 from pipelines.core.report import Validation
 from pipelines.core.settings import Settings
 from pipelines.core.steps import (
@@ -122,7 +121,7 @@ def _quantize_key(_ctx: Any, p: dict[str, Any]) -> str:
 def _validate_key(_ctx: Any, p: dict[str, Any]) -> str:
     plan: GGUFPlan = p["plan"]
     q = p["q"]
-    gate = gguf_gate(q, plan.entry.gate_profile).to_dict()
+    gate = plan.gate(q).to_dict()
     return content_key("validate", p["quant"].receipt["sha256"], plan.logits_key, gate, str(plan.report_path(q)))
 
 

@@ -20,7 +20,7 @@ from pipelines import __version__
 from pipelines.core import ggufheader as gguf
 from pipelines.core.errors import ShapeRefused
 from pipelines.core.fsutil import clean_partials, disk_full_located
-from pipelines.core.gates import gguf_gate
+from pipelines.core.gates import Gate, gguf_gate
 from pipelines.core.preflight import BlockFallback, Weight, gguf_fallback, observed_fallback, source_weights
 from pipelines.core.report import REPORT_VERSION
 from pipelines.core.settings import Settings
@@ -73,6 +73,10 @@ class GGUFPlan:
 
     def advice_context(self) -> tuple[int | None, bool | None]:
         return sum(w.params for w in self.weights), self.spec.imatrix
+
+    def gate(self, q: str) -> Gate:
+        """The gate of type `q` for this model: its profile, and its size band by the source's parameters."""
+        return gguf_gate(q, self.entry.gate_profile, sum(w.params for w in self.weights))
 
     @property
     def source(self) -> dict[str, Any]:
@@ -325,7 +329,7 @@ def ensure_validated(plan: GGUFPlan, q: str) -> VariantOutcome:
     qreceipt = load_receipt(qpath, plan.quant_key(q))
     if qreceipt is None:
         raise FileNotFoundError(f"{qpath} has not been quantized (run ensure_quant first)")
-    gate = gguf_gate(q, plan.entry.gate_profile)
+    gate = plan.gate(q)
     report_path = plan.report_path(q)
     texts = {"calibration": plan.calibration_record(), "evaluation": plan.evaluation_record}
     report_key = content_key("validate", REPORT_VERSION, qreceipt["sha256"], plan.logits_key, gate.to_dict(), texts)
