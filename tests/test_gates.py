@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from pipelines.core.gates import (
@@ -54,7 +56,7 @@ def test_the_ladder_check_can_fail_it_finds_the_old_contradiction() -> None:
 def test_bars_fall_with_the_published_kld_of_the_type_in_every_band(params: int) -> None:
     ladder = ["q2_k", "q3_k_m", "q4_0", "q4_k_s", "q4_k_m", "q5_k_m", "q6_k", "q8_0"]
     gates = [gguf_gate(q, "reference", params) for q in ladder]
-    for lo, hi in zip(gates, gates[1:], strict=False):
+    for lo, hi in itertools.pairwise(gates):
         assert hi.max_mean_kl < lo.max_mean_kl
         assert hi.min_same_top_pct > lo.min_same_top_pct
         assert hi.max_ppl_ratio < lo.max_ppl_ratio

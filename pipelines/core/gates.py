@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Literal
@@ -167,7 +168,7 @@ def _published_top(kld: float) -> float:
     pts = _LLAMA3_8B_TOP
     if kld <= pts[0][0]:
         return pts[0][1]
-    for (k0, t0), (k1, t1) in zip(pts, pts[1:], strict=False):
+    for (k0, t0), (k1, t1) in itertools.pairwise(pts):
         if kld <= k1:
             return t0 + (t1 - t0) * math.log(kld / k0) / math.log(k1 / k0)
     (k0, t0), (k1, t1) = pts[-2], pts[-1]

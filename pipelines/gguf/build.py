@@ -9,6 +9,7 @@ Prefect flows call the same steps one task each.
 from __future__ import annotations
 
 import functools
+import json
 import logging
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -18,8 +19,9 @@ from typing import Any
 
 from pipelines import __version__
 from pipelines.core import ggufheader as gguf
+from pipelines.core.answers import MAX_TOKENS, Answer, Answers, compare, questions_record
 from pipelines.core.errors import ShapeRefused
-from pipelines.core.fsutil import clean_partials, disk_full_located
+from pipelines.core.fsutil import clean_partials, disk_full_located, write_text_atomic
 from pipelines.core.gates import Gate, gguf_gate
 from pipelines.core.preflight import BlockFallback, Weight, gguf_fallback, observed_fallback, source_weights
 from pipelines.core.report import REPORT_VERSION
@@ -39,6 +41,7 @@ from pipelines.core.steps import (
 )
 from pipelines.core.texts import EVAL_TEXT, TextRef, check_apart, text_ref
 from pipelines.core.toolchains import LlamaCpp, llama_cpp
+from pipelines.gguf.answers import answer_questions
 from pipelines.gguf.validate import kld_base_logits, validate_variant
 from pipelines.source.catalog import CatalogEntry, GGUFVariants, HubSource
 
@@ -319,6 +322,29 @@ def ensure_reference_logits(plan: GGUFPlan) -> StepResult:
         return StepResult(out, write_receipt(out, key), ran=True)
 
 
+def ensure_source_answers(plan: GGUFPlan) -> list[Answer]:
+    """The f16/bf16 GGUF's answers to the bundled questions, kept beside it (keyed by its receipt and the
+    questions), shared by every variant's answer check."""
+    out = plan.out_dir / f"{plan.entry.name}-{plan.spec.outtype}.answers.json"
+    key = content_key("answers", plan.base_key, questions_record(), MAX_TOKENS)
+    if out.exists():
+        kept = json.loads(out.read_text())
+        if kept.get("key") == key:
+            return [Answer.model_validate(a) for a in kept["answers"]]
+    got = answer_questions(plan.base_path, plan.llama, threads=plan.settings.effective_threads,
+                           log=out.with_suffix(".log"), variant=plan.spec.outtype)
+    write_text_atomic(out, json.dumps({"key": key, "answers": [a.model_dump() for a in got]}, indent=1) + "\n")
+    return got
+
+
+def _answers(plan: GGUFPlan, q: str) -> Answers:
+    source = ensure_source_answers(plan)
+    path = plan.quant_path(q)
+    got = answer_questions(path, plan.llama, threads=plan.settings.effective_threads,
+                           log=plan.report_path(q).with_suffix(".answers.log"), variant=q)
+    return compare(f"llama-server with {q} ({path.name}) against {plan.base_path.name}", got, source)
+
+
 def ensure_validated(plan: GGUFPlan, q: str) -> VariantOutcome:
     """Smoke-generate and measure one variant against the reference logits; the report is its finish line.
 
@@ -332,7 +358,9 @@ def ensure_validated(plan: GGUFPlan, q: str) -> VariantOutcome:
     gate = plan.gate(q)
     report_path = plan.report_path(q)
     texts = {"calibration": plan.calibration_record(), "evaluation": plan.evaluation_record}
-    report_key = content_key("validate", REPORT_VERSION, qreceipt["sha256"], plan.logits_key, gate.to_dict(), texts)
+    asked = [questions_record()] if plan.spec.answers else []
+    report_key = content_key("validate", REPORT_VERSION, qreceipt["sha256"], plan.logits_key, gate.to_dict(), texts,
+                             *asked)
     report = load_report(report_path, report_key)
     cached = report is not None
     if report is None:
@@ -349,6 +377,7 @@ def ensure_validated(plan: GGUFPlan, q: str) -> VariantOutcome:
                 evaluation=texts["evaluation"],
                 extra={"key": report_key, "sha256": qreceipt["sha256"], "source": plan.source, **texts,
                        "preflight": preflight},
+                answers=_answers(plan, q) if plan.spec.answers else None,
             ).to_dict()
     outcome = VariantOutcome(q, qpath, qreceipt["sha256"], qreceipt["size"], report, cached)
     if outcome.passed and plan.spec.split_max_size:

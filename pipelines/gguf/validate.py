@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from pipelines.chat import jinja as chat_template
+from pipelines.core.answers import Answers
 from pipelines.core.errors import ArtifactError
 from pipelines.core.fsutil import atomic_output, write_text_atomic
 from pipelines.core.gates import Gate
@@ -265,6 +266,7 @@ def validate_variant(
     evaluation: dict[str, Any],
     smoke: bool = True,
     extra: dict[str, Any] | None = None,
+    answers: Answers | None = None,
 ) -> VariantReport:
     """Measure `quant` against the reference logits, apply `gate`, and write the JSON report.
 
@@ -280,7 +282,7 @@ def validate_variant(
         smoke=asdict(smoke_result) if smoke_result else None,
         kld=stats.to_dict(),
         validation=Validation.judge(format="gguf", reference=reference.name, evaluation=evaluation,
-                                    figures=stats.figures(), gate=gate),
+                                    figures=stats.figures(), gate=gate, answers=answers),
         toolchain=llama.versions(),
         extra=extra or {},
     )
