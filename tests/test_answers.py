@@ -6,6 +6,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from test_llama_server_smoke import _tiny_entry
 
 from pipelines.core.answers import Answer, compare, load_questions, questions_record
 from pipelines.core.errors import ArtifactError
@@ -14,7 +15,6 @@ from pipelines.core.settings import Settings
 from pipelines.core.toolchains import llama_cpp
 from pipelines.gguf.answers import answer_questions
 from pipelines.gguf.build import ensure_base, ensure_quant, plan_gguf
-from test_llama_server_smoke import _tiny_entry
 
 
 def _answers(texts: list[str], stopped: bool = True) -> list[Answer]:
@@ -49,7 +49,7 @@ def test_a_variant_answering_nothing_like_its_source_fails() -> None:
 
 
 def test_no_answer_at_all_names_the_engine_and_variant() -> None:
-    with pytest.raises(ArtifactError, match="llama-server with q8_0 .* gave no answer to any of the 3 questions"):
+    with pytest.raises(ArtifactError, match=r"llama-server with q8_0 .* gave no answer to any of the 3 questions"):
         compare("llama-server with q8_0 (m-q8_0.gguf)", _answers(["", " ", ""]), SOURCE)
 
 
