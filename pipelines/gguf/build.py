@@ -20,7 +20,7 @@ from typing import Any
 from pipelines import __version__
 from pipelines.core import ggufheader as gguf
 from pipelines.core.answers import MAX_TOKENS, Answer, Answers, compare, questions_record
-from pipelines.core.errors import ShapeRefused
+from pipelines.core.errors import ShapeRefused, UnsupportedModel
 from pipelines.core.fsutil import clean_partials, disk_full_located, write_text_atomic
 from pipelines.core.gates import Gate, gguf_gate
 from pipelines.core.preflight import BlockFallback, Weight, gguf_fallback, observed_fallback, source_weights
@@ -253,9 +253,30 @@ def ensure_base(plan: GGUFPlan) -> StepResult:
         info, tool = gguf.convert(
             plan.snapshot.path, out, plan.llama, outtype=plan.spec.outtype, provenance=_provenance(plan)
         )
+        _check_rebuilt_tokenizer(plan, info, out)
         receipt = write_receipt(out, key, gguf=info.to_dict(), wall_s=round(tool.wall_s, 3),
                                 peak_rss=tool.peak_rss_bytes)
     return StepResult(out, receipt, ran=True)
+
+
+def _check_rebuilt_tokenizer(plan: GGUFPlan, info: gguf.GGUFInfo, out: Path) -> None:
+    """A tokenizer modelmint rebuilt (a wheel source) must come out under the pre-tokenizer it was rebuilt for: a
+    hash llama.cpp maps to another model's pre-tokenizer would tokenize differently from the original.
+
+    Raises:
+        UnsupportedModel: the converter chose another pre-tokenizer (the GGUF is removed).
+    """
+    want = getattr(plan.entry.source, "tokenizer", None)
+    if isinstance(plan.entry.source, HubSource) or want is None or info.tokenizer_pre == want:
+        return
+    out.unlink(missing_ok=True)
+    raise UnsupportedModel(
+        f"{plan.entry.name}: llama.cpp's converter took the rebuilt tokenizer for pre-tokenizer "
+        f"{info.tokenizer_pre!r}, not {want!r}: the vocabulary hash it recognised is another model's, and the GGUF "
+        "would split text differently from the original, so it was removed",
+        hint=f"check `tokenizer: {want}` of {plan.entry.name}'s source in registry/catalog.yaml and the rebuild "
+        "in pipelines/scripts/gguf_to_hf.py",
+    )
 
 
 def ensure_imatrix(plan: GGUFPlan) -> StepResult | None:
