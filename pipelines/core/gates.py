@@ -43,7 +43,7 @@ class Miss:
 
 NOISE_SIGMAS = 2.0
 """How many standard errors a figure must be past its limit to fail. llama-perplexity prints one for each figure
-(mean KLD, same top p, PPL ratio); on SmolLM2's 16 x 128 evaluation tokens same top is +/- 0.7 points and KLD
+(mean KLD, same top p, ln PPL ratio); on SmolLM2's 16 x 128 evaluation tokens same top is +/- 0.7 points and KLD
 +/- 3 %, and the bundled held-out text is too short to shrink them much (docs/quality.md): a variant is refused
 on evidence that it is past the limit, not on the noise of one short text."""
 
@@ -86,11 +86,12 @@ class Gate:
             pm = f" ± {f.same_top_stderr:.2f}" if slack else ""
             out.append(Miss("same top token", f.same_top_pct, self.min_same_top_pct,
                             f"same top token {f.same_top_pct:.2f}{pm} % < {self.min_same_top_pct} %{why}", False, 100.0))
-        slack, why = self._slack(f.ppl_ratio_stderr)
-        if not f.ppl_ratio - slack <= self.max_ppl_ratio:
+        slack, why = self._slack(f.ln_ppl_ratio_stderr)
+        log_ratio = math.log(f.ppl_ratio) if f.ppl_ratio > 0 else math.nan
+        if not log_ratio - slack <= math.log(self.max_ppl_ratio):
             out.append(Miss("ΔPPL", f.dppl_pct, self.max_dppl_pct,
-                            f"ΔPPL {f.dppl_pct:+.2f} % > {self.max_dppl_pct:g} % (perplexity ratio {f.ppl_ratio:.4f}"
-                            + (f" ± {f.ppl_ratio_stderr:.4f}" if slack else "") + f"){why}"))
+                            f"ΔPPL {f.dppl_pct:+.2f} % > {self.max_dppl_pct:g} % (perplexity ratio {f.ppl_ratio:.4g}"
+                            + (f", ln ± {f.ln_ppl_ratio_stderr:.4f}" if slack else "") + f"){why}"))
         return out
 
     def to_dict(self) -> dict[str, Any]:

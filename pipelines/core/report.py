@@ -44,13 +44,14 @@ class Figures(_Frozen):
     tokens: int | None = Field(default=None, description="positions evaluated")
     mean_kl_stderr: float | None = Field(default=None, description="standard error of mean_kl (llama-perplexity's ±)")
     same_top_stderr: float | None = Field(default=None, description="standard error of same_top_pct, in points")
-    ppl_ratio_stderr: float | None = Field(default=None, description="standard error of ppl_ratio")
+    ln_ppl_ratio_stderr: float | None = Field(default=None, description="standard error of ln(ppl_ratio), as llama-perplexity "
+                                               "prints it (the ratio's own ± is meaningless when it explodes)")
 
     @classmethod
     def of(cls, *, mean_kl: float, same_top_pct: float, ppl_reference: float, ppl: float,
            kl_p99: float | None = None, tokens: int | None = None, **stderr: float | None) -> Figures:
         """Figures from what an evaluation measured; `stderr` the standard errors it gave (mean_kl_stderr,
-        same_top_stderr, ppl_ratio_stderr)."""
+        same_top_stderr, ln_ppl_ratio_stderr)."""
         ratio = ppl / ppl_reference if ppl_reference else math.nan
         return cls(mean_kl=mean_kl, kl_p99=kl_p99, same_top_pct=same_top_pct, ppl_reference=ppl_reference, ppl=ppl,
                    ppl_ratio=round(ratio, 6), dppl_pct=round((ratio - 1.0) * 100.0, 4), tokens=tokens, **stderr)

@@ -22,9 +22,9 @@ from pipelines.core import ggufheader as gguf
 from pipelines.core.answers import MAX_TOKENS, Answer, Answers, compare, questions_record
 from pipelines.core.errors import ShapeRefused, UnsupportedModel
 from pipelines.core.fsutil import clean_partials, disk_full_located, write_text_atomic
-from pipelines.core.gates import Gate, gguf_gate
+from pipelines.core.gates import Gate, gguf_gate, ladder_conflicts
 from pipelines.core.preflight import BlockFallback, Weight, gguf_fallback, observed_fallback, source_weights
-from pipelines.core.report import REPORT_VERSION
+from pipelines.core.report import REPORT_VERSION, Validation
 from pipelines.core.settings import Settings
 from pipelines.core.steps import (
     BuildResult,
@@ -362,7 +362,7 @@ def _answers(plan: GGUFPlan, q: str) -> Answers:
     source = ensure_source_answers(plan)
     path = plan.quant_path(q)
     got = answer_questions(path, plan.llama, threads=plan.settings.effective_threads,
-                           log=plan.report_path(q).with_suffix(".answers.log"), variant=q)
+                           log=path.with_suffix(".answers.log"), variant=q)
     return compare(f"llama-server with {q} ({path.name}) against {plan.base_path.name}", got, source)
 
 
@@ -489,12 +489,24 @@ def build_gguf(
                 continue
             if not variants[q].cached:
                 tools_run.append(f"validate {q}")
+    for conflict in _ladder_conflicts(variants):
+        progress(f"gate defect, not the variant's: {conflict} (pipelines/core/gates.py)")
 
     result = BuildResult(entry.name, plan.out_dir, plan.source, base.receipt, variants, tools_run, timings, plan,
                          errors=errors, preflight=preflight, asked=list(plan.spec.quants))
     with disk_full_located(settings):
         write_summary(result, _variant_summary, base=result.base)
     return result
+
+
+def _ladder_conflicts(variants: dict[str, VariantOutcome]) -> list[str]:
+    """gates.ladder_conflicts over the measured verdicts of one build."""
+    verdicts = {}
+    for q, outcome in variants.items():
+        judged = Validation.of_report(outcome.report)
+        if judged is not None and judged.figures is not None:
+            verdicts[q] = (judged.figures, judged.passed)
+    return ladder_conflicts(verdicts)
 
 
 def quant_parallelism(n_jobs: int, threads: int) -> tuple[int, int]:

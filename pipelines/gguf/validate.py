@@ -36,7 +36,7 @@ class KLDStats:
     chunks: int
     mean_kld_stderr: float | None = None
     same_top_stderr: float | None = None
-    ppl_ratio_stderr: float | None = None
+    ln_ppl_ratio_stderr: float | None = None
 
     @property
     def dppl_pct(self) -> float:
@@ -50,7 +50,7 @@ class KLDStats:
         return Figures.of(mean_kl=self.mean_kld, kl_p99=self.kld_p99, same_top_pct=self.same_top_pct,
                           ppl_reference=self.ppl_base, ppl=self.ppl_q, tokens=perplexity_positions(self.ctx, self.chunks),
                           mean_kl_stderr=self.mean_kld_stderr, same_top_stderr=self.same_top_stderr,
-                          ppl_ratio_stderr=self.ppl_ratio_stderr)
+                          ln_ppl_ratio_stderr=self.ln_ppl_ratio_stderr)
 
 
 @dataclass(frozen=True)
@@ -119,7 +119,7 @@ def parse_kld_output(text: str, ctx: int) -> KLDStats:
         chunks=chunks,
         mean_kld_stderr=_stderr(r"Mean\s+KLD:\s+", text),
         same_top_stderr=_stderr(r"Same top p:\s+", text),
-        ppl_ratio_stderr=_stderr(r"Mean PPL\(Q\)/PPL\(base\)\s+:\s+", text),
+        ln_ppl_ratio_stderr=_stderr(r"Mean ln\(PPL\(Q\)/PPL\(base\)\)\s+:\s+", text),
     )
 
 
