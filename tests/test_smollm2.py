@@ -11,6 +11,7 @@ import subprocess
 
 import pytest
 from registry_env import VENV_BIN, Repo, make_repo
+from test_gguf_path import _damage
 
 from pipelines.chat import jinja as chat_template
 from pipelines.core.ggufheader import inspect_gguf, read_gguf_header
@@ -102,3 +103,15 @@ def test_smollm2_from_the_pinned_wheel_to_the_registry(smollm2_repo: Repo) -> No
     card = (repo.root / "artifacts" / "smollm2" / "q6_k" / "README.md").read_text()
     assert f"**Source:** {entry.source.provenance}." in card and entry.source.sha256 in card
     assert "Asked the 20 bundled questions (`questions.txt`) greedily through llama-server with q6_k" in card
+
+    # a broken quant of the real model (attention-output and FFN-down blocks zeroed) fails its gate by orders of
+    # magnitude (measured: KLD 110.9, same top 1 %), and the advice says broken, not "a few bits short"
+    _damage(out_dir / "smollm2-q8_0.gguf", repo.work / "broken-q8_0.gguf")
+    proc = subprocess.run([str(VENV_BIN / "modelmint"), "validate", str(repo.work / "broken-q8_0.gguf"),
+                           "--reference", str(f16), "--no-smoke"], cwd=repo.root, env=repo.env(),
+                          capture_output=True, text=True, timeout=1800)
+    assert proc.returncode == 1 and "broken" in proc.stderr, proc.stdout + proc.stderr
+    broken = json.loads((repo.work / "broken-q8_0.report.json").read_text())["validation"]
+    assert broken["figures"]["mean_kl"] > 100 * broken["gate"]["max_mean_kl"]
+    assert broken["figures"]["same_top_pct"] < 20.0
+
