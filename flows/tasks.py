@@ -16,7 +16,6 @@ from prefect.cache_policies import NO_CACHE
 
 from flows.slots import GPU_LIMIT, prefect_unreachable, slot
 from pipelines.core.errors import ModelmintError
-from pipelines.core.gates import gguf_gate
 from pipelines.core.settings import Settings
 from pipelines.core.steps import (
     StepResult,
@@ -89,7 +88,7 @@ def _quantize_key(_ctx: Any, p: dict[str, Any]) -> str:
 def _validate_key(_ctx: Any, p: dict[str, Any]) -> str:
     plan: GGUFPlan = p["plan"]
     q = p["q"]
-    gate = gguf_gate(q, plan.entry.gate_profile).to_dict()
+    gate = plan.gate(q).to_dict()
     return content_key("validate", p["quant"].receipt["sha256"], plan.logits_key, gate, str(plan.report_path(q)))
 
 

@@ -686,9 +686,9 @@ def validate(
     settings = _settings()
     llama = llama_cpp(settings)
     info = inspect_gguf(quant)
-    inspect_gguf(reference)
+    ref_info = inspect_gguf(reference)
     qtype = (info.file_type or "").lower()
-    gate = gguf_gate(qtype, profile)  # type: ignore[arg-type]
+    gate = gguf_gate(qtype, profile, ref_info.parameter_count)  # type: ignore[arg-type]
     report_path = report or quant.with_suffix(".report.json")
     with tempfile.TemporaryDirectory(dir=settings.work_dir if settings.work_dir.exists() else None) as tmp:
         evaluation = text_ref(EVAL_TEXT)

@@ -324,5 +324,5 @@ def test_an_architecture_without_awq_mappings_is_refused(built, tmp_path: Path) 
 
 
 def test_parameter_band_uses_source_size() -> None:
-    assert compressed_gate("awq", "reference", None).basis.endswith("[small model band]")
+    assert "[small model band: " in compressed_gate("awq", "reference", None).basis
     assert math.isclose(compressed_gate("fp8", "reference", 70_000_000_000).max_ppl_ratio, 1.02)

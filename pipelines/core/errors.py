@@ -44,7 +44,8 @@ class ToolchainMissing(ModelmintError):
 class ToolError(ModelmintError):
     """An external tool exited non-zero. Carries the argv and the tail of its stderr."""
 
-    def __init__(self, argv: list[str], returncode: int, stderr_tail: str, *, hint: str | None = None) -> None:
+    def __init__(self, argv: list[str], returncode: int, stderr_tail: str, *, hint: str | None = None,
+                 stderr: str | None = None) -> None:
         shown = " ".join(argv[:6]) + (" …" if len(argv) > 6 else "")
         super().__init__(
             f"`{shown}` failed with exit code {returncode}:\n{stderr_tail}",
@@ -53,6 +54,8 @@ class ToolError(ModelmintError):
         self.argv = argv
         self.returncode = returncode
         self.stderr_tail = stderr_tail
+        self.stderr = stderr if stderr is not None else stderr_tail
+        """All the tool wrote to stderr (the message shows only the tail), for readers of an earlier line."""
 
 
 class ToolTimeout(ToolError):

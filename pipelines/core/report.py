@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from pipelines.core.answers import Answers
 from pipelines.core.gates import Gate
 
 REPORT_VERSION = 2
@@ -41,13 +42,19 @@ class Figures(_Frozen):
     ppl_ratio: float = Field(description="ppl / ppl_reference")
     dppl_pct: float = Field(description="(ppl_ratio - 1) x 100")
     tokens: int | None = Field(default=None, description="positions evaluated")
+    mean_kl_stderr: float | None = Field(default=None, description="standard error of mean_kl (llama-perplexity's ±)")
+    same_top_stderr: float | None = Field(default=None, description="standard error of same_top_pct, in points")
+    ln_ppl_ratio_stderr: float | None = Field(default=None, description="standard error of ln(ppl_ratio), as llama-perplexity "
+                                               "prints it (the ratio's own ± is meaningless when it explodes)")
 
     @classmethod
     def of(cls, *, mean_kl: float, same_top_pct: float, ppl_reference: float, ppl: float,
-           kl_p99: float | None = None, tokens: int | None = None) -> Figures:
+           kl_p99: float | None = None, tokens: int | None = None, **stderr: float | None) -> Figures:
+        """Figures from what an evaluation measured; `stderr` the standard errors it gave (mean_kl_stderr,
+        same_top_stderr, ln_ppl_ratio_stderr)."""
         ratio = ppl / ppl_reference if ppl_reference else math.nan
         return cls(mean_kl=mean_kl, kl_p99=kl_p99, same_top_pct=same_top_pct, ppl_reference=ppl_reference, ppl=ppl,
-                   ppl_ratio=round(ratio, 6), dppl_pct=round((ratio - 1.0) * 100.0, 4), tokens=tokens)
+                   ppl_ratio=round(ratio, 6), dppl_pct=round((ratio - 1.0) * 100.0, 4), tokens=tokens, **stderr)
 
 
 class Validation(_Frozen):
@@ -65,14 +72,20 @@ class Validation(_Frozen):
     gate: dict[str, Any] = Field(description="the gate's thresholds and their basis (pipelines/core/gates.py)")
     passed: bool
     failures: list[str]
+    answers: dict[str, Any] | None = Field(
+        default=None, description="the bundled questions through the serving engine against the source's answers "
+        "(pipelines/core/answers.Answers); None where the entry does not ask for them")
 
     @classmethod
     def judge(cls, *, format: Literal["gguf", "compressed-tensors"], reference: str, evaluation: dict[str, Any],
-              figures: Figures | None, gate: Gate, failures: list[str] | None = None) -> Validation:
-        """The verdict of `gate` on `figures`, after any `failures` found before measurement."""
-        found = [*(failures or []), *(gate.check(figures) if figures is not None else [])]
+              figures: Figures | None, gate: Gate, failures: list[str] | None = None,
+              answers: Answers | None = None) -> Validation:
+        """The verdict of `gate` on `figures` and of the answer check, after any `failures` found before
+        measurement."""
+        found = [*(failures or []), *(gate.check(figures) if figures is not None else []),
+                 *(answers.failures if answers else [])]
         return cls(format=format, reference=reference, evaluation=evaluation, figures=figures, gate=gate.to_dict(),
-                   passed=not found, failures=found)
+                   passed=not found, failures=found, answers=answers.model_dump(mode="json") if answers else None)
 
     def failed_also(self, *failures: str) -> Validation:
         """This validation with more failures found after it (a serve check): no longer passed."""
@@ -97,6 +110,22 @@ def card_validation(report: dict[str, Any]) -> dict[str, Any]:
             if x is not None:
                 out[k] = float(f"{x:.6g}") if isinstance(x, float) else x
     out["gate"] = judged.gate
+    if judged.answers is not None:
+        a = judged.answers
+        out["answers"] = {k: a[k] for k in ("engine", "questions", "identical_pct", "similar_pct", "stopped_pct",
+                                             "source_stopped_pct")}
     if judged.failures:
         out["failures"] = list(judged.failures)
     return out
+
+
+def answer_lines(report: dict[str, Any]) -> str:
+    """The answer check as a model card says it (empty where the entry asked for none)."""
+    judged = Validation.of_report(report)
+    a = judged.answers if judged else None
+    if not a:
+        return ""
+    return (f"\nAsked the {a['questions']} bundled questions (`{a['question_set']['file']}`) greedily through "
+            f"{a['engine']}: {a['identical_pct']:g} % of the answers are identical to the source's, "
+            f"{a['similar_pct']:g} % alike, and {a['stopped_pct']:g} % ended on a stop token within {a['max_tokens']} "
+            f"tokens (the source's: {a['source_stopped_pct']:g} %).\n")

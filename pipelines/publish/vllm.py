@@ -10,7 +10,7 @@ import yaml
 from pipelines.compressed.serve import SERVE_CONFIG_FILE, VllmServeConfig, serve_config_for
 from pipelines.core.errors import ConfigError
 from pipelines.core.fsutil import write_text_atomic
-from pipelines.core.report import card_validation
+from pipelines.core.report import answer_lines, card_validation
 from pipelines.core.texts import EVAL_RECORD, data_lines
 from pipelines.source.wheelsource import origin_lines
 
@@ -105,4 +105,4 @@ Next-token distributions of this checkpoint and the source on modelmint's bundle
 | figure | value |
 | --- | --- |
 {rows}
-"""
+{answer_lines(report)}"""

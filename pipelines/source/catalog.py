@@ -265,6 +265,10 @@ class GGUFVariants(_Strict):
     split_max_size: str | None = Field(
         default=None, description="shard outputs above this size with llama-gguf-split, e.g. '2G'"
     )
+    answers: bool = Field(
+        default=False, description="ask every variant and the f16 the bundled questions through llama-server "
+        "(pipelines/data/questions.txt) and record how alike their answers are: minutes on a CPU, so opt-in",
+    )
 
     @field_validator("quants")
     @classmethod

