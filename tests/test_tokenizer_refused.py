@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from pipelines.core.errors import UnsupportedModel
-from pipelines.gguf.tools import convert
 from pipelines.core.settings import Settings
 from pipelines.core.toolchains import llama_cpp
+from pipelines.gguf.tools import convert
 from pipelines.source.tinymodel import ensure_tiny_model
 
 
