@@ -34,7 +34,7 @@ from flows.tasks import (
     register,
     validate,
 )
-from pipelines.core.errors import ConfigError, ModelmintError, ShapeRefused, VariantsFailed
+from pipelines.core.errors import ConfigError, ModelmintError, VariantsFailed
 from pipelines.core.fsutil import HashCache
 from pipelines.core.report import Validation
 from pipelines.core.settings import Settings
@@ -216,14 +216,7 @@ def _gguf(
     entry: CatalogEntry, settings: Settings, quants: list[str], revision: str | None
 ) -> tuple[list[str], BuildResult]:
     plan = _cached(fetch_source, _source_current, entry, settings, revision, quants)
-    errors: dict[str, VariantError] = {}
-    preflight: dict[str, dict[str, Any]] = {}
-    for q in plan.spec.quants:
-        try:
-            preflight[q] = plan.block_fallback(q).to_dict()
-        except ShapeRefused as err:
-            errors[q] = VariantError.of(q, "preflight", err)
-            get_run_logger().warning("%s refused before the work: %s", q, err.message)
+    errors, preflight = build.preflight_quants(plan, get_run_logger().warning)
     todo = [q for q in plan.spec.quants if q not in errors]
     if not todo:  # every type refused: nothing to convert for
         return [], BuildResult(entry.name, plan.out_dir, plan.source, {}, {}, [], plan=plan, errors=errors,

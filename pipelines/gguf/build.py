@@ -467,19 +467,7 @@ def build_gguf(
     progress(f"fetch {entry.name}")
     with phase("fetch"):
         plan = plan_gguf(entry, settings, revision=revision, quants=quants)
-    errors: dict[str, VariantError] = {}
-    preflight: dict[str, dict[str, Any]] = {}
-    for q in plan.spec.quants:
-        try:
-            fb = plan.block_fallback(q)
-        except ShapeRefused as err:
-            errors[q] = VariantError.of(q, "preflight", err)
-            progress(f"{q} refused before the work: {err.message}")
-            continue
-        preflight[q] = fb.to_dict()
-        if fb.fallback:
-            progress(f"{q}: {fb.share:.1%} of the weights ({len(fb.fallback)} of {fb.tensors} tensors) have rows "
-                     f"that are not multiples of {fb.block}; llama-quantize stores them in another type")
+    errors, preflight = preflight_quants(plan, progress)
     quants_ok = [q for q in plan.spec.quants if q not in errors]
     if not quants_ok:  # every type refused: nothing to convert for
         result = BuildResult(entry.name, plan.out_dir, plan.source, {}, {}, tools_run, timings, plan, errors=errors,
@@ -512,20 +500,8 @@ def build_gguf(
             if step.ran:
                 tools_run.append(f"llama-quantize {step.path.name}")
 
-    variants: dict[str, VariantOutcome] = {}
     with phase("validate"):
-        for q in quants_ok:
-            if q in errors:
-                continue
-            if load_report(plan.report_path(q), None) is None:
-                progress(f"validate {q}")
-            try:
-                variants[q] = ensure_validated(plan, q)
-            except Exception as err:
-                progress(f"{q} failed: {keep_failure(errors, q, 'validate', err).cause}")
-                continue
-            if not variants[q].cached:
-                tools_run.append(f"validate {q}")
+        variants = _validate_each(plan, [q for q in quants_ok if q not in errors], errors, tools_run, progress)
     for conflict in _ladder_conflicts(variants):
         progress(f"gate defect, not the variant's: {conflict} (pipelines/core/gates.py)")
 
@@ -534,6 +510,42 @@ def build_gguf(
     with disk_full_located(settings):
         write_summary(result, _variant_summary, base=result.base)
     return result
+
+
+def preflight_quants(plan: GGUFPlan, say: Callable[[str], None]) -> tuple[dict[str, VariantError], dict[str, Any]]:
+    """Each asked type's block-size pre-flight, before any work: the types refused (with their cause), and for the
+    others what llama-quantize will store in another type (said when any weight falls back)."""
+    errors: dict[str, VariantError] = {}
+    preflight: dict[str, Any] = {}
+    for q in plan.spec.quants:
+        try:
+            fb = plan.block_fallback(q)
+        except ShapeRefused as err:
+            errors[q] = VariantError.of(q, "preflight", err)
+            say(f"{q} refused before the work: {err.message}")
+            continue
+        preflight[q] = fb.to_dict()
+        if fb.fallback:
+            say(f"{q}: {fb.share:.1%} of the weights ({len(fb.fallback)} of {fb.tensors} tensors) have rows "
+                f"that are not multiples of {fb.block}; llama-quantize stores them in another type")
+    return errors, preflight
+
+
+def _validate_each(plan: GGUFPlan, quants: list[str], errors: dict[str, VariantError], tools_run: list[str],
+                   progress: Callable[[str], None]) -> dict[str, VariantOutcome]:
+    """Validate each quantized type in turn; one that fails is kept in `errors` and the others go on."""
+    variants: dict[str, VariantOutcome] = {}
+    for q in quants:
+        if load_report(plan.report_path(q), None) is None:
+            progress(f"validate {q}")
+        try:
+            variants[q] = ensure_validated(plan, q)
+        except Exception as err:
+            progress(f"{q} failed: {keep_failure(errors, q, 'validate', err).cause}")
+            continue
+        if not variants[q].cached:
+            tools_run.append(f"validate {q}")
+    return variants
 
 
 def _ladder_conflicts(variants: dict[str, VariantOutcome]) -> list[str]:
