@@ -86,7 +86,11 @@ def answer_questions(gguf: Path, llama: LlamaCpp, *, threads: int, log: Path, va
         ArtifactError: the GGUF has no chat template; llama-server would not start, died or answered nothing
             (the message names the engine and the variant).
     """
-    info = inspect_gguf(gguf)
+    try:
+        info = inspect_gguf(gguf)
+    except ArtifactError as err:  # caught before the engine is started: still say which engine and variant
+        raise ArtifactError(f"llama-server cannot answer with {variant} ({gguf.name}): {err.message}",
+                            hint=err.hint) from err
     if not info.chat_template:
         raise ArtifactError(f"{gguf} has no chat template to ask the questions with")
     stop = list(detect_family(info.chat_template).stop)
