@@ -88,3 +88,27 @@ def test_llama_server_answers_every_question_and_a_broken_file_names_engine_and_
     broken.write_bytes(q8.read_bytes()[: q8.stat().st_size // 3])  # a truncated file: caught before the server
     with pytest.raises(ArtifactError, match=r"llama-server cannot answer with q8_0 \(tiny-q8_0\.gguf\): .*truncated"):
         answer_questions(broken, llama, threads=settings.effective_threads, log=tmp_path / "b.log", variant="q8_0")
+
+
+def test_an_engine_that_will_not_load_the_file_is_named(tiny_q8, tmp_path) -> None:
+    """A GGUF whose header reads back (a chat template, a complete tensor) but whose architecture llama.cpp does not
+    know: the file passes the header read, llama-server exits at load, and the error says so with its log."""
+    import gguf
+    import numpy as np
+
+    from pipelines.core.ggufheader import inspect_gguf
+
+    _, q8, settings = tiny_q8
+    template = inspect_gguf(q8).chat_template
+    odd = tmp_path / "odd.gguf"
+    writer = gguf.GGUFWriter(str(odd), "modelmint-none")
+    writer.add_chat_template(template)
+    writer.add_eos_token_id(0)
+    writer.add_tensor("token_embd.weight", np.zeros((4, 8), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    assert inspect_gguf(odd).chat_template == template  # the header read has nothing against it
+    with pytest.raises(ArtifactError, match=r"llama-server did not come up with odd\.gguf"):
+        answer_questions(odd, llama_cpp(settings), threads=1, log=tmp_path / "odd.log", variant="q8_0")
