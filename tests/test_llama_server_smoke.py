@@ -12,7 +12,6 @@ import importlib.util
 import json
 import socket
 import subprocess
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -29,6 +28,7 @@ from pipelines.chat.proof import SYSTEM, TOOLS, ollama_messages
 from pipelines.core.runner import run
 from pipelines.core.settings import Settings, project_root
 from pipelines.core.toolchains import llama_cpp
+from pipelines.gguf.answers import server_healthy  # the answer check's own wait for llama-server
 from pipelines.gguf.build import ensure_base, ensure_quant, plan_gguf
 from pipelines.publish.ollama import OllamaModelfile, build_modelfile, publish_ollama, read_source_chat
 from pipelines.source.catalog import CatalogEntry, load_catalog
@@ -108,7 +108,7 @@ def server(tiny: Tiny, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str
         with open(log, "wb") as fh:
             proc = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         url = f"http://127.0.0.1:{port}"
-        if _healthy(url, proc):
+        if server_healthy(url, proc):
             break
         _stop(proc)  # the port was taken in between, or it never came up: try another port
     else:
@@ -117,18 +117,6 @@ def server(tiny: Tiny, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str
         yield url
     finally:
         _stop(proc)
-
-
-def _healthy(url: str, proc: subprocess.Popen[bytes], timeout: float = 120) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and proc.poll() is None:
-        try:
-            with urllib.request.urlopen(f"{url}/health", timeout=2) as resp:
-                if resp.status == 200:
-                    return True
-        except (urllib.error.URLError, ConnectionError, TimeoutError):
-            time.sleep(0.3)
-    return False
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:

@@ -98,6 +98,12 @@ class Validation(_Frozen):
         return cls.model_validate(block) if isinstance(block, dict) else None
 
 
+def card_front(repo: str | None, licence: str | None, library: str) -> dict[str, Any]:
+    """The start of a model card's Hugging Face front matter: the upstream model it quantizes, licence, library."""
+    front: dict[str, Any] = {"base_model": repo, "base_model_relation": "quantized"} if repo else {}
+    return {**front, "license": licence, "library_name": library}
+
+
 def card_validation(report: dict[str, Any]) -> dict[str, Any]:
     """The validation as a model card's front matter and table show it: the verdict, what it was measured
     against, every figure (6 significant digits), the gate and any failures."""

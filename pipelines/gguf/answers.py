@@ -29,7 +29,7 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _healthy(url: str, proc: subprocess.Popen[bytes]) -> bool:
+def server_healthy(url: str, proc: subprocess.Popen[bytes]) -> bool:
     deadline = time.monotonic() + _START_S
     while time.monotonic() < deadline and proc.poll() is None:
         try:
@@ -58,7 +58,7 @@ def llama_server(gguf: Path, llama: LlamaCpp, *, threads: int, log: Path) -> Ite
         proc = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     try:
         url = f"http://127.0.0.1:{argv[argv.index('--port') + 1]}"
-        if not _healthy(url, proc):
+        if not server_healthy(url, proc):
             raise ArtifactError(f"llama-server did not come up with {gguf.name}:\n{_log_tail(log)}",
                                 hint=f"run `modelmint inspect {gguf}`; the GGUF or the llama.cpp build is broken")
         yield url

@@ -24,7 +24,7 @@ from pipelines.chat.modelfile import Message, Modelfile, Parameter
 from pipelines.chat.renderers import check_ollama_version, required_version
 from pipelines.core.errors import ArtifactError, ConfigError, UnsupportedModel
 from pipelines.core.fsutil import HashCache, write_text_atomic
-from pipelines.core.report import answer_lines, card_validation
+from pipelines.core.report import answer_lines, card_front, card_validation
 from pipelines.core.runner import run
 from pipelines.core.settings import Settings
 from pipelines.core.texts import data_lines
@@ -639,13 +639,8 @@ def model_card(gguf: Path, built: OllamaModelfile, report: dict[str, Any], entry
     licence = getattr(entry, "license", None)
     sha = report.get("sha256") or HashCache(settings.home / "hashcache.json").sha256(gguf)
     validation = card_validation(report)
-    front: dict[str, Any] = {}
-    if repo:
-        front["base_model"] = repo
-        front["base_model_relation"] = "quantized"
+    front = card_front(repo, licence, "gguf")
     front.update({
-        "license": licence,
-        "library_name": "gguf",
         "pipeline_tag": "text-generation",
         "tags": [t for t in ("gguf", "ollama", "modelmint", qtype) if t],
         "quantization": qtype,

@@ -10,7 +10,7 @@ import yaml
 from pipelines.compressed.serve import SERVE_CONFIG_FILE, VllmServeConfig, serve_config_for
 from pipelines.core.errors import ConfigError
 from pipelines.core.fsutil import write_text_atomic
-from pipelines.core.report import answer_lines, card_validation
+from pipelines.core.report import answer_lines, card_front, card_validation
 from pipelines.core.texts import EVAL_RECORD, data_lines
 from pipelines.source.wheelsource import origin_lines
 
@@ -55,13 +55,8 @@ def model_card(config: VllmServeConfig, report: dict[str, Any], entry: Any) -> s
             if group.get("fell_back") else "."
         )
     validation = card_validation(report)
-    front: dict[str, Any] = {}
-    if repo:
-        front["base_model"] = repo
-        front["base_model_relation"] = "quantized"
+    front = card_front(repo, getattr(entry, "license", None), "transformers")
     front.update({
-        "license": getattr(entry, "license", None),
-        "library_name": "transformers",
         "pipeline_tag": "text-generation",
         "tags": [t for t in ("compressed-tensors", "vllm", "modelmint", variant, (scheme or "").lower()) if t],
         "model_name": getattr(entry, "name", None),
