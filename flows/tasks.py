@@ -50,12 +50,10 @@ def _transient(_task: Any, _run: Any, state: Any) -> bool:
 # ---------------------------------------------------------------- cache keys (content only)
 
 
-def _settings_key(s: Settings) -> dict[str, Any]:
-    # Where outputs go is part of what a plan *is*; the token never enters a key or a stored result, and
-    # the orchestration settings say nothing about the plan.
-    skip = {"hf_token", "prefect_home", "prefect_port", "gpu_slots", "prefect_crash_after_s", "ray_address",
-            "ray_resources", "registry_username", "registry_password", "docker_config", "registry_ca"}
-    return {k: str(v) for k, v in dataclasses.asdict(s).items() if k not in skip}
+def _settings_key(s: Settings) -> dict[str, str]:
+    # Where outputs go is part of what a plan *is*; no credential enters a key or a stored result, and the
+    # orchestration settings say nothing about the plan (Settings.plan_fields).
+    return s.plan_fields()
 
 
 def _fetch_key(_ctx: Any, p: dict[str, Any]) -> str:

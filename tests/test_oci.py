@@ -198,11 +198,13 @@ def test_registry_credentials_stay_out_of_reprs_cache_keys_and_stored_settings()
     from flows.tasks import _settings_key
 
     s = Settings.from_env({"MODELMINT_REGISTRY_USERNAME": "team", "MODELMINT_REGISTRY_PASSWORD": "s3cret-pw",
-                           "HF_TOKEN": "hf_secret"})
+                           "HF_TOKEN": "hf_secret", "MODELMINT_WEBHOOK_SECRET": "wh-s3cret"})
     assert s.registry_password == "s3cret-pw" and "s3cret-pw" not in repr(s)
     assert "s3cret-pw" not in json.dumps(_settings_key(s)) and "team" not in json.dumps(_settings_key(s))
     stored = s.without_secrets()
     assert (stored.hf_token, stored.registry_username, stored.registry_password) == (None, None, None)
+    # the webhook's shared secret too: a stored plan (the fetch task's cached result) must not carry it
+    assert stored.webhook_secret is None and "wh-s3cret" not in json.dumps(_settings_key(s))
     assert stored.repo_dir == s.repo_dir
 
 

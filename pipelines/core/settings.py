@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -85,9 +85,21 @@ class Settings:
             registry_ca=Path(env["MODELMINT_REGISTRY_CA"]).expanduser() if env.get("MODELMINT_REGISTRY_CA") else None,
         )
 
+    SECRETS = ("hf_token", "registry_username", "registry_password", "webhook_secret")
+    """Credentials: never stored, never part of a key."""
+    ORCHESTRATION = ("prefect_home", "prefect_port", "gpu_slots", "prefect_crash_after_s", "ray_address",
+                     "ray_resources", "docker_config", "registry_ca")
+    """Where and how work is run or published: says nothing about what a build plan produces."""
+
     def without_secrets(self) -> Settings:
         """These settings with every credential removed: what may be stored (a cached task result, a report)."""
-        return replace(self, hf_token=None, registry_username=None, registry_password=None)
+        return replace(self, **dict.fromkeys(self.SECRETS))
+
+    def plan_fields(self) -> dict[str, str]:
+        """The settings that decide what a build plan is (where its outputs go, its sources, its threads), as
+        strings: no credential, no orchestration setting (cache keys hash these)."""
+        skip = {*self.SECRETS, *self.ORCHESTRATION}
+        return {f.name: str(getattr(self, f.name)) for f in fields(self) if f.name not in skip}
 
     @property
     def toolchains_dir(self) -> Path:
