@@ -76,7 +76,8 @@ def forwarded_env() -> dict[str, str]:
     storage, which every node must share for cached results to be found), never a token."""
     from prefect.settings import PREFECT_API_URL, PREFECT_LOCAL_STORAGE_PATH
 
-    env = {k: v for k, v in os.environ.items() if k.startswith(FORWARDED) and "TOKEN" not in k}
+    env = {k: v for k, v in os.environ.items()
+           if k.startswith(FORWARDED) and k not in Settings.SECRET_ENV and "TOKEN" not in k}
     if url := PREFECT_API_URL.value():
         env["PREFECT_API_URL"] = str(url)
     env["PREFECT_LOCAL_STORAGE_PATH"] = str(PREFECT_LOCAL_STORAGE_PATH.value())

@@ -214,6 +214,8 @@ def test_step_resources_are_checked_where_they_are_given(tmp_path) -> None:
 def test_tokens_never_reach_the_ray_runtime_environment(monkeypatch) -> None:
     monkeypatch.setenv("HF_TOKEN", "hf_canary")
     monkeypatch.setenv("MODELMINT_HF_TOKEN", "hf_canary")
+    monkeypatch.setenv("MODELMINT_WEBHOOK_SECRET", "hf_canary")
+    monkeypatch.setenv("MODELMINT_REGISTRY_PASSWORD", "hf_canary")
     monkeypatch.setenv("MODELMINT_THREADS", "2")
     env = raycluster.forwarded_env()
     assert env["MODELMINT_THREADS"] == "2" and "hf_canary" not in json.dumps(env)

@@ -87,6 +87,9 @@ class Settings:
 
     SECRETS = ("hf_token", "registry_username", "registry_password", "webhook_secret")
     """Credentials: never stored, never part of a key."""
+    SECRET_ENV = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "MODELMINT_REGISTRY_USERNAME", "MODELMINT_REGISTRY_PASSWORD",
+                  "MODELMINT_WEBHOOK_SECRET")
+    """The environment variables from_env reads them from: never passed on to another process's environment."""
     ORCHESTRATION = ("prefect_home", "prefect_port", "gpu_slots", "prefect_crash_after_s", "ray_address",
                      "ray_resources", "docker_config", "registry_ca")
     """Where and how work is run or published: says nothing about what a build plan produces."""
