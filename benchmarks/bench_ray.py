@@ -16,7 +16,6 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -25,34 +24,6 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
-RAY = str(Path(sys.executable).parent / "ray")
-
-
-def _cluster(nodes: int, cores: int, temp: Path) -> tuple[str, list[Path]]:
-    from registry_env import free_port
-
-    port = free_port()
-    per = max(1, cores // nodes)
-    common = ["--node-ip-address", "127.0.0.1", "--num-cpus", str(per), "--disable-usage-stats"]
-    subprocess.run([RAY, "start", "--head", "--port", str(port), "--temp-dir", str(temp), "--include-dashboard",
-                    "false", *common], check=True, capture_output=True)
-    for _ in range(nodes - 1):
-        subprocess.run([RAY, "start", "--address", f"127.0.0.1:{port}", *common], check=True, capture_output=True)
-    return f"127.0.0.1:{port}", [temp]
-
-
-def _stop(temp: Path) -> None:
-    import signal
-    import time
-
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        for proc in Path("/proc").iterdir():
-            try:
-                if proc.name.isdigit() and str(temp).encode() in (proc / "cmdline").read_bytes():
-                    os.kill(int(proc.name), sig)
-            except OSError:
-                continue
-        time.sleep(2)
 
 
 def _flow_seconds(settings: object) -> float:
@@ -64,13 +35,15 @@ def _flow_seconds(settings: object) -> float:
 
 
 def _measure(scratch: Path, mode: str, variants: list[str], cores: int) -> dict[str, float]:
+    from ray_env import start_cluster
     from stack_env import prefect, stack_up
 
     env = {"MODELMINT_THREADS": "1"}
-    temp = Path(tempfile.mkdtemp(prefix="mmrb", dir="/tmp"))
-    if mode != "local":
-        address, _ = _cluster(int(mode[-1]), cores, temp)
-        env["MODELMINT_RAY_ADDRESS"] = address
+    cluster = None
+    if mode != "local":  # one node with every core, or the cores split between nodes (separate raylets)
+        nodes = int(mode[-1])
+        cluster = start_cluster([(max(1, cores // nodes), {})] * nodes)
+        env["MODELMINT_RAY_ADDRESS"] = cluster.address
     mp = pytest.MonkeyPatch()
     out: dict[str, float] = {}
     try:
@@ -85,8 +58,9 @@ def _measure(scratch: Path, mode: str, variants: list[str], cores: int) -> dict[
                 out[label] = round(_flow_seconds(settings), 2)
     finally:
         mp.undo()
-        _stop(temp)
-        shutil.rmtree(temp, ignore_errors=True)
+        if cluster is not None:
+            cluster.stop()
+            shutil.rmtree(cluster.temp_dir, ignore_errors=True)
     return out
 
 

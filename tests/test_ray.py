@@ -7,19 +7,15 @@ validate to the other, so both nodes do work, and Ray's own task records say whe
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
-import subprocess
-import sys
-import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from ray_env import Cluster, ray_start, start_cluster
 from registry_env import free_port
 from stack_env import flow_runs, prefect, run_logs, stack_up
 
@@ -28,69 +24,14 @@ from pipelines.core.errors import ConfigError, OrchestratorError
 from pipelines.core.settings import Settings
 from pipelines.registry.manifest import list_manifests
 
-RAY = str(Path(sys.executable).parent / "ray")
 GOLDEN = Path(__file__).parent / "golden" / "gguf"
-
-
-@dataclass
-class Cluster:
-    address: str
-    dashboard: str
-    temp_dir: Path
-
-    def pids(self) -> list[int]:
-        """This cluster's processes: every Ray process names its temp dir (session, logs) on its command line."""
-        found = []
-        for proc in Path("/proc").iterdir():
-            if proc.name.isdigit():
-                try:
-                    if str(self.temp_dir).encode() in (proc / "cmdline").read_bytes():
-                        found.append(int(proc.name))
-                except OSError:
-                    continue
-        return found
-
-    def raylet(self, resource: str) -> int:
-        """The pid of the raylet of the node that offers `resource`."""
-        for pid in self.pids():
-            try:
-                cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            if Path(cmd[0].decode()).name == "raylet" and any(
-                    a.startswith(b"--static_resource_list=") and f"{resource},".encode() in a for a in cmd):
-                return pid
-        raise AssertionError(f"no raylet offers {resource}")
-
-    def stop(self) -> None:
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            for pid in self.pids():
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, sig)
-            deadline = time.monotonic() + 10
-            while self.pids() and time.monotonic() < deadline:
-                time.sleep(0.2)
-
-
-def _ray_start(*args: str) -> None:
-    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
-    proc = subprocess.run([RAY, "start", *args, "--disable-usage-stats"], env=env, capture_output=True, text=True,
-                          timeout=180)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
 @pytest.fixture
 def cluster() -> Iterator[Cluster]:
     """Two Ray nodes, one CPU each, on 127.0.0.1; stopped by their own process ids, whatever the test did."""
-    temp_dir = Path(tempfile.mkdtemp(prefix="mmray", dir="/tmp"))  # short: Ray's unix sockets live under it
-    port, dash = free_port(), free_port()
-    c = Cluster(f"127.0.0.1:{port}", f"http://127.0.0.1:{dash}", temp_dir)
+    c = start_cluster([(1, {"node-a": 1}), (1, {"node-b": 1})], dashboard=True)
     try:
-        _ray_start("--head", "--port", str(port), "--node-ip-address", "127.0.0.1", "--num-cpus", "1",
-                   "--resources", '{"node-a": 1}', "--temp-dir", str(temp_dir), "--include-dashboard", "true",
-                   "--dashboard-host", "127.0.0.1", "--dashboard-port", str(dash))
-        _ray_start("--address", c.address, "--node-ip-address", "127.0.0.1", "--num-cpus", "1",
-                   "--resources", '{"node-b": 1}')
         yield c
     finally:
         c.stop()
@@ -99,13 +40,11 @@ def cluster() -> Iterator[Cluster]:
 def _where_tasks_ran(c: Cluster) -> dict[str, str]:
     """Ray's task records of the cluster: node id → the custom resource that node offers, for every node that ran
     one of the flow's tasks."""
-    import ray
     from ray.util.state import list_nodes, list_tasks
 
     nodes = {n.node_id: n.resources_total for n in list_nodes(address=c.dashboard)}
     tasks = list_tasks(address=c.dashboard, filters=[("state", "=", "FINISHED")], limit=1000, raise_on_missing_output=False)
     ran = {t.node_id for t in tasks if t.type == "NORMAL_TASK" and not t.name.endswith("_probe")}
-    assert ray is not None
     return {n: next((k for k in nodes[n] if k.startswith("node-")), "?") for n in ran if n in nodes}
 
 
@@ -153,7 +92,7 @@ def test_a_node_lost_mid_step_is_retried_by_ray_on_its_replacement(cluster, isol
         assert started.returncode == 0, started.stderr
         wait_for(lambda: _task_running(settings, "validate"), 600, "validate to run on node-b")
         os.kill(cluster.raylet("node-b"), signal.SIGKILL)
-        _ray_start("--address", cluster.address, "--node-ip-address", "127.0.0.1", "--num-cpus", "1",
+        ray_start("--address", cluster.address, "--node-ip-address", "127.0.0.1", "--num-cpus", "1",
                    "--resources", '{"node-b": 1}')
         run = wait_for(lambda: next((r for r in flow_runs(settings) if r.state and r.state.is_final()), None), 900,
                        "the run to finish")

@@ -1,0 +1,87 @@
+"""A real Ray cluster on this machine for tests and benchmarks: a head and worker raylets as separate processes,
+each with the resources given, stopped by their own process ids (every Ray process names the cluster's temp dir
+on its command line), never by `ray stop`, which stops every Ray process of the machine."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from registry_env import free_port
+
+RAY = str(Path(sys.executable).parent / "ray")
+
+
+@dataclass
+class Cluster:
+    address: str
+    dashboard: str
+    temp_dir: Path
+
+    def pids(self) -> list[int]:
+        """This cluster's processes: every Ray process names its temp dir (session, logs) on its command line."""
+        found = []
+        for proc in Path("/proc").iterdir():
+            if proc.name.isdigit():
+                try:
+                    if str(self.temp_dir).encode() in (proc / "cmdline").read_bytes():
+                        found.append(int(proc.name))
+                except OSError:
+                    continue
+        return found
+
+    def raylet(self, resource: str) -> int:
+        """The pid of the raylet of the node that offers `resource`."""
+        for pid in self.pids():
+            try:
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if Path(cmd[0].decode()).name == "raylet" and any(
+                    a.startswith(b"--static_resource_list=") and f"{resource},".encode() in a for a in cmd):
+                return pid
+        raise AssertionError(f"no raylet offers {resource}")
+
+    def stop(self) -> None:
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            for pid in self.pids():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, sig)
+            deadline = time.monotonic() + 10
+            while self.pids() and time.monotonic() < deadline:
+                time.sleep(0.2)
+
+
+def ray_start(*args: str) -> None:
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+    proc = subprocess.run([RAY, "start", *args, "--disable-usage-stats"], env=env, capture_output=True, text=True,
+                          timeout=180)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def start_cluster(nodes: list[tuple[int, dict[str, int]]], *, dashboard: bool = False) -> Cluster:
+    """A head and len(nodes) - 1 workers on 127.0.0.1, node i with nodes[i] = (CPUs, custom resources)."""
+    import json
+
+    temp_dir = Path(tempfile.mkdtemp(prefix="mmray", dir="/tmp"))  # short: Ray's unix sockets live under it
+    port, dash = free_port(), free_port()
+    c = Cluster(f"127.0.0.1:{port}", f"http://127.0.0.1:{dash}", temp_dir)
+    board = ["--include-dashboard", "true", "--dashboard-host", "127.0.0.1", "--dashboard-port", str(dash)] \
+        if dashboard else ["--include-dashboard", "false"]
+    try:
+        for i, (cpus, resources) in enumerate(nodes):
+            where = ["--head", "--port", str(port), "--temp-dir", str(temp_dir), *board] if i == 0 \
+                else ["--address", c.address]
+            ray_start(*where, "--node-ip-address", "127.0.0.1", "--num-cpus", str(cpus),
+                      *(["--resources", json.dumps(resources)] if resources else []))
+    except BaseException:
+        c.stop()
+        raise
+    return c
