@@ -403,14 +403,15 @@ def publish(
     if as_json:
         out.print_json(json.dumps({"ref": done.manifest.ref, "images": done.images, "digest": done.digest,
                                    "uploaded": done.uploaded, "present": done.present, "mounted": done.mounted,
-                                   "retagged": done.retagged}))
+                                   "retagged": done.retagged, "tagged": done.tagged}))
         return
     m = done.manifest
     for old_tag, old in done.retagged.items():
         err.print(f"[yellow]moved {old_tag} from {old}[/yellow]", highlight=False)
     mounted = f", {len(done.mounted)} mounted from another repository" if done.mounted else ""
     out.print(f"{m.ref} → {', '.join(done.images)} ({done.digest}); {len(done.uploaded)} blob(s) uploaded, "
-              f"{len(done.present)} already there{mounted}", highlight=False, soft_wrap=True)
+              f"{len(done.present)} already there{mounted}, {len(done.tagged)} tag(s) written", highlight=False,
+              soft_wrap=True)
     record = publications_path(_settings(), m.name, m.tag)
     out.print(f"recorded in {record} (`modelmint list` shows it; commit it with the registry)", highlight=False,
               soft_wrap=True)

@@ -229,11 +229,6 @@ def publications(settings: Settings, manifest: Manifest) -> list[dict[str, Any]]
             (e.get("key") == manifest.key if "key" in e else e.get("sha256") == manifest.sha256)]
 
 
-def published_images(settings: Settings, manifest: Manifest) -> list[str]:
-    """The images (HOST/NAMESPACE/NAME:TAG) that hold this registration."""
-    return [e["image"] for e in publications(settings, manifest)]
-
-
 def _read_publications(path: Path) -> list[dict[str, Any]]:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
