@@ -239,7 +239,7 @@ def test_publish_pushes_an_ollama_image_whose_digests_are_the_manifests(env: Env
     assert pushed == _pushed(env, "modelmint", pinned)
     with env.client() as c:
         digest = c.get_manifest("modelmint/tiny-qwen2", "q4_k_m")[2]  # type: ignore[index]
-    listed = env.cli("list")
+    listed = env.cli("list", COLUMNS="300")
     assert listed.returncode == 0 and f"{image} +:{pinned} ({digest[7:19]})" in listed.stdout, listed.stdout
     shown = env.cli("show", m.ref)
     assert json.loads(shown.stdout)["sha256"] == m.sha256 and f"published: {image}" in shown.stderr

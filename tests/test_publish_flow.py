@@ -86,7 +86,7 @@ def project(
 def _cli(repo: Repo, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [*MODELMINT, *args],
-        env={**repo.env(), "COLUMNS": "250"},
+        env={**repo.env(), "COLUMNS": "300"},
         capture_output=True,
         text=True,
         cwd=repo.root,
