@@ -1,4 +1,5 @@
-"""The `convert` flow: one catalog model through fetch → convert → quantize → validate → register → publish.
+"""The `convert` flow: one catalog model through fetch → convert → quantize → validate → register → publish
+(→ publish-image to the OCI registry MODELMINT_OCI_REGISTRY names, when it names one).
 
 Each task calls one pipelines step. What Prefect adds:
   cache keys   from content (source commit, recipe, toolchain version, the input artifact's sha256), never
