@@ -389,7 +389,8 @@ def publish(
     as_json: Annotated[bool, typer.Option("--json", help="print what was pushed as JSON")] = False,
 ) -> None:
     """Push a registered artifact to an OCI registry: a GGUF as an Ollama image (`ollama pull HOST/NAMESPACE/NAME:TAG`),
-    a compressed-tensors checkpoint as a CNCF ModelPack artifact; tagged TAG-<source12> (the upstream commit it was built from) and TAG, blobs first."""
+    a compressed-tensors checkpoint as a CNCF ModelPack artifact; tagged TAG-<source12> (the upstream commit it was
+    built from) and TAG, blobs first."""
     import shlex
 
     from pipelines.publish.oci import RegistryRef
