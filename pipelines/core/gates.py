@@ -390,3 +390,18 @@ def advice_for_report(variant: str, report: dict[str, Any], *, params: int | Non
         variant, misses, basis=str(gate.get("basis", "unknown")), params=params or report.get("source_parameters"),
         imatrix=imatrix, group_size=group_size, other_failures=[f for f in failures if f not in measured],
     )
+
+
+CHANCE_SHARE = 0.25
+"""A reference whose perplexity on the evaluation text reaches this share of its vocabulary size predicts it about
+as well as guessing among that many tokens: its weights are broken (zeroed, noise, a bad upload). The gates compare
+a variant with its own reference, so they cannot see this; trained models sit orders of magnitude below (tiny-qwen2
+about 1,400 of 151,936, SmolLM2 about 20 of 49,152)."""
+
+
+def chance_failure(ppl_reference: float, vocab: int | None) -> str | None:
+    """The failure of a reference that is no better than chance (CHANCE_SHARE), or None."""
+    if not vocab or ppl_reference < CHANCE_SHARE * vocab:
+        return None
+    return (f"the reference itself predicts the evaluation text no better than chance (perplexity {ppl_reference:.6g} "
+            f"of a {vocab}-token vocabulary, limit {CHANCE_SHARE:g} x vocabulary): the source weights are broken")

@@ -1,37 +1,39 @@
-"""A chat-template-only upstream change: the GGUFs already built from the same weights, given the new template.
+"""A metadata-only upstream change (chat template, generation config): the outputs already built from the same
+weights, given the new metadata.
 
-The weights key hashes every source file the converter reads except the chat template (chat_template.jinja / .json,
-and the `chat_template` key of tokenizer_config.json). Two commits with one weights key convert to the same
-tensors, so an f16 or a quant of the earlier commit is copied with the new template and provenance written into its
-metadata (gguf-py's writer, in process) instead of running the converter or llama-quantize again.
+The weights key hashes every source file the converter reads except what it only copies into metadata: the chat
+template (chat_template.jinja / .json, and the `chat_template` key of tokenizer_config.json) and the sampling
+defaults of generation_config.json (gguf-py's Metadata.load maps them to `general.sampling.*`). Two commits with one
+weights key convert to the same tensors, so an f16, an importance matrix or a quant of the earlier commit is copied
+with the new template, sampling keys and provenance written into its metadata (gguf-py's writer, in process)
+instead of running the converter, llama-imatrix or llama-quantize again.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from pipelines.core.fsutil import atomic_output
-from pipelines.core.ggufheader import GGUFInfo, inspect_gguf
-from pipelines.core.steps import content_key, load_receipt, receipt_path
+from pipelines.core.ggufheader import GGUFInfo, check_imatrix, inspect_gguf
+from pipelines.core.steps import load_receipt, receipt_path
 from pipelines.gguf.tools import gguf_check
-from pipelines.source.upstream import classify
+from pipelines.source import upstream
+
+SAMPLING_PREFIX = "general.sampling."
+# The pinned converter reads generation_config.json in gguf-py's Metadata.load (its sampling defaults become
+# general.sampling.*, rewritten here) and, for two families, eos_token_id (HunYuan) and suppress_tokens (Gemma 4):
+# those two stay in the weights key, so a change to them converts again.
+_GENERATION_READ = ("eos_token_id", "suppress_tokens")
 
 
 def weights_key(root: Path, files: Mapping[str, str]) -> str:
-    """A content key over `files` (relpath → sha256 under `root`) that ignores the chat template alone."""
-    parts = []
-    for name, sha in sorted(files.items()):
-        if classify(name) == "chat template":
-            continue
-        if name == "tokenizer_config.json":
-            config = json.loads((root / name).read_text(encoding="utf-8"))
-            config.pop("chat_template", None)
-            sha = content_key(json.dumps(config, sort_keys=True))
-        parts.append((name, sha))
-    return content_key("weights", parts)
+    """A content key over `files` (relpath → sha256 under `root`) that ignores what only lands in a GGUF's metadata:
+    the chat template, and the sampling defaults of generation_config.json."""
+    return upstream.weights_key(root, files, generation_read=_GENERATION_READ)
 
 
 def chat_template(model_dir: Path) -> str | None:
@@ -41,6 +43,19 @@ def chat_template(model_dir: Path) -> str | None:
 
     template: Any = gguf.SpecialVocab(model_dir, load_merges=False).chat_template
     return template if isinstance(template, str) else None
+
+
+def sampling_metadata(model_dir: Path) -> dict[str, Any]:
+    """The `general.sampling.*` keys the converter writes for `model_dir` (key → gguf-py MetadataDetails): gguf-py's
+    own Metadata.load and set_gguf_meta_model, the converter's code path, into a writer that writes no file."""
+    import gguf
+    from gguf.scripts.gguf_new_metadata import MetadataDetails
+
+    meta = gguf.Metadata.load(None, model_dir, model_dir.name, 0)
+    writer = gguf.GGUFWriter(None, arch="llama")
+    meta.set_gguf_meta_model(writer)
+    return {key: MetadataDetails(v.type, v.value, sub_type=v.sub_type)
+            for key, v in writer.kv_data[0].items() if key.startswith(SAMPLING_PREFIX)}
 
 
 def find_donor(out: Path, same: str) -> tuple[Path, dict[str, Any]] | None:
@@ -59,10 +74,10 @@ def find_donor(out: Path, same: str) -> tuple[Path, dict[str, Any]] | None:
     return None
 
 
-def retemplate(donor: Path, out: Path, *, file_type: str, template: str,
+def retemplate(donor: Path, out: Path, *, file_type: str, template: str, model_dir: Path,
                metadata: Mapping[str, str | int]) -> GGUFInfo:
-    """Copy GGUF `donor` to `out` (atomically) with `template` as its chat template and `metadata` set; every
-    tensor and every other key stays as it is.
+    """Copy GGUF `donor` to `out` (atomically) with `template` as its chat template, the sampling keys the converter
+    writes for `model_dir` (the donor's are removed) and `metadata` set; every tensor and every other key stays.
 
     Raises:
         ArtifactError: the copy does not read back as a `file_type` GGUF with its chat template.
@@ -74,14 +89,27 @@ def retemplate(donor: Path, out: Path, *, file_type: str, template: str,
     arch = reader.get_field(gguf.Keys.General.ARCHITECTURE)
     assert arch is not None, f"{donor} has no general.architecture (it was checked when it was built)"
     new: dict[str, MetadataDetails] = {
-        gguf.Keys.Tokenizer.CHAT_TEMPLATE: MetadataDetails(gguf.GGUFValueType.STRING, template)}
+        gguf.Keys.Tokenizer.CHAT_TEMPLATE: MetadataDetails(gguf.GGUFValueType.STRING, template),
+        **sampling_metadata(model_dir)}
     for key, value in metadata.items():
         kind = gguf.GGUFValueType.INT64 if isinstance(value, int) else gguf.GGUFValueType.STRING
         new[key] = MetadataDetails(kind, value)
+    gone = [k for k in reader.fields if k.startswith(SAMPLING_PREFIX) and k not in new]
     with atomic_output(out, check=gguf_check(file_type)) as tmp:
         writer = gguf.GGUFWriter(tmp, arch=str(arch.contents()), endianess=reader.endianess)
         alignment = reader.get_field(gguf.Keys.General.ALIGNMENT)
         if alignment is not None:
             writer.data_alignment = int(alignment.contents())
-        copy_with_new_metadata(reader, writer, new, [])
+        copy_with_new_metadata(reader, writer, new, gone)
     return inspect_gguf(out)
+
+
+def copy_imatrix(donor: Path, out: Path) -> None:
+    """Copy importance matrix `donor` to `out` as it is (atomically): it holds statistics of the f16's activations
+    on the calibration text, which the metadata does not touch.
+
+    Raises:
+        ArtifactError: the copy does not read back as an importance matrix.
+    """
+    with atomic_output(out, check=check_imatrix) as tmp:
+        shutil.copyfile(donor, tmp)
