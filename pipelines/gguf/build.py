@@ -192,6 +192,15 @@ class GGUFPlan:
         return weights_key(self.snapshot.path, self.snapshot.files)
 
     @functools.cached_property
+    def sampling(self) -> dict[str, Any]:
+        """The general.sampling.* keys the pinned converter writes for this source (from its generation_config.json),
+        for outputs carried over from a build of the same weights (retemplate.sampling_metadata: one short run of
+        the converter venv's python, no conversion)."""
+        from pipelines.gguf.retemplate import sampling_metadata
+
+        return sampling_metadata(self.snapshot.path, self.llama)
+
+    @functools.cached_property
     def weights(self) -> list[Weight]:
         """The source's 2-D weights (from its Safetensors headers): what the block-size pre-flight reads."""
         from pipelines.source.fetch import source_tensors
@@ -283,8 +292,8 @@ def _retemplated(plan: GGUFPlan, out: Path, key: str, same: str | None, file_typ
     if found is None or template is None:
         return None
     donor, donor_receipt = found
-    info = retemplate.retemplate(donor, out, file_type=file_type, template=template, model_dir=plan.snapshot.path,
-                                 metadata=metadata)
+    info = retemplate.retemplate(donor, out, file_type=file_type, template=template, metadata=metadata,
+                                 sampling=plan.sampling)
     log.info("%s: only metadata differs from %s: rewrote it, no tool run", out.name, donor)
     kept = {k: donor_receipt[k] for k in ("fallback",) if k in donor_receipt}
     receipt = write_receipt(out, key, gguf=info.to_dict(), weights_key=same, retemplated_from=donor_receipt["sha256"],

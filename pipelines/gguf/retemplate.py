@@ -6,7 +6,9 @@ template (chat_template.jinja / .json, and the `chat_template` key of tokenizer_
 defaults of generation_config.json (gguf-py's Metadata.load maps them to `general.sampling.*`). Two commits with one
 weights key convert to the same tensors, so an f16, an importance matrix or a quant of the earlier commit is copied
 with the new template, sampling keys and provenance written into its metadata (gguf-py's writer, in process)
-instead of running the converter, llama-imatrix or llama-quantize again.
+instead of running the converter, llama-imatrix or llama-quantize again. The sampling keys come from the pinned
+tree's own gguf-py, run once per build in the converter venv (pipelines/scripts/gguf_sampling.py): the gguf on
+PyPI of the same version reads generation_config.json differently.
 """
 
 from __future__ import annotations
@@ -19,11 +21,14 @@ from typing import Any
 
 from pipelines.core.fsutil import atomic_output
 from pipelines.core.ggufheader import GGUFInfo, check_imatrix, inspect_gguf
+from pipelines.core.runner import run
 from pipelines.core.steps import load_receipt, receipt_path
+from pipelines.core.toolchains import LlamaCpp
 from pipelines.gguf.tools import gguf_check
 from pipelines.source import upstream
 
 SAMPLING_PREFIX = "general.sampling."
+SAMPLING_SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "gguf_sampling.py"
 # The pinned converter reads generation_config.json in gguf-py's Metadata.load (its sampling defaults become
 # general.sampling.*, rewritten here) and, for two families, eos_token_id (HunYuan) and suppress_tokens (Gemma 4):
 # those two stay in the weights key, so a change to them converts again.
@@ -45,17 +50,19 @@ def chat_template(model_dir: Path) -> str | None:
     return template if isinstance(template, str) else None
 
 
-def sampling_metadata(model_dir: Path) -> dict[str, Any]:
-    """The `general.sampling.*` keys the converter writes for `model_dir` (key → gguf-py MetadataDetails): gguf-py's
-    own Metadata.load and set_gguf_meta_model, the converter's code path, into a writer that writes no file."""
+def sampling_metadata(model_dir: Path, llama: LlamaCpp) -> dict[str, Any]:
+    """The `general.sampling.*` keys the pinned converter writes for `model_dir` (key → gguf-py MetadataDetails):
+    its own gguf-py (Metadata.load, set_gguf_meta_model) in the converter venv, which reads generation_config.json
+    as the converter does (the gguf on PyPI of the same version does not read repetition_penalty).
+
+    Raises:
+        ToolError: the converter venv's python failed.
+    """
     import gguf
     from gguf.scripts.gguf_new_metadata import MetadataDetails
 
-    meta = gguf.Metadata.load(None, model_dir, model_dir.name, 0)
-    writer = gguf.GGUFWriter(None, arch="llama")
-    meta.set_gguf_meta_model(writer)
-    return {key: MetadataDetails(v.type, v.value, sub_type=v.sub_type)
-            for key, v in writer.kv_data[0].items() if key.startswith(SAMPLING_PREFIX)}
+    found = json.loads(run([llama.python, SAMPLING_SCRIPT, model_dir.resolve()]).stdout)
+    return {key: MetadataDetails(gguf.GGUFValueType(kind), value) for key, (kind, value) in found.items()}
 
 
 def find_donor(out: Path, same: str) -> tuple[Path, dict[str, Any]] | None:
@@ -74,10 +81,11 @@ def find_donor(out: Path, same: str) -> tuple[Path, dict[str, Any]] | None:
     return None
 
 
-def retemplate(donor: Path, out: Path, *, file_type: str, template: str, model_dir: Path,
+def retemplate(donor: Path, out: Path, *, file_type: str, template: str, sampling: Mapping[str, Any],
                metadata: Mapping[str, str | int]) -> GGUFInfo:
-    """Copy GGUF `donor` to `out` (atomically) with `template` as its chat template, the sampling keys the converter
-    writes for `model_dir` (the donor's are removed) and `metadata` set; every tensor and every other key stays.
+    """Copy GGUF `donor` to `out` (atomically) with `template` as its chat template, `sampling` as its
+    general.sampling.* keys (sampling_metadata; the donor's others are removed) and `metadata` set; every tensor
+    and every other key stays.
 
     Raises:
         ArtifactError: the copy does not read back as a `file_type` GGUF with its chat template.
@@ -90,7 +98,7 @@ def retemplate(donor: Path, out: Path, *, file_type: str, template: str, model_d
     assert arch is not None, f"{donor} has no general.architecture (it was checked when it was built)"
     new: dict[str, MetadataDetails] = {
         gguf.Keys.Tokenizer.CHAT_TEMPLATE: MetadataDetails(gguf.GGUFValueType.STRING, template),
-        **sampling_metadata(model_dir)}
+        **sampling}
     for key, value in metadata.items():
         kind = gguf.GGUFValueType.INT64 if isinstance(value, int) else gguf.GGUFValueType.STRING
         new[key] = MetadataDetails(kind, value)
