@@ -5,8 +5,8 @@ The weights key hashes every source file the converter reads except what it only
 template (chat_template.jinja / .json, and the `chat_template` key of tokenizer_config.json) and the sampling
 defaults of generation_config.json (gguf-py's Metadata.load maps them to `general.sampling.*`). Two commits with one
 weights key convert to the same tensors, so an f16, an importance matrix or a quant of the earlier commit is copied
-with the new template, sampling keys and provenance written into its metadata (gguf-py's writer, in process)
-instead of running the converter, llama-imatrix or llama-quantize again. The sampling keys come from the pinned
+with the new template, sampling keys and provenance written into its metadata (in process, every other byte
+copied) instead of running the converter, llama-imatrix or llama-quantize again. The sampling keys come from the pinned
 tree's own gguf-py, run once per build in the converter venv (pipelines/scripts/gguf_sampling.py): the gguf on
 PyPI of the same version reads generation_config.json differently.
 """
@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Mapping
+import struct
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from pipelines.core.fsutil import atomic_output
-from pipelines.core.ggufheader import GGUFInfo, check_imatrix, inspect_gguf
+from pipelines.core.ggufheader import GGUF_MAGIC, GGUFInfo, check_imatrix, gguf_layout, inspect_gguf
 from pipelines.core.runner import run
 from pipelines.core.steps import load_receipt, receipt_path
 from pipelines.core.toolchains import LlamaCpp
@@ -85,31 +86,64 @@ def retemplate(donor: Path, out: Path, *, file_type: str, template: str, samplin
                metadata: Mapping[str, str | int]) -> GGUFInfo:
     """Copy GGUF `donor` to `out` (atomically) with `template` as its chat template, `sampling` as its
     general.sampling.* keys (sampling_metadata; the donor's others are removed) and `metadata` set; every tensor
-    and every other key stays.
+    and every other key stays byte for byte.
 
     Raises:
-        ArtifactError: the copy does not read back as a `file_type` GGUF with its chat template.
+        ArtifactError: the donor's header does not read, or the copy does not read back as a `file_type` GGUF.
     """
     import gguf
-    from gguf.scripts.gguf_new_metadata import MetadataDetails, copy_with_new_metadata
 
-    reader = gguf.GGUFReader(donor, "r")
-    arch = reader.get_field(gguf.Keys.General.ARCHITECTURE)
-    assert arch is not None, f"{donor} has no general.architecture (it was checked when it was built)"
-    new: dict[str, MetadataDetails] = {
-        gguf.Keys.Tokenizer.CHAT_TEMPLATE: MetadataDetails(gguf.GGUFValueType.STRING, template),
-        **sampling}
+    new: dict[str, tuple[int, Any]] = {gguf.Keys.Tokenizer.CHAT_TEMPLATE: (gguf.GGUFValueType.STRING, template)}
+    new |= {key: (int(v.type), v.value) for key, v in sampling.items()}
     for key, value in metadata.items():
-        kind = gguf.GGUFValueType.INT64 if isinstance(value, int) else gguf.GGUFValueType.STRING
-        new[key] = MetadataDetails(kind, value)
-    gone = [k for k in reader.fields if k.startswith(SAMPLING_PREFIX) and k not in new]
+        new[key] = (gguf.GGUFValueType.INT64 if isinstance(value, int) else gguf.GGUFValueType.STRING, value)
     with atomic_output(out, check=gguf_check(file_type)) as tmp:
-        writer = gguf.GGUFWriter(tmp, arch=str(arch.contents()), endianess=reader.endianess)
-        alignment = reader.get_field(gguf.Keys.General.ALIGNMENT)
-        if alignment is not None:
-            writer.data_alignment = int(alignment.contents())
-        copy_with_new_metadata(reader, writer, new, gone)
+        rewrite_metadata(donor, tmp, new, drop=lambda key: key.startswith(SAMPLING_PREFIX))
     return inspect_gguf(out)
+
+
+_PACK = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+"""GGUF scalar value types (gguf.GGUFValueType) and their little-endian struct formats."""
+
+
+def _entry(key: str, kind: int, value: Any) -> bytes:
+    """One GGUF metadata entry: the key, the value type, the value (a string or a scalar)."""
+    def text(t: str) -> bytes:
+        raw = t.encode("utf-8")
+        return struct.pack("<Q", len(raw)) + raw
+
+    return text(key) + struct.pack("<I", kind) + (text(value) if kind == 8 else struct.pack("<" + _PACK[kind], value))
+
+
+def rewrite_metadata(donor: Path, out: Path, new: Mapping[str, tuple[int, Any]], drop: Callable[[str], bool]) -> None:
+    """Write GGUF `donor` to `out` with the metadata entries `new` (key → (GGUF value type, value)) set in place or
+    appended and the other keys `drop` accepts left out; every other entry, the tensor table and the tensor data are
+    copied as bytes (tensor offsets count from the data's start, which is re-aligned). gguf-py's reader would decode
+    every vocabulary entry first: seconds for a 150k-token vocabulary, minutes under load.
+
+    Raises:
+        ArtifactError: the donor's header does not read.
+    """
+    layout = gguf_layout(donor)
+    entries: list[bytes] = []
+    with open(donor, "rb") as src:
+        for key, start, end in layout.kv:
+            if key in new:
+                entries.append(_entry(key, *new[key]))
+            elif not drop(key):
+                src.seek(start)
+                entries.append(src.read(end - start))
+        entries += [_entry(key, *v) for key, v in new.items() if key not in {k for k, _, _ in layout.kv}]
+        src.seek(layout.tensor_table[0])
+        table = src.read(layout.tensor_table[1] - layout.tensor_table[0])
+        with open(out, "wb") as dst:
+            dst.write(GGUF_MAGIC + struct.pack("<IQQ", layout.version, layout.n_tensors, len(entries)))
+            for raw in entries:
+                dst.write(raw)
+            dst.write(table)
+            dst.write(bytes(-dst.tell() % layout.alignment))
+            src.seek(layout.data_start)
+            shutil.copyfileobj(src, dst, 16 << 20)
 
 
 def copy_imatrix(donor: Path, out: Path) -> None:
