@@ -273,6 +273,7 @@ def test_a_commit_that_breaks_the_model_registers_nothing(tiny_qwen2: Path, hub:
                                        if a.key == "convert-tiny-hub-variants")) for c, s in states.items()}
     assert states[no_weights].is_failed() and "has no .safetensors weights" in states[no_weights].message
     assert states[zeros].is_failed() and "no better than chance" in states[zeros].message
+    assert "keep the catalog's pin on a good one" in states[zeros].message  # not "rebuild it": that cannot help
     print("\n" + "\n".join(f"{c[:12]}: {s.message}" for c, s in states.items()))
     for (row,) in rows.values():  # the run's table names the variant, its failure, and no registration
         assert row["variant"] == "q8_0" and row["registered"] == "" and row["cause"], row
@@ -297,9 +298,11 @@ def test_a_commit_that_breaks_the_model_registers_nothing(tiny_qwen2: Path, hub:
 
 
 def test_chance_failure_names_the_broken_reference() -> None:
-    from pipelines.core.gates import chance_failure
+    from pipelines.core.gates import chance_failure, gate_advice
 
     assert chance_failure(1410.0, 151936) is None and chance_failure(20.0, 49152) is None
     said = chance_failure(151936.0, 151936)
     assert said is not None and "no better than chance" in said and "151936-token" in said
     assert chance_failure(5e6, None) is None  # no vocabulary known: nothing to compare with
+    advice = gate_advice("q8_0", [], basis="tiny", other_failures=[said])
+    assert "no other type or scheme fixes that" in advice and "rerun" not in advice
