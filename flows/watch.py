@@ -85,7 +85,7 @@ def _report(started: dict[str, dict[str, Any]], unchanged: list[str], failed: li
             "| --- | --- | --- | --- | --- | --- | --- |"]
     for name, s in started.items():
         rows.append(f"| {name} | {s['ref']} | {(s['pinned'] or 'unpinned')[:12]} → {s['head'][:12]} | "
-                    f"{', '.join(s['kinds']) or '-'} | {'weights' if s['rebuilds_weights'] else 'template only'} | "
+                    f"{', '.join(s['kinds']) or '-'} | {'weights' if s['rebuilds_weights'] else 'metadata only'} | "
                     f"{s['recorded_on']} | {s['flow_run_name']} |")
     text = "\n".join(["# Upstream", "", *(rows if started else ["Nothing moved."]), "",
                       f"Unchanged: {', '.join(unchanged) or '-'}", "",

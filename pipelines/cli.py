@@ -598,7 +598,7 @@ def _print_movements(found: list[Any], *, applied: bool) -> None:
             out.print(f"{m.name}: {m.repo} {m.ref} is still at the pin {m.head[:12]}", highlight=False)
             continue
         was = (m.pinned or "unpinned")[:12]
-        what = "variants rebuild" if m.rebuilds_weights else "chat template only: no weights rebuilt"
+        what = "variants rebuild" if m.rebuilds_weights else "metadata only: no weights rebuilt"
         out.print(f"[bold]{m.name}[/bold]: {m.repo} {m.ref} moved {was} → {m.head[:12]} "
                   f"({', '.join(m.kinds) or 'no listed file changed'}; {what})"
                   + (" [green]pin moved[/green]" if applied else ""), highlight=False, soft_wrap=True)

@@ -38,7 +38,7 @@ from pipelines.core.fsutil import (
     disk_full_located,
     write_text_atomic,
 )
-from pipelines.core.gates import Gate, compressed_gate
+from pipelines.core.gates import Gate, chance_failure, compressed_gate
 from pipelines.core.preflight import GROUPED_SCHEMES, GroupSizeChoice, choose_group_size, source_weights
 from pipelines.core.report import REPORT_VERSION, Figures, Validation
 from pipelines.core.settings import Settings
@@ -51,6 +51,7 @@ from pipelines.core.steps import (
     keep_failure,
     load_dir_receipt,
     load_report,
+    receipt_path,
     timed_phase,
     variant_scoped,
     write_dir_receipt,
@@ -108,11 +109,21 @@ class CompressPlan:
         """<work>/<name>/<rev>/<name>-fp8-dynamic, -w4a16-awq, -w4a16-gptq, -w8a8."""
         return self.out_dir / f"{self.entry.name}-{_SUFFIX[v]}"
 
-    def quant_key(self, v: str) -> str:
+    def quant_key(self, v: str, source_key: str | None = None) -> str:
+        """What variant `v`'s checkpoint is made from: the source (`source_key`, or this plan's; a metadata-only
+        change passes the weights key), the recipe, its calibration text and the toolchain."""
         recipe = self.recipes[v]
-        return content_key("compress", self.source_key, recipe.model_dump(mode="json"),
+        return content_key("compress", source_key or self.source_key, recipe.model_dump(mode="json"),
                            self.calibration.sha256 if recipe.calibration else None, self.tc.versions(),
                            self.script_sha[QUANTIZE_SCRIPT.name], __version__)
+
+    @functools.cached_property
+    def weights_key(self) -> str:
+        """The source's content key without its chat template and generation config (copied, never read to make
+        the weights): equal for commits whose checkpoints differ in those files alone."""
+        from pipelines.source.upstream import weights_key
+
+        return weights_key(self.snapshot.path, self.snapshot.files)
 
     def gate(self, v: str) -> Gate:
         return compressed_gate(v, self.entry.gate_profile, self.params)
@@ -120,8 +131,17 @@ class CompressPlan:
     def judge(self, v: str, figures: Figures | None, failures: list[str] | None = None) -> Validation:
         """Variant `v`'s validation: measured against the source on the held-out text (or failed before)."""
         revision = self.source.get("revision") or self.source_key
+        broken = chance_failure(figures.ppl_reference, self.vocab) if figures is not None else None
         return Validation.judge(format="compressed-tensors", reference=f"source Safetensors @ {revision[:12]}",
-                                evaluation=self.eval_params, figures=figures, gate=self.gate(v), failures=failures)
+                                evaluation=self.eval_params, figures=figures, gate=self.gate(v),
+                                failures=[*(failures or []), *([broken] if broken else [])] or None)
+
+    @functools.cached_property
+    def vocab(self) -> int | None:
+        """The source's vocabulary size (config.json), for the check that its reference is better than chance."""
+        config = json.loads((self.snapshot.path / "config.json").read_text(encoding="utf-8"))
+        size = config.get("vocab_size") or (config.get("text_config") or {}).get("vocab_size")
+        return size if isinstance(size, int) else None
 
     @property
     def eval_params(self) -> dict[str, Any]:
@@ -142,8 +162,9 @@ class CompressPlan:
         d = self.variant_dir(v)
         return d.with_name(d.name + ".report.json")
 
-    def report_key(self, v: str, tree_sha256: str) -> str:
-        return content_key("validate", REPORT_VERSION, tree_sha256, self.source_key, self.eval_params, self.gate(v).to_dict(),
+    def report_key(self, v: str, tree_sha256: str, source_key: str | None = None) -> str:
+        return content_key("validate", REPORT_VERSION, tree_sha256, source_key or self.source_key, self.eval_params,
+                           self.gate(v).to_dict(),
                            self.tc.versions(), self.script_sha[EVALUATE_SCRIPT.name], self.calibration_record(v))
 
     def serve_config_path(self, v: str) -> Path:
@@ -265,6 +286,9 @@ def ensure_compressed(
     receipt = load_dir_receipt(d, key)
     if receipt is not None:
         return StepResult(d, receipt, ran=False)
+    same = plan.quant_key(v, plan.weights_key)
+    if done := _remetadata(plan, d, key, same):
+        return done
     with disk_full_located(plan.settings), gpu_slot():
         result, tool = quantize(plan.snapshot.path, d, plan.recipes[v], plan.tc, settings=plan.settings,
                                 trust_remote_code=plan.entry.trust_remote_code,
@@ -272,8 +296,35 @@ def ensure_compressed(
         # The receipt is written before the slot is released: releasing talks to the orchestrator, and a
         # failure there must not cost the finished checkpoint (the rerun finds the receipt and skips).
         receipt = write_dir_receipt(d, key, quantize={**result, "wall_s": round(tool.wall_s, 3),
-                                                      "peak_rss_bytes": tool.peak_rss_bytes})
+                                                      "peak_rss_bytes": tool.peak_rss_bytes},
+                                    weights_key=same, source_key=plan.source_key)
     return StepResult(d, receipt, ran=True)
+
+
+def _remetadata(plan: CompressPlan, d: Path, key: str, same: str) -> StepResult | None:
+    """Checkpoint `d` made from a finished checkpoint of an earlier build of the same weights (a sibling build
+    directory's, receipt weights key `same`) with this source's chat template and generation config: no
+    llmcompressor run. None when there is no such checkpoint."""
+    from pipelines.compressed.checkpoint import with_new_metadata
+
+    for other in sorted(plan.out_dir.parent.glob(f"*/{d.name}")):
+        try:
+            found = json.loads(receipt_path(other).read_text()) if other != d else None
+        except (FileNotFoundError, ValueError):
+            continue
+        donor = load_dir_receipt(other, found["key"]) if isinstance(found, dict) and "key" in found else None
+        if donor is None or donor.get("weights_key") != same:
+            continue
+        with disk_full_located(plan.settings):
+            kept = with_new_metadata(other, plan.snapshot.path, d)
+            log.info("%s: only metadata differs from %s: copied it with the new %s, no llmcompressor run", d.name,
+                     other, ", ".join(kept))
+            receipt = write_dir_receipt(d, key, quantize=donor.get("quantize", {}), weights_key=same,
+                                        source_key=plan.source_key, metadata_from={
+                                            "path": str(other), "tree_sha256": donor["tree_sha256"],
+                                            "source_key": donor.get("source_key"), "files": kept})
+        return StepResult(d, receipt, ran=True)
+    return None
 
 
 def ensure_validated(plan: CompressPlan, names: list[str] | None = None) -> dict[str, VariantOutcome]:
@@ -310,7 +361,7 @@ def ensure_validated(plan: CompressPlan, names: list[str] | None = None) -> dict
         except ArtifactError as err:
             structure, failures = None, [f"structure: {err.message}"]
         reports[v] = _new_report(plan, v, receipt, structure, failures, key)
-        if not failures:
+        if not failures and not _carry_over(plan, v, receipt, reports[v]):
             to_measure[v] = d
     if to_measure:
         with disk_full_located(plan.settings):
@@ -409,8 +460,8 @@ def build_compressed(
         progress(f"validate {', '.join(built)} against the source on {EVAL_TEXT} (CPU)")
         with phase("validate"):
             variants = _validate_isolated(plan, built, errors)
-    if any(not o.cached for o in variants.values()):
-        tools_run.append("evaluate " + ", ".join(v for v, o in variants.items() if not o.cached))
+    if measured := [v for v, o in variants.items() if not o.cached and "carried_over" not in o.report]:
+        tools_run.append("evaluate " + ", ".join(measured))
     if serve_smoke:
         for v, outcome in variants.items():
             if not outcome.passed:
@@ -449,6 +500,27 @@ def _validate_isolated(plan: CompressPlan, names: list[str], errors: dict[str, V
     for v in names:
         outcomes.update(_validate_isolated(plan, [v], errors))
     return outcomes
+
+
+def _carry_over(plan: CompressPlan, v: str, receipt: dict[str, Any], report: dict[str, Any]) -> bool:
+    """Give `report` the figures of the checkpoint `receipt` says this one was copied from with new metadata only
+    (same Safetensors, config and tokenizer: the evaluation reads nothing else), judged by this plan's gate; False
+    when there is no such report under the same evaluation, gate and toolchain, or it holds no figures."""
+    made = receipt.get("metadata_from")
+    if not made or not made.get("source_key"):
+        return False
+    donor = Path(made["path"])
+    old = load_report(donor.with_name(donor.name + ".report.json"),
+                      plan.report_key(v, made["tree_sha256"], made["source_key"]))
+    judged = Validation.of_report(old) if old else None
+    if old is None or judged is None or judged.figures is None:
+        return False
+    report.update(metrics=old.get("metrics"), source_sample=old.get("source_sample"), evaluation=old.get("evaluation"),
+                  validation=plan.judge(v, judged.figures).model_dump(mode="json"),
+                  carried_over={"from": str(donor), "tree_sha256": made["tree_sha256"], "report_key": old["key"],
+                                "why": f"only {', '.join(made.get('files', []))} differ; the evaluation reads the "
+                                "Safetensors, config.json and tokenizer, which are byte-identical"})
+    return True
 
 
 def _new_report(

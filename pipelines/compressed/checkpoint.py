@@ -36,6 +36,33 @@ VERBATIM_FILES = (
 )
 
 
+METADATA_FILES = ("tokenizer_config.json", "chat_template.jinja", "chat_template.json", "generation_config.json")
+"""What a metadata-only upstream change may touch in a checkpoint (the chat template and the generation config):
+files copied from the source that llmcompressor does not read to make the weights."""
+
+
+def with_new_metadata(donor: Path, source_dir: Path, out: Path) -> list[str]:
+    """Copy checkpoint `donor` to `out` (atomically) with its METADATA_FILES taken from `source_dir` (one the source
+    no longer has is left out); every other file, the Safetensors among them, stays byte for byte. Returns the
+    metadata files the copy holds.
+
+    Raises:
+        ArtifactError: the copy does not read back as a checkpoint.
+    """
+    import shutil
+
+    from pipelines.core.fsutil import atomic_output
+
+    with atomic_output(out, check=check_checkpoint) as tmp:
+        shutil.copytree(donor, tmp)
+        for name in METADATA_FILES:
+            (tmp / name).unlink(missing_ok=True)
+            if (source_dir / name).is_file():
+                shutil.copyfile(source_dir / name, tmp / name)
+                (tmp / name).chmod(0o644)
+        return sorted(n for n in METADATA_FILES if (tmp / n).is_file())
+
+
 # ---------------------------------------------------------------- what each scheme must look like on disk
 
 

@@ -336,6 +336,11 @@ def gate_advice(
     """
     v = variant.lower()
     compressed = v in _COMPRESSED_BITS
+    broken = [f for f in other_failures or [] if _CHANCE in f]
+    if broken:
+        return (f"{v}: {broken[0]}; no other type or scheme fixes that. Check the source commit (`modelmint watch` "
+                "names the files that changed) and keep the catalog's pin on a good one: nothing of this build was "
+                "registered, and the previous version stays current")
     if not misses:
         what = "; ".join(other_failures or []) or "a check before measurement"
         return (f"{v} failed {what} before any quality figure was measured: another type or scheme would not "
@@ -390,3 +395,19 @@ def advice_for_report(variant: str, report: dict[str, Any], *, params: int | Non
         variant, misses, basis=str(gate.get("basis", "unknown")), params=params or report.get("source_parameters"),
         imatrix=imatrix, group_size=group_size, other_failures=[f for f in failures if f not in measured],
     )
+
+
+CHANCE_SHARE = 0.25
+_CHANCE = "no better than chance"
+"""A reference whose perplexity on the evaluation text reaches this share of its vocabulary size predicts it about
+as well as guessing among that many tokens: its weights are broken (zeroed, noise, a bad upload). The gates compare
+a variant with its own reference, so they cannot see this; trained models sit orders of magnitude below (tiny-qwen2
+about 1,400 of 151,936, SmolLM2 about 20 of 49,152)."""
+
+
+def chance_failure(ppl_reference: float, vocab: int | None) -> str | None:
+    """The failure of a reference that is no better than chance (CHANCE_SHARE), or None."""
+    if not vocab or ppl_reference < CHANCE_SHARE * vocab:
+        return None
+    return (f"the reference itself predicts the evaluation text {_CHANCE} (perplexity {ppl_reference:.6g} "
+            f"of a {vocab}-token vocabulary, limit {CHANCE_SHARE:g} x vocabulary): the source weights are broken")

@@ -124,6 +124,50 @@ def read_gguf_header(path: Path, keep: Callable[[str, dict[str, Any]], bool]) ->
     return GGUFHeader(version, found, tensors)
 
 
+@dataclass(frozen=True)
+class GGUFLayout:
+    """Where each part of a GGUF's header lies: what a metadata rewrite copies byte for byte around the keys it
+    changes (tensor offsets count from `data_start`, so the tensor table and the data move as they are)."""
+
+    version: int
+    n_tensors: int
+    kv: list[tuple[str, int, int]]
+    """Each metadata entry: its key, and the byte range of the whole entry (key, type, value)."""
+    tensor_table: tuple[int, int]
+    data_start: int
+    alignment: int
+
+
+def gguf_layout(path: Path) -> GGUFLayout:
+    """The byte layout of a GGUF's header (read_gguf_header's walk, keeping positions instead of values).
+
+    Raises:
+        ArtifactError: not a GGUF, an unsupported version, or a header that is truncated or damaged.
+    """
+    with _mapped(Path(path)) as mm:
+        version, n_tensors, n_kv = struct.unpack_from("<IQQ", mm, 4)
+        if version not in SUPPORTED_GGUF_VERSIONS:
+            raise ArtifactError(f"{path}: GGUF version {version} is not supported (want {SUPPORTED_GGUF_VERSIONS})")
+        cur, kv, alignment = _Cursor(mm, 24), [], 32
+        try:
+            for _ in range(n_kv):
+                start = cur.pos
+                key = cur.string()
+                value = cur.value(cur.scalar("I"), key == "general.alignment")
+                if key == "general.alignment" and isinstance(value, int) and value > 0:
+                    alignment = value
+                kv.append((str(key), start, cur.pos))
+            table = cur.pos
+            for _ in range(n_tensors):
+                cur.string(False)
+                cur.scalars(f"{cur.scalar('I')}Q")
+                cur.scalars("IQ")
+        except (struct.error, ValueError, OverflowError, MemoryError) as err:
+            raise ArtifactError(f"{path} is damaged or truncated inside its header: {err}",
+                                hint="delete it and rerun the step that wrote it") from err
+        return GGUFLayout(version, n_tensors, kv, (table, cur.pos), cur.pos + (-cur.pos % alignment), alignment)
+
+
 def _mapped(path: Path) -> mmap.mmap:
     """The file mapped read-only, after checking it is a GGUF (clear errors for a missing path or a directory)."""
     try:

@@ -192,6 +192,15 @@ class GGUFPlan:
         return weights_key(self.snapshot.path, self.snapshot.files)
 
     @functools.cached_property
+    def sampling(self) -> dict[str, Any]:
+        """The general.sampling.* keys the pinned converter writes for this source (from its generation_config.json),
+        for outputs carried over from a build of the same weights (retemplate.sampling_metadata: one short run of
+        the converter venv's python, no conversion)."""
+        from pipelines.gguf.retemplate import sampling_metadata
+
+        return sampling_metadata(self.snapshot.path, self.llama)
+
+    @functools.cached_property
     def weights(self) -> list[Weight]:
         """The source's 2-D weights (from its Safetensors headers): what the block-size pre-flight reads."""
         from pipelines.source.fetch import source_tensors
@@ -252,8 +261,9 @@ def plan_gguf(
 
 
 def ensure_base(plan: GGUFPlan) -> StepResult:
-    """The f16/bf16 GGUF converted from the source Safetensors (or, when only the chat template changed since an
-    earlier build of the same weights, that build's f16 with the new template: no converter run)."""
+    """The f16/bf16 GGUF converted from the source Safetensors (or, when only the chat template or the generation
+    config's sampling defaults changed since an earlier build of the same weights, that build's f16 with the new
+    metadata: no converter run)."""
     out, key = plan.base_path, plan.base_key
     receipt = load_receipt(out, key)
     if receipt is not None:
@@ -274,7 +284,7 @@ def ensure_base(plan: GGUFPlan) -> StepResult:
 def _retemplated(plan: GGUFPlan, out: Path, key: str, same: str | None, file_type: str,
                  metadata: dict[str, Any]) -> StepResult | None:
     """`out` made from a finished output of an earlier build with the same weights key `same`, given this source's
-    chat template and provenance; None when there is no such build (or no single template to write)."""
+    chat template, sampling defaults and provenance; None when there is no such build (or no single template)."""
     from pipelines.gguf import retemplate
 
     template = retemplate.chat_template(plan.snapshot.path) if same else None
@@ -282,8 +292,9 @@ def _retemplated(plan: GGUFPlan, out: Path, key: str, same: str | None, file_typ
     if found is None or template is None:
         return None
     donor, donor_receipt = found
-    info = retemplate.retemplate(donor, out, file_type=file_type, template=template, metadata=metadata)
-    log.info("%s: only the chat template differs from %s: rewrote its metadata, no tool run", out.name, donor)
+    info = retemplate.retemplate(donor, out, file_type=file_type, template=template, metadata=metadata,
+                                 sampling=plan.sampling)
+    log.info("%s: only metadata differs from %s: rewrote it, no tool run", out.name, donor)
     kept = {k: donor_receipt[k] for k in ("fallback",) if k in donor_receipt}
     receipt = write_receipt(out, key, gguf=info.to_dict(), weights_key=same, retemplated_from=donor_receipt["sha256"],
                             **kept)
@@ -319,13 +330,31 @@ def ensure_imatrix(plan: GGUFPlan) -> StepResult | None:
     if receipt is not None:
         return StepResult(out, receipt, ran=False)
     cal = plan.spec.calibration
+    # the matrix is the f16's activations on the calibration text: the same weights give the same matrix
+    same = content_key("weights-imatrix", plan.weights_key, plan.spec.outtype, text.describe(), cal.num_samples,
+                       cal.max_seq_length, IMATRIX_FORMAT, plan.llama.commit, __version__)
     with disk_full_located(plan.settings):
+        if found := _imatrix_donor(out, same):
+            from pipelines.gguf.retemplate import copy_imatrix
+
+            copy_imatrix(found[0], out)
+            log.info("%s: the weights are those of %s: copied its importance matrix, no tool run", out.name, found[0])
+            receipt = write_receipt(out, key, imatrix=found[1]["imatrix"], calibration=text.describe(),
+                                    weights_key=same, copied_from=found[1]["sha256"])
+            return StepResult(out, receipt, ran=True)
         made, tool = gguf.compute_imatrix(plan.base_path, text.path, out, plan.llama,
                                           threads=plan.settings.effective_threads,
                                           ctx=cal.max_seq_length, chunks=cal.num_samples)
         receipt = write_receipt(out, key, imatrix={**made, "format": IMATRIX_FORMAT}, calibration=text.describe(),
-                                wall_s=round(tool.wall_s, 3))
+                                wall_s=round(tool.wall_s, 3), weights_key=same)
     return StepResult(out, receipt, ran=True)
+
+
+def _imatrix_donor(out: Path, same: str) -> tuple[Path, dict[str, Any]] | None:
+    from pipelines.gguf.retemplate import find_donor
+
+    found = find_donor(out, same)
+    return found if found is not None and "imatrix" in found[1] else None
 
 
 def ensure_quant(plan: GGUFPlan, q: str, *, threads: int | None = None) -> StepResult:
@@ -340,9 +369,9 @@ def ensure_quant(plan: GGUFPlan, q: str, *, threads: int | None = None) -> StepR
         if imatrix_sha is None:
             raise FileNotFoundError(f"{plan.imatrix_path} has not been computed (run ensure_imatrix first)")
         kv["modelmint.imatrix.sha256"] = imatrix_sha
-    # an importance matrix is keyed by its source commit: only plain quants are carried over to a new template
-    same = None if plan.calibration is not None else content_key("weights-quant", plan.weights_key, q, plan.llama.commit,
-                                                                 __version__)
+    # the same weights (and the same importance matrix's bytes): the earlier build's quant with the new metadata
+    same = content_key("weights-quant", plan.weights_key, q, plan.llama.commit, __version__,
+                       kv.get("modelmint.imatrix.sha256"))
     with disk_full_located(plan.settings):
         if done := _retemplated(plan, out, key, same, q, {**_provenance(plan), **kv}):
             return done

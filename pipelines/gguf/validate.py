@@ -13,8 +13,8 @@ from pipelines.chat import jinja as chat_template
 from pipelines.core.answers import Answers
 from pipelines.core.errors import ArtifactError
 from pipelines.core.fsutil import atomic_output, write_text_atomic
-from pipelines.core.gates import Gate
-from pipelines.core.ggufheader import GGUFInfo
+from pipelines.core.gates import Gate, chance_failure
+from pipelines.core.ggufheader import GGUFInfo, read_gguf_header
 from pipelines.core.report import Figures, Validation, perplexity_positions
 from pipelines.core.runner import run
 from pipelines.core.toolchains import LlamaCpp
@@ -274,6 +274,7 @@ def validate_variant(
     """
     smoke_result = smoke_generate(quant, quant_info, llama, threads=threads) if smoke else None
     stats = kl_divergence(quant, base_logits, llama, threads=threads, ctx=ctx)
+    broken = chance_failure(stats.figures().ppl_reference, _vocab(reference))
     report = VariantReport(
         variant=variant,
         path=str(quant),
@@ -282,9 +283,17 @@ def validate_variant(
         smoke=asdict(smoke_result) if smoke_result else None,
         kld=stats.to_dict(),
         validation=Validation.judge(format="gguf", reference=reference.name, evaluation=evaluation,
-                                    figures=stats.figures(), gate=gate, answers=answers),
+                                    figures=stats.figures(), gate=gate, answers=answers,
+                                    failures=[broken] if broken else None),
         toolchain=llama.versions(),
         extra=extra or {},
     )
     report.write(report_path)
     return report
+
+
+def _vocab(model: Path) -> int | None:
+    """The vocabulary size of GGUF `model` (its token embedding's rows), or None when it has none."""
+    header = read_gguf_header(model, lambda _k, _f: False)
+    rows = [t.shape for t in header.tensors if t.name == "token_embd.weight"]
+    return int(rows[0][-1]) if rows and rows[0] else None

@@ -52,7 +52,7 @@ def move_pin(settings: Settings, name: str, commit: str) -> str | None:
 def message(m: Movement) -> str:
     """The commit message of a moved pin: what moved, and which kinds of file changed."""
     what = ", ".join(m.kinds) or "no listed file"
-    rebuild = "variants rebuilt" if m.rebuilds_weights else "chat template only, weights unchanged"
+    rebuild = "variants rebuilt" if m.rebuilds_weights else "metadata only, weights unchanged"
     return (f"{m.name}: pin {m.repo}@{m.head[:12]} ({m.ref} moved from {(m.pinned or 'unpinned')[:12]}; "
             f"changed: {what}; {rebuild})\n\n" + "\n".join(f"{c.change} {c.path} ({c.kind})" for c in m.changes))
 

@@ -3,18 +3,25 @@
 from __future__ import annotations
 
 import fnmatch
+import json
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
 from pipelines.core.errors import ConfigError, SourceError
 from pipelines.core.settings import Settings
+from pipelines.core.steps import content_key
 from pipelines.source.catalog import Catalog, CatalogEntry, HubSource
 from pipelines.source.fetch import ALLOW_PATTERNS, CODE_PATTERNS, hub_errors
 
 FileKind = Literal["weights", "tokenizer", "chat template", "generation config", "config", "other"]
+
+METADATA_KINDS: frozenset[FileKind] = frozenset({"chat template", "generation config"})
+"""What a build writes into the GGUF's metadata and copies into a compressed checkpoint without reading the weights:
+a commit that changes only these (and files the build does not download) rebuilds no weights."""
 
 # First match wins: chat_template inside tokenizer_config.json is a tokenizer change too (the listing cannot
 # tell which key changed), so only the template's own files count as "chat template".
@@ -28,6 +35,10 @@ _KINDS: tuple[tuple[FileKind, tuple[str, ...]], ...] = (
 )
 
 
+_TOKENIZER_CONFIG = "tokenizer_config.json"
+_GENERATION_CONFIG = "generation_config.json"
+
+
 def _fetched(path: str) -> bool:
     """Whether the build downloads this repo file (fetch's allow-list; code files count, trusted or refused)."""
     return "/" not in path and any(fnmatch.fnmatchcase(path, g) for g in (*ALLOW_PATTERNS, *CODE_PATTERNS))
@@ -36,6 +47,25 @@ def _fetched(path: str) -> bool:
 def classify(path: str) -> FileKind:
     """Which part of a model a repo file is (weights, tokenizer, chat template, generation config, config)."""
     return next((kind for kind, globs in _KINDS if any(fnmatch.fnmatchcase(path, g) for g in globs)), "other")
+
+
+def weights_key(root: Path, files: Mapping[str, str], *, generation_read: Collection[str] = ()) -> str:
+    """A content key over `files` (relpath → sha256 under `root`) that ignores what a build only copies into its
+    output's metadata: the chat template (its own files and the `chat_template` key of tokenizer_config.json) and
+    generation_config.json but for the keys `generation_read` (those a build reads for more than metadata). Two
+    commits with one key hold the same weights, tokenizer and config."""
+    parts = []
+    for name, sha in sorted(files.items()):
+        if classify(name) == "chat template" or (name == _GENERATION_CONFIG and not generation_read):
+            continue
+        if name in (_TOKENIZER_CONFIG, _GENERATION_CONFIG):
+            config = json.loads((root / name).read_text(encoding="utf-8"))
+            if isinstance(config, dict):
+                config = ({k: v for k, v in config.items() if k != "chat_template"} if name == _TOKENIZER_CONFIG
+                          else {k: v for k, v in config.items() if k in generation_read})
+            sha = content_key(json.dumps(config, sort_keys=True))
+        parts.append((name, sha))
+    return content_key("weights", parts)
 
 
 @dataclass(frozen=True)
@@ -66,10 +96,11 @@ class Movement:
 
     @property
     def rebuilds_weights(self) -> bool:
-        """Whether the new commit changes a file the build reads other than the chat template. False: the GGUFs
-        already built get the new template written into them and no converter or quantizer runs
-        (pipelines/gguf/retemplate.py); compressed-tensors variants are built again either way."""
-        return self.pinned is None or any(c.kind != "chat template" and _fetched(c.path) for c in self.changes)
+        """Whether the new commit changes a file the build reads other than the chat template and the generation
+        config. False: the GGUFs already built get the new metadata written into them and the compressed
+        checkpoints get the new files copied in; no converter, quantizer, imatrix or llmcompressor runs
+        (pipelines/gguf/retemplate.py)."""
+        return self.pinned is None or any(c.kind not in METADATA_KINDS and _fetched(c.path) for c in self.changes)
 
     def to_dict(self) -> dict[str, object]:
         return {"name": self.name, "repo": self.repo, "ref": self.ref, "pinned": self.pinned, "head": self.head,
@@ -159,9 +190,6 @@ def check(entry: CatalogEntry, settings: Settings, *, limit: RateLimit | None = 
                 configs.append(_get(f"{api.endpoint}/{repo}/resolve/{commit}/{_TOKENIZER_CONFIG}", api.token, timeout))
             changes = _template_only(changes, *configs)
     return Movement(entry.name, repo, ref, pinned, head, changes)
-
-
-_TOKENIZER_CONFIG = "tokenizer_config.json"
 
 
 def _template_only(changes: tuple[FileChange, ...], old: object, new: object) -> tuple[FileChange, ...]:
