@@ -27,8 +27,13 @@ MODELMINT = [sys.executable, "-m", "pipelines.cli"]
 
 
 def _cli(repo: Repo, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*MODELMINT, *args], env={**repo.env(), "COLUMNS": "200", **env}, capture_output=True,
-                          text=True, cwd=repo.root)
+    return subprocess.run(
+        [*MODELMINT, *args],
+        env={**repo.env(), "COLUMNS": "200", **env},
+        capture_output=True,
+        text=True,
+        cwd=repo.root,
+    )
 
 
 def _set_serve(repo: Repo, serve: dict[str, Any]) -> None:
@@ -65,15 +70,19 @@ def test_an_entry_without_serve_is_planned_for_the_default_inventories(tmp_path:
     assert set(KV_CACHE_DTYPES.__args__) == set(planner.KV_BYTES)  # the catalog offers what the planner sizes
 
 
-@pytest.mark.parametrize(("serve", "complaint"), [
-    ({"gpus": ["4xRTX4909-24G"]}, "unknown GPU 'RTX4909-24G'; known: A800-80G, "),
-    ({"gpus": ["4RTX4090-24G"]}, "'4RTX4090-24G' is not a GPU group (write [NODESx]GPUSxNAME"),
-    ({"gpus": ["4xRTX4090-24G", "1x4xRTX4090-24G"]}, "inventory 1x4xRTX4090-24G is named twice"),
-    ({"gpu": ["1xL4-24G"]}, "unknown key 'gpu' (did you mean 'gpus'?)"),
-    ({"gpus": []}, "gpus: List should have at least 1 item"),
-])
-def test_a_broken_inventory_is_refused_when_the_catalog_loads(tmp_path: Path, serve: dict[str, Any],
-                                                               complaint: str) -> None:
+@pytest.mark.parametrize(
+    ("serve", "complaint"),
+    [
+        ({"gpus": ["4xRTX4909-24G"]}, "unknown GPU 'RTX4909-24G'; known: A800-80G, "),
+        ({"gpus": ["4RTX4090-24G"]}, "'4RTX4090-24G' is not a GPU group (write [NODESx]GPUSxNAME"),
+        ({"gpus": ["4xRTX4090-24G", "1x4xRTX4090-24G"]}, "inventory 1x4xRTX4090-24G is named twice"),
+        ({"gpu": ["1xL4-24G"]}, "unknown key 'gpu' (did you mean 'gpus'?)"),
+        ({"gpus": []}, "gpus: List should have at least 1 item"),
+    ],
+)
+def test_a_broken_inventory_is_refused_when_the_catalog_loads(
+    tmp_path: Path, serve: dict[str, Any], complaint: str
+) -> None:
     raw = yaml.safe_load((Path(__file__).parents[1] / "registry" / "catalog.yaml").read_text())
     raw["models"] = [m for m in raw["models"] if m["name"] == "tiny-qwen2"]
     raw["models"][0]["serve"] = serve
@@ -92,7 +101,9 @@ def test_the_setting_overrides_the_catalog_and_is_checked_when_read(tmp_path: Pa
     assert settings.serve_gpus == ("2x8xH100-80G", "1xL20-48G")
     assert entry.with_serve_gpus(settings.serve_gpus).serve.gpus == ["2x8xH100-80G", "1x1xL20-48G"]
     assert entry.with_serve_gpus(None) is entry and Settings.from_env({}).serve_gpus is None
-    with pytest.raises(ConfigError, match=r"(?s)MODELMINT_SERVE_GPUS: unknown GPU 'H100'; known: .*add a profile"):
+    with pytest.raises(
+        ConfigError, match=r"(?s)MODELMINT_SERVE_GPUS: unknown GPU 'H100'; known: .*add a profile"
+    ):
         Settings.from_env({"MODELMINT_SERVE_GPUS": "1xL4-24G,8xH100"})
 
 
@@ -102,15 +113,25 @@ def test_the_setting_overrides_the_catalog_and_is_checked_when_read(tmp_path: Pa
 @pytest.mark.slow
 def test_a_registered_gguf_carries_its_plans_and_a_refusal_is_recorded(isolated, tmp_path: Path) -> None:
     repo = make_repo(tmp_path, models={"tiny-qwen2": ["q8_0"]})
-    _set_serve(repo, {"gpus": ["1xL4-24G", "4xRTX4090-24G", "1x8xA800-80G+1x8xL20-48G"], "context": 4096,
-                      "concurrency": 8})
+    _set_serve(
+        repo,
+        {
+            "gpus": ["1xL4-24G", "4xRTX4090-24G", "1x8xA800-80G+1x8xL20-48G"],
+            "context": 4096,
+            "concurrency": 8,
+        },
+    )
     done = _cli(repo, "convert", "tiny-qwen2", "--variants", "q8_0", "--register")
     assert done.returncode == 0, done.stderr
     settings = repo.settings()
     m = find_manifest(settings, "tiny-qwen2:q8_0")
     files = _check_listed(repo, m)
     single, box, mixed = m.serving.inventories
-    assert (single.gpus, box.gpus, mixed.gpus) == ("1x1xL4-24G", "1x4xRTX4090-24G", "1x8xA800-80G+1x8xL20-48G")
+    assert (single.gpus, box.gpus, mixed.gpus) == (
+        "1x1xL4-24G",
+        "1x4xRTX4090-24G",
+        "1x8xA800-80G+1x8xL20-48G",
+    )
     # the plans are the planner's on the registered bytes: every tensor of the GGUF, config from its header
     gguf = repo.root / m.dvc.path / m.file
     what = planner.served(gguf)
@@ -123,13 +144,26 @@ def test_a_registered_gguf_carries_its_plans_and_a_refusal_is_recorded(isolated,
     assert single.files == [] and "no vLLM files for a GGUF" in single.notes[0]
     assert box.files == ["serve/1x4xrtx4090-24g/ollama/nginx.conf", "serve/1x4xrtx4090-24g/ollama/start.sh"]
     assert len(mixed.plans) == 2 and mixed.files == [
-        f"serve/1x8xa800-80g+1x8xl20-48g/{g}/ollama/{f}" for g in ("1x8xa800-80g", "1x8xl20-48g")
-        for f in ("nginx.conf", "start.sh")]
+        f"serve/1x8xa800-80g+1x8xl20-48g/{g}/ollama/{f}"
+        for g in ("1x8xa800-80g", "1x8xl20-48g")
+        for f in ("nginx.conf", "start.sh")
+    ]
     assert (repo.root / m.dvc.path / box.files[1]).stat().st_mode & 0o111
     for inv, inline in ((box, "4xRTX4090-24G"), (mixed, "1x8xA800-80G+1x8xL20-48G")):
         out = tmp_path / f"plan-{inv.dir.replace('/', '-')}"
-        planned = _cli(repo, "plan", m.ref, "--gpus", inline, "--context", "4096", "--concurrency", "8", "--out",
-                       str(out))
+        planned = _cli(
+            repo,
+            "plan",
+            m.ref,
+            "--gpus",
+            inline,
+            "--context",
+            "4096",
+            "--concurrency",
+            "8",
+            "--out",
+            str(out),
+        )
         assert planned.returncode == 0, planned.stderr
         by_cli = {p.relative_to(out).as_posix(): p.read_text() for p in out.rglob("*") if p.is_file()}
         ours = {k.removeprefix(inv.dir + "/"): v for k, v in files.items() if k.startswith(inv.dir + "/")}
@@ -150,7 +184,10 @@ def test_a_registered_gguf_carries_its_plans_and_a_refusal_is_recorded(isolated,
     pulled = _cli(clone, "pull", m.ref, "--dest", str(dest), "--no-ollama")
     assert pulled.returncode == 0, pulled.stderr
     assert {rel: (dest / rel).read_text() for rel in files} == files
-    assert f"serving plans for 1x1xL4-24G, 1x4xRTX4090-24G, 1x8xA800-80G+1x8xL20-48G in {dest}/serve" in pulled.stdout
+    assert (
+        f"serving plans for 1x1xL4-24G, 1x4xRTX4090-24G, 1x8xA800-80G+1x8xL20-48G in {dest}/serve"
+        in pulled.stdout
+    )
 
     # other inventories are another registration of the same bytes; a plan that cannot fit is recorded with the
     # nearest plans that do, and no file; the registration itself goes through
@@ -176,9 +213,9 @@ def test_a_registered_gguf_carries_its_plans_and_a_refusal_is_recorded(isolated,
 
 
 @pytest.mark.slow
-def test_a_registered_checkpoints_vllm_yaml_passes_vllms_own_parser(isolated, tmp_path: Path,
-                                                                     tmp_path_factory: pytest.TempPathFactory,
-                                                                     settings: Settings) -> None:
+def test_a_registered_checkpoints_vllm_yaml_passes_vllms_own_parser(
+    isolated, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory, settings: Settings
+) -> None:
     from test_compress import compress_work_dir
     from test_servefiles import _check
 
@@ -189,9 +226,14 @@ def test_a_registered_checkpoints_vllm_yaml_passes_vllms_own_parser(isolated, tm
     m = find_manifest(repo.settings(), "tiny-qwen2:fp8")
     files = _check_listed(repo, m)
     single, mixed = m.serving.inventories
-    assert single.files == [f"serve/1x1xl4-24g/{f}" for f in ("docker-run.sh", "helm-values.yaml",
-                                                                "kubernetes.yaml", "vllm.yaml")]
-    assert sorted({f.split("/")[2] for f in mixed.files}) == ["1x8xa800-80g", "1x8xl20-48g", "helm-values.yaml"]
+    assert single.files == [
+        f"serve/1x1xl4-24g/{f}" for f in ("docker-run.sh", "helm-values.yaml", "kubernetes.yaml", "vllm.yaml")
+    ]
+    assert sorted({f.split("/")[2] for f in mixed.files}) == [
+        "1x8xa800-80g",
+        "1x8xl20-48g",
+        "helm-values.yaml",
+    ]
     # FP8 on the A800 (compute capability 8.0) runs weight-only: the plan says so, the L20 and L4 plans do not
     a800, l20 = mixed.plans
     assert "no FP8 compute" in a800.warnings[0] and l20.warnings == [] and single.plans[0].warnings == []

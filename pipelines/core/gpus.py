@@ -54,9 +54,11 @@ def gpu(name: str) -> GPU:
     gpus = known_gpus()
     found = {k.lower(): v for k, v in gpus.items()}.get(name.lower())
     if found is None:
-        raise ConfigError(f"unknown GPU {name!r}; known: {', '.join(gpus)}",
-                          hint=f"add a profile to {GPUS_FILE} (memory_gib, bandwidth_gbs, compute_capability, "
-                               "interconnect, node_label) or use one of the known names")
+        raise ConfigError(
+            f"unknown GPU {name!r}; known: {', '.join(gpus)}",
+            hint=f"add a profile to {GPUS_FILE} (memory_gib, bandwidth_gbs, compute_capability, "
+            "interconnect, node_label) or use one of the known names",
+        )
     return found
 
 
@@ -90,8 +92,11 @@ def parse_cluster(text: str) -> list[NodeGroup]:
     for part in (p.strip() for p in text.split("+")):
         m = _GROUP.match(part)
         if not m:
-            raise ConfigError(f"{part!r} is not a GPU group", hint="write [NODESx]GPUSxNAME, e.g. 4xRTX4090-24G or "
-                              "2x8xH100-80G; join groups with +; `modelmint plan --list-gpus` lists the names")
+            raise ConfigError(
+                f"{part!r} is not a GPU group",
+                hint="write [NODESx]GPUSxNAME, e.g. 4xRTX4090-24G or "
+                "2x8xH100-80G; join groups with +; `modelmint plan --list-gpus` lists the names",
+            )
         nodes, per_node = int(m.group(1) or 1), int(m.group(2))
         if nodes < 1 or per_node < 1:
             raise ConfigError(f"{part!r} counts no GPU", hint="counts start at 1, e.g. 1x8xH100-80G")
@@ -119,8 +124,9 @@ def load_inventory(path: Path) -> list[NodeGroup]:
     try:
         raw = yaml.safe_load(path.read_text(encoding="utf-8"))
     except (OSError, yaml.YAMLError) as err:
-        raise ConfigError(f"cannot read the inventory {path}: {err}", hint=f"a YAML list of groups, e.g. {example}") \
-            from None
+        raise ConfigError(
+            f"cannot read the inventory {path}: {err}", hint=f"a YAML list of groups, e.g. {example}"
+        ) from None
     if not isinstance(raw, list) or not raw:
         raise ConfigError(f"the inventory {path} is not a list of GPU groups", hint=f"write e.g. {example}")
     groups = []
@@ -128,9 +134,13 @@ def load_inventory(path: Path) -> list[NodeGroup]:
         try:
             g = _InventoryGroup.model_validate(entry)
         except ValidationError as err:
-            problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'entry'}: {e['msg']}" for e in err.errors())
-            raise ConfigError(f"{path}, group {i}: {problems}",
-                              hint=f"each group has gpus and type, and may have nodes: {example}") from None
+            problems = "; ".join(
+                f"{'.'.join(map(str, e['loc'])) or 'entry'}: {e['msg']}" for e in err.errors()
+            )
+            raise ConfigError(
+                f"{path}, group {i}: {problems}",
+                hint=f"each group has gpus and type, and may have nodes: {example}",
+            ) from None
         groups.append(NodeGroup(g.nodes, g.gpus, gpu(g.type)))
     return groups
 
