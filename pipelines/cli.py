@@ -20,6 +20,7 @@ from pipelines.core.settings import Settings
 if TYPE_CHECKING:
     from pipelines.core.report import Figures
     from pipelines.publish.planner import Plan
+    from pipelines.registry.manifest import Manifest
 
 app = typer.Typer(
     help="modelmint: pinned Hugging Face models in; validated GGUF and compressed-tensors artifacts out.",
@@ -318,7 +319,7 @@ def show(
     out.print(table)
 
 
-def _print_serving(m: Any) -> None:
+def _print_serving(m: Manifest) -> None:
     """A manifest's serving plans: one row per plan (or refusal) of each inventory, then where its files are."""
     if m.serving is None:
         err.print(f"{m.ref} was registered before serving plans were: `modelmint plan {m.ref} --gpus …` makes them",
