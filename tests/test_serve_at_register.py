@@ -107,6 +107,25 @@ def test_the_setting_overrides_the_catalog_and_is_checked_when_read(tmp_path: Pa
         Settings.from_env({"MODELMINT_SERVE_GPUS": "1xL4-24G,8xH100"})
 
 
+def test_an_artifact_the_planner_cannot_size_is_registered_with_the_reason(
+    repo: Repo, tmp_path: Path
+) -> None:
+    """A GGUF whose header lacks what sizes attention (registry_env's synthetic one): every inventory records the
+    planner's refusal and the fix, no plan file is written, and the registration goes through."""
+    from registry_env import candidate
+
+    from pipelines.registry.register import register
+
+    settings = repo.settings()
+    m = register(settings, candidate(settings, tmp_path)).manifest
+    assert [i.gpus for i in m.serving.inventories] == ["1x1xL4-24G", "1x4xRTX4090-24G"]
+    for inv in m.serving.inventories:
+        assert inv.plans == [] and inv.files == [] and "qwen2.block_count" in inv.refused
+        assert inv.nearest == ["reconvert it with `modelmint convert`"]
+    _check_listed(repo, m)
+    assert m.dvc.pushed
+
+
 # ---------------------------------------------------------------- a GGUF: tiny-qwen2 q8_0 from the pinned llama.cpp
 
 
