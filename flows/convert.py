@@ -1,4 +1,5 @@
-"""The `convert` flow: one catalog model through fetch → convert → quantize → validate → register → publish.
+"""The `convert` flow: one catalog model through fetch → convert → quantize → validate → register → publish
+(→ publish-image to the OCI registry MODELMINT_OCI_REGISTRY names, when it names one).
 
 Each task calls one pipelines step. What Prefect adds:
   cache keys   from content (source commit, recipe, toolchain version, the input artifact's sha256), never
@@ -30,6 +31,7 @@ from flows.tasks import (
     convert_base,
     fetch_source,
     publish,
+    push_image,
     quantize,
     register,
     validate,
@@ -49,9 +51,11 @@ from pipelines.core.steps import (
 )
 from pipelines.gguf import build
 from pipelines.gguf.build import GGUFPlan
+from pipelines.publish.oci import RegistryRef
 from pipelines.registry import dvcrepo
 from pipelines.registry import register as reg
 from pipelines.registry.formats import FORMATS, Format, format_of, split_by_format
+from pipelines.registry.images import Published
 from pipelines.source.catalog import COMPRESSED_VARIANTS, GGUF_QUANT_TYPES, CatalogEntry, load_catalog
 
 R = TypeVar("R")
@@ -121,6 +125,7 @@ def convert(model: str, variants: list[str] | None = None, revision: str | None 
     by_format = split_variants(entry, variants)
     # Refuse before any work a variant that could not be registered (no dvc.yaml stage records it).
     dvcrepo.require_stages(settings, entry.name, [v for asked in by_format.values() for v in asked])
+    oci = oci_registry(settings)
     if settings.ray_address:
         _check_cluster(settings, by_format)
     with get_client(sync_client=True) as client:
@@ -150,10 +155,14 @@ def convert(model: str, variants: list[str] | None = None, revision: str | None 
                 })
                 registrations.update(done)
                 register_errors.update(failed)
+        # Only registered variants (they passed their gate) are pushed, each on its own: a registry that refuses one
+        # leaves it registered and the others are still pushed.
+        published, publish_errors = _push_images(settings, oci, registrations) if oci else ({}, {})
+        register_errors.update(publish_errors)
         refs = {v: r.manifest.ref for v, r in registrations.items()}
         status = [row for r in results for row in r.rows(refs, register_errors)]
         outcomes = {v: o for r in results for v, o in r.variants.items()}
-        summary = _publish_artifacts(entry.name, header, outcomes, registrations, status)
+        summary = _publish_artifacts(entry.name, header, outcomes, registrations, status, published)
     causes: dict[str, str] = {}
     advice: dict[str, str] = {}
     for r in results:
@@ -297,6 +306,37 @@ def _register_all(
     return registrations, errors
 
 
+def oci_registry(settings: Settings) -> RegistryRef | None:
+    """The OCI registry the run publishes to (MODELMINT_OCI_REGISTRY), checked before any work; None: not asked.
+
+    Raises:
+        ConfigError: not HOST[:PORT]/NAMESPACE.
+    """
+    if not settings.oci_registry:
+        return None
+    return RegistryRef.parse(settings.oci_registry, insecure=settings.oci_insecure)
+
+
+def _push_images(
+    settings: Settings, registry: RegistryRef, registrations: dict[str, reg.Registration]
+) -> tuple[dict[str, Published], dict[str, VariantError]]:
+    """Push each registered variant to the OCI registry (retried while the registry's errors are transient); a
+    variant the registry refuses is reported with its cause and the command that publishes it later."""
+    published: dict[str, Published] = {}
+    errors: dict[str, VariantError] = {}
+    for v, done in registrations.items():
+        try:
+            published[v] = push_image(settings, done.manifest.ref, v, registry)
+        except Exception as err:
+            keep_failure(errors, v, "publish", err)
+            continue
+        p = published[v]
+        get_run_logger().info("%s published as %s (%s): %d blob(s) uploaded, %d already there, %d tag(s) written",
+                              p.manifest.ref, ", ".join(p.images), p.digest, len(p.uploaded), len(p.present),
+                              len(p.tagged))
+    return published, errors
+
+
 # ---------------------------------------------------------------- what each run publishes
 
 
@@ -311,7 +351,7 @@ def _mib(n: int) -> str:
 
 def _publish_artifacts(
     name: str, header: list[str], outcomes: dict[str, VariantOutcome], registrations: dict[str, reg.Registration],
-    status: list[dict[str, str]],
+    status: list[dict[str, str]], published: dict[str, Published],
 ) -> dict[str, Any]:
     rows = []
     for st in status:
@@ -331,6 +371,8 @@ def _publish_artifacts(
             "cause": st["cause"],
             "sha256": o.digest if o else "",
             "dvc_path": done.manifest.dvc.path if done else "",
+            "published": published[v].images if v in published else [],
+            "image_digest": published[v].digest if v in published else "",
         })
     lines = [f"# {name}: convert", "", *header, "",
              "| variant | built | size | mean KL (max) | same top % (min) | ΔPPL % (max) | gate | registered | cause of failure |",
@@ -344,14 +386,26 @@ def _publish_artifacts(
             f"{gate} | {r['registered'] and '`' + r['registered'] + '`'} | {r['cause'].replace('|', '/')} |"
         )
     lines += ["", "Registered variants are in the DVC remote; `modelmint pull NAME:TAG` fetches one and checks it."]
+    lines += _published_lines(published)
     create_markdown_artifact("\n".join(lines), key=artifact_key("convert", name), description=f"convert {name}")
     create_table_artifact(rows, key=artifact_key("convert", name, "variants"), description=f"variants of {name}")
     return {
         "model": name,
         "registered": [r.manifest.ref for r in registrations.values()],
+        "published": {p.manifest.ref: p.images for p in published.values()},
         "failed": [r["variant"] for r in rows if r["cause"]],
         "variants": rows,
     }
+
+
+def _published_lines(published: dict[str, Published]) -> list[str]:
+    """Where each variant was published, and the line that pulls it."""
+    lines = ["", "Published to the OCI registry:", ""] if published else []
+    for p in published.values():
+        pull = " ".join(format_of(p.manifest.tag).pull_command(p.images[-1], p.registry.insecure))
+        lines.append(f"- `{p.manifest.ref}` → {', '.join(f'`{i}`' for i in p.images)} ({p.digest}; "
+                     f"{len(p.uploaded)} blob(s) uploaded, {len(p.tagged)} tag(s) written): `{pull}`")
+    return lines
 
 
 def _figures(report: dict[str, Any]) -> dict[str, Any]:

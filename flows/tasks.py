@@ -24,7 +24,9 @@ from pipelines.core.steps import (
 )
 from pipelines.gguf import build
 from pipelines.gguf.build import GGUFPlan
+from pipelines.publish.oci import RegistryRef
 from pipelines.registry import register as reg
+from pipelines.registry.images import Published, publish_image
 from pipelines.source.catalog import CatalogEntry
 
 # pipelines' INFO lines (what each step ran, what an interrupted run left and was removed) belong in the run's
@@ -148,6 +150,17 @@ def register(settings: Settings, candidate: reg.Candidate) -> reg.Tracked:
 def publish(settings: Settings, candidate: reg.Candidate, tracked: reg.Tracked) -> reg.Registration:
     """`dvc push` to the remote, then the manifest: the variant is registered once this returns."""
     return reg.publish(settings, candidate, tracked)
+
+
+@task(name="publish-image", task_run_name="publish-image-{tag}", retries=3, retry_delay_seconds=[10, 60, 300],
+      retry_condition_fn=_transient, cache_policy=NO_CACHE)
+def push_image(settings: Settings, ref: str, tag: str, registry: RegistryRef) -> Published:
+    """Push the registered variant `ref` to the OCI registry (pipelines.registry.images.publish_image).
+
+    Not cached by Prefect: each run asks the registry (a HEAD per blob, a GET per tag) and uploads or tags only what
+    it lacks, so a registry that lost the image gets it again and one that holds it is left untouched.
+    """
+    return publish_image(settings, ref, registry)
 
 
 @task(name="compress", task_run_name="compress-{model}", retries=1, retry_condition_fn=_transient,

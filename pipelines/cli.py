@@ -250,7 +250,7 @@ def _finish(name: str, run: Any, summary_path: Path, as_json: bool) -> None:
 def list_cmd() -> None:
     """List the registered artifacts (registry/manifests)."""
     from pipelines.core.errors import RegistryError
-    from pipelines.registry.images import published_images
+    from pipelines.registry.images import publications
     from pipelines.registry.manifest import list_manifests
 
     settings = _settings()
@@ -265,7 +265,7 @@ def list_cmd() -> None:
         # the other columns give way instead.
         refs = [m.ref for m in listing.manifests]
         artifact = Column("artifact", no_wrap=True, min_width=max(len("artifact"), *map(len, refs)))
-        published = {m.ref: published_images(settings, m) for m in listing.manifests}
+        published = {m.ref: [_publication(e) for e in publications(settings, m)] for m in listing.manifests}
         shown = any(published.values())
         table = Table(artifact, "format", "size", "sha256", "source", "mean KL", "gate", "DVC",
                       *(["published"] if shown else []))
@@ -282,6 +282,13 @@ def list_cmd() -> None:
         valid = f"{len(listing.manifests)} valid" if listing.manifests else "none valid"
         raise RegistryError(f"{len(listing.invalid)} manifest(s) in {settings.manifests_dir} are invalid ({valid})",
                             hint=listing.invalid[0].hint)
+
+
+def _publication(entry: dict[str, Any]) -> str:
+    """One place an artifact is published: its image, the pinned tag beside it and the image's digest."""
+    tags = [t for t in entry.get("tags") or [] if t != entry["image"].rpartition(":")[2]]
+    digest = str(entry.get("digest", "")).removeprefix("sha256:")[:12]
+    return entry["image"] + "".join(f" +:{t}" for t in tags) + (f" ({digest})" if digest else "")
 
 
 def _figure_cells(f: Figures | None) -> tuple[str, str, str]:
@@ -305,7 +312,14 @@ def show(
         _print_serving(find_manifest(_settings(), ref))
         return
     if not history:
-        out.print_json(find_manifest(_settings(), ref).to_json())
+        from pipelines.registry.images import publications
+
+        manifest = find_manifest(_settings(), ref)
+        out.print_json(manifest.to_json())
+        # the manifest alone on stdout (it is the registered record); where it is published, for people, beside it
+        for entry in publications(_settings(), manifest):
+            err.print(f"published: {_publication(entry)}, {entry.get('published_at', '')}", highlight=False,
+                      soft_wrap=True)
         return
     from pipelines.registry.history import history as versions_of
 
@@ -356,7 +370,7 @@ InsecureOption = Annotated[bool, typer.Option("--insecure", help="speak plain HT
 def pull(
     ref: Annotated[str, typer.Argument(help="name:tag, e.g. qwen2.5:q4_k_m; name:tag@COMMIT12 for an earlier "
                                             "version (`modelmint show NAME:TAG --history` lists them); "
-                                            "name:tag-<commit12> with --from-registry")],
+                                            "name:tag-<source12> with --from-registry")],
     dest: Annotated[Path | None, typer.Option(help="where to place it (default: artifacts/NAME/TAG; an earlier "
                                                    "version: MODELMINT_WORK_DIR/pulled/NAME/TAG@COMMIT)")] = None,
     ollama: Annotated[bool, typer.Option(help="run `ollama create` when ollama is on PATH")] = True,
@@ -412,7 +426,8 @@ def publish(
     as_json: Annotated[bool, typer.Option("--json", help="print what was pushed as JSON")] = False,
 ) -> None:
     """Push a registered artifact to an OCI registry: a GGUF as an Ollama image (`ollama pull HOST/NAMESPACE/NAME:TAG`),
-    a compressed-tensors checkpoint as a CNCF ModelPack artifact; tagged TAG-<commit12> and TAG, blobs first."""
+    a compressed-tensors checkpoint as a CNCF ModelPack artifact; tagged TAG-<source12> (the upstream commit it was
+    built from) and TAG, blobs first."""
     import shlex
 
     from pipelines.publish.oci import RegistryRef
@@ -426,14 +441,15 @@ def publish(
     if as_json:
         out.print_json(json.dumps({"ref": done.manifest.ref, "images": done.images, "digest": done.digest,
                                    "uploaded": done.uploaded, "present": done.present, "mounted": done.mounted,
-                                   "retagged": done.retagged}))
+                                   "retagged": done.retagged, "tagged": done.tagged}))
         return
     m = done.manifest
     for old_tag, old in done.retagged.items():
         err.print(f"[yellow]moved {old_tag} from {old}[/yellow]", highlight=False)
     mounted = f", {len(done.mounted)} mounted from another repository" if done.mounted else ""
     out.print(f"{m.ref} → {', '.join(done.images)} ({done.digest}); {len(done.uploaded)} blob(s) uploaded, "
-              f"{len(done.present)} already there{mounted}", highlight=False, soft_wrap=True)
+              f"{len(done.present)} already there{mounted}, {len(done.tagged)} tag(s) written", highlight=False,
+              soft_wrap=True)
     record = publications_path(_settings(), m.name, m.tag)
     out.print(f"recorded in {record} (`modelmint list` shows it; commit it with the registry)", highlight=False,
               soft_wrap=True)

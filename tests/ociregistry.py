@@ -104,11 +104,12 @@ _TLS = """  tls:
 
 
 def start_registry(root: Path, *, auth: Path | None = None, token: TokenServer | None = None,
-                   tls: TlsFiles | None = None) -> RunningRegistry:
-    """A registry on a free port of 127.0.0.1, storing under `root`: plain HTTP, or HTTPS with `tls`; with `auth`
-    (an htpasswd file of bcrypt hashes) it asks for basic credentials, with `token` for a bearer token."""
+                   tls: TlsFiles | None = None, port: int | None = None) -> RunningRegistry:
+    """A registry on a free port of 127.0.0.1 (or `port`: one stopped earlier, started again), storing under `root`:
+    plain HTTP, or HTTPS with `tls`; with `auth` (an htpasswd file of bcrypt hashes) it asks for basic credentials,
+    with `token` for a bearer token."""
     root.mkdir(parents=True, exist_ok=True)
-    port = free_port()
+    port = port or free_port()
     config = root / "config.yml"
     text = _CONFIG.format(storage=root / "storage", port=port)
     if tls is not None:

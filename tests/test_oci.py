@@ -39,7 +39,14 @@ from pipelines.core.settings import Settings
 from pipelines.publish import modelpack, ollama_image
 from pipelines.publish.oci import MODELMINT_MANIFEST, Blob, OciClient, RegistryRef
 from pipelines.registry.formats import FORMATS
-from pipelines.registry.images import build_image, publish_image, pull_image
+from pipelines.registry.images import (
+    build_image,
+    pinned_tag,
+    publications,
+    publications_path,
+    publish_image,
+    pull_image,
+)
 from pipelines.registry.manifest import Manifest, manifest_path
 from pipelines.registry.register import Candidate, register
 from pipelines.source.catalog import load_catalog
@@ -116,10 +123,13 @@ def _pushed(env: Env, namespace: str, tag: str, name: str = "tiny-qwen2") -> dic
     return json.loads(got[0])
 
 
-def _commit12(env: Env, m: Manifest) -> str:
-    rel = manifest_path(env.settings, m.name, m.tag).relative_to(env.repo.root)
-    return subprocess.run(["git", "log", "-1", "--format=%H", "--", str(rel)], cwd=env.repo.root, check=True,
-                          capture_output=True, text=True).stdout.strip()[:12]
+def test_the_pinned_tag_names_the_upstream_commit_or_the_source_content(env: Env) -> None:
+    """TAG-<source12> comes from the manifest alone (a flow run commits nothing): the hub commit a user finds
+    upstream, or for a source without one (this generated model) the source's content hash."""
+    assert pinned_tag(env.gguf) == "q4_k_m-" + "a" * 12 == f"q4_k_m-{env.gguf.source.content_sha256[:12]}"
+    hub = env.gguf.model_copy(update={"source": env.gguf.source.model_copy(update={
+        "kind": "hub", "repo": "Qwen/Qwen2.5-0.5B-Instruct", "revision": "7ae557604adf67be50417f59c2c2f167def9a775"})})
+    assert pinned_tag(hub) == "q4_k_m-7ae557604adf"
 
 
 # ---------------------------------------------------------------- Ollama's format, from its source
@@ -220,17 +230,22 @@ def test_publish_pushes_an_ollama_image_whose_digests_are_the_manifests(env: Env
     m = env.gguf
     done = env.cli("publish", m.ref, "--registry", f"{env.registry.host}/modelmint", "--insecure")
     assert done.returncode == 0, done.stderr
-    commit = _commit12(env, m)
+    pinned = pinned_tag(m)
     image = f"{env.registry.host}/modelmint/tiny-qwen2:q4_k_m"
-    assert f"{image}-{commit}" in done.stdout and f"ollama pull --insecure {image}" in done.stdout
-
-    listed = env.cli("list")
-    assert listed.returncode == 0 and image in listed.stdout, listed.stdout
-    record = json.loads((env.repo.root / "registry/published/tiny-qwen2/q4_k_m.json").read_text())
-    assert [(r["image"], r["pinned"], r["sha256"]) for r in record] == [(image, f"{image}-{commit}", m.sha256)]
+    assert f"{env.registry.host}/modelmint/tiny-qwen2:{pinned}" in done.stdout
+    assert f"ollama pull --insecure {image}" in done.stdout
 
     pushed = _pushed(env, "modelmint", "q4_k_m")
-    assert pushed == _pushed(env, "modelmint", f"q4_k_m-{commit}")
+    assert pushed == _pushed(env, "modelmint", pinned)
+    with env.client() as c:
+        digest = c.get_manifest("modelmint/tiny-qwen2", "q4_k_m")[2]  # type: ignore[index]
+    listed = env.cli("list", COLUMNS="300")
+    assert listed.returncode == 0 and f"{image} +:{pinned} ({digest[7:19]})" in listed.stdout, listed.stdout
+    shown = env.cli("show", m.ref)
+    assert json.loads(shown.stdout)["sha256"] == m.sha256 and f"published: {image}" in shown.stderr
+    record = json.loads((env.repo.root / "registry/published/tiny-qwen2/q4_k_m.json").read_text())
+    assert [(r["registry"], r["repository"], r["tags"], r["digest"], r["key"]) for r in record] == [
+        (env.registry.host, "modelmint/tiny-qwen2", [pinned, "q4_k_m"], digest, m.key)]
     assert list(pushed) == FORMAT["manifest"]["keys"]
     assert pushed["mediaType"] == FORMAT["manifest"]["mediaType"] and pushed["schemaVersion"] == 2
     assert pushed["config"]["mediaType"] == FORMAT["config"]["mediaType"]
@@ -278,13 +293,16 @@ def test_a_second_publish_uploads_no_blob(env: Env) -> None:
     assert first.uploaded + first.mounted and not first.present
     posts, puts = len(env.registry.requests("POST")), len(env.registry.requests("PUT"))
     stamps = {p: p.stat().st_mtime_ns for p in env.registry.storage.joinpath("blobs").rglob("data")}
+    record = publications_path(env.settings, "tiny-qwen2", "q4_k_m")
+    recorded = record.stat().st_mtime_ns
     second = publish_image(env.settings, env.gguf.ref, where)
     assert second.uploaded == second.mounted == [] and sorted(second.present) == sorted(first.uploaded + first.mounted)
-    assert second.digest == first.digest
-    # the registry's own log: no upload started, only the two tags written again
+    assert second.digest == first.digest and len(first.tagged) == 2 and second.tagged == []
+    # the registry's own log: no upload started, no tag written again (both point at the image already)
     assert len(env.registry.requests("POST")) == posts
-    assert len(env.registry.requests("PUT")) == puts + 2
+    assert len(env.registry.requests("PUT")) == puts
     assert {p: p.stat().st_mtime_ns for p in env.registry.storage.joinpath("blobs").rglob("data")} == stamps
+    assert record.stat().st_mtime_ns == recorded  # the publication record is not rewritten either
 
 
 def test_a_blob_in_another_repository_of_the_registry_is_mounted_not_sent(env: Env) -> None:
@@ -393,6 +411,38 @@ def test_a_tag_pointing_at_other_bytes_is_refused_unless_forced(env: Env) -> Non
     assert _pushed(env, "conflict", "q4_k_m")["layers"][0]["digest"] == "sha256:" + env.gguf.sha256
 
 
+def test_a_new_registration_moves_the_tags_and_an_older_checkout_cannot_move_them_back(
+    env: Env, tmp_path: Path
+) -> None:
+    """Two checkouts register tiny-qwen2:q4_k_m (other bytes, the same source: the same pinned tag). The newer
+    registration's image holds the tags; the older checkout is refused (it would roll the tag back) until it
+    registers anew, whose publish moves both tags and leaves the earlier image pullable by its digest."""
+    where = env.ref("versions")
+    old, new = make_repo(tmp_path / "old"), make_repo(tmp_path / "new")
+    first = register(old.settings(), candidate(old.settings(), tmp_path / "old-build", seed=1)).manifest
+    publish_image(old.settings(), first.ref, env.ref("versions-old"))
+    newer = register(new.settings(), candidate(new.settings(), tmp_path / "new-build", seed=2)).manifest
+    assert pinned_tag(first) == pinned_tag(newer) and first.sha256 != newer.sha256
+    there = publish_image(new.settings(), newer.ref, where)
+    with pytest.raises(TagConflict, match=r"newer|tiny-qwen2:q4_k_m") as caught:
+        publish_image(old.settings(), first.ref, where)
+    assert "git pull" in (caught.value.hint or "") and "--force" in (caught.value.hint or "")
+    assert _pushed(env, "versions", "q4_k_m")["layers"][0]["digest"] == "sha256:" + newer.sha256
+
+    latest = register(old.settings(), candidate(old.settings(), tmp_path / "old-build-2", seed=3)).manifest
+    assert latest.replaces is not None and latest.replaces.sha256 == first.sha256
+    moved = publish_image(old.settings(), latest.ref, where)
+    assert moved.retagged == {pinned_tag(latest): there.digest, "q4_k_m": there.digest}
+    for tag in (pinned_tag(latest), "q4_k_m"):
+        assert _pushed(env, "versions", tag)["layers"][0]["digest"] == "sha256:" + latest.sha256
+    with env.client("versions") as c:
+        assert c.get_manifest("versions/tiny-qwen2", there.digest) is not None  # still pullable by digest
+    # the record keeps the earlier registration's entry; what is listed is this registration's
+    record = json.loads(publications_path(old.settings(), "tiny-qwen2", "q4_k_m").read_text())
+    assert sorted(e["key"] for e in record) == sorted([first.key, latest.key])
+    assert [e["image"] for e in publications(old.settings(), latest)] == [f"{env.registry.host}/versions/tiny-qwen2:q4_k_m"]
+
+
 def test_a_registry_that_is_down(env: Env) -> None:
     down = RegistryRef(f"127.0.0.1:{free_port()}", "modelmint", insecure=True)
     with pytest.raises(OciUnavailable, match="cannot be reached") as caught:
@@ -412,9 +462,6 @@ def test_never_registered_or_not_passed_is_never_published(env: Env) -> None:
         data["validation"]["passed"] = False
         path.write_text(json.dumps(data))
         with pytest.raises(ManifestInvalid, match=r"validation\.passed"):
-            publish_image(env.settings, env.gguf.ref, env.ref("failed"))
-        path.write_text(original + "\n")  # still valid, but not what git holds
-        with pytest.raises(ConfigError, match="not committed"):
             publish_image(env.settings, env.gguf.ref, env.ref("failed"))
     finally:
         path.write_text(original)

