@@ -20,6 +20,7 @@ from pipelines.core.settings import Settings
 if TYPE_CHECKING:
     from pipelines.core.report import Figures
     from pipelines.publish.planner import Plan
+    from pipelines.registry.manifest import Manifest
 
 app = typer.Typer(
     help="modelmint: pinned Hugging Face models in; validated GGUF and compressed-tensors artifacts out.",
@@ -301,10 +302,15 @@ def _figure_cells(f: Figures | None) -> tuple[str, str, str]:
 def show(
     ref: Annotated[str, typer.Argument(help="name:tag, e.g. qwen2.5:q4_k_m")],
     history: Annotated[bool, typer.Option("--history", help="list every version of the tag git recorded")] = False,
+    plans: Annotated[bool, typer.Option("--plans", help="its serving plans per GPU inventory, as a table")] = False,
 ) -> None:
-    """Print one artifact's manifest (with --history: its versions, newest first)."""
+    """Print one artifact's manifest, its serving plans included (--plans: those as a table; --history: its versions,
+    newest first)."""
     from pipelines.registry.manifest import find_manifest
 
+    if plans:
+        _print_serving(find_manifest(_settings(), ref))
+        return
     if not history:
         from pipelines.registry.images import publications
 
@@ -325,6 +331,34 @@ def show(
                       m.replaces.sha256[:12] if m.replaces else "-",
                       v.commit[:12] if v.commit else "not committed", "[green]current[/green]" if v.current else "")
     out.print(table)
+
+
+def _print_serving(m: Manifest) -> None:
+    """A manifest's serving plans: one row per plan (or refusal) of each inventory, then where its files are."""
+    if m.serving is None:
+        err.print(f"{m.ref} was registered before serving plans were: `modelmint plan {m.ref} --gpus …` makes them",
+                  highlight=False)
+        return
+    s = m.serving
+    table = Table("inventory", "plan", "layout", Column("max_model_len", justify="right"),
+                  Column("max_num_seqs", justify="right"), "per GPU: weights / KV pool / total",
+                  title=f"{m.ref}: context {s.context or 'the model maximum'}, concurrency {s.concurrency}, "
+                        f"KV {s.kv_cache_dtype}, gpu_memory_utilization {s.gpu_memory_utilization}")
+    gib = 1 << 30
+    for inv in s.inventories:
+        if inv.refused is not None:
+            table.add_row(inv.gpus, "[red]refused[/red]", _escape(inv.refused), "-", "-",
+                          "nearest: " + _escape("; ".join(inv.nearest)))
+        for p in inv.plans:
+            mem = ", ".join(f"{g.gpu} {g.weights / gib:.2f} / {g.kv_pool / gib:.1f} / {g.total / gib:.0f} GiB"
+                            for g in p.per_gpu)
+            table.add_row(inv.gpus, p.gpus, p.layout, str(p.max_model_len), str(p.max_num_seqs), mem)
+    out.print(table)
+    for inv in s.inventories:
+        if inv.files:
+            out.print(f"{inv.gpus}: {len(inv.files)} file(s) in {m.dvc.path}/{inv.dir}", highlight=False)
+        for note in inv.notes:
+            err.print(f"[yellow]note:[/yellow] {inv.gpus}: {_escape(note)}", highlight=False)
 
 
 RegistryOption = Annotated[str | None, typer.Option("--registry", help="the OCI registry and namespace, "
@@ -378,6 +412,9 @@ def pull(
         out.print("serve it with vLLM:")
     for argv in result.commands:
         out.print("  " + shlex.join(argv), highlight=False, soft_wrap=True)
+    if m.serving is not None:
+        out.print(f"serving plans for {', '.join(i.gpus for i in m.serving.inventories)} in {result.dest}/serve "
+                  f"(`modelmint show {m.ref} --plans`)", highlight=False, soft_wrap=True)
 
 
 @app.command()

@@ -70,7 +70,7 @@ def isolate(env: Path, mp: pytest.MonkeyPatch) -> Path:
         mp.setenv(key, str(value))
     # a registry set in the developer's shell must not make every flow test publish to it
     for key in ("MODELMINT_REPO", "MODELMINT_CATALOG", "MODELMINT_WORK_DIR", "PREFECT_API_URL", "PREFECT_PROFILES_PATH",
-                "MODELMINT_OCI_REGISTRY", "MODELMINT_OCI_INSECURE"):
+                "MODELMINT_OCI_REGISTRY", "MODELMINT_OCI_INSECURE", "MODELMINT_SERVE_GPUS"):
         mp.delenv(key, raising=False)
     return env
 

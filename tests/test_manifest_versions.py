@@ -11,6 +11,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from pipelines.core.errors import ManifestInvalid
 from pipelines.registry.manifest import SCHEMA_VERSION, Manifest, load_manifest
@@ -65,3 +66,23 @@ def test_an_old_manifest_that_was_invalid_is_still_refused(tmp_path: Path) -> No
         load_manifest(bad, tmp_path)
     shutil.copy(DATA / "manifest-v1-gguf.json", bad)
     assert load_manifest(bad, tmp_path).ref == "tiny-qwen2:q4_k_m"
+
+
+def test_a_version_2_manifest_from_before_serving_plans_reads_and_keeps_its_shape() -> None:
+    """tests/data/manifest-v2-compressed.json was written by the code before serving plans (main at 3d8c64c, the
+    version-1 compressed fixture read and written back): no `serving` block. It reads as one without plans and is
+    written back byte for byte; a `serving` block naming a file the manifest does not list is refused."""
+    from pipelines.registry.manifest import InventoryPlans, Serving
+
+    text = (DATA / "manifest-v2-compressed.json").read_text()
+    m = load_manifest(DATA / "manifest-v2-compressed.json")
+    assert m.serving is None and m.to_json() == text
+    plans = Serving(context=None, concurrency=1, kv_cache_dtype="auto", gpu_memory_utilization=0.9, inventories=[
+        InventoryPlans(gpus="1x1xL4-24G", dir="serve/1x1xl4-24g", refused="does not fit", nearest=["--gpus 2xL4-24G"])])
+    assert json.loads(m.model_copy(update={"serving": plans}).to_json())["serving"]["inventories"][0]["refused"]
+    raw = json.loads(text)
+    raw["serving"] = plans.model_dump(mode="json")
+    raw["serving"]["inventories"][0].update(refused=None, nearest=[], files=["serve/1x1xl4-24g/vllm.yaml"],
+                                            plans=[])
+    with pytest.raises(ValidationError, match="either plans or a refusal"):
+        Manifest.model_validate(raw)

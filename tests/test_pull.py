@@ -64,7 +64,8 @@ def test_pull_to_a_destination_prints_the_ollama_commands(published: Repo, tmp_p
     no_ollama = f"{Path(sys.executable).parent}:/usr/bin:/bin"
     done = _pull_cli(clone, "tiny-qwen2:q4_k_m", "--dest", str(dest), path=no_ollama)
     assert done.returncode == 0, done.stderr
-    assert sorted(p.name for p in dest.iterdir()) == ["Modelfile", "README.md", "tiny-qwen2-q4_k_m.gguf"]
+    assert sorted(p.name for p in dest.iterdir()) == ["Modelfile", "README.md", "serve", "tiny-qwen2-q4_k_m.gguf"]
+    assert [p.name for p in (dest / "serve").iterdir()] == ["plans.json"]  # a synthetic GGUF: refusals only
     assert "FROM ./tiny-qwen2-q4_k_m.gguf" in (dest / "Modelfile").read_text()
     assert f"ollama create tiny-qwen2:q4_k_m -f {dest / 'Modelfile'}" in done.stdout
     assert not (clone.root / "artifacts").exists()

@@ -396,7 +396,8 @@ def test_verify_checks_every_object_in_the_remote_and_repairs_it(repo: Repo, tmp
     repo.commit_all("register two")
     ok = _cli(repo, "verify")
     assert ok.returncode == 0, ok.stderr
-    assert "tiny-qwen2:q4_k_m: ok (4 objects" in ok.stdout and "tiny-qwen2:q8_0: ok" in ok.stdout
+    # the GGUF, Modelfile, card, serving record (serve/plans.json) and the directory listing
+    assert "tiny-qwen2:q4_k_m: ok (5 objects" in ok.stdout and "tiny-qwen2:q8_0: ok" in ok.stdout
 
     # one object with bytes flipped in the middle, another gone; `dvc status -c` still says in sync
     damaged = _remote_object(repo, q4, q4.file)

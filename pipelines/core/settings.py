@@ -55,6 +55,9 @@ class Settings:
     """The docker config file whose `auths` hold registry credentials ($DOCKER_CONFIG/config.json, ~/.docker/…)."""
     registry_ca: Path | None = None
     """A CA bundle (PEM) that signs the OCI registry's certificate (MODELMINT_REGISTRY_CA); None: the system's."""
+    serve_gpus: tuple[str, ...] | None = None
+    """MODELMINT_SERVE_GPUS: comma-separated GPU inventories (`1xL4-24G,2x8xH100-80G`) every registered variant gets
+    serving plans for, instead of its catalog entry's serve.gpus (docs/serving.md)."""
     oci_registry: str | None = None
     """MODELMINT_OCI_REGISTRY: HOST[:PORT]/NAMESPACE the convert flow publishes every registered variant to (checked
     by pipelines.publish.oci.RegistryRef when a run starts); None publishes nothing."""
@@ -89,6 +92,7 @@ class Settings:
             registry_password=env.get("MODELMINT_REGISTRY_PASSWORD") or None,
             docker_config=Path(env.get("DOCKER_CONFIG") or Path.home() / ".docker").expanduser() / "config.json",
             registry_ca=Path(env["MODELMINT_REGISTRY_CA"]).expanduser() if env.get("MODELMINT_REGISTRY_CA") else None,
+            serve_gpus=_serve_gpus(env.get("MODELMINT_SERVE_GPUS")),
             oci_registry=env.get("MODELMINT_OCI_REGISTRY") or None,
             oci_insecure=_flag(env, "MODELMINT_OCI_INSECURE"),
         )
@@ -170,6 +174,26 @@ class Settings:
         target = Path(path).resolve()
         holding = [(len(d.resolve().parts), name) for name, d in places if target.is_relative_to(d.resolve())]
         return max(holding)[1] if holding else None
+
+
+def _serve_gpus(value: str | None) -> tuple[str, ...] | None:
+    """MODELMINT_SERVE_GPUS as a tuple of inventories, each checked against the GPU profiles.
+
+    Raises:
+        ConfigError: an unknown GPU or a malformed inventory, naming the variable.
+    """
+    if not value or not value.strip():
+        return None
+    from pipelines.core.errors import ConfigError
+    from pipelines.core.gpus import parse_cluster
+
+    inventories = tuple(v.strip() for v in value.split(",") if v.strip())
+    for inventory in inventories:
+        try:
+            parse_cluster(inventory)
+        except ConfigError as err:
+            raise ConfigError(f"MODELMINT_SERVE_GPUS: {err.message}", hint=err.hint) from None
+    return inventories
 
 
 def _flag(env: Mapping[str, str], name: str) -> bool:

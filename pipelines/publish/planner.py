@@ -26,149 +26,26 @@ import itertools
 import math
 import re
 from dataclasses import dataclass, field
-from functools import cache
 from pathlib import Path
 from typing import Any
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
-
-from pipelines import PACKAGE
 from pipelines.core.errors import ConfigError
+from pipelines.core.gpus import GIB as GIB
+from pipelines.core.gpus import GPU as GPU
+from pipelines.core.gpus import GPUS_FILE as GPUS_FILE
+from pipelines.core.gpus import NodeGroup as NodeGroup
+from pipelines.core.gpus import cluster_of as cluster_of
+from pipelines.core.gpus import gpu as gpu
+from pipelines.core.gpus import known_gpus as known_gpus
+from pipelines.core.gpus import load_inventory as load_inventory
+from pipelines.core.gpus import parse_cluster as parse_cluster
 
-GPUS_FILE = PACKAGE / "data" / "gpus.yaml"
-GIB = 1 << 30
 GPU_MEMORY_UTILIZATION = 0.90
 ACTIVATION_SHARE = 0.25
 """Activations as a share of the per-GPU weights (the handbooks' inference heuristic), unless measured."""
 MAX_NUM_SEQS = 256
 """vLLM's default max_num_seqs: the planner never asks for more concurrency than that."""
 KV_BYTES = {"auto": 2, "fp16": 2, "bf16": 2, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}
-
-
-# ---------------------------------------------------------------- GPUs and clusters
-
-
-@dataclass(frozen=True)
-class GPU:
-    name: str
-    memory_gib: float
-    bandwidth_gbs: float
-    compute_capability: str
-    interconnect: str
-    node_label: str
-
-    @property
-    def memory_bytes(self) -> int:
-        return int(self.memory_gib * GIB)
-
-    @property
-    def fp8_compute(self) -> bool:
-        """FP8 tensor cores: Ada and Hopper (compute capability 8.9 and newer)."""
-        major, minor = (int(x) for x in self.compute_capability.split("."))
-        return (major, minor) >= (8, 9)
-
-
-@cache
-def known_gpus(path: Path = GPUS_FILE) -> dict[str, GPU]:
-    """The GPU profiles (pipelines/data/gpus.yaml), by name."""
-    raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-    return {name: GPU(name, **fields) for name, fields in raw.items()}
-
-
-def gpu(name: str) -> GPU:
-    """A GPU profile by name (case-insensitive).
-
-    Raises:
-        ConfigError: an unknown name: the known ones, and how to add one.
-    """
-    gpus = known_gpus()
-    found = {k.lower(): v for k, v in gpus.items()}.get(name.lower())
-    if found is None:
-        raise ConfigError(f"unknown GPU {name!r}; known: {', '.join(gpus)}",
-                          hint=f"add a profile to {GPUS_FILE} (memory_gib, bandwidth_gbs, compute_capability, "
-                               "interconnect, node_label) or use one of the known names")
-    return found
-
-
-@dataclass(frozen=True)
-class NodeGroup:
-    """`nodes` machines with `gpus_per_node` GPUs of one type each."""
-
-    nodes: int
-    gpus_per_node: int
-    gpu: GPU
-
-    @property
-    def gpus(self) -> int:
-        return self.nodes * self.gpus_per_node
-
-    def __str__(self) -> str:
-        return f"{self.nodes}x{self.gpus_per_node}x{self.gpu.name}"
-
-
-_GROUP = re.compile(r"^(?:(\d+)x)?(\d+)x([A-Za-z0-9._-]+)$")
-
-
-def parse_cluster(text: str) -> list[NodeGroup]:
-    """A cluster on the command line: `4xRTX4090-24G` (one node of 4), `2x8xH100-80G` (2 nodes of 8), mixed with
-    `+`: `1x8xA800-80G+1x8xL20-48G`.
-
-    Raises:
-        ConfigError: a part that is not [NODESx]GPUSxNAME, a count below one, or an unknown GPU.
-    """
-    groups = []
-    for part in (p.strip() for p in text.split("+")):
-        m = _GROUP.match(part)
-        if not m:
-            raise ConfigError(f"{part!r} is not a GPU group", hint="write [NODESx]GPUSxNAME, e.g. 4xRTX4090-24G or "
-                              "2x8xH100-80G; join groups with +; `modelmint plan --list-gpus` lists the names")
-        nodes, per_node = int(m.group(1) or 1), int(m.group(2))
-        if nodes < 1 or per_node < 1:
-            raise ConfigError(f"{part!r} counts no GPU", hint="counts start at 1, e.g. 1x8xH100-80G")
-        groups.append(NodeGroup(nodes, per_node, gpu(m.group(3))))
-    return groups
-
-
-class _InventoryGroup(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    nodes: int = Field(default=1, ge=1)
-    gpus: int = Field(ge=1, description="GPUs per node")
-    type: str = Field(description="a GPU profile name (modelmint plan --list-gpus)")
-
-
-def load_inventory(path: Path) -> list[NodeGroup]:
-    """A cluster as a YAML inventory: a list of groups, each `{nodes: N, gpus: GPUS_PER_NODE, type: NAME}` (nodes
-    defaults to 1), in the order --gpus would join them with +.
-
-    Raises:
-        ConfigError: not YAML, not a list of such groups (an unknown or misspelled key, a count below one), or an
-            unknown GPU: naming the file, the entry and the fix.
-    """
-    example = "- {nodes: 1, gpus: 8, type: A800-80G}"
-    try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError) as err:
-        raise ConfigError(f"cannot read the inventory {path}: {err}", hint=f"a YAML list of groups, e.g. {example}") \
-            from None
-    if not isinstance(raw, list) or not raw:
-        raise ConfigError(f"the inventory {path} is not a list of GPU groups", hint=f"write e.g. {example}")
-    groups = []
-    for i, entry in enumerate(raw, 1):
-        try:
-            g = _InventoryGroup.model_validate(entry)
-        except ValidationError as err:
-            problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'entry'}: {e['msg']}" for e in err.errors())
-            raise ConfigError(f"{path}, group {i}: {problems}",
-                              hint=f"each group has gpus and type, and may have nodes: {example}") from None
-        groups.append(NodeGroup(g.nodes, g.gpus, gpu(g.type)))
-    return groups
-
-
-def cluster_of(text: str) -> list[NodeGroup]:
-    """--gpus: a YAML inventory file (.yaml / .yml) or the inline form parse_cluster reads."""
-    return load_inventory(Path(text)) if text.endswith((".yaml", ".yml")) else parse_cluster(text)
 
 
 # ---------------------------------------------------------------- the model's shape
@@ -633,6 +510,17 @@ def shape_of_gguf(meta: dict[str, Any]) -> ModelShape:
     return ModelShape(arch, layers, heads, kv, head_dim, int(key("context_length") or 4096), windows, mla)
 
 
+_SHARD = re.compile(r"^(.*)-00001-of-(\d{5})\.gguf$")
+
+
+def _later_shards(path: Path) -> list[Path]:
+    """The 2nd to last files of a GGUF llama-gguf-split wrote (`NAME-00001-of-0000N.gguf` names them all)."""
+    m = _SHARD.match(path.name)
+    if not m:
+        return []
+    return [path.with_name(f"{m.group(1)}-{i:05d}-of-{m.group(2)}.gguf") for i in range(2, int(m.group(2)) + 1)]
+
+
 def served(path: Path) -> Served:
     """A GGUF file or a Hugging Face / compressed-tensors checkpoint directory, read for planning (headers only).
 
@@ -648,7 +536,10 @@ def served(path: Path) -> Served:
     if path.is_file() and path.suffix == ".gguf":
         header = read_gguf_header(path, lambda k, found: k == "general.architecture" or
                                   k.startswith(str(found.get("general.architecture", "\0")) + "."))
-        return Served(path, sum(t.nbytes for t in header.tensors), shape_of_gguf(header.metadata), False)
+        weights = sum(t.nbytes for t in header.tensors)
+        for shard in _later_shards(path):  # llama-gguf-split's other files hold the rest of the tensors
+            weights += sum(t.nbytes for t in read_gguf_header(shard, lambda k, found: False).tensors)
+        return Served(path, weights, shape_of_gguf(header.metadata), False)
     if path.is_dir() and (path / "config.json").is_file():
         config = json.loads((path / "config.json").read_text(encoding="utf-8"))
         weights = 0

@@ -83,7 +83,12 @@ def dns_name(text: str) -> str:
 
 
 def _slug(plan: Plan) -> str:
-    return plan.label.lower().replace(".", "-")
+    return slug(plan.label)
+
+
+def slug(label: str) -> str:
+    """A plan's or an inventory's folder name: its GPUs as --gpus writes them, lower case, no dots."""
+    return label.lower().replace(".", "-")
 
 
 def _node_label(plan: Plan, worker: bool = False) -> str:
@@ -521,13 +526,26 @@ def write_plan_files(plans: list[Plan], art: Artifact, out_dir: Path) -> list[Pa
     Raises:
         ConfigError: `out_dir` cannot hold them (a file of that name, no permission, a full disk).
     """
+    return write_files(plan_files(plans, art), out_dir)
+
+
+def write_files(files: dict[str, str], out_dir: Path, *, for_out: bool = True) -> list[Path]:
+    """Write `files` (relative path → text) under `out_dir`, each atomically, `.sh` executable; returns the paths.
+
+    Raises:
+        ConfigError: (`for_out`: a folder the user named) `out_dir` cannot hold them (a file of that name, no
+            permission, a full disk).
+        OSError: the same without `for_out` (registration: its caller names the full disk).
+    """
     written = []
-    for rel, text in plan_files(plans, art).items():
+    for rel, text in files.items():
         path = out_dir / rel
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             write_text_atomic(path, text)
         except OSError as err:
+            if not for_out:
+                raise
             raise ConfigError(f"cannot write {path}: {err.strerror or err}",
                               hint="give --out a folder you can write (it is created if missing)") from err
         if rel.endswith(".sh"):

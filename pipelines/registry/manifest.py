@@ -118,6 +118,65 @@ def _upgrade_v1(data: dict[str, Any]) -> dict[str, Any]:
     return {**data, "schema_version": 2, "validation": validation}
 
 
+class GPUTotals(_Strict):
+    """One GPU's budget in a plan, in bytes (a pipeline across types: one per stage's type)."""
+
+    gpu: str
+    total: int
+    usable: int
+    weights: int
+    activations: int
+    kv_pool: int
+    headroom: int
+
+
+class PlanSummary(_Strict):
+    """One plan of an inventory: its layout, what vLLM is told, and every GPU's budget."""
+
+    gpus: str = Field(description="the GPUs it uses, as --gpus writes them")
+    layout: str = Field(description="e.g. 'TP 2 x PP 1, 2 replica(s)'")
+    tp: int = Field(ge=1)
+    pp: int = Field(ge=1)
+    replicas: int = Field(ge=1)
+    max_model_len: int = Field(ge=1)
+    max_num_seqs: int = Field(ge=1)
+    kv_bytes_per_token: int = Field(ge=0)
+    layer_partition: list[int] = Field(default_factory=list)
+    per_gpu: list[GPUTotals] = Field(min_length=1)
+    warnings: list[str] = Field(default_factory=list)
+
+
+class InventoryPlans(_Strict):
+    """What the planner answered for one GPU inventory: plans and the files carrying them, or its refusal."""
+
+    gpus: str = Field(description="the inventory, as the catalog's serve.gpus names it (in full form)")
+    dir: str = Field(description="its folder in the artifact directory, serve/<inventory>")
+    plans: list[PlanSummary] = Field(default_factory=list)
+    files: list[str] = Field(default_factory=list, description="its files, relative to the artifact directory")
+    notes: list[str] = Field(default_factory=list, description="why a file one could expect is not written")
+    refused: str | None = Field(default=None, description="the planner's refusal: no plan fits (or none can be made)")
+    nearest: list[str] = Field(default_factory=list, description="with a refusal: the nearest plans that do fit")
+
+    @model_validator(mode="after")
+    def _plans_or_refusal(self) -> InventoryPlans:
+        if (self.refused is None) == (not self.plans):
+            raise ValueError(f"{self.gpus}: either plans or a refusal, not {'both' if self.plans else 'neither'}")
+        if self.refused is not None and (self.files or not self.nearest):
+            raise ValueError(f"{self.gpus}: a refusal names the nearest plans and writes no file")
+        return self
+
+
+class Serving(_Strict):
+    """The serving plans registered beside the artifact (under serve/, listed in `files`): what was asked, and the
+    planner's answer for each inventory."""
+
+    context: int | None
+    concurrency: int
+    kv_cache_dtype: str
+    gpu_memory_utilization: float
+    inventories: list[InventoryPlans] = Field(min_length=1)
+
+
 class DvcRef(_Strict):
     path: str = Field(description="the DVC-tracked output, relative to the repository root")
     stage: str = Field(description="the dvc.yaml stage that owns it, e.g. gguf@qwen2.5-q4_k_m, compress@qwen2.5-fp8")
@@ -159,6 +218,8 @@ class Manifest(_Strict):
     key: str = Field(pattern=_SHA256, description="content key of this registration (what made it)")
     created_at: datetime
     replaces: PreviousVersion | None = Field(default=None, description="the version of this tag it replaced")
+    serving: Serving | None = Field(default=None, description="serving plans per GPU inventory (registered before "
+                                    "they were made: none)")
 
     @field_validator("name", "tag")
     @classmethod
@@ -193,6 +254,9 @@ class Manifest(_Strict):
             raise ValueError(f"dvc.stage {self.dvc.stage!r} is not {stage_name(self.name, self.tag)!r}")
         if self.format != format_of(self.tag).name:
             raise ValueError(f"tag {self.tag!r} is a {format_of(self.tag).name} variant, not {self.format}")
+        unlisted = [f for i in (self.serving.inventories if self.serving else []) for f in i.files if f not in by_path]
+        if unlisted:
+            raise ValueError(f"serving names {unlisted}, which files does not list")
         return self
 
     @property
@@ -213,8 +277,9 @@ class Manifest(_Strict):
         data = self.model_dump(mode="json")
         if data["source"].get("origin") is None:
             data["source"].pop("origin", None)  # only wheel sources have one: other manifests keep their shape
-        if data.get("replaces") is None:
-            data.pop("replaces", None)  # a first registration keeps the shape manifests had before
+        for key in ("replaces", "serving"):
+            if data.get(key) is None:
+                data.pop(key, None)  # a first registration (or one without plans) keeps the shape manifests had before
         return json.dumps(data, indent=2, sort_keys=True) + "\n"
 
 

@@ -4,7 +4,8 @@ GGUF variants and compressed-tensors checkpoints take the same steps; only what 
 the artifact differs (a Modelfile and model card for Ollama; a vLLM serve config and model card for vLLM).
 
 The steps, each safe to repeat after a crash:
-  place    copy the variant (and its serving files) into artifacts/<name>/<tag>/, atomically as a directory
+  place    copy the variant (and its serving files: Modelfile or vllm.yaml, card, serving plans per GPU inventory
+           under serve/) into artifacts/<name>/<tag>/, atomically as a directory
   track    `dvc commit` the dvc.yaml stage that owns that directory: dvc.lock + the DVC cache
   publish  `dvc push` it to the default remote, then write registry/manifests/<name>/<tag>.json
 
@@ -33,13 +34,14 @@ from pipelines.core.settings import Settings
 from pipelines.core.steps import VariantOutcome, content_key, load_dir_receipt, load_receipt
 from pipelines.core.toolchains import read_pins
 from pipelines.gguf.build import GGUFPlan
-from pipelines.registry import dvcrepo
+from pipelines.registry import dvcrepo, serving
 from pipelines.registry.formats import Format, format_of
 from pipelines.registry.manifest import (
     ArtifactFile,
     DvcRef,
     Manifest,
     ParentRef,
+    Serving,
     SourceRef,
     Validation,
     artifact_relpath,
@@ -94,9 +96,10 @@ class Candidate:
     def key(self) -> str:
         """What this registration is made of: the bytes, the source, the recipe, the toolchain, and the gate's
         verdict with the metrics it judged. Not the report file: its timings and build paths change on every
-        rebuild of the same bytes, and the manifest would be rewritten each time."""
+        rebuild of the same bytes, and the manifest would be rewritten each time. The serving plans' inventories are
+        part of it: other GPUs are other plans."""
         return content_key("register", self.sha256, self.source, self.recipe_sha256, self.toolchain,
-                           verdict(self.report))
+                           verdict(self.report), self.entry.serve.model_dump(mode="json"))
 
     @property
     def stage(self) -> str:
@@ -181,7 +184,7 @@ def candidate_from_gguf(plan: GGUFPlan, outcome: VariantOutcome) -> Candidate:
     hashes = HashCache(plan.settings.home / "hashcache.json")
     main_sha = outcome.digest if files[0] == outcome.path else hashes.sha256(files[0])
     return Candidate(
-        entry=plan.entry,
+        entry=plan.entry.with_serve_gpus(plan.settings.serve_gpus),
         tag=outcome.variant,
         files=files,
         sha256=main_sha,
@@ -231,7 +234,7 @@ def candidate_from_compressed(plan: CompressPlan, outcome: VariantOutcome) -> Ca
     ordered = [weights[0], *(n for n in names if n != weights[0])]
     main = receipt["files"][weights[0]]
     return Candidate(
-        entry=plan.entry,
+        entry=plan.entry.with_serve_gpus(plan.settings.serve_gpus),
         tag=v,
         files=tuple(outcome.path / n for n in ordered),
         sha256=main["sha256"],
@@ -273,6 +276,7 @@ def place(settings: Settings, c: Candidate) -> tuple[ArtifactFile, ...]:
                 out.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copyfile(f, out)
             format_of(c.tag).publish(settings, c, tmp)
+            serving.write_serving(c, tmp)
     return _describe(settings, dest)
 
 
@@ -351,7 +355,8 @@ def publish(settings: Settings, c: Candidate, tracked: Tracked, *, push: bool = 
     if push and tracked.md5 is not None:
         dvcrepo.push(settings, c.stage)
         reuploaded = _ensure_in_remote(settings, c, tracked.md5, tracked.files)
-    manifest = _manifest(c, tracked, pushed=push and tracked.md5 is not None)
+    manifest = _manifest(c, tracked, pushed=push and tracked.md5 is not None,
+                         plans=serving.read_serving(artifact_dir(settings, c.entry.name, c.tag)))
     path = manifest_path(settings, c.entry.name, c.tag)
     try:
         before = load_manifest(path, settings.manifests_dir)
@@ -452,7 +457,7 @@ def _files_in_place(settings: Settings, c: Candidate, files: tuple[ArtifactFile,
     return on_disk == {f.path for f in files}
 
 
-def _manifest(c: Candidate, tracked: Tracked, *, pushed: bool) -> Manifest:
+def _manifest(c: Candidate, tracked: Tracked, *, pushed: bool, plans: Serving | None = None) -> Manifest:
     return Manifest(
         name=c.entry.name,
         tag=c.tag,
@@ -471,4 +476,5 @@ def _manifest(c: Candidate, tracked: Tracked, *, pushed: bool) -> Manifest:
         dvc=DvcRef(path=c.dvc_path, stage=c.stage, md5=tracked.md5, pushed=pushed),
         key=c.key,
         created_at=datetime.now(UTC).replace(microsecond=0),
+        serving=plans,
     )

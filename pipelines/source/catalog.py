@@ -23,6 +23,7 @@ from pydantic import (
 
 from pipelines.core.errors import CatalogEntryNotFound, ConfigError
 from pipelines.core.fsutil import write_text_atomic
+from pipelines.core.gpus import cluster_label, parse_cluster
 
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")
 _NAME = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
@@ -446,6 +447,49 @@ class Variants(_Strict):
         return {k: v for k in COMPRESSED_VARIANTS if (v := getattr(self, k)) is not None}
 
 
+DEFAULT_SERVE_GPUS = ("1xL4-24G", "4xRTX4090-24G")
+"""The inventories a variant is planned for when its entry names none: the common single datacenter GPU, and the
+common consumer multi-GPU box (where a GGUF gets Ollama's one-instance-per-GPU layout)."""
+KV_CACHE_DTYPES = Literal["auto", "fp16", "bf16", "fp8", "fp8_e4m3", "fp8_e5m2"]
+
+
+def serve_gpus(inventories: Iterable[str]) -> list[str]:
+    """GPU inventories as `modelmint plan --gpus` writes them inline (`4xRTX4090-24G`, `1x8xA800-80G+1x8xL20-48G`),
+    each in full form (`1x4xRTX4090-24G`), none twice.
+
+    Raises:
+        ValueError: an unknown GPU name (the known ones, and how to add one), a malformed group, or a repeat.
+    """
+    out = []
+    for text in inventories:
+        try:
+            out.append(cluster_label(parse_cluster(str(text))))
+        except ConfigError as err:
+            raise ValueError(f"{err.message} ({err.hint})") from None
+    repeated = sorted({g for g in out if out.count(g) > 1})
+    if repeated:
+        raise ValueError(f"inventory {', '.join(repeated)} is named twice")
+    return out
+
+
+class ServeSpec(_Strict):
+    """What a registered variant's serving plans are made for (pipelines/registry/serving.py): each inventory as
+    `modelmint plan --gpus` takes it inline, with that command's --context, --concurrency, --kv-cache-dtype and
+    --pp-across-types."""
+
+    gpus: list[str] = Field(default_factory=lambda: list(DEFAULT_SERVE_GPUS), min_length=1, validate_default=True,
+                            description="GPU inventories, e.g. [1xL4-24G, 2x8xH100-80G, 1x8xA800-80G+1x8xL20-48G]")
+    context: int | None = Field(default=None, ge=1, description="tokens per sequence; null: the model's maximum")
+    concurrency: int = Field(default=1, ge=1, description="sequences served at once")
+    kv_cache_dtype: KV_CACHE_DTYPES = "auto"
+    gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1,
+                                          description="vLLM's share of each GPU's memory (lower on shared GPUs)")
+    pp_across_types: bool = Field(default=False, description="a mixed inventory: one pipeline over its types "
+                                  "instead of instances per type")
+
+    _known_gpus = field_validator("gpus")(serve_gpus)
+
+
 class CatalogEntry(_Strict):
     name: str
     source: Source
@@ -458,6 +502,8 @@ class CatalogEntry(_Strict):
         description="which thresholds in pipelines/core/gates.py apply: published figures, or the tiny-model ones",
     )
     variants: Variants = Field(default_factory=Variants)
+    serve: ServeSpec = Field(default_factory=ServeSpec, description="the GPU inventories its registered variants "
+                             "get serving plans for (default: DEFAULT_SERVE_GPUS)")
     description: str = ""
 
     @field_validator("name")
@@ -468,6 +514,22 @@ class CatalogEntry(_Strict):
         if v == "all":
             raise ValueError("name 'all' is taken: convert/all is the deployment that converts every model")
         return v
+
+    def with_serve_gpus(self, inventories: tuple[str, ...] | None, *, origin: str = "MODELMINT_SERVE_GPUS") -> CatalogEntry:
+        """The same entry planned for other GPU inventories (a setting that overrides the catalog's); None: as it is.
+
+        Raises:
+            ConfigError: an unknown GPU or a malformed inventory, naming `origin`.
+        """
+        if inventories is None:
+            return self
+        try:
+            serve = ServeSpec.model_validate({**self.serve.model_dump(), "gpus": list(inventories)})
+        except ValidationError as err:
+            problem = "; ".join(str(e["msg"]).removeprefix("Value error, ") for e in err.errors(include_url=False))
+            raise ConfigError(f"{origin}: {problem}", hint=f"fix {origin} (comma-separated inventories, e.g. "
+                              "1xL4-24G,2x8xH100-80G), or unset it to use the catalog's serve.gpus") from None
+        return self.model_copy(update={"serve": serve})
 
     def with_quants(self, quants: list[str]) -> CatalogEntry:
         """The same entry asking for other GGUF quant types (the CLI's --variants).

@@ -1,0 +1,149 @@
+"""Serving plans registered beside an artifact: the planner run on its placed bytes for each GPU inventory its catalog
+entry names, the files that carry each plan under serve/<inventory>/, and their record serve/plans.json.
+
+A single-group inventory's folder holds what `modelmint plan NAME:TAG --gpus INVENTORY --out DIR` writes, with that
+group's folder merged into it (serve/1xl4-24g/vllm.yaml); a mixed one keeps one folder per GPU type inside it. A plan
+that cannot fit, or an artifact the planner cannot size, is recorded with the planner's refusal and the nearest
+plans that fit, and no file: serving plans never fail a registration.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from pipelines.core.errors import ArtifactError, ConfigError
+from pipelines.core.fsutil import write_text_atomic
+from pipelines.core.gpus import cluster_label, parse_cluster
+from pipelines.publish import planner
+from pipelines.publish.servefiles import Artifact, artifact_of, notes, plan_files, slug, write_files
+from pipelines.registry.manifest import GPUTotals, InventoryPlans, PlanSummary, Serving
+from pipelines.source.catalog import ServeSpec
+
+if TYPE_CHECKING:
+    from pipelines.registry.register import Candidate
+
+SERVE_DIR = "serve"
+PLANS_FILE = f"{SERVE_DIR}/plans.json"
+
+
+def write_serving(c: Candidate, directory: Path) -> Serving:
+    """Plan `c`, placed in `directory`, for every inventory of its entry's serve spec; write each plan's files
+    under directory/serve/ and the record serve/plans.json (the manifest's `serving` block). Refusals are recorded,
+    never raised."""
+    spec = c.entry.serve
+    gguf = c.format == "gguf"
+    main = directory / c.placed_as(c.files[0])
+    try:
+        what: planner.Served | None = planner.served(main if gguf else directory)
+        cannot = None
+    except (ConfigError, ArtifactError) as err:
+        what, cannot = None, err
+    # named as `modelmint plan NAME:TAG` names a registered artifact, so both write the same files
+    art = artifact_of(
+        Path(main.name) if gguf else Path(c.tag),
+        what.weights_bytes if what else 0,
+        name=f"{c.entry.name}-{c.tag}",
+        ollama_model=c.ref,
+    )
+    inventories = []
+    for gpus in spec.gpus:
+        if what is None:
+            assert cannot is not None
+            inventories.append(
+                InventoryPlans(
+                    gpus=gpus,
+                    dir=f"{SERVE_DIR}/{slug(gpus)}",
+                    refused=cannot.message,
+                    nearest=[cannot.hint or "serve a transformer model the planner sizes"],
+                )
+            )
+        else:
+            inventories.append(_inventory(spec, gpus, what, art, directory))
+    serving = Serving(
+        context=spec.context,
+        concurrency=spec.concurrency,
+        kv_cache_dtype=spec.kv_cache_dtype,
+        gpu_memory_utilization=spec.gpu_memory_utilization,
+        inventories=inventories,
+    )
+    write_text_atomic(directory / PLANS_FILE, serving.model_dump_json(indent=2) + "\n")
+    return serving
+
+
+def read_serving(directory: Path) -> Serving | None:
+    """The record `write_serving` left in a placed artifact directory; None when it holds none.
+
+    Raises:
+        pydantic.ValidationError: the record is not what `write_serving` writes.
+    """
+    path = directory / PLANS_FILE
+    return Serving.model_validate_json(path.read_text(encoding="utf-8")) if path.is_file() else None
+
+
+def _inventory(
+    spec: ServeSpec, gpus: str, what: planner.Served, art: Artifact, directory: Path
+) -> InventoryPlans:
+    """One inventory's plans and files (written under directory/serve/<inventory>/), or the planner's refusal."""
+    groups = parse_cluster(gpus)  # checked when the catalog loaded
+    rel = f"{SERVE_DIR}/{slug(cluster_label(groups))}"
+    ask = planner.Ask(
+        what.weights_bytes,
+        what.shape,
+        context=spec.context,
+        concurrency=spec.concurrency,
+        kv_dtype=spec.kv_cache_dtype,
+        utilization=spec.gpu_memory_utilization,
+        fp8_weights=what.fp8_weights,
+    )
+    try:
+        plans = planner.plan(ask, groups, pp_across_types=spec.pp_across_types and len(groups) > 1)
+    except planner.PlanRefused as err:
+        return InventoryPlans(gpus=gpus, dir=rel, refused=err.message, nearest=err.nearest)
+    except ConfigError as err:  # a context past the model's, stages past its layers: the hint says what fits
+        return InventoryPlans(
+            gpus=gpus, dir=rel, refused=err.message, nearest=[err.hint or "change serve in the catalog"]
+        )
+    files = plan_files(plans, art)
+    if len(plans) == 1:  # one group: its folder is the inventory's
+        own = f"{slug(plans[0].label)}/"
+        files = {k.removeprefix(own): v for k, v in files.items()}
+    written = write_files(files, directory / rel, for_out=False)
+    return InventoryPlans(
+        gpus=gpus,
+        dir=rel,
+        plans=[summary(p) for p in plans],
+        files=sorted(p.relative_to(directory).as_posix() for p in written),
+        notes=notes(plans, art),
+    )
+
+
+def summary(p: planner.Plan) -> PlanSummary:
+    """What the manifest says of a plan: its layout, what vLLM is told, and every GPU's budget."""
+    names = [s.gpu.name for s in p.stages] or [p.group.gpu.name]
+    budgets = p.stage_memory or (p.memory,)
+    per_gpu = [
+        GPUTotals(
+            gpu=n,
+            total=m.total,
+            usable=m.usable,
+            weights=m.weights,
+            activations=m.activations,
+            kv_pool=m.kv_pool,
+            headroom=m.headroom,
+        )
+        for n, m in zip(names, budgets, strict=True)
+    ]
+    return PlanSummary(
+        gpus=p.label,
+        layout=f"TP {p.tp} x PP {p.pp}, {p.replicas} replica(s)",
+        tp=p.tp,
+        pp=p.pp,
+        replicas=p.replicas,
+        max_model_len=p.max_model_len,
+        max_num_seqs=p.max_num_seqs,
+        kv_bytes_per_token=p.kv_bytes_per_token,
+        layer_partition=list(p.layer_partition),
+        per_gpu=per_gpu,
+        warnings=list(p.warnings),
+    )
