@@ -96,6 +96,14 @@ def test_compressed_answers_are_opt_in_and_no_part_of_the_recipe() -> None:
     assert smollm2.fp8.answers and smollm2.awq.answers and smollm2.gguf.answers
 
 
+def test_a_vllm_refusal_is_quoted_by_its_last_error_line() -> None:
+    from pipelines.compressed.serve import _refusal
+
+    log = "INFO loading\nValueError: first\nTraceback (most recent call last):\nRuntimeError: no awq kernel\nINFO bye"
+    assert _refusal(log) == "RuntimeError: no awq kernel"
+    assert _refusal("INFO only this") == "INFO only this" and _refusal("") == "(vLLM wrote nothing)"
+
+
 def test_kept_answers_are_asked_once_per_key(tmp_path: Path) -> None:
     asked: list[int] = []
 
