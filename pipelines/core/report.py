@@ -120,6 +120,8 @@ def card_validation(report: dict[str, Any]) -> dict[str, Any]:
         a = judged.answers
         out["answers"] = {k: a[k] for k in ("engine", "questions", "identical_pct", "similar_pct", "stopped_pct",
                                              "source_stopped_pct")}
+        if a.get("skipped"):
+            out["answers"]["skipped"] = a["skipped"]
     if judged.failures:
         out["failures"] = list(judged.failures)
     return out
@@ -131,6 +133,10 @@ def answer_lines(report: dict[str, Any]) -> str:
     a = judged.answers if judged else None
     if not a:
         return ""
+    if a.get("skipped"):
+        return (f"\nThe {a['questions']} bundled questions (`{a['question_set']['file']}`) were not asked: "
+                f"{a['engine']} could not serve this variant here ({a['skipped']}). The answer check did not run; "
+                "it is not a pass.\n")
     return (f"\nAsked the {a['questions']} bundled questions (`{a['question_set']['file']}`) greedily through "
             f"{a['engine']}: {a['identical_pct']:g} % of the answers are identical to the source's, "
             f"{a['similar_pct']:g} % alike, and {a['stopped_pct']:g} % ended on a stop token within {a['max_tokens']} "

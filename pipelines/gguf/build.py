@@ -9,7 +9,6 @@ Prefect flows call the same steps one task each.
 from __future__ import annotations
 
 import functools
-import json
 import logging
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -18,9 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from pipelines import __version__
-from pipelines.core.answers import MAX_TOKENS, Answer, Answers, compare, questions_record
+from pipelines.core.answers import MAX_TOKENS, Answer, Answers, compare, kept_answers, questions_record
 from pipelines.core.errors import ShapeRefused, UnsupportedModel
-from pipelines.core.fsutil import clean_partials, disk_full_located, write_text_atomic
+from pipelines.core.fsutil import clean_partials, disk_full_located
 from pipelines.core.gates import Gate, gguf_gate, ladder_conflicts
 from pipelines.core.ggufheader import inspect_gguf, read_gguf_header
 from pipelines.core.preflight import BlockFallback, Weight, gguf_fallback, observed_fallback, source_weights
@@ -413,15 +412,9 @@ def ensure_source_answers(plan: GGUFPlan) -> list[Answer]:
     """The f16/bf16 GGUF's answers to the bundled questions, kept beside it (keyed by its receipt and the
     questions), shared by every variant's answer check."""
     out = plan.out_dir / f"{plan.entry.name}-{plan.spec.outtype}.answers.json"
-    key = content_key("answers", plan.base_key, questions_record(), MAX_TOKENS)
-    if out.exists():
-        kept = json.loads(out.read_text())
-        if kept.get("key") == key:
-            return [Answer.model_validate(a) for a in kept["answers"]]
-    got = answer_questions(plan.base_path, plan.llama, threads=plan.settings.effective_threads,
-                           log=out.with_suffix(".log"), variant=plan.spec.outtype)
-    write_text_atomic(out, json.dumps({"key": key, "answers": [a.model_dump() for a in got]}, indent=1) + "\n")
-    return got
+    return kept_answers(out, content_key("answers", plan.base_key, questions_record(), MAX_TOKENS),
+                        lambda: answer_questions(plan.base_path, plan.llama, threads=plan.settings.effective_threads,
+                                                 log=out.with_suffix(".log"), variant=plan.spec.outtype))
 
 
 def _answers(plan: GGUFPlan, q: str) -> Answers:

