@@ -386,7 +386,9 @@ def test_upstream_workflow_shape() -> None:
     assert {"registry/catalog.yaml", "dvc.yaml", "dvc.lock", "registry/manifests/**"} <= set(pr["with"]["add-paths"].split())
     assert 'modelmint watch "${models[@]}" --json' in doc["jobs"]["watch"]["steps"][3]["run"]
     ci = yaml.load((WORKFLOWS / "ci.yml").read_text(), Loader=yaml.BaseLoader)
-    assert [s["run"] for s in ci["jobs"]["test"]["steps"] if "run" in s] == ["bash scripts/test.sh"]
+    steps = [s for s in ci["jobs"]["test"]["steps"] if "run" in s]
+    assert [s["run"] for s in steps] == ["bash scripts/test.sh", "bash scripts/test.sh -m heavy"]
+    assert "if" not in steps[0] and steps[1]["if"] == "github.event_name == 'schedule'" and "schedule" in ci["on"]
     assert "bash scripts/test.sh" in (ROOT / "README.md").read_text()
 
 

@@ -84,6 +84,13 @@ def _remote_tmp(repo: Repo) -> list[Path]:
     return sorted((repo.remote / "files" / "md5").glob("*/.*.tmp"))
 
 
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:  # renamed into place since it was listed
+        return 0
+
+
 def _remote_dirs(repo: Repo) -> list[Path]:
     return sorted((repo.remote / "files" / "md5").glob("*/*.dir"))
 
@@ -261,8 +268,9 @@ MOMENTS: dict[str, Callable[[Repo], Callable[[], bool]]] = {
     "placing": lambda r: lambda: any((r.root / "artifacts" / "tiny-qwen2").glob("q4_k_m.partial-*")),
     # `dvc commit` has recorded it in dvc.lock; the push has not finished
     "after-commit": _dvc_lock_has_stage,
-    # `dvc push` is copying the GGUF into the remote (DVC's `.<token>.tmp` beside the object)
-    "mid-push": lambda r: lambda: bool(_remote_tmp(r)),
+    # `dvc push` is copying the GGUF into the remote (DVC's `.<token>.tmp` beside the object); the artifact's small
+    # files (card, serving plans) pass through a `.tmp` too, too briefly to be caught reliably: wait for the GGUF's
+    "mid-push": lambda r: lambda: any(_size(t) >= 1 << 20 for t in _remote_tmp(r)),
     # the push is complete (DVC uploads the `.dir` listing last): the remote is being checked, no manifest yet
     "before-manifest": lambda r: lambda: bool(_remote_dirs(r)),
 }
