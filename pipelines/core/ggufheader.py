@@ -95,9 +95,7 @@ def read_gguf_header(path: Path, keep: Callable[[str, dict[str, Any]], bool]) ->
         ArtifactError: not a GGUF, an unsupported version, or a header that is truncated or damaged.
     """
     with _mapped(Path(path)) as mm:
-        version, n_tensors, n_kv = struct.unpack_from("<IQQ", mm, 4)
-        if version not in SUPPORTED_GGUF_VERSIONS:
-            raise ArtifactError(f"{path}: GGUF version {version} is not supported (want {SUPPORTED_GGUF_VERSIONS})")
+        version, n_tensors, n_kv = _counts(mm, path)
         cur = _Cursor(mm, 24)
         found: dict[str, Any] = {}
         alignment = 32
@@ -116,9 +114,8 @@ def read_gguf_header(path: Path, keep: Callable[[str, dict[str, Any]], bool]) ->
                 dims = cur.scalars(f"{cur.scalar('I')}Q")
                 ggml_type, offset = cur.scalars("IQ")
                 entries.append((name, tuple(int(d) for d in dims), ggml_type, offset))
-        except (struct.error, ValueError, OverflowError, MemoryError) as err:
-            raise ArtifactError(f"{path} is damaged or truncated inside its header: {err}",
-                                hint="delete it and rerun the step that wrote it") from err
+        except _DAMAGED as err:
+            raise _damaged(path, err) from err
         data_start = cur.pos + (-cur.pos % alignment)
     tensors = [TensorEntry(n, shape, t, data_start + off) for n, shape, t, off in entries]
     return GGUFHeader(version, found, tensors)
@@ -145,9 +142,7 @@ def gguf_layout(path: Path) -> GGUFLayout:
         ArtifactError: not a GGUF, an unsupported version, or a header that is truncated or damaged.
     """
     with _mapped(Path(path)) as mm:
-        version, n_tensors, n_kv = struct.unpack_from("<IQQ", mm, 4)
-        if version not in SUPPORTED_GGUF_VERSIONS:
-            raise ArtifactError(f"{path}: GGUF version {version} is not supported (want {SUPPORTED_GGUF_VERSIONS})")
+        version, n_tensors, n_kv = _counts(mm, path)
         cur, kv, alignment = _Cursor(mm, 24), [], 32
         try:
             for _ in range(n_kv):
@@ -162,10 +157,26 @@ def gguf_layout(path: Path) -> GGUFLayout:
                 cur.string(False)
                 cur.scalars(f"{cur.scalar('I')}Q")
                 cur.scalars("IQ")
-        except (struct.error, ValueError, OverflowError, MemoryError) as err:
-            raise ArtifactError(f"{path} is damaged or truncated inside its header: {err}",
-                                hint="delete it and rerun the step that wrote it") from err
+        except _DAMAGED as err:
+            raise _damaged(path, err) from err
         return GGUFLayout(version, n_tensors, kv, (table, cur.pos), cur.pos + (-cur.pos % alignment), alignment)
+
+
+_DAMAGED = (struct.error, ValueError, OverflowError, MemoryError)
+"""What walking a truncated or damaged header raises."""
+
+
+def _counts(mm: mmap.mmap, path: Path) -> tuple[int, int, int]:
+    """The header's version, tensor count and metadata count, after checking the version is one this walker reads."""
+    version, n_tensors, n_kv = struct.unpack_from("<IQQ", mm, 4)
+    if version not in SUPPORTED_GGUF_VERSIONS:
+        raise ArtifactError(f"{path}: GGUF version {version} is not supported (want {SUPPORTED_GGUF_VERSIONS})")
+    return version, n_tensors, n_kv
+
+
+def _damaged(path: Path, err: BaseException) -> ArtifactError:
+    return ArtifactError(f"{path} is damaged or truncated inside its header: {err}",
+                         hint="delete it and rerun the step that wrote it")
 
 
 def _mapped(path: Path) -> mmap.mmap:
