@@ -467,8 +467,7 @@ def _print_plans(plans: list[Plan]) -> None:
                   highlight=False)
         table = Table("per GPU", *(Column(c, justify="right") for c in
                                    ("total", "usable", "weights", "activations", "KV pool", "headroom")))
-        for name, mm in zip([s.gpu.name for s in p.stages] or [p.group.gpu.name], p.stage_memory or [p.memory],
-                            strict=True):
+        for name, mm in p.per_gpu:
             table.add_row(name, *(f"{x / gib:.1f} GiB" for x in
                                   (mm.total, mm.usable, mm.weights, mm.activations, mm.kv_pool, mm.headroom)))
         out.print(table)

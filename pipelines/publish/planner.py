@@ -189,6 +189,12 @@ class Plan:
         return self.tp * self.pp
 
     @property
+    def per_gpu(self) -> list[tuple[str, GPUMemory]]:
+        """Each GPU type's name with its budget: one per stage in a pipeline across types, else the group's."""
+        names = [s.gpu.name for s in self.stages] or [self.group.gpu.name]
+        return list(zip(names, self.stage_memory or (self.memory,), strict=True))
+
+    @property
     def multi_node(self) -> bool:
         return self.pp > 1 and (self.group.nodes > 1 or bool(self.stages))
 

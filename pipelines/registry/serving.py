@@ -9,6 +9,7 @@ plans that fit, and no file: serving plans never fail a registration.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -120,20 +121,7 @@ def _inventory(
 
 def summary(p: planner.Plan) -> PlanSummary:
     """What the manifest says of a plan: its layout, what vLLM is told, and every GPU's budget."""
-    names = [s.gpu.name for s in p.stages] or [p.group.gpu.name]
-    budgets = p.stage_memory or (p.memory,)
-    per_gpu = [
-        GPUTotals(
-            gpu=n,
-            total=m.total,
-            usable=m.usable,
-            weights=m.weights,
-            activations=m.activations,
-            kv_pool=m.kv_pool,
-            headroom=m.headroom,
-        )
-        for n, m in zip(names, budgets, strict=True)
-    ]
+    per_gpu = [GPUTotals(gpu=n, headroom=m.headroom, **dataclasses.asdict(m)) for n, m in p.per_gpu]
     return PlanSummary(
         gpus=p.label,
         layout=f"TP {p.tp} x PP {p.pp}, {p.replicas} replica(s)",
