@@ -273,4 +273,4 @@ def test_the_gguf_header_walker_speaks_gguf_py_constants() -> None:
     v = constants.GGUFValueType
     expected = {v.UINT8: "B", v.INT8: "b", v.UINT16: "H", v.INT16: "h", v.UINT32: "I", v.INT32: "i",
                 v.FLOAT32: "f", v.BOOL: "?", v.UINT64: "Q", v.INT64: "q", v.FLOAT64: "d"}
-    assert {int(t): fmt for t, fmt in expected.items()} == walker._SCALARS
+    assert {int(t): fmt for t, fmt in expected.items()} == walker.SCALAR_FORMATS

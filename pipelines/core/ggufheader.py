@@ -56,7 +56,7 @@ class GGUFInfo:
 _PROVENANCE = re.compile(r"^(modelmint\.|quantize\.imatrix\.|general\.(source|quantized_by|base_model|name|license|file_type|quantization_version))")
 
 
-_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+SCALAR_FORMATS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
 _STRING, _ARRAY = 8, 9
 
 
@@ -225,14 +225,14 @@ class _Cursor:
             return self.string(wanted)
         if kind == _ARRAY:
             sub, count = self.scalars("IQ")
-            if sub in _SCALARS:
-                width = struct.calcsize(_SCALARS[sub])
-                items = list(struct.unpack_from(f"<{count}{_SCALARS[sub]}", self.mm, self.pos)) if wanted else None
+            if sub in SCALAR_FORMATS:
+                width = struct.calcsize(SCALAR_FORMATS[sub])
+                items = list(struct.unpack_from(f"<{count}{SCALAR_FORMATS[sub]}", self.mm, self.pos)) if wanted else None
                 self.pos += width * count
                 return items
             got = [self.value(sub, wanted) for _ in range(count)]
             return got if wanted else None
-        fmt = _SCALARS.get(kind)
+        fmt = SCALAR_FORMATS.get(kind)
         if fmt is None:
             raise ValueError(f"unknown GGUF value type {kind}")
         return self.scalar(fmt)

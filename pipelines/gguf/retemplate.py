@@ -21,7 +21,14 @@ from pathlib import Path
 from typing import Any
 
 from pipelines.core.fsutil import atomic_output
-from pipelines.core.ggufheader import GGUF_MAGIC, GGUFInfo, check_imatrix, gguf_layout, inspect_gguf
+from pipelines.core.ggufheader import (
+    GGUF_MAGIC,
+    SCALAR_FORMATS,
+    GGUFInfo,
+    check_imatrix,
+    gguf_layout,
+    inspect_gguf,
+)
 from pipelines.core.runner import run
 from pipelines.core.steps import load_receipt, receipt_path
 from pipelines.core.toolchains import LlamaCpp
@@ -102,17 +109,13 @@ def retemplate(donor: Path, out: Path, *, file_type: str, template: str, samplin
     return inspect_gguf(out)
 
 
-_PACK = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
-"""GGUF scalar value types (gguf.GGUFValueType) and their little-endian struct formats."""
-
-
 def _entry(key: str, kind: int, value: Any) -> bytes:
     """One GGUF metadata entry: the key, the value type, the value (a string or a scalar)."""
     def text(t: str) -> bytes:
         raw = t.encode("utf-8")
         return struct.pack("<Q", len(raw)) + raw
 
-    return text(key) + struct.pack("<I", kind) + (text(value) if kind == 8 else struct.pack("<" + _PACK[kind], value))
+    return text(key) + struct.pack("<I", kind) + (text(value) if kind == 8 else struct.pack("<" + SCALAR_FORMATS[kind], value))
 
 
 def rewrite_metadata(donor: Path, out: Path, new: Mapping[str, tuple[int, Any]], drop: Callable[[str], bool]) -> None:
