@@ -5,18 +5,23 @@ What Prefect adds to pipelines.source.upstream and pipelines.registry.pins:
   idempotency   each conversion is started through run_deployment with the key `upstream-<name>-<commit>`, so one
                 upstream commit makes one run, whoever asks (two overlapping ticks, a tick and the webhook)
   no retries    a hub that fails (5xx, 429, timeouts) triggers nothing now: the next tick checks again
+  failed runs   a conversion that failed is started again by the next ask (tick, webhook, CLI), bounded and with a
+                backoff (start_conversion), and its state is reported
   artifacts     a Markdown table per run: what moved, what changed, which run converts it
 """
 
 from __future__ import annotations
 
+import logging
 import sys
+from datetime import UTC, datetime
 from typing import Any
 
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.deployments import run_deployment
+from prefect.exceptions import MissingContextError
 
 from pipelines.core.errors import ModelmintError
 from pipelines.core.settings import Settings
@@ -33,14 +38,45 @@ def conversion_key(name: str, commit: str) -> str:
     return f"upstream-{name}-{commit}"
 
 
+CONVERSION_ATTEMPTS = 3
+"""Runs one upstream commit gets: the first and two retries after it failed (a hub outage during the one run)."""
+RETRY_BACKOFF_S = 600.0
+"""The wait after a failed attempt before the next, doubled for each attempt made."""
+
+
 def start_conversion(name: str, commit: str) -> Any:
     """Ask Prefect for the `convert/<name>` run of `commit`: created once, then the same run for the same key.
 
+    A run that ended Failed or Crashed is retried, CONVERSION_ATTEMPTS runs in all, each retry RETRY_BACKOFF_S ×
+    2^(attempt-1) after the last one ended, under its own key (`…-retry<n>`, found again like the first); until then,
+    and once they are spent, the failed run is handed back and logged, so the caller reports its state.
     Does not wait for the run; returns it (its id, name and state).
     """
-    return run_deployment(f"convert/{name}", parameters={"model": name, "revision": commit}, timeout=0,
-                          idempotency_key=conversion_key(name, commit), as_subflow=False,
-                          tags=["upstream", f"upstream-{commit[:12]}"])
+    for attempt in range(CONVERSION_ATTEMPTS):
+        key = conversion_key(name, commit) + (f"-retry{attempt}" if attempt else "")
+        run = run_deployment(f"convert/{name}", parameters={"model": name, "revision": commit}, timeout=0,
+                             idempotency_key=key, as_subflow=False,
+                             tags=["upstream", f"upstream-{commit[:12]}"])
+        if run.state is None or not (run.state.is_failed() or run.state.is_crashed()):
+            return run
+        ended = run.end_time or run.state.timestamp
+        waited = (datetime.now(UTC) - ended).total_seconds() if ended else 0.0
+        due = RETRY_BACKOFF_S * 2 ** attempt
+        if attempt + 1 == CONVERSION_ATTEMPTS or waited < due:
+            spent = attempt + 1 == CONVERSION_ATTEMPTS
+            _log().warning("%s@%s: conversion %s ended %s (attempt %d of %d); %s", name, commit[:12], run.name,
+                           run.state.type.value, attempt + 1, CONVERSION_ATTEMPTS,
+                           "no retries left: fix the cause, then `python -m flows.watch convert " + name + "`"
+                           " after deleting the failed runs" if spent else f"retried in {due - waited:.0f} s")
+            return run
+    raise AssertionError("unreachable")  # the loop returns on its last attempt
+
+
+def _log() -> logging.Logger | logging.LoggerAdapter[logging.Logger]:
+    try:
+        return get_run_logger()
+    except MissingContextError:  # the webhook and `python -m flows.watch convert` run outside a flow
+        return logging.getLogger(__name__)
 
 
 @task(name="check-upstream", task_run_name="check-{entry.name}", cache_policy=NO_CACHE)
@@ -113,7 +149,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {name} has no pinned hub commit to convert", file=sys.stderr)
             return 1
         run = start_conversion(name, commit)
-        print(f"{name}@{commit[:12]}: flow run {run.name} ({run.id})")
+        state = run.state.type.value if run.state else "unknown"
+        print(f"{name}@{commit[:12]}: flow run {run.name} ({run.id}), {state}")
     return 0
 
 

@@ -218,6 +218,24 @@ def test_record_in_place_commits_once(project: Settings, hub: HubServer) -> None
     assert git(project.repo_dir, "status", "--porcelain") == ""
 
 
+def test_record_in_place_commits_only_the_pin(project: Settings, hub: HubServer) -> None:
+    """Hand edits of the catalog (and a staged file elsewhere) stay out of the watcher's pin commit, and stay."""
+    hub.push("acme/tiny", {"tokenizer.json": b"{}"})
+    m = upstream.check(_entry(project), project)
+    catalog = project.catalog_path
+    catalog.write_text(catalog.read_text().replace("# what this project builds", "# what this project builds (WIP)"))
+    (project.repo_dir / "notes.txt").write_text("staged by hand\n")
+    git(project.repo_dir, "add", "notes.txt")
+    recorded = pins.record_pin(project, m)
+    assert recorded.commit is not None
+    shown = git(project.repo_dir, "show", "--format=", recorded.commit)
+    assert f"+      revision: {m.head}" in shown and "(WIP)" not in shown and "notes.txt" not in shown, shown
+    assert "(WIP)" in catalog.read_text() and f"revision: {m.head}" in catalog.read_text()
+    status = git(project.repo_dir, "status", "--porcelain").splitlines()
+    assert set(status) == {"A  notes.txt", " M registry/catalog.yaml"}, status
+    assert pins.record_pin(project, m).commit is None  # once
+
+
 def test_record_on_a_branch_leaves_the_checkout(project: Settings, hub: HubServer) -> None:
     hub.push("acme/tiny", {"chat_template.jinja": b"{{ messages }}"})
     m = upstream.check(_entry(project), project)
@@ -260,10 +278,10 @@ def _conversions() -> list[tuple[str, str | None]]:
     return sorted((str(r.id), r.parameters.get("revision")) for r in runs if r.parameters.get("model") == "tiny")
 
 
-def _event(repo: str, new: str, *, ref: str = "refs/heads/main") -> bytes:
+def _event(repo: str, new: str, *, ref: str = "refs/heads/main", old: str = "0" * 40) -> bytes:
     return json.dumps({"event": {"action": "update", "scope": "repo.content"},
                        "repo": {"type": "model", "name": repo, "headSha": new},
-                       "updatedRefs": [{"ref": ref, "oldSha": "0" * 40, "newSha": new}]}).encode()
+                       "updatedRefs": [{"ref": ref, "oldSha": old, "newSha": new}]}).encode()
 
 
 def test_one_conversion_per_upstream_commit(prefect_project: Settings, hub: HubServer) -> None:
@@ -322,6 +340,66 @@ def test_one_conversion_per_upstream_commit(prefect_project: Settings, hub: HubS
     missing = client.post("/", content=_event("acme/tiny", newest), headers=ok)
     assert missing.status_code == 500 and "no deployment convert/tiny" in missing.json()["error"]
     assert newest not in [r for _, r in _conversions()]  # (deleting a deployment deletes its runs too)
+
+
+def test_a_stale_delivery_starts_nothing(prefect_project: Settings, hub: HubServer) -> None:
+    """Pin at B; the hub resends the earlier push (P0 → A) late: ignored, nothing converts A."""
+    from starlette.testclient import TestClient
+
+    from flows.webhook import create_app
+
+    settings = prefect_project
+    p0 = _entry(settings).source.revision
+    a = hub.push("acme/tiny", {"tokenizer.json": b"{}"}).commit
+    b = hub.push("acme/tiny", {"LICENSE": b"MIT\n"}).commit
+    set_revision(settings.catalog_path, "tiny", b)
+    client, ok = TestClient(create_app(settings, "s3cret")), {"X-Webhook-Secret": "s3cret"}
+    for late in (_event("acme/tiny", a, old=p0),
+                 json.dumps({"repo": {"type": "model", "name": "acme/tiny", "headSha": a}}).encode()):
+        answer = client.post("/", content=late, headers=ok)
+        assert answer.status_code == 202 and "does not descend from the pin" in answer.json()["ignored"], answer.text
+    assert _conversions() == []
+    c = hub.push("acme/tiny", {"README.md": b"# tiny\n"}).commit
+    started = client.post("/", content=_event("acme/tiny", c, old=b), headers=ok)  # oldSha is the pin
+    assert started.status_code == 202 and started.json()["started"][0]["commit"] == c, started.text
+    resent = client.post("/", content=_event("acme/tiny", c, old=p0), headers=ok)  # c's history holds the pin
+    assert resent.json()["started"] == started.json()["started"]
+    assert [r for _, r in _conversions()] == [c]
+    hub.fail_status = 500  # the history cannot be read: the hub is asked to resend
+    assert client.post("/", content=_event("acme/tiny", a, old=p0), headers=ok).status_code == 503
+    assert [r for _, r in _conversions()] == [c]
+
+
+def test_a_failed_conversion_is_retried_bounded_and_with_a_backoff(prefect_project: Settings,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    from prefect.client.orchestration import get_client
+    from prefect.states import Failed
+
+    from flows import watch
+
+    commit = "4" * 40
+    first = watch.start_conversion("tiny", commit)
+    assert watch.start_conversion("tiny", commit).id == first.id  # not failed: the same run
+
+    def fail(run_id: object) -> None:
+        with get_client(sync_client=True) as client:
+            client.set_flow_run_state(run_id, Failed(message="the hub went away"), force=True)  # type: ignore[arg-type]
+
+    fail(first.id)
+    monkeypatch.setattr(watch, "RETRY_BACKOFF_S", 3600.0)
+    waiting = watch.start_conversion("tiny", commit)  # inside the backoff: the failed run, reported as such
+    assert waiting.id == first.id and waiting.state.is_failed()
+    monkeypatch.setattr(watch, "RETRY_BACKOFF_S", 0.0)
+    second = watch.start_conversion("tiny", commit)
+    assert second.id != first.id and not second.state.is_failed()
+    assert watch.start_conversion("tiny", commit).id == second.id  # found again, like the first
+    fail(second.id)
+    third = watch.start_conversion("tiny", commit)
+    assert third.id not in (first.id, second.id)
+    fail(third.id)
+    spent = watch.start_conversion("tiny", commit)  # the bound: no fourth run
+    assert spent.id == third.id and spent.state.is_failed()
+    assert len([r for _, r in _conversions() if r == commit]) == watch.CONVERSION_ATTEMPTS == 3
 
 
 # ---------------------------------------------------------------- item 5: the deployment and the CI workflows

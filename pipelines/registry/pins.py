@@ -75,13 +75,7 @@ def record_pin(settings: Settings, m: Movement, mode: RecordMode = "in-place") -
         old = move_pin(settings, m.name, m.head)
         if not is_git:
             return Recorded(m.name, old, m.head, str(root), None)
-        paths = [_relative(settings, settings.catalog_path), "dvc.yaml"]
-        _git(root, "add", "--", *paths)
-        if not _git(root, "diff", "--cached", "--name-only", "--", *paths).strip():
-            return Recorded(m.name, old, m.head, _git(root, "branch", "--show-current").strip(), None)
-        _git(root, "commit", "-q", "-m", message(m), "--", *paths)
-        return Recorded(m.name, old, m.head, _git(root, "branch", "--show-current").strip(),
-                        _git(root, "rev-parse", "HEAD").strip())
+        return _in_place(settings, m, old)
 
 
 def _on_branch(settings: Settings, m: Movement) -> Recorded:
@@ -89,19 +83,8 @@ def _on_branch(settings: Settings, m: Movement) -> Recorded:
     root, branch = settings.repo_dir, branch_name(m.name, m.head)
     if _git(root, "branch", "--list", branch).strip():
         return Recorded(m.name, m.pinned, m.head, branch, None)
-    catalog_rel = _relative(settings, settings.catalog_path)
-    with tempfile.TemporaryDirectory(prefix="modelmint-pin-") as tmp:
-        catalog, dvc_yaml, index = Path(tmp) / "catalog.yaml", Path(tmp) / "dvc.yaml", Path(tmp) / "index"
-        catalog.write_text(_git(root, "show", f"HEAD:{catalog_rel}"), encoding="utf-8")
-        set_revision(catalog, m.name, m.head)
-        dvcgen.write(load_catalog(catalog), dvc_yaml)
-        env = {"GIT_INDEX_FILE": str(index)}
-        _git(root, "read-tree", "HEAD", env=env)
-        for path, rel in ((catalog, catalog_rel), (dvc_yaml, "dvc.yaml")):
-            blob = _git(root, "hash-object", "-w", str(path)).strip()
-            _git(root, "update-index", "--add", "--cacheinfo", f"100644,{blob},{rel}", env=env)
-        tree = _git(root, "write-tree", env=env).strip()
-    commit = _git(root, "commit-tree", tree, "-p", "HEAD", "-m", message(m)).strip()
+    head = _git(root, "rev-parse", "HEAD").strip()
+    commit = _pin_commit(settings, m, head)[0]
     # the empty old value: create the branch only if no concurrent watcher created it first
     try:
         _git(root, "update-ref", f"refs/heads/{branch}", commit, "")
@@ -110,6 +93,46 @@ def _on_branch(settings: Settings, m: Movement) -> Recorded:
             return Recorded(m.name, m.pinned, m.head, branch, None)
         raise
     return Recorded(m.name, m.pinned, m.head, branch, commit)
+
+
+def _pin_commit(settings: Settings, m: Movement, head: str) -> tuple[str, dict[str, str]]:
+    """A commit on `head` that moves the pin in `head`'s catalog and nothing else, made in a temporary index (the
+    checkout's index and files untouched); also the blob each of its two paths has in it."""
+    root, catalog_rel = settings.repo_dir, _relative(settings, settings.catalog_path)
+    with tempfile.TemporaryDirectory(prefix="modelmint-pin-") as tmp:
+        catalog, dvc_yaml, index = Path(tmp) / "catalog.yaml", Path(tmp) / "dvc.yaml", Path(tmp) / "index"
+        catalog.write_text(_git(root, "show", f"{head}:{catalog_rel}"), encoding="utf-8")
+        set_revision(catalog, m.name, m.head)
+        dvcgen.write(load_catalog(catalog), dvc_yaml)
+        env = {"GIT_INDEX_FILE": str(index)}
+        _git(root, "read-tree", head, env=env)
+        blobs = {}
+        for path, rel in ((catalog, catalog_rel), (dvc_yaml, "dvc.yaml")):
+            blobs[rel] = _git(root, "hash-object", "-w", str(path)).strip()
+            _git(root, "update-index", "--add", "--cacheinfo", f"100644,{blobs[rel]},{rel}", env=env)
+        tree = _git(root, "write-tree", env=env).strip()
+    if tree == _git(root, "rev-parse", f"{head}^{{tree}}").strip():
+        return "", blobs  # HEAD records this pin already
+    return _git(root, "commit-tree", tree, "-p", head, "-m", message(m)).strip(), blobs
+
+
+def _in_place(settings: Settings, m: Movement, old: str | None) -> Recorded:
+    """Commit the pin's move on the checkout's branch, and only it: hand edits of the catalog (or anything else)
+    stay uncommitted in the checkout, as they were, instead of riding along in the watcher's commit."""
+    root = settings.repo_dir
+    branch = _git(root, "branch", "--show-current").strip()
+    head = _git(root, "rev-parse", "HEAD").strip()
+    commit, blobs = _pin_commit(settings, m, head)
+    if not commit:
+        return Recorded(m.name, old, m.head, branch, None)
+    # the old value: move the branch only from the commit this was built on (a concurrent commit makes git refuse)
+    _git(root, "update-ref", "-m", f"modelmint: {m.name} pin", "HEAD", commit, head)
+    for rel, blob in blobs.items():
+        # the index entry follows the commit only where it was HEAD's: a change staged by hand stays staged
+        staged = _git(root, "ls-files", "-s", "--", rel).split()[1:2]
+        if staged == _git(root, "ls-tree", head, "--", rel).split()[2:3]:
+            _git(root, "update-index", "--add", "--cacheinfo", f"100644,{blob},{rel}")
+    return Recorded(m.name, old, m.head, branch, commit)
 
 
 def _relative(settings: Settings, path: Path) -> str:

@@ -192,6 +192,17 @@ def check(entry: CatalogEntry, settings: Settings, *, limit: RateLimit | None = 
     return Movement(entry.name, repo, ref, pinned, head, changes)
 
 
+def descends(settings: Settings, repo: str, pinned: str, commit: str, *, timeout: float = 10.0) -> bool:
+    """Whether `commit` of `repo` has `pinned` in its history on the hub (a later commit than the pin, or the pin).
+
+    Raises:
+        huggingface_hub's HTTP errors and requests' transport errors: the hub could not answer.
+    """
+    if commit == pinned:
+        return True
+    return pinned in _history(settings.hf_endpoint, settings.hf_token, repo, commit, timeout)
+
+
 def _template_only(changes: tuple[FileChange, ...], old: object, new: object) -> tuple[FileChange, ...]:
     """`changes` with tokenizer_config.json counted as a chat template change when its chat_template key is all
     that differs between the two versions."""
