@@ -28,6 +28,7 @@ from pipelines.publish.planner import (
     cluster_of,
     gpu,
     known_gpus,
+    nearest,
     parse_cluster,
     partition,
     plan,
@@ -479,3 +480,18 @@ def test_a_zero_or_negative_context_is_refused_not_read_as_the_maximum(tiny_qwen
     assert "omit --context for the model's maximum (32768)" in (err.value.hint or "")
     out = _plan(str(tiny_qwen2), "--gpus", "1xL4-24G", "--context", str(context))
     assert out.returncode == 1 and "Traceback" not in out.stderr and "is no context" in out.stderr, out.stderr
+
+
+def test_the_shorter_context_offered_is_the_longest_that_fits_for_sliding_windows() -> None:
+    gemma = {"architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text", "num_hidden_layers": 48,
+             "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 256, "hidden_size": 3840,
+             "max_position_embeddings": 131072, "sliding_window": 1024,
+             "layer_types": (["sliding_attention"] * 5 + ["full_attention"]) * 8}
+    ask = Ask(20 * GIB, shape_of(gemma), context=131072, concurrency=4)
+    group = NodeGroup(1, 1, gpu("L40S-48G"))
+    offered = [n for n in nearest(ask, group) if n.startswith("--context ")]
+    assert offered, nearest(ask, group)
+    tokens = int(offered[0].split()[1])
+    assert plan_group(dataclasses.replace(ask, context=tokens), group)  # accepted …
+    with pytest.raises(PlanRefused):  # … and the longest multiple of 256 that is
+        plan_group(dataclasses.replace(ask, context=tokens + 256), group)

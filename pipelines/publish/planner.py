@@ -378,6 +378,21 @@ def _more_gpus(ask: Ask, group: NodeGroup, g: GPU) -> str | None:
     return None
 
 
+def _longest_context(ask: Ask, pool: int, tp: int, pp: int) -> int:
+    """The longest context, a multiple of 256, whose `ask.concurrency` sequences fit `pool` (0: not even 256).
+
+    Searched, not divided: sliding-window layers cap their tokens, so a sequence's bytes grow slower than its length.
+    """
+    def fits(tokens: int) -> bool:
+        return ask.shape.kv_bytes_per_sequence(tokens, tp=tp, pp=pp, kv_dtype=ask.kv_dtype) * ask.concurrency <= pool
+
+    lo, hi = 0, ask.shape.max_context // 256  # in units of 256 tokens; lo always fits (0 tokens need nothing)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if fits(mid * 256) else (lo, mid - 1)
+    return lo * 256
+
+
 def nearest(ask: Ask, group: NodeGroup) -> list[str]:
     """Plans that do fit, nearest first: more GPUs of the same type, a smaller registered variant, a shorter context
     on these GPUs; when none of these fits, GPUs with more memory."""
@@ -387,10 +402,9 @@ def nearest(ask: Ask, group: NodeGroup) -> list[str]:
         mem = _budget(ask, group.gpu, tp, pp)
         if mem.kv_pool <= 0:
             continue
-        per_token_all = ask.shape.kv_bytes_per_sequence(1, tp=tp, pp=pp, kv_dtype=ask.kv_dtype)
-        tokens = mem.kv_pool // max(1, per_token_all * max(1, ask.concurrency))
+        tokens = _longest_context(ask, mem.kv_pool, tp, pp)
         if tokens >= 256:
-            out.append(f"--context {int(tokens) // 256 * 256} on {group} (TP {tp} × PP {pp})")
+            out.append(f"--context {tokens} on {group} (TP {tp} × PP {pp})")
             break
     for g in sorted(known_gpus().values(), key=lambda g: g.memory_gib):
         found = None if out or g.memory_gib <= group.gpu.memory_gib else _more_gpus(ask, group, g)
