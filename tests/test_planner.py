@@ -28,6 +28,7 @@ from pipelines.publish.planner import (
     cluster_of,
     gpu,
     known_gpus,
+    nearest,
     parse_cluster,
     partition,
     plan,
@@ -411,9 +412,86 @@ def test_an_inventory_file_is_the_same_cluster_and_its_typos_are_named(tiny_qwen
         with pytest.raises(ConfigError, match=re.escape(complaint)) as err:
             cluster_of(str(inventory))
         assert err.value.hint
-    inventory.write_text("- {gpus: 8, type: A800-80GB}\n")
+    inventory.write_text("- {gpus: 8, type: A800-80G}\n- {gpus: 8, type: A800-80GB}\n")
+    with pytest.raises(ConfigError, match=re.escape(f"{inventory}, group 2: unknown GPU 'A800-80GB'")):
+        cluster_of(str(inventory))
     refused = _plan(str(tiny_qwen2), "--gpus", str(inventory))
     assert refused.returncode == 1 and "unknown GPU 'A800-80GB'" in refused.stderr
     assert "Traceback" not in refused.stderr
     inventory.write_text("- {gpus: 2, type: L4-24G}\n")
     assert "1x2xL4-24G: TP 1 × PP 1, 2 replica(s)" in _plan(str(tiny_qwen2), "--gpus", str(inventory)).stdout
+
+
+# ---------------------------------------------------------------- bad configs (issue 25 item 12, issue 26 item 6)
+
+
+@pytest.mark.parametrize("text,complaint", [
+    ("{not json", "is not valid JSON"),
+    ("[1, 2]", "is not a JSON object"),
+])
+def test_plan_on_a_bad_config_json_is_one_error_line(tiny_qwen2: Path, tmp_path: Path, text: str,
+                                                     complaint: str) -> None:
+    model = tmp_path / "model"
+    model.mkdir()
+    for f in tiny_qwen2.iterdir():
+        if f.suffix == ".safetensors":
+            (model / f.name).symlink_to(f)
+    (model / "config.json").write_text(text, encoding="utf-8")
+    out = _plan(str(model), "--gpus", "1xL4-24G")
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
+    assert complaint in out.stderr and "config.json" in out.stderr
+
+
+@pytest.mark.parametrize("change,complaint", [
+    ({"num_key_value_heads": 0}, "num_key_value_heads is 0"),
+    ({"num_key_value_heads": 5}, "5 KV heads do not divide 28 attention heads"),
+    ({"num_key_value_heads": 56}, "56 KV heads do not divide 28 attention heads"),
+    ({"num_attention_heads": -4}, "num_attention_heads is -4"),
+    ({"num_hidden_layers": 0}, "num_hidden_layers is 0"),
+    ({"num_key_value_heads": "eight"}, "num_key_value_heads"),
+])
+def test_impossible_head_counts_are_refused_not_planned(change: dict, complaint: str) -> None:
+    with pytest.raises(ConfigError, match=complaint):
+        shape_of({**QWEN25_7B, **change})
+    config = {k: v for k, v in QWEN25_7B.items() if k not in ("hidden_size", "head_dim")}
+    with pytest.raises(ConfigError, match="hidden_size"):
+        shape_of(config)
+    with pytest.raises(ConfigError, match="3 KV heads do not divide 32 attention heads"):
+        shape_of_gguf({"general.architecture": "llama", "llama.block_count": 32, "llama.attention.head_count": 32,
+                       "llama.attention.head_count_kv": 3, "llama.embedding_length": 4096})
+
+
+@pytest.mark.parametrize("extra,arch", [
+    ({"layers_block_type": ["mamba", "attention"] * 16}, "BambaForCausalLM"),
+    ({"block_types": ["recurrent", "recurrent", "attention"]}, "RecurrentGemmaForCausalLM"),
+    ({"linear_attn_config": {"kda_layers": [1, 2, 3]}}, "KimiLinearForCausalLM"),
+    ({"layer_types": ["full_attention", "linear_attention"] * 14}, "SomeLinearForCausalLM"),
+])
+def test_hybrid_layers_are_refused_by_their_config_keys_not_by_name(extra: dict, arch: str) -> None:
+    config = {**QWEN25_7B, "architectures": [arch], "model_type": "unnamed", **extra}
+    with pytest.raises(ConfigError, match=f"{arch} has state-space or hybrid layers"):
+        shape_of(config)
+
+
+@pytest.mark.parametrize("context", [0, -512])
+def test_a_zero_or_negative_context_is_refused_not_read_as_the_maximum(tiny_qwen2: Path, context: int) -> None:
+    with pytest.raises(ConfigError, match=f"--context {context} is no context") as err:
+        Ask(15 * GIB, shape_of(QWEN25_7B), context=context)
+    assert "omit --context for the model's maximum (32768)" in (err.value.hint or "")
+    out = _plan(str(tiny_qwen2), "--gpus", "1xL4-24G", "--context", str(context))
+    assert out.returncode == 1 and "Traceback" not in out.stderr and "is no context" in out.stderr, out.stderr
+
+
+def test_the_shorter_context_offered_is_the_longest_that_fits_for_sliding_windows() -> None:
+    gemma = {"architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text", "num_hidden_layers": 48,
+             "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 256, "hidden_size": 3840,
+             "max_position_embeddings": 131072, "sliding_window": 1024,
+             "layer_types": (["sliding_attention"] * 5 + ["full_attention"]) * 8}
+    ask = Ask(20 * GIB, shape_of(gemma), context=131072, concurrency=4)
+    group = NodeGroup(1, 1, gpu("L40S-48G"))
+    offered = [n for n in nearest(ask, group) if n.startswith("--context ")]
+    assert offered, nearest(ask, group)
+    tokens = int(offered[0].split()[1])
+    assert plan_group(dataclasses.replace(ask, context=tokens), group)  # accepted …
+    with pytest.raises(PlanRefused):  # … and the longest multiple of 256 that is
+        plan_group(dataclasses.replace(ask, context=tokens + 256), group)

@@ -141,7 +141,11 @@ def load_inventory(path: Path) -> list[NodeGroup]:
                 f"{path}, group {i}: {problems}",
                 hint=f"each group has gpus and type, and may have nodes: {example}",
             ) from None
-        groups.append(NodeGroup(g.nodes, g.gpus, gpu(g.type)))
+        try:
+            profile = gpu(g.type)
+        except ConfigError as err:  # name where the typo is: an inventory has many groups
+            raise ConfigError(f"{path}, group {i}: {err.message}", hint=err.hint) from None
+        groups.append(NodeGroup(g.nodes, g.gpus, profile))
     return groups
 
 

@@ -96,6 +96,30 @@ _STATE_SPACE = ("mamba", "ssm", "linear_attention", "rwkv", "jamba", "zamba", "n
                 "qwen3_next", "lfm2")
 
 
+def _hybrid_layers(text: dict[str, Any], layer_types: list[str]) -> bool:
+    """Whether the config declares any layer that is not (full or sliding-window) softmax attention.
+
+    Read from the keys hybrid configs carry, not from a list of names: `layer_types` (Qwen3-Next, LFM2),
+    `layers_block_type` (Bamba, Jamba), `block_types` (RecurrentGemma), `linear_attn_config` (Kimi-Linear),
+    `attn_type_list` (MiniMax, 0 marks a linear layer).
+    """
+    attention = {"attention", "full_attention", "sliding_attention", "chunked_attention"}
+    kinds = layer_types + [str(t) for t in (text.get("layers_block_type") or []) + (text.get("block_types") or [])]
+    if any(k not in attention for k in kinds):
+        return True
+    return bool(text.get("linear_attn_config")) or 0 in (text.get("attn_type_list") or [])
+
+
+def _check_heads(arch: str, layers: int, heads: int, kv: int, hint: str) -> None:
+    """Refuse head counts no attention layer can have: vLLM would fail loading them, so no plan may hold them."""
+    for name, value in (("num_hidden_layers", layers), ("num_attention_heads", heads), ("num_key_value_heads", kv)):
+        if value <= 0:
+            raise ConfigError(f"{arch}'s {name} is {value}: the planner cannot size its attention", hint=hint)
+    if kv > heads or heads % kv:
+        raise ConfigError(f"{arch}'s {kv} KV heads do not divide {heads} attention heads "
+                          f"(grouped-query attention needs a divisor): the config is damaged", hint=hint)
+
+
 def shape_of(config: dict[str, Any]) -> ModelShape:
     """The model's shape from its config.json (a multimodal config's `text_config` when it has one).
 
@@ -107,18 +131,29 @@ def shape_of(config: dict[str, Any]) -> ModelShape:
     arch = (config.get("architectures") or [config.get("model_type", "?")])[0]
     model_type = str(text.get("model_type") or config.get("model_type") or "").lower()
     layer_types = [str(t) for t in text.get("layer_types") or []]
-    if any(s in model_type for s in _STATE_SPACE) or any(s in t for t in layer_types for s in ("mamba", "linear")):
+    if any(s in model_type for s in _STATE_SPACE) or _hybrid_layers(text, layer_types):
         raise ConfigError(f"{arch} has state-space or hybrid layers: the planner cannot size its cache yet",
                           hint="plan it by hand from vLLM's logged KV cache size, or serve a transformer model")
+    hint = "check the checkpoint's config.json (num_hidden_layers, num_attention_heads, num_key_value_heads)"
     try:
         layers = int(text["num_hidden_layers"])
         heads = int(text["num_attention_heads"])
     except (KeyError, TypeError, ValueError) as err:
         raise ConfigError(f"{arch}'s config.json lacks {err}: the planner cannot size its attention",
-                          hint="check the checkpoint's config.json (num_hidden_layers, num_attention_heads)") from None
-    kv = int(text.get("num_key_value_heads") or heads)
-    head_dim = int(text.get("head_dim") or text["hidden_size"] // heads)
-    ctx = int(text.get("max_position_embeddings") or 4096)
+                          hint=hint) from None
+    try:
+        # absent means one KV head per attention head (multi-head attention); a present 0 is a damaged config
+        kv = heads if text.get("num_key_value_heads") is None else int(text["num_key_value_heads"])
+    except (TypeError, ValueError):
+        raise ConfigError(f"{arch}'s config.json num_key_value_heads is {text.get('num_key_value_heads')!r}, "
+                          f"not a count", hint=hint) from None
+    _check_heads(arch, layers, heads, kv, hint)
+    try:
+        head_dim = int(text.get("head_dim") or int(text["hidden_size"]) // heads)
+        ctx = int(text.get("max_position_embeddings") or 4096)
+    except (KeyError, TypeError, ValueError) as err:
+        raise ConfigError(f"{arch}'s config.json lacks a usable {err} (head_dim or hidden_size, "
+                          f"max_position_embeddings): the planner cannot size its attention", hint=hint) from None
     mla = None
     if text.get("kv_lora_rank"):
         mla = int(text["kv_lora_rank"]) + int(text.get("qk_rope_head_dim") or 0)
@@ -234,6 +269,16 @@ class Ask:
     smaller: tuple[Variant, ...] = ()
     """The model's other registered variants (a refusal suggests the largest smaller one that fits)."""
 
+    def __post_init__(self) -> None:
+        # 0 once meant "the maximum" by falling through `context or max_context`: say so instead of guessing
+        if self.context is not None and self.context < 1:
+            raise ConfigError(f"--context {self.context} is no context: a sequence holds at least one token",
+                              hint=f"omit --context for the model's maximum ({self.shape.max_context}), "
+                                   f"or give a positive number of tokens")
+        if self.concurrency < 1:
+            raise ConfigError(f"--concurrency {self.concurrency}: at least one sequence is served",
+                              hint="give --concurrency 1 or more")
+
 
 def _budget(ask: Ask, g: GPU, tp: int, pp: int) -> GPUMemory:
     total = g.memory_bytes
@@ -333,6 +378,21 @@ def _more_gpus(ask: Ask, group: NodeGroup, g: GPU) -> str | None:
     return None
 
 
+def _longest_context(ask: Ask, pool: int, tp: int, pp: int) -> int:
+    """The longest context, a multiple of 256, whose `ask.concurrency` sequences fit `pool` (0: not even 256).
+
+    Searched, not divided: sliding-window layers cap their tokens, so a sequence's bytes grow slower than its length.
+    """
+    def fits(tokens: int) -> bool:
+        return ask.shape.kv_bytes_per_sequence(tokens, tp=tp, pp=pp, kv_dtype=ask.kv_dtype) * ask.concurrency <= pool
+
+    lo, hi = 0, ask.shape.max_context // 256  # in units of 256 tokens; lo always fits (0 tokens need nothing)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if fits(mid * 256) else (lo, mid - 1)
+    return lo * 256
+
+
 def nearest(ask: Ask, group: NodeGroup) -> list[str]:
     """Plans that do fit, nearest first: more GPUs of the same type, a smaller registered variant, a shorter context
     on these GPUs; when none of these fits, GPUs with more memory."""
@@ -342,10 +402,9 @@ def nearest(ask: Ask, group: NodeGroup) -> list[str]:
         mem = _budget(ask, group.gpu, tp, pp)
         if mem.kv_pool <= 0:
             continue
-        per_token_all = ask.shape.kv_bytes_per_sequence(1, tp=tp, pp=pp, kv_dtype=ask.kv_dtype)
-        tokens = mem.kv_pool // max(1, per_token_all * max(1, ask.concurrency))
+        tokens = _longest_context(ask, mem.kv_pool, tp, pp)
         if tokens >= 256:
-            out.append(f"--context {int(tokens) // 256 * 256} on {group} (TP {tp} × PP {pp})")
+            out.append(f"--context {tokens} on {group} (TP {tp} × PP {pp})")
             break
     for g in sorted(known_gpus().values(), key=lambda g: g.memory_gib):
         found = None if out or g.memory_gib <= group.gpu.memory_gib else _more_gpus(ask, group, g)
@@ -507,6 +566,7 @@ def shape_of_gguf(meta: dict[str, Any]) -> ModelShape:
                           hint="reconvert it with `modelmint convert`") from None
     kv = key("attention.head_count_kv", heads)
     kv = max(kv) if isinstance(kv, list) else int(kv)
+    _check_heads(arch, layers, heads, kv, "reconvert it with `modelmint convert`")
     head_dim = int(key("attention.key_length") or int(key("embedding_length")) // heads)
     window = key("attention.sliding_window")
     mla = None
@@ -547,7 +607,14 @@ def served(path: Path) -> Served:
             weights += sum(t.nbytes for t in read_gguf_header(shard, lambda k, found: False).tensors)
         return Served(path, weights, shape_of_gguf(header.metadata), False)
     if path.is_dir() and (path / "config.json").is_file():
-        config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+        try:
+            config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
+            raise ConfigError(f"{path / 'config.json'} is not valid JSON ({err})",
+                              hint="restore the checkpoint's config.json, e.g. `modelmint pull NAME:TAG` again") from None
+        if not isinstance(config, dict):
+            raise ConfigError(f"{path / 'config.json'} is not a JSON object",
+                              hint="restore the checkpoint's config.json, e.g. `modelmint pull NAME:TAG` again")
         weights = 0
         for f in sorted(path.glob("*.safetensors")):
             header = read_safetensors_header(f)
