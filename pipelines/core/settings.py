@@ -6,7 +6,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 from pipelines import PACKAGE
 
@@ -99,9 +99,16 @@ class Settings:
 
     SECRETS = ("hf_token", "registry_username", "registry_password", "webhook_secret")
     """Credentials: never stored, never part of a key."""
-    SECRET_ENV = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "MODELMINT_REGISTRY_USERNAME", "MODELMINT_REGISTRY_PASSWORD",
-                  "MODELMINT_WEBHOOK_SECRET")
-    """The environment variables from_env reads them from: never passed on to another process's environment."""
+    SECRET_SOURCES: ClassVar[Mapping[str, tuple[str, ...]]] = {
+        "hf_token": ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"),
+        "registry_username": ("MODELMINT_REGISTRY_USERNAME",),
+        "registry_password": ("MODELMINT_REGISTRY_PASSWORD",),
+        "webhook_secret": ("MODELMINT_WEBHOOK_SECRET",),
+    }
+    """Each credential's environment variables, as from_env reads them (a test holds the two to each other)."""
+    SECRET_ENV = tuple(var for names in SECRET_SOURCES.values() for var in names)
+    """The environment variables from_env reads credentials from: never passed on to another process's
+    environment (pipelines.core.runner strips them from every tool it starts)."""
     ORCHESTRATION = ("prefect_home", "prefect_port", "gpu_slots", "prefect_crash_after_s", "ray_address",
                      "ray_resources", "docker_config", "registry_ca", "oci_registry", "oci_insecure")
     """Where and how work is run or published: says nothing about what a build plan produces."""
