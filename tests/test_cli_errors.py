@@ -98,3 +98,14 @@ def test_inspect_a_truncated_gguf_says_what_to_do(tmp_path: Path) -> None:
     _no_traceback(proc)
     assert proc.returncode == 1 and "is truncated" in proc.stderr
     assert "modelmint convert NAME" in proc.stderr and "modelmint pull NAME:TAG" in proc.stderr
+
+
+@pytest.mark.parametrize("var", ["MODELMINT_THREADS", "MODELMINT_PREFECT_PORT"])
+def test_a_non_integer_number_variable_is_one_error_line(tmp_path: Path, var: str) -> None:
+    env = {**os.environ, "MODELMINT_REPO": str(tmp_path / "repo"), "COLUMNS": "200", var: "four"}
+    proc = subprocess.run([MODELMINT, "list"], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    _no_traceback(proc)
+    assert proc.returncode in (1, 2), proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and var in errors[0] and "'four'" in errors[0], proc.stderr
+    assert f"set {var}" in proc.stderr

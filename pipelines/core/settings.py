@@ -78,12 +78,12 @@ class Settings:
             catalog_path=catalog,
             hf_endpoint=env.get("HF_ENDPOINT") or None,
             hf_token=env.get("HF_TOKEN") or env.get("HUGGING_FACE_HUB_TOKEN") or None,
-            threads=int(env.get("MODELMINT_THREADS") or 0),
+            threads=_int(env, "MODELMINT_THREADS", 0),
             repo_dir=repo,
             prefect_home=Path(env["MODELMINT_PREFECT_HOME"]).expanduser() if env.get("MODELMINT_PREFECT_HOME") else None,
-            prefect_port=int(env.get("MODELMINT_PREFECT_PORT") or 4200),
-            gpu_slots=int(env.get("MODELMINT_GPU_SLOTS") or 1),
-            prefect_crash_after_s=int(env.get("MODELMINT_CRASH_AFTER_S") or 120),
+            prefect_port=_int(env, "MODELMINT_PREFECT_PORT", 4200),
+            gpu_slots=_int(env, "MODELMINT_GPU_SLOTS", 1),
+            prefect_crash_after_s=_int(env, "MODELMINT_CRASH_AFTER_S", 120),
             webhook_secret=env.get("MODELMINT_WEBHOOK_SECRET") or None,
             package_index=env.get("MODELMINT_PACKAGE_INDEX") or env.get("PIP_INDEX_URL") or DEFAULT_PACKAGE_INDEX,
             ray_address=env.get("MODELMINT_RAY_ADDRESS") or None,
@@ -201,6 +201,24 @@ def _serve_gpus(value: str | None) -> tuple[str, ...] | None:
         except ConfigError as err:
             raise ConfigError(f"MODELMINT_SERVE_GPUS: {err.message}", hint=err.hint) from None
     return inventories
+
+
+def _int(env: Mapping[str, str], name: str, default: int) -> int:
+    """A whole-number variable (unset or empty: `default`).
+
+    Raises:
+        ConfigError: anything else, naming the variable (int()'s ValueError named neither it nor the fix).
+    """
+    value = (env.get(name) or "").strip()
+    if not value:
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        from pipelines.core.errors import ConfigError
+
+        raise ConfigError(f"{name}={env[name]!r} is not a whole number",
+                          hint=f"set {name} to a number (e.g. {name}={default}) or unset it") from None
 
 
 def _flag(env: Mapping[str, str], name: str) -> bool:
