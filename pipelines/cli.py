@@ -869,6 +869,15 @@ def main() -> None:
         if e.hint:
             err.print(f"[yellow]→ {_escape(e.hint)}[/yellow]", highlight=False)
         sys.exit(1)
+    except Exception as e:  # the edge: whatever escaped the library is one line, not a traceback
+        if os.environ.get("MODELMINT_DEBUG") == "1":
+            import traceback
+
+            traceback.print_exc()
+        err.print(f"[bold red]error:[/bold red] {_escape(f'{type(e).__name__}: {e}')}", highlight=False)
+        err.print("[yellow]→ this is a bug in modelmint: set MODELMINT_DEBUG=1 for the traceback[/yellow]",
+                  highlight=False)
+        sys.exit(1)
 
 
 def _escape(text: str) -> str:

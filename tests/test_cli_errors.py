@@ -109,3 +109,18 @@ def test_a_non_integer_number_variable_is_one_error_line(tmp_path: Path, var: st
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and var in errors[0] and "'four'" in errors[0], proc.stderr
     assert f"set {var}" in proc.stderr
+
+
+def test_an_unexpected_exception_is_one_line_and_debug_shows_the_traceback(tmp_path: Path) -> None:
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF")
+    args = [MODELMINT, "modelfile", str(gguf), "--template", str(tmp_path / "missing.tmpl")]
+    env = {**os.environ, "MODELMINT_REPO": str(tmp_path / "repo"), "COLUMNS": "200"}
+    proc = subprocess.run(args, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    _no_traceback(proc)
+    assert proc.returncode == 1, proc.stderr
+    assert [line for line in proc.stderr.splitlines() if line.startswith("error:")], proc.stderr
+    assert "missing.tmpl" in proc.stderr and "MODELMINT_DEBUG=1" in proc.stderr
+    debug = subprocess.run(args, env={**env, "MODELMINT_DEBUG": "1"}, cwd=tmp_path, capture_output=True, text=True,
+                           timeout=60)
+    assert "Traceback" in debug.stderr
