@@ -785,6 +785,14 @@ def modelfile(
     from pipelines.core.fsutil import write_text_atomic
     from pipelines.publish.ollama import build_modelfile
 
+    if template is not None and not template.is_file():
+        raise ConfigError(f"--template {template}: no such file",
+                          hint="pass an Ollama TEMPLATE file, or leave --template out to derive one: "
+                               f"modelmint modelfile {gguf}")
+    if source is not None and not source.is_dir():
+        raise ConfigError(f"--source {source}: no such directory",
+                          hint=f"pass the model's Hugging Face directory (holding tokenizer_config.json): "
+                               f"modelmint modelfile {gguf} --source DIR")
     built = build_modelfile(
         gguf, source, settings=_settings(), out_dir=(output.parent if output else Path.cwd()),
         family=family, template=template.read_text(encoding="utf-8") if template else None,
