@@ -785,6 +785,14 @@ def modelfile(
     from pipelines.core.fsutil import write_text_atomic
     from pipelines.publish.ollama import build_modelfile
 
+    if template is not None and not template.is_file():
+        raise ConfigError(f"--template {template}: no such file",
+                          hint="pass an Ollama TEMPLATE file, or leave --template out to derive one: "
+                               f"modelmint modelfile {gguf}")
+    if source is not None and not source.is_dir():
+        raise ConfigError(f"--source {source}: no such directory",
+                          hint=f"pass the model's Hugging Face directory (holding tokenizer_config.json): "
+                               f"modelmint modelfile {gguf} --source DIR")
     built = build_modelfile(
         gguf, source, settings=_settings(), out_dir=(output.parent if output else Path.cwd()),
         family=family, template=template.read_text(encoding="utf-8") if template else None,
@@ -868,6 +876,15 @@ def main() -> None:
         err.print(f"[bold red]error:[/bold red] {_escape(e.message)}", highlight=False)
         if e.hint:
             err.print(f"[yellow]→ {_escape(e.hint)}[/yellow]", highlight=False)
+        sys.exit(1)
+    except Exception as e:  # the edge: whatever escaped the library is one line, not a traceback
+        if os.environ.get("MODELMINT_DEBUG") == "1":
+            import traceback
+
+            traceback.print_exc()
+        err.print(f"[bold red]error:[/bold red] {_escape(f'{type(e).__name__}: {e}')}", highlight=False)
+        err.print("[yellow]→ this is a bug in modelmint: set MODELMINT_DEBUG=1 for the traceback[/yellow]",
+                  highlight=False)
         sys.exit(1)
 
 

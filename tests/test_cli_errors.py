@@ -98,3 +98,40 @@ def test_inspect_a_truncated_gguf_says_what_to_do(tmp_path: Path) -> None:
     _no_traceback(proc)
     assert proc.returncode == 1 and "is truncated" in proc.stderr
     assert "modelmint convert NAME" in proc.stderr and "modelmint pull NAME:TAG" in proc.stderr
+
+
+@pytest.mark.parametrize("var", ["MODELMINT_THREADS", "MODELMINT_PREFECT_PORT"])
+def test_a_non_integer_number_variable_is_one_error_line(tmp_path: Path, var: str) -> None:
+    env = {**os.environ, "MODELMINT_REPO": str(tmp_path / "repo"), "COLUMNS": "200", var: "four"}
+    proc = subprocess.run([MODELMINT, "list"], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    _no_traceback(proc)
+    assert proc.returncode in (1, 2), proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and var in errors[0] and "'four'" in errors[0], proc.stderr
+    assert f"set {var}" in proc.stderr
+
+
+def test_an_unexpected_exception_is_one_line_and_debug_shows_the_traceback(tmp_path: Path) -> None:
+    # A catalog path naming a directory: read_text's IsADirectoryError, which the library does not yet name.
+    args = [MODELMINT, "catalog", "list"]
+    env = {**os.environ, "MODELMINT_REPO": str(tmp_path / "repo"), "COLUMNS": "200", "MODELMINT_CATALOG": str(tmp_path)}
+    proc = subprocess.run(args, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    _no_traceback(proc)
+    assert proc.returncode == 1, proc.stderr
+    assert [line for line in proc.stderr.splitlines() if line.startswith("error:")], proc.stderr
+    assert "IsADirectoryError" in proc.stderr and "MODELMINT_DEBUG=1" in proc.stderr
+    debug = subprocess.run(args, env={**env, "MODELMINT_DEBUG": "1"}, cwd=tmp_path, capture_output=True, text=True,
+                           timeout=60)
+    assert "Traceback" in debug.stderr
+
+
+@pytest.mark.parametrize("option", ["--template", "--source"])
+def test_modelfile_with_a_missing_template_or_source_names_it(tmp_path: Path, option: str) -> None:
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF")
+    proc = _run(tmp_path, "modelfile", str(gguf), option, str(tmp_path / "missing"))
+    _no_traceback(proc)
+    assert proc.returncode == 1, proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and option in errors[0] and "missing" in errors[0], proc.stderr
+    assert "modelmint modelfile" in proc.stderr and "MODELMINT_DEBUG" not in proc.stderr

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +12,7 @@ import pytest
 from pipelines.core.errors import DiskFullError, ToolError, ToolTimeout
 from pipelines.core.fsutil import HashCache, atomic_output, clean_partials, partial_path
 from pipelines.core.runner import run
+from pipelines.core.settings import Settings
 
 
 def test_run_captures_output_and_peak_rss() -> None:
@@ -36,6 +38,32 @@ def test_tokens_are_not_passed_to_tools(monkeypatch: pytest.MonkeyPatch) -> None
     monkeypatch.setenv("HF_TOKEN", "hf_secret_value")
     r = run([sys.executable, "-c", "import os; print(os.environ.get('HF_TOKEN', 'absent'))"])
     assert r.stdout.strip() == "absent"
+
+
+def test_no_credential_reaches_a_tool(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every variable Settings reads a credential from is planted; the tool's own environment holds none."""
+    planted = {var: f"planted-secret-{i}" for i, var in enumerate(Settings.SECRET_ENV)}
+    for var, value in planted.items():
+        monkeypatch.setenv(var, value)
+    settings = Settings.from_env()
+    # The list is the settings' own: each credential field is read from the variables it names.
+    assert all(getattr(settings, name) for name in Settings.SECRETS)
+    r = run([sys.executable, "-c", "import json, os; print(json.dumps(dict(os.environ)))"])
+    child = json.loads(r.stdout)
+    assert {"MODELMINT_REGISTRY_USERNAME", "MODELMINT_REGISTRY_PASSWORD", "MODELMINT_WEBHOOK_SECRET"} <= set(planted)
+    assert not set(planted) & set(child)
+    assert not [v for v in child.values() if any(p in v for p in planted.values())]
+    # An explicit env entry is the caller's choice (the hub download is given its token this way).
+    r = run([sys.executable, "-c", "import os; print(os.environ['HF_TOKEN'])"], env={"HF_TOKEN": "given"})
+    assert r.stdout.strip() == "given"
+
+
+def test_secret_env_names_every_variable_a_credential_is_read_from() -> None:
+    for name in Settings.SECRETS:
+        for var in Settings.SECRET_SOURCES[name]:
+            alone = Settings.from_env({var: "x"})
+            assert getattr(alone, name) == "x", (name, var)
+    assert set(Settings.SECRET_SOURCES) == set(Settings.SECRETS)
 
 
 def test_atomic_output_keeps_old_content_on_failure(tmp_path: Path) -> None:

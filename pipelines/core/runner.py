@@ -16,13 +16,13 @@ from pathlib import Path
 
 from pipelines.core.errors import DiskFullError, ToolError, ToolTimeout
 from pipelines.core.fsutil import is_full
+from pipelines.core.settings import Settings
 
 log = logging.getLogger(__name__)
 
 _TAIL_LINES = 25
 # How tools report a full disk: libc's strerror, and numpy's tofile() (used by the GGUF converter).
 _DISK_FULL_MARKERS = ("No space left on device", "ENOSPC", "Not enough free space to write")
-_SECRET_ENV = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
 
 
 @dataclass(frozen=True)
@@ -58,7 +58,8 @@ def run(
 ) -> ToolRun:
     """Run `argv` (never through a shell), wait for it, and return its output and resource use.
 
-    `env` entries are added to a copy of the current environment; tokens are removed unless given explicitly.
+    `env` entries are added to a copy of the current environment; every credential variable
+    (Settings.SECRET_ENV) is removed unless given explicitly.
     `output` is the file or directory the tool writes: when the tool fails and the filesystem there is full,
     that is the cause, whatever the tool printed (llama-quantize says `basic_ios::clear: iostream error`).
 
@@ -69,7 +70,7 @@ def run(
             directory `output` is in; without `output`, `cwd`).
     """
     args = [os.fspath(a) for a in argv]
-    child_env = {k: v for k, v in os.environ.items() if k not in _SECRET_ENV}
+    child_env = {k: v for k, v in os.environ.items() if k not in Settings.SECRET_ENV}
     if env:
         child_env.update(env)
     log.debug("running %s", args)

@@ -6,7 +6,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 from pipelines import PACKAGE
 
@@ -78,12 +78,12 @@ class Settings:
             catalog_path=catalog,
             hf_endpoint=env.get("HF_ENDPOINT") or None,
             hf_token=env.get("HF_TOKEN") or env.get("HUGGING_FACE_HUB_TOKEN") or None,
-            threads=int(env.get("MODELMINT_THREADS") or 0),
+            threads=_int(env, "MODELMINT_THREADS", 0),
             repo_dir=repo,
             prefect_home=Path(env["MODELMINT_PREFECT_HOME"]).expanduser() if env.get("MODELMINT_PREFECT_HOME") else None,
-            prefect_port=int(env.get("MODELMINT_PREFECT_PORT") or 4200),
-            gpu_slots=int(env.get("MODELMINT_GPU_SLOTS") or 1),
-            prefect_crash_after_s=int(env.get("MODELMINT_CRASH_AFTER_S") or 120),
+            prefect_port=_int(env, "MODELMINT_PREFECT_PORT", 4200),
+            gpu_slots=_int(env, "MODELMINT_GPU_SLOTS", 1),
+            prefect_crash_after_s=_int(env, "MODELMINT_CRASH_AFTER_S", 120),
             webhook_secret=env.get("MODELMINT_WEBHOOK_SECRET") or None,
             package_index=env.get("MODELMINT_PACKAGE_INDEX") or env.get("PIP_INDEX_URL") or DEFAULT_PACKAGE_INDEX,
             ray_address=env.get("MODELMINT_RAY_ADDRESS") or None,
@@ -99,9 +99,16 @@ class Settings:
 
     SECRETS = ("hf_token", "registry_username", "registry_password", "webhook_secret")
     """Credentials: never stored, never part of a key."""
-    SECRET_ENV = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "MODELMINT_REGISTRY_USERNAME", "MODELMINT_REGISTRY_PASSWORD",
-                  "MODELMINT_WEBHOOK_SECRET")
-    """The environment variables from_env reads them from: never passed on to another process's environment."""
+    SECRET_SOURCES: ClassVar[Mapping[str, tuple[str, ...]]] = {
+        "hf_token": ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"),
+        "registry_username": ("MODELMINT_REGISTRY_USERNAME",),
+        "registry_password": ("MODELMINT_REGISTRY_PASSWORD",),
+        "webhook_secret": ("MODELMINT_WEBHOOK_SECRET",),
+    }
+    """Each credential's environment variables, as from_env reads them (a test holds the two to each other)."""
+    SECRET_ENV = tuple(var for names in SECRET_SOURCES.values() for var in names)
+    """The environment variables from_env reads credentials from: never passed on to another process's
+    environment (pipelines.core.runner strips them from every tool it starts)."""
     ORCHESTRATION = ("prefect_home", "prefect_port", "gpu_slots", "prefect_crash_after_s", "ray_address",
                      "ray_resources", "docker_config", "registry_ca", "oci_registry", "oci_insecure")
     """Where and how work is run or published: says nothing about what a build plan produces."""
@@ -194,6 +201,24 @@ def _serve_gpus(value: str | None) -> tuple[str, ...] | None:
         except ConfigError as err:
             raise ConfigError(f"MODELMINT_SERVE_GPUS: {err.message}", hint=err.hint) from None
     return inventories
+
+
+def _int(env: Mapping[str, str], name: str, default: int) -> int:
+    """A whole-number variable (unset or empty: `default`).
+
+    Raises:
+        ConfigError: anything else, naming the variable (int()'s ValueError named neither it nor the fix).
+    """
+    value = (env.get(name) or "").strip()
+    if not value:
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        from pipelines.core.errors import ConfigError
+
+        raise ConfigError(f"{name}={env[name]!r} is not a whole number",
+                          hint=f"set {name} to a number (e.g. {name}={default}) or unset it") from None
 
 
 def _flag(env: Mapping[str, str], name: str) -> bool:
