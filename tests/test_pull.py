@@ -71,6 +71,17 @@ def test_pull_to_a_destination_prints_the_ollama_commands(published: Repo, tmp_p
     assert not (clone.root / "artifacts").exists()
 
 
+def test_pull_to_a_destination_that_is_a_file_is_one_error_line(published: Repo, tmp_path: Path) -> None:
+    clone = _clone(published, tmp_path / "clone")
+    dest = tmp_path / "notes.txt"
+    dest.write_text("mine\n")
+    done = _pull_cli(clone, "tiny-qwen2:q4_k_m", "--dest", str(dest))
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and str(dest) in errors[0] and "not a directory" in errors[0], done.stderr
+    assert dest.read_text() == "mine\n"
+
+
 def test_pull_runs_ollama_create_when_it_is_on_path(published: Repo, tmp_path: Path) -> None:
     clone = _clone(published, tmp_path / "clone")
     bin_dir = tmp_path / "bin"

@@ -230,11 +230,19 @@ def publications(settings: Settings, manifest: Manifest) -> list[dict[str, Any]]
 
 
 def _read_publications(path: Path) -> list[dict[str, Any]]:
+    """The record's entries; a missing file has none, a corrupt one is refused (read as empty, the next
+    publication would overwrite every earlier record)."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-    except (FileNotFoundError, ValueError):
+    except FileNotFoundError:
         return []
-    return [e for e in data if isinstance(e, dict)] if isinstance(data, list) else []
+    except (ValueError, UnicodeDecodeError) as e:
+        raise RegistryError(f"{path} is not a publication record ({e})",
+                            hint=f"restore it from git (`git checkout -- {path}`) before publishing again") from e
+    if not isinstance(data, list) or not all(isinstance(e, dict) for e in data):
+        raise RegistryError(f"{path} is not a publication record (not a list of entries)",
+                            hint=f"restore it from git (`git checkout -- {path}`) before publishing again")
+    return data
 
 
 def carried_manifest(client: OciClient, repository: str, there: tuple[bytes, str, str]) -> Manifest | None:

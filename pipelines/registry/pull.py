@@ -60,6 +60,10 @@ names an earlier version by its source commit or the git commit that registered 
         BlobMismatch: what came from the remote is not what was registered.
         ToolError: `ollama create` failed.
     """
+    if dest is not None and (dest.exists() or dest.is_symlink()) and not dest.is_dir():
+        # holds() would meet NotADirectoryError under it; the artifact's files need a directory to go in
+        raise ConfigError(f"--dest {dest} is a file, not a directory: the artifact's files go in a directory",
+                          hint=f"name a directory (new or existing) with --dest, or move {dest} away")
     ref, _, at = ref.partition("@")
     if at:
         return _pull_version(settings, ref, at, dest=dest, ollama=ollama)

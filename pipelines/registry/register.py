@@ -26,8 +26,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pipelines import __version__
-from pipelines.core.errors import DiskFullError, GateFailed, ManifestInvalid
-from pipelines.core.fsutil import HashCache, atomic_output, clean_partials, disk_full_located, is_full
+from pipelines.core.errors import ArtifactError, DiskFullError, GateFailed, ManifestInvalid
+from pipelines.core.fsutil import (
+    HashCache,
+    atomic_output,
+    clean_partials,
+    disk_full_located,
+    is_full,
+    write_text_atomic,
+)
 from pipelines.core.gates import advice_for_report
 from pipelines.core.report import Validation as Judged
 from pipelines.core.settings import Settings
@@ -132,11 +139,20 @@ class Registration:
     """Objects the remote lacked or held damaged, uploaded again by this registration."""
 
 
+class ValidatedOutputChanged(ArtifactError, FileNotFoundError):
+    """What was validated (an output, its base or its report) changed or is gone before registration: a
+    ModelmintError, so the flow fails that variant alone with an `error:` line (still a FileNotFoundError for
+    callers that asked for one)."""
+
+    def __init__(self, message: str, *, rerun: str) -> None:
+        super().__init__(message, hint=f"rerun `{rerun}` to build and validate it again, then register")
+
+
 def verdict(report: dict[str, Any]) -> dict[str, Any]:
     """What a validation report decided and on which figures (its validation block: no timings, no paths)."""
     judged = Judged.of_report(report)
     if judged is None:
-        raise FileNotFoundError("the validation report predates its validation block: rerun the build to validate again")
+        raise ValidatedOutputChanged("the validation report predates its validation block", rerun="modelmint convert")
     return judged.model_dump(mode="json")
 
 
@@ -172,14 +188,15 @@ def candidate_from_gguf(plan: GGUFPlan, outcome: VariantOutcome) -> Candidate:
 
     Raises:
         GateFailed: the variant did not pass validation (it must not be registered).
-        FileNotFoundError: the f16 base or the report is gone (rerun the build).
+        ValidatedOutputChanged: the f16 base or the report is gone (rerun the build).
     """
     if not outcome.passed:
         raise GateFailed(outcome.variant, outcome.failures, str(plan.report_path(outcome.variant)),
                          advice=advice_for_report(outcome.variant, outcome.report, imatrix=plan.spec.imatrix))
     base = load_receipt(plan.base_path, plan.base_key)
     if base is None:
-        raise FileNotFoundError(f"{plan.base_path} is gone or changed since {outcome.variant} was made from it")
+        raise ValidatedOutputChanged(f"{plan.base_path} is gone or changed since {outcome.variant} was made from it",
+                                     rerun="modelmint convert")
     files = tuple(outcome.shards) or (outcome.path,)
     hashes = HashCache(plan.settings.home / "hashcache.json")
     main_sha = outcome.digest if files[0] == outcome.path else hashes.sha256(files[0])
@@ -199,9 +216,17 @@ def candidate_from_gguf(plan: GGUFPlan, outcome: VariantOutcome) -> Candidate:
         toolchain=toolchain_versions(plan),
         recipe=gguf_recipe(plan, outcome.variant),
         report=outcome.report,
-        report_sha256=hashes.sha256(plan.report_path(outcome.variant)),
+        report_sha256=_report_sha256(hashes, plan.report_path(outcome.variant), "modelmint convert"),
         source_dir=plan.snapshot.path,
     )
+
+
+def _report_sha256(hashes: HashCache, path: Path, rerun: str) -> str:
+    try:
+        return hashes.sha256(path)
+    except FileNotFoundError as e:
+        raise ValidatedOutputChanged(f"the validation report {path} is gone since it was validated",
+                                     rerun=rerun) from e
 
 
 def candidate_from_compressed(plan: CompressPlan, outcome: VariantOutcome) -> Candidate:
@@ -211,7 +236,7 @@ def candidate_from_compressed(plan: CompressPlan, outcome: VariantOutcome) -> Ca
 
     Raises:
         GateFailed: the variant did not pass validation (it must not be registered).
-        FileNotFoundError: the checkpoint or its report changed or is gone since validation (rerun the build).
+        ValidatedOutputChanged: the checkpoint or its report changed or is gone since validation (rerun the build).
     """
     v = outcome.variant
     if not outcome.passed:
@@ -226,11 +251,12 @@ def candidate_from_compressed(plan: CompressPlan, outcome: VariantOutcome) -> Ca
         report = None
     judged = Judged.of_report(report) if report is not None else None
     if receipt is None or judged is None or receipt["tree_sha256"] != outcome.digest or not judged.passed:
-        raise FileNotFoundError(f"{outcome.path} or its report changed since it was validated: rerun `modelmint compress`")
+        raise ValidatedOutputChanged(f"{outcome.path} or its report changed since it was validated",
+                                     rerun="modelmint compress")
     names = sorted(receipt["files"])
     weights = [n for n in names if n == "model.safetensors.index.json"] or [n for n in names if n.endswith(".safetensors")]
     if not weights:
-        raise FileNotFoundError(f"{outcome.path} holds no safetensors weights: rerun `modelmint compress`")
+        raise ValidatedOutputChanged(f"{outcome.path} holds no safetensors weights", rerun="modelmint compress")
     ordered = [weights[0], *(n for n in names if n != weights[0])]
     main = receipt["files"][weights[0]]
     return Candidate(
@@ -244,7 +270,8 @@ def candidate_from_compressed(plan: CompressPlan, outcome: VariantOutcome) -> Ca
         toolchain=plan.toolchain_versions(),
         recipe=plan.manifest_recipe(v),
         report=report,
-        report_sha256=HashCache(plan.settings.home / "hashcache.json").sha256(report_path),
+        report_sha256=_report_sha256(HashCache(plan.settings.home / "hashcache.json"), report_path,
+                                     "modelmint compress"),
         source_dir=plan.snapshot.path,
         root=outcome.path,
     )
@@ -416,11 +443,46 @@ def register(settings: Settings, c: Candidate, *, track_with_dvc: bool = True, p
             done = replace(done, reuploaded=fixed)
         return done
     files = place(settings, c)
-    tracked = track(settings, c, files) if track_with_dvc else Tracked(files, None)
-    return publish(settings, c, tracked, push=push)
+    if not track_with_dvc:
+        return publish(settings, c, Tracked(files, None), push=push)
+    lock = dvcrepo.require_repo(settings) / "dvc.lock"
+    before = lock.read_bytes() if lock.is_file() else None
+    try:
+        return publish(settings, c, track(settings, c, files), push=push)
+    except Exception:
+        # A failed commit or push must not leave dvc.lock naming a version that is in neither the cache nor the
+        # remote (pull and verify would then give wrong advice): it goes back to what it recorded before.
+        _restore_lock(settings, lock, before, c.stage)
+        raise
 
 
 # ---------------------------------------------------------------- helpers
+
+
+def _restore_lock(settings: Settings, lock: Path, before: bytes | None, stage: str) -> None:
+    """Put dvc.lock back as it was before this registration's commit, under DVC's lock; left as it is (with a
+    warning) when another stage changed meanwhile, whose record a restore would undo."""
+    import yaml
+
+    def stages(data: bytes | None) -> dict[str, Any]:
+        loaded = yaml.safe_load(data) if data else None
+        return dict(loaded.get("stages") or {}) if isinstance(loaded, dict) else {}
+
+    with dvcrepo.repo_lock(settings):
+        now = lock.read_bytes() if lock.is_file() else None
+        if now == before:
+            return
+        old, new = stages(before), stages(now)
+        old.pop(stage, None)
+        new.pop(stage, None)
+        if old != new:
+            log.warning("dvc.lock was changed by another registration meanwhile: %s is left as DVC wrote it "
+                        "(`git checkout -- dvc.lock` restores the committed one)", stage)
+            return
+        if before is None:
+            lock.unlink()
+        else:
+            write_text_atomic(lock, before.decode("utf-8"))
 
 
 def _remove_stale_partials(dest: Path) -> None:

@@ -22,7 +22,13 @@ from pathlib import Path
 import pytest
 from registry_env import Repo, candidate, dvc, git
 
-from pipelines.core.errors import BlobMismatch, ManifestDisagrees, RemoteError, RemoteObjectMissing
+from pipelines.core.errors import (
+    BlobMismatch,
+    ManifestDisagrees,
+    RegistryError,
+    RemoteError,
+    RemoteObjectMissing,
+)
 from pipelines.registry import dvcrepo
 from pipelines.registry.manifest import find_manifest, manifest_path
 from pipelines.registry.pull import pull
@@ -349,3 +355,66 @@ def test_a_remote_directory_that_does_not_exist_is_a_configuration_error(repo: R
     assert not manifest_path(settings, "tiny-qwen2", "q4_k_m").exists()
     dvc(repo.root, "remote", "modify", "local", "url", str(repo.remote))
     assert register(settings, candidate(settings, tmp_path)).manifest.dvc.pushed
+
+
+# ---------------------------------------------------------------- publication records
+
+
+@pytest.mark.parametrize("text", ["[{\"image\": \"h/ns/tiny-qwen2:q4_k_m\"", "{\"image\": 1}", "[1, 2]", "\xff\xfe"])
+def test_a_corrupt_publication_record_is_refused_and_never_overwritten(published: Repo, text: str) -> None:
+    from pipelines.publish.oci import RegistryRef
+    from pipelines.registry.images import Published, publications, publications_path, record_publication
+
+    settings = published.settings()
+    m = find_manifest(settings, REF)
+    path = publications_path(settings, m.name, m.tag)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(text.encode("latin-1"))
+    before = path.read_bytes()
+    with pytest.raises(RegistryError, match="is not a publication record") as e:
+        publications(settings, m)
+    assert e.value.hint is not None and "git checkout" in e.value.hint
+    registry = RegistryRef("127.0.0.1:5000", "ns", insecure=True)
+    done = Published(m, registry, [f"127.0.0.1:5000/ns/{m.name}:{m.tag}"], "sha256:" + "0" * 64)
+    with pytest.raises(RegistryError, match="is not a publication record"):
+        record_publication(settings, done)
+    assert path.read_bytes() == before
+
+
+# ---------------------------------------------------------------- one variant's registration failing
+
+
+def test_a_changed_report_fails_its_variant_alone_and_the_others_still_register(repo: Repo, tmp_path: Path) -> None:
+    from pipelines.compose import register_passed
+
+    settings = repo.settings()
+    stale = candidate(settings, tmp_path / "a", tag="q4_k_m")
+    # the report as an older modelmint wrote it, before its validation block: nothing says what passed
+    stale.report.pop("validation")
+    refs, errors = register_passed(settings, {"q4_k_m": lambda: stale,
+                                              "q8_0": lambda: candidate(settings, tmp_path / "b", tag="q8_0")})
+    assert refs == {"q8_0": "tiny-qwen2:q8_0"}
+    assert list(errors) == ["q4_k_m"] and "validation block" in errors["q4_k_m"].cause
+    assert not manifest_path(settings, "tiny-qwen2", "q4_k_m").exists()
+    assert manifest_path(settings, "tiny-qwen2", "q8_0").exists()
+
+
+# ---------------------------------------------------------------- dvc.lock after a failed commit or push
+
+
+def test_a_failed_push_leaves_dvc_lock_as_it_was(published: Repo, tmp_path: Path) -> None:
+    from pipelines.core.errors import RemoteError
+
+    settings = published.settings()
+    lock = published.root / "dvc.lock"
+    before = lock.read_bytes()
+    dvc(published.root, "remote", "modify", "local", "url", "/proc/modelmint-no-such-mount/remote")
+    with pytest.raises(RemoteError):
+        register(settings, candidate(settings, tmp_path / "new", seed=1))
+    # dvc.lock still names the registered version, which the remote holds: verify and pull keep working
+    assert lock.read_bytes() == before
+    dvc(published.root, "remote", "modify", "local", "url", str(published.remote))
+    assert verify_remote(settings, [REF]).ok
+    m = find_manifest(settings, REF)
+    locked = dvcrepo.locked_out(settings, STAGE, m.dvc.path)
+    assert locked is not None and locked.md5 == m.dvc.md5
