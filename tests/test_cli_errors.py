@@ -111,18 +111,46 @@ def test_a_non_integer_number_variable_is_one_error_line(tmp_path: Path, var: st
     assert f"set {var}" in proc.stderr
 
 
+# A command planted on the real app that raises what no library code names: the edge itself is under test, so
+# the trigger does not vanish when a library bug is fixed (the catalog-directory case is a ConfigError now).
+_PLANTED = """
+import sys
+from pipelines import cli
+
+@cli.app.command("planted-fault")
+def planted_fault() -> None:
+    raise KeyError("general.architecture")
+
+sys.argv = ["modelmint", "planted-fault"]
+cli.main()
+"""
+
+
 def test_an_unexpected_exception_is_one_line_and_debug_shows_the_traceback(tmp_path: Path) -> None:
-    # A catalog path naming a directory: read_text's IsADirectoryError, which the library does not yet name.
-    args = [MODELMINT, "catalog", "list"]
-    env = {**os.environ, "MODELMINT_REPO": str(tmp_path / "repo"), "COLUMNS": "200", "MODELMINT_CATALOG": str(tmp_path)}
+    args = [sys.executable, "-c", _PLANTED]
+    env = {**os.environ, "MODELMINT_REPO": str(tmp_path / "repo"), "COLUMNS": "200"}
+    env.pop("MODELMINT_DEBUG", None)
     proc = subprocess.run(args, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60)
     _no_traceback(proc)
     assert proc.returncode == 1, proc.stderr
-    assert [line for line in proc.stderr.splitlines() if line.startswith("error:")], proc.stderr
-    assert "IsADirectoryError" in proc.stderr and "MODELMINT_DEBUG=1" in proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert errors == ["error: KeyError: 'general.architecture'"], proc.stderr
+    assert "MODELMINT_DEBUG=1" in proc.stderr
     debug = subprocess.run(args, env={**env, "MODELMINT_DEBUG": "1"}, cwd=tmp_path, capture_output=True, text=True,
                            timeout=60)
-    assert "Traceback" in debug.stderr
+    assert "Traceback" in debug.stderr and "planted_fault" in debug.stderr
+
+
+def test_a_catalog_path_naming_a_directory_is_a_config_error(tmp_path: Path) -> None:
+    env = {**os.environ, "MODELMINT_REPO": str(tmp_path / "repo"), "COLUMNS": "200", "MODELMINT_CATALOG": str(tmp_path)}
+    proc = subprocess.run([MODELMINT, "catalog", "list"], env=env, cwd=tmp_path, capture_output=True, text=True,
+                          timeout=60)
+    _no_traceback(proc)
+    assert proc.returncode == 1, proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "is a directory" in errors[0], proc.stderr
+    assert f"set MODELMINT_CATALOG={tmp_path / 'catalog.yaml'}" in proc.stderr
+    assert "IsADirectoryError" not in proc.stderr and "MODELMINT_DEBUG" not in proc.stderr
 
 
 @pytest.mark.parametrize("option", ["--template", "--source"])
