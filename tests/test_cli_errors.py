@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -163,3 +164,56 @@ def test_modelfile_with_a_missing_template_or_source_names_it(tmp_path: Path, op
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and option in errors[0] and "missing" in errors[0], proc.stderr
     assert "modelmint modelfile" in proc.stderr and "MODELMINT_DEBUG" not in proc.stderr
+
+
+def _nested(depth: int) -> list[object]:
+    value: list[object] = [1]
+    for _ in range(depth - 1):
+        value = [value]
+    return value
+
+
+def _gguf_with(path: Path, key: str, value: object) -> Path:
+    import gguf
+
+    w = gguf.GGUFWriter(str(path), "qwen2")
+    w.add_tokenizer_model("gpt2")
+    w.add_eos_token_id(0)
+    if isinstance(value, list):
+        w.add_array(key, value)
+    else:
+        w.add_string(key, str(value))
+    w.add_tensor("token_embd.weight", np.arange(64, dtype=np.float32))
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(20_000)  # gguf-py's writer packs a nested array by recursion too
+    try:
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+    finally:
+        sys.setrecursionlimit(limit)
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+@pytest.mark.parametrize(("key", "value", "says"), [
+    ("split.no", "two", "metadata split.no is a string ('two'), not an integer"),
+    ("general.file_type", [15, 7], "metadata general.file_type is an array ([15, 7]), not an integer"),
+    ("tokenizer.ggml.model", [1, 2], "metadata tokenizer.ggml.model is an array ([1, 2]), not a string"),
+    ("general.tags", _nested(3000), "metadata arrays nested more than 16 deep"),
+])
+def test_inspect_malformed_metadata_is_one_error_line(tmp_path: Path, key: str, value: object, says: str) -> None:
+    path = _gguf_with(tmp_path / "m.gguf", key, value)
+    with pytest.raises(ArtifactError, match=re.escape(says)):
+        inspect_gguf(path)
+    proc = _run(tmp_path, "inspect", str(path))
+    _no_traceback(proc)
+    assert proc.returncode == 1, proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and says in errors[0], proc.stderr
+    assert "MODELMINT_DEBUG" not in proc.stderr and "rerun the step that wrote it" in proc.stderr
+
+
+def test_metadata_nested_a_few_levels_still_reads(tmp_path: Path) -> None:
+    path = _gguf_with(tmp_path / "m.gguf", "general.tags", _nested(4))
+    assert inspect_gguf(path).architecture == "qwen2"
