@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from pipelines.core.errors import ArtifactError
-from pipelines.core.ggufheader import inspect_gguf
+from pipelines.core.ggufheader import architecture_problem, inspect_gguf
 
 MODELMINT = str(Path(sys.executable).parent / "modelmint")
 
@@ -217,3 +217,31 @@ def test_inspect_malformed_metadata_is_one_error_line(tmp_path: Path, key: str, 
 def test_metadata_nested_a_few_levels_still_reads(tmp_path: Path) -> None:
     path = _gguf_with(tmp_path / "m.gguf", "general.tags", _nested(4))
     assert inspect_gguf(path).architecture == "qwen2"
+
+
+def test_inspect_refuses_an_architecture_its_tensors_contradict(tmp_path: Path) -> None:
+    import gguf
+
+    path = tmp_path / "m.gguf"
+    w = gguf.GGUFWriter(str(path), "bert")  # a qwen2 decoder's tensors under an encoder's name
+    w.add_tokenizer_model("gpt2")
+    w.add_eos_token_id(0)
+    for name in ("token_embd.weight", "blk.0.attn_q.weight", "blk.0.ffn_gate.weight", "output.weight"):
+        w.add_tensor(name, np.zeros((4, 4), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    problem = architecture_problem(path)
+    assert problem is not None and "2 of its 4 tensors" in problem
+    assert "blk.0.ffn_gate.weight, output.weight" in problem
+    proc = _run(tmp_path, "inspect", str(path))
+    _no_traceback(proc)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "declares architecture 'bert'" in errors[0], proc.stderr
+    assert "modelmint convert NAME" in proc.stderr
+
+
+def test_a_consistent_architecture_passes(tmp_path: Path) -> None:
+    assert architecture_problem(_gguf(tmp_path / "m.gguf")) is None

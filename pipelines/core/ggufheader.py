@@ -373,6 +373,35 @@ def inspect_gguf(path: Path) -> GGUFInfo:
     )
 
 
+def architecture_problem(path: Path) -> str | None:
+    """What contradicts a GGUF's declared architecture in its tensor table (tensor names gguf-py's MODEL_TENSORS
+    does not list for it), or None: nothing does, it is a later split shard, or gguf-py does not know the name.
+
+    llama.cpp loads a model by its declared architecture and refuses one holding tensors that architecture does
+    not create ("wrong number of tensors", llama_model_loader::done_getting_tensors, src/llama-model-loader.cpp:1398
+    of the pinned tree), so a file that contradicts itself would only fail where it is served.
+
+    Raises:
+        ArtifactError: not a GGUF, or a damaged header.
+    """
+    from gguf.constants import MODEL_ARCH_NAMES, MODEL_TENSORS, TENSOR_NAMES
+
+    header = read_gguf_header(Path(path), lambda key, _found: key == "general.architecture")
+    arch = header.metadata.get("general.architecture")
+    by_name = {name: a for a, name in MODEL_ARCH_NAMES.items()}
+    if not isinstance(arch, str) or arch not in by_name:
+        return None
+    known = [re.compile(re.sub(r"\\\{\w+\\\}", r"\\d+", re.escape(TENSOR_NAMES[t])))
+             for t in MODEL_TENSORS[by_name[arch]]]
+    foreign = [t.name for t in header.tensors
+               if not any(p.fullmatch(re.sub(r"\.(weight|bias)$", "", t.name)) for p in known)]
+    if not foreign:
+        return None
+    shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+    return (f"it declares architecture {arch!r} but {len(foreign)} of its {len(header.tensors)} tensors are not "
+            f"ones {arch} has ({shown}); llama.cpp would refuse to load it")
+
+
 def check_gguf(info: GGUFInfo, *, expect_file_type: str, require_chat_template: bool = True) -> None:
     """Check an output against what the step promised, beyond 'the tool exited 0'.
 
