@@ -245,3 +245,26 @@ def test_inspect_refuses_an_architecture_its_tensors_contradict(tmp_path: Path) 
 
 def test_a_consistent_architecture_passes(tmp_path: Path) -> None:
     assert architecture_problem(_gguf(tmp_path / "m.gguf")) is None
+
+
+@pytest.mark.parametrize(("jinja", "line", "says"), [
+    ("{% for m in messages %}\n{{ m.content }}\n{% if loop.index0 - 1 %}x{% endfor %}\n", 3, "unknown tag 'endfor'"),
+    ("{{ bos_token }}\n{% for m in messages %}{{ m.content | nosuchfilter }}{% endfor %}", 2,
+     "No filter named 'nosuchfilter'"),
+    ("<|im_start|>{{ messages[0]['content'] + 1 }\n", 1, "unexpected '}'"),
+])
+def test_invalid_jinja_is_reported_as_invalid_jinja_with_its_line(tmp_path: Path, jinja: str, line: int,
+                                                                    says: str) -> None:
+    from pipelines.chat.families import detect_family
+    from pipelines.chat.jinja import InvalidJinja
+
+    with pytest.raises(InvalidJinja, match=f"not valid Jinja: line {line} .*{re.escape(says)}"):
+        detect_family(jinja)
+    path = tmp_path / "t.jinja"
+    path.write_text(jinja)
+    proc = _run(tmp_path, "template", str(path))
+    _no_traceback(proc)
+    assert proc.returncode == 1, proc.stderr
+    errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
+    assert len(errors) == 1 and f"not valid Jinja: line {line}" in errors[0], proc.stderr
+    assert "arithmetic" not in proc.stderr and "nearest family" not in proc.stderr
