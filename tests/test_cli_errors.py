@@ -268,3 +268,25 @@ def test_invalid_jinja_is_reported_as_invalid_jinja_with_its_line(tmp_path: Path
     errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
     assert len(errors) == 1 and f"not valid Jinja: line {line}" in errors[0], proc.stderr
     assert "arithmetic" not in proc.stderr and "nearest family" not in proc.stderr
+
+
+def test_modelfile_names_invalid_jinja_in_the_gguf(tmp_path: Path) -> None:
+    import gguf
+
+    path = tmp_path / "m.gguf"
+    w = gguf.GGUFWriter(str(path), "qwen2")
+    w.add_tokenizer_model("gpt2")
+    w.add_token_list(["<|im_end|>", "a"])
+    w.add_eos_token_id(0)
+    w.add_chat_template("{% for m in messages %}<|im_start|>{{ m.content }<|im_end|>{% endfor %}")
+    w.add_tensor("token_embd.weight", np.arange(64, dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    proc = _run(tmp_path, "modelfile", str(path), "--no-verify")
+    _no_traceback(proc)
+    assert proc.returncode == 1, proc.stderr
+    errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
+    assert len(errors) == 1 and "not valid Jinja: line 1" in errors[0] and "unexpected '}'" in errors[0], proc.stderr
+    assert "arithmetic" not in proc.stderr and proc.stdout == ""
