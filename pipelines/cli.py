@@ -14,7 +14,7 @@ import typer
 from rich.console import Console
 from rich.table import Column, Table
 
-from pipelines.core.errors import ConfigError, GateFailed, ModelmintError
+from pipelines.core.errors import ArtifactError, ConfigError, GateFailed, ModelmintError
 from pipelines.core.settings import Settings
 
 if TYPE_CHECKING:
@@ -690,9 +690,13 @@ def inspect(
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """Read a GGUF's header, metadata and tensor types."""
-    from pipelines.core.ggufheader import inspect_gguf
+    from pipelines.core.ggufheader import architecture_problem, inspect_gguf
 
     info = inspect_gguf(path)
+    problem = architecture_problem(path)
+    if problem:
+        raise ArtifactError(f"{path}: {problem}", hint="its general.architecture or its tensors are wrong: rebuild it "
+                            "with `modelmint convert NAME` (or `modelmint pull NAME:TAG` for a registered one)")
     if as_json:
         out.print_json(json.dumps(info.to_dict()))
         return

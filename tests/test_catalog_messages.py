@@ -154,3 +154,13 @@ def test_cli_variants_errors_are_one_line(tmp_path: Path, variants: str, says: s
     for noise in (*PYDANTIC_NOISE, "Traceback", "catalog.yaml", "dvc.yaml"):
         assert noise not in proc.stderr, proc.stderr
     assert not (tmp_path / "work").exists()  # refused before anything was fetched or built
+
+
+def test_a_catalog_path_naming_a_directory_or_a_binary_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="is a directory, not a YAML file") as exc:
+        load_catalog(tmp_path)
+    assert exc.value.hint is not None and "MODELMINT_CATALOG=" in exc.value.hint
+    binary = tmp_path / "catalog.yaml"
+    binary.write_bytes(b"\x89PNG\r\n\x1a\n\xff\xfe")
+    with pytest.raises(ConfigError, match="is not a text catalog"):
+        load_catalog(binary)

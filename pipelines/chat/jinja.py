@@ -61,6 +61,30 @@ def _compile(source: str) -> Any:
     return env.from_string(source)
 
 
+class InvalidJinja(UnsupportedModel):
+    """A chat template that does not compile as Jinja in transformers' environment."""
+
+
+def check_syntax(source: str) -> None:
+    """Compile a chat template as transformers does, before anything reads meaning into its text.
+
+    Raises:
+        InvalidJinja: it does not compile; the message names the line, the text on it and Jinja's reason.
+    """
+    from jinja2 import TemplateSyntaxError
+
+    try:
+        _compile(source)
+    except TemplateSyntaxError as err:  # TemplateAssertionError (an unknown filter or test) is one too
+        lines = source.splitlines()
+        text = lines[err.lineno - 1].strip() if 0 < err.lineno <= len(lines) else ""
+        shown = f" ({text[:80]!r})" if text else ""
+        raise InvalidJinja(
+            f"the chat template is not valid Jinja: line {err.lineno}{shown}: {err.message}",
+            hint="fix that line of the template: transformers compiles it the same way, so the model could not "
+            "chat with it either; `modelmint template FILE` checks a corrected copy") from err
+
+
 _CONTINUE_TAG = "CONTINUE_FINAL_MESSAGE_TAG "
 
 

@@ -162,6 +162,11 @@ def gguf_layout(path: Path) -> GGUFLayout:
         return GGUFLayout(version, n_tensors, kv, (table, cur.pos), cur.pos + (-cur.pos % alignment), alignment)
 
 
+# llama.cpp's reader refuses an array whose items are arrays ("key '%s' has invalid GGUF type", gguf_init_from_file_impl
+# in ggml/src/gguf.cpp:606 of the pinned tree, 0c1e570); gguf-py writes them, so a bound keeps a hostile file from
+# walking this reader into a RecursionError while leaving room for whatever gguf-py tools nest.
+_MAX_ARRAY_DEPTH = 16
+
 _DAMAGED = (struct.error, ValueError, OverflowError, MemoryError)
 """What walking a truncated or damaged header raises."""
 
@@ -219,18 +224,21 @@ class _Cursor:
         self.pos += n
         return bytes(self.mm[self.pos - n : self.pos]).decode("utf-8", errors="replace") if wanted else None
 
-    def value(self, kind: int, wanted: bool) -> Any:
+    def value(self, kind: int, wanted: bool, depth: int = 0) -> Any:
         """One metadata value of GGUF type `kind`; decoded only when wanted (skipped otherwise)."""
         if kind == _STRING:
             return self.string(wanted)
         if kind == _ARRAY:
+            if depth >= _MAX_ARRAY_DEPTH:
+                raise ValueError(f"metadata arrays nested more than {_MAX_ARRAY_DEPTH} deep (llama.cpp reads no "
+                                 "array of arrays)")
             sub, count = self.scalars("IQ")
             if sub in SCALAR_FORMATS:
                 width = struct.calcsize(SCALAR_FORMATS[sub])
                 items = list(struct.unpack_from(f"<{count}{SCALAR_FORMATS[sub]}", self.mm, self.pos)) if wanted else None
                 self.pos += width * count
                 return items
-            got = [self.value(sub, wanted) for _ in range(count)]
+            got = [self.value(sub, wanted, depth + 1) for _ in range(count)]
             return got if wanted else None
         fmt = SCALAR_FORMATS.get(kind)
         if fmt is None:
@@ -254,17 +262,51 @@ def _wanted_for_info(key: str, found: dict[str, Any]) -> bool:
     return key in _INFO_KEYS or bool(_PROVENANCE.match(key)) or is_context_length(key, found)
 
 
+_STR, _INT = "a string", "an integer"
+# The type llama.cpp asks for each key it reads (llama_model_loader::get_key throws "key %s has wrong type %s but
+# expected type %s", src/llama-model-loader.cpp:168 of the pinned tree): a file that disagrees would not load.
+_INFO_TYPES = {
+    "general.architecture": _STR, "general.name": _STR, "general.file_type": _INT, "split.no": _INT,
+    "split.count": _INT, "tokenizer.chat_template": _STR, "tokenizer.ggml.model": _STR, "tokenizer.ggml.pre": _STR,
+    "tokenizer.ggml.bos_token_id": _INT, "tokenizer.ggml.eos_token_id": _INT, "tokenizer.ggml.eot_token_id": _INT,
+}
+
+
+def _described(value: Any) -> str:
+    kind = {str: "a string", bool: "a boolean", int: "an integer", float: "a number", list: "an array"}.get(
+        type(value), type(value).__name__)
+    shown = repr(value)
+    return f"{kind} ({shown[:40]}{'…' if len(shown) > 40 else ''})"
+
+
+def _check_info_types(path: Path, meta: dict[str, Any]) -> None:
+    """Raises ArtifactError naming the first metadata key inspect reads whose value has the wrong GGUF type."""
+    arch = meta.get("general.architecture")
+    wants = {**_INFO_TYPES, **({f"{arch}.context_length": _INT} if isinstance(arch, str) else {})}
+    for key, want in wants.items():
+        if key not in meta:
+            continue
+        value = meta[key]
+        ok = isinstance(value, str) if want == _STR else isinstance(value, int) and not isinstance(value, bool)
+        if not ok:
+            raise ArtifactError(f"{path}: metadata {key} is {_described(value)}, not {want} as llama.cpp reads it",
+                                hint="the file was written wrong: delete it and rerun the step that wrote it "
+                                "(`modelmint convert NAME`, or `modelmint pull NAME:TAG` for a registered one)")
+
+
 def inspect_gguf(path: Path) -> GGUFInfo:
     """Read a GGUF's header, metadata and tensor table, checking magic, version and tensor bounds.
 
     Raises:
-        ArtifactError: not a GGUF, an unsupported version, truncated, or missing required metadata.
+        ArtifactError: not a GGUF, an unsupported version, truncated, missing required metadata, or metadata
+            of the wrong type.
     """
     from gguf import GGMLQuantizationType, LlamaFileType
 
     path = Path(path)
     header = read_gguf_header(path, _wanted_for_info)
     meta = header.metadata
+    _check_info_types(path, meta)
     size = path.stat().st_size
     tensor_types: Counter[str] = Counter()
     params_2d = 0
@@ -329,6 +371,35 @@ def inspect_gguf(path: Path) -> GGUFInfo:
         split_count=int(meta.get("split.count") or 1),
         metadata=metadata,
     )
+
+
+def architecture_problem(path: Path) -> str | None:
+    """What contradicts a GGUF's declared architecture in its tensor table (tensor names gguf-py's MODEL_TENSORS
+    does not list for it), or None: nothing does, it is a later split shard, or gguf-py does not know the name.
+
+    llama.cpp loads a model by its declared architecture and refuses one holding tensors that architecture does
+    not create ("wrong number of tensors", llama_model_loader::done_getting_tensors, src/llama-model-loader.cpp:1398
+    of the pinned tree), so a file that contradicts itself would only fail where it is served.
+
+    Raises:
+        ArtifactError: not a GGUF, or a damaged header.
+    """
+    from gguf.constants import MODEL_ARCH_NAMES, MODEL_TENSORS, TENSOR_NAMES
+
+    header = read_gguf_header(Path(path), lambda key, _found: key == "general.architecture")
+    arch = header.metadata.get("general.architecture")
+    by_name = {name: a for a, name in MODEL_ARCH_NAMES.items()}
+    if not isinstance(arch, str) or arch not in by_name:
+        return None
+    known = [re.compile(re.sub(r"\\\{\w+\\\}", r"\\d+", re.escape(TENSOR_NAMES[t])))
+             for t in MODEL_TENSORS[by_name[arch]]]
+    foreign = [t.name for t in header.tensors
+               if not any(p.fullmatch(re.sub(r"\.(weight|bias)$", "", t.name)) for p in known)]
+    if not foreign:
+        return None
+    shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+    return (f"it declares architecture {arch!r} but {len(foreign)} of its {len(header.tensors)} tensors are not "
+            f"ones {arch} has ({shown}); llama.cpp would refuse to load it")
 
 
 def check_gguf(info: GGUFInfo, *, expect_file_type: str, require_chat_template: bool = True) -> None:

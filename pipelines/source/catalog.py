@@ -577,12 +577,19 @@ def load_catalog(path: Path) -> Catalog:
     """Read and validate the catalog.
 
     Raises:
-        ConfigError: the file is missing, not YAML, or does not match the schema (unknown keys included).
+        ConfigError: the file is missing, a directory, not text, not YAML, or does not match the schema (unknown keys included).
     """
     try:
         raw = yaml.safe_load(path.read_text(encoding="utf-8"))
     except FileNotFoundError as err:
         raise ConfigError(f"catalog not found at {path}", hint="set MODELMINT_CATALOG or run from the repo") from err
+    except IsADirectoryError as err:
+        # MODELMINT_CATALOG set to the folder that holds the catalog is the usual slip: name the file it lacks.
+        raise ConfigError(f"the catalog path {path} is a directory, not a YAML file",
+                          hint=f"set MODELMINT_CATALOG={path / 'catalog.yaml'} (or the catalog file in {path})") from err
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"{path} is not a text catalog: {err.reason} at byte {err.start}",
+                          hint="set MODELMINT_CATALOG to the catalog YAML file") from err
     except yaml.YAMLError as err:
         raise ConfigError(f"{path} is not valid YAML: {err}", hint=f"fix the syntax in {path}") from err
     hint = f"edit {path}; `modelmint catalog list` checks it"

@@ -176,7 +176,11 @@ def detect_family(jinja: str) -> ChatFamily:
     Raises:
         UnsupportedChatTemplate: no family (or more than one) recognises it; the message names the
             nearest family and what differs.
+        InvalidJinja: it is not Jinja at all (named with its line, not read for markers or Go blockers).
     """
+    from pipelines.chat.jinja import check_syntax
+
+    check_syntax(jinja)
     hits = matching_families(jinja)
     if len(hits) == 1:
         return hits[0]

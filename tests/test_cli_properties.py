@@ -1,0 +1,163 @@
+"""Generated bad arguments, files and environment values for the CLI: never a traceback, exit 1 or 2, and one
+`error:` line naming the cause (exit 2 is typer's usage box, which names the option)."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from pipelines import cli
+
+# In-process (a subprocess per example would spend the budget on interpreter starts); an exception escaping
+# main() is what would have been the traceback. The tmp_path is shared by the examples, each rewriting its files.
+PROPERTY = settings(max_examples=50, deadline=None, derandomize=True,
+                    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+UNEXPECTED = "this is a bug in modelmint"
+
+
+def _main(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> tuple[int, str]:
+    """Exit code and standard error of `modelmint ARGS` run through the real entry point."""
+    stderr, stdout = io.StringIO(), io.StringIO()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MODELMINT_REPO", str(tmp_path / "repo"))
+        mp.setenv("COLUMNS", "400")  # one error line stays one line
+        mp.delenv("MODELMINT_DEBUG", raising=False)
+        for k, v in (env or {}).items():
+            mp.setenv(k, v)
+        mp.setattr(sys, "argv", ["modelmint", *args])
+        with contextlib.redirect_stderr(stderr), contextlib.redirect_stdout(stdout):
+            try:
+                cli.main()
+                code = 0
+            except SystemExit as e:
+                code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    return code, stderr.getvalue()
+
+
+def _one_error_naming(code: int, text: str, *causes: str) -> None:
+    assert "Traceback" not in text and UNEXPECTED not in text, text
+    assert code in (1, 2), (code, text)
+    if code == 1:
+        errors = [line for line in text.splitlines() if line.startswith("error:")]
+        assert len(errors) == 1, text
+        assert any(c in errors[0] for c in causes), (causes, text)
+    else:
+        assert "Error" in text and any(c in text for c in causes), (causes, text)
+
+
+@PROPERTY
+@given(body=st.binary(max_size=600))
+def test_inspect_a_damaged_gguf(tmp_path: Path, body: bytes) -> None:
+    path = tmp_path / "m.gguf"
+    path.write_bytes(b"GGUF" + body)
+    _one_error_naming(*_main(tmp_path, "inspect", str(path)), str(path))
+
+
+_WRONG = st.one_of(st.text(min_size=1, max_size=20).map(lambda v: ("str", v)),
+                   st.integers(0, 2**31).map(lambda v: ("int", v)),
+                   st.floats(allow_nan=False, width=32).map(lambda v: ("float", v)),
+                   st.booleans().map(lambda v: ("bool", v)),
+                   # add_array stores Python ints as INT32
+                   st.lists(st.integers(0, 2**31 - 1), min_size=1, max_size=4).map(lambda v: ("list", v)))
+_TYPED = {"general.name": "str", "general.file_type": "int", "split.no": "int", "split.count": "int",
+          "tokenizer.chat_template": "str", "tokenizer.ggml.pre": "str", "tokenizer.ggml.bos_token_id": "int",
+          "qwen2.context_length": "int"}
+
+
+@PROPERTY
+@given(key=st.sampled_from(sorted(_TYPED)), value=_WRONG)
+def test_inspect_metadata_of_the_wrong_type(tmp_path: Path, key: str, value: tuple[str, object]) -> None:
+    import gguf
+
+    kind, v = value
+    assume(kind != _TYPED[key])  # GGUFWriter.add_string leaves out an empty value: min_size=1 above
+    path = tmp_path / "m.gguf"
+    w = gguf.GGUFWriter(str(path), "qwen2")
+    w.add_tokenizer_model("gpt2")
+    w.add_eos_token_id(0)
+    {"str": w.add_string, "int": w.add_uint32, "float": w.add_float32, "bool": w.add_bool,
+     "list": w.add_array}[kind](key, v)
+    w.add_tensor("token_embd.weight", np.arange(64, dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    _one_error_naming(*_main(tmp_path, "inspect", str(path)), f"metadata {key} is")
+
+
+_JINJA_BITS = st.sampled_from(["{%", "%}", "{{", "}}", " for m in messages ", " endfor ", " if ", " endif ",
+                                "m.content", " - 1", "<|im_start|>", "\n", "|", "nosuch", "'", "(", ")"])
+
+
+def _compiles(text: str) -> bool:
+    from jinja2 import TemplateSyntaxError
+
+    from pipelines.chat.jinja import environment
+
+    try:
+        environment().from_string(text)
+    except TemplateSyntaxError:
+        return False
+    return True
+
+
+@PROPERTY
+@given(text=st.one_of(st.text(max_size=300), st.lists(_JINJA_BITS, max_size=30).map("".join)))
+def test_template_of_generated_text(tmp_path: Path, text: str) -> None:
+    path = tmp_path / "t.jinja"
+    path.write_text(text, encoding="utf-8")
+    code, out = _main(tmp_path, "template", str(path))
+    _one_error_naming(code, out, "chat template")
+    if not _compiles(text):  # the cause is the syntax, not a Go construct or a missing marker
+        assert "is not valid Jinja: line" in out and "arithmetic" not in out, out
+
+
+@PROPERTY
+@given(text=st.one_of(st.text(max_size=300), st.none()))
+def test_catalog_of_generated_text(tmp_path: Path, text: str | None) -> None:
+    path = tmp_path / "catalog.yaml"
+    if path.is_dir():
+        path.rmdir()
+    if text is None:  # MODELMINT_CATALOG naming the folder instead of the file
+        path.unlink(missing_ok=True)
+        path.mkdir()
+    else:
+        path.write_text(text, encoding="utf-8")
+    _one_error_naming(*_main(tmp_path, "catalog", "list", env={"MODELMINT_CATALOG": str(path)}), str(path))
+
+
+def _not_an_int(v: str) -> bool:
+    try:
+        int(v.strip())
+    except ValueError:
+        return bool(v.strip())
+    return False
+
+
+@PROPERTY
+@given(var=st.sampled_from(["MODELMINT_THREADS", "MODELMINT_PREFECT_PORT"]),
+       value=st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=12)
+       .filter(_not_an_int))
+def test_a_number_variable_of_generated_text(tmp_path: Path, var: str, value: str) -> None:
+    _one_error_naming(*_main(tmp_path, "list", env={var: value}), var)
+
+
+@PROPERTY
+@given(option=st.sampled_from(["--num-ctx", "--ollama-version", "--bogus"]),
+       value=st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), min_size=1,
+                     max_size=12).filter(_not_an_int))
+def test_modelfile_with_generated_option_values(tmp_path: Path, option: str, value: str) -> None:
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF")
+    assume(not value.startswith("-"))
+    code, text = _main(tmp_path, "modelfile", str(gguf), option, value, "--no-verify")
+    # --ollama-version takes any text, so the cause named is then the damaged GGUF (or the version itself)
+    _one_error_naming(code, text, option, str(gguf), value)
+
