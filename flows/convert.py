@@ -11,6 +11,7 @@ Each task calls one pipelines step. What Prefect adds:
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import re
@@ -114,11 +115,13 @@ def _report_current(plan: GGUFPlan) -> Callable[[VariantOutcome], bool]:
 
 
 @flow(name="convert", flow_run_name="{model}", log_prints=True, task_runner=raycluster.task_runner(Settings.from_env()))
-def convert(model: str, variants: list[str] | None = None, revision: str | None = None) -> dict[str, Any]:
+def convert(model: str, variants: list[str] | None = None, revision: str | None = None,
+            force: bool = False) -> dict[str, Any]:
     """Build, validate, register and publish the variants of one catalog model.
 
     `variants` names what to build instead of the catalog's list: GGUF quant types (q4_k_m, q8_0, …) and
-    compressed-tensors schemes (fp8, awq, …); `revision` overrides the pinned commit.
+    compressed-tensors schemes (fp8, awq, …); `revision` overrides the pinned commit; `force` registers a source
+    commit older than a tag's current version (pipelines.registry.register.refuse_older).
     """
     settings = Settings.from_env()
     entry = load_catalog(settings.catalog_path).get(model)
@@ -152,7 +155,7 @@ def convert(model: str, variants: list[str] | None = None, revision: str | None 
             if result.plan is not None:
                 done, failed = _register_all(settings, {
                     v: functools.partial(fmt.candidate, result.plan, result.variants[v]) for v in result.passed
-                })
+                }, force=force)
                 registrations.update(done)
                 register_errors.update(failed)
         # Only registered variants (they passed their gate) are pushed, each on its own: a registry that refuses one
@@ -288,7 +291,7 @@ def _validate_all(plan: GGUFPlan, quants: dict[str, StepResult], errors: dict[st
 
 
 def _register_all(
-    settings: Settings, candidates: dict[str, Callable[[], reg.Candidate]]
+    settings: Settings, candidates: dict[str, Callable[[], reg.Candidate]], *, force: bool = False
 ) -> tuple[dict[str, reg.Registration], dict[str, VariantError]]:
     """Register and publish validated variants, GGUF or compressed-tensors, through the same two tasks; a
     variant whose registration fails is reported with its cause and the others still go on."""
@@ -296,7 +299,7 @@ def _register_all(
     errors: dict[str, VariantError] = {}
     for v, make in candidates.items():
         try:
-            c = make()
+            c = dataclasses.replace(make(), force=force)
             tracked = _cached(register, lambda t, c=c: reg.is_tracked(settings, c, t), settings, c)
             registrations[c.tag] = _cached(
                 publish, lambda _r, c=c: reg.registered(settings, c) is not None, settings, c, tracked

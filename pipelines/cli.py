@@ -85,6 +85,9 @@ RevisionOption = Annotated[str | None, typer.Option(help="override the pinned 40
 RegisterOption = Annotated[
     bool, typer.Option(help="register the variants that passed: artifacts/, DVC, manifest (the Prefect flow always does)")
 ]
+ForceOption = Annotated[
+    bool, typer.Option("--force", help="with --register: register a source commit older than the tag's current version")
+]
 TrackOption = Annotated[
     bool, typer.Option(help="dvc commit + push what is registered (dvc.yaml's stages pass --no-track)")
 ]
@@ -134,6 +137,7 @@ def convert(
     as_json: Annotated[bool, typer.Option("--json", help="print the build summary as JSON")] = False,
     register: RegisterOption = False,
     track: TrackOption = True,
+    force: ForceOption = False,
     every: Annotated[bool, typer.Option("--all", help="every catalog model with GGUF variants, one after another")] = False,
 ) -> None:
     """Fetch, convert to f16, quantize and validate one catalog model (and register it, with --register)."""
@@ -148,7 +152,8 @@ def convert(
         raise typer.BadParameter("name one catalog model or give --all, not both", param_hint="NAME / --all")
     asked = parse_quants(variants) if variants is not None else None
     if not every:
-        _build_command(name, "gguf", asked, revision=revision, as_json=as_json, register=register, track=track)
+        _build_command(name, "gguf", asked, revision=revision, as_json=as_json, register=register, track=track,
+                       force=force)
         return
     failed: dict[str, str] = {}
     for entry in load_catalog(_settings().catalog_path).models:
@@ -156,7 +161,7 @@ def convert(
             continue
         try:
             _build_command(entry.name, "gguf", asked, revision=revision, as_json=as_json, register=register,
-                           track=track)
+                           track=track, force=force)
         except ModelmintError as e:  # one model's failure does not stop the others
             failed[entry.name] = e.message.splitlines()[0]
             err.print(f"[red]{entry.name}[/red]: {_escape(failed[entry.name])}")
@@ -176,13 +181,14 @@ def compress(
     as_json: Annotated[bool, typer.Option("--json", help="print the build summary as JSON")] = False,
     register: RegisterOption = False,
     track: TrackOption = True,
+    force: ForceOption = False,
 ) -> None:
     """Compress one catalog model with llmcompressor (FP8, AWQ, …), validate it against the source (and
     register it, with --register)."""
     from pipelines.compressed.recipes import parse_schemes
 
     _build_command(name, "compressed-tensors", parse_schemes(schemes) if schemes is not None else None,
-                   revision=revision, as_json=as_json, register=register, track=track, serve=serve)
+                   revision=revision, as_json=as_json, register=register, track=track, serve=serve, force=force)
 
 
 def _build_command(name: str, format_name: str, variants: list[str] | None, *, revision: str | None, as_json: bool,

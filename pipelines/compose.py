@@ -9,6 +9,7 @@ faster way to the same answer (a cached task whose output is gone is run again).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,17 +39,18 @@ class Run:
 
 def register_passed(
     settings: Settings, candidates: dict[str, Callable[[], Any]], *, track: bool = True,
-    say: Callable[[str], None] = lambda _msg: None,
+    say: Callable[[str], None] = lambda _msg: None, force: bool = False,
 ) -> tuple[dict[str, str], dict[str, VariantError]]:
     """Register each passing variant (`candidates`: variant → a function making its candidate); one whose
-    registration fails is reported and the others still go on. Returns the refs made and the errors met."""
+    registration fails is reported and the others still go on. Returns the refs made and the errors met.
+    `force` registers a source commit older than a tag's current version (register.refuse_older)."""
     from pipelines.registry.register import register
 
     refs: dict[str, str] = {}
     errors: dict[str, VariantError] = {}
     for v, make in candidates.items():
         try:
-            done = register(settings, make(), track_with_dvc=track, push=track)
+            done = register(settings, dataclasses.replace(make(), force=force), track_with_dvc=track, push=track)
         except Exception as e:
             if not variant_scoped(e):
                 raise
@@ -65,7 +67,7 @@ def register_passed(
 
 def build_and_register(
     fmt: ArtifactFormat, entry: CatalogEntry, settings: Settings, *, variants: list[str] | None = None,
-    revision: str | None = None, register: bool = False, track: bool = True,
+    revision: str | None = None, register: bool = False, track: bool = True, force: bool = False,
     progress: Callable[[str], None] = lambda _msg: None, **options: Any,
 ) -> Run:
     """Build and validate `entry`'s variants of format `fmt` (the catalog's, or `variants`), then register the
@@ -88,6 +90,6 @@ def build_and_register(
     plan = result.plan
     refs, errors = register_passed(
         settings, {v: (lambda v=v: fmt.candidate(plan, result.variants[v])) for v in result.passed}, track=track,
-        say=progress,
+        say=progress, force=force,
     )
     return Run(result, refs, errors)

@@ -256,3 +256,51 @@ def urllib_list(url: str, bucket: str) -> list[str]:
 
     body = urllib.request.urlopen(f"{url}/{bucket}?list-type=2", timeout=5).read().decode()
     return re.findall(r"<Key>([^<]+)</Key>", body)
+
+
+# ---------------------------------------------------------------- pull while the same tag is being registered
+
+
+def _half_registered(published: Repo, tmp_path: Path):  # type: ignore[no-untyped-def]
+    """A registration of a new version stopped between `dvc commit` and its push + manifest (real DVC)."""
+    from pipelines.registry import register as reg
+
+    settings = published.settings()
+    c = candidate(settings, tmp_path / "build-2", seed=2)
+    return settings, c, reg.track(settings, c, reg.place(settings, c))
+
+
+def test_pull_waits_for_a_registration_of_the_same_tag(published: Repo, tmp_path: Path) -> None:
+    import time
+
+    from pipelines.core.fsutil import sha256_file
+    from pipelines.registry import register as reg
+
+    settings, c, tracked = _half_registered(published, tmp_path)
+    started = time.monotonic()
+    proc = subprocess.Popen([*MODELMINT, "pull", "tiny-qwen2:q4_k_m", "--no-ollama"], env={**published.env(),
+                            "COLUMNS": "200"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=published.root)
+    time.sleep(4)
+    assert proc.poll() is None, proc.communicate()  # still waiting, not failed
+    done = reg.publish(settings, c, tracked)  # the push and the manifest: the registration ends
+    out, errs = proc.communicate(timeout=120)
+    assert proc.returncode == 0, errs
+    assert "invalid" not in out + errs and "waiting" in errs
+    assert time.monotonic() - started < 60
+    placed = published.root / done.manifest.dvc.path / done.manifest.file
+    assert sha256_file(placed) == done.manifest.sha256 == c.sha256
+
+
+def test_pull_after_a_registration_stopped_midway_says_so(published: Repo, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    import pipelines.registry.pull as pulling
+    from pipelines.core.errors import RegistryError
+
+    settings, _c, _tracked = _half_registered(published, tmp_path)
+    monkeypatch.setattr(pulling, "REGISTRATION_WAIT_S", 1.0, raising=False)
+    with pytest.raises(RegistryError) as stopped:
+        pull(settings, "tiny-qwen2:q4_k_m", dest=tmp_path / "out", ollama=False)
+    assert not isinstance(stopped.value, ManifestInvalid)
+    assert "registration" in stopped.value.message and "--register" in (stopped.value.hint or "")
+    assert not (tmp_path / "out").exists()

@@ -446,3 +446,83 @@ def test_verify_reports_invalid_manifests_and_unknown_refs(repo: Repo, tmp_path:
     assert done.returncode == 1 and "is invalid" in done.stderr and "Traceback" not in done.stderr
     unknown = _cli(repo, "verify", "tiny-qwen2:q2_k")
     assert unknown.returncode == 1 and "never registered" in unknown.stderr
+
+
+# ---------------------------------------------------------------- a registered version never moves backwards
+
+
+def _at(settings, tmp_path: Path, revision: str, *, seed: int, tag: str = "q4_k_m"):
+    """A candidate built from hub commit `revision` (a stale webhook delivery rebuilds an older one)."""
+    from dataclasses import replace
+
+    c = candidate(settings, tmp_path, seed=seed, tag=tag)
+    return replace(c, source={**c.source, "kind": "hub", "repo": "Qwen/tiny", "revision": revision})
+
+
+def test_an_older_source_commit_is_refused_unless_forced(repo: Repo, tmp_path: Path) -> None:
+    settings = repo.settings()
+    a, b = "a" * 40, "b" * 40
+    register(settings, _at(settings, tmp_path, a, seed=1))
+    repo.commit_all("register q4_k_m at A")
+    current = register(settings, _at(settings, tmp_path, b, seed=2)).manifest
+    repo.commit_all("register q4_k_m at B")
+    lock = (repo.root / "dvc.lock").read_bytes()
+    placed = sorted(p.name for p in (repo.root / "artifacts/tiny-qwen2/q4_k_m").iterdir())
+    with pytest.raises(RegistryError, match="move it backwards") as refused:
+        register(settings, _at(settings, tmp_path, a, seed=3))
+    assert b in str(refused.value) and "--force" in str(refused.value)
+    # nothing moved: manifest, dvc.lock, the artifact directory, git
+    assert find_manifest(settings, "tiny-qwen2:q4_k_m") == current
+    assert (repo.root / "dvc.lock").read_bytes() == lock
+    assert sorted(p.name for p in (repo.root / "artifacts/tiny-qwen2/q4_k_m").iterdir()) == placed
+    assert git(repo.root, "status", "--porcelain") == ""
+    # the same commit again, or a commit the tag never had, is not an older version
+    assert register(settings, _at(settings, tmp_path, b, seed=2)).manifest == current
+    forced = register(settings, replace_force(_at(settings, tmp_path, a, seed=3))).manifest
+    assert forced.source.revision == a and forced.replaces is not None and forced.replaces.revision == b
+    assert find_manifest(settings, "tiny-qwen2:q4_k_m") == forced
+
+
+def replace_force(c):
+    from dataclasses import replace
+
+    return replace(c, force=True)
+
+
+def test_the_replaced_version_is_older_without_git_history(repo: Repo, tmp_path: Path) -> None:
+    """Manifests not yet committed: what the current one `replaces` is still older."""
+    settings = repo.settings()
+    register(settings, _at(settings, tmp_path, "a" * 40, seed=1))
+    register(settings, _at(settings, tmp_path, "b" * 40, seed=2))
+    with pytest.raises(RegistryError, match="move it backwards"):
+        register(settings, _at(settings, tmp_path, "a" * 40, seed=3))
+    # a commit never registered for the tag is judged by no one here (the watcher orders upstream commits)
+    assert register(settings, _at(settings, tmp_path, "c" * 40, seed=4)).manifest.source.revision == "c" * 40
+
+
+def test_a_refused_older_version_fails_that_variant_alone(repo: Repo, tmp_path: Path) -> None:
+    from pipelines.compose import register_passed
+
+    settings = repo.settings()
+    register(settings, _at(settings, tmp_path / "1", "a" * 40, seed=1))
+    register(settings, _at(settings, tmp_path / "2", "b" * 40, seed=2))
+    refs, errors = register_passed(settings, {
+        "q4_k_m": lambda: _at(settings, tmp_path / "3", "a" * 40, seed=3),
+        "q8_0": lambda: _at(settings, tmp_path / "4", "a" * 40, seed=4, tag="q8_0"),
+    })
+    assert refs == {"q8_0": "tiny-qwen2:q8_0"} and list(errors) == ["q4_k_m"]
+    refused = errors["q4_k_m"]
+    assert refused.error == "OlderVersionRefused" and "b" * 40 in refused.message and "--force" in (refused.hint or "")
+    refs, errors = register_passed(settings, {"q4_k_m": lambda: _at(settings, tmp_path / "5", "a" * 40, seed=5)},
+                                   force=True)
+    assert refs == {"q4_k_m": "tiny-qwen2:q4_k_m"} and errors == {}
+
+
+def test_convert_and_compress_take_force() -> None:
+    from typer.testing import CliRunner
+
+    from pipelines.cli import app
+
+    for command in ("convert", "compress"):
+        shown = CliRunner().invoke(app, [command, "--help"], env={"COLUMNS": "200", "NO_COLOR": "1"})
+        assert shown.exit_code == 0 and "--force" in shown.output

@@ -29,6 +29,10 @@ log = logging.getLogger(__name__)
 
 _CHUNK = 8 * 1024 * 1024
 
+REGISTRATION_WAIT_S = 120.0
+"""How long a pull waits for a registration of the same tag that is under way (dvc.lock already names the new
+version, its manifest not yet): a push of a few GiB takes tens of seconds."""
+
 
 @dataclass
 class PullResult:
@@ -67,13 +71,68 @@ names an earlier version by its source commit or the git commit that registered 
     ref, _, at = ref.partition("@")
     if at:
         return _pull_version(settings, ref, at, dest=dest, ollama=ollama)
-    manifest = find_manifest(settings, ref)
+    manifest = _settled(settings, ref)
     target = dest if dest is not None else settings.repo_dir / manifest.dvc.path
     fetched = False
     if not holds(target, manifest, HashCache(settings.home / "hashcache.json")):
         _fetch_into(settings, manifest, target)
         fetched = True
     return PullResult(manifest, target, fetched, **format_of(manifest.tag).offer(target, manifest, ollama))
+
+
+def _settled(settings: Settings, ref: str) -> Manifest:
+    """The manifest of `ref` once dvc.lock agrees with it, waiting up to REGISTRATION_WAIT_S while they differ.
+
+    Registration rewrites dvc.lock (`dvc commit`), pushes, and writes the manifest last: in between, the two name
+    different versions and the workspace's artifact directory already holds the new one. That is a registration under
+    way (or one interrupted after its commit), not a damaged manifest: the pull waits for it to finish and then
+    serves what it registered.
+
+    Raises:
+        NotRegistered, ManifestInvalid: as find_manifest.
+        RegistryError: dvc.lock still names another version after the wait.
+    """
+    import time
+
+    manifest = find_manifest(settings, ref)
+    deadline, told = time.monotonic() + REGISTRATION_WAIT_S, False
+    while True:
+        locked = dvcrepo.locked_out(settings, manifest.dvc.stage, manifest.dvc.path)
+        if manifest.dvc.md5 is None or locked is None or locked.md5 == manifest.dvc.md5:
+            return manifest  # agree, or nothing to compare: _fetch_into says what is missing
+        if not _lock_rewritten(settings, manifest, locked.md5):
+            return manifest  # dvc.lock is as git has it: the manifest is what disagrees (_fetch_into refuses it)
+        if time.monotonic() >= deadline:
+            raise RegistryError(
+                f"{manifest.ref}: dvc.lock records {locked.md5} but its manifest {_shown(settings, manifest)} records "
+                f"{manifest.dvc.md5}: a registration of {manifest.ref} is under way, or one stopped after "
+                f"`dvc commit` (waited {REGISTRATION_WAIT_S:.0f} s)",
+                hint=f"rerun `modelmint pull {manifest.ref}` once the registration has finished; if none is running, "
+                f"finish it again (`{format_of(manifest.tag).rebuild_command(manifest.name, manifest.tag)}`) or "
+                "put dvc.lock back (`git checkout -- dvc.lock`)",
+            )
+        if not told:
+            log.warning("%s is being registered (dvc.lock names a version its manifest does not yet): waiting up to "
+                        "%.0f s for the registration to finish", manifest.ref, REGISTRATION_WAIT_S)
+            told = True
+        time.sleep(0.5)
+        manifest = find_manifest(settings, ref)
+
+
+def _lock_rewritten(settings: Settings, manifest: Manifest, md5: str) -> bool:
+    """Whether dvc.lock's record `md5` of the manifest's stage is not the one git's HEAD holds: what `dvc commit`
+    of a registration under way leaves (True too when git cannot tell)."""
+    import yaml
+
+    from pipelines.core.errors import ToolError
+    from pipelines.core.runner import run
+
+    try:
+        committed = yaml.safe_load(run(["git", "show", "HEAD:dvc.lock"], cwd=settings.repo_dir).stdout) or {}
+    except (ToolError, yaml.YAMLError):
+        return True
+    outs = ((committed.get("stages") or {}).get(manifest.dvc.stage) or {}).get("outs") or []
+    return all(o.get("md5") != md5 for o in outs if isinstance(o, dict) and o.get("path") == manifest.dvc.path)
 
 
 def _pull_version(settings: Settings, ref: str, at: str, *, dest: Path | None, ollama: bool) -> PullResult:

@@ -26,7 +26,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pipelines import __version__
-from pipelines.core.errors import ArtifactError, DiskFullError, GateFailed, ManifestInvalid
+from pipelines.core.errors import (
+    ArtifactError,
+    DiskFullError,
+    GateFailed,
+    ManifestInvalid,
+    NotRegistered,
+    RegistryError,
+)
 from pipelines.core.fsutil import (
     HashCache,
     atomic_output,
@@ -86,6 +93,9 @@ class Candidate:
     """The source model directory (its tokenizer and generation config feed the Modelfile)."""
     root: Path | None = None
     """The directory `files` are placed relative to (a checkpoint); None: each is placed by its name."""
+    force: bool = False
+    """Register it even when its source commit is older than the current version's (`--force`); not part of
+    what it is made of (`key`)."""
 
     @property
     def ref(self) -> str:
@@ -146,6 +156,45 @@ class ValidatedOutputChanged(ArtifactError, FileNotFoundError):
 
     def __init__(self, message: str, *, rerun: str) -> None:
         super().__init__(message, hint=f"rerun `{rerun}` to build and validate it again, then register")
+
+
+class OlderVersionRefused(RegistryError):
+    """The candidate's source commit was registered before the tag's current version: registering it would move the
+    tag backwards (a stale or reordered webhook delivery, an old `--revision`)."""
+
+
+def refuse_older(settings: Settings, c: Candidate) -> None:
+    """Refuse `c` when its source commit is one the tag had before its current version, unless `c.force`.
+
+    The order is the registry's own: the current manifest, what it `replaces`, and every earlier version git
+    recorded of it (registry.history). A commit never registered for the tag is not judged (it may be newer).
+
+    Raises:
+        OlderVersionRefused: naming the current version's commit and `--force`.
+    """
+    from pipelines.registry.history import history
+
+    revision = c.source.get("revision")
+    if c.force or not revision:
+        return
+    try:
+        versions = history(settings, c.ref)
+    except (NotRegistered, ManifestInvalid):
+        return  # nothing current to move back from (an unreadable manifest is refused by its own step)
+    current = next(v.manifest for v in versions if v.current)
+    if current.source.revision in (None, revision):
+        return
+    older = {v.manifest.source.revision for v in versions if not v.current}
+    if current.replaces is not None:
+        older.add(current.replaces.revision)
+    if revision in older:
+        raise OlderVersionRefused(
+            f"{c.ref} is at source commit {current.source.revision} (registered {current.created_at:%Y-%m-%d %H:%M}"
+            f" UTC), which replaced {revision}: registering {revision[:12]} again would move it backwards",
+            hint=f"a registered version never moves backwards unless forced: rerun with `--force` "
+            f"(`modelmint {'compress' if c.format == 'compressed-tensors' else 'convert'} {c.entry.name} "
+            f"--variants {c.tag} --revision {revision} --register --force`) to roll {c.ref} back on purpose",
+        )
 
 
 def verdict(report: dict[str, Any]) -> dict[str, Any]:
@@ -290,7 +339,9 @@ def place(settings: Settings, c: Candidate) -> tuple[ArtifactFile, ...]:
 
     Raises:
         DiskFullError: the disk holding artifacts/ (the repository's) filled; nothing was placed.
+        OlderVersionRefused: `c` would move its tag back to an older source commit (refuse_older); nothing placed.
     """
+    refuse_older(settings, c)
     dest = artifact_dir(settings, c.entry.name, c.tag)
     with disk_full_located(settings):
         dest.parent.mkdir(parents=True, exist_ok=True)
