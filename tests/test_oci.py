@@ -7,6 +7,7 @@ their own (the registry creates repositories on first push).
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import shutil
@@ -591,3 +592,17 @@ def test_renderer_parser_and_requires_travel_in_the_config_blob(tmp_path: Path) 
     assert list(config) == FORMAT["config"]["keys_in_order_with_renderer"]
     assert (config["renderer"], config["parser"], config["requires"]) == ("qwen3-coder", "qwen3-coder", "0.14.0")
     assert list(json.loads(config_json(info, Modelfile(from_="m.gguf")))) == FORMAT["config"]["keys_in_order"]
+
+
+@pytest.mark.parametrize("auth", ["not base64!", base64.b64encode(b"\xff\xfe:x").decode(), "c29tZQ"])
+def test_a_docker_config_auth_that_is_not_base64_user_colon_password_is_one_config_error(
+        tmp_path: Path, auth: str) -> None:
+    # `docker login` writes base64("user:password"); a hand-edited entry must not surface as a binascii or
+    # UnicodeDecodeError traceback from the CLI (issue 25 item 12).
+    from pipelines.publish.oci import credentials_for
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({"auths": {"127.0.0.1:5000": {"auth": auth}}}), encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"auths\.127\.0\.0\.1:5000\.auth") as info:
+        credentials_for("127.0.0.1:5000", username=None, password=None, docker_config=cfg)
+    assert "docker login" in info.value.hint
+    assert auth not in str(info.value) and auth not in info.value.hint

@@ -163,7 +163,8 @@ def credentials_for(host: str, *, username: str | None, password: str | None,
     (`docker login` writes it), else None.
 
     Raises:
-        ConfigError: the docker config is not JSON, or only one of username and password is set.
+        ConfigError: the docker config is not JSON, its `auth` for `host` is not base64 of USER:PASSWORD,
+            or only one of username and password is set.
     """
     if username or password:
         if not (username and password):
@@ -180,7 +181,15 @@ def credentials_for(host: str, *, username: str | None, password: str | None,
     for key in (host, f"https://{host}", f"http://{host}"):
         entry = auths.get(key)
         if isinstance(entry, dict) and isinstance(entry.get("auth"), str):
-            user, _, secret = base64.b64decode(entry["auth"]).decode().partition(":")
+            try:
+                user, colon, secret = base64.b64decode(entry["auth"], validate=True).decode().partition(":")
+            except ValueError:  # binascii.Error and UnicodeDecodeError are both ValueErrors
+                colon = ""
+            if not colon:
+                # The value itself is a secret: name where it is, never what it is.
+                raise ConfigError(f"{docker_config}: auths.{key}.auth is not base64 of USER:PASSWORD",
+                                  hint=f"run `docker login {host}` again, or set MODELMINT_REGISTRY_USERNAME and "
+                                       "MODELMINT_REGISTRY_PASSWORD")
             return Credentials(user, secret)
     return None
 
