@@ -221,7 +221,8 @@ class OciClient:
 
     # ------------------------------------------------------------ requests
 
-    def _send(self, method: str, url: str, *, stream: bool = False, **kw: Any) -> httpx.Response:
+    def _send(self, method: str, url: str, *, stream: bool = False, redirects: bool = True,
+              **kw: Any) -> httpx.Response:
         """One request, answering a 401 challenge once with the credentials.
 
         Raises:
@@ -234,7 +235,7 @@ class OciClient:
                 headers["Authorization"] = self._authorization
             try:
                 request = self._http.build_request(method, url, headers=headers, **kw)
-                r = self._http.send(request, stream=stream)
+                r = self._http.send(request, stream=stream, follow_redirects=redirects)
             except httpx.TransportError as err:
                 if "CERTIFICATE_VERIFY_FAILED" in str(err):
                     raise OciError(f"the certificate of {self.registry.host} is not signed by a CA this machine "
@@ -338,6 +339,15 @@ class OciClient:
                 r = self._send("PUT", str(url), headers=headers, content=_chunks(f))
         _ok(r, f"upload {blob.digest} ({blob.path.name if blob.path else blob.media_type})", self.registry.host,
             expect=(201,))
+
+    def blob_redirects(self, repository: str, digest: str) -> bool:
+        """Whether a blob GET answers with a redirect that names its Location (object storage, a CDN) rather than
+        the bytes: Ollama's download follows only such an answer (server/download.go, see docs/oci.md)."""
+        r = self._send("GET", f"/v2/{repository}/blobs/{digest}", stream=True, redirects=False)
+        try:
+            return r.status_code in (301, 302, 303, 307, 308) and bool(r.headers.get("location"))
+        finally:
+            r.close()
 
     @contextmanager
     def _blob_stream(self, repository: str, digest: str) -> Iterator[httpx.Response]:
