@@ -691,3 +691,14 @@ def test_blob_gets_redirect_only_with_the_redirect_middleware(tmp_path: Path) ->
             assert part.headers["content-range"] == f"bytes 100-199999/{len(data)}"
         finally:
             reg.stop()
+
+
+def test_names_ollama_would_refuse_are_refused_before_anything_is_pushed() -> None:
+    # types/model/name.go isValidLen: host <= 350, namespace/model/tag <= 80 characters
+    from pipelines.publish.oci import check_ollama_name
+    ok = RegistryRef.parse("127.0.0.1:5000/" + "n" * 80, insecure=True)
+    check_ollama_name(ok, "m" * 80, "t" * 80)
+    for registry, name, tag, part in ((RegistryRef.parse("127.0.0.1:5000/" + "n" * 81), "m", "t", "namespace"),
+                                      (ok, "m" * 81, "t", "model name"), (ok, "m", "q4_k_m-" + "t" * 74, "tag")):
+        with pytest.raises(ConfigError, match=f"the {part} of .* has 81 characters; `ollama pull` refuses"):
+            check_ollama_name(registry, name, tag)

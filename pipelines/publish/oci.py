@@ -137,6 +137,22 @@ class RegistryRef:
         return f"{self.host}/{self.namespace}/{name}:{tag}"
 
 
+def check_ollama_name(registry: RegistryRef, name: str, tag: str) -> None:
+    """Refuse, before anything is pushed, an image name `ollama pull` would refuse: Ollama's types/model/name.go
+    (isValidLen) allows a host of up to 350 characters and a namespace, model or tag of up to 80.
+
+    Raises:
+        ConfigError: a part is too long.
+    """
+    for part, value, most in (("host", registry.host, 350), ("namespace", registry.namespace, 80),
+                              ("model name", name, 80), ("tag", tag, 80)):
+        if len(value) > most:
+            raise ConfigError(f"the {part} of {registry.image(name, tag)} has {len(value)} characters; "
+                              f"`ollama pull` refuses one over {most}",
+                              hint=f"shorten the {part} (catalog name, tag, or --registry HOST/NAMESPACE) to "
+                              f"{most} characters or fewer")
+
+
 def parse_image(text: str, *, insecure: bool = False) -> tuple[RegistryRef, str, str]:
     """`HOST/NAMESPACE/NAME:TAG` → (registry, name, tag).
 

@@ -29,6 +29,7 @@ from pipelines.publish.oci import (
     Image,
     OciClient,
     RegistryRef,
+    check_ollama_name,
     credentials_for,
     parse_image,
 )
@@ -130,6 +131,8 @@ def publish_image(settings: Settings, ref: str, registry: RegistryRef, *, force:
     """
     manifest, image = build_image(settings, ref)
     tags = [pinned_tag(manifest), manifest.tag]
+    for tag in tags:
+        check_ollama_name(registry, manifest.name, tag)
     repository = registry.repository(manifest.name)
     moved: dict[str, list[str]] = {"uploaded": [], "mounted": [], "present": []}
     try:
