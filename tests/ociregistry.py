@@ -45,7 +45,11 @@ class RunningRegistry:
         """The access-log lines of `method` requests served so far."""
         return [ln for ln in self.log.read_text(errors="replace").splitlines() if f'"{method} /v2/' in ln]
 
+    static: StaticBlobServer | None = None
+
     def stop(self) -> None:
+        if self.static is not None:
+            self.static.stop()
         if self.proc.poll() is None:
             self.proc.terminate()
             try:
@@ -73,6 +77,71 @@ http:
   addr: 127.0.0.1:{port}
   secret: modelmint-tests-only
 """
+
+
+# distribution 2.8's `redirect` storage middleware (registry/storage/driver/middleware/redirect) answers URLFor with
+# its baseurl's scheme and host plus the driver's own path, whatever the driver: with filesystem storage, a blob GET
+# becomes a 307 to http://STATIC/docker/registry/v2/blobs/sha256/xx/<hex>/data, which the static server below serves
+# from the same directory. That is what S3/GCS storage does with pre-signed URLs, and what Ollama's pull needs.
+_REDIRECT = """middleware:
+  storage:
+    - name: redirect
+      options:
+        baseurl: {baseurl}
+"""
+
+
+class StaticBlobServer:
+    """A Range-capable read-only file server over a registry's storage directory, on another loopback address
+    (127.0.0.2): the stand-in for object storage behind a registry's redirects. It asks for no credentials, as a
+    pre-signed URL does not."""
+
+    def __init__(self, root: Path, host: str = "127.0.0.2", port: int = 0) -> None:
+        served = root
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def do_HEAD(self) -> None:
+                self._serve(body=False)
+
+            def do_GET(self) -> None:
+                self._serve(body=True)
+
+            def _serve(self, *, body: bool) -> None:
+                path = (served / self.path.split("?", 1)[0].lstrip("/")).resolve()
+                if not path.is_relative_to(served.resolve()) or not path.is_file():
+                    self.send_error(404)
+                    return
+                size = path.stat().st_size
+                start, end, status = 0, size - 1, 200
+                rng = self.headers.get("Range", "")
+                if rng.startswith("bytes="):
+                    a, _, b = rng.removeprefix("bytes=").partition("-")
+                    start, end, status = int(a or 0), min(int(b) if b else size - 1, size - 1), 206
+                    if start > end:
+                        self.send_error(416)
+                        return
+                self.send_response(status)
+                self.send_header("Content-Length", str(end - start + 1))
+                self.send_header("Accept-Ranges", "bytes")
+                if status == 206:
+                    self.send_header("Content-Range", f"bytes {start}-{end}/{size}")
+                self.end_headers()
+                if body:
+                    with open(path, "rb") as f:
+                        f.seek(start)
+                        self.wfile.write(f.read(end - start + 1))
+
+        self.server = ThreadingHTTPServer((host, port), Handler)
+        self.host = f"{host}:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
 
 
 def registry_binary() -> str:
@@ -104,7 +173,7 @@ _TLS = """  tls:
 
 
 def start_registry(root: Path, *, auth: Path | None = None, token: TokenServer | None = None,
-                   tls: TlsFiles | None = None, port: int | None = None) -> RunningRegistry:
+                   tls: TlsFiles | None = None, port: int | None = None, redirect: bool = False) -> RunningRegistry:
     """A registry on a free port of 127.0.0.1 (or `port`: one stopped earlier, started again), storing under `root`:
     plain HTTP, or HTTPS with `tls`; with `auth` (an htpasswd file of bcrypt hashes) it asks for basic credentials,
     with `token` for a bearer token."""
@@ -118,15 +187,21 @@ def start_registry(root: Path, *, auth: Path | None = None, token: TokenServer |
         text += _HTPASSWD.format(path=auth)
     if token is not None:
         text += _TOKEN.format(realm=token.realm, service=token.service, issuer=token.issuer, roots=token.cert)
+    static = None
+    if redirect:  # blob GETs answer 307 to a static server on 127.0.0.2, as object storage behind a registry does
+        (root / "storage").mkdir(exist_ok=True)
+        static = StaticBlobServer(root / "storage")
+        text += _REDIRECT.format(baseurl=f"http://{static.host}")
     config.write_text(text)
     log = root / "registry.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen([registry_binary(), "serve", str(config)], stdout=out, stderr=subprocess.STDOUT)
-    reg = RunningRegistry(root, port, proc, log)
+    reg = RunningRegistry(root, port, proc, log, static)
     url = f"{'https' if tls else 'http'}://{reg.host}/v2/"
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         if proc.poll() is not None:
+            reg.stop()
             raise AssertionError(f"docker-registry exited {proc.returncode}:\n{log.read_text()[-2000:]}")
         try:
             if httpx.get(url, timeout=2, verify=ssl.create_default_context(cafile=str(tls.ca)) if tls else True).status_code in (200, 401):

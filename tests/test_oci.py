@@ -7,6 +7,7 @@ their own (the registry creates repositories on first push).
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import shutil
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
 import pytest
 from ociregistry import RunningRegistry, TokenServer, make_tls, start_registry
@@ -32,6 +34,7 @@ from pipelines.core.errors import (
     OciBlobMismatch,
     OciError,
     OciUnavailable,
+    RegistryError,
     TagConflict,
 )
 from pipelines.core.fsutil import sha256_file
@@ -355,6 +358,29 @@ def test_a_tampered_blob_in_the_registry_is_caught_on_pull(env: Env, tmp_path: P
         data.write_bytes(original)
 
 
+def test_a_moved_tag_is_refused_on_pull_before_any_blob_is_fetched(env: Env, tmp_path: Path) -> None:
+    """Issue 25 item 2: q4_k_m moved to the fp8 image; the pull must not install tiny-qwen2:fp8 as q4_k_m."""
+    publish_image(env.settings, env.fp8.ref, env.ref("moved"))
+    with env.client("moved") as c:
+        there = c.get_manifest("moved/tiny-qwen2", "fp8")
+        assert there is not None
+        c._send("PUT", "/v2/moved/tiny-qwen2/manifests/q4_k_m", content=there[0],
+                headers={"Content-Type": there[1]}).raise_for_status()
+    elsewhere = Settings.from_env({"MODELMINT_HOME": str(tmp_path / "home"), "MODELMINT_REPO": str(tmp_path / "none")})
+    blob_gets = len(env.registry.requests("GET"))
+    for settings in (elsewhere, env.settings):  # without a checkout, and in one that registers both
+        with pytest.raises(RegistryError, match=r"moved/tiny-qwen2:q4_k_m holds tiny-qwen2:fp8") as caught:
+            pull_image(settings, f"{env.registry.host}/moved/tiny-qwen2:q4_k_m", insecure=True,
+                       dest=tmp_path / "pulled", ollama=False)
+        assert "--force" in (caught.value.hint or "")
+    weights = {"sha256:" + f.sha256 for f in env.fp8.files}
+    fetched = [ln for ln in env.registry.requests("GET")[blob_gets:] if any(d in ln for d in weights)]
+    assert fetched == [] and not (tmp_path / "pulled").exists()
+    ok = pull_image(elsewhere, f"{env.registry.host}/moved/tiny-qwen2:{pinned_tag(env.fp8)}", insecure=True,
+                    dest=tmp_path / "by-pin", ollama=False)
+    assert ok.manifest == env.fp8  # its own pinned tag still pulls
+
+
 # ---------------------------------------------------------------- a checkpoint as a ModelPack artifact
 
 
@@ -591,3 +617,88 @@ def test_renderer_parser_and_requires_travel_in_the_config_blob(tmp_path: Path) 
     assert list(config) == FORMAT["config"]["keys_in_order_with_renderer"]
     assert (config["renderer"], config["parser"], config["requires"]) == ("qwen3-coder", "qwen3-coder", "0.14.0")
     assert list(json.loads(config_json(info, Modelfile(from_="m.gguf")))) == FORMAT["config"]["keys_in_order"]
+
+
+@pytest.mark.parametrize("auth", ["not base64!", base64.b64encode(b"\xff\xfe:x").decode(), "c29tZQ"])
+def test_a_docker_config_auth_that_is_not_base64_user_colon_password_is_one_config_error(
+        tmp_path: Path, auth: str) -> None:
+    # `docker login` writes base64("user:password"); a hand-edited entry must not surface as a binascii or
+    # UnicodeDecodeError traceback from the CLI (issue 25 item 12).
+    from pipelines.publish.oci import credentials_for
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({"auths": {"127.0.0.1:5000": {"auth": auth}}}), encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"auths\.127\.0\.0\.1:5000\.auth") as info:
+        credentials_for("127.0.0.1:5000", username=None, password=None, docker_config=cfg)
+    assert "docker login" in info.value.hint
+    assert auth not in str(info.value) and auth not in info.value.hint
+
+
+def test_publish_warns_when_the_registry_answers_blob_gets_without_a_redirect(
+        env: Env, caplog: pytest.LogCaptureFixture) -> None:
+    # Filesystem storage answers 200 with the bytes; Ollama's download needs a Location (issue 24).
+    with caplog.at_level("WARNING", logger="pipelines.registry.images"):
+        publish_image(env.settings, env.gguf.ref, env.ref("noredirect"))
+    said = [r.getMessage() for r in caplog.records if "Location" in r.getMessage()]
+    assert len(said) == 1 and "ollama/ollama#7244" in said[0] and "redirect" in said[0], said
+    assert env.registry.host in said[0]
+
+
+def test_the_redirecting_registry_answers_307_to_a_range_capable_static_host(
+        env: Env, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    reg = start_registry(tmp_path / "redirecting", redirect=True)
+    try:
+        where = RegistryRef.parse(f"{reg.host}/modelmint", insecure=True)
+        with caplog.at_level("WARNING", logger="pipelines.registry.images"):
+            publish_image(env.settings, env.gguf.ref, where)
+        assert not [r for r in caplog.records if "Location" in r.getMessage()]
+        digest = "sha256:" + env.gguf.sha256
+        r = httpx.get(f"http://{reg.host}/v2/modelmint/tiny-qwen2/blobs/{digest}", follow_redirects=False)
+        assert r.status_code == 307 and reg.static is not None
+        location = r.headers["location"]
+        assert location.startswith(f"http://{reg.static.host}/")
+        whole = (env.settings.repo_dir / env.gguf.dvc.path / env.gguf.file).read_bytes()
+        part = httpx.get(location, headers={"Range": "bytes=10-99"})
+        assert part.status_code == 206 and part.content == whole[10:100]
+        assert part.headers["content-range"] == f"bytes 10-99/{len(whole)}"
+        got = pull_image(env.settings, f"{reg.host}/modelmint/tiny-qwen2:q4_k_m", insecure=True,
+                         dest=tmp_path / "pulled", ollama=False)
+        assert got.manifest == env.gguf and (tmp_path / "pulled" / env.gguf.file).read_bytes() == whole
+    finally:
+        reg.stop()
+
+
+def test_blob_gets_redirect_only_with_the_redirect_middleware(tmp_path: Path) -> None:
+    """The two storages side by side with one blob: filesystem answers 200 with the bytes (Ollama fails there);
+    with the middleware, a 307 to the static host, whose Range answers are the blob's bytes."""
+    data = np.random.default_rng(7).bytes(300_000)
+    blob = Blob.of_bytes(ollama_image.MODEL, data)
+    for redirect in (False, True):
+        reg = start_registry(tmp_path / f"redirect-{redirect}", redirect=redirect)
+        try:
+            with OciClient(RegistryRef.parse(f"{reg.host}/modelmint", insecure=True)) as c:
+                c.push_blob("modelmint/m", blob)
+                assert c.blob_redirects("modelmint/m", blob.digest) is redirect
+                c.fetch_blob("modelmint/m", blob.digest, tmp_path / f"got-{redirect}")  # modelmint reads both
+            assert (tmp_path / f"got-{redirect}").read_bytes() == data
+            r = httpx.get(f"http://{reg.host}/v2/modelmint/m/blobs/{blob.digest}", follow_redirects=False)
+            if not redirect:
+                assert r.status_code == 200 and "location" not in r.headers
+                continue
+            assert r.status_code == 307 and reg.static is not None
+            assert r.headers["location"].startswith(f"http://{reg.static.host}/docker/registry/v2/blobs/")
+            part = httpx.get(r.headers["location"], headers={"Range": "bytes=100-199999"})
+            assert part.status_code == 206 and part.content == data[100:200_000]
+            assert part.headers["content-range"] == f"bytes 100-199999/{len(data)}"
+        finally:
+            reg.stop()
+
+
+def test_names_ollama_would_refuse_are_refused_before_anything_is_pushed() -> None:
+    # types/model/name.go isValidLen: host <= 350, namespace/model/tag <= 80 characters
+    from pipelines.publish.oci import check_ollama_name
+    ok = RegistryRef.parse("127.0.0.1:5000/" + "n" * 80, insecure=True)
+    check_ollama_name(ok, "m" * 80, "t" * 80)
+    for registry, name, tag, part in ((RegistryRef.parse("127.0.0.1:5000/" + "n" * 81), "m", "t", "namespace"),
+                                      (ok, "m" * 81, "t", "model name"), (ok, "m", "q4_k_m-" + "t" * 74, "tag")):
+        with pytest.raises(ConfigError, match=f"the {part} of .* has 81 characters; `ollama pull` refuses"):
+            check_ollama_name(registry, name, tag)

@@ -137,6 +137,22 @@ class RegistryRef:
         return f"{self.host}/{self.namespace}/{name}:{tag}"
 
 
+def check_ollama_name(registry: RegistryRef, name: str, tag: str) -> None:
+    """Refuse, before anything is pushed, an image name `ollama pull` would refuse: Ollama's types/model/name.go
+    (isValidLen) allows a host of up to 350 characters and a namespace, model or tag of up to 80.
+
+    Raises:
+        ConfigError: a part is too long.
+    """
+    for part, value, most in (("host", registry.host, 350), ("namespace", registry.namespace, 80),
+                              ("model name", name, 80), ("tag", tag, 80)):
+        if len(value) > most:
+            raise ConfigError(f"the {part} of {registry.image(name, tag)} has {len(value)} characters; "
+                              f"`ollama pull` refuses one over {most}",
+                              hint=f"shorten the {part} (catalog name, tag, or --registry HOST/NAMESPACE) to "
+                              f"{most} characters or fewer")
+
+
 def parse_image(text: str, *, insecure: bool = False) -> tuple[RegistryRef, str, str]:
     """`HOST/NAMESPACE/NAME:TAG` → (registry, name, tag).
 
@@ -163,7 +179,8 @@ def credentials_for(host: str, *, username: str | None, password: str | None,
     (`docker login` writes it), else None.
 
     Raises:
-        ConfigError: the docker config is not JSON, or only one of username and password is set.
+        ConfigError: the docker config is not JSON, its `auth` for `host` is not base64 of USER:PASSWORD,
+            or only one of username and password is set.
     """
     if username or password:
         if not (username and password):
@@ -180,7 +197,15 @@ def credentials_for(host: str, *, username: str | None, password: str | None,
     for key in (host, f"https://{host}", f"http://{host}"):
         entry = auths.get(key)
         if isinstance(entry, dict) and isinstance(entry.get("auth"), str):
-            user, _, secret = base64.b64decode(entry["auth"]).decode().partition(":")
+            try:
+                user, colon, secret = base64.b64decode(entry["auth"], validate=True).decode().partition(":")
+            except ValueError:  # binascii.Error and UnicodeDecodeError are both ValueErrors
+                colon = ""
+            if not colon:
+                # The value itself is a secret: name where it is, never what it is.
+                raise ConfigError(f"{docker_config}: auths.{key}.auth is not base64 of USER:PASSWORD",
+                                  hint=f"run `docker login {host}` again, or set MODELMINT_REGISTRY_USERNAME and "
+                                       "MODELMINT_REGISTRY_PASSWORD")
             return Credentials(user, secret)
     return None
 
@@ -212,7 +237,8 @@ class OciClient:
 
     # ------------------------------------------------------------ requests
 
-    def _send(self, method: str, url: str, *, stream: bool = False, **kw: Any) -> httpx.Response:
+    def _send(self, method: str, url: str, *, stream: bool = False, redirects: bool = True,
+              **kw: Any) -> httpx.Response:
         """One request, answering a 401 challenge once with the credentials.
 
         Raises:
@@ -225,7 +251,7 @@ class OciClient:
                 headers["Authorization"] = self._authorization
             try:
                 request = self._http.build_request(method, url, headers=headers, **kw)
-                r = self._http.send(request, stream=stream)
+                r = self._http.send(request, stream=stream, follow_redirects=redirects)
             except httpx.TransportError as err:
                 if "CERTIFICATE_VERIFY_FAILED" in str(err):
                     raise OciError(f"the certificate of {self.registry.host} is not signed by a CA this machine "
@@ -329,6 +355,15 @@ class OciClient:
                 r = self._send("PUT", str(url), headers=headers, content=_chunks(f))
         _ok(r, f"upload {blob.digest} ({blob.path.name if blob.path else blob.media_type})", self.registry.host,
             expect=(201,))
+
+    def blob_redirects(self, repository: str, digest: str) -> bool:
+        """Whether a blob GET answers with a redirect that names its Location (object storage, a CDN) rather than
+        the bytes: Ollama's download follows only such an answer (server/download.go, see docs/oci.md)."""
+        r = self._send("GET", f"/v2/{repository}/blobs/{digest}", stream=True, redirects=False)
+        try:
+            return r.status_code in (301, 302, 303, 307, 308) and bool(r.headers.get("location"))
+        finally:
+            r.close()
 
     @contextmanager
     def _blob_stream(self, repository: str, digest: str) -> Iterator[httpx.Response]:

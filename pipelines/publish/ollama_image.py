@@ -94,8 +94,9 @@ def config_json(info: Any, mf: Modelfile | None = None) -> bytes:
 
 
 def ollama_file_type(file_type: str | None) -> str:
-    """llama.cpp's file type name as Ollama shows it (Q4_K_M, F16, F32); "unknown" when the GGUF names none."""
-    return file_type.removeprefix("ALL_") if file_type else "unknown"
+    """llama.cpp's file type name as Ollama shows it (Q4_K_M, F16); "unknown" when the GGUF names none, and for
+    ALL_F32: Ollama's KV.FileType (fs/ggml/ggml.go) takes only a general.file_type > 0, and F32 is 0."""
+    return file_type.removeprefix("ALL_") if file_type and file_type != "ALL_F32" else "unknown"
 
 
 def human_number(n: int) -> str:

@@ -29,9 +29,11 @@ from pipelines.publish.oci import (
     Image,
     OciClient,
     RegistryRef,
+    check_ollama_name,
     credentials_for,
     parse_image,
 )
+from pipelines.publish.ollama_image import CONFIG as OLLAMA_CONFIG
 from pipelines.registry.formats import FORMATS, format_of
 from pipelines.registry.manifest import Manifest, find_manifest, manifest_path
 from pipelines.registry.pull import PullResult, holds
@@ -129,6 +131,8 @@ def publish_image(settings: Settings, ref: str, registry: RegistryRef, *, force:
     """
     manifest, image = build_image(settings, ref)
     tags = [pinned_tag(manifest), manifest.tag]
+    for tag in tags:
+        check_ollama_name(registry, manifest.name, tag)
     repository = registry.repository(manifest.name)
     moved: dict[str, list[str]] = {"uploaded": [], "mounted": [], "present": []}
     try:
@@ -139,6 +143,13 @@ def publish_image(settings: Settings, ref: str, registry: RegistryRef, *, force:
                 moved[client.push_blob(repository, blob, mount_from=mounts)].append(blob.digest)
             for tag in write:
                 client.put_manifest(repository, tag, image)
+            if image.config.media_type == OLLAMA_CONFIG and not client.blob_redirects(repository, image.config.digest):
+                # The push worked and modelmint's own pull works; only `ollama pull` would fail, at its first blob.
+                log.warning("%s answers blob GETs with the bytes, not a redirect with a Location: `ollama pull %s` "
+                            "fails there with \"no Location header in response\" (ollama/ollama#7244); serve the "
+                            "registry's storage through redirects (distribution's `redirect` middleware on S3/GCS/"
+                            "MinIO, or filesystem storage behind a file server), see docs/oci.md",
+                            registry.host, registry.image(manifest.name, manifest.tag))
     except OciError as err:
         again = publish_command(manifest.ref, registry, force=isinstance(err, TagConflict))
         if again not in (err.hint or ""):
@@ -287,6 +298,7 @@ def pull_image(settings: Settings, image: str, *, insecure: bool = False, dest: 
                                 hint=f"publish it: `modelmint publish NAME:TAG --registry {registry.host}/"
                                 f"{registry.namespace}`")
         manifest = _read_image(client, repository, image, got)
+        _is_what_was_asked(manifest, name, tag, image)
         _agrees_with_checkout(settings, manifest, image)
         target = dest if dest is not None else settings.repo_dir / manifest.dvc.path
         fetched = not holds(target, manifest, HashCache(settings.home / "hashcache.json"))
@@ -323,6 +335,23 @@ def _read_image(client: OciClient, repository: str, image: str,
         raise RegistryError(f"{image}: the layers do not carry {', '.join(wrong)} as its manifest records them",
                             hint="publish the artifact again from the registering machine with --force")
     return manifest
+
+
+def _is_what_was_asked(manifest: Manifest, name: str, tag: str, image: str) -> None:
+    """`modelmint publish` writes an artifact only under its own name and its tag or pinned tag; an image under
+    any other NAME:TAG is a moved tag (pushed by hand, or by another tool) and would install the wrong model.
+
+    Raises:
+        RegistryError: the carried manifest is another name or tag than the one asked for.
+    """
+    if manifest.name == name and tag in (manifest.tag, pinned_tag(manifest)):
+        return
+    raise RegistryError(
+        f"{image} holds {manifest.ref} (pinned tag {pinned_tag(manifest)}), not {name}:{tag}: the tag was moved "
+        "to another artifact's image",
+        hint=f"pull {manifest.ref} by its own tag if it is what you want, or publish {name}:{tag} again with "
+        f"`modelmint publish {name}:{tag} --registry HOST/NAMESPACE --force` to put the tag back",
+    )
 
 
 def _agrees_with_checkout(settings: Settings, manifest: Manifest, image: str) -> None:
