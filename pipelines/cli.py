@@ -32,6 +32,9 @@ app.add_typer(catalog_app, name="catalog")
 webhook_app = typer.Typer(help="Receive the hub's webhooks: a tracked ref's new commit starts its conversion.",
                           no_args_is_help=True)
 app.add_typer(webhook_app, name="webhook")
+registry_app = typer.Typer(help="A local OCI registry that `ollama pull` and `modelmint publish` can use.",
+                           no_args_is_help=True)
+app.add_typer(registry_app, name="registry")
 
 
 def _console(*, stderr: bool = False) -> Console:
@@ -667,6 +670,39 @@ def webhook_serve(
                           "`modelmint webhook serve`")
     err.print(f"receiving webhooks on http://{host}:{port}/ (Ctrl-C stops)", highlight=False)
     serve(settings, host=host, port=port)
+
+
+@registry_app.command("serve")
+def registry_serve(
+    port: Annotated[int, typer.Option(help="the registry's port on 127.0.0.1")] = 5000,
+    directory: Annotated[Path | None, typer.Option("--dir", help="storage, config and log (default: "
+                                                   "MODELMINT_HOME/registry)")] = None,
+    blob_host: Annotated[str, typer.Option(help="loopback address of the blob server the registry redirects "
+                                           "to: another host than 127.0.0.1, as Ollama's pull requires")] = "127.0.0.2",
+    blob_port: Annotated[int, typer.Option(help="the blob server's port (0: a free one)")] = 0,
+) -> None:
+    """Serve a distribution registry on 127.0.0.1 whose blob GETs redirect to a file server on another loopback
+    host, as object storage behind a registry does: `ollama pull --insecure` can pull from it (docs/oci.md)."""
+    import signal
+    import time
+
+    from pipelines.publish.localregistry import local_registry
+
+    root = directory or _settings().home / "registry"
+    def _stop(*_: object) -> None:  # a service manager's SIGTERM stops both servers, at any point, and exits 0
+        raise SystemExit(0)
+
+    signal.signal(signal.SIGTERM, _stop)
+    with local_registry(root, port, blob_host=blob_host, blob_port=blob_port) as reg:
+        err.print(f"registry on http://{reg.host} (blob GETs redirect to http://{reg.blobs.host}; storage {root}; "
+                  f"Ctrl-C stops)\n  publish: modelmint publish NAME:TAG --registry {reg.host}/modelmint --insecure"
+                  f"\n  pull:    ollama pull --insecure {reg.host}/modelmint/NAME:TAG", highlight=False, soft_wrap=True)
+        try:
+            while reg.proc.poll() is None:
+                time.sleep(0.5)
+        except KeyboardInterrupt:
+            return
+        raise ConfigError(f"docker-registry exited {reg.proc.returncode}", hint=f"see {reg.log}, then rerun")
 
 
 @app.command("dvc-yaml")

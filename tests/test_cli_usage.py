@@ -64,6 +64,39 @@ NEEDS_SETUP = {
 }
 
 
+# Commands that run without arguments as a server: it must start (its banner on stderr), and SIGTERM stop it.
+SERVES = {("registry", "serve"): "registry on http://127.0.0.1:5000"}
+
+
+def _serves(env: dict[str, str], tmp_path: Path, path: tuple[str, ...]) -> None:
+    import signal
+    import threading
+
+    proc = subprocess.Popen([MODELMINT, *path], env=env, cwd=tmp_path, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    lines: list[str] = []
+    banner = threading.Event()
+
+    def read() -> None:
+        for line in proc.stderr:  # type: ignore[union-attr]
+            lines.append(line)
+            if SERVES[path] in line:
+                banner.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        assert banner.wait(60), "".join(lines)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    reader.join(10)
+    both = "".join(lines)
+    assert proc.returncode == 0 and "Traceback" not in both, both
+
+
 def _run(env: dict[str, str], tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([MODELMINT, *args], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60)
 
@@ -75,6 +108,9 @@ def test_the_walk_finds_every_command() -> None:
 
 @pytest.mark.parametrize(("path", "command"), COMMANDS, ids=[" ".join(p) or "modelmint" for p, _ in COMMANDS])
 def test_no_arguments(env: dict[str, str], tmp_path: Path, path: tuple[str, ...], command: Any) -> None:
+    if path in SERVES:
+        _serves(env, tmp_path, path)
+        return
     proc = _run(env, tmp_path, *path)
     both = proc.stdout + proc.stderr
     assert "Traceback" not in both, both
