@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import modelpack_check
 import numpy as np
 import pytest
 from ociregistry import RunningRegistry, TokenServer, make_tls, start_registry
@@ -40,7 +41,7 @@ from pipelines.core.errors import (
 from pipelines.core.fsutil import sha256_file
 from pipelines.core.settings import Settings
 from pipelines.publish import modelpack, ollama_image
-from pipelines.publish.oci import MODELMINT_MANIFEST, Blob, OciClient, RegistryRef
+from pipelines.publish.oci import MODELMINT_MANIFEST, Blob, OciClient, RegistryRef, is_carried_manifest
 from pipelines.registry.formats import FORMATS
 from pipelines.registry.images import (
     build_image,
@@ -392,7 +393,7 @@ def test_a_checkpoint_is_pushed_as_a_modelpack_artifact_and_pulled_back(env: Env
     pushed = _pushed(env, "modelmint", "fp8")
     assert pushed["mediaType"] == "application/vnd.oci.image.manifest.v1+json"
     assert pushed["artifactType"] == modelpack.ARTIFACT_TYPE and pushed["config"]["mediaType"] == modelpack.CONFIG
-    by_path = {x["annotations"][modelpack.FILEPATH]: x for x in pushed["layers"] if x["mediaType"] != MODELMINT_MANIFEST}
+    by_path = {x["annotations"][modelpack.FILEPATH]: x for x in pushed["layers"] if not is_carried_manifest(x)}
     assert set(by_path) == {f.path for f in m.files}
     for f in m.files:
         assert by_path[f.path]["digest"] == "sha256:" + f.sha256 and by_path[f.path]["size"] == f.size
@@ -404,6 +405,7 @@ def test_a_checkpoint_is_pushed_as_a_modelpack_artifact_and_pulled_back(env: Env
         config = json.loads(c.read_blob("modelmint/tiny-qwen2", pushed["config"]["digest"]))
     assert config["modelfs"] == {"type": "layers", "diffIds": [x["digest"] for x in pushed["layers"]]}
     assert config["config"]["format"] == "safetensors" and config["descriptor"]["name"] == "tiny-qwen2"
+    assert modelpack_check.problems(pushed, config) == []  # model-spec's schema and modctl's extract rules
 
     dest = tmp_path / "fp8"
     pulled = env.cli("pull", m.ref, "--from-registry", f"{env.registry.host}/modelmint", "--insecure",

@@ -464,6 +464,16 @@ def _ok(r: httpx.Response, what: str, host: str, *, expect: tuple[int, ...] = (2
 MODELMINT_MANIFEST = "application/vnd.modelmint.manifest.v2+json"
 """The layer holding the artifact's modelmint manifest (registry/manifests/NAME/TAG.json, byte for byte): what a pull
 without DVC checks every file against."""
+CARRIED = "org.modelmint.manifest"
+"""The annotation that marks a layer carrying the modelmint manifest under another media type (a ModelPack
+artifact's layers must all be ModelPack's own: modelpack.py); its value is MODELMINT_MANIFEST."""
+
+
+def is_carried_manifest(layer: dict[str, Any]) -> bool:
+    """Whether an image manifest's layer descriptor is the modelmint manifest (either way it is carried)."""
+    return layer.get("mediaType") == MODELMINT_MANIFEST or (layer.get("annotations") or {}).get(CARRIED) == MODELMINT_MANIFEST
+
+
 MODELMINT_FILE = "application/vnd.modelmint.file.v1"
 """A file of the artifact directory that the image's own layout has no place for (an Ollama image's Modelfile and
 model card), named by `org.opencontainers.image.title`."""

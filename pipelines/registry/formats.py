@@ -161,7 +161,7 @@ def _compressed_image(directory: Path, manifest: Manifest, extra: tuple[Blob, ..
         "description": f"{manifest.ref}: {manifest.recipe.get('recipe', {}).get('scheme', manifest.tag)} "
         f"compressed-tensors checkpoint of {src.ref}, validated by modelmint",
     }
-    return modelpack_image(directory, manifest.files, descriptor, extra=extra)
+    return modelpack_image(directory, manifest.files, descriptor, quantization=manifest.tag, extra=extra)
 
 
 def _modelmint_pull(image: str, insecure: bool) -> list[str]:

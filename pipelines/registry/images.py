@@ -31,6 +31,7 @@ from pipelines.publish.oci import (
     RegistryRef,
     check_ollama_name,
     credentials_for,
+    is_carried_manifest,
     parse_image,
 )
 from pipelines.publish.ollama_image import CONFIG as OLLAMA_CONFIG
@@ -260,7 +261,7 @@ def carried_manifest(client: OciClient, repository: str, there: tuple[bytes, str
     """The modelmint manifest an image in the registry carries as a layer, or None (not one modelmint pushed)."""
     try:
         layers = json.loads(there[0]).get("layers") or []
-        layer = next(x for x in layers if x.get("mediaType") == MODELMINT_MANIFEST)
+        layer = next(x for x in layers if is_carried_manifest(x))
         return Manifest.model_validate_json(client.read_blob(repository, layer["digest"]))
     except (ValueError, StopIteration, AttributeError, KeyError, RegistryError):
         return None
@@ -316,7 +317,7 @@ def _read_image(client: OciClient, repository: str, image: str,
     """The modelmint manifest an image carries, checked against the image's layout and layers."""
     data = json.loads(got[0])
     layers = data.get("layers") or []
-    carried = [x for x in layers if x.get("mediaType") == MODELMINT_MANIFEST]
+    carried = [x for x in layers if is_carried_manifest(x)]
     if len(carried) != 1:
         raise RegistryError(f"{image} carries no modelmint manifest: it was not published by `modelmint publish`",
                             hint="pull it with the tool that pushed it (`ollama pull`, `oras pull`)")
