@@ -267,6 +267,28 @@ def test_a_forced_family_is_refused_unless_force(tmp_path: Path, llama_models: P
     assert any("using qwen3 as forced" in w for w in built.warnings)
 
 
+def test_every_family_forced_onto_another_template_builds_or_says_why(tmp_path: Path, llama_models: Path,
+                                                                     settings: Settings) -> None:
+    """`--family F --force` on a template of another family: a Modelfile with warnings, or one ConfigError
+    naming the cause; never an internal error (`--family chatml --force` on a Llama 3 template asserted)."""
+    from pipelines.chat.families.core import FAMILIES, UnsupportedChatTemplate
+
+    llama3 = (llama_models / "templates" / "meta-llama-Llama-3.1-8B-Instruct.jinja").read_text(encoding="utf-8")
+    gguf = _write_gguf(tmp_path / "llama3.gguf", template=llama3,
+                       tokens=["<|begin_of_text|>", "<|eot_id|>", "<|start_header_id|>", "<|end_header_id|>",
+                               "<|im_start|>", "<|im_end|>"], eos=1)
+    built_any = 0
+    for name in sorted(FAMILIES):
+        try:
+            built = build_modelfile(gguf, settings=settings, family=name, force=True, verify=False)
+        except (ConfigError, UnsupportedChatTemplate) as e:
+            assert (e.hint and "cannot be built" in e.message) or isinstance(e, ConfigError), (name, e)
+            continue
+        built_any += 1
+        assert (built.family == name and built.modelfile.template) or built.modelfile.renderer, name
+    assert built_any >= len(FAMILIES) // 2, built_any
+
+
 def test_a_proven_family_with_a_parser_gets_template_and_parser(tmp_path: Path, llama_models: Path,
                                                                 settings: Settings) -> None:
     ministral = (llama_models / "templates" / "mistralai-Ministral-3-14B-Reasoning-2512.jinja").read_text(encoding="utf-8")

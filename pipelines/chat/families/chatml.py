@@ -87,10 +87,10 @@ def _detect_qwen25(src: str) -> bool:
 
 def _build_chatml(src: str, tokens: TemplateTokens) -> str:
     plain = _plain_chatml(src)
-    if plain is not None:
-        return _build_plain_chatml(src, plain)
     default = _qwen_default_system(src)
-    assert default is not None
+    if plain is not None or default is None:
+        # plain ChatML; also what `--family chatml --force` gets for another family's template: ChatML as is
+        return _build_plain_chatml(src, with_default=plain is not None and bool(plain.group("default")))
     return json_defines() + _fill(
         """
 {{- $msgs := .Messages }}{{ $first := "" }}{{ if $msgs }}{{ $first = (index $msgs 0).Role }}{{ end }}
@@ -127,9 +127,9 @@ def _build_chatml(src: str, tokens: TemplateTokens) -> str:
     )
 
 
-def _build_plain_chatml(src: str, plain: re.Match[str]) -> str:
+def _build_plain_chatml(src: str, *, with_default: bool) -> str:
     default = ""
-    if plain.group("default"):
+    if with_default:
         found = next(m.group(1) for m in map(_QWEN_SYSTEM.match, _jinja_strings(src)) if m)
         default = f'{{{{- if and (eq $i 0) (ne .Role "system") }}}}<|im_start|>system{{{{ "\\n" }}}}' \
                   f'{golit(found)}<|im_end|>{{{{ "\\n" }}}}{{{{ end }}}}'

@@ -91,12 +91,24 @@ class ChatFamily:
         """The Go TEMPLATE for this Jinja.
 
         Raises:
-            UnsupportedChatTemplate: the family has no TEMPLATE (Ollama renders it with a RENDERER).
+            UnsupportedChatTemplate: the family has no TEMPLATE (Ollama renders it with a RENDERER), or the
+                Jinja lacks what this family's TEMPLATE is built from (a family forced onto another's template).
         """
         if self.build is None:
             raise UnsupportedChatTemplate(
                 f"the {self.name} family has no Go TEMPLATE: Ollama renders it with RENDERER {self.renderer}",
                 families=sorted(FAMILIES))
+        if not self.detect(jinja):
+            # a builder reads its family's own texts out of the Jinja (default system prompt, tool preamble):
+            # forced onto another family's template, it may find none of them
+            try:
+                return self.build(jinja, tokens)
+            except (AssertionError, AttributeError, IndexError, KeyError, StopIteration, TypeError, ValueError) as e:
+                _found, missing = self.evidence(jinja)
+                raise UnsupportedChatTemplate(
+                    f"a {self.name} TEMPLATE cannot be built from this chat template: it lacks what {self.name}'s "
+                    "TEMPLATE takes from it" + (f" ({', '.join(repr(m) for m in missing)})" if missing else ""),
+                    families=sorted(FAMILIES)) from e
         return self.build(jinja, tokens)
 
     def evidence(self, jinja: str) -> tuple[list[str], list[str]]:
