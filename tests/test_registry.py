@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import multiprocessing
 import os
@@ -74,6 +75,30 @@ def test_cache_is_copy_and_analytics_off() -> None:
 
 
 # ---------------------------------------------------------------- manifests
+
+
+def test_an_entry_edited_during_the_build_is_not_registered(repo: Repo, tmp_path: Path) -> None:
+    """dvc.lock would record the catalog as it is at the end of the build: an artifact built from the entry as
+    it was must not be recorded as up to date with the new one (an edit, or `watch --apply` moving its pin)."""
+    settings = repo.settings()
+    c = candidate(settings, tmp_path)
+    catalog = repo.root / "registry" / "catalog.yaml"
+    before = catalog.read_text()
+    lock = repo.root / "dvc.lock"
+    locked = lock.read_bytes() if lock.exists() else None
+    catalog.write_text(before.replace("license: apache-2.0", "license: mit", 1))
+    assert catalog.read_text() != before
+    with pytest.raises(RegistryError, match=r"tiny-qwen2:q4_k_m: the catalog entry tiny-qwen2 changed while it was "
+                                            r"being built \(license\)") as caught:
+        register(settings, c)
+    assert "modelmint convert tiny-qwen2 --variants q4_k_m --register" in (caught.value.hint or "")
+    assert not (repo.root / "artifacts/tiny-qwen2/q4_k_m").exists()
+    assert (lock.read_bytes() if lock.exists() else None) == locked
+    assert not manifest_path(settings, "tiny-qwen2", "q4_k_m").exists()
+    # an edit elsewhere in the catalog (a comment, another entry) is not this artifact's business, nor is the
+    # narrower list of types a `--variants` build asked for
+    catalog.write_text(before + "# a note\n")
+    assert register(settings, dataclasses.replace(c, entry=c.entry.with_quants(["q4_k_m"]))).ran
 
 
 def test_registration_records_lineage_hashes_and_dvc(repo: Repo, tmp_path: Path, monkeypatch) -> None:

@@ -31,6 +31,7 @@ from pipelines.core.errors import (
     DiskFullError,
     GateFailed,
     ManifestInvalid,
+    ModelmintError,
     NotRegistered,
     RegistryError,
 )
@@ -493,6 +494,8 @@ def register(settings: Settings, c: Candidate, *, track_with_dvc: bool = True, p
             fixed = _ensure_in_remote(settings, c, done.manifest.dvc.md5, tuple(done.manifest.files))
             done = replace(done, reuploaded=fixed)
         return done
+    if track_with_dvc:
+        _check_entry_unchanged(settings, c)
     files = place(settings, c)
     if not track_with_dvc:
         return publish(settings, c, Tracked(files, None), push=push)
@@ -508,6 +511,42 @@ def register(settings: Settings, c: Candidate, *, track_with_dvc: bool = True, p
 
 
 # ---------------------------------------------------------------- helpers
+
+
+def _built_from(entry: CatalogEntry, tag: str) -> dict[str, Any]:
+    """What of a catalog entry one variant is built from: all but the other variants (and, for a GGUF type,
+    which types the entry lists: `--variants` narrows that list, and a type's bytes do not depend on it)."""
+    data = entry.model_dump()
+    variants = data.pop("variants") or {}
+    gguf = variants.get("gguf")
+    data["variant"] = {**gguf, "quants": None} if gguf and tag in (gguf.get("quants") or []) else variants.get(tag)
+    return data
+
+
+def _check_entry_unchanged(settings: Settings, c: Candidate) -> None:
+    """Refuse to record a build whose catalog entry was edited while it ran (by hand, or `watch --apply` moving
+    its pin): `dvc commit` hashes the catalog as it is now, so dvc.lock would call the stage up to date with an
+    entry the artifact was not built from. Edits to other entries change nothing this artifact depends on.
+
+    Raises:
+        RegistryError: the entry in the catalog differs from the one the build used (nothing placed or recorded).
+    """
+    from pipelines.source.catalog import load_catalog
+
+    try:
+        catalog = load_catalog(settings.catalog_path).get(c.entry.name)
+        now = [_built_from(e, c.tag) for e in (catalog, catalog.with_serve_gpus(settings.serve_gpus))]
+    except ModelmintError:
+        return  # removed or unreadable: the commit's own read of dvc.yaml and the catalog reports that
+    used = _built_from(c.entry, c.tag)
+    if used in now:
+        return
+    changed = sorted(k for k, v in now[-1].items() if used.get(k) != v)
+    raise RegistryError(
+        f"{c.ref}: the catalog entry {c.entry.name} changed while it was being built ({', '.join(changed)}): it was "
+        f"built from the entry as it was, and dvc.lock would record it as built from the new one; nothing registered",
+        hint=f"build it again from the catalog as it is now: `{format_of(c.tag).rebuild_command(c.entry.name, c.tag)}`")
+
 
 
 def _restore_lock(settings: Settings, lock: Path, before: bytes | None, stage: str) -> None:
