@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -706,3 +707,247 @@ def test_names_ollama_would_refuse_are_refused_before_anything_is_pushed() -> No
                                       (ok, "m" * 81, "t", "model name"), (ok, "m", "q4_k_m-" + "t" * 74, "tag")):
         with pytest.raises(ConfigError, match=f"the {part} of .* has 81 characters; `ollama pull` refuses"):
             check_ollama_name(registry, name, tag)
+
+
+# ---------------------------------------------------------------- `ollama pull`'s own rules (tests/ollama_pull.py)
+
+
+@pytest.fixture(scope="module")
+def redirecting(env: Env, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningRegistry]:
+    """A registry whose blob GETs answer 307 to a static server (what `ollama pull` needs), holding the module's
+    GGUF image and checkpoint artifact under modelmint/."""
+    reg = start_registry(tmp_path_factory.mktemp("redirecting"), redirect=True)
+    try:
+        where = RegistryRef(reg.host, "modelmint", insecure=True)
+        publish_image(env.settings, env.gguf.ref, where)
+        publish_image(env.settings, env.fp8.ref, where)
+        yield reg
+    finally:
+        reg.stop()
+
+
+def test_the_ollama_pin_is_the_commit_the_format_was_read_from() -> None:
+    import ollama_pull
+
+    pin = ollama_pull.PIN
+    assert pin["repo"] == "ollama/ollama" and re.fullmatch(r"[0-9a-f]{40}", pin["commit"])
+    assert pin["commit"] in FORMAT["source"] and pin["version"] in FORMAT["source"]
+    assert pin["commit"] in (ollama_pull.__doc__ or "") and pin["version"] in (ollama_pull.__doc__ or "")
+
+
+@pytest.mark.parametrize(("raw", "want"), [
+    ("127.0.0.1:5000/modelmint/qwen2.5:q4_k_m", ("127.0.0.1:5000", "modelmint", "qwen2.5", "q4_k_m", "https")),
+    ("qwen2.5", ("registry.ollama.ai", "library", "qwen2.5", "latest", "https")),
+    ("team/m", ("registry.ollama.ai", "team", "m", "latest", "https")),
+    ("http://h.internal:5000/ns/m:t", ("h.internal:5000", "ns", "m", "t", "http")),
+    ("h/ns/m:local", ("h", "ns", "m", "latest", "https")),  # the source suffix, not a tag
+    ("h/ns/m:q4-cloud", ("h", "ns", "m", "q4-cloud", "https")),
+    ("h/" + "n" * 80 + "/" + "m" * 80 + ":" + "t" * 80, ("h", "n" * 80, "m" * 80, "t" * 80, "https")),
+])
+def test_ollama_name_rules_accept(raw: str, want: tuple[str, ...]) -> None:
+    from ollama_pull import check_name
+
+    n = check_name(raw)
+    assert (n.host, n.namespace, n.model, n.tag, n.scheme) == want
+
+
+@pytest.mark.parametrize(("raw", "problem"), [
+    ("h/mod.elmint/m:t", "namespace has a '.'"),
+    ("h/" + "n" * 81 + "/m:t", "namespace has 81 characters"),
+    ("h/ns/" + "m" * 81 + ":t", "model has 81 characters"),
+    ("h/ns/m:" + "t" * 81, "tag has 81 characters"),
+    ("h" * 351 + "/ns/m:t", "host has 351 characters"),
+    ("h/-ns/m:t", "namespace starts with '-'"),
+    ("h/ns/m:", "tag is missing"),
+    ("h//m:t", "namespace is missing"),
+    ("h/ns/m:a:b", "model has a ':'"),
+    ("h/ns/modèle:t", "model has 'è'"),
+    ("h/ns/m:t@x", "tag has '@'"),
+])
+def test_ollama_name_rules_refuse(raw: str, problem: str) -> None:
+    from ollama_pull import InvalidName, check_name
+
+    with pytest.raises(InvalidName) as caught:
+        check_name(raw)
+    assert caught.value.ollama == "invalid model name" and any(problem in p for p in caught.value.problems), (
+        caught.value.problems)
+
+
+def test_ollama_pull_fails_where_blob_gets_answer_with_the_bytes(env: Env, tmp_path: Path) -> None:
+    """Filesystem storage without redirects: the manifest GET and the HEAD work, the blob GET answers 200 with the
+    bytes, and Ollama's download stops there with Go's ErrNoLocation (ollama/ollama#7244)."""
+    from ollama_pull import MANIFEST_ACCEPT, OllamaPull, OllamaPullError
+
+    publish_image(env.settings, env.gguf.ref, env.ref("ollama-noloc"))
+    client = OllamaPull(tmp_path / "models", insecure=True)
+    with pytest.raises(OllamaPullError) as caught:
+        client.pull(f"{env.registry.host}/ollama-noloc/tiny-qwen2:q4_k_m")
+    assert caught.value.ollama == "http: no Location header in response"
+    blob = f"http://{env.registry.host}/v2/ollama-noloc/tiny-qwen2/blobs/sha256:{env.gguf.sha256}"
+    assert [(h.method, h.url, h.status, h.accept, h.location) for h in client.log] == [
+        ("GET", f"http://{env.registry.host}/v2/ollama-noloc/tiny-qwen2/manifests/q4_k_m", 200, MANIFEST_ACCEPT, None),
+        ("HEAD", blob, 200, None, None),
+        ("GET", blob, 200, None, None)]
+    assert not (tmp_path / "models" / "blobs" / f"sha256-{env.gguf.sha256}").exists()
+
+
+def _manifest_bytes(host: str, repository: str, tag: str) -> bytes:
+    r = httpx.get(f"http://{host}/v2/{repository}/manifests/{tag}",
+                  headers={"Accept": "application/vnd.docker.distribution.manifest.v2+json"})
+    r.raise_for_status()
+    return r.content
+
+
+def test_ollama_pull_pulls_the_published_gguf_image_through_the_redirects(
+        env: Env, redirecting: RunningRegistry, tmp_path: Path) -> None:
+    from ollama_pull import MANIFEST_ACCEPT, OPTIONS, OllamaPull
+
+    from pipelines.chat.modelfile import Modelfile
+
+    models = tmp_path / "models"
+    part = 64 * 1024  # Ollama's parts are 100 MB at least; small ones here, so the GGUF takes several Range GETs
+    client = OllamaPull(models, insecure=True, token="registry-token", min_part_size=part)
+    got = client.pull(f"{redirecting.host}/modelmint/tiny-qwen2:q4_k_m")
+    assert redirecting.static is not None
+    static, registry = redirecting.static.host, redirecting.host
+    assert got.manifest_data == _manifest_bytes(registry, "modelmint/tiny-qwen2", "q4_k_m")
+    assert (models / "manifests" / registry / "modelmint" / "tiny-qwen2" / "q4_k_m").read_bytes() == got.manifest_data
+    first = client.log[0]
+    assert (first.method, first.accept, first.host) == ("GET", MANIFEST_ACCEPT, registry)
+
+    # the GGUF's requests, in Ollama's order: HEAD (redirect followed), GET (307 kept), Range GETs on the target
+    size = next(f.size for f in env.gguf.files if f.sha256 == env.gguf.sha256)
+    gguf = [h for h in client.log if env.gguf.sha256 in h.url]
+    assert [(h.method, h.host, h.status) for h in gguf[:4]] == [
+        ("HEAD", registry, 307), ("HEAD", static, 200), ("GET", registry, 307), ("GET", static, 206)]
+    ranges = [h.range for h in gguf[3:]]
+    assert ranges == [f"bytes={o}-{min(o + part, size) - 1}" for o in range(0, size, part)] and len(ranges) > 1
+    assert all(h.authorization for h in client.log if h.host == registry)
+    assert not any(h.authorization for h in client.log if h.host == static)  # no registry credentials there
+
+    # every layer and the config, hashed as verifyBlob does; the registered files byte for byte
+    layers = [*got.manifest["layers"], got.manifest["config"]]
+    assert set(got.blobs) == {x["digest"] for x in layers} and got.cache_hits == set()
+    for digest, path in got.blobs.items():
+        assert "sha256:" + hashlib.sha256(path.read_bytes()).hexdigest() == digest
+    d = env.settings.repo_dir / env.gguf.dvc.path
+    assert got.model.model_path is not None and got.model.model_path.read_bytes() == (d / env.gguf.file).read_bytes()
+
+    # what Ollama reads: ConfigV2 with no field it lacks, typed options, the template of a tool-calling family
+    m = got.model
+    assert m.problems == [] and sorted(set(m.ignored)) == sorted({"application/vnd.modelmint.file.v1",
+                                                                  MODELMINT_MANIFEST})
+    assert (m.config["model_format"], m.config["model_family"], m.config["file_type"]) == ("gguf", "qwen2", "unknown")
+    mf = Modelfile.parse((d / "Modelfile").read_text())
+    assert m.template == mf.template and ".Tools" in (m.template or "") and ".ToolCalls" in (m.template or "")
+    assert m.options["num_ctx"] == mf.parameter("num_ctx")[0] and m.options["stop"] == mf.parameter("stop")
+    assert set(m.params or {}) <= set(OPTIONS)
+
+    # the pinned tag: the same blobs, all there already (cache hits), so only its manifest is asked for
+    before = len(client.log)
+    pinned = client.pull(f"{registry}/modelmint/tiny-qwen2:{pinned_tag(env.gguf)}")
+    assert pinned.cache_hits == set(got.blobs) and [h.method for h in client.log[before:]] == ["GET"]
+
+
+def test_ollama_pull_of_the_checkpoint_artifact_finds_no_docker_manifest(
+        env: Env, redirecting: RunningRegistry, tmp_path: Path) -> None:
+    """The ModelPack artifact is an OCI image manifest; Ollama asks only for Docker v2 schema 2, which the
+    registry cannot give for it: `ollama pull` of a checkpoint fails at the manifest (it is for vLLM)."""
+    from ollama_pull import OllamaPull, OllamaPullError
+
+    with pytest.raises(OllamaPullError) as caught:
+        OllamaPull(tmp_path / "models", insecure=True).pull(f"{redirecting.host}/modelmint/tiny-qwen2:fp8")
+    assert caught.value.ollama == "pull model manifest: file does not exist"
+
+
+def test_a_tampered_blob_is_refused_by_ollama_pull_and_by_modelmint_pull(
+        env: Env, redirecting: RunningRegistry, tmp_path: Path) -> None:
+    from ollama_pull import OllamaPull, OllamaPullError
+
+    data = redirecting.blob_data("sha256:" + env.gguf.sha256)
+    original = data.read_bytes()
+    try:
+        data.write_bytes(original[:-1] + bytes([original[-1] ^ 0xFF]))  # same size, one byte flipped
+        client = OllamaPull(tmp_path / "models", insecure=True)
+        with pytest.raises(OllamaPullError) as caught:
+            client.pull(f"{redirecting.host}/modelmint/tiny-qwen2:q4_k_m")
+        flipped = hashlib.sha256(data.read_bytes()).hexdigest()
+        assert caught.value.ollama == (f"digest mismatch, file must be downloaded again: want sha256:{env.gguf.sha256}"
+                                       f", got sha256:{flipped}")
+        assert not (tmp_path / "models" / "blobs" / f"sha256-{env.gguf.sha256}").exists()  # removed, as Ollama does
+        assert not (tmp_path / "models" / "manifests").exists()
+        refused = env.cli("pull", env.gguf.ref, "--from-registry", f"{redirecting.host}/modelmint", "--insecure",
+                          "--dest", str(tmp_path / "dest"))
+        assert refused.returncode == 1 and env.gguf.sha256 in refused.stderr and flipped in refused.stderr
+        assert "Traceback" not in refused.stderr and not (tmp_path / "dest").exists()
+    finally:
+        data.write_bytes(original)
+
+
+def test_ollama_pull_with_the_redirect_target_down_midway_fails_and_a_rerun_completes(
+        env: Env, redirecting: RunningRegistry, tmp_path: Path) -> None:
+    from ociregistry import StaticBlobServer
+    from ollama_pull import OllamaPull, OllamaPullError, Progress
+
+    assert redirecting.static is not None
+    target = redirecting.static
+    host, port = target.host.rsplit(":", 1)
+    layers = json.loads(_manifest_bytes(redirecting.host, "modelmint/tiny-qwen2", "q4_k_m"))["layers"]
+    second = layers[1]["digest"]
+    assert layers[0]["digest"] == "sha256:" + env.gguf.sha256
+
+    def stop_at_the_second_blob(p: Progress) -> None:  # after its HEAD, before its direct URL and Range GET
+        if p.digest == second and p.completed == 0 and redirecting.static is target:
+            target.stop()
+            redirecting.static = None
+
+    sleeps: list[float] = []
+    models = tmp_path / "models"
+    first = OllamaPull(models, insecure=True, sleep=sleeps.append, progress=stop_at_the_second_blob)
+    try:
+        with pytest.raises(OllamaPullError) as caught:
+            first.pull(f"{redirecting.host}/modelmint/tiny-qwen2:q4_k_m")
+        assert caught.value.ollama.startswith(f'max retries exceeded: Get "http://{target.host}/docker/registry/v2/')
+        assert caught.value.ollama.endswith(f"dial tcp {target.host}: connect: connection refused")
+        assert sleeps == [1, 2, 4, 8, 16, 32]  # 2^try s between Ollama's six tries
+        blobs = models / "blobs"
+        assert (blobs / f"sha256-{env.gguf.sha256}").exists()  # the first blob finished
+        kept = sorted(p.name for p in blobs.glob(second.replace(":", "-") + "*"))
+        assert kept == [f"{second.replace(':', '-')}-partial", f"{second.replace(':', '-')}-partial-0"]
+        assert not (models / "manifests").exists()
+    finally:
+        if redirecting.static is None:
+            redirecting.static = StaticBlobServer(redirecting.root / "storage", host, int(port))
+    rerun = OllamaPull(models, insecure=True)
+    got = rerun.pull(f"{redirecting.host}/modelmint/tiny-qwen2:q4_k_m")
+    assert "sha256:" + env.gguf.sha256 in got.cache_hits
+    assert not [h for h in rerun.log if env.gguf.sha256 in h.url]  # the finished blob is not asked for again
+    again = [(h.method, h.host, h.status) for h in rerun.log if second.removeprefix("sha256:") in h.url]
+    assert again == [("GET", redirecting.host, 307), ("GET", target.host, 206)]  # from its part file: no HEAD
+    assert all("sha256:" + hashlib.sha256(p.read_bytes()).hexdigest() == d for d, p in got.blobs.items())
+
+
+def test_names_ollama_refuses_are_refused_by_ollama_pull_and_by_publish(env: Env) -> None:
+    from ollama_pull import InvalidName, check_name
+
+    long_ns, dotted = "n" * 81, "mod.elmint"
+    for namespace, problem in ((long_ns, "namespace has 81 characters"), (dotted, "namespace has a '.'")):
+        with pytest.raises(InvalidName) as caught:
+            check_name(f"{env.registry.host}/{namespace}/tiny-qwen2:q4_k_m")
+        assert any(problem in p for p in caught.value.problems)
+    refused = env.cli("publish", env.gguf.ref, "--registry", f"{env.registry.host}/{long_ns}", "--insecure")
+    said = " ".join(refused.stderr.split())  # the CLI wraps its lines
+    assert refused.returncode == 1 and "has 81 characters; `ollama pull` refuses one over 80" in said, said
+    assert "Traceback" not in said
+    refused = env.cli("publish", env.gguf.ref, "--registry", f"{env.registry.host}/{dotted}", "--insecure")
+    said = " ".join(refused.stderr.split())
+    assert refused.returncode == 1 and "is not a registry and namespace" in said and "Traceback" not in said
+    # and the other way round: a name publish accepts is one `ollama pull` accepts
+    from pipelines.publish.oci import check_ollama_name
+
+    for where, name, tag in (("127.0.0.1:5000/modelmint", "qwen2.5", "q4_k_m-7ae557604adf"),
+                             ("registry.internal/team_a-1", "tiny-qwen2", "fp8"),
+                             ("h.internal/" + "n" * 80, "m" * 80, "t" * 80)):
+        registry = RegistryRef.parse(where)
+        check_ollama_name(registry, name, tag)
+        check_name(registry.image(name, tag))
