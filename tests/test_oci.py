@@ -14,6 +14,7 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -951,3 +952,98 @@ def test_names_ollama_refuses_are_refused_by_ollama_pull_and_by_publish(env: Env
         registry = RegistryRef.parse(where)
         check_ollama_name(registry, name, tag)
         check_name(registry.image(name, tag))
+
+
+class _BlobAnswers:
+    """A registry stand-in with one image (a model layer and a config) whose blob GETs answer as `answer` says,
+    the bytes behind the redirects on a static server: on 127.0.0.2 (another host), or on 127.0.0.1 itself."""
+
+    def __init__(self, root: Path, answer: str) -> None:
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        from ociregistry import StaticBlobServer
+
+        root.mkdir(parents=True)
+        config = b'{"model_format":"gguf","model_family":"qwen2","model_families":["qwen2"],"model_type":"1K",' \
+                 b'"file_type":"F16","architecture":"amd64","os":"linux"}\n'
+        blobs = {"sha256:" + hashlib.sha256(b).hexdigest(): b for b in (np.random.default_rng(1).bytes(5000), config)}
+        for digest, data in blobs.items():
+            (root / digest[7:]).write_bytes(data)
+        (model, _), (cfg, _) = blobs.items()
+        self.manifest = json.dumps({
+            "schemaVersion": 2, "mediaType": "application/vnd.docker.distribution.manifest.v2+json",
+            "config": {"mediaType": ollama_image.CONFIG, "digest": cfg, "size": len(config)},
+            "layers": [{"mediaType": ollama_image.MODEL, "digest": model, "size": len(blobs[model])}]}).encode()
+        self.blobs = blobs
+        self.other = StaticBlobServer(root, "127.0.0.2")
+        self.same = StaticBlobServer(root, "127.0.0.1")
+        stub = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def do_HEAD(self) -> None:
+                self._answer(body=False)
+
+            def do_GET(self) -> None:
+                self._answer(body=True)
+
+            def _answer(self, *, body: bool) -> None:
+                digest = self.path.rsplit("/", 1)[-1]
+                if self.path.endswith("/manifests/t"):
+                    status, data, headers = 200, stub.manifest, {}
+                elif digest not in stub.blobs:
+                    status, data, headers = 404, b"", {}
+                elif self.command == "HEAD" or answer == "200":
+                    status, data, headers = 200, stub.blobs[digest], {}
+                else:
+                    status, server = {"307": (307, stub.other), "302": (302, stub.other),
+                                      "200+location": (200, stub.other), "307-same-host": (307, stub.same)}[answer]
+                    data, headers = b"", {"Location": f"http://{server.host}/{digest[7:]}"}
+                self.send_response(status)
+                self.send_header("Content-Length", str(len(data)))
+                for k, v in headers.items():
+                    self.send_header(k, v)
+                self.end_headers()
+                if body:
+                    self.wfile.write(data)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.host = f"127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.other.stop()
+        self.same.stop()
+
+
+@pytest.mark.parametrize(("answer", "ollama_fails"), [
+    ("307", None),
+    ("200+location", None),  # resp.Location() reads the header whatever the status (download.go:267-270)
+    ("302", "unexpected status code 302"),
+    ("307-same-host", "http: no Location header in response"),  # same hostname, another port: followed
+    ("200", "http: no Location header in response"),
+])
+def test_which_blob_answers_ollama_pull_accepts_and_publish_agrees(
+        tmp_path: Path, answer: str, ollama_fails: str | None) -> None:
+    """Ollama takes the blob GET's answer only as a 307 or a 200 with a Location, and follows a redirect to the
+    registry's own hostname (whatever the port) itself; publish's warning must say so for the same answers."""
+    from ollama_pull import OllamaPull, OllamaPullError
+
+    stub = _BlobAnswers(tmp_path / "blobs", answer)
+    try:
+        client = OllamaPull(tmp_path / "models", insecure=True)
+        if ollama_fails is None:
+            got = client.pull(f"{stub.host}/ns/m:t")
+            assert {d: p.read_bytes() for d, p in got.blobs.items()} == stub.blobs and got.model.problems == []
+        else:
+            with pytest.raises(OllamaPullError) as caught:
+                client.pull(f"{stub.host}/ns/m:t")
+            assert caught.value.ollama == ollama_fails
+        with OciClient(RegistryRef(stub.host, "ns", insecure=True)) as c:
+            assert c.blob_redirects("ns/m", next(iter(stub.blobs))) is (ollama_fails is None)
+    finally:
+        stub.stop()
