@@ -251,27 +251,40 @@ _STRUCTS: dict[str, dict[str, str]] = {
 }
 
 
-def _json_kind(v: Any) -> str:
-    # encoding/json's UnmarshalTypeError.Value
+def _json_kind(v: Any, gotype: str = "") -> str:
+    # encoding/json's UnmarshalTypeError.Value: a number names its literal only where a number was wanted
     if isinstance(v, bool):
         return "bool"
     if isinstance(v, int | float):
-        return f"number {json.dumps(v)}"
+        return f"number {json.dumps(v)}" if gotype in ("int", "int64") else "number"
     return {str: "string", list: "array", dict: "object"}[type(v)]
 
 
-def go_decode(value: Any, gotype: str, *, path: tuple[str, ...] = (), struct: str = "",
+# the Go packages of those structs, as reflect's Type.String() names them in encoding/json's errors
+_PACKAGES = {"Manifest": "manifest", "Layer": "manifest", "ConfigV2": "model", "Draft": "model", "Message": "api"}
+
+
+def _go_type(gotype: str) -> str:
+    elem = gotype.lstrip("[]*")
+    return gotype[:len(gotype) - len(elem)] + (f"{_PACKAGES[elem]}.{elem}" if elem in _PACKAGES else elem)
+
+
+def go_decode(value: Any, gotype: str, *, path: tuple[str, ...] = (), struct: str = "", root: str = "",
               unknown: list[str] | None = None) -> Any:
-    """`value` (parsed JSON) as encoding/json decodes it into `gotype`; keys no field takes go to `unknown`.
+    """`value` (parsed JSON) as encoding/json decodes it into `gotype`; keys no field takes go to `unknown`
+    (ROOT.path.key).
 
     Raises:
         OllamaPullError: a value of the wrong JSON type (Go's "json: cannot unmarshal ..." message).
     """
     unknown = unknown if unknown is not None else []
+    root = root or gotype.lstrip("[]*")
+    again = {"struct": struct, "root": root, "unknown": unknown}
 
     def refuse() -> OllamaPullError:
         where = (f"Go struct field {struct}.{'.'.join(path)}" if path else "Go value")
-        return OllamaPullError(f"json: cannot unmarshal {_json_kind(value)} into {where} of type {gotype}")
+        return OllamaPullError(f"json: cannot unmarshal {_json_kind(value, gotype)} into {where} of type "
+                               f"{_go_type(gotype)}")
 
     if value is None:  # null leaves a Go value as it is (its zero value here)
         return None
@@ -288,9 +301,9 @@ def go_decode(value: Any, gotype: str, *, path: tuple[str, ...] = (), struct: st
     if gotype.startswith("[]"):
         if not isinstance(value, list):
             raise refuse()
-        return [go_decode(v, gotype[2:], path=path, struct=struct, unknown=unknown) for v in value]
-    if gotype.startswith("*"):
-        return go_decode(value, gotype[1:], path=path, struct=struct, unknown=unknown)
+        return [go_decode(v, gotype[2:], path=path, **again) for v in value]
+    if gotype.startswith("*"):  # a pointer's errors name the type it points at
+        return go_decode(value, gotype[1:], path=path, **again)
     fields = _STRUCTS[gotype]
     if not isinstance(value, dict):
         raise refuse()
@@ -299,9 +312,9 @@ def go_decode(value: Any, gotype: str, *, path: tuple[str, ...] = (), struct: st
         # encoding/json: the field whose name is the key, else one whose name equals it case-insensitively
         name = key if key in fields else next((f for f in fields if f.lower() == key.lower()), None)
         if name is None:
-            unknown.append(".".join((*path, key)) if path else f"{gotype}.{key}")
+            unknown.append(".".join((root, *path, key)))
             continue
-        out[name] = go_decode(v, fields[name], path=(*path, name), struct=gotype, unknown=unknown)
+        out[name] = go_decode(v, fields[name], path=(*path, name), struct=gotype, root=root, unknown=unknown)
     return out
 
 

@@ -1047,3 +1047,135 @@ def test_which_blob_answers_ollama_pull_accepts_and_publish_agrees(
             assert c.blob_redirects("ns/m", next(iter(stub.blobs))) is (ollama_fails is None)
     finally:
         stub.stop()
+
+
+def _read(tmp_path: Path, config: Any = None, params: Any = None, layers: tuple[tuple[str, bytes], ...] = ()) -> Any:
+    """read_model over blobs written here: a config, a params layer, and more layers (media type, bytes)."""
+    from ollama_pull import read_model
+
+    blobs: dict[str, Path] = {}
+
+    def blob(data: bytes) -> str:
+        digest = "sha256:" + hashlib.sha256(data).hexdigest()
+        blobs[digest] = tmp_path / digest[7:]
+        blobs[digest].write_bytes(data)
+        return digest
+
+    manifest: dict[str, Any] = {"layers": []}
+    if config is not None:
+        manifest["config"] = {"digest": blob(json.dumps(config).encode())}
+    all_layers = [*layers, *((("application/vnd.ollama.image.params", json.dumps(params).encode()),)
+                             if params is not None else ())]
+    manifest["layers"] = [{"mediaType": kind, "digest": blob(data)} for kind, data in all_layers]
+    return read_model(manifest, blobs)
+
+
+def test_ollama_decodes_config_and_params_as_its_structs_do(tmp_path: Path) -> None:
+    """encoding/json into ConfigV2 (keys matched case-insensitively, unknown ones ignored) and Options.FromMap
+    (unknown options warned about, JSON numbers taken for ints): what Ollama takes silently is reported."""
+    m = _read(tmp_path, config={"model_format": "gguf", "Model_Family": "qwen2", "context_length": 4096,
+                                "shiny": True, "draft": {"architecture": "qwen2", "glow": 1},
+                                "architecture": "amd64", "os": "linux"},
+              params={"num_ctx": 8192.9, "temperature": 1, "stop": ["<|im_end|>"], "use_mmap": False,
+                      "main_gpu": 0, "seed": None, "num_ctxx": 1},
+              layers=(("application/vnd.ollama.image.template", b"{{ .Prompt }}"),
+                      ("application/vnd.ollama.image.bogus", b"?"), (MODELMINT_MANIFEST, b"{}")))
+    assert m.config["model_family"] == "qwen2" and m.config["draft"] == {"architecture": "qwen2"}
+    assert m.options == {"num_ctx": 8192, "temperature": 1.0, "stop": ["<|im_end|>"], "use_mmap": False,
+                         "main_gpu": 0}
+    assert m.template == "{{ .Prompt }}" and m.ignored == ["application/vnd.ollama.image.bogus", MODELMINT_MANIFEST]
+    assert sorted(m.problems) == sorted([
+        "invalid option provided: num_ctxx", "unknown field ConfigV2.shiny (Ollama ignores it)",
+        "unknown field ConfigV2.draft.glow (Ollama ignores it)",
+        f"layer sha256:{hashlib.sha256(b'?').hexdigest()} has application/vnd.ollama.image.bogus, a media type "
+        "Ollama does not know"])
+    msgs = _read(tmp_path, layers=(("application/vnd.ollama.image.messages",
+                                    b'[{"role": "USER", "content": "hi"}]'),))
+    assert msgs.messages == [{"role": "user", "content": "hi"}]
+
+
+@pytest.mark.parametrize(("config", "params", "refused"), [
+    ({"model_families": "qwen2"}, None,
+     "json: cannot unmarshal string into Go struct field ConfigV2.model_families of type []string"),
+    ({"context_length": 1.5}, None,
+     "json: cannot unmarshal number 1.5 into Go struct field ConfigV2.context_length of type int"),
+    ({"model_format": 1}, None, "json: cannot unmarshal number into Go struct field ConfigV2.model_format of type "
+                                "string"),
+    ({"draft": {"config": []}}, None,
+     "json: cannot unmarshal array into Go struct field Draft.draft.config of type string"),
+    (["gguf"], None, "json: cannot unmarshal array into Go value of type model.ConfigV2"),
+    (None, {"num_ctx": "8192"}, 'option "num_ctx" must be of type integer'),
+    (None, {"temperature": "warm"}, 'option "temperature" must be of type float32'),
+    (None, {"use_mmap": 1}, 'option "use_mmap" must be of type boolean'),
+    (None, {"stop": "<|im_end|>"}, 'option "stop" must be of type array'),
+    (None, {"stop": [1]}, 'option "stop" must be of an array of strings'),
+    (None, [1], "json: cannot unmarshal array into Go value of type map[string]interface {}"),
+])
+def test_ollama_refuses_mistyped_config_and_params(tmp_path: Path, config: Any, params: Any, refused: str) -> None:
+    from ollama_pull import OllamaPullError
+
+    with pytest.raises(OllamaPullError) as caught:
+        _read(tmp_path, config=config, params=params)
+    assert caught.value.ollama == refused
+
+
+_CONFIG_CASES = [
+    {"model_families": "qwen2"}, {"context_length": 1.5}, {"model_format": 1}, ["gguf"], {"draft": {"config": []}},
+    {"Model_Format": "gguf", "shiny": 1}, {"capabilities": [1]}, {"embedding_length": 1e3}, {"os": None},
+]
+
+
+@pytest.mark.skipif(shutil.which("go") is None, reason="needs Go (bash toolchains/setup-go.sh)")
+def test_config_decoding_errors_are_what_go_says(tmp_path: Path) -> None:
+    """The same blobs through Go's own encoding/json into a struct with ConfigV2's fields and tags
+    (types/model/config.go at the pin; a program written here, no Ollama code): the same refusals, word for word."""
+    from ollama_pull import OllamaPullError, go_decode
+
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.go").write_text(
+        "package model\ntype ConfigV2 struct {\n" + "".join(
+            f' F{i} {t} `json:"{k}"`\n' for i, (k, t) in enumerate([
+                ("model_format", "string"), ("model_family", "string"), ("model_families", "[]string"),
+                ("model_type", "string"), ("file_type", "string"), ("renderer", "string"), ("parser", "string"),
+                ("requires", "string"), ("remote_host", "string"), ("remote_model", "string"),
+                ("capabilities", "[]string"), ("context_length", "int"), ("embedding_length", "int"),
+                ("base_name", "string"), ("draft", "*Draft"), ("architecture", "string"), ("os", "string")]))
+        + "}\ntype Draft struct {\n" + "".join(
+            f' F{i} string `json:"{k}"`\n' for i, k in enumerate(["model_format", "architecture", "tensor_prefix",
+                                                                  "config"])) + "}\n")
+    (tmp_path / "main.go").write_text(
+        'package main\nimport ("bufio"; "encoding/json"; "fmt"; "os"; "gochk/model")\nfunc main() {\n'
+        ' s := bufio.NewScanner(os.Stdin)\n for s.Scan() {\n  var c model.ConfigV2\n'
+        '  if err := json.Unmarshal(s.Bytes(), &c); err != nil { fmt.Println(err) } else { fmt.Println("ok") }\n'
+        ' }\n}\n')
+    (tmp_path / "go.mod").write_text("module gochk\ngo 1.19\n")
+    go = subprocess.run(["go", "run", "."], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                        input="".join(json.dumps(c) + "\n" for c in _CONFIG_CASES),
+                        env={"HOME": str(tmp_path), "GOCACHE": str(tmp_path / "cache"), "GOFLAGS": "-mod=mod",
+                             "PATH": str(Path(shutil.which("go") or "go").parent)})
+    assert go.returncode == 0, go.stderr
+    ours = []
+    for case in _CONFIG_CASES:
+        try:
+            go_decode(case, "ConfigV2")
+            ours.append("ok")
+        except OllamaPullError as err:
+            ours.append(err.ollama)
+    assert go.stdout.splitlines() == ours
+
+
+def test_every_modelfile_parameter_is_an_ollama_option_of_its_type() -> None:
+    """Each PARAMETER modelmint accepts, through params_json, is one Options field of the same kind to
+    Options.FromMap; the one option modelmint does not offer is listed here."""
+    from ollama_pull import OPTIONS, apply_options
+
+    from pipelines.chat.modelfile import PARAMETER_TYPES, Modelfile, Parameter
+
+    value = {int: 2, float: 0.5, bool: True, str: "</s>"}
+    mf = Modelfile(from_="./m.gguf", parameters=tuple(Parameter(k, value[t]) for k, t in PARAMETER_TYPES.items()))
+    warned: list[str] = []
+    options = apply_options(json.loads(ollama_image.params_json(mf) or b"{}"), warned)
+    assert warned == [] and set(options) == set(PARAMETER_TYPES)
+    kinds = {int: ("int", "*int"), float: ("float32",), bool: ("*bool",), str: ("[]string",)}
+    assert {k: OPTIONS[k] for k in PARAMETER_TYPES if OPTIONS[k] not in kinds[PARAMETER_TYPES[k]]} == {}
+    assert set(OPTIONS) - set(PARAMETER_TYPES) == {"draft_num_predict"}
