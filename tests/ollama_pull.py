@@ -439,7 +439,7 @@ class _Transport:
             nxt = urljoin(url, location)
             via.append(url)
             if check_redirect is None:  # net/http defaultCheckRedirect
-                verdict = "stopped after 10 redirects" if len(via) > 10 else None
+                verdict = "stopped after 10 redirects" if len(via) >= 10 else None
             else:
                 verdict = check_redirect(nxt, via)
             if verdict is _USE_LAST:  # http.ErrUseLastResponse: the redirect itself is the answer
@@ -447,8 +447,7 @@ class _Transport:
             resp.close()
             if verdict is not None:
                 raise OllamaPullError(_go_error(method, nxt, Exception(str(verdict))))
-            url = nxt
-            headers = sent
+            url = nxt  # each hop starts again from the first request's headers (net/http makeHeadersCopier)
 
 
 # ---------------------------------------------------------------- the pull
@@ -561,7 +560,8 @@ class OllamaPull:
         sent = dict(headers or {})
         if self.token:  # images.go:1384-1390
             sent["Authorization"] = f"Bearer {self.token}"
-        sent["User-Agent"] = f"ollama/{PIN.get('version', '0.0.0').lstrip('v')} (amd64 linux) Go/go1.24"
+        # images.go:1392; go.mod at the pin asks for go 1.26.0
+        sent["User-Agent"] = f"ollama/{PIN['version'].lstrip('v')} (amd64 linux) Go/go1.26.0"
         resp, _ = transport.do(method, url, sent, check_redirect)
         if resp.status_code == 401:
             resp.close()
@@ -584,7 +584,8 @@ class OllamaPull:
         return resp
 
     def pull(self, raw: str) -> Pulled:
-        """PullModel (images.go:998-1125): the manifest, every blob, verification, the manifest written.
+        """PullModel (images.go:998-1125): the manifest, every blob, verification, the manifest written; then the
+        model read as GetModel reads it for `ollama show` / `ollama run` (whose refusals are Ollama's at load time).
 
         Raises:
             InvalidName, OllamaPullError: as Ollama fails, with its message.
@@ -603,8 +604,10 @@ class OllamaPull:
                 resp.close()
                 try:
                     parsed = json.loads(data)
-                except ValueError as err:
-                    raise OllamaPullError(f"invalid character in manifest: {err}") from err
+                except json.JSONDecodeError as err:  # encoding/json's SyntaxError says less: its opening words
+                    cut = err.pos >= len(err.doc.rstrip())
+                    raise OllamaPullError("unexpected end of JSON input" if cut else "invalid character",
+                                          detail=str(err)) from err
                 mf = go_decode(parsed, "Manifest")
             except OllamaPullError as err:  # images.go:1024-1026
                 raise OllamaPullError(f"pull model manifest: {err.ollama}", detail=err.detail) from err

@@ -841,6 +841,11 @@ def test_ollama_pull_pulls_the_published_gguf_image_through_the_redirects(
     assert (m.config["model_format"], m.config["model_family"], m.config["file_type"]) == ("gguf", "qwen2", "unknown")
     mf = Modelfile.parse((d / "Modelfile").read_text())
     assert m.template == mf.template and ".Tools" in (m.template or "") and ".ToolCalls" in (m.template or "")
+    if shutil.which("go") is not None:  # Go's text/template parses the pulled layer; Ollama offers tools for it
+        from pipelines.chat.gotemplate import analyze
+
+        read = analyze(m.template or "", env.settings)
+        assert "tools" in read.vars and read.tool_tag, read
     assert m.options["num_ctx"] == mf.parameter("num_ctx")[0] and m.options["stop"] == mf.parameter("stop")
     assert set(m.params or {}) <= set(OPTIONS)
 
