@@ -1184,3 +1184,20 @@ def test_every_modelfile_parameter_is_an_ollama_option_of_its_type() -> None:
     kinds = {int: ("int", "*int"), float: ("float32",), bool: ("*bool",), str: ("[]string",)}
     assert {k: OPTIONS[k] for k in PARAMETER_TYPES if OPTIONS[k] not in kinds[PARAMETER_TYPES[k]]} == {}
     assert set(OPTIONS) - set(PARAMETER_TYPES) == {"draft_num_predict"}
+
+
+def test_every_image_name_the_catalog_can_publish_is_one_ollama_pull_takes_as_is() -> None:
+    """Each catalog model under each tag modelmint can build (and its TAG-<source12>) parses to the same
+    namespace, model and tag in Ollama: nothing is refused, and no tag is read as a :local / :cloud source suffix."""
+    from ollama_pull import check_name
+
+    from pipelines.source.catalog import COMPRESSED_VARIANTS, GGUF_QUANT_TYPES
+
+    names = [m.name for m in load_catalog(ROOT / "registry" / "catalog.yaml").models]
+    tags = [t.lower() for t in (*GGUF_QUANT_TYPES, *COMPRESSED_VARIANTS)]
+    assert names and "q4_k_m" in tags and "fp8" in tags
+    registry = RegistryRef.parse("registry.internal/modelmint")
+    for name in names:
+        for tag in (t for base in tags for t in (base, f"{base}-7ae557604adf")):
+            check_ollama = check_name(registry.image(name, tag))
+            assert (check_ollama.namespace, check_ollama.model, check_ollama.tag) == ("modelmint", name, tag)
