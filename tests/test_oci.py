@@ -792,6 +792,27 @@ def test_ollama_pull_fails_where_blob_gets_answer_with_the_bytes(env: Env, tmp_p
     assert not (tmp_path / "models" / "blobs" / f"sha256-{env.gguf.sha256}").exists()
 
 
+def test_ollama_pull_speaks_https_unless_insecure(env: Env, tmp_path: Path) -> None:
+    """images.go:1017-1019 and :1371-1373: an http:// name needs --insecure; without it the registry is asked over
+    https (which this plain-HTTP registry does not speak), with it over http."""
+    from ollama_pull import OllamaPull, OllamaPullError
+
+    publish_image(env.settings, env.gguf.ref, env.ref("ollama-scheme"))
+    image = f"{env.registry.host}/ollama-scheme/tiny-qwen2:q4_k_m"
+    plain = OllamaPull(tmp_path / "plain")
+    with pytest.raises(OllamaPullError) as caught:
+        plain.pull(f"http://{image}")
+    assert caught.value.ollama == "insecure protocol http" and plain.log == []
+    with pytest.raises(OllamaPullError) as caught:
+        plain.pull(image)
+    assert caught.value.ollama.startswith("pull model manifest: ") and plain.log[0].url.startswith("https://")
+    insecure = OllamaPull(tmp_path / "insecure", insecure=True)
+    with pytest.raises(OllamaPullError) as caught:  # past the manifest, to the blob answer this registry gives
+        insecure.pull(f"https://{image}")
+    assert caught.value.ollama == "http: no Location header in response"
+    assert insecure.log[0].url == f"http://{env.registry.host}/v2/ollama-scheme/tiny-qwen2/manifests/q4_k_m"
+
+
 def _manifest_bytes(host: str, repository: str, tag: str) -> bytes:
     r = httpx.get(f"http://{host}/v2/{repository}/manifests/{tag}",
                   headers={"Accept": "application/vnd.docker.distribution.manifest.v2+json"})
