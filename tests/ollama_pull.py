@@ -47,6 +47,10 @@ Blobs (`_download_blob`):
   removed and the pull fails "digest mismatch, file must be downloaded again: want D, got D'".
 - images.go:1099-1111: the manifest's bytes are written to MODELS/manifests/HOST/NAMESPACE/MODEL/TAG
   (manifest/paths.go:27-38).
+Go's net/http under it (the standard library, not Ollama's code): a client follows 301/302/303/307/308 with a
+Location (at most 10) unless CheckRedirect says otherwise; Authorization goes only to the first request's host or
+its subdomains; gzip is asked for except on HEAD and Range requests; Response.Location() without the header is
+ErrNoLocation.
 Model (`read_model`, as GetModel reads a pulled model, images.go:677-802):
 - images.go:691-706: the config blob decodes into types/model/config.go:4-35 ConfigV2 (encoding/json: keys matched
   exactly, else case-insensitively; unknown keys ignored: reported here; a mistyped value fails the decode).
@@ -405,6 +409,7 @@ class _Transport:
         self.log = log
         self.http = httpx.Client(follow_redirects=False, timeout=timeout)
         del self.http.headers["Accept"]  # Go sends no Accept unless asked (images.go:1380-1382 sets the caller's)
+        del self.http.headers["Accept-Encoding"]  # set per request below, as Go's Transport does
 
     def close(self) -> None:
         self.http.close()
@@ -420,6 +425,8 @@ class _Transport:
         first_host = urlsplit(url).hostname
         while True:
             sent = dict(headers)
+            if "Range" not in sent and method != "HEAD":  # net/http transport.go: gzip asked for, then decoded
+                sent["Accept-Encoding"] = "gzip"
             # net/http client.go shouldCopyHeaderOnRedirect: Authorization only to the same host or a subdomain
             dest = urlsplit(url).hostname or ""
             if via and not (dest == first_host or dest.endswith("." + (first_host or ""))):
