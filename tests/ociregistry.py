@@ -20,6 +20,8 @@ from typing import Any
 import httpx
 from registry_env import ROOT, free_port
 
+from pipelines.publish.localregistry import BlobServer, registry_config
+
 
 @dataclass
 class RunningRegistry:
@@ -59,89 +61,9 @@ class RunningRegistry:
                 self.proc.wait(timeout=10)
 
 
-_CONFIG = """version: 0.1
-log:
-  level: info
-  formatter: text
-  accesslog:
-    disabled: false
-storage:
-  filesystem:
-    rootdirectory: {storage}
-  delete:
-    enabled: true
-  maintenance:
-    uploadpurging:
-      enabled: false
-http:
-  addr: 127.0.0.1:{port}
-  secret: modelmint-tests-only
-"""
-
-
-# distribution 2.8's `redirect` storage middleware (registry/storage/driver/middleware/redirect) answers URLFor with
-# its baseurl's scheme and host plus the driver's own path, whatever the driver: with filesystem storage, a blob GET
-# becomes a 307 to http://STATIC/docker/registry/v2/blobs/sha256/xx/<hex>/data, which the static server below serves
-# from the same directory. That is what S3/GCS storage does with pre-signed URLs, and what Ollama's pull needs.
-_REDIRECT = """middleware:
-  storage:
-    - name: redirect
-      options:
-        baseurl: {baseurl}
-"""
-
-
-class StaticBlobServer:
-    """A Range-capable read-only file server over a registry's storage directory, on another loopback address
-    (127.0.0.2): the stand-in for object storage behind a registry's redirects. It asks for no credentials, as a
-    pre-signed URL does not."""
-
-    def __init__(self, root: Path, host: str = "127.0.0.2", port: int = 0) -> None:
-        served = root
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: Any) -> None:
-                pass
-
-            def do_HEAD(self) -> None:
-                self._serve(body=False)
-
-            def do_GET(self) -> None:
-                self._serve(body=True)
-
-            def _serve(self, *, body: bool) -> None:
-                path = (served / self.path.split("?", 1)[0].lstrip("/")).resolve()
-                if not path.is_relative_to(served.resolve()) or not path.is_file():
-                    self.send_error(404)
-                    return
-                size = path.stat().st_size
-                start, end, status = 0, size - 1, 200
-                rng = self.headers.get("Range", "")
-                if rng.startswith("bytes="):
-                    a, _, b = rng.removeprefix("bytes=").partition("-")
-                    start, end, status = int(a or 0), min(int(b) if b else size - 1, size - 1), 206
-                    if start > end:
-                        self.send_error(416)
-                        return
-                self.send_response(status)
-                self.send_header("Content-Length", str(end - start + 1))
-                self.send_header("Accept-Ranges", "bytes")
-                if status == 206:
-                    self.send_header("Content-Range", f"bytes {start}-{end}/{size}")
-                self.end_headers()
-                if body:
-                    with open(path, "rb") as f:
-                        f.seek(start)
-                        self.wfile.write(f.read(end - start + 1))
-
-        self.server = ThreadingHTTPServer((host, port), Handler)
-        self.host = f"{host}:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-
-    def stop(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+# distribution 2.8's configuration and the redirect target are the ones `modelmint registry serve` runs
+# (pipelines/publish/localregistry.py): with `redirect`, blob GETs answer 307 to the blob server on 127.0.0.2.
+StaticBlobServer = BlobServer
 
 
 def registry_binary() -> str:
@@ -180,19 +102,19 @@ def start_registry(root: Path, *, auth: Path | None = None, token: TokenServer |
     root.mkdir(parents=True, exist_ok=True)
     port = port or free_port()
     config = root / "config.yml"
-    text = _CONFIG.format(storage=root / "storage", port=port)
+    extra = ""
     if tls is not None:
-        text += _TLS.format(cert=tls.server_cert, key=tls.server_key)
+        extra += _TLS.format(cert=tls.server_cert, key=tls.server_key)
     if auth is not None:
-        text += _HTPASSWD.format(path=auth)
+        extra += _HTPASSWD.format(path=auth)
     if token is not None:
-        text += _TOKEN.format(realm=token.realm, service=token.service, issuer=token.issuer, roots=token.cert)
+        extra += _TOKEN.format(realm=token.realm, service=token.service, issuer=token.issuer, roots=token.cert)
     static = None
     if redirect:  # blob GETs answer 307 to a static server on 127.0.0.2, as object storage behind a registry does
         (root / "storage").mkdir(exist_ok=True)
         static = StaticBlobServer(root / "storage")
-        text += _REDIRECT.format(baseurl=f"http://{static.host}")
-    config.write_text(text)
+    config.write_text(registry_config(root / "storage", port, redirect_to=f"http://{static.host}" if static else None,
+                                      extra=extra))
     log = root / "registry.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen([registry_binary(), "serve", str(config)], stdout=out, stderr=subprocess.STDOUT)

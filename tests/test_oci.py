@@ -10,9 +10,12 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import re
 import shutil
 import subprocess
 import sys
+import threading
+import time
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -708,3 +711,551 @@ def test_names_ollama_would_refuse_are_refused_before_anything_is_pushed() -> No
                                       (ok, "m" * 81, "t", "model name"), (ok, "m", "q4_k_m-" + "t" * 74, "tag")):
         with pytest.raises(ConfigError, match=f"the {part} of .* has 81 characters; `ollama pull` refuses"):
             check_ollama_name(registry, name, tag)
+
+
+# ---------------------------------------------------------------- `ollama pull`'s own rules (tests/ollama_pull.py)
+
+
+@pytest.fixture(scope="module")
+def redirecting(env: Env, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningRegistry]:
+    """A registry whose blob GETs answer 307 to a static server (what `ollama pull` needs), holding the module's
+    GGUF image and checkpoint artifact under modelmint/."""
+    reg = start_registry(tmp_path_factory.mktemp("redirecting"), redirect=True)
+    try:
+        where = RegistryRef(reg.host, "modelmint", insecure=True)
+        publish_image(env.settings, env.gguf.ref, where)
+        publish_image(env.settings, env.fp8.ref, where)
+        yield reg
+    finally:
+        reg.stop()
+
+
+def test_the_ollama_pin_is_the_commit_the_format_was_read_from() -> None:
+    import ollama_pull
+
+    pin = ollama_pull.PIN
+    assert pin["repo"] == "ollama/ollama" and re.fullmatch(r"[0-9a-f]{40}", pin["commit"])
+    assert pin["commit"] in FORMAT["source"] and pin["version"] in FORMAT["source"]
+    assert pin["commit"] in (ollama_pull.__doc__ or "") and pin["version"] in (ollama_pull.__doc__ or "")
+
+
+@pytest.mark.parametrize(("raw", "want"), [
+    ("127.0.0.1:5000/modelmint/qwen2.5:q4_k_m", ("127.0.0.1:5000", "modelmint", "qwen2.5", "q4_k_m", "https")),
+    ("qwen2.5", ("registry.ollama.ai", "library", "qwen2.5", "latest", "https")),
+    ("team/m", ("registry.ollama.ai", "team", "m", "latest", "https")),
+    ("http://h.internal:5000/ns/m:t", ("h.internal:5000", "ns", "m", "t", "http")),
+    ("h/ns/m:local", ("h", "ns", "m", "latest", "https")),  # the source suffix, not a tag
+    ("h/ns/m:q4-cloud", ("h", "ns", "m", "q4-cloud", "https")),
+    ("h/" + "n" * 80 + "/" + "m" * 80 + ":" + "t" * 80, ("h", "n" * 80, "m" * 80, "t" * 80, "https")),
+])
+def test_ollama_name_rules_accept(raw: str, want: tuple[str, ...]) -> None:
+    from ollama_pull import check_name
+
+    n = check_name(raw)
+    assert (n.host, n.namespace, n.model, n.tag, n.scheme) == want
+
+
+@pytest.mark.parametrize(("raw", "problem"), [
+    ("h/mod.elmint/m:t", "namespace has a '.'"),
+    ("h/" + "n" * 81 + "/m:t", "namespace has 81 characters"),
+    ("h/ns/" + "m" * 81 + ":t", "model has 81 characters"),
+    ("h/ns/m:" + "t" * 81, "tag has 81 characters"),
+    ("h" * 351 + "/ns/m:t", "host has 351 characters"),
+    ("h/-ns/m:t", "namespace starts with '-'"),
+    ("h/ns/m:", "tag is missing"),
+    ("h//m:t", "namespace is missing"),
+    ("h/ns/m:a:b", "model has a ':'"),
+    ("h/ns/modèle:t", "model has 'è'"),
+    ("h/ns/m:t@x", "tag has '@'"),
+])
+def test_ollama_name_rules_refuse(raw: str, problem: str) -> None:
+    from ollama_pull import InvalidName, check_name
+
+    with pytest.raises(InvalidName) as caught:
+        check_name(raw)
+    assert caught.value.ollama == "invalid model name" and any(problem in p for p in caught.value.problems), (
+        caught.value.problems)
+
+
+def test_ollama_pull_fails_where_blob_gets_answer_with_the_bytes(env: Env, tmp_path: Path) -> None:
+    """Filesystem storage without redirects: the manifest GET and the HEAD work, the blob GET answers 200 with the
+    bytes, and Ollama's download stops there with Go's ErrNoLocation (ollama/ollama#7244)."""
+    from ollama_pull import MANIFEST_ACCEPT, OllamaPull, OllamaPullError
+
+    publish_image(env.settings, env.gguf.ref, env.ref("ollama-noloc"))
+    client = OllamaPull(tmp_path / "models", insecure=True)
+    with pytest.raises(OllamaPullError) as caught:
+        client.pull(f"{env.registry.host}/ollama-noloc/tiny-qwen2:q4_k_m")
+    assert caught.value.ollama == "http: no Location header in response"
+    blob = f"http://{env.registry.host}/v2/ollama-noloc/tiny-qwen2/blobs/sha256:{env.gguf.sha256}"
+    assert [(h.method, h.url, h.status, h.accept, h.location) for h in client.log] == [
+        ("GET", f"http://{env.registry.host}/v2/ollama-noloc/tiny-qwen2/manifests/q4_k_m", 200, MANIFEST_ACCEPT, None),
+        ("HEAD", blob, 200, None, None),
+        ("GET", blob, 200, None, None)]
+    assert not (tmp_path / "models" / "blobs" / f"sha256-{env.gguf.sha256}").exists()
+
+
+def test_ollama_pull_speaks_https_unless_insecure(env: Env, tmp_path: Path) -> None:
+    """images.go:1017-1019 and :1371-1373: an http:// name needs --insecure; without it the registry is asked over
+    https (which this plain-HTTP registry does not speak), with it over http."""
+    from ollama_pull import OllamaPull, OllamaPullError
+
+    publish_image(env.settings, env.gguf.ref, env.ref("ollama-scheme"))
+    image = f"{env.registry.host}/ollama-scheme/tiny-qwen2:q4_k_m"
+    plain = OllamaPull(tmp_path / "plain")
+    with pytest.raises(OllamaPullError) as caught:
+        plain.pull(f"http://{image}")
+    assert caught.value.ollama == "insecure protocol http" and plain.log == []
+    with pytest.raises(OllamaPullError) as caught:
+        plain.pull(image)
+    assert caught.value.ollama.startswith("pull model manifest: ") and plain.log[0].url.startswith("https://")
+    insecure = OllamaPull(tmp_path / "insecure", insecure=True)
+    with pytest.raises(OllamaPullError) as caught:  # past the manifest, to the blob answer this registry gives
+        insecure.pull(f"https://{image}")
+    assert caught.value.ollama == "http: no Location header in response"
+    assert insecure.log[0].url == f"http://{env.registry.host}/v2/ollama-scheme/tiny-qwen2/manifests/q4_k_m"
+
+
+def _manifest_bytes(host: str, repository: str, tag: str) -> bytes:
+    r = httpx.get(f"http://{host}/v2/{repository}/manifests/{tag}",
+                  headers={"Accept": "application/vnd.docker.distribution.manifest.v2+json"})
+    r.raise_for_status()
+    return r.content
+
+
+def test_ollama_pull_pulls_the_published_gguf_image_through_the_redirects(
+        env: Env, redirecting: RunningRegistry, tmp_path: Path) -> None:
+    from ollama_pull import MANIFEST_ACCEPT, OPTIONS, OllamaPull
+
+    from pipelines.chat.modelfile import Modelfile
+
+    models = tmp_path / "models"
+    part = 64 * 1024  # Ollama's parts are 100 MB at least; small ones here, so the GGUF takes several Range GETs
+    client = OllamaPull(models, insecure=True, token="registry-token", min_part_size=part)
+    got = client.pull(f"{redirecting.host}/modelmint/tiny-qwen2:q4_k_m")
+    assert redirecting.static is not None
+    static, registry = redirecting.static.host, redirecting.host
+    assert got.manifest_data == _manifest_bytes(registry, "modelmint/tiny-qwen2", "q4_k_m")
+    assert (models / "manifests" / registry / "modelmint" / "tiny-qwen2" / "q4_k_m").read_bytes() == got.manifest_data
+    first = client.log[0]
+    assert (first.method, first.accept, first.host) == ("GET", MANIFEST_ACCEPT, registry)
+
+    # the GGUF's requests, in Ollama's order: HEAD (redirect followed), GET (307 kept), Range GETs on the target
+    size = next(f.size for f in env.gguf.files if f.sha256 == env.gguf.sha256)
+    gguf = [h for h in client.log if env.gguf.sha256 in h.url]
+    assert [(h.method, h.host, h.status) for h in gguf[:4]] == [
+        ("HEAD", registry, 307), ("HEAD", static, 200), ("GET", registry, 307), ("GET", static, 206)]
+    ranges = [h.range for h in gguf[3:]]
+    assert ranges == [f"bytes={o}-{min(o + part, size) - 1}" for o in range(0, size, part)] and len(ranges) > 1
+    assert all(h.authorization for h in client.log if h.host == registry)
+    assert not any(h.authorization for h in client.log if h.host == static)  # no registry credentials there
+
+    # every layer and the config, hashed as verifyBlob does; the registered files byte for byte
+    layers = [*got.manifest["layers"], got.manifest["config"]]
+    assert set(got.blobs) == {x["digest"] for x in layers} and got.cache_hits == set()
+    for digest, path in got.blobs.items():
+        assert "sha256:" + hashlib.sha256(path.read_bytes()).hexdigest() == digest
+    d = env.settings.repo_dir / env.gguf.dvc.path
+    assert got.model.model_path is not None and got.model.model_path.read_bytes() == (d / env.gguf.file).read_bytes()
+
+    # what Ollama reads: ConfigV2 with no field it lacks, typed options, the template of a tool-calling family
+    m = got.model
+    assert m.problems == [] and sorted(set(m.ignored)) == sorted({"application/vnd.modelmint.file.v1",
+                                                                  MODELMINT_MANIFEST})
+    assert (m.config["model_format"], m.config["model_family"], m.config["file_type"]) == ("gguf", "qwen2", "unknown")
+    mf = Modelfile.parse((d / "Modelfile").read_text())
+    assert m.template == mf.template and ".Tools" in (m.template or "") and ".ToolCalls" in (m.template or "")
+    if shutil.which("go") is not None:  # Go's text/template parses the pulled layer; Ollama offers tools for it
+        from pipelines.chat.gotemplate import analyze
+
+        read = analyze(m.template or "", env.settings)
+        assert "tools" in read.vars and read.tool_tag, read
+    assert m.options["num_ctx"] == mf.parameter("num_ctx")[0] and m.options["stop"] == mf.parameter("stop")
+    assert set(m.params or {}) <= set(OPTIONS)
+
+    # the pinned tag: the same blobs, all there already (cache hits), so only its manifest is asked for
+    before = len(client.log)
+    pinned = client.pull(f"{registry}/modelmint/tiny-qwen2:{pinned_tag(env.gguf)}")
+    assert pinned.cache_hits == set(got.blobs) and [h.method for h in client.log[before:]] == ["GET"]
+
+
+def test_ollama_pull_of_the_checkpoint_artifact_finds_no_docker_manifest(
+        env: Env, redirecting: RunningRegistry, tmp_path: Path) -> None:
+    """The ModelPack artifact is an OCI image manifest; Ollama asks only for Docker v2 schema 2, which the
+    registry cannot give for it: `ollama pull` of a checkpoint fails at the manifest (it is for vLLM)."""
+    from ollama_pull import OllamaPull, OllamaPullError
+
+    with pytest.raises(OllamaPullError) as caught:
+        OllamaPull(tmp_path / "models", insecure=True).pull(f"{redirecting.host}/modelmint/tiny-qwen2:fp8")
+    assert caught.value.ollama == "pull model manifest: file does not exist"
+
+
+def test_a_tampered_blob_is_refused_by_ollama_pull_and_by_modelmint_pull(
+        env: Env, redirecting: RunningRegistry, tmp_path: Path) -> None:
+    from ollama_pull import OllamaPull, OllamaPullError
+
+    data = redirecting.blob_data("sha256:" + env.gguf.sha256)
+    original = data.read_bytes()
+    try:
+        data.write_bytes(original[:-1] + bytes([original[-1] ^ 0xFF]))  # same size, one byte flipped
+        client = OllamaPull(tmp_path / "models", insecure=True)
+        with pytest.raises(OllamaPullError) as caught:
+            client.pull(f"{redirecting.host}/modelmint/tiny-qwen2:q4_k_m")
+        flipped = hashlib.sha256(data.read_bytes()).hexdigest()
+        assert caught.value.ollama == (f"digest mismatch, file must be downloaded again: want sha256:{env.gguf.sha256}"
+                                       f", got sha256:{flipped}")
+        assert not (tmp_path / "models" / "blobs" / f"sha256-{env.gguf.sha256}").exists()  # removed, as Ollama does
+        assert not (tmp_path / "models" / "manifests").exists()
+        refused = env.cli("pull", env.gguf.ref, "--from-registry", f"{redirecting.host}/modelmint", "--insecure",
+                          "--dest", str(tmp_path / "dest"))
+        assert refused.returncode == 1 and env.gguf.sha256 in refused.stderr and flipped in refused.stderr
+        assert "Traceback" not in refused.stderr and not (tmp_path / "dest").exists()
+    finally:
+        data.write_bytes(original)
+
+
+def test_ollama_pull_with_the_redirect_target_down_midway_fails_and_a_rerun_completes(
+        env: Env, redirecting: RunningRegistry, tmp_path: Path) -> None:
+    from ociregistry import StaticBlobServer
+    from ollama_pull import OllamaPull, OllamaPullError, Progress
+
+    assert redirecting.static is not None
+    target = redirecting.static
+    host, port = target.host.rsplit(":", 1)
+    layers = json.loads(_manifest_bytes(redirecting.host, "modelmint/tiny-qwen2", "q4_k_m"))["layers"]
+    second = layers[1]["digest"]
+    assert layers[0]["digest"] == "sha256:" + env.gguf.sha256
+
+    def stop_at_the_second_blob(p: Progress) -> None:  # after its HEAD, before its direct URL and Range GET
+        if p.digest == second and p.completed == 0 and redirecting.static is target:
+            target.stop()
+            redirecting.static = None
+
+    sleeps: list[float] = []
+    models = tmp_path / "models"
+    first = OllamaPull(models, insecure=True, sleep=sleeps.append, progress=stop_at_the_second_blob)
+    try:
+        with pytest.raises(OllamaPullError) as caught:
+            first.pull(f"{redirecting.host}/modelmint/tiny-qwen2:q4_k_m")
+        assert caught.value.ollama.startswith(f'max retries exceeded: Get "http://{target.host}/docker/registry/v2/')
+        assert caught.value.ollama.endswith(f"dial tcp {target.host}: connect: connection refused")
+        assert sleeps == [1, 2, 4, 8, 16, 32]  # 2^try s between Ollama's six tries
+        blobs = models / "blobs"
+        assert (blobs / f"sha256-{env.gguf.sha256}").exists()  # the first blob finished
+        kept = sorted(p.name for p in blobs.glob(second.replace(":", "-") + "*"))
+        assert kept == [f"{second.replace(':', '-')}-partial", f"{second.replace(':', '-')}-partial-0"]
+        assert not (models / "manifests").exists()
+    finally:
+        if redirecting.static is None:
+            redirecting.static = StaticBlobServer(redirecting.root / "storage", host, int(port))
+    rerun = OllamaPull(models, insecure=True)
+    got = rerun.pull(f"{redirecting.host}/modelmint/tiny-qwen2:q4_k_m")
+    assert "sha256:" + env.gguf.sha256 in got.cache_hits
+    assert not [h for h in rerun.log if env.gguf.sha256 in h.url]  # the finished blob is not asked for again
+    again = [(h.method, h.host, h.status) for h in rerun.log if second.removeprefix("sha256:") in h.url]
+    assert again == [("GET", redirecting.host, 307), ("GET", target.host, 206)]  # from its part file: no HEAD
+    assert all("sha256:" + hashlib.sha256(p.read_bytes()).hexdigest() == d for d, p in got.blobs.items())
+
+
+def test_names_ollama_refuses_are_refused_by_ollama_pull_and_by_publish(env: Env) -> None:
+    from ollama_pull import InvalidName, check_name
+
+    long_ns, dotted = "n" * 81, "mod.elmint"
+    for namespace, problem in ((long_ns, "namespace has 81 characters"), (dotted, "namespace has a '.'")):
+        with pytest.raises(InvalidName) as caught:
+            check_name(f"{env.registry.host}/{namespace}/tiny-qwen2:q4_k_m")
+        assert any(problem in p for p in caught.value.problems)
+    refused = env.cli("publish", env.gguf.ref, "--registry", f"{env.registry.host}/{long_ns}", "--insecure")
+    said = " ".join(refused.stderr.split())  # the CLI wraps its lines
+    assert refused.returncode == 1 and "has 81 characters; `ollama pull` refuses one over 80" in said, said
+    assert "Traceback" not in said
+    refused = env.cli("publish", env.gguf.ref, "--registry", f"{env.registry.host}/{dotted}", "--insecure")
+    said = " ".join(refused.stderr.split())
+    assert refused.returncode == 1 and "is not a registry and namespace" in said and "Traceback" not in said
+    # and the other way round: a name publish accepts is one `ollama pull` accepts
+    from pipelines.publish.oci import check_ollama_name
+
+    for where, name, tag in (("127.0.0.1:5000/modelmint", "qwen2.5", "q4_k_m-7ae557604adf"),
+                             ("registry.internal/team_a-1", "tiny-qwen2", "fp8"),
+                             ("h.internal/" + "n" * 80, "m" * 80, "t" * 80)):
+        registry = RegistryRef.parse(where)
+        check_ollama_name(registry, name, tag)
+        check_name(registry.image(name, tag))
+
+
+class _BlobAnswers:
+    """A registry stand-in with one image (a model layer and a config) whose blob GETs answer as `answer` says,
+    the bytes behind the redirects on a static server: on 127.0.0.2 (another host), or on 127.0.0.1 itself."""
+
+    def __init__(self, root: Path, answer: str) -> None:
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        from ociregistry import StaticBlobServer
+
+        root.mkdir(parents=True)
+        config = b'{"model_format":"gguf","model_family":"qwen2","model_families":["qwen2"],"model_type":"1K",' \
+                 b'"file_type":"F16","architecture":"amd64","os":"linux"}\n'
+        blobs = {"sha256:" + hashlib.sha256(b).hexdigest(): b for b in (np.random.default_rng(1).bytes(5000), config)}
+        for digest, data in blobs.items():
+            (root / digest[7:]).write_bytes(data)
+        (model, _), (cfg, _) = blobs.items()
+        self.manifest = json.dumps({
+            "schemaVersion": 2, "mediaType": "application/vnd.docker.distribution.manifest.v2+json",
+            "config": {"mediaType": ollama_image.CONFIG, "digest": cfg, "size": len(config)},
+            "layers": [{"mediaType": ollama_image.MODEL, "digest": model, "size": len(blobs[model])}]}).encode()
+        self.blobs = blobs
+        self.other = StaticBlobServer(root, "127.0.0.2")
+        self.same = StaticBlobServer(root, "127.0.0.1")
+        stub = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def do_HEAD(self) -> None:
+                self._answer(body=False)
+
+            def do_GET(self) -> None:
+                self._answer(body=True)
+
+            def _answer(self, *, body: bool) -> None:
+                digest = self.path.rsplit("/", 1)[-1]
+                if self.path.endswith("/manifests/t"):
+                    status, data, headers = 200, stub.manifest, {}
+                elif digest not in stub.blobs:
+                    status, data, headers = 404, b"", {}
+                elif self.command == "HEAD" or answer == "200":
+                    status, data, headers = 200, stub.blobs[digest], {}
+                else:
+                    status, server = {"307": (307, stub.other), "302": (302, stub.other),
+                                      "200+location": (200, stub.other), "307-same-host": (307, stub.same)}[answer]
+                    data, headers = b"", {"Location": f"http://{server.host}/{digest[7:]}"}
+                self.send_response(status)
+                self.send_header("Content-Length", str(len(data)))
+                for k, v in headers.items():
+                    self.send_header(k, v)
+                self.end_headers()
+                if body:
+                    self.wfile.write(data)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.host = f"127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.other.stop()
+        self.same.stop()
+
+
+@pytest.mark.parametrize(("answer", "ollama_fails"), [
+    ("307", None),
+    ("200+location", None),  # resp.Location() reads the header whatever the status (download.go:267-270)
+    ("302", "unexpected status code 302"),
+    ("307-same-host", "http: no Location header in response"),  # same hostname, another port: followed
+    ("200", "http: no Location header in response"),
+])
+def test_which_blob_answers_ollama_pull_accepts_and_publish_agrees(
+        tmp_path: Path, answer: str, ollama_fails: str | None) -> None:
+    """Ollama takes the blob GET's answer only as a 307 or a 200 with a Location, and follows a redirect to the
+    registry's own hostname (whatever the port) itself; publish's warning must say so for the same answers."""
+    from ollama_pull import OllamaPull, OllamaPullError
+
+    stub = _BlobAnswers(tmp_path / "blobs", answer)
+    try:
+        client = OllamaPull(tmp_path / "models", insecure=True)
+        if ollama_fails is None:
+            got = client.pull(f"{stub.host}/ns/m:t")
+            assert {d: p.read_bytes() for d, p in got.blobs.items()} == stub.blobs and got.model.problems == []
+        else:
+            with pytest.raises(OllamaPullError) as caught:
+                client.pull(f"{stub.host}/ns/m:t")
+            assert caught.value.ollama == ollama_fails
+        with OciClient(RegistryRef(stub.host, "ns", insecure=True)) as c:
+            assert c.blob_redirects("ns/m", next(iter(stub.blobs))) is (ollama_fails is None)
+    finally:
+        stub.stop()
+
+
+def _read(tmp_path: Path, config: Any = None, params: Any = None, layers: tuple[tuple[str, bytes], ...] = ()) -> Any:
+    """read_model over blobs written here: a config, a params layer, and more layers (media type, bytes)."""
+    from ollama_pull import read_model
+
+    blobs: dict[str, Path] = {}
+
+    def blob(data: bytes) -> str:
+        digest = "sha256:" + hashlib.sha256(data).hexdigest()
+        blobs[digest] = tmp_path / digest[7:]
+        blobs[digest].write_bytes(data)
+        return digest
+
+    manifest: dict[str, Any] = {"layers": []}
+    if config is not None:
+        manifest["config"] = {"digest": blob(json.dumps(config).encode())}
+    all_layers = [*layers, *((("application/vnd.ollama.image.params", json.dumps(params).encode()),)
+                             if params is not None else ())]
+    manifest["layers"] = [{"mediaType": kind, "digest": blob(data)} for kind, data in all_layers]
+    return read_model(manifest, blobs)
+
+
+def test_ollama_decodes_config_and_params_as_its_structs_do(tmp_path: Path) -> None:
+    """encoding/json into ConfigV2 (keys matched case-insensitively, unknown ones ignored) and Options.FromMap
+    (unknown options warned about, JSON numbers taken for ints): what Ollama takes silently is reported."""
+    m = _read(tmp_path, config={"model_format": "gguf", "Model_Family": "qwen2", "context_length": 4096,
+                                "shiny": True, "draft": {"architecture": "qwen2", "glow": 1},
+                                "architecture": "amd64", "os": "linux"},
+              params={"num_ctx": 8192.9, "temperature": 1, "stop": ["<|im_end|>"], "use_mmap": False,
+                      "main_gpu": 0, "seed": None, "num_ctxx": 1},
+              layers=(("application/vnd.ollama.image.template", b"{{ .Prompt }}"),
+                      ("application/vnd.ollama.image.bogus", b"?"), (MODELMINT_MANIFEST, b"{}")))
+    assert m.config["model_family"] == "qwen2" and m.config["draft"] == {"architecture": "qwen2"}
+    assert m.options == {"num_ctx": 8192, "temperature": 1.0, "stop": ["<|im_end|>"], "use_mmap": False,
+                         "main_gpu": 0}
+    assert m.template == "{{ .Prompt }}" and m.ignored == ["application/vnd.ollama.image.bogus", MODELMINT_MANIFEST]
+    assert sorted(m.problems) == sorted([
+        "invalid option provided: num_ctxx", "unknown field ConfigV2.shiny (Ollama ignores it)",
+        "unknown field ConfigV2.draft.glow (Ollama ignores it)",
+        f"layer sha256:{hashlib.sha256(b'?').hexdigest()} has application/vnd.ollama.image.bogus, a media type "
+        "Ollama does not know"])
+    msgs = _read(tmp_path, layers=(("application/vnd.ollama.image.messages",
+                                    b'[{"role": "USER", "content": "hi"}]'),))
+    assert msgs.messages == [{"role": "user", "content": "hi"}]
+
+
+@pytest.mark.parametrize(("config", "params", "refused"), [
+    ({"model_families": "qwen2"}, None,
+     "json: cannot unmarshal string into Go struct field ConfigV2.model_families of type []string"),
+    ({"context_length": 1.5}, None,
+     "json: cannot unmarshal number 1.5 into Go struct field ConfigV2.context_length of type int"),
+    ({"model_format": 1}, None, "json: cannot unmarshal number into Go struct field ConfigV2.model_format of type "
+                                "string"),
+    ({"draft": {"config": []}}, None,
+     "json: cannot unmarshal array into Go struct field Draft.draft.config of type string"),
+    (["gguf"], None, "json: cannot unmarshal array into Go value of type model.ConfigV2"),
+    (None, {"num_ctx": "8192"}, 'option "num_ctx" must be of type integer'),
+    (None, {"temperature": "warm"}, 'option "temperature" must be of type float32'),
+    (None, {"use_mmap": 1}, 'option "use_mmap" must be of type boolean'),
+    (None, {"stop": "<|im_end|>"}, 'option "stop" must be of type array'),
+    (None, {"stop": [1]}, 'option "stop" must be of an array of strings'),
+    (None, [1], "json: cannot unmarshal array into Go value of type map[string]interface {}"),
+])
+def test_ollama_refuses_mistyped_config_and_params(tmp_path: Path, config: Any, params: Any, refused: str) -> None:
+    from ollama_pull import OllamaPullError
+
+    with pytest.raises(OllamaPullError) as caught:
+        _read(tmp_path, config=config, params=params)
+    assert caught.value.ollama == refused
+
+
+_CONFIG_CASES = [
+    {"model_families": "qwen2"}, {"context_length": 1.5}, {"model_format": 1}, ["gguf"], {"draft": {"config": []}},
+    {"Model_Format": "gguf", "shiny": 1}, {"capabilities": [1]}, {"embedding_length": 1e3}, {"os": None},
+]
+
+
+@pytest.mark.skipif(shutil.which("go") is None, reason="needs Go (bash toolchains/setup-go.sh)")
+def test_config_decoding_errors_are_what_go_says(tmp_path: Path) -> None:
+    """The same blobs through Go's own encoding/json into a struct with ConfigV2's fields and tags
+    (types/model/config.go at the pin; a program written here, no Ollama code): the same refusals, word for word."""
+    from ollama_pull import OllamaPullError, go_decode
+
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.go").write_text(
+        "package model\ntype ConfigV2 struct {\n" + "".join(
+            f' F{i} {t} `json:"{k}"`\n' for i, (k, t) in enumerate([
+                ("model_format", "string"), ("model_family", "string"), ("model_families", "[]string"),
+                ("model_type", "string"), ("file_type", "string"), ("renderer", "string"), ("parser", "string"),
+                ("requires", "string"), ("remote_host", "string"), ("remote_model", "string"),
+                ("capabilities", "[]string"), ("context_length", "int"), ("embedding_length", "int"),
+                ("base_name", "string"), ("draft", "*Draft"), ("architecture", "string"), ("os", "string")]))
+        + "}\ntype Draft struct {\n" + "".join(
+            f' F{i} string `json:"{k}"`\n' for i, k in enumerate(["model_format", "architecture", "tensor_prefix",
+                                                                  "config"])) + "}\n")
+    (tmp_path / "main.go").write_text(
+        'package main\nimport ("bufio"; "encoding/json"; "fmt"; "os"; "gochk/model")\nfunc main() {\n'
+        ' s := bufio.NewScanner(os.Stdin)\n for s.Scan() {\n  var c model.ConfigV2\n'
+        '  if err := json.Unmarshal(s.Bytes(), &c); err != nil { fmt.Println(err) } else { fmt.Println("ok") }\n'
+        ' }\n}\n')
+    (tmp_path / "go.mod").write_text("module gochk\ngo 1.19\n")
+    go = subprocess.run(["go", "run", "."], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                        input="".join(json.dumps(c) + "\n" for c in _CONFIG_CASES),
+                        env={"HOME": str(tmp_path), "GOCACHE": str(tmp_path / "cache"), "GOFLAGS": "-mod=mod",
+                             "PATH": str(Path(shutil.which("go") or "go").parent)})
+    assert go.returncode == 0, go.stderr
+    ours = []
+    for case in _CONFIG_CASES:
+        try:
+            go_decode(case, "ConfigV2")
+            ours.append("ok")
+        except OllamaPullError as err:
+            ours.append(err.ollama)
+    assert go.stdout.splitlines() == ours
+
+
+def test_every_modelfile_parameter_is_an_ollama_option_of_its_type() -> None:
+    """Each PARAMETER modelmint accepts, through params_json, is one Options field of the same kind to
+    Options.FromMap; the one option modelmint does not offer is listed here."""
+    from ollama_pull import OPTIONS, apply_options
+
+    from pipelines.chat.modelfile import PARAMETER_TYPES, Modelfile, Parameter
+
+    value = {int: 2, float: 0.5, bool: True, str: "</s>"}
+    mf = Modelfile(from_="./m.gguf", parameters=tuple(Parameter(k, value[t]) for k, t in PARAMETER_TYPES.items()))
+    warned: list[str] = []
+    options = apply_options(json.loads(ollama_image.params_json(mf) or b"{}"), warned)
+    assert warned == [] and set(options) == set(PARAMETER_TYPES)
+    kinds = {int: ("int", "*int"), float: ("float32",), bool: ("*bool",), str: ("[]string",)}
+    assert {k: OPTIONS[k] for k in PARAMETER_TYPES if OPTIONS[k] not in kinds[PARAMETER_TYPES[k]]} == {}
+    assert set(OPTIONS) - set(PARAMETER_TYPES) == {"draft_num_predict"}
+
+
+def test_every_image_name_the_catalog_can_publish_is_one_ollama_pull_takes_as_is() -> None:
+    """Each catalog model under each tag modelmint can build (and its TAG-<source12>) parses to the same
+    namespace, model and tag in Ollama: nothing is refused, and no tag is read as a :local / :cloud source suffix."""
+    from ollama_pull import check_name
+
+    from pipelines.source.catalog import COMPRESSED_VARIANTS, GGUF_QUANT_TYPES
+
+    names = [m.name for m in load_catalog(ROOT / "registry" / "catalog.yaml").models]
+    tags = [t.lower() for t in (*GGUF_QUANT_TYPES, *COMPRESSED_VARIANTS)]
+    assert names and "q4_k_m" in tags and "fp8" in tags
+    registry = RegistryRef.parse("registry.internal/modelmint")
+    for name in names:
+        for tag in (t for base in tags for t in (base, f"{base}-7ae557604adf")):
+            check_ollama = check_name(registry.image(name, tag))
+            assert (check_ollama.namespace, check_ollama.model, check_ollama.tag) == ("modelmint", name, tag)
+
+
+def test_the_documented_local_registry_is_one_ollama_pull_pulls_from(env: Env, tmp_path: Path) -> None:
+    """docs/oci.md's path for one machine, as a new user runs it: `modelmint registry serve`, `modelmint publish`,
+    then a pull by Ollama's rules (tests/ollama_pull.py) of what was published."""
+    import signal
+
+    from ollama_pull import OllamaPull
+
+    port = free_port()
+    serve = subprocess.Popen([*MODELMINT, "registry", "serve", "--port", str(port), "--dir", str(tmp_path / "reg")],
+                             env=env.repo.env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert serve.poll() is None, serve.communicate()[1]
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/v2/", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                assert time.monotonic() < deadline, "modelmint registry serve did not answer"
+                time.sleep(0.2)
+        done = env.cli("publish", env.gguf.ref, "--registry", f"127.0.0.1:{port}/modelmint", "--insecure")
+        assert done.returncode == 0, done.stderr
+        assert "ollama/ollama#7244" not in done.stderr, done.stderr  # publish's check: Ollama can pull from it
+        client = OllamaPull(tmp_path / "models", insecure=True, min_part_size=64 * 1024)
+        got = client.pull(f"127.0.0.1:{port}/modelmint/tiny-qwen2:q4_k_m")
+        assert got.model.problems == []
+        d = env.settings.repo_dir / env.gguf.dvc.path
+        assert got.model.model_path is not None and got.model.model_path.read_bytes() == (d / env.gguf.file).read_bytes()
+        assert {h.host.split(":")[0] for h in client.log if h.method == "GET" and h.range} == {"127.0.0.2"}
+    finally:
+        serve.send_signal(signal.SIGTERM)
+        serve.wait(timeout=30)

@@ -357,11 +357,24 @@ class OciClient:
             expect=(201,))
 
     def blob_redirects(self, repository: str, digest: str) -> bool:
-        """Whether a blob GET answers with a redirect that names its Location (object storage, a CDN) rather than
-        the bytes: Ollama's download follows only such an answer (server/download.go, see docs/oci.md)."""
+        """Whether a blob GET answers as Ollama's download needs (ollama v0.33.0-rc2, server/download.go:242-270):
+        redirects to the registry's own hostname (any port) are followed, and the answer that ends them must be a
+        307 (or a 200) naming a Location on another host (object storage, a CDN, a file server): not the bytes,
+        not another redirect status. See docs/oci.md."""
         r = self._send("GET", f"/v2/{repository}/blobs/{digest}", stream=True, redirects=False)
         try:
-            return r.status_code in (301, 302, 303, 307, 308) and bool(r.headers.get("location"))
+            for _ in range(10):
+                location = r.headers.get("location")
+                if r.status_code not in (301, 302, 303, 307, 308) or not location:
+                    break
+                url = r.request.url.join(location)
+                if url.host != httpx.URL(self.registry.url).host:
+                    break  # Ollama stops here and takes this answer's Location
+                r.close()
+                headers = {"Authorization": self._authorization} if self._authorization else {}
+                r = self._http.send(self._http.build_request("GET", url, headers=headers), stream=True,
+                                    follow_redirects=False)
+            return r.status_code in (200, 307) and bool(r.headers.get("location"))
         finally:
             r.close()
 

@@ -146,8 +146,9 @@ def publish_image(settings: Settings, ref: str, registry: RegistryRef, *, force:
                 client.put_manifest(repository, tag, image)
             if image.config.media_type == OLLAMA_CONFIG and not client.blob_redirects(repository, image.config.digest):
                 # The push worked and modelmint's own pull works; only `ollama pull` would fail, at its first blob.
-                log.warning("%s answers blob GETs with the bytes, not a redirect with a Location: `ollama pull %s` "
-                            "fails there with \"no Location header in response\" (ollama/ollama#7244); serve the "
+                log.warning("%s does not answer blob GETs with a 307 redirect to another host (with a Location): "
+                            "`ollama pull %s` fails there (\"no Location header in response\", ollama/ollama#7244, "
+                            "or \"unexpected status code\" for other redirects); serve the "
                             "registry's storage through redirects (distribution's `redirect` middleware on S3/GCS/"
                             "MinIO, or filesystem storage behind a file server), see docs/oci.md",
                             registry.host, registry.image(manifest.name, manifest.tag))
