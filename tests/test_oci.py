@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -1259,3 +1260,41 @@ def test_the_documented_local_registry_is_one_ollama_pull_pulls_from(env: Env, t
     finally:
         serve.send_signal(signal.SIGTERM)
         serve.wait(timeout=30)
+
+
+@pytest.mark.skipif(shutil.which("ollama") is None,
+                    reason="no ollama binary on PATH: none is installable on this machine (not in Debian 12, PyPI or "
+                    "npm; building it needs Go 1.24+ and its module downloads), so tests/ollama_pull.py stands in")
+def test_a_real_ollama_pulls_and_runs_the_published_image(env: Env, tmp_path: Path) -> None:
+    """Where an `ollama` binary exists: `ollama pull --insecure` from `modelmint registry serve`, then one prompt."""
+    import signal
+
+    port, api = free_port(), free_port()
+    ollama_env = {**os.environ, "OLLAMA_HOST": f"127.0.0.1:{api}", "OLLAMA_MODELS": str(tmp_path / "models"),
+                  "HOME": str(tmp_path)}
+    serve = subprocess.Popen([*MODELMINT, "registry", "serve", "--port", str(port), "--dir", str(tmp_path / "reg")],
+                             env=env.repo.env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    daemon = subprocess.Popen(["ollama", "serve"], env=ollama_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for url in (f"http://127.0.0.1:{port}/v2/", f"http://127.0.0.1:{api}/api/version"):
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    if httpx.get(url, timeout=2).status_code == 200:
+                        break
+                except httpx.TransportError:
+                    assert time.monotonic() < deadline, f"{url} did not answer"
+                    time.sleep(0.2)
+        done = env.cli("publish", env.gguf.ref, "--registry", f"127.0.0.1:{port}/modelmint", "--insecure")
+        assert done.returncode == 0, done.stderr
+        image = f"127.0.0.1:{port}/modelmint/tiny-qwen2:q4_k_m"
+        pulled = subprocess.run(["ollama", "pull", "--insecure", image], env=ollama_env, capture_output=True,
+                                text=True, timeout=600)
+        assert pulled.returncode == 0, pulled.stderr
+        ran = subprocess.run(["ollama", "run", image, "Say hello."], env=ollama_env, capture_output=True, text=True,
+                             timeout=600)
+        assert ran.returncode == 0 and ran.stdout.strip(), ran.stderr
+    finally:
+        for proc in (daemon, serve):
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=30)
