@@ -286,8 +286,10 @@ def _retemplated(plan: GGUFPlan, out: Path, key: str, same: str | None, file_typ
     chat template, sampling defaults and provenance; None when there is no such build (or no single template)."""
     from pipelines.gguf import retemplate
 
-    template = retemplate.chat_template(plan.snapshot.path) if same else None
-    found = retemplate.find_donor(out, same) if same and template else None
+    # the donor first: reading the template loads tokenizer.json (a second or more for a 150k vocabulary), and a
+    # first build has no donor
+    found = retemplate.find_donor(out, same) if same else None
+    template = retemplate.chat_template(plan.snapshot.path) if found is not None else None
     if found is None or template is None:
         return None
     donor, donor_receipt = found

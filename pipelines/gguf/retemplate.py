@@ -27,7 +27,6 @@ from pipelines.core.ggufheader import (
     GGUFInfo,
     check_imatrix,
     gguf_layout,
-    inspect_gguf,
 )
 from pipelines.core.runner import run
 from pipelines.core.steps import load_receipt, receipt_path
@@ -104,9 +103,10 @@ def retemplate(donor: Path, out: Path, *, file_type: str, template: str, samplin
     new |= {key: (int(v.type), v.value) for key, v in sampling.items()}
     for key, value in metadata.items():
         new[key] = (gguf.GGUFValueType.INT64 if isinstance(value, int) else gguf.GGUFValueType.STRING, value)
-    with atomic_output(out, check=gguf_check(file_type)) as tmp:
+    checked = gguf_check(file_type)
+    with atomic_output(out, check=checked) as tmp:
         rewrite_metadata(donor, tmp, new, drop=lambda key: key.startswith(SAMPLING_PREFIX))
-    return inspect_gguf(out)
+    return checked.info(out)
 
 
 def _entry(key: str, kind: int, value: Any) -> bytes:

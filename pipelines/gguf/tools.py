@@ -3,9 +3,9 @@ read back (core/ggufheader.py) before it is promoted."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -57,7 +57,8 @@ def convert(
         ArtifactError: the output does not read back as the expected GGUF.
     """
     meta = partial_path(out.with_suffix(".metadata.json"))
-    with atomic_output(out, check=gguf_check(outtype)) as tmp:
+    checked = gguf_check(outtype)
+    with atomic_output(out, check=checked) as tmp:
         argv: list[str | Path] = [
             llama.python, llama.converter, model_dir, "--outfile", tmp, "--outtype", outtype,
         ]
@@ -70,7 +71,7 @@ def convert(
             raise _converter_error(err, model_dir) from err
         finally:
             meta.unlink(missing_ok=True)
-    return inspect_gguf(out), result
+    return checked.info(out), result
 
 
 def quantize(
@@ -94,7 +95,8 @@ def quantize(
         ToolError, DiskFullError: llama-quantize failed.
         ArtifactError: the output is not a `qtype` GGUF with tokenizer and chat template.
     """
-    with atomic_output(out, check=gguf_check(qtype)) as tmp:
+    checked = gguf_check(qtype)
+    with atomic_output(out, check=checked) as tmp:
         argv: list[str | Path] = [llama.bin("llama-quantize")]
         if imatrix is not None:
             argv += ["--imatrix", imatrix.name]
@@ -103,7 +105,7 @@ def quantize(
             argv += ["--override-kv", f"{key}={kind}:{value}"]
         argv += [Path(source).resolve(), tmp.resolve(), qtype.upper(), str(threads)]
         result = run(argv, timeout=timeout, cwd=imatrix.parent if imatrix is not None else None, output=tmp)
-    return inspect_gguf(out), result
+    return checked.info(out), result
 
 
 def compute_imatrix(
@@ -158,12 +160,28 @@ def split(path: Path, max_size: str, llama: LlamaCpp) -> list[Path]:
     return sorted(shard_dir.glob(f"{stem}-*-of-*.gguf"))
 
 
-def gguf_check(file_type: str) -> Callable[[Path], None]:
+class GGUFCheck:
+    """The read-back an output GGUF of `file_type` must pass before it is promoted (see fsutil.promote); it keeps
+    what it read, so the caller does not walk the header a second time (`info(out)`)."""
+
+    def __init__(self, file_type: str) -> None:
+        self.file_type = file_type
+        self._info: GGUFInfo | None = None
+
+    def __call__(self, path: Path) -> None:
+        info = inspect_gguf(path)
+        check_gguf(info, expect_file_type=self.file_type)
+        self._info = info
+
+    def info(self, out: Path) -> GGUFInfo:
+        """What the check read, for the promoted file at `out` (its size and header are the checked file's)."""
+        if self._info is None:
+            return inspect_gguf(out)
+        return dataclasses.replace(self._info, path=str(out))
+
+
+def gguf_check(file_type: str) -> GGUFCheck:
     """The read-back an output GGUF of `file_type` must pass before it is promoted (see fsutil.promote)."""
-
-    def _check(path: Path) -> None:
-        check_gguf(inspect_gguf(path), expect_file_type=file_type)
-
-    return _check
+    return GGUFCheck(file_type)
 
 
