@@ -215,6 +215,21 @@ class HashCache:
         return digest
 
 
+    def checked(self, path: Path, check: str) -> bool:
+        """Whether `path`, as it is now (same device, inode, size and mtime), passed the check named `check`."""
+        key = self._key(path)
+        with self._lock:
+            return self._entries.get(f"{key}|{check}") == "passed"
+
+    def passed(self, path: Path, check: str) -> None:
+        """Remember that `path`, as it is now, passed `check` (forgotten with its hash when the file changes)."""
+        key = self._key(path)
+        with self._lock:
+            self._entries[f"{key}|{check}"] = "passed"
+            self._db.parent.mkdir(parents=True, exist_ok=True)
+            write_text_atomic(self._db, json.dumps(self._entries, indent=0, sort_keys=True))
+
+
 def sha256_file(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as fh:
