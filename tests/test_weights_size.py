@@ -165,7 +165,7 @@ def test_a_split_gguf_records_every_shards_bytes(reg: Registered) -> None:
     assert reg.plain.weights_bytes == reg.plain.size_bytes == reg.shard_sizes["q8_0"][0]  # one file: the same
 
 
-def test_list_and_show_give_the_whole_size(reg: Registered) -> None:
+def test_list_show_and_pull_give_the_whole_size(reg: Registered) -> None:
     listed = reg.cli("list")
     assert listed.returncode == 0, listed.stderr
     rows = {line.split()[1]: line for line in listed.stdout.splitlines() if "tiny-qwen2:" in line}
@@ -177,6 +177,9 @@ def test_list_and_show_give_the_whole_size(reg: Registered) -> None:
     assert shown.returncode == 0, shown.stderr
     data = json.loads(shown.stdout)
     assert data["weights_bytes"] == sum(reg.shard_sizes["fp8"]) and data["schema_version"] == 3
+    pulled = reg.cli("pull", "tiny-qwen2:fp8")  # in place already: verified, and said with its size
+    assert pulled.returncode == 0, pulled.stderr
+    assert f"tiny-qwen2:fp8 ({_mib(reg.checkpoint.weights_bytes)}, sha256" in pulled.stdout
 
 
 def test_the_model_cards_give_the_whole_size(reg: Registered) -> None:
