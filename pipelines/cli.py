@@ -281,7 +281,7 @@ def list_cmd() -> None:
         for m in listing.manifests:
             dvc = "pushed" if m.dvc.pushed else ("committed" if m.dvc.md5 else "dvc repro")
             kl = m.mean_kl
-            table.add_row(m.ref, m.format, _mib(m.size_bytes), m.sha256[:12], m.source.ref,
+            table.add_row(m.ref, m.format, _mib(m.weights_bytes), m.sha256[:12], m.source.ref,
                           "-" if kl is None else f"{kl:.5f}", "[green]pass[/green]", dvc,
                           *([", ".join(published[m.ref]) or "-"] if shown else []))
         out.print(table)
@@ -407,7 +407,7 @@ def pull(
         origin = ""
     m = result.manifest
     state = f"fetched{origin} and verified" if result.fetched else "already in place and verified"
-    out.print(f"{m.ref} ({_mib(m.size_bytes)}, sha256 {m.sha256[:12]}…) {state} → {result.dest}", soft_wrap=True)
+    out.print(f"{m.ref} ({_mib(m.weights_bytes)}, sha256 {m.sha256[:12]}…) {state} → {result.dest}", soft_wrap=True)
     if result.ran_ollama:
         out.print(f"[green]ollama create {m.ref} done[/green] (it answers: {_escape(result.ollama_reply or '')[:60]!r}); "
                   f"`ollama run {m.ref}`")
@@ -539,7 +539,9 @@ def plan_cmd(
             raise ConfigError(f"{target} is registered but not in this checkout ({path})",
                               hint=f"modelmint pull {target}")
         named = {"name": f"{m.name}-{m.tag}", "ollama_model": m.ref}
-        smaller = tuple(planner.Variant(o.ref, o.size_bytes, str(o.recipe.get("scheme") or "").startswith("FP8"))
+        # each with its whole weight bytes (every shard), FP8 by its recipe's scheme (compressed-tensors recipes)
+        smaller = tuple(planner.Variant(o.ref, o.weights_bytes,
+                                        str((o.recipe.get("recipe") or {}).get("scheme") or "").startswith("FP8"))
                         for o in list_manifests(settings).manifests if o.name == m.name and o.tag != m.tag)
     what = planner.served(path)
     ask = planner.Ask(what.weights_bytes, what.shape, context=context, concurrency=concurrency,

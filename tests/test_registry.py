@@ -108,6 +108,7 @@ def test_registration_records_lineage_hashes_and_dvc(repo: Repo, tmp_path: Path,
     assert done.ran
     m = done.manifest
     assert m.ref == "tiny-qwen2:q4_k_m" and m.sha256 == c.sha256 and m.size_bytes == c.size_bytes
+    assert m.weights_bytes == c.size_bytes  # one GGUF: its weights are the main file (shards: test_weights_size.py)
     assert m.parent is not None and m.parent.artifact == "tiny-qwen2:f16"
     assert m.validation.passed and m.validation.figures.mean_kl == pytest.approx(0.0123)
     assert m.dvc.path == "artifacts/tiny-qwen2/q4_k_m" and m.dvc.pushed and m.dvc.md5.endswith(".dir")
@@ -170,9 +171,11 @@ def _valid_manifest_dict(settings, tmp_path: Path) -> dict:
         (lambda m: m["validation"].update(passed=False), "validation.passed"),
         (lambda m: m["validation"].update(failures=["mean KLD 0.9 > 0.1"]), "validation.failures"),
         (lambda m: m.update(size_bytes=m["size_bytes"] + 1), "differ"),
+        (lambda m: m.update(weights_bytes=m["weights_bytes"] - 1), "weights_bytes"),
+        (lambda m: m.pop("weights_bytes"), "weights_bytes"),
         (lambda m: m["dvc"].update(path="artifacts/other/q4_k_m"), "dvc.path"),
         (lambda m: m["files"][0].update(path="../escape.gguf"), "inside the artifact directory"),
-        (lambda m: m.update(schema_version=3), "schema_version"),
+        (lambda m: m.update(schema_version=4), "schema_version"),
         (lambda m: m.update(schema_version=1), "version-1 manifest whose validation cannot be read"),
     ],
 )

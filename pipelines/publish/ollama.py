@@ -28,6 +28,7 @@ from pipelines.core.report import answer_lines, card_front, card_validation
 from pipelines.core.runner import run
 from pipelines.core.settings import Settings
 from pipelines.core.texts import data_lines
+from pipelines.core.weights import gguf_shards, weights_line
 from pipelines.source.wheelsource import origin_lines
 
 log = logging.getLogger(__name__)
@@ -638,6 +639,7 @@ def model_card(gguf: Path, built: OllamaModelfile, report: dict[str, Any], entry
     name = getattr(entry, "name", None) or gguf.stem
     licence = getattr(entry, "license", None)
     sha = report.get("sha256") or HashCache(settings.home / "hashcache.json").sha256(gguf)
+    shards = [(p.name, p.stat().st_size) for p in gguf_shards(gguf)]
     validation = card_validation(report)
     front = card_front(repo, licence, "gguf")
     front.update({
@@ -646,7 +648,7 @@ def model_card(gguf: Path, built: OllamaModelfile, report: dict[str, Any], entry
         "quantization": qtype,
         "model_name": name,
         "validation": validation,
-        "modelmint": _card_provenance(gguf, built, report, sha=sha, repo=repo, revision=revision),
+        "modelmint": _card_provenance(gguf, built, report, sha=sha, repo=repo, revision=revision, shards=shards),
     })
     head = yaml.safe_dump(front, sort_keys=False, allow_unicode=True, width=100)
     rows = "\n".join(f"| {k} | {v} |" for k, v in validation.items() if not isinstance(v, dict | list))
@@ -657,6 +659,7 @@ def model_card(gguf: Path, built: OllamaModelfile, report: dict[str, Any], entry
 # {name} {qtype or ''} (GGUF)
 
 {f'Quantized from [{repo}](https://huggingface.co/{repo}) at commit `{revision}` ' if repo else ''}by modelmint {__version__}.
+{weights_line(shards, "GGUF")}{f" llama.cpp reads them all from the first, `{gguf.name}`." if len(shards) > 1 else ""}
 {origin_lines(source.get("origin"))}
 ## Use with Ollama
 
@@ -685,15 +688,17 @@ llama-server -m {gguf.name} --jinja -c {built.num_ctx}
 
 
 def _card_provenance(gguf: Path, built: OllamaModelfile, report: dict[str, Any], *, sha: str, repo: str | None,
-                     revision: str | None) -> dict[str, Any]:
-    """The card's `modelmint` front-matter block: the file, its source and toolchain, the chat template and its
-    proof, how Ollama serves it."""
+                     revision: str | None, shards: list[tuple[str, int]]) -> dict[str, Any]:
+    """The card's `modelmint` front-matter block: the file (size_bytes: its own; weights_bytes: every shard of
+    its split, when it is one), its source and toolchain, the chat template and its proof, how Ollama serves it."""
     source = report.get("source") or {}
     return {
         "version": __version__,
         "file": gguf.name,
         "sha256": sha,
         "size_bytes": gguf.stat().st_size,
+        "weights_bytes": sum(size for _, size in shards),
+        **({"shards": [name for name, _ in shards]} if len(shards) > 1 else {}),
         "source": {k: v for k, v in (("repo", repo), ("revision", revision), ("kind", source.get("kind")),
                                      ("origin", source.get("origin"))) if v},
         "toolchain": report.get("toolchain") or {},

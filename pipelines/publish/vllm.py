@@ -12,6 +12,7 @@ from pipelines.core.errors import ConfigError
 from pipelines.core.fsutil import write_text_atomic
 from pipelines.core.report import answer_lines, card_front, card_validation
 from pipelines.core.texts import EVAL_RECORD, data_lines
+from pipelines.core.weights import is_weight_file, weights_line
 from pipelines.source.wheelsource import origin_lines
 
 CARD_FILE = "README.md"
@@ -34,12 +35,15 @@ def publish_vllm(checkpoint: Path, out_dir: Path, report: dict[str, Any], entry:
     config = serve_config_for(checkpoint, served_name, portable=True)
     serve_path, card_path = out_dir / SERVE_CONFIG_FILE, out_dir / CARD_FILE
     write_text_atomic(serve_path, config.to_yaml())
-    write_text_atomic(card_path, model_card(config, report, entry))
+    weights = sorted((p.name, p.stat().st_size) for p in checkpoint.iterdir() if p.is_file() and is_weight_file(p.name))
+    write_text_atomic(card_path, model_card(config, report, entry, weights=weights))
     return [serve_path, card_path]
 
 
-def model_card(config: VllmServeConfig, report: dict[str, Any], entry: Any) -> str:
-    """README.md with Hugging Face front matter for a compressed-tensors checkpoint served by vLLM."""
+def model_card(config: VllmServeConfig, report: dict[str, Any], entry: Any,
+               weights: list[tuple[str, int]] | None = None) -> str:
+    """README.md with Hugging Face front matter for a compressed-tensors checkpoint served by vLLM; `weights`: its
+    safetensors files' names and sizes (their total is the card's `weights_bytes`; None: not stated)."""
     from pipelines import __version__
 
     source = report.get("source") or {}
@@ -68,6 +72,8 @@ def model_card(config: VllmServeConfig, report: dict[str, Any], entry: Any) -> s
             "source": {k: v for k, v in source.items() if k in ("kind", "repo", "revision", "content_sha256", "origin")
                        and v},
             "tree_sha256": report.get("tree_sha256"),
+            **({"weights_bytes": sum(size for _, size in weights)} if weights else {}),
+            **({"shards": [name for name, _ in weights]} if weights and len(weights) > 1 else {}),
             "toolchain": report.get("toolchain") or {},
             "calibration": report.get("calibration"),
             "evaluation": {k: v for k, v in (report.get("evaluation") or {}).items() if k in EVAL_RECORD} or None,
@@ -82,7 +88,7 @@ def model_card(config: VllmServeConfig, report: dict[str, Any], entry: Any) -> s
 # {config.served_model_name} ({scheme}, compressed-tensors)
 
 {origin}with llmcompressor by modelmint {__version__}; the recipe is `modelmint-recipe.yaml`.{grouping}
-{origin_lines(source.get("origin"))}
+{weights_line(weights, "safetensors") + chr(10) if weights else ""}{origin_lines(source.get("origin"))}
 ## Serve with vLLM
 
 ```sh

@@ -17,11 +17,14 @@ from pipelines.core.gates import Gate
 from pipelines.core.report import Figures, perplexity_positions
 from pipelines.core.report import Validation as Judged
 from pipelines.core.settings import Settings
+from pipelines.core.weights import weights_bytes
 from pipelines.registry.formats import Format, format_of
 
-SCHEMA_VERSION = 2
-"""2: `validation` is the one validation block every format writes (pipelines/core/report.py); 1: per-format
-metrics and gate dicts. Manifests of version 1 still load (read as version 2, see `_upgrade_v1`)."""
+SCHEMA_VERSION = 3
+"""3: `weights_bytes`, the artifact's whole weight bytes (every safetensors shard, every split GGUF's shard; the
+main file alone is an index or a first shard); 2: `validation` is the one validation block every format writes
+(pipelines/core/report.py); 1: per-format metrics and gate dicts. Manifests of versions 1 and 2 still load, read as
+version 3 (`_upgrade_v1`, `_upgrade_v2`)."""
 _SHA256 = r"^[0-9a-f]{64}$"
 _NAME = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
 
@@ -118,6 +121,18 @@ def _upgrade_v1(data: dict[str, Any]) -> dict[str, Any]:
     return {**data, "schema_version": 2, "validation": validation}
 
 
+def _upgrade_v2(data: dict[str, Any]) -> dict[str, Any]:
+    """A version-2 manifest read as version 3: its weight bytes summed from its files list (the sizes it recorded
+    of every weight file), as registration now records them.
+
+    Entries that are not a path and a size are left out of the sum: the schema then reports them as they are.
+    """
+    files = data.get("files")
+    listed = [(f["path"], f["size"]) for f in files if isinstance(f, dict) and isinstance(f.get("path"), str)
+              and isinstance(f.get("size"), int)] if isinstance(files, list) else []
+    return {**data, "schema_version": 3, "weights_bytes": weights_bytes(listed)}
+
+
 class GPUTotals(_Strict):
     """One GPU's budget in a plan, in bytes (a pipeline across types: one per stage's type)."""
 
@@ -199,14 +214,16 @@ class PreviousVersion(_Strict):
 
 
 class Manifest(_Strict):
-    schema_version: Literal[2] = SCHEMA_VERSION
+    schema_version: Literal[3] = SCHEMA_VERSION
     name: str
     tag: str
     format: Format
     file: str = Field(description="the main file inside the artifact directory (the GGUF, or the checkpoint's "
                       "model.safetensors / model.safetensors.index.json)")
     sha256: str = Field(pattern=_SHA256)
-    size_bytes: int = Field(ge=0)
+    size_bytes: int = Field(ge=0, description="the main file's size (with `sha256`, what names that one file)")
+    weights_bytes: int = Field(ge=0, description="the artifact's weights: every top-level GGUF or safetensors file "
+                               "of `files` (all shards of a sharded checkpoint or a split GGUF), not cards or configs")
     files: list[ArtifactFile] = Field(min_length=1)
     source: SourceRef
     parent: ParentRef | None
@@ -233,9 +250,11 @@ class Manifest(_Strict):
     def _upgrade(cls, data: Any) -> Any:
         if isinstance(data, dict) and data.get("schema_version") == 1:
             try:
-                return _upgrade_v1(data)
+                data = _upgrade_v1(data)
             except (KeyError, TypeError, ValueError, AttributeError) as err:
                 raise ValueError(f"a version-1 manifest whose validation cannot be read ({err!r})") from None
+        if isinstance(data, dict) and data.get("schema_version") == 2:
+            data = _upgrade_v2(data)
         return data
 
     @model_validator(mode="after")
@@ -248,6 +267,10 @@ class Manifest(_Strict):
             raise ValueError(f"file {self.file!r} is not among files")
         if (main.sha256, main.size) != (self.sha256, self.size_bytes):
             raise ValueError(f"sha256/size of {self.file!r} differ between `files` and the top level")
+        total = weights_bytes((f.path, f.size) for f in self.files)
+        if self.weights_bytes != total:
+            raise ValueError(f"weights_bytes {self.weights_bytes} is not the {total} bytes of the weight files "
+                             "`files` lists")
         if self.dvc.path != artifact_relpath(self.name, self.tag):
             raise ValueError(f"dvc.path {self.dvc.path!r} is not {artifact_relpath(self.name, self.tag)!r}")
         if self.dvc.stage != stage_name(self.name, self.tag):

@@ -48,6 +48,7 @@ from pipelines.core.report import Validation as Judged
 from pipelines.core.settings import Settings
 from pipelines.core.steps import VariantOutcome, content_key, load_dir_receipt, load_receipt
 from pipelines.core.toolchains import read_pins
+from pipelines.core.weights import weights_bytes
 from pipelines.gguf.build import GGUFPlan
 from pipelines.registry import dvcrepo, serving
 from pipelines.registry.formats import Format, format_of
@@ -84,6 +85,7 @@ class Candidate:
     weights, then its other files)."""
     sha256: str
     size_bytes: int
+    """The main file's (files[0]) size; the manifest's `weights_bytes` sums every weight file placed."""
     source: dict[str, Any]
     parent: ParentRef | None
     toolchain: dict[str, str]
@@ -617,6 +619,7 @@ def _manifest(c: Candidate, tracked: Tracked, *, pushed: bool, plans: Serving | 
         file=c.placed_as(c.files[0]),
         sha256=c.sha256,
         size_bytes=c.size_bytes,
+        weights_bytes=weights_bytes((f.path, f.size) for f in tracked.files),
         files=list(tracked.files),
         source=SourceRef(**{k: c.source.get(k) for k in ("kind", "repo", "revision", "content_sha256")},
                          **({"origin": c.source["origin"]} if c.source.get("origin") else {})),
