@@ -6,8 +6,9 @@ Prints one row per corpus entry (planned / logged ratios), then the median and w
 within ±10 % (goal: ≥ 90 %), and whether the planner refused any layout vLLM served (goal: none). An entry whose
 config contradicts its own log (weights or KV bytes per token off by more than 2 %) is refused, not compared.
 --fit refits the planner's memory terms on the corpus (least squares) and prints them next to the constants in
-pipelines/publish/planner.py. vllm-wizard is not compared: it needs its own venv and network access this benchmark
-does not assume.
+pipelines/publish/planner.py. --wizard PYTHON puts vllm-wizard's KV pool beside the planner's, run by that
+interpreter (a benchmark-only venv: python -m venv /tmp/vw && /tmp/vw/bin/pip install vllm-wizard==0.2.0), on the
+memory the log reports (the most favourable GPU size for it).
 
 Each entry is planned from a header-only checkpoint built from the model's published config.json (the same tensor
 table `write_header_only_checkpoint` writes as a sparse .safetensors file): the planner reads real tensor bytes.
@@ -20,6 +21,7 @@ import json
 import math
 import statistics
 import struct
+import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -247,6 +249,47 @@ def predict_activation(coef: list[float], entry: dict[str, Any]) -> float:
     return float(np.dot(coef, feats))
 
 
+# ---------------------------------------------------------------- vllm-wizard, side by side
+
+_WIZARD = """
+import json, sys
+from vllm_wizard.planning.memory import compute_overhead, compute_weights_memory
+from vllm_wizard.schemas.inputs import DType, Quantization
+out = []
+for e in json.load(sys.stdin):
+    # what its planner does (planning/planner.py): VRAM of the TP group, weights / TP, its overhead rule
+    group = int(e["total_gib"] * 2**30) * e["tp"]
+    weights = compute_weights_memory(e["params_b"], DType(e["dtype"]), Quantization(e["quant"])) // e["tp"]
+    pool = int(group * e["util"]) - weights - compute_overhead(group, e["tp"])
+    out.append(pool / e["tp"])
+print(json.dumps(out))
+"""
+
+
+def _params(config: dict[str, Any]) -> float:
+    """Parameters in billions, as vllm-wizard takes them (the unquantized model's)."""
+    plain = {k: v for k, v in config.items() if k != "quantization_config"}
+    return sum(math.prod(shape) for _, _, shape in tensors(plain)) / 1e9
+
+
+def _wizard_quant(config: dict[str, Any]) -> str:
+    qc = config.get("quantization_config") or {}
+    if qc.get("quant_method") == "awq":
+        return "awq"
+    return {"float-quantized": "fp8", "int-quantized": "int8"}.get(qc.get("format", ""), "none")
+
+
+def wizard_kv(python: str, entries: list[dict[str, Any]]) -> list[float]:
+    """vllm-wizard's KV pool per GPU (GiB) for each entry, computed by its own functions in its own venv."""
+    asks = [{"total_gib": e["gpu"]["total_gib"], "tp": e["tp"] * e["pp"], "util": e["gpu_memory_utilization"],
+             "params_b": _params(e["config"]), "quant": _wizard_quant(e["config"]),
+             "dtype": {"bfloat16": "bf16", "float16": "fp16"}.get(e["config"].get("torch_dtype", ""), "bf16")}
+            for e in entries]
+    done = subprocess.run([python, "-c", _WIZARD], input=json.dumps(asks), capture_output=True, text=True,
+                          check=True, timeout=120)
+    return [x / GIB for x in json.loads(done.stdout)]
+
+
 # ---------------------------------------------------------------- report
 
 
@@ -273,6 +316,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--fit", action="store_true", help="refit the memory terms and print them")
     parser.add_argument("--json", type=Path, help="write the results and the summary here")
+    parser.add_argument("--wizard", metavar="PYTHON", help="a python with vllm-wizard installed: compare it too")
     args = parser.parse_args(argv)
     entries = load_corpus()
     if args.fit:
@@ -297,6 +341,17 @@ def main(argv: list[str] | None = None) -> int:
           f"refused what vLLM served: {s['refused_what_vllm_served'] or 'none'}; "
           f"served what vLLM refused: {s['served_what_vllm_refused'] or 'none'}; "
           f"entries refused as contradicting their config: {len(s['refused_as_contradicting'])}")
+    if args.wizard:
+        compared = [(e, r) for e, r in zip(entries, results, strict=True) if r.kv_ratio is not None]
+        wizard = [w / r.kv[1] for w, (_, r) in zip(wizard_kv(args.wizard, [e for e, _ in compared]), compared,
+                                                   strict=True)]
+        ours = [r.kv_ratio for _, r in compared]
+        print(f"vllm-wizard 0.2.0 on the same {len(wizard)} entries: KV pool median ratio "
+              f"{statistics.median(wizard):.3f}, worst {max(wizard, key=lambda x: abs(x - 1)):.3f}, "
+              f"{sum(abs(x - 1) <= 0.10 for x in wizard)} within ±10 % (modelmint: {statistics.median(ours):.3f}, "
+              f"{sum(abs(x - 1) <= 0.10 for x in ours)})")
+        s["vllm_wizard"] = {"kv_ratios": dict(zip([r.id for _, r in compared], wizard, strict=True)),
+                            "kv_median_ratio": statistics.median(wizard)}
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({"summary": s, "results": [r.__dict__ for r in results]}, indent=2,

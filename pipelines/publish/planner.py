@@ -456,10 +456,15 @@ def _layouts(ask: Ask, group: NodeGroup) -> list[tuple[int, int]]:
 
 
 def _memory_warnings(ask: Ask) -> list[str]:
+    out = []
     if ask.activation_share is None and activation_bytes(ask.shape, 1, 1, 1) is None:
-        return [f"{ask.shape.architecture}'s config lacks hidden_size / intermediate_size / vocab_size: activations "
-                f"are sized as {ACTIVATION_SHARE:.0%} of the weights (the handbooks' rule), not by vLLM's profile"]
-    return []
+        out.append(f"{ask.shape.architecture}'s config lacks hidden_size / intermediate_size / vocab_size: "
+                   f"activations are sized as {ACTIVATION_SHARE:.0%} of the weights (the handbooks' rule), not by "
+                   "vLLM's profile")
+    if ask.max_num_batched_tokens is not None:
+        out.append(f"the budget assumes vLLM runs with --max-num-batched-tokens {ask.max_num_batched_tokens} (its "
+                   "profile batch): start it with that option, or the activation peak it measures differs")
+    return out
 
 
 def plan_group(ask: Ask, group: NodeGroup) -> Plan:
