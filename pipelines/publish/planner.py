@@ -356,7 +356,7 @@ class Ask:
         if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < 1:
             raise ConfigError(f"--max-num-batched-tokens {self.max_num_batched_tokens}: a batch holds at least one "
                               "token", hint="give a positive number of tokens (vLLM's default: 2048, or 8192 on "
-                                            "GPUs of 70 GiB and more other than the A100 family)")
+                                            "GPUs of 70 GiB and more other than A100s)")
 
     @property
     def seqs_cap(self) -> int:
@@ -365,9 +365,9 @@ class Ask:
 
 
 def default_batched_tokens(g: GPU) -> int:
-    """vLLM's default max_num_batched_tokens for `vllm serve`: 8192 on GPUs of 70 GiB and more other than the A100
-    family (A100, A800), else 2048 (EngineArgs' defaults for the OpenAI server, vLLM 0.8 and later)."""
-    return 8192 if g.memory_gib >= 70 and not g.name.upper().startswith(("A100", "A800")) else 2048
+    """vLLM's default max_num_batched_tokens for `vllm serve`: 8192 on GPUs of 70 GiB and more whose name does not
+    say A100, else 2048 (EngineArgs' defaults for the OpenAI server, vLLM 0.8 and later; an A800 gets 8192)."""
+    return 8192 if g.memory_gib >= 70 and "A100" not in g.name.upper() else 2048
 
 
 def batched_tokens(ask: Ask, g: GPU) -> int:
