@@ -54,19 +54,19 @@ MAX_NUM_SEQS = 256
 # The memory terms below are least-squares fits on the vLLM startup logs in tests/data/vllm_startups/ (vLLM 0.19,
 # the profiler vLLM runs since 0.17; benchmarks/bench_planner.py refits and prints them, and
 # tests/test_planner_calibration.py checks them by leave-one-out). Each is in bytes per GPU.
-ACTIVATION_FIXED = 270_000_000
+ACTIVATION_FIXED = 156_300_000
 """Activation peak: a fixed part of the profile run (buffers every forward pass allocates)."""
-ACTIVATION_PER_LOGIT = 3.28
+ACTIVATION_PER_LOGIT = 3.372
 """… per fp32 logit of the sampler's dummy batch (max_num_seqs × vocab_size × 4 bytes, sampled together)."""
-ACTIVATION_PER_HIDDEN = 0.744
+ACTIVATION_PER_HIDDEN = 1.469
 """… per byte of the batch's hidden states (max_num_batched_tokens × hidden_size × 2 bytes)."""
-ACTIVATION_PER_MLP = 0.0316
+ACTIVATION_PER_MLP = 0.06908
 """… per byte of the batch's MLP activations on one rank (max_num_batched_tokens × intermediate / TP × 2 bytes)."""
-NON_TORCH_TP1 = 311_000_000
+NON_TORCH_TP1 = 341_800_000
 """Non-torch memory of one GPU serving alone (CUDA context growth, cuBLAS workspaces)."""
 NON_TORCH_TP = 2_253_000_000
 """Non-torch memory per GPU at TP ≥ 2: NCCL and custom all-reduce buffers."""
-CUDA_GRAPHS_TP1 = 867_000_000
+CUDA_GRAPHS_TP1 = 1_037_000_000
 """vLLM's estimate of its CUDA graphs (51 capture sizes up to 512 tokens), one GPU."""
 CUDA_GRAPHS_TP = 1_954_000_000
 """… per GPU at TP ≥ 2 (the all-reduce in every graph)."""
@@ -503,7 +503,8 @@ def _reasons(ask: Ask, group: NodeGroup, tp: int, pp: int, mem: GPUMemory, repli
     g = group.gpu
     _, runtime = _runtime(ask, g, tp, mem.weights)
     out = [f"weights {ask.weights_bytes / GIB:.1f} GiB over {tp * pp} GPU(s): {mem.weights / GIB:.1f} GiB each; "
-           f"{runtime}; {g.memory_gib:g} GiB (as CUDA reports it) × {ask.utilization:.2f} usable leaves "
+           f"{runtime}; {g.memory_gib:g} GiB ({'as CUDA reports it' if g.memory_measured else 'nominal'}) × "
+           f"{ask.utilization:.2f} usable leaves "
            f"{mem.kv_pool / GIB:.1f} GiB of KV pool per GPU"]
     if tp > 1:
         out.append(f"tensor parallel {tp} inside one node of {group.gpus_per_node} {g.name} ({g.interconnect}): "
