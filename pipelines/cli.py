@@ -504,6 +504,16 @@ def plan_cmd(
     pp_across_types: Annotated[bool, typer.Option("--pp-across-types", help="a mixed cluster: one pipeline over "
                                                                           "every node, stages sized by memory, "
                                                                           "instead of instances per type")] = False,
+    gpu_memory_utilization: Annotated[float, typer.Option(
+        "--gpu-memory-utilization", help="vLLM's: the share of each GPU's memory (as CUDA reports it) the instance "
+                                         "may use, above 0 and at most 1")] = 0.90,
+    tensor_parallel_size: Annotated[int | None, typer.Option(
+        "--tensor-parallel-size", help="vLLM's: GPUs per replica (per pipeline stage); default: the "
+                                              "smallest that fits")] = None,
+    max_num_batched_tokens: Annotated[int | None, typer.Option(
+        "--max-num-batched-tokens", help="vLLM's: tokens per scheduler step, the batch its profile run sizes the "
+                                         "activations with; default: vLLM's (8192 on 70 GiB GPUs other than "
+                                         "A100s, else 2048)")] = None,
 ) -> None:
     """Plan how to serve a model on the GPUs you have: tensor / pipeline parallel, replicas, per-GPU memory,
     max_model_len and max_num_seqs, with one line of reasoning per choice; --out writes the files that carry it."""
@@ -545,7 +555,9 @@ def plan_cmd(
                         for o in list_manifests(settings).manifests if o.name == m.name and o.tag != m.tag)
     what = planner.served(path)
     ask = planner.Ask(what.weights_bytes, what.shape, context=context, concurrency=concurrency,
-                      kv_dtype=kv_cache_dtype, fp8_weights=what.fp8_weights, smaller=smaller)
+                      kv_dtype=kv_cache_dtype, fp8_weights=what.fp8_weights, smaller=smaller,
+                      utilization=gpu_memory_utilization, tp=tensor_parallel_size,
+                      max_num_batched_tokens=max_num_batched_tokens)
     plans = planner.plan(ask, planner.cluster_of(gpus), pp_across_types=pp_across_types)
     if out_dir is not None:
         from pipelines.publish.servefiles import artifact_of, notes, write_plan_files

@@ -10,14 +10,15 @@ from pipelines.publish.servefiles import Artifact
 
 QWEN25_7B = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "num_hidden_layers": 28,
              "num_attention_heads": 28, "num_key_value_heads": 4, "hidden_size": 3584,
-             "max_position_embeddings": 32768}
+             "intermediate_size": 18944, "vocab_size": 152064, "max_position_embeddings": 32768}
 QWEN25_32B = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "num_hidden_layers": 64,
               "num_attention_heads": 40, "num_key_value_heads": 8, "hidden_size": 5120,
-              "max_position_embeddings": 32768}
+              "intermediate_size": 27648, "vocab_size": 152064, "max_position_embeddings": 32768}
 DENSE_80G = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "num_hidden_layers": 64,
              "num_attention_heads": 64, "num_key_value_heads": 8, "hidden_size": 8192,
-             "max_position_embeddings": 8192}
-"""A 40B-class dense model: 80 GiB of weights in FP16, 64 layers, 64 heads / 8 KV heads."""
+             "intermediate_size": 22016, "vocab_size": 32000, "max_position_embeddings": 8192}
+"""A 40B-class dense model: 80 GiB of weights in FP16, 64 layers, 64 heads / 8 KV heads (MLP and vocabulary as a
+Llama-2 model of that width would have them)."""
 
 
 @dataclass(frozen=True)

@@ -158,7 +158,7 @@ def test_a_registered_gguf_carries_its_plans_and_a_refusal_is_recorded(isolated,
     assert (p.tp, p.pp, p.replicas, p.max_model_len) == (1, 1, 1, 4096) and p.per_gpu[0].gpu == "L4-24G"
     assert p.per_gpu[0].weights == what.weights_bytes and 0 < what.weights_bytes < m.size_bytes
     assert p.kv_bytes_per_token == what.shape.kv_bytes_per_token() == 2 * 4 * 2 * 64 * 2
-    assert p.per_gpu[0].usable == int(24 * (1 << 30) * 0.9) and p.per_gpu[0].kv_pool > 0
+    assert p.per_gpu[0].usable == int(planner.gpu("L4-24G").memory_bytes * 0.9) and p.per_gpu[0].kv_pool > 0
     # a GGUF gets what `plan --out` gives a GGUF: no vLLM file (and why), Ollama's layout on the 4-GPU box
     assert single.files == [] and "no vLLM files for a GGUF" in single.notes[0]
     assert box.files == ["serve/1x4xrtx4090-24g/ollama/nginx.conf", "serve/1x4xrtx4090-24g/ollama/start.sh"]

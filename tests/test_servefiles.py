@@ -250,8 +250,8 @@ def test_pipeline_stages_across_types_get_their_layer_partition() -> None:
     assert leader["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-A800-SXM4-80GB"}
     assert worker["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-L20"}
     for spec in (leader, worker):
-        assert {"name": "VLLM_PP_LAYER_PARTITION", "value": "40,24"} in spec["containers"][0]["env"]
-    assert "-e VLLM_PP_LAYER_PARTITION=40,24" in files[f"{d}/docker-run.sh"]
+        assert {"name": "VLLM_PP_LAYER_PARTITION", "value": "41,23"} in spec["containers"][0]["env"]
+    assert "-e VLLM_PP_LAYER_PARTITION=41,23" in files[f"{d}/docker-run.sh"]
 
 
 # ---------------------------------------------------------------- golden files, and --out on the command line

@@ -22,10 +22,18 @@ GIB = 1 << 30
 class GPU:
     name: str
     memory_gib: float
+    """The total memory CUDA reports (what vLLM multiplies by gpu_memory_utilization), not the nominal size."""
     bandwidth_gbs: float
     compute_capability: str
     interconnect: str
     node_label: str
+    memory_source: str = "nominal"
+    """Where memory_gib was read: a vLLM startup log or CUDA message that printed it, or "nominal" (data sheet)."""
+
+    @property
+    def memory_measured(self) -> bool:
+        """Whether memory_gib is what CUDA reported somewhere (else the data sheet's size, a little too large)."""
+        return not self.memory_source.startswith("nominal")
 
     @property
     def memory_bytes(self) -> int:
@@ -56,8 +64,8 @@ def gpu(name: str) -> GPU:
     if found is None:
         raise ConfigError(
             f"unknown GPU {name!r}; known: {', '.join(gpus)}",
-            hint=f"add a profile to {GPUS_FILE} (memory_gib, bandwidth_gbs, compute_capability, "
-            "interconnect, node_label) or use one of the known names",
+            hint=f"add a profile to {GPUS_FILE} (memory_gib as CUDA reports it, memory_source, bandwidth_gbs, "
+            "compute_capability, interconnect, node_label) or use one of the known names",
         )
     return found
 

@@ -4,8 +4,12 @@ it is handed, no toolchain).
 The rules are the deployment handbooks' (../DESIGN.md, "The VRAM planner"), made exact where the model allows:
 
 - weights per GPU come from the artifact's real tensor bytes, split over tensor-parallel ranks and pipeline
-  stages; activations are a share of them (25 % unless measured); usable memory is GPU memory ×
-  gpu_memory_utilization (0.90); what is left is the KV pool;
+  stages; usable memory is the memory CUDA reports (the GPU profile's, not the nominal size) ×
+  gpu_memory_utilization (0.90); from it vLLM keeps what its profile run measured: the activation peak of one
+  forward pass of the scheduler's batch (max_num_batched_tokens tokens, max_num_seqs × vocab logits), the
+  non-torch memory (CUDA context, NCCL buffers: more at TP ≥ 2) and, from vLLM 0.20, its CUDA-graph estimate;
+  each term is fitted on real vLLM startup logs (tests/data/vllm_startups/, benchmarks/bench_planner.py), with
+  the handbooks' 25 % of the weights only as a fallback with a warning; what is left is the KV pool;
 - KV bytes per token come from the model's config.json, per architecture: 2 × layers × KV heads × head dim ×
   bytes for full attention (KV heads split over TP ranks, never below one per rank), layers with a sliding
   window hold at most their window, MLA models cache kv_lora_rank + rope dims once per layer (no × 2, the same
@@ -42,9 +46,33 @@ from pipelines.core.gpus import parse_cluster as parse_cluster
 
 GPU_MEMORY_UTILIZATION = 0.90
 ACTIVATION_SHARE = 0.25
-"""Activations as a share of the per-GPU weights (the handbooks' inference heuristic), unless measured."""
+"""The handbooks' heuristic (activations as a share of the per-GPU weights): only a fallback, with a warning,
+for a model whose config lacks the sizes the measured terms need."""
 MAX_NUM_SEQS = 256
-"""vLLM's default max_num_seqs: the planner never asks for more concurrency than that."""
+"""The most sequences a plan gives vLLM (its max_num_seqs; vLLM's own default on GPUs under 70 GiB)."""
+
+# The memory terms below are least-squares fits on the vLLM startup logs in tests/data/vllm_startups/ (vLLM 0.19,
+# the profiler vLLM runs since 0.17; benchmarks/bench_planner.py refits and prints them, and
+# tests/test_planner_calibration.py checks them by leave-one-out). Each is in bytes per GPU.
+ACTIVATION_FIXED = 156_300_000
+"""Activation peak: a fixed part of the profile run (buffers every forward pass allocates)."""
+ACTIVATION_PER_LOGIT = 3.372
+"""… per fp32 logit of the sampler's dummy batch (max_num_seqs × vocab_size × 4 bytes, sampled together)."""
+ACTIVATION_PER_HIDDEN = 1.469
+"""… per byte of the batch's hidden states (max_num_batched_tokens × hidden_size × 2 bytes)."""
+ACTIVATION_PER_MLP = 0.06908
+"""… per byte of the batch's MLP activations on one rank (max_num_batched_tokens × intermediate / TP × 2 bytes)."""
+NON_TORCH_TP1 = 341_800_000
+"""Non-torch memory of one GPU serving alone (CUDA context growth, cuBLAS workspaces)."""
+NON_TORCH_TP = 2_253_000_000
+"""Non-torch memory per GPU at TP ≥ 2: NCCL and custom all-reduce buffers."""
+CUDA_GRAPHS_TP1 = 1_037_000_000
+"""vLLM's estimate of its CUDA graphs (51 capture sizes up to 512 tokens), one GPU."""
+CUDA_GRAPHS_TP = 1_954_000_000
+"""… per GPU at TP ≥ 2 (the all-reduce in every graph)."""
+CUDA_GRAPHS_FROM = (0, 20)
+"""vLLM deducts its CUDA-graph estimate from the KV pool from this version on (0.19 only announces it:
+"In v0.19, CUDA graph memory profiling will be enabled by default (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1)")."""
 KV_BYTES = {"auto": 2, "fp16": 2, "bf16": 2, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}
 
 
@@ -65,6 +93,10 @@ class ModelShape:
     """Per layer: its sliding window in tokens, or None for full attention (empty: all full)."""
     mla_dims: int | None = None
     """MLA: kv_lora_rank + qk_rope_head_dim, cached once per layer and token (DeepSeek V2/V3)."""
+    hidden_size: int = 0
+    intermediate_size: int = 0
+    """The MLP width a token passes through (a mixture of experts: its active experts' together); 0: unknown."""
+    vocab_size: int = 0
 
     def kv_bytes_per_sequence(self, tokens: int, *, tp: int = 1, pp: int = 1, kv_dtype: str = "auto") -> int:
         """KV cache bytes one sequence of `tokens` needs on one GPU of a TP × PP layout (the largest stage)."""
@@ -164,7 +196,26 @@ def shape_of(config: dict[str, Any]) -> ModelShape:
             windows = tuple(int(window) if t == "sliding_attention" else None for t in layer_types[:layers])
         elif model_type in ("mistral",):
             windows = (int(window),) * layers
-    return ModelShape(arch, layers, heads, kv, head_dim, ctx, windows, mla)
+    return ModelShape(arch, layers, heads, kv, head_dim, ctx, windows, mla, *_widths(text))
+
+
+def _count(value: Any) -> int:
+    """A config's count as an int (0 when absent or not a count: the sizes it feeds fall back, never fail)."""
+    try:
+        return max(0, int(value or 0))
+    except (TypeError, ValueError):
+        return 0
+
+
+def _widths(text: dict[str, Any]) -> tuple[int, int, int]:
+    """(hidden_size, MLP width a token passes through, vocab_size) from a config; 0 where it does not say."""
+    hidden = _count(text.get("hidden_size") or text.get("n_embd") or text.get("d_model"))
+    experts = _count(text.get("num_experts_per_tok") or text.get("moe_topk"))
+    if experts and text.get("moe_intermediate_size"):
+        mlp = experts * _count(text["moe_intermediate_size"]) + _count(text.get("shared_expert_intermediate_size"))
+    else:
+        mlp = _count(text.get("intermediate_size") or text.get("ffn_dim") or text.get("n_inner"))
+    return hidden, mlp, _count(text.get("vocab_size"))
 
 
 # ---------------------------------------------------------------- plans
@@ -205,6 +256,8 @@ class Plan:
     """Pipeline stages of different GPU types (one node each, the first runs Ray's head and the API server), with
     `stage_memory` their budgets; empty: every stage is a node of `group`."""
     stage_memory: tuple[GPUMemory, ...] = ()
+    batched_tokens: int = 0
+    """The max_num_batched_tokens the budget assumes vLLM profiles with (its default unless asked)."""
 
     @property
     def label(self) -> str:
@@ -263,11 +316,22 @@ class Ask:
     concurrency: int = 1
     kv_dtype: str = "auto"
     utilization: float = GPU_MEMORY_UTILIZATION
-    activation_share: float = ACTIVATION_SHARE
+    """vLLM's gpu_memory_utilization: the share of the memory CUDA reports that the instance may use."""
+    activation_share: float | None = None
+    """None: the measured memory terms. A number: the handbooks' accounting (activations = that share of the
+    weights, no non-torch memory, no CUDA graphs), for reproducing their worked cases."""
     fp8_weights: bool = False
     """The variant is FP8 W8A8 (it wants FP8 compute)."""
     smaller: tuple[Variant, ...] = ()
     """The model's other registered variants (a refusal suggests the largest smaller one that fits)."""
+    tp: int | None = None
+    """vLLM's tensor_parallel_size, when asked for (None: the smallest that fits)."""
+    max_num_batched_tokens: int | None = None
+    """vLLM's max_num_batched_tokens (what its profile run pushes through one forward pass); None: its default."""
+    max_num_seqs: int = MAX_NUM_SEQS
+    """The most sequences a plan gives vLLM (its max_num_seqs, which also sizes the profile's dummy sampler batch)."""
+    cuda_graphs: bool = True
+    """Whether the vLLM that serves deducts its CUDA-graph estimate from the KV pool (from 0.20; the pinned one does)."""
 
     def __post_init__(self) -> None:
         # 0 once meant "the maximum" by falling through `context or max_context`: say so instead of guessing
@@ -278,14 +342,88 @@ class Ask:
         if self.concurrency < 1:
             raise ConfigError(f"--concurrency {self.concurrency}: at least one sequence is served",
                               hint="give --concurrency 1 or more")
+        if not 0 < self.utilization <= 1:
+            raise ConfigError(f"--gpu-memory-utilization {self.utilization:g} is not a share of GPU memory: vLLM "
+                              "takes a fraction above 0 and at most 1",
+                              hint=f"give e.g. --gpu-memory-utilization {GPU_MEMORY_UTILIZATION} (vLLM's default)")
+        if self.tp is not None and self.tp < 1:
+            raise ConfigError(f"--tensor-parallel-size {self.tp}: a replica runs on at least one GPU",
+                              hint="give --tensor-parallel-size 1 or more, or leave it out for the smallest that fits")
+        if self.tp is not None and self.tp not in self.shape.tp_sizes(self.tp):
+            raise ConfigError(f"--tensor-parallel-size {self.tp} does not divide {self.shape.architecture}'s "
+                              f"{self.shape.attention_heads} attention / {self.shape.kv_heads} KV heads: vLLM refuses it",
+                              hint=f"one of {', '.join(map(str, self.shape.tp_sizes(64)[:8]))}, or leave it out")
+        if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < 1:
+            raise ConfigError(f"--max-num-batched-tokens {self.max_num_batched_tokens}: a batch holds at least one "
+                              "token", hint="give a positive number of tokens (vLLM's default: 2048, or 8192 on "
+                                            "GPUs of 70 GiB and more other than A100s)")
+
+    @property
+    def seqs_cap(self) -> int:
+        """The most sequences a plan may give vLLM: max_num_seqs, and vLLM wants max_num_batched_tokens ≥ it."""
+        return max(1, min(self.max_num_seqs, self.max_num_batched_tokens or self.max_num_seqs))
 
 
-def _budget(ask: Ask, g: GPU, tp: int, pp: int) -> GPUMemory:
+def default_batched_tokens(g: GPU) -> int:
+    """vLLM's default max_num_batched_tokens for `vllm serve`: 8192 on GPUs of 70 GiB and more whose name does not
+    say A100, else 2048 (EngineArgs' defaults for the OpenAI server, vLLM 0.8 and later; an A800 gets 8192)."""
+    return 8192 if g.memory_gib >= 70 and "A100" not in g.name.upper() else 2048
+
+
+def batched_tokens(ask: Ask, g: GPU) -> int:
+    return ask.max_num_batched_tokens or default_batched_tokens(g)
+
+
+def activation_bytes(shape: ModelShape, tp: int, tokens: int, seqs: int) -> int | None:
+    """The activation peak vLLM's profile run measures on one GPU: one forward pass of `tokens` batched tokens and
+    the sampler's dummy batch of `seqs` sequences × vocab fp32 logits (None: the config lacks the sizes)."""
+    if not (shape.hidden_size and shape.intermediate_size and shape.vocab_size):
+        return None
+    return int(ACTIVATION_FIXED + ACTIVATION_PER_LOGIT * seqs * shape.vocab_size * 4
+               + ACTIVATION_PER_HIDDEN * tokens * shape.hidden_size * 2
+               + ACTIVATION_PER_MLP * tokens * math.ceil(shape.intermediate_size / tp) * 2)
+
+
+def non_torch_bytes(tp: int) -> int:
+    """Memory outside PyTorch's allocator on one GPU: the CUDA context's growth alone, NCCL buffers at TP ≥ 2."""
+    return NON_TORCH_TP1 if tp == 1 else NON_TORCH_TP
+
+
+def cuda_graph_bytes(tp: int) -> int:
+    """vLLM's CUDA-graph estimate on one GPU (deducted from the KV pool from vLLM 0.20 on)."""
+    return CUDA_GRAPHS_TP1 if tp == 1 else CUDA_GRAPHS_TP
+
+
+def _runtime(ask: Ask, g: GPU, tp: int, weights: int) -> tuple[int, str]:
+    """(bytes vLLM keeps beyond the weights and the KV pool on one GPU, how they were sized)."""
+    if ask.activation_share is not None:
+        return int(weights * ask.activation_share), f"activations {ask.activation_share:.0%} of that (handbook)"
+    tokens = batched_tokens(ask, g)
+    act = activation_bytes(ask.shape, tp, tokens, ask.seqs_cap)
+    if act is None:
+        act, how = int(weights * ACTIVATION_SHARE), f"activations {ACTIVATION_SHARE:.0%} of that (fallback)"
+    else:
+        how = (f"activation peak {act / GIB:.2f} GiB (vLLM's profile of {tokens} batched tokens and "
+               f"{ask.seqs_cap} × {ask.shape.vocab_size:,} logits)")
+    extra = non_torch_bytes(tp)
+    how += f", non-torch {extra / GIB:.2f} GiB"
+    if ask.cuda_graphs:
+        extra += cuda_graph_bytes(tp)
+        how += f", CUDA graphs {cuda_graph_bytes(tp) / GIB:.2f} GiB"
+    return act + extra, how
+
+
+def budget(ask: Ask, g: GPU, tp: int, pp: int) -> GPUMemory:
+    """One GPU's budget in a TP × PP replica: `activations` holds all that vLLM keeps beyond the weights and the KV
+    pool (the activation peak, non-torch memory, CUDA graphs where deducted)."""
     total = g.memory_bytes
     usable = int(total * ask.utilization)
     weights = math.ceil(ask.weights_bytes / (tp * pp))
-    activations = int(weights * ask.activation_share)
-    return GPUMemory(total, usable, weights, activations, usable - weights - activations)
+    runtime, _ = _runtime(ask, g, tp, weights)
+    return GPUMemory(total, usable, weights, runtime, usable - weights - runtime)
+
+
+_budget = budget
 
 
 def _fits(ask: Ask, group: NodeGroup, tp: int, pp: int) -> tuple[GPUMemory, int, int] | None:
@@ -295,25 +433,38 @@ def _fits(ask: Ask, group: NodeGroup, tp: int, pp: int) -> tuple[GPUMemory, int,
         return None
     context = min(ask.context or ask.shape.max_context, ask.shape.max_context)
     per_seq = ask.shape.kv_bytes_per_sequence(context, tp=tp, pp=pp, kv_dtype=ask.kv_dtype)
-    seqs = mem.kv_pool // per_seq if per_seq else MAX_NUM_SEQS
+    seqs = mem.kv_pool // per_seq if per_seq else ask.seqs_cap
     if seqs < 1:
         return None
-    return mem, context, int(min(seqs, MAX_NUM_SEQS))
+    return mem, context, int(min(seqs, ask.seqs_cap))
 
 
 def _serves(ask: Ask, group: NodeGroup, tp: int, pp: int) -> tuple[GPUMemory, int, int] | None:
     """_fits, and enough sequences for the asked concurrency."""
     fit = _fits(ask, group, tp, pp)
-    return fit if fit is not None and fit[2] >= min(ask.concurrency, MAX_NUM_SEQS) else None
+    return fit if fit is not None and fit[2] >= min(ask.concurrency, ask.seqs_cap) else None
 
 
 def _layouts(ask: Ask, group: NodeGroup) -> list[tuple[int, int]]:
-    """TP × PP layouts on `group`, fewest GPUs first: one node's TP sizes, then PP across its nodes."""
-    tps = ask.shape.tp_sizes(group.gpus_per_node)
+    """TP × PP layouts on `group`, fewest GPUs first: one node's TP sizes (only the asked one, when asked), then
+    PP across its nodes."""
+    tps = [t for t in ask.shape.tp_sizes(group.gpus_per_node) if ask.tp is None or t == ask.tp]
     out = [(t, 1) for t in tps]
     if group.nodes > 1:
         out += [(t, p) for p in range(2, group.nodes + 1) for t in tps if p <= ask.shape.layers]
     return sorted(out, key=lambda tp_pp: (tp_pp[0] * tp_pp[1], tp_pp[1]))
+
+
+def _memory_warnings(ask: Ask) -> list[str]:
+    out = []
+    if ask.activation_share is None and activation_bytes(ask.shape, 1, 1, 1) is None:
+        out.append(f"{ask.shape.architecture}'s config lacks hidden_size / intermediate_size / vocab_size: "
+                   f"activations are sized as {ACTIVATION_SHARE:.0%} of the weights (the handbooks' rule), not by "
+                   "vLLM's profile")
+    if ask.max_num_batched_tokens is not None:
+        out.append(f"the budget assumes vLLM runs with --max-num-batched-tokens {ask.max_num_batched_tokens} (its "
+                   "profile batch): start it with that option, or the activation peak it measures differs")
+    return out
 
 
 def plan_group(ask: Ask, group: NodeGroup) -> Plan:
@@ -336,10 +487,11 @@ def plan_group(ask: Ask, group: NodeGroup) -> Plan:
         reasons = _reasons(ask, group, tp, pp, mem, replicas)
         warnings = [_fp8_warning(group.gpu)] if ask.fp8_weights and not group.gpu.fp8_compute else []
         per_token = ask.shape.kv_bytes_per_token(tp=tp, pp=pp, kv_dtype=ask.kv_dtype)
-        return Plan(group, tp, pp, replicas, max_len, seqs, mem, per_token, ask.kv_dtype, reasons, warnings,
-                    ask.utilization)
+        return Plan(group, tp, pp, replicas, max_len, seqs, mem, per_token, ask.kv_dtype, reasons,
+                    warnings + _memory_warnings(ask), ask.utilization, batched_tokens=batched_tokens(ask, group.gpu))
+    tp_note = f" with --tensor-parallel-size {ask.tp}" if ask.tp is not None else ""
     raise PlanRefused(f"{ask.shape.architecture} ({ask.weights_bytes / GIB:.1f} GiB of weights) at {context} tokens × "
-                      f"{ask.concurrency} sequences does not fit {group}", nearest(ask, group))
+                      f"{ask.concurrency} sequences does not fit {group}{tp_note}", nearest(ask, group))
 
 
 def _fp8_warning(g: GPU) -> str:
@@ -349,8 +501,10 @@ def _fp8_warning(g: GPU) -> str:
 
 def _reasons(ask: Ask, group: NodeGroup, tp: int, pp: int, mem: GPUMemory, replicas: int) -> list[str]:
     g = group.gpu
+    _, runtime = _runtime(ask, g, tp, mem.weights)
     out = [f"weights {ask.weights_bytes / GIB:.1f} GiB over {tp * pp} GPU(s): {mem.weights / GIB:.1f} GiB each; "
-           f"activations {ask.activation_share:.0%} of that; {g.memory_gib:g} GiB × {ask.utilization:.2f} usable leaves "
+           f"{runtime}; {g.memory_gib:g} GiB ({'as CUDA reports it' if g.memory_measured else 'nominal'}) × "
+           f"{ask.utilization:.2f} usable leaves "
            f"{mem.kv_pool / GIB:.1f} GiB of KV pool per GPU"]
     if tp > 1:
         out.append(f"tensor parallel {tp} inside one node of {group.gpus_per_node} {g.name} ({g.interconnect}): "
@@ -480,13 +634,13 @@ def _stage_budgets(ask: Ask, stages: list[NodeGroup], tp: int, context: int) -> 
     `stages`: layers in proportion to each stage's usable memory, so that weights and KV fill them alike."""
     usable = [int(s.gpu.memory_bytes * ask.utilization) for s in stages]
     parts = partition(ask.shape.layers, usable)
-    mems, seqs, first = [], MAX_NUM_SEQS, 0
+    mems, seqs, first = [], ask.seqs_cap, 0
     for stage, room, layers in zip(stages, usable, parts, strict=True):
         weights = math.ceil(ask.weights_bytes * layers / ask.shape.layers / tp)
-        activations = int(weights * ask.activation_share)
-        mem = GPUMemory(stage.gpu.memory_bytes, room, weights, activations, room - weights - activations)
+        runtime, _ = _runtime(ask, stage.gpu, tp, weights)
+        mem = GPUMemory(stage.gpu.memory_bytes, room, weights, runtime, room - weights - runtime)
         per_seq = ask.shape.kv_bytes_for_layers(context, range(first, first + layers), tp=tp, kv_dtype=ask.kv_dtype)
-        seqs = min(seqs, max(0, mem.kv_pool) // per_seq if per_seq else MAX_NUM_SEQS)
+        seqs = min(seqs, max(0, mem.kv_pool) // per_seq if per_seq else ask.seqs_cap)
         mems.append(mem)
         first += layers
     return parts, mems, seqs
@@ -512,9 +666,9 @@ def plan_pipeline(ask: Ask, cluster: list[NodeGroup]) -> Plan:
     if len(stages) > ask.shape.layers:
         raise ConfigError(f"{len(stages)} pipeline stages for {ask.shape.layers} layers",
                           hint="use fewer nodes, or independent instances per type")
-    for tp in ask.shape.tp_sizes(min(s.gpus_per_node for s in stages)):
+    for tp in [t for t in ask.shape.tp_sizes(min(s.gpus_per_node for s in stages)) if ask.tp in (None, t)]:
         parts, mems, seqs = _stage_budgets(ask, stages, tp, context)
-        if seqs < max(1, min(ask.concurrency, MAX_NUM_SEQS)):
+        if seqs < max(1, min(ask.concurrency, ask.seqs_cap)):
             continue
         pp = len(stages)
         reasons = [f"{s.gpu.name} stage: {n} of {ask.shape.layers} layers, {m.weights / GIB:.1f} GiB of weights and "
@@ -525,8 +679,9 @@ def plan_pipeline(ask: Ask, cluster: list[NodeGroup]) -> Plan:
                     "so that Ray and NCCL reach each other"]
         warnings = [_fp8_warning(s.gpu) for s in cluster if ask.fp8_weights and not s.gpu.fp8_compute]
         per_token = ask.shape.kv_bytes_for_layers(1, range(parts[0]), tp=tp, kv_dtype=ask.kv_dtype)
-        return Plan(cluster[0], tp, pp, 1, context, int(seqs), mems[0], per_token, ask.kv_dtype, reasons, warnings,
-                    ask.utilization, parts, tuple(stages), tuple(mems))
+        return Plan(cluster[0], tp, pp, 1, context, int(seqs), mems[0], per_token, ask.kv_dtype, reasons,
+                    warnings + _memory_warnings(ask), ask.utilization, parts, tuple(stages), tuple(mems),
+                    batched_tokens=batched_tokens(ask, cluster[0].gpu))
     raise PlanRefused(f"{ask.shape.architecture} ({ask.weights_bytes / GIB:.1f} GiB of weights) at {context} tokens × "
                       f"{ask.concurrency} sequences does not fit a pipeline over {label}",
                       [n for g in cluster for n in nearest(ask, g)])
@@ -573,7 +728,10 @@ def shape_of_gguf(meta: dict[str, Any]) -> ModelShape:
     if key("attention.kv_lora_rank"):
         mla = int(key("attention.kv_lora_rank")) + int(key("rope.dimension_count") or 0)
     windows: tuple[int | None, ...] = (int(window),) * layers if window else ()
-    return ModelShape(arch, layers, heads, kv, head_dim, int(key("context_length") or 4096), windows, mla)
+    ffn = key("feed_forward_length")
+    widths = (_count(key("embedding_length")), _count(max(ffn) if isinstance(ffn, list) else ffn),
+              _count(key("vocab_size") or len(meta.get("tokenizer.ggml.tokens") or ())))
+    return ModelShape(arch, layers, heads, kv, head_dim, int(key("context_length") or 4096), windows, mla, *widths)
 
 
 _SHARD = re.compile(r"^(.*)-00001-of-(\d{5})\.gguf$")
@@ -600,7 +758,7 @@ def served(path: Path) -> Served:
     from pipelines.source.fetch import read_safetensors_header
 
     if path.is_file() and path.suffix == ".gguf":
-        header = read_gguf_header(path, lambda k, found: k == "general.architecture" or
+        header = read_gguf_header(path, lambda k, found: k in ("general.architecture", "tokenizer.ggml.tokens") or
                                   k.startswith(str(found.get("general.architecture", "\0")) + "."))
         weights = sum(t.nbytes for t in header.tensors)
         for shard in _later_shards(path):  # llama-gguf-split's other files hold the rest of the tensors

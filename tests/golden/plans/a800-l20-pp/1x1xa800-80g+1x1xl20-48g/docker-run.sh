@@ -7,13 +7,13 @@ MODELS="${MODELS:-/models}"  # the host folder holding qwen2-5-32b (modelmint pu
 IMAGE=vllm/vllm-openai:v0.32.0
 case "${1:-}" in
   head)
-    docker run -d --name qwen2-5-32b-ray --gpus all --network host --ipc=host -v "$MODELS:/models:ro" -v "$HERE/vllm.yaml:/config/vllm.yaml:ro" -e VLLM_PP_LAYER_PARTITION=40,24 --entrypoint /bin/bash "$IMAGE" -c "ray start --head --port=6379 --num-gpus=1 --block"
+    docker run -d --name qwen2-5-32b-ray --gpus all --network host --ipc=host -v "$MODELS:/models:ro" -v "$HERE/vllm.yaml:/config/vllm.yaml:ro" -e VLLM_PP_LAYER_PARTITION=41,23 --entrypoint /bin/bash "$IMAGE" -c "ray start --head --port=6379 --num-gpus=1 --block"
     until docker exec qwen2-5-32b-ray python3 -c 'import ray, sys; ray.init(address="auto", logging_level="ERROR"); sys.exit(sum(n["Alive"] for n in ray.nodes()) < 2)'; do sleep 5; done
     docker exec -d qwen2-5-32b-ray vllm serve --config /config/vllm.yaml --port 8000
     echo "serving qwen2-5-32b on port 8000 of this machine" ;;
   worker)
     [ -n "${2:-}" ] || { echo "usage: $0 worker HEAD_IP" >&2; exit 2; }
-    docker run -d --name qwen2-5-32b-ray --gpus all --network host --ipc=host -v "$MODELS:/models:ro" -v "$HERE/vllm.yaml:/config/vllm.yaml:ro" -e VLLM_PP_LAYER_PARTITION=40,24 --entrypoint /bin/bash "$IMAGE" -c "ray start --address=$2:6379 --num-gpus=1 --block" ;;
+    docker run -d --name qwen2-5-32b-ray --gpus all --network host --ipc=host -v "$MODELS:/models:ro" -v "$HERE/vllm.yaml:/config/vllm.yaml:ro" -e VLLM_PP_LAYER_PARTITION=41,23 --entrypoint /bin/bash "$IMAGE" -c "ray start --address=$2:6379 --num-gpus=1 --block" ;;
   *)
     echo "usage: $0 head (on one machine), then $0 worker HEAD_IP on the 1 other(s)" >&2
     exit 2 ;;
