@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 from registry_env import ROOT, free_port
 
-from pipelines.publish.localregistry import BlobServer, registry_config
+from pipelines.publish.localregistry import BlobServer, registry_config, stop_process
 
 
 @dataclass
@@ -52,13 +52,7 @@ class RunningRegistry:
     def stop(self) -> None:
         if self.static is not None:
             self.static.stop()
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
+        stop_process(self.proc)
 
 
 # distribution 2.8's configuration and the redirect target are the ones `modelmint registry serve` runs

@@ -159,13 +159,18 @@ class LocalRegistry:
 
     def stop(self) -> None:
         self.blobs.stop()
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
+        stop_process(self.proc)
+
+
+def stop_process(proc: subprocess.Popen[bytes], timeout: float = 10) -> None:
+    """SIGTERM, then SIGKILL after `timeout` seconds; waited for either way (no zombie left)."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=timeout)
 
 
 @contextmanager
