@@ -128,6 +128,7 @@ def test_missing_work_pool_is_named(deployed) -> None:
     assert ours.returncode == 1 and "work pool modelmint-local does not exist" in ours.stderr
 
 
+@pytest.mark.heavy  # four flow runs, one killed mid-step: minutes; nightly (test_flow_faults kills runs in CI's run)
 @pytest.mark.parametrize("deployed", [["q5_k_m", "q6_k", "q3_k_m"]], indirect=True)
 def test_same_model_runs_serialize_and_a_killed_run_leaves_no_manifest(deployed) -> None:
     repo, settings = deployed

@@ -68,6 +68,7 @@ def _where_tasks_ran(c: Cluster) -> dict[str, str]:
 
 
 @pytest.mark.slow
+@pytest.mark.heavy  # a Ray cluster and a Prefect stack running the whole flow: minutes; nightly
 def test_the_flow_runs_its_steps_on_both_nodes_and_registers_what_a_local_run_does(cluster, isolated, tmp_path,
                                                                                   monkeypatch) -> None:
     placement = {"quantize": {"node-b": 1}, "validate": {"node-a": 1}}
@@ -95,6 +96,7 @@ def _task_running(settings: Settings, prefix: str) -> bool:
 
 
 @pytest.mark.slow
+@pytest.mark.heavy  # a Ray cluster and a Prefect stack running the whole flow: minutes; nightly
 def test_a_node_lost_mid_step_is_retried_by_ray_on_its_replacement(cluster, isolated, tmp_path, monkeypatch) -> None:
     """SIGKILL the raylet of the node running validate (llama-perplexity, the longest step of a tiny model): Ray
     retries the task on the node that replaces it (one offering the same resource), the run completes, and what

@@ -118,6 +118,7 @@ def _alive_nodes(c: Cluster) -> int:
 
 
 @pytest.mark.slow
+@pytest.mark.heavy  # vLLM joining a real two-node Ray cluster: minutes; nightly
 def test_a_planned_pipeline_over_two_ray_nodes_is_refused_by_vllm_on_cpu(
     toolchain: VllmCpu, cluster: Cluster, tiny_qwen2: Path, tmp_path: Path
 ) -> None:
