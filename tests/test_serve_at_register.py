@@ -210,7 +210,7 @@ def test_a_registered_gguf_carries_its_plans_and_a_refusal_is_recorded(isolated,
 
     # other inventories are another registration of the same bytes; a plan that cannot fit is recorded with the
     # nearest plans that do, and no file; the registration itself goes through
-    _set_serve(repo, {"gpus": ["1xL4-24G"], "context": 4096, "gpu_memory_utilization": 0.002})
+    _set_serve(repo, {"gpus": ["1xL4-24G"], "context": 4096, "gpu_memory_utilization": 0.02})
     again = _cli(repo, "convert", "tiny-qwen2", "--variants", "q8_0", "--register")
     assert again.returncode == 0, again.stderr
     after = find_manifest(settings, "tiny-qwen2:q8_0")
@@ -222,7 +222,7 @@ def test_a_registered_gguf_carries_its_plans_and_a_refusal_is_recorded(isolated,
     # every suggestion is one the planner itself accepts
     first = refused.nearest[0]
     assert first.startswith("--gpus "), refused.nearest
-    ask = planner.Ask(what.weights_bytes, what.shape, context=4096, utilization=0.002)
+    ask = planner.Ask(what.weights_bytes, what.shape, context=4096, utilization=0.02)
     assert planner.plan(ask, planner.parse_cluster(first.removeprefix("--gpus ")))
     listed = _cli(repo, "show", m.ref, "--plans")
     assert "refused" in listed.stdout and "nearest: --gpus" in listed.stdout
