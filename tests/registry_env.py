@@ -152,15 +152,18 @@ def _qwen_template() -> str:
     return (llama_cpp(Settings.from_env()).source / "models/templates/Qwen-Qwen2.5-7B-Instruct.jinja").read_text()
 
 
-def write_gguf(path: Path, *, seed: int = 0, mib: float = 0.25) -> Path:
+def write_gguf(path: Path, *, seed: int = 0, mib: float = 0.25, tensors: dict[str, Any] | None = None,
+               name: str | None = None) -> Path:
     """A small but well-formed GGUF (gguf-py's writer) with a ChatML tokenizer: enough for the registry and the
-    Modelfile, not for inference."""
+    Modelfile, not for inference. `tensors` (name -> array) replaces the one random tensor of `mib` MiB."""
     import gguf
 
-    rng = np.random.default_rng(seed)
-    n = max(1, int(mib * (1 << 20) / 4))
+    if tensors is None:
+        rng = np.random.default_rng(seed)
+        n = max(1, int(mib * (1 << 20) / 4))
+        tensors = {"token_embd.weight": rng.standard_normal(n).astype(np.float32)}
     w = gguf.GGUFWriter(str(path), "qwen2")
-    w.add_name(f"synthetic-{seed}")
+    w.add_name(name or f"synthetic-{seed}")
     w.add_context_length(2048)
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("qwen2")
@@ -170,7 +173,8 @@ def write_gguf(path: Path, *, seed: int = 0, mib: float = 0.25) -> Path:
     w.add_bos_token_id(0)
     w.add_add_bos_token(False)
     w.add_chat_template(_qwen_template())
-    w.add_tensor("token_embd.weight", rng.standard_normal(n).astype(np.float32))
+    for tensor, data in tensors.items():
+        w.add_tensor(tensor, data)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import pytest
 import yaml
-from registry_env import Repo, _qwen_template, candidate, isolate, judged, make_repo
+from registry_env import Repo, candidate, isolate, judged, make_repo, write_gguf
 
 from pipelines.core.fsutil import sha256_file
 from pipelines.core.settings import Settings
@@ -73,28 +73,10 @@ def _sharded_checkpoint(settings: Settings, out: Path) -> Candidate:
 def _split_gguf(settings: Settings, out: Path) -> Candidate:
     """A q4_k_m candidate as candidate_from_gguf hands a split GGUF over: the shards llama-gguf-split wrote, the
     first one the main file."""
-    import gguf
-
     out.mkdir(parents=True)
-    path = out / "tiny-qwen2-q4_k_m.gguf"
-    w = gguf.GGUFWriter(str(path), "qwen2")
-    w.add_name("synthetic-split")
-    w.add_context_length(2048)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("qwen2")
-    w.add_token_list(["<|endoftext|>", "<|im_start|>", "<|im_end|>", "a", "b"])
-    w.add_token_types([3, 3, 3, 1, 1])
-    w.add_eos_token_id(2)
-    w.add_bos_token_id(0)
-    w.add_add_bos_token(False)
-    w.add_chat_template(_qwen_template())
     rng = np.random.default_rng(2)
-    for i in range(3):
-        w.add_tensor(f"blk.{i}.ffn_up.weight", rng.standard_normal(200_000).astype(np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    path = write_gguf(out / "tiny-qwen2-q4_k_m.gguf", name="synthetic-split", tensors={
+        f"blk.{i}.ffn_up.weight": rng.standard_normal(200_000).astype(np.float32) for i in range(3)})
     shards = split(path, "1M", llama_cpp(settings))
     assert len(shards) == 3, shards  # three tensors of 0.76 MiB, at most 1 MiB a shard
     report = {"variant": "q4_k_m", "key": "0" * 64, "smoke": {"tokens_generated": 32},
