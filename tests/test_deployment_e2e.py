@@ -18,7 +18,7 @@ from typing import Any
 
 import golden
 import pytest
-from registry_env import Repo, free_port, git, make_repo, task_runs
+from registry_env import Repo, free_port, git, task_runs
 from stack_env import flow_runs, prefect, stack_up, wait_for
 
 from flows import stack
@@ -105,7 +105,8 @@ def _golden_outputs(repo: Repo, settings: Settings) -> None:
     golden.check("gguf/show-q4_k_m.json", shown.stdout, source=source, **places)
 
 
-def test_unknown_deployment_and_no_server(deployed) -> None:
+def test_unknown_deployment_no_server_missing_work_pool_and_down(deployed) -> None:
+    """The stack's error paths and its stop, on one stack (each start is ~30 s of Prefect server and worker)."""
     _, settings = deployed
     prefect_says = prefect(settings, "deployment", "run", "convert/nope")
     assert prefect_says.returncode != 0 and "not found" in (prefect_says.stdout + prefect_says.stderr).lower()
@@ -118,14 +119,24 @@ def test_unknown_deployment_and_no_server(deployed) -> None:
                           text=True, env=elsewhere)
     assert down.returncode == 1 and "no Prefect server answers" in down.stderr and "scripts/up.sh" in down.stderr
 
+    # up again is idempotent (the same processes)
+    state = stack.up(settings, say=lambda _msg: None)
+    assert stack.healthy(settings.prefect_api_url) and stack.worker_online(settings)
+    again = stack.up(settings, say=lambda _msg: None)
+    assert (again.server_pid, again.worker_pid) == (state.server_pid, state.worker_pid)
 
-def test_missing_work_pool_is_named(deployed) -> None:
-    _, settings = deployed
+    # a work pool deleted under the stack is named
     with stack.api(settings) as client:
         client.delete_work_pool(stack.WORK_POOL)
     ours = subprocess.run([sys.executable, "-m", "flows.stack", "run", "convert/tiny-qwen2"], capture_output=True,
                           text=True, env={**os.environ})
     assert ours.returncode == 1 and "work pool modelmint-local does not exist" in ours.stderr
+
+    # down stops both
+    stack.down(settings, say=lambda _msg: None)
+    assert not stack.healthy(settings.prefect_api_url)
+    for pid in (state.server_pid, state.worker_pid):
+        assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split(")")[1][:3]
 
 
 @pytest.mark.heavy  # four flow runs, one killed mid-step: minutes; nightly (test_flow_faults kills runs in CI's run)
@@ -174,17 +185,3 @@ def test_same_model_runs_serialize_and_a_killed_run_leaves_no_manifest(deployed)
     again = prefect(settings, "deployment", "run", "convert/tiny-qwen2", "--param", 'variants=["q3_k_m"]', "--watch")
     assert again.returncode == 0, again.stdout + again.stderr
     assert find_manifest(repo.settings(), "tiny-qwen2:q3_k_m").validation.passed
-
-
-def test_down_stops_everything(isolated, tmp_path: Path, monkeypatch) -> None:
-    make_repo(tmp_path)
-    monkeypatch.setenv("MODELMINT_PREFECT_PORT", str(free_port()))
-    settings = Settings.from_env()
-    state = stack.up(settings, say=lambda _msg: None)
-    assert stack.healthy(settings.prefect_api_url) and stack.worker_online(settings)
-    again = stack.up(settings, say=lambda _msg: None)  # idempotent: the same processes
-    assert (again.server_pid, again.worker_pid) == (state.server_pid, state.worker_pid)
-    stack.down(settings, say=lambda _msg: None)
-    assert not stack.healthy(settings.prefect_api_url)
-    for pid in (state.server_pid, state.worker_pid):
-        assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split(")")[1][:3]

@@ -594,6 +594,23 @@ def test_read_safetensors_header_rejects(
         read_safetensors_header(path)
 
 
+def test_a_header_that_passed_is_not_checked_again_until_the_file_changes(tmp_path: Path) -> None:
+    from pipelines.core.fsutil import HashCache
+
+    hashes = HashCache(tmp_path / "hashcache.json")
+    path = tmp_path / "w.safetensors"
+    path.write_bytes(tiny_weights())
+    assert not hashes.checked(path, "safetensors-header")
+    header = read_safetensors_header(path, hashes)
+    assert hashes.checked(path, "safetensors-header")
+    assert read_safetensors_header(path, HashCache(tmp_path / "hashcache.json")) == header  # remembered on disk
+    # the same file with bytes after its last tensor: another size, so the library checks it again and refuses it
+    path.write_bytes(tiny_weights() + b"\0" * 8)
+    with pytest.raises(ArtifactError, match="bytes after the last tensor"):
+        read_safetensors_header(path, hashes)
+    assert not hashes.checked(path, "safetensors-header")
+
+
 def test_read_safetensors_header_knows_every_dtype_of_the_format(tmp_path: Path) -> None:
     # the safetensors library's dtypes, including the ROCm FP8 variants a hand-written table lacked
     tensors = {"a": {"dtype": "F8_E4M3FNUZ", "shape": [2], "data_offsets": [0, 2]},

@@ -287,15 +287,12 @@ def test_plan_out_writes_the_files(tiny_qwen2: Path, tmp_path: Path) -> None:
 # ---------------------------------------------------------------- vLLM's own parser
 
 
-def _check(config: Path, model: Path, settings: Any) -> str:
-    from pipelines.compressed.serve import check_serve_config
-    from pipelines.core.errors import ConfigError
+def _check(configs: list[Path], model: Path, settings: Any) -> list[str]:
+    """vLLM's verdict on each config against `model`, in one vLLM process: "ok" or why it rejects it."""
+    from pipelines.compressed.serve import check_serve_configs
 
-    try:
-        check_serve_config(config, settings, model=model)
-    except ConfigError as err:
-        return err.message
-    return "ok"
+    return ["ok" if isinstance(r, dict) else r.message
+            for r in check_serve_configs([(c, model) for c in configs], settings)]
 
 
 @pytest.mark.slow
@@ -309,21 +306,31 @@ def test_vllm_parses_every_vllm_yaml_and_builds_its_engine_config(tiny_qwen2: Pa
     configs = {"tiny": plan_files(plan(ask, parse_cluster("2xL4-24G")),
                                   Artifact("tiny", tiny_qwen2.name, False, GIB))["1x2xl4-24g/vllm.yaml"]}
     configs |= {f"{sc}-{rel}": text for sc, rel, text in _each("vllm.yaml")}
+    paths = []
     for name, text in configs.items():
         cfg = yaml.safe_load(text)
         cfg["max-model-len"] = min(cfg["max-model-len"], 32768)
-        path = tmp_path / (name.replace("/", "_").replace(".yaml", "") + ".yaml")
-        path.write_text(yaml.safe_dump(cfg, sort_keys=False))
-        result = _check(path, tiny_qwen2, settings)
+        paths.append(tmp_path / (name.replace("/", "_").replace(".yaml", "") + ".yaml"))
+        paths[-1].write_text(yaml.safe_dump(cfg, sort_keys=False))
+    # the broken ones after the good ones, in the same vLLM process: a failure must not leak into the next check
+    good = yaml.safe_load(configs["tiny"])
+    broken = (({"max-modle-len": 2048}, "parse"), ({"max-model-len": 65536}, "engine_config"),
+              ({"tensor-parallel-size": 3}, "engine_config"))
+    for n, (change, _) in enumerate(broken):
+        paths.append(tmp_path / f"broken-{n}.yaml")
+        paths[-1].write_text(yaml.safe_dump({**good, **change}))
+    paths.append(paths[0])
+    said = _check(paths, tiny_qwen2, settings)
+    assert len(said) == len(paths)
+    for name, result in zip([*configs, *(f"broken {b}" for b, _ in broken), "tiny again"], said, strict=True):
+        if name.startswith("broken"):
+            continue
         assert result == "ok", (name, result)
     assert any(yaml.safe_load(text).get("distributed-executor-backend") == "ray" for text in configs.values())
     # and it refuses what is wrong: a misspelled option, a context past the model's, TP that splits no head evenly
-    good = yaml.safe_load(configs["tiny"])
-    for broken, stage in (({"max-modle-len": 2048}, "parse"), ({"max-model-len": 65536}, "engine_config"),
-                          ({"tensor-parallel-size": 3}, "engine_config")):
-        path = tmp_path / "broken.yaml"
-        path.write_text(yaml.safe_dump({**good, **broken}))
-        assert f"at the {stage} stage" in _check(path, tiny_qwen2, settings), broken
+    for (change, stage), result in zip(broken, said[len(configs):], strict=False):
+        assert f"at the {stage} stage" in result, (change, result)
+    assert "max-modle-len" in said[len(configs)]  # argparse's own words, of that config
 
 
 def test_a_gguf_gets_ollama_files_and_no_vllm_files_with_the_reason() -> None:

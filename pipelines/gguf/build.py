@@ -202,9 +202,10 @@ class GGUFPlan:
     @functools.cached_property
     def weights(self) -> list[Weight]:
         """The source's 2-D weights (from its Safetensors headers): what the block-size pre-flight reads."""
+        from pipelines.core.fsutil import HashCache
         from pipelines.source.fetch import source_tensors
 
-        return source_weights(source_tensors(self.snapshot.path))
+        return source_weights(source_tensors(self.snapshot.path, HashCache(self.settings.home / "hashcache.json")))
 
     def block_fallback(self, q: str) -> BlockFallback:
         """The pre-flight for quant type `q`: the weights llama-quantize will store in another type, and their share.

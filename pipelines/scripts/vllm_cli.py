@@ -6,8 +6,10 @@ version plus "+cpu" (vLLM detects its CPU platform from that suffix; without it 
 and an AVX2 CPU dies with SIGILL), then hands over to vLLM's own CLI.
 
   vllm_cli.py version-check WANT     exit 1 unless vLLM reports WANT and selects the CPU platform
-  vllm_cli.py check-config MODEL CFG parse CFG with `vllm serve`'s own parser and build the engine config
-                                     against MODEL's config.json (no weights loaded); print one JSON line
+  vllm_cli.py check-config MODEL CFG [MODEL CFG ...]
+                                     parse each CFG with `vllm serve`'s own parser and build the engine config
+                                     against its MODEL's config.json (no weights loaded); print one JSON line
+                                     per pair, in order (one process: vLLM's import is most of a check's time)
   vllm_cli.py smoke CONFIG [--skip-on BUILD ...] [--timeout S]
                                      start `serve --config CONFIG` on 127.0.0.1, wait for /health, send one
                                      chat completion, stop the server; print one JSON line. With --skip-on,
@@ -26,6 +28,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib.metadata as _md
+import io
 import json
 import os
 import re
@@ -64,7 +67,7 @@ def _version_check(want: str) -> int:
     return 0
 
 
-def _check_config(model: str, config: str) -> int:
+def _check_configs(pairs: list[tuple[str, str]]) -> int:
     from vllm.engine.arg_utils import AsyncEngineArgs
 
     try:
@@ -73,21 +76,29 @@ def _check_config(model: str, config: str) -> int:
         from vllm.entrypoints.openai.cli_args import make_arg_parser
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-    parser = make_arg_parser(FlexibleArgumentParser(prog="vllm serve"))
-    try:
-        args = parser.parse_args(["--model", model, "--config", config])
-    except SystemExit as exc:  # argparse already printed why
-        print(json.dumps({"ok": False, "stage": "parse", "exit": exc.code}))
-        return 1
-    try:
-        engine = AsyncEngineArgs.from_cli_args(args).create_engine_config()
-    except Exception as exc:
-        print(json.dumps({"ok": False, "stage": "engine_config", "error": f"{type(exc).__name__}: {exc}"[:800]}))
-        return 1
-    mc = engine.model_config
-    print(json.dumps({"ok": True, "stage": "engine_config", "quantization": mc.quantization,
-                      "dtype": str(mc.dtype), "max_model_len": mc.max_model_len}))
-    return 0
+    failed = 0
+    for model, config in pairs:
+        parser = make_arg_parser(FlexibleArgumentParser(prog="vllm serve"))
+        said = io.StringIO()
+        try:
+            with contextlib.redirect_stderr(said):
+                args = parser.parse_args(["--model", model, "--config", config])
+        except SystemExit as exc:  # argparse said why, on stderr
+            why = (said.getvalue().strip().splitlines() or [f"exit {exc.code}"])[-1]
+            print(json.dumps({"ok": False, "config": config, "stage": "parse", "error": why[:800]}), flush=True)
+            failed += 1
+            continue
+        try:
+            engine = AsyncEngineArgs.from_cli_args(args).create_engine_config()
+        except Exception as exc:
+            print(json.dumps({"ok": False, "config": config, "stage": "engine_config",
+                              "error": f"{type(exc).__name__}: {exc}"[:800]}), flush=True)
+            failed += 1
+            continue
+        mc = engine.model_config
+        print(json.dumps({"ok": True, "config": config, "stage": "engine_config", "quantization": mc.quantization,
+                          "dtype": str(mc.dtype), "max_model_len": mc.max_model_len}), flush=True)
+    return 1 if failed else 0
 
 
 SMOKE_MESSAGES = [
@@ -253,8 +264,8 @@ def _answers(argv: list[str]) -> int:
 def main(argv: list[str]) -> int:
     if argv[:1] == ["version-check"] and len(argv) == 2:
         return _version_check(argv[1])
-    if argv[:1] == ["check-config"] and len(argv) == 3:
-        return _check_config(argv[1], argv[2])
+    if argv[:1] == ["check-config"] and len(argv) >= 3 and len(argv) % 2 == 1:
+        return _check_configs(list(zip(argv[1::2], argv[2::2], strict=True)))
     if argv[:1] == ["smoke"]:
         return _smoke(argv[1:])
     if argv[:1] == ["answers"]:

@@ -134,13 +134,15 @@ def fetch(entry: CatalogEntry, settings: Settings, *, revision: str | None = Non
 # ---------------------------------------------------------------- safetensors
 
 
-def read_safetensors_header(path: Path) -> dict[str, Any]:
+def read_safetensors_header(path: Path, hashes: HashCache | None = None) -> dict[str, Any]:
     """Read and check a .safetensors file's header without loading a tensor.
 
     The `safetensors` library decides whether the file is valid (header length, UTF-8 JSON, known dtypes,
     shapes, byte ranges that match them and tile the data section up to the end of the file); modelmint words
     its refusal. Returns the header as stored: tensor name → {"dtype", "shape", "data_offsets"}, plus
-    "__metadata__" when present.
+    "__metadata__" when present. With `hashes`, a file that passed the library's check before and is unchanged
+    since (same device, inode, size and mtime) is not checked again: a re-run of a build then needs no numpy
+    (the library imports it to open a file).
 
     Raises:
         ArtifactError: the file is truncated, has trailing bytes, or its header is not valid.
@@ -148,8 +150,10 @@ def read_safetensors_header(path: Path) -> dict[str, Any]:
     from safetensors import SafetensorError, safe_open
 
     try:
-        with safe_open(path, framework="numpy"):  # numpy: no torch; opening checks the header, reads no tensor
-            pass
+        known = hashes is not None and hashes.checked(path, "safetensors-header")
+        if not known:
+            with safe_open(path, framework="numpy"):  # numpy: no torch; opening checks the header, reads no tensor
+                pass
         with open(path, "rb") as fh:
             (n,) = struct.unpack("<Q", fh.read(8))
             header: dict[str, Any] = json.loads(fh.read(n))
@@ -157,6 +161,8 @@ def read_safetensors_header(path: Path) -> dict[str, Any]:
         raise ArtifactError(_refusal(path, str(err))) from err
     except OSError as err:
         raise ArtifactError(f"cannot read {path}: {err.strerror or err}") from err
+    if hashes is not None and not known:
+        hashes.passed(path, "safetensors-header")
     return header
 
 
@@ -316,15 +322,10 @@ def _check_files(
                 f"{root / INDEX_FILE} names files that are not there: {absent}", hint=refetch_hint, **kw
             )
     for name in weights:
-        # the safetensors library's check of a file that passed it before, unchanged since, is skipped: a re-run
-        # of a build then needs no numpy (the library imports it to open a file) and reads no header
-        if hashes.checked(root / name, "safetensors-header"):
-            continue
         try:
-            read_safetensors_header(root / name)
+            read_safetensors_header(root / name, hashes)
         except ArtifactError as err:
             raise SourceError(err.message, hint=refetch_hint, **kw) from err
-        hashes.passed(root / name, "safetensors-header")
     known = known or {}
     return {f: known.get(f) or hashes.sha256(root / f) for f in files}
 
@@ -610,15 +611,16 @@ def safetensors_files(d: Path) -> list[Path]:
     return files
 
 
-def source_tensors(d: Path) -> dict[str, dict[str, Any]]:
-    """Every tensor's Safetensors header entry (dtype, shape) in a model directory, read without loading one.
+def source_tensors(d: Path, hashes: HashCache | None = None) -> dict[str, dict[str, Any]]:
+    """Every tensor's Safetensors header entry (dtype, shape) in a model directory, read without loading one
+    (`hashes`: as read_safetensors_header).
 
     Raises:
         ArtifactError: no weights, a missing shard, or a header that does not read back.
     """
     out: dict[str, dict[str, Any]] = {}
     for f in safetensors_files(d):
-        for name, info in read_safetensors_header(f).items():
+        for name, info in read_safetensors_header(f, hashes).items():
             if name != "__metadata__":
                 out[name] = info
     return out
