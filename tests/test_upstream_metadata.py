@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from gguf_same import assert_same_tensors
 from hubserver import HubServer
 from registry_env import REAL_HOME, PopenCounter
 
@@ -81,10 +82,6 @@ def _tools(argv: list[list[str]]) -> list[list[str]]:
     return [a for a in argv if a not in sampling]
 
 
-def _tensors(path: Path) -> list[tuple[str, int, bytes]]:
-    return [(t.name, int(t.tensor_type), bytes(t.data)) for t in _reader(path).tensors]
-
-
 # ---------------------------------------------------------------- GGUF: f16, importance matrix, plain and imatrix quants
 
 QUANTS = ["q8_0", "q4_k_m"]
@@ -137,7 +134,7 @@ def test_a_generation_config_change_rewrites_the_sampling_keys_and_runs_no_tool(
             assert now.path.read_bytes() == was.path.read_bytes()  # the f16's activations: unchanged
             continue
         assert _sampling(now.path) == want, now.path.name
-        assert _tensors(now.path) == _tensors(was.path)
+        assert_same_tensors(was.path, now.path, _reader(now.path))
     meta = inspect_gguf(after.quant_path("q4_k_m")).metadata
     assert meta["modelmint.source.revision"] == commit and meta["modelmint.imatrix.sha256"] == new[1].receipt["sha256"]
 
@@ -306,6 +303,36 @@ def test_a_commit_that_breaks_the_model_registers_nothing(tiny_qwen2: Path, hub:
                             env=env, capture_output=True, text=True, timeout=300)
     assert pulled.returncode == 0, pulled.stderr
     assert sha256_file(tmp_path / "pulled" / current.file) == current.sha256
+
+
+def test_the_same_tensors_check_fails_on_any_changed_tensor(tmp_path: Path) -> None:
+    """assert_same_tensors (the one-read comparison above) passes a metadata rewrite and fails a changed byte,
+    type, shape or name."""
+    import gguf
+    import numpy as np
+
+    def write(name: str, meta: str, tensors: dict[str, Any]) -> Path:
+        w = gguf.GGUFWriter(tmp_path / name, "llama")
+        w.add_string("general.name", meta)
+        for key, value in tensors.items():
+            w.add_tensor(key, value)
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+        return tmp_path / name
+
+    base = {"a.weight": np.arange(64, dtype=np.float32).reshape(8, 8), "b.weight": np.ones(32, dtype=np.float16)}
+    new = write("new.gguf", "a much longer name than before, so the header moves", base)
+    reader = gguf.GGUFReader(new)
+    assert_same_tensors(write("old.gguf", "x", base), new, reader)
+    changed = {**base, "b.weight": base["b.weight"].copy()}
+    changed["b.weight"][3] = 2
+    for name, tensors in (("byte", changed), ("type", {**base, "b.weight": np.ones(16, dtype=np.float32)}),
+                          ("shape", {**base, "a.weight": base["a.weight"].reshape(4, 16)}),
+                          ("name", {"a.weight": base["a.weight"], "c.weight": base["b.weight"]})):
+        with pytest.raises(AssertionError, match="differ"):
+            assert_same_tensors(write(f"{name}.gguf", "x", tensors), new, reader)
 
 
 def test_chance_failure_names_the_broken_reference() -> None:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from gguf_same import assert_same_tensors
 from hubserver import HubServer
 from registry_env import git
 from test_fetch import tiny_model_files, tiny_weights
@@ -606,9 +607,7 @@ def test_a_template_only_change_runs_no_converter_or_quantizer(tiny_qwen2: Path,
     assert [a for a in runs.argv if not a[-2].endswith("gguf_sampling.py")] == [] and len(runs.argv) == 1, runs.argv
     for old, new in ((before.base_path, base.path), (before.quant_path("q8_0"), quant.path)):
         assert new != old and inspect_gguf(new).chat_template == template
-        a, b = gguf_py.GGUFReader(old), gguf_py.GGUFReader(new)
-        assert [(t.name, t.tensor_type, bytes(t.data)) for t in a.tensors] == [
-            (t.name, t.tensor_type, bytes(t.data)) for t in b.tensors]
+        assert_same_tensors(old, new, gguf_py.GGUFReader(new))
     meta = inspect_gguf(quant.path).metadata
     assert meta["modelmint.source.revision"] == fixed and meta["modelmint.variant"] == "q8_0"
 
