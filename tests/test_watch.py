@@ -3,6 +3,7 @@ start one conversion per upstream commit."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -253,22 +254,37 @@ def test_record_on_a_branch_leaves_the_checkout(project: Settings, hub: HubServe
 # ---------------------------------------------------------------- items 2 and 3: one conversion per upstream commit
 
 
+@pytest.fixture(scope="module")
+def prefect_api() -> Iterator[None]:
+    """One in-process Prefect API for the module's tests (a start is ~20 s); each test gets its deployment anew."""
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=180):
+        yield
+
+
 @pytest.fixture
-def prefect_project(project: Settings, hub: HubServer, monkeypatch: pytest.MonkeyPatch) -> Iterator[Settings]:
-    """`project` behind an in-process Prefect API holding a `convert/tiny` deployment (no worker: runs stay
+def prefect_project(prefect_api: None, project: Settings, hub: HubServer,
+                    monkeypatch: pytest.MonkeyPatch) -> Iterator[Settings]:
+    """`project` behind the Prefect API holding a new `convert/tiny` deployment, with no runs (no worker: runs stay
     Scheduled, so a test counts exactly what was asked of Prefect)."""
     from prefect.client.orchestration import get_client
-    from prefect.testing.utilities import prefect_test_harness
+    from prefect.exceptions import ObjectNotFound
 
     for key, value in {"MODELMINT_REPO": project.repo_dir, "MODELMINT_HOME": project.home,
                        "MODELMINT_WORK_DIR": project.work_dir, "HF_ENDPOINT": hub.endpoint}.items():
         monkeypatch.setenv(key, str(value))
     for key in ("MODELMINT_CATALOG", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"):
         monkeypatch.delenv(key, raising=False)
-    with prefect_test_harness(server_startup_timeout=180), get_client(sync_client=True) as client:
+    with get_client(sync_client=True) as client:
+        for run in client.read_flow_runs():  # an earlier test's runs (their idempotency keys included)
+            client.delete_flow_run(run.id)
+        with contextlib.suppress(ObjectNotFound):
+            client.delete_deployment(client.read_deployment_by_name("convert/tiny").id)
         flow_id = client.create_flow_from_name("convert")
         client.create_deployment(flow_id=flow_id, name="tiny", entrypoint="flows/convert.py:convert")
-        yield Settings.from_env()
+        assert client.read_flow_runs() == []
+    yield Settings.from_env()
 
 
 def _conversions() -> list[tuple[str, str | None]]:
