@@ -17,12 +17,15 @@ import json
 import re
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.client.orchestration import get_client
 from prefect.tasks import Task
+
+if TYPE_CHECKING:
+    from prefect.client.schemas.objects import FlowRun
 
 from flows import raycluster
 from flows.slots import ensure_limit, model_limit, slot
@@ -60,6 +63,11 @@ from pipelines.registry.images import Published
 from pipelines.source.catalog import COMPRESSED_VARIANTS, GGUF_QUANT_TYPES, CatalogEntry, load_catalog
 
 R = TypeVar("R")
+
+
+def _is_registered(settings: Settings, c: reg.Candidate, _registration: reg.Registration) -> bool:
+    """Whether the cached publish result still stands: `c` is registered (its manifest and files in place)."""
+    return reg.registered(settings, c) is not None
 
 
 def _cached(step: Task[..., R], current: Callable[[R], bool], *args: Any) -> R:
@@ -300,10 +308,8 @@ def _register_all(
     for v, make in candidates.items():
         try:
             c = dataclasses.replace(make(), force=force)
-            tracked = _cached(register, lambda t, c=c: reg.is_tracked(settings, c, t), settings, c)
-            registrations[c.tag] = _cached(
-                publish, lambda _r, c=c: reg.registered(settings, c) is not None, settings, c, tracked
-            )
+            tracked = _cached(register, functools.partial(reg.is_tracked, settings, c), settings, c)
+            registrations[c.tag] = _cached(publish, functools.partial(_is_registered, settings, c), settings, c, tracked)
         except Exception as err:
             keep_failure(errors, v, "register", err)
     return registrations, errors
@@ -474,11 +480,12 @@ def _start_all(names: list[str], variants: list[str] | None) -> dict[str, Any]:
     from prefect.deployments import run_deployment
 
     parent = FlowRunContext.get().flow_run.id  # type: ignore[union-attr]
-    started = {}
+    started: dict[str, Any] = {}
     for name in names:
         params = {"model": name, **({"variants": variants} if variants else {})}
-        started[name] = run_deployment(f"convert/{name}", parameters=params, timeout=0, as_subflow=True,
-                                       idempotency_key=f"convert-all-{parent}-{name}")
+        # run_deployment is sync_compatible: called from sync code it returns the FlowRun, not a coroutine
+        started[name] = cast("FlowRun", run_deployment(f"convert/{name}", parameters=params, timeout=0,
+                                                       as_subflow=True, idempotency_key=f"convert-all-{parent}-{name}"))
         get_run_logger().info("started convert/%s: flow run %s", name, started[name].id)
     return started
 

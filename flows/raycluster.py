@@ -59,7 +59,7 @@ def task_runner(settings: Settings) -> Any:
             hint="pip install -e '.[ray]' (ray and prefect-ray, pinned in pyproject.toml)",
         ) from None
 
-    class CheckedRayTaskRunner(RayTaskRunner):  # type: ignore[misc]
+    class CheckedRayTaskRunner(RayTaskRunner):
         """RayTaskRunner that says plainly when nothing answers at the address, instead of Ray's long wait."""
 
         def __enter__(self) -> Any:

@@ -271,7 +271,7 @@ def crash_automation(crash_after_s: int) -> Any:
             within=timedelta(seconds=crash_after_s),
         ),
         actions=[ChangeFlowRunState(
-            state=StateType.CRASHED, force=True,
+            state=StateType.CRASHED, name="Crashed", force=True,
             message=f"no heartbeat for {crash_after_s} s: the run's process is gone. Rerun it; finished steps "
             "are reused. (modelmint crash automation)",
         )],
@@ -368,9 +368,11 @@ def live_runs(client: Any) -> list[Any]:
         WorkPoolFilter,
         WorkPoolFilterName,
     )
+    from prefect.client.schemas.objects import StateType
 
     return client.read_flow_runs(
-        flow_run_filter=FlowRunFilter(state=FlowRunFilterState(type=FlowRunFilterStateType(any_=list(LIVE_STATES)))),
+        flow_run_filter=FlowRunFilter(state=FlowRunFilterState(
+            type=FlowRunFilterStateType(any_=[StateType(s) for s in LIVE_STATES]))),
         work_pool_filter=WorkPoolFilter(name=WorkPoolFilterName(any_=[WORK_POOL])),
     )
 

@@ -15,13 +15,16 @@ from __future__ import annotations
 import logging
 import sys
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.deployments import run_deployment
 from prefect.exceptions import MissingContextError
+
+if TYPE_CHECKING:
+    from prefect.client.schemas.objects import FlowRun
 
 from pipelines.core.errors import ModelmintError
 from pipelines.core.settings import Settings
@@ -54,9 +57,10 @@ def start_conversion(name: str, commit: str) -> Any:
     """
     for attempt in range(CONVERSION_ATTEMPTS):
         key = conversion_key(name, commit) + (f"-retry{attempt}" if attempt else "")
-        run = run_deployment(f"convert/{name}", parameters={"model": name, "revision": commit}, timeout=0,
-                             idempotency_key=key, as_subflow=False,
-                             tags=["upstream", f"upstream-{commit[:12]}"])
+        # run_deployment is sync_compatible: called from sync code it returns the FlowRun, not a coroutine
+        run = cast("FlowRun", run_deployment(f"convert/{name}", parameters={"model": name, "revision": commit},
+                                             timeout=0, idempotency_key=key, as_subflow=False,
+                                             tags=["upstream", f"upstream-{commit[:12]}"]))
         if run.state is None or not (run.state.is_failed() or run.state.is_crashed()):
             return run
         ended = run.end_time or run.state.timestamp

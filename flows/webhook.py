@@ -85,7 +85,8 @@ def create_app(settings: Settings, secret: str, dispatch: Dispatch = start_conve
                  and refs[e.source.track][1] != e.source.revision]
         if not moved:
             return _answer(202, ignored=f"no catalog entry tracks an updated ref of {repo} at a new commit")
-        wanted, stale = [], []
+        wanted: list[tuple[str, str]] = []
+        stale: list[tuple[str, str]] = []
         for name, pinned, (old, new) in moved:
             # ordering: a late or resent delivery of an earlier push must not build (and register) an older commit
             if pinned is None or old == pinned:
@@ -105,7 +106,7 @@ def create_app(settings: Settings, secret: str, dispatch: Dispatch = start_conve
         if not wanted:
             return _answer(202, ignored=f"{repo}@{stale[0][1][:12]} does not descend from the pin: "
                            "a stale or reordered delivery")
-        started = []
+        started: list[dict[str, Any]] = []
         for name, commit in wanted:
             try:
                 run = await asyncio.wait_for(run_in_threadpool(dispatch, name, commit), DISPATCH_TIMEOUT_S)

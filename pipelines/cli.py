@@ -154,7 +154,7 @@ def convert(
     if name is not None and every:
         raise typer.BadParameter("name one catalog model or give --all, not both", param_hint="NAME / --all")
     asked = parse_quants(variants) if variants is not None else None
-    if not every:
+    if name is not None:  # (not with --all)
         _build_command(name, "gguf", asked, revision=revision, as_json=as_json, register=register, track=track,
                        force=force)
         return
@@ -537,7 +537,8 @@ def plan_cmd(
                           hint="modelmint plan NAME:TAG --gpus 4xRTX4090-24G (`modelmint plan --list-gpus` lists them)")
     if kv_cache_dtype not in planner.KV_BYTES:
         raise ConfigError(f"unknown --kv-cache-dtype {kv_cache_dtype!r}", hint=f"one of {', '.join(planner.KV_BYTES)}")
-    path, named, smaller = Path(target), {}, ()
+    path, named = Path(target), {}
+    smaller: tuple[planner.Variant, ...] = ()
     if not path.exists() and ":" in target:
         from pipelines.registry.manifest import find_manifest, list_manifests
 
@@ -640,10 +641,10 @@ def watch_cmd(
                                    "errors": {n: e.message for n, e in failed}}))
     else:
         _print_movements(found, applied=apply)
-    for name, e in failed:
-        err.print(f"[bold red]{name}:[/bold red] {_escape(e.message)}", highlight=False)
-        if e.hint:
-            err.print(f"[yellow]  → {_escape(e.hint)}[/yellow]", highlight=False)
+    for name, why in failed:
+        err.print(f"[bold red]{name}:[/bold red] {_escape(why.message)}", highlight=False)
+        if why.hint:
+            err.print(f"[yellow]  → {_escape(why.hint)}[/yellow]", highlight=False)
     if failed:
         raise ModelmintError(f"{len(failed)} of {len(entries)} tracked entries could not be checked: "
                              f"{', '.join(n for n, _ in failed)}; nothing was changed for them",

@@ -10,6 +10,7 @@ faster way to the same answer (a cached task whose output is gone is run again).
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -89,7 +90,7 @@ def build_and_register(
         return Run(result)
     plan = result.plan
     refs, errors = register_passed(
-        settings, {v: (lambda v=v: fmt.candidate(plan, result.variants[v])) for v in result.passed}, track=track,
+        settings, {v: functools.partial(fmt.candidate, plan, result.variants[v]) for v in result.passed}, track=track,
         say=progress, force=force,
     )
     return Run(result, refs, errors)

@@ -4,6 +4,7 @@ start one conversion per upstream commit."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import subprocess
@@ -127,6 +128,21 @@ def test_pin_the_ref_never_contained(project: Settings, hub: HubServer) -> None:
     set_revision(project.catalog_path, "tiny", side.commit)
     with pytest.raises(SourceError, match=r"tiny pins acme/tiny@[0-9a-f]{12}, a commit that 'main' .* never contained"):
         upstream.check(_entry(project), project)
+
+
+def test_descends_asks_huggingface_hubs_endpoint_when_settings_name_none(project: Settings, hub: HubServer,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Settings keep None for an unset HF_ENDPOINT; the ancestry check must then ask huggingface_hub's own endpoint
+    (huggingface.co, or HF_ENDPOINT as huggingface_hub read it), not the URL "None/api/models/...". The local hub
+    stands in for that endpoint here."""
+    from huggingface_hub import constants
+
+    pin = _entry(project).source.revision  # type: ignore[union-attr]
+    later = hub.push("acme/tiny", {"LICENSE": b"MIT\n"}).commit
+    monkeypatch.setattr(constants, "ENDPOINT", hub.endpoint)
+    unset = dataclasses.replace(project, hf_endpoint=None)
+    assert upstream.descends(unset, "acme/tiny", pin, later)
+    assert not upstream.descends(unset, "acme/tiny", later, pin)
 
 
 def test_hub_errors_say_what_and_are_transient_only_when_they_are(project: Settings, hub: HubServer) -> None:

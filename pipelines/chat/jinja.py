@@ -28,7 +28,8 @@ def generation_extension() -> Any:
     from jinja2.ext import Extension
 
     class Generation(Extension):
-        tags: ClassVar[set[str]] = {"generation"}
+        # jinja2 annotates it as an instance attribute and reads it from the class
+        tags: ClassVar[set[str]] = {"generation"}  # type: ignore[misc]
 
         def parse(self, parser: Any) -> Any:
             lineno = next(parser.stream).lineno

@@ -202,7 +202,7 @@ class Rendering:
 def render_hf(jinja: str, conv: Conversation, family: ChatFamily, tokens: TemplateTokens, *,
               now: date) -> str:
     """Raises: UnsupportedModel: the Jinja refuses this conversation."""
-    special = {k: v for k, v in (("bos_token", tokens.bos), ("eos_token", tokens.eos)) if v is not None}
+    special: dict[str, Any] = {k: v for k, v in (("bos_token", tokens.bos), ("eos_token", tokens.eos)) if v is not None}
     if conv.think is not None:
         special[family.think_variable] = conv.think
     try:

@@ -125,7 +125,8 @@ def _fp8(spec: FP8Variant) -> Recipe:
 
 
 def _awq(spec: AWQVariant) -> Recipe:
-    mods = [AWQModifierSpec(duo_scaling=spec.duo_scaling), QuantizationModifierSpec(scheme=spec.scheme, ignore=spec.ignore)]
+    mods: list[ModifierSpec] = [AWQModifierSpec(duo_scaling=spec.duo_scaling),
+                                QuantizationModifierSpec(scheme=spec.scheme, ignore=spec.ignore)]
     return Recipe(variant="awq", scheme=spec.scheme, modifiers=mods, calibration=spec.calibration)
 
 

@@ -119,8 +119,8 @@ def check_serve_configs(
     """
     tc = vllm_cpu(settings)
     argv: list[Any] = [tc.python, tc.cli, "check-config"]
-    for config_path, model in configs:
-        model = model or VllmServeConfig.from_yaml(config_path.read_text()).model
+    for config_path, given in configs:
+        model = given or VllmServeConfig.from_yaml(config_path.read_text()).model
         if model is None:
             raise ConfigError(f"{config_path} names no model",
                               hint=f"serve it as `vllm serve DIR --config {config_path}`")

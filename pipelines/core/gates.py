@@ -374,10 +374,10 @@ def gate_advice(
     if not higher:
         return (f"{lead}. {v} is llama.cpp's highest-bit quantized type: there is no higher-bit type to try. "
                 f"Check whether the gate's basis fits {_size(params)} ({basis_ref}), or ship the f16 base.")
-    extra = ""
+    imatrix_hint = ""
     if imatrix is False and bpw is not None and bpw < 5:
-        extra = ", or compute an importance matrix first (imatrix: true in the catalog's gguf variants)"
-    return f"{lead}. Try a higher-bit type ({', '.join(higher)}){extra}.{size_note}"
+        imatrix_hint = ", or compute an importance matrix first (imatrix: true in the catalog's gguf variants)"
+    return f"{lead}. Try a higher-bit type ({', '.join(higher)}){imatrix_hint}.{size_note}"
 
 
 def advice_for_report(variant: str, report: dict[str, Any], *, params: int | None = None,

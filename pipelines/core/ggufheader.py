@@ -11,7 +11,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, overload
 
 from pipelines.core.errors import ArtifactError
 
@@ -227,6 +227,12 @@ class _Cursor:
     def scalar(self, fmt: str) -> Any:
         return self.scalars(fmt)[0]
 
+    @overload
+    def string(self) -> str: ...
+    @overload
+    def string(self, wanted: Literal[True]) -> str: ...
+    @overload
+    def string(self, wanted: bool) -> str | None: ...
     def string(self, wanted: bool = True) -> str | None:
         n = _U64.unpack_from(self.mm, self.pos)[0]
         start = self.pos + 8

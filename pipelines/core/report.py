@@ -10,14 +10,14 @@ and the model cards all read that block as it is: no reader translates between f
 from __future__ import annotations
 
 import math
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from pipelines.core.answers import Answers
 from pipelines.core.gates import Gate
 
-REPORT_VERSION = 2
+REPORT_VERSION: Final = 2
 """The shape of the `validation` block (1: per-format `kld` / `metrics` dicts, before it existed)."""
 
 

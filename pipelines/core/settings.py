@@ -6,7 +6,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from pipelines import PACKAGE
 
@@ -115,7 +115,8 @@ class Settings:
 
     def without_secrets(self) -> Settings:
         """These settings with every credential removed: what may be stored (a cached task result, a report)."""
-        return replace(self, **dict.fromkeys(self.SECRETS))
+        cleared: dict[str, Any] = dict.fromkeys(self.SECRETS)
+        return replace(self, **cleared)
 
     def plan_fields(self) -> dict[str, str]:
         """The settings that decide what a build plan is (where its outputs go, its sources, its threads), as

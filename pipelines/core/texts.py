@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from pipelines import PACKAGE
 from pipelines.core.errors import ConfigError
@@ -14,7 +14,7 @@ from pipelines.core.fsutil import sha256_file
 DATA_DIR = PACKAGE / "data"
 CALIBRATION_TEXT = "train.txt"
 """What quantizers calibrate on (llama-imatrix, AWQ, GPTQ, SmoothQuant), unless a pinned hub data set is named."""
-EVAL_TEXT = "eval.txt"
+EVAL_TEXT: Final = "eval.txt"
 """Held out from calibration (and from the tiny models' training): what every variant is measured on."""
 EVAL_RECORD = ("text", "sha256", "ctx", "chunks")
 """The fields that name an evaluation text in reports, manifests and cards (a report adds timings to them)."""

@@ -440,7 +440,7 @@ def ensure_validated(plan: GGUFPlan, q: str) -> VariantOutcome:
         raise FileNotFoundError(f"{qpath} has not been quantized (run ensure_quant first)")
     gate = plan.gate(q)
     report_path = plan.report_path(q)
-    texts = {"calibration": plan.calibration_record(), "evaluation": plan.evaluation_record}
+    texts: dict[str, Any] = {"calibration": plan.calibration_record(), "evaluation": plan.evaluation_record}
     asked = [questions_record()] if plan.spec.answers else []
     report_key = content_key("validate", REPORT_VERSION, qreceipt["sha256"], plan.logits_key, gate.to_dict(), texts,
                              *asked)

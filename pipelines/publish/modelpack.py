@@ -124,7 +124,9 @@ def precision(cfg: dict[str, Any]) -> str | None:
     for group in groups:
         w = (group or {}).get("weights") or {}
         bits, kind = w.get("num_bits"), w.get("type")
-        name = {(8, "float"): "float8_e4m3", (8, "int"): "int8", (16, "float"): "float16"}.get((bits, kind))
+        names_by_kind: dict[tuple[Any, Any], str] = {(8, "float"): "float8_e4m3", (8, "int"): "int8",
+                                                     (16, "float"): "float16"}
+        name = names_by_kind.get((bits, kind))
         if name and name not in names:
             names.append(name)
     return ",".join(names) or None

@@ -11,7 +11,7 @@ from pathlib import Path
 import yaml
 
 from pipelines.core.fsutil import write_text_atomic
-from pipelines.registry.formats import FORMATS
+from pipelines.registry.formats import FORMATS, Format
 from pipelines.registry.manifest import artifact_relpath, stage_name
 from pipelines.source.catalog import Catalog
 
@@ -30,7 +30,7 @@ HEADER = """\
 """
 
 
-_COMMANDS = {
+_COMMANDS: dict[Format, tuple[str, str]] = {
     "gguf": ("modelmint convert ${item.model} --variants ${item.tag} --register --no-track", "toolchains/llama-cpp.env"),
     "compressed-tensors": (
         "modelmint compress ${item.model} --schemes ${item.tag} --register --no-track",
@@ -41,10 +41,11 @@ _COMMANDS = {
 
 def render(catalog: Catalog) -> str:
     """The dvc.yaml text for `catalog` (deterministic: same catalog, same bytes)."""
-    items: dict[str, dict[str, dict[str, str]]] = {fmt: {} for fmt in _COMMANDS}
+    items: dict[Format, dict[str, dict[str, str]]] = {fmt: {} for fmt in _COMMANDS}
     for entry in catalog.models:
         spec = entry.variants.gguf
-        tags = {"gguf": list(spec.quants) if spec else [], "compressed-tensors": list(entry.variants.compressed())}
+        tags: dict[Format, list[str]] = {"gguf": list(spec.quants) if spec else [],
+                                         "compressed-tensors": list(entry.variants.compressed())}
         for fmt, names in tags.items():
             for tag in names:
                 item = stage_name(entry.name, tag).split("@", 1)[1]

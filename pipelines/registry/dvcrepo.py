@@ -474,8 +474,8 @@ def clean_stale_uploads(settings: Settings, wheres: Iterable[str] | None = None,
                     removed.append(str(p))
             except FileNotFoundError:
                 continue
-    for p in removed:
-        log.info("removed %s, a DVC upload a killed push left in the remote", p)
+    for gone in removed:
+        log.info("removed %s, a DVC upload a killed push left in the remote", gone)
     return removed
 
 

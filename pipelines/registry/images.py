@@ -204,7 +204,7 @@ def _earlier(there: Manifest | None, manifest: Manifest) -> bool:
 def mount_sources(settings: Settings, manifest: Manifest, registry: RegistryRef) -> tuple[str, ...]:
     """Other repositories of the same registry this registration was published to: blobs mount from there."""
     here = registry.repository(manifest.name)
-    found = []
+    found: list[str] = []
     for entry in publications(settings, manifest):
         if entry.get("registry") == registry.host and entry.get("repository") not in (here, None, *found):
             found.append(entry["repository"])

@@ -7,7 +7,7 @@ import re
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -20,7 +20,7 @@ from pipelines.core.settings import Settings
 from pipelines.core.weights import weights_bytes
 from pipelines.registry.formats import Format, format_of
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION: Final = 3
 """3: `weights_bytes`, the artifact's whole weight bytes (every safetensors shard, every split GGUF's shard; the
 main file alone is an index or a first shard); 2: `validation` is the one validation block every format writes
 (pipelines/core/report.py); 1: per-format metrics and gate dicts. Manifests of versions 1 and 2 still load, read as

@@ -51,7 +51,7 @@ def _version(name: str) -> str:
     return _orig_version(name)
 
 
-_md.version = _version
+_md.version = _version  # type: ignore[assignment]  # the stdlib's parameter is named distribution_name
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 
 

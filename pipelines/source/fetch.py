@@ -262,7 +262,7 @@ def _check_policy(
     code = sorted(n for n in top if _matches(n, CODE_PATTERNS))
     auto_map = (config or {}).get("auto_map")
     if code or auto_map:
-        what = f"Python files ({', '.join(code[:4])})" if code else f"config.json auto_map {sorted(auto_map)}"
+        what = f"Python files ({', '.join(code[:4])})" if code else f"config.json auto_map {sorted(auto_map or ())}"
         raise SourceError(
             f"{where} ships custom model code: {what}",
             hint=f"read that code; if you trust it, set `trust_remote_code: true` on {entry.name} in "
@@ -390,7 +390,7 @@ def _fetch_hub(
         )
     kw: dict[str, Any] = {"repo_id": repo_id, "revision": revision}
     cache_dir = settings.home / "hub"
-    hub = dict(endpoint=settings.hf_endpoint, token=settings.hf_token)
+    hub: dict[str, Any] = {"endpoint": settings.hf_endpoint, "token": settings.hf_token}
 
     log.info("%s: listing %s@%s", entry.name, repo_id, revision[:12])
     with hub_errors(entry, settings, **kw):

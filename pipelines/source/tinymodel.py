@@ -135,7 +135,7 @@ def ensure_tiny_model(name: str, settings: Settings) -> Path:
     llama = llama_cpp(settings)
     log.info("generating %s into %s", name, final)
     with atomic_output(final, check=lambda p: check_tiny_model(p, recipe, digest)) as tmp:
-        argv = [
+        argv: list[Any] = [
             llama.python, SCRIPT, "generate", *recipe.argv(),
             "--out", tmp,
             "--llama-cpp-src", llama.source,

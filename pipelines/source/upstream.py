@@ -198,9 +198,13 @@ def descends(settings: Settings, repo: str, pinned: str, commit: str, *, timeout
     Raises:
         huggingface_hub's HTTP errors and requests' transport errors: the hub could not answer.
     """
+    from huggingface_hub import HfApi
+
     if commit == pinned:
         return True
-    return pinned in _history(settings.hf_endpoint, settings.hf_token, repo, commit, timeout)
+    # huggingface.co where HF_ENDPOINT is unset (settings keep None for it): huggingface_hub's own default
+    api = HfApi(endpoint=settings.hf_endpoint, token=settings.hf_token)
+    return pinned in _history(api.endpoint, api.token, repo, commit, timeout)
 
 
 def _template_only(changes: tuple[FileChange, ...], old: object, new: object) -> tuple[FileChange, ...]:
