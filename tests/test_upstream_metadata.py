@@ -310,17 +310,10 @@ def test_the_same_tensors_check_fails_on_any_changed_tensor(tmp_path: Path) -> N
     type, shape or name."""
     import gguf
     import numpy as np
+    from registry_env import write_gguf
 
     def write(name: str, meta: str, tensors: dict[str, Any]) -> Path:
-        w = gguf.GGUFWriter(tmp_path / name, "llama")
-        w.add_string("general.name", meta)
-        for key, value in tensors.items():
-            w.add_tensor(key, value)
-        w.write_header_to_file()
-        w.write_kv_data_to_file()
-        w.write_tensors_to_file()
-        w.close()
-        return tmp_path / name
+        return write_gguf(tmp_path / name, tensors=tensors, name=meta)
 
     base = {"a.weight": np.arange(64, dtype=np.float32).reshape(8, 8), "b.weight": np.ones(32, dtype=np.float16)}
     new = write("new.gguf", "a much longer name than before, so the header moves", base)
