@@ -775,8 +775,8 @@ def served(path: Path) -> Served:
                               hint="restore the checkpoint's config.json, e.g. `modelmint pull NAME:TAG` again")
         weights = 0
         for f in sorted(path.glob("*.safetensors")):
-            header = read_safetensors_header(f)
-            weights += sum(v["data_offsets"][1] - v["data_offsets"][0] for k, v in header.items() if k != "__metadata__")
+            entries = read_safetensors_header(f)
+            weights += sum(v["data_offsets"][1] - v["data_offsets"][0] for k, v in entries.items() if k != "__metadata__")
         if not weights:
             raise ConfigError(f"{path} holds no .safetensors weights", hint="plan a complete checkpoint directory")
         qc = config.get("quantization_config") or {}

@@ -111,7 +111,7 @@ def vllm_config(plan: Plan, art: Artifact, models: str = MODELS) -> VllmServeCon
         tensor_parallel_size=plan.tp,
         pipeline_parallel_size=plan.pp,
         distributed_executor_backend="ray" if plan.multi_node else None,
-        kv_cache_dtype=_VLLM_KV.get(plan.kv_dtype, plan.kv_dtype),  # type: ignore[arg-type]
+        kv_cache_dtype=_VLLM_KV.get(plan.kv_dtype, plan.kv_dtype),
         enable_prefix_caching=True,
     )
 
@@ -169,7 +169,8 @@ def _volumes(art: Artifact, config: bool = True) -> list[dict[str, Any]]:
 
 
 def _mounts(config: bool = True) -> list[dict[str, Any]]:
-    out = [{"name": "models", "mountPath": MODELS, "readOnly": True}, {"name": "dshm", "mountPath": "/dev/shm"}]
+    out: list[dict[str, Any]] = [{"name": "models", "mountPath": MODELS, "readOnly": True},
+                                 {"name": "dshm", "mountPath": "/dev/shm"}]
     return [*out, {"name": "config", "mountPath": "/config", "readOnly": True}] if config else out
 
 
