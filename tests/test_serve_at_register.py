@@ -262,12 +262,15 @@ def test_a_registered_checkpoints_vllm_yaml_passes_vllms_own_parser(
         assert cfg["model"] == "/models/fp8" and cfg["served-model-name"] == "tiny-qwen2-fp8"
         assert cfg["max-model-len"] == 8192 and cfg["max-num-seqs"] >= 16
     # vLLM's own parser, then its engine config built against the placed checkpoint (no weights loaded)
+    # (one vLLM process for them all; the last is the same file past the model's context, which must fail)
     d = repo.root / m.dvc.path
-    for text in dict.fromkeys(yaml.safe_dump(c, sort_keys=True) for c in configs.values()):
-        path = tmp_path / "vllm.yaml"
-        path.write_text(text)
-        assert _check(path, d, settings) == "ok"
+    paths = []
+    for i, text in enumerate(dict.fromkeys(yaml.safe_dump(c, sort_keys=True) for c in configs.values())):
+        paths.append(tmp_path / f"vllm-{i}.yaml")
+        paths[-1].write_text(text)
+    broken = tmp_path / "vllm-broken.yaml"
+    broken.write_text(yaml.safe_dump({**next(iter(configs.values())), "max-model-len": 65536}))
+    *verdicts, refused = _check([*paths, broken], d, settings)
+    assert verdicts == ["ok"] * len(paths)
     # and it can fail: the same file past the model's context is refused at vLLM's engine-config stage
-    broken = {**next(iter(configs.values())), "max-model-len": 65536}
-    path.write_text(yaml.safe_dump(broken))
-    assert "at the engine_config stage" in _check(path, d, settings)
+    assert "at the engine_config stage" in refused
