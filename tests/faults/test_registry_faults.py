@@ -331,7 +331,7 @@ def test_a_repair_killed_mid_upload_is_completed_by_the_next_registration(publis
     m = find_manifest(settings, REF)
     obj = _object(published, m.dvc.md5, m.file)
     _flip_middle(obj)
-    # the repair removes the damaged object and the listing, then uploads them again: killed while it copies
+    # the repair uploads the damaged object again over the bad copy: killed while it copies
     _kill_when(_register_child(published, build), MOMENTS["mid-push"](published), "the re-upload")
     check = dvcrepo.check_remote(settings, m.dvc.md5, {f.path: f.sha256 for f in m.files})
     assert check.bad  # the manifest stayed, its remote copy is incomplete: what verify reports ...
