@@ -486,6 +486,17 @@ def _print_plans(plans: list[Plan]) -> None:
             err.print(f"[yellow]warning:[/yellow] {_escape(w)}", highlight=False)
 
 
+def _refuse_contradicting_architecture(path: Path) -> None:
+    """Raises ArtifactError when a GGUF's tensors are not ones its declared architecture has (llama.cpp would
+    refuse to load it: ggufheader.architecture_problem)."""
+    from pipelines.core.ggufheader import architecture_problem
+
+    problem = architecture_problem(path)
+    if problem:
+        raise ArtifactError(f"{path}: {problem}", hint="its general.architecture or its tensors are wrong: rebuild it "
+                            "with `modelmint convert NAME` (or `modelmint pull NAME:TAG` for a registered one)")
+
+
 @app.command("plan")
 def plan_cmd(
     ctx: typer.Context,
@@ -554,6 +565,8 @@ def plan_cmd(
         smaller = tuple(planner.Variant(o.ref, o.weights_bytes,
                                         str((o.recipe.get("recipe") or {}).get("scheme") or "").startswith("FP8"))
                         for o in list_manifests(settings).manifests if o.name == m.name and o.tag != m.tag)
+    if path.is_file() and path.suffix == ".gguf":
+        _refuse_contradicting_architecture(path)  # it would be sized by the architecture it names
     what = planner.served(path)
     ask = planner.Ask(what.weights_bytes, what.shape, context=context, concurrency=concurrency,
                       kv_dtype=kv_cache_dtype, fp8_weights=what.fp8_weights, smaller=smaller,
@@ -747,13 +760,10 @@ def inspect(
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """Read a GGUF's header, metadata and tensor types."""
-    from pipelines.core.ggufheader import architecture_problem, inspect_gguf
+    from pipelines.core.ggufheader import inspect_gguf
 
     info = inspect_gguf(path)
-    problem = architecture_problem(path)
-    if problem:
-        raise ArtifactError(f"{path}: {problem}", hint="its general.architecture or its tensors are wrong: rebuild it "
-                            "with `modelmint convert NAME` (or `modelmint pull NAME:TAG` for a registered one)")
+    _refuse_contradicting_architecture(path)
     if as_json:
         out.print_json(json.dumps(info.to_dict()))
         return
