@@ -85,6 +85,28 @@ def test_no_credential_reaches_the_local_registry(monkeypatch: pytest.MonkeyPatc
     assert not [v for v in child.values() if any(p in v for p in planted.values())]
 
 
+def test_no_credential_reaches_the_prefect_server(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The embedded stack's Prefect server (flows/stack.py) stores what it is sent and needs no credential: it
+    inherited every one. (The worker keeps them: its flow runs fetch and publish with them.)"""
+    from registry_env import free_port, isolate
+
+    from flows import stack
+
+    isolate(tmp_path / "env", monkeypatch)
+    monkeypatch.setenv("MODELMINT_PREFECT_PORT", str(free_port()))
+    planted = _planted(monkeypatch)
+    settings = Settings.from_env()
+    state = stack.StackState(api_url=settings.prefect_api_url)
+    try:
+        assert stack.start_server(settings, state)
+        assert state.server_pid is not None
+        child = _environ(state.server_pid)
+    finally:
+        stack.down(settings, say=lambda _msg: None)
+    assert child["PREFECT_HOME"] == str(settings.prefect_dir) and not set(planted) & set(child)
+    assert not [v for v in child.values() if any(p in v for p in planted.values())]
+
+
 def test_every_process_modelmint_starts_gets_the_runners_environment() -> None:
     """Outside the runner, each subprocess call in pipelines/ passes env=tool_env(...): an inherited environment
     carried every credential to llama-server and docker-registry. (pipelines/scripts run inside a tool's venv,
