@@ -250,6 +250,44 @@ def test_push_and_pull_through_an_s3_remote(s3, tmp_path: Path) -> None:
     assert not manifest_path(settings, "tiny-qwen2", "q8_0").exists()
 
 
+def test_an_object_gone_from_an_s3_remote_is_uploaded_again(s3, tmp_path: Path) -> None:
+    """The re-upload writes each bad object through DVC's own object store, to S3 as to a directory: by registering
+    again, and by verify --repair (which hashes the remote's copies)."""
+    import json
+
+    from registry_env import make_repo
+
+    from pipelines.registry import dvcrepo
+    from pipelines.registry.verify import verify_remote
+
+    url, _moto = s3
+    repo = make_repo(tmp_path / "p")
+    _use_s3(repo.root, url)
+    repo.commit_all("S3 remote")
+    settings = repo.settings()
+    m = register(settings, candidate(settings, tmp_path / "build")).manifest
+    listing = json.loads(dvcrepo.cache_object(dvcrepo.cache_dir(settings), m.dvc.md5).read_text())
+    oid = next(e["md5"] for e in listing if e["relpath"] == m.file)
+    key = f"registry/files/md5/{oid[:2]}/{oid[2:]}"
+
+    def delete() -> None:
+        import boto3
+
+        boto3.client("s3", endpoint_url=url, aws_access_key_id="testing", aws_secret_access_key="testing",
+                     region_name="us-east-1").delete_object(Bucket="modelmint-test", Key=key)
+        assert key not in urllib_list(url, "modelmint-test")
+
+    delete()
+    again = register(settings, candidate(settings, tmp_path / "build"))
+    assert not again.ran and len(again.reuploaded) == 1 and m.file in again.reuploaded[0]
+    assert key in urllib_list(url, "modelmint-test")
+    delete()
+    assert not verify_remote(settings, [m.ref]).ok
+    fixed = verify_remote(settings, [m.ref], repair=True)
+    assert fixed.ok and len(fixed.artifacts[0].repaired) == 1, fixed.error()
+    assert key in urllib_list(url, "modelmint-test")
+
+
 def urllib_list(url: str, bucket: str) -> list[str]:
     import re
     import urllib.request
