@@ -528,6 +528,42 @@ def test_the_replaced_version_is_older_without_git_history(repo: Repo, tmp_path:
     assert register(settings, _at(settings, tmp_path, "c" * 40, seed=4)).manifest.source.revision == "c" * 40
 
 
+def test_a_commit_the_tag_never_had_is_older_when_the_hubs_history_says_so(repo: Repo, tmp_path: Path,
+                                                                              caplog: pytest.LogCaptureFixture) -> None:
+    """The pin moved P -> A -> B and both conversions ran; B's registered first, A's (never registered for the tag)
+    finishes last: the hub's history of B holds A, so A is refused. A later commit C is registered; with the hub
+    unreachable, a commit is registered with a warning (registration cannot tell, and must not stop)."""
+    from dataclasses import replace
+
+    from hubserver import HubServer
+    from registry_env import free_port
+
+    with HubServer() as hub:
+        hub.add_repo("Qwen/tiny", {"README.md": b"P\n"})
+        a = hub.push("Qwen/tiny", {"README.md": b"A\n"}).commit
+        b = hub.push("Qwen/tiny", {"README.md": b"B\n"}).commit
+        settings = repo.settings(HF_ENDPOINT=hub.endpoint)
+        current = register(settings, _at(settings, tmp_path, b, seed=2)).manifest
+        lock = (repo.root / "dvc.lock").read_bytes()
+        with pytest.raises(RegistryError, match="move it backwards") as refused:
+            register(settings, _at(settings, tmp_path, a, seed=1))
+        assert f"a later commit of Qwen/tiny than {a}" in refused.value.message and "--force" in str(refused.value)
+        assert find_manifest(settings, "tiny-qwen2:q4_k_m") == current
+        assert (repo.root / "dvc.lock").read_bytes() == lock
+        c = hub.push("Qwen/tiny", {"README.md": b"C\n"}).commit
+        assert register(settings, _at(settings, tmp_path, c, seed=3)).manifest.source.revision == c
+    d = "d" * 40
+    down = repo.settings(HF_ENDPOINT=f"http://127.0.0.1:{free_port()}")  # nothing listens there
+    with caplog.at_level("WARNING", logger="pipelines.registry.register"):
+        assert register(down, _at(down, tmp_path, d, seed=4)).manifest.source.revision == d
+        assert f"the hub could not say whether Qwen/tiny@{d[:12]} is older than the registered {c[:12]}" in caplog.text
+        # another upstream repo's commit is not judged by this one's history: the hub is not asked
+        caplog.clear()
+        other = _at(down, tmp_path, a, seed=5)
+        other = replace(other, source={**other.source, "repo": "acme/other"})
+        assert register(down, other).manifest.source.revision == a and "could not say" not in caplog.text
+
+
 def test_a_refused_older_version_fails_that_variant_alone(repo: Repo, tmp_path: Path) -> None:
     from pipelines.compose import register_passed
 

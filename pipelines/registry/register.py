@@ -170,8 +170,10 @@ class OlderVersionRefused(RegistryError):
 def refuse_older(settings: Settings, c: Candidate) -> None:
     """Refuse `c` when its source commit is one the tag had before its current version, unless `c.force`.
 
-    The order is the registry's own: the current manifest, what it `replaces`, and every earlier version git
-    recorded of it (registry.history). A commit never registered for the tag is not judged (it may be newer).
+    The order is the registry's own first: the current manifest, what it `replaces`, and every earlier version
+    git recorded of it (registry.history). A hub commit the tag never had is then looked up in the hub's history
+    of the current version's commit (upstream.descends): found there, it is older. When the hub cannot answer,
+    it is registered, with a warning.
 
     Raises:
         OlderVersionRefused: naming the current version's commit and `--force`.
@@ -191,14 +193,36 @@ def refuse_older(settings: Settings, c: Candidate) -> None:
     older = {v.manifest.source.revision for v in versions if not v.current}
     if current.replaces is not None:
         older.add(current.replaces.revision)
+    hint = (f"a registered version never moves backwards unless forced: rerun with `--force` "
+            f"(`modelmint {'compress' if c.format == 'compressed-tensors' else 'convert'} {c.entry.name} "
+            f"--variants {c.tag} --revision {revision} --register --force`) to roll {c.ref} back on purpose")
+    when = f"registered {current.created_at:%Y-%m-%d %H:%M} UTC"
     if revision in older:
         raise OlderVersionRefused(
-            f"{c.ref} is at source commit {current.source.revision} (registered {current.created_at:%Y-%m-%d %H:%M}"
-            f" UTC), which replaced {revision}: registering {revision[:12]} again would move it backwards",
-            hint=f"a registered version never moves backwards unless forced: rerun with `--force` "
-            f"(`modelmint {'compress' if c.format == 'compressed-tensors' else 'convert'} {c.entry.name} "
-            f"--variants {c.tag} --revision {revision} --register --force`) to roll {c.ref} back on purpose",
-        )
+            f"{c.ref} is at source commit {current.source.revision} ({when}), which replaced {revision}: "
+            f"registering {revision[:12]} again would move it backwards", hint=hint)
+    repo = c.source.get("repo")
+    if c.source.get("kind") == "hub" and repo and current.source.repo == repo and _hub_history_holds(
+            settings, repo, current.source.revision, revision):
+        # A commit the tag never had may still be older: two conversions of successive pins, the older finishing
+        # last (a reordered delivery whose run was already under way), would otherwise roll the tag back.
+        raise OlderVersionRefused(
+            f"{c.ref} is at source commit {current.source.revision} ({when}), a later commit of {repo} than "
+            f"{revision} (the hub's history of it holds {revision[:12]}): registering it would move it backwards",
+            hint=hint)
+
+
+def _hub_history_holds(settings: Settings, repo: str, head: str, commit: str) -> bool:
+    """Whether the hub's history of `repo` at `head` holds `commit`; False (with a warning) when the hub cannot
+    say: registering a newer commit is the usual case, and a hub outage must not stop every registration."""
+    from pipelines.source import upstream
+
+    try:
+        return upstream.descends(settings, repo, commit, head, timeout=5.0)
+    except Exception as err:  # the hub's errors or its transport's (huggingface_hub raises both kinds)
+        log.warning("the hub could not say whether %s@%s is older than the registered %s (%s): registering it",
+                    repo, commit[:12], head[:12], type(err).__name__)
+        return False
 
 
 def verdict(report: dict[str, Any]) -> dict[str, Any]:
