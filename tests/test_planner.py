@@ -23,6 +23,7 @@ from pipelines.publish.planner import (
     GIB,
     Ask,
     NodeGroup,
+    Plan,
     PlanRefused,
     Variant,
     activation_bytes,
@@ -158,13 +159,6 @@ def test_a_context_longer_than_the_model_supports_is_refused() -> None:
     assert "--context 32768" in (err.value.hint or "")
 
 
-def test_architectures_it_cannot_size_are_refused_by_name() -> None:
-    jamba = {"architectures": ["JambaForCausalLM"], "model_type": "jamba", "num_hidden_layers": 32,
-             "num_attention_heads": 32, "hidden_size": 4096}
-    with pytest.raises(ConfigError, match="JambaForCausalLM has state-space or hybrid layers"):
-        shape_of(jamba)
-
-
 def test_mla_and_sliding_windows_are_sized_per_architecture() -> None:
     deepseek = {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "num_hidden_layers": 61,
                 "num_attention_heads": 128, "num_key_value_heads": 128, "hidden_size": 7168, "kv_lora_rank": 512,
@@ -215,7 +209,15 @@ def test_every_plan_keeps_the_rules() -> None:
         assert per_seq * p.max_num_seqs <= m.kv_pool
         assert shape.attention_heads % p.tp == 0 and p.tp <= group.gpus_per_node
         assert p.pp <= min(shape.layers, group.nodes) and p.tp * p.pp * p.replicas <= group.gpus
+        _every_gpu_used_or_named(p)
     assert checked > 50 and refused > 10  # the sweep exercises both outcomes
+
+
+def _every_gpu_used_or_named(p: Plan) -> None:
+    """Every GPU of the plan's group serves a replica, or a reason says how many stay idle."""
+    idle = p.group.gpus - p.tp * p.pp * p.replicas
+    assert idle == 0 or any(r.startswith(f"{idle} of {p.group.gpus} GPUs stay idle: ") for r in p.reasons), \
+        (str(p.group), p.tp, p.pp, p.replicas, p.reasons)
 
 
 # ---------------------------------------------------------------- the command line, on real files
@@ -340,18 +342,64 @@ def test_a_refusal_suggests_a_smaller_registered_variant_that_fits() -> None:
     assert plan_group(smaller_ask(ask, smaller[1]), group).tp == 2
 
 
-def test_hybrid_and_state_space_models_are_refused_by_name() -> None:
-    qwen3_next = {"architectures": ["Qwen3NextForCausalLM"], "model_type": "qwen3_next", "num_hidden_layers": 48,
-                  "num_attention_heads": 16, "num_key_value_heads": 2, "hidden_size": 2048}
-    with pytest.raises(ConfigError, match="Qwen3NextForCausalLM has state-space or hybrid layers") as err:
-        shape_of(qwen3_next)
-    assert "vLLM's logged KV cache size" in (err.value.hint or "")
-    hybrid = {**QWEN25_7B, "architectures": ["SomeHybridForCausalLM"], "model_type": "somehybrid",
-              "layer_types": ["full_attention", "mamba"] * 14}
-    with pytest.raises(ConfigError, match="SomeHybridForCausalLM has state-space or hybrid layers"):
-        shape_of(hybrid)
-    with pytest.raises(ConfigError, match="mamba has state-space layers"):
-        shape_of_gguf({"general.architecture": "mamba", "mamba.block_count": 64, "mamba.ssm.state_size": 16})
+# Each config as its model's config.json carries it (the keys of transformers' models/<type>/configuration_<type>.py
+# __init__ that a saved config writes, with their defaults), attention sizes of a Qwen2.5-7B beside them; a
+# property such as Bamba's or Jamba's layers_block_type is computed, never written, so it is not here.
+_HYBRIDS = {
+    "BambaForCausalLM": ({"model_type": "bamba", "attn_layer_indices": [9, 18, 27], "mamba_d_state": 128,
+                          "mamba_n_heads": 128}, "attn_layer_indices makes 3 of 28 layers attention"),
+    "JambaForCausalLM": ({"model_type": "jamba", "attn_layer_period": 8, "attn_layer_offset": 4, "mamba_d_state": 16},
+                         "attn_layer_period 8"),
+    "RecurrentGemmaForCausalLM": ({"model_type": "recurrent_gemma", "block_types": ["recurrent", "recurrent", "attention"],
+                                   "lru_width": 2560, "attention_window_size": 2048}, "block_types lists 'recurrent'"),
+    "KimiLinearForCausalLM": ({"model_type": "kimi_linear", "linear_attn_config": {
+        "kda_layers": [1, 2, 3, 5, 6, 7], "full_attn_layers": [4, 8], "head_dim": 128}}, "linear_attn_config"),
+    "Qwen3NextForCausalLM": ({"model_type": "qwen3_next", "full_attention_interval": 4, "linear_conv_kernel_dim": 4,
+                              "linear_num_value_heads": 32}, "full_attention_interval 4"),
+    "FalconH1ForCausalLM": ({"model_type": "falcon_h1", "mamba_d_ssm": 1024, "mamba_d_state": 256}, "mamba_d_state"),
+    "NemotronHForCausalLM": ({"model_type": "nemotron_h", "hybrid_override_pattern": "M-M-M-M*-M-M-M-M*-M-M-M-M-",
+                              "ssm_state_size": 128}, "hybrid_override_pattern 'M-M-M-M*-M-M-M-M*-M-M-"),
+    "Zamba2ForCausalLM": ({"model_type": "zamba2", "layers_block_type": ["mamba"] * 5 + ["hybrid"],
+                           "hybrid_layer_ids": [5], "mamba_d_state": 64}, "layers_block_type lists 'hybrid', 'mamba'"),
+    "Lfm2ForCausalLM": ({"model_type": "lfm2", "layer_types": ["conv", "conv", "full_attention"], "conv_L_cache": 3},
+                        "layer_types lists 'conv'"),
+    "GraniteMoeHybridForCausalLM": ({"model_type": "granitemoehybrid", "layer_types": ["mamba"] * 9 + ["attention"],
+                                     "mamba_d_state": 128}, "layer_types lists 'mamba'"),
+    "MiniMaxM1ForCausalLM": ({"model_type": "minimax_m1", "attn_type_list": [0, 0, 0, 0, 0, 0, 0, 1]}, "attn_type_list"),
+    "MambaForCausalLM": ({"model_type": "mamba", "state_size": 16, "conv_kernel": 4}, "state_size"),
+}
+
+
+@pytest.mark.parametrize("arch", sorted(_HYBRIDS))
+@pytest.mark.parametrize("renamed", [False, True], ids=["own-type", "renamed"])
+def test_hybrid_and_state_space_layers_are_refused_by_their_config_keys(arch: str, renamed: bool) -> None:
+    """Bamba, Jamba, RecurrentGemma, Kimi-Linear, Qwen3-Next, Falcon-H1 and the others, by the keys their configs
+    write, and the same with a model_type and architecture nobody lists: a name list would miss those."""
+    extra, why = _HYBRIDS[arch]
+    config = {**QWEN25_7B, "architectures": [arch], **extra}
+    if renamed:
+        config = {**config, "architectures": ["SomeNewForCausalLM"], "model_type": "some_new"}
+    with pytest.raises(ConfigError, match="has state-space or hybrid layers") as err:
+        shape_of(config)
+    assert why in err.value.message and "vLLM's logged KV cache size" in (err.value.hint or "")
+    assert ("SomeNewForCausalLM" if renamed else arch) in err.value.message
+
+
+def test_attention_only_layer_lists_are_still_planned() -> None:
+    """Sliding and full attention (Gemma 2/3, GPT-OSS) and an index list naming every layer are attention."""
+    assert shape_of({**QWEN25_7B, "layer_types": ["sliding_attention", "full_attention"] * 14, "sliding_window": 4096})
+    assert shape_of({**QWEN25_7B, "attn_layer_indices": list(range(28))})
+    assert shape_of({**QWEN25_7B, "hybrid_override_pattern": "*" * 28, "attn_layer_period": 1})
+
+
+@pytest.mark.parametrize("key", ["mamba.ssm.state_size", "qwen3next.full_attention_interval", "rwkv7.wkv.head_size",
+                                 "lfm2.shortconv.l_cache", "kimi-linear.kda.head_dim"])
+def test_a_gguf_with_state_space_or_linear_layers_is_refused(key: str) -> None:
+    arch = key.split(".")[0]
+    meta = {"general.architecture": arch, f"{arch}.block_count": 24, f"{arch}.attention.head_count": 16,
+            f"{arch}.embedding_length": 2048, key: 4}
+    with pytest.raises(ConfigError, match=f"{arch} has state-space or hybrid layers \\(GGUF key {re.escape(key)}\\)"):
+        shape_of_gguf(meta)
 
 
 # ---------------------------------------------------------------- properties, over models hypothesis draws
@@ -414,6 +462,7 @@ def test_every_plan_keeps_the_rules_and_every_refusal_names_a_plan_that_fits(dra
     assert shape.attention_heads % p.tp == 0 and (shape.kv_heads % p.tp == 0 or p.tp % shape.kv_heads == 0)
     assert p.tp <= group.gpus_per_node and p.pp <= min(shape.layers, group.nodes)
     assert p.tp * p.pp * p.replicas <= group.gpus
+    _every_gpu_used_or_named(p)
 
 
 def test_an_inventory_file_is_the_same_cluster_and_its_typos_are_named(tiny_qwen2: Path, tmp_path: Path) -> None:
@@ -478,18 +527,6 @@ def test_impossible_head_counts_are_refused_not_planned(change: dict, complaint:
                        "llama.attention.head_count_kv": 3, "llama.embedding_length": 4096})
 
 
-@pytest.mark.parametrize("extra,arch", [
-    ({"layers_block_type": ["mamba", "attention"] * 16}, "BambaForCausalLM"),
-    ({"block_types": ["recurrent", "recurrent", "attention"]}, "RecurrentGemmaForCausalLM"),
-    ({"linear_attn_config": {"kda_layers": [1, 2, 3]}}, "KimiLinearForCausalLM"),
-    ({"layer_types": ["full_attention", "linear_attention"] * 14}, "SomeLinearForCausalLM"),
-])
-def test_hybrid_layers_are_refused_by_their_config_keys_not_by_name(extra: dict, arch: str) -> None:
-    config = {**QWEN25_7B, "architectures": [arch], "model_type": "unnamed", **extra}
-    with pytest.raises(ConfigError, match=f"{arch} has state-space or hybrid layers"):
-        shape_of(config)
-
-
 @pytest.mark.parametrize("context", [0, -512])
 def test_a_zero_or_negative_context_is_refused_not_read_as_the_maximum(tiny_qwen2: Path, context: int) -> None:
     with pytest.raises(ConfigError, match=f"--context {context} is no context") as err:
@@ -512,3 +549,66 @@ def test_the_shorter_context_offered_is_the_longest_that_fits_for_sliding_window
     assert plan_group(dataclasses.replace(ask, context=tokens), group)  # accepted …
     with pytest.raises(PlanRefused):  # … and the longest multiple of 256 that is
         plan_group(dataclasses.replace(ask, context=tokens + 256), group)
+
+
+# ---------------------------------------------------------------- every GPU used or named (issue 26 item 4)
+
+
+def test_a_plan_uses_every_gpu_of_its_group_or_says_how_many_stay_idle() -> None:
+    ask = Ask(64 * GIB, shape_of(QWEN25_32B), context=8192, concurrency=4)
+    # the smallest layout that fits, TP 1 × PP 3, would serve on 3 of 8: TP 2 inside each node × PP 2, two replicas
+    p = plan_group(ask, parse_cluster("4x2xA100-40G")[0])
+    assert (p.tp, p.pp, p.replicas) == (2, 2, 2) and p.tp * p.pp * p.replicas == 8
+    assert any("2 independent replicas behind a router use all 8 GPUs" in r for r in p.reasons)
+    assert not any("idle" in r for r in p.reasons)
+    # a node of 3: TP must divide 40 heads / 8 KV heads, so one GPU of each node serves nothing, and the plan says so
+    odd = plan_group(ask, parse_cluster("2x3xA100-40G")[0])
+    assert (odd.tp, odd.pp, odd.replicas) == (2, 2, 1)
+    assert any(r.startswith("2 of 6 GPUs stay idle: a pipeline stage takes 2 GPU(s) of a node of 3, leaving 1 in "
+                            "each node used") and "divide the 40 attention / 8 KV heads" in r for r in odd.reasons)
+
+
+def test_pipeline_stages_across_types_run_tensor_parallel_over_each_whole_node() -> None:
+    ask = Ask(64 * GIB, shape_of(QWEN25_32B), context=8192, concurrency=4)
+    (p,) = plan(ask, parse_cluster("1x8xA800-80G+1x8xL20-48G"), pp_across_types=True)
+    # was TP 1 × PP 2: 2 of the 16 GPUs, and nothing said of the other 14
+    assert (p.tp, p.pp) == (8, 2) and p.tp * p.pp == 16 and not any("idle" in r for r in p.reasons)
+    narrow = plan(ask, parse_cluster("1x8xA800-80G+1x4xL20-48G"), pp_across_types=True)[0]
+    assert (narrow.tp, narrow.pp) == (4, 2)
+    assert any(r.startswith("4 of 12 GPUs stay idle: every stage runs tensor parallel 4") for r in narrow.reasons)
+    asked = plan(dataclasses.replace(ask, tp=2), parse_cluster("1x8xA800-80G+1x8xL20-48G"), pp_across_types=True)[0]
+    assert asked.tp == 2 and any("12 of 16 GPUs stay idle" in r and "--tensor-parallel-size 2 was asked for" in r
+                                 for r in asked.reasons)
+
+
+def test_a_gpu_type_of_a_mixed_cluster_that_cannot_hold_the_model_is_named_not_dropped() -> None:
+    ask = Ask(64 * GIB, shape_of(QWEN25_32B), context=8192, concurrency=4)
+    plans = plan(ask, parse_cluster("1x8xH100-80G+1x1xL4-24G"))
+    assert [str(p.group) for p in plans] == ["1x8xH100-80G"]
+    (why,) = [w for w in plans[0].warnings if "1x1xL4-24G" in w]
+    assert why.startswith("1x1xL4-24G serves no replica, its 1 GPUs stay idle: Qwen2ForCausalLM (64.0 GiB of "
+                          "weights) at 8192 tokens × 4 sequences does not fit 1x1xL4-24G (nearest: --gpus ")
+
+
+def test_the_shorter_context_offered_is_the_longest_any_layout_of_these_gpus_holds() -> None:
+    """One GPU of the two holds 15 GiB of weights and little KV; both, at TP 2, hold half the weights each: the
+    offer was the first layout's (TP 1) context, not the longest."""
+    ask = Ask(int(15.2 * GIB), shape_of(QWEN25_7B), context=32768, concurrency=16)
+    group = parse_cluster("1x2xRTX4090-24G")[0]
+    with pytest.raises(PlanRefused) as refused:
+        plan_group(ask, group)
+    (offer,) = [n for n in refused.value.nearest if n.startswith("--context ")]
+    assert offer == "--context 20992 on 1x2xRTX4090-24G (TP 2 × PP 1)"
+    assert plan_group(dataclasses.replace(ask, context=20992), group).tp == 2
+    with pytest.raises(PlanRefused):
+        plan_group(dataclasses.replace(ask, context=20992 + 256), group)
+
+
+def test_a_repeated_gpu_group_is_one_group_of_all_its_nodes(tmp_path: Path) -> None:
+    """Two groups of one shape would write their files under one folder name, the second over the first."""
+    assert parse_cluster("1x8xH100-80G+1x8xh100-80g") == parse_cluster("2x8xH100-80G")
+    assert parse_cluster("1x8xH100-80G+1x8xL20-48G+1x8xH100-80G") == parse_cluster("2x8xH100-80G+1x8xL20-48G")
+    assert len(parse_cluster("1x8xH100-80G+1x4xH100-80G")) == 2  # other shapes stay apart (their own folders)
+    inventory = tmp_path / "cluster.yaml"
+    inventory.write_text("- {gpus: 2, type: L4-24G}\n- {gpus: 2, type: L4-24G}\n")
+    assert cluster_of(str(inventory)) == parse_cluster("2x2xL4-24G")

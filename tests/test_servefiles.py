@@ -7,9 +7,11 @@ the handbook scenarios (tests/golden/plans/; MODELMINT_UPDATE_GOLDEN=1 rewrites 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import gzip
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -21,6 +23,7 @@ import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
+from ollama_pull import check_name
 from plan_scenarios import SCENARIOS, Scenario
 
 from pipelines.publish.planner import GIB, Ask, parse_cluster, plan, served
@@ -77,6 +80,7 @@ def _crd(name: str) -> dict[str, Any]:
 
 LWS = _crd("leaderworkerset-v1.schema.json.gz")
 RAYSERVICE = _crd("rayservice-v1.schema.json.gz")
+HTTPROUTE = _crd("httproute-v1.schema.json.gz")
 # A RayCluster's spec is KubeRay's RayClusterSpec, the type RayService embeds as spec.rayClusterConfig: the same
 # vendored CRD schema checks it (KubeRay v1.7.0, tests/data/schemas/README.md).
 RAYCLUSTER = {"type": "object", "required": ["apiVersion", "kind", "metadata", "spec"], "additionalProperties": False,
@@ -94,10 +98,12 @@ def check_custom(doc: dict[str, Any]) -> list[str]:
     """A LeaderWorkerSet or RayService against its upstream CRD schema, and every pod template in it against
     Kubernetes' own (as a v1 PodTemplate)."""
     kinds = {"LeaderWorkerSet": ("leaderworkerset.x-k8s.io/v1", LWS), "RayService": ("ray.io/v1", RAYSERVICE),
-             "RayCluster": ("ray.io/v1", RAYCLUSTER)}
+             "RayCluster": ("ray.io/v1", RAYCLUSTER), "HTTPRoute": ("gateway.networking.k8s.io/v1", HTTPROUTE)}
     api, schema = kinds[doc["kind"]]
     errors = [] if doc["apiVersion"] == api else [f"apiVersion {doc['apiVersion']} is not {api}"]
     errors += _errors(schema, doc)
+    if doc["kind"] == "HTTPRoute":  # no pod template; the metadata is a core ObjectMeta
+        return errors + check_core({"apiVersion": "v1", "kind": "ConfigMap", "metadata": doc["metadata"]})
     if doc["kind"] == "LeaderWorkerSet":
         t = doc["spec"]["leaderWorkerTemplate"]
         templates = [t["leaderTemplate"], t["workerTemplate"]]
@@ -127,8 +133,11 @@ def test_every_kubernetes_file_passes_its_schemas(scenario: str, rel: str, text:
         errors = check_core(doc) if doc["kind"] in CORE else check_custom(doc)
         assert errors == [], (rel, errors)
     kinds = [d["kind"] for d in docs]
-    if rel.endswith("kubernetes.yaml"):
-        assert kinds == ["ConfigMap", "PersistentVolumeClaim", "Deployment", "Service", "PodDisruptionBudget"]
+    if rel.endswith("kubernetes.yaml"):  # several GPU types: each its own Service too, for the HTTPRoute
+        own = ["Service"] if "/" in rel and "httproute.yaml" in ALL_FILES[scenario] else []
+        assert kinds == ["ConfigMap", "PersistentVolumeClaim", "Deployment", "Service", *own, "PodDisruptionBudget"]
+    elif rel.endswith("httproute.yaml"):
+        assert kinds == ["HTTPRoute"]
     elif rel.endswith("leaderworkerset.yaml"):
         assert kinds == ["ConfigMap", "PersistentVolumeClaim", "LeaderWorkerSet", "Service"]
     else:
@@ -164,6 +173,14 @@ def test_the_schema_checks_fail_on_broken_files() -> None:
     bad = copy.deepcopy(deployment)
     bad["spec"]["replica"] = 1
     assert check_core(bad)
+    route = _docs(ALL_FILES["a800-l20-fp8"]["httproute.yaml"])[0]
+    assert check_custom(route) == []
+    bad = copy.deepcopy(route)
+    bad["spec"]["rules"][0]["backendRefs"][0]["weight"] = "heavy"
+    assert any("weight" in e for e in check_custom(bad))
+    bad = copy.deepcopy(route)
+    bad["spec"]["rules"][0]["backendRefs"][0]["wieght"] = 3
+    assert any("wieght" in e for e in check_custom(bad))
 
 
 @pytest.mark.parametrize("scenario", [s.name for s in SCENARIOS if "helm-values.yaml" in ALL_FILES[s.name]])
@@ -208,8 +225,13 @@ def test_scripts_pass_shellcheck_and_the_nginx_config_parses(tmp_path: Path) -> 
         parsed = crossplane.parse(str(conf), strict=True, check_ctx=True, check_args=True)
         assert parsed["status"] == "ok", parsed["errors"]
         upstream = next(d for d in parsed["config"][0]["parsed"] if d["directive"] == "http")["block"][0]
-        assert [d["args"] for d in upstream["block"] if d["directive"] == "server"] == \
-            [["127.0.0.1:11435"], ["127.0.0.1:11436"], ["127.0.0.1:11437"], ["127.0.0.1:11438"]]
+        servers = [d["args"] for d in upstream["block"] if d["directive"] == "server"]
+        if rel.endswith("ollama/nginx.conf"):
+            assert servers == [["127.0.0.1:11435"], ["127.0.0.1:11436"], ["127.0.0.1:11437"], ["127.0.0.1:11438"]]
+        else:  # docker-run.sh's front: one server per replica, on the ports the script publishes them on
+            script = ALL_FILES[sc][rel.replace("docker-nginx.conf", "docker-run.sh")]
+            assert servers == [[f"127.0.0.1:{port}"] for port in re.findall(r"-p (\d+):8000 ", script)]
+            assert len(servers) == 8 and "docker-nginx.conf:/etc/nginx/nginx.conf:ro" in script
         conf.write_text(text.replace("least_conn;", "least_conn on;"))
         assert crossplane.parse(str(conf), strict=True, check_ctx=True, check_args=True)["status"] == "failed"
 
@@ -273,7 +295,8 @@ def test_plan_out_writes_the_files(tiny_qwen2: Path, tmp_path: Path) -> None:
                           env={**os.environ, "COLUMNS": "200"})
     assert done.returncode == 0, done.stderr
     d = tmp_path / "out" / "1x2xl4-24g"
-    assert "wrote 4 files" in done.stdout and (d / "docker-run.sh").stat().st_mode & 0o111
+    assert "wrote 5 files" in done.stdout and (d / "docker-run.sh").stat().st_mode & 0o111
+    assert (d / "docker-nginx.conf").is_file()  # two replicas: a front on port 8000
     cfg = yaml.safe_load((d / "vllm.yaml").read_text())
     assert cfg["model"] == f"/models/{tiny_qwen2.name}" and cfg["max-model-len"] == 2048
     assert _docs((d / "kubernetes.yaml").read_text())[2]["spec"]["replicas"] == 2
@@ -336,7 +359,8 @@ def test_vllm_parses_every_vllm_yaml_and_builds_its_engine_config(tiny_qwen2: Pa
 def test_a_gguf_gets_ollama_files_and_no_vllm_files_with_the_reason() -> None:
     """vLLM 0.32 has no GGUF loader: a vllm.yaml naming a .gguf would be a file that cannot serve."""
     sc = next(s for s in SCENARIOS if s.name == "gguf-4x4090")
-    assert sorted(ALL_FILES[sc.name]) == ["1x4xrtx4090-24g/ollama/nginx.conf", "1x4xrtx4090-24g/ollama/start.sh"]
+    assert sorted(ALL_FILES[sc.name]) == ["1x4xrtx4090-24g/ollama/Modelfile", "1x4xrtx4090-24g/ollama/nginx.conf",
+                                          "1x4xrtx4090-24g/ollama/start.sh"]
     (why,) = notes(sc.plans(), sc.artifact)
     assert "vLLM 0.32.0 has no GGUF loader" in why and "ollama/ files" in why
     pp = next(s for s in SCENARIOS if s.name == "a800-l20-pp")
@@ -380,14 +404,73 @@ def test_plans_for_several_gpu_types_share_only_what_they_must() -> None:
     differ), and the same model volume and Service: one Service over both types' pods, one served name."""
     files = ALL_FILES["a800-l20-fp8"]
     a800, l20 = (_docs(files[f"1x8x{g}/kubernetes.yaml"]) for g in ("a800-80g", "l20-48g"))
-    by_kind = [{d["kind"]: d for d in docs} for docs in (a800, l20)]
+    # the shared Service first, then the type's own (the HTTPRoute's backend)
+    by_kind = [{d["kind"]: d for d in reversed(docs)} for docs in (a800, l20)]
+    own = [[d for d in docs if d["kind"] == "Service"][1] for docs in (a800, l20)]
     for kind in ("ConfigMap", "Deployment", "PodDisruptionBudget"):
         assert by_kind[0][kind]["metadata"]["name"] != by_kind[1][kind]["metadata"]["name"], kind
     assert by_kind[0]["ConfigMap"]["data"] != by_kind[1]["ConfigMap"]["data"]
     for kind in ("PersistentVolumeClaim", "Service"):
         assert by_kind[0][kind] == by_kind[1][kind], kind
+    assert own[0]["metadata"]["name"] != own[1]["metadata"]["name"]
+    for docs, svc in zip(by_kind, own, strict=True):  # each type's Service selects only that type's pods
+        assert svc["spec"]["selector"] == docs["Deployment"]["spec"]["selector"]["matchLabels"]
     service = by_kind[0]["Service"]["spec"]["selector"]
     for docs in by_kind:
         pod_labels = docs["Deployment"]["spec"]["template"]["metadata"]["labels"]
         assert service.items() <= pod_labels.items()
         assert yaml.safe_load(docs["ConfigMap"]["data"]["vllm.yaml"])["served-model-name"] == "qwen2-5-7b-fp8"
+
+
+# ---------------------------------------------------------------- routing, served names, batch size, context
+
+
+def test_a_mixed_cluster_routes_to_each_type_by_the_sequences_it_holds() -> None:
+    """A Service spreads requests evenly over pods; a type of replicas holding 33 sequences each and one of 5 each
+    would get the same share. The HTTPRoute weights each type's own Service by replicas × max_num_seqs."""
+    sc = next(s for s in SCENARIOS if s.name == "a800-l20-fp8")
+    plans = sc.plans()
+    route = _docs(ALL_FILES[sc.name]["httproute.yaml"])[0]
+    refs = route["spec"]["rules"][0]["backendRefs"]
+    assert [r["weight"] for r in refs] == [p.replicas * p.max_num_seqs for p in plans]
+    assert len({r["weight"] for r in refs}) == 2  # the two types hold different numbers of sequences
+    services = {d["metadata"]["name"]: d for rel in ("1x8xa800-80g/kubernetes.yaml", "1x8xl20-48g/kubernetes.yaml")
+                for d in _docs(ALL_FILES[sc.name][rel]) if d["kind"] == "Service"}
+    for ref in refs:  # each backend is a Service the files create, on the port it serves
+        assert ref["name"] in services and ref["port"] == services[ref["name"]]["spec"]["ports"][0]["port"]
+    assert any("httproute.yaml weights each type" in n for n in notes(plans, sc.artifact))
+    single = next(s for s in SCENARIOS if s.name == "tp4-one-node")
+    assert "httproute.yaml" not in ALL_FILES[single.name]
+
+
+def test_helm_values_serve_the_models_name_and_every_file_passes_the_batch_size(tmp_path: Path) -> None:
+    sc = next(s for s in SCENARIOS if s.name == "tp4-one-node")
+    values = yaml.safe_load(ALL_FILES[sc.name]["helm-values.yaml"])
+    args = values["servingEngineSpec"]["modelSpec"][0]["vllmConfig"]["extraArgs"]
+    # the chart runs `vllm serve MODEL_URL` with no served name of its own: vLLM would answer to /data/dense-80g
+    assert args[:2] == ["--served-model-name", "dense-80g"] and "--max-num-batched-tokens" not in args
+    asked = Scenario("batched", dataclasses.replace(sc.ask, max_num_batched_tokens=4096), "2x2xA100-40G",
+                     sc.artifact)
+    files = plan_files(asked.plans(), asked.artifact)
+    assert yaml.safe_load(files["2x2xa100-40g/vllm.yaml"])["max-num-batched-tokens"] == 4096
+    helm = yaml.safe_load(files["helm-values.yaml"])["servingEngineSpec"]["modelSpec"][0]["vllmConfig"]["extraArgs"]
+    assert helm[helm.index("--max-num-batched-tokens") + 1] == "4096" and _errors(HELM, yaml.safe_load(
+        files["helm-values.yaml"])) == []
+    ray = yaml.safe_load(_docs(files["2x2xa100-40g/rayservice.yaml"])[1]["spec"]["serveConfigV2"])
+    assert ray["applications"][0]["args"]["llm_configs"][0]["engine_kwargs"]["max_num_batched_tokens"] == 4096
+    cm = _docs(files["2x2xa100-40g/leaderworkerset.yaml"])[0]
+    assert yaml.safe_load(cm["data"]["vllm.yaml"])["max-num-batched-tokens"] == 4096
+
+
+def test_the_ollama_layout_carries_the_planned_context() -> None:
+    """Ollama sizes a request's context by the model's num_ctx, else OLLAMA_CONTEXT_LENGTH (ollama/ollama
+    envconfig/config.go); the layout sets both to the plan's max_model_len."""
+    sc = next(s for s in SCENARIOS if s.name == "gguf-4x4090")
+    (p,) = sc.plans()
+    files = ALL_FILES[sc.name]
+    start, modelfile = files["1x4xrtx4090-24g/ollama/start.sh"], files["1x4xrtx4090-24g/ollama/Modelfile"]
+    assert start.count(f"OLLAMA_CONTEXT_LENGTH={p.max_model_len} ") == 4
+    assert f"PARAMETER num_ctx {p.max_model_len}\n" in modelfile and "FROM qwen2.5-7b:q4_k_m\n" in modelfile
+    served = f"qwen2.5-7b:q4_k_m-ctx{p.max_model_len}"
+    assert f'ollama create {served} -f "$HERE/Modelfile"' in start and start.count(f'"model": "{served}"') == 4
+    check_name(served)  # a name Ollama takes (types/model/name.go, as tests/ollama_pull.py reads it)

@@ -53,6 +53,8 @@ class VllmServeConfig(BaseModel):
     distributed_executor_backend: Literal["ray", "mp"] | None = Field(default=None, alias="distributed-executor-backend")
     kv_cache_dtype: Literal["auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2"] | None = Field(default=None, alias="kv-cache-dtype")
     enable_prefix_caching: bool | None = Field(default=None, alias="enable-prefix-caching")
+    max_num_batched_tokens: int | None = Field(default=None, alias="max-num-batched-tokens", gt=0)
+    """Only where a plan was made for it (`modelmint plan --max-num-batched-tokens`): its memory budget assumes it."""
     quantization: str | None = None
     """Only where vLLM would not detect it (compressed-tensors and GGUF are detected from the files)."""
 

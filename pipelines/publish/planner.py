@@ -13,7 +13,8 @@ The rules are the deployment handbooks' (../DESIGN.md, "The VRAM planner"), made
 - KV bytes per token come from the model's config.json, per architecture: 2 × layers × KV heads × head dim ×
   bytes for full attention (KV heads split over TP ranks, never below one per rank), layers with a sliding
   window hold at most their window, MLA models cache kv_lora_rank + rope dims once per layer (no × 2, the same
-  on every TP rank); an architecture it cannot size (state-space or hybrid layers) is refused by name;
+  on every TP rank); a layer that is not softmax attention (state-space, linear attention, convolution: read from
+  the config's keys, never the model's name) is refused;
 - tensor parallel only inside a node and only on identical GPUs, dividing the attention and KV heads; pipeline
   parallel across nodes (PP = nodes, TP = GPUs per node), never more stages than layers; independent replicas
   when fewer GPUs hold the model; mixed GPU types get one plan per type (instances behind a router);
@@ -124,22 +125,50 @@ class ModelShape:
                 and (self.kv_heads % t == 0 or t % self.kv_heads == 0)]
 
 
-_STATE_SPACE = ("mamba", "ssm", "linear_attention", "rwkv", "jamba", "zamba", "nemotron_h", "falcon_h1", "granitemoehybrid",
-                "qwen3_next", "lfm2")
+_ATTENTION = frozenset({"attention", "full_attention", "sliding_attention", "chunked_attention"})
+"""Layer kinds that cache keys and values per token (softmax attention, windowed or not)."""
+_STATE_KEYS = ("mamba_d_state", "mamba_d_ssm", "ssm_state_size", "state_size", "ssm_cfg", "linear_conv_kernel_dim",
+               "conv_L_cache")
+"""Config keys only layers that keep a fixed state per sequence have: Mamba's state (Jamba, Bamba, Zamba, Falcon-H1,
+GraniteMoeHybrid: mamba_d_state; Falcon-H1 also mamba_d_ssm; NemotronH: ssm_state_size; Mamba, Mamba2:
+state_size), Qwen3-Next's gated delta net (linear_conv_kernel_dim), LFM2's short convolutions (conv_L_cache)."""
 
 
-def _hybrid_layers(text: dict[str, Any], layer_types: list[str]) -> bool:
-    """Whether the config declares any layer that is not (full or sliding-window) softmax attention.
+def _not_attention(text: dict[str, Any], layers: int) -> str | None:
+    """Which key of the config declares a layer that is not softmax attention (None: every layer is attention).
 
-    Read from the keys hybrid configs carry, not from a list of names: `layer_types` (Qwen3-Next, LFM2),
-    `layers_block_type` (Bamba, Jamba), `block_types` (RecurrentGemma), `linear_attn_config` (Kimi-Linear),
-    `attn_type_list` (MiniMax, 0 marks a linear layer).
+    Read from the keys the hybrid configs carry (transformers' models/*/configuration_*.py), never from the model's
+    name: a list of layer kinds (`layer_types`: Qwen3-Next, LFM2, GraniteMoeHybrid, MiniMax; `layers_block_type`:
+    Zamba2, NemotronH; `block_types`: RecurrentGemma), the attention layers' indices or period (`attn_layer_indices`:
+    Bamba; `full_attn_idxs`: LFM2; `attn_layer_period`: Jamba, Zamba; `full_attention_interval`: Qwen3-Next), a layer pattern (`hybrid_override_pattern`: NemotronH, `*` for
+    attention), Zamba2's `hybrid_layer_ids`, Kimi-Linear's `linear_attn_config`, MiniMax's `attn_type_list` (0: linear),
+    and the state-space sizes of _STATE_KEYS.
     """
-    attention = {"attention", "full_attention", "sliding_attention", "chunked_attention"}
-    kinds = layer_types + [str(t) for t in (text.get("layers_block_type") or []) + (text.get("block_types") or [])]
-    if any(k not in attention for k in kinds):
-        return True
-    return bool(text.get("linear_attn_config")) or 0 in (text.get("attn_type_list") or [])
+    for key in ("layer_types", "layers_block_type", "block_types"):
+        kinds = text.get(key)
+        if isinstance(kinds, (list, tuple)):
+            other = sorted({str(k) for k in kinds} - _ATTENTION)
+            if other:
+                return f"{key} lists {', '.join(map(repr, other))} layers"
+    for key in ("attn_layer_indices", "full_attn_idxs"):
+        indices = text.get(key)
+        if isinstance(indices, (list, tuple)) and len(set(indices)) < layers:
+            return f"{key} makes {len(set(indices))} of {layers} layers attention"
+    for key in ("attn_layer_period", "full_attention_interval"):
+        period = text.get(key)
+        if isinstance(period, int) and period > 1:
+            return f"{key} {period} makes one layer in {period} attention"
+    pattern = text.get("hybrid_override_pattern")
+    if isinstance(pattern, str) and set(pattern) - {"*"}:
+        return f"hybrid_override_pattern {pattern[:24]!r}{'…' if len(pattern) > 24 else ''} has layers other than * (attention)"
+    if text.get("hybrid_layer_ids"):
+        return "hybrid_layer_ids names Mamba layers with shared attention"
+    if text.get("linear_attn_config"):
+        return "linear_attn_config declares linear-attention layers"
+    if 0 in (text.get("attn_type_list") or []):
+        return "attn_type_list marks linear-attention layers (0)"
+    found = [k for k in _STATE_KEYS if text.get(k) is not None]
+    return f"{found[0]} sizes a state-space layer" if found else None
 
 
 def _check_heads(arch: str, layers: int, heads: int, kv: int, hint: str) -> None:
@@ -163,8 +192,10 @@ def shape_of(config: dict[str, Any]) -> ModelShape:
     arch = (config.get("architectures") or [config.get("model_type", "?")])[0]
     model_type = str(text.get("model_type") or config.get("model_type") or "").lower()
     layer_types = [str(t) for t in text.get("layer_types") or []]
-    if any(s in model_type for s in _STATE_SPACE) or _hybrid_layers(text, layer_types):
-        raise ConfigError(f"{arch} has state-space or hybrid layers: the planner cannot size its cache yet",
+    why = _not_attention(text, _count(text.get("num_hidden_layers")))
+    if why:
+        raise ConfigError(f"{arch} has state-space or hybrid layers (config.json: {why}): the planner sizes only "
+                          "attention's per-token KV cache, not a fixed state per sequence",
                           hint="plan it by hand from vLLM's logged KV cache size, or serve a transformer model")
     hint = "check the checkpoint's config.json (num_hidden_layers, num_attention_heads, num_key_value_heads)"
     try:
@@ -258,6 +289,8 @@ class Plan:
     stage_memory: tuple[GPUMemory, ...] = ()
     batched_tokens: int = 0
     """The max_num_batched_tokens the budget assumes vLLM profiles with (its default unless asked)."""
+    max_num_batched_tokens: int | None = None
+    """--max-num-batched-tokens when asked: every file that starts vLLM passes it (None: vLLM's default)."""
 
     @property
     def label(self) -> str:
@@ -467,9 +500,15 @@ def _memory_warnings(ask: Ask) -> list[str]:
     return out
 
 
+def replicas_of(group: NodeGroup, tp: int, pp: int) -> int:
+    """Independent TP × PP replicas `group` holds: TP GPUs never span a node, a pipeline takes PP whole nodes."""
+    return group.nodes * (group.gpus_per_node // tp) if pp == 1 else group.nodes // pp
+
+
 def plan_group(ask: Ask, group: NodeGroup) -> Plan:
-    """The smallest layout of `group`'s GPUs that serves `ask` at its context and concurrency (as many replicas
-    as the group holds).
+    """The layout of `group`'s GPUs that serves `ask` at its context and concurrency and uses the most of them (as
+    many replicas as the group holds), the fewest GPUs per replica among those, TP inside a node before PP across
+    nodes; a GPU no layout can use is named in the reasons.
 
     Raises:
         PlanRefused: none fits: with the nearest plans that do.
@@ -478,20 +517,40 @@ def plan_group(ask: Ask, group: NodeGroup) -> Plan:
     if ask.context and ask.context > ask.shape.max_context:
         raise ConfigError(f"a context of {ask.context} tokens is longer than {ask.shape.architecture} supports "
                           f"({ask.shape.max_context})", hint=f"ask for --context {ask.shape.max_context} or less")
-    for tp, pp in _layouts(ask, group):
-        fit = _serves(ask, group, tp, pp)
-        if fit is None:
-            continue
-        mem, max_len, seqs = fit
-        replicas = max(1, group.gpus // (tp * pp)) if pp == 1 else max(1, group.nodes // pp)
+    fitting = [(tp, pp, fit) for tp, pp in _layouts(ask, group) if (fit := _serves(ask, group, tp, pp)) is not None]
+    if fitting:
+        tp, pp, (mem, max_len, seqs) = min(fitting, key=lambda f: (-f[0] * f[1] * replicas_of(group, f[0], f[1]),
+                                                                   f[0] * f[1], f[1]))
+        replicas = replicas_of(group, tp, pp)
         reasons = _reasons(ask, group, tp, pp, mem, replicas)
+        reasons += _idle(ask, group, tp, pp, replicas, smallest=min(t * p for t, p, _ in fitting))
         warnings = [_fp8_warning(group.gpu)] if ask.fp8_weights and not group.gpu.fp8_compute else []
         per_token = ask.shape.kv_bytes_per_token(tp=tp, pp=pp, kv_dtype=ask.kv_dtype)
         return Plan(group, tp, pp, replicas, max_len, seqs, mem, per_token, ask.kv_dtype, reasons,
-                    warnings + _memory_warnings(ask), ask.utilization, batched_tokens=batched_tokens(ask, group.gpu))
+                    warnings + _memory_warnings(ask), ask.utilization, batched_tokens=batched_tokens(ask, group.gpu),
+                    max_num_batched_tokens=ask.max_num_batched_tokens)
     tp_note = f" with --tensor-parallel-size {ask.tp}" if ask.tp is not None else ""
     raise PlanRefused(f"{ask.shape.architecture} ({ask.weights_bytes / GIB:.1f} GiB of weights) at {context} tokens × "
                       f"{ask.concurrency} sequences does not fit {group}{tp_note}", nearest(ask, group))
+
+
+def _idle(ask: Ask, group: NodeGroup, tp: int, pp: int, replicas: int, smallest: int) -> list[str]:
+    """Why GPUs of `group` stay idle under a TP × PP layout of `replicas` (nothing when every GPU serves)."""
+    idle = group.gpus - tp * pp * replicas
+    if idle <= 0:
+        return []
+    parts = []
+    per_node = group.gpus_per_node - (group.gpus_per_node // tp * tp if pp == 1 else tp)
+    if per_node:
+        parts.append(f"{'replicas take' if pp == 1 else 'a pipeline stage takes'} {tp} GPU(s) of a node of "
+                     f"{group.gpus_per_node}, leaving {per_node} in each node used")
+    if pp > 1 and group.nodes % pp:
+        parts.append(f"a pipeline takes {pp} whole nodes of the {group.nodes}, leaving {group.nodes % pp} node(s)")
+    why = "; ".join(parts)
+    limits = (f"--tensor-parallel-size {ask.tp} was asked for" if ask.tp is not None else
+              f"tensor parallel must divide the {ask.shape.attention_heads} attention / {ask.shape.kv_heads} KV heads")
+    return [f"{idle} of {group.gpus} GPUs stay idle: {why}; no layout that serves the model uses more ({limits}, "
+            f"and a replica needs at least {smallest} GPU(s))"]
 
 
 def _fp8_warning(g: GPU) -> str:
@@ -515,7 +574,9 @@ def _reasons(ask: Ask, group: NodeGroup, tp: int, pp: int, mem: GPUMemory, repli
         out.append(f"pipeline parallel {pp} across nodes ({math.ceil(ask.shape.layers / pp)} of {ask.shape.layers} "
                    "layers per stage, Ray backend): tensor parallel never crosses a node")
     if replicas > 1:
-        out.append(f"{replicas} independent replicas behind a router use all {group.gpus} GPUs")
+        used = tp * pp * replicas
+        out.append(f"{replicas} independent replicas behind a router use "
+                   f"{'all ' + str(used) if used == group.gpus else f'{used} of {group.gpus}'} GPUs")
     return out
 
 
@@ -533,12 +594,15 @@ def _more_gpus(ask: Ask, group: NodeGroup, g: GPU) -> str | None:
 
 
 def _longest_context(ask: Ask, pool: int, tp: int, pp: int) -> int:
-    """The longest context, a multiple of 256, whose `ask.concurrency` sequences fit `pool` (0: not even 256).
+    """The longest context, a multiple of 256, whose asked sequences (at most max_num_seqs) fit `pool` (0: not even
+    256).
 
     Searched, not divided: sliding-window layers cap their tokens, so a sequence's bytes grow slower than its length.
     """
+    seqs = min(ask.concurrency, ask.seqs_cap)  # what _serves asks of a plan
+
     def fits(tokens: int) -> bool:
-        return ask.shape.kv_bytes_per_sequence(tokens, tp=tp, pp=pp, kv_dtype=ask.kv_dtype) * ask.concurrency <= pool
+        return ask.shape.kv_bytes_per_sequence(tokens, tp=tp, pp=pp, kv_dtype=ask.kv_dtype) * seqs <= pool
 
     lo, hi = 0, ask.shape.max_context // 256  # in units of 256 tokens; lo always fits (0 tokens need nothing)
     while lo < hi:
@@ -552,14 +616,12 @@ def nearest(ask: Ask, group: NodeGroup) -> list[str]:
     on these GPUs; when none of these fits, GPUs with more memory."""
     out = [s for s in [_more_gpus(ask, group, group.gpu)] if s]
     out += _smaller_variant(ask, group)
-    for tp, pp in _layouts(ask, group):
-        mem = _budget(ask, group.gpu, tp, pp)
-        if mem.kv_pool <= 0:
-            continue
-        tokens = _longest_context(ask, mem.kv_pool, tp, pp)
-        if tokens >= 256:
-            out.append(f"--context {tokens} on {group} (TP {tp} × PP {pp})")
-            break
+    # the longest over every layout of these GPUs: a wider one holds fewer weights per GPU, so more KV
+    shorter = max(((_longest_context(ask, mem.kv_pool, tp, pp), -tp * pp, tp, pp) for tp, pp in _layouts(ask, group)
+                   if (mem := _budget(ask, group.gpu, tp, pp)).kv_pool > 0), default=None)
+    if shorter and shorter[0] >= 256:
+        tokens, _, tp, pp = shorter
+        out.append(f"--context {tokens} on {group} (TP {tp} × PP {pp})")
     for g in sorted(known_gpus().values(), key=lambda g: g.memory_gib):
         found = None if out or g.memory_gib <= group.gpu.memory_gib else _more_gpus(ask, group, g)
         if found:
@@ -593,12 +655,16 @@ def plan(ask: Ask, cluster: list[NodeGroup], *, pp_across_types: bool = False) -
             raise ConfigError(f"--pp-across-types asks for one pipeline over several GPU types; {cluster[0]} is one",
                               hint="leave it out: nodes of one type get pipeline parallel across them when needed")
         return [plan_pipeline(ask, cluster)]
-    plans, refusals = [], []
+    plans, refusals, dropped = [], [], []
     for group in cluster:
         try:
             plans.append(plan_group(ask, group))
         except PlanRefused as err:
             refusals.append(err)
+            dropped.append(f"{group} serves no replica, its {group.gpus} GPUs stay idle: {err.message} (nearest: "
+                           f"{err.nearest[0]})")
+    if plans and dropped:  # said on the first plan, where the cluster's summary is read
+        plans[0] = dataclasses.replace(plans[0], warnings=[*plans[0].warnings, *dropped])
     if not plans:
         across = []
         if len(cluster) > 1:
@@ -666,7 +732,9 @@ def plan_pipeline(ask: Ask, cluster: list[NodeGroup]) -> Plan:
     if len(stages) > ask.shape.layers:
         raise ConfigError(f"{len(stages)} pipeline stages for {ask.shape.layers} layers",
                           hint="use fewer nodes, or independent instances per type")
-    for tp in [t for t in ask.shape.tp_sizes(min(s.gpus_per_node for s in stages)) if ask.tp in (None, t)]:
+    narrowest = min(s.gpus_per_node for s in stages)
+    # the widest TP that fits: a stage is a whole node (PP = nodes, TP = GPUs per node), so a narrower one idles GPUs
+    for tp in sorted((t for t in ask.shape.tp_sizes(narrowest) if ask.tp in (None, t)), reverse=True):
         parts, mems, seqs = _stage_budgets(ask, stages, tp, context)
         if seqs < max(1, min(ask.concurrency, ask.seqs_cap)):
             continue
@@ -677,11 +745,19 @@ def plan_pipeline(ask: Ask, cluster: list[NodeGroup]) -> Plan:
                     f"usable memory: VLLM_PP_LAYER_PARTITION={','.join(map(str, parts))}; tensor parallel {tp} "
                     "stays inside each node; expect pipeline bubbles, and run the containers with host networking "
                     "so that Ray and NCCL reach each other"]
+        idle = sum(s.gpus_per_node for s in stages) - tp * pp
+        if idle:
+            limit = (f"--tensor-parallel-size {ask.tp} was asked for" if ask.tp is not None else
+                     f"the widest that divides the {ask.shape.attention_heads} attention / {ask.shape.kv_heads} KV "
+                     f"heads within the narrowest node's {narrowest} GPUs")
+            reasons.append(f"{idle} of {sum(s.gpus_per_node for s in stages)} GPUs stay idle: every stage runs "
+                           f"tensor parallel {tp} ({limit}), one stage per node")
         warnings = [_fp8_warning(s.gpu) for s in cluster if ask.fp8_weights and not s.gpu.fp8_compute]
         per_token = ask.shape.kv_bytes_for_layers(1, range(parts[0]), tp=tp, kv_dtype=ask.kv_dtype)
         return Plan(cluster[0], tp, pp, 1, context, int(seqs), mems[0], per_token, ask.kv_dtype, reasons,
                     warnings + _memory_warnings(ask), ask.utilization, parts, tuple(stages), tuple(mems),
-                    batched_tokens=batched_tokens(ask, cluster[0].gpu))
+                    batched_tokens=batched_tokens(ask, cluster[0].gpu),
+                    max_num_batched_tokens=ask.max_num_batched_tokens)
     raise PlanRefused(f"{ask.shape.architecture} ({ask.weights_bytes / GIB:.1f} GiB of weights) at {context} tokens × "
                       f"{ask.concurrency} sequences does not fit a pipeline over {label}",
                       [n for g in cluster for n in nearest(ask, g)])
@@ -711,8 +787,13 @@ def shape_of_gguf(meta: dict[str, Any]) -> ModelShape:
     def key(name: str, default: Any = None) -> Any:
         return meta.get(f"{arch}.{name}", default)
 
-    if any(k.startswith(f"{arch}.ssm.") for k in meta):
-        raise ConfigError(f"{arch} has state-space layers: the planner cannot size its cache yet",
+    # llama.cpp's keys of layers that keep a state per sequence (gguf-py constants.py: Keys.SSM, Keys.KDA, Keys.WKV,
+    # Keys.ShortConv) or mix in linear attention (LLM.FULL_ATTENTION_INTERVAL, Qwen3-Next)
+    stateful = [k for k in meta if k.startswith(tuple(f"{arch}.{p}." for p in ("ssm", "kda", "wkv", "shortconv")))
+                or k == f"{arch}.full_attention_interval"]
+    if stateful:
+        raise ConfigError(f"{arch} has state-space or hybrid layers (GGUF key {sorted(stateful)[0]}): the planner "
+                          "sizes only attention's per-token KV cache, not a fixed state per sequence",
                           hint="plan it by hand from vLLM's logged KV cache size, or serve a transformer model")
     try:
         layers, heads = int(key("block_count")), int(key("attention.head_count"))

@@ -42,6 +42,11 @@ GPU_LABEL = "nvidia.com/gpu.product"
 SHM = "16Gi"
 """/dev/shm for NCCL and vLLM's worker processes (Docker's 64 MiB default is too small for tensor parallel)."""
 OLLAMA_PORT = 11434
+GATEWAY = "inference-gateway"
+"""The Gateway the HTTPRoute of a mixed cluster attaches to (its parentRefs: set it to the cluster's own)."""
+NGINX_IMAGE = "nginx:1.27"
+DOCKER_ROUTER_FILE = "docker-nginx.conf"
+"""The front docker-run.sh starts before several replicas on one machine."""
 _VLLM_KV = {"fp16": "float16", "bf16": "bfloat16"}
 """The planner's KV dtype names that vLLM spells otherwise."""
 
@@ -113,6 +118,7 @@ def vllm_config(plan: Plan, art: Artifact, models: str = MODELS) -> VllmServeCon
         distributed_executor_backend="ray" if plan.multi_node else None,
         kv_cache_dtype=_VLLM_KV.get(plan.kv_dtype, plan.kv_dtype),
         enable_prefix_caching=True,
+        max_num_batched_tokens=plan.max_num_batched_tokens,
     )
 
 
@@ -233,8 +239,20 @@ def kubernetes_single_node(plan: Plan, art: Artifact) -> list[dict[str, Any]]:
     }
     pdb = {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": _meta(art.object_name, art, plan),
            "spec": {"maxUnavailable": 1, "selector": {"matchLabels": labels}}}
-    # one Service per model, the same in every GPU type's file: it spreads requests over every type's pods
-    return [_config_map(plan, art), _pvc(plan, art), deployment, _service(art.name, art, _model_labels(art)), pdb]
+    # one Service per model, the same in every GPU type's file: it spreads requests over every type's pods; a plan
+    # of several types also gets its own, for the HTTPRoute that weights each type by its sequences (httproute.yaml)
+    own = [_service(art.object_name, art, labels)] if art.instance else []
+    return [_config_map(plan, art), _pvc(plan, art), deployment, _service(art.name, art, _model_labels(art)), *own, pdb]
+
+
+def http_route(plans: list[Plan], art: Artifact) -> dict[str, Any]:
+    """A Gateway API HTTPRoute over the Services of every GPU type's plan, each weighted by the sequences its
+    replicas hold (replicas × max_num_seqs): a Service spreads requests evenly over its pods, so the weight is
+    what tells a type of 8 × 33 sequences from one of 8 × 5 (gateway.networking.k8s.io/v1, HTTPBackendRef.weight)."""
+    refs = [{"name": dataclasses.replace(art, instance=_slug(p)).object_name, "port": PORT,
+             "weight": p.replicas * p.max_num_seqs} for p in plans]
+    return {"apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute", "metadata": _meta(art.name, art, None),
+            "spec": {"parentRefs": [{"name": GATEWAY}], "rules": [{"backendRefs": refs}]}}
 
 
 # ---------------------------------------------------------------- across nodes: LeaderWorkerSet and RayService
@@ -331,18 +349,20 @@ def ray_service(plan: Plan, art: Artifact) -> list[dict[str, Any]]:
 def helm_model_spec(plan: Plan, art: Artifact) -> dict[str, Any]:
     """One servingEngineSpec.modelSpec entry of vLLM's production-stack chart (vllm-stack 0.1.12)."""
     cfg = vllm_config(plan, art, models=HELM_MODELS)
-    extra = []
+    # the chart starts `vllm serve MODEL_URL` with its vllmConfig fields and then extraArgs, and has no field for
+    # the served name (templates/deployment-vllm-multi.yaml): without it vLLM would answer to the model's path
+    extra = ["--served-model-name", cfg.served_model_name]
     for flag, value in (("--kv-cache-dtype", cfg.kv_cache_dtype),
-                        ("--distributed-executor-backend", cfg.distributed_executor_backend)):
+                        ("--distributed-executor-backend", cfg.distributed_executor_backend),
+                        ("--max-num-batched-tokens", cfg.max_num_batched_tokens)):
         if value and value != "auto":
-            extra += [flag, value]
+            extra += [flag, str(value)]
     vllm: dict[str, Any] = {"tensorParallelSize": plan.tp, "maxModelLen": plan.max_model_len,
                             "maxNumSeqs": plan.max_num_seqs, "gpuMemoryUtilization": plan.utilization,
                             "enablePrefixCaching": True}
     if plan.pp > 1:
         vllm["pipelineParallelSize"] = plan.pp  # read by templates/ray-cluster.yaml; not in the chart's schema
-    if extra:
-        vllm["extraArgs"] = extra
+    vllm["extraArgs"] = extra
     spec: dict[str, Any] = {
         "name": dns_name(f"{art.name}-{_slug(plan)}"), "repository": VLLM_IMAGE.split(":")[0],
         "tag": VLLM_IMAGE.split(":")[1], "modelURL": cfg.model,
@@ -392,8 +412,16 @@ def docker_script(plan: Plan, art: Artifact) -> str:
         for r in range(plan.replicas):
             devices = ",".join(str(r * plan.tp + i) for i in range(plan.tp))
             body.append(f"docker run -d --name {art.object_name}-{r} --gpus '\"device={devices}\"' --ipc=host "
-                        f"-p {PORT + r}:{PORT} {_docker_volumes(plan)}\"$IMAGE\" --config /config/{SERVE_CONFIG_FILE}")
-        return "\n".join([*head, *body, f'echo "serving {art.name} on ports {PORT}..{PORT + plan.replicas - 1}"', ""])
+                        f"-p {_replica_port(plan, r)}:{PORT} {_docker_volumes(plan)}\"$IMAGE\" "
+                        f"--config /config/{SERVE_CONFIG_FILE}")
+        if plan.replicas == 1:
+            return "\n".join([*head, *body, f'echo "serving {art.name} on port {PORT}"', ""])
+        # one front for the replicas: nginx on the port a single instance would have (docker-nginx.conf)
+        body.append(f"docker run -d --name {art.object_name}-router --network host "
+                    f'-v "$HERE/{DOCKER_ROUTER_FILE}:/etc/nginx/nginx.conf:ro" {NGINX_IMAGE}')
+        return "\n".join([*head, *body, f'echo "serving {art.name} on port {PORT}: nginx in front of {plan.replicas} '
+                                        f'replicas on ports {_replica_port(plan, 0)}..'
+                                        f'{_replica_port(plan, plan.replicas - 1)}"', ""])
     ray = (f"docker run -d --name {art.object_name}-ray --gpus all --network host --ipc=host "
            f'{_docker_volumes(plan)}--entrypoint /bin/bash "$IMAGE" -c')
     wait = ('import ray, sys; ray.init(address="auto", logging_level="ERROR"); '
@@ -416,6 +444,39 @@ def docker_script(plan: Plan, art: Artifact) -> str:
     return "\n".join([*head, *body, ""])
 
 
+def _replica_port(plan: Plan, r: int) -> int:
+    """The host port of replica `r` of docker-run.sh: PORT itself for a lone replica, else the ports after it."""
+    return PORT if plan.replicas == 1 else PORT + 1 + r
+
+
+def docker_router(plan: Plan, art: Artifact) -> str:
+    """nginx in front of docker-run.sh's replicas on one machine: each request to the least busy one (the replicas
+    are alike: one GPU type, one vllm.yaml)."""
+    servers = "\n".join(f"        server 127.0.0.1:{_replica_port(plan, r)};" for r in range(plan.replicas))
+    return f"""# {art.name}: requests on port {PORT} go to the least busy of {plan.replicas} vLLM replicas (docker-run.sh)
+worker_processes 1;
+pid /tmp/nginx.pid;
+events {{
+    worker_connections 4096;
+}}
+http {{
+    upstream vllm {{
+        least_conn;
+{servers}
+    }}
+    server {{
+        listen {PORT};
+        location / {{
+            proxy_pass http://vllm;
+            proxy_http_version 1.1;
+            proxy_buffering off;
+            proxy_read_timeout 600s;
+        }}
+    }}
+}}
+"""
+
+
 def ollama_files(plan: Plan, art: Artifact) -> dict[str, str]:
     """One `ollama serve` per GPU (CUDA_VISIBLE_DEVICES, its own port) and an nginx proxy on Ollama's port."""
     n = plan.group.gpus_per_node
@@ -428,13 +489,21 @@ def ollama_files(plan: Plan, art: Artifact) -> dict[str, str]:
              f"nginx on port {OLLAMA_PORT} (ollama/nginx.conf)", f"# {made}",
              "set -euo pipefail",
              'HERE="$(cd "$(dirname "$0")" && pwd)"', 'mkdir -p "$HERE/logs"']
+    served = ollama_planned_name(model, plan.max_model_len)
     for i, port in enumerate(ports):
+        # OLLAMA_CONTEXT_LENGTH: the planned context for a model whose Modelfile sets no num_ctx
+        # (ollama/ollama envconfig/config.go, ContextLength); the model's own num_ctx wins, hence ollama/Modelfile
         start.append(f'CUDA_VISIBLE_DEVICES={i} OLLAMA_HOST=127.0.0.1:{port} OLLAMA_KEEP_ALIVE=-1 '
+                     f'OLLAMA_CONTEXT_LENGTH={plan.max_model_len} '
                      f'nohup ollama serve >"$HERE/logs/ollama-{i}.log" 2>&1 &')
+    start.append(f"until curl -sf http://127.0.0.1:{ports[0]}/api/version >/dev/null; do sleep 1; done")
+    start.append(f'OLLAMA_HOST=127.0.0.1:{ports[0]} ollama create {served} -f "$HERE/Modelfile"  # the planned num_ctx')
     for port in ports:  # load the model once into each instance's GPU
         start.append(f"until curl -sf http://127.0.0.1:{port}/api/version >/dev/null; do sleep 1; done")
-        start.append(f"curl -sf http://127.0.0.1:{port}/api/generate -d '{{\"model\": \"{model}\"}}' >/dev/null")
-    start += ['nginx -c "$HERE/nginx.conf" -p "$HERE"', f'echo "{model} on http://127.0.0.1:{OLLAMA_PORT}"', ""]
+        start.append(f"curl -sf http://127.0.0.1:{port}/api/generate -d '{{\"model\": \"{served}\"}}' >/dev/null")
+    start += ['nginx -c "$HERE/nginx.conf" -p "$HERE"', f'echo "{served} on http://127.0.0.1:{OLLAMA_PORT}"', ""]
+    modelfile = (f"# {model} at the planned context ({plan.max_model_len} tokens, {plan.max_num_seqs} sequences per "
+                 f"GPU): ollama/start.sh creates it as {served}\nFROM {model}\nPARAMETER num_ctx {plan.max_model_len}\n")
     servers = "\n".join(f"        server 127.0.0.1:{p};" for p in ports)
     nginx = f"""# {model}: requests on port {OLLAMA_PORT} go to the least busy of {n} Ollama instances (one per GPU)
 worker_processes 1;
@@ -458,7 +527,15 @@ http {{
     }}
 }}
 """
-    return {"ollama/start.sh": "\n".join(start), "ollama/nginx.conf": nginx}
+    return {"ollama/start.sh": "\n".join(start), "ollama/nginx.conf": nginx, "ollama/Modelfile": modelfile}
+
+
+def ollama_planned_name(model: str, context: int) -> str:
+    """The name start.sh gives `model` at the planned context: its tag (or `latest`) with `-ctxN` appended."""
+    name, sep, tag = model.rpartition(":")
+    if not sep or "/" in tag:  # no tag (a colon before a slash is a registry's port)
+        name, tag = model, "latest"
+    return f"{name}:{tag}-ctx{context}"
 
 
 # ---------------------------------------------------------------- all of a plan's files
@@ -501,8 +578,14 @@ def plan_files(plans: list[Plan], art: Artifact) -> dict[str, str]:
         else:
             files[f"{d}/kubernetes.yaml"] = _yaml_docs(kubernetes_single_node(p, a))
         files[f"{d}/docker-run.sh"] = docker_script(p, a)
+        if not p.multi_node and p.replicas > 1:
+            files[f"{d}/{DOCKER_ROUTER_FILE}"] = docker_router(p, a)
     if not art.gguf and any(not p.stages for p in plans):
         files["helm-values.yaml"] = _yaml_docs([helm_values(plans, art)])
+    if not art.gguf and len(plans) > 1:
+        files["httproute.yaml"] = (f"# {art.name} over {len(plans)} GPU types, each weighted by the sequences it holds; "
+                                   f"set parentRefs to your Gateway (here {GATEWAY})\n"
+                                   + _yaml_docs([http_route(plans, art)]))
     return files
 
 
@@ -514,6 +597,14 @@ def notes(plans: list[Plan], art: Artifact) -> list[str]:
                    "load formats name none); serve the model's compressed-tensors variant with vLLM, or this GGUF "
                    "with Ollama" + (" (the ollama/ files: one instance per GPU)" if any(
                        p.group.gpus_per_node > 1 and p.tp == 1 and p.group.nodes == 1 for p in plans) else ""))
+    if not art.gguf and len(plans) > 1:
+        weights = ", ".join(f"{p.group.gpu.name} {p.replicas} × {p.max_num_seqs}" for p in plans)
+        out.append(f"requests through the shared Service {art.name} (and the Helm chart's router) spread evenly over "
+                   f"every type's pods; httproute.yaml weights each type by the sequences it holds ({weights})")
+    multi = [p for p in plans if p.multi_node and p.replicas > 1]
+    if multi and not art.gguf:
+        out.append(f"docker-run.sh across nodes starts one replica's pipeline: run it on each set of {multi[0].pp} "
+                   f"machines ({multi[0].replicas} replicas) and put a load balancer in front of their heads")
     if any(p.stages for p in plans):
         out.append("no RayService or Helm values for pipeline stages of different GPU types: Ray Serve LLM and the "
                    "production-stack chart cannot pin which stage runs on which type (the LeaderWorkerSet and "
