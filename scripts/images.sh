@@ -253,15 +253,17 @@ add_in_order() {
   for d in $(deps_of "$1"); do add_in_order "$d"; done
   ORDER+=("$1")
 }
-inputs_of() { # fingerprint of what a build reads: its Dockerfile, every COPY source, the pins, the base
+inputs_of() { # DIR ARGS…: fingerprint of what a build reads: its Dockerfile, every COPY source, its build args,
+  # the base and the images it is built FROM
   local dir=$1 src
+  shift
   {
+    printf '%s\n' "$@"
     cat "containers/$dir/Dockerfile"
     for src in $(sed -e ':a' -e '/\\$/N; s/\\\n//; ta' "containers/$dir/Dockerfile" |
       awk '$1 == "COPY" && $2 !~ /^--from/ {for (i = 2; i < NF; i++) if ($i !~ /^--/) print $i}'); do
       find "$src" -type f ! -path '*/__pycache__/*' -print0 2>/dev/null | LC_ALL=C sort -z | xargs -0r sha256sum
     done
-    cat toolchains/*.env
     podman image inspect --format '{{.Id}}' "$BASE_REF" 2>/dev/null
     local d
     for d in $(deps_of "$dir"); do podman image inspect --format '{{.Id}}' "${NAME_OF[$d]}:$VERSION" 2>/dev/null; done
@@ -271,18 +273,18 @@ inputs_of() { # fingerprint of what a build reads: its Dockerfile, every COPY so
 build_image() {
   local dir=$1 tag="${NAME_OF[$1]}:$VERSION" log="$LOGS/$1.log" t0=$SECONDS args=() name value fp pid rc next
   echo "• $tag (containers/$dir/Dockerfile)"
-  fp=$(inputs_of "$dir")
-  if [[ $dir == llama-cpp && ${MODELMINT_IMAGES_NO_COMPILE:-0} == 1 && "$(label_of "$tag" modelmint.inputs)" != "$fp" ]]; then
-    echo "error: $tag needs the llama.cpp compile (its inputs changed since the cached image; 12-15 min on 2 cores)," \
-      "left to the nightly tier: bash scripts/images.sh llama-cpp" >&2
-    exit 3
-  fi
   # the pins this Dockerfile declares, with toolchains/*.env's values; the project version
   for name in $(sed -n 's/^ARG \([A-Z0-9_]*\).*/\1/p' "containers/$dir/Dockerfile" | sort -u); do
     value=$(sed -n "s/^$name=//p" toolchains/*.env | tail -n 1)
     [[ -n $value ]] && args+=(--build-arg "$name=$value")
   done
   args+=(--build-arg "MODELMINT_VERSION=$VERSION" --build-arg "TORCH_CPU_INDEX=")
+  fp=$(inputs_of "$dir" "${args[@]}")
+  if [[ $dir == llama-cpp && ${MODELMINT_IMAGES_NO_COMPILE:-0} == 1 && "$(label_of "$tag" modelmint.inputs)" != "$fp" ]]; then
+    echo "error: $tag needs the llama.cpp compile (its inputs changed since the cached image; 12-15 min on 2 cores)," \
+      "left to the nightly tier: bash scripts/images.sh llama-cpp" >&2
+    exit 3
+  fi
   set +e -m
   podman build --network host --layers "${MOUNTS[@]}" "${args[@]}" --label "modelmint.inputs=$fp" \
     -f "containers/$dir/Dockerfile" -t "$tag" . >"$log" 2>&1 &

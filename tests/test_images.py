@@ -532,3 +532,27 @@ def test_a_full_disk_is_named_with_podmans_storage_path(small_disk: Any, tmp_pat
         "no space left on device"
         in ((logs / "import.log").read_text() + (logs / "base.log").read_text()).lower()
     )
+
+
+def test_an_image_whose_pins_disagree_with_toolchains_fails_to_build_naming_both() -> None:
+    built("llmcompressor")  # its layers are cached: the build reaches the pins check in seconds
+    done = podman(
+        "build",
+        "--network",
+        "none",
+        "--build-arg",
+        "LLMC_VERSION=0.13.0",
+        "-f",
+        "containers/llmcompressor/Dockerfile",
+        "-t",
+        "modelmint-test/llmcompressor:wrong-pins",
+        ROOT,
+        check=False,
+    )
+    assert done.returncode != 0
+    said = done.stdout + done.stderr
+    assert (
+        "error: build arg LLMC_VERSION=0.13.0 disagrees with toolchains/llmcompressor.env (LLMC_VERSION=0.14.0.1)"
+        in said
+    )
+    assert podman("image", "exists", "modelmint-test/llmcompressor:wrong-pins", check=False).returncode == 1
