@@ -30,6 +30,7 @@ from typing import Any
 from flows.slots import GPU_LIMIT, clock, ensure_limit, model_limit, read_leases, run_label
 from pipelines.core.errors import ModelmintError, OrchestratorError
 from pipelines.core.runner import run as run_tool
+from pipelines.core.runner import tool_env
 from pipelines.core.settings import Settings, project_root
 
 WORK_POOL = "modelmint-local"
@@ -94,14 +95,19 @@ def _log_path(settings: Settings, name: str) -> Path:
     return settings.prefect_dir / "stack" / f"{name}.log"
 
 
-def _spawn(settings: Settings, name: str, argv: list[str]) -> int:
-    """Start a long-lived process in its own session (its own process group: a signal reaches all of it)."""
+def _spawn(settings: Settings, name: str, argv: list[str], *, credentials: bool) -> int:
+    """Start a long-lived process in its own session (its own process group: a signal reaches all of it).
+
+    With `credentials` it inherits modelmint's environment whole: the worker's flow runs fetch from the hub and
+    publish to the registry with them. Without (the server), every credential variable is left out, as for
+    any tool (runner.tool_env)."""
     log = _log_path(settings, name)
     log.parent.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, **stack_env(settings)} if credentials else tool_env(stack_env(settings))
     with open(log, "ab") as fh:
         proc = subprocess.Popen(
             argv, stdin=subprocess.DEVNULL, stdout=fh, stderr=subprocess.STDOUT, cwd=project_root(),
-            env={**os.environ, **stack_env(settings)}, start_new_session=True,
+            env=env, start_new_session=True,
         )
     return proc.pid
 
@@ -203,7 +209,7 @@ def start_server(settings: Settings, state: StackState, timeout_s: float = 120.0
     state.server_pid = _spawn(settings, "server", [
         sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1",
         "--port", str(settings.prefect_port), "--analytics-off",
-    ])
+    ], credentials=False)
     state.save(settings)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -323,7 +329,7 @@ def start_worker(settings: Settings, state: StackState, timeout_s: float = 60.0)
     state.worker_pid = _spawn(settings, "worker", [
         sys.executable, "-m", "prefect", "worker", "start", "--pool", WORK_POOL, "--type", "process",
         "--name", WORKER_NAME, "--no-create-pool-if-not-found",
-    ])
+    ], credentials=True)
     state.save(settings)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

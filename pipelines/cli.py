@@ -39,9 +39,9 @@ app.add_typer(registry_app, name="registry")
 
 def _console(*, stderr: bool = False) -> Console:
     """A rich console; where output goes to a pipe or a log (no terminal, no COLUMNS), rows are not cut at 80."""
-    console = Console(stderr=stderr)
+    console = Console(stderr=stderr, emoji=False)  # "a:b:c" is a ref, not the emoji :b:
     if not console.is_terminal and "COLUMNS" not in os.environ:
-        console = Console(stderr=stderr, width=160)
+        console = Console(stderr=stderr, width=160, emoji=False)
     return console
 
 

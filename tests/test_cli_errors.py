@@ -325,3 +325,13 @@ def test_modelfile_names_invalid_jinja_in_the_gguf(tmp_path: Path) -> None:
     errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
     assert len(errors) == 1 and "not valid Jinja: line 1" in errors[0] and "unexpected '}'" in errors[0], proc.stderr
     assert "arithmetic" not in proc.stderr and proc.stdout == ""
+
+
+@pytest.mark.parametrize("ref", ["a:b:c", "tiny-qwen2:smile:", "x:100:y"])
+def test_a_ref_is_shown_as_typed_not_as_an_emoji(tmp_path: Path, ref: str) -> None:
+    """rich turned ':b:' in 'a:b:c' into an emoji: the error line must show what the user typed."""
+    proc = _run(tmp_path, "show", ref)
+    _no_traceback(proc)
+    assert proc.returncode == 1
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert errors == [f"error: {ref!r} is not an artifact reference"], proc.stderr

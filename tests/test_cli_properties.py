@@ -214,3 +214,24 @@ def test_plan_on_a_config_json_with_a_generated_value(tmp_path: Path, key: str, 
     if code != 0:  # the field, or the config.json in the advice (a damaged count), or a plan that cannot fit
         assert code == 1 and len([line for line in text.splitlines() if line.startswith("error:")]) == 1, text
         assert any(c in text for c in ("config.json", key, "does not fit", "the planner cannot size")), text
+
+
+_REF_BITS = st.sampled_from(["tiny-qwen2", "q4_k_m", ":", "@", "-", ".", "/", "..", " ", "A", "7ae557604adf",
+                             "\t", "é", ":b:", "[red]", "%s", "{}", "\\"])
+
+
+@PROPERTY
+@given(command=st.sampled_from(["show", "pull", "verify", "plan"]),
+       ref=st.one_of(st.lists(_REF_BITS, min_size=1, max_size=8).map("".join),
+                     st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"),
+                             min_size=1, max_size=20)))
+def test_a_generated_reference(tmp_path: Path, command: str, ref: str) -> None:
+    """An artifact reference that is malformed, or names nothing registered, in a fresh checkout."""
+    assume(not ref.startswith("-") and ref.strip() and not Path(ref).exists())
+    args = [command, ref] + (["--gpus", "1xL4-24G"] if command == "plan" else [])
+    code, text = _main(tmp_path, *args)
+    assert "Traceback" not in text and UNEXPECTED not in text, text
+    assert code in (1, 2), (code, text)
+    if code == 1:
+        errors = [line for line in text.splitlines() if line.startswith("error:")]
+        assert len(errors) == 1, text

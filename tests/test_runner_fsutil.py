@@ -58,6 +58,76 @@ def test_no_credential_reaches_a_tool(monkeypatch: pytest.MonkeyPatch) -> None:
     assert r.stdout.strip() == "given"
 
 
+def _planted(monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    planted = {var: f"planted-secret-{i}" for i, var in enumerate(Settings.SECRET_ENV)}
+    for var, value in planted.items():
+        monkeypatch.setenv(var, value)
+    return planted
+
+
+def _environ(pid: int) -> dict[str, str]:
+    """A running process's environment as the kernel holds it."""
+    raw = Path(f"/proc/{pid}/environ").read_bytes()
+    return dict(e.split("=", 1) for e in raw.decode("utf-8", "replace").split("\0") if "=" in e)
+
+
+def test_no_credential_reaches_the_local_registry(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The long-lived servers modelmint starts outside the runner get its environment too: Debian's
+    docker-registry under `modelmint registry serve`, read from /proc while it serves."""
+    from registry_env import free_port
+
+    from pipelines.publish.localregistry import local_registry
+
+    planted = _planted(monkeypatch)
+    with local_registry(tmp_path / "reg", free_port()) as reg:
+        child = _environ(reg.proc.pid)
+    assert "PATH" in child and not set(planted) & set(child)
+    assert not [v for v in child.values() if any(p in v for p in planted.values())]
+
+
+def test_no_credential_reaches_the_prefect_server(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The embedded stack's Prefect server (flows/stack.py) stores what it is sent and needs no credential: it
+    inherited every one. (The worker keeps them: its flow runs fetch and publish with them.)"""
+    from registry_env import free_port, isolate
+
+    from flows import stack
+
+    isolate(tmp_path / "env", monkeypatch)
+    monkeypatch.setenv("MODELMINT_PREFECT_PORT", str(free_port()))
+    planted = _planted(monkeypatch)
+    settings = Settings.from_env()
+    state = stack.StackState(api_url=settings.prefect_api_url)
+    try:
+        assert stack.start_server(settings, state)
+        assert state.server_pid is not None
+        child = _environ(state.server_pid)
+    finally:
+        stack.down(settings, say=lambda _msg: None)
+    assert child["PREFECT_HOME"] == str(settings.prefect_dir) and not set(planted) & set(child)
+    assert not [v for v in child.values() if any(p in v for p in planted.values())]
+
+
+def test_every_process_modelmint_starts_gets_the_runners_environment() -> None:
+    """Outside the runner, each subprocess call in pipelines/ passes env=tool_env(...): an inherited environment
+    carried every credential to llama-server and docker-registry. (pipelines/scripts run inside a tool's venv,
+    started by the runner: their environment is already the runner's.)"""
+    import ast
+
+    root = Path(__file__).resolve().parents[1] / "pipelines"
+    bare = []
+    for path in sorted(root.rglob("*.py")):
+        if path.name == "runner.py" or "scripts" in path.relative_to(root).parts:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and isinstance(node.func.value, ast.Name) and node.func.value.id == "subprocess"
+                    and node.func.attr in ("Popen", "run", "call", "check_call", "check_output")):
+                env = next((k.value for k in node.keywords if k.arg == "env"), None)
+                if not (isinstance(env, ast.Call) and isinstance(env.func, ast.Name) and env.func.id == "tool_env"):
+                    bare.append(f"{path.relative_to(root.parent)}:{node.lineno}")
+    assert bare == []
+
+
 def test_secret_env_names_every_variable_a_credential_is_read_from() -> None:
     for name in Settings.SECRETS:
         for var in Settings.SECRET_SOURCES[name]:

@@ -46,6 +46,16 @@ def _tool_name(args: list[str]) -> str:
     return Path(args[1]).name if first.startswith("python") and len(args) > 1 else first
 
 
+def tool_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment of a process modelmint starts: a copy of its own without any credential variable
+    (Settings.SECRET_ENV), plus `env` (which may give one explicitly, as the hub download is given its token).
+    Every process modelmint starts gets it, long-lived servers (llama-server, the local registry) too."""
+    child_env = {k: v for k, v in os.environ.items() if k not in Settings.SECRET_ENV}
+    if env:
+        child_env.update(env)
+    return child_env
+
+
 def run(
     argv: Sequence[str | os.PathLike[str]],
     *,
@@ -70,9 +80,7 @@ def run(
             directory `output` is in; without `output`, `cwd`).
     """
     args = [os.fspath(a) for a in argv]
-    child_env = {k: v for k, v in os.environ.items() if k not in Settings.SECRET_ENV}
-    if env:
-        child_env.update(env)
+    child_env = tool_env(env)
     log.debug("running %s", args)
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         start = time.perf_counter()

@@ -18,6 +18,7 @@ from pipelines.chat.families import detect_family
 from pipelines.core.answers import MAX_TOKENS, Answer, load_questions
 from pipelines.core.errors import ArtifactError
 from pipelines.core.ggufheader import inspect_gguf
+from pipelines.core.runner import tool_env
 from pipelines.core.toolchains import LlamaCpp
 
 _START_S = 180.0
@@ -55,7 +56,7 @@ def llama_server(gguf: Path, llama: LlamaCpp, *, threads: int, log: Path) -> Ite
     argv = [str(llama.bin("llama-server")), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(_free_port()),
             "-c", "1024", "-np", "1", "-t", str(threads), "--no-ui", "--no-warmup"]
     with open(log, "wb") as fh:
-        proc = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        proc = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=tool_env())
     try:
         url = f"http://127.0.0.1:{argv[argv.index('--port') + 1]}"
         if not server_healthy(url, proc):

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from pipelines.core.errors import ConfigError
+from pipelines.core.runner import tool_env
 
 BLOB_HOST = "127.0.0.2"
 """Another host than the registry's 127.0.0.1: Ollama's client follows a redirect only within one host."""
@@ -193,7 +194,8 @@ def local_registry(root: Path, port: int, *, blob_host: str = BLOB_HOST, blob_po
     config.write_text(registry_config(storage, port, redirect_to=f"http://{blobs.host}"))
     log = root / "registry.log"
     with open(log, "ab") as out:
-        proc = subprocess.Popen([binary, "serve", str(config)], stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen([binary, "serve", str(config)], stdout=out, stderr=subprocess.STDOUT,
+                                env=tool_env())
     reg = LocalRegistry(port, proc, blobs, log)
     try:
         deadline = time.monotonic() + 30

@@ -33,6 +33,7 @@ from pipelines.core.errors import (
     ManifestInvalid,
     ModelmintError,
     NotRegistered,
+    RecordMoved,
     RegistryError,
 )
 from pipelines.core.fsutil import (
@@ -505,6 +506,8 @@ def register(settings: Settings, c: Candidate, *, track_with_dvc: bool = True, p
     before = lock.read_bytes() if lock.is_file() else None
     try:
         return publish(settings, c, track(settings, c, files), push=push)
+    except RecordMoved:
+        raise  # another registration of the stage rewrote dvc.lock since this one's commit: it is theirs now
     except Exception:
         # A failed commit or push must not leave dvc.lock naming a version that is in neither the cache nor the
         # remote (pull and verify would then give wrong advice): it goes back to what it recorded before.

@@ -392,6 +392,29 @@ def test_a_repair_uploads_only_the_damaged_object_and_removes_nothing(published:
     assert verify_remote(settings, [REF]).ok
 
 
+def test_a_registration_overtaken_by_another_of_the_tag_uploads_nothing_and_writes_no_manifest(
+    repo: Repo, tmp_path: Path
+) -> None:
+    """Registration A has committed its version; B registers the same tag whole before A's push is checked. A's
+    check finds its objects missing from the remote, and uploads none of them: dvc.lock is B's now (RecordMoved),
+    B's manifest and record stay."""
+    from pipelines.core.errors import RecordMoved
+    from pipelines.registry.register import place, publish, track
+
+    settings = repo.settings()
+    a = candidate(settings, tmp_path / "a", seed=1)
+    tracked = track(settings, a, place(settings, a))  # A: placed and committed, not pushed yet
+    b = register(settings, candidate(settings, tmp_path / "b", seed=2)).manifest  # B, whole
+    lock = (repo.root / "dvc.lock").read_bytes()
+    before = sorted(p.relative_to(repo.remote) for p in repo.remote.rglob("*") if p.is_file())
+    with pytest.raises(RecordMoved) as moved:
+        publish(settings, a, tracked)
+    assert moved.value.checked == tracked.md5 and moved.value.now == b.dvc.md5
+    assert (repo.root / "dvc.lock").read_bytes() == lock and find_manifest(settings, REF) == b
+    assert sorted(p.relative_to(repo.remote) for p in repo.remote.rglob("*") if p.is_file()) == before
+    assert verify_remote(settings, [REF]).ok
+
+
 def test_a_remote_directory_that_does_not_exist_is_a_configuration_error(repo: Repo, tmp_path: Path) -> None:
     from pipelines.core.errors import RemoteError, RemoteUnavailable
 
