@@ -243,6 +243,41 @@ def test_inspect_refuses_an_architecture_its_tensors_contradict(tmp_path: Path) 
     assert "modelmint convert NAME" in proc.stderr
 
 
+def _moe_as_dense(path: Path, *, experts: bool = True) -> Path:
+    """A Qwen2-MoE layer's tensors (a router and stacked experts) under the dense `arch`, with the shape keys the
+    planner sizes a model by: a plan would size the experts' memory as if it were one dense MLP."""
+    import gguf
+
+    arch = "qwen2"
+    w = gguf.GGUFWriter(str(path), arch)
+    for key, value in (("block_count", 1), ("attention.head_count", 4), ("attention.head_count_kv", 2),
+                       ("embedding_length", 64), ("context_length", 512)):
+        w.add_uint32(f"{arch}.{key}", value)
+    w.add_tokenizer_model("gpt2")
+    w.add_eos_token_id(0)
+    names = ["token_embd.weight", "blk.0.attn_q.weight", "blk.0.ffn_gate_inp.weight", "blk.0.ffn_gate_exps.weight"]
+    for name in names if experts else names[:2]:
+        w.add_tensor(name, np.zeros((64, 64), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def test_plan_refuses_an_architecture_its_tensors_contradict(tmp_path: Path) -> None:
+    path = _moe_as_dense(tmp_path / "m.gguf")
+    proc = _run(tmp_path, "plan", str(path), "--gpus", "1xL4-24G")
+    _no_traceback(proc)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "declares architecture 'qwen2' but 2 of its 4 tensors" in errors[0], proc.stderr
+    assert "blk.0.ffn_gate_inp.weight" in errors[0] and "modelmint convert NAME" in proc.stderr
+    # the same file with only the tensors qwen2 has is planned
+    ok = _run(tmp_path, "plan", str(_moe_as_dense(tmp_path / "dense.gguf", experts=False)), "--gpus", "1xL4-24G")
+    assert ok.returncode == 0 and "TP 1" in ok.stdout, ok.stderr
+
+
 def test_a_consistent_architecture_passes(tmp_path: Path) -> None:
     assert architecture_problem(_gguf(tmp_path / "m.gguf")) is None
 

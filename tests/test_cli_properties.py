@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 from pipelines import cli
@@ -161,3 +161,56 @@ def test_modelfile_with_generated_option_values(tmp_path: Path, option: str, val
     # --ollama-version takes any text, so the cause named is then the damaged GGUF (or the version itself)
     _one_error_naming(code, text, option, str(gguf), value)
 
+
+
+# The counts shape_of sizes a transformer by (config.json, or its text_config), each a whole number where given.
+_CONFIG_COUNTS = ("num_hidden_layers", "num_attention_heads", "num_key_value_heads", "hidden_size", "head_dim",
+                  "max_position_embeddings", "intermediate_size", "vocab_size", "sliding_window", "kv_lora_rank",
+                  "qk_rope_head_dim", "num_experts_per_tok", "moe_intermediate_size")
+_JSON_VALUE = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
+                           lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner,
+                                                                                      max_size=3), max_leaves=6)
+
+
+def _checkpoint(tmp_path: Path, config: object) -> Path:
+    import json
+    import struct
+
+    ck = tmp_path / "ck"
+    ck.mkdir(exist_ok=True)
+    header = json.dumps({"w": {"dtype": "F16", "shape": [64, 64], "data_offsets": [0, 8192]}}).encode()
+    (ck / "model.safetensors").write_bytes(struct.pack("<Q", len(header)) + header + b"\0" * 8192)
+    # allow_nan: Python's json writes NaN/Infinity and reads them back, as transformers' configs may hold them
+    (ck / "config.json").write_text(json.dumps(config), encoding="utf-8")
+    return ck
+
+
+_GOOD_CONFIG = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "num_hidden_layers": 2,
+                "num_attention_heads": 4, "num_key_value_heads": 2, "hidden_size": 64, "intermediate_size": 128,
+                "vocab_size": 256, "max_position_embeddings": 512}
+
+
+@PROPERTY
+@example(key="text_config", value=3, nested=False)  # AttributeError: 'int' object has no attribute 'get'
+@example(key="num_hidden_layers", value=float("inf"), nested=False)  # OverflowError
+@example(key="num_attention_heads", value=4.5, nested=False)  # planned, as 4 heads
+@example(key="num_attention_heads", value=True, nested=True)  # planned, as 1 head
+@given(key=st.sampled_from([*_CONFIG_COUNTS, "text_config", "architectures", "model_type", "layer_types",
+                            "use_sliding_window"]),
+       value=_JSON_VALUE, nested=st.booleans())
+def test_plan_on_a_config_json_with_a_generated_value(tmp_path: Path, key: str, value: object,
+                                                       nested: bool) -> None:
+    """A plan, or one error line naming config.json; a count given as anything but a whole number is refused."""
+    config: dict[str, object] = dict(_GOOD_CONFIG)
+    if nested and key != "text_config":  # a multimodal config: the text model's counts under text_config
+        config = {"architectures": ["X"], "text_config": {**_GOOD_CONFIG, key: value}}
+    else:
+        config[key] = value
+    code, text = _main(tmp_path, "plan", str(_checkpoint(tmp_path, config)), "--gpus", "1xL4-24G")
+    assert "Traceback" not in text and UNEXPECTED not in text, text
+    whole = isinstance(value, int) and not isinstance(value, bool)
+    if key in _CONFIG_COUNTS and value is not None and not whole:
+        assert code == 1, text
+    if code != 0:  # the field, or the config.json in the advice (a damaged count), or a plan that cannot fit
+        assert code == 1 and len([line for line in text.splitlines() if line.startswith("error:")]) == 1, text
+        assert any(c in text for c in ("config.json", key, "does not fit", "the planner cannot size")), text

@@ -272,6 +272,46 @@ def test_a_full_dvc_cache_says_how_to_move_it(repo, tmp_path: Path, small_disk) 
         subprocess.run(["umount", "-l", str(cache)], check=True)
 
 
+def test_a_full_dvc_cache_leaves_dvc_lock_naming_the_registered_version(repo, tmp_path: Path, small_disk) -> None:
+    """A new version's `dvc commit` into a full cache: dvc.lock keeps naming the registered version (which the
+    cache and the remote hold), so verify and pull go on working; the rerun after freeing space registers."""
+    import shutil
+
+    from registry_env import candidate
+
+    from pipelines.registry import dvcrepo
+    from pipelines.registry.manifest import find_manifest
+    from pipelines.registry.pull import pull
+    from pipelines.registry.register import register
+    from pipelines.registry.verify import verify_remote
+
+    settings = repo.settings()
+    first = register(settings, candidate(settings, tmp_path / "v1", tag="q8_0")).manifest
+    repo.commit_all("register tiny-qwen2:q8_0")
+    lock = repo.root / "dvc.lock"
+    before = lock.read_bytes()
+    _, c = _register_env(repo, tmp_path / "v2", mib=3)
+    cache = dvcrepo.cache_dir(settings)
+    mnt = small_disk("8m")
+    shutil.copytree(cache, mnt, dirs_exist_ok=True)  # the cache as it is, on a disk with 1 MiB left
+    (mnt / "fill").write_bytes(b"\0" * (free_bytes(mnt) - (1 << 20)))
+    subprocess.run(["mount", "--bind", str(mnt), str(cache)], check=True)
+    try:
+        with pytest.raises(DiskFullError) as exc:
+            register(settings, c)
+        assert exc.value.location == "dvc_cache"
+        assert lock.read_bytes() == before
+        assert find_manifest(settings, first.ref) == first
+        assert verify_remote(settings, [first.ref]).ok
+        done = pull(settings, first.ref)  # the workspace holds the refused version's files: put back
+        assert (repo.root / first.dvc.path / first.file).read_bytes() == (tmp_path / "v1" / "build-0" / first.file).read_bytes()
+        assert done.manifest == first
+        (mnt / "fill").unlink()
+        assert register(settings, c).manifest.sha256 == c.sha256
+    finally:
+        subprocess.run(["umount", "-l", str(cache)], check=True)
+
+
 def test_the_cli_prints_the_cause_and_the_next_step_without_a_traceback(small_disk, tiny_qwen2: Path) -> None:
     """A full work dir through the CLI: the message names the work dir, the hint MODELMINT_WORK_DIR."""
     mnt = small_disk("1m")

@@ -275,13 +275,28 @@ class RemoteIntegrityError(RegistryError):
     def __init__(self, problems: list[str], refs: list[str], rebuild: list[str]) -> None:
         super().__init__(
             f"the DVC remote's copy of {', '.join(refs)} is damaged:\n" + "\n".join(f"  {p}" for p in problems),
-            hint=f"from the registering machine: `modelmint verify {' '.join(refs)} --repair` (removes the bad "
-            "objects and uploads its own copies; a plain `dvc push` skips objects the remote already lists); "
+            hint=f"from the registering machine: `modelmint verify {' '.join(refs)} --repair` (uploads its own "
+            "intact copies of the bad objects over them; a plain `dvc push` skips objects the remote already lists); "
             "from a machine that has the build: " + "; ".join(f"`{r}`" for r in rebuild),
         )
         self.problems = problems
         self.refs = refs
         self.rebuild = rebuild
+
+
+class RecordMoved(RegistryError):
+    """dvc.lock no longer records the version of an output that was checked: a registration of the same tag (or
+    a `dvc repro`) ran meanwhile. Nothing was changed on its account."""
+
+    def __init__(self, stage: str, checked: str, now: str | None, *, hint: str | None = None) -> None:
+        super().__init__(
+            f"dvc.lock no longer records {checked} for {stage} (it records {now or 'nothing'} now): it was "
+            "registered again while its remote copy was checked; nothing was uploaded or removed",
+            hint=hint or "rerun the same command: it checks the version registered now",
+        )
+        self.stage = stage
+        self.checked = checked
+        self.now = now
 
 
 class ManifestDisagrees(ManifestInvalid):

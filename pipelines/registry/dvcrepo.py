@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from pipelines.core.errors import (
+    RecordMoved,
     RegistryError,
     RemoteError,
     RemoteObjectMissing,
@@ -235,10 +236,15 @@ def locked_out(settings: Settings, stage: str, path: str) -> LockedOut | None:
     Raises:
         RegistryError: dvc.lock is not readable YAML.
     """
+    with repo_lock(settings):
+        return _locked_out(settings, stage, path)
+
+
+def _locked_out(settings: Settings, stage: str, path: str) -> LockedOut | None:
+    """locked_out for a caller that holds DVC's repository lock already."""
     lock = require_repo(settings) / "dvc.lock"
     try:
-        with repo_lock(settings):
-            text = lock.read_text(encoding="utf-8")
+        text = lock.read_text(encoding="utf-8")
         data = yaml.safe_load(text) or {}
     except FileNotFoundError:
         return None
@@ -480,20 +486,21 @@ def clean_stale_uploads(settings: Settings, wheres: Iterable[str] | None = None,
 
 
 def ensure_in_remote(
-    settings: Settings, stage: str, dir_md5: str, expected: Mapping[str, str], *, hash_contents: bool | None = None
+    settings: Settings, stage: str, path: str, dir_md5: str, expected: Mapping[str, str], *,
+    hash_contents: bool | None = None,
 ) -> RemoteCheck:
-    """After `dvc push STAGE`: check every object of its directory output in the remote, re-upload what is
-    missing or wrong, and check again. Returns the first check (its `bad`, `damaged` objects were re-uploaded;
-    ones where only the manifest disagrees are left for the caller to report).
+    """After `dvc push STAGE`: check every object of its directory output `path` in the remote, re-upload what is
+    missing or wrong (reupload), and check again. Returns the first check (its `bad`, `damaged` objects were
+    re-uploaded; ones where only the manifest disagrees are left for the caller to report).
 
     `dvc push` trusts the remote: it skips an object that exists whatever its bytes, and once a directory's
-    `.dir` listing is there it takes every file in it as there too. So a bad object is removed first (with the
-    listing, which makes DVC look at each file again), and the local cache copies are checked before they are
-    sent (a bad one is dropped and `dvc commit` stores the workspace's file again). `hash_contents` as for
-    check_remote.
+    `.dir` listing is there it takes every file in it as there too; so the bad objects are uploaded again one
+    by one, from copies here checked against their md5. `hash_contents` as for check_remote.
 
     Raises:
-        RemoteError, RemoteUnavailable: the remote is unusable, or still wrong after the re-upload.
+        RecordMoved: dvc.lock records another version of the output now (a registration of it ran meanwhile).
+        RemoteError, RemoteUnavailable: the remote is unusable, no intact copy is here, or it is still wrong
+            after the re-upload.
     """
     first = check_remote(settings, dir_md5, expected, hash_contents=hash_contents)
     clean_stale_uploads(settings, [o.where for o in first.objects if o.where != "?"])
@@ -502,14 +509,7 @@ def ensure_in_remote(
         return first
     log.warning("the DVC remote's copy of %s is damaged, uploading it again:\n%s", stage,
                 "\n".join(o.describe() for o in damaged))
-    cache = cache_dir(settings)
-    if [o for o in first.objects if o.oid != "?" and not _cache_copy_ok(cache, o.oid)]:
-        commit(settings, stage)
-    with _remote_odb(settings) as odb:
-        for o in (*damaged, first.objects[0]):
-            if o.where != "?" and odb.fs.exists(o.where):
-                odb.fs.rm_file(o.where)
-    push(settings, stage)
+    reupload(settings, stage, path, dir_md5, first)
     again = check_remote(settings, dir_md5, expected, hash_contents=hash_contents)
     if any(o.damaged for o in again.bad):
         raise RemoteError(
@@ -518,6 +518,80 @@ def ensure_in_remote(
             hint="check that the remote's disk is healthy and writable, then rerun the same command",
         )
     return first
+
+
+def reupload(settings: Settings, stage: str, path: str, dir_md5: str, check: RemoteCheck) -> tuple[str, ...]:
+    """Upload again exactly the objects `check` found missing or damaged, each from a copy on this machine whose
+    bytes hash to its md5 (the DVC cache's, else the file in the workspace's `path`), the files before the
+    `.dir` listing (as `dvc push` orders them). Returns what was uploaded (RemoteObject.describe()).
+
+    It runs under DVC's repository lock, after reading dvc.lock again: only while dvc.lock still records
+    `dir_md5` for `stage`'s output `path` (a registration of the same tag, which rewrites dvc.lock and pushes
+    under that lock, waits meanwhile). Nothing is removed, and no intact object is touched: a repair racing a
+    registration once deleted the older version's intact listing and blobs from the remote, because it removed
+    the listing and pushed what dvc.lock recorded by then.
+
+    Raises:
+        RecordMoved: dvc.lock records another version (or none) of the output; nothing was uploaded.
+        RemoteError: an object has no intact copy here (or cannot be located). RemoteUnavailable: the remote
+            could not be written.
+    """
+    from dvc_objects.fs.local import LocalFileSystem
+
+    damaged = [o for o in check.bad if o.damaged]
+    if not damaged:
+        return ()
+    cache = cache_dir(settings)
+    workspace = require_repo(settings) / path
+    with repo_lock(settings):
+        now = _locked_out(settings, stage, path)
+        if now is None or now.md5 != dir_md5:
+            raise RecordMoved(stage, dir_md5, now.md5 if now is not None else None)
+        sources: list[tuple[RemoteObject, Path]] = []
+        lacking: list[str] = []
+        for o in sorted(damaged, key=lambda o: o.path is None):  # the listing last
+            src = _intact_copy(cache, workspace, o)
+            if src is None:
+                lacking.append(o.describe())
+            else:
+                sources.append((o, src))
+        if lacking:
+            raise RemoteError(
+                f"this machine has no intact copy of {len(lacking)} object(s) of {stage} to upload:\n"
+                + "\n".join(f"  {d}" for d in lacking),
+                hint="upload it from the machine that registered it, or build and register it again (the source "
+                "is pinned)",
+            )
+        with _remote_odb(settings) as odb:
+            try:
+                for o, src in sources:
+                    odb.add(str(src), LocalFileSystem(), o.oid, check_exists=False, verify=False)
+            except OSError as err:
+                raise RemoteUnavailable(
+                    f"the DVC remote {odb.fs.unstrip_protocol(odb.path)} could not be written: {err}",
+                    hint="check the network or the mount the remote lives on, then rerun the same command",
+                ) from err
+    return tuple(o.describe() for o, _ in sources)
+
+
+def _intact_copy(cache: Path, workspace: Path, o: RemoteObject) -> Path | None:
+    """A local file holding exactly the bytes of object `o`: the DVC cache's copy, else (a file of the directory)
+    the workspace's; None when neither is intact or `o` could not be located."""
+    if o.oid == "?":
+        return None
+    if _cache_copy_ok(cache, o.oid):
+        return cache_object(cache, o.oid)
+    if o.path is None:
+        return None
+    candidate = workspace / o.path
+    h = hashlib.md5()
+    try:
+        with open(candidate, "rb") as f:
+            while chunk := f.read(_CHUNK):
+                h.update(chunk)
+    except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+        return None
+    return candidate if h.hexdigest() == o.oid else None
 
 
 def _cache_copy_ok(cache: Path, oid: str) -> bool:

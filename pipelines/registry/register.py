@@ -456,7 +456,7 @@ def publish(settings: Settings, c: Candidate, tracked: Tracked, *, push: bool = 
 
 
 def _ensure_in_remote(settings: Settings, c: Candidate, md5: str, files: tuple[ArtifactFile, ...]) -> tuple[str, ...]:
-    check = dvcrepo.ensure_in_remote(settings, c.stage, md5, {f.path: f.sha256 for f in files})
+    check = dvcrepo.ensure_in_remote(settings, c.stage, c.dvc_path, md5, {f.path: f.sha256 for f in files})
     return tuple(o.describe() for o in check.bad if o.damaged)
 
 

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
-from pipelines.core.errors import ManifestInvalid, RegistryError, RemoteIntegrityError
+from pipelines.core.errors import ManifestInvalid, RecordMoved, RegistryError, RemoteIntegrityError
 from pipelines.core.settings import Settings
 from pipelines.registry import dvcrepo
 from pipelines.registry.formats import format_of
@@ -19,6 +20,8 @@ class ArtifactCheck:
     problems: tuple[str, ...]
     repaired: tuple[str, ...] = ()
     """Objects found damaged or missing and uploaded again (with `repair`); `problems` is what is still wrong."""
+    md5: str | None = None
+    """The DVC hash of the directory that was checked (the manifest's, else dvc.lock's)."""
 
     @property
     def ref(self) -> str:
@@ -59,8 +62,7 @@ def verify_remote(settings: Settings, refs: list[str] | None = None, *, repair: 
     remote holds it, against DVC's md5 and the manifest's sha256; nothing is pulled into the workspace.
 
     The whole remote is also swept for temporary uploads killed pushes left (dvcrepo.clean_stale_uploads).
-    With `repair`, what is missing or damaged is uploaded again from this machine's DVC cache (or its
-    workspace copy) and checked again.
+    With `repair`, what is missing or damaged is then uploaded again (repair_remote).
 
     Raises:
         ConfigError, NotRegistered, ManifestInvalid: a ref that is not name:tag, not registered, or invalid.
@@ -74,10 +76,25 @@ def verify_remote(settings: Settings, refs: list[str] | None = None, *, repair: 
         if not manifests and not invalid:  # a fresh registry: nothing to check, no remote needed
             return VerifyResult((), (), ())
     removed = dvcrepo.clean_stale_uploads(settings)
-    return VerifyResult(tuple(_verify_one(settings, m, repair) for m in manifests), tuple(invalid), tuple(removed))
+    result = VerifyResult(tuple(_verify_one(settings, m) for m in manifests), tuple(invalid), tuple(removed))
+    return repair_remote(settings, result) if repair else result
 
 
-def _verify_one(settings: Settings, m: Manifest, repair: bool) -> ArtifactCheck:
+def repair_remote(settings: Settings, result: VerifyResult) -> VerifyResult:
+    """Upload again, from this machine's DVC cache (or its workspace copy), exactly the objects `result` found
+    missing or damaged, then check those artifacts again.
+
+    Each artifact is repaired only while dvc.lock, read again under DVC's lock, still records the version that
+    was checked (dvcrepo.reupload): a registration of the same tag since then is not undone, the older version's
+    intact objects stay, and the artifact is reported as not repaired, with the command to rerun.
+
+    Raises:
+        RemoteError, RemoteUnavailable: no usable default remote.
+    """
+    return dataclasses.replace(result, artifacts=tuple(_repair_one(settings, a) for a in result.artifacts))
+
+
+def _verify_one(settings: Settings, m: Manifest) -> ArtifactCheck:
     locked = dvcrepo.locked_out(settings, m.dvc.stage, m.dvc.path)
     if m.dvc.md5 is not None and locked is not None and locked.md5 != m.dvc.md5:
         return ArtifactCheck(m, None, (
@@ -90,18 +107,27 @@ def _verify_one(settings: Settings, m: Manifest, repair: bool) -> ArtifactCheck:
             f"DVC recorded nothing for {m.dvc.path} (no md5 in the manifest, no stage {m.dvc.stage} in dvc.lock): "
             "commit dvc.lock with the manifest (`git pull` the commit that registered it)",
         ))
-    expected = {f.path: f.sha256 for f in m.files}
-    check = dvcrepo.check_remote(settings, md5, expected, hash_contents=True)
-    repaired: tuple[str, ...] = ()
-    if repair and any(o.damaged for o in check.bad):
-        try:
-            dvcrepo.ensure_in_remote(settings, m.dvc.stage, md5, expected, hash_contents=True)
-        except RegistryError as err:
-            failed = (*(o.describe() for o in check.bad), f"repair failed: {err.message}")
-            return ArtifactCheck(m, check, failed)
-        repaired = tuple(o.describe() for o in check.bad if o.damaged)
-        check = dvcrepo.check_remote(settings, md5, expected, hash_contents=True)
+    return _checked(settings, m, md5)
+
+
+def _checked(settings: Settings, m: Manifest, md5: str, repaired: tuple[str, ...] = ()) -> ArtifactCheck:
+    check = dvcrepo.check_remote(settings, md5, {f.path: f.sha256 for f in m.files}, hash_contents=True)
     problems = [o.describe() for o in check.bad]
     if problems and not m.dvc.pushed:
         problems.append(f"it was registered without a push (`dvc repro`): push it with `dvc push {m.dvc.stage}`")
-    return ArtifactCheck(m, check, tuple(problems), repaired)
+    return ArtifactCheck(m, check, tuple(problems), repaired, md5)
+
+
+def _repair_one(settings: Settings, a: ArtifactCheck) -> ArtifactCheck:
+    m, check = a.manifest, a.check
+    if check is None or a.md5 is None or not any(o.damaged for o in check.bad):
+        return a
+    try:
+        repaired = dvcrepo.reupload(settings, m.dvc.stage, m.dvc.path, a.md5, check)
+    except RecordMoved as err:
+        return dataclasses.replace(a, problems=(*a.problems, f"not repaired: {err.message}; rerun "
+                                                f"`modelmint verify {m.ref} --repair` to check the version "
+                                                "registered now"))
+    except RegistryError as err:
+        return dataclasses.replace(a, problems=(*a.problems, f"repair failed: {err.message}"))
+    return _checked(settings, m, a.md5, repaired)

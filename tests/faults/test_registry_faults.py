@@ -331,7 +331,7 @@ def test_a_repair_killed_mid_upload_is_completed_by_the_next_registration(publis
     m = find_manifest(settings, REF)
     obj = _object(published, m.dvc.md5, m.file)
     _flip_middle(obj)
-    # the repair removes the damaged object and the listing, then uploads them again: killed while it copies
+    # the repair uploads the damaged object again over the bad copy: killed while it copies
     _kill_when(_register_child(published, build), MOMENTS["mid-push"](published), "the re-upload")
     check = dvcrepo.check_remote(settings, m.dvc.md5, {f.path: f.sha256 for f in m.files})
     assert check.bad  # the manifest stayed, its remote copy is incomplete: what verify reports ...
@@ -340,6 +340,55 @@ def test_a_repair_killed_mid_upload_is_completed_by_the_next_registration(publis
     # ... and what the next registration completes
     out = _rerun(published, build)
     assert "already registered; re-uploaded" in out and "re-uploaded 0" not in out
+    assert verify_remote(settings, [REF]).ok
+
+
+def test_a_repair_racing_a_registration_of_the_tag_removes_nothing_and_says_so(published: Repo, tmp_path: Path) -> None:
+    """`verify --repair` checked version 1 (its GGUF damaged in the remote); a registration of the same tag then
+    moved dvc.lock to version 2 before the repair ran. The repair stops, saying so: version 1's intact listing
+    and files stay in the remote (it is still in git history), and version 2 is whole."""
+    from pipelines.registry.verify import repair_remote
+
+    settings = published.settings()
+    old = find_manifest(settings, REF)
+    _flip_middle(_object(published, old.dvc.md5, old.file))
+    listing = _object(published, old.dvc.md5)
+    intact = {listing: listing.read_bytes()}
+    intact |= {(o := _object(published, old.dvc.md5, f.path)): o.read_bytes() for f in old.files if f.path != old.file}
+    damaged = _object(published, old.dvc.md5, old.file).read_bytes()
+    checked = verify_remote(settings, [REF])  # what `verify --repair` does first
+    assert not checked.ok and checked.artifacts[0].md5 == old.dvc.md5
+    new = register(settings, candidate(settings, tmp_path / "new", seed=1)).manifest  # meanwhile
+    assert new.dvc.md5 != old.dvc.md5
+
+    [a] = repair_remote(settings, checked).artifacts
+    assert not a.ok and not a.repaired
+    said = " ".join(" ".join(a.problems).split())
+    assert f"dvc.lock no longer records {old.dvc.md5} for {STAGE} (it records {new.dvc.md5} now)" in said
+    assert "nothing was uploaded or removed" in said and f"rerun `modelmint verify {REF} --repair`" in said
+    assert all(path.read_bytes() == raw for path, raw in intact.items())
+    assert _object(published, old.dvc.md5, old.file).read_bytes() == damaged  # not "repaired" from version 2
+    assert verify_remote(settings, [REF]).ok
+    # the rerun it names checks the version registered now, and finds nothing to do
+    again = _cli(published, "verify", REF, "--repair")
+    assert again.returncode == 0 and "uploaded again" not in again.stderr, again.stderr
+
+
+def test_a_repair_uploads_only_the_damaged_object_and_removes_nothing(published: Repo) -> None:
+    """The intact listing and files are not removed and pushed again (a push would follow dvc.lock, whatever it
+    records by then): only the damaged object is replaced, from the DVC cache's copy."""
+    settings = published.settings()
+    m = find_manifest(settings, REF)
+    gguf = _object(published, m.dvc.md5, m.file)
+    _flip_middle(gguf)
+    others = [_object(published, m.dvc.md5)] + [_object(published, m.dvc.md5, f.path) for f in m.files
+                                                if f.path != m.file]
+    before = {p: p.stat().st_ino for p in others}
+    fixed = _cli(published, "verify", REF, "--repair")
+    assert fixed.returncode == 0, fixed.stderr
+    assert " ".join(fixed.stderr.split()).count("uploaded again") == 1 and m.file in fixed.stderr
+    assert {p: p.stat().st_ino for p in others} == before
+    assert hashlib.sha256(gguf.read_bytes()).hexdigest() == m.sha256
     assert verify_remote(settings, [REF]).ok
 
 
