@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from plan_scenarios import DENSE_80G, QWEN25_7B, QWEN25_32B, SCENARIOS
@@ -814,3 +815,16 @@ def test_a_repeated_gpu_group_is_one_group_of_all_its_nodes(tmp_path: Path) -> N
     inventory = tmp_path / "cluster.yaml"
     inventory.write_text("- {gpus: 2, type: L4-24G}\n- {gpus: 2, type: L4-24G}\n")
     assert cluster_of(str(inventory)) == parse_cluster("2x2xL4-24G")
+
+
+def test_plan_out_with_a_repeated_group_writes_one_plan_of_all_its_nodes(
+    tiny_qwen2: Path, tmp_path: Path
+) -> None:
+    done = _plan(
+        str(tiny_qwen2), "--gpus", "1x2xL4-24G+1x2xL4-24G", "--context", "2048", "--out", str(tmp_path)
+    )
+    assert done.returncode == 0, done.stderr
+    assert "2x2xL4-24G: TP 1 × PP 1, 4 replica(s)" in done.stdout
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["2x2xl4-24g", "helm-values.yaml"]
+    values = yaml.safe_load((tmp_path / "helm-values.yaml").read_text())
+    assert [s["replicaCount"] for s in values["servingEngineSpec"]["modelSpec"]] == [4]

@@ -606,3 +606,45 @@ def test_the_ollama_layout_carries_the_planned_context() -> None:
         f'ollama create {served} -f "$HERE/Modelfile"' in start and start.count(f'"model": "{served}"') == 4
     )
     check_name(served)  # a name Ollama takes (types/model/name.go, as tests/ollama_pull.py reads it)
+
+
+# NVML's names of the boards (nvidia-smi --query-gpu=name), which GPU feature discovery turns into the
+# nvidia.com/gpu.product label by making every space a dash (NVIDIA/k8s-device-plugin internal/lm/resource.go)
+NVML_NAMES = {
+    "H100-80G": "NVIDIA H100 80GB HBM3",
+    "H100-PCIe-80G": "NVIDIA H100 PCIe",
+    "H100-NVL-94G": "NVIDIA H100 NVL",
+    "A100-40G": "NVIDIA A100-SXM4-40GB",
+    "A100-PCIe-40G": "NVIDIA A100-PCIE-40GB",
+    "A100-80G": "NVIDIA A100-SXM4-80GB",
+    "A100-PCIe-80G": "NVIDIA A100 80GB PCIe",
+}
+
+
+@pytest.mark.parametrize("name", sorted(NVML_NAMES))
+def test_pcie_and_nvl_boards_are_scheduled_on_their_own_product_label(name: str) -> None:
+    from pipelines.publish.planner import gpu
+
+    label = NVML_NAMES[name].replace(" ", "-")
+    assert gpu(name).node_label == label
+    ask = Ask(int(8.9 * GIB), SCENARIOS[2].ask.shape, context=8192)
+    (p,) = plan(ask, parse_cluster(f"1x2x{name}"))
+    pod = _docs(
+        plan_files([p], Artifact("m", "m", False, int(8.9 * GIB)))[f"1x2x{name.lower()}/kubernetes.yaml"]
+    )[2]
+    assert pod["spec"]["template"]["spec"]["nodeSelector"] == {"nvidia.com/gpu.product": label}
+
+
+def test_replicas_of_a_pipeline_across_nodes_are_told_to_need_a_front() -> None:
+    """docker-run.sh across nodes starts one pipeline; a plan of several says so instead of leaving them unrouted."""
+    from plan_scenarios import QWEN25_32B
+
+    from pipelines.publish.planner import shape_of
+
+    ask = Ask(64 * GIB, shape_of(QWEN25_32B), context=8192, concurrency=4)
+    plans = plan(ask, parse_cluster("4x2xA100-40G"))
+    assert (plans[0].pp, plans[0].replicas) == (2, 2)
+    art = Artifact("qwen2-5-32b", "qwen2-5-32b", False, 64 * GIB)
+    assert any("run it on each set of 2 machines (2 replicas)" in n for n in notes(plans, art))
+    lws = _docs(plan_files(plans, art)["4x2xa100-40g/leaderworkerset.yaml"])[2]
+    assert lws["spec"]["replicas"] == 2 and check_custom(lws) == []
