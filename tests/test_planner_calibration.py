@@ -269,3 +269,15 @@ def test_vllm_options_change_the_plan_as_they_change_vllm(qwen7b: Path) -> None:
     done = _plan(str(qwen7b), "--gpus", "1x2xH100-80G", "--tensor-parallel-size", "4")
     assert done.returncode != 0 and "with --tensor-parallel-size 4" in " ".join(done.stderr.split())
     assert "--gpus 1x4xH100-80G" in done.stderr
+
+
+def test_a_gpu_measured_on_a_lent_machine_is_profiled_as_cuda_reported_it() -> None:
+    # benchmarks/gpu_check.sh ran on the GPU itself: the total torch.cuda.mem_get_info() gave, which is the
+    # figure vLLM's memory profiler starts from
+    measured = sorted((ROOT / "tests" / "data" / "gpu_measurements").glob("*.json"))
+    assert measured
+    for f in measured:
+        m = json.loads(f.read_text())
+        profile = planner.gpu(m["profile"])
+        assert profile.memory_measured and f.name in profile.memory_source
+        assert profile.memory_gib == pytest.approx(m["total_memory_gib (torch.cuda.mem_get_info)"], abs=0.05)

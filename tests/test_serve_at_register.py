@@ -161,13 +161,18 @@ def test_a_registered_gguf_carries_its_plans_and_a_refusal_is_recorded(isolated,
     assert p.per_gpu[0].usable == int(planner.gpu("L4-24G").memory_bytes * 0.9) and p.per_gpu[0].kv_pool > 0
     # a GGUF gets what `plan --out` gives a GGUF: no vLLM file (and why), Ollama's layout on the 4-GPU box
     assert single.files == [] and "no vLLM files for a GGUF" in single.notes[0]
-    assert box.files == ["serve/1x4xrtx4090-24g/ollama/nginx.conf", "serve/1x4xrtx4090-24g/ollama/start.sh"]
+    assert box.files == [f"serve/1x4xrtx4090-24g/ollama/{f}" for f in ("Modelfile", "nginx.conf", "start.sh")]
     assert len(mixed.plans) == 2 and mixed.files == [
         f"serve/1x8xa800-80g+1x8xl20-48g/{g}/ollama/{f}"
         for g in ("1x8xa800-80g", "1x8xl20-48g")
-        for f in ("nginx.conf", "start.sh")
+        for f in ("Modelfile", "nginx.conf", "start.sh")
     ]
-    assert (repo.root / m.dvc.path / box.files[1]).stat().st_mode & 0o111
+    assert (repo.root / m.dvc.path / box.files[2]).stat().st_mode & 0o111
+    # the planned context travels with the Ollama layout: the model at num_ctx 4096 is what start.sh serves
+    assert (
+        "PARAMETER num_ctx 4096\n" in files[box.files[0]]
+        and "OLLAMA_CONTEXT_LENGTH=4096 " in files[box.files[2]]
+    )
     for inv, inline in ((box, "4xRTX4090-24G"), (mixed, "1x8xA800-80G+1x8xL20-48G")):
         out = tmp_path / f"plan-{inv.dir.replace('/', '-')}"
         planned = _cli(
@@ -192,7 +197,7 @@ def test_a_registered_gguf_carries_its_plans_and_a_refusal_is_recorded(isolated,
     shown = _cli(repo, "show", m.ref, "--plans")
     assert shown.returncode == 0, shown.stderr
     assert "1x4xRTX4090-24G" in shown.stdout and "TP 1 x PP 1, 4 replica(s)" in shown.stdout
-    assert "2 file(s) in artifacts/tiny-qwen2/q8_0/serve/1x4xrtx4090-24g" in shown.stdout
+    assert "3 file(s) in artifacts/tiny-qwen2/q8_0/serve/1x4xrtx4090-24g" in shown.stdout
     assert json.loads(_cli(repo, "show", m.ref).stdout)["serving"] == m.serving.model_dump(mode="json")
 
     # pull places them: a fresh clone gets the plans with the artifact, every file checked
@@ -252,6 +257,7 @@ def test_a_registered_checkpoints_vllm_yaml_passes_vllms_own_parser(
         "1x8xa800-80g",
         "1x8xl20-48g",
         "helm-values.yaml",
+        "httproute.yaml",  # each type weighted by the sequences it holds
     ]
     # FP8 on the A800 (compute capability 8.0) runs weight-only: the plan says so, the L20 and L4 plans do not
     a800, l20 = mixed.plans

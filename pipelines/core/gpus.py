@@ -109,7 +109,7 @@ def parse_cluster(text: str) -> list[NodeGroup]:
         if nodes < 1 or per_node < 1:
             raise ConfigError(f"{part!r} counts no GPU", hint="counts start at 1, e.g. 1x8xH100-80G")
         groups.append(NodeGroup(nodes, per_node, gpu(m.group(3))))
-    return groups
+    return merge_groups(groups)
 
 
 class _InventoryGroup(BaseModel):
@@ -154,7 +154,19 @@ def load_inventory(path: Path) -> list[NodeGroup]:
         except ConfigError as err:  # name where the typo is: an inventory has many groups
             raise ConfigError(f"{path}, group {i}: {err.message}", hint=err.hint) from None
         groups.append(NodeGroup(g.nodes, g.gpus, profile))
-    return groups
+    return merge_groups(groups)
+
+
+def merge_groups(groups: list[NodeGroup]) -> list[NodeGroup]:
+    """`groups` with repeats of one shape (GPUs per node and type) joined into one group of all their nodes, in the
+    order each shape first appears: `1x8xH100-80G+1x8xH100-80G` is the cluster `2x8xH100-80G`. Each group's plan
+    writes its files under its own name, so two groups of one name would overwrite each other's."""
+    merged: dict[tuple[int, str], NodeGroup] = {}
+    for g in groups:
+        key = (g.gpus_per_node, g.gpu.name)
+        seen = merged.get(key)
+        merged[key] = NodeGroup(g.nodes + (seen.nodes if seen else 0), g.gpus_per_node, g.gpu)
+    return list(merged.values())
 
 
 def cluster_of(text: str) -> list[NodeGroup]:

@@ -13,7 +13,8 @@ The rules are the deployment handbooks' (../DESIGN.md, "The VRAM planner"), made
 - KV bytes per token come from the model's config.json, per architecture: 2 × layers × KV heads × head dim ×
   bytes for full attention (KV heads split over TP ranks, never below one per rank), layers with a sliding
   window hold at most their window, MLA models cache kv_lora_rank + rope dims once per layer (no × 2, the same
-  on every TP rank); an architecture it cannot size (state-space or hybrid layers) is refused by name;
+  on every TP rank); a layer that is not softmax attention (state-space, linear attention, convolution: read from
+  the config's keys, never the model's name) is refused;
 - tensor parallel only inside a node and only on identical GPUs, dividing the attention and KV heads; pipeline
   parallel across nodes (PP = nodes, TP = GPUs per node), never more stages than layers; independent replicas
   when fewer GPUs hold the model; mixed GPU types get one plan per type (instances behind a router);
@@ -107,7 +108,7 @@ class ModelShape:
         """KV cache bytes one sequence of `tokens` needs in `layers` (one pipeline stage's) on one TP rank."""
         elem = KV_BYTES[kv_dtype]
         windows = self.windows or (None,) * self.layers
-        per_layer_tokens = [min(tokens, w) if w else tokens for w in windows[layers.start:layers.stop]]
+        per_layer_tokens = [min(tokens, w) if w else tokens for w in windows[layers.start : layers.stop]]
         if self.mla_dims is not None:
             return sum(per_layer_tokens) * self.mla_dims * elem
         kv_per_rank = max(1, self.kv_heads // tp)
@@ -120,36 +121,81 @@ class ModelShape:
     def tp_sizes(self, limit: int) -> list[int]:
         """Tensor-parallel sizes up to `limit` that vLLM accepts: dividing the attention heads, and the KV heads
         dividing them or divided by them."""
-        return [t for t in range(1, limit + 1) if self.attention_heads % t == 0
-                and (self.kv_heads % t == 0 or t % self.kv_heads == 0)]
+        return [
+            t
+            for t in range(1, limit + 1)
+            if self.attention_heads % t == 0 and (self.kv_heads % t == 0 or t % self.kv_heads == 0)
+        ]
 
 
-_STATE_SPACE = ("mamba", "ssm", "linear_attention", "rwkv", "jamba", "zamba", "nemotron_h", "falcon_h1", "granitemoehybrid",
-                "qwen3_next", "lfm2")
+_ATTENTION = frozenset({"attention", "full_attention", "sliding_attention", "chunked_attention"})
+"""Layer kinds that cache keys and values per token (softmax attention, windowed or not)."""
+_STATE_KEYS = (
+    "mamba_d_state",
+    "mamba_d_ssm",
+    "ssm_state_size",
+    "state_size",
+    "ssm_cfg",
+    "linear_conv_kernel_dim",
+    "conv_L_cache",
+)
+"""Config keys only layers that keep a fixed state per sequence have: Mamba's state (Jamba, Bamba, Zamba, Falcon-H1,
+GraniteMoeHybrid: mamba_d_state; Falcon-H1 also mamba_d_ssm; NemotronH: ssm_state_size; Mamba, Mamba2:
+state_size), Qwen3-Next's gated delta net (linear_conv_kernel_dim), LFM2's short convolutions (conv_L_cache)."""
 
 
-def _hybrid_layers(text: dict[str, Any], layer_types: list[str]) -> bool:
-    """Whether the config declares any layer that is not (full or sliding-window) softmax attention.
+def _not_attention(text: dict[str, Any], layers: int) -> str | None:
+    """Which key of the config declares a layer that is not softmax attention (None: every layer is attention).
 
-    Read from the keys hybrid configs carry, not from a list of names: `layer_types` (Qwen3-Next, LFM2),
-    `layers_block_type` (Bamba, Jamba), `block_types` (RecurrentGemma), `linear_attn_config` (Kimi-Linear),
-    `attn_type_list` (MiniMax, 0 marks a linear layer).
+    Read from the keys the hybrid configs carry (transformers' models/*/configuration_*.py), never from the model's
+    name: a list of layer kinds (`layer_types`: Qwen3-Next, LFM2, GraniteMoeHybrid, MiniMax; `layers_block_type`:
+    Zamba2, NemotronH; `block_types`: RecurrentGemma), the attention layers' indices or period (`attn_layer_indices`:
+    Bamba; `full_attn_idxs`: LFM2; `attn_layer_period`: Jamba, Zamba; `full_attention_interval`: Qwen3-Next), a layer pattern (`hybrid_override_pattern`: NemotronH, `*` for
+    attention), Zamba2's `hybrid_layer_ids`, Kimi-Linear's `linear_attn_config`, MiniMax's `attn_type_list` (0: linear),
+    and the state-space sizes of _STATE_KEYS.
     """
-    attention = {"attention", "full_attention", "sliding_attention", "chunked_attention"}
-    kinds = layer_types + [str(t) for t in (text.get("layers_block_type") or []) + (text.get("block_types") or [])]
-    if any(k not in attention for k in kinds):
-        return True
-    return bool(text.get("linear_attn_config")) or 0 in (text.get("attn_type_list") or [])
+    for key in ("layer_types", "layers_block_type", "block_types"):
+        kinds = text.get(key)
+        if isinstance(kinds, (list, tuple)):
+            other = sorted({str(k) for k in kinds} - _ATTENTION)
+            if other:
+                return f"{key} lists {', '.join(map(repr, other))} layers"
+    for key in ("attn_layer_indices", "full_attn_idxs"):
+        indices = text.get(key)
+        if isinstance(indices, (list, tuple)) and len(set(indices)) < layers:
+            return f"{key} makes {len(set(indices))} of {layers} layers attention"
+    for key in ("attn_layer_period", "full_attention_interval"):
+        period = text.get(key)
+        if isinstance(period, int) and period > 1:
+            return f"{key} {period} makes one layer in {period} attention"
+    pattern = text.get("hybrid_override_pattern")
+    if isinstance(pattern, str) and set(pattern) - {"*"}:
+        return f"hybrid_override_pattern {pattern[:24]!r}{'…' if len(pattern) > 24 else ''} has layers other than * (attention)"
+    if text.get("hybrid_layer_ids"):
+        return "hybrid_layer_ids names Mamba layers with shared attention"
+    if text.get("linear_attn_config"):
+        return "linear_attn_config declares linear-attention layers"
+    if 0 in (text.get("attn_type_list") or []):
+        return "attn_type_list marks linear-attention layers (0)"
+    found = [k for k in _STATE_KEYS if text.get(k) is not None]
+    return f"{found[0]} sizes a state-space layer" if found else None
 
 
 def _check_heads(arch: str, layers: int, heads: int, kv: int, hint: str) -> None:
     """Refuse head counts no attention layer can have: vLLM would fail loading them, so no plan may hold them."""
-    for name, value in (("num_hidden_layers", layers), ("num_attention_heads", heads), ("num_key_value_heads", kv)):
+    for name, value in (
+        ("num_hidden_layers", layers),
+        ("num_attention_heads", heads),
+        ("num_key_value_heads", kv),
+    ):
         if value <= 0:
             raise ConfigError(f"{arch}'s {name} is {value}: the planner cannot size its attention", hint=hint)
     if kv > heads or heads % kv:
-        raise ConfigError(f"{arch}'s {kv} KV heads do not divide {heads} attention heads "
-                          f"(grouped-query attention needs a divisor): the config is damaged", hint=hint)
+        raise ConfigError(
+            f"{arch}'s {kv} KV heads do not divide {heads} attention heads "
+            f"(grouped-query attention needs a divisor): the config is damaged",
+            hint=hint,
+        )
 
 
 def shape_of(config: dict[str, Any]) -> ModelShape:
@@ -163,29 +209,39 @@ def shape_of(config: dict[str, Any]) -> ModelShape:
     arch = (config.get("architectures") or [config.get("model_type", "?")])[0]
     model_type = str(text.get("model_type") or config.get("model_type") or "").lower()
     layer_types = [str(t) for t in text.get("layer_types") or []]
-    if any(s in model_type for s in _STATE_SPACE) or _hybrid_layers(text, layer_types):
-        raise ConfigError(f"{arch} has state-space or hybrid layers: the planner cannot size its cache yet",
-                          hint="plan it by hand from vLLM's logged KV cache size, or serve a transformer model")
+    why = _not_attention(text, _count(text.get("num_hidden_layers")))
+    if why:
+        raise ConfigError(
+            f"{arch} has state-space or hybrid layers (config.json: {why}): the planner sizes only "
+            "attention's per-token KV cache, not a fixed state per sequence",
+            hint="plan it by hand from vLLM's logged KV cache size, or serve a transformer model",
+        )
     hint = "check the checkpoint's config.json (num_hidden_layers, num_attention_heads, num_key_value_heads)"
     try:
         layers = int(text["num_hidden_layers"])
         heads = int(text["num_attention_heads"])
     except (KeyError, TypeError, ValueError) as err:
-        raise ConfigError(f"{arch}'s config.json lacks {err}: the planner cannot size its attention",
-                          hint=hint) from None
+        raise ConfigError(
+            f"{arch}'s config.json lacks {err}: the planner cannot size its attention", hint=hint
+        ) from None
     try:
         # absent means one KV head per attention head (multi-head attention); a present 0 is a damaged config
         kv = heads if text.get("num_key_value_heads") is None else int(text["num_key_value_heads"])
     except (TypeError, ValueError):
-        raise ConfigError(f"{arch}'s config.json num_key_value_heads is {text.get('num_key_value_heads')!r}, "
-                          f"not a count", hint=hint) from None
+        raise ConfigError(
+            f"{arch}'s config.json num_key_value_heads is {text.get('num_key_value_heads')!r}, not a count",
+            hint=hint,
+        ) from None
     _check_heads(arch, layers, heads, kv, hint)
     try:
         head_dim = int(text.get("head_dim") or int(text["hidden_size"]) // heads)
         ctx = int(text.get("max_position_embeddings") or 4096)
     except (KeyError, TypeError, ValueError) as err:
-        raise ConfigError(f"{arch}'s config.json lacks a usable {err} (head_dim or hidden_size, "
-                          f"max_position_embeddings): the planner cannot size its attention", hint=hint) from None
+        raise ConfigError(
+            f"{arch}'s config.json lacks a usable {err} (head_dim or hidden_size, "
+            f"max_position_embeddings): the planner cannot size its attention",
+            hint=hint,
+        ) from None
     mla = None
     if text.get("kv_lora_rank"):
         mla = int(text["kv_lora_rank"]) + int(text.get("qk_rope_head_dim") or 0)
@@ -212,7 +268,9 @@ def _widths(text: dict[str, Any]) -> tuple[int, int, int]:
     hidden = _count(text.get("hidden_size") or text.get("n_embd") or text.get("d_model"))
     experts = _count(text.get("num_experts_per_tok") or text.get("moe_topk"))
     if experts and text.get("moe_intermediate_size"):
-        mlp = experts * _count(text["moe_intermediate_size"]) + _count(text.get("shared_expert_intermediate_size"))
+        mlp = experts * _count(text["moe_intermediate_size"]) + _count(
+            text.get("shared_expert_intermediate_size")
+        )
     else:
         mlp = _count(text.get("intermediate_size") or text.get("ffn_dim") or text.get("n_inner"))
     return hidden, mlp, _count(text.get("vocab_size"))
@@ -258,6 +316,8 @@ class Plan:
     stage_memory: tuple[GPUMemory, ...] = ()
     batched_tokens: int = 0
     """The max_num_batched_tokens the budget assumes vLLM profiles with (its default unless asked)."""
+    max_num_batched_tokens: int | None = None
+    """--max-num-batched-tokens when asked: every file that starts vLLM passes it (None: vLLM's default)."""
 
     @property
     def label(self) -> str:
@@ -336,27 +396,39 @@ class Ask:
     def __post_init__(self) -> None:
         # 0 once meant "the maximum" by falling through `context or max_context`: say so instead of guessing
         if self.context is not None and self.context < 1:
-            raise ConfigError(f"--context {self.context} is no context: a sequence holds at least one token",
-                              hint=f"omit --context for the model's maximum ({self.shape.max_context}), "
-                                   f"or give a positive number of tokens")
+            raise ConfigError(
+                f"--context {self.context} is no context: a sequence holds at least one token",
+                hint=f"omit --context for the model's maximum ({self.shape.max_context}), "
+                f"or give a positive number of tokens",
+            )
         if self.concurrency < 1:
-            raise ConfigError(f"--concurrency {self.concurrency}: at least one sequence is served",
-                              hint="give --concurrency 1 or more")
+            raise ConfigError(
+                f"--concurrency {self.concurrency}: at least one sequence is served",
+                hint="give --concurrency 1 or more",
+            )
         if not 0 < self.utilization <= 1:
-            raise ConfigError(f"--gpu-memory-utilization {self.utilization:g} is not a share of GPU memory: vLLM "
-                              "takes a fraction above 0 and at most 1",
-                              hint=f"give e.g. --gpu-memory-utilization {GPU_MEMORY_UTILIZATION} (vLLM's default)")
+            raise ConfigError(
+                f"--gpu-memory-utilization {self.utilization:g} is not a share of GPU memory: vLLM "
+                "takes a fraction above 0 and at most 1",
+                hint=f"give e.g. --gpu-memory-utilization {GPU_MEMORY_UTILIZATION} (vLLM's default)",
+            )
         if self.tp is not None and self.tp < 1:
-            raise ConfigError(f"--tensor-parallel-size {self.tp}: a replica runs on at least one GPU",
-                              hint="give --tensor-parallel-size 1 or more, or leave it out for the smallest that fits")
+            raise ConfigError(
+                f"--tensor-parallel-size {self.tp}: a replica runs on at least one GPU",
+                hint="give --tensor-parallel-size 1 or more, or leave it out for the smallest that fits",
+            )
         if self.tp is not None and self.tp not in self.shape.tp_sizes(self.tp):
-            raise ConfigError(f"--tensor-parallel-size {self.tp} does not divide {self.shape.architecture}'s "
-                              f"{self.shape.attention_heads} attention / {self.shape.kv_heads} KV heads: vLLM refuses it",
-                              hint=f"one of {', '.join(map(str, self.shape.tp_sizes(64)[:8]))}, or leave it out")
+            raise ConfigError(
+                f"--tensor-parallel-size {self.tp} does not divide {self.shape.architecture}'s "
+                f"{self.shape.attention_heads} attention / {self.shape.kv_heads} KV heads: vLLM refuses it",
+                hint=f"one of {', '.join(map(str, self.shape.tp_sizes(64)[:8]))}, or leave it out",
+            )
         if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < 1:
-            raise ConfigError(f"--max-num-batched-tokens {self.max_num_batched_tokens}: a batch holds at least one "
-                              "token", hint="give a positive number of tokens (vLLM's default: 2048, or 8192 on "
-                                            "GPUs of 70 GiB and more other than A100s)")
+            raise ConfigError(
+                f"--max-num-batched-tokens {self.max_num_batched_tokens}: a batch holds at least one token",
+                hint="give a positive number of tokens (vLLM's default: 2048, or 8192 on "
+                "GPUs of 70 GiB and more other than A100s)",
+            )
 
     @property
     def seqs_cap(self) -> int:
@@ -379,9 +451,12 @@ def activation_bytes(shape: ModelShape, tp: int, tokens: int, seqs: int) -> int 
     the sampler's dummy batch of `seqs` sequences × vocab fp32 logits (None: the config lacks the sizes)."""
     if not (shape.hidden_size and shape.intermediate_size and shape.vocab_size):
         return None
-    return int(ACTIVATION_FIXED + ACTIVATION_PER_LOGIT * seqs * shape.vocab_size * 4
-               + ACTIVATION_PER_HIDDEN * tokens * shape.hidden_size * 2
-               + ACTIVATION_PER_MLP * tokens * math.ceil(shape.intermediate_size / tp) * 2)
+    return int(
+        ACTIVATION_FIXED
+        + ACTIVATION_PER_LOGIT * seqs * shape.vocab_size * 4
+        + ACTIVATION_PER_HIDDEN * tokens * shape.hidden_size * 2
+        + ACTIVATION_PER_MLP * tokens * math.ceil(shape.intermediate_size / tp) * 2
+    )
 
 
 def non_torch_bytes(tp: int) -> int:
@@ -397,14 +472,18 @@ def cuda_graph_bytes(tp: int) -> int:
 def _runtime(ask: Ask, g: GPU, tp: int, weights: int) -> tuple[int, str]:
     """(bytes vLLM keeps beyond the weights and the KV pool on one GPU, how they were sized)."""
     if ask.activation_share is not None:
-        return int(weights * ask.activation_share), f"activations {ask.activation_share:.0%} of that (handbook)"
+        return int(
+            weights * ask.activation_share
+        ), f"activations {ask.activation_share:.0%} of that (handbook)"
     tokens = batched_tokens(ask, g)
     act = activation_bytes(ask.shape, tp, tokens, ask.seqs_cap)
     if act is None:
         act, how = int(weights * ACTIVATION_SHARE), f"activations {ACTIVATION_SHARE:.0%} of that (fallback)"
     else:
-        how = (f"activation peak {act / GIB:.2f} GiB (vLLM's profile of {tokens} batched tokens and "
-               f"{ask.seqs_cap} × {ask.shape.vocab_size:,} logits)")
+        how = (
+            f"activation peak {act / GIB:.2f} GiB (vLLM's profile of {tokens} batched tokens and "
+            f"{ask.seqs_cap} × {ask.shape.vocab_size:,} logits)"
+        )
     extra = non_torch_bytes(tp)
     how += f", non-torch {extra / GIB:.2f} GiB"
     if ask.cuda_graphs:
@@ -458,64 +537,137 @@ def _layouts(ask: Ask, group: NodeGroup) -> list[tuple[int, int]]:
 def _memory_warnings(ask: Ask) -> list[str]:
     out = []
     if ask.activation_share is None and activation_bytes(ask.shape, 1, 1, 1) is None:
-        out.append(f"{ask.shape.architecture}'s config lacks hidden_size / intermediate_size / vocab_size: "
-                   f"activations are sized as {ACTIVATION_SHARE:.0%} of the weights (the handbooks' rule), not by "
-                   "vLLM's profile")
+        out.append(
+            f"{ask.shape.architecture}'s config lacks hidden_size / intermediate_size / vocab_size: "
+            f"activations are sized as {ACTIVATION_SHARE:.0%} of the weights (the handbooks' rule), not by "
+            "vLLM's profile"
+        )
     if ask.max_num_batched_tokens is not None:
-        out.append(f"the budget assumes vLLM runs with --max-num-batched-tokens {ask.max_num_batched_tokens} (its "
-                   "profile batch): start it with that option, or the activation peak it measures differs")
+        out.append(
+            f"the budget assumes vLLM runs with --max-num-batched-tokens {ask.max_num_batched_tokens} (its "
+            "profile batch): start it with that option, or the activation peak it measures differs"
+        )
     return out
 
 
+def replicas_of(group: NodeGroup, tp: int, pp: int) -> int:
+    """Independent TP × PP replicas `group` holds: TP GPUs never span a node, a pipeline takes PP whole nodes."""
+    return group.nodes * (group.gpus_per_node // tp) if pp == 1 else group.nodes // pp
+
+
 def plan_group(ask: Ask, group: NodeGroup) -> Plan:
-    """The smallest layout of `group`'s GPUs that serves `ask` at its context and concurrency (as many replicas
-    as the group holds).
+    """The layout of `group`'s GPUs that serves `ask` at its context and concurrency and uses the most of them (as
+    many replicas as the group holds), the fewest GPUs per replica among those, TP inside a node before PP across
+    nodes; a GPU no layout can use is named in the reasons.
 
     Raises:
         PlanRefused: none fits: with the nearest plans that do.
     """
     context = min(ask.context or ask.shape.max_context, ask.shape.max_context)
     if ask.context and ask.context > ask.shape.max_context:
-        raise ConfigError(f"a context of {ask.context} tokens is longer than {ask.shape.architecture} supports "
-                          f"({ask.shape.max_context})", hint=f"ask for --context {ask.shape.max_context} or less")
-    for tp, pp in _layouts(ask, group):
-        fit = _serves(ask, group, tp, pp)
-        if fit is None:
-            continue
-        mem, max_len, seqs = fit
-        replicas = max(1, group.gpus // (tp * pp)) if pp == 1 else max(1, group.nodes // pp)
+        raise ConfigError(
+            f"a context of {ask.context} tokens is longer than {ask.shape.architecture} supports "
+            f"({ask.shape.max_context})",
+            hint=f"ask for --context {ask.shape.max_context} or less",
+        )
+    fitting = [
+        (tp, pp, fit) for tp, pp in _layouts(ask, group) if (fit := _serves(ask, group, tp, pp)) is not None
+    ]
+    if fitting:
+        tp, pp, (mem, max_len, seqs) = min(
+            fitting, key=lambda f: (-f[0] * f[1] * replicas_of(group, f[0], f[1]), f[0] * f[1], f[1])
+        )
+        replicas = replicas_of(group, tp, pp)
         reasons = _reasons(ask, group, tp, pp, mem, replicas)
+        reasons += _idle(ask, group, tp, pp, replicas, smallest=min(t * p for t, p, _ in fitting))
         warnings = [_fp8_warning(group.gpu)] if ask.fp8_weights and not group.gpu.fp8_compute else []
         per_token = ask.shape.kv_bytes_per_token(tp=tp, pp=pp, kv_dtype=ask.kv_dtype)
-        return Plan(group, tp, pp, replicas, max_len, seqs, mem, per_token, ask.kv_dtype, reasons,
-                    warnings + _memory_warnings(ask), ask.utilization, batched_tokens=batched_tokens(ask, group.gpu))
+        return Plan(
+            group,
+            tp,
+            pp,
+            replicas,
+            max_len,
+            seqs,
+            mem,
+            per_token,
+            ask.kv_dtype,
+            reasons,
+            warnings + _memory_warnings(ask),
+            ask.utilization,
+            batched_tokens=batched_tokens(ask, group.gpu),
+            max_num_batched_tokens=ask.max_num_batched_tokens,
+        )
     tp_note = f" with --tensor-parallel-size {ask.tp}" if ask.tp is not None else ""
-    raise PlanRefused(f"{ask.shape.architecture} ({ask.weights_bytes / GIB:.1f} GiB of weights) at {context} tokens × "
-                      f"{ask.concurrency} sequences does not fit {group}{tp_note}", nearest(ask, group))
+    raise PlanRefused(
+        f"{ask.shape.architecture} ({ask.weights_bytes / GIB:.1f} GiB of weights) at {context} tokens × "
+        f"{ask.concurrency} sequences does not fit {group}{tp_note}",
+        nearest(ask, group),
+    )
+
+
+def _idle(ask: Ask, group: NodeGroup, tp: int, pp: int, replicas: int, smallest: int) -> list[str]:
+    """Why GPUs of `group` stay idle under a TP × PP layout of `replicas` (nothing when every GPU serves)."""
+    idle = group.gpus - tp * pp * replicas
+    if idle <= 0:
+        return []
+    parts = []
+    per_node = group.gpus_per_node - (group.gpus_per_node // tp * tp if pp == 1 else tp)
+    if per_node:
+        parts.append(
+            f"{'replicas take' if pp == 1 else 'a pipeline stage takes'} {tp} GPU(s) of a node of "
+            f"{group.gpus_per_node}, leaving {per_node} in each node used"
+        )
+    if pp > 1 and group.nodes % pp:
+        parts.append(
+            f"a pipeline takes {pp} whole nodes of the {group.nodes}, leaving {group.nodes % pp} node(s)"
+        )
+    why = "; ".join(parts)
+    limits = (
+        f"--tensor-parallel-size {ask.tp} was asked for"
+        if ask.tp is not None
+        else f"tensor parallel must divide the {ask.shape.attention_heads} attention / {ask.shape.kv_heads} KV heads"
+    )
+    return [
+        f"{idle} of {group.gpus} GPUs stay idle: {why}; no layout that serves the model uses more ({limits}, "
+        f"and a replica needs at least {smallest} GPU(s))"
+    ]
 
 
 def _fp8_warning(g: GPU) -> str:
-    return (f"{g.name} (compute capability {g.compute_capability}) has no FP8 compute: vLLM runs this FP8 checkpoint "
-            "as weight-only W8A16 (Marlin), slower and not for MoE; AWQ (W4A16) runs natively on it")
+    return (
+        f"{g.name} (compute capability {g.compute_capability}) has no FP8 compute: vLLM runs this FP8 checkpoint "
+        "as weight-only W8A16 (Marlin), slower and not for MoE; AWQ (W4A16) runs natively on it"
+    )
 
 
 def _reasons(ask: Ask, group: NodeGroup, tp: int, pp: int, mem: GPUMemory, replicas: int) -> list[str]:
     g = group.gpu
     _, runtime = _runtime(ask, g, tp, mem.weights)
-    out = [f"weights {ask.weights_bytes / GIB:.1f} GiB over {tp * pp} GPU(s): {mem.weights / GIB:.1f} GiB each; "
-           f"{runtime}; {g.memory_gib:g} GiB ({'as CUDA reports it' if g.memory_measured else 'nominal'}) × "
-           f"{ask.utilization:.2f} usable leaves "
-           f"{mem.kv_pool / GIB:.1f} GiB of KV pool per GPU"]
+    out = [
+        f"weights {ask.weights_bytes / GIB:.1f} GiB over {tp * pp} GPU(s): {mem.weights / GIB:.1f} GiB each; "
+        f"{runtime}; {g.memory_gib:g} GiB ({'as CUDA reports it' if g.memory_measured else 'nominal'}) × "
+        f"{ask.utilization:.2f} usable leaves "
+        f"{mem.kv_pool / GIB:.1f} GiB of KV pool per GPU"
+    ]
     if tp > 1:
-        out.append(f"tensor parallel {tp} inside one node of {group.gpus_per_node} {g.name} ({g.interconnect}): "
-                   f"{ask.shape.attention_heads} attention / {ask.shape.kv_heads} KV heads divide by it")
+        out.append(
+            f"tensor parallel {tp} inside one node of {group.gpus_per_node} {g.name} ({g.interconnect}): "
+            f"{ask.shape.attention_heads} attention / {ask.shape.kv_heads} KV heads divide by it"
+        )
     else:
         out.append("one GPU holds a replica: no tensor parallel (no all-reduce per layer)")
     if pp > 1:
-        out.append(f"pipeline parallel {pp} across nodes ({math.ceil(ask.shape.layers / pp)} of {ask.shape.layers} "
-                   "layers per stage, Ray backend): tensor parallel never crosses a node")
+        out.append(
+            f"pipeline parallel {pp} across nodes ({math.ceil(ask.shape.layers / pp)} of {ask.shape.layers} "
+            "layers per stage, Ray backend): tensor parallel never crosses a node"
+        )
     if replicas > 1:
-        out.append(f"{replicas} independent replicas behind a router use all {group.gpus} GPUs")
+        used = tp * pp * replicas
+        out.append(
+            f"{replicas} independent replicas behind a router use "
+            f"{'all ' + str(used) if used == group.gpus else f'{used} of {group.gpus}'} GPUs"
+        )
     return out
 
 
@@ -524,8 +676,10 @@ def _more_gpus(ask: Ask, group: NodeGroup, g: GPU) -> str | None:
     more) that serves `ask`, as --gpus writes it: fewest GPUs first, then fewest nodes (TP inside a node before PP
     across nodes)."""
     per_node = sorted({group.gpus_per_node, *(k for k in (2, 4, 8) if k > group.gpus_per_node)})
-    candidates = sorted((NodeGroup(n, k, g) for n in range(group.nodes, group.nodes + 8) for k in per_node),
-                        key=lambda c: (c.gpus, c.nodes))
+    candidates = sorted(
+        (NodeGroup(n, k, g) for n in range(group.nodes, group.nodes + 8) for k in per_node),
+        key=lambda c: (c.gpus, c.nodes),
+    )
     for bigger in candidates:
         if str(bigger) != str(group) and any(_serves(ask, bigger, t, p) for t, p in _layouts(ask, bigger)):
             return f"--gpus {bigger}"
@@ -533,12 +687,15 @@ def _more_gpus(ask: Ask, group: NodeGroup, g: GPU) -> str | None:
 
 
 def _longest_context(ask: Ask, pool: int, tp: int, pp: int) -> int:
-    """The longest context, a multiple of 256, whose `ask.concurrency` sequences fit `pool` (0: not even 256).
+    """The longest context, a multiple of 256, whose asked sequences (at most max_num_seqs) fit `pool` (0: not even
+    256).
 
     Searched, not divided: sliding-window layers cap their tokens, so a sequence's bytes grow slower than its length.
     """
+    seqs = min(ask.concurrency, ask.seqs_cap)  # what _serves asks of a plan
+
     def fits(tokens: int) -> bool:
-        return ask.shape.kv_bytes_per_sequence(tokens, tp=tp, pp=pp, kv_dtype=ask.kv_dtype) * ask.concurrency <= pool
+        return ask.shape.kv_bytes_per_sequence(tokens, tp=tp, pp=pp, kv_dtype=ask.kv_dtype) * seqs <= pool
 
     lo, hi = 0, ask.shape.max_context // 256  # in units of 256 tokens; lo always fits (0 tokens need nothing)
     while lo < hi:
@@ -552,34 +709,43 @@ def nearest(ask: Ask, group: NodeGroup) -> list[str]:
     on these GPUs; when none of these fits, GPUs with more memory."""
     out = [s for s in [_more_gpus(ask, group, group.gpu)] if s]
     out += _smaller_variant(ask, group)
-    for tp, pp in _layouts(ask, group):
-        mem = _budget(ask, group.gpu, tp, pp)
-        if mem.kv_pool <= 0:
-            continue
-        tokens = _longest_context(ask, mem.kv_pool, tp, pp)
-        if tokens >= 256:
-            out.append(f"--context {tokens} on {group} (TP {tp} × PP {pp})")
-            break
+    # the longest over every layout of these GPUs: a wider one holds fewer weights per GPU, so more KV
+    shorter = max(
+        (
+            (_longest_context(ask, mem.kv_pool, tp, pp), -tp * pp, tp, pp)
+            for tp, pp in _layouts(ask, group)
+            if (mem := _budget(ask, group.gpu, tp, pp)).kv_pool > 0
+        ),
+        default=None,
+    )
+    if shorter and shorter[0] >= 256:
+        tokens, _, tp, pp = shorter
+        out.append(f"--context {tokens} on {group} (TP {tp} × PP {pp})")
     for g in sorted(known_gpus().values(), key=lambda g: g.memory_gib):
         found = None if out or g.memory_gib <= group.gpu.memory_gib else _more_gpus(ask, group, g)
         if found:
             out.append(found)
     if not out:
-        out.append("a smaller variant of the same model (`modelmint list` shows what is registered): no cluster of "
-                   "up to 8 more nodes of 8 of any known GPU holds this one")
+        out.append(
+            "a smaller variant of the same model (`modelmint list` shows what is registered): no cluster of "
+            "up to 8 more nodes of 8 of any known GPU holds this one"
+        )
     return out
 
 
 def smaller_ask(ask: Ask, variant: Variant) -> Ask:
     """`ask` for another variant of the same model (same shape, context and concurrency)."""
-    return dataclasses.replace(ask, weights_bytes=variant.weights_bytes, fp8_weights=variant.fp8_weights, smaller=())
+    return dataclasses.replace(
+        ask, weights_bytes=variant.weights_bytes, fp8_weights=variant.fp8_weights, smaller=()
+    )
 
 
 def _smaller_variant(ask: Ask, group: NodeGroup) -> list[str]:
     """The largest smaller registered variant that serves `ask` on `group`, as a suggestion."""
     for v in sorted(ask.smaller, key=lambda v: -v.weights_bytes):
         if v.weights_bytes < ask.weights_bytes and any(
-                _serves(smaller_ask(ask, v), group, t, p) for t, p in _layouts(ask, group)):
+            _serves(smaller_ask(ask, v), group, t, p) for t, p in _layouts(ask, group)
+        ):
             return [f"{v.ref} ({v.weights_bytes / GIB:.1f} GiB) on {group}"]
     return []
 
@@ -590,15 +756,23 @@ def plan(ask: Ask, cluster: list[NodeGroup], *, pp_across_types: bool = False) -
     when no group can serve the model (naming the nearest plans)."""
     if pp_across_types:
         if len(cluster) == 1:
-            raise ConfigError(f"--pp-across-types asks for one pipeline over several GPU types; {cluster[0]} is one",
-                              hint="leave it out: nodes of one type get pipeline parallel across them when needed")
+            raise ConfigError(
+                f"--pp-across-types asks for one pipeline over several GPU types; {cluster[0]} is one",
+                hint="leave it out: nodes of one type get pipeline parallel across them when needed",
+            )
         return [plan_pipeline(ask, cluster)]
-    plans, refusals = [], []
+    plans, refusals, dropped = [], [], []
     for group in cluster:
         try:
             plans.append(plan_group(ask, group))
         except PlanRefused as err:
             refusals.append(err)
+            dropped.append(
+                f"{group} serves no replica, its {group.gpus} GPU(s) stay idle: {err.message} (nearest: "
+                f"{err.nearest[0]})"
+            )
+    if plans and dropped:  # said on the first plan, where the cluster's summary is read
+        plans[0] = dataclasses.replace(plans[0], warnings=[*plans[0].warnings, *dropped])
     if not plans:
         across = []
         if len(cluster) > 1:
@@ -628,8 +802,9 @@ def partition(layers: int, shares: list[int]) -> tuple[int, ...]:
     return tuple(parts)
 
 
-def _stage_budgets(ask: Ask, stages: list[NodeGroup], tp: int, context: int) -> tuple[tuple[int, ...],
-                                                                                      list[GPUMemory], int]:
+def _stage_budgets(
+    ask: Ask, stages: list[NodeGroup], tp: int, context: int
+) -> tuple[tuple[int, ...], list[GPUMemory], int]:
     """(layer partition, per-stage budgets, sequences the tightest stage holds) of a TP-wide pipeline over
     `stages`: layers in proportion to each stage's usable memory, so that weights and KV fill them alike."""
     usable = [int(s.gpu.memory_bytes * ask.utilization) for s in stages]
@@ -639,7 +814,9 @@ def _stage_budgets(ask: Ask, stages: list[NodeGroup], tp: int, context: int) -> 
         weights = math.ceil(ask.weights_bytes * layers / ask.shape.layers / tp)
         runtime, _ = _runtime(ask, stage.gpu, tp, weights)
         mem = GPUMemory(stage.gpu.memory_bytes, room, weights, runtime, room - weights - runtime)
-        per_seq = ask.shape.kv_bytes_for_layers(context, range(first, first + layers), tp=tp, kv_dtype=ask.kv_dtype)
+        per_seq = ask.shape.kv_bytes_for_layers(
+            context, range(first, first + layers), tp=tp, kv_dtype=ask.kv_dtype
+        )
         seqs = min(seqs, max(0, mem.kv_pool) // per_seq if per_seq else ask.seqs_cap)
         mems.append(mem)
         first += layers
@@ -656,35 +833,76 @@ def plan_pipeline(ask: Ask, cluster: list[NodeGroup]) -> Plan:
         PlanRefused: no TP size fits: with the nearest plans that do.
     """
     if len(cluster) != 2 or cluster[0].nodes != 1:
-        raise ConfigError(f"pipeline parallel across GPU types takes one node of one type, then nodes of another; "
-                          f"got {'+'.join(map(str, cluster))}",
-                          hint="write the cluster as 1xGPUSxTYPE+NxGPUSxOTHER (the first node is the first stage), "
-                               "or leave out --pp-across-types for independent instances per type")
+        raise ConfigError(
+            f"pipeline parallel across GPU types takes one node of one type, then nodes of another; "
+            f"got {'+'.join(map(str, cluster))}",
+            hint="write the cluster as 1xGPUSxTYPE+NxGPUSxOTHER (the first node is the first stage), "
+            "or leave out --pp-across-types for independent instances per type",
+        )
     stages = [NodeGroup(1, g.gpus_per_node, g.gpu) for g in cluster for _ in range(g.nodes)]
     context = min(ask.context or ask.shape.max_context, ask.shape.max_context)
     label = "+".join(map(str, cluster))
     if len(stages) > ask.shape.layers:
-        raise ConfigError(f"{len(stages)} pipeline stages for {ask.shape.layers} layers",
-                          hint="use fewer nodes, or independent instances per type")
-    for tp in [t for t in ask.shape.tp_sizes(min(s.gpus_per_node for s in stages)) if ask.tp in (None, t)]:
+        raise ConfigError(
+            f"{len(stages)} pipeline stages for {ask.shape.layers} layers",
+            hint="use fewer nodes, or independent instances per type",
+        )
+    narrowest = min(s.gpus_per_node for s in stages)
+    # the widest TP that fits: a stage is a whole node (PP = nodes, TP = GPUs per node), so a narrower one idles GPUs
+    for tp in sorted((t for t in ask.shape.tp_sizes(narrowest) if ask.tp in (None, t)), reverse=True):
         parts, mems, seqs = _stage_budgets(ask, stages, tp, context)
         if seqs < max(1, min(ask.concurrency, ask.seqs_cap)):
             continue
         pp = len(stages)
-        reasons = [f"{s.gpu.name} stage: {n} of {ask.shape.layers} layers, {m.weights / GIB:.1f} GiB of weights and "
-                   f"{m.kv_pool / GIB:.1f} GiB of KV pool per GPU" for s, n, m in zip(stages, parts, mems, strict=True)]
-        reasons += [f"pipeline parallel {pp} across GPU types (asked for), layers in proportion to each stage's "
-                    f"usable memory: VLLM_PP_LAYER_PARTITION={','.join(map(str, parts))}; tensor parallel {tp} "
-                    "stays inside each node; expect pipeline bubbles, and run the containers with host networking "
-                    "so that Ray and NCCL reach each other"]
+        reasons = [
+            f"{s.gpu.name} stage: {n} of {ask.shape.layers} layers, {m.weights / GIB:.1f} GiB of weights and "
+            f"{m.kv_pool / GIB:.1f} GiB of KV pool per GPU"
+            for s, n, m in zip(stages, parts, mems, strict=True)
+        ]
+        reasons += [
+            f"pipeline parallel {pp} across GPU types (asked for), layers in proportion to each stage's "
+            f"usable memory: VLLM_PP_LAYER_PARTITION={','.join(map(str, parts))}; tensor parallel {tp} "
+            "stays inside each node; expect pipeline bubbles, and run the containers with host networking "
+            "so that Ray and NCCL reach each other"
+        ]
+        idle = sum(s.gpus_per_node for s in stages) - tp * pp
+        if idle:
+            limit = (
+                f"--tensor-parallel-size {ask.tp} was asked for"
+                if ask.tp is not None
+                else f"the widest that divides the {ask.shape.attention_heads} attention / {ask.shape.kv_heads} KV "
+                f"heads within the narrowest node's {narrowest} GPUs"
+            )
+            reasons.append(
+                f"{idle} of {sum(s.gpus_per_node for s in stages)} GPUs stay idle: every stage runs "
+                f"tensor parallel {tp} ({limit}), one stage per node"
+            )
         warnings = [_fp8_warning(s.gpu) for s in cluster if ask.fp8_weights and not s.gpu.fp8_compute]
         per_token = ask.shape.kv_bytes_for_layers(1, range(parts[0]), tp=tp, kv_dtype=ask.kv_dtype)
-        return Plan(cluster[0], tp, pp, 1, context, int(seqs), mems[0], per_token, ask.kv_dtype, reasons,
-                    warnings + _memory_warnings(ask), ask.utilization, parts, tuple(stages), tuple(mems),
-                    batched_tokens=batched_tokens(ask, cluster[0].gpu))
-    raise PlanRefused(f"{ask.shape.architecture} ({ask.weights_bytes / GIB:.1f} GiB of weights) at {context} tokens × "
-                      f"{ask.concurrency} sequences does not fit a pipeline over {label}",
-                      [n for g in cluster for n in nearest(ask, g)])
+        return Plan(
+            cluster[0],
+            tp,
+            pp,
+            1,
+            context,
+            int(seqs),
+            mems[0],
+            per_token,
+            ask.kv_dtype,
+            reasons,
+            warnings + _memory_warnings(ask),
+            ask.utilization,
+            parts,
+            tuple(stages),
+            tuple(mems),
+            batched_tokens=batched_tokens(ask, cluster[0].gpu),
+            max_num_batched_tokens=ask.max_num_batched_tokens,
+        )
+    raise PlanRefused(
+        f"{ask.shape.architecture} ({ask.weights_bytes / GIB:.1f} GiB of weights) at {context} tokens × "
+        f"{ask.concurrency} sequences does not fit a pipeline over {label}",
+        [n for g in cluster for n in nearest(ask, g)],
+    )
 
 
 # ---------------------------------------------------------------- what is planned: a GGUF or a checkpoint
@@ -711,14 +929,27 @@ def shape_of_gguf(meta: dict[str, Any]) -> ModelShape:
     def key(name: str, default: Any = None) -> Any:
         return meta.get(f"{arch}.{name}", default)
 
-    if any(k.startswith(f"{arch}.ssm.") for k in meta):
-        raise ConfigError(f"{arch} has state-space layers: the planner cannot size its cache yet",
-                          hint="plan it by hand from vLLM's logged KV cache size, or serve a transformer model")
+    # llama.cpp's keys of layers that keep a state per sequence (gguf-py constants.py: Keys.SSM, Keys.KDA, Keys.WKV,
+    # Keys.ShortConv) or mix in linear attention (LLM.FULL_ATTENTION_INTERVAL, Qwen3-Next)
+    stateful = [
+        k
+        for k in meta
+        if k.startswith(tuple(f"{arch}.{p}." for p in ("ssm", "kda", "wkv", "shortconv")))
+        or k == f"{arch}.full_attention_interval"
+    ]
+    if stateful:
+        raise ConfigError(
+            f"{arch} has state-space or hybrid layers (GGUF key {sorted(stateful)[0]}): the planner "
+            "sizes only attention's per-token KV cache, not a fixed state per sequence",
+            hint="plan it by hand from vLLM's logged KV cache size, or serve a transformer model",
+        )
     try:
         layers, heads = int(key("block_count")), int(key("attention.head_count"))
     except (TypeError, ValueError):
-        raise ConfigError(f"the GGUF's {arch}.block_count / {arch}.attention.head_count are missing",
-                          hint="reconvert it with `modelmint convert`") from None
+        raise ConfigError(
+            f"the GGUF's {arch}.block_count / {arch}.attention.head_count are missing",
+            hint="reconvert it with `modelmint convert`",
+        ) from None
     kv = key("attention.head_count_kv", heads)
     kv = max(kv) if isinstance(kv, list) else int(kv)
     _check_heads(arch, layers, heads, kv, "reconvert it with `modelmint convert`")
@@ -729,9 +960,14 @@ def shape_of_gguf(meta: dict[str, Any]) -> ModelShape:
         mla = int(key("attention.kv_lora_rank")) + int(key("rope.dimension_count") or 0)
     windows: tuple[int | None, ...] = (int(window),) * layers if window else ()
     ffn = key("feed_forward_length")
-    widths = (_count(key("embedding_length")), _count(max(ffn) if isinstance(ffn, list) else ffn),
-              _count(key("vocab_size") or len(meta.get("tokenizer.ggml.tokens") or ())))
-    return ModelShape(arch, layers, heads, kv, head_dim, int(key("context_length") or 4096), windows, mla, *widths)
+    widths = (
+        _count(key("embedding_length")),
+        _count(max(ffn) if isinstance(ffn, list) else ffn),
+        _count(key("vocab_size") or len(meta.get("tokenizer.ggml.tokens") or ())),
+    )
+    return ModelShape(
+        arch, layers, heads, kv, head_dim, int(key("context_length") or 4096), windows, mla, *widths
+    )
 
 
 _SHARD = re.compile(r"^(.*)-00001-of-(\d{5})\.gguf$")
@@ -742,7 +978,9 @@ def _later_shards(path: Path) -> list[Path]:
     m = _SHARD.match(path.name)
     if not m:
         return []
-    return [path.with_name(f"{m.group(1)}-{i:05d}-of-{m.group(2)}.gguf") for i in range(2, int(m.group(2)) + 1)]
+    return [
+        path.with_name(f"{m.group(1)}-{i:05d}-of-{m.group(2)}.gguf") for i in range(2, int(m.group(2)) + 1)
+    ]
 
 
 def served(path: Path) -> Served:
@@ -758,8 +996,13 @@ def served(path: Path) -> Served:
     from pipelines.source.fetch import read_safetensors_header
 
     if path.is_file() and path.suffix == ".gguf":
-        header = read_gguf_header(path, lambda k, found: k in ("general.architecture", "tokenizer.ggml.tokens") or
-                                  k.startswith(str(found.get("general.architecture", "\0")) + "."))
+        header = read_gguf_header(
+            path,
+            lambda k, found: (
+                k in ("general.architecture", "tokenizer.ggml.tokens")
+                or k.startswith(str(found.get("general.architecture", "\0")) + ".")
+            ),
+        )
         weights = sum(t.nbytes for t in header.tensors)
         for shard in _later_shards(path):  # llama-gguf-split's other files hold the rest of the tensors
             weights += sum(t.nbytes for t in read_gguf_header(shard, lambda k, found: False).tensors)
@@ -768,19 +1011,29 @@ def served(path: Path) -> Served:
         try:
             config = json.loads((path / "config.json").read_text(encoding="utf-8"))
         except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
-            raise ConfigError(f"{path / 'config.json'} is not valid JSON ({err})",
-                              hint="restore the checkpoint's config.json, e.g. `modelmint pull NAME:TAG` again") from None
+            raise ConfigError(
+                f"{path / 'config.json'} is not valid JSON ({err})",
+                hint="restore the checkpoint's config.json, e.g. `modelmint pull NAME:TAG` again",
+            ) from None
         if not isinstance(config, dict):
-            raise ConfigError(f"{path / 'config.json'} is not a JSON object",
-                              hint="restore the checkpoint's config.json, e.g. `modelmint pull NAME:TAG` again")
+            raise ConfigError(
+                f"{path / 'config.json'} is not a JSON object",
+                hint="restore the checkpoint's config.json, e.g. `modelmint pull NAME:TAG` again",
+            )
         weights = 0
         for f in sorted(path.glob("*.safetensors")):
             entries = read_safetensors_header(f)
-            weights += sum(v["data_offsets"][1] - v["data_offsets"][0] for k, v in entries.items() if k != "__metadata__")
+            weights += sum(
+                v["data_offsets"][1] - v["data_offsets"][0] for k, v in entries.items() if k != "__metadata__"
+            )
         if not weights:
-            raise ConfigError(f"{path} holds no .safetensors weights", hint="plan a complete checkpoint directory")
+            raise ConfigError(
+                f"{path} holds no .safetensors weights", hint="plan a complete checkpoint directory"
+            )
         qc = config.get("quantization_config") or {}
         fp8 = qc.get("format") == "float-quantized" or qc.get("quant_method") == "fp8"
         return Served(path, weights, shape_of(config), fp8)
-    raise ConfigError(f"{path} is neither a .gguf file nor a checkpoint directory with config.json",
-                      hint="give a registered name:tag (pulled), a .gguf, or a model directory")
+    raise ConfigError(
+        f"{path} is neither a .gguf file nor a checkpoint directory with config.json",
+        hint="give a registered name:tag (pulled), a .gguf, or a model directory",
+    )

@@ -42,6 +42,11 @@ GPU_LABEL = "nvidia.com/gpu.product"
 SHM = "16Gi"
 """/dev/shm for NCCL and vLLM's worker processes (Docker's 64 MiB default is too small for tensor parallel)."""
 OLLAMA_PORT = 11434
+GATEWAY = "inference-gateway"
+"""The Gateway the HTTPRoute of a mixed cluster attaches to (its parentRefs: set it to the cluster's own)."""
+NGINX_IMAGE = "nginx:1.27"
+DOCKER_ROUTER_FILE = "docker-nginx.conf"
+"""The front docker-run.sh starts before several replicas on one machine."""
 _VLLM_KV = {"fp16": "float16", "bf16": "bfloat16"}
 """The planner's KV dtype names that vLLM spells otherwise."""
 
@@ -68,12 +73,18 @@ class Artifact:
         return dns_name(f"{self.name}-{self.instance}") if self.instance else self.name
 
 
-def artifact_of(path: Path, weights_bytes: int, *, name: str | None = None,
-                ollama_model: str | None = None) -> Artifact:
+def artifact_of(
+    path: Path, weights_bytes: int, *, name: str | None = None, ollama_model: str | None = None
+) -> Artifact:
     """The Artifact for a GGUF file or checkpoint directory at `path` (named after it unless `name`)."""
     gguf = path.suffix == ".gguf"
-    return Artifact(dns_name(name or (path.stem if gguf else path.name)), path.name, gguf, weights_bytes,
-                    ollama_model if gguf else None)
+    return Artifact(
+        dns_name(name or (path.stem if gguf else path.name)),
+        path.name,
+        gguf,
+        weights_bytes,
+        ollama_model if gguf else None,
+    )
 
 
 def dns_name(text: str) -> str:
@@ -113,11 +124,14 @@ def vllm_config(plan: Plan, art: Artifact, models: str = MODELS) -> VllmServeCon
         distributed_executor_backend="ray" if plan.multi_node else None,
         kv_cache_dtype=_VLLM_KV.get(plan.kv_dtype, plan.kv_dtype),
         enable_prefix_caching=True,
+        max_num_batched_tokens=plan.max_num_batched_tokens,
     )
 
 
 def _env(plan: Plan) -> dict[str, str]:
-    return {"VLLM_PP_LAYER_PARTITION": ",".join(map(str, plan.layer_partition))} if plan.layer_partition else {}
+    return (
+        {"VLLM_PP_LAYER_PARTITION": ",".join(map(str, plan.layer_partition))} if plan.layer_partition else {}
+    )
 
 
 # ---------------------------------------------------------------- Kubernetes pieces
@@ -154,8 +168,10 @@ def _probes(plan: Plan, art: Artifact) -> dict[str, Any]:
 
 def _resources(plan: Plan, art: Artifact) -> dict[str, Any]:
     host_gib = 16 + math.ceil(art.weights_bytes / max(1, plan.pp) / GIB / 4)
-    return {"requests": {"cpu": str(4 * plan.tp), "memory": f"{host_gib}Gi"},
-            "limits": {"nvidia.com/gpu": plan.tp}}
+    return {
+        "requests": {"cpu": str(4 * plan.tp), "memory": f"{host_gib}Gi"},
+        "limits": {"nvidia.com/gpu": plan.tp},
+    }
 
 
 def _volumes(art: Artifact, config: bool = True) -> list[dict[str, Any]]:
@@ -169,13 +185,24 @@ def _volumes(art: Artifact, config: bool = True) -> list[dict[str, Any]]:
 
 
 def _mounts(config: bool = True) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = [{"name": "models", "mountPath": MODELS, "readOnly": True},
-                                 {"name": "dshm", "mountPath": "/dev/shm"}]
+    out: list[dict[str, Any]] = [
+        {"name": "models", "mountPath": MODELS, "readOnly": True},
+        {"name": "dshm", "mountPath": "/dev/shm"},
+    ]
     return [*out, {"name": "config", "mountPath": "/config", "readOnly": True}] if config else out
 
 
-def _container(name: str, plan: Plan, art: Artifact, image: str, *, command: list[str] | None = None,
-               args: list[str] | None = None, probes: bool = True, config: bool = True) -> dict[str, Any]:
+def _container(
+    name: str,
+    plan: Plan,
+    art: Artifact,
+    image: str,
+    *,
+    command: list[str] | None = None,
+    args: list[str] | None = None,
+    probes: bool = True,
+    config: bool = True,
+) -> dict[str, Any]:
     c: dict[str, Any] = {"name": name, "image": image}
     if command:
         c["command"] = command
@@ -194,10 +221,14 @@ def _container(name: str, plan: Plan, art: Artifact, image: str, *, command: lis
     return c
 
 
-def _pod_spec(plan: Plan, art: Artifact, containers: list[dict[str, Any]], config: bool = True,
-              worker: bool = False) -> dict[str, Any]:
-    return {"nodeSelector": {GPU_LABEL: _node_label(plan, worker)}, "containers": containers,
-            "volumes": _volumes(art, config)}
+def _pod_spec(
+    plan: Plan, art: Artifact, containers: list[dict[str, Any]], config: bool = True, worker: bool = False
+) -> dict[str, Any]:
+    return {
+        "nodeSelector": {GPU_LABEL: _node_label(plan, worker)},
+        "containers": containers,
+        "volumes": _volumes(art, config),
+    }
 
 
 def _pvc(plan: Plan, art: Artifact) -> dict[str, Any]:
@@ -205,18 +236,30 @@ def _pvc(plan: Plan, art: Artifact) -> dict[str, Any]:
     ReadWriteMany when several pods on several nodes read it."""
     size = math.ceil(art.weights_bytes * 1.2 / GIB) + 1
     mode = "ReadWriteMany" if plan.replicas * plan.pp > 1 or art.instance else "ReadWriteOnce"
-    return {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": _meta(f"{art.name}-models", art, None),
-            "spec": {"accessModes": [mode], "resources": {"requests": {"storage": f"{size}Gi"}}}}
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": _meta(f"{art.name}-models", art, None),
+        "spec": {"accessModes": [mode], "resources": {"requests": {"storage": f"{size}Gi"}}},
+    }
 
 
 def _config_map(plan: Plan, art: Artifact) -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": _meta(f"{art.object_name}-vllm", art, plan),
-            "data": {SERVE_CONFIG_FILE: vllm_config(plan, art).to_yaml()}}
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _meta(f"{art.object_name}-vllm", art, plan),
+        "data": {SERVE_CONFIG_FILE: vllm_config(plan, art).to_yaml()},
+    }
 
 
 def _service(name: str, art: Artifact, selector: dict[str, str]) -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "Service", "metadata": _meta(name, art, None),
-            "spec": {"selector": selector, "ports": [{"name": "http", "port": PORT, "targetPort": "http"}]}}
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _meta(name, art, None),
+        "spec": {"selector": selector, "ports": [{"name": "http", "port": PORT, "targetPort": "http"}]},
+    }
 
 
 def kubernetes_single_node(plan: Plan, art: Artifact) -> list[dict[str, Any]]:
@@ -224,17 +267,56 @@ def kubernetes_single_node(plan: Plan, art: Artifact) -> list[dict[str, Any]]:
     labels = _labels(art, plan)
     vllm = _container("vllm", plan, art, VLLM_IMAGE, args=["--config", f"/config/{SERVE_CONFIG_FILE}"])
     deployment = {
-        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": _meta(art.object_name, art, plan),
-        "spec": {"replicas": plan.replicas, "selector": {"matchLabels": labels},
-                 # a new pod needs GPUs the old one holds: replace, never surge
-                 "strategy": {"type": "Recreate"} if plan.replicas == 1 else
-                 {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}},
-                 "template": {"metadata": {"labels": labels}, "spec": _pod_spec(plan, art, [vllm])}},
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _meta(art.object_name, art, plan),
+        "spec": {
+            "replicas": plan.replicas,
+            "selector": {"matchLabels": labels},
+            # a new pod needs GPUs the old one holds: replace, never surge
+            "strategy": {"type": "Recreate"}
+            if plan.replicas == 1
+            else {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}},
+            "template": {"metadata": {"labels": labels}, "spec": _pod_spec(plan, art, [vllm])},
+        },
     }
-    pdb = {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": _meta(art.object_name, art, plan),
-           "spec": {"maxUnavailable": 1, "selector": {"matchLabels": labels}}}
-    # one Service per model, the same in every GPU type's file: it spreads requests over every type's pods
-    return [_config_map(plan, art), _pvc(plan, art), deployment, _service(art.name, art, _model_labels(art)), pdb]
+    pdb = {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": _meta(art.object_name, art, plan),
+        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": labels}},
+    }
+    # one Service per model, the same in every GPU type's file: it spreads requests over every type's pods; a plan
+    # of several types also gets its own, for the HTTPRoute that weights each type by its sequences (httproute.yaml)
+    own = [_service(art.object_name, art, labels)] if art.instance else []
+    return [
+        _config_map(plan, art),
+        _pvc(plan, art),
+        deployment,
+        _service(art.name, art, _model_labels(art)),
+        *own,
+        pdb,
+    ]
+
+
+def http_route(plans: list[Plan], art: Artifact) -> dict[str, Any]:
+    """A Gateway API HTTPRoute over the Services of every GPU type's plan, each weighted by the sequences its
+    replicas hold (replicas × max_num_seqs): a Service spreads requests evenly over its pods, so the weight is
+    what tells a type of 8 × 33 sequences from one of 8 × 5 (gateway.networking.k8s.io/v1, HTTPBackendRef.weight)."""
+    refs = [
+        {
+            "name": dataclasses.replace(art, instance=_slug(p)).object_name,
+            "port": PORT,
+            "weight": p.replicas * p.max_num_seqs,
+        }
+        for p in plans
+    ]
+    return {
+        "apiVersion": "gateway.networking.k8s.io/v1",
+        "kind": "HTTPRoute",
+        "metadata": _meta(art.name, art, None),
+        "spec": {"parentRefs": [{"name": GATEWAY}], "rules": [{"backendRefs": refs}]},
+    }
 
 
 # ---------------------------------------------------------------- across nodes: LeaderWorkerSet and RayService
@@ -242,34 +324,59 @@ def kubernetes_single_node(plan: Plan, art: Artifact) -> list[dict[str, Any]]:
 
 def _ray_leader_script(plan: Plan) -> str:
     """Start Ray's head, wait for the group's workers (LWS_GROUP_SIZE nodes in all), then serve."""
-    wait = ('import ray, sys; ray.init(address="auto", logging_level="ERROR"); '
-            'sys.exit(sum(n["Alive"] for n in ray.nodes()) < int(sys.argv[1]))')
-    return "\n".join([
-        "set -euo pipefail",
-        f"ray start --head --port={RAY_PORT} --num-gpus={plan.tp}",
-        f'until python3 -c {shlex.quote(wait)} "$LWS_GROUP_SIZE"; do sleep 5; done',
-        f"exec vllm serve --config /config/{SERVE_CONFIG_FILE} --host 0.0.0.0 --port {PORT}",
-    ])
+    wait = (
+        'import ray, sys; ray.init(address="auto", logging_level="ERROR"); '
+        'sys.exit(sum(n["Alive"] for n in ray.nodes()) < int(sys.argv[1]))'
+    )
+    return "\n".join(
+        [
+            "set -euo pipefail",
+            f"ray start --head --port={RAY_PORT} --num-gpus={plan.tp}",
+            f'until python3 -c {shlex.quote(wait)} "$LWS_GROUP_SIZE"; do sleep 5; done',
+            f"exec vllm serve --config /config/{SERVE_CONFIG_FILE} --host 0.0.0.0 --port {PORT}",
+        ]
+    )
 
 
 def leader_worker_set(plan: Plan, art: Artifact) -> list[dict[str, Any]]:
     """ConfigMap, PVC, a LeaderWorkerSet (one group of PP pods per replica: the leader runs Ray's head and vLLM, the
     workers join its Ray cluster), and a Service on the leaders."""
     labels = _labels(art, plan)
-    leader = _container("vllm-leader", plan, art, VLLM_IMAGE, command=["/bin/bash", "-c", _ray_leader_script(plan)])
-    worker = _container("vllm-worker", plan, art, VLLM_IMAGE, probes=False, command=[
-        "/bin/bash", "-c", f"exec ray start --address=$LWS_LEADER_ADDRESS:{RAY_PORT} --num-gpus={plan.tp} --block"])
+    leader = _container(
+        "vllm-leader", plan, art, VLLM_IMAGE, command=["/bin/bash", "-c", _ray_leader_script(plan)]
+    )
+    worker = _container(
+        "vllm-worker",
+        plan,
+        art,
+        VLLM_IMAGE,
+        probes=False,
+        command=[
+            "/bin/bash",
+            "-c",
+            f"exec ray start --address=$LWS_LEADER_ADDRESS:{RAY_PORT} --num-gpus={plan.tp} --block",
+        ],
+    )
     lws = {
-        "apiVersion": "leaderworkerset.x-k8s.io/v1", "kind": "LeaderWorkerSet",
+        "apiVersion": "leaderworkerset.x-k8s.io/v1",
+        "kind": "LeaderWorkerSet",
         "metadata": _meta(art.object_name, art, plan),
-        "spec": {"replicas": plan.replicas, "leaderWorkerTemplate": {
-            "size": plan.pp,
-            # a lost stage breaks the whole pipeline: restart the group together
-            "restartPolicy": "RecreateGroupOnPodRestart",
-            "leaderTemplate": {"metadata": {"labels": {**labels, "role": "leader"}},
-                               "spec": _pod_spec(plan, art, [leader])},
-            "workerTemplate": {"metadata": {"labels": labels}, "spec": _pod_spec(plan, art, [worker], worker=True)},
-        }},
+        "spec": {
+            "replicas": plan.replicas,
+            "leaderWorkerTemplate": {
+                "size": plan.pp,
+                # a lost stage breaks the whole pipeline: restart the group together
+                "restartPolicy": "RecreateGroupOnPodRestart",
+                "leaderTemplate": {
+                    "metadata": {"labels": {**labels, "role": "leader"}},
+                    "spec": _pod_spec(plan, art, [leader]),
+                },
+                "workerTemplate": {
+                    "metadata": {"labels": labels},
+                    "spec": _pod_spec(plan, art, [worker], worker=True),
+                },
+            },
+        },
     }
     selector = {"leaderworkerset.sigs.k8s.io/name": art.object_name, "role": "leader"}
     return [_config_map(plan, art), _pvc(plan, art), lws, _service(art.object_name, art, selector)]
@@ -283,45 +390,85 @@ def serve_config(plan: Plan, art: Artifact) -> dict[str, Any]:
     of more than one GPU (vllm/v1/executor/ray_utils.py, "Placement group bundle cannot have more than 1 GPU").
     """
     cfg = vllm_config(plan, art)
-    engine = {k: v for k, v in cfg.model_dump(exclude_none=True).items()
-              if k not in ("model", "served_model_name", "generation_config", "dtype")}
+    engine = {
+        k: v
+        for k, v in cfg.model_dump(exclude_none=True).items()
+        if k not in ("model", "served_model_name", "generation_config", "dtype")
+    }
     llm: dict[str, Any] = {
         "model_loading_config": {"model_id": art.name, "model_source": cfg.model},
         "engine_kwargs": engine,
-        "placement_group_config": {"bundles": [{"GPU": 1, "CPU": 2}] * plan.gpus_per_replica, "strategy": "PACK"},
-        "deployment_config": {"autoscaling_config": {"min_replicas": 1, "max_replicas": plan.replicas,
-                                                     "target_ongoing_requests": max(1, plan.max_num_seqs // 2)}},
+        "placement_group_config": {
+            "bundles": [{"GPU": 1, "CPU": 2}] * plan.gpus_per_replica,
+            "strategy": "PACK",
+        },
+        "deployment_config": {
+            "autoscaling_config": {
+                "min_replicas": 1,
+                "max_replicas": plan.replicas,
+                "target_ongoing_requests": max(1, plan.max_num_seqs // 2),
+            }
+        },
     }
     if plan.layer_partition:
         llm["runtime_env"] = {"env_vars": _env(plan)}
-    return {"applications": [{"name": art.name, "route_prefix": "/", "import_path": "ray.serve.llm:build_openai_app",
-                              "args": {"llm_configs": [llm]}}]}
+    return {
+        "applications": [
+            {
+                "name": art.name,
+                "route_prefix": "/",
+                "import_path": "ray.serve.llm:build_openai_app",
+                "args": {"llm_configs": [llm]},
+            }
+        ]
+    }
 
 
 def ray_service(plan: Plan, art: Artifact) -> list[dict[str, Any]]:
     """PVC and a KubeRay RayService: a CPU head, one GPU worker pod per pipeline stage and replica."""
     labels = _labels(art, plan)
-    head = {"name": "ray-head", "image": RAY_IMAGE,
-            "ports": [{"name": "gcs", "containerPort": RAY_PORT}, {"name": "dashboard", "containerPort": 8265},
-                      {"name": "serve", "containerPort": PORT}],
-            "resources": {"requests": {"cpu": "4", "memory": "16Gi"}, "limits": {"memory": "16Gi"}},
-            "volumeMounts": _mounts(config=False)}
+    head = {
+        "name": "ray-head",
+        "image": RAY_IMAGE,
+        "ports": [
+            {"name": "gcs", "containerPort": RAY_PORT},
+            {"name": "dashboard", "containerPort": 8265},
+            {"name": "serve", "containerPort": PORT},
+        ],
+        "resources": {"requests": {"cpu": "4", "memory": "16Gi"}, "limits": {"memory": "16Gi"}},
+        "volumeMounts": _mounts(config=False),
+    }
     worker = _container("ray-worker", plan, art, RAY_IMAGE, probes=False, config=False)
     workers = plan.pp * plan.replicas
     cluster = {
         "rayVersion": RAY_VERSION,
-        "headGroupSpec": {"rayStartParams": {"dashboard-host": "0.0.0.0", "num-gpus": "0"},
-                          "template": {"metadata": {"labels": labels},
-                                       "spec": {"containers": [head], "volumes": _volumes(art, config=False)}}},
-        "workerGroupSpecs": [{
-            "groupName": dns_name(f"gpu-{_slug(plan)}"), "replicas": workers, "minReplicas": plan.pp, "maxReplicas": workers,
-            "rayStartParams": {},
-            "template": {"metadata": {"labels": labels}, "spec": _pod_spec(plan, art, [worker], config=False)},
-        }],
+        "headGroupSpec": {
+            "rayStartParams": {"dashboard-host": "0.0.0.0", "num-gpus": "0"},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {"containers": [head], "volumes": _volumes(art, config=False)},
+            },
+        },
+        "workerGroupSpecs": [
+            {
+                "groupName": dns_name(f"gpu-{_slug(plan)}"),
+                "replicas": workers,
+                "minReplicas": plan.pp,
+                "maxReplicas": workers,
+                "rayStartParams": {},
+                "template": {
+                    "metadata": {"labels": labels},
+                    "spec": _pod_spec(plan, art, [worker], config=False),
+                },
+            }
+        ],
     }
-    service = {"apiVersion": "ray.io/v1", "kind": "RayService", "metadata": _meta(art.object_name, art, plan),
-               "spec": {"serveConfigV2": _yaml_docs([serve_config(plan, art)]),
-                        "rayClusterConfig": cluster}}
+    service = {
+        "apiVersion": "ray.io/v1",
+        "kind": "RayService",
+        "metadata": _meta(art.object_name, art, plan),
+        "spec": {"serveConfigV2": _yaml_docs([serve_config(plan, art)]), "rayClusterConfig": cluster},
+    }
     return [_pvc(plan, art), service]
 
 
@@ -331,41 +478,69 @@ def ray_service(plan: Plan, art: Artifact) -> list[dict[str, Any]]:
 def helm_model_spec(plan: Plan, art: Artifact) -> dict[str, Any]:
     """One servingEngineSpec.modelSpec entry of vLLM's production-stack chart (vllm-stack 0.1.12)."""
     cfg = vllm_config(plan, art, models=HELM_MODELS)
-    extra = []
-    for flag, value in (("--kv-cache-dtype", cfg.kv_cache_dtype),
-                        ("--distributed-executor-backend", cfg.distributed_executor_backend)):
+    # the chart starts `vllm serve MODEL_URL` with its vllmConfig fields and then extraArgs, and has no field for
+    # the served name (templates/deployment-vllm-multi.yaml): without it vLLM would answer to the model's path
+    extra = ["--served-model-name", cfg.served_model_name]
+    for flag, value in (
+        ("--kv-cache-dtype", cfg.kv_cache_dtype),
+        ("--distributed-executor-backend", cfg.distributed_executor_backend),
+        ("--max-num-batched-tokens", cfg.max_num_batched_tokens),
+    ):
         if value and value != "auto":
-            extra += [flag, value]
-    vllm: dict[str, Any] = {"tensorParallelSize": plan.tp, "maxModelLen": plan.max_model_len,
-                            "maxNumSeqs": plan.max_num_seqs, "gpuMemoryUtilization": plan.utilization,
-                            "enablePrefixCaching": True}
+            extra += [flag, str(value)]
+    vllm: dict[str, Any] = {
+        "tensorParallelSize": plan.tp,
+        "maxModelLen": plan.max_model_len,
+        "maxNumSeqs": plan.max_num_seqs,
+        "gpuMemoryUtilization": plan.utilization,
+        "enablePrefixCaching": True,
+    }
     if plan.pp > 1:
-        vllm["pipelineParallelSize"] = plan.pp  # read by templates/ray-cluster.yaml; not in the chart's schema
-    if extra:
-        vllm["extraArgs"] = extra
+        vllm["pipelineParallelSize"] = (
+            plan.pp
+        )  # read by templates/ray-cluster.yaml; not in the chart's schema
+    vllm["extraArgs"] = extra
     spec: dict[str, Any] = {
-        "name": dns_name(f"{art.name}-{_slug(plan)}"), "repository": VLLM_IMAGE.split(":")[0],
-        "tag": VLLM_IMAGE.split(":")[1], "modelURL": cfg.model,
+        "name": dns_name(f"{art.name}-{_slug(plan)}"),
+        "repository": VLLM_IMAGE.split(":")[0],
+        "tag": VLLM_IMAGE.split(":")[1],
+        "modelURL": cfg.model,
         "replicaCount": plan.pp - 1 if plan.multi_node else plan.replicas,
-        "requestCPU": 4 * plan.tp, "requestMemory": _resources(plan, art)["requests"]["memory"],
-        "requestGPU": plan.tp, "pvcStorage": _pvc(plan, art)["spec"]["resources"]["requests"]["storage"],
-        "pvcAccessMode": _pvc(plan, art)["spec"]["accessModes"], "shmSize": SHM,
-        "nodeSelectorTerms": [{"matchExpressions": [
-            {"key": GPU_LABEL, "operator": "In", "values": [plan.group.gpu.node_label]}]}],
+        "requestCPU": 4 * plan.tp,
+        "requestMemory": _resources(plan, art)["requests"]["memory"],
+        "requestGPU": plan.tp,
+        "pvcStorage": _pvc(plan, art)["spec"]["resources"]["requests"]["storage"],
+        "pvcAccessMode": _pvc(plan, art)["spec"]["accessModes"],
+        "shmSize": SHM,
+        "nodeSelectorTerms": [
+            {
+                "matchExpressions": [
+                    {"key": GPU_LABEL, "operator": "In", "values": [plan.group.gpu.node_label]}
+                ]
+            }
+        ],
         "vllmConfig": vllm,
     }
     if _env(plan):
         spec["env"] = [{"name": k, "value": v} for k, v in _env(plan).items()]
     if plan.multi_node:
-        spec["raySpec"] = {"enabled": True, "headNode": {"requestCPU": 4 * plan.tp, "requestGPU": plan.tp,
-                                                         "requestMemory": spec["requestMemory"]}}
+        spec["raySpec"] = {
+            "enabled": True,
+            "headNode": {
+                "requestCPU": 4 * plan.tp,
+                "requestGPU": plan.tp,
+                "requestMemory": spec["requestMemory"],
+            },
+        }
     return spec
 
 
 def helm_values(plans: list[Plan], art: Artifact) -> dict[str, Any]:
     """The chart's values: one modelSpec per GPU type, all serving one model name; its router spreads requests over
     every engine serving that name."""
-    specs = [helm_model_spec(p, art) for p in plans if not p.stages]  # the chart has one node selector per model
+    specs = [
+        helm_model_spec(p, art) for p in plans if not p.stages
+    ]  # the chart has one node selector per model
     return {"servingEngineSpec": {"runtimeClassName": "nvidia", "modelSpec": specs}}
 
 
@@ -373,31 +548,65 @@ def helm_values(plans: list[Plan], art: Artifact) -> dict[str, Any]:
 
 
 def _docker_volumes(plan: Plan) -> str:
-    return (f'-v "$MODELS:{MODELS}:ro" -v "$HERE/{SERVE_CONFIG_FILE}:/config/{SERVE_CONFIG_FILE}:ro" '
-            + "".join(f"-e {k}={v} " for k, v in _env(plan).items()))
+    return (
+        f'-v "$MODELS:{MODELS}:ro" -v "$HERE/{SERVE_CONFIG_FILE}:/config/{SERVE_CONFIG_FILE}:ro" '
+        + "".join(f"-e {k}={v} " for k, v in _env(plan).items())
+    )
 
 
 def docker_script(plan: Plan, art: Artifact) -> str:
     """A bash script: one container per replica on this machine, or (across nodes) `head` on the first machine and
     `worker HEAD_IP` on each other one, then the head serves once every stage's node has joined."""
-    where = (f"# run `head` on the {plan.stages[0].gpu.name} machine (the first stage), `worker` on each "
-             f"{plan.stages[-1].gpu.name} one" if plan.stages else "# every machine the same GPU type")
-    head = ["#!/usr/bin/env bash", f"# {art.name} on {plan.label}: TP {plan.tp} x PP {plan.pp}, {plan.replicas} "
-            "replica(s) (written by `modelmint plan --out`)", *([where] if plan.multi_node else []),
-            "set -euo pipefail", 'HERE="$(cd "$(dirname "$0")" && pwd)"',
-            f'MODELS="${{MODELS:-{MODELS}}}"  # the host folder holding {art.file} (modelmint pull NAME:TAG --dest)',
-            f"IMAGE={VLLM_IMAGE}"]
+    where = (
+        f"# run `head` on the {plan.stages[0].gpu.name} machine (the first stage), `worker` on each "
+        f"{plan.stages[-1].gpu.name} one"
+        if plan.stages
+        else "# every machine the same GPU type"
+    )
+    head = [
+        "#!/usr/bin/env bash",
+        f"# {art.name} on {plan.label}: TP {plan.tp} x PP {plan.pp}, {plan.replicas} "
+        "replica(s) (written by `modelmint plan --out`)",
+        *([where] if plan.multi_node else []),
+        "set -euo pipefail",
+        'HERE="$(cd "$(dirname "$0")" && pwd)"',
+        f'MODELS="${{MODELS:-{MODELS}}}"  # the host folder holding {art.file} (modelmint pull NAME:TAG --dest)',
+        f"IMAGE={VLLM_IMAGE}",
+    ]
     if not plan.multi_node:
         body = []
         for r in range(plan.replicas):
             devices = ",".join(str(r * plan.tp + i) for i in range(plan.tp))
-            body.append(f"docker run -d --name {art.object_name}-{r} --gpus '\"device={devices}\"' --ipc=host "
-                        f"-p {PORT + r}:{PORT} {_docker_volumes(plan)}\"$IMAGE\" --config /config/{SERVE_CONFIG_FILE}")
-        return "\n".join([*head, *body, f'echo "serving {art.name} on ports {PORT}..{PORT + plan.replicas - 1}"', ""])
-    ray = (f"docker run -d --name {art.object_name}-ray --gpus all --network host --ipc=host "
-           f'{_docker_volumes(plan)}--entrypoint /bin/bash "$IMAGE" -c')
-    wait = ('import ray, sys; ray.init(address="auto", logging_level="ERROR"); '
-            f'sys.exit(sum(n["Alive"] for n in ray.nodes()) < {plan.pp})')
+            body.append(
+                f"docker run -d --name {art.object_name}-{r} --gpus '\"device={devices}\"' --ipc=host "
+                f'-p {_replica_port(plan, r)}:{PORT} {_docker_volumes(plan)}"$IMAGE" '
+                f"--config /config/{SERVE_CONFIG_FILE}"
+            )
+        if plan.replicas == 1:
+            return "\n".join([*head, *body, f'echo "serving {art.name} on port {PORT}"', ""])
+        # one front for the replicas: nginx on the port a single instance would have (docker-nginx.conf)
+        body.append(
+            f"docker run -d --name {art.object_name}-router --network host "
+            f'-v "$HERE/{DOCKER_ROUTER_FILE}:/etc/nginx/nginx.conf:ro" {NGINX_IMAGE}'
+        )
+        return "\n".join(
+            [
+                *head,
+                *body,
+                f'echo "serving {art.name} on port {PORT}: nginx in front of {plan.replicas} '
+                f"replicas on ports {_replica_port(plan, 0)}.."
+                f'{_replica_port(plan, plan.replicas - 1)}"',
+                "",
+            ]
+        )
+    ray = (
+        f"docker run -d --name {art.object_name}-ray --gpus all --network host --ipc=host "
+        f'{_docker_volumes(plan)}--entrypoint /bin/bash "$IMAGE" -c'
+    )
+    wait = (
+        'import ray, sys; ray.init(address="auto", logging_level="ERROR"); '
+        f'sys.exit(sum(n["Alive"] for n in ray.nodes()) < {plan.pp})'
+    )
     body = [
         'case "${1:-}" in',
         "  head)",
@@ -416,25 +625,86 @@ def docker_script(plan: Plan, art: Artifact) -> str:
     return "\n".join([*head, *body, ""])
 
 
+def _replica_port(plan: Plan, r: int) -> int:
+    """The host port of replica `r` of docker-run.sh: PORT itself for a lone replica, else the ports after it."""
+    return PORT if plan.replicas == 1 else PORT + 1 + r
+
+
+def docker_router(plan: Plan, art: Artifact) -> str:
+    """nginx in front of docker-run.sh's replicas on one machine: each request to the least busy one (the replicas
+    are alike: one GPU type, one vllm.yaml)."""
+    servers = "\n".join(f"        server 127.0.0.1:{_replica_port(plan, r)};" for r in range(plan.replicas))
+    return f"""# {art.name}: requests on port {PORT} go to the least busy of {plan.replicas} vLLM replicas (docker-run.sh)
+worker_processes 1;
+pid /tmp/nginx.pid;
+events {{
+    worker_connections 4096;
+}}
+http {{
+    upstream vllm {{
+        least_conn;
+{servers}
+    }}
+    server {{
+        listen {PORT};
+        location / {{
+            proxy_pass http://vllm;
+            proxy_http_version 1.1;
+            proxy_buffering off;
+            proxy_read_timeout 600s;
+        }}
+    }}
+}}
+"""
+
+
 def ollama_files(plan: Plan, art: Artifact) -> dict[str, str]:
     """One `ollama serve` per GPU (CUDA_VISIBLE_DEVICES, its own port) and an nginx proxy on Ollama's port."""
     n = plan.group.gpus_per_node
     ports = [OLLAMA_PORT + 1 + i for i in range(n)]
     model = art.ollama_model or art.name
-    made = (f"`modelmint pull {model}` creates it in Ollama" if art.ollama_model else
-            f"create it first: `modelmint modelfile {art.file} --source DIR --out Modelfile && ollama create {model} -f "
-            "Modelfile`")
-    start = ["#!/usr/bin/env bash", f"# {model}: one Ollama instance per GPU on this {n}-GPU machine, behind "
-             f"nginx on port {OLLAMA_PORT} (ollama/nginx.conf)", f"# {made}",
-             "set -euo pipefail",
-             'HERE="$(cd "$(dirname "$0")" && pwd)"', 'mkdir -p "$HERE/logs"']
+    made = (
+        f"`modelmint pull {model}` creates it in Ollama"
+        if art.ollama_model
+        else f"create it first: `modelmint modelfile {art.file} --source DIR --out Modelfile && ollama create {model} -f "
+        "Modelfile`"
+    )
+    start = [
+        "#!/usr/bin/env bash",
+        f"# {model}: one Ollama instance per GPU on this {n}-GPU machine, behind "
+        f"nginx on port {OLLAMA_PORT} (ollama/nginx.conf)",
+        f"# {made}",
+        "set -euo pipefail",
+        'HERE="$(cd "$(dirname "$0")" && pwd)"',
+        'mkdir -p "$HERE/logs"',
+    ]
+    served = ollama_planned_name(model, plan.max_model_len)
     for i, port in enumerate(ports):
-        start.append(f'CUDA_VISIBLE_DEVICES={i} OLLAMA_HOST=127.0.0.1:{port} OLLAMA_KEEP_ALIVE=-1 '
-                     f'nohup ollama serve >"$HERE/logs/ollama-{i}.log" 2>&1 &')
+        # OLLAMA_CONTEXT_LENGTH: the planned context for a model whose Modelfile sets no num_ctx
+        # (ollama/ollama envconfig/config.go, ContextLength); the model's own num_ctx wins, hence ollama/Modelfile
+        start.append(
+            f"CUDA_VISIBLE_DEVICES={i} OLLAMA_HOST=127.0.0.1:{port} OLLAMA_KEEP_ALIVE=-1 "
+            f"OLLAMA_CONTEXT_LENGTH={plan.max_model_len} "
+            f'nohup ollama serve >"$HERE/logs/ollama-{i}.log" 2>&1 &'
+        )
+    start.append(f"until curl -sf http://127.0.0.1:{ports[0]}/api/version >/dev/null; do sleep 1; done")
+    start.append(
+        f'OLLAMA_HOST=127.0.0.1:{ports[0]} ollama create {served} -f "$HERE/Modelfile"  # the planned num_ctx'
+    )
     for port in ports:  # load the model once into each instance's GPU
         start.append(f"until curl -sf http://127.0.0.1:{port}/api/version >/dev/null; do sleep 1; done")
-        start.append(f"curl -sf http://127.0.0.1:{port}/api/generate -d '{{\"model\": \"{model}\"}}' >/dev/null")
-    start += ['nginx -c "$HERE/nginx.conf" -p "$HERE"', f'echo "{model} on http://127.0.0.1:{OLLAMA_PORT}"', ""]
+        start.append(
+            f'curl -sf http://127.0.0.1:{port}/api/generate -d \'{{"model": "{served}"}}\' >/dev/null'
+        )
+    start += [
+        'nginx -c "$HERE/nginx.conf" -p "$HERE"',
+        f'echo "{served} on http://127.0.0.1:{OLLAMA_PORT}"',
+        "",
+    ]
+    modelfile = (
+        f"# {model} at the planned context ({plan.max_model_len} tokens, {plan.max_num_seqs} sequences per "
+        f"GPU): ollama/start.sh creates it as {served}\nFROM {model}\nPARAMETER num_ctx {plan.max_model_len}\n"
+    )
     servers = "\n".join(f"        server 127.0.0.1:{p};" for p in ports)
     nginx = f"""# {model}: requests on port {OLLAMA_PORT} go to the least busy of {n} Ollama instances (one per GPU)
 worker_processes 1;
@@ -458,7 +728,15 @@ http {{
     }}
 }}
 """
-    return {"ollama/start.sh": "\n".join(start), "ollama/nginx.conf": nginx}
+    return {"ollama/start.sh": "\n".join(start), "ollama/nginx.conf": nginx, "ollama/Modelfile": modelfile}
+
+
+def ollama_planned_name(model: str, context: int) -> str:
+    """The name start.sh gives `model` at the planned context: its tag (or `latest`) with `-ctxN` appended."""
+    name, sep, tag = model.rpartition(":")
+    if not sep or "/" in tag:  # no tag (a colon before a slash is a registry's port)
+        name, tag = model, "latest"
+    return f"{name}:{tag}-ctx{context}"
 
 
 # ---------------------------------------------------------------- all of a plan's files
@@ -501,8 +779,15 @@ def plan_files(plans: list[Plan], art: Artifact) -> dict[str, str]:
         else:
             files[f"{d}/kubernetes.yaml"] = _yaml_docs(kubernetes_single_node(p, a))
         files[f"{d}/docker-run.sh"] = docker_script(p, a)
+        if not p.multi_node and p.replicas > 1:
+            files[f"{d}/{DOCKER_ROUTER_FILE}"] = docker_router(p, a)
     if not art.gguf and any(not p.stages for p in plans):
         files["helm-values.yaml"] = _yaml_docs([helm_values(plans, art)])
+    if not art.gguf and len(plans) > 1:
+        files["httproute.yaml"] = (
+            f"# {art.name} over {len(plans)} GPU types, each weighted by the sequences it holds; "
+            f"set parentRefs to your Gateway (here {GATEWAY})\n" + _yaml_docs([http_route(plans, art)])
+        )
     return files
 
 
@@ -510,14 +795,34 @@ def notes(plans: list[Plan], art: Artifact) -> list[str]:
     """Why a file `plan_files` could be expected to write is not written, one line each."""
     out = []
     if art.gguf:
-        out.append(f"no vLLM files for a GGUF: vLLM {VLLM_VERSION} has no GGUF loader (its quantization methods and "
-                   "load formats name none); serve the model's compressed-tensors variant with vLLM, or this GGUF "
-                   "with Ollama" + (" (the ollama/ files: one instance per GPU)" if any(
-                       p.group.gpus_per_node > 1 and p.tp == 1 and p.group.nodes == 1 for p in plans) else ""))
+        out.append(
+            f"no vLLM files for a GGUF: vLLM {VLLM_VERSION} has no GGUF loader (its quantization methods and "
+            "load formats name none); serve the model's compressed-tensors variant with vLLM, or this GGUF "
+            "with Ollama"
+            + (
+                " (the ollama/ files: one instance per GPU)"
+                if any(p.group.gpus_per_node > 1 and p.tp == 1 and p.group.nodes == 1 for p in plans)
+                else ""
+            )
+        )
+    if not art.gguf and len(plans) > 1:
+        weights = ", ".join(f"{p.group.gpu.name} {p.replicas} × {p.max_num_seqs}" for p in plans)
+        out.append(
+            f"requests through the shared Service {art.name} (and the Helm chart's router) spread evenly over "
+            f"every type's pods; httproute.yaml weights each type by the sequences it holds ({weights})"
+        )
+    multi = [p for p in plans if p.multi_node and p.replicas > 1]
+    if multi and not art.gguf:
+        out.append(
+            f"docker-run.sh across nodes starts one replica's pipeline: run it on each set of {multi[0].pp} "
+            f"machines ({multi[0].replicas} replicas) and put a load balancer in front of their heads"
+        )
     if any(p.stages for p in plans):
-        out.append("no RayService or Helm values for pipeline stages of different GPU types: Ray Serve LLM and the "
-                   "production-stack chart cannot pin which stage runs on which type (the LeaderWorkerSet and "
-                   "docker run files do)")
+        out.append(
+            "no RayService or Helm values for pipeline stages of different GPU types: Ray Serve LLM and the "
+            "production-stack chart cannot pin which stage runs on which type (the LeaderWorkerSet and "
+            "docker run files do)"
+        )
     return out
 
 
@@ -547,8 +852,10 @@ def write_files(files: dict[str, str], out_dir: Path, *, for_out: bool = True) -
         except OSError as err:
             if not for_out:
                 raise
-            raise ConfigError(f"cannot write {path}: {err.strerror or err}",
-                              hint="give --out a folder you can write (it is created if missing)") from err
+            raise ConfigError(
+                f"cannot write {path}: {err.strerror or err}",
+                hint="give --out a folder you can write (it is created if missing)",
+            ) from err
         if rel.endswith(".sh"):
             path.chmod(0o755)
         written.append(path)
