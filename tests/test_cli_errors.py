@@ -335,3 +335,18 @@ def test_a_ref_is_shown_as_typed_not_as_an_emoji(tmp_path: Path, ref: str) -> No
     assert proc.returncode == 1
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert errors == [f"error: {ref!r} is not an artifact reference"], proc.stderr
+
+
+@pytest.mark.parametrize("gpus", ["99999999999999999999xL4-24G", "100001x8xH100-80G", "1x2000xH100-80G",
+                                  "inventory"])
+def test_plan_on_more_gpus_than_any_cluster_has_is_one_error_line(tmp_path: Path, gpus: str) -> None:
+    """A count of 10**20 GPUs per node kept the planner searching its divisors for hours."""
+    if gpus == "inventory":
+        (tmp_path / "inv.yaml").write_text("- {nodes: 3, gpus: 99999999999999999999, type: H100-80G}\n")
+        gpus = str(tmp_path / "inv.yaml")
+    path = _moe_as_dense(tmp_path / "m.gguf", experts=False)
+    proc = _run(tmp_path, "plan", str(path), "--gpus", gpus)
+    _no_traceback(proc)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "more than any cluster has" in errors[0], proc.stderr

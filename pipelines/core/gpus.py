@@ -87,6 +87,10 @@ class NodeGroup:
 
 
 _GROUP = re.compile(r"^(?:(\d+)x)?(\d+)x([A-Za-z0-9._-]+)$")
+MAX_NODES = 100_000
+MAX_GPUS_PER_NODE = 1_024
+"""Beyond any cluster there is (the largest GPU nodes hold 8 to 16; NVL72 racks 72): the planner's searches over
+splits of a count are bounded by them (a count of 10**20 GPUs per node searched for its divisors for hours)."""
 
 
 def parse_cluster(text: str) -> list[NodeGroup]:
@@ -109,7 +113,19 @@ def parse_cluster(text: str) -> list[NodeGroup]:
         if nodes < 1 or per_node < 1:
             raise ConfigError(f"{part!r} counts no GPU", hint="counts start at 1, e.g. 1x8xH100-80G")
         groups.append(NodeGroup(nodes, per_node, gpu(m.group(3))))
-    return merge_groups(groups)
+    return _within_bounds(merge_groups(groups), text)
+
+
+def _within_bounds(groups: list[NodeGroup], what: str) -> list[NodeGroup]:
+    """Raises ConfigError for a group of more nodes, or more GPUs per node, than any cluster has."""
+    for g in groups:
+        if g.nodes > MAX_NODES or g.gpus_per_node > MAX_GPUS_PER_NODE:
+            raise ConfigError(
+                f"{what!r} counts {g.nodes} node(s) of {g.gpus_per_node} {g.gpu.name}: more than any cluster has "
+                f"(the planner sizes at most {MAX_NODES} nodes of at most {MAX_GPUS_PER_NODE} GPUs)",
+                hint="write the cluster's real counts, e.g. 2x8xH100-80G",
+            )
+    return groups
 
 
 class _InventoryGroup(BaseModel):
@@ -154,7 +170,7 @@ def load_inventory(path: Path) -> list[NodeGroup]:
         except ConfigError as err:  # name where the typo is: an inventory has many groups
             raise ConfigError(f"{path}, group {i}: {err.message}", hint=err.hint) from None
         groups.append(NodeGroup(g.nodes, g.gpus, profile))
-    return merge_groups(groups)
+    return _within_bounds(merge_groups(groups), str(path))
 
 
 def merge_groups(groups: list[NodeGroup]) -> list[NodeGroup]:
