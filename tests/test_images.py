@@ -349,6 +349,9 @@ def test_vllm_image_serves_the_registered_checkpoint_from_the_planners_vllm_yaml
         f"{d}:{mount}:ro",
         "-v",
         f"{d / plan}:/serve.yaml:ro",
+        # vLLM's shared-memory broadcast needs 160 MiB of /dev/shm; podman gives 64 MiB by default
+        "--shm-size",
+        "1g",
         "-e",
         "HF_HUB_OFFLINE=1",
         "-e",
