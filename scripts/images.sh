@@ -296,7 +296,7 @@ build_image() {
     sleep 1
     if ((SECONDS >= next)); then
       next=$((next + 60))
-      echo "      … $(grep -oE '^STEP [0-9]+/[0-9]+' "$log" | tail -n 1 || true) ($((SECONDS - t0)) s)"
+      echo "      … $(grep -oE 'STEP [0-9]+/[0-9]+' "$log" | tail -n 1 || true) ($((SECONDS - t0)) s)"
     fi
   done
   wait "$pid"
