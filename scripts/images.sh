@@ -96,8 +96,9 @@ disk_full_or() { # LOG: the cause of a failed build, a full disk named with the 
   avail=$(df -Pk "$GRAPHROOT" 2>/dev/null | awk 'NR == 2 {print $4}') || avail=""
   if grep -qiE 'no space left on device|ENOSPC|disk quota exceeded' "$log" 2>/dev/null || [[ -n $avail && $avail -lt 1048576 ]]; then
     echo "the disk is full: ${avail:-?} KiB free on the filesystem holding podman's storage $GRAPHROOT" \
-      "(podman info --format '{{.Store.GraphRoot}}'); free space there (podman image prune; podman system df)," \
-      "then rerun: $RERUN (finished layers are kept)"
+      "(podman info --format '{{.Store.GraphRoot}}'); free space there (podman system df; podman rmi the images" \
+      "you do not need; not podman image prune, which also drops the build stages' cached layers, the llama.cpp" \
+      "compile among them), then rerun: $RERUN (finished layers are kept)"
   else
     echo "see the last lines of the log below"
   fi
