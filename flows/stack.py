@@ -95,6 +95,12 @@ def _log_path(settings: Settings, name: str) -> Path:
     return settings.prefect_dir / "stack" / f"{name}.log"
 
 
+def run_env(settings: Settings) -> dict[str, str]:
+    """The environment `run` hands `prefect deployment run`: it only asks the API to start a run (the worker's
+    flow runs have their own environment), so no credential variable goes with it."""
+    return tool_env(stack_env(settings))
+
+
 def _spawn(settings: Settings, name: str, argv: list[str], *, credentials: bool) -> int:
     """Start a long-lived process in its own session (its own process group: a signal reaches all of it).
 
@@ -619,8 +625,7 @@ def main(argv: list[str] | None = None) -> int:
             argv_run = [sys.executable, "-m", "prefect", "deployment", "run", args.deployment, "--watch"]
             for p in args.param:
                 argv_run += ["--param", p]
-            env = {**os.environ, **stack_env(settings)}
-            os.execve(sys.executable, argv_run, env)
+            os.execve(sys.executable, argv_run, run_env(settings))
     except ModelmintError as err:
         print(f"error: {err.message}", file=sys.stderr)
         if err.hint:

@@ -205,3 +205,24 @@ def test_hash_cache_does_not_rehash_unchanged_files(tmp_path: Path, monkeypatch:
 def test_partial_names_never_look_like_outputs(tmp_path: Path) -> None:
     p = partial_path(tmp_path / "m-q4_k_m.gguf")
     assert not p.name.endswith(".gguf") and ".partial-" in p.name
+
+
+def test_stack_run_hands_prefect_no_credential(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """`python -m flows.stack run` execs `prefect deployment run`, which only asks the API for a run: it inherited
+    every credential. It now gets run_env, and nothing else reaches that exec."""
+    import ast
+
+    from registry_env import isolate
+
+    from flows import stack
+
+    isolate(tmp_path / "env", monkeypatch)
+    planted = _planted(monkeypatch)
+    settings = Settings.from_env()
+    env = stack.run_env(settings)
+    assert env["PREFECT_API_URL"] == settings.prefect_api_url and not set(planted) & set(env)
+    tree = ast.parse(Path(stack.__file__).read_text(encoding="utf-8"))
+    execs = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+             and n.func.attr == "execve"]
+    assert execs and all(isinstance(n.args[2], ast.Call) and getattr(n.args[2].func, "id", "") == "run_env"
+                         for n in execs)
