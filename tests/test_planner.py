@@ -828,3 +828,14 @@ def test_plan_out_with_a_repeated_group_writes_one_plan_of_all_its_nodes(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["2x2xl4-24g", "helm-values.yaml"]
     values = yaml.safe_load((tmp_path / "helm-values.yaml").read_text())
     assert [s["replicaCount"] for s in values["servingEngineSpec"]["modelSpec"]] == [4]
+
+
+@pytest.mark.parametrize(("config", "said"), [
+    ({"architectures": ["Qwen2ForCausalLM"], "num_attention_heads": 4}, "Qwen2ForCausalLM's config.json has no num_hidden_layers"),
+    ({"num_hidden_layers": 2, "num_attention_heads": "four"}, "the model's config.json num_attention_heads is 'four', not a count"),
+])
+def test_a_config_without_a_usable_count_is_named_plainly(config: dict, said: str) -> None:
+    # was "?'s config.json lacks 'num_hidden_layers'" and "lacks invalid literal for int() with base 10: 'four'"
+    with pytest.raises(ConfigError) as err:
+        shape_of(config)
+    assert err.value.message.startswith(said), err.value.message

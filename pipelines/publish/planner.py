@@ -198,6 +198,16 @@ def _check_heads(arch: str, layers: int, heads: int, kv: int, hint: str) -> None
         )
 
 
+def _config_int(text: dict[str, Any], key: str, arch: str, hint: str) -> int:
+    """A count config.json must give: absent and not-a-number are different messages."""
+    if key not in text:
+        raise ConfigError(f"{arch}'s config.json has no {key}: the planner cannot size its attention", hint=hint)
+    try:
+        return int(text[key])
+    except (TypeError, ValueError):
+        raise ConfigError(f"{arch}'s config.json {key} is {text[key]!r}, not a count", hint=hint) from None
+
+
 def shape_of(config: dict[str, Any]) -> ModelShape:
     """The model's shape from its config.json (a multimodal config's `text_config` when it has one).
 
@@ -206,7 +216,7 @@ def shape_of(config: dict[str, Any]) -> ModelShape:
             lacks what sizes attention.
     """
     text = config.get("text_config") or config
-    arch = (config.get("architectures") or [config.get("model_type", "?")])[0]
+    arch = (config.get("architectures") or [config.get("model_type", "the model")])[0]
     model_type = str(text.get("model_type") or config.get("model_type") or "").lower()
     layer_types = [str(t) for t in text.get("layer_types") or []]
     why = _not_attention(text, _count(text.get("num_hidden_layers")))
@@ -217,13 +227,8 @@ def shape_of(config: dict[str, Any]) -> ModelShape:
             hint="plan it by hand from vLLM's logged KV cache size, or serve a transformer model",
         )
     hint = "check the checkpoint's config.json (num_hidden_layers, num_attention_heads, num_key_value_heads)"
-    try:
-        layers = int(text["num_hidden_layers"])
-        heads = int(text["num_attention_heads"])
-    except (KeyError, TypeError, ValueError) as err:
-        raise ConfigError(
-            f"{arch}'s config.json lacks {err}: the planner cannot size its attention", hint=hint
-        ) from None
+    layers = _config_int(text, "num_hidden_layers", arch, hint)
+    heads = _config_int(text, "num_attention_heads", arch, hint)
     try:
         # absent means one KV head per attention head (multi-head attention); a present 0 is a damaged config
         kv = heads if text.get("num_key_value_heads") is None else int(text["num_key_value_heads"])
