@@ -79,6 +79,13 @@ def built(name: str, *, compile_ok: bool = False) -> str:
     return TAGS[name]
 
 
+def _isolated_env(*more: str) -> dict[str, str]:
+    """The test's isolated git and DVC configuration (registry_env.isolate), and `more`, for a container."""
+    names = ("GIT_CONFIG_GLOBAL", "GIT_CONFIG_NOSYSTEM", "DVC_GLOBAL_CONFIG_DIR", "DVC_SYSTEM_CONFIG_DIR",
+             "DVC_SITE_CACHE_DIR", *more)
+    return {k: os.environ[k] for k in names}
+
+
 def _sha(path: Path) -> str:
     return sha256_file(path)
 
@@ -180,18 +187,7 @@ def test_prefect_worker_image_completes_convert_tiny_qwen2_like_a_host_worker(
         stack.deploy(settings)
         # 1. the image as the process worker: the deployment's checkout (this one), the project it registers into
         #    and its DVC remote are mounted at the paths the host names them by; MODELMINT_HOME is the image's
-        passed = {
-            k: os.environ[k]
-            for k in (
-                "GIT_CONFIG_GLOBAL",
-                "GIT_CONFIG_NOSYSTEM",
-                "DVC_GLOBAL_CONFIG_DIR",
-                "DVC_SYSTEM_CONFIG_DIR",
-                "DVC_SITE_CACHE_DIR",
-                "MODELMINT_REPO",
-                "MODELMINT_WORK_DIR",
-            )
-        }
+        passed = _isolated_env("MODELMINT_REPO", "MODELMINT_WORK_DIR")
         env = {**stack.stack_env(settings), **passed, "PREFECT_HOME": "/root/.prefect"}
         podman(
             "run",
@@ -266,17 +262,7 @@ def fp8_registered(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[R
         repo = make_repo(base, models={"tiny-qwen2": ["fp8"]})
         # the generated source model, from the host's cache: the image has no llama.cpp converter to generate it
         model = ensure_tiny_model("tiny-qwen2", Settings.from_env())
-        passed = {
-            k: os.environ[k]
-            for k in (
-                "GIT_CONFIG_GLOBAL",
-                "GIT_CONFIG_NOSYSTEM",
-                "DVC_GLOBAL_CONFIG_DIR",
-                "DVC_SYSTEM_CONFIG_DIR",
-                "DVC_SITE_CACHE_DIR",
-                "DVC_NO_ANALYTICS",
-            )
-        }
+        passed = _isolated_env("DVC_NO_ANALYTICS")
         env = {
             **passed,
             "MODELMINT_REPO": str(repo.root),
