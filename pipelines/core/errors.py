@@ -146,6 +146,13 @@ class ArtifactError(ModelmintError):
     """An output file that does not read back as what it claims to be."""
 
 
+class ToolStoppedShort(ArtifactError):
+    """A tool exited 0 but its output stops before the part it always ends with (its summary): not a verdict
+    on the artifact, so the same call is retried."""
+
+    transient = True
+
+
 class GateFailed(ModelmintError):
     """A variant measured worse than its gate allows. `advice` comes from pipelines.core.gates.gate_advice."""
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from pipelines.chat import jinja as chat_template
 from pipelines.core.answers import Answers
-from pipelines.core.errors import ArtifactError
+from pipelines.core.errors import ArtifactError, ToolStoppedShort
 from pipelines.core.fsutil import atomic_output, write_text_atomic
 from pipelines.core.gates import Gate, chance_failure
 from pipelines.core.ggufheader import GGUFInfo, read_gguf_header
@@ -206,6 +206,7 @@ def kl_divergence(quant: Path, base_logits: Path, llama: LlamaCpp, *, threads: i
     Raises:
         ArtifactError: llama-perplexity reported an error (it exits 0 after "failed reading log-probs"), or
             printed no statistics.
+        ToolStoppedShort: it stopped before its last chunk with no error line (transient: retried).
     """
     result = run([
         llama.bin("llama-perplexity"), "-m", quant, "--kl-divergence-base", base_logits, "--kl-divergence",
@@ -217,7 +218,27 @@ def kl_divergence(quant: Path, base_logits: Path, llama: LlamaCpp, *, threads: i
             f"llama-perplexity could not measure {quant.name} against {base_logits}: " + "; ".join(failures),
             hint=f"the reference logits are damaged: delete {base_logits} and rerun the same command",
         )
+    if short := kld_stopped_short(text):
+        raise ToolStoppedShort(
+            f"llama-perplexity measured {quant.name} over {short[0]} of its {short[1]} chunks, then exited 0 "
+            "without its statistics or an error line",
+            hint="rerun the same command (a flow run retries it once); if it stops again, run the llama-perplexity "
+                 "command above by hand and read how it ends",
+        )
     return parse_kld_output(text, ctx)
+
+
+def kld_stopped_short(text: str) -> tuple[int, int] | None:
+    """(chunks printed, chunks announced) when `llama-perplexity --kl-divergence` stopped before its summary.
+
+    It announces "computing over N chunks", prints one row per chunk, then "Mean    KLD" in its statistics
+    (tools/perplexity/perplexity.cpp, kl_divergence). Seen once under load: 15 of 16 rows, no statistics, exit 0.
+    """
+    announced = re.search(r"computing over (\d+) chunks", text)
+    if not announced or re.search(r"Mean\s+KLD:", text):
+        return None
+    rows = len(re.findall(r"^\s*\d+\s+\d", text, flags=re.M))
+    return (rows, int(announced.group(1))) if rows < int(announced.group(1)) else None
 
 
 def smoke_generate(path: Path, info: GGUFInfo, llama: LlamaCpp, *, threads: int, n_predict: int = 32) -> SmokeResult:
