@@ -497,46 +497,6 @@ def _refuse_contradicting_architecture(path: Path) -> None:
                             "with `modelmint convert NAME` (or `modelmint pull NAME:TAG` for a registered one)")
 
 
-# What a plan reads of a config.json (planner.shape_of, its text_config too): the counts, and the fields
-# that choose how. transformers' PretrainedConfig holds each count as an int.
-_CONFIG_COUNTS = ("num_hidden_layers", "num_attention_heads", "num_key_value_heads", "hidden_size", "head_dim",
-                  "max_position_embeddings", "intermediate_size", "vocab_size", "sliding_window", "kv_lora_rank",
-                  "qk_rope_head_dim", "num_experts_per_tok", "moe_intermediate_size",
-                  "shared_expert_intermediate_size", "n_embd", "d_model", "ffn_dim", "n_inner", "moe_topk")
-_CONFIG_KINDS: dict[str, tuple[type, ...]] = {"model_type": (str,), "architectures": (list,),
-                                              "layer_types": (list,), "use_sliding_window": (bool,)}
-
-
-def _refuse_damaged_config(path: Path) -> None:
-    """Raises ConfigError naming the first field of a checkpoint's config.json that a plan reads and that is not
-    what transformers writes there (a count that is not a whole number, a text_config that is not an object).
-    A config.json that is missing or not a JSON object is left to planner.served, which says so."""
-    try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError, RecursionError):
-        return
-    if not isinstance(config, dict):
-        return
-    hint = f"restore the checkpoint's config.json (`modelmint pull NAME:TAG` again for a registered one): {path}"
-    text = config.get("text_config")
-    if text is not None and not isinstance(text, dict):
-        raise ConfigError(f"{path}: text_config is {_shown(text)}, not an object", hint=hint)
-    for where, scope in (("", config), ("text_config.", text or {})):
-        for key in _CONFIG_COUNTS:
-            v = scope.get(key)
-            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
-                raise ConfigError(f"{path}: {where}{key} is {_shown(v)}, not a whole number", hint=hint)
-        for key, kinds in _CONFIG_KINDS.items():
-            v = scope.get(key)
-            if v is not None and not isinstance(v, kinds):
-                raise ConfigError(f"{path}: {where}{key} is {_shown(v)}, not a {kinds[0].__name__}", hint=hint)
-
-
-def _shown(value: object) -> str:
-    shown = json.dumps(value)
-    return shown if len(shown) <= 40 else shown[:37] + "..."
-
-
 @app.command("plan")
 def plan_cmd(
     ctx: typer.Context,
@@ -607,8 +567,6 @@ def plan_cmd(
                         for o in list_manifests(settings).manifests if o.name == m.name and o.tag != m.tag)
     if path.is_file() and path.suffix == ".gguf":
         _refuse_contradicting_architecture(path)  # it would be sized by the architecture it names
-    elif path.is_dir():
-        _refuse_damaged_config(path / "config.json")
     what = planner.served(path)
     ask = planner.Ask(what.weights_bytes, what.shape, context=context, concurrency=concurrency,
                       kv_dtype=kv_cache_dtype, fp8_weights=what.fp8_weights, smaller=smaller,

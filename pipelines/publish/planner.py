@@ -988,11 +988,47 @@ def _later_shards(path: Path) -> list[Path]:
     ]
 
 
+# What a plan reads of a config.json (shape_of, its text_config too): the counts, and the fields that choose how.
+# transformers' PretrainedConfig holds each count as an int.
+_CONFIG_COUNTS = ("num_hidden_layers", "num_attention_heads", "num_key_value_heads", "hidden_size", "head_dim",
+                  "max_position_embeddings", "intermediate_size", "vocab_size", "sliding_window", "kv_lora_rank",
+                  "qk_rope_head_dim", "num_experts_per_tok", "moe_intermediate_size",
+                  "shared_expert_intermediate_size", "n_embd", "d_model", "ffn_dim", "n_inner", "moe_topk")
+_CONFIG_KINDS: dict[str, tuple[type, ...]] = {"model_type": (str,), "architectures": (list,),
+                                              "layer_types": (list,), "use_sliding_window": (bool,)}
+
+
+def _refuse_damaged_config(config: dict[str, Any], path: Path) -> None:
+    """Raises ConfigError naming the first field of `config` (read from `path`) that a plan reads and that is not
+    what transformers writes there (a count that is not a whole number, a text_config that is not an object)."""
+    hint = f"restore the checkpoint's config.json (`modelmint pull NAME:TAG` again for a registered one): {path}"
+    text = config.get("text_config")
+    if text is not None and not isinstance(text, dict):
+        raise ConfigError(f"{path}: text_config is {_shown(text)}, not an object", hint=hint)
+    for where, scope in (("", config), ("text_config.", text or {})):
+        for key in _CONFIG_COUNTS:
+            v = scope.get(key)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
+                raise ConfigError(f"{path}: {where}{key} is {_shown(v)}, not a whole number", hint=hint)
+        for key, kinds in _CONFIG_KINDS.items():
+            v = scope.get(key)
+            if v is not None and not isinstance(v, kinds):
+                raise ConfigError(f"{path}: {where}{key} is {_shown(v)}, not a {kinds[0].__name__}", hint=hint)
+
+
+def _shown(value: object) -> str:
+    import json
+
+    shown = json.dumps(value)
+    return shown if len(shown) <= 40 else shown[:37] + "..."
+
+
 def served(path: Path) -> Served:
     """A GGUF file or a Hugging Face / compressed-tensors checkpoint directory, read for planning (headers only).
 
     Raises:
-        ConfigError: neither, or an architecture the planner cannot size.
+        ConfigError: neither, a config.json field a plan reads that is not what transformers writes there, or an
+            architecture the planner cannot size.
         ArtifactError: a file that is not what its name says.
     """
     import json
@@ -1025,6 +1061,7 @@ def served(path: Path) -> Served:
                 f"{path / 'config.json'} is not a JSON object",
                 hint="restore the checkpoint's config.json, e.g. `modelmint pull NAME:TAG` again",
             )
+        _refuse_damaged_config(config, path / "config.json")
         weights = 0
         for f in sorted(path.glob("*.safetensors")):
             entries = read_safetensors_header(f)
