@@ -584,27 +584,28 @@ def _intact_copy(cache: Path, workspace: Path, o: RemoteObject) -> Path | None:
     if o.path is None:
         return None
     candidate = workspace / o.path
-    h = hashlib.md5()
-    try:
-        with open(candidate, "rb") as f:
-            while chunk := f.read(_CHUNK):
-                h.update(chunk)
-    except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
-        return None
-    return candidate if h.hexdigest() == o.oid else None
+    return candidate if _md5_of(candidate) == o.oid else None
 
 
 def _cache_copy_ok(cache: Path, oid: str) -> bool:
     """Whether the local DVC cache holds `oid` with the bytes its name says; a corrupt copy is removed."""
     obj = cache_object(cache, oid)
-    h = hashlib.md5()
-    try:
-        with open(obj, "rb") as f:
-            while chunk := f.read(_CHUNK):
-                h.update(chunk)
-    except FileNotFoundError:
+    got = _md5_of(obj)
+    if got is None:
         return False
-    if h.hexdigest() == oid.removesuffix(".dir"):
+    if got == oid.removesuffix(".dir"):
         return True
     obj.unlink(missing_ok=True)
     return False
+
+
+def _md5_of(path: Path) -> str | None:
+    """The md5 of the file at `path` (DVC's object id), or None where there is no such file."""
+    h = hashlib.md5()
+    try:
+        with open(path, "rb") as f:
+            while chunk := f.read(_CHUNK):
+                h.update(chunk)
+    except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+        return None
+    return h.hexdigest()
