@@ -105,9 +105,14 @@ def _stderr(pattern: str, text: str) -> float | None:
     return float(m.group(2)) if m else None
 
 
+def _kld_rows(text: str) -> int:
+    """How many per-chunk rows `llama-perplexity --kl-divergence` printed (each starts with its chunk number)."""
+    return len(re.findall(r"^\s*\d+\s+\d", text, flags=re.M))
+
+
 def parse_kld_output(text: str, ctx: int) -> KLDStats:
     """Parse the summary `llama-perplexity --kl-divergence` prints, with the standard error of each figure."""
-    chunks = len(re.findall(r"^\s*\d+\s+\d", text, flags=re.M))
+    chunks = _kld_rows(text)
     p99 = re.search(r"99\.0%\s+KLD:\s+" + _NUM, text)
     return KLDStats(
         mean_kld=_grab(r"Mean\s+KLD:\s+" + _NUM, text, "mean KLD"),
@@ -237,7 +242,7 @@ def kld_stopped_short(text: str) -> tuple[int, int] | None:
     announced = re.search(r"computing over (\d+) chunks", text)
     if not announced or re.search(r"Mean\s+KLD:", text):
         return None
-    rows = len(re.findall(r"^\s*\d+\s+\d", text, flags=re.M))
+    rows = _kld_rows(text)
     return (rows, int(announced.group(1))) if rows < int(announced.group(1)) else None
 
 
