@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -11,6 +13,24 @@ from pipelines.core.settings import Settings
 
 # registry_env: `isolated` (git/DVC/Prefect/modelmint caches in a temp dir) and `repo` (a git + DVC project).
 pytest_plugins = ["registry_env"]
+
+# what one run of the suite holds in its temp dir at its peak (models, GGUFs, DVC caches, registries), with margin
+_SUITE_NEEDS_GIB = 6
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Stop before the first test when the temp dir's filesystem cannot hold a run, naming the cause.
+
+    A full disk halfway through the suite shows as hundreds of unrelated errors from whichever tool wrote next.
+    """
+    tmp = os.environ.get("PYTEST_DEBUG_TEMPROOT") or tempfile.gettempdir()
+    free = shutil.disk_usage(tmp).free / 2**30
+    if free < _SUITE_NEEDS_GIB and not session.config.option.collectonly:
+        pytest.exit(
+            f"error: {free:.1f} GiB free under {tmp}; the test suite needs about {_SUITE_NEEDS_GIB} GiB there.\n"
+            f"→ free space (old pytest-of-* runs under {tmp}, `podman system df`), or point TMPDIR at a larger disk",
+            returncode=1,
+        )
 
 
 @pytest.fixture(scope="session")
