@@ -146,3 +146,20 @@ def test_no_module_spells_a_vocabulary_again() -> None:
         text = path.read_text(encoding="utf-8")
         found += [f"{path.relative_to(root)}: {name}" for pattern, name in spelled.items() if pattern in text]
     assert found == []
+
+
+def test_catalog_and_manifest_hold_names_and_tags_to_one_rule() -> None:
+    """The catalog's entry name and the manifest's name and tag are the vocabulary's identifier types: one rule,
+    one message."""
+    from pydantic import TypeAdapter, ValidationError
+
+    from pipelines.registry.manifest import Manifest
+    from pipelines.source.catalog import CatalogEntry
+
+    rule = list(get_args(vocab.ModelName)[1:])
+    assert CatalogEntry.model_fields["name"].metadata == Manifest.model_fields["name"].metadata == rule
+    assert Manifest.model_fields["tag"].metadata == list(get_args(vocab.VariantTag)[1:]) == rule
+    for bad in ("Qwen", "a b", "-x", ""):
+        with pytest.raises(ValidationError, match=f"{bad!r} must be lower-case letters"):
+            TypeAdapter(vocab.ModelName).validate_python(bad)
+    assert TypeAdapter(vocab.VariantTag).validate_python("q4_k_m") == "q4_k_m"

@@ -1,6 +1,6 @@
 """Every name modelmint's parts share, declared once: GGUF types, compressed schemes, KV dtypes, identifiers, tags.
 
-A leaf: it imports no other modelmint module, so the catalog, the gates, the pre-flight checks, the manifest, the
+A leaf: it imports no other modelmint module (only pydantic, for the identifier types), so the catalog, the gates, the pre-flight checks, the manifest, the
 DVC stages and the planner all read their names and per-type facts from here and cannot disagree.
 """
 
@@ -9,7 +9,9 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Final, Literal, get_args
+from typing import Annotated, Any, Final, Literal, get_args
+
+from pydantic import AfterValidator
 
 # ---------------------------------------------------------------- identifiers
 
@@ -29,6 +31,18 @@ VERSION: Final = re.compile(r"^[0-9][0-9A-Za-z.+!-]*$")
 
 def is_name(text: str) -> bool:
     return bool(NAME.fullmatch(text))
+
+
+def _checked_name(text: str) -> str:
+    if not NAME.fullmatch(text):
+        raise ValueError(f"{text!r} must be {NAME_RULE}")
+    return text
+
+
+ModelName = Annotated[str, AfterValidator(_checked_name)]
+"""A catalog entry's and a manifest's model name (qwen2.5): the first part of a reference and of an artifact path."""
+VariantTag = Annotated[str, AfterValidator(_checked_name)]
+"""A variant's tag (q4_k_m, fp8): the second part of a reference, one item of a dvc.yaml stage."""
 
 
 def is_commit(text: str) -> bool:

@@ -19,9 +19,10 @@ from pipelines.core.settings import Settings
 from pipelines.core.vocab import (
     COMMIT_PATTERN,
     NAME,
-    NAME_RULE,
     SHA256_PATTERN,
     Format,
+    ModelName,
+    VariantTag,
     artifact_relpath,
     format_of_tag,
     stage_name,
@@ -222,8 +223,8 @@ class PreviousVersion(_Strict):
 
 class Manifest(_Strict):
     schema_version: Literal[3] = SCHEMA_VERSION
-    name: str
-    tag: str
+    name: ModelName
+    tag: VariantTag
     format: Format
     file: str = Field(description="the main file inside the artifact directory (the GGUF, or the checkpoint's "
                       "model.safetensors / model.safetensors.index.json)")
@@ -244,13 +245,6 @@ class Manifest(_Strict):
     replaces: PreviousVersion | None = Field(default=None, description="the version of this tag it replaced")
     serving: Serving | None = Field(default=None, description="serving plans per GPU inventory (registered before "
                                     "they were made: none)")
-
-    @field_validator("name", "tag")
-    @classmethod
-    def _name(cls, v: str) -> str:
-        if not NAME.fullmatch(v):
-            raise ValueError(f"{v!r} must be {NAME_RULE}")
-        return v
 
     @model_validator(mode="before")
     @classmethod

@@ -30,12 +30,11 @@ from pipelines.core.vocab import (
     GGUF_QUANT_TYPES,
     GIT_REF,
     IMATRIX_REQUIRED,
-    NAME,
-    NAME_RULE,
     SHA256,
     USUAL_QUANTS,
     VERSION,
     KVCacheDtype,
+    ModelName,
 )
 
 # GGUF_QUANT_TYPES (llama-quantize's type names, lower-case as users of Ollama tags and Hugging Face GGUF repos know
@@ -494,7 +493,7 @@ class ServeSpec(_Strict):
 
 
 class CatalogEntry(_Strict):
-    name: str
+    name: ModelName
     source: Source
     license: str
     chat_family: str | None = None
@@ -512,8 +511,6 @@ class CatalogEntry(_Strict):
     @field_validator("name")
     @classmethod
     def _name(cls, v: str) -> str:
-        if not NAME.fullmatch(v):
-            raise ValueError(f"name {v!r} must be {NAME_RULE}")
         if v == "all":
             raise ValueError("name 'all' is taken: convert/all is the deployment that converts every model")
         return v
