@@ -138,6 +138,7 @@ def test_no_module_spells_a_vocabulary_again() -> None:
     """The patterns the vocabulary declares once appear nowhere else in pipelines/ and flows/."""
     root = Path(vocab.__file__).parents[2]
     spelled = {r"^[0-9a-f]{40}$": "COMMIT", r"^[0-9a-f]{64}$": "SHA256", r"[a-z0-9][a-z0-9._-]*$": "NAME",
+               '"[a-z0-9][a-z0-9._-]*"': "NAME",
                '"fp8_e4m3": 1': "KV_DTYPES", '"w4a16-awq"': "COMPRESSED_SCHEMES", '"iq4_nl"': "GGUF_TYPES"}
     found = []
     for path in sorted([*root.glob("pipelines/**/*.py"), *root.glob("flows/**/*.py")]):

@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from pipelines.core.errors import ShapeRefused
+from pipelines.core.ggufheader import MIN_QUANTIZED_SHARE
 from pipelines.core.vocab import GROUPED_PRESETS, gguf_type
 
 # ---------------------------------------------------------------- what the source's weights look like
@@ -114,8 +115,6 @@ _QK = 32
 # Each file type's block size and what llama-quantize stores instead when a row is not a multiple of it: its row in
 # pipelines/core/vocab.GGUF_TYPES (ggml's type traits and tensor_type_fallback in src/llama-quant.cpp).
 _UNKNOWN = 256, "Q4_0"
-# check_gguf refuses an output with less than this share of its 2-D weights quantized.
-MIN_QUANTIZED_SHARE = 0.9
 
 
 def block_size(qtype: str) -> int:
