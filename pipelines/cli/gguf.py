@@ -109,7 +109,7 @@ def validate(
         f"same top {f.same_top_pct:.2f} %, ΔPPL {f.dppl_pct:+.2f} %  → report {report_path}"
     )
     if not val.passed:
-        from pipelines.core.gates import advice_for_report
+        from pipelines.core.report import advice_for_report
 
         raise GateFailed(
             qtype, val.failures, str(report_path), advice=advice_for_report(qtype, rep.to_dict())

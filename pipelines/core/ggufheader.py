@@ -18,6 +18,9 @@ from pipelines.core.errors import ArtifactError
 GGUF_MAGIC = b"GGUF"
 SUPPORTED_GGUF_VERSIONS = (2, 3)
 _FLOAT_TYPES = frozenset({"F32", "F16", "BF16", "F64"})
+MIN_QUANTIZED_SHARE = 0.9
+"""check_gguf refuses a quantized output with less than this share of its 2-D weights quantized (and pre-flight refuses
+a build it predicts would end so)."""
 
 
 @dataclass(frozen=True)
@@ -455,7 +458,7 @@ def check_gguf(info: GGUFInfo, *, expect_file_type: str, require_chat_template: 
     want = expect_file_type.upper()
     if info.file_type != want:
         problems.append(f"general.file_type is {info.file_type}, expected {want}")
-    if want not in _FLOAT_TYPES and info.quantized_fraction < 0.9:
+    if want not in _FLOAT_TYPES and info.quantized_fraction < MIN_QUANTIZED_SHARE:
         problems.append(
             f"only {info.quantized_fraction:.0%} of the 2-D weights are quantized (types: {info.tensor_types})"
         )

@@ -44,6 +44,7 @@ from pipelines.core.gpus import gpu as gpu
 from pipelines.core.gpus import known_gpus as known_gpus
 from pipelines.core.gpus import load_inventory as load_inventory
 from pipelines.core.gpus import parse_cluster as parse_cluster
+from pipelines.core.vocab import KV_DTYPES
 
 GPU_MEMORY_UTILIZATION = 0.90
 ACTIVATION_SHARE = 0.25
@@ -74,7 +75,8 @@ CUDA_GRAPHS_TP = 1_954_000_000
 CUDA_GRAPHS_FROM = (0, 20)
 """vLLM deducts its CUDA-graph estimate from the KV pool from this version on (0.19 only announces it:
 "In v0.19, CUDA graph memory profiling will be enabled by default (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1)")."""
-KV_BYTES = {"auto": 2, "fp16": 2, "bf16": 2, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}
+KV_BYTES: dict[str, int] = {k.name: k.bytes for k in KV_DTYPES.values()}
+"""Bytes per cached element of each KV dtype (pipelines/core/vocab.KV_DTYPES)."""
 
 
 # ---------------------------------------------------------------- the model's shape
@@ -1034,7 +1036,7 @@ def served(path: Path) -> Served:
     import json
 
     from pipelines.core.ggufheader import read_gguf_header
-    from pipelines.source.fetch import read_safetensors_header
+    from pipelines.core.safetensorsheader import read_safetensors_header
 
     if path.is_file() and path.suffix == ".gguf":
         header = read_gguf_header(
