@@ -1,7 +1,7 @@
 """Concurrency slots of the convert flow: one run per model (`model-<name>`), GPU steps one `gpu` slot each.
 
 Prefect's global concurrency limits hold the counts in the database and the leases in lease storage. The
-embedded stack keeps leases on disk (`PREFECT_SERVER_CONCURRENCY_LEASE_STORAGE`, flows/stack.py): with Prefect's
+embedded stack keeps leases on disk (`PREFECT_SERVER_CONCURRENCY_LEASE_STORAGE`, flows/stack/): with Prefect's
 default in-memory storage a server restart forgets every lease while the database keeps the count, and the
 slot is held forever. A lease lives `LEASE_S` seconds and is renewed while its holder lives, so a slot whose
 holder died frees within `LEASE_S` plus the server's repossessor interval.

@@ -86,7 +86,7 @@ def test_no_credential_reaches_the_local_registry(monkeypatch: pytest.MonkeyPatc
 
 
 def test_no_credential_reaches_the_prefect_server(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """The embedded stack's Prefect server (flows/stack.py) stores what it is sent and needs no credential: it
+    """The embedded stack's Prefect server (flows/stack/) stores what it is sent and needs no credential: it
     inherited every one. (The worker keeps them: its flow runs fetch and publish with them.)"""
     from registry_env import free_port, isolate
 

@@ -1,4 +1,4 @@
-"""stack: the embedded Prefect stack (flows/stack.py) started, stopped, checked and repaired from the command line.
+"""stack: the embedded Prefect stack (flows/stack/) started, stopped, checked and repaired from the command line.
 
 `python -m flows.stack CMD` is the same command group under its old name (flows.stack.main).
 """

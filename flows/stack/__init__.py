@@ -7,8 +7,8 @@
     modelmint stack down     stop the worker (its runs are marked Crashed, their slots freed), then the server
     modelmint stack api-url  the API URL to export as PREFECT_API_URL
 
-`python -m flows.stack CMD` is the same command line under its old name (main below). The commands themselves are
-pipelines/cli/stack.py, over the functions here; their errors go through the CLI's one edge.
+`python -m flows.stack CMD` is the same command line under its old name (__main__.py beside this). The commands
+themselves are pipelines/cli/stack.py, over the functions here; their errors go through the CLI's one edge.
 
 The server and the worker are long-lived processes, so they are started here in their own session (not
 through pipelines.core.runner, which runs tools to completion); their pids and logs live in PREFECT_HOME/stack.
@@ -593,15 +593,3 @@ def say_waits(settings: Settings, deployment: str, say: Any = print) -> None:
 def _deployment_names(client: Any) -> list[str]:
     flows = {f.id: f.name for f in client.read_flows()}
     return sorted(f"{flows.get(d.flow_id, '?')}/{d.name}" for d in client.read_deployments())
-
-
-def main(argv: list[str] | None = None) -> None:
-    """`python -m flows.stack CMD`: an alias of `modelmint stack CMD`, the same commands and error edge."""
-    from pipelines.cli import main as modelmint
-    from pipelines.cli.stack import stack_app
-
-    modelmint(argv, command=stack_app, prog_name="python -m flows.stack")
-
-
-if __name__ == "__main__":
-    main()
