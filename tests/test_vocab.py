@@ -104,9 +104,10 @@ def test_each_compressed_scheme_has_its_catalog_model_presets_and_checkpoint_for
     """The catalog's `scheme` Literal of each variant offers exactly the row's presets, its default first; every
     preset has the checkpoint layout check_structure compares (pipelines/compressed/checkpoint.py)."""
     from pipelines.compressed.checkpoint import SCHEME_FORMATS
-    from pipelines.source.catalog import COMPRESSED_VARIANTS
+    from pipelines.source.catalog import COMPRESSED_VARIANTS, Variants
 
     assert list(COMPRESSED_VARIANTS) == list(COMPRESSED_SCHEMES)
+    assert set(Variants.model_fields) == {"gguf", *COMPRESSED_SCHEMES}
     for name, model in COMPRESSED_VARIANTS.items():
         field = model.model_fields["scheme"]
         assert set(get_args(field.annotation)) == set(COMPRESSED_SCHEMES[name].presets), name
@@ -139,7 +140,7 @@ def test_no_module_spells_a_vocabulary_again() -> None:
     root = Path(vocab.__file__).parents[2]
     spelled = {r"^[0-9a-f]{40}$": "COMMIT", r"^[0-9a-f]{64}$": "SHA256", r"[a-z0-9][a-z0-9._-]*$": "NAME",
                '"[a-z0-9][a-z0-9._-]*"': "NAME",
-               '"fp8_e4m3": 1': "KV_DTYPES", '"w4a16-awq"': "COMPRESSED_SCHEMES", '"iq4_nl"': "GGUF_TYPES"}
+               'Literal["gguf", "compressed-tensors"]': "Format", '"fp8_e4m3": 1': "KV_DTYPES", '"w4a16-awq"': "COMPRESSED_SCHEMES", '"iq4_nl"': "GGUF_TYPES"}
     found = []
     for path in sorted([*root.glob("pipelines/**/*.py"), *root.glob("flows/**/*.py")]):
         if path.name == "vocab.py" or "scripts" in path.parts:
