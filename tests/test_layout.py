@@ -16,7 +16,7 @@ ROOT = Path(pipelines.__file__).parents[1]
 LAYERS = {"core": 0, "source": 1, "chat": 1, "gguf": 2, "compressed": 2, "publish": 3, "registry": 4}
 """Lower numbers are imported by higher ones; the same number means neither imports the other."""
 TOP = {"__init__", "cli", "compose"}
-"""The command line and the build-validate-register composition sit above every layer."""
+"""The command line (a package: pipelines/cli/) and the build-validate-register composition sit above every layer."""
 
 
 def _imports(path: Path) -> list[tuple[int, str]]:
@@ -83,7 +83,44 @@ def test_no_module_outside_a_layer_but_the_top() -> None:
     root = Path(pipelines.__file__).parent
     loose = {p.stem for p in root.glob("*.py")} - TOP
     assert loose == set(), f"modules outside every sub-package: {sorted(loose)}"
-    assert {p.name for p in root.iterdir() if (p / "__init__.py").is_file()} == {*LAYERS, "scripts"}
+    assert {p.name for p in root.iterdir() if (p / "__init__.py").is_file()} == {*LAYERS, "scripts", "cli"}
+
+
+def _cli_violations(cli: Path) -> list[str]:
+    """A command module (pipelines/cli/<group>.py) importing another one: commands share only the private modules
+    (_app: the app and its consoles; _edge: the error edge; _tables), so each group stays a thin layer over the
+    library and moves or goes without touching the others."""
+    bad = []
+    for path in sorted(cli.glob("*.py")):
+        if path.stem.startswith("_"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module + "." + a.name if node.module == "pipelines.cli" else node.module
+                         for a in node.names]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            else:
+                continue
+            for module in names:
+                parts = module.split(".")
+                if parts[:2] == ["pipelines", "cli"] and (len(parts) < 3 or not parts[2].startswith("_")):
+                    bad.append(f"{path.name}:{node.lineno} imports {module}, another command module")
+    return bad
+
+
+def test_command_modules_share_only_the_private_ones() -> None:
+    cli = Path(pipelines.__file__).parent / "cli"
+    assert _cli_violations(cli) == []
+    commands = {p.stem for p in cli.glob("*.py") if not p.stem.startswith("_")}
+    assert {"build", "registry", "plan", "stack"} <= commands  # the groups the CLI is made of
+
+
+def test_the_command_module_check_finds_one_importing_another(tmp_path: Path) -> None:
+    (tmp_path / "build.py").write_text("from pipelines.cli._app import app\nfrom pipelines.cli.plan import plan_cmd\n")
+    (tmp_path / "plan.py").write_text("def f():\n    from pipelines.cli import build\n")
+    assert _cli_violations(tmp_path) == ["build.py:2 imports pipelines.cli.plan, another command module",
+                                         "plan.py:2 imports pipelines.cli.build, another command module"]
 
 
 # ---------------------------------------------------------------- no import cycles, pipelines/ and flows/ together

@@ -439,6 +439,15 @@ def architecture_problem(path: Path) -> str | None:
             f"ones {arch} has ({shown}); llama.cpp would refuse to load it")
 
 
+def refuse_contradicting_architecture(path: Path) -> None:
+    """Raises ArtifactError when a GGUF's tensors are not ones its declared architecture has (architecture_problem):
+    llama.cpp would refuse to load it, and a plan would size it by the wrong architecture."""
+    problem = architecture_problem(path)
+    if problem:
+        raise ArtifactError(f"{path}: {problem}", hint="its general.architecture or its tensors are wrong: rebuild it "
+                            "with `modelmint convert NAME` (or `modelmint pull NAME:TAG` for a registered one)")
+
+
 def check_gguf(info: GGUFInfo, *, expect_file_type: str, require_chat_template: bool = True) -> None:
     """Check an output against what the step promised, beyond 'the tool exited 0'.
 

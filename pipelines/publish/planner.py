@@ -1081,3 +1081,35 @@ def served(path: Path) -> Served:
         f"{path} is neither a .gguf file nor a checkpoint directory with config.json",
         hint="give a registered name:tag (pulled), a .gguf, or a model directory",
     )
+
+
+def require_kv_dtype(kv_dtype: str) -> None:
+    """Raises ConfigError for a KV cache dtype the planner does not size (KV_BYTES)."""
+    if kv_dtype not in KV_BYTES:
+        raise ConfigError(f"unknown --kv-cache-dtype {kv_dtype!r}", hint=f"one of {', '.join(KV_BYTES)}")
+
+
+def plan_path(
+    path: Path, gpus: str, *, context: int | None = None, concurrency: int = 1, kv_dtype: str = "auto",
+    smaller: tuple[Variant, ...] = (), utilization: float = GPU_MEMORY_UTILIZATION, tp: int | None = None,
+    max_num_batched_tokens: int | None = None, pp_across_types: bool = False,
+) -> tuple[Served, list[Plan]]:
+    """What `modelmint plan` plans: the GGUF or checkpoint directory at `path` (sized by `served`) on `gpus` (a
+    cluster text or an inventory file, `cluster_of`), with the asked context, concurrency and vLLM settings.
+
+    Raises:
+        ConfigError: an unknown KV dtype, an ask vLLM would refuse (Ask), what `served` refuses, or PlanRefused
+            (nothing fits: its hint names the nearest plans that do).
+        ArtifactError: a GGUF whose tensors contradict its declared architecture (it would be sized as another
+            model), or a file that is not what its name says.
+    """
+    from pipelines.core.ggufheader import refuse_contradicting_architecture
+
+    require_kv_dtype(kv_dtype)
+    if path.is_file() and path.suffix == ".gguf":
+        refuse_contradicting_architecture(path)
+    what = served(path)
+    ask = Ask(what.weights_bytes, what.shape, context=context, concurrency=concurrency, kv_dtype=kv_dtype,
+              fp8_weights=what.fp8_weights, smaller=smaller, utilization=utilization, tp=tp,
+              max_num_batched_tokens=max_num_batched_tokens)
+    return what, plan(ask, cluster_of(gpus), pp_across_types=pp_across_types)
