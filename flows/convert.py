@@ -58,8 +58,9 @@ from pipelines.gguf.build import GGUFPlan
 from pipelines.publish.oci import RegistryRef
 from pipelines.registry import dvcrepo
 from pipelines.registry import register as reg
-from pipelines.registry.formats import FORMATS, Format, format_of, split_by_format
+from pipelines.registry.formats import FORMATS, format_of, implementation, split_by_format
 from pipelines.registry.images import Published
+from pipelines.registry.names import Format
 from pipelines.source.catalog import COMPRESSED_VARIANTS, GGUF_QUANT_TYPES, CatalogEntry, load_catalog
 
 R = TypeVar("R")
@@ -151,7 +152,7 @@ def convert(model: str, variants: list[str] | None = None, revision: str | None 
         for name, asked in by_format.items():
             if not asked:
                 continue
-            fmt = FORMATS[name]
+            fmt = implementation(name)
             try:
                 lines, result = _BUILDS[name](entry, settings, asked, revision)
             except Exception as err:
@@ -188,12 +189,9 @@ def convert(model: str, variants: list[str] | None = None, revision: str | None 
 def _check_cluster(settings: Settings, by_format: dict[Format, list[str]]) -> None:
     """On Ray: every step's resources are offered by some node, and every node sees this run's storage and
     has the toolchains the asked formats need (flows.raycluster)."""
-    from pipelines.core.toolchains import llama_cpp, llmcompressor
-
     raycluster.ship_by_value(convert.fn.__module__)
     raycluster.check_resources(settings)
-    needed = [tc(settings).prefix for name, tc in (("gguf", llama_cpp), ("compressed-tensors", llmcompressor))
-              if by_format.get(name)]  # type: ignore[call-overload]
+    needed = [p for name, asked in by_format.items() if asked and (p := implementation(name).toolchain(settings))]
     for node in raycluster.probe_nodes(settings, needed):
         get_run_logger().info("Ray node %s on %s: sees the work directory and the toolchains",
                               node["node"][:12], node["host"])

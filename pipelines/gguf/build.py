@@ -39,7 +39,7 @@ from pipelines.core.steps import (
     write_summary,
 )
 from pipelines.core.texts import EVAL_TEXT, TextRef, check_apart, text_ref
-from pipelines.core.toolchains import LlamaCpp, llama_cpp
+from pipelines.core.toolchains import LlamaCpp, llama_cpp, read_pins
 from pipelines.gguf import tools as gguf
 from pipelines.gguf.answers import answer_questions
 from pipelines.gguf.validate import kld_base_logits, validate_variant
@@ -206,6 +206,32 @@ class GGUFPlan:
         from pipelines.source.fetch import source_tensors
 
         return source_weights(source_tensors(self.snapshot.path, HashCache(self.settings.home / "hashcache.json")))
+
+    def manifest_recipe(self, q: str) -> dict[str, Any]:
+        """Everything that decides variant `q`'s bytes and verdict, as a registry manifest records it."""
+        spec = self.spec
+        return {
+            "format": "gguf",
+            "source": self.entry.source.model_dump(mode="json")
+            | ({"revision": self.snapshot.revision} if self.snapshot.revision else {}),
+            "outtype": spec.outtype,
+            "quant": q,
+            "imatrix": spec.imatrix,
+            "calibration": self.calibration_record(),
+            "split_max_size": spec.split_max_size,
+            "gate_profile": self.entry.gate_profile,
+            "eval": self.evaluation_record,
+        }
+
+    def toolchain_versions(self) -> dict[str, str]:
+        """The tools that made the variants (llama.cpp and the converter's pinned torch and transformers)."""
+        pins = read_pins("llama-cpp")
+        return {
+            "modelmint": __version__,
+            **self.llama.versions(),
+            "converter.torch": pins.get("CONVERTER_TORCH", "?"),
+            "converter.transformers": pins.get("CONVERTER_TRANSFORMERS", "?"),
+        }
 
     def block_fallback(self, q: str) -> BlockFallback:
         """The pre-flight for quant type `q`: the weights llama-quantize will store in another type, and their share.

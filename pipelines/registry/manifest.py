@@ -18,7 +18,7 @@ from pipelines.core.report import Figures, perplexity_positions
 from pipelines.core.report import Validation as Judged
 from pipelines.core.settings import Settings
 from pipelines.core.weights import weights_bytes
-from pipelines.registry.formats import Format, format_of
+from pipelines.registry.names import NAMES, Format, artifact_relpath, format_name, stage_name
 
 SCHEMA_VERSION: Final = 3
 """3: `weights_bytes`, the artifact's whole weight bytes (every safetensors shard, every split GGUF's shard; the
@@ -275,8 +275,10 @@ class Manifest(_Strict):
             raise ValueError(f"dvc.path {self.dvc.path!r} is not {artifact_relpath(self.name, self.tag)!r}")
         if self.dvc.stage != stage_name(self.name, self.tag):
             raise ValueError(f"dvc.stage {self.dvc.stage!r} is not {stage_name(self.name, self.tag)!r}")
-        if self.format != format_of(self.tag).name:
-            raise ValueError(f"tag {self.tag!r} is a {format_of(self.tag).name} variant, not {self.format}")
+        if self.format not in NAMES:
+            raise ValueError(f"format {self.format!r} is none of {', '.join(NAMES)}")
+        if self.format != format_name(self.tag).name:
+            raise ValueError(f"tag {self.tag!r} is a {format_name(self.tag).name} variant, not {self.format}")
         unlisted = [f for i in (self.serving.inventories if self.serving else []) for f in i.files if f not in by_path]
         if unlisted:
             raise ValueError(f"serving names {unlisted}, which files does not list")
@@ -304,16 +306,6 @@ class Manifest(_Strict):
             if data.get(key) is None:
                 data.pop(key, None)  # a first registration (or one without plans) keeps the shape manifests had before
         return json.dumps(data, indent=2, sort_keys=True) + "\n"
-
-
-def artifact_relpath(name: str, tag: str) -> str:
-    """Where a registered artifact directory lives, relative to the repository root."""
-    return f"artifacts/{name}/{tag}"
-
-
-def stage_name(name: str, tag: str) -> str:
-    """The dvc.yaml stage whose output is that directory: gguf@qwen2.5-q4_k_m, compress@qwen2.5-fp8."""
-    return f"{format_of(tag).stage}@{name}-{tag}"
 
 
 def parse_ref(ref: str) -> tuple[str, str]:
