@@ -18,7 +18,7 @@ from registry_env import PopenCounter, Repo, artifacts, dvc, make_repo, task_run
 
 from flows import stack
 from flows.convert import artifact_key, convert, model_limit
-from flows.tasks import _convert_key, _transient
+from flows.tasks import _step_key, _transient
 from pipelines.core.errors import ConfigError, HubUnavailable
 from pipelines.core.settings import project_root
 from pipelines.registry.manifest import find_manifest, list_manifests
@@ -190,16 +190,21 @@ def test_variants_parameter_and_content_keys(project: Repo, shared_work: Path, t
     # (its cached result would name a file in the first checkout).
     import dataclasses
 
-    from pipelines.gguf.build import plan_gguf
+    from pipelines.gguf.build import gguf_steps, plan_gguf
 
     settings = project.settings()
     entry = load_catalog(settings.catalog_path).get("tiny-qwen2")
     here = plan_gguf(entry, settings)
-    assert _convert_key(None, {"plan": here}) == _convert_key(None, {"plan": plan_gguf(entry, settings)})
+
+    def _convert_key(plan):  # type: ignore[no-untyped-def]
+        convert = next(s for s in gguf_steps(plan).steps if s.name == "convert")
+        return _step_key(None, {"step": convert, "inputs": {}})
+
+    assert _convert_key(here) == _convert_key(plan_gguf(entry, settings))
     changed = dataclasses.replace(here, source_key="f" * 64)
-    assert _convert_key(None, {"plan": changed}) != _convert_key(None, {"plan": here})
+    assert _convert_key(changed) != _convert_key(here)
     elsewhere = plan_gguf(entry, project.settings(MODELMINT_WORK_DIR=tmp_path / "elsewhere"))
-    assert _convert_key(None, {"plan": here}) != _convert_key(None, {"plan": elsewhere})
+    assert _convert_key(here) != _convert_key(elsewhere)
 
 
 @pytest.mark.slow

@@ -14,6 +14,7 @@ from importlib import import_module
 from pathlib import Path
 from typing import Any
 
+from pipelines.core.execute import Executed, StepList, execute, local_runner
 from pipelines.core.settings import Settings
 from pipelines.core.steps import BuildResult, VariantOutcome
 from pipelines.publish.oci import Blob, Image
@@ -29,8 +30,6 @@ class ArtifactFormat:
     candidate, which serving files are published beside it, and what a pull of it offers."""
 
     names: FormatName
-    build: Callable[..., BuildResult]
-    """(entry, settings, *, variants, revision, progress, **options) → BuildResult: build and validate."""
     candidate: Callable[[Any, VariantOutcome], Candidate]
     """(plan, validated outcome) → what registration takes (refuses a variant that did not pass)."""
     publish: Callable[[Settings, Candidate, Path], list[Path]]
@@ -46,8 +45,34 @@ class ArtifactFormat:
     """The media type of that image's config blob: how a pull recognises the layout."""
     pull_command: Callable[[str, bool], list[str]]
     """(HOST/NAMESPACE/NAME:TAG, insecure) → the command that fetches the published image where it is used."""
+    build: Callable[..., BuildResult] | None = None
+    """(entry, settings, *, variants, revision, progress, **options) → BuildResult: build and validate here (the CLI);
+    None: its plan, step list and finish run by the local executor (`build_here`)."""
+    plan: Callable[..., Any] | None = None
+    """(entry, settings, *, variants, revision) → the plan its steps share (fetches the source): the flow's fetch."""
+    steps: Callable[..., StepList] | None = None
+    """(plan, *, progress, asked, **options) → its step list (pipelines/core/execute.py), for either executor."""
+    finish: Callable[[Any, StepList, Executed, Callable[[str], None]], BuildResult] | None = None
+    """(plan, step list, what its steps left, progress) → the build's result, its summary file written."""
+    header: Callable[[BuildResult], list[str]] = lambda _result: []
+    """The lines a run report puts above the variants table (the source, the toolchain, the base)."""
     toolchain: Callable[[Settings], Path | None] = lambda _settings: None
     """The toolchain directory its steps run from (every Ray node must have it); None: it needs none."""
+
+    def build_here(
+        self, entry: CatalogEntry, settings: Settings, *, variants: list[str] | None = None,
+        revision: str | None = None, progress: Callable[[str], None] = lambda _msg: None, **options: Any,
+    ) -> BuildResult:
+        """Build and validate `entry`'s variants of this format on this machine (the CLI's path): its own `build`,
+        or its plan, its step list run by the local executor, and its finish."""
+        if self.build is not None:
+            return self.build(entry, settings, variants=variants, revision=revision, progress=progress, **options)
+        if self.plan is None or self.steps is None or self.finish is None:
+            raise TypeError(f"format {self.name} declares neither build nor plan, steps and finish")
+        plan = self.plan(entry, settings, variants=variants, revision=revision)
+        listed = self.steps(plan, progress=progress, asked=variants, **options)
+        done = execute(listed.steps, local_runner, progress=progress, errors=listed.errors)
+        return self.finish(plan, listed, done, progress)
 
     @property
     def name(self) -> Format:

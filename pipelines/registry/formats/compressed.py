@@ -7,7 +7,11 @@ import json
 from pathlib import Path
 from typing import Any
 
-from pipelines.compressed.build import CompressPlan, build_compressed, served_name
+from pipelines.compressed.build import (
+    CompressPlan,
+    build_compressed,
+    served_name,
+)
 from pipelines.core.errors import GateFailed
 from pipelines.core.fsutil import HashCache
 from pipelines.core.gates import advice_for_report
@@ -132,6 +136,11 @@ def _modelmint_pull(image: str, insecure: bool) -> list[str]:
 
 def _compressed_served(c: Candidate, directory: Path) -> tuple[Path, Path]:
     return directory, Path(c.tag)
+
+
+def _compressed_header(result: BuildResult) -> list[str]:
+    tc = getattr(result.plan, "tc", None)
+    return [f"compressed-tensors with llmcompressor {tc.version} from the same source"] if tc else []
 
 
 COMPRESSED = implement(

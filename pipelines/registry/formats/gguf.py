@@ -116,6 +116,18 @@ def _gguf_served(c: Candidate, directory: Path) -> tuple[Path, Path]:
     return main, Path(main.name)
 
 
+def _gguf_header(result: BuildResult) -> list[str]:
+    plan: GGUFPlan = result.plan
+    if not result.base:
+        return []
+    snap = plan.snapshot
+    source = f"{snap.repo_id}@{snap.revision}" if snap.repo_id else f"{snap.kind} source"
+    return [
+        f"Source **{source}** (content {plan.source_key[:12]}) · llama.cpp {plan.llama.commit} · "
+        f"base {plan.base_path.name} {result.base['size'] / (1 << 20):,.1f} MiB, sha256 `{result.base['sha256'][:16]}`",
+    ]
+
+
 GGUF = implement(
     ArtifactFormat(
         names=NAMES["gguf"],
