@@ -1,7 +1,8 @@
 """The `convert` flow: one catalog model through fetch → convert → quantize → validate → register → publish
 (→ publish-image to the OCI registry MODELMINT_OCI_REGISTRY names, when it names one).
 
-Each task calls one pipelines step. What Prefect adds:
+Each format's build is its step list (pipelines/core/execute.py), the one the CLI runs, here one task per step
+(flows/steps.py), then its own finish (build.json / compress.json, ladder check). What Prefect adds:
   cache keys   from content (source commit, recipe, toolchain version, the input artifact's sha256), never
                from path strings; a hit whose output is gone or changed is run again (`_cached`)
   retries      only for errors that say a retry can help (ModelmintError.transient: network, 5xx, timeouts)

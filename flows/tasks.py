@@ -1,4 +1,5 @@
-"""The convert flow's tasks: one Prefect task per pipelines step, with its cache key, retries and GPU slot.
+"""The convert flow's tasks: the plan (fetch), a format's steps (`run_step`, one task run each: flows/steps.py),
+register, publish and publish-image, with their cache keys, retries and the GPU slot.
 
 They live in this importable module (not in the flow's file, which Prefect loads by path as a module of its own
 name) so that a task sent to another process, a Ray worker on another node, is found there by its module path.

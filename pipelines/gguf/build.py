@@ -2,8 +2,9 @@
 
 Every step is keyed by content (source file hashes, recipe, toolchain version), writes its output
 atomically, and records a receipt only after the output was checked; a step whose receipt matches and
-whose output is still in place is skipped without re-reading the file. The CLI calls `build_gguf`; the
-Prefect flows call the same steps one task each.
+whose output is still in place is skipped without re-reading the file. `gguf_steps` lists them (the one
+order: pipelines/core/execute.py); the CLI runs that list with the local executor (`build_gguf`), the Prefect
+flow with one task per step (flows/steps.py), and both end in `finish_gguf` (ladder check, build.json).
 """
 
 from __future__ import annotations
@@ -617,9 +618,9 @@ def _say_validate(plan: GGUFPlan, q: str, _inputs: dict[str, Any]) -> str | None
 
 
 def _report_current(plan: GGUFPlan, outcome: VariantOutcome) -> bool:
-    """A validated outcome stands while the report file beside the variant is still the one it was read from."""
+    """A validated outcome stands while the report file beside the variant still holds its key and its verdict."""
     report = load_report(plan.report_path(outcome.variant), outcome.report.get("key"))
-    return report is not None
+    return report is not None and report.get("validation") == outcome.report.get("validation")
 
 
 def finish_gguf(plan: GGUFPlan, listed: StepList, done: Executed, progress: Callable[[str], None]) -> BuildResult:

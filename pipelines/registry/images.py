@@ -2,7 +2,7 @@
 fetches and verifies one without DVC.
 
 A GGUF becomes an Ollama image (`ollama pull HOST/NAMESPACE/NAME:TAG`), a compressed-tensors checkpoint a CNCF
-ModelPack artifact; the format table (formats.py) says which. Every layer that carries a registered file has that
+ModelPack artifact; the format table (registry/formats/) says which. Every layer that carries a registered file has that
 file's sha256 from the manifest as its digest, and the manifest itself travels as a layer, byte for byte. Blobs go
 first (HEAD before each: the registry never receives one twice), tags last: `TAG-<source12>` (the upstream commit
 the artifact was built from, `pinned_tag`) and `TAG`; a tag that points at the image already is not written again.

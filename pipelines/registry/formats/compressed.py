@@ -10,6 +10,9 @@ from typing import Any
 from pipelines.compressed.build import (
     CompressPlan,
     build_compressed,
+    compressed_steps,
+    finish_compressed,
+    plan_compressed,
     served_name,
 )
 from pipelines.core.errors import GateFailed
@@ -138,6 +141,12 @@ def _compressed_served(c: Candidate, directory: Path) -> tuple[Path, Path]:
     return directory, Path(c.tag)
 
 
+def _compressed_plan(
+    entry: CatalogEntry, settings: Settings, *, variants: list[str] | None = None, revision: str | None = None
+) -> CompressPlan:
+    return plan_compressed(entry, settings, revision=revision, schemes=variants)
+
+
 def _compressed_header(result: BuildResult) -> list[str]:
     tc = getattr(result.plan, "tc", None)
     return [f"compressed-tensors with llmcompressor {tc.version} from the same source"] if tc else []
@@ -154,6 +163,10 @@ COMPRESSED = implement(
         image=_compressed_image,
         image_config="application/vnd.cncf.model.config.v1+json",
         pull_command=_modelmint_pull,
+        plan=_compressed_plan,
+        steps=compressed_steps,
+        finish=finish_compressed,
+        header=_compressed_header,
         toolchain=lambda settings: llmcompressor(settings).prefix,
     )
 )

@@ -14,7 +14,7 @@ from pipelines.core.gates import advice_for_report
 from pipelines.core.settings import Settings
 from pipelines.core.steps import BuildResult, VariantOutcome, load_receipt
 from pipelines.core.toolchains import llama_cpp
-from pipelines.gguf.build import GGUFPlan, build_gguf
+from pipelines.gguf.build import GGUFPlan, build_gguf, finish_gguf, gguf_steps, plan_gguf
 from pipelines.publish.oci import MODELMINT_FILE, TITLE, Blob, Image
 from pipelines.publish.ollama import install_into_ollama, ollama_commands, publish_ollama
 from pipelines.publish.ollama_image import ollama_image
@@ -116,6 +116,12 @@ def _gguf_served(c: Candidate, directory: Path) -> tuple[Path, Path]:
     return main, Path(main.name)
 
 
+def _gguf_plan(
+    entry: CatalogEntry, settings: Settings, *, variants: list[str] | None = None, revision: str | None = None
+) -> GGUFPlan:
+    return plan_gguf(entry, settings, revision=revision, quants=variants)
+
+
 def _gguf_header(result: BuildResult) -> list[str]:
     plan: GGUFPlan = result.plan
     if not result.base:
@@ -139,6 +145,10 @@ GGUF = implement(
         image=_gguf_image,
         image_config="application/vnd.docker.container.image.v1+json",
         pull_command=lambda image, insecure: ["ollama", "pull", *(["--insecure"] if insecure else []), image],
+        plan=_gguf_plan,
+        steps=gguf_steps,
+        finish=finish_gguf,
+        header=_gguf_header,
         toolchain=lambda settings: llama_cpp(settings).prefix,
     )
 )
