@@ -223,7 +223,7 @@ def toy() -> Iterator[ArtifactFormat]:
             names=names,
             candidate=_candidate,
             publish=_publish,
-            served=lambda c, d: (d, Path(c.tag)),
+            served=lambda d, _main, tag: (d, Path(tag)),
             offer=lambda target, _m, _ollama: {"commands": [f"cat {target}/TOY.md"]},
             image=_image,
             image_config="application/vnd.example.toy.v1+json",

@@ -15,7 +15,7 @@ from typing import Any, Final, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from pipelines.core.answers import Answers
-from pipelines.core.gates import Gate
+from pipelines.core.gates import Gate, gate_advice
 
 REPORT_VERSION: Final = 2
 """The shape of the `validation` block (1: per-format `kld` / `metrics` dicts, before it existed)."""
@@ -96,6 +96,21 @@ class Validation(_Frozen):
         """The validation block of a report (None for a report written before it existed)."""
         block = report.get("validation")
         return cls.model_validate(block) if isinstance(block, dict) else None
+
+
+def advice_for_report(variant: str, report: dict[str, Any], *, params: int | None = None,
+                      imatrix: bool | None = None) -> str:
+    """gate_advice for a validation report, from its own figures (its `validation` block)."""
+    val = Validation.of_report(report)
+    failures = list(val.failures if val else report.get("failures") or [])
+    gate = val.gate if val else report.get("gate") or {}
+    misses = Gate.from_dict(gate).misses(val.figures) if val and val.figures else []
+    measured = {x.text for x in misses}
+    group_size = (report.get("preflight") or {}).get("group_size")
+    return gate_advice(
+        variant, misses, basis=str(gate.get("basis", "unknown")), params=params or report.get("source_parameters"),
+        imatrix=imatrix, group_size=group_size, other_failures=[f for f in failures if f not in measured],
+    )
 
 
 def card_front(repo: str | None, licence: str | None, library: str) -> dict[str, Any]:

@@ -1,5 +1,8 @@
 """Which format a variant tag is, its dvc.yaml stage and its artifact path: the names every registry module shares.
 
+The built-in formats' facts (their stages, quant types and schemes, the artifact path) are pipelines/core/vocab.py's;
+this table adds what a registry needs to dispatch on them and lets a format be declared beside them (one in a test).
+
 A leaf: it imports no format's implementation and no other registry module, so manifest, dvcrepo and dvcgen read
 it without pulling in a build (pipelines/registry/formats/ holds the implementations; each registers itself there,
 and `module` says where a name's implementation is, imported on first use as llama.cpp's conversion table does).
@@ -10,7 +13,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from pipelines.source.catalog import COMPRESSED_VARIANTS, GGUF_QUANT_TYPES, CatalogEntry
+from pipelines.core.vocab import COMPRESSED_SCHEMES, GGUF_QUANT_TYPES, STAGES
+from pipelines.core.vocab import artifact_relpath as artifact_relpath
+from pipelines.source.catalog import CatalogEntry
 
 Format = str
 """A format's name: gguf, compressed-tensors (or one a test declares)."""
@@ -79,11 +84,6 @@ def stage_name(name: str, tag: str) -> str:
     return f"{format_name(tag).stage}@{name}-{tag}"
 
 
-def artifact_relpath(name: str, tag: str) -> str:
-    """Where a registered artifact directory lives, relative to the repository root."""
-    return f"artifacts/{name}/{tag}"
-
-
 def _gguf_variants(entry: CatalogEntry) -> list[str]:
     spec = entry.variants.gguf
     return [q.lower() for q in spec.quants] if spec else []
@@ -92,7 +92,7 @@ def _gguf_variants(entry: CatalogEntry) -> list[str]:
 declare(
     FormatName(
         name="gguf",
-        stage="gguf",
+        stage=STAGES["gguf"],
         command="convert",
         option="--variants",
         owns=lambda tag: tag in GGUF_QUANT_TYPES,
@@ -105,10 +105,10 @@ declare(
 declare(
     FormatName(
         name="compressed-tensors",
-        stage="compress",
+        stage=STAGES["compressed-tensors"],
         command="compress",
         option="--schemes",
-        owns=lambda tag: tag in COMPRESSED_VARIANTS,
+        owns=lambda tag: tag in COMPRESSED_SCHEMES,
         catalog_variants=lambda entry: list(entry.variants.compressed()),
         pins="toolchains/llmcompressor.env",
         module="pipelines.registry.formats.compressed",

@@ -10,16 +10,17 @@ those places. A format's module is imported the first time one of its hooks is a
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from typing import Literal, cast
+from typing import cast
 
+from pipelines.core.vocab import Format
 from pipelines.registry.formats.base import ArtifactFormat, format_of, implement, implementation
 from pipelines.registry.names import NAMES, format_name
 
 FORMAT_MODULES = ("gguf", "compressed")
 """The built-in format modules (pipelines/registry/formats/<module>.py), in declaration order (names.py)."""
 
-Format = Literal["gguf", "compressed-tensors"]
-"""The built-in formats' names, for static typing; the tables hold every declared one (names.Format is any name)."""
+# Format (core/vocab.py) is the built-in formats' names, for static typing; the tables hold every declared one
+# (names.Format is any name).
 
 
 class _Formats(Mapping[str, ArtifactFormat]):

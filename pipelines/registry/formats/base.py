@@ -34,9 +34,9 @@ class ArtifactFormat:
     """(plan, validated outcome) → what registration takes (refuses a variant that did not pass)."""
     publish: Callable[[Settings, Candidate, Path], list[Path]]
     """Write the serving files into the artifact directory being placed (Modelfile and card; vllm.yaml and card)."""
-    served: Callable[[Candidate, Path], tuple[Path, Path]]
-    """(candidate, the directory it is placed in) → what the serving planner sizes (a file or the directory), and
-    the artifact as the plan files name it (the GGUF's file name; the checkpoint's tag)."""
+    served: Callable[[Path, str, str], tuple[Path, Path]]
+    """(the artifact's directory, its main file's path in it, its tag) → what the serving planner sizes (the GGUF or
+    the directory), and the artifact as the plan files name it (the GGUF's file name; the checkpoint's tag)."""
     offer: Callable[[Path, Manifest, bool], dict[str, Any]]
     """After a pull into a directory: the commands that serve it, and what was run (PullResult fields)."""
     image: Callable[[Path, Manifest, tuple[Blob, ...]], Image]

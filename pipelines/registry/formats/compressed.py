@@ -17,8 +17,8 @@ from pipelines.compressed.build import (
 )
 from pipelines.core.errors import GateFailed
 from pipelines.core.fsutil import HashCache
-from pipelines.core.gates import advice_for_report
 from pipelines.core.report import Validation as Judged
+from pipelines.core.report import advice_for_report
 from pipelines.core.settings import Settings
 from pipelines.core.steps import BuildResult, VariantOutcome, load_dir_receipt
 from pipelines.core.toolchains import llmcompressor
@@ -137,8 +137,8 @@ def _modelmint_pull(image: str, insecure: bool) -> list[str]:
     ]
 
 
-def _compressed_served(c: Candidate, directory: Path) -> tuple[Path, Path]:
-    return directory, Path(c.tag)
+def _compressed_served(directory: Path, _main: str, tag: str) -> tuple[Path, Path]:
+    return directory, Path(tag)
 
 
 def _compressed_plan(

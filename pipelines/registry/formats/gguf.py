@@ -10,7 +10,7 @@ from typing import Any
 
 from pipelines.core.errors import ArtifactError, GateFailed
 from pipelines.core.fsutil import HashCache
-from pipelines.core.gates import advice_for_report
+from pipelines.core.report import advice_for_report
 from pipelines.core.settings import Settings
 from pipelines.core.steps import BuildResult, VariantOutcome, load_receipt
 from pipelines.core.toolchains import llama_cpp
@@ -111,9 +111,8 @@ def _gguf_image(directory: Path, manifest: Manifest, extra: tuple[Blob, ...]) ->
     )
 
 
-def _gguf_served(c: Candidate, directory: Path) -> tuple[Path, Path]:
-    main = directory / c.placed_as(c.files[0])
-    return main, Path(main.name)
+def _gguf_served(directory: Path, main: str, _tag: str) -> tuple[Path, Path]:
+    return directory / main, Path(Path(main).name)
 
 
 def _gguf_plan(
