@@ -74,9 +74,10 @@ def _port() -> int:
         return int(s.getsockname()[1])
 
 
-def raw_answers(server: Path, gguf: Path, threads: int) -> tuple[float, list[str]]:
-    """The bundled questions asked of `gguf` by a plain llama-server, one request at a time (its defaults but the
-    address, context and threads), with the same prompt, stops and length limit the pipeline uses."""
+def raw_answers(server: Path, gguf: Path, threads: int, slots: int = 1) -> tuple[float, list[str]]:
+    """The bundled questions asked of `gguf` by a plain llama-server (its defaults but the address, context, slots
+    and threads), with the same prompts, stops and length limit the pipeline uses: one request at a time with one
+    slot (what the pipeline did before it batched), or every prompt in one request with several slots."""
     info = inspect_gguf(gguf)
     assert info.chat_template
     stop = list(detect_family(info.chat_template).stop)
@@ -92,9 +93,9 @@ def raw_answers(server: Path, gguf: Path, threads: int) -> tuple[float, list[str
             "--port",
             str(port),
             "-c",
-            "1024",
+            str(1024 * slots),
             "-np",
-            "1",
+            str(slots),
             "-t",
             str(threads),
             "--no-ui",
@@ -115,31 +116,35 @@ def raw_answers(server: Path, gguf: Path, threads: int) -> tuple[float, list[str
                 if proc.poll() is not None:
                     raise SystemExit(f"llama-server exited with {gguf.name}") from None
                 time.sleep(0.2)
-        texts = []
-        for q in load_questions():
-            prompt = chat_template.render(
+        prompts = [
+            chat_template.render(
                 info.chat_template,
                 [{"role": "user", "content": q}],
                 add_generation_prompt=True,
                 bos_token="",
                 eos_token="",
             )
-            body = {
-                "prompt": prompt,
-                "n_predict": MAX_TOKENS,
-                "temperature": 0.0,
-                "top_k": 1,
-                "seed": 1,
-                "stop": stop,
-                "cache_prompt": False,
-            }
+            for q in load_questions()
+        ]
+        base = {
+            "n_predict": MAX_TOKENS,
+            "temperature": 0.0,
+            "top_k": 1,
+            "seed": 1,
+            "stop": stop,
+            "cache_prompt": False,
+        }
+        bodies = [{**base, "prompt": p} for p in prompts] if slots == 1 else [{**base, "prompt": prompts}]
+        texts = []
+        for body in bodies:
             req = urllib.request.Request(
                 f"{url}/completion",
                 data=json.dumps(body).encode(),
                 headers={"Content-Type": "application/json"},
             )
-            with urllib.request.urlopen(req, timeout=600) as r:
-                texts.append(json.loads(r.read())["content"])
+            with urllib.request.urlopen(req, timeout=1800) as r:
+                got = json.loads(r.read())
+            texts += [g["content"] for g in (got if isinstance(got, list) else [got])]
         return time.perf_counter() - start, texts
     finally:
         proc.terminate()
@@ -152,6 +157,11 @@ def main() -> None:
         "--variants", default=None, help="comma-separated quant types (default: the catalog's smollm2 set)"
     )
     ap.add_argument("--no-raw", action="store_true", help="time the pipeline only")
+    ap.add_argument(
+        "--raw-answers-all",
+        action="store_true",
+        help="ask every model one question at a time on one slot (default: the f16 only; minutes each)",
+    )
     ap.add_argument("--keep", action="store_true", help="keep the scratch directory")
     args = ap.parse_args()
 
@@ -170,6 +180,7 @@ def main() -> None:
         (build, "kld_base_logits", "kld_reference"),
         (validate, "kl_divergence", "kld_variants"),
         (validate, "smoke_generate", "smoke"),
+        (build, "answer_questions", "answers_engine"),
     ]:
         clock.wrap(module, name, bucket)
 
@@ -218,48 +229,39 @@ def main() -> None:
         logits = scratch / "raw.kld-base.bin"
         text = plan.evaluation.path
         ctx, chunks = build.GGUF_EVAL_CTX, build.GGUF_EVAL_CHUNKS
-        with _phase(raw, "kld"):
-            run(
-                [
-                    llama.bin("llama-perplexity"),
-                    "-m",
-                    f16,
-                    "-f",
-                    text,
-                    "--kl-divergence-base",
-                    logits,
-                    "-c",
-                    str(ctx),
-                    "-b",
-                    str(ctx),
-                    "--chunks",
-                    str(chunks),
-                    "-t",
-                    str(threads),
-                ]
-            )
+        from pipelines.gguf.validate import check_threads
+
+        def kld(model: Path, t: int, base: bool = False) -> None:
+            ref = ["-f", text, "--kl-divergence-base", logits, "--chunks", str(chunks)] if base else []
+            run([
+                llama.bin("llama-perplexity"), "-m", model, *(ref or ["--kl-divergence-base", logits, "--kl-divergence"]),
+                "-c", str(ctx), "-b", str(ctx), "-t", str(t),
+            ])  # fmt: skip
+
+        with _phase(raw, "kld"):  # the pipeline's threads
+            kld(f16, check_threads(threads), base=True)
             for q in qs:
-                run(
-                    [
-                        llama.bin("llama-perplexity"),
-                        "-m",
-                        scratch / f"raw-{q}.gguf",
-                        "--kl-divergence-base",
-                        logits,
-                        "--kl-divergence",
-                        "-c",
-                        str(ctx),
-                        "-b",
-                        str(ctx),
-                        "-t",
-                        str(threads),
-                    ]
-                )
-        per_model: dict[str, float] = {}
-        with _phase(raw, "answers"):
-            for name, path in [("f16", f16)] + [(q, scratch / f"raw-{q}.gguf") for q in qs]:
-                per_model[name] = round(raw_answers(llama.bin("llama-server"), path, threads)[0], 3)
-        raw["answers_per_model"] = per_model
+                kld(scratch / f"raw-{q}.gguf", check_threads(threads))
+        with _phase(raw, "kld_one_variant_every_thread"):  # the scheme before, for the first variant
+            kld(scratch / f"raw-{qs[0]}.gguf", threads)
+        with _phase(raw, "kld_one_variant_check_threads"):
+            kld(scratch / f"raw-{qs[0]}.gguf", check_threads(threads))
+        models = [("f16", f16)] + [(q, scratch / f"raw-{q}.gguf") for q in qs]
+        server = llama.bin("llama-server")
+        from pipelines.gguf.answers import SLOTS
+
+        batched: dict[str, float] = {}
+        with _phase(raw, "answers_batched"):  # the pipeline's scheme, by hand
+            for name, path in models:
+                batched[name] = round(raw_answers(server, path, check_threads(threads), SLOTS)[0], 3)
+        raw["answers_batched_per_model"] = batched
+        serial: dict[str, float] = {}
+        with _phase(
+            raw, "answers_serial"
+        ):  # the scheme before: one slot, one request at a time, every thread
+            for name, path in models if args.raw_answers_all else models[:1]:
+                serial[name] = round(raw_answers(server, path, threads)[0], 3)
+        raw["answers_serial_per_model"] = serial
         raw["build"] = round(raw["convert"] + raw["quantize"], 3)
         res["raw"] = raw
 
@@ -290,8 +292,17 @@ def _print(res: dict[str, Any]) -> None:
         rows += [
             ("build: pipeline / raw tools", res["build"] / raw["build"], "≤ 1.03 on bench_gguf"),
             ("KLD: pipeline / raw llama-perplexity", kld / raw["kld"], ""),
-            ("answers: pipeline / raw llama-server -np 1", answers / raw["answers"], ""),
-            ("raw validation (KLD + answers) / raw build", (raw["kld"] + raw["answers"]) / raw["build"], ""),
+            ("answers: pipeline / raw llama-server, same scheme", answers / raw["answers_batched"], ""),
+            (
+                "raw f16 answers: this scheme / 1 slot 1 request at a time",
+                raw["answers_batched_per_model"]["f16"] / raw["answers_serial_per_model"]["f16"],
+                "",
+            ),
+            (
+                "raw validation (KLD + answers) / raw build",
+                (raw["kld"] + raw["answers_batched"]) / raw["build"],
+                "",
+            ),
         ]
     print(f"\nsmollm2 {res['variants']}, {res['threads']} threads on {res['cores']} cores")
     print(f"{'measure':48} {'ratio':>8}  target")

@@ -21,6 +21,7 @@ from pipelines.core.errors import ArtifactError
 from pipelines.core.ggufheader import inspect_gguf
 from pipelines.core.runner import tool_env
 from pipelines.core.toolchains import LlamaCpp
+from pipelines.gguf.validate import check_threads
 
 _START_S = 180.0
 SLOTS = 4
@@ -105,18 +106,6 @@ def llama_server(gguf: Path, llama: LlamaCpp, *, threads: int, log: Path, slots:
             proc.wait()
 
 
-def answer_threads(threads: int) -> int:
-    """Threads llama-server decodes the answers with, of the `threads` the machine offers: half, at least one.
-
-    Each decoding step of a small batch is short, and llama.cpp's threads meet at a barrier after every operation of
-    it; when other processes hold the cores, a thread that waits there for one that is not running costs the whole
-    step. Measured on SmolLM2 q4_k_m, 4 slots, 2 cores at load average 8: the 20 answers took 23 s on one thread and
-    more than 150 s on two (docs/quality.md). ggml splits a product by rows, each row one thread's whole dot product,
-    so the answers should not depend on it; the slot count they do depend on (a test holds both schemes apart).
-    """
-    return max(1, threads // 2)
-
-
 def _complete(url: str, body: dict[str, Any], *, timeout: float) -> Any:
     req = urllib.request.Request(f"{url}/completion", data=json.dumps(body).encode(),
                                  headers={"Content-Type": "application/json"})
@@ -128,7 +117,7 @@ def answer_questions(gguf: Path, llama: LlamaCpp, *, threads: int, log: Path, va
                      slots: int = SLOTS) -> list[Answer]:
     """Every bundled question, rendered with the GGUF's own chat template, answered greedily by llama-server with
     the stop strings of its chat family (the Modelfile's PARAMETER stop), at most MAX_TOKENS tokens each, `slots`
-    questions at a time; the answers come back in the questions' order.
+    questions at a time on check_threads(threads) threads; the answers come back in the questions' order.
 
     Raises:
         ArtifactError: the GGUF has no chat template; llama-server would not start, died or answered nothing
@@ -150,7 +139,7 @@ def answer_questions(gguf: Path, llama: LlamaCpp, *, threads: int, log: Path, va
     # follows from the answers alone, not from when separate requests happened to arrive: the same answers every run.
     body = {"prompt": prompts, "n_predict": MAX_TOKENS, "temperature": 0.0, "top_k": 1, "seed": 1,
             "stop": list(detect_family(template).stop), "cache_prompt": False}
-    with llama_server(gguf, llama, threads=answer_threads(threads), log=log, slots=slots) as server:
+    with llama_server(gguf, llama, threads=check_threads(threads), log=log, slots=slots) as server:
         try:
             got = _complete(server.url, body, timeout=_ANSWER_S * -(-len(prompts) // slots))
         except (OSError, json.JSONDecodeError) as err:  # URLError, a reset or a hang: all OSError

@@ -459,6 +459,7 @@ def ensure_validated(plan: GGUFPlan, q: str) -> VariantOutcome:
                 q, qpath, info, plan.base_path, logits.path, gate, plan.llama,
                 threads=plan.settings.effective_threads, ctx=GGUF_EVAL_CTX, report_path=report_path,
                 evaluation=texts["evaluation"],
+                smoke=not plan.spec.answers,  # the answers load and generate with the same template: no second run
                 extra={"key": report_key, "sha256": qreceipt["sha256"], "source": plan.source, **texts,
                        "preflight": preflight},
                 answers=_answers(plan, q) if plan.spec.answers else None,
