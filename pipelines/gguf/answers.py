@@ -25,10 +25,11 @@ from pipelines.gguf.validate import check_threads
 
 _START_S = 180.0
 SLOTS = 4
-"""Questions llama-server answers at once (`-np`: one slot each, continuous batching). Decoding a small model is
-bound by reading its weights once per step, so four sequences cost little more than one (measured on SmolLM2:
-benchmarks/bench_validation.py, docs/quality.md); greedy answers do not depend on the slot count (a test holds
-that), and the source and every variant are asked with the same count, which is part of the source answers' key."""
+"""Questions llama-server answers at once (`-np`: one slot each, continuous batching): the 20 answers of SmolLM2
+q4_k_m took 23 s on four slots, 33 s on one and 37 s on eight (docs/quality.md). Greedy answers are the same run
+after run for one slot count, but not across counts (ggml computes a batch of rows with other kernels than one
+row: 7 of 20 q4_k_m answers identical between one slot and four), so the source and every variant are asked with
+the same count, and it is part of the source answers' key."""
 _ANSWER_S = 300.0
 """How long one slot may take for one answer before the server counts as hung."""
 _SLOT_CTX = 1024
