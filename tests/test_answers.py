@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import re
+import shutil
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
+import psutil
 import pytest
 from test_llama_server_smoke import _tiny_entry
 
@@ -161,3 +167,70 @@ def test_an_engine_that_will_not_load_the_file_is_named(tiny_q8, tmp_path) -> No
     assert inspect_gguf(odd).chat_template == template  # the header read has nothing against it
     with pytest.raises(ArtifactError, match=r"llama-server did not come up with odd\.gguf"):
         answer_questions(odd, llama_cpp(settings), threads=1, log=tmp_path / "odd.log", variant="q8_0")
+
+
+def test_greedy_answers_on_four_slots_are_the_same_every_run(tiny_q8, tmp_path) -> None:
+    """The questions asked four at a time (llama-server's parallel slots, every prompt in one request): the same
+    answers run after run, so the f16's kept answers stand for the answers its variants are compared with."""
+    _, q8, settings = tiny_q8
+    llama = llama_cpp(settings)
+    first = answer_questions(q8, llama, threads=settings.effective_threads, log=tmp_path / "1.log", variant="q8_0",
+                             slots=4)
+    again = answer_questions(q8, llama, threads=settings.effective_threads, log=tmp_path / "2.log", variant="q8_0",
+                             slots=4)
+    assert [a.question for a in first] == load_questions()
+    assert again == first
+    assert "n_slots = 4" in (tmp_path / "1.log").read_text()
+
+
+def _server_of(gguf: Path) -> psutil.Process | None:
+    for proc in psutil.process_iter(["cmdline"]):
+        cmd = proc.info["cmdline"] or []
+        if cmd and cmd[0].endswith("llama-server") and str(gguf) in cmd:
+            return proc
+    return None
+
+
+def test_a_server_that_dies_mid_batch_fails_the_variant_with_its_last_log_line(tiny_q8, tmp_path) -> None:
+    _, q8, settings = tiny_q8
+    mine = shutil.copy(q8, tmp_path / "tiny-q8_0.gguf")  # a path of its own, to find its server by
+    log = tmp_path / "q8.log"
+    errors: list[BaseException] = []
+
+    def answer() -> None:
+        try:
+            answer_questions(mine, llama_cpp(settings), threads=1, log=log, variant="q8_0")
+        except BaseException as err:
+            errors.append(err)
+
+    worker = threading.Thread(target=answer)
+    worker.start()
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and "launch_slot_" not in (log.read_text() if log.exists() else ""):
+        time.sleep(0.01)
+    server = _server_of(mine)
+    assert server is not None, log.read_text()
+    server.kill()  # mid-batch: the first questions are being answered
+    worker.join(timeout=120)
+    assert not worker.is_alive() and len(errors) == 1, errors
+    err = errors[0]
+    assert isinstance(err, ArtifactError), repr(err)
+    assert re.search(r"llama-server died \(exit code -9\) answering the questions with q8_0 \(tiny-q8_0\.gguf\): .*"
+                     r"its last log line: \S", err.message), err.message
+    assert "Traceback" not in err.message and str(log) in (err.hint or "")
+
+
+def test_two_validations_of_different_models_at_once_keep_apart(tiny_q8, tmp_path) -> None:
+    """Two answer checks on one machine at once (the f16 and its q8_0, as two builds would run them): each server
+    binds a port the kernel gives it, and each gets the answers it gets alone."""
+    f16, q8, settings = tiny_q8
+    llama = llama_cpp(settings)
+    alone = {p.name: answer_questions(p, llama, threads=1, log=tmp_path / f"{p.name}.alone.log", variant=p.stem)
+             for p in (f16, q8)}
+    with ThreadPoolExecutor(2) as pool:
+        both = dict(zip(alone, pool.map(lambda p: answer_questions(p, llama, threads=1, log=tmp_path / f"{p.name}.log",
+                                                                    variant=p.stem), (f16, q8)), strict=True))
+    assert both == alone
+    ports = {re.search(r"listening on http://127\.0\.0\.1:(\d+)", (tmp_path / f"{p.name}.log").read_text()).group(1)
+             for p in (f16, q8)}
+    assert len(ports) == 2

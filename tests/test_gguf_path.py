@@ -121,6 +121,39 @@ def test_a_broken_quant_fails_its_gate(built, tmp_path: Path) -> None:
     assert not judged["passed"] and judged["figures"]["mean_kl"] > judged["gate"]["max_mean_kl"]
 
 
+def _wrong_scales(src: Path, dst: Path) -> None:
+    """A q8_0 whose every block scale (the fp16 before each block's 32 int8) is negated, as a tool that wrote the
+    scales with the wrong sign would: every weight keeps its magnitude, and points the other way."""
+    import numpy as np
+    from gguf import GGMLQuantizationType, GGUFReader
+
+    shutil.copy(src, dst)
+    reader = GGUFReader(dst, "r+")
+    hit = 0
+    for t in reader.tensors:
+        if t.tensor_type == GGMLQuantizationType.Q8_0 and t.name.startswith("blk."):
+            blocks = t.data.reshape(-1, 34)  # 2 bytes of fp16 scale, 32 int8 quants
+            scales = blocks[:, :2].copy().view(np.float16)
+            blocks[:, :2] = (-scales).view(np.uint8).reshape(-1, 2)
+            hit += 1
+    reader.data.flush()
+    assert hit >= 4
+
+
+def test_a_quant_with_wrong_scales_fails_its_gate(built, tmp_path: Path) -> None:
+    settings, _, result = built
+    broken = tmp_path / "wrong-scales-q8_0.gguf"
+    _wrong_scales(result.variants["q8_0"].path, broken)
+    proc = subprocess.run(
+        [*MODELMINT, "validate", str(broken), "--reference", str(result.out_dir / "tiny-qwen2-f16.gguf"),
+         "--profile", "tiny", "--no-smoke"],
+        capture_output=True, text=True, env=_cli_env(settings.work_dir),
+    )
+    assert proc.returncode == 1 and "failed its quality gate" in proc.stderr, proc.stdout + proc.stderr
+    judged = json.loads(broken.with_suffix(".report.json").read_text())["validation"]
+    assert not judged["passed"] and judged["figures"]["mean_kl"] > judged["gate"]["max_mean_kl"]
+
+
 def test_the_intact_quant_passes_the_same_cli_gate(built) -> None:
     settings, _, result = built
     proc = subprocess.run(

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import contextlib
 import json
-import socket
+import re
 import subprocess
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from pipelines.chat import jinja as chat_template
 from pipelines.chat.families import detect_family
@@ -20,14 +21,20 @@ from pipelines.core.errors import ArtifactError
 from pipelines.core.ggufheader import inspect_gguf
 from pipelines.core.runner import tool_env
 from pipelines.core.toolchains import LlamaCpp
+from pipelines.gguf.validate import check_threads
 
 _START_S = 180.0
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+SLOTS = 4
+"""Questions llama-server answers at once (`-np`: one slot each, continuous batching): the 20 answers of SmolLM2
+q4_k_m took 23 s on four slots, 33 s on one and 37 s on eight (docs/quality.md). Greedy answers are the same run
+after run for one slot count, but not across counts (ggml computes a batch of rows with other kernels than one
+row: 7 of 20 q4_k_m answers identical between one slot and four), so the source and every variant are asked with
+the same count, and it is part of the source answers' key."""
+_ANSWER_S = 300.0
+"""How long one slot may take for one answer before the server counts as hung."""
+_SLOT_CTX = 1024
+"""Context of each slot: a question's prompt and its MAX_TOKENS answer fit several times over."""
+_LISTENING = re.compile(r"listening on (http://127\.0\.0\.1:\d+)")
 
 
 def server_healthy(url: str, proc: subprocess.Popen[bytes]) -> bool:
@@ -42,27 +49,55 @@ def server_healthy(url: str, proc: subprocess.Popen[bytes]) -> bool:
     return False
 
 
+def _listening_url(log: Path, proc: subprocess.Popen[bytes]) -> str | None:
+    """The address llama-server bound itself to (`--port 0`: the kernel picks a free port, so two validations at
+    once never race for one), read from the line it logs once the model is loaded (tools/server/server.cpp,
+    "listening on"); None when it exited or did not say within _START_S."""
+    deadline = time.monotonic() + _START_S
+    while time.monotonic() < deadline:
+        if m := _LISTENING.search(log.read_text(errors="replace") if log.exists() else ""):
+            return m.group(1)
+        if proc.poll() is not None:
+            return None
+        time.sleep(0.2)
+    return None
+
+
 def _log_tail(log: Path) -> str:
     return log.read_text(errors="replace")[-1500:] if log.exists() else ""
 
 
+def _last_line(log: Path) -> str:
+    lines = [line.strip() for line in _log_tail(log).splitlines() if line.strip()]
+    return lines[-1] if lines else "(llama-server wrote nothing)"
+
+
+@dataclass(frozen=True)
+class Server:
+    """A running llama-server: its address, its process and the log it writes."""
+
+    url: str
+    proc: subprocess.Popen[bytes]
+    log: Path
+
+
 @contextlib.contextmanager
-def llama_server(gguf: Path, llama: LlamaCpp, *, threads: int, log: Path) -> Iterator[str]:
-    """llama-server serving `gguf` on 127.0.0.1, stopped (and waited for) on exit; yields its URL.
+def llama_server(gguf: Path, llama: LlamaCpp, *, threads: int, log: Path, slots: int = 1) -> Iterator[Server]:
+    """llama-server serving `gguf` on 127.0.0.1 with `slots` parallel slots, stopped (and waited for) on exit.
 
     Raises:
         ArtifactError: it did not come up (its log's tail says why).
     """
-    argv = [str(llama.bin("llama-server")), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(_free_port()),
-            "-c", "1024", "-np", "1", "-t", str(threads), "--no-ui", "--no-warmup"]
+    argv = [str(llama.bin("llama-server")), "-m", str(gguf), "--host", "127.0.0.1", "--port", "0",
+            "-c", str(_SLOT_CTX * slots), "-np", str(slots), "-t", str(threads), "--no-ui", "--no-warmup"]
     with open(log, "wb") as fh:
         proc = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=tool_env())
     try:
-        url = f"http://127.0.0.1:{argv[argv.index('--port') + 1]}"
-        if not server_healthy(url, proc):
+        url = _listening_url(log, proc)
+        if url is None or not server_healthy(url, proc):
             raise ArtifactError(f"llama-server did not come up with {gguf.name}:\n{_log_tail(log)}",
                                 hint=f"run `modelmint inspect {gguf}`; the GGUF or the llama.cpp build is broken")
-        yield url
+        yield Server(url, proc, log)
     finally:
         proc.terminate()
         try:
@@ -72,20 +107,22 @@ def llama_server(gguf: Path, llama: LlamaCpp, *, threads: int, log: Path) -> Ite
             proc.wait()
 
 
-def _complete(url: str, body: dict[str, Any]) -> dict[str, Any]:
+def _complete(url: str, body: dict[str, Any], *, timeout: float) -> Any:
     req = urllib.request.Request(f"{url}/completion", data=json.dumps(body).encode(),
                                  headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=300) as resp:
+    with urllib.request.urlopen(req, timeout=timeout) as resp:
         return json.loads(resp.read())
 
 
-def answer_questions(gguf: Path, llama: LlamaCpp, *, threads: int, log: Path, variant: str) -> list[Answer]:
+def answer_questions(gguf: Path, llama: LlamaCpp, *, threads: int, log: Path, variant: str,
+                     slots: int = SLOTS) -> list[Answer]:
     """Every bundled question, rendered with the GGUF's own chat template, answered greedily by llama-server with
-    the stop strings of its chat family (the Modelfile's PARAMETER stop), at most MAX_TOKENS tokens each.
+    the stop strings of its chat family (the Modelfile's PARAMETER stop), at most MAX_TOKENS tokens each, `slots`
+    questions at a time on check_threads(threads) threads; the answers come back in the questions' order.
 
     Raises:
         ArtifactError: the GGUF has no chat template; llama-server would not start, died or answered nothing
-            (the message names the engine and the variant).
+            (the message names the engine and the variant, and quotes the server's last log line).
     """
     try:
         info = inspect_gguf(gguf)
@@ -94,20 +131,38 @@ def answer_questions(gguf: Path, llama: LlamaCpp, *, threads: int, log: Path, va
                             hint=err.hint) from err
     if not info.chat_template:
         raise ArtifactError(f"{gguf} has no chat template to ask the questions with")
-    stop = list(detect_family(info.chat_template).stop)
+    template = info.chat_template
+    questions = load_questions()
+    prompts = [chat_template.render(template, [{"role": "user", "content": q}], add_generation_prompt=True,
+                                    bos_token="", eos_token="") for q in questions]
+    # One request holding every prompt: llama-server queues them all at once (tools/server/server-context.cpp,
+    # handle_completions_impl: one task per prompt, posted together), so which questions share a decoding step
+    # follows from the answers alone, not from when separate requests happened to arrive: the same answers every run.
+    body = {"prompt": prompts, "n_predict": MAX_TOKENS, "temperature": 0.0, "top_k": 1, "seed": 1,
+            "stop": list(detect_family(template).stop), "cache_prompt": False}
+    with llama_server(gguf, llama, threads=check_threads(threads), log=log, slots=slots) as server:
+        try:
+            got = _complete(server.url, body, timeout=_ANSWER_S * -(-len(prompts) // slots))
+        except (OSError, json.JSONDecodeError) as err:  # URLError, a reset or a hang: all OSError
+            _died(server, gguf, variant, err)
+    results = got if isinstance(got, list) else [got]
+    if len(results) != len(questions):
+        raise ArtifactError(f"llama-server answered {len(results)} of {len(questions)} questions with {variant} "
+                            f"({gguf.name}); its last log line: {_last_line(log)}", hint=f"read {log}")
     out = []
-    with llama_server(gguf, llama, threads=threads, log=log) as url:
-        for q in load_questions():
-            prompt = chat_template.render(info.chat_template, [{"role": "user", "content": q}],
-                                          add_generation_prompt=True, bos_token="", eos_token="")
-            body = {"prompt": prompt, "n_predict": MAX_TOKENS, "temperature": 0.0, "top_k": 1, "seed": 1,
-                    "stop": stop, "cache_prompt": False}
-            try:
-                got = _complete(url, body)
-            except (urllib.error.URLError, ConnectionError, TimeoutError, json.JSONDecodeError) as err:
-                raise ArtifactError(f"llama-server crashed or hung answering {q!r} with {variant} ({gguf.name}): "
-                                    f"{err}\n{_log_tail(log)}", hint="read the log above; rerun the same command "
-                                    "once the variant or the llama.cpp build is fixed") from err
-            kind = got.get("stop_type") or ("eos" if got.get("stopped_eos") else "word" if got.get("stopped_word") else "limit")
-            out.append(Answer(question=q, text=str(got.get("content", "")), stopped=kind in ("eos", "word")))
+    for q, r in zip(questions, sorted(results, key=lambda r: int(r.get("index", 0))), strict=True):
+        kind = r.get("stop_type") or ("eos" if r.get("stopped_eos") else "word" if r.get("stopped_word") else "limit")
+        out.append(Answer(question=q, text=str(r.get("content", "")), stopped=kind in ("eos", "word")))
     return out
+
+
+def _died(server: Server, gguf: Path, variant: str, err: Exception) -> NoReturn:
+    try:  # a server that died closes its connections first: give it a moment to be reaped
+        code = server.proc.wait(timeout=2)
+    except subprocess.TimeoutExpired:
+        code = None
+    what = f"died (exit code {code})" if code is not None else "stopped answering"
+    raise ArtifactError(f"llama-server {what} answering the questions with {variant} ({gguf.name}): {err}; its "
+                        f"last log line: {_last_line(server.log)}",
+                        hint=f"read {server.log}; rerun the same command once the variant or the llama.cpp build is "
+                             "fixed") from err

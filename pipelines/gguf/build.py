@@ -41,6 +41,7 @@ from pipelines.core.steps import (
 from pipelines.core.texts import EVAL_TEXT, TextRef, check_apart, text_ref
 from pipelines.core.toolchains import LlamaCpp, llama_cpp, read_pins
 from pipelines.gguf import tools as gguf
+from pipelines.gguf.answers import SLOTS as ANSWER_SLOTS
 from pipelines.gguf.answers import answer_questions
 from pipelines.gguf.validate import kld_base_logits, validate_variant
 from pipelines.source.catalog import CatalogEntry, GGUFVariants, HubSource
@@ -441,7 +442,7 @@ def ensure_source_answers(plan: GGUFPlan) -> list[Answer]:
     """The f16/bf16 GGUF's answers to the bundled questions, kept beside it (keyed by its receipt and the
     questions), shared by every variant's answer check."""
     out = plan.out_dir / f"{plan.entry.name}-{plan.spec.outtype}.answers.json"
-    return kept_answers(out, content_key("answers", plan.base_key, questions_record(), MAX_TOKENS),
+    return kept_answers(out, content_key("answers", plan.base_key, questions_record(), MAX_TOKENS, ANSWER_SLOTS),
                         lambda: answer_questions(plan.base_path, plan.llama, threads=plan.settings.effective_threads,
                                                  log=out.with_suffix(".log"), variant=plan.spec.outtype))
 
@@ -484,6 +485,7 @@ def ensure_validated(plan: GGUFPlan, q: str) -> VariantOutcome:
                 q, qpath, info, plan.base_path, logits.path, gate, plan.llama,
                 threads=plan.settings.effective_threads, ctx=GGUF_EVAL_CTX, report_path=report_path,
                 evaluation=texts["evaluation"],
+                smoke=not plan.spec.answers,  # the answers load and generate with the same template: no second run
                 extra={"key": report_key, "sha256": qreceipt["sha256"], "source": plan.source, **texts,
                        "preflight": preflight},
                 answers=_answers(plan, q) if plan.spec.answers else None,

@@ -89,6 +89,20 @@ class VariantReport:
         write_text_atomic(path, json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n")
 
 
+def check_threads(threads: int) -> int:
+    """Threads the checks run their llama.cpp tools with (llama-perplexity's KL divergence, llama-server's answers),
+    of the `threads` the settings give: half, at least one.
+
+    llama.cpp's threads meet at a barrier after every operation of a forward pass; when other processes hold the
+    cores, a thread that waits there for one that is not running costs the whole step. Measured on SmolLM2 q4_k_m on
+    2 cores at load average 7-10: its KL divergence took 44 s on one thread and 140 s on two, with the same figures
+    to the last digit (ggml splits a product by rows, each row one thread's whole dot product); its 20 answers (4
+    slots) 23 s on one thread and more than 150 s on two (docs/quality.md). On a quiet machine two threads would be
+    at most twice as fast; the build's own steps keep every thread.
+    """
+    return max(1, threads // 2)
+
+
 _NUM = r"([-+]?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)"
 
 
@@ -197,7 +211,7 @@ def kld_base_logits(
     with atomic_output(out, check=lambda p: check_logits_file(p, ctx=ctx, max_chunks=chunks)) as tmp:
         result = run([
             llama.bin("llama-perplexity"), "-m", reference, "-f", text, "--kl-divergence-base", tmp,
-            "-c", str(ctx), "-b", str(ctx), "--chunks", str(chunks), "-t", str(threads),
+            "-c", str(ctx), "-b", str(ctx), "--chunks", str(chunks), "-t", str(check_threads(threads)),
         ], output=tmp)
         if failures := perplexity_failures(result.stderr + result.stdout):
             raise ArtifactError(f"llama-perplexity could not save the reference logits of {reference}: "
@@ -215,7 +229,7 @@ def kl_divergence(quant: Path, base_logits: Path, llama: LlamaCpp, *, threads: i
     """
     result = run([
         llama.bin("llama-perplexity"), "-m", quant, "--kl-divergence-base", base_logits, "--kl-divergence",
-        "-c", str(ctx), "-b", str(ctx), "-t", str(threads),
+        "-c", str(ctx), "-b", str(ctx), "-t", str(check_threads(threads)),
     ])
     text = result.stdout + "\n" + result.stderr
     if failures := perplexity_failures(text):
