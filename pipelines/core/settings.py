@@ -63,6 +63,12 @@ class Settings:
     by pipelines.publish.oci.RegistryRef when a run starts); None publishes nothing."""
     oci_insecure: bool = False
     """MODELMINT_OCI_INSECURE=1: speak plain HTTP to that registry (a registry on a trusted network)."""
+    signing_key: Path | None = field(default=None, repr=False)
+    """MODELMINT_SIGNING_KEY: the PEM private key (EC) registration signs every artifact with; never in the
+    repository, never logged (pipelines/registry/signing.py). None: artifacts are registered unsigned."""
+    signing_cert: Path | None = None
+    """MODELMINT_SIGNING_CERT: the signing key's certificate, then its chain up to (not including) the root, in
+    one PEM file: signatures carry the chain instead of naming a bare key (docs/registry.md, "signing")."""
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> Settings:
@@ -95,6 +101,8 @@ class Settings:
             serve_gpus=_serve_gpus(env.get("MODELMINT_SERVE_GPUS")),
             oci_registry=env.get("MODELMINT_OCI_REGISTRY") or None,
             oci_insecure=_flag(env, "MODELMINT_OCI_INSECURE"),
+            signing_key=Path(env["MODELMINT_SIGNING_KEY"]).expanduser() if env.get("MODELMINT_SIGNING_KEY") else None,
+            signing_cert=Path(env["MODELMINT_SIGNING_CERT"]).expanduser() if env.get("MODELMINT_SIGNING_CERT") else None,
         )
 
     SECRETS = ("hf_token", "registry_username", "registry_password", "webhook_secret")
@@ -110,7 +118,8 @@ class Settings:
     """The environment variables from_env reads credentials from: never passed on to another process's
     environment (pipelines.core.runner strips them from every tool it starts)."""
     ORCHESTRATION = ("prefect_home", "prefect_port", "gpu_slots", "prefect_crash_after_s", "ray_address",
-                     "ray_resources", "docker_config", "registry_ca", "oci_registry", "oci_insecure")
+                     "ray_resources", "docker_config", "registry_ca", "oci_registry", "oci_insecure", "signing_key",
+                     "signing_cert")
     """Where and how work is run or published: says nothing about what a build plan produces."""
 
     def without_secrets(self) -> Settings:

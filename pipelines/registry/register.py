@@ -51,7 +51,7 @@ from pipelines.core.steps import VariantOutcome, content_key, load_dir_receipt, 
 from pipelines.core.toolchains import read_pins
 from pipelines.core.weights import weights_bytes
 from pipelines.gguf.build import GGUFPlan
-from pipelines.registry import dvcrepo, serving
+from pipelines.registry import dvcrepo, serving, signing
 from pipelines.registry.formats import Format, format_of
 from pipelines.registry.manifest import (
     ArtifactFile,
@@ -383,6 +383,8 @@ def place(settings: Settings, c: Candidate) -> tuple[ArtifactFile, ...]:
                 shutil.copyfile(f, out)
             format_of(c.tag).publish(settings, c, tmp)
             serving.write_serving(c, tmp)
+            # Last: the provenance and the signature cover every file placed above (pipelines/registry/signing.py).
+            signing.seal(settings, c, tmp, _validation(c).model_dump(mode="json"))
     return _describe(settings, dest)
 
 
@@ -638,6 +640,10 @@ def _files_in_place(settings: Settings, c: Candidate, files: tuple[ArtifactFile,
     return on_disk == {f.path for f in files}
 
 
+def _validation(c: Candidate) -> Validation:
+    return Validation(**verdict(c.report), smoke=c.report.get("smoke"), report_sha256=c.report_sha256)
+
+
 def _manifest(c: Candidate, tracked: Tracked, *, pushed: bool, plans: Serving | None = None) -> Manifest:
     return Manifest(
         name=c.entry.name,
@@ -654,7 +660,7 @@ def _manifest(c: Candidate, tracked: Tracked, *, pushed: bool, plans: Serving | 
         toolchain=c.toolchain,
         recipe=c.recipe,
         recipe_sha256=c.recipe_sha256,
-        validation=Validation(**verdict(c.report), smoke=c.report.get("smoke"), report_sha256=c.report_sha256),
+        validation=_validation(c),
         dvc=DvcRef(path=c.dvc_path, stage=c.stage, md5=tracked.md5, pushed=pushed),
         key=c.key,
         created_at=datetime.now(UTC).replace(microsecond=0),
