@@ -15,7 +15,9 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -298,6 +300,44 @@ def verify_directory(
     if signer.key.ca is not None:
         _check_certificate(directory / SIGNATURE, ref, signer, when)
     return Verified(ref, signer.name, when, stmt)
+
+
+def verify_image(
+    layers: list[dict[str, Any]],
+    blob: Callable[[str], Path],
+    policy: TrustPolicy | None,
+    *,
+    image: str,
+    allow_unsigned: bool = False,
+) -> Verified:
+    """verify_directory on a pulled image: the modelmint manifest it carries, and each file it lists laid out from the
+    layer of the same sha256 (`blob` maps a digest to the downloaded blob's path) in a temporary directory.
+
+    What `ollama pull` would install is checked here before it is handed over (tests/ollama_pull.py's `check`).
+
+    Raises:
+        SignatureRefused: as verify_directory, or an image that carries no modelmint manifest.
+    """
+    from pipelines.publish.oci import is_carried_manifest
+    from pipelines.registry.manifest import Manifest
+
+    carried = [x for x in layers if is_carried_manifest(x)]
+    if len(carried) != 1:
+        raise SignatureRefused(image, "it carries no modelmint manifest: nothing says what was signed")
+    manifest = Manifest.model_validate_json(blob(carried[0]["digest"]).read_bytes())
+    with tempfile.TemporaryDirectory(prefix="modelmint-verify-") as scratch:
+        root = Path(scratch)
+        for f in manifest.files:
+            out = root / f.path
+            out.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                src = blob("sha256:" + f.sha256)
+            except KeyError:
+                raise SignatureRefused(image, f"it has no layer for {f.path}", file=f.path) from None
+            shutil.copyfile(src, out)
+        return verify_directory(
+            root, manifest, policy, shown=f"{image} (its manifest layer)", allow_unsigned=allow_unsigned
+        )
 
 
 def _restore_hint(shown: str) -> str:
