@@ -56,7 +56,7 @@ from pipelines.core.steps import (
 from pipelines.gguf import build
 from pipelines.gguf.build import GGUFPlan
 from pipelines.publish.oci import RegistryRef
-from pipelines.registry import dvcrepo
+from pipelines.registry import dvcrepo, signing
 from pipelines.registry import register as reg
 from pipelines.registry.formats import FORMATS, Format, format_of, split_by_format
 from pipelines.registry.images import Published
@@ -136,6 +136,7 @@ def convert(model: str, variants: list[str] | None = None, revision: str | None 
     by_format = split_variants(entry, variants)
     # Refuse before any work a variant that could not be registered (no dvc.yaml stage records it).
     dvcrepo.require_stages(settings, entry.name, [v for asked in by_format.values() for v in asked])
+    signing.preflight(settings)  # a configured signing key that cannot sign: refused before any build work
     oci = oci_registry(settings)
     if settings.ray_address:
         _check_cluster(settings, by_format)

@@ -215,7 +215,7 @@ def verify_directory(
     *,
     shown: str,
     allow_unsigned: bool = False,
-    hashes: HashCache | None = None,
+    files_here: bool = True,
 ) -> Verified:
     """Check the artifact in `directory` (as fetched, before it replaces anything) against its signature, its
     provenance and the trust policy. `shown` names the manifest file in messages.
@@ -254,8 +254,15 @@ def verify_directory(
             f"{policy.path} names no key for {manifest.name} (add it under models:)",
             hint=f"add a rule for {manifest.name} (or a pattern matching it) to {policy.path}",
         )
-    signer = _check_signature(directory, ref, rule)
+    if files_here:
+        signer = _check_signature(directory, ref, rule)
+    else:
+        # Only the signature and the provenance are here (a check of the DVC remote, whose objects were hashed
+        # against the manifest): the signature's own check, then the manifest's hashes against its payload.
+        signer = _check_signature_only(directory / SIGNATURE, ref, rule)
     signed = payload_files(directory / SIGNATURE)
+    if not files_here and _sha256(directory / provenance.PROVENANCE) != signed.get(provenance.PROVENANCE):
+        raise SignatureRefused(ref, f"{provenance.PROVENANCE} differs from what was signed", file=provenance.PROVENANCE)
     # The manifest's file list and hashes must be the signed ones (a manifest rewritten to match other bytes).
     for f in manifest.files:
         if f.path == SIGNATURE:
@@ -385,6 +392,45 @@ def _check_signature(directory: Path, ref: str, rule: Rule) -> Signer:
         hint="add the signer's public key to registry/trust.yaml if it is trusted, or register it "
         "again with an accepted key",
     )
+
+
+def _check_signature_only(sig: Path, ref: str, rule: Rule) -> Signer:
+    """The first signer of `rule` whose key (or CA) verifies the signature's envelope, without the files it lists
+    (model-signing's verifiers, which its Config.verify runs before hashing the files).
+
+    Raises:
+        SignatureRefused: none does.
+    """
+    from model_signing._signing import sign_certificate, sign_ec_key, sign_sigstore_pb
+
+    tried = []
+    for signer in rule.signers:
+        try:
+            bundle = sign_sigstore_pb.Signature.read(sig)
+            if signer.key.ca is None:
+                sign_ec_key.Verifier(signer.path).verify(bundle)
+            else:
+                sign_certificate.Verifier([signer.path]).verify(bundle)
+        except Exception as err:  # model-signing's and OpenSSL's verification errors are of several types
+            tried.append(f"{signer.name}: {_reason(err)}")
+        else:
+            return signer
+    raise SignatureRefused(
+        ref,
+        f"its signature is by no key {rule.pattern!r} accepts in the trust policy ({'; '.join(tried)})",
+        file=SIGNATURE,
+        hint="add the signer's public key to registry/trust.yaml if it is trusted, or register it again with an "
+        "accepted key",
+    )
+
+
+def _sha256(path: Path) -> str | None:
+    import hashlib
+
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except FileNotFoundError:
+        return None
 
 
 def _reason(err: Exception) -> str:
