@@ -598,3 +598,65 @@ def test_verify_reports_an_unsigned_artifact_under_a_policy(repo: Repo, tmp_path
     result = verify_remote(repo.settings(), [REF])
     assert not result.ok and "it is not signed" in result.artifacts[0].problems[0]
     assert verify_remote(repo.settings(), [REF], allow_unsigned=True).ok
+
+
+# ---------------------------------------------------------------- reproduced-by attestations
+
+
+def test_a_second_checkout_reproduces_the_artifact_and_attests_it(
+    signed: tuple[Repo, Path, Path], tmp_path: Path
+) -> None:
+    from pipelines.registry import reproduce
+
+    repo, _, _ = signed
+    second, second_pub = _key(tmp_path / "second.pem")
+    keys = repo.root / "registry" / "keys"
+    shutil.copy(second_pub, keys / "second.pub")
+    _trust(
+        repo,
+        "keys:\n  release: {public_key: keys/release.pub}\n  second: {public_key: keys/second.pub}\n"
+        "models:\n  '*': {keys: [release, second]}\n",
+    )
+    repo.commit_all("trust a second builder")
+    clone = _clone(repo, tmp_path / "clone")
+    settings = clone.settings()
+    manifest = load_manifest(manifest_path(settings, "tiny-qwen2", "q4_k_m"))
+    rebuilt = reproduce.place_rebuild(
+        settings, candidate(settings, tmp_path / "rebuild"), tmp_path / "scratch"
+    )
+    path = reproduce.attest(settings, manifest, rebuilt, signing.SigningKey(second))
+    assert path.parent == reproduce.attestations_dir(settings, "tiny-qwen2", "q4_k_m")
+    (found,) = reproduce.attestations(settings, manifest, load_policy(settings))
+    assert found.signer == "second" and found.matches
+    # the first signature and the artifact are untouched: a pull still verifies the first signer
+    assert pull(settings, REF, ollama=False).verified.signer == "release"  # type: ignore[union-attr]
+    # a planted difference: other weights; refused naming the first differing file, nothing written
+    path.unlink()
+    other = reproduce.place_rebuild(
+        settings, candidate(settings, tmp_path / "rebuild2", seed=1), tmp_path / "scratch2"
+    )
+    with pytest.raises(reproduce.ReproductionDiffers) as err:
+        reproduce.attest(settings, manifest, other, signing.SigningKey(second))
+    assert err.value.file == "README.md" or err.value.file.endswith(".gguf")
+    assert not list(reproduce.attestations_dir(settings, "tiny-qwen2", "q4_k_m").glob("*.json"))
+    # an attestation by a key the policy does not name is listed without a signer
+    stranger, _ = _key(tmp_path / "stranger.pem")
+    reproduce.attest(settings, manifest, rebuilt, signing.SigningKey(stranger))
+    (listed,) = reproduce.attestations(settings, manifest, load_policy(settings))
+    assert listed.signer is None and listed.matches
+
+
+def test_convert_register_refuses_an_unreadable_key_before_any_build_work(repo: Repo, tmp_path: Path) -> None:
+    env = {**repo.env(), "MODELMINT_SIGNING_KEY": str(tmp_path / "nope.pem"), "COLUMNS": "400"}
+    done = subprocess.run(
+        [*MODELMINT, "convert", "tiny-qwen2", "--variants", "q4_k_m", "--register"],
+        env=env,
+        capture_output=True,
+        text=True,
+        cwd=repo.root,
+        timeout=120,
+    )
+    assert done.returncode != 0 and "Traceback" not in done.stderr
+    assert "MODELMINT_SIGNING_KEY" in done.stderr and "nope.pem cannot be read" in done.stderr
+    assert "nothing was built" in done.stderr
+    assert not repo.work.exists() or not any(repo.work.rglob("*.gguf"))

@@ -13,14 +13,39 @@ import hashlib
 import json
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from pipelines import __version__
 from pipelines.core.fsutil import HashCache
 
 if TYPE_CHECKING:
-    from pipelines.registry.manifest import Manifest
-    from pipelines.registry.register import Candidate
+    from pipelines.registry.manifest import Manifest, ParentRef
+    from pipelines.source.catalog import CatalogEntry
+
+
+class Built(Protocol):
+    """What the provenance reads of a registration candidate (register.Candidate), named here so that this module
+    does not import registration (which imports it)."""
+
+    @property
+    def ref(self) -> str: ...
+    @property
+    def format(self) -> str: ...
+    @property
+    def key(self) -> str: ...
+    @property
+    def entry(self) -> CatalogEntry: ...
+    @property
+    def recipe(self) -> dict[str, Any]: ...
+    @property
+    def toolchain(self) -> dict[str, str]: ...
+    @property
+    def source(self) -> dict[str, Any]: ...
+    @property
+    def source_dir(self) -> Path | None: ...
+    @property
+    def parent(self) -> ParentRef | None: ...
+
 
 PROVENANCE: Final = "provenance.json"
 STATEMENT_TYPE: Final = "https://in-toto.io/Statement/v1"
@@ -34,7 +59,7 @@ def build_type(fmt: str) -> str:
 
 
 def statement(
-    c: Candidate, validation: dict[str, Any], outputs: dict[str, str], signed_at: datetime, hashes: HashCache
+    c: Built, validation: dict[str, Any], outputs: dict[str, str], signed_at: datetime, hashes: HashCache
 ) -> dict[str, Any]:
     """The provenance of candidate `c`: `outputs` (path in the artifact directory → sha256) are its subjects,
     `validation` the manifest's validation block; `signed_at` the time registration signed it."""
@@ -71,7 +96,7 @@ def statement(
     }
 
 
-def _dependencies(c: Candidate, hashes: HashCache) -> list[dict[str, Any]]:
+def _dependencies(c: Built, hashes: HashCache) -> list[dict[str, Any]]:
     """The inputs by sha256: the source (its content hash, then each file), the parent, the texts the recipe names."""
     src = c.source
     base = (

@@ -31,7 +31,6 @@ from pipelines.registry.trust import Rule, Signer, TrustPolicy
 
 if TYPE_CHECKING:
     from pipelines.registry.manifest import Manifest
-    from pipelines.registry.register import Candidate
 
 log = logging.getLogger(__name__)
 
@@ -128,7 +127,7 @@ def preflight(settings: Settings, *, now: datetime | None = None) -> SigningKey 
     return sk
 
 
-def seal(settings: Settings, c: Candidate, directory: Path, validation: dict[str, Any]) -> None:
+def seal(settings: Settings, c: provenance.Built, directory: Path, validation: dict[str, Any]) -> None:
     """Write the provenance of `c` into its (not yet renamed) artifact directory and sign every file of it.
 
     No-op without a configured key. `validation` is the manifest's validation block, as it will be written.
@@ -262,7 +261,9 @@ def verify_directory(
         signer = _check_signature_only(directory / SIGNATURE, ref, rule)
     signed = payload_files(directory / SIGNATURE)
     if not files_here and _sha256(directory / provenance.PROVENANCE) != signed.get(provenance.PROVENANCE):
-        raise SignatureRefused(ref, f"{provenance.PROVENANCE} differs from what was signed", file=provenance.PROVENANCE)
+        raise SignatureRefused(
+            ref, f"{provenance.PROVENANCE} differs from what was signed", file=provenance.PROVENANCE
+        )
     # The manifest's file list and hashes must be the signed ones (a manifest rewritten to match other bytes).
     for f in manifest.files:
         if f.path == SIGNATURE:
