@@ -23,6 +23,7 @@ _SAMPLES = {
     "ray_resources": ("{}", "{}"), "registry_username": ("u", "u"), "registry_password": ("p", "p"),
     "docker_config": ("/d", "/d/config.json"), "registry_ca": ("/ca.pem", "/ca.pem"),
     "serve_gpus": ("1xL4-24G", "('1xL4-24G',)"), "oci_registry": ("host/ns", "host/ns"), "oci_insecure": ("1", "True"),
+    "signing_key": ("/k.pem", "/k.pem"), "signing_cert": ("/chain.pem", "/chain.pem"),
 }
 
 
