@@ -660,3 +660,48 @@ def test_convert_register_refuses_an_unreadable_key_before_any_build_work(repo: 
     assert "MODELMINT_SIGNING_KEY" in done.stderr and "nope.pem cannot be read" in done.stderr
     assert "nothing was built" in done.stderr
     assert not repo.work.exists() or not any(repo.work.rglob("*.gguf"))
+
+
+@pytest.mark.slow
+def test_tiny_qwen2_q4_k_m_rebuilt_in_a_second_checkout_gets_an_attestation(
+    repo: Repo, tmp_path: Path
+) -> None:
+    """The real toolchain: tiny-qwen2 q4_k_m built, validated, registered and signed in one checkout; rebuilt from its
+    provenance in a clone with its own work directory and a second key; the same bytes get the attestation."""
+    from pipelines.compose import build_and_register
+    from pipelines.registry import reproduce
+    from pipelines.registry.formats import FORMATS
+    from pipelines.source.catalog import load_catalog
+
+    first, first_pub = _key(tmp_path / "first.pem")
+    second, second_pub = _key(tmp_path / "second.pem")
+    settings = repo.settings(MODELMINT_SIGNING_KEY=first)
+    entry = load_catalog(settings.catalog_path).get("tiny-qwen2")
+    run = build_and_register(FORMATS["gguf"], entry, settings, variants=["q4_k_m"], register=True)
+    assert run.failure() is None and run.registered == {"q4_k_m": REF}
+    keys = repo.root / "registry" / "keys"
+    keys.mkdir()
+    shutil.copy(first_pub, keys / "first.pub")
+    shutil.copy(second_pub, keys / "second.pub")
+    _trust(
+        repo,
+        "keys:\n  first: {public_key: keys/first.pub}\n  second: {public_key: keys/second.pub}\n"
+        "models:\n  '*': {keys: [first, second]}\n",
+    )
+    repo.commit_all("register tiny-qwen2:q4_k_m, signed by the first builder")
+    clone = Repo(tmp_path / "clone", repo.remote, tmp_path / "clone-work")
+    git(tmp_path, "clone", "-q", str(repo.root), "clone")
+    theirs = clone.settings()
+    path = reproduce.rebuild_and_attest(theirs, REF, signing.SigningKey(second))
+    manifest = load_manifest(manifest_path(theirs, "tiny-qwen2", "q4_k_m"))
+    (found,) = reproduce.attestations(theirs, manifest, load_policy(theirs))
+    assert found.path == path and found.signer == "second" and found.matches
+    # a planted difference in the rebuild: refused, naming the first differing file
+    rebuilt = theirs.work_dir / "reproduce" / "artifacts" / "tiny-qwen2" / "q4_k_m"
+    modelfile = rebuilt / "Modelfile"
+    modelfile.write_bytes(modelfile.read_bytes() + b"# planted\n")
+    path.unlink()
+    with pytest.raises(reproduce.ReproductionDiffers) as err:
+        reproduce.attest(theirs, manifest, rebuilt, signing.SigningKey(second))
+    assert err.value.file == "Modelfile"
+    assert not path.exists()

@@ -19,6 +19,7 @@ from pipelines import __version__
 from pipelines.core.fsutil import HashCache
 
 if TYPE_CHECKING:
+    from pipelines.core.settings import Settings
     from pipelines.registry.manifest import Manifest, ParentRef
     from pipelines.source.catalog import CatalogEntry
 
@@ -144,6 +145,24 @@ def read(directory: Path) -> dict[str, Any] | None:
     except FileNotFoundError:
         return None
     return data
+
+
+def registered(settings: Settings, manifest: Manifest) -> dict[str, Any] | None:
+    """The provenance of a registered artifact: from its directory in this checkout, else from the DVC remote (one
+    small object); None when it has none (registered unsigned).
+
+    Raises:
+        RemoteError, RemoteUnavailable: the checkout lacks it and the remote cannot be read.
+    """
+    placed = settings.repo_dir / manifest.dvc.path
+    if (placed / PROVENANCE).is_file():
+        return read(placed)
+    if manifest.dvc.md5 is None or not any(f.path == PROVENANCE for f in manifest.files):
+        return None
+    from pipelines.registry.dvcrepo import read_remote_files
+
+    raw = read_remote_files(settings, manifest.dvc.md5, [PROVENANCE]).get(PROVENANCE)
+    return json.loads(raw) if raw else None
 
 
 def signed_at(stmt: dict[str, Any]) -> datetime:

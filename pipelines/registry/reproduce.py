@@ -44,7 +44,7 @@ class ReproductionDiffers(RegistryError):
             f"{ref}: the rebuild differs from the registered artifact, first at {file} ({detail}); no attestation "
             "was written",
             hint="compare the toolchain pins and the source commit with `modelmint show NAME:TAG --provenance`; "
-            "the rebuild is kept for a look",
+            "the rebuild is kept under MODELMINT_WORK_DIR/reproduce/ for a look",
         )
         self.ref = ref
         self.file = file
@@ -190,7 +190,8 @@ def rebuild_and_attest(
     settings: Settings, ref: str, key: SigningKey, *, progress: Callable[[str], None] = lambda _m: None
 ) -> Path:
     """Rebuild registered `ref` in this checkout from its provenance (the catalog entry it records, at the source
-    commit the manifest names), place it as registration would under MODELMINT_WORK_DIR/reproduce/, and attest it
+    commit the manifest names), place it as registration would under MODELMINT_WORK_DIR/reproduce/artifacts/NAME/TAG
+    (kept there for a look), and attest it
     when every byte matches.
 
     Raises:
@@ -201,27 +202,17 @@ def rebuild_and_attest(
     """
     import shutil
 
-    from pipelines.registry.dvcrepo import read_remote_files
     from pipelines.registry.formats import format_of
     from pipelines.registry.manifest import find_manifest
     from pipelines.source.catalog import CatalogEntry
 
     manifest = find_manifest(settings, ref)
-    placed = settings.repo_dir / manifest.dvc.path / provenance.PROVENANCE
-    if placed.is_file():
-        raw = placed.read_bytes()
-    elif manifest.dvc.md5 is not None:
-        raw = read_remote_files(settings, manifest.dvc.md5, [provenance.PROVENANCE]).get(
-            provenance.PROVENANCE, b""
-        )
-    else:
-        raw = b""
-    if not raw:
+    stmt = provenance.registered(settings, manifest)
+    if stmt is None:
         raise RegistryError(
             f"{manifest.ref} has no provenance to rebuild from (it was registered unsigned)",
             hint="register it again with MODELMINT_SIGNING_KEY set",
         )
-    stmt = json.loads(raw)
     entry = CatalogEntry.model_validate(
         stmt["predicate"]["buildDefinition"]["externalParameters"]["catalog_entry"]
     )
@@ -235,8 +226,8 @@ def rebuild_and_attest(
             hint=f"see the build's report under {settings.work_dir}",
         )
     c = fmt.candidate(result.plan, result.variants[manifest.tag])
-    into = settings.work_dir / "reproduce" / manifest.name / manifest.tag
-    shutil.rmtree(into, ignore_errors=True)
+    into = settings.work_dir / "reproduce"
+    shutil.rmtree(into / manifest.dvc.path, ignore_errors=True)  # an earlier reproduction's placement
     return attest(settings, manifest, place_rebuild(settings, c, into), key)
 
 
