@@ -113,7 +113,7 @@ def test_command_modules_share_only_the_private_ones() -> None:
     cli = Path(pipelines.__file__).parent / "cli"
     assert _cli_violations(cli) == []
     commands = {p.stem for p in cli.glob("*.py") if not p.stem.startswith("_")}
-    assert {"build", "registry", "plan"} <= commands  # the groups the CLI is made of
+    assert {"build", "registry", "plan", "stack"} <= commands  # the groups the CLI is made of
 
 
 def test_the_command_module_check_finds_one_importing_another(tmp_path: Path) -> None:

@@ -26,7 +26,9 @@ def pinned(settings: Settings) -> tuple[types.ModuleType, str]:
     """The pinned tree's gguf-py constants (loaded from its file: the main venv's gguf package may differ) and the
     text of its src/llama-quant.cpp."""
     source = llama_cpp(settings).source
-    spec = importlib.util.spec_from_file_location("pinned_gguf_constants", source / "gguf-py" / "gguf" / "constants.py")
+    spec = importlib.util.spec_from_file_location(
+        "pinned_gguf_constants", source / "gguf-py" / "gguf" / "constants.py"
+    )
     assert spec and spec.loader
     constants = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(constants)
@@ -58,14 +60,24 @@ def _problems(rows: dict[str, GGUFType], constants: types.ModuleType, cpp: str) 
             out.append(f"{t.name}: gguf-py's LlamaFileType has no MOSTLY_{t.name.upper()}")
             continue
         if defaults.get(f"LLAMA_FTYPE_MOSTLY_{t.name.upper()}") != f"GGML_TYPE_{t.ggml_type}":
-            out.append(f"{t.name}: llama_ftype_get_default_type gives "
-                       f"{defaults.get(f'LLAMA_FTYPE_MOSTLY_{t.name.upper()}')}, the row {t.ggml_type}")
+            out.append(
+                f"{t.name}: llama_ftype_get_default_type gives "
+                f"{defaults.get(f'LLAMA_FTYPE_MOSTLY_{t.name.upper()}')}, the row {t.ggml_type}"
+            )
         block = constants.GGML_QUANT_SIZES[ggml[t.ggml_type]][0]
         if block != t.block:
-            out.append(f"{t.name}: {t.ggml_type}'s block is {block} in GGML_QUANT_SIZES, the row says {t.block}")
-        want = "F16" if block <= 32 else fallbacks.get(f"GGML_TYPE_{t.ggml_type}", "none").removeprefix("GGML_TYPE_")
+            out.append(
+                f"{t.name}: {t.ggml_type}'s block is {block} in GGML_QUANT_SIZES, the row says {t.block}"
+            )
+        want = (
+            "F16"
+            if block <= 32
+            else fallbacks.get(f"GGML_TYPE_{t.ggml_type}", "none").removeprefix("GGML_TYPE_")
+        )
         if t.fallback != want:
-            out.append(f"{t.name}: tensor_type_fallback stores {t.ggml_type} rows as {want}, the row says {t.fallback}")
+            out.append(
+                f"{t.name}: tensor_type_fallback stores {t.ggml_type} rows as {want}, the row says {t.fallback}"
+            )
     return out
 
 
@@ -104,9 +116,10 @@ def test_each_compressed_scheme_has_its_catalog_model_presets_and_checkpoint_for
     """The catalog's `scheme` Literal of each variant offers exactly the row's presets, its default first; every
     preset has the checkpoint layout check_structure compares (pipelines/compressed/checkpoint.py)."""
     from pipelines.compressed.checkpoint import SCHEME_FORMATS
-    from pipelines.source.catalog import COMPRESSED_VARIANTS
+    from pipelines.source.catalog import COMPRESSED_VARIANTS, Variants
 
     assert list(COMPRESSED_VARIANTS) == list(COMPRESSED_SCHEMES)
+    assert set(Variants.model_fields) == {"gguf", *COMPRESSED_SCHEMES}
     for name, model in COMPRESSED_VARIANTS.items():
         field = model.model_fields["scheme"]
         assert set(get_args(field.annotation)) == set(COMPRESSED_SCHEMES[name].presets), name
@@ -137,9 +150,16 @@ def test_a_row_table_and_its_literal_that_disagree_refuse_to_import() -> None:
 def test_no_module_spells_a_vocabulary_again() -> None:
     """The patterns the vocabulary declares once appear nowhere else in pipelines/ and flows/."""
     root = Path(vocab.__file__).parents[2]
-    spelled = {r"^[0-9a-f]{40}$": "COMMIT", r"^[0-9a-f]{64}$": "SHA256", r"[a-z0-9][a-z0-9._-]*$": "NAME",
-               '"[a-z0-9][a-z0-9._-]*"': "NAME",
-               '"fp8_e4m3": 1': "KV_DTYPES", '"w4a16-awq"': "COMPRESSED_SCHEMES", '"iq4_nl"': "GGUF_TYPES"}
+    spelled = {
+        r"^[0-9a-f]{40}$": "COMMIT",
+        r"^[0-9a-f]{64}$": "SHA256",
+        r"[a-z0-9][a-z0-9._-]*$": "NAME",
+        '"[a-z0-9][a-z0-9._-]*"': "NAME",
+        'Literal["gguf", "compressed-tensors"]': "Format",
+        '"fp8_e4m3": 1': "KV_DTYPES",
+        '"w4a16-awq"': "COMPRESSED_SCHEMES",
+        '"iq4_nl"': "GGUF_TYPES",
+    }
     found = []
     for path in sorted([*root.glob("pipelines/**/*.py"), *root.glob("flows/**/*.py")]):
         if path.name == "vocab.py" or "scripts" in path.parts:

@@ -69,12 +69,7 @@ def watch_cmd(
             highlight=False,
         )
         return
-    limit, found, failed = upstream.RateLimit(0.2), [], []
-    for entry in entries:
-        try:
-            found.append(upstream.check(entry, settings, limit=limit))
-        except ModelmintError as e:
-            failed.append((entry.name, e))
+    found, failed = upstream.check_all(entries, settings, limit=upstream.RateLimit(0.2))
     moved = [m for m in found if m.moved]
     if apply:
         from pipelines.registry.pins import move_pin

@@ -94,7 +94,13 @@ def modelfile(
     if output is None:
         sys.stdout.write(text)
         return
-    write_text_atomic(output, text)
+    try:
+        write_text_atomic(output, text)
+    except OSError as e:  # a folder of that name, a file where its folder goes (a full disk is DiskFullError)
+        raise ConfigError(
+            f"--out {output}: cannot write it ({e.strerror or e})",
+            hint=f"give --out a file path in a folder you can write: modelmint modelfile {gguf} --out DIR/Modelfile",
+        ) from e
     proof = built.proof
     err.print(
         f"wrote {output} (family {built.family or 'hand-written'}"

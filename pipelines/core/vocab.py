@@ -1,8 +1,9 @@
-"""Every name modelmint's parts share, declared once: GGUF types, compressed schemes, KV dtypes, identifiers, tags.
+"""Every name modelmint's parts share, declared once: GGUF types, compressed schemes, KV dtypes, identifiers, tags."""
 
-A leaf: it imports no other modelmint module (only pydantic, for the identifier types), so the catalog, the gates, the pre-flight checks, the manifest, the
-DVC stages and the planner all read their names and per-type facts from here and cannot disagree.
-"""
+# A leaf: it imports no other modelmint module (only pydantic, for the identifier types), so the catalog, the gates,
+# the pre-flight checks, the manifest, the DVC stages and the planner read their names and per-type facts from here and
+# cannot disagree (tests/test_layout.py keeps the import graph acyclic; tests/test_vocab.py checks the GGUF rows against
+# the pinned llama.cpp tree).
 
 from __future__ import annotations
 
@@ -43,10 +44,6 @@ ModelName = Annotated[str, AfterValidator(_checked_name)]
 """A catalog entry's and a manifest's model name (qwen2.5): the first part of a reference and of an artifact path."""
 VariantTag = Annotated[str, AfterValidator(_checked_name)]
 """A variant's tag (q4_k_m, fp8): the second part of a reference, one item of a dvc.yaml stage."""
-
-
-def is_commit(text: str) -> bool:
-    return bool(COMMIT.fullmatch(text))
 
 
 # ---------------------------------------------------------------- GGUF types (llama.cpp)
@@ -262,11 +259,6 @@ def artifact_relpath(name: str, tag: str) -> str:
 def stage_name(name: str, tag: str) -> str:
     """The dvc.yaml stage whose output is that directory: gguf@qwen2.5-q4_k_m, compress@qwen2.5-fp8."""
     return f"{STAGES[format_of_tag(tag)]}@{name}-{tag}"
-
-
-def ref(name: str, tag: str) -> str:
-    """The reference people type: qwen2.5:q4_k_m."""
-    return f"{name}:{tag}"
 
 
 def _same(declared: Iterable[str], literal: Any, what: str) -> None:
