@@ -705,3 +705,65 @@ def test_tiny_qwen2_q4_k_m_rebuilt_in_a_second_checkout_gets_an_attestation(
         reproduce.attest(theirs, manifest, rebuilt, signing.SigningKey(second))
     assert err.value.file == "Modelfile"
     assert not path.exists()
+
+
+# ---------------------------------------------------------------- the commands
+
+
+def _cli(repo: Repo, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*MODELMINT, *args],
+        env={**repo.env(), "COLUMNS": "400", **env},
+        capture_output=True,
+        text=True,
+        cwd=repo.root,
+        timeout=300,
+    )
+
+
+def test_pull_says_who_signed_and_takes_an_unsigned_one_only_when_allowed(
+    signed: tuple[Repo, Path, Path], repo: Repo, tmp_path: Path
+) -> None:
+    done = _cli(repo, "pull", REF, "--dest", str(tmp_path / "signed"), "--no-ollama")
+    assert done.returncode == 0, done.stderr
+    assert "signed by release on " in done.stdout
+    # the same tag registered again unsigned (no key): refused, then taken with --allow-unsigned and a warning
+    settings = repo.settings()
+    register(settings, candidate(settings, tmp_path / "build-unsigned", seed=3))
+    refused = _cli(repo, "pull", REF, "--dest", str(tmp_path / "unsigned"), "--no-ollama")
+    assert (
+        refused.returncode == 1 and "it is not signed" in refused.stderr and "Traceback" not in refused.stderr
+    )
+    assert not (tmp_path / "unsigned").exists()
+    taken = _cli(repo, "pull", REF, "--dest", str(tmp_path / "unsigned"), "--no-ollama", "--allow-unsigned")
+    assert taken.returncode == 0, taken.stderr
+    assert "warning:" in taken.stderr and "--allow-unsigned" in taken.stderr
+    assert (tmp_path / "unsigned" / "Modelfile").is_file()
+
+
+def test_show_provenance_prints_the_statement_and_who_reproduced_it(
+    signed: tuple[Repo, Path, Path], tmp_path: Path
+) -> None:
+    from pipelines.registry import reproduce
+
+    repo, _, _ = signed
+    settings = repo.settings()
+    manifest = load_manifest(manifest_path(settings, "tiny-qwen2", "q4_k_m"))
+    rebuilt = reproduce.place_rebuild(
+        settings, candidate(settings, tmp_path / "rebuild"), tmp_path / "scratch"
+    )
+    stranger, _ = _key(tmp_path / "stranger.pem")
+    reproduce.attest(settings, manifest, rebuilt, signing.SigningKey(stranger))
+    shown = _cli(repo, "show", REF, "--provenance")
+    assert shown.returncode == 0, shown.stderr
+    stmt = json.loads(shown.stdout)
+    assert stmt["predicateType"] == "https://slsa.dev/provenance/v1"
+    assert stmt["predicate"]["buildDefinition"]["externalParameters"]["artifact"] == REF
+    assert "reproduced by key " in shown.stderr and "(not in registry/trust.yaml)" in shown.stderr
+
+
+def test_reproduce_needs_a_signing_key(signed: tuple[Repo, Path, Path]) -> None:
+    repo, _, _ = signed
+    done = _cli(repo, "reproduce", REF)
+    assert done.returncode == 1 and "MODELMINT_SIGNING_KEY is not set" in done.stderr
+    assert "Traceback" not in done.stderr

@@ -23,7 +23,7 @@ from pipelines.core.errors import (
 from pipelines.core.fsutil import HashCache, atomic_output
 from pipelines.core.settings import Settings
 from pipelines.registry import dvcrepo
-from pipelines.registry.formats import format_of
+from pipelines.registry.formats.base import format_of
 from pipelines.registry.manifest import Manifest, find_manifest, manifest_path
 from pipelines.registry.signing import Verified, verify_directory
 from pipelines.registry.trust import load_policy

@@ -217,7 +217,7 @@ def rebuild_and_attest(
         stmt["predicate"]["buildDefinition"]["externalParameters"]["catalog_entry"]
     )
     fmt = format_of(manifest.tag)
-    result = fmt.build(
+    result = fmt.build_here(
         entry, settings, variants=[manifest.tag], revision=manifest.source.revision, progress=progress
     )
     if manifest.tag not in result.passed or result.plan is None:
