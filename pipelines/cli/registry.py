@@ -110,12 +110,15 @@ def show(
     ] = False,
 ) -> None:
     """Print one artifact's manifest, its serving plans included (--plans: those as a table; --history: its versions,
-    newest first)."""
+    newest first; --provenance: its signed provenance, and who reproduced it)."""
     from pipelines.registry.manifest import find_manifest
 
     settings = load_settings()
     if plans:
         _print_serving(find_manifest(settings, ref))
+        return
+    if provenance:
+        _print_provenance(ref)
         return
     if not history:
         from pipelines.registry.images import publications
