@@ -38,7 +38,7 @@ from pipelines.core.report import Validation
 from pipelines.core.settings import Settings
 from pipelines.core.steps import BuildResult, VariantError, VariantOutcome, keep_failure, variant_scoped
 from pipelines.publish.oci import RegistryRef
-from pipelines.registry import dvcrepo
+from pipelines.registry import dvcrepo, signing
 from pipelines.registry import register as reg
 from pipelines.registry.formats import format_of, implementation, split_by_format
 from pipelines.registry.images import Published
@@ -97,6 +97,7 @@ def convert(model: str, variants: list[str] | None = None, revision: str | None 
     by_format = split_variants(entry, variants)
     # Refuse before any work a variant that could not be registered (no dvc.yaml stage records it).
     dvcrepo.require_stages(settings, entry.name, [v for asked in by_format.values() for v in asked])
+    signing.preflight(settings)  # a configured signing key that cannot sign: refused before any build work
     oci = oci_registry(settings)
     if settings.ray_address:
         _check_cluster(settings, by_format)

@@ -71,12 +71,15 @@ def build_and_register(
 
     Raises:
         RegistryError: `register` is set and a variant has no dvc.yaml stage (before any work).
+        SigningKeyError: `register` is set and MODELMINT_SIGNING_KEY names a key that cannot sign (before any work).
         ConfigError, SourceError, ToolchainMissing, DiskFullError: what stops every variant alike.
     """
     if register:
         from pipelines.registry.dvcrepo import require_stages
+        from pipelines.registry.signing import preflight
 
         require_stages(settings, entry.name, variants if variants is not None else fmt.catalog_variants(entry))
+        preflight(settings)  # a configured signing key that cannot sign (pipelines/registry/signing.py)
     result = fmt.build_here(entry, settings, variants=variants, revision=revision, progress=progress, **options)
     if not register or result.plan is None:
         return Run(result)

@@ -37,6 +37,8 @@ _SAMPLES = {
     "serve_gpus": ("1xL4-24G", "('1xL4-24G',)"),
     "oci_registry": ("host/ns", "host/ns"),
     "oci_insecure": ("1", "True"),
+    "signing_key": ("/k.pem", "/k.pem"),
+    "signing_cert": ("/chain.pem", "/chain.pem"),
 }
 
 

@@ -25,6 +25,15 @@ from pipelines.core.errors import ConfigError
 
 if TYPE_CHECKING:
     from pipelines.registry.manifest import Manifest
+    from pipelines.registry.signing import Verified
+
+AllowUnsignedOption = Annotated[
+    bool,
+    typer.Option(
+        "--allow-unsigned",
+        help="take an artifact without a signature the trust policy refuses (a warning says so)",
+    ),
+]
 
 
 @app.command("list")
@@ -95,14 +104,21 @@ def show(
     plans: Annotated[
         bool, typer.Option("--plans", help="its serving plans per GPU inventory, as a table")
     ] = False,
+    provenance: Annotated[
+        bool,
+        typer.Option("--provenance", help="its signed SLSA provenance, and who reproduced it (attestations)"),
+    ] = False,
 ) -> None:
     """Print one artifact's manifest, its serving plans included (--plans: those as a table; --history: its versions,
-    newest first)."""
+    newest first; --provenance: its signed provenance, and who reproduced it)."""
     from pipelines.registry.manifest import find_manifest
 
     settings = load_settings()
     if plans:
         _print_serving(find_manifest(settings, ref))
+        return
+    if provenance:
+        _print_provenance(ref)
         return
     if not history:
         from pipelines.registry.images import publications
@@ -132,6 +148,58 @@ def show(
             "[green]current[/green]" if v.current else "",
         )
     out.print(table)
+
+
+def _print_provenance(ref: str) -> None:
+    """The provenance on stdout (JSON, as signed); each reproduced-by attestation on stderr, for people."""
+    from pipelines.core.errors import RegistryError
+    from pipelines.registry import provenance, reproduce
+    from pipelines.registry.formats import format_of
+    from pipelines.registry.manifest import find_manifest
+    from pipelines.registry.trust import load_policy
+
+    settings = load_settings()
+    manifest = find_manifest(settings, ref)
+    stmt = provenance.registered(settings, manifest)
+    if stmt is None:
+        raise RegistryError(
+            f"{manifest.ref} has no provenance: it was registered unsigned",
+            hint=f"register it again with MODELMINT_SIGNING_KEY set ("
+            f"`{format_of(manifest.tag).rebuild_command(manifest.name, manifest.tag)}`)",
+        )
+    out.print_json(json.dumps(stmt))
+    for a in reproduce.attestations(settings, manifest, load_policy(settings)):
+        who = a.signer or f"key {a.keyid[:16]} (not in registry/trust.yaml)"
+        err.print(
+            f"reproduced by {who} on {a.reproduced_on:%Y-%m-%d}"
+            + ("" if a.matches else " (of an earlier registration's files)"),
+            highlight=False,
+            soft_wrap=True,
+        )
+
+
+@app.command()
+def reproduce(ref: Annotated[str, typer.Argument(help="name:tag, e.g. qwen2.5:q4_k_m")]) -> None:
+    """Rebuild a registered artifact here from its provenance and, when every byte matches, add a reproduced-by
+    attestation signed with MODELMINT_SIGNING_KEY (registry/attestations/NAME/TAG/; commit it)."""
+    from pipelines.registry import signing
+    from pipelines.registry.reproduce import rebuild_and_attest
+
+    settings = load_settings()
+    key = signing.preflight(settings)
+    if key is None:
+        raise ConfigError(
+            "MODELMINT_SIGNING_KEY is not set: a reproduced-by attestation is signed with this builder's key",
+            hint='set MODELMINT_SIGNING_KEY to your PEM EC private key (docs/registry.md, "Signing"), then rerun',
+        )
+    path = rebuild_and_attest(
+        settings, ref, key, progress=lambda m: err.print(f"[dim]•[/dim] {escape(m)}", highlight=False)
+    )
+    out.print(
+        f"{ref}: the rebuild matches every registered byte; attestation → {path} (commit it)",
+        highlight=False,
+        soft_wrap=True,
+    )
 
 
 def _print_serving(m: Manifest) -> None:
@@ -204,9 +272,10 @@ def pull(
         ),
     ] = None,
     insecure: InsecureOption = False,
+    allow_unsigned: AllowUnsignedOption = False,
 ) -> None:
-    """Fetch a registered artifact from the DVC remote (or an OCI registry), check its sha256, and hand it to Ollama
-    (GGUF) or print its `vllm serve` command (compressed-tensors)."""
+    """Fetch a registered artifact from the DVC remote (or an OCI registry), check its sha256 and its signature
+    (registry/trust.yaml), and hand it to Ollama (GGUF) or print its `vllm serve` command (compressed-tensors)."""
     import shlex
 
     from pipelines.registry.pull import pull as pull_artifact
@@ -218,16 +287,19 @@ def pull(
 
         name, tag = parse_ref(ref)
         image = RegistryRef.parse(from_registry, insecure=insecure).image(name, tag)
-        result = pull_image(load_settings(), image, insecure=insecure, dest=dest, ollama=ollama)
+        result = pull_image(
+            load_settings(), image, insecure=insecure, dest=dest, ollama=ollama, allow_unsigned=allow_unsigned
+        )
         origin = f" from {image}"
     else:
-        result = pull_artifact(load_settings(), ref, dest=dest, ollama=ollama)
+        result = pull_artifact(load_settings(), ref, dest=dest, ollama=ollama, allow_unsigned=allow_unsigned)
         origin = ""
     m = result.manifest
     state = f"fetched{origin} and verified" if result.fetched else "already in place and verified"
     out.print(
         f"{m.ref} ({mib(m.weights_bytes)}, sha256 {m.sha256[:12]}…) {state} → {result.dest}", soft_wrap=True
     )
+    _print_verified(result.verified)
     if result.ran_ollama:
         out.print(
             f"[green]ollama create {m.ref} done[/green] (it answers: {escape(result.ollama_reply or '')[:60]!r}); "
@@ -319,6 +391,14 @@ def publish(
     )
 
 
+def _print_verified(v: Verified | None) -> None:
+    """Who signed what was pulled (or why it was taken unsigned), beside the pull's own line."""
+    if v is not None and v.signer is not None and v.signed_at is not None:
+        out.print(f"signed by {v.signer} on {v.signed_at:%Y-%m-%d} (registry/trust.yaml)", highlight=False)
+    for w in v.warnings if v is not None else ():
+        err.print(f"[yellow]warning:[/yellow] {escape(w)}", highlight=False)
+
+
 @app.command("verify")
 def verify_cmd(
     refs: Annotated[
@@ -330,12 +410,13 @@ def verify_cmd(
             help="upload what is missing or damaged again from this machine's DVC cache or workspace"
         ),
     ] = False,
+    allow_unsigned: AllowUnsignedOption = False,
 ) -> None:
     """Check the DVC remote's copy of registered artifacts: every file hashed against its manifest, nothing
     pulled. Exits 1 listing each missing or damaged object (for a nightly job)."""
     from pipelines.registry.verify import verify_remote
 
-    result = verify_remote(load_settings(), refs or None, repair=repair)
+    result = verify_remote(load_settings(), refs or None, repair=repair, allow_unsigned=allow_unsigned)
     if not (result.artifacts or result.invalid or result.removed_uploads):
         out.print(
             "nothing registered yet, so nothing to verify: `modelmint convert NAME --register` registers one"

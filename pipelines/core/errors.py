@@ -367,3 +367,25 @@ class OciBlobMismatch(OciError):
         self.image = image
         self.digest = digest
         self.actual = actual
+
+
+class SigningKeyError(ConfigError):
+    """The signing key (MODELMINT_SIGNING_KEY) or its certificate cannot sign: raised before any build work."""
+
+
+class TrustPolicyInvalid(ConfigError):
+    """registry/trust.yaml does not validate (a typo, an unknown key name, a key file that is not there)."""
+
+
+class SignatureRefused(RegistryError):
+    """An artifact whose signature or provenance the trust policy does not accept: nothing was pulled or replaced."""
+
+    def __init__(self, ref: str, problem: str, *, file: str | None = None, hint: str | None = None) -> None:
+        super().__init__(
+            f"{ref}: {problem}; nothing was pulled",
+            hint=hint or f"`modelmint verify {ref}` says what the remote holds; register it again from a trusted "
+            "build (`modelmint convert NAME --variants TAG --register` with MODELMINT_SIGNING_KEY set)",
+        )
+        self.ref = ref
+        self.problem = problem
+        self.file = file

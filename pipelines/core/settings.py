@@ -81,6 +81,13 @@ class Settings:
     pipelines.publish.oci.RegistryRef when a run starts); None publishes nothing."""
     oci_insecure: bool = field(default=False, metadata=_is("orchestration", "MODELMINT_OCI_INSECURE"))
     """1: speak plain HTTP to that registry (a registry on a trusted network)."""
+    signing_key: Path | None = field(default=None, metadata=_is("orchestration", "MODELMINT_SIGNING_KEY"))
+    """The PEM private key (EC) registration signs every artifact with: a path outside the repository (its bytes are
+    read when signing, never logged or copied; pipelines/registry/signing.py); None: artifacts are registered
+    unsigned. Not a plan setting: the signature is beside the bytes, not part of them."""
+    signing_cert: Path | None = field(default=None, metadata=_is("orchestration", "MODELMINT_SIGNING_CERT"))
+    """The signing key's certificate, then its intermediates, in one PEM file: signatures carry the chain instead of
+    naming a bare key (docs/registry.md, "Signing")."""
 
     SECRETS: ClassVar[tuple[str, ...]]
     """Credentials (role `secret`): never stored, never part of a key."""
@@ -124,6 +131,8 @@ class Settings:
             serve_gpus=_serve_gpus(read["serve_gpus"]),
             oci_registry=read["oci_registry"],
             oci_insecure=_flag(env, var["oci_insecure"]),
+            signing_key=Path(p).expanduser() if (p := read["signing_key"]) else None,
+            signing_cert=Path(p).expanduser() if (p := read["signing_cert"]) else None,
         )
 
     @classmethod

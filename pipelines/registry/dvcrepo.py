@@ -359,6 +359,36 @@ def _remote_odb(settings: Settings) -> Iterator[Any]:
         repo.close()
 
 
+def read_remote_files(settings: Settings, dir_md5: str, paths: Iterable[str]) -> dict[str, bytes]:
+    """The bytes of small files of a directory output as the default remote holds them (the signature and the
+    provenance a verify run checks); a path the remote's listing lacks, or whose object is missing, is left out.
+
+    Raises:
+        RemoteError: no usable default remote. RemoteUnavailable: it could not be read.
+    """
+    wanted = set(paths)
+    with _remote_odb(settings) as odb:
+        try:
+            try:
+                listing = odb.fs.cat_file(odb.oid_to_path(dir_md5))
+            except FileNotFoundError:
+                local = cache_object(cache_dir(settings), dir_md5)
+                listing = local.read_bytes() if local.is_file() else b"[]"
+            out: dict[str, bytes] = {}
+            for e in json.loads(listing):
+                if e.get("relpath") in wanted:
+                    try:
+                        out[e["relpath"]] = odb.fs.cat_file(odb.oid_to_path(e["md5"]))
+                    except FileNotFoundError:
+                        continue
+            return out
+        except OSError as err:
+            raise RemoteUnavailable(
+                f"the DVC remote {odb.fs.unstrip_protocol(odb.path)} could not be read: {err}",
+                hint="check the network or the mount the remote lives on, then rerun the same command",
+            ) from err
+
+
 def _is_local(odb: Any) -> bool:
     return "local" in (odb.fs.protocol if isinstance(odb.fs.protocol, tuple) else (odb.fs.protocol,))
 

@@ -282,7 +282,7 @@ def describe(there: tuple[bytes, str, str], carried: Manifest | None) -> str:
 
 
 def pull_image(settings: Settings, image: str, *, insecure: bool = False, dest: Path | None = None,
-               ollama: bool = True) -> PullResult:
+               ollama: bool = True, allow_unsigned: bool = False) -> PullResult:
     """Fetch HOST/NAMESPACE/NAME:TAG into `dest` (default: its artifacts/ path), every blob hashed, every file
     checked against the manifest the image carries (and this checkout's, when it has one); no DVC involved.
 
@@ -290,7 +290,13 @@ def pull_image(settings: Settings, image: str, *, insecure: bool = False, dest: 
         RegistryError: no such image, or not one modelmint published, or one that disagrees with its manifest.
         OciBlobMismatch: a blob's bytes are not its digest (nothing in `dest` is replaced).
         OciUnavailable, OciAuthRefused, OciError: the registry is down or refuses.
+        TrustPolicyInvalid, SignatureRefused: the trust policy does not validate, or does not accept the artifact's
+            signature (signing.verify_directory; nothing in `dest` is replaced).
     """
+    from pipelines.registry.signing import verify_directory
+    from pipelines.registry.trust import load_policy
+
+    policy = load_policy(settings)
     registry, name, tag = parse_image(image, insecure=insecure)
     repository = registry.repository(name)
     with client_for(settings, registry) as client:
@@ -304,13 +310,18 @@ def pull_image(settings: Settings, image: str, *, insecure: bool = False, dest: 
         _agrees_with_checkout(settings, manifest, image)
         target = dest if dest is not None else settings.repo_dir / manifest.dvc.path
         fetched = not holds(target, manifest, HashCache(settings.home / "hashcache.json"))
+        shown = f"{image} (its manifest layer)"
         if fetched:
             with atomic_output(target) as tmp:
                 tmp.mkdir()
                 for f in manifest.files:
                     (tmp / f.path).parent.mkdir(parents=True, exist_ok=True)
                     client.fetch_blob(repository, "sha256:" + f.sha256, tmp / f.path)
-    return PullResult(manifest, target, fetched, **format_of(manifest.tag).offer(target, manifest, ollama))
+                verified = verify_directory(tmp, manifest, policy, shown=shown, allow_unsigned=allow_unsigned)
+        else:
+            verified = verify_directory(target, manifest, policy, shown=shown, allow_unsigned=allow_unsigned)
+    return PullResult(manifest, target, fetched, **format_of(manifest.tag).offer(target, manifest, ollama),
+                      verified=verified)
 
 
 def _read_image(client: OciClient, repository: str, image: str,

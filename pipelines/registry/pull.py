@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +25,8 @@ from pipelines.core.settings import Settings
 from pipelines.registry import dvcrepo
 from pipelines.registry.formats.base import format_of
 from pipelines.registry.manifest import Manifest, find_manifest, manifest_path
+from pipelines.registry.signing import Verified, verify_directory
+from pipelines.registry.trust import load_policy
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +47,8 @@ class PullResult:
     """The commands that make the model available: Ollama's (run when `ollama` is on PATH), or `vllm serve`."""
     ran_ollama: bool = False
     ollama_reply: str | None = None
+    verified: Verified | None = None
+    """What the signature check found (who signed, when; or why an unsigned artifact was accepted)."""
 
     @property
     def modelfile(self) -> Path | None:
@@ -51,7 +56,8 @@ class PullResult:
         return p if p.is_file() else None
 
 
-def pull(settings: Settings, ref: str, *, dest: Path | None = None, ollama: bool = True) -> PullResult:
+def pull(settings: Settings, ref: str, *, dest: Path | None = None, ollama: bool = True,
+         allow_unsigned: bool = False) -> PullResult:
     """Place the registered artifact `ref` (name:tag) in `dest` (default: its path in the repository); `name:tag@C`
 names an earlier version by its source commit or the git commit that registered it (a unique prefix, e.g. 12 hex).
 
@@ -62,22 +68,34 @@ names an earlier version by its source commit or the git commit that registered 
         NotRegistered, ManifestInvalid, ConfigError: no usable manifest for `ref` (or no version `@C` of it).
         RemoteError, RemoteUnavailable: the DVC remote is misconfigured, unreachable, or lacks the blob.
         BlobMismatch: what came from the remote is not what was registered.
+        TrustPolicyInvalid: registry/trust.yaml does not validate (nothing is fetched).
+        SignatureRefused: the signature, provenance or signer is not what the trust policy accepts (signing.
+            verify_directory); `dest` is left as it was.
         ToolError: `ollama create` failed.
     """
     if dest is not None and (dest.exists() or dest.is_symlink()) and not dest.is_dir():
         # holds() would meet NotADirectoryError under it; the artifact's files need a directory to go in
         raise ConfigError(f"--dest {dest} is a file, not a directory: the artifact's files go in a directory",
                           hint=f"name a directory (new or existing) with --dest, or move {dest} away")
+    policy = load_policy(settings)
+
+    def check(manifest: Manifest, directory: Path) -> Verified:
+        return verify_directory(directory, manifest, policy, shown=_shown(settings, manifest),
+                                allow_unsigned=allow_unsigned)
+
     ref, _, at = ref.partition("@")
     if at:
-        return _pull_version(settings, ref, at, dest=dest, ollama=ollama)
+        return _pull_version(settings, ref, at, dest=dest, ollama=ollama, check=check, allow_unsigned=allow_unsigned)
     manifest = _settled(settings, ref)
     target = dest if dest is not None else settings.repo_dir / manifest.dvc.path
     fetched = False
-    if not holds(target, manifest, HashCache(settings.home / "hashcache.json")):
-        _fetch_into(settings, manifest, target)
+    if holds(target, manifest, HashCache(settings.home / "hashcache.json")):
+        verified = check(manifest, target)
+    else:
+        verified = _fetch_into(settings, manifest, target, check)
         fetched = True
-    return PullResult(manifest, target, fetched, **format_of(manifest.tag).offer(target, manifest, ollama))
+    return PullResult(manifest, target, fetched, **format_of(manifest.tag).offer(target, manifest, ollama),
+                      verified=verified)
 
 
 def _settled(settings: Settings, ref: str) -> Manifest:
@@ -135,7 +153,8 @@ def _lock_rewritten(settings: Settings, manifest: Manifest, md5: str) -> bool:
     return all(o.get("md5") != md5 for o in outs if isinstance(o, dict) and o.get("path") == manifest.dvc.path)
 
 
-def _pull_version(settings: Settings, ref: str, at: str, *, dest: Path | None, ollama: bool) -> PullResult:
+def _pull_version(settings: Settings, ref: str, at: str, *, dest: Path | None, ollama: bool,
+                  check: Callable[[Manifest, Path], Verified], allow_unsigned: bool) -> PullResult:
     """An earlier version of `ref` from the DVC remote, through `dvc get --rev` at the git commit that registered it;
     every file checked against that version's manifest. Ollama is not run: the current version keeps the name."""
     from pipelines.registry.history import history
@@ -151,7 +170,7 @@ def _pull_version(settings: Settings, ref: str, at: str, *, dest: Path | None, o
                           "--history` lists them")
     version = found[0]
     if version.current:
-        return pull(settings, ref, dest=dest, ollama=ollama)
+        return pull(settings, ref, dest=dest, ollama=ollama, allow_unsigned=allow_unsigned)
     manifest = version.manifest
     if version.commit is None or manifest.dvc.md5 is None:
         raise RegistryError(f"{ref}@{at} was not recorded in DVC", hint="only versions committed with dvc.lock "
@@ -159,14 +178,17 @@ def _pull_version(settings: Settings, ref: str, at: str, *, dest: Path | None, o
     target = dest if dest is not None else settings.work_dir / "pulled" / manifest.name / f"{manifest.tag}@{at}"
     hashes = HashCache(settings.home / "hashcache.json")
     if holds(target, manifest, hashes):
-        return PullResult(manifest, target, False, **format_of(manifest.tag).offer(target, manifest, False))
+        return PullResult(manifest, target, False, **format_of(manifest.tag).offer(target, manifest, False),
+                          verified=check(manifest, target))
     with atomic_output(target) as tmp:
         dvcrepo.get(settings, manifest.dvc.path, rev=version.commit, out=tmp)
         for f in manifest.files:
             actual = hashes.sha256(tmp / f.path) if (tmp / f.path).is_file() else "missing"
             if actual != f.sha256:
                 raise BlobMismatch(f"{ref}@{at}", f.path, f.sha256, actual)
-    return PullResult(manifest, target, True, **format_of(manifest.tag).offer(target, manifest, False))
+        verified = check(manifest, tmp)
+    return PullResult(manifest, target, True, **format_of(manifest.tag).offer(target, manifest, False),
+                      verified=verified)
 
 
 def holds(target: Path, manifest: Manifest, hashes: HashCache) -> bool:
@@ -180,7 +202,8 @@ def holds(target: Path, manifest: Manifest, hashes: HashCache) -> bool:
         return False
 
 
-def _fetch_into(settings: Settings, manifest: Manifest, target: Path) -> None:
+def _fetch_into(settings: Settings, manifest: Manifest, target: Path,
+                check: Callable[[Manifest, Path], Verified]) -> Verified:
     stage, path = manifest.dvc.stage, manifest.dvc.path
     locked = dvcrepo.locked_out(settings, stage, path)
     if locked is None:
@@ -234,6 +257,8 @@ def _fetch_into(settings: Settings, manifest: Manifest, target: Path) -> None:
                 # that the next pull downloads it again instead of trusting it.
                 obj.unlink(missing_ok=True)
                 raise BlobMismatch(manifest.ref, f.path, f.sha256, actual, rebuild=format_of(manifest.tag).rebuild_command(manifest.name, manifest.tag))
+        # Before the rename: a refused signature leaves the destination as it was.
+        return check(manifest, tmp)
 
 
 def _shown(settings: Settings, manifest: Manifest) -> str:

@@ -43,7 +43,7 @@ from pipelines.core.fsutil import (
 from pipelines.core.settings import Settings
 from pipelines.core.steps import VariantError, keep_failure
 from pipelines.core.weights import weights_bytes
-from pipelines.registry import dvcrepo, serving
+from pipelines.registry import dvcrepo, serving, signing
 from pipelines.registry.candidate import Candidate, ValidatedOutputChanged, verdict
 from pipelines.registry.formats.base import implementation
 from pipelines.registry.manifest import (
@@ -176,6 +176,8 @@ def place(settings: Settings, c: Candidate) -> tuple[ArtifactFile, ...]:
                 shutil.copyfile(f, out)
             implementation(c.format).publish(settings, c, tmp)
             serving.write_serving(c, tmp)
+            # Last: the provenance and the signature cover every file placed above (pipelines/registry/signing.py).
+            signing.seal(settings, c, tmp, _validation(c).model_dump(mode="json"))
     return _describe(settings, dest)
 
 
@@ -431,6 +433,10 @@ def _files_in_place(settings: Settings, c: Candidate, files: tuple[ArtifactFile,
     return on_disk == {f.path for f in files}
 
 
+def _validation(c: Candidate) -> Validation:
+    return Validation(**verdict(c.report), smoke=c.report.get("smoke"), report_sha256=c.report_sha256)
+
+
 def _manifest(c: Candidate, tracked: Tracked, *, pushed: bool, plans: Serving | None = None) -> Manifest:
     return Manifest(
         name=c.entry.name,
@@ -447,7 +453,7 @@ def _manifest(c: Candidate, tracked: Tracked, *, pushed: bool, plans: Serving | 
         toolchain=c.toolchain,
         recipe=c.recipe,
         recipe_sha256=c.recipe_sha256,
-        validation=Validation(**verdict(c.report), smoke=c.report.get("smoke"), report_sha256=c.report_sha256),
+        validation=_validation(c),
         dvc=DvcRef(path=c.dvc_path, stage=c.stage, md5=tracked.md5, pushed=pushed),
         key=c.key,
         created_at=datetime.now(UTC).replace(microsecond=0),

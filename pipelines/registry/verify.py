@@ -4,12 +4,20 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from pathlib import Path
 
-from pipelines.core.errors import ManifestInvalid, RecordMoved, RegistryError, RemoteIntegrityError
+from pipelines.core.errors import (
+    ManifestInvalid,
+    RecordMoved,
+    RegistryError,
+    RemoteIntegrityError,
+    SignatureRefused,
+)
 from pipelines.core.settings import Settings
 from pipelines.registry import dvcrepo
 from pipelines.registry.manifest import Manifest, find_manifest, list_manifests
 from pipelines.registry.names import format_name
+from pipelines.registry.trust import TrustPolicy, load_policy
 
 
 @dataclass(frozen=True)
@@ -57,14 +65,18 @@ class VerifyResult:
         return None
 
 
-def verify_remote(settings: Settings, refs: list[str] | None = None, *, repair: bool = False) -> VerifyResult:
+def verify_remote(settings: Settings, refs: list[str] | None = None, *, repair: bool = False,
+                  allow_unsigned: bool = False) -> VerifyResult:
     """Hash every object of the named artifacts (all registered ones when `refs` is None) as the default DVC
     remote holds it, against DVC's md5 and the manifest's sha256; nothing is pulled into the workspace.
 
     The whole remote is also swept for temporary uploads killed pushes left (dvcrepo.clean_stale_uploads).
-    With `repair`, what is missing or damaged is then uploaded again (repair_remote).
+    With `repair`, what is missing or damaged is then uploaded again (repair_remote). Where the repository has a trust
+    policy (registry/trust.yaml), each artifact's signature and provenance, as the remote holds them, are checked
+    against it and its manifest too (signing.verify_directory; unsigned ones are a problem unless allowed).
 
     Raises:
+        TrustPolicyInvalid: registry/trust.yaml does not validate.
         ConfigError, NotRegistered, ManifestInvalid: a ref that is not name:tag, not registered, or invalid.
         RemoteError, RemoteUnavailable: no usable default remote.
     """
@@ -75,8 +87,10 @@ def verify_remote(settings: Settings, refs: list[str] | None = None, *, repair: 
         manifests, invalid = listing.manifests, listing.invalid
         if not manifests and not invalid:  # a fresh registry: nothing to check, no remote needed
             return VerifyResult((), (), ())
+    policy = load_policy(settings)
     removed = dvcrepo.clean_stale_uploads(settings)
-    result = VerifyResult(tuple(_verify_one(settings, m) for m in manifests), tuple(invalid), tuple(removed))
+    checks = (_signatures(settings, _verify_one(settings, m), policy, allow_unsigned) for m in manifests)
+    result = VerifyResult(tuple(checks), tuple(invalid), tuple(removed))
     return repair_remote(settings, result) if repair else result
 
 
@@ -116,6 +130,28 @@ def _checked(settings: Settings, m: Manifest, md5: str, repaired: tuple[str, ...
     if problems and not m.dvc.pushed:
         problems.append(f"it was registered without a push (`dvc repro`): push it with `dvc push {m.dvc.stage}`")
     return ArtifactCheck(m, check, tuple(problems), repaired, md5)
+
+
+def _signatures(settings: Settings, a: ArtifactCheck, policy: TrustPolicy | None, allow_unsigned: bool) -> ArtifactCheck:
+    """`a` with what the signature check of the remote's copy finds (nothing to add without a trust policy, or
+    when the remote's objects are already reported missing or damaged)."""
+    import tempfile
+
+    from pipelines.registry import provenance, signing
+
+    if policy is None or a.problems or a.md5 is None:
+        return a
+    m = a.manifest
+    held = dvcrepo.read_remote_files(settings, a.md5, [signing.SIGNATURE, provenance.PROVENANCE])
+    with tempfile.TemporaryDirectory(prefix="modelmint-verify-") as scratch:
+        for rel, data in held.items():
+            (Path(scratch) / rel).write_bytes(data)
+        try:
+            signing.verify_directory(Path(scratch), m, policy, shown=f"registry/manifests/{m.name}/{m.tag}.json",
+                                     allow_unsigned=allow_unsigned, files_here=False)
+        except SignatureRefused as err:
+            return dataclasses.replace(a, problems=(*a.problems, err.problem))
+    return a
 
 
 def _repair_one(settings: Settings, a: ArtifactCheck) -> ArtifactCheck:

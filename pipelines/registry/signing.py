@@ -1,0 +1,510 @@
+"""Signing at registration and verification at pull, with model-signing (OpenSSF) over the whole artifact directory.
+
+Registration writes the provenance (pipelines/registry/provenance.py) into the artifact directory, then signs every
+file of it (weights, Modelfile or vllm.yaml, card, serving files, the provenance) with model-signing's key signer,
+or its certificate signer when MODELMINT_SIGNING_CERT is set: `modelmint.sig`, a Sigstore bundle whose DSSE payload
+lists each file's sha256. Both are files of the directory: DVC tracks them, the manifest lists them, the OCI image
+carries them. The manifest itself is bound through the provenance (its source, recipe, toolchain, key, validation
+and files): verification refuses a manifest that disagrees with what was signed.
+
+Verification (verify_directory) is offline: a public key or the root certificates named in registry/trust.yaml.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import shutil
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final
+
+from pipelines.core.errors import SignatureRefused, SigningKeyError
+from pipelines.core.fsutil import HashCache, write_text_atomic
+from pipelines.core.settings import Settings
+from pipelines.registry import provenance
+from pipelines.registry.trust import Rule, Signer, TrustPolicy
+
+if TYPE_CHECKING:
+    from pipelines.registry.manifest import Manifest
+
+log = logging.getLogger(__name__)
+
+SIGNATURE: Final = "modelmint.sig"
+UNSIGNED_PARTS: Final = (SIGNATURE,)
+"""Files of an artifact directory the signature does not cover (itself)."""
+
+
+@dataclass(frozen=True)
+class SigningKey:
+    """The configured key (and certificate chain): paths only; the key's bytes are read when signing."""
+
+    key: Path
+    cert: Path | None = None
+
+
+def configured(settings: Settings) -> SigningKey | None:
+    return (
+        SigningKey(settings.signing_key, settings.signing_cert) if settings.signing_key is not None else None
+    )
+
+
+def preflight(settings: Settings, *, now: datetime | None = None) -> SigningKey | None:
+    """Check the configured signing key before any build work: readable, an EC private key, and its certificate
+    (when one is set) matching it and valid now. None when no key is configured (artifacts are registered unsigned).
+
+    Raises:
+        SigningKeyError: the key or certificate is missing, unreadable, of another kind, mismatched or expired.
+    """
+    from cryptography import x509
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    sk = configured(settings)
+    if sk is None:
+        if settings.signing_cert is not None:
+            raise SigningKeyError(
+                "MODELMINT_SIGNING_CERT is set but MODELMINT_SIGNING_KEY is not",
+                hint="set MODELMINT_SIGNING_KEY to the certificate's private key (PEM)",
+            )
+        return None
+    hint = (
+        "set MODELMINT_SIGNING_KEY to a readable PEM EC private key (e.g. `openssl ecparam -name prime256v1 "
+        "-genkey -noout -out signing.pem`), or unset it to register unsigned"
+    )
+    try:
+        data = sk.key.read_bytes()
+    except OSError as err:
+        raise SigningKeyError(
+            f"MODELMINT_SIGNING_KEY {sk.key} cannot be read ({err.strerror or err}): nothing was built",
+            hint=hint,
+        ) from None
+    try:
+        key = serialization.load_pem_private_key(data, password=None)
+    except (ValueError, TypeError) as err:
+        raise SigningKeyError(
+            f"MODELMINT_SIGNING_KEY {sk.key} is not an unencrypted PEM private key ({err}): "
+            "nothing was built",
+            hint=hint,
+        ) from None
+    if not isinstance(key, ec.EllipticCurvePrivateKey):
+        raise SigningKeyError(
+            f"MODELMINT_SIGNING_KEY {sk.key} is a {type(key).__name__}, not an elliptic-curve "
+            "key (model-signing signs with EC keys): nothing was built",
+            hint=hint,
+        )
+    if sk.cert is None:
+        return sk
+    try:
+        chain = x509.load_pem_x509_certificates(sk.cert.read_bytes())
+    except (OSError, ValueError) as err:
+        raise SigningKeyError(
+            f"MODELMINT_SIGNING_CERT {sk.cert} is not a readable PEM certificate ({err}): nothing was built",
+            hint="set it to the key's certificate, then its chain, in one PEM file",
+        ) from None
+    leaf = chain[0]
+    if leaf.public_key().public_bytes(
+        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+    ) != key.public_key().public_bytes(
+        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+    ):
+        raise SigningKeyError(
+            f"MODELMINT_SIGNING_CERT {sk.cert} certifies another key than MODELMINT_SIGNING_KEY: "
+            "nothing was built",
+            hint="put the signing key's own certificate first in that file",
+        )
+    at = now or datetime.now(UTC)
+    if not leaf.not_valid_before_utc <= at <= leaf.not_valid_after_utc:
+        raise SigningKeyError(
+            f"MODELMINT_SIGNING_CERT {sk.cert} is valid from {leaf.not_valid_before_utc:%Y-%m-%d} to "
+            f"{leaf.not_valid_after_utc:%Y-%m-%d}, not now ({at:%Y-%m-%d}): nothing was built",
+            hint="renew the certificate (or unset MODELMINT_SIGNING_CERT to sign with the bare key)",
+        )
+    return sk
+
+
+def seal(settings: Settings, c: provenance.Built, directory: Path, validation: dict[str, Any]) -> None:
+    """Write the provenance of `c` into its (not yet renamed) artifact directory and sign every file of it.
+
+    No-op without a configured key. `validation` is the manifest's validation block, as it will be written.
+
+    Raises:
+        SigningKeyError: the key cannot sign (preflight's checks, again: it may have changed since the build began).
+    """
+    sk = preflight(settings)
+    if sk is None:
+        log.info("%s is registered unsigned: MODELMINT_SIGNING_KEY is not set", c.ref)
+        return
+    hashes = HashCache(settings.home / "hashcache.json")
+    outputs = {
+        p.relative_to(directory).as_posix(): hashes.sha256(p)
+        for p in sorted(directory.rglob("*"))
+        if p.is_file()
+    }
+    stmt = provenance.statement(c, validation, outputs, datetime.now(UTC).replace(microsecond=0), hashes)
+    write_text_atomic(directory / provenance.PROVENANCE, json.dumps(stmt, indent=2, sort_keys=True) + "\n")
+    sign_directory(sk, directory)
+
+
+def sign_directory(sk: SigningKey, directory: Path) -> None:
+    """model-signing over every file of `directory` but the signature itself, written to `directory/SIGNATURE`."""
+    from model_signing import hashing, signing
+
+    config = signing.Config()
+    tmp = directory / f".{SIGNATURE}.partial"
+    with tempfile.TemporaryDirectory(prefix="modelmint-sign-") as scratch:
+        if sk.cert is None:
+            config.use_elliptic_key_signer(private_key=sk.key)
+        else:
+            leaf, chain = _split_chain(sk.cert, Path(scratch))
+            config.use_certificate_signer(
+                private_key=sk.key, signing_certificate=leaf, certificate_chain=chain
+            )
+        config.set_hashing_config(hashing.Config().set_ignored_paths(paths=list(UNSIGNED_PARTS)))
+        try:
+            config.sign(directory, tmp)
+            tmp.replace(directory / SIGNATURE)
+        finally:
+            tmp.unlink(missing_ok=True)
+
+
+def _split_chain(cert: Path, scratch: Path) -> tuple[Path, list[Path]]:
+    """The leaf and the rest of a PEM chain file as model-signing's certificate signer takes them (one file each)."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import serialization
+
+    certs = x509.load_pem_x509_certificates(cert.read_bytes())
+    out = []
+    for i, c in enumerate(certs):
+        p = scratch / f".modelmint-cert-{i}.pem"
+        p.write_bytes(c.public_bytes(serialization.Encoding.PEM))
+        out.append(p)
+    return out[0], out[1:]
+
+
+# ---------------------------------------------------------------- verification
+
+
+@dataclass(frozen=True)
+class Verified:
+    """What verification found: who signed (None: unsigned, allowed), when, and the provenance."""
+
+    ref: str
+    signer: str | None
+    signed_at: datetime | None
+    statement: dict[str, Any] | None
+    warnings: tuple[str, ...] = ()
+
+
+def payload_files(sig: Path) -> dict[str, str]:
+    """Each file's sha256 as the signature's DSSE payload lists it (read it only after the signature checked)."""
+    bundle = json.loads(sig.read_text(encoding="utf-8"))
+    stmt = json.loads(base64.b64decode(bundle["dsseEnvelope"]["payload"]))
+    return {r["name"]: r["digest"] for r in stmt["predicate"]["resources"]}
+
+
+def verify_directory(
+    directory: Path,
+    manifest: Manifest,
+    policy: TrustPolicy | None,
+    *,
+    shown: str,
+    allow_unsigned: bool = False,
+    files_here: bool = True,
+) -> Verified:
+    """Check the artifact in `directory` (as fetched, before it replaces anything) against its signature, its
+    provenance and the trust policy. `shown` names the manifest file in messages.
+
+    Raises:
+        SignatureRefused: unsigned (and not allowed), signed by a key the policy does not accept for this model or
+            retired before it signed, a file that differs from what was signed (named), a manifest or provenance
+            that disagrees with the signed one, or a certificate that is expired, of another identity or another CA.
+    """
+    ref = manifest.ref
+    listed = {f.path for f in manifest.files}
+    if policy is None:
+        log.info("%s: no trust policy (registry/trust.yaml): its signature is not checked", ref)
+        return Verified(ref, None, None, None, ("no trust policy: signature not checked",))
+    rule = policy.rule_for(manifest.name)
+    if SIGNATURE not in listed or not (directory / SIGNATURE).is_file():
+        if allow_unsigned or (rule is not None and rule.unsigned == "allow"):
+            why = (
+                "--allow-unsigned"
+                if allow_unsigned
+                else f"{policy.path.name} allows it ({rule.pattern if rule else ''})"
+            )
+            log.warning("%s is not signed: accepted because %s", ref, why)
+            return Verified(ref, None, None, None, (f"unsigned, accepted because {why}",))
+        raise SignatureRefused(
+            ref,
+            f"it is not signed ({SIGNATURE} is missing) and {policy.path} refuses unsigned "
+            f"artifacts{f' for {rule.pattern}' if rule else ''}",
+            file=SIGNATURE,
+            hint="register it again with MODELMINT_SIGNING_KEY set, or pass --allow-unsigned "
+            "to take it anyway (a warning says so)",
+        )
+    if rule is None or not rule.signers:
+        raise SignatureRefused(
+            ref,
+            f"{policy.path} names no key for {manifest.name} (add it under models:)",
+            hint=f"add a rule for {manifest.name} (or a pattern matching it) to {policy.path}",
+        )
+    if files_here:
+        signer = _check_signature(directory, ref, rule)
+    else:
+        # Only the signature and the provenance are here (a check of the DVC remote, whose objects were hashed
+        # against the manifest): the signature's own check, then the manifest's hashes against its payload.
+        signer = _check_signature_only(directory / SIGNATURE, ref, rule)
+    signed = payload_files(directory / SIGNATURE)
+    if not files_here and _sha256(directory / provenance.PROVENANCE) != signed.get(provenance.PROVENANCE):
+        raise SignatureRefused(
+            ref, f"{provenance.PROVENANCE} differs from what was signed", file=provenance.PROVENANCE
+        )
+    # The manifest's file list and hashes must be the signed ones (a manifest rewritten to match other bytes).
+    for f in manifest.files:
+        if f.path == SIGNATURE:
+            continue
+        if signed.get(f.path) != f.sha256:
+            raise SignatureRefused(
+                ref,
+                f"the manifest {shown} records sha256 {f.sha256} for {f.path}, the signature "
+                + (f"{signed[f.path]}" if f.path in signed else "does not list it"),
+                file=shown,
+                hint=_restore_hint(shown),
+            )
+    extra = sorted(set(signed) - listed)
+    if extra:
+        raise SignatureRefused(
+            ref,
+            f"the manifest {shown} does not list {', '.join(extra)}, which was signed",
+            file=shown,
+            hint=_restore_hint(shown),
+        )
+    stmt = provenance.read(directory)
+    if stmt is None:
+        raise SignatureRefused(
+            ref, f"it is signed but has no {provenance.PROVENANCE}", file=provenance.PROVENANCE
+        )
+    problems = provenance.disagreements(stmt, manifest, signed)
+    if problems:
+        raise SignatureRefused(
+            ref,
+            f"the manifest {shown} disagrees with the signed provenance: " + "; ".join(problems),
+            file=shown,
+            hint=_restore_hint(shown),
+        )
+    when = provenance.signed_at(stmt)
+    if signer.key.retired_at(when):
+        raise SignatureRefused(
+            ref,
+            f"it was signed on {when:%Y-%m-%d} by key {signer.name}, which {policy.path} "
+            f"retired on {signer.key.retired}: signatures from then on are refused",
+            hint="register it again with a current key",
+        )
+    if signer.key.ca is not None:
+        _check_certificate(directory / SIGNATURE, ref, signer, when)
+    return Verified(ref, signer.name, when, stmt)
+
+
+def verify_image(
+    layers: list[dict[str, Any]],
+    blob: Callable[[str], Path],
+    policy: TrustPolicy | None,
+    *,
+    image: str,
+    allow_unsigned: bool = False,
+) -> Verified:
+    """verify_directory on a pulled image: the modelmint manifest it carries, and each file it lists laid out from the
+    layer of the same sha256 (`blob` maps a digest to the downloaded blob's path) in a temporary directory.
+
+    What `ollama pull` would install is checked here before it is handed over (tests/ollama_pull.py's `check`).
+
+    Raises:
+        SignatureRefused: as verify_directory, or an image that carries no modelmint manifest.
+    """
+    from pipelines.publish.oci import is_carried_manifest
+    from pipelines.registry.manifest import Manifest
+
+    carried = [x for x in layers if is_carried_manifest(x)]
+    if len(carried) != 1:
+        raise SignatureRefused(image, "it carries no modelmint manifest: nothing says what was signed")
+    manifest = Manifest.model_validate_json(blob(carried[0]["digest"]).read_bytes())
+    with tempfile.TemporaryDirectory(prefix="modelmint-verify-") as scratch:
+        root = Path(scratch)
+        for f in manifest.files:
+            out = root / f.path
+            out.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                src = blob("sha256:" + f.sha256)
+            except KeyError:
+                raise SignatureRefused(image, f"it has no layer for {f.path}", file=f.path) from None
+            shutil.copyfile(src, out)
+        return verify_directory(
+            root, manifest, policy, shown=f"{image} (its manifest layer)", allow_unsigned=allow_unsigned
+        )
+
+
+def _restore_hint(shown: str) -> str:
+    return (
+        f"the manifest was edited after signing: restore it (`git checkout -- {shown}`; `git log -p -- {shown}` "
+        "shows who changed what), or register the artifact again"
+    )
+
+
+def _check_signature(directory: Path, ref: str, rule: Rule) -> Signer:
+    """The first signer of `rule` whose key (or CA) verifies the signature over `directory`.
+
+    Raises:
+        SignatureRefused: none does, or a file differs from what was signed (named).
+    """
+    from model_signing import verifying
+
+    tried = []
+    for signer in rule.signers:
+        config = verifying.Config()
+        if signer.key.ca is None:
+            config.use_elliptic_key_verifier(public_key=signer.path)
+        else:
+            config.use_certificate_verifier(certificate_chain=[signer.path])
+        try:
+            config.verify(directory, directory / SIGNATURE)
+        except ValueError as err:
+            if str(err).startswith("Signature mismatch"):
+                raise SignatureRefused(
+                    ref,
+                    _mismatch(directory),
+                    file=_first_mismatch(directory),
+                    hint="what is signed is not what is here: fetch it again from the registry, "
+                    "or register it again from a trusted build",
+                ) from None
+            tried.append(f"{signer.name}: {_reason(err)}")
+        except Exception as err:  # model-signing's and OpenSSL's verification errors are of several types
+            tried.append(f"{signer.name}: {_reason(err)}")
+        else:
+            return signer
+    raise SignatureRefused(
+        ref,
+        f"its signature is by no key {rule.pattern!r} accepts in the trust policy ({'; '.join(tried)})",
+        file=SIGNATURE,
+        hint="add the signer's public key to registry/trust.yaml if it is trusted, or register it "
+        "again with an accepted key",
+    )
+
+
+def _check_signature_only(sig: Path, ref: str, rule: Rule) -> Signer:
+    """The first signer of `rule` whose key (or CA) verifies the signature's envelope, without the files it lists
+    (model-signing's verifiers, which its Config.verify runs before hashing the files).
+
+    Raises:
+        SignatureRefused: none does.
+    """
+    from model_signing._signing import sign_certificate, sign_ec_key, sign_sigstore_pb
+
+    tried = []
+    for signer in rule.signers:
+        try:
+            bundle = sign_sigstore_pb.Signature.read(sig)
+            if signer.key.ca is None:
+                sign_ec_key.Verifier(signer.path).verify(bundle)
+            else:
+                sign_certificate.Verifier([signer.path]).verify(bundle)
+        except Exception as err:  # model-signing's and OpenSSL's verification errors are of several types
+            tried.append(f"{signer.name}: {_reason(err)}")
+        else:
+            return signer
+    raise SignatureRefused(
+        ref,
+        f"its signature is by no key {rule.pattern!r} accepts in the trust policy ({'; '.join(tried)})",
+        file=SIGNATURE,
+        hint="add the signer's public key to registry/trust.yaml if it is trusted, or register it again with an "
+        "accepted key",
+    )
+
+
+def _sha256(path: Path) -> str | None:
+    import hashlib
+
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except FileNotFoundError:
+        return None
+
+
+def _reason(err: Exception) -> str:
+    text = str(err).strip() or type(err).__name__
+    return text.splitlines()[0][:160]
+
+
+def _differing(directory: Path) -> list[str]:
+    """The files that differ from the signature's payload (changed, missing or added), in order."""
+    import hashlib
+
+    signed = payload_files(directory / SIGNATURE)
+    here = {
+        p.relative_to(directory).as_posix(): p
+        for p in directory.rglob("*")
+        if p.is_file() and p.relative_to(directory).as_posix() not in UNSIGNED_PARTS
+    }
+    out = []
+    for name in sorted(set(signed) | set(here)):
+        if name not in here:
+            out.append(f"{name} (missing)")
+        elif name not in signed:
+            out.append(f"{name} (not signed)")
+        else:
+            h = hashlib.sha256()
+            with open(here[name], "rb") as f:
+                while chunk := f.read(1 << 20):
+                    h.update(chunk)
+            if h.hexdigest() != signed[name]:
+                out.append(name)
+    return out
+
+
+def _first_mismatch(directory: Path) -> str | None:
+    found = _differing(directory)
+    return found[0].split(" (")[0] if found else None
+
+
+def _mismatch(directory: Path) -> str:
+    found = _differing(directory)
+    return f"{', '.join(found) or 'a file'} differ{'s' if len(found) == 1 else ''} from what was signed"
+
+
+def _check_certificate(sig: Path, ref: str, signer: Signer, when: datetime) -> None:
+    """The signing certificate names the policy's identity and was valid when it signed (model-signing checks the
+    chain at the certificate's start, not its end: an expired certificate would pass)."""
+    from cryptography import x509
+
+    bundle = json.loads(sig.read_text(encoding="utf-8"))
+    raw = bundle["verificationMaterial"]["x509CertificateChain"]["certificates"][0]["rawBytes"]
+    leaf = x509.load_der_x509_certificate(base64.b64decode(raw))
+    if not leaf.not_valid_before_utc <= when <= leaf.not_valid_after_utc:
+        raise SignatureRefused(
+            ref,
+            f"its signing certificate ({leaf.subject.rfc4514_string()}) was valid from "
+            f"{leaf.not_valid_before_utc:%Y-%m-%d} to {leaf.not_valid_after_utc:%Y-%m-%d}, not "
+            f"when it signed ({when:%Y-%m-%d}): expired",
+            file=SIGNATURE,
+            hint="register it again with a current certificate",
+        )
+    names = [a.value for a in leaf.subject.get_attributes_for_oid(x509.NameOID.COMMON_NAME)]
+    try:
+        san = leaf.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+        names += [str(v) for v in san.get_values_for_type(x509.RFC822Name)]
+        names += [str(v) for v in san.get_values_for_type(x509.UniformResourceIdentifier)]
+        names += [str(v) for v in san.get_values_for_type(x509.DNSName)]
+    except x509.ExtensionNotFound:
+        pass
+    if signer.key.identity not in names:
+        raise SignatureRefused(
+            ref,
+            f"its signing certificate names {', '.join(map(str, names)) or 'no identity'}, "
+            f"not {signer.key.identity} ({signer.name} in the trust policy)",
+            file=SIGNATURE,
+            hint="register it again with the certificate of the accepted identity",
+        )

@@ -1,0 +1,203 @@
+"""The trust policy, registry/trust.yaml: which keys or certificate identities may sign which models, and unsigned."""
+
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass
+from datetime import UTC, date, datetime
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from pipelines.core.errors import TrustPolicyInvalid
+from pipelines.core.settings import Settings
+
+POLICY_FILE = "trust.yaml"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class TrustedKey(_Strict):
+    """One accepted signer: a public key (PEM, EC), or the root certificate(s) a signing certificate's chain must
+    lead to with the identity its subject must name."""
+
+    public_key: str | None = Field(default=None, description="PEM public key, relative to registry/")
+    ca: str | None = Field(default=None, description="PEM root certificate(s), relative to registry/")
+    identity: str | None = Field(
+        default=None,
+        description="with ca: the signing certificate's subject common name "
+        "or one of its subject alternative names (e-mail, URI, DNS)",
+    )
+    retired: date | None = Field(
+        default=None, description="signatures made on or after this day are refused; earlier ones stay valid"
+    )
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> TrustedKey:
+        if (self.public_key is None) == (self.ca is None):
+            raise ValueError("give exactly one of public_key (a key) or ca (certificates)")
+        if self.ca is not None and not self.identity:
+            raise ValueError("a certificate signer (ca) needs the identity its certificate must name")
+        if self.public_key is not None and self.identity is not None:
+            raise ValueError("identity goes with ca (certificates), not with public_key")
+        return self
+
+    def retired_at(self, when: datetime) -> bool:
+        return self.retired is not None and when.astimezone(UTC).date() >= self.retired
+
+
+class ModelRule(_Strict):
+    """What is accepted for the models whose name matches a pattern of `models`."""
+
+    keys: list[str] = Field(default_factory=list, description="names from `keys`")
+    unsigned: Literal["refuse", "allow"] = "refuse"
+
+
+class TrustFile(_Strict):
+    keys: dict[str, TrustedKey] = Field(default_factory=dict)
+    models: dict[str, ModelRule] = Field(
+        min_length=1, description="model name or pattern (`qwen*`, `*`) → rule"
+    )
+
+
+@dataclass(frozen=True)
+class Signer:
+    """A key of the policy, resolved: its name and the file(s) verification reads."""
+
+    name: str
+    key: TrustedKey
+    path: Path
+
+
+@dataclass(frozen=True)
+class Rule:
+    pattern: str
+    signers: tuple[Signer, ...]
+    unsigned: Literal["refuse", "allow"]
+
+
+@dataclass(frozen=True)
+class TrustPolicy:
+    path: Path
+    file: TrustFile
+
+    def rule_for(self, name: str) -> Rule | None:
+        """The rule of the most specific pattern matching `name` (the exact name, then the longest pattern)."""
+        matching = [p for p in self.file.models if p == name or fnmatch.fnmatchcase(name, p)]
+        if not matching:
+            return None
+        best = max(matching, key=lambda p: (p == name, len(p.replace("*", "").replace("?", ""))))
+        rule = self.file.models[best]
+        signers = tuple(
+            Signer(
+                k,
+                self.file.keys[k],
+                self.path.parent / (self.file.keys[k].public_key or self.file.keys[k].ca or ""),
+            )
+            for k in rule.keys
+        )
+        return Rule(best, signers, rule.unsigned)
+
+
+def policy_path(settings: Settings) -> Path:
+    return settings.repo_dir / "registry" / POLICY_FILE
+
+
+def load_policy(settings: Settings) -> TrustPolicy | None:
+    """registry/trust.yaml, checked; None when the repository has none.
+
+    Raises:
+        TrustPolicyInvalid: not YAML, an unknown or misspelt key (with its line and the nearest known key), a rule
+            naming a key `keys` does not define, or a key file that is not there.
+    """
+    path = policy_path(settings)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    return TrustPolicy(path, parse_policy(text, path))
+
+
+def parse_policy(text: str, path: Path) -> TrustFile:
+    """Check the text of a trust policy (see load_policy)."""
+    hint = f'fix {path} (docs/registry.md, "signing", shows its shape)'
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise TrustPolicyInvalid(f"{path} is not YAML: {err}", hint=hint) from None
+    try:
+        policy = TrustFile.model_validate(raw if raw is not None else {})
+    except ValidationError as err:
+        raise TrustPolicyInvalid(
+            f"{path}: " + "; ".join(_describe(e, root) for e in err.errors(include_url=False)), hint=hint
+        ) from None
+    problems = []
+    for pattern, rule in policy.models.items():
+        for k in rule.keys:
+            if k not in policy.keys:
+                close = _close(k, list(policy.keys))
+                problems.append(
+                    f"line {_line(root, ['models', pattern, 'keys'])}: models.{pattern} names key {k!r}, "
+                    "which keys does not define" + (f" (did you mean {close!r}?)" if close else "")
+                )
+    for name, key in policy.keys.items():
+        file = key.public_key or key.ca
+        if file and not (path.parent / file).is_file():
+            problems.append(
+                f"line {_line(root, ['keys', name])}: keys.{name}: {path.parent / file} is not there"
+            )
+    if problems:
+        raise TrustPolicyInvalid(f"{path}: " + "; ".join(problems), hint=hint)
+    return policy
+
+
+def _close(word: str, known: list[str]) -> str | None:
+    from pipelines.source.catalog import did_you_mean
+
+    return did_you_mean(word, known)
+
+
+_ALLOWED: dict[tuple[str, ...], list[str]] = {
+    (): list(TrustFile.model_fields),
+    ("keys", "*"): list(TrustedKey.model_fields),
+    ("models", "*"): list(ModelRule.model_fields),
+}
+
+
+def _describe(error: Any, root: yaml.Node | None) -> str:
+    """One pydantic error as a person reads it: its line, where, and for an unknown key the nearest known one."""
+    loc = [str(p) for p in error["loc"]]
+    line = _line(root, loc)
+    where = f"line {line}: " if line is not None else ""
+    if error["type"] == "extra_forbidden" and loc:
+        allowed = _ALLOWED.get(() if len(loc) == 1 else (loc[0], "*"), [])
+        close = _close(loc[-1], allowed)
+        return f"{where}{'.'.join(loc[:-1]) or '(top)'}: unknown key {loc[-1]!r} " + (
+            f"(did you mean {close!r}?)" if close else f"(known: {', '.join(allowed)})"
+        )
+    msg = str(error["msg"]).removeprefix("Value error, ")
+    return f"{where}{'.'.join(loc) or '(top)'}: {msg}"
+
+
+def _line(node: yaml.Node | None, path: list[str]) -> int | None:
+    """The 1-based line of the deepest part of `path` that the YAML holds."""
+    line = None
+    for part in path:
+        if isinstance(node, yaml.MappingNode):
+            found = next(
+                ((k, v) for k, v in node.value if isinstance(k, yaml.ScalarNode) and k.value == part), None
+            )
+            if found is None:
+                break
+            line, node = found[0].start_mark.line, found[1]
+        elif isinstance(node, yaml.SequenceNode) and part.isdigit() and int(part) < len(node.value):
+            node = node.value[int(part)]
+            line = node.start_mark.line
+        else:
+            break
+    return None if line is None else line + 1
