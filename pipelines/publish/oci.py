@@ -19,12 +19,13 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-import httpx
+from typing import TYPE_CHECKING, Any
 
 from pipelines.core.errors import ConfigError, OciAuthRefused, OciBlobMismatch, OciError, OciUnavailable
 from pipelines.core.vocab import is_name
+
+if TYPE_CHECKING:  # httpx costs ~0.15 s to import: loaded by the client that talks, not by every CLI start
+    import httpx
 
 log = logging.getLogger(__name__)
 
@@ -224,6 +225,7 @@ class OciClient:
         self._find_credentials = credentials if callable(credentials) else (lambda: credentials)
         self._authorization: str | None = None
         self._verify: ssl.SSLContext | bool = ssl.create_default_context(cafile=str(ca)) if ca else True
+        import httpx
         self._http = httpx.Client(base_url=registry.url, verify=self._verify, timeout=timeout,
                                   follow_redirects=True)
 
@@ -246,6 +248,7 @@ class OciClient:
             OciUnavailable: the registry cannot be reached, or answered 5xx.
             OciAuthRefused: it asks for credentials there are none of, or refuses them.
         """
+        import httpx
         headers = dict(kw.pop("headers", {}))
         for attempt in range(2):
             if self._authorization:
@@ -296,6 +299,7 @@ class OciClient:
         scopes = [x for found in re.findall(r'scope="([^"]*)"', params) for x in found.split()]
         query = [("service", fields["service"])] if "service" in fields else []
         query += [("scope", x) for x in scopes]
+        import httpx
         try:
             r = httpx.get(fields.get("realm", ""), params=query, headers={"Authorization": basic} if basic else {},
                           verify=self._verify, timeout=30)
@@ -341,6 +345,7 @@ class OciClient:
 
     def _upload(self, started: httpx.Response, blob: Blob) -> None:
         """The monolithic PUT of `blob` into the upload `started` opened (its Location)."""
+        import httpx
         if "location" not in started.headers:
             raise OciError(f"{self.registry.host} started an upload of {blob.digest} but named no Location for it",
                            registry=self.registry.host, hint="this is not a distribution API registry, or a proxy "
@@ -363,6 +368,7 @@ class OciClient:
         307 (or a 200) naming a Location on another host (object storage, a CDN, a file server): not the bytes,
         not another redirect status. See docs/oci.md."""
         r = self._send("GET", f"/v2/{repository}/blobs/{digest}", stream=True, redirects=False)
+        import httpx
         try:
             for _ in range(10):
                 location = r.headers.get("location")
