@@ -16,7 +16,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-from registry_env import Repo, _qwen_template, git, isolate, make_repo
+import yaml
+from registry_env import Repo, _qwen_template, isolate, make_repo
 
 from pipelines.core.fsutil import sha256_file
 from pipelines.core.gates import Gate
@@ -224,10 +225,13 @@ def build(base: Path, *, evil: bool = True) -> SiteRegistry:
     worse = (0.0702, 0.0021, 82.0, 0.7, 10.2, 1.0)  # a later source commit made q4_k_m worse
     register(settings, candidate_for(settings, tmp, "smollm2", "q4_k_m", worse, seed=1, revision_seed=1))
     repo.commit_all("smollm2:q4_k_m from a newer source commit")
-    if evil:
+    if evil:  # after registering: a changed catalog entry would refuse further registrations of it
         card = settings.repo_dir / "artifacts" / "tiny-qwen2" / "q8_0" / "README.md"
         card.write_text(card.read_text() + f"\n{EVIL}\n")
-    git(repo.root, "log", "--oneline")
+        catalog = yaml.safe_load(settings.catalog_path.read_text())
+        for m in catalog["models"]:
+            m["description"] = f"{m.get('description', '')} {EVIL} & more"
+        settings.catalog_path.write_text(yaml.safe_dump(catalog, sort_keys=False))
     return SiteRegistry(repo, settings)
 
 

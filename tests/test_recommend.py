@@ -66,7 +66,7 @@ def test_a_compressed_winner_gets_the_plan_and_vllm_commands(site_registry: Site
     assert advice.commands == [
         "modelmint pull smollm2:fp8",
         "modelmint plan smollm2:fp8 --gpus 1x4xRTX4090-24G --context 8192 --out plans/smollm2-fp8",
-        "vllm serve --config plans/smollm2-fp8/1x4xrtx4090-24g/vllm.yaml",
+        "vllm serve artifacts/smollm2/fp8 --config plans/smollm2-fp8/1x4xrtx4090-24g/vllm.yaml",
     ]
 
 

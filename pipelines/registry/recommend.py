@@ -283,7 +283,7 @@ def commands(settings: Settings, m: Manifest, request: Request) -> list[str]:
     return [
         f"modelmint pull {m.ref}",
         f"modelmint plan {m.ref} --gpus {cluster_label(groups)}{asked} --out {out_dir}",
-        f"vllm serve --config {where}",
+        f"vllm serve {m.dvc.path} --config {where}",
     ]
 
 

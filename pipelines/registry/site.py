@@ -143,7 +143,13 @@ def commands(m: Manifest) -> list[str]:
     if m.format == "gguf":
         return [*out, f"ollama run {m.ref}"]
     for inv in m.serving.inventories if m.serving else []:
-        out += [f"vllm serve --config {m.dvc.path}/{f}" for f in inv.files if f.endswith("/vllm.yaml")]
+        # the checkpoint named on the command line wins over the container path (/models/TAG) the plan's file
+        # names (vllm-project/vllm docs/configuration/serve_args.md: command line > config file > defaults)
+        out += [
+            f"vllm serve {m.dvc.path} --config {m.dvc.path}/{f}"
+            for f in inv.files
+            if f.endswith("/vllm.yaml")
+        ]
     return out
 
 
