@@ -159,9 +159,18 @@ class Chromium:
 
     # ------------------------------------------------------------ a page
 
-    def load(self, url: str, *, probe: str, screenshot: Path | None = None, width: int = 1280) -> Loaded:
+    def load(
+        self,
+        url: str,
+        *,
+        probe: str,
+        screenshot: Path | None = None,
+        width: int = 1280,
+        height: int | None = None,
+    ) -> Loaded:
         """Open `url` in a new tab, wait for its load event, evaluate `probe` (a JS expression whose value comes
-        back as JSON), take a full-page screenshot, and report its console errors and requests."""
+        back as JSON), take a screenshot (the whole page, or its top `height` pixels), and report its console
+        errors and requests."""
         self._events = []
         target = self.call("Target.createTarget", {"url": "about:blank"})["targetId"]
         session = self.call("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
@@ -181,18 +190,20 @@ class Chromium:
         loaded.dom = result["result"].get("value")
         if screenshot is not None:
             size = self.call("Page.getLayoutMetrics", session=session)["cssContentSize"]
+            tall = min(size["height"], 16000 if height is None else height)
             self.call(
                 "Emulation.setDeviceMetricsOverride",
-                {
-                    "width": width,
-                    "height": int(min(size["height"], 16000)),
-                    "deviceScaleFactor": 1,
-                    "mobile": False,
-                },
+                {"width": width, "height": int(tall), "deviceScaleFactor": 1, "mobile": False},
                 session=session,
             )
             shot = self.call(
-                "Page.captureScreenshot", {"format": "png", "captureBeyondViewport": True}, session=session
+                "Page.captureScreenshot",
+                {
+                    "format": "png",
+                    "captureBeyondViewport": True,
+                    "clip": {"x": 0, "y": 0, "width": width, "height": int(tall), "scale": 1},
+                },
+                session=session,
             )
             screenshot.parent.mkdir(parents=True, exist_ok=True)
             screenshot.write_bytes(base64.b64decode(shot["data"]))

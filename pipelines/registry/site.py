@@ -204,6 +204,9 @@ def quality_chart(variants: list[Manifest], chart_id: str) -> str:
     figs = [m.validation.figures for m in pts]
     kls = [f.mean_kl for f in figs if f is not None]
     ys = _kl_axis([*kls, *((f.mean_kl + (f.mean_kl_stderr or 0)) for f in figs if f)], top, bottom)
+    # labels alternate along the size axis (above left, below right), so that neighbours' labels do not meet
+    by_size = sorted(range(len(pts)), key=lambda i: sizes[i])
+    left_of = {i: n % 2 == 0 for n, i in enumerate(by_size)}
     front = set(pareto([(s, k) for s, k in zip(sizes, kls, strict=True)]))
     parts = [
         f'<svg id="{_e(chart_id)}" class="chart" role="img" viewBox="0 0 {w} {h}" width="{w}" height="{h}" '
@@ -243,10 +246,22 @@ def quality_chart(variants: list[Manifest], chart_id: str) -> str:
             f'data-kl="{f.mean_kl:.6g}" data-size="{m.weights_bytes}"><title>{_e(m.ref)}: mean KL '
             f"{f.mean_kl:.4g} ± {se:.2g}, {sizes[i]:,.1f} MiB{' (Pareto front)' if i in front else ''}"
             f"</title></circle>"
-            f'<text class="point-label" x="{x + 9}" y="{y - 8}">{_e(m.tag)}</text>'
+            + (
+                f'<text class="point-label" x="{x - 9}" y="{y - 8}" text-anchor="end">{_e(m.tag)}</text>'
+                if left_of[i]
+                else f'<text class="point-label" x="{x + 9}" y="{y + 18}">{_e(m.tag)}</text>'
+            )
         )
     parts.append("</svg>")
     return "".join(parts)
+
+
+def _short(source_ref: str) -> str:
+    """A source as an axis tick: a commit's first 8 hex digits, a wheel's version, a generated source's hash."""
+    head, _, tail = source_ref.rpartition("@")
+    if head:
+        return tail[:8]
+    return source_ref.split(":")[-1][:8] if ":" in source_ref else source_ref.split("==")[-1][:12]
 
 
 def history_chart(versions: dict[str, list[Version]], chart_id: str) -> str:
@@ -260,10 +275,22 @@ def history_chart(versions: dict[str, list[Version]], chart_id: str) -> str:
     series = {t: s for t, s in series.items() if s}
     if not series:
         return "<p>No version has figures to chart.</p>"
-    times = sorted({v.manifest.created_at for s in series.values() for v in s})
-    w, h, left, right, top, bottom = 640, 300, 70, 560, 20, 250
-    slot: dict[datetime, float] = {t: i for i, t in enumerate(times)}
-    xs = _Axis(-0.5, len(times) - 0.5, left, right)
+    # one slot per source the versions were made from, oldest first: every variant's first version above the first
+    # source, so a rise from one slot to the next is what a new upstream commit (or toolchain) did to it
+    keys: dict[int, tuple[str, int]] = {}
+    first: dict[tuple[str, int], datetime] = {}
+    for vs in series.values():
+        seen: dict[str, int] = {}
+        for v in vs:
+            ref = v.manifest.source.ref
+            key = (ref, seen.get(ref, 0))
+            seen[ref] = key[1] + 1
+            keys[id(v)] = key
+            first[key] = min(first.get(key, v.manifest.created_at), v.manifest.created_at)
+    order = sorted(first, key=lambda k: first[k])
+    slot = {k: float(i) for i, k in enumerate(order)}
+    w, h, left, right, top, bottom = 640, 300, 70, 560, 20, 240
+    xs = _Axis(-0.5, len(order) - 0.5, left, right)
     ys = _kl_axis(
         [
             v.manifest.validation.figures.mean_kl
@@ -285,8 +312,13 @@ def history_chart(versions: dict[str, list[Version]], chart_id: str) -> str:
         "below.</desc>",
         f'<line class="axis" x1="{left}" y1="{bottom}" x2="{right}" y2="{bottom}"/>',
         f'<line class="axis" x1="{left}" y1="{top}" x2="{left}" y2="{bottom}"/>',
-        f'<text class="label" x="{(left + right) / 2}" y="{h - 8}" text-anchor="middle">registration '
-        f"(oldest to newest)</text>",
+        f'<text class="label" x="{(left + right) / 2}" y="{h - 8}" text-anchor="middle">the source each version '
+        f"was made from (oldest first)</text>",
+        *(
+            f'<text class="tick" x="{xs(slot[k])}" y="{bottom + 16}" text-anchor="middle">{_e(_short(k[0]))}'
+            f"{'′' * k[1]}</text>"
+            for k in order
+        ),
     ]
     for t in _ticks_log(ys):
         parts.append(
@@ -295,7 +327,7 @@ def history_chart(versions: dict[str, list[Version]], chart_id: str) -> str:
         )
     for k, (tag, s) in enumerate(sorted(series.items())):
         coords = [
-            (xs(slot[v.manifest.created_at]), ys(v.manifest.validation.figures.mean_kl))
+            (xs(slot[keys[id(v)]]), ys(v.manifest.validation.figures.mean_kl))
             for v in s
             if v.manifest.validation.figures
         ]
@@ -361,11 +393,11 @@ def memory_bar(p: PlanSummary, bar_id: str) -> str:
 # ---------------------------------------------------------------- pages
 
 _CSS = """
-body{font-family:system-ui,-apple-system,'Segoe UI',sans-serif;margin:2rem auto;max-width:72rem;padding:0 1rem;
+body{font-family:system-ui,-apple-system,'Segoe UI',sans-serif;margin:2rem auto;max-width:84rem;padding:0 1rem;
 color:#1b1b1b;line-height:1.45}
-h1,h2,h3{line-height:1.2}table{border-collapse:collapse;margin:.5rem 0 1rem}
+h1,h2,h3{line-height:1.2}table{border-collapse:collapse;margin:.5rem 0 1rem;font-size:.88rem}
 th,td{border:1px solid #bbb;padding:.25rem .5rem;text-align:left;vertical-align:top}th{background:#eef}
-td.num{text-align:right;font-variant-numeric:tabular-nums}
+td.num{text-align:right;font-variant-numeric:tabular-nums}.nw{white-space:nowrap}.scroll{overflow-x:auto}
 pre{background:#f4f4f4;padding:.5rem;overflow-x:auto;white-space:pre-wrap}
 code.cmd{user-select:all;-webkit-user-select:all}
 .error{border:2px solid #b00020;background:#fff0f0;padding:.5rem 1rem;margin:1rem 0}
@@ -408,14 +440,18 @@ def _table(head: list[str], rows: list[list[str]], *, cls: str = "", caption: st
         + "</tr>"
         for r in rows
     )
-    return f'<table class="{cls}">{cap}<thead><tr>{th}</tr></thead><tbody>{body}</tbody></table>'
+    return f'<div class="scroll"><table class="{cls}">{cap}<thead><tr>{th}</tr></thead><tbody>{body}</tbody></table></div>'
 
 
 def _fig(x: float | None, digits: int = 4, se: float | None = None, unit: str = "") -> str:
     if x is None:
         return "-"
     text = f"{x:.{digits}g}{unit}"
-    return text + (f" ± {se:.2g}" if se else "")
+    return f'<span class="nw">{text}' + (f" ± {se:.2g}" if se else "") + "</span>"
+
+
+def _when(t: datetime) -> str:
+    return f'<span class="nw">{t.strftime("%Y-%m-%d %H:%M")} UTC</span>'
 
 
 def _registry_empty(settings: Settings) -> str:
@@ -447,7 +483,7 @@ def index_page(settings: Settings, pages: list[ModelPage]) -> str:
                 f'<a href="models/{_e(page_name(p.name))}">{_e(p.name)}</a>'
                 + (f'<br><span class="desc">{_e(p.description)}</span>' if p.description else ""),
                 tags or "none",
-                _e(latest.created_at.isoformat()) if latest else "-",
+                _when(latest.created_at) if latest else "-",
                 _e(latest.source.ref) if latest else "-",
                 state or '<span class="pass">ok</span>',
             ]
@@ -479,9 +515,9 @@ def _variants_table(p: ModelPage) -> str:
                 f'<span class="pass" title="max mean KL {_e(gate.get("max_mean_kl", "?"))}, min same top '
                 f"{_e(gate.get('min_same_top_pct', '?'))} %, max PPL ratio {_e(gate.get('max_ppl_ratio', '?'))}; "
                 f'{_e(gate.get("basis", ""))}">pass</span>',
-                _e(m.created_at.isoformat()),
+                _when(m.created_at),
                 _e(m.source.ref),
-                f"<code>{_e(m.sha256[:16])}</code>",
+                f"<code>{_e(m.sha256[:12])}</code>",
             ]
         )
     for fb in p.failed:
@@ -526,7 +562,7 @@ def _history_table(p: ModelPage) -> str:
             rows.append(
                 [
                     _e(v.manifest.ref),
-                    _e(v.manifest.created_at.isoformat()),
+                    _when(v.manifest.created_at),
                     _e(v.manifest.source.ref),
                     _fig(f.mean_kl if f else None, 4, f.mean_kl_stderr if f else None),
                     _fig(f.same_top_pct if f else None, 4, None, " %"),
@@ -641,7 +677,7 @@ def model_page(settings: Settings, p: ModelPage) -> str:
     latest = p.latest
     assert latest is not None
     parts.append(
-        f"<p>{len(p.variants)} registered variant(s); the latest registration {_e(latest.created_at.isoformat())} "
+        f"<p>{len(p.variants)} registered variant(s); the latest registration {_when(latest.created_at)} "
         f"from <code>{_e(latest.source.ref)}</code>.</p>"
     )
     parts += [
