@@ -180,3 +180,35 @@ def test_a_rebuild_replaces_the_site_and_a_file_in_the_way_is_refused(repo: Repo
     with pytest.raises(ConfigError, match="is a file") as err:
         build_site(repo.settings(), tmp_path / "file")
     assert "--out" in (err.value.hint or "")
+
+
+def test_refresh_rebuilds_only_when_the_registry_changed(
+    site_registry: SiteRegistry, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What the flow calls after each registration: a rerun that registered nothing new starts no process (git)."""
+    import subprocess
+
+    from pipelines.registry.site import refresh_site
+
+    s = site_registry.settings
+    out = tmp_path / "site"
+    index, built = refresh_site(s, out)
+    assert built and index == out / "index.html" and index.is_file()
+    started: list[object] = []
+    real = subprocess.Popen
+
+    def counting(*a: object, **kw: object) -> object:
+        started.append(a[0])
+        return real(*a, **kw)  # type: ignore[call-overload]
+
+    monkeypatch.setattr(subprocess, "Popen", counting)
+    assert refresh_site(s, out) == (index, False)
+    assert started == []
+    monkeypatch.undo()
+    manifest = s.manifests_dir / "tiny-qwen2" / "q8_0.json"
+    before = manifest.read_text()
+    try:
+        manifest.write_text(before.replace('"q8_0"', '"q8_0" ', 1))  # the same record, other bytes
+        assert refresh_site(s, out) == (index, True)
+    finally:
+        manifest.write_text(before)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import html
+import json
 import math
 import re
 import shutil
@@ -20,6 +21,7 @@ from datetime import datetime
 from pathlib import Path
 
 from pipelines.core.errors import ConfigError, ManifestInvalid
+from pipelines.core.fsutil import write_text_atomic
 from pipelines.core.settings import Settings
 from pipelines.registry.history import Version, history
 from pipelines.registry.manifest import Manifest, PlanSummary, list_manifests
@@ -771,3 +773,49 @@ def build_site(settings: Settings, out: Path) -> Built:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return Built(out, [out / p.relative_to(tmp) for p in written], [b for p in pages for b in p.invalid])
+
+
+KEY_FILE = ".modelmint-site.json"
+"""In the site folder: the content key of what it was built from (refresh_site skips a build when it is unchanged)."""
+
+
+def _inputs_key(settings: Settings) -> str:
+    """A hash of everything a build reads that can change without a registration: the manifests, the catalog, the
+    work directory's reports; and the registry's git HEAD (the versions)."""
+    h = hashlib.sha256()
+    roots = [(settings.manifests_dir, "*/*.json"), (settings.work_dir, "*/*/*.report.json")]
+    for root, pattern in roots:
+        for path in sorted(root.glob(pattern)) if root.is_dir() else []:
+            h.update(path.as_posix().encode() + b"\0" + hashlib.sha256(path.read_bytes()).digest())
+    for path in (settings.catalog_path, settings.repo_dir / ".git" / "HEAD"):
+        h.update(path.read_bytes() if path.is_file() else b"-")
+    head = settings.repo_dir / ".git" / "HEAD"
+    ref = head.read_text(encoding="utf-8").strip() if head.is_file() else ""
+    if ref.startswith(
+        "ref: "
+    ):  # the branch's commit, read as git keeps it (no git process for an unchanged site)
+        branch = settings.repo_dir / ".git" / ref[5:]
+        h.update(branch.read_bytes() if branch.is_file() else ref.encode())
+    return h.hexdigest()
+
+
+def refresh_site(settings: Settings, out: Path) -> tuple[Path, bool]:
+    """The site in `out` rebuilt when what it is built from changed since its last build; returns its index page
+    and whether it was built now.
+
+    Raises:
+        ConfigError: as build_site.
+    """
+    key = _inputs_key(settings)
+    marker = out / KEY_FILE
+    try:
+        if (
+            json.loads(marker.read_text(encoding="utf-8")).get("key") == key
+            and (out / "index.html").is_file()
+        ):
+            return out / "index.html", False
+    except (OSError, ValueError, AttributeError):
+        pass  # no site yet, or not one this wrote: build it
+    build_site(settings, out)
+    write_text_atomic(marker, json.dumps({"key": key}) + "\n")
+    return out / "index.html", True
