@@ -212,3 +212,33 @@ def test_refresh_rebuilds_only_when_the_registry_changed(
         assert refresh_site(s, out) == (index, True)
     finally:
         manifest.write_text(before)
+
+
+def test_serve_answers_on_localhost_and_refuses_a_folder_without_a_site(repo: Repo, tmp_path: Path) -> None:
+    import threading
+    import urllib.error
+    import urllib.request
+
+    from pipelines.registry.site import site_server
+
+    with pytest.raises(ConfigError, match="holds no registry site") as err:
+        site_server(tmp_path / "nothing")
+    assert "modelmint site build --out" in (err.value.hint or "")
+    build_site(repo.settings(), tmp_path / "site")
+    (tmp_path / "secret.txt").write_text("outside the site")
+    server = site_server(tmp_path / "site", port=0)
+    assert server.server_address[0] == "127.0.0.1"
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        base = f"http://127.0.0.1:{server.server_address[1]}"
+        with urllib.request.urlopen(f"{base}/index.html", timeout=10) as r:
+            assert r.status == 200 and "No model is registered yet." in r.read().decode()
+        with pytest.raises(urllib.error.HTTPError) as missing:
+            urllib.request.urlopen(f"{base}/../secret.txt", timeout=10)
+        assert missing.value.code == 404
+        with pytest.raises(ConfigError, match=r"cannot serve on 127\.0\.0\.1"):
+            site_server(tmp_path / "site", port=server.server_address[1])  # taken
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -18,7 +18,9 @@ import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
+from http.server import ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 from pipelines.core.errors import ConfigError, ManifestInvalid
 from pipelines.core.fsutil import write_text_atomic
@@ -819,3 +821,30 @@ def refresh_site(settings: Settings, out: Path) -> tuple[Path, bool]:
     build_site(settings, out)
     write_text_atomic(marker, json.dumps({"key": key}) + "\n")
     return out / "index.html", True
+
+
+def site_server(directory: Path, *, port: int = 8000, host: str = "127.0.0.1") -> ThreadingHTTPServer:
+    """An HTTP server for a built site on `host` (this machine only, by default); the caller runs serve_forever.
+
+    Raises:
+        ConfigError: `directory` holds no built site, or the port cannot be bound.
+    """
+    import functools
+    from http.server import SimpleHTTPRequestHandler
+
+    if not (directory / "index.html").is_file():
+        raise ConfigError(
+            f"{directory} holds no registry site (no index.html)",
+            hint=f"build it first: modelmint site build --out {directory}",
+        )
+
+    class _Quiet(SimpleHTTPRequestHandler):
+        def log_message(self, format: str, *args: Any) -> None:
+            pass  # one line per request on stderr is noise for a quick look
+
+    try:
+        return ThreadingHTTPServer((host, port), functools.partial(_Quiet, directory=str(directory)))
+    except OSError as err:
+        raise ConfigError(
+            f"cannot serve on {host}:{port}: {err.strerror}", hint="give another --port, e.g. --port 8765"
+        ) from err
