@@ -722,8 +722,8 @@ every position: 0 is an exact copy. Around 0.001 is indistinguishable in use; 0.
 small model; far above 0.1 the variant often picks other words.</p>
 <h2>Same top</h2><p>The share of positions where the variant's most likely token is the reference's: what greedy
 decoding sees. 100 % is a copy.</p>
-<h2>Noise bars</h2><p>Each point's bar is one standard error of its mean KL, as llama-perplexity (or the torch
-evaluation) reports it: on a short text the figure itself is uncertain. Two variants whose bars overlap are not
+<h2>Noise bars</h2><p>Each point's bar is one standard error of its mean KL, as llama-perplexity reports it: on a short
+text the figure itself is uncertain (compressed checkpoints' evaluation records none yet: no bar). Two variants whose bars overlap are not
 measurably different: <code>modelmint recommend</code> then takes the smaller.</p>
 <h2>The Pareto front</h2><p>The orange points: no other variant is both smaller and closer to the reference. A point
 off the front is beaten on both counts by one on it.</p>
