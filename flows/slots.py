@@ -1,13 +1,13 @@
 """Concurrency slots of the convert flow: one run per model (`model-<name>`), GPU steps one `gpu` slot each.
 
 Prefect's global concurrency limits hold the counts in the database and the leases in lease storage. The
-embedded stack keeps leases on disk (`PREFECT_SERVER_CONCURRENCY_LEASE_STORAGE`, flows/stack.py): with Prefect's
+embedded stack keeps leases on disk (`PREFECT_SERVER_CONCURRENCY_LEASE_STORAGE`, flows/stack/): with Prefect's
 default in-memory storage a server restart forgets every lease while the database keeps the count, and the
 slot is held forever. A lease lives `LEASE_S` seconds and is renewed while its holder lives, so a slot whose
 holder died frees within `LEASE_S` plus the server's repossessor interval.
 
 `slot()` adds three things to `prefect.concurrency.sync.concurrency`:
-  holder        each lease names the flow run holding it, so `python -m flows.stack doctor` can say who holds
+  holder        each lease names the flow run holding it, so `modelmint stack doctor` can say who holds
                 what and since when
   waiting       a slot that is not free at once is waited for with a log line per `WAIT_REPORT_S` naming the
                 holders, never in silence
@@ -115,7 +115,7 @@ def describe_holders(client: Any, limit_name: str, prefect_home: Path | None) ->
     leases = [le for le in read_leases(prefect_home) if str(limit.id) in le.limit_ids] if prefect_home else []
     if not leases:
         return (f"{limit.active_slots}/{limit.limit} slots taken; the holders are listed by "
-                "`python -m flows.stack doctor` on the server's machine")
+                "`modelmint stack doctor` on the server's machine")
     return "; ".join(f"held by {run_label(client, le.holder)} since {clock(le.since)}" for le in leases)
 
 

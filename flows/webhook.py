@@ -35,6 +35,7 @@ from starlette.routing import Route
 from flows.watch import start_conversion
 from pipelines.core.errors import ConfigError, ModelmintError
 from pipelines.core.settings import Settings
+from pipelines.core.vocab import COMMIT
 from pipelines.source import upstream
 from pipelines.source.catalog import HubSource, load_catalog
 
@@ -44,7 +45,6 @@ MAX_BODY = 1 << 20
 DISPATCH_TIMEOUT_S = 10.0
 """How long one delivery waits for Prefect before answering 503: well inside a hub's delivery timeout, so the
 hub sees a failure it resends instead of a connection it abandons (a hung API once held deliveries over 120 s)."""
-_SHA = re.compile(r"^[0-9a-f]{40}$")
 _REPO = re.compile(r"[A-Za-z0-9][\w.-]{0,95}(/[A-Za-z0-9][\w.-]{0,95})?", re.ASCII)
 Dispatch = Callable[[str, str], Any]
 """(catalog name, commit) → the flow run Prefect made or found for it."""
@@ -179,7 +179,7 @@ def parse_event(body: bytes) -> tuple[str, dict[str, tuple[str | None, str]]]:
         ref, new = str(u.get("ref", "")), u.get("newSha")
         if new is None:
             continue  # a deleted ref: nothing to build
-        if not isinstance(new, str) or not _SHA.fullmatch(new):
+        if not isinstance(new, str) or not COMMIT.fullmatch(new):
             raise BadEvent(f"newSha of {ref!r} is not a 40-hex commit")
         old = u.get("oldSha")
         refs[re.sub(r"^refs/(heads|tags)/", "", ref)] = (old if isinstance(old, str) else None, new)

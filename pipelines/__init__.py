@@ -11,7 +11,8 @@ Sub-packages by concern; imports point down these layers only (core is imported 
     publish/    what is served: Ollama (Modelfile, card, install), vLLM (vllm.yaml, card), the serving planner
     registry/   the format table (formats.py: how each format builds, registers, publishes, pulls), registration,
                 manifests and their history, DVC, pull, verify, dvc.yaml generation, moving a pin
-    compose.py  build → validate → register, as the CLI and the flow run it; cli.py the command line
+    compose.py  build → validate → register, as the CLI and the flow run it
+    cli/        the command line: one module per command group, thin over the steps; _edge.py its one error edge
 
 tests/test_layout.py checks the direction of every import.
 """

@@ -94,3 +94,29 @@ def build_and_register(
         say=progress, force=force,
     )
     return Run(result, refs, errors)
+
+
+def build_every(
+    fmt: ArtifactFormat, settings: Settings, build_one: Callable[[str], None], *,
+    failed: Callable[[str, str], None] = lambda _name, _why: None,
+) -> None:
+    """`build_one(name)` for every catalog entry with variants of format `fmt`, one after another: one entry's
+    ModelmintError does not stop the others (`failed(name, first line of its message)` is told at once).
+
+    Raises:
+        ModelmintError: naming every entry that failed, after the last one ran.
+    """
+    from pipelines.source.catalog import load_catalog
+
+    failures: dict[str, str] = {}
+    for entry in load_catalog(settings.catalog_path).models:
+        if not fmt.catalog_variants(entry):
+            continue
+        try:
+            build_one(entry.name)
+        except ModelmintError as e:
+            failures[entry.name] = e.message.splitlines()[0]
+            failed(entry.name, failures[entry.name])
+    if failures:
+        raise ModelmintError(f"{len(failures)} model(s) failed: {', '.join(failures)}",
+                             hint="each model's own error is printed above; rerun `modelmint convert NAME` for one")

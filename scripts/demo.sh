@@ -10,6 +10,6 @@ bash scripts/setup.sh
 .venv/bin/python -m compileall -q pipelines flows >/dev/null
 .venv/bin/modelmint catalog list
 bash scripts/up.sh
-PREFECT_API_URL="$(.venv/bin/python -m flows.stack api-url)"
+PREFECT_API_URL="$(.venv/bin/modelmint stack api-url)"
 export PREFECT_API_URL DO_NOT_TRACK=1
 .venv/bin/prefect deployment run convert/tiny-qwen2 --watch "$@"

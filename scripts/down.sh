@@ -3,4 +3,4 @@
 # the server. Its database and logs stay in $MODELMINT_HOME/prefect.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-exec .venv/bin/python -m flows.stack down
+exec .venv/bin/modelmint stack down

@@ -5,4 +5,4 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 export DO_NOT_TRACK=1 DVC_NO_ANALYTICS=1
-exec .venv/bin/python -m flows.stack up
+exec .venv/bin/modelmint stack up

@@ -53,6 +53,8 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
         "MODELMINT_CATALOG": str(project_root() / "registry" / "catalog.yaml"),
         # nothing listens there: `modelmint watch` asks this "hub" about the catalog's tracked refs, never the real one
         "HF_ENDPOINT": "http://127.0.0.1:9",
+        # nor here: `modelmint stack status / doctor / down` ask this "Prefect server", never a real stack's
+        "MODELMINT_PREFECT_PORT": "9",
         "COLUMNS": "120",
     }
 
@@ -61,7 +63,25 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
 NEEDS_SETUP = {
     ("watch",): "could not be checked",
     ("webhook", "serve"): "MODELMINT_WEBHOOK_SECRET is not set",
+    ("stack", "status"): "is not up",
+    ("stack", "doctor"): "no Prefect server answers",
 }
+
+
+# Commands that would start a long-lived stack: run with their port held by something that is not Prefect, they
+# must refuse at once (exit 1) instead of starting anything.
+PORT_HELD = {("stack", "up"): "is taken by something that is not a Prefect server"}
+
+
+def _port_held(env: dict[str, str], tmp_path: Path, path: tuple[str, ...]) -> None:
+    import socket
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        proc = _run({**env, "MODELMINT_PREFECT_PORT": str(held.getsockname()[1])}, tmp_path, *path)
+    both = proc.stdout + proc.stderr
+    assert proc.returncode == 1 and PORT_HELD[path] in proc.stderr and "Traceback" not in both, both
 
 
 # Commands that run without arguments as a server: it must start (its banner on stderr), and SIGTERM stop it.
@@ -110,6 +130,9 @@ def test_the_walk_finds_every_command() -> None:
 def test_no_arguments(env: dict[str, str], tmp_path: Path, path: tuple[str, ...], command: Any) -> None:
     if path in SERVES:
         _serves(env, tmp_path, path)
+        return
+    if path in PORT_HELD:
+        _port_held(env, tmp_path, path)
         return
     proc = _run(env, tmp_path, *path)
     both = proc.stdout + proc.stderr

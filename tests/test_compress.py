@@ -22,12 +22,12 @@ from pipelines.core.errors import ArtifactError, ConfigError, ToolError, Unsuppo
 from pipelines.core.gates import compressed_gate
 from pipelines.core.report import Figures
 from pipelines.core.runner import run
+from pipelines.core.safetensorsheader import read_safetensors_header
 from pipelines.core.settings import Settings, project_root
 from pipelines.core.steps import load_dir_receipt, write_dir_receipt
 from pipelines.core.toolchains import llmcompressor
 from pipelines.publish.vllm import VllmServeConfig
 from pipelines.source.catalog import COMPRESSED_VARIANTS, CalibrationSpec, Variants, load_catalog
-from pipelines.source.fetch import read_safetensors_header
 
 CATALOG = project_root() / "registry" / "catalog.yaml"
 SCHEMES = ["fp8", "awq"]

@@ -23,9 +23,10 @@ from pydantic import ValidationError
 
 import pipelines.core.fsutil
 from pipelines.core.errors import ArtifactError, ConfigError, HubUnavailable, IntegrityError, SourceError
+from pipelines.core.safetensorsheader import read_safetensors_header
 from pipelines.core.settings import Settings, project_root
 from pipelines.source.catalog import CatalogEntry, HubSource, load_catalog
-from pipelines.source.fetch import fetch, read_safetensors_header
+from pipelines.source.fetch import fetch
 
 TOKEN = "hf_modelmintTESTtoken0123456789abcdef"
 CHAT_TEMPLATE = (

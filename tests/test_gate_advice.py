@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from pipelines.core.gates import advice_for_report, compressed_gate, gate_advice, gguf_gate
-from pipelines.core.report import Figures, Validation
+from pipelines.core.gates import compressed_gate, gate_advice, gguf_gate
+from pipelines.core.report import Figures, Validation, advice_for_report
 
 SMOLLM2 = 134_515_008  # parameters of SmolLM2-135M-Instruct
 

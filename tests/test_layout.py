@@ -11,10 +11,12 @@ from pathlib import Path
 
 import pipelines
 
+ROOT = Path(pipelines.__file__).parents[1]
+
 LAYERS = {"core": 0, "source": 1, "chat": 1, "gguf": 2, "compressed": 2, "publish": 3, "registry": 4}
 """Lower numbers are imported by higher ones; the same number means neither imports the other."""
 TOP = {"__init__", "cli", "compose"}
-"""The command line and the build-validate-register composition sit above every layer."""
+"""The command line (a package: pipelines/cli/) and the build-validate-register composition sit above every layer."""
 
 
 def _imports(path: Path) -> list[tuple[int, str]]:
@@ -27,6 +29,8 @@ def _imports(path: Path) -> list[tuple[int, str]]:
                     for a in node.names]
         elif isinstance(node, ast.Import):
             out += [(node.lineno, a.name) for a in node.names if a.name.startswith("pipelines")]
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").split(".")[0] == "flows":
+            out.append((node.lineno, node.module or "flows"))
     return out
 
 
@@ -43,7 +47,9 @@ def _violations(root: Path) -> list[str]:
             continue
         for line, module in _imports(path):
             there = _layer(module)
-            if module.split(".")[1] in TOP:
+            if module.split(".")[0] == "flows":
+                bad.append(f"{path.relative_to(root.parent)}:{line} imports {module}: the library never imports flows/")
+            elif module.split(".")[1] in TOP:
                 bad.append(f"{path.relative_to(root.parent)}:{line} imports {module}, above every layer")
             elif there and there != here and LAYERS[there] >= LAYERS[here]:
                 bad.append(f"{path.relative_to(root.parent)}:{line} imports {module}: {there} is not below {here}")
@@ -59,7 +65,8 @@ def test_the_layer_check_finds_an_upward_import(tmp_path: Path) -> None:
     package nested in a layer (chat/families/) importing a publisher."""
     for pkg, text in {"core": "from pipelines.publish.ollama import x\n", "gguf": "def f():\n    from pipelines.cli import main\n",
                       "chat": "from pipelines.source import catalog\n", "registry": "from pipelines.core.steps import y\n",
-                      "chat/families": "from pipelines.publish import ollama\nfrom pipelines.chat import jinja\n"}.items():
+                      "chat/families": "from pipelines.publish import ollama\nfrom pipelines.chat import jinja\n",
+                      "publish": "def f():\n    from flows.convert import convert\n"}.items():
         (tmp_path / "pipelines" / pkg).mkdir(parents=True, exist_ok=True)
         (tmp_path / "pipelines" / pkg / "m.py").write_text(text)
     found = _violations(tmp_path / "pipelines")
@@ -68,6 +75,7 @@ def test_the_layer_check_finds_an_upward_import(tmp_path: Path) -> None:
         "pipelines/chat/m.py:1 imports pipelines.source.catalog: source is not below chat",
         "pipelines/core/m.py:1 imports pipelines.publish.ollama: publish is not below core",
         "pipelines/gguf/m.py:2 imports pipelines.cli, above every layer",
+        "pipelines/publish/m.py:2 imports flows.convert: the library never imports flows/",
     ]
 
 
@@ -75,4 +83,159 @@ def test_no_module_outside_a_layer_but_the_top() -> None:
     root = Path(pipelines.__file__).parent
     loose = {p.stem for p in root.glob("*.py")} - TOP
     assert loose == set(), f"modules outside every sub-package: {sorted(loose)}"
-    assert {p.name for p in root.iterdir() if (p / "__init__.py").is_file()} == {*LAYERS, "scripts"}
+    assert {p.name for p in root.iterdir() if (p / "__init__.py").is_file()} == {*LAYERS, "scripts", "cli"}
+
+
+def _cli_violations(cli: Path) -> list[str]:
+    """A command module (pipelines/cli/<group>.py) importing another one: commands share only the private modules
+    (_app: the app and its consoles; _edge: the error edge; _tables), so each group stays a thin layer over the
+    library and moves or goes without touching the others."""
+    bad = []
+    for path in sorted(cli.glob("*.py")):
+        if path.stem.startswith("_"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module + "." + a.name if node.module == "pipelines.cli" else node.module
+                         for a in node.names]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            else:
+                continue
+            for module in names:
+                parts = module.split(".")
+                if parts[:2] == ["pipelines", "cli"] and (len(parts) < 3 or not parts[2].startswith("_")):
+                    bad.append(f"{path.name}:{node.lineno} imports {module}, another command module")
+    return bad
+
+
+def test_command_modules_share_only_the_private_ones() -> None:
+    cli = Path(pipelines.__file__).parent / "cli"
+    assert _cli_violations(cli) == []
+    commands = {p.stem for p in cli.glob("*.py") if not p.stem.startswith("_")}
+    assert {"build", "registry", "plan", "stack"} <= commands  # the groups the CLI is made of
+
+
+def test_the_command_module_check_finds_one_importing_another(tmp_path: Path) -> None:
+    (tmp_path / "build.py").write_text("from pipelines.cli._app import app\nfrom pipelines.cli.plan import plan_cmd\n")
+    (tmp_path / "plan.py").write_text("def f():\n    from pipelines.cli import build\n")
+    assert _cli_violations(tmp_path) == ["build.py:2 imports pipelines.cli.plan, another command module",
+                                         "plan.py:2 imports pipelines.cli.build, another command module"]
+
+
+# ---------------------------------------------------------------- no import cycles, pipelines/ and flows/ together
+
+KNOWN_CYCLES: list[set[str]] = [
+    # The registry's own cycle (formats' hooks import register, which imports formats and serving; serving imports
+    # register): the format implementations move into a package of self-registering modules (issue 28, item 2,
+    # the step-list branch). Remove this entry when that lands: the test then fails until it is gone.
+    {"pipelines.registry.formats", "pipelines.registry.register", "pipelines.registry.serving"},
+]
+
+
+def _modules(root: Path) -> dict[str, Path]:
+    """Dotted name → file of every module under root's pipelines/ and flows/ (a package is its __init__.py)."""
+    out = {}
+    for base in ("pipelines", "flows"):
+        for path in sorted((root / base).rglob("*.py")):
+            parts = list(path.relative_to(root).with_suffix("").parts)
+            out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return out
+
+
+def import_graph(root: Path) -> dict[str, set[str]]:
+    """Module → the modules it imports anywhere in its file: at the top, inside functions (lazy), under
+    TYPE_CHECKING. `from a.b import c` is an edge to a.b.c where that is a module, else to a.b."""
+    mods = _modules(root)
+
+    def resolve(name: str) -> str | None:
+        while name and name not in mods:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph: dict[str, set[str]] = {m: set() for m in mods}
+    for mod, path in mods.items():
+        package = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names: list[str] = []
+            if isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    up = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join([*up, base] if base else up)
+                names = [f"{base}.{a.name}" if f"{base}.{a.name}" in mods else base for a in node.names]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            graph[mod] |= {t for n in names if (t := resolve(n)) and t != mod}
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[set[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm, iteratively)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found = []
+    for start in sorted(graph):
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            v, edges = work[-1]
+            w = next(edges, None)
+            if w is not None:
+                if w not in index:
+                    index[w] = low[w] = len(index)
+                    stack.append(w)
+                    on_stack.add(w)
+                    work.append((w, iter(sorted(graph[w]))))
+                elif w in on_stack:
+                    low[v] = min(low[v], index[w])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[v])
+            if low[v] == index[v]:
+                component = set()
+                while True:
+                    w = stack.pop()
+                    on_stack.discard(w)
+                    component.add(w)
+                    if w == v:
+                        break
+                if len(component) > 1:
+                    found.append(component)
+    return sorted(found, key=sorted)
+
+
+def test_no_import_cycles_in_pipelines_and_flows() -> None:
+    """A cycle closed only by a lazy import turns into an ImportError the day one of its imports moves to the top."""
+    found = cycles(import_graph(ROOT))
+    assert [sorted(c) for c in found if c not in KNOWN_CYCLES] == []
+    assert [sorted(c) for c in KNOWN_CYCLES if c not in found] == [], "a known cycle is gone: remove it from KNOWN_CYCLES"
+
+
+def test_the_cycle_check_finds_lazy_type_checking_and_relative_cycles(tmp_path: Path) -> None:
+    files = {
+        "pipelines/__init__.py": "",
+        "pipelines/core/__init__.py": "",
+        "pipelines/core/a.py": "def f():\n    from pipelines.core.b import g\n",
+        "pipelines/core/b.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pipelines.core import a\n",
+        "pipelines/core/c.py": "from pipelines.core.errors import E\n",
+        "pipelines/chat/__init__.py": "",
+        "pipelines/chat/x.py": "from . import y\n",
+        "pipelines/chat/y.py": "from .x import z\n",
+        "flows/__init__.py": "",
+        "flows/one.py": "import flows.two\n",
+        "flows/two.py": "from flows import one\n",
+    }
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    assert [sorted(c) for c in cycles(import_graph(tmp_path))] == [
+        ["flows.one", "flows.two"], ["pipelines.chat.x", "pipelines.chat.y"], ["pipelines.core.a", "pipelines.core.b"],
+    ]

@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from plan_scenarios import DENSE_80G, QWEN25_7B, QWEN25_32B, SCENARIOS
 
 from pipelines.core.errors import ConfigError
+from pipelines.core.safetensorsheader import read_safetensors_header
 from pipelines.publish.planner import (
     GIB,
     Ask,
@@ -43,7 +44,6 @@ from pipelines.publish.planner import (
     shape_of_gguf,
     smaller_ask,
 )
-from pipelines.source.fetch import read_safetensors_header
 
 
 def _gpu40() -> NodeGroup:

@@ -86,7 +86,7 @@ def test_no_credential_reaches_the_local_registry(monkeypatch: pytest.MonkeyPatc
 
 
 def test_no_credential_reaches_the_prefect_server(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """The embedded stack's Prefect server (flows/stack.py) stores what it is sent and needs no credential: it
+    """The embedded stack's Prefect server (flows/stack/) stores what it is sent and needs no credential: it
     inherited every one. (The worker keeps them: its flow runs fetch and publish with them.)"""
     from registry_env import free_port, isolate
 
@@ -208,12 +208,13 @@ def test_partial_names_never_look_like_outputs(tmp_path: Path) -> None:
 
 
 def test_stack_run_hands_prefect_no_credential(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """`python -m flows.stack run` execs `prefect deployment run`, which only asks the API for a run: it inherited
-    every credential. It now gets run_env, and nothing else reaches that exec."""
+    """`modelmint stack run` (and `python -m flows.stack run`) execs `prefect deployment run`, which only asks the API
+    for a run: it inherited every credential. It now gets run_env, and nothing else reaches that exec."""
     import ast
 
     from registry_env import isolate
 
+    import pipelines.cli.stack
     from flows import stack
 
     isolate(tmp_path / "env", monkeypatch)
@@ -221,8 +222,12 @@ def test_stack_run_hands_prefect_no_credential(monkeypatch: pytest.MonkeyPatch, 
     settings = Settings.from_env()
     env = stack.run_env(settings)
     assert env["PREFECT_API_URL"] == settings.prefect_api_url and not set(planted) & set(env)
-    tree = ast.parse(Path(stack.__file__).read_text(encoding="utf-8"))
-    execs = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
-             and n.func.attr == "execve"]
-    assert execs and all(isinstance(n.args[2], ast.Call) and getattr(n.args[2].func, "id", "") == "run_env"
-                         for n in execs)
+    execs = [n for module in (stack, pipelines.cli.stack)
+             for n in ast.walk(ast.parse(Path(str(module.__file__)).read_text(encoding="utf-8")))
+             if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "execve"]
+
+    def _called(call: ast.expr) -> str:  # run_env(...) or stack.run_env(...)
+        func = call.func if isinstance(call, ast.Call) else None
+        return getattr(func, "id", "") or getattr(func, "attr", "")
+
+    assert execs and all(_called(n.args[2]) == "run_env" for n in execs)

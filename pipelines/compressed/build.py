@@ -61,6 +61,7 @@ from pipelines.core.steps import (
 )
 from pipelines.core.texts import EVAL_TEXT, TextRef, check_apart, text_ref
 from pipelines.core.toolchains import LlmCompressor, llmcompressor
+from pipelines.core.vocab import COMPRESSED_SCHEMES
 from pipelines.source.catalog import (
     COMPRESSED_VARIANTS,
     CatalogEntry,
@@ -71,7 +72,7 @@ log = logging.getLogger(__name__)
 
 # ---------------------------------------------------------------- plan and steps (the flows run one task each)
 
-_SUFFIX = {"fp8": "fp8-dynamic", "awq": "w4a16-awq", "gptq": "w4a16-gptq", "w8a8": "w8a8"}
+_SUFFIX: dict[str, str] = {s.name: s.directory for s in COMPRESSED_SCHEMES.values()}
 
 
 @dataclass(frozen=True)

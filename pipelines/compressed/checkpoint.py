@@ -16,7 +16,7 @@ from pipelines.core.errors import (
 from pipelines.core.fsutil import (
     sha256_file,
 )
-from pipelines.source.fetch import safetensors_files, source_tensors
+from pipelines.core.safetensorsheader import safetensors_files, source_tensors
 
 # Copied byte for byte from the source: transformers 5 rewrites tokenizers and generation configs it re-saves.
 VERBATIM_FILES = (

@@ -12,6 +12,7 @@ from pipelines.core.errors import (
     ConfigError,
 )
 from pipelines.core.texts import EVAL_TEXT
+from pipelines.core.vocab import CompressedName
 from pipelines.source.catalog import (
     COMPRESSED_VARIANTS,
     AWQVariant,
@@ -72,7 +73,7 @@ ModifierSpec = Annotated[
 class Recipe(_Strict):
     """What llmcompressor is asked to do for one variant. Saved in the artifact as modelmint-recipe.yaml."""
 
-    variant: Literal["fp8", "awq", "w8a8", "gptq"]
+    variant: CompressedName
     scheme: str
     """The compressed-tensors preset the quantizing modifier applies (FP8_DYNAMIC, W4A16_ASYM, …)."""
     modifiers: list[ModifierSpec]

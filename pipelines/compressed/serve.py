@@ -19,6 +19,7 @@ from pipelines.core.runner import run
 from pipelines.core.settings import Settings
 from pipelines.core.steps import content_key
 from pipelines.core.toolchains import VllmCpu, vllm_cpu
+from pipelines.core.vocab import VllmKVCacheDtype
 
 DEFAULT_MAX_MODEL_LEN = 8192
 SMOKE_TIMEOUT_S = 600
@@ -53,7 +54,7 @@ class VllmServeConfig(BaseModel):
     distributed_executor_backend: Literal["ray", "mp"] | None = Field(
         default=None, alias="distributed-executor-backend"
     )
-    kv_cache_dtype: Literal["auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2"] | None = Field(
+    kv_cache_dtype: VllmKVCacheDtype | None = Field(
         default=None, alias="kv-cache-dtype"
     )
     enable_prefix_caching: bool | None = Field(default=None, alias="enable-prefix-caching")

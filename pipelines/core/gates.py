@@ -4,13 +4,32 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal, Protocol
 
-if TYPE_CHECKING:
-    from pipelines.core.report import Figures
+from pipelines.core.vocab import COMPRESSED_SCHEMES, GGUF_LADDER, GGUF_TYPES, PUBLISHED_SAME_TOP, gguf_type
 
 Profile = Literal["reference", "tiny"]
+
+
+class Measured(Protocol):
+    """What a gate reads of a measurement (pipelines/core/report.Figures, which imports this module, has them)."""
+
+    @property
+    def mean_kl(self) -> float: ...
+    @property
+    def same_top_pct(self) -> float: ...
+    @property
+    def ppl_ratio(self) -> float: ...
+    @property
+    def dppl_pct(self) -> float: ...
+    @property
+    def mean_kl_stderr(self) -> float | None: ...
+    @property
+    def same_top_stderr(self) -> float | None: ...
+    @property
+    def ln_ppl_ratio_stderr(self) -> float | None: ...
 
 
 @dataclass(frozen=True)
@@ -65,7 +84,7 @@ class Gate:
     def max_dppl_pct(self) -> float:
         return round((self.max_ppl_ratio - 1.0) * 100.0, 4)
 
-    def check(self, figures: Figures) -> list[str]:
+    def check(self, figures: Measured) -> list[str]:
         """The gate's failures, each with the figure and the threshold; empty when it passes (NaN fails)."""
         return [m.text for m in self.misses(figures)]
 
@@ -74,7 +93,7 @@ class Gate:
             return 0.0, ""
         return self.noise_sigmas * stderr, f" by more than {self.noise_sigmas:g} standard errors"
 
-    def misses(self, figures: Figures) -> list[Miss]:
+    def misses(self, figures: Measured) -> list[Miss]:
         f, out = figures, []
         slack, why = self._slack(f.mean_kl_stderr)
         if not f.mean_kl - slack <= self.max_mean_kl:
@@ -111,23 +130,17 @@ class Gate:
 
 # ---------------------------------------------------------------- GGUF variants (llama.cpp)
 
-# llama.cpp's published KL-divergence table (tools/perplexity/README.md of the pinned tree, "LLaMA 3 8b
-# Scoreboard", f16 base, wikitext-2): mean KLD per type without an importance matrix; the types llama-quantize
-# refuses without one take the row measured with the "WT 10m" matrix. An imatrix build of a type is held to the
-# figure without a matrix: the matrix may help, the gate does not count on it.
-_LLAMA3_8B_KLD = {
-    "q8_0": 0.001355, "q6_k": 0.005452, "q5_k_m": 0.010762, "q5_k_s": 0.016595, "q5_1": 0.018045,
-    "q5_0": 0.022239, "q4_k_m": 0.031273, "q4_k_s": 0.043136, "q4_1": 0.071683, "q4_0": 0.071940,
-    "q3_k_l": 0.087176, "q3_k_m": 0.101913, "q3_k_s": 0.228217, "q2_k": 0.445132,
-    "iq4_nl": 0.035742, "iq4_xs": 0.036334, "iq3_m": 0.102534, "iq3_s": 0.111278, "iq3_xs": 0.138693,
-    "iq3_xxs": 0.183625, "iq2_m": 0.325989, "q2_k_s": 0.403360, "iq2_s": 0.439197, "iq2_xs": 0.546290,
-    "iq2_xxs": 0.812022, "iq1_m": 1.393084, "iq1_s": 2.211278,
-}
-# The same README ("LLaMA 2 vs. LLaMA 3"): same top p at four of those KLDs on Llama-3-8B. The same-top figure of
-# any other type is read off this curve at its KLD (linear in log KLD between the points).
-_LLAMA3_8B_TOP = ((0.001355, 97.674), (0.005452, 96.031), (0.031273, 91.901), (0.445132, 71.138))
+# Each type's published Llama-3-8B mean KLD and same top (tools/perplexity/README.md of the pinned tree) is its row in
+# pipelines/core/vocab.GGUF_TYPES. An imatrix build of a type is held to the figure without a matrix: the matrix may
+# help, the gate does not count on it. The same-top figure of a type without its own is read off the published points
+# at its KLD (linear in log KLD between them).
 _UNLISTED_KLD = 2.5
 """A type missing from the table (tq1_0, tq2_0): the worst published row's order, which still catches a broken file."""
+
+
+def _published_kld(qtype: str) -> float:
+    row = gguf_type(qtype)
+    return row.kld if row and row.kld is not None else _UNLISTED_KLD
 
 
 @dataclass(frozen=True)
@@ -166,7 +179,7 @@ def size_band(params: int | None) -> SizeBand:
 
 def _published_top(kld: float) -> float:
     """Llama-3-8B's same-top rate at mean KLD `kld`, linear in log KLD between the published points."""
-    pts = _LLAMA3_8B_TOP
+    pts = PUBLISHED_SAME_TOP
     if kld <= pts[0][0]:
         return pts[0][1]
     for (k0, t0), (k1, t1) in itertools.pairwise(pts):
@@ -176,18 +189,8 @@ def _published_top(kld: float) -> float:
     return max(0.0, t1 + (t1 - t0) * math.log(kld / k1) / math.log(k1 / k0))
 
 
-# Tiny generated models (hidden 256, 4 layers, briefly trained; see pipelines/source/tinymodel.py), measured on
-# tiny-qwen2 against its f16 GGUF over eval.txt (16 x 128 tokens): Q4_K_M mean KLD 0.0013, same top 99.1 %,
-# ΔPPL +0.23 %; Q8_0 0.0001, 99.8 %, +0.03 %. Their next-token distributions are flatter than a real model's, so
-# the same type loses *less* here than in llama.cpp's table. The thresholds leave ~4x KLD headroom over those
-# figures; a quant with zeroed blocks (tests/test_gguf_path.py) misses them by orders of magnitude. Types not
-# measured fall back to a loose default that still catches a broken file.
-_TINY = {
-    "q8_0": (0.0005, 99.0, 0.5),
-    "q6_k": (0.0015, 98.5, 1.0),
-    "q5_k_m": (0.003, 98.0, 1.5),
-    "q4_k_m": (0.005, 97.0, 2.0),
-}
+# The tiny profile (the bundled generated models): each measured type's `tiny` row in pipelines/core/vocab.GGUF_TYPES,
+# with its measurement; types not measured fall back to a loose default that still catches a broken file.
 _DEFAULT_TINY = (0.05, 85.0, 10.0)
 
 
@@ -203,11 +206,12 @@ def gguf_gate(qtype: str, profile: Profile = "reference", params: int | None = N
     """
     qtype = qtype.lower()
     if profile == "tiny":
-        kld, top, dppl = _TINY.get(qtype, _DEFAULT_TINY)
+        row = gguf_type(qtype)
+        kld, top, dppl = row.tiny if row and row.tiny else _DEFAULT_TINY
         return Gate(kld, top, _ratio(dppl), basis=f"tiny-model profile for {qtype} (measured on tiny-qwen2, ~4x KLD "
                     "headroom)", noise_sigmas=NOISE_SIGMAS)
     band = size_band(params)
-    published = _LLAMA3_8B_KLD.get(qtype, _UNLISTED_KLD)
+    published = _published_kld(qtype)
     kld = round(published * band.kld, 6)
     top = round(_published_top(published) - band.top_pts, 2)
     return Gate(
@@ -219,14 +223,14 @@ def gguf_gate(qtype: str, profile: Profile = "reference", params: int | None = N
     )
 
 
-def ladder_conflicts(verdicts: dict[str, tuple[Figures, bool]]) -> list[str]:
+def ladder_conflicts(verdicts: Mapping[str, tuple[Measured, bool]]) -> list[str]:
     """Contradictions among one model's GGUF verdicts ({type: (figures, passed)}): a type refused although a type
     llama.cpp publishes as worse (a higher KLD) passed with figures no better on any count. The gates are built
     so that none arises; a build reports any it finds as a gate defect, never as the variant's."""
     out = []
     for hi, (fh, ok_hi) in verdicts.items():
         for lo, (fl, ok_lo) in verdicts.items():
-            worse_type = _LLAMA3_8B_KLD.get(lo, _UNLISTED_KLD) > _LLAMA3_8B_KLD.get(hi, _UNLISTED_KLD)
+            worse_type = _published_kld(lo) > _published_kld(hi)
             no_better = fl.mean_kl >= fh.mean_kl and fl.same_top_pct <= fh.same_top_pct and fl.ppl_ratio >= fh.ppl_ratio
             if worse_type and ok_lo and not ok_hi and no_better:
                 out.append(f"{hi} was refused although {lo}, a type with fewer bits, passed with figures no better "
@@ -243,69 +247,30 @@ def _ratio(dppl_pct: float) -> float:
 # ---------------------------------------------------------------- compressed-tensors variants (llmcompressor)
 
 
-# KL and top-1 bounds are the GGUF gate of the type with the nearest bits (fp8, w8a8: q8_0; awq, gptq: q4_k_m) in
-# the same size band, so one model's variants face one scale whatever their format. The perplexity bound comes
-# from published recoveries (task accuracy of the quantized model / the original's), read as "perplexity may
-# rise by no more than 1 / recovery", plus a margin for the short evaluation text:
-#   FP8-dynamic: >= 99 % (RedHatAI / neuralmagic FP8-dynamic model cards, Llama 3.x and Qwen2.5, 1B-70B);
-#   INT8 W8A8: ~ 99 % (the same cards for quantized.w8a8);
-#   INT4 W4A16: 97-99 % on models of 3B and more (RedHatAI quantized.w4a16 cards); Qwen's own AWQ table
-#   puts Qwen2.5-0.5B-Instruct-AWQ at about 90 % of the bf16 model.
-_COMPRESSED_ANCHOR = {"fp8": "q8_0", "w8a8": "q8_0", "awq": "q4_k_m", "gptq": "q4_k_m"}
-_COMPRESSED_RECOVERY: dict[str, dict[bool, tuple[float, str]]] = {
-    # variant: {large band?: (max ppl ratio, its source)}
-    "fp8": {True: (1.02, "FP8-dynamic >= 99 % recovery (RedHatAI cards)"),
-            False: (1.03, "FP8-dynamic >= 99 % recovery (RedHatAI cards, 1B), small-model margin")},
-    "w8a8": {True: (1.02, "INT8 W8A8 ~ 99 % recovery (RedHatAI cards)"),
-             False: (1.03, "INT8 W8A8 ~ 99 % recovery (RedHatAI cards), small-model margin")},
-    "awq": {True: (1.05, "W4A16 97-99 % recovery on >= 3B (RedHatAI cards)"),
-            False: (1.15, "W4A16 ~ 90 % recovery at 0.5B (Qwen2.5 AWQ table)")},
-    "gptq": {True: (1.05, "W4A16 97-99 % recovery on >= 3B (RedHatAI cards)"),
-             False: (1.15, "W4A16 ~ 90 % recovery at 0.5B (Qwen2.5 AWQ/GPTQ tables)")},
-}
-
-# Tiny generated models (hidden 256, 4 layers, briefly trained; pipelines/source/tinymodel.py): measured on tiny-qwen2
-# against its bf16 source on eval.txt (8 x 256 tokens): FP8_DYNAMIC mean KL 5.9e-4, top-1 99.3 %,
-# ppl ratio 1.000; AWQ W4A16_ASYM (16 x 256 calibration tokens of train.txt) 2.5e-3, 99.3 %, 1.031.
-# Rows of 256 weights are two 128-groups, so 4-bit loses more here than on a real model. The thresholds
-# leave ~4x KL headroom; zeroed scales (KL ~10, top-1 ~7 %, ppl x thousands) fail all three
-# (tests/test_compress.py).
-_COMPRESSED_TINY: dict[str, tuple[float, float, float]] = {
-    "fp8": (2.5e-3, 95.0, 1.02),
-    "w8a8": (2.5e-3, 95.0, 1.02),
-    "awq": (1e-2, 95.0, 1.10),
-    "gptq": (1e-2, 95.0, 1.10),
-}
+# KL and top-1 bounds are the GGUF gate of the type with the nearest bits (each scheme's `anchor`: fp8, w8a8: q8_0;
+# awq, gptq: q4_k_m) in the same size band, so one model's variants face one scale whatever their format. The
+# perplexity bound comes from published recoveries, and the tiny profile from measurements: each scheme's `recovery`
+# and `tiny` in pipelines/core/vocab.COMPRESSED_SCHEMES, with their sources.
 
 
 def compressed_gate(variant: str, profile: Profile = "reference", params: int | None = None) -> Gate:
     """The gate for a compressed-tensors variant (fp8, awq, w8a8, gptq) of a model with `params` parameters."""
     if profile == "tiny":
-        kl, top, ratio = _COMPRESSED_TINY[variant]
+        kl, top, ratio = COMPRESSED_SCHEMES[variant].tiny
         return Gate(kl, top, ratio, basis=f"tiny-model profile for {variant} (measured, ~4x KL headroom)",
                     noise_sigmas=NOISE_SIGMAS)
     band = size_band(params)
-    anchor = gguf_gate(_COMPRESSED_ANCHOR[variant], "reference", params)
-    ratio, recovery = _COMPRESSED_RECOVERY[variant][band.name == "large"]
+    scheme = COMPRESSED_SCHEMES[variant]
+    anchor = gguf_gate(scheme.anchor, "reference", params)
+    ratio, recovery = scheme.recovery[0 if band.name == "large" else 1]
     return Gate(anchor.max_mean_kl, anchor.min_same_top_pct, ratio, noise_sigmas=NOISE_SIGMAS,
-                basis=f"{recovery}; KL/top-1 as {_COMPRESSED_ANCHOR[variant]}: {anchor.basis}")
+                basis=f"{recovery}; KL/top-1 as {scheme.anchor}: {anchor.basis}")
 
 
 # ---------------------------------------------------------------- advice: what to try after a gate failed
 
-# Bits per weight of llama.cpp's types (tools/quantize/README.md of the pinned tree, Llama-3-8B column),
-# used only to order them: what "a higher-bit type" means for the one that failed.
-_GGUF_BPW = {
-    "iq1_s": 1.56, "iq1_m": 1.75, "tq1_0": 1.69, "tq2_0": 2.06, "iq2_xxs": 2.06, "iq2_xs": 2.31, "iq2_s": 2.5,
-    "iq2_m": 2.7, "q2_k_s": 2.79, "q2_k": 2.96, "iq3_xxs": 3.06, "iq3_xs": 3.3, "iq3_s": 3.44, "q3_k_s": 3.5,
-    "iq3_m": 3.66, "q3_k_m": 3.91, "q3_k_l": 4.27, "iq4_xs": 4.25, "iq4_nl": 4.5, "q4_0": 4.5, "q4_k_s": 4.58,
-    "q4_k_m": 4.89, "q4_1": 5.0, "q5_0": 5.5, "q5_k_s": 5.54, "q5_k_m": 5.7, "q5_1": 6.0, "q6_k": 6.56,
-    "q8_0": 8.5,
-}
-# The types worth suggesting as the next step up (the ones the catalog and Ollama's library use).
-_GGUF_LADDER = ("q3_k_m", "q4_k_m", "q5_k_m", "q6_k", "q8_0")
-# compressed-tensors schemes by weight bits; the 8-bit ones are the highest modelmint builds.
-_COMPRESSED_BITS = {"awq": 4, "gptq": 4, "w8a8": 8, "fp8": 8}
+# "A higher-bit type" for the one that failed: the `ladder` types of pipelines/core/vocab.GGUF_TYPES ordered by their
+# `bpw`; compressed-tensors schemes by their `bits` (the 8-bit ones are the highest modelmint builds).
 _BROKEN_FACTOR = 10.0
 """A figure this many times past its allowance is not "a few bits short": something is broken."""
 _SMALL_FOR_REFERENCE = 7e9
@@ -335,7 +300,7 @@ def gate_advice(
     a 4-bit compressed build used.
     """
     v = variant.lower()
-    compressed = v in _COMPRESSED_BITS
+    compressed = v in COMPRESSED_SCHEMES
     broken = [f for f in other_failures or [] if _CHANCE in f]
     if broken:
         return (f"{v}: {broken[0]}; no other type or scheme fixes that. Check the source commit (`modelmint watch` "
@@ -356,8 +321,8 @@ def gate_advice(
     size_note = (f" Small models lose more to quantization than the models the published figures come from, and "
                  f"{_size(params)} is small (the gate's basis, {basis_ref}).") if small else ""
     if compressed:
-        bits = _COMPRESSED_BITS[v]
-        higher = sorted(n for n, b in _COMPRESSED_BITS.items() if b > bits)
+        bits = COMPRESSED_SCHEMES[v].bits
+        higher = sorted(n for n, s in COMPRESSED_SCHEMES.items() if s.bits > bits)
         if not higher:
             return (f"{lead}. {v} is already 8-bit: modelmint has no higher-bit compressed-tensors scheme to try. "
                     f"Check whether the gate's basis fits {_size(params)} ({basis_ref}), compare its GGUF q8_0 "
@@ -369,8 +334,9 @@ def gate_advice(
                 extra.append(f"a smaller group size than {group_size} (group_sizes, e.g. [{group_size // 2}])")
         return (f"{lead}. Try an 8-bit scheme ({' or '.join(higher)}: fp8 needs Ada/Hopper, w8a8 runs on Ampere)"
                 + (", or " + ", or ".join(extra) if extra else "") + "." + size_note)
-    bpw = _GGUF_BPW.get(v)
-    higher = [t for t in _GGUF_LADDER if bpw is not None and _GGUF_BPW[t] > bpw][:2]
+    row = gguf_type(v)
+    bpw = row.bpw if row else None
+    higher = [t for t in GGUF_LADDER if bpw is not None and GGUF_TYPES[t].bpw > bpw][:2]
     if not higher:
         return (f"{lead}. {v} is llama.cpp's highest-bit quantized type: there is no higher-bit type to try. "
                 f"Check whether the gate's basis fits {_size(params)} ({basis_ref}), or ship the f16 base.")
@@ -378,23 +344,6 @@ def gate_advice(
     if imatrix is False and bpw is not None and bpw < 5:
         imatrix_hint = ", or compute an importance matrix first (imatrix: true in the catalog's gguf variants)"
     return f"{lead}. Try a higher-bit type ({', '.join(higher)}){imatrix_hint}.{size_note}"
-
-
-def advice_for_report(variant: str, report: dict[str, Any], *, params: int | None = None,
-                      imatrix: bool | None = None) -> str:
-    """gate_advice for a validation report, from its own figures (its `validation` block)."""
-    from pipelines.core.report import Validation
-
-    val = Validation.of_report(report)
-    failures = list(val.failures if val else report.get("failures") or [])
-    gate = val.gate if val else report.get("gate") or {}
-    misses = Gate.from_dict(gate).misses(val.figures) if val and val.figures else []
-    measured = {x.text for x in misses}
-    group_size = (report.get("preflight") or {}).get("group_size")
-    return gate_advice(
-        variant, misses, basis=str(gate.get("basis", "unknown")), params=params or report.get("source_parameters"),
-        imatrix=imatrix, group_size=group_size, other_failures=[f for f in failures if f not in measured],
-    )
 
 
 CHANCE_SHARE = 0.25

@@ -18,6 +18,9 @@ from pipelines.core.errors import ArtifactError
 GGUF_MAGIC = b"GGUF"
 SUPPORTED_GGUF_VERSIONS = (2, 3)
 _FLOAT_TYPES = frozenset({"F32", "F16", "BF16", "F64"})
+MIN_QUANTIZED_SHARE = 0.9
+"""check_gguf refuses a quantized output with less than this share of its 2-D weights quantized (and pre-flight refuses
+a build it predicts would end so)."""
 
 
 @dataclass(frozen=True)
@@ -436,6 +439,15 @@ def architecture_problem(path: Path) -> str | None:
             f"ones {arch} has ({shown}); llama.cpp would refuse to load it")
 
 
+def refuse_contradicting_architecture(path: Path) -> None:
+    """Raises ArtifactError when a GGUF's tensors are not ones its declared architecture has (architecture_problem):
+    llama.cpp would refuse to load it, and a plan would size it by the wrong architecture."""
+    problem = architecture_problem(path)
+    if problem:
+        raise ArtifactError(f"{path}: {problem}", hint="its general.architecture or its tensors are wrong: rebuild it "
+                            "with `modelmint convert NAME` (or `modelmint pull NAME:TAG` for a registered one)")
+
+
 def check_gguf(info: GGUFInfo, *, expect_file_type: str, require_chat_template: bool = True) -> None:
     """Check an output against what the step promised, beyond 'the tool exited 0'.
 
@@ -446,7 +458,7 @@ def check_gguf(info: GGUFInfo, *, expect_file_type: str, require_chat_template: 
     want = expect_file_type.upper()
     if info.file_type != want:
         problems.append(f"general.file_type is {info.file_type}, expected {want}")
-    if want not in _FLOAT_TYPES and info.quantized_fraction < 0.9:
+    if want not in _FLOAT_TYPES and info.quantized_fraction < MIN_QUANTIZED_SHARE:
         problems.append(
             f"only {info.quantized_fraction:.0%} of the 2-D weights are quantized (types: {info.tensor_types})"
         )

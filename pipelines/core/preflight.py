@@ -8,6 +8,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from pipelines.core.errors import ShapeRefused
+from pipelines.core.ggufheader import MIN_QUANTIZED_SHARE
+from pipelines.core.vocab import GROUPED_PRESETS, gguf_type
 
 # ---------------------------------------------------------------- what the source's weights look like
 
@@ -37,8 +39,8 @@ def source_weights(tensors: dict[str, dict[str, Any]]) -> list[Weight]:
 
 # ---------------------------------------------------------------- llmcompressor: group sizes
 
-# compressed-tensors presets whose weights are quantized per group, and their group size.
-GROUPED_SCHEMES = {"W4A16": 128, "W4A16_ASYM": 128}
+# compressed-tensors presets whose weights are quantized per group, and their group size (pipelines/core/vocab.PRESETS).
+GROUPED_SCHEMES = GROUPED_PRESETS
 # Group sizes that runtimes (vLLM's Marlin / Machete kernels) take: what a refusal lists as "would work".
 KERNEL_GROUP_SIZES = (256, 128, 64, 32, 16)
 
@@ -108,34 +110,21 @@ def choose_group_size(variant: str, scheme: str, linears: list[Weight], allowed:
 
 # ---------------------------------------------------------------- llama.cpp: block sizes
 
-_QK_K = 256
 _QK = 32
-# Block size of the type llama-quantize asks for each tensor of a file type: 256 for k-quants, i-quants (but
-# IQ4_NL) and the ternary types, 32 for the legacy ones (ggml's type traits in the pinned tree).
-_BLOCK_32 = frozenset({"q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "iq4_nl"})
-# What llama-quantize stores instead when a row is not a multiple of 256 (tensor_type_fallback in
-# src/llama-quant.cpp): the main type of each file type, and its fallback. A mix's other types (Q6_K in
-# Q4_K_M) fall back to theirs (Q8_0); the share of parameters is what this check predicts, not each type.
-_FALLBACK = {
-    "q4_k": "Q5_0", "q5_k": "Q5_1", "q6_k": "Q8_0", "q2_k": "Q4_0", "q3_k": "Q4_0", "tq1_0": "Q4_0",
-    "tq2_0": "Q4_0", "iq": "IQ4_NL",
-}
-# check_gguf refuses an output with less than this share of its 2-D weights quantized.
-MIN_QUANTIZED_SHARE = 0.9
+"""The smallest block of any quantized type: a row that is not a multiple of it is stored as F16 whatever asked."""
+# Each file type's block size and what llama-quantize stores instead when a row is not a multiple of it: its row in
+# pipelines/core/vocab.GGUF_TYPES (ggml's type traits and tensor_type_fallback in src/llama-quant.cpp).
+_UNKNOWN = 256, "Q4_0"
 
 
 def block_size(qtype: str) -> int:
-    return _QK if qtype.lower() in _BLOCK_32 else _QK_K
+    row = gguf_type(qtype)
+    return row.block if row else _UNKNOWN[0]
 
 
 def fallback_type(qtype: str) -> str:
-    q = qtype.lower()
-    if q in _BLOCK_32:
-        return "F16"
-    if q.startswith("iq"):
-        return _FALLBACK["iq"]
-    base = re.sub(r"_[sml]$", "", q)
-    return _FALLBACK.get(base, "Q4_0")
+    row = gguf_type(qtype)
+    return row.fallback if row else _UNKNOWN[1]
 
 
 @dataclass(frozen=True)

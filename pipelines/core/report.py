@@ -15,7 +15,8 @@ from typing import Any, Final, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from pipelines.core.answers import Answers
-from pipelines.core.gates import Gate
+from pipelines.core.gates import Gate, gate_advice
+from pipelines.core.vocab import Format
 
 REPORT_VERSION: Final = 2
 """The shape of the `validation` block (1: per-format `kld` / `metrics` dicts, before it existed)."""
@@ -65,7 +66,7 @@ class Validation(_Frozen):
     """
 
     version: Literal[2] = REPORT_VERSION
-    format: Literal["gguf", "compressed-tensors"]
+    format: Format
     reference: str = Field(description="what the variant was measured against (the f16 GGUF, the bf16 source)")
     evaluation: dict[str, Any] = Field(description="the held-out text (name, sha256) and its windows (ctx, chunks)")
     figures: Figures | None
@@ -77,7 +78,7 @@ class Validation(_Frozen):
         "(pipelines/core/answers.Answers); None where the entry does not ask for them")
 
     @classmethod
-    def judge(cls, *, format: Literal["gguf", "compressed-tensors"], reference: str, evaluation: dict[str, Any],
+    def judge(cls, *, format: Format, reference: str, evaluation: dict[str, Any],
               figures: Figures | None, gate: Gate, failures: list[str] | None = None,
               answers: Answers | None = None) -> Validation:
         """The verdict of `gate` on `figures` and of the answer check, after any `failures` found before
@@ -96,6 +97,21 @@ class Validation(_Frozen):
         """The validation block of a report (None for a report written before it existed)."""
         block = report.get("validation")
         return cls.model_validate(block) if isinstance(block, dict) else None
+
+
+def advice_for_report(variant: str, report: dict[str, Any], *, params: int | None = None,
+                      imatrix: bool | None = None) -> str:
+    """gate_advice for a validation report, from its own figures (its `validation` block)."""
+    val = Validation.of_report(report)
+    failures = list(val.failures if val else report.get("failures") or [])
+    gate = val.gate if val else report.get("gate") or {}
+    misses = Gate.from_dict(gate).misses(val.figures) if val and val.figures else []
+    measured = {x.text for x in misses}
+    group_size = (report.get("preflight") or {}).get("group_size")
+    return gate_advice(
+        variant, misses, basis=str(gate.get("basis", "unknown")), params=params or report.get("source_parameters"),
+        imatrix=imatrix, group_size=group_size, other_failures=[f for f in failures if f not in measured],
+    )
 
 
 def card_front(repo: str | None, licence: str | None, library: str) -> dict[str, Any]:

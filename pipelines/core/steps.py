@@ -280,7 +280,7 @@ class BuildResult:
 
     def advice(self, v: str) -> str:
         """What to try for failed variant `v`: gate advice from its own figures, or the hint of the error it met."""
-        from pipelines.core.gates import advice_for_report
+        from pipelines.core.report import advice_for_report
 
         if v in self.errors:
             summary = getattr(self.plan, "summary_name", "build.json")

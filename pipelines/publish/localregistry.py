@@ -179,7 +179,8 @@ def local_registry(root: Path, port: int, *, blob_host: str = BLOB_HOST, blob_po
     """Start the registry (storage, config and log under `root`) and its blob server; stop both on exit.
 
     Raises:
-        ConfigError: docker-registry is not installed, a port is taken, or the registry exits or does not answer within 30 s (its log's tail)."""
+        ConfigError: docker-registry is not installed, a port is taken, `root` cannot be written, or the registry exits or
+            does not answer within 30 s (its log's tail)."""
     binary = registry_binary()
     with socket.socket() as probe:  # another server on the port would answer the readiness probe below
         try:
@@ -188,7 +189,11 @@ def local_registry(root: Path, port: int, *, blob_host: str = BLOB_HOST, blob_po
             raise ConfigError(f"127.0.0.1:{port} is in use ({e.strerror}): another registry or server listens there",
                               hint="choose another --port, or stop what listens there, then rerun") from e
     storage = root / "storage"
-    storage.mkdir(parents=True, exist_ok=True)
+    try:
+        storage.mkdir(parents=True, exist_ok=True)
+    except OSError as e:  # a file where the folder goes, a read-only or virtual filesystem
+        raise ConfigError(f"cannot make the registry's storage {storage}: {e.strerror or e}",
+                          hint="give --dir a folder you can write (it is created if missing)") from e
     blobs = BlobServer(storage, blob_host, blob_port)
     config = root / "config.yml"
     config.write_text(registry_config(storage, port, redirect_to=f"http://{blobs.host}"))

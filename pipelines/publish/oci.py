@@ -24,6 +24,7 @@ from typing import Any
 import httpx
 
 from pipelines.core.errors import ConfigError, OciAuthRefused, OciBlobMismatch, OciError, OciUnavailable
+from pipelines.core.vocab import is_name
 
 log = logging.getLogger(__name__)
 
@@ -161,7 +162,7 @@ def parse_image(text: str, *, insecure: bool = False) -> tuple[RegistryRef, str,
     """
     where, sep, tag = text.rpartition(":")
     registry, slash, name = where.rpartition("/")
-    if not sep or not slash or "/" in tag or not re.fullmatch(r"[a-z0-9][a-z0-9._-]*", name) or not tag:
+    if not sep or not slash or "/" in tag or not is_name(name) or not tag:
         raise ConfigError(f"{text!r} is not an image reference",
                           hint="write it as HOST/NAMESPACE/NAME:TAG, e.g. registry.internal/modelmint/qwen2.5:q4_k_m")
     return RegistryRef.parse(registry, insecure=insecure), name, tag

@@ -44,6 +44,7 @@ from pipelines.core.gpus import gpu as gpu
 from pipelines.core.gpus import known_gpus as known_gpus
 from pipelines.core.gpus import load_inventory as load_inventory
 from pipelines.core.gpus import parse_cluster as parse_cluster
+from pipelines.core.vocab import KV_DTYPES
 
 GPU_MEMORY_UTILIZATION = 0.90
 ACTIVATION_SHARE = 0.25
@@ -74,7 +75,8 @@ CUDA_GRAPHS_TP = 1_954_000_000
 CUDA_GRAPHS_FROM = (0, 20)
 """vLLM deducts its CUDA-graph estimate from the KV pool from this version on (0.19 only announces it:
 "In v0.19, CUDA graph memory profiling will be enabled by default (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1)")."""
-KV_BYTES = {"auto": 2, "fp16": 2, "bf16": 2, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}
+KV_BYTES: dict[str, int] = {k.name: k.bytes for k in KV_DTYPES.values()}
+"""Bytes per cached element of each KV dtype (pipelines/core/vocab.KV_DTYPES)."""
 
 
 # ---------------------------------------------------------------- the model's shape
@@ -1034,7 +1036,7 @@ def served(path: Path) -> Served:
     import json
 
     from pipelines.core.ggufheader import read_gguf_header
-    from pipelines.source.fetch import read_safetensors_header
+    from pipelines.core.safetensorsheader import read_safetensors_header
 
     if path.is_file() and path.suffix == ".gguf":
         header = read_gguf_header(
@@ -1079,3 +1081,35 @@ def served(path: Path) -> Served:
         f"{path} is neither a .gguf file nor a checkpoint directory with config.json",
         hint="give a registered name:tag (pulled), a .gguf, or a model directory",
     )
+
+
+def require_kv_dtype(kv_dtype: str) -> None:
+    """Raises ConfigError for a KV cache dtype the planner does not size (KV_BYTES)."""
+    if kv_dtype not in KV_BYTES:
+        raise ConfigError(f"unknown --kv-cache-dtype {kv_dtype!r}", hint=f"one of {', '.join(KV_BYTES)}")
+
+
+def plan_path(
+    path: Path, gpus: str, *, context: int | None = None, concurrency: int = 1, kv_dtype: str = "auto",
+    smaller: tuple[Variant, ...] = (), utilization: float = GPU_MEMORY_UTILIZATION, tp: int | None = None,
+    max_num_batched_tokens: int | None = None, pp_across_types: bool = False,
+) -> tuple[Served, list[Plan]]:
+    """What `modelmint plan` plans: the GGUF or checkpoint directory at `path` (sized by `served`) on `gpus` (a
+    cluster text or an inventory file, `cluster_of`), with the asked context, concurrency and vLLM settings.
+
+    Raises:
+        ConfigError: an unknown KV dtype, an ask vLLM would refuse (Ask), what `served` refuses, or PlanRefused
+            (nothing fits: its hint names the nearest plans that do).
+        ArtifactError: a GGUF whose tensors contradict its declared architecture (it would be sized as another
+            model), or a file that is not what its name says.
+    """
+    from pipelines.core.ggufheader import refuse_contradicting_architecture
+
+    require_kv_dtype(kv_dtype)
+    if path.is_file() and path.suffix == ".gguf":
+        refuse_contradicting_architecture(path)
+    what = served(path)
+    ask = Ask(what.weights_bytes, what.shape, context=context, concurrency=concurrency, kv_dtype=kv_dtype,
+              fp8_weights=what.fp8_weights, smaller=smaller, utilization=utilization, tp=tp,
+              max_num_batched_tokens=max_num_batched_tokens)
+    return what, plan(ask, cluster_of(gpus), pp_across_types=pp_across_types)

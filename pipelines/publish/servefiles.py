@@ -24,6 +24,7 @@ import yaml
 from pipelines.compressed.serve import SERVE_CONFIG_FILE, VllmServeConfig
 from pipelines.core.errors import ConfigError
 from pipelines.core.fsutil import write_text_atomic
+from pipelines.core.vocab import KV_DTYPES
 from pipelines.publish.planner import GIB, Plan
 
 VLLM_VERSION = "0.32.0"
@@ -47,8 +48,8 @@ GATEWAY = "inference-gateway"
 NGINX_IMAGE = "nginx:1.27"
 DOCKER_ROUTER_FILE = "docker-nginx.conf"
 """The front docker-run.sh starts before several replicas on one machine."""
-_VLLM_KV = {"fp16": "float16", "bf16": "bfloat16"}
-"""The planner's KV dtype names that vLLM spells otherwise."""
+_VLLM_KV: dict[str, str] = {k.name: k.vllm for k in KV_DTYPES.values()}
+"""The planner's KV dtype names as vLLM spells them (pipelines/core/vocab.KV_DTYPES)."""
 
 
 @dataclass(frozen=True)

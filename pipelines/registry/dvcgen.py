@@ -11,8 +11,7 @@ from pathlib import Path
 import yaml
 
 from pipelines.core.fsutil import write_text_atomic
-from pipelines.registry.formats import FORMATS, Format
-from pipelines.registry.manifest import artifact_relpath, stage_name
+from pipelines.core.vocab import STAGES, Format, artifact_relpath, stage_name
 from pipelines.source.catalog import Catalog
 
 HEADER = """\
@@ -51,7 +50,7 @@ def render(catalog: Catalog) -> str:
                 item = stage_name(entry.name, tag).split("@", 1)[1]
                 items[fmt][item] = {"model": entry.name, "tag": tag}
     stages = {
-        FORMATS[fmt].stage: {
+        STAGES[fmt]: {
             "foreach": items[fmt],
             "do": {
                 "cmd": cmd,

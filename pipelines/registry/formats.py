@@ -12,8 +12,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
+from pipelines.core.vocab import Format as Format
 from pipelines.source.catalog import COMPRESSED_VARIANTS, CatalogEntry
 
 if TYPE_CHECKING:
@@ -22,8 +23,6 @@ if TYPE_CHECKING:
     from pipelines.publish.oci import Blob, Image
     from pipelines.registry.manifest import Manifest
     from pipelines.registry.register import Candidate
-
-Format = Literal["gguf", "compressed-tensors"]
 
 
 @dataclass(frozen=True)

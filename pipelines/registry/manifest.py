@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -17,16 +16,25 @@ from pipelines.core.gates import Gate
 from pipelines.core.report import Figures, perplexity_positions
 from pipelines.core.report import Validation as Judged
 from pipelines.core.settings import Settings
+from pipelines.core.vocab import (
+    COMMIT_PATTERN,
+    NAME,
+    SHA256_PATTERN,
+    Format,
+    ModelName,
+    VariantTag,
+    artifact_relpath,
+    format_of_tag,
+    stage_name,
+)
 from pipelines.core.weights import weights_bytes
-from pipelines.registry.formats import Format, format_of
 
 SCHEMA_VERSION: Final = 3
 """3: `weights_bytes`, the artifact's whole weight bytes (every safetensors shard, every split GGUF's shard; the
 main file alone is an index or a first shard); 2: `validation` is the one validation block every format writes
 (pipelines/core/report.py); 1: per-format metrics and gate dicts. Manifests of versions 1 and 2 still load, read as
 version 3 (`_upgrade_v1`, `_upgrade_v2`)."""
-_SHA256 = r"^[0-9a-f]{64}$"
-_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
+_SHA256 = SHA256_PATTERN
 
 
 class _Strict(BaseModel):
@@ -64,7 +72,7 @@ class SourceOrigin(_Strict):
 class SourceRef(_Strict):
     kind: Literal["hub", "local", "generated", "wheel"]
     repo: str | None
-    revision: str | None = Field(pattern=r"^[0-9a-f]{40}$")
+    revision: str | None = Field(pattern=COMMIT_PATTERN)
     content_sha256: str = Field(pattern=_SHA256, description="hash over every source file's sha256")
     origin: SourceOrigin | None = Field(default=None, description="wheel sources only")
 
@@ -207,7 +215,7 @@ class PreviousVersion(_Strict):
     """The registration of the same name:tag that this one replaced (it stays pullable: its dvc.lock and manifest
     are in git history, its blobs in the DVC remote)."""
 
-    revision: str | None = Field(pattern=r"^[0-9a-f]{40}$", description="its source commit (hub sources)")
+    revision: str | None = Field(pattern=COMMIT_PATTERN, description="its source commit (hub sources)")
     sha256: str = Field(pattern=_SHA256, description="its main file's sha256")
     key: str = Field(pattern=_SHA256)
     created_at: datetime
@@ -215,8 +223,8 @@ class PreviousVersion(_Strict):
 
 class Manifest(_Strict):
     schema_version: Literal[3] = SCHEMA_VERSION
-    name: str
-    tag: str
+    name: ModelName
+    tag: VariantTag
     format: Format
     file: str = Field(description="the main file inside the artifact directory (the GGUF, or the checkpoint's "
                       "model.safetensors / model.safetensors.index.json)")
@@ -237,13 +245,6 @@ class Manifest(_Strict):
     replaces: PreviousVersion | None = Field(default=None, description="the version of this tag it replaced")
     serving: Serving | None = Field(default=None, description="serving plans per GPU inventory (registered before "
                                     "they were made: none)")
-
-    @field_validator("name", "tag")
-    @classmethod
-    def _name(cls, v: str) -> str:
-        if not _NAME.fullmatch(v):
-            raise ValueError(f"{v!r} must be lower-case letters, digits, '.', '_' or '-'")
-        return v
 
     @model_validator(mode="before")
     @classmethod
@@ -275,8 +276,8 @@ class Manifest(_Strict):
             raise ValueError(f"dvc.path {self.dvc.path!r} is not {artifact_relpath(self.name, self.tag)!r}")
         if self.dvc.stage != stage_name(self.name, self.tag):
             raise ValueError(f"dvc.stage {self.dvc.stage!r} is not {stage_name(self.name, self.tag)!r}")
-        if self.format != format_of(self.tag).name:
-            raise ValueError(f"tag {self.tag!r} is a {format_of(self.tag).name} variant, not {self.format}")
+        if self.format != format_of_tag(self.tag):
+            raise ValueError(f"tag {self.tag!r} is a {format_of_tag(self.tag)} variant, not {self.format}")
         unlisted = [f for i in (self.serving.inventories if self.serving else []) for f in i.files if f not in by_path]
         if unlisted:
             raise ValueError(f"serving names {unlisted}, which files does not list")
@@ -306,16 +307,6 @@ class Manifest(_Strict):
         return json.dumps(data, indent=2, sort_keys=True) + "\n"
 
 
-def artifact_relpath(name: str, tag: str) -> str:
-    """Where a registered artifact directory lives, relative to the repository root."""
-    return f"artifacts/{name}/{tag}"
-
-
-def stage_name(name: str, tag: str) -> str:
-    """The dvc.yaml stage whose output is that directory: gguf@qwen2.5-q4_k_m, compress@qwen2.5-fp8."""
-    return f"{format_of(tag).stage}@{name}-{tag}"
-
-
 def parse_ref(ref: str) -> tuple[str, str]:
     """`qwen2.5:q4_k_m` → ("qwen2.5", "q4_k_m").
 
@@ -323,7 +314,7 @@ def parse_ref(ref: str) -> tuple[str, str]:
         ConfigError: not of the form name:tag.
     """
     name, sep, tag = ref.partition(":")
-    if not sep or not _NAME.fullmatch(name) or not _NAME.fullmatch(tag.lower()):
+    if not sep or not NAME.fullmatch(name) or not NAME.fullmatch(tag.lower()):
         raise ConfigError(f"{ref!r} is not an artifact reference", hint="write it as name:tag, e.g. qwen2.5:q4_k_m")
     return name, tag.lower()
 

@@ -44,8 +44,8 @@ from pipelines.core.fsutil import (
     is_full,
     write_text_atomic,
 )
-from pipelines.core.gates import advice_for_report
 from pipelines.core.report import Validation as Judged
+from pipelines.core.report import advice_for_report
 from pipelines.core.settings import Settings
 from pipelines.core.steps import VariantOutcome, content_key, load_dir_receipt, load_receipt
 from pipelines.core.toolchains import read_pins

@@ -10,15 +10,24 @@ plans that fit, and no file: serving plans never fail a registration.
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pipelines.core.errors import ArtifactError, ConfigError
 from pipelines.core.fsutil import write_text_atomic
 from pipelines.core.gpus import cluster_label, parse_cluster
+from pipelines.core.settings import Settings
 from pipelines.publish import planner
 from pipelines.publish.servefiles import Artifact, artifact_of, notes, plan_files, slug, write_files
-from pipelines.registry.manifest import GPUTotals, InventoryPlans, PlanSummary, Serving
+from pipelines.registry.manifest import (
+    GPUTotals,
+    InventoryPlans,
+    PlanSummary,
+    Serving,
+    find_manifest,
+    list_manifests,
+)
 from pipelines.source.catalog import ServeSpec
 
 if TYPE_CHECKING:
@@ -135,3 +144,33 @@ def summary(p: planner.Plan) -> PlanSummary:
         per_gpu=per_gpu,
         warnings=list(p.warnings),
     )
+
+
+@dataclass(frozen=True)
+class PlanTarget:
+    """A registered artifact as `modelmint plan NAME:TAG` plans it: its placed bytes in this checkout, the names its
+    files carry (as the registration's own plans name it), and the model's other registered variants."""
+
+    path: Path
+    name: str
+    ollama_model: str
+    smaller: tuple[planner.Variant, ...]
+
+
+def plan_target(settings: Settings, ref: str) -> PlanTarget:
+    """Resolve a registered name:tag for planning: the main GGUF file or the checkpoint directory, and each other
+    variant of the same model with its whole weight bytes (every shard), FP8 by its recipe's scheme.
+
+    Raises:
+        RegistryError: `ref` is malformed or names nothing registered (find_manifest).
+        ConfigError: it is registered but its bytes are not in this checkout (`modelmint pull` places them).
+    """
+    m = find_manifest(settings, ref)
+    path = settings.repo_dir / m.dvc.path
+    path = path / m.file if m.format == "gguf" else path
+    if not path.exists():
+        raise ConfigError(f"{ref} is registered but not in this checkout ({path})", hint=f"modelmint pull {ref}")
+    smaller = tuple(planner.Variant(o.ref, o.weights_bytes,
+                                    str((o.recipe.get("recipe") or {}).get("scheme") or "").startswith("FP8"))
+                    for o in list_manifests(settings).manifests if o.name == m.name and o.tag != m.tag)
+    return PlanTarget(path, f"{m.name}-{m.tag}", m.ref, smaller)

@@ -24,25 +24,22 @@ from pydantic import (
 from pipelines.core.errors import CatalogEntryNotFound, ConfigError
 from pipelines.core.fsutil import write_text_atomic
 from pipelines.core.gpus import cluster_label, parse_cluster
-
-_COMMIT = re.compile(r"^[0-9a-f]{40}$")
-_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
-_REF = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._/-]*$")
-
-# llama-quantize's type names (tools/quantize/quantize.cpp in the pinned tree), written lower-case in the
-# catalog as users of Ollama tags and Hugging Face GGUF repos know them (qwen2.5:q4_k_m).
-GGUF_QUANT_TYPES = frozenset(
-    t.lower()
-    for t in ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q2_K_S", "Q3_K_S", "Q3_K_M", "Q3_K_L", "Q4_K_S", "Q4_K_M", "Q5_K_S", "Q5_K_M", "Q6_K", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ2_M", "IQ1_S", "IQ1_M", "IQ3_XXS", "IQ3_XS", "IQ3_S", "IQ3_M", "IQ4_NL", "IQ4_XS", "TQ1_0", "TQ2_0"]
+from pipelines.core.vocab import (
+    COMMIT,
+    COMPRESSED_SCHEMES,
+    GGUF_QUANT_TYPES,
+    GIT_REF,
+    IMATRIX_REQUIRED,
+    SHA256,
+    USUAL_QUANTS,
+    VERSION,
+    KVCacheDtype,
+    ModelName,
 )
-# The types llama-quantize refuses without an importance matrix ("this quantization requires an imatrix!"): those
-# whose tensors become IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S or IQ3_XXS, and Q2_K_S (tensor_requires_imatrix and
-# llama_tensor_get_type in src/llama-quant.cpp of the pinned tree; IQ3_XS stores attn_q/attn_k as IQ3_XXS).
-IMATRIX_REQUIRED = frozenset(
-    {"iq1_s", "iq1_m", "iq2_xxs", "iq2_xs", "iq2_s", "iq2_m", "iq3_xxs", "iq3_xs", "q2_k_s"}
-)
-# The types people usually mean: a typo as close to q4_k_s as to q4_k_m (q4_k_z) is taken for q4_k_m.
-_USUAL_QUANTS = ("q4_k_m", "q5_k_m", "q6_k", "q8_0", "q4_0", "q3_k_m", "q2_k")
+
+# GGUF_QUANT_TYPES (llama-quantize's type names, lower-case as users of Ollama tags and Hugging Face GGUF repos know
+# them: qwen2.5:q4_k_m), IMATRIX_REQUIRED (those it refuses without an importance matrix) and USUAL_QUANTS (what a typo
+# is taken for) are read off the rows of pipelines/core/vocab.GGUF_TYPES; this module re-exports the first two.
 
 
 def did_you_mean(name: str, known: Iterable[str], *, preferred: Iterable[str] = ()) -> str | None:
@@ -61,7 +58,7 @@ def _quant_problem(quants: list[str]) -> tuple[str, bool] | None:
     problems = []
     list_known = False
     for q in dict.fromkeys(q for q in quants if q not in GGUF_QUANT_TYPES):
-        close = did_you_mean(q, GGUF_QUANT_TYPES, preferred=_USUAL_QUANTS)
+        close = did_you_mean(q, GGUF_QUANT_TYPES, preferred=USUAL_QUANTS)
         problems.append(f"{q!r} is not a llama.cpp quant type" + (f" (did you mean {close!r}?)" if close else ""))
         list_known = list_known or close is None
     repeated = [q for q in dict.fromkeys(quants) if quants.count(q) > 1]
@@ -133,16 +130,16 @@ class HubSource(_Strict):
     @field_validator("track")
     @classmethod
     def _ref(cls, v: str | None) -> str | None:
-        if v is not None and (not _REF.fullmatch(v) or ".." in v or v.endswith((".", "/", ".lock"))):
+        if v is not None and (not GIT_REF.fullmatch(v) or ".." in v or v.endswith((".", "/", ".lock"))):
             raise ValueError(f"track {v!r} is not a branch or tag name (e.g. main, v1.0, refs/pr/3)")
-        if v is not None and _COMMIT.fullmatch(v):
+        if v is not None and COMMIT.fullmatch(v):
             raise ValueError(f"track {v!r} is a commit, which never moves: put it in `revision` and track a branch")
         return v
 
     @field_validator("revision")
     @classmethod
     def _pinned(cls, v: str | None) -> str | None:
-        if v is not None and not _COMMIT.fullmatch(v):
+        if v is not None and not COMMIT.fullmatch(v):
             raise ValueError(
                 f"revision {v!r} is not a 40-hex commit: pin the exact commit (branch and tag names move); "
                 "find it with `hf models info <repo> --expand sha` or on the repo's commit history page"
@@ -162,8 +159,6 @@ class GeneratedSource(_Strict):
     generated: Literal["tiny-qwen2", "tiny-llama"]
 
 
-_SHA256 = re.compile(r"^[0-9a-f]{64}$")
-_VERSION = re.compile(r"^[0-9][0-9A-Za-z.+!-]*$")
 
 
 class WheelSource(_Strict):
@@ -206,14 +201,14 @@ class WheelSource(_Strict):
     @field_validator("version")
     @classmethod
     def _exact(cls, v: str) -> str:
-        if not _VERSION.fullmatch(v):
+        if not VERSION.fullmatch(v):
             raise ValueError(f"version {v!r} must be one exact release such as 0.1.2 (no ranges)")
         return v
 
     @field_validator("sha256")
     @classmethod
     def _digest(cls, v: str) -> str:
-        if not _SHA256.fullmatch(v):
+        if not SHA256.fullmatch(v):
             raise ValueError(f"sha256 {v!r} is not 64 lower-case hex digits: pin the wheel's sha256 (the index "
                              "lists it, e.g. https://pypi.org/simple/<name>/ with Accept: application/vnd.pypi."
                              "simple.v1+json)")
@@ -326,7 +321,7 @@ class HubDataset(_Strict):
     @field_validator("revision")
     @classmethod
     def _pinned(cls, v: str) -> str:
-        if not _COMMIT.fullmatch(v):
+        if not COMMIT.fullmatch(v):
             raise ValueError(f"dataset revision {v!r} is not a 40-hex commit: pin the exact commit")
         return v
 
@@ -419,13 +414,12 @@ class W8A8Variant(_CompressedVariant):
     calibration: CalibrationSpec = Field(default_factory=CalibrationSpec)
 
 
-# The compressed-tensors variants a catalog entry may ask for (pipelines/compressed/build.py builds them).
-COMPRESSED_VARIANTS: dict[str, type[_CompressedVariant]] = {
-    "fp8": FP8Variant,
-    "awq": AWQVariant,
-    "w8a8": W8A8Variant,
-    "gptq": GPTQVariant,
+_VARIANT_MODELS: dict[str, type[_CompressedVariant]] = {
+    "fp8": FP8Variant, "awq": AWQVariant, "w8a8": W8A8Variant, "gptq": GPTQVariant,
 }
+# The compressed-tensors variants a catalog entry may ask for (pipelines/compressed/build.py builds them): one model
+# per scheme of pipelines/core/vocab.COMPRESSED_SCHEMES, in its order (a scheme without a model fails the import).
+COMPRESSED_VARIANTS: dict[str, type[_CompressedVariant]] = {n: _VARIANT_MODELS[n] for n in COMPRESSED_SCHEMES}
 
 
 def unknown_variant_message(name: str, known: list[str]) -> str:
@@ -458,7 +452,7 @@ class Variants(_Strict):
 DEFAULT_SERVE_GPUS = ("1xL4-24G", "4xRTX4090-24G")
 """The inventories a variant is planned for when its entry names none: the common single datacenter GPU, and the
 common consumer multi-GPU box (where a GGUF gets Ollama's one-instance-per-GPU layout)."""
-KV_CACHE_DTYPES = Literal["auto", "fp16", "bf16", "fp8", "fp8_e4m3", "fp8_e5m2"]
+KV_CACHE_DTYPES = KVCacheDtype
 
 
 def serve_gpus(inventories: Iterable[str]) -> list[str]:
@@ -499,7 +493,7 @@ class ServeSpec(_Strict):
 
 
 class CatalogEntry(_Strict):
-    name: str
+    name: ModelName
     source: Source
     license: str
     chat_family: str | None = None
@@ -517,8 +511,6 @@ class CatalogEntry(_Strict):
     @field_validator("name")
     @classmethod
     def _name(cls, v: str) -> str:
-        if not _NAME.fullmatch(v):
-            raise ValueError(f"name {v!r} must be lower-case letters, digits, '.', '_' or '-'")
         if v == "all":
             raise ValueError("name 'all' is taken: convert/all is the deployment that converts every model")
         return v
@@ -612,7 +604,7 @@ def set_revision(path: Path, name: str, commit: str) -> str | None:
     Raises:
         ConfigError: the catalog does not validate, has no hub entry `name`, or `commit` is not a 40-hex commit.
     """
-    if not _COMMIT.fullmatch(commit):
+    if not COMMIT.fullmatch(commit):
         raise ConfigError(f"{commit!r} is not a 40-hex commit", hint="pin the exact commit the hub answered")
     catalog = load_catalog(path)
     entry = catalog.get(name)

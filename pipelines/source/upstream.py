@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from pipelines.core.errors import ConfigError, SourceError
+from pipelines.core.errors import ConfigError, ModelmintError, SourceError
 from pipelines.core.settings import Settings
 from pipelines.core.steps import content_key
 from pipelines.source.catalog import Catalog, CatalogEntry, HubSource
@@ -190,6 +190,19 @@ def check(entry: CatalogEntry, settings: Settings, *, limit: RateLimit | None = 
                 configs.append(_get(f"{api.endpoint}/{repo}/resolve/{commit}/{_TOKENIZER_CONFIG}", api.token, timeout))
             changes = _template_only(changes, *configs)
     return Movement(entry.name, repo, ref, pinned, head, changes)
+
+
+def check_all(entries: Iterable[CatalogEntry], settings: Settings, *,
+              limit: RateLimit | None = None) -> tuple[list[Movement], list[tuple[str, ModelmintError]]]:
+    """`check` each entry, one after another: one that fails (a hub that is down, a ref that is gone) is kept with
+    its error, and the others are still checked. Returns the movements found and the (name, error) of each failure."""
+    found, failed = [], []
+    for entry in entries:
+        try:
+            found.append(check(entry, settings, limit=limit))
+        except ModelmintError as e:
+            failed.append((entry.name, e))
+    return found, failed
 
 
 def descends(settings: Settings, repo: str, pinned: str, commit: str, *, timeout: float = 10.0) -> bool:

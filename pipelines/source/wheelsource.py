@@ -397,7 +397,7 @@ def _check_dir(path: Path, key: str, architecture: str) -> dict[str, Any]:
     Raises:
         ArtifactError: a file is missing, or the directory was made for another key or is not the model expected.
     """
-    from pipelines.source.fetch import read_safetensors_header
+    from pipelines.core.safetensorsheader import read_safetensors_header
 
     missing = [f for f in _REQUIRED if not (path / f).is_file()]
     if missing:

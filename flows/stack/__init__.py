@@ -1,19 +1,20 @@
 """The embedded default: a local Prefect server (SQLite, 127.0.0.1), the work pool, the deployments, a worker.
 
-    python -m flows.stack up       start what is not running, deploy prefect.yaml, print the UI address
-    python -m flows.stack status   what is running
-    python -m flows.stack run convert/tiny-qwen2 [--param k=v]   check the stack, then `prefect deployment run`
-    python -m flows.stack doctor [--fix]   held slots (who, since when), runs whose process died, and the fix
-    python -m flows.stack down     stop the worker (its runs are marked Crashed, their slots freed), then the server
-    python -m flows.stack api-url  the API URL to export as PREFECT_API_URL
+    modelmint stack up       start what is not running, deploy prefect.yaml, print the UI address
+    modelmint stack status   what is running
+    modelmint stack run convert/tiny-qwen2 [--param k=v]   check the stack, then `prefect deployment run`
+    modelmint stack doctor [--fix]   held slots (who, since when), runs whose process died, and the fix
+    modelmint stack down     stop the worker (its runs are marked Crashed, their slots freed), then the server
+    modelmint stack api-url  the API URL to export as PREFECT_API_URL
+
+`python -m flows.stack CMD` is the same command line under its old name (__main__.py beside this). The commands
+themselves are pipelines/cli/stack.py, over the functions here; their errors go through the CLI's one edge.
 
 The server and the worker are long-lived processes, so they are started here in their own session (not
 through pipelines.core.runner, which runs tools to completion); their pids and logs live in PREFECT_HOME/stack.
 """
-
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import os
@@ -28,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from flows.slots import GPU_LIMIT, clock, ensure_limit, model_limit, read_leases, run_label
-from pipelines.core.errors import ModelmintError, OrchestratorError
+from pipelines.core.errors import OrchestratorError
 from pipelines.core.runner import run as run_tool
 from pipelines.core.runner import tool_env
 from pipelines.core.settings import Settings, project_root
@@ -189,7 +190,8 @@ def require_server(settings: Settings) -> None:
     if not healthy(settings.prefect_api_url):
         raise OrchestratorError(
             f"no Prefect server answers at {settings.prefect_api_url}",
-            hint="start the local stack with `bash scripts/up.sh` (MODELMINT_PREFECT_PORT chooses its port)",
+            hint="start the local stack with `modelmint stack up` (what bash scripts/up.sh runs; "
+            "MODELMINT_PREFECT_PORT chooses its port)",
         )
 
 
@@ -468,10 +470,10 @@ def doctor(settings: Settings, *, fix: bool = False, say: Any = print) -> bool:
             say(f"  '{run.name}' ({run.id}) {run.state.name} since {clock(run.state.timestamp)}")
         if not fix:
             if not healthy_:
-                say("fix: python -m flows.stack doctor --fix  (marks those runs Crashed, frees their slots and "
+                say("fix: modelmint stack doctor --fix  (marks those runs Crashed, frees their slots and "
                     "counts no lease holds); then rerun them, finished steps are reused")
             return healthy_
-        for line in reap(settings, client, "its process is gone (python -m flows.stack doctor --fix)", dead):
+        for line in reap(settings, client, "its process is gone (modelmint stack doctor --fix)", dead):
             say(f"fixed: {line}")
         for name, live in orphaned.items():
             client.update_global_concurrency_limit(name, GlobalConcurrencyLimitUpdate(active_slots=live))
@@ -584,55 +586,10 @@ def say_waits(settings: Settings, deployment: str, say: Any = print) -> None:
         limit = client.read_global_concurrency_limit_by_name(model_limit(model))
         if limit.active_slots >= limit.limit:
             who = describe_holders(client, limit.name, settings.prefect_dir)
-            say(f"{deployment} will wait for {limit.name}: {who}. `python -m flows.stack doctor` says more.",
+            say(f"{deployment} will wait for {limit.name}: {who}. `modelmint stack doctor` says more.",
                 file=sys.stderr)
 
 
 def _deployment_names(client: Any) -> list[str]:
     flows = {f.id: f.name for f in client.read_flows()}
     return sorted(f"{flows.get(d.flow_id, '?')}/{d.name}" for d in client.read_deployments())
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m flows.stack", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="cmd", required=True)
-    sub.add_parser("up")
-    sub.add_parser("down")
-    sub.add_parser("status")
-    doc = sub.add_parser("doctor", help="held slots, runs whose process died, and the fix")
-    doc.add_argument("--fix", action="store_true", help="mark dead runs Crashed and free what they hold")
-    sub.add_parser("api-url", help="print the API URL (for PREFECT_API_URL)")
-    runp = sub.add_parser("run")
-    runp.add_argument("deployment", help="e.g. convert/tiny-qwen2")
-    runp.add_argument("--param", action="append", default=[], help="key=value (JSON values), repeatable")
-    args = parser.parse_args(argv)
-    settings = Settings.from_env()
-    try:
-        if args.cmd == "up":
-            up(settings)
-        elif args.cmd == "down":
-            down(settings)
-        elif args.cmd == "status":
-            return 0 if status(settings) else 1
-        elif args.cmd == "doctor":
-            return 0 if doctor(settings, fix=args.fix) else 1
-        elif args.cmd == "api-url":
-            print(settings.prefect_api_url)
-        elif args.cmd == "run":
-            check_deployment(settings, args.deployment)
-            say_waits(settings, args.deployment)
-            argv_run = [sys.executable, "-m", "prefect", "deployment", "run", args.deployment, "--watch"]
-            for p in args.param:
-                argv_run += ["--param", p]
-            os.execve(sys.executable, argv_run, run_env(settings))
-    except ModelmintError as err:
-        print(f"error: {err.message}", file=sys.stderr)
-        if err.hint:
-            print(f"→ {err.hint}", file=sys.stderr)
-        return 1
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

