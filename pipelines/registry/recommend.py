@@ -9,13 +9,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pipelines.core.errors import ArtifactError, ConfigError, NotRegistered
-
-# bits per weight of llama.cpp's types: the gate advice's own table (private there; one table, not two)
-from pipelines.core.gates import _GGUF_BPW
 from pipelines.core.gpus import NodeGroup, cluster_label, cluster_of
 from pipelines.core.report import Figures
 from pipelines.core.report import Validation as Judged
 from pipelines.core.settings import Settings
+from pipelines.core.vocab import COMPRESSED_SCHEMES, GGUF_TYPES
 from pipelines.publish import planner
 from pipelines.publish.servefiles import slug
 from pipelines.registry.manifest import Manifest, list_manifests
@@ -23,9 +21,18 @@ from pipelines.registry.manifest import Manifest, list_manifests
 GIB = 1 << 30
 _NOT_YET_BUILT = ("q6_k", "q5_k_m", "q4_k_m", "q3_k_m", "q2_k")
 """The smaller GGUF types offered when no registered variant fits (the ladder Ollama's library and the catalog use)."""
-_WEIGHT_BITS = {"f16": 16.0, "bf16": 16.0, "f32": 32.0, "fp8": 8.0, "w8a8": 8.0, "awq": 4.25, "gptq": 4.25}
-"""Bits per weight of the tags that are not llama.cpp quant types (4-bit schemes: group-128 scales), for estimating
-a model's parameters from a registered variant's bytes."""
+_UNQUANTIZED_BITS = {"f16": 16.0, "bf16": 16.0, "f32": 32.0}
+
+
+def _bits(tag: str) -> float | None:
+    """Bits per weight of a tag (llama.cpp's table for GGUF types; a compressed scheme's bits, plus a quarter bit of
+    group scales for 4-bit ones), for estimating a model's parameters from a registered variant's bytes."""
+    if tag in GGUF_TYPES:
+        return GGUF_TYPES[tag].bpw
+    if tag in COMPRESSED_SCHEMES:
+        bits = COMPRESSED_SCHEMES[tag].bits
+        return bits + 0.25 if bits < 8 else float(bits)
+    return _UNQUANTIZED_BITS.get(tag)
 
 
 def size_text(n: int) -> str:
@@ -220,7 +227,7 @@ def failed_builds(settings: Settings, name: str, registered: set[str]) -> list[F
 def _params(manifests: list[Manifest]) -> float | None:
     """The model's parameter count estimated from a registered variant's bytes and its type's bits per weight."""
     for m in sorted(manifests, key=lambda m: m.weights_bytes):
-        bits = _GGUF_BPW.get(m.tag) or _WEIGHT_BITS.get(m.tag)
+        bits = _bits(m.tag)
         if bits:
             return m.weights_bytes * 8 / bits
     return None
@@ -235,7 +242,7 @@ def _not_yet_built(
         return []
     have = {m.tag for m in manifests}
     for tag in _NOT_YET_BUILT:
-        size = int(params * _GGUF_BPW[tag] / 8)
+        size = int(params * GGUF_TYPES[tag].bpw / 8)
         if tag in have or size >= min(m.weights_bytes for m in manifests):
             continue
         try:
