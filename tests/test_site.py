@@ -242,3 +242,39 @@ def test_serve_answers_on_localhost_and_refuses_a_folder_without_a_site(repo: Re
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_a_model_whose_every_build_failed_is_shown_with_none_recommended(repo: Repo, tmp_path: Path) -> None:
+    from site_registry import report
+
+    settings = repo.settings()
+    out = settings.work_dir / "qwen2.5" / "7ae557604adf"
+    out.mkdir(parents=True)
+    (out / "qwen2.5-q4_k_m.report.json").write_text(
+        json.dumps(report("q4_k_m", (0.2, 0.01, 70.0, 1.0, 30.0, 1.0), passed=False))
+    )
+    build_site(settings, tmp_path / "site")
+    text, page = _read(tmp_path / "site" / "models" / "qwen2.5.html")
+    assert [r["data-ref"] for r in page.find("tr") if r.get("data-ref")] == ["qwen2.5:q4_k_m"]
+    assert "none of its builds passed its gate: nothing is recommended" in text
+    assert "gate failed, not registered" in text and "mean KL 0.2 &gt; 0.0001" in text
+    index, _ = _read(tmp_path / "site" / "index.html")
+    assert "1 build(s) failed their gate" in index
+
+
+def test_a_published_gguf_offers_its_ollama_pull(site_registry: SiteRegistry, tmp_path: Path) -> None:
+    from pipelines.registry.images import publications_path
+    from pipelines.registry.manifest import find_manifest
+
+    s = site_registry.settings
+    m = find_manifest(s, "smollm2:q8_0")
+    record = publications_path(s, "smollm2", "q8_0")
+    record.parent.mkdir(parents=True, exist_ok=True)
+    image = "registry.internal/modelmint/smollm2:q8_0"
+    record.write_text(json.dumps([{"image": image, "key": m.key, "sha256": m.sha256, "published_at": "x"}]))
+    try:
+        build_site(s, tmp_path / "site")
+        text, _ = _read(tmp_path / "site" / "models" / "smollm2.html")
+        assert f'<code class="cmd">ollama pull {image}</code>' in text
+    finally:
+        shutil.rmtree(record.parent.parent)

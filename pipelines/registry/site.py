@@ -15,7 +15,7 @@ import math
 import re
 import shutil
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from http.server import ThreadingHTTPServer
@@ -25,6 +25,7 @@ from typing import Any
 from pipelines.core.errors import ConfigError, ManifestInvalid
 from pipelines.core.fsutil import write_text_atomic
 from pipelines.core.settings import Settings
+from pipelines.core.vocab import is_name
 from pipelines.registry.history import Version, history
 from pipelines.registry.manifest import Manifest, PlanSummary, list_manifests
 from pipelines.registry.recommend import Choice, Failed, failed_builds, rank
@@ -89,6 +90,11 @@ def collect(settings: Settings) -> list[ModelPage]:
     for bad in listing.invalid:
         name = Path(bad.path).parent.name
         pages.setdefault(name, ModelPage(name)).invalid.append(bad)
+    # a model whose every build failed its gate has no manifest: its reports in the work directory still show it
+    work = settings.work_dir
+    for folder in sorted(p for p in work.iterdir() if p.is_dir()) if work.is_dir() else []:
+        if is_name(folder.name) and folder.name not in pages and failed_builds(settings, folder.name, set()):
+            pages[folder.name] = ModelPage(folder.name)
     described = _descriptions(settings)
     for page in pages.values():
         page.description = described.get(page.name, "")
@@ -109,6 +115,17 @@ def _descriptions(settings: Settings) -> dict[str, str]:
         return {e.name: e.description or "" for e in load_catalog(settings.catalog_path).models}
     except (ConfigError, OSError):
         return {}
+
+
+def _published(settings: Settings, m: Manifest) -> list[str]:
+    """The OCI images this registration was published as (registry/published/), newest last; none when unreadable."""
+    from pipelines.core.errors import RegistryError
+    from pipelines.registry.images import publications
+
+    try:
+        return [str(e["image"]) for e in publications(settings, m) if isinstance(e.get("image"), str)]
+    except RegistryError:
+        return []
 
 
 def provenance(m: Manifest) -> list[tuple[str, str]]:
@@ -141,11 +158,12 @@ def provenance(m: Manifest) -> list[tuple[str, str]]:
     return rows
 
 
-def commands(m: Manifest) -> list[str]:
-    """What to type to run a variant: pull it, then Ollama (a GGUF) or vLLM with each registered serve config."""
+def commands(m: Manifest, published: Sequence[str] = ()) -> list[str]:
+    """What to type to run a variant: pull it (`ollama pull` of each image it was `published` as, for a GGUF),
+    then Ollama (a GGUF) or vLLM with each registered serve config."""
     out = [f"modelmint pull {m.ref}"]
     if m.format == "gguf":
-        return [*out, f"ollama run {m.ref}"]
+        return [*(f"ollama pull {image}" for image in published), *out, f"ollama run {m.ref}"]
     for inv in m.serving.inventories if m.serving else []:
         # the checkpoint named on the command line wins over the container path (/models/TAG) the plan's file
         # names (vllm-project/vllm docs/configuration/serve_args.md: command line > config file > defaults)
@@ -699,7 +717,7 @@ def model_page(settings: Settings, p: ModelPage) -> str:
         "<h2>Pull and serve</h2>",
     ]
     for m in sorted(p.variants, key=lambda m: m.weights_bytes):
-        cmds = "\n".join(f'<code class="cmd">{_e(c)}</code>' for c in commands(m))
+        cmds = "\n".join(f'<code class="cmd">{_e(c)}</code>' for c in commands(m, _published(settings, m)))
         parts.append(f"<h3>{_e(m.ref)}</h3><pre>{cmds}</pre>")
     parts.append("<h2>Provenance</h2>")
     for m in sorted(p.variants, key=lambda m: m.weights_bytes):
