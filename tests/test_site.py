@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -173,6 +174,10 @@ def test_a_rebuild_replaces_the_site_and_a_file_in_the_way_is_refused(repo: Repo
     out = tmp_path / "out" / "site"
     build_site(repo.settings(), out)
     (out / "models" / "stale.html").write_text("from an earlier build")
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    killed = out.with_name(f"site.partial-{dead.pid}")  # what a build killed mid-way leaves
+    (killed / "models").mkdir(parents=True)
     build_site(repo.settings(), out)
     assert not (out / "models" / "stale.html").exists()
     assert sorted(p.name for p in out.parent.iterdir()) == ["site"]  # no partial or old copy left beside it

@@ -14,7 +14,6 @@ import json
 import math
 import re
 import shutil
-import tempfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -23,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from pipelines.core.errors import ConfigError, ManifestInvalid
-from pipelines.core.fsutil import write_text_atomic
+from pipelines.core.fsutil import clean_partials, partial_path, write_text_atomic
 from pipelines.core.settings import Settings
 from pipelines.core.vocab import is_name
 from pipelines.registry.history import Version, history
@@ -764,7 +763,12 @@ def build_site(settings: Settings, out: Path) -> Built:
     pages = collect(settings)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+        # a killed build's leftovers (its process gone) first; a concurrent build's are left alone
+        for leftover in (out.name, f"{out.name}.old"):
+            clean_partials(out.parent, of=leftover)
+        tmp = partial_path(out)
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
     except OSError as err:
         raise ConfigError(
             f"cannot write the site to {out}: {err.strerror}", hint="give --out a folder you can write"
@@ -784,7 +788,7 @@ def build_site(settings: Settings, out: Path) -> Built:
             path.write_text(model_page(settings, p), encoding="utf-8")
             written.append(path)
         tmp.chmod(0o755)
-        old = out.with_name(f".{out.name}.old-{tmp.name[-8:]}")
+        old = partial_path(out.with_name(f"{out.name}.old"))
         if out.exists():
             out.rename(old)
         tmp.rename(out)
