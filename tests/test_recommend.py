@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -149,3 +150,27 @@ def test_bad_input_is_refused_with_the_next_command(site_registry: SiteRegistry)
     assert "--list-gpus" in (bad.value.hint or "")
     with pytest.raises(ConfigError, match="--context 0"):
         recommend(s, Request("1xL4-24G", context=0))
+
+
+def test_a_published_winner_is_pulled_from_its_registry_and_a_damaged_record_falls_back(
+    site_registry: SiteRegistry,
+) -> None:
+    from pipelines.registry.images import publications_path
+    from pipelines.registry.manifest import find_manifest
+
+    s = site_registry.settings
+    m = find_manifest(s, "smollm2:q8_0")
+    record = publications_path(s, "smollm2", "q8_0")
+    record.parent.mkdir(parents=True, exist_ok=True)
+    image = "registry.internal/modelmint/smollm2:q8_0"
+    try:
+        record.write_text(
+            json.dumps([{"image": image, "key": m.key, "sha256": m.sha256, "published_at": "x"}])
+        )
+        (smol,) = recommend(s, Request("1xL4-24G"), ["smollm2"])
+        assert smol.commands == [f"ollama pull {image}", f"ollama run {image}"]
+        record.write_text("{not json")
+        (smol,) = recommend(s, Request("1xL4-24G"), ["smollm2"])
+        assert smol.commands == ["modelmint pull smollm2:q8_0", "ollama run smollm2:q8_0"]
+    finally:
+        shutil.rmtree(record.parent.parent)

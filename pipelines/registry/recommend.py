@@ -8,7 +8,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipelines.core.errors import ArtifactError, ConfigError, NotRegistered
+from pipelines.core.errors import ArtifactError, ConfigError, NotRegistered, RegistryError
 from pipelines.core.gpus import NodeGroup, cluster_label, cluster_of
 from pipelines.core.report import Figures
 from pipelines.core.report import Validation as Judged
@@ -274,7 +274,10 @@ def commands(settings: Settings, m: Manifest, request: Request) -> list[str]:
     from pipelines.registry.images import publications
 
     if m.format == "gguf":
-        published = [e["image"] for e in publications(settings, m) if isinstance(e.get("image"), str)]
+        try:
+            published = [e["image"] for e in publications(settings, m) if isinstance(e.get("image"), str)]
+        except RegistryError:  # a damaged publication record: the DVC remote still has it
+            published = []
         if published:
             return [f"ollama pull {published[-1]}", f"ollama run {published[-1]}"]
         return [f"modelmint pull {m.ref}", f"ollama run {m.ref}"]
