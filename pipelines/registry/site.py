@@ -235,7 +235,7 @@ def quality_chart(variants: list[Manifest], chart_id: str) -> str:
         f'<title id="{_e(chart_id)}-t">Quality against size</title>',
         f'<desc id="{_e(chart_id)}-d">Mean KL divergence from the reference (log scale, lower is better) against '
         f"the weights in MiB, for {len(pts)} variant(s); bars are one standard error; the Pareto front "
-        f"({len(front)} variant(s)) is joined by a line. The same numbers are in the table below.</desc>",
+        f"({len(front)} variant(s)) is joined by a line. The same numbers are in the variants table above.</desc>",
         f'<line class="axis" x1="{left}" y1="{bottom}" x2="{right}" y2="{bottom}"/>',
         f'<line class="axis" x1="{left}" y1="{top}" x2="{left}" y2="{bottom}"/>',
         f'<text class="label" x="{(left + right) / 2}" y="{h - 8}" text-anchor="middle">weights (MiB)</text>',
@@ -511,7 +511,8 @@ def index_page(settings: Settings, pages: list[ModelPage]) -> str:
         )
     body = (
         "<h1>modelmint registry</h1><p>Every registered model, its variants (smallest first) and its latest "
-        "registration. A model's page has the figures, charts, serving plans, provenance, card and commands.</p>"
+        "registration. A model's page has the figures, charts, serving plans, provenance, card and commands; "
+        '<code class="cmd">modelmint recommend --gpus 1xRTX4090-24G</code> picks one for your GPUs.</p>'
         + _table(
             ["model", "variants", "latest registration", "source of the latest", "state"], rows, cls="models"
         )
