@@ -1,7 +1,8 @@
 """The `convert` flow: one catalog model through fetch → convert → quantize → validate → register → publish
 (→ publish-image to the OCI registry MODELMINT_OCI_REGISTRY names, when it names one).
 
-Each task calls one pipelines step. What Prefect adds:
+Each format's build is its step list (pipelines/core/execute.py), the one the CLI runs, here one task per step
+(flows/steps.py), then its own finish (build.json / compress.json, ladder check). What Prefect adds:
   cache keys   from content (source commit, recipe, toolchain version, the input artifact's sha256), never
                from path strings; a hit whose output is gone or changed is run again (`_cached`)
   retries      only for errors that say a retry can help (ModelmintError.transient: network, 5xx, timeouts)
@@ -11,7 +12,6 @@ Each task calls one pipelines step. What Prefect adds:
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import json
 import re
@@ -30,38 +30,21 @@ if TYPE_CHECKING:
 from flows import raycluster
 from flows.site import site_lines
 from flows.slots import ensure_limit, model_limit, slot
-from flows.tasks import (
-    compress,
-    compute_imatrix,
-    convert_base,
-    fetch_source,
-    publish,
-    push_image,
-    quantize,
-    register,
-    validate,
-)
+from flows.steps import prefect_runner, ray_batches
+from flows.tasks import gpu_slot, plan_source, publish, push_image, register
 from pipelines.core.errors import ConfigError, ModelmintError, VariantsFailed
+from pipelines.core.execute import execute
 from pipelines.core.fsutil import HashCache
 from pipelines.core.report import Validation
 from pipelines.core.settings import Settings
-from pipelines.core.steps import (
-    BuildResult,
-    StepResult,
-    VariantError,
-    VariantOutcome,
-    keep_failure,
-    load_receipt,
-    variant_scoped,
-)
-from pipelines.gguf import build
-from pipelines.gguf.build import GGUFPlan
+from pipelines.core.steps import BuildResult, VariantError, VariantOutcome, keep_failure, variant_scoped
 from pipelines.publish.oci import RegistryRef
 from pipelines.registry import dvcrepo
 from pipelines.registry import register as reg
-from pipelines.registry.formats import FORMATS, Format, format_of, split_by_format
+from pipelines.registry.formats import format_of, implementation, split_by_format
 from pipelines.registry.images import Published
-from pipelines.source.catalog import COMPRESSED_VARIANTS, GGUF_QUANT_TYPES, CatalogEntry, load_catalog
+from pipelines.registry.names import NAMES, Format, owner
+from pipelines.source.catalog import COMPRESSED_VARIANTS, CatalogEntry, load_catalog
 
 R = TypeVar("R")
 
@@ -84,10 +67,11 @@ def _cached(step: Task[..., R], current: Callable[[R], bool], *args: Any) -> R:
     return result
 
 
-# ---------------------------------------------------------------- "is the cached output still there?"
+# ---------------------------------------------------------------- "is the cached plan still there?"
 
 
-def _source_current(plan: GGUFPlan) -> bool:
+def _source_current(plan: Any) -> bool:
+    """A cached plan stands while its build directory exists and its source files are the ones it was made from."""
     hashes = HashCache(plan.settings.home / "hashcache.json")
     try:
         return plan.out_dir.is_dir() and all(
@@ -95,29 +79,6 @@ def _source_current(plan: GGUFPlan) -> bool:
         )
     except (FileNotFoundError, NotADirectoryError):
         return False
-
-
-def _step_current(key: str | None, path: Path | None) -> Callable[[StepResult | None], bool]:
-    """A step's output is current while it is the file this plan expects, its receipt matches `key` and
-    the file is the one the receipt describes."""
-
-    def check(step: StepResult | None) -> bool:
-        if step is None:
-            return path is None
-        return key is not None and step.path == path and load_receipt(step.path, key) is not None
-
-    return check
-
-
-def _report_current(plan: GGUFPlan) -> Callable[[VariantOutcome], bool]:
-    def check(outcome: VariantOutcome) -> bool:
-        try:
-            report = json.loads(plan.report_path(outcome.variant).read_text(encoding="utf-8"))
-        except (FileNotFoundError, ValueError):
-            return False
-        return report.get("key") == outcome.report.get("key")
-
-    return check
 
 
 # ---------------------------------------------------------------- the flow
@@ -152,9 +113,9 @@ def convert(model: str, variants: list[str] | None = None, revision: str | None 
         for name, asked in by_format.items():
             if not asked:
                 continue
-            fmt = FORMATS[name]
+            fmt = implementation(name)
             try:
-                lines, result = _BUILDS[name](entry, settings, asked, revision)
+                lines, result = _build(fmt, entry, settings, asked, revision)
             except Exception as err:
                 if not variant_scoped(err):
                     raise
@@ -189,12 +150,9 @@ def convert(model: str, variants: list[str] | None = None, revision: str | None 
 def _check_cluster(settings: Settings, by_format: dict[Format, list[str]]) -> None:
     """On Ray: every step's resources are offered by some node, and every node sees this run's storage and
     has the toolchains the asked formats need (flows.raycluster)."""
-    from pipelines.core.toolchains import llama_cpp, llmcompressor
-
     raycluster.ship_by_value(convert.fn.__module__)
     raycluster.check_resources(settings)
-    needed = [tc(settings).prefix for name, tc in (("gguf", llama_cpp), ("compressed-tensors", llmcompressor))
-              if by_format.get(name)]  # type: ignore[call-overload]
+    needed = [p for name, asked in by_format.items() if asked and (p := implementation(name).toolchain(settings))]
     for node in raycluster.probe_nodes(settings, needed):
         get_run_logger().info("Ray node %s on %s: sees the work directory and the toolchains",
                               node["node"][:12], node["host"])
@@ -213,9 +171,9 @@ def split_variants(entry: CatalogEntry, variants: list[str] | None) -> dict[Form
         ConfigError: a name that is neither a GGUF quant type nor a compressed scheme, or nothing to build.
     """
     if variants is None:
-        return {name: fmt.catalog_variants(entry) for name, fmt in FORMATS.items()}
+        return {name: names.catalog_variants(entry) for name, names in NAMES.items()}
     names = [v.strip().lower() for v in variants if v.strip()]
-    unknown = [v for v in names if v not in GGUF_QUANT_TYPES and v not in COMPRESSED_VARIANTS]
+    unknown = [v for v in names if owner(v) is None]
     if unknown or not names:
         raise ConfigError(
             f"variants {unknown or variants} name no GGUF quant type or compressed scheme",
@@ -224,96 +182,32 @@ def split_variants(entry: CatalogEntry, variants: list[str] | None) -> dict[Form
     return split_by_format(names)
 
 
-def _compressed(
-    entry: CatalogEntry, settings: Settings, schemes: list[str], revision: str | None
+def _build(
+    fmt: Any, entry: CatalogEntry, settings: Settings, asked: list[str], revision: str | None
 ) -> tuple[list[str], BuildResult]:
-    with raycluster.placed(settings, "compress"):
-        result = compress.submit(entry.name, entry, settings, schemes, revision).result()
-    tc = getattr(result.plan, "tc", None)
-    return ([f"compressed-tensors with llmcompressor {tc.version} from the same source"] if tc else []), result
-
-
-def _gguf(
-    entry: CatalogEntry, settings: Settings, quants: list[str], revision: str | None
-) -> tuple[list[str], BuildResult]:
-    plan = _cached(fetch_source, _source_current, entry, settings, revision, quants)
-    errors, preflight = build.preflight_quants(plan, get_run_logger().warning)
-    todo = [q for q in plan.spec.quants if q not in errors]
-    if not todo:  # every type refused: nothing to convert for
-        return [], BuildResult(entry.name, plan.out_dir, plan.source, {}, {}, [], plan=plan, errors=errors,
-                               asked=list(plan.spec.quants))
-    base = _cached(convert_base, _step_current(plan.base_key, plan.base_path), plan)
-    imatrix = None
-    if plan.spec.imatrix:
-        imatrix = _cached(compute_imatrix, _step_current(plan.imatrix_key, plan.imatrix_path), plan, base)
-
-    # llama-quantize keeps about two cores busy: run as many at once as build_gguf does.
-    jobs, per_job = build.quant_parallelism(len(todo), settings.effective_threads)
-    quants_done: dict[str, StepResult] = {}
-    for i in range(0, len(todo), jobs):
-        batch = todo[i : i + jobs]
-        with raycluster.placed(plan.settings, "quantize"):
-            futures = {q: quantize.submit(plan, q, base, imatrix, per_job) for q in batch}
-        for q, fut in futures.items():
-            try:
-                step = fut.result()
-                if not _step_current(plan.quant_key(q), plan.quant_path(q))(step):
-                    step = quantize.with_options(refresh_cache=True)(plan, q, base, imatrix, per_job)
-            except Exception as err:
-                keep_failure(errors, q, "build", err)
-                continue
-            quants_done[q] = step
-
-    outcomes = _validate_all(plan, quants_done, errors)
-
-    snap = plan.snapshot
-    source = f"{snap.repo_id}@{snap.revision}" if snap.repo_id else f"{snap.kind} source"
-    header = [
-        f"Source **{source}** (content {plan.source_key[:12]}) · llama.cpp {plan.llama.commit} · "
-        f"base {plan.base_path.name} {_mib(base.receipt['size'])}, sha256 `{base.receipt['sha256'][:16]}`",
-    ]
-    result = BuildResult(entry.name, plan.out_dir, plan.source, base.receipt, outcomes, [], plan=plan, errors=errors,
-                         preflight=preflight, asked=list(plan.spec.quants))
-    return header, result
-
-
-def _validate_all(plan: GGUFPlan, quants: dict[str, StepResult], errors: dict[str, VariantError]) -> dict[str, VariantOutcome]:
-    """Validate each quantized variant; on Ray all at once (each on the node Ray places it), here one by one
-    (llama-perplexity uses every core it is given)."""
-    current = _report_current(plan)
-    outcomes: dict[str, VariantOutcome] = {}
-    ahead = {}
-    if plan.settings.ray_address:
-        with raycluster.placed(plan.settings, "validate"):
-            ahead = {q: validate.submit(plan, q, step) for q, step in quants.items()}
-    for q, step in quants.items():
-        try:
-            outcome = (ahead[q] if q in ahead else validate.submit(plan, q, step)).result()
-            if not current(outcome):
-                get_run_logger().info("validate-%s: cached report is gone or changed, running it again", q)
-                with raycluster.placed(plan.settings, "validate"):
-                    outcome = validate.with_options(refresh_cache=True).submit(plan, q, step).result()
-            outcomes[q] = outcome
-        except Exception as err:
-            keep_failure(errors, q, "validate", err)
-    return outcomes
+    """One format's build as the CLI runs it (its plan, its step list, its summary file), each step a task."""
+    log = get_run_logger()
+    plan = _cached(plan_source, _source_current, fmt.name, entry, settings, revision, asked)
+    listed = fmt.steps(plan, progress=log.warning, asked=asked, gpu_slot=gpu_slot)
+    done = execute(ray_batches(listed.steps, settings), prefect_runner(plan.settings), progress=log.info,
+                   errors=listed.errors)
+    result = fmt.finish(plan, listed, done, log.warning)
+    return fmt.header(result), result
 
 
 def _register_all(
     settings: Settings, candidates: dict[str, Callable[[], reg.Candidate]], *, force: bool = False
 ) -> tuple[dict[str, reg.Registration], dict[str, VariantError]]:
-    """Register and publish validated variants, GGUF or compressed-tensors, through the same two tasks; a
-    variant whose registration fails is reported with its cause and the others still go on."""
-    registrations: dict[str, reg.Registration] = {}
-    errors: dict[str, VariantError] = {}
-    for v, make in candidates.items():
-        try:
-            c = dataclasses.replace(make(), force=force)
-            tracked = _cached(register, functools.partial(reg.is_tracked, settings, c), settings, c)
-            registrations[c.tag] = _cached(publish, functools.partial(_is_registered, settings, c), settings, c, tracked)
-        except Exception as err:
-            keep_failure(errors, v, "register", err)
-    return registrations, errors
+    """Register and publish validated variants, of any format, through the same two tasks (register.register_each,
+    the loop the CLI's registration runs too); a variant whose registration fails is reported with its cause and the
+    others still go on."""
+
+    def one(c: reg.Candidate) -> reg.Registration:
+        tracked = _cached(register, functools.partial(reg.is_tracked, settings, c), settings, c)
+        return _cached(publish, functools.partial(_is_registered, settings, c), settings, c, tracked)
+
+    done, errors = reg.register_each(candidates, one, force=force)
+    return {r.manifest.tag: r for r in done.values()}, errors
 
 
 def oci_registry(settings: Settings) -> RegistryRef | None:
@@ -434,14 +328,6 @@ def _figures(report: dict[str, Any]) -> dict[str, Any]:
 
 def _num(v: Any, digits: int) -> str:
     return f"{v:.{digits}f}" if isinstance(v, int | float) else "-"
-
-
-_BUILDS: dict[Format, Callable[[CatalogEntry, Settings, list[str], str | None], tuple[list[str], BuildResult]]] = {
-    "gguf": _gguf,
-    "compressed-tensors": _compressed,
-}
-"""How the flow builds each format: the same steps as the library, one task each, with Prefect's caching."""
-
 
 
 # ---------------------------------------------------------------- every catalog model: `convert/all`

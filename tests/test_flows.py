@@ -18,7 +18,7 @@ from registry_env import PopenCounter, Repo, artifacts, dvc, make_repo, task_run
 
 from flows import stack
 from flows.convert import artifact_key, convert, model_limit
-from flows.tasks import _convert_key, _transient
+from flows.tasks import _step_key, _transient
 from pipelines.core.errors import ConfigError, HubUnavailable
 from pipelines.core.settings import project_root
 from pipelines.registry.manifest import find_manifest, list_manifests
@@ -193,16 +193,21 @@ def test_variants_parameter_and_content_keys(project: Repo, shared_work: Path, t
     # (its cached result would name a file in the first checkout).
     import dataclasses
 
-    from pipelines.gguf.build import plan_gguf
+    from pipelines.gguf.build import gguf_steps, plan_gguf
 
     settings = project.settings()
     entry = load_catalog(settings.catalog_path).get("tiny-qwen2")
     here = plan_gguf(entry, settings)
-    assert _convert_key(None, {"plan": here}) == _convert_key(None, {"plan": plan_gguf(entry, settings)})
+
+    def _convert_key(plan):  # type: ignore[no-untyped-def]
+        convert = next(s for s in gguf_steps(plan).steps if s.name == "convert")
+        return _step_key(None, {"step": convert, "inputs": {}})
+
+    assert _convert_key(here) == _convert_key(plan_gguf(entry, settings))
     changed = dataclasses.replace(here, source_key="f" * 64)
-    assert _convert_key(None, {"plan": changed}) != _convert_key(None, {"plan": here})
+    assert _convert_key(changed) != _convert_key(here)
     elsewhere = plan_gguf(entry, project.settings(MODELMINT_WORK_DIR=tmp_path / "elsewhere"))
-    assert _convert_key(None, {"plan": here}) != _convert_key(None, {"plan": elsewhere})
+    assert _convert_key(here) != _convert_key(elsewhere)
 
 
 @pytest.mark.slow
@@ -254,3 +259,40 @@ def test_gpu_steps_need_the_strict_gpu_limit(harness, isolated, tmp_path: Path, 
     assert done.is_completed(), done.message
     rows = done.result()["variants"]
     assert [r["variant"] for r in rows] == ["fp8"] and rows[0]["gate"] == "pass"
+
+
+@pytest.mark.slow
+def test_the_flow_writes_build_json_and_reports_a_ladder_conflict_like_the_cli(
+    project: Repo, shared_work: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The flow runs the CLI's step list and finish: build.json beside the build, and a gate defect said when a type is
+    refused although one with fewer bits passed with figures no better (here q8_0's report is made to say so)."""
+    import logging
+
+    from pipelines.gguf.build import build_gguf
+
+    _run(model="tiny-qwen2")
+    [build_json] = list(shared_work.rglob("build.json"))
+    assert set(json.loads(build_json.read_text())["variants"]) == {"q4_k_m", "q8_0"}
+    out = build_json.parent
+    q4 = json.loads((out / "tiny-qwen2-q4_k_m.report.json").read_text())
+    q8_path = out / "tiny-qwen2-q8_0.report.json"
+    kept = q8_path.read_text()
+    q8 = json.loads(kept)
+    q8["validation"] = {**q4["validation"], "passed": False, "failures": ["refused by this test"]}
+    conflict = "gate defect, not the variant's: q8_0 was refused although q4_k_m, a type with fewer bits, passed"
+    try:
+        q8_path.write_text(json.dumps(q8))
+        settings = project.settings()
+        said: list[str] = []
+        build_gguf(load_catalog(settings.catalog_path).get("tiny-qwen2"), settings, progress=said.append)
+        assert any(conflict in m for m in said), said
+        build_json.unlink()
+        caplog.set_level(logging.INFO)
+        state = convert(model="tiny-qwen2", return_state=True)
+        assert state.is_failed() and "q8_0" in state.message
+        assert conflict in caplog.text
+        written = json.loads(build_json.read_text())
+        assert written["variants"]["q8_0"]["passed"] is False and written["variants"]["q4_k_m"]["passed"] is True
+    finally:
+        q8_path.write_text(kept)

@@ -539,13 +539,14 @@ def _wait_gone(run_ids: list[Any], grace_s: float = 20.0) -> None:
             os.kill(pid, signal.SIGKILL)
 
 
-def status(settings: Settings, *, say: Any = print) -> bool:
+def status(settings: Settings, *, say: Any = print) -> list[str]:
+    """Say whether the server is healthy and the stack's worker runs; returns what is not up (empty: both are)."""
     state = StackState.load(settings)
-    ok = healthy(settings.prefect_api_url)
+    ok, worker = healthy(settings.prefect_api_url), _is_ours(state.worker_pid)
     say(f"server  {settings.prefect_api_url}: {'healthy' if ok else 'not running'}"
         + (f" (pid {state.server_pid})" if _is_ours(state.server_pid) else ""))
-    say(f"worker  {f'running (pid {state.worker_pid})' if _is_ours(state.worker_pid) else 'not running'}")
-    return ok and _is_ours(state.worker_pid)
+    say(f"worker  {f'running (pid {state.worker_pid})' if worker else 'not running'}")
+    return [part for part, up in (("no Prefect server answers", ok), ("no worker of the stack runs", worker)) if not up]
 
 
 def check_deployment(settings: Settings, deployment: str) -> None:

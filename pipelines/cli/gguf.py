@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import tempfile
 from pathlib import Path
 from typing import Annotated
 
@@ -11,7 +10,6 @@ import typer
 from rich.table import Table
 
 from pipelines.cli._app import app, load_settings, mib, out
-from pipelines.core.errors import ConfigError, GateFailed
 
 
 @app.command()
@@ -59,59 +57,18 @@ def validate(
     no_smoke: Annotated[bool, typer.Option("--no-smoke", help="skip the generation smoke test")] = False,
 ) -> None:
     """Measure a quant against its reference (KL divergence, same top token, ΔPPL) and apply its gate."""
-    from pipelines.core.gates import gguf_gate
-    from pipelines.core.ggufheader import inspect_gguf
-    from pipelines.core.texts import EVAL_TEXT, text_ref
-    from pipelines.core.toolchains import llama_cpp
-    from pipelines.gguf.build import GGUF_EVAL_CHUNKS, GGUF_EVAL_CTX
-    from pipelines.gguf.validate import kld_base_logits, validate_variant
+    from pipelines.gguf.measure import measure_file
 
-    if profile not in ("reference", "tiny"):
-        raise ConfigError(
-            f"unknown gate profile {profile!r}", hint="use --profile reference or --profile tiny"
-        )
-    settings = load_settings()
-    llama = llama_cpp(settings)
-    info = inspect_gguf(quant)
-    ref_info = inspect_gguf(reference)
-    qtype = (info.file_type or "").lower()
-    gate = gguf_gate(qtype, profile, ref_info.parameter_count)  # type: ignore[arg-type]
-    report_path = report or quant.with_suffix(".report.json")
-    with tempfile.TemporaryDirectory(dir=settings.work_dir if settings.work_dir.exists() else None) as tmp:
-        evaluation = text_ref(EVAL_TEXT)
-        logits = kld_base_logits(
-            reference,
-            evaluation.path,
-            Path(tmp) / "base.kld",
-            llama,
-            threads=settings.effective_threads,
-            ctx=GGUF_EVAL_CTX,
-            chunks=GGUF_EVAL_CHUNKS,
-        )
-        rep = validate_variant(
-            qtype,
-            quant,
-            info,
-            reference,
-            logits,
-            gate,
-            llama,
-            threads=settings.effective_threads,
-            ctx=GGUF_EVAL_CTX,
-            report_path=report_path,
-            smoke=not no_smoke,
-            evaluation=evaluation.describe(ctx=GGUF_EVAL_CTX, chunks=GGUF_EVAL_CHUNKS),
-        )
-    f, val = rep.validation.figures, rep.validation
+    done = measure_file(
+        quant, reference, load_settings(), profile=profile, report_path=report, smoke=not no_smoke
+    )
+    f = done.report.validation.figures
     assert f is not None, "a GGUF validation always measures"
     out.print(
-        f"{quant.name} ({qtype}) vs {reference.name}: mean KL {f.mean_kl:.5f}, "
-        f"same top {f.same_top_pct:.2f} %, ΔPPL {f.dppl_pct:+.2f} %  → report {report_path}"
+        f"{quant.name} ({done.quant_type}) vs {reference.name}: mean KL {f.mean_kl:.5f}, "
+        f"same top {f.same_top_pct:.2f} %, ΔPPL {f.dppl_pct:+.2f} %  → report {done.report_path}"
     )
-    if not val.passed:
-        from pipelines.core.report import advice_for_report
-
-        raise GateFailed(
-            qtype, val.failures, str(report_path), advice=advice_for_report(qtype, rep.to_dict())
-        )
+    failure = done.failure()
+    if failure is not None:
+        raise failure
     out.print("[green]gate passed[/green]")

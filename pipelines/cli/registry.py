@@ -100,16 +100,17 @@ def show(
     newest first)."""
     from pipelines.registry.manifest import find_manifest
 
+    settings = load_settings()
     if plans:
-        _print_serving(find_manifest(load_settings(), ref))
+        _print_serving(find_manifest(settings, ref))
         return
     if not history:
         from pipelines.registry.images import publications
 
-        manifest = find_manifest(load_settings(), ref)
+        manifest = find_manifest(settings, ref)
         out.print_json(manifest.to_json())
         # the manifest alone on stdout (it is the registered record); where it is published, for people, beside it
-        for entry in publications(load_settings(), manifest):
+        for entry in publications(settings, manifest):
             err.print(
                 f"published: {publication(entry)}, {entry.get('published_at', '')}",
                 highlight=False,
@@ -119,7 +120,7 @@ def show(
     from pipelines.registry.history import history as versions_of
 
     table = Table("registered", "source commit", "sha256", "mean KL", "replaces", "git commit", "", title=ref)
-    for v in versions_of(load_settings(), ref):
+    for v in versions_of(settings, ref):
         m = v.manifest
         table.add_row(
             m.created_at.isoformat(),
@@ -276,7 +277,8 @@ def publish(
             "publish needs a registry", hint=f"modelmint publish {ref} --registry HOST[:PORT]/NAMESPACE"
         )
     where = RegistryRef.parse(registry, insecure=insecure)
-    done = publish_image(load_settings(), ref, where, force=force)
+    settings = load_settings()
+    done = publish_image(settings, ref, where, force=force)
     if as_json:
         out.print_json(
             json.dumps(
@@ -303,7 +305,7 @@ def publish(
         highlight=False,
         soft_wrap=True,
     )
-    record = publications_path(load_settings(), m.name, m.tag)
+    record = publications_path(settings, m.name, m.tag)
     out.print(
         f"recorded in {record} (`modelmint list` shows it; commit it with the registry)",
         highlight=False,

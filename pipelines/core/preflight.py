@@ -115,6 +115,7 @@ _QK = 32
 # Each file type's block size and what llama-quantize stores instead when a row is not a multiple of it: its row in
 # pipelines/core/vocab.GGUF_TYPES (ggml's type traits and tensor_type_fallback in src/llama-quant.cpp).
 _UNKNOWN = 256, "Q4_0"
+"""A name outside the table (the catalog refuses those before a build): a k-quant's block and its usual fallback."""
 
 
 def block_size(qtype: str) -> int:

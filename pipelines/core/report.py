@@ -16,7 +16,6 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from pipelines.core.answers import Answers
 from pipelines.core.gates import Gate, gate_advice
-from pipelines.core.vocab import Format
 
 REPORT_VERSION: Final = 2
 """The shape of the `validation` block (1: per-format `kld` / `metrics` dicts, before it existed)."""
@@ -66,7 +65,7 @@ class Validation(_Frozen):
     """
 
     version: Literal[2] = REPORT_VERSION
-    format: Format
+    format: str = Field(description="the artifact format judged (gguf, compressed-tensors: pipelines/registry/names.py)")
     reference: str = Field(description="what the variant was measured against (the f16 GGUF, the bf16 source)")
     evaluation: dict[str, Any] = Field(description="the held-out text (name, sha256) and its windows (ctx, chunks)")
     figures: Figures | None
@@ -78,7 +77,7 @@ class Validation(_Frozen):
         "(pipelines/core/answers.Answers); None where the entry does not ask for them")
 
     @classmethod
-    def judge(cls, *, format: Format, reference: str, evaluation: dict[str, Any],
+    def judge(cls, *, format: str, reference: str, evaluation: dict[str, Any],
               figures: Figures | None, gate: Gate, failures: list[str] | None = None,
               answers: Answers | None = None) -> Validation:
         """The verdict of `gate` on `figures` and of the answer check, after any `failures` found before

@@ -2,8 +2,9 @@
 
 Every step is keyed by content (source file hashes, recipe, toolchain version), writes its output
 atomically, and records a receipt only after the output was checked; a step whose receipt matches and
-whose output is still in place is skipped without re-reading the file. The CLI calls `build_gguf`; the
-Prefect flows call the same steps one task each.
+whose output is still in place is skipped without re-reading the file. `gguf_steps` lists them (the one
+order: pipelines/core/execute.py); the CLI runs that list with the local executor (`build_gguf`), the Prefect
+flow with one task per step (flows/steps.py), and both end in `finish_gguf` (ladder check, build.json).
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,6 +19,7 @@ from typing import Any
 from pipelines import __version__
 from pipelines.core.answers import MAX_TOKENS, Answer, Answers, compare, kept_answers, questions_record
 from pipelines.core.errors import ShapeRefused, UnsupportedModel
+from pipelines.core.execute import Executed, Step, StepList, execute, local_runner
 from pipelines.core.fsutil import clean_partials, disk_full_located
 from pipelines.core.gates import Gate, gguf_gate, ladder_conflicts
 from pipelines.core.ggufheader import inspect_gguf, read_gguf_header
@@ -31,7 +32,6 @@ from pipelines.core.steps import (
     VariantError,
     VariantOutcome,
     content_key,
-    keep_failure,
     load_receipt,
     load_report,
     timed_phase,
@@ -39,7 +39,7 @@ from pipelines.core.steps import (
     write_summary,
 )
 from pipelines.core.texts import EVAL_TEXT, TextRef, check_apart, text_ref
-from pipelines.core.toolchains import LlamaCpp, llama_cpp
+from pipelines.core.toolchains import LlamaCpp, llama_cpp, read_pins
 from pipelines.gguf import tools as gguf
 from pipelines.gguf.answers import answer_questions
 from pipelines.gguf.validate import kld_base_logits, validate_variant
@@ -206,6 +206,32 @@ class GGUFPlan:
         from pipelines.source.fetch import source_tensors
 
         return source_weights(source_tensors(self.snapshot.path, HashCache(self.settings.home / "hashcache.json")))
+
+    def manifest_recipe(self, q: str) -> dict[str, Any]:
+        """Everything that decides variant `q`'s bytes and verdict, as a registry manifest records it."""
+        spec = self.spec
+        return {
+            "format": "gguf",
+            "source": self.entry.source.model_dump(mode="json")
+            | ({"revision": self.snapshot.revision} if self.snapshot.revision else {}),
+            "outtype": spec.outtype,
+            "quant": q,
+            "imatrix": spec.imatrix,
+            "calibration": self.calibration_record(),
+            "split_max_size": spec.split_max_size,
+            "gate_profile": self.entry.gate_profile,
+            "eval": self.evaluation_record,
+        }
+
+    def toolchain_versions(self) -> dict[str, str]:
+        """The tools that made the variants (llama.cpp and the converter's pinned torch and transformers)."""
+        pins = read_pins("llama-cpp")
+        return {
+            "modelmint": __version__,
+            **self.llama.versions(),
+            "converter.torch": pins.get("CONVERTER_TORCH", "?"),
+            "converter.transformers": pins.get("CONVERTER_TRANSFORMERS", "?"),
+        }
 
     def block_fallback(self, q: str) -> BlockFallback:
         """The pre-flight for quant type `q`: the weights llama-quantize will store in another type, and their share.
@@ -480,59 +506,133 @@ def build_gguf(
     quants: list[str] | None = None,
     progress: Callable[[str], None] = lambda _msg: None,
 ) -> BuildResult:
-    """Build, check and validate the GGUF variants of one catalog entry (see the module docstring).
+    """Build, check and validate the GGUF variants of one catalog entry (see the module docstring): the plan, its
+    step list (`gguf_steps`) run here by the local executor, and the summary (`finish_gguf`).
 
     Raises:
         ConfigError, SourceError, ToolchainMissing, ToolError, DiskFullError, UnsupportedModel, ArtifactError.
     """
     timings: dict[str, float] = {}
-    tools_run: list[str] = []
-    phase = functools.partial(timed_phase, timings)
-
     progress(f"fetch {entry.name}")
-    with phase("fetch"):
+    with timed_phase(timings, "fetch"):
         plan = plan_gguf(entry, settings, revision=revision, quants=quants)
+    listed = gguf_steps(plan, progress=progress)
+    done = execute(listed.steps, local_runner, progress=progress, errors=listed.errors, timings=timings)
+    return finish_gguf(plan, listed, done, progress)
+
+
+def gguf_steps(plan: GGUFPlan, *, progress: Callable[[str], None] = lambda _msg: None, **_options: Any) -> StepList:
+    """The GGUF build of `plan` as steps: convert → (imatrix) → quantize each type → validate each type.
+
+    The block-size pre-flight runs first (a type it refuses gets no steps); when it refuses every type the list is
+    empty. The CLI runs the list with the local executor, the flow with one Prefect task per step.
+    """
     errors, preflight = preflight_quants(plan, progress)
-    quants_ok = [q for q in plan.spec.quants if q not in errors]
-    if not quants_ok:  # every type refused: nothing to convert for
-        result = BuildResult(entry.name, plan.out_dir, plan.source, {}, {}, tools_run, timings, plan, errors=errors,
-                             preflight=preflight, asked=list(plan.spec.quants))
-        write_summary(result, _variant_summary, base=result.base)
-        return result
-    with phase("convert"):
-        if load_receipt(plan.base_path, plan.base_key) is None:
-            progress(f"convert → {plan.base_path.name}")
-        base = ensure_base(plan)
-    if base.ran:
-        tools_run.append("convert_hf_to_gguf")
-    with phase("imatrix"):
-        imatrix = ensure_imatrix(plan)
-    if imatrix and imatrix.ran:
-        tools_run.append("llama-imatrix")
+    ok = [q for q in plan.spec.quants if q not in errors]
+    listed = StepList([], errors, preflight, list(plan.spec.quants))
+    if not ok:
+        return listed
+    base = StepRef(plan.base_path, plan.base_key)
+    listed.steps.append(Step(
+        "convert", "convert", run=lambda _in: ensure_base(plan), output=plan.base_path,
+        key=lambda _in: content_key(plan.snapshot.revision, plan.base_key), current=base.current,
+        say=lambda _in: None if load_receipt(plan.base_path, plan.base_key) else f"convert → {plan.base_path.name}",
+        tools=lambda r: ["convert_hf_to_gguf"] if r.ran else [],
+    ))
+    after: tuple[str, ...] = ("convert",)
+    if plan.spec.imatrix and plan.imatrix_path is not None:
+        listed.steps.append(Step(
+            "imatrix", "imatrix", run=lambda _in: ensure_imatrix(plan), output=plan.imatrix_path, needs=after,
+            key=lambda got: content_key(plan.imatrix_key, got["convert"].receipt["sha256"]),
+            current=StepRef(plan.imatrix_path, plan.imatrix_key).current,
+            tools=lambda r: ["llama-imatrix"] if r is not None and r.ran else [],
+        ))
+        after = ("convert", "imatrix")
+    todo = [q for q in ok if load_receipt(plan.quant_path(q), plan.quant_key(q)) is None]
+    jobs, per_job = quant_parallelism(len(todo), plan.settings.effective_threads)
+    for i, q in enumerate(ok):
+        listed.steps.append(Step(
+            f"quantize-{q}", "quantize", run=functools.partial(_quantize, plan, q, per_job), output=plan.quant_path(q),
+            needs=after, variants=(q,), key=functools.partial(_quant_key, plan, q),
+            current=functools.partial(_quant_current, plan, q),
+            say=functools.partial(_say_quantize, plan, ok, jobs, per_job) if i == 0 else _quiet,
+            tools=lambda r: [f"llama-quantize {r.path.name}"] if r.ran else [],
+            group="quantize", width=jobs, threads=per_job, place="quantize",
+        ))
+    for q in ok:
+        listed.steps.append(Step(
+            f"validate-{q}", "validate", run=functools.partial(_validate, plan, q), output=plan.report_path(q),
+            needs=(f"quantize-{q}",), variants=(q,), stage="validate",
+            key=functools.partial(_validate_key, plan, q), current=functools.partial(_report_current, plan),
+            say=functools.partial(_say_validate, plan, q),
+            tools=lambda o: [] if o.cached else [f"validate {o.variant}"], place="validate",
+        ))
+    return listed
 
-    todo = [q for q in quants_ok if load_receipt(plan.quant_path(q), plan.quant_key(q)) is None]
-    jobs, per_job = quant_parallelism(len(todo), settings.effective_threads)
-    if todo:
-        progress(f"quantize {', '.join(todo)} ({jobs} at a time, {per_job} threads each)")
-    with phase("quantize"), ThreadPoolExecutor(max_workers=jobs) as pool:
-        futures = {q: pool.submit(ensure_quant, plan, q, threads=per_job) for q in quants_ok}
-        for q, fut in futures.items():
-            try:
-                step = fut.result()
-            except Exception as err:
-                progress(f"{q} failed: {keep_failure(errors, q, 'build', err).cause}")
-                continue
-            if step.ran:
-                tools_run.append(f"llama-quantize {step.path.name}")
 
-    with phase("validate"):
-        variants = _validate_each(plan, [q for q in quants_ok if q not in errors], errors, tools_run, progress)
+@dataclass(frozen=True)
+class StepRef:
+    """A file step's expected output and key: a result still stands while it names that file and its receipt holds."""
+
+    path: Path
+    key: str | None
+
+    def current(self, result: StepResult | None) -> bool:
+        if result is None:
+            return self.key is None
+        return self.key is not None and result.path == self.path and load_receipt(result.path, self.key) is not None
+
+
+def _quiet(_inputs: dict[str, Any]) -> None:
+    return None
+
+
+def _quantize(plan: GGUFPlan, q: str, threads: int, _inputs: dict[str, Any]) -> StepResult:
+    return ensure_quant(plan, q, threads=threads)
+
+
+def _quant_key(plan: GGUFPlan, q: str, got: dict[str, Any]) -> str:
+    imatrix = got.get("imatrix")
+    return content_key(plan.quant_key(q), got["convert"].receipt["sha256"], imatrix.receipt["sha256"] if imatrix else None)
+
+
+def _quant_current(plan: GGUFPlan, q: str, result: StepResult) -> bool:
+    return StepRef(plan.quant_path(q), plan.quant_key(q)).current(result)
+
+
+def _say_quantize(plan: GGUFPlan, ok: list[str], jobs: int, per_job: int, _inputs: dict[str, Any]) -> str | None:
+    todo = [q for q in ok if load_receipt(plan.quant_path(q), plan.quant_key(q)) is None]
+    return f"quantize {', '.join(todo)} ({jobs} at a time, {per_job} threads each)" if todo else None
+
+
+def _validate(plan: GGUFPlan, q: str, _inputs: dict[str, Any]) -> VariantOutcome:
+    return ensure_validated(plan, q)
+
+
+def _validate_key(plan: GGUFPlan, q: str, got: dict[str, Any]) -> str:
+    return content_key(got[f"quantize-{q}"].receipt["sha256"], plan.logits_key, plan.gate(q).to_dict())
+
+
+def _say_validate(plan: GGUFPlan, q: str, _inputs: dict[str, Any]) -> str | None:
+    return None if load_report(plan.report_path(q), None) else f"validate {q}"
+
+
+def _report_current(plan: GGUFPlan, outcome: VariantOutcome) -> bool:
+    """A validated outcome stands while the report file beside the variant still holds its key and its verdict."""
+    report = load_report(plan.report_path(outcome.variant), outcome.report.get("key"))
+    return report is not None and report.get("validation") == outcome.report.get("validation")
+
+
+def finish_gguf(plan: GGUFPlan, listed: StepList, done: Executed, progress: Callable[[str], None]) -> BuildResult:
+    """The build's result from what its steps left: the ladder check over the verdicts, and build.json."""
+    variants = {q: done.results[f"validate-{q}"] for q in plan.spec.quants if f"validate-{q}" in done.results}
     for conflict in _ladder_conflicts(variants):
         progress(f"gate defect, not the variant's: {conflict} (pipelines/core/gates.py)")
-
-    result = BuildResult(entry.name, plan.out_dir, plan.source, base.receipt, variants, tools_run, timings, plan,
-                         errors=errors, preflight=preflight, asked=list(plan.spec.quants))
-    with disk_full_located(settings):
+    base = done.results.get("convert")
+    result = BuildResult(plan.entry.name, plan.out_dir, plan.source, base.receipt if base else {}, variants,
+                         done.tools_run, done.timings, plan, errors=done.errors, preflight=listed.preflight,
+                         asked=listed.asked)
+    with disk_full_located(plan.settings):
         write_summary(result, _variant_summary, base=result.base)
     return result
 
@@ -554,23 +654,6 @@ def preflight_quants(plan: GGUFPlan, say: Callable[[str], None]) -> tuple[dict[s
             say(f"{q}: {fb.share:.1%} of the weights ({len(fb.fallback)} of {fb.tensors} tensors) have rows "
                 f"that are not multiples of {fb.block}; llama-quantize stores them in another type")
     return errors, preflight
-
-
-def _validate_each(plan: GGUFPlan, quants: list[str], errors: dict[str, VariantError], tools_run: list[str],
-                   progress: Callable[[str], None]) -> dict[str, VariantOutcome]:
-    """Validate each quantized type in turn; one that fails is kept in `errors` and the others go on."""
-    variants: dict[str, VariantOutcome] = {}
-    for q in quants:
-        if load_report(plan.report_path(q), None) is None:
-            progress(f"validate {q}")
-        try:
-            variants[q] = ensure_validated(plan, q)
-        except Exception as err:
-            progress(f"{q} failed: {keep_failure(errors, q, 'validate', err).cause}")
-            continue
-        if not variants[q].cached:
-            tools_run.append(f"validate {q}")
-    return variants
 
 
 def _ladder_conflicts(variants: dict[str, VariantOutcome]) -> list[str]:

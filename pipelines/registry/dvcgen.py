@@ -11,7 +11,7 @@ from pathlib import Path
 import yaml
 
 from pipelines.core.fsutil import write_text_atomic
-from pipelines.core.vocab import STAGES, Format, artifact_relpath, stage_name
+from pipelines.registry.names import NAMES, Format, artifact_relpath, stage_name
 from pipelines.source.catalog import Catalog
 
 HEADER = """\
@@ -29,36 +29,25 @@ HEADER = """\
 """
 
 
-_COMMANDS: dict[Format, tuple[str, str]] = {
-    "gguf": ("modelmint convert ${item.model} --variants ${item.tag} --register --no-track", "toolchains/llama-cpp.env"),
-    "compressed-tensors": (
-        "modelmint compress ${item.model} --schemes ${item.tag} --register --no-track",
-        "toolchains/llmcompressor.env",
-    ),
-}
-
-
 def render(catalog: Catalog) -> str:
-    """The dvc.yaml text for `catalog` (deterministic: same catalog, same bytes)."""
-    items: dict[Format, dict[str, dict[str, str]]] = {fmt: {} for fmt in _COMMANDS}
+    """The dvc.yaml text for `catalog` (deterministic: same catalog, same bytes): one stage per declared format that
+    the catalog asks variants of, running that format's command (`FormatName.dvc_command`)."""
+    items: dict[Format, dict[str, dict[str, str]]] = {fmt: {} for fmt in NAMES}
     for entry in catalog.models:
-        spec = entry.variants.gguf
-        tags: dict[Format, list[str]] = {"gguf": list(spec.quants) if spec else [],
-                                         "compressed-tensors": list(entry.variants.compressed())}
-        for fmt, names in tags.items():
-            for tag in names:
+        for fmt, names in NAMES.items():
+            for tag in names.catalog_variants(entry):
                 item = stage_name(entry.name, tag).split("@", 1)[1]
                 items[fmt][item] = {"model": entry.name, "tag": tag}
     stages = {
-        STAGES[fmt]: {
+        names.stage: {
             "foreach": items[fmt],
             "do": {
-                "cmd": cmd,
-                "deps": ["registry/catalog.yaml", pins],
+                "cmd": names.dvc_command,
+                "deps": ["registry/catalog.yaml", names.pins],
                 "outs": [artifact_relpath("${item.model}", "${item.tag}")],
             },
         }
-        for fmt, (cmd, pins) in _COMMANDS.items()
+        for fmt, names in NAMES.items()
         if items[fmt]
     }
     return HEADER + yaml.safe_dump({"stages": stages}, sort_keys=False, default_flow_style=False)

@@ -26,7 +26,7 @@ from pipelines.core.errors import (
 )
 from pipelines.core.runner import ToolRun, run
 from pipelines.core.settings import Settings
-from pipelines.core.vocab import stage_name
+from pipelines.registry.names import stage_name
 
 if TYPE_CHECKING:
     from dvc.config import Config

@@ -2,7 +2,7 @@
 fetches and verifies one without DVC.
 
 A GGUF becomes an Ollama image (`ollama pull HOST/NAMESPACE/NAME:TAG`), a compressed-tensors checkpoint a CNCF
-ModelPack artifact; the format table (formats.py) says which. Every layer that carries a registered file has that
+ModelPack artifact; the format table (registry/formats/) says which. Every layer that carries a registered file has that
 file's sha256 from the manifest as its digest, and the manifest itself travels as a layer, byte for byte. Blobs go
 first (HEAD before each: the registry never receives one twice), tags last: `TAG-<source12>` (the upstream commit
 the artifact was built from, `pinned_tag`) and `TAG`; a tag that points at the image already is not written again.
@@ -35,7 +35,7 @@ from pipelines.publish.oci import (
     parse_image,
 )
 from pipelines.publish.ollama_image import CONFIG as OLLAMA_CONFIG
-from pipelines.registry.formats import FORMATS, format_of
+from pipelines.registry.formats.base import format_of, implementation
 from pipelines.registry.manifest import Manifest, find_manifest, manifest_path
 from pipelines.registry.pull import PullResult, holds
 
@@ -327,7 +327,7 @@ def _read_image(client: OciClient, repository: str, image: str,
         manifest = Manifest.model_validate_json(raw)
     except ValidationError as err:
         raise ManifestInvalid(f"{image} (layer {carried[0]['digest']})", str(err).splitlines()[0]) from err
-    want = FORMATS[manifest.format].image_config
+    want = implementation(manifest.format).image_config
     if (data.get("config") or {}).get("mediaType") != want:
         raise RegistryError(f"{image} holds {manifest.ref}, a {manifest.format} artifact, but its config is not {want}",
                             hint="the tag was pushed by something else: publish the artifact again with --force")

@@ -20,14 +20,11 @@ from pipelines.core.vocab import (
     COMMIT_PATTERN,
     NAME,
     SHA256_PATTERN,
-    Format,
     ModelName,
     VariantTag,
-    artifact_relpath,
-    format_of_tag,
-    stage_name,
 )
 from pipelines.core.weights import weights_bytes
+from pipelines.registry.names import NAMES, Format, artifact_relpath, format_name, stage_name
 
 SCHEMA_VERSION: Final = 3
 """3: `weights_bytes`, the artifact's whole weight bytes (every safetensors shard, every split GGUF's shard; the
@@ -276,8 +273,10 @@ class Manifest(_Strict):
             raise ValueError(f"dvc.path {self.dvc.path!r} is not {artifact_relpath(self.name, self.tag)!r}")
         if self.dvc.stage != stage_name(self.name, self.tag):
             raise ValueError(f"dvc.stage {self.dvc.stage!r} is not {stage_name(self.name, self.tag)!r}")
-        if self.format != format_of_tag(self.tag):
-            raise ValueError(f"tag {self.tag!r} is a {format_of_tag(self.tag)} variant, not {self.format}")
+        if self.format not in NAMES:
+            raise ValueError(f"format {self.format!r} is none of {', '.join(NAMES)}")
+        if self.format != format_name(self.tag).name:
+            raise ValueError(f"tag {self.tag!r} is a {format_name(self.tag).name} variant, not {self.format}")
         unlisted = [f for i in (self.serving.inventories if self.serving else []) for f in i.files if f not in by_path]
         if unlisted:
             raise ValueError(f"serving names {unlisted}, which files does not list")

@@ -22,7 +22,7 @@ from pipelines.core.errors import (
 from pipelines.core.fsutil import HashCache, atomic_output
 from pipelines.core.settings import Settings
 from pipelines.registry import dvcrepo
-from pipelines.registry.formats import format_of
+from pipelines.registry.formats.base import format_of
 from pipelines.registry.manifest import Manifest, find_manifest, manifest_path
 
 log = logging.getLogger(__name__)

@@ -16,20 +16,16 @@ validation passed and the blob reached the remote. Under `dvc repro` the stage c
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from pipelines import __version__
 from pipelines.core.errors import (
-    ArtifactError,
     DiskFullError,
-    GateFailed,
     ManifestInvalid,
     ModelmintError,
     NotRegistered,
@@ -44,95 +40,30 @@ from pipelines.core.fsutil import (
     is_full,
     write_text_atomic,
 )
-from pipelines.core.report import Validation as Judged
-from pipelines.core.report import advice_for_report
 from pipelines.core.settings import Settings
-from pipelines.core.steps import VariantOutcome, content_key, load_dir_receipt, load_receipt
-from pipelines.core.toolchains import read_pins
+from pipelines.core.steps import VariantError, keep_failure
 from pipelines.core.weights import weights_bytes
-from pipelines.gguf.build import GGUFPlan
 from pipelines.registry import dvcrepo, serving
-from pipelines.registry.formats import Format, format_of
+from pipelines.registry.candidate import Candidate, ValidatedOutputChanged, verdict
+from pipelines.registry.formats.base import implementation
 from pipelines.registry.manifest import (
     ArtifactFile,
     DvcRef,
     Manifest,
-    ParentRef,
     Serving,
     SourceRef,
     Validation,
-    artifact_relpath,
     load_manifest,
     manifest_path,
     save_manifest,
-    stage_name,
 )
+from pipelines.registry.names import format_name
 from pipelines.source.catalog import CatalogEntry
 
-if TYPE_CHECKING:
-    from pipelines.compressed.build import CompressPlan
+__all__ = ["Candidate", "Registration", "Tracked", "ValidatedOutputChanged", "place", "publish", "register",
+           "registered", "track", "verdict"]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Candidate:
-    """A validated variant, whatever built it: what registration copies, records and describes."""
-
-    entry: CatalogEntry
-    tag: str
-    files: tuple[Path, ...]
-    """The artifact's own files, main file first (a GGUF, or its shards when it was split; a checkpoint's
-    weights, then its other files)."""
-    sha256: str
-    size_bytes: int
-    """The main file's (files[0]) size; the manifest's `weights_bytes` sums every weight file placed."""
-    source: dict[str, Any]
-    parent: ParentRef | None
-    toolchain: dict[str, str]
-    recipe: dict[str, Any]
-    report: dict[str, Any]
-    report_sha256: str
-    source_dir: Path | None = None
-    """The source model directory (its tokenizer and generation config feed the Modelfile)."""
-    root: Path | None = None
-    """The directory `files` are placed relative to (a checkpoint); None: each is placed by its name."""
-    force: bool = False
-    """Register it even when its source commit is older than the current version's (`--force`); not part of
-    what it is made of (`key`)."""
-
-    @property
-    def ref(self) -> str:
-        return f"{self.entry.name}:{self.tag}"
-
-    @property
-    def format(self) -> Format:
-        return format_of(self.tag).name
-
-    @property
-    def recipe_sha256(self) -> str:
-        return hashlib.sha256(json.dumps(self.recipe, sort_keys=True).encode()).hexdigest()
-
-    @property
-    def key(self) -> str:
-        """What this registration is made of: the bytes, the source, the recipe, the toolchain, and the gate's
-        verdict with the metrics it judged. Not the report file: its timings and build paths change on every
-        rebuild of the same bytes, and the manifest would be rewritten each time. The serving plans' inventories are
-        part of it: other GPUs are other plans."""
-        return content_key("register", self.sha256, self.source, self.recipe_sha256, self.toolchain,
-                           verdict(self.report), self.entry.serve.model_dump(mode="json"))
-
-    @property
-    def stage(self) -> str:
-        return stage_name(self.entry.name, self.tag)
-
-    @property
-    def dvc_path(self) -> str:
-        return artifact_relpath(self.entry.name, self.tag)
-
-    def placed_as(self, f: Path) -> str:
-        """Where file `f` goes inside the artifact directory ('/'-separated)."""
-        return f.relative_to(self.root).as_posix() if self.root is not None else f.name
 
 
 @dataclass(frozen=True)
@@ -151,15 +82,6 @@ class Registration:
     """False when the variant was already registered exactly like this (nothing was run)."""
     reuploaded: tuple[str, ...] = ()
     """Objects the remote lacked or held damaged, uploaded again by this registration."""
-
-
-class ValidatedOutputChanged(ArtifactError, FileNotFoundError):
-    """What was validated (an output, its base or its report) changed or is gone before registration: a
-    ModelmintError, so the flow fails that variant alone with an `error:` line (still a FileNotFoundError for
-    callers that asked for one)."""
-
-    def __init__(self, message: str, *, rerun: str) -> None:
-        super().__init__(message, hint=f"rerun `{rerun}` to build and validate it again, then register")
 
 
 class OlderVersionRefused(RegistryError):
@@ -194,8 +116,8 @@ def refuse_older(settings: Settings, c: Candidate) -> None:
     if current.replaces is not None:
         older.add(current.replaces.revision)
     hint = (f"a registered version never moves backwards unless forced: rerun with `--force` "
-            f"(`modelmint {'compress' if c.format == 'compressed-tensors' else 'convert'} {c.entry.name} "
-            f"--variants {c.tag} --revision {revision} --register --force`) to roll {c.ref} back on purpose")
+            f"(`modelmint {format_name(c.tag).command} {c.entry.name} "
+            f"{format_name(c.tag).option} {c.tag} --revision {revision} --register --force`) to roll {c.ref} back on purpose")
     when = f"registered {current.created_at:%Y-%m-%d %H:%M} UTC"
     if revision in older:
         raise OlderVersionRefused(
@@ -225,135 +147,6 @@ def _hub_history_holds(settings: Settings, repo: str, head: str, commit: str) ->
         return False
 
 
-def verdict(report: dict[str, Any]) -> dict[str, Any]:
-    """What a validation report decided and on which figures (its validation block: no timings, no paths)."""
-    judged = Judged.of_report(report)
-    if judged is None:
-        raise ValidatedOutputChanged("the validation report predates its validation block", rerun="modelmint convert")
-    return judged.model_dump(mode="json")
-
-
-def gguf_recipe(plan: GGUFPlan, tag: str) -> dict[str, Any]:
-    """Everything that decides a GGUF variant's bytes and verdict, as the manifest records it."""
-    spec = plan.spec
-    return {
-        "format": "gguf",
-        "source": plan.entry.source.model_dump(mode="json")
-        | ({"revision": plan.snapshot.revision} if plan.snapshot.revision else {}),
-        "outtype": spec.outtype,
-        "quant": tag,
-        "imatrix": spec.imatrix,
-        "calibration": plan.calibration_record(),
-        "split_max_size": spec.split_max_size,
-        "gate_profile": plan.entry.gate_profile,
-        "eval": plan.evaluation_record,
-    }
-
-
-def toolchain_versions(plan: GGUFPlan) -> dict[str, str]:
-    pins = read_pins("llama-cpp")
-    return {
-        "modelmint": __version__,
-        **plan.llama.versions(),
-        "converter.torch": pins.get("CONVERTER_TORCH", "?"),
-        "converter.transformers": pins.get("CONVERTER_TRANSFORMERS", "?"),
-    }
-
-
-def candidate_from_gguf(plan: GGUFPlan, outcome: VariantOutcome) -> Candidate:
-    """The registration candidate for one validated GGUF variant of `plan`.
-
-    Raises:
-        GateFailed: the variant did not pass validation (it must not be registered).
-        ValidatedOutputChanged: the f16 base or the report is gone (rerun the build).
-    """
-    if not outcome.passed:
-        raise GateFailed(outcome.variant, outcome.failures, str(plan.report_path(outcome.variant)),
-                         advice=advice_for_report(outcome.variant, outcome.report, imatrix=plan.spec.imatrix))
-    base = load_receipt(plan.base_path, plan.base_key)
-    if base is None:
-        raise ValidatedOutputChanged(f"{plan.base_path} is gone or changed since {outcome.variant} was made from it",
-                                     rerun="modelmint convert")
-    files = tuple(outcome.shards) or (outcome.path,)
-    hashes = HashCache(plan.settings.home / "hashcache.json")
-    main_sha = outcome.digest if files[0] == outcome.path else hashes.sha256(files[0])
-    return Candidate(
-        entry=plan.entry.with_serve_gpus(plan.settings.serve_gpus),
-        tag=outcome.variant,
-        files=files,
-        sha256=main_sha,
-        size_bytes=files[0].stat().st_size,
-        source={k: v for k, v in plan.source.items() if k != "path"},
-        parent=ParentRef(
-            artifact=f"{plan.entry.name}:{plan.spec.outtype}",
-            file=plan.base_path.name,
-            sha256=base["sha256"],
-            size=base["size"],
-        ),
-        toolchain=toolchain_versions(plan),
-        recipe=gguf_recipe(plan, outcome.variant),
-        report=outcome.report,
-        report_sha256=_report_sha256(hashes, plan.report_path(outcome.variant), "modelmint convert"),
-        source_dir=plan.snapshot.path,
-    )
-
-
-def _report_sha256(hashes: HashCache, path: Path, rerun: str) -> str:
-    try:
-        return hashes.sha256(path)
-    except FileNotFoundError as e:
-        raise ValidatedOutputChanged(f"the validation report {path} is gone since it was validated",
-                                     rerun=rerun) from e
-
-
-def candidate_from_compressed(plan: CompressPlan, outcome: VariantOutcome) -> Candidate:
-    """The registration candidate for one validated compressed-tensors variant of `plan`.
-
-    Its parent is the source itself (recorded in `source`); the files are the whole checkpoint, weights first.
-
-    Raises:
-        GateFailed: the variant did not pass validation (it must not be registered).
-        ValidatedOutputChanged: the checkpoint or its report changed or is gone since validation (rerun the build).
-    """
-    v = outcome.variant
-    if not outcome.passed:
-        raise GateFailed(v, outcome.failures, str(plan.report_path(v)),
-                         advice=advice_for_report(v, outcome.report, params=plan.params))
-    receipt = load_dir_receipt(outcome.path, plan.quant_key(v))
-    report_path = plan.report_path(v)
-    try:
-        # The report as its file has it: what the manifest's report_sha256 names (no run-time additions).
-        report = json.loads(report_path.read_text(encoding="utf-8"))
-    except (FileNotFoundError, ValueError):
-        report = None
-    judged = Judged.of_report(report) if report is not None else None
-    if receipt is None or judged is None or receipt["tree_sha256"] != outcome.digest or not judged.passed:
-        raise ValidatedOutputChanged(f"{outcome.path} or its report changed since it was validated",
-                                     rerun="modelmint compress")
-    names = sorted(receipt["files"])
-    weights = [n for n in names if n == "model.safetensors.index.json"] or [n for n in names if n.endswith(".safetensors")]
-    if not weights:
-        raise ValidatedOutputChanged(f"{outcome.path} holds no safetensors weights", rerun="modelmint compress")
-    ordered = [weights[0], *(n for n in names if n != weights[0])]
-    main = receipt["files"][weights[0]]
-    return Candidate(
-        entry=plan.entry.with_serve_gpus(plan.settings.serve_gpus),
-        tag=v,
-        files=tuple(outcome.path / n for n in ordered),
-        sha256=main["sha256"],
-        size_bytes=main["size"],
-        source={k: val for k, val in plan.source.items() if k != "path"},
-        parent=None,
-        toolchain=plan.toolchain_versions(),
-        recipe=plan.manifest_recipe(v),
-        report=report,
-        report_sha256=_report_sha256(HashCache(plan.settings.home / "hashcache.json"), report_path,
-                                     "modelmint compress"),
-        source_dir=plan.snapshot.path,
-        root=outcome.path,
-    )
-
-
 def artifact_dir(settings: Settings, name: str, tag: str) -> Path:
     """The registered artifact's directory (under Settings.artifacts_dir, at manifest.artifact_relpath)."""
     return settings.artifacts_dir / name / tag
@@ -381,7 +174,7 @@ def place(settings: Settings, c: Candidate) -> tuple[ArtifactFile, ...]:
                 out = tmp / c.placed_as(f)
                 out.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copyfile(f, out)
-            format_of(c.tag).publish(settings, c, tmp)
+            implementation(c.format).publish(settings, c, tmp)
             serving.write_serving(c, tmp)
     return _describe(settings, dest)
 
@@ -574,7 +367,7 @@ def _check_entry_unchanged(settings: Settings, c: Candidate) -> None:
     raise RegistryError(
         f"{c.ref}: the catalog entry {c.entry.name} changed while it was being built ({', '.join(changed)}): it was "
         f"built from the entry as it was, and dvc.lock would record it as built from the new one; nothing registered",
-        hint=f"build it again from the catalog as it is now: `{format_of(c.tag).rebuild_command(c.entry.name, c.tag)}`")
+        hint=f"build it again from the catalog as it is now: `{format_name(c.tag).rebuild_command(c.entry.name, c.tag)}`")
 
 
 
@@ -660,3 +453,25 @@ def _manifest(c: Candidate, tracked: Tracked, *, pushed: bool, plans: Serving | 
         created_at=datetime.now(UTC).replace(microsecond=0),
         serving=plans,
     )
+
+
+def register_each(
+    candidates: dict[str, Callable[[], Candidate]], register_one: Callable[[Candidate], Registration], *,
+    force: bool = False, say: Callable[[str], None] = lambda _msg: None,
+) -> tuple[dict[str, Registration], dict[str, VariantError]]:
+    """Register each passing variant (`candidates`: variant → a function making its candidate) with `register_one`
+    (the CLI: `register`; the flow: its cached place/track and publish tasks); one whose registration fails is
+    kept with its cause (VariantError, stage register) and the others still go on. `force` registers a source
+    commit older than a tag's current version (refuse_older).
+
+    Raises:
+        Exception: an error that is not the variant's own (steps.variant_scoped: a full disk, a missing toolchain).
+    """
+    done: dict[str, Registration] = {}
+    errors: dict[str, VariantError] = {}
+    for v, make in candidates.items():
+        try:
+            done[v] = register_one(replace(make(), force=force))
+        except Exception as err:
+            say(f"{v} was not registered: {keep_failure(errors, v, 'register', err).cause}")
+    return done, errors

@@ -20,6 +20,7 @@ from pipelines.core.gpus import cluster_label, parse_cluster
 from pipelines.core.settings import Settings
 from pipelines.publish import planner
 from pipelines.publish.servefiles import Artifact, artifact_of, notes, plan_files, slug, write_files
+from pipelines.registry.formats.base import implementation
 from pipelines.registry.manifest import (
     GPUTotals,
     InventoryPlans,
@@ -31,7 +32,7 @@ from pipelines.registry.manifest import (
 from pipelines.source.catalog import ServeSpec
 
 if TYPE_CHECKING:
-    from pipelines.registry.register import Candidate
+    from pipelines.registry.candidate import Candidate
 
 SERVE_DIR = "serve"
 PLANS_FILE = f"{SERVE_DIR}/plans.json"
@@ -42,16 +43,15 @@ def write_serving(c: Candidate, directory: Path) -> Serving:
     under directory/serve/ and the record serve/plans.json (the manifest's `serving` block). Refusals are recorded,
     never raised."""
     spec = c.entry.serve
-    gguf = c.format == "gguf"
-    main = directory / c.placed_as(c.files[0])
+    sized, named = implementation(c.format).served(directory, c.placed_as(c.files[0]), c.tag)
     try:
-        what: planner.Served | None = planner.served(main if gguf else directory)
+        what: planner.Served | None = planner.served(sized)
         cannot = None
     except (ConfigError, ArtifactError) as err:
         what, cannot = None, err
     # named as `modelmint plan NAME:TAG` names a registered artifact, so both write the same files
     art = artifact_of(
-        Path(main.name) if gguf else Path(c.tag),
+        named,
         what.weights_bytes if what else 0,
         name=f"{c.entry.name}-{c.tag}",
         ollama_model=c.ref,
@@ -167,7 +167,7 @@ def plan_target(settings: Settings, ref: str) -> PlanTarget:
     """
     m = find_manifest(settings, ref)
     path = settings.repo_dir / m.dvc.path
-    path = path / m.file if m.format == "gguf" else path
+    path, _named = implementation(m.format).served(path, m.file, m.tag)
     if not path.exists():
         raise ConfigError(f"{ref} is registered but not in this checkout ({path})", hint=f"modelmint pull {ref}")
     smaller = tuple(planner.Variant(o.ref, o.weights_bytes,

@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 from pipelines.core.errors import ManifestInvalid, RecordMoved, RegistryError, RemoteIntegrityError
 from pipelines.core.settings import Settings
 from pipelines.registry import dvcrepo
-from pipelines.registry.formats import format_of
 from pipelines.registry.manifest import Manifest, find_manifest, list_manifests
+from pipelines.registry.names import format_name
 
 
 @dataclass(frozen=True)
@@ -50,7 +50,7 @@ class VerifyResult:
         if bad:
             problems = [f"{a.ref}: {p}" for a in bad for p in a.problems] + invalid
             return RemoteIntegrityError(problems, [a.ref for a in bad],
-                                        [format_of(a.manifest.tag).rebuild_command(a.manifest.name, a.manifest.tag) for a in bad])
+                                        [format_name(a.manifest.tag).rebuild_command(a.manifest.name, a.manifest.tag) for a in bad])
         if invalid:
             return RegistryError(f"{len(invalid)} manifest(s) could not be checked:\n" + "\n".join(invalid),
                                  hint=self.invalid[0].hint)

