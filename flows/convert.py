@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from prefect.client.schemas.objects import FlowRun
 
 from flows import raycluster
+from flows.site import site_lines
 from flows.slots import ensure_limit, model_limit, slot
 from flows.steps import prefect_runner, ray_batches
 from flows.tasks import gpu_slot, plan_source, publish, push_image, register
@@ -291,6 +292,7 @@ def _publish_artifacts(
         )
     lines += ["", "Registered variants are in the DVC remote; `modelmint pull NAME:TAG` fetches one and checks it."]
     lines += _published_lines(published)
+    lines += site_lines([r.manifest.ref for r in registrations.values()])
     create_markdown_artifact("\n".join(lines), key=artifact_key("convert", name), description=f"convert {name}")
     create_table_artifact(rows, key=artifact_key("convert", name, "variants"), description=f"variants of {name}")
     return {

