@@ -386,13 +386,7 @@ def _check_signature(directory: Path, ref: str, rule: Rule) -> Signer:
             tried.append(f"{signer.name}: {_reason(err)}")
         else:
             return signer
-    raise SignatureRefused(
-        ref,
-        f"its signature is by no key {rule.pattern!r} accepts in the trust policy ({'; '.join(tried)})",
-        file=SIGNATURE,
-        hint="add the signer's public key to registry/trust.yaml if it is trusted, or register it "
-        "again with an accepted key",
-    )
+    raise _no_accepted_signer(ref, rule, tried)
 
 
 def _check_signature_only(sig: Path, ref: str, rule: Rule) -> Signer:
@@ -416,13 +410,7 @@ def _check_signature_only(sig: Path, ref: str, rule: Rule) -> Signer:
             tried.append(f"{signer.name}: {_reason(err)}")
         else:
             return signer
-    raise SignatureRefused(
-        ref,
-        f"its signature is by no key {rule.pattern!r} accepts in the trust policy ({'; '.join(tried)})",
-        file=SIGNATURE,
-        hint="add the signer's public key to registry/trust.yaml if it is trusted, or register it again with an "
-        "accepted key",
-    )
+    raise _no_accepted_signer(ref, rule, tried)
 
 
 def _sha256(path: Path) -> str | None:
@@ -508,3 +496,14 @@ def _check_certificate(sig: Path, ref: str, signer: Signer, when: datetime) -> N
             file=SIGNATURE,
             hint="register it again with the certificate of the accepted identity",
         )
+
+
+def _no_accepted_signer(ref: str, rule: Rule, tried: list[str]) -> SignatureRefused:
+    """The refusal when no signer `rule` accepts verifies the signature (`tried`: each signer's reason)."""
+    return SignatureRefused(
+        ref,
+        f"its signature is by no key {rule.pattern!r} accepts in the trust policy ({'; '.join(tried)})",
+        file=SIGNATURE,
+        hint="add the signer's public key to registry/trust.yaml if it is trusted, or register it again with an "
+        "accepted key",
+    )
