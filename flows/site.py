@@ -20,6 +20,9 @@ def site_lines(registered: list[str]) -> list[str]:
     except (ModelmintError, OSError) as err:
         get_run_logger().warning("the registry site was not rebuilt: %s", err)
         return ["", f"The registry site was not rebuilt: {err}"]
+    except Exception as err:  # a bug in the site's rendering must not fail a run whose variants are registered
+        get_run_logger().exception("the registry site was not rebuilt (a modelmint bug: please report it)")
+        return ["", f"The registry site was not rebuilt: {type(err).__name__}: {err}"]
     if built:
         get_run_logger().info("registry site rebuilt: %s", index)
     return [

@@ -28,7 +28,10 @@ def _task(step: Step) -> Task[..., Any]:
         task_run_name=step.name,
         retries=step.retries,
         retry_delay_seconds=delays,
-        tags={step.task, *step.variants},
+        # no tags: Prefect 3.9.1 acquires a `tag:<tag>` concurrency slot on the server for every tag of a task run
+        # before it starts (prefect/task_engine.py:986-991), so with the server restarting a tagged step fails with
+        # ConcurrencySlotAcquisitionError instead of waiting; modelmint's slots (flows/slots.py) are leased and
+        # survive a restart. The run name carries the step and its variant.
     )
 
 

@@ -14,7 +14,7 @@ from site_registry import EVIL, SMOLLM2, SiteRegistry
 
 from pipelines.core.errors import ConfigError
 from pipelines.registry.manifest import list_manifests
-from pipelines.registry.site import build_site, page_name, pareto
+from pipelines.registry.site import _kl_axis, build_site, page_name, pareto
 
 
 class _Elements(HTMLParser):
@@ -61,6 +61,14 @@ def test_the_pareto_front_is_what_nothing_beats_on_both() -> None:
     pts = [(0.9, 0.060), (1.0, 0.0702), (1.6, 0.0255), (1.4, 0.0104), (1.8, 0.0042)]
     assert pareto(pts) == [0, 3, 4]
     assert pareto([(1.0, 0.1), (1.0, 0.1)]) == [0, 1]  # equal points beat neither
+
+
+def test_a_kl_of_zero_sits_at_the_log_axis_floor() -> None:
+    """A lossless variant (or a figure rounded to 0) has no logarithm: it is drawn at the bottom of the KL axis,
+    below every positive figure, instead of failing the page (and the flow that rebuilds the site)."""
+    axis = _kl_axis([0.0, 0.004, 0.05], top=10.0, bottom=200.0)
+    assert axis(0.0) == 200.0
+    assert axis(0.05) < axis(0.004) < axis(0.0)
 
 
 def test_every_model_has_a_page_with_every_variant_row_and_chart_point(

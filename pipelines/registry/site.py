@@ -12,7 +12,6 @@ import hashlib
 import html
 import json
 import math
-import re
 import shutil
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -32,7 +31,6 @@ from pipelines.registry.recommend import Choice, Failed, failed_builds, rank
 SITE_DIR = "site"
 """Where the flow writes the site, under the work directory (MODELMINT_WORK_DIR)."""
 _CARD_LIMIT = 64 * 1024
-_PAGE = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
 _MIB = 1 << 20
 _GIB = 1 << 30
 
@@ -49,7 +47,7 @@ def _e(value: object) -> str:
 def page_name(name: str) -> str:
     """A model page's file name: the model's name where it is a registry name, else a hash of it (an invalid
     manifest's folder can be called anything)."""
-    if _PAGE.fullmatch(name):
+    if is_name(name):
         return f"{name}.html"
     return f"x-{hashlib.sha256(name.encode()).hexdigest()[:16]}.html"
 
@@ -186,6 +184,8 @@ class _Axis:
     log: bool = False
 
     def __call__(self, v: float) -> float:
+        if self.log:  # a KL of 0 (a lossless variant, or figures rounded to 0) sits at the axis' floor
+            v = max(v, self.lo)
         f = (lambda x: math.log10(x)) if self.log else (lambda x: x)
         lo, hi = f(self.lo), f(self.hi)
         t = (f(v) - lo) / (hi - lo) if hi > lo else 0.5
