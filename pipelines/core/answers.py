@@ -20,6 +20,12 @@ MAX_TOKENS = 96
 """Tokens each answer may take: a short factual answer of SmolLM2 takes 10-40, so a stop is expected well before."""
 SIMILAR = 0.5
 """difflib's ratio above which two answers count as alike (half their characters in common runs, in order)."""
+PROBE = 4
+"""Questions a variant is asked when it prompts and stops exactly as its source does (same chat template, stop
+strings, vocabulary and special tokens): one round of the engine's four slots. What the answer check catches (a lost
+end-of-turn token, a broken template, an engine that never stops, a variant that answers nothing like its source)
+shows on every question the source stopped on; how close a variant is token by token, KL divergence measures on
+every position of the evaluation text."""
 
 
 def load_questions(path: Path = QUESTIONS) -> list[str]:
@@ -41,6 +47,17 @@ class Answer(BaseModel):
     stopped: bool = Field(description="ended on the end-of-turn token or a stop string, not on the length limit")
 
 
+class Probe(BaseModel):
+    """Why a variant answered a few of the questions: it prompts and stops as its source, which answered them all."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    of: int = Field(description="questions the source answered, of which the variant was asked `questions`")
+    source_stopped_pct: float = Field(description="share of all its answers the source ended on a stop token, in %")
+    rule: str = Field(default="the questions the source stopped on soonest; the source asked them again the same way",
+                      description="how the probe's questions were chosen")
+
+
 class Answers(BaseModel):
     """How a variant answered the bundled questions, next to how its source answered them."""
 
@@ -58,6 +75,9 @@ class Answers(BaseModel):
     max_tokens: int = MAX_TOKENS
     failures: list[str] = Field(default_factory=list)
     samples: list[Answer] = Field(default_factory=list, description="the variant's first answers, to read")
+    probe: Probe | None = Field(
+        default=None, description="set when the variant was asked a probe, not every question (its prompting is "
+        "its source's); None: every question was asked")
     skipped: str | None = Field(
         default=None, description="why the engine could not answer with this variant here, in its own words (no "
         "figures then: the check did not run, which is not a pass)")
@@ -103,6 +123,15 @@ def compare(engine: str, variant: list[Answer], source: list[Answer]) -> Answers
     return Answers(engine=engine, questions=n, identical_pct=round(100.0 * same / n, 2),
                    similar_pct=round(100.0 * alike / n, 2), stopped_pct=round(100.0 * stopped / n, 2),
                    source_stopped_pct=round(100.0 * src_stopped / n, 2), failures=failures, samples=variant[:3])
+
+
+def probe_questions(source: list[Answer], k: int = PROBE) -> list[str]:
+    """The `k` questions a variant that prompts and stops as its source does is asked: those the source ended on a
+    stop token with the shortest answers (the cheapest to decode, and where a lost stop shows soonest), in the
+    question file's order. A source that stopped on fewer gives its shortest other answers to make up `k`."""
+    ranked = sorted(range(len(source)), key=lambda i: (not source[i].stopped, not source[i].text.strip(),
+                                                       len(source[i].text), i))
+    return [source[i].question for i in sorted(ranked[:k])]
 
 
 def kept_answers(path: Path, key: str, ask: Callable[[], list[Answer]]) -> list[Answer]:

@@ -152,6 +152,13 @@ def answer_lines(report: dict[str, Any]) -> str:
         return (f"\nThe {a['questions']} bundled questions (`{a['question_set']['file']}`) were not asked: "
                 f"{a['engine']} could not serve this variant here ({a['skipped']}). The answer check did not run; "
                 "it is not a pass.\n")
+    if probe := a.get("probe"):
+        return (f"\nAsked {a['questions']} of the {probe['of']} bundled questions (`{a['question_set']['file']}`) "
+                f"greedily through {a['engine']}, as a probe: the variant prompts and stops exactly as its source, "
+                f"which answered all {probe['of']} (and ended {probe['source_stopped_pct']:g} % of them on a stop "
+                f"token); the probe holds {probe['rule']}. {a['identical_pct']:g} % of the variant's answers are "
+                f"identical to the source's, {a['similar_pct']:g} % alike, and {a['stopped_pct']:g} % ended on a stop "
+                f"token within {a['max_tokens']} tokens (the source's: {a['source_stopped_pct']:g} %).\n")
     return (f"\nAsked the {a['questions']} bundled questions (`{a['question_set']['file']}`) greedily through "
             f"{a['engine']}: {a['identical_pct']:g} % of the answers are identical to the source's, "
             f"{a['similar_pct']:g} % alike, and {a['stopped_pct']:g} % ended on a stop token within {a['max_tokens']} "

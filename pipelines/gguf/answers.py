@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import re
 import subprocess
@@ -18,7 +19,7 @@ from pipelines.chat import jinja as chat_template
 from pipelines.chat.families import detect_family
 from pipelines.core.answers import MAX_TOKENS, Answer, load_questions
 from pipelines.core.errors import ArtifactError
-from pipelines.core.ggufheader import inspect_gguf
+from pipelines.core.ggufheader import inspect_gguf, read_gguf_header
 from pipelines.core.runner import tool_env
 from pipelines.core.toolchains import LlamaCpp
 from pipelines.gguf.validate import check_threads
@@ -107,6 +108,18 @@ def llama_server(gguf: Path, llama: LlamaCpp, *, threads: int, log: Path, slots:
             proc.wait()
 
 
+def prompting(gguf: Path) -> str:
+    """A digest of everything a GGUF prompts and stops with: every `tokenizer.*` key (vocabulary, merges, special
+    token ids, chat template, and so the stop strings its family takes from the template). llama-quantize copies them
+    from its input, so a variant's digest is its f16's unless something changed how it is asked or when it stops.
+
+    Raises:
+        ArtifactError: not a GGUF that reads.
+    """
+    header = read_gguf_header(gguf, lambda key, _found: key.startswith("tokenizer."))
+    return hashlib.sha256(json.dumps(header.metadata, sort_keys=True, default=repr).encode()).hexdigest()
+
+
 def _complete(url: str, body: dict[str, Any], *, timeout: float) -> Any:
     req = urllib.request.Request(f"{url}/completion", data=json.dumps(body).encode(),
                                  headers={"Content-Type": "application/json"})
@@ -115,8 +128,8 @@ def _complete(url: str, body: dict[str, Any], *, timeout: float) -> Any:
 
 
 def answer_questions(gguf: Path, llama: LlamaCpp, *, threads: int, log: Path, variant: str,
-                     slots: int = SLOTS) -> list[Answer]:
-    """Every bundled question, rendered with the GGUF's own chat template, answered greedily by llama-server with
+                     slots: int = SLOTS, questions: list[str] | None = None) -> list[Answer]:
+    """Every bundled question (or `questions`, a probe of them), rendered with the GGUF's own chat template, answered greedily by llama-server with
     the stop strings of its chat family (the Modelfile's PARAMETER stop), at most MAX_TOKENS tokens each, `slots`
     questions at a time on check_threads(threads) threads; the answers come back in the questions' order.
 
@@ -132,7 +145,7 @@ def answer_questions(gguf: Path, llama: LlamaCpp, *, threads: int, log: Path, va
     if not info.chat_template:
         raise ArtifactError(f"{gguf} has no chat template to ask the questions with")
     template = info.chat_template
-    questions = load_questions()
+    questions = load_questions() if questions is None else questions
     prompts = [chat_template.render(template, [{"role": "user", "content": q}], add_generation_prompt=True,
                                     bos_token="", eos_token="") for q in questions]
     # One request holding every prompt: llama-server queues them all at once (tools/server/server-context.cpp,

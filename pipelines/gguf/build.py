@@ -17,7 +17,16 @@ from pathlib import Path
 from typing import Any
 
 from pipelines import __version__
-from pipelines.core.answers import MAX_TOKENS, Answer, Answers, compare, kept_answers, questions_record
+from pipelines.core.answers import (
+    MAX_TOKENS,
+    Answer,
+    Answers,
+    Probe,
+    compare,
+    kept_answers,
+    probe_questions,
+    questions_record,
+)
 from pipelines.core.errors import ShapeRefused, UnsupportedModel
 from pipelines.core.execute import Executed, Step, StepList, execute, local_runner
 from pipelines.core.fsutil import clean_partials, disk_full_located
@@ -42,7 +51,7 @@ from pipelines.core.texts import EVAL_TEXT, TextRef, check_apart, text_ref
 from pipelines.core.toolchains import LlamaCpp, llama_cpp, read_pins
 from pipelines.gguf import tools as gguf
 from pipelines.gguf.answers import SLOTS as ANSWER_SLOTS
-from pipelines.gguf.answers import answer_questions
+from pipelines.gguf.answers import answer_questions, prompting
 from pipelines.gguf.validate import kld_base_logits, validate_variant
 from pipelines.source.catalog import CatalogEntry, GGUFVariants, HubSource
 
@@ -447,12 +456,33 @@ def ensure_source_answers(plan: GGUFPlan) -> list[Answer]:
                                                  log=out.with_suffix(".log"), variant=plan.spec.outtype))
 
 
+def ensure_source_probe(plan: GGUFPlan, source: list[Answer]) -> list[Answer]:
+    """The f16/bf16 GGUF's answers to the probe of the questions (`probe_questions` of its answers to all of them),
+    asked again as a variant is asked them (one request of PROBE prompts: the same batches, so the same kernels),
+    kept beside it like its full answers."""
+    questions = probe_questions(source)
+    out = plan.out_dir / f"{plan.entry.name}-{plan.spec.outtype}.probe.answers.json"
+    return kept_answers(out, content_key("probe", plan.base_key, questions, MAX_TOKENS, ANSWER_SLOTS),
+                        lambda: answer_questions(plan.base_path, plan.llama, threads=plan.settings.effective_threads,
+                                                 log=out.with_suffix(".log"), variant=plan.spec.outtype,
+                                                 questions=questions))
+
+
 def _answers(plan: GGUFPlan, q: str) -> Answers:
+    """The answer check of variant `q`. The f16 answers every question once (kept by content); a variant that prompts
+    and stops as the f16 does (`prompting`: same tokenizer keys, chat template included) answers only the probe, the
+    f16's answers to which were asked the same way; any other variant answers every question."""
     source = ensure_source_answers(plan)
     path = plan.quant_path(q)
-    got = answer_questions(path, plan.llama, threads=plan.settings.effective_threads,
-                           log=path.with_suffix(".answers.log"), variant=q)
-    return compare(f"llama-server with {q} ({path.name}) against {plan.base_path.name}", got, source)
+    engine = f"llama-server with {q} ({path.name}) against {plan.base_path.name}"
+    ask = functools.partial(answer_questions, path, plan.llama, threads=plan.settings.effective_threads,
+                            log=path.with_suffix(".answers.log"), variant=q)
+    if prompting(path) != prompting(plan.base_path):
+        return compare(engine, ask(), source)
+    probe = ensure_source_probe(plan, source)
+    judged = compare(engine, ask(questions=[a.question for a in probe]), probe)
+    stopped = round(100.0 * sum(a.stopped for a in source) / len(source), 2)
+    return judged.model_copy(update={"probe": Probe(of=len(source), source_stopped_pct=stopped)})
 
 
 def ensure_validated(plan: GGUFPlan, q: str) -> VariantOutcome:
