@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -504,27 +505,37 @@ def ensure_validated(plan: GGUFPlan, q: str) -> VariantOutcome:
     report = load_report(report_path, report_key)
     cached = report is not None
     if report is None:
-        logits = ensure_reference_logits(plan)
-        info = inspect_gguf(qpath)
-        predicted = plan.block_fallback(q).to_dict()
-        observed = qreceipt.get("fallback")
-        preflight = {**predicted, "observed": observed,
-                     "matches": None if observed is None else observed["fallback_params"] == predicted["fallback_params"]}
-        with disk_full_located(plan.settings):
-            report = validate_variant(
-                q, qpath, info, plan.base_path, logits.path, gate, plan.llama,
-                threads=plan.settings.effective_threads, ctx=GGUF_EVAL_CTX, report_path=report_path,
-                evaluation=texts["evaluation"],
-                smoke=not plan.spec.answers,  # the answers load and generate with the same template: no second run
-                extra={"key": report_key, "sha256": qreceipt["sha256"], "source": plan.source, **texts,
-                       "preflight": preflight},
-                answers=_answers(plan, q) if plan.spec.answers else None,
-            ).to_dict()
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            report = _measured(plan, q, qpath, qreceipt, gate, report_path, texts, report_key, pool)
     outcome = VariantOutcome(q, qpath, qreceipt["sha256"], qreceipt["size"], report, cached)
     if outcome.passed and plan.spec.split_max_size:
         with disk_full_located(plan.settings):
             outcome.shards = _split_if_needed(qpath, plan.spec.split_max_size, plan.llama)
     return outcome
+
+
+def _measured(plan: GGUFPlan, q: str, qpath: Path, qreceipt: dict[str, Any], gate: Gate, report_path: Path,
+              texts: dict[str, Any], report_key: str, pool: ThreadPoolExecutor) -> dict[str, Any]:
+    """Variant `q` measured and judged: its answers (in `pool`: llama-server, one thread) while llama-perplexity
+    (one thread) computes the reference logits, if they are not kept yet, and the variant's KL divergence. The two
+    are separate single-threaded processes, so on two cores they run side by side without meeting at a barrier."""
+    answers = pool.submit(_answers, plan, q) if plan.spec.answers else None
+    logits = ensure_reference_logits(plan)
+    info = inspect_gguf(qpath)
+    predicted = plan.block_fallback(q).to_dict()
+    observed = qreceipt.get("fallback")
+    preflight = {**predicted, "observed": observed,
+                 "matches": None if observed is None else observed["fallback_params"] == predicted["fallback_params"]}
+    with disk_full_located(plan.settings):
+        return validate_variant(
+            q, qpath, info, plan.base_path, logits.path, gate, plan.llama,
+            threads=plan.settings.effective_threads, ctx=GGUF_EVAL_CTX, report_path=report_path,
+            evaluation=texts["evaluation"],
+            smoke=not plan.spec.answers,  # the answers load and generate with the same template: no second run
+            extra={"key": report_key, "sha256": qreceipt["sha256"], "source": plan.source, **texts,
+                   "preflight": preflight},
+            answers=answers,
+        ).to_dict()
 
 
 # ---------------------------------------------------------------- the composition the CLI runs

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import time
+from concurrent.futures import Future
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -306,14 +307,18 @@ def validate_variant(
     evaluation: dict[str, Any],
     smoke: bool = True,
     extra: dict[str, Any] | None = None,
-    answers: Answers | None = None,
+    answers: Answers | Future[Answers] | None = None,
 ) -> VariantReport:
     """Measure `quant` against the reference logits, apply `gate`, and write the JSON report.
 
     `evaluation` names the held-out text the reference logits were computed on (name, sha256, ctx, chunks).
+    `answers` may still be coming (a Future): the KL divergence is measured meanwhile, and its error, if any, is
+    raised after the answers are in (the caller's pool waits for them either way).
     """
     smoke_result = smoke_generate(quant, quant_info, llama, threads=threads) if smoke else None
     stats = kl_divergence(quant, base_logits, llama, threads=threads, ctx=ctx)
+    if isinstance(answers, Future):
+        answers = answers.result()
     broken = chance_failure(stats.figures().ppl_reference, _vocab(reference))
     report = VariantReport(
         variant=variant,
