@@ -44,6 +44,8 @@ class Clock:
 
     def __init__(self) -> None:
         self.spent: dict[str, float] = {}
+        self.calls: list[tuple[str, str, float]] = []
+        """(bucket, what it was called for, seconds) of each call"""
 
     def wrap(self, module: Any, name: str, bucket: str) -> None:
         inner = getattr(module, name, None)
@@ -55,7 +57,10 @@ class Clock:
             try:
                 return inner(*args, **kwargs)
             finally:
-                self.spent[bucket] = self.spent.get(bucket, 0.0) + time.perf_counter() - start
+                took = time.perf_counter() - start
+                self.spent[bucket] = self.spent.get(bucket, 0.0) + took
+                what = kwargs.get("variant") or next((str(a) for a in args if isinstance(a, str | Path)), "")
+                self.calls.append((bucket, Path(what).name, round(took, 3)))
 
         setattr(module, name, timed)
 
@@ -206,6 +211,7 @@ def main() -> None:
         for q in qs:
             outcomes[q] = build.ensure_validated(plan, q)
     res["validate_parts"] = {k: round(v, 3) for k, v in clock.spent.items()}
+    res["validate_calls"] = clock.calls
     res["passed"] = {q: o.passed for q, o in outcomes.items()}
     res["identical_pct"] = {
         q: (o.report.get("validation", {}).get("answers") or {}).get("identical_pct")
@@ -325,6 +331,7 @@ def _print(res: dict[str, Any]) -> None:
         json.dumps({k: res[f"{k}_load"] for k in phases}),
     )
     print("validate parts (s):", json.dumps(parts))
+    print("validate calls (s):", json.dumps(res.get("validate_calls")))
     if raw:
         print(
             "raw (s):",
