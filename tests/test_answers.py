@@ -16,7 +16,7 @@ from test_llama_server_smoke import _tiny_entry
 
 from pipelines.core.answers import Answer, Answers, compare, kept_answers, load_questions, questions_record
 from pipelines.core.errors import ArtifactError
-from pipelines.core.report import Figures, Validation, answer_lines, card_validation
+from pipelines.core.report import Figures, Validation, answer_lines, card_validation, parse_report
 from pipelines.core.settings import Settings, project_root
 from pipelines.core.toolchains import llama_cpp
 from pipelines.gguf.answers import answer_questions
@@ -68,10 +68,10 @@ def test_answers_travel_in_the_validation_block_and_the_card() -> None:
                               figures=Figures.of(mean_kl=1e-5, same_top_pct=100.0, ppl_reference=9.0, ppl=9.0),
                               answers=answers)
     assert not judged.passed and judged.failures == answers.failures
-    report = {"validation": judged.model_dump(mode="json")}
+    report = parse_report({"validation": judged.model_dump(mode="json")})
     assert card_validation(report)["answers"]["stopped_pct"] == 0.0
     assert "0 % ended on a stop token" in answer_lines(report)
-    assert answer_lines({"validation": {**report["validation"], "answers": None}}) == ""
+    assert answer_lines(report.with_validation(judged.model_copy(update={"answers": None}))) == ""
 
 
 def test_a_skipped_check_says_why_and_is_no_pass() -> None:
@@ -84,7 +84,7 @@ def test_a_skipped_check_says_why_and_is_no_pass() -> None:
                               gate=compressed_gate("awq", "tiny", 10**6), answers=skipped,
                               figures=Figures.of(mean_kl=1e-6, same_top_pct=100.0, ppl_reference=9.0, ppl=9.0))
     assert judged.passed  # the gates decide; the skip is recorded beside them
-    report = {"validation": judged.model_dump(mode="json")}
+    report = parse_report({"validation": judged.model_dump(mode="json")})
     assert card_validation(report)["answers"]["skipped"] == refusal
     line = answer_lines(report)
     assert "20 bundled questions (`questions.txt`) were not asked" in line and refusal in line

@@ -9,7 +9,6 @@ card, without an edit to any other module: the proof that a format is one entry,
 
 from __future__ import annotations
 
-import json
 import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -26,9 +25,9 @@ from pipelines import __version__
 from pipelines.compose import build_and_register
 from pipelines.core.errors import ArtifactError
 from pipelines.core.execute import Executed, Step, StepList
-from pipelines.core.fsutil import atomic_output, sha256_file, write_text_atomic
+from pipelines.core.fsutil import atomic_output, sha256_file
 from pipelines.core.gates import gguf_gate
-from pipelines.core.report import Figures, Validation
+from pipelines.core.report import Figures, Validation, VariantReport
 from pipelines.core.settings import Settings
 from pipelines.core.steps import (
     BuildResult,
@@ -125,8 +124,8 @@ def _check(plan: ToyPlan, got: dict[str, Any]) -> VariantOutcome:
             gate=gguf_gate("q8_0", "tiny"),
             failures=None if same else ["the copy differs from the source"],
         )
-        report = {"key": key, "variant": TOY, "validation": judged.model_dump(mode="json")}
-        write_text_atomic(plan.report_path, json.dumps(report, indent=2, sort_keys=True) + "\n")
+        report = VariantReport(key=key, variant=TOY, validation=judged)  # a new format writes the common fields
+        report.write(plan.report_path)
     return VariantOutcome(TOY, made.path, made.receipt["tree_sha256"], made.receipt["size"], report, cached)
 
 

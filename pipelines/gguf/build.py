@@ -24,7 +24,7 @@ from pipelines.core.fsutil import clean_partials, disk_full_located
 from pipelines.core.gates import Gate, gguf_gate, ladder_conflicts
 from pipelines.core.ggufheader import inspect_gguf, read_gguf_header
 from pipelines.core.preflight import BlockFallback, Weight, gguf_fallback, observed_fallback, source_weights
-from pipelines.core.report import REPORT_VERSION, Validation
+from pipelines.core.report import REPORT_VERSION
 from pipelines.core.settings import Settings
 from pipelines.core.steps import (
     BuildResult,
@@ -489,7 +489,7 @@ def ensure_validated(plan: GGUFPlan, q: str) -> VariantOutcome:
                 extra={"key": report_key, "sha256": qreceipt["sha256"], "source": plan.source, **texts,
                        "preflight": preflight},
                 answers=_answers(plan, q) if plan.spec.answers else None,
-            ).to_dict()
+            )
     outcome = VariantOutcome(q, qpath, qreceipt["sha256"], qreceipt["size"], report, cached)
     if outcome.passed and plan.spec.split_max_size:
         with disk_full_located(plan.settings):
@@ -621,8 +621,8 @@ def _say_validate(plan: GGUFPlan, q: str, _inputs: dict[str, Any]) -> str | None
 
 def _report_current(plan: GGUFPlan, outcome: VariantOutcome) -> bool:
     """A validated outcome stands while the report file beside the variant still holds its key and its verdict."""
-    report = load_report(plan.report_path(outcome.variant), outcome.report.get("key"))
-    return report is not None and report.get("validation") == outcome.report.get("validation")
+    report = load_report(plan.report_path(outcome.variant), outcome.report.key)
+    return report is not None and report.validation == outcome.report.validation
 
 
 def finish_gguf(plan: GGUFPlan, listed: StepList, done: Executed, progress: Callable[[str], None]) -> BuildResult:
@@ -662,7 +662,7 @@ def _ladder_conflicts(variants: dict[str, VariantOutcome]) -> list[str]:
     """gates.ladder_conflicts over the measured verdicts of one build."""
     verdicts = {}
     for q, outcome in variants.items():
-        judged = Validation.of_report(outcome.report)
+        judged = outcome.report.validation
         if judged is not None and judged.figures is not None:
             verdicts[q] = (judged.figures, judged.passed)
     return ladder_conflicts(verdicts)

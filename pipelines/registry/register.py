@@ -434,7 +434,7 @@ def _files_in_place(settings: Settings, c: Candidate, files: tuple[ArtifactFile,
 
 
 def _validation(c: Candidate) -> Validation:
-    return Validation(**verdict(c.report), smoke=c.report.get("smoke"), report_sha256=c.report_sha256)
+    return Validation(**verdict(c.report), smoke=c.report.smoke, report_sha256=c.report_sha256)
 
 
 def _manifest(c: Candidate, tracked: Tracked, *, pushed: bool, plans: Serving | None = None) -> Manifest:
