@@ -41,7 +41,7 @@ from pipelines.core.steps import BuildResult, VariantError, keep_failure, varian
 from pipelines.publish.oci import RegistryRef
 from pipelines.registry import dvcrepo, signing
 from pipelines.registry import register as reg
-from pipelines.registry.formats import format_of, implementation, split_by_format
+from pipelines.registry.formats import ArtifactFormat, format_of, implementation, split_by_format
 from pipelines.registry.images import Published
 from pipelines.registry.names import NAMES, Format, owner
 from pipelines.source.catalog import COMPRESSED_VARIANTS, CatalogEntry, load_catalog
@@ -120,7 +120,7 @@ def convert(model: str, variants: list[str] | None = None, revision: str | None 
             except Exception as err:
                 if not variant_scoped(err):
                     raise
-                lines, result = [], _all_failed(entry.name, asked, err)  # type: ignore[arg-type]
+                lines, result = [], _all_failed(entry.name, asked, err)
             header += lines
             results.append(result)
             if result.plan is not None:
@@ -185,15 +185,16 @@ def split_variants(entry: CatalogEntry, variants: list[str] | None) -> dict[Form
 
 
 def _build(
-    fmt: Any, entry: CatalogEntry, settings: Settings, asked: list[str], revision: str | None
+    fmt: ArtifactFormat, entry: CatalogEntry, settings: Settings, asked: list[str], revision: str | None
 ) -> tuple[list[str], BuildResult]:
     """One format's build as the CLI runs it (its plan, its step list, its summary file), each step a task."""
     log = get_run_logger()
+    hooks = fmt.stepwise()  # a format without them fails its variants here, before its plan task
     plan = _cached(plan_source, _source_current, fmt.name, entry, settings, revision, asked)
-    listed = fmt.steps(plan, progress=log.warning, asked=asked, gpu_slot=gpu_slot)
+    listed = hooks.steps(plan, progress=log.warning, asked=asked, gpu_slot=gpu_slot)
     done = execute(ray_batches(listed.steps, settings), prefect_runner(plan.settings), progress=log.info,
                    errors=listed.errors)
-    result = fmt.finish(plan, listed, done, log.warning)
+    result = hooks.finish(plan, listed, done, log.warning)
     return fmt.header(result), result
 
 

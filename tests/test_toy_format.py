@@ -9,6 +9,7 @@ card, without an edit to any other module: the proof that a format is one entry,
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -240,6 +241,18 @@ def toy() -> Iterator[ArtifactFormat]:
 def test_nothing_in_pipelines_or_flows_names_the_toy_format() -> None:
     named = [p for d in ("pipelines", "flows") for p in (ROOT / d).rglob("*.py") if '"toy"' in p.read_text()]
     assert named == []
+
+
+def test_a_format_without_step_hooks_fails_its_variants_with_a_hint(toy: ArtifactFormat) -> None:
+    """The flow builds every format step by step: one that declares no plan hook is a ModelmintError (the flow keeps
+    it as each variant's `error:` line and builds the other formats), not a TypeError that ends the run."""
+    from pipelines.core.errors import ConfigError
+    from pipelines.core.steps import variant_scoped
+
+    assert toy.stepwise().plan is _plan
+    with pytest.raises(ConfigError, match="declares no plan hook") as refused:
+        dataclasses.replace(toy, plan=None).stepwise()
+    assert variant_scoped(refused.value) and "modelmint toy" in (refused.value.hint or "")
 
 
 def _registered(repo: Repo, settings: Settings) -> Manifest:

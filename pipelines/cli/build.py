@@ -180,12 +180,12 @@ def _build_command(
     """convert and compress: build, validate and (with --register) register one format's variants, then say
     what became of each (pipelines.compose, the same composition for every format)."""
     from pipelines.compose import build_and_register
-    from pipelines.registry.formats import FORMATS
+    from pipelines.registry.formats import implementation
     from pipelines.source.catalog import load_catalog
 
     settings = load_settings()
     entry = load_catalog(settings.catalog_path).get(name)
-    fmt = FORMATS[format_name]  # type: ignore[index]
+    fmt = implementation(format_name)
     run = build_and_register(
         fmt,
         entry,

@@ -639,7 +639,7 @@ def _validate_isolated(plan: CompressPlan, names: list[str], errors: dict[str, V
         if not variant_scoped(err):
             raise
         if len(names) == 1:
-            errors[names[0]] = VariantError.of(names[0], "validate", err)  # type: ignore[arg-type]
+            errors[names[0]] = VariantError.of(names[0], "validate", err)
             return {}
     outcomes: dict[str, VariantOutcome] = {}
     for v in names:

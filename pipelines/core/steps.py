@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeGuard
 
 from pipelines.core.errors import DiskFullError, ModelmintError, ToolchainMissing, ToolError
 from pipelines.core.fsutil import sha256_file, write_text_atomic
@@ -179,7 +179,7 @@ class VariantError:
                 "transient": self.transient, "cause": self.cause}
 
 
-def variant_scoped(err: BaseException) -> bool:
+def variant_scoped(err: BaseException) -> TypeGuard[ModelmintError]:
     """Whether an error belongs to one variant (the run goes on with the others) rather than to the machine.
 
     A full disk or a missing toolchain stops every variant alike: those end the run at once.
@@ -192,7 +192,7 @@ def keep_failure(errors: dict[str, VariantError], variant: str, stage: str, err:
     is not the variant's own (see variant_scoped) is raised again instead."""
     if not variant_scoped(err):
         raise err
-    errors[variant] = VariantError.of(variant, stage, err)  # type: ignore[arg-type]
+    errors[variant] = VariantError.of(variant, stage, err)
     return errors[variant]
 
 
