@@ -528,13 +528,14 @@ def _forced_family(name: str, jinja: str, force: bool, warnings: list[str]) -> C
 
 def _maybe_prove(jinja: str, go_template: str, fam: ChatFamily, tokens: TemplateTokens, settings: Settings,
                  verify: bool | None, warnings: list[str], *, force: bool = False) -> TemplateProof | None:
-    from pipelines.chat.gotemplate import GoMissing, find_go, source_hash
+    from pipelines.chat.gotemplate import GORENDER
+    from pipelines.core.gobuild import GoMissing, find_go
 
     if verify is False:
         warnings.append("TEMPLATE not proven against the chat template (verification was turned off)")
         return None
     if verify is None:
-        built = (settings.toolchains_dir / f"gorender-{source_hash()}" / "gorender").is_file()
+        built = GORENDER.binary_path(settings).is_file()
         try:
             built = built or bool(find_go())
         except GoMissing:
