@@ -221,16 +221,14 @@ def main() -> None:
     res["validate_parts"] = {k: round(v, 3) for k, v in clock.spent.items()}
     res["validate_calls"] = clock.calls
     res["passed"] = {q: o.passed for q, o in outcomes.items()}
-    res["identical_pct"] = {
-        q: (o.report.get("validation", {}).get("answers") or {}).get("identical_pct")
-        for q, o in outcomes.items()
-    }
+    judged = {q: o.report.validation for q, o in outcomes.items()}
     res["answers"] = {
-        q: {k: a.get(k) for k in ("questions", "identical_pct", "similar_pct", "stopped_pct", "source_stopped_pct")}
-        for q, o in outcomes.items()
-        if (a := o.report.get("validation", {}).get("answers"))
+        q: {k: v.answers.get(k) for k in ("questions", "identical_pct", "similar_pct", "stopped_pct",
+                                          "source_stopped_pct")}
+        for q, v in judged.items()
+        if v is not None and v.answers
     }
-    res["kld"] = {q: o.report.get("kld", {}).get("mean_kld") for q, o in outcomes.items()}
+    res["kld"] = {q: v.figures.mean_kl if v and v.figures else None for q, v in judged.items()}
     res["build"] = round(res["convert"] + res["quantize"], 3)
     res["build_cpu"] = round(res["convert_cpu"] + res["quantize_cpu"], 3)
 

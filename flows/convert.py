@@ -32,16 +32,16 @@ from flows.site import site_lines
 from flows.slots import ensure_limit, model_limit, slot
 from flows.steps import prefect_runner, ray_batches
 from flows.tasks import gpu_slot, plan_source, publish, push_image, register
+from pipelines.compose import Cell, RunReport, run_report
 from pipelines.core.errors import ConfigError, ModelmintError, VariantsFailed
 from pipelines.core.execute import execute
 from pipelines.core.fsutil import HashCache
-from pipelines.core.report import Validation
 from pipelines.core.settings import Settings
-from pipelines.core.steps import BuildResult, VariantError, VariantOutcome, keep_failure, variant_scoped
+from pipelines.core.steps import BuildResult, VariantError, keep_failure, variant_scoped
 from pipelines.publish.oci import RegistryRef
 from pipelines.registry import dvcrepo, signing
 from pipelines.registry import register as reg
-from pipelines.registry.formats import format_of, implementation, split_by_format
+from pipelines.registry.formats import ArtifactFormat, format_of, implementation, split_by_format
 from pipelines.registry.images import Published
 from pipelines.registry.names import NAMES, Format, owner
 from pipelines.source.catalog import COMPRESSED_VARIANTS, CatalogEntry, load_catalog
@@ -120,7 +120,7 @@ def convert(model: str, variants: list[str] | None = None, revision: str | None 
             except Exception as err:
                 if not variant_scoped(err):
                     raise
-                lines, result = [], _all_failed(entry.name, asked, err)  # type: ignore[arg-type]
+                lines, result = [], _all_failed(entry.name, asked, err)
             header += lines
             results.append(result)
             if result.plan is not None:
@@ -133,10 +133,11 @@ def convert(model: str, variants: list[str] | None = None, revision: str | None 
         # leaves it registered and the others are still pushed.
         published, publish_errors = _push_images(settings, oci, registrations) if oci else ({}, {})
         register_errors.update(publish_errors)
-        refs = {v: r.manifest.ref for v, r in registrations.items()}
-        status = [row for r in results for row in r.rows(refs, register_errors)]
-        outcomes = {v: o for r in results for v, o in r.variants.items()}
-        summary = _publish_artifacts(entry.name, header, outcomes, registrations, status, published)
+        report = run_report(
+            entry.name, results, {v: r.manifest.ref for v, r in registrations.items()}, register_errors,
+            header=header, dvc_paths={v: r.manifest.dvc.path for v, r in registrations.items()},
+            published={v: (p.images, p.digest) for v, p in published.items()})
+        summary = _publish_artifacts(report, registrations, published)
     causes: dict[str, str] = {}
     advice: dict[str, str] = {}
     for r in results:
@@ -144,7 +145,7 @@ def convert(model: str, variants: list[str] | None = None, revision: str | None 
             causes.update(failure.causes)
             advice.update(failure.advice)
     if causes:
-        raise VariantsFailed([row["variant"] for row in status], causes, advice)
+        raise VariantsFailed([line.variant for line in report.lines], causes, advice)
     return summary
 
 
@@ -184,15 +185,16 @@ def split_variants(entry: CatalogEntry, variants: list[str] | None) -> dict[Form
 
 
 def _build(
-    fmt: Any, entry: CatalogEntry, settings: Settings, asked: list[str], revision: str | None
+    fmt: ArtifactFormat, entry: CatalogEntry, settings: Settings, asked: list[str], revision: str | None
 ) -> tuple[list[str], BuildResult]:
     """One format's build as the CLI runs it (its plan, its step list, its summary file), each step a task."""
     log = get_run_logger()
+    hooks = fmt.stepwise()  # a format without them fails its variants here, before its plan task
     plan = _cached(plan_source, _source_current, fmt.name, entry, settings, revision, asked)
-    listed = fmt.steps(plan, progress=log.warning, asked=asked, gpu_slot=gpu_slot)
+    listed = hooks.steps(plan, progress=log.warning, asked=asked, gpu_slot=gpu_slot)
     done = execute(ray_batches(listed.steps, settings), prefect_runner(plan.settings), progress=log.info,
                    errors=listed.errors)
-    result = fmt.finish(plan, listed, done, log.warning)
+    result = hooks.finish(plan, listed, done, log.warning)
     return fmt.header(result), result
 
 
@@ -250,58 +252,39 @@ def artifact_key(*parts: str) -> str:
     return re.sub(r"-+", "-", re.sub(r"[^a-z0-9-]", "-", "-".join(parts).lower())).strip("-")
 
 
-def _mib(n: int) -> str:
-    return f"{n / (1 << 20):,.1f} MiB"
-
-
-def _publish_artifacts(
-    name: str, header: list[str], outcomes: dict[str, VariantOutcome], registrations: dict[str, reg.Registration],
-    status: list[dict[str, str]], published: dict[str, Published],
-) -> dict[str, Any]:
-    rows = []
-    for st in status:
-        v = st["variant"]
-        o = outcomes.get(v)
-        figures = _figures(o.report if o else {})
-        done = registrations.get(v)
-        rows.append({
-            "variant": v,
-            "format": format_of(v).name,
-            "built": st["built"],
-            "validated": st["validated"],
-            "size_mib": round(o.size_bytes / (1 << 20), 2) if o else None,
-            **figures,
-            "gate": ("pass" if o.passed else "FAIL: " + "; ".join(o.failures)) if o else "-",
-            "registered": done.manifest.ref if done else "",
-            "cause": st["cause"],
-            "sha256": o.digest if o else "",
-            "dvc_path": done.manifest.dvc.path if done else "",
-            "published": published[v].images if v in published else [],
-            "image_digest": published[v].digest if v in published else "",
-        })
-    lines = [f"# {name}: convert", "", *header, "",
-             "| variant | built | size | mean KL (max) | same top % (min) | ΔPPL % (max) | gate | registered | cause of failure |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-    for r in rows:
-        size = f"{r['size_mib']:,.1f} MiB" if r["size_mib"] is not None else "-"
-        gate = "✅ pass" if r["gate"] == "pass" else ("-" if r["gate"] == "-" else "❌ " + r["gate"])
-        lines.append(
-            f"| {r['variant']} | {r['built']} | {size} | {_num(r['mean_kl'], 5)} ({r['max_mean_kl']}) | "
-            f"{_num(r['same_top_pct'], 2)} ({r['min_same_top_pct']}) | {_num(r['dppl_pct'], 2)} ({r['max_dppl_pct']}) | "
-            f"{gate} | {r['registered'] and '`' + r['registered'] + '`'} | {r['cause'].replace('|', '/')} |"
-        )
+def _publish_artifacts(report: RunReport, registrations: dict[str, reg.Registration],
+                       published: dict[str, Published]) -> dict[str, Any]:
+    """The run report as the run's Markdown artifact (its table: RunReport.table, the one the CLI prints) and as a
+    table artifact of data rows; returns the flow's result."""
+    columns, cells = report.table()
+    lines = [f"# {report.name}: convert", "", *report.header, "",
+             "| " + " | ".join(columns) + " |", "|" + " --- |" * len(columns)]
+    lines += ["| " + " | ".join(_markdown(c) for c in row) + " |" for row in cells]
     lines += ["", "Registered variants are in the DVC remote; `modelmint pull NAME:TAG` fetches one and checks it."]
     lines += _published_lines(published)
     lines += site_lines([r.manifest.ref for r in registrations.values()])
-    create_markdown_artifact("\n".join(lines), key=artifact_key("convert", name), description=f"convert {name}")
-    create_table_artifact(rows, key=artifact_key("convert", name, "variants"), description=f"variants of {name}")
+    rows = [line.data() for line in report.lines]
+    create_markdown_artifact("\n".join(lines), key=artifact_key("convert", report.name),
+                             description=f"convert {report.name}")
+    create_table_artifact(rows, key=artifact_key("convert", report.name, "variants"),
+                          description=f"variants of {report.name}")
     return {
-        "model": name,
+        "model": report.name,
         "registered": [r.manifest.ref for r in registrations.values()],
         "published": {p.manifest.ref: p.images for p in published.values()},
-        "failed": [r["variant"] for r in rows if r["cause"]],
+        "failed": report.failed,
         "variants": rows,
     }
+
+
+def _markdown(cell: Cell) -> str:
+    """A run report cell in a Markdown table: a ref as code, a verdict with its sign."""
+    text = cell.text.replace("|", "/")
+    if cell.code and text:
+        return f"`{text}`"
+    if cell.tone == "ok" and text:
+        return "✅ " + text
+    return "❌ " + text if cell.tone == "bad" and text else text
 
 
 def _published_lines(published: dict[str, Published]) -> list[str]:
@@ -312,23 +295,6 @@ def _published_lines(published: dict[str, Published]) -> list[str]:
         lines.append(f"- `{p.manifest.ref}` → {', '.join(f'`{i}`' for i in p.images)} ({p.digest}; "
                      f"{len(p.uploaded)} blob(s) uploaded, {len(p.tagged)} tag(s) written): `{pull}`")
     return lines
-
-
-def _figures(report: dict[str, Any]) -> dict[str, Any]:
-    """The table's figure columns, from the report's validation block (the same for every format)."""
-    judged = Validation.of_report(report)
-    if judged is None:
-        return dict.fromkeys(("mean_kl", "max_mean_kl", "same_top_pct", "min_same_top_pct", "dppl_pct", "max_dppl_pct"))
-    f, gate = judged.figures, judged.gate
-    return {
-        "mean_kl": f and f.mean_kl, "max_mean_kl": gate.get("max_mean_kl"),
-        "same_top_pct": f and f.same_top_pct, "min_same_top_pct": gate.get("min_same_top_pct"),
-        "dppl_pct": f and f.dppl_pct, "max_dppl_pct": gate.get("max_dppl_pct"),
-    }
-
-
-def _num(v: Any, digits: int) -> str:
-    return f"{v:.{digits}f}" if isinstance(v, int | float) else "-"
 
 
 # ---------------------------------------------------------------- every catalog model: `convert/all`

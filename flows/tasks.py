@@ -91,7 +91,7 @@ _CACHED: dict[str, Any] = {"persist_result": True}
 def plan_source(format: str, entry: CatalogEntry, settings: Settings, revision: str | None,
                 variants: list[str] | None) -> Any:
     """Fetch the source and plan one format's build (its plan hook); the plan is this task's cached result."""
-    plan = implementation(format).plan(entry, settings, variants=variants, revision=revision)  # type: ignore[misc]
+    plan = implementation(format).stepwise().plan(entry, settings, variants=variants, revision=revision)
     # The plan is stored as this task's cached result: keep the token and registry credentials out of it.
     return dataclasses.replace(plan, settings=plan.settings.without_secrets())
 

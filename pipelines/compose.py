@@ -10,14 +10,15 @@ faster way to the same answer (a cached task whose output is gone is run again).
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from pipelines.core.errors import ModelmintError
+from pipelines.core.report import CompressedReport, Figures
 from pipelines.core.settings import Settings
-from pipelines.core.steps import BuildResult, VariantError
-from pipelines.registry.formats import ArtifactFormat
+from pipelines.core.steps import BuildResult, VariantError, VariantOutcome
+from pipelines.registry.formats import ArtifactFormat, format_of
 from pipelines.source.catalog import CatalogEntry
 
 
@@ -35,6 +36,171 @@ class Run:
 
     def failure(self) -> ModelmintError | None:
         return self.result.failure(self.register_errors)
+
+    def report(self, name: str) -> RunReport:
+        """This run as the one run report the CLI prints."""
+        return run_report(name, [self.result], self.registered, self.register_errors)
+
+
+# ---------------------------------------------------------------- the run report: what became of every variant
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One cell of the run report's table: its text, whether it is good or bad news, and whether it is a name to
+    copy (a registry ref). A renderer decides how each looks (rich markup on the CLI, Markdown in the flow)."""
+
+    text: str
+    tone: Literal["ok", "bad"] | None = None
+    code: bool = False
+
+
+@dataclass(frozen=True)
+class VariantLine:
+    """What became of one variant asked for in a run: built, measured and judged (its outcome), registered,
+    published, and the cause of its failure."""
+
+    variant: str
+    built: str
+    """yes, refused (pre-flight), failed, or - (never reached)."""
+    validated: str
+    """pass, FAIL (measured and failed its gate), error (its validation failed), or -."""
+    registration: str
+    """Its registry ref, failed, - (not registered), or not asked."""
+    cause: str
+    outcome: VariantOutcome | None = None
+    ref: str = ""
+    """The registry ref it was registered as ("" when it was not)."""
+    dvc_path: str = ""
+    published: tuple[str, ...] = ()
+    image_digest: str = ""
+
+    @property
+    def format(self) -> str:
+        return format_of(self.variant).name
+
+    @property
+    def figures(self) -> Figures | None:
+        judged = self.outcome.report.validation if self.outcome else None
+        return judged.figures if judged else None
+
+    @property
+    def gate(self) -> Mapping[str, Any]:
+        judged = self.outcome.report.validation if self.outcome else None
+        return judged.gate if judged else {}
+
+    @property
+    def verdict(self) -> str:
+        o = self.outcome
+        return ("pass" if o.passed else "FAIL: " + "; ".join(o.failures)) if o else "-"
+
+    @property
+    def scheme(self) -> str | None:
+        """A compressed-tensors variant's scheme and the group size it was built with (None for other formats)."""
+        report = self.outcome.report if self.outcome else None
+        if not isinstance(report, CompressedReport):
+            return None
+        gs = (report.preflight or {}).get("group_size")
+        return (report.scheme or "?") + (f" g{gs}" if gs else "")
+
+    @property
+    def serve(self) -> str | None:
+        """How its smoke serve went (None: none ran)."""
+        s = self.outcome.serving if self.outcome else None
+        if s is None:
+            return None
+        return "skipped" if s.get("skipped") else ("ok" if s.get("ok") else "FAIL")
+
+    def data(self) -> dict[str, Any]:
+        """The line as data: the flow's table artifact row (tests/golden/gguf/flow-table.json)."""
+        o, f, gate = self.outcome, self.figures, self.gate
+        return {
+            "variant": self.variant,
+            "format": self.format,
+            "built": self.built,
+            "validated": self.validated,
+            "size_mib": round(o.size_bytes / (1 << 20), 2) if o else None,
+            "mean_kl": f.mean_kl if f else None, "max_mean_kl": gate.get("max_mean_kl"),
+            "same_top_pct": f.same_top_pct if f else None, "min_same_top_pct": gate.get("min_same_top_pct"),
+            "dppl_pct": f.dppl_pct if f else None, "max_dppl_pct": gate.get("max_dppl_pct"),
+            "gate": self.verdict,
+            "registered": self.ref,
+            "cause": self.cause,
+            "sha256": o.digest if o else "",
+            "dvc_path": self.dvc_path,
+            "published": list(self.published),
+            "image_digest": self.image_digest,
+        }
+
+
+def _num(v: float | None, digits: int, sign: str = "") -> str:
+    return f"{v:{sign}.{digits}f}" if v is not None else "-"
+
+
+def _limit(v: Any) -> str:
+    return f" ({v:g})" if isinstance(v, int | float) else ""
+
+
+@dataclass(frozen=True)
+class RunReport:
+    """One run of one catalog model, every format: the lines above the table (the source, the toolchains), and one
+    line per variant asked for. `table` is the one table the CLI and the flow's artifact show."""
+
+    name: str
+    lines: tuple[VariantLine, ...]
+    header: tuple[str, ...] = ()
+
+    def table(self) -> tuple[list[str], list[list[Cell]]]:
+        """The columns and rows every renderer shows: a scheme column and a serve column only where a variant has
+        one; each figure with its gate's limit beside it."""
+        schemes = any(line.scheme for line in self.lines)
+        served = any(line.serve for line in self.lines)
+        columns = ["variant", *(["scheme"] if schemes else []), "built", "size", "mean KL (max)",
+                   "same top % (min)", "ΔPPL % (max)", *(["serve"] if served else []), "gate", "registered",
+                   "cause of failure"]
+        rows = []
+        for line in self.lines:
+            o, f, gate = line.outcome, line.figures, line.gate
+            serve = line.serve
+            rows.append([
+                Cell(line.variant),
+                *([Cell(line.scheme or "-")] if schemes else []),
+                Cell(line.built, "bad" if line.built in ("refused", "failed") else None),
+                Cell(f"{o.size_bytes / (1 << 20):,.1f} MiB" if o else "-"),
+                Cell(_num(f.mean_kl if f else None, 5) + _limit(gate.get("max_mean_kl"))),
+                Cell(_num(f.same_top_pct if f else None, 2) + _limit(gate.get("min_same_top_pct"))),
+                Cell(_num(f.dppl_pct if f else None, 2, "+") + _limit(gate.get("max_dppl_pct"))),
+                *([Cell(serve or "-", "bad" if serve == "FAIL" else None)] if served else []),
+                Cell(line.verdict, None if o is None else "ok" if o.passed else "bad"),
+                Cell(line.registration, "bad" if line.registration == "failed" else None, code=bool(line.ref)),
+                Cell(line.cause, "bad" if line.cause else "ok"),
+            ])
+        return columns, rows
+
+    @property
+    def failed(self) -> list[str]:
+        return [line.variant for line in self.lines if line.cause]
+
+
+def run_report(
+    name: str, results: list[BuildResult], registered: dict[str, str] | None,
+    register_errors: dict[str, VariantError] | None = None, *, header: list[str] | None = None,
+    dvc_paths: Mapping[str, str] | None = None, published: Mapping[str, tuple[list[str], str]] | None = None,
+) -> RunReport:
+    """The run report of `results` (one per format built): `registered` maps variants to their refs (None:
+    registration was not asked for), `dvc_paths` to their DVC paths, `published` to their images and digest."""
+    dvc_paths, published = dvc_paths or {}, published or {}
+    lines = []
+    for result in results:
+        for row in result.rows(registered, register_errors):
+            v = row["variant"]
+            images, digest = published.get(v, ([], ""))
+            lines.append(VariantLine(
+                v, row["built"], row["validated"], row["registered"], row["cause"], result.variants.get(v),
+                ref=(registered or {}).get(v, ""), dvc_path=dvc_paths.get(v, ""), published=tuple(images),
+                image_digest=digest,
+            ))
+    return RunReport(name, tuple(lines), tuple(header or ()))
 
 
 def register_passed(

@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 import yaml
 
+from pipelines.core.report import parse_report
 from pipelines.core.settings import Settings, project_root
 from pipelines.registry import dvcgen
 from pipelines.source.catalog import COMPRESSED_VARIANTS, GGUF_QUANT_TYPES, load_catalog
@@ -219,7 +220,7 @@ def candidate(
         parent=ParentRef(artifact=f"{name}:f16", file=f"{name}-f16.gguf", sha256="b" * 64, size=123),
         toolchain={"modelmint": "0.1.0", "llama.cpp": "0c1e570"},
         recipe={"format": "gguf", "quant": tag, "seed": seed},
-        report=report, report_sha256=sha256_file(report_path), source_dir=None,
+        report=parse_report(report), report_sha256=sha256_file(report_path), source_dir=None,
     )
 
 

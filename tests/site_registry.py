@@ -21,7 +21,7 @@ from registry_env import Repo, _qwen_template, isolate, make_repo
 
 from pipelines.core.fsutil import sha256_file
 from pipelines.core.gates import Gate
-from pipelines.core.report import Figures, Validation
+from pipelines.core.report import Figures, Validation, parse_report
 from pipelines.core.settings import Settings
 from pipelines.registry.manifest import ParentRef
 from pipelines.registry.register import Candidate, register
@@ -172,7 +172,7 @@ def candidate_for(
         entry=entry,
         tag=tag,
         source=source,
-        report=rep,
+        report=parse_report(rep),
         toolchain={"modelmint": "0.1.0", "llama.cpp": "0c1e570"},
         recipe={
             "format": "compressed-tensors" if compressed else "gguf",

@@ -25,7 +25,7 @@ from pipelines.core.answers import (
     questions_record,
 )
 from pipelines.core.errors import ArtifactError
-from pipelines.core.report import Figures, Validation, answer_lines, card_validation
+from pipelines.core.report import Figures, Validation, answer_lines, card_validation, parse_report
 from pipelines.core.settings import Settings, project_root
 from pipelines.core.toolchains import llama_cpp
 from pipelines.gguf.answers import answer_questions, prompting
@@ -97,10 +97,10 @@ def test_answers_travel_in_the_validation_block_and_the_card() -> None:
                               figures=Figures.of(mean_kl=1e-5, same_top_pct=100.0, ppl_reference=9.0, ppl=9.0),
                               answers=answers)
     assert not judged.passed and judged.failures == answers.failures
-    report = {"validation": judged.model_dump(mode="json")}
+    report = parse_report({"validation": judged.model_dump(mode="json")})
     assert card_validation(report)["answers"]["stopped_pct"] == 0.0
     assert "0 % ended on a stop token" in answer_lines(report)
-    assert answer_lines({"validation": {**report["validation"], "answers": None}}) == ""
+    assert answer_lines(report.with_validation(judged.model_copy(update={"answers": None}))) == ""
 
 
 def test_a_probe_says_so_in_the_card() -> None:
@@ -111,8 +111,10 @@ def test_a_probe_says_so_in_the_card() -> None:
     judged = Validation.judge(format="gguf", reference="m-f16.gguf", evaluation={}, gate=gguf_gate("q8_0", "tiny"),
                               figures=Figures.of(mean_kl=1e-5, same_top_pct=100.0, ppl_reference=9.0, ppl=9.0),
                               answers=answers)
-    line = answer_lines({"validation": judged.model_dump(mode="json")})
+    report = parse_report({"validation": judged.model_dump(mode="json")})
+    line = answer_lines(report)
     assert "Asked 2 of the 20 bundled questions (`questions.txt`)" in line and "75 % of them" in line
+    assert card_validation(report)["answers"]["probe"]["of"] == 20
     assert Answers.model_validate(judged.model_dump(mode="json")["answers"]) == answers  # reads back
 
 
@@ -126,7 +128,7 @@ def test_a_skipped_check_says_why_and_is_no_pass() -> None:
                               gate=compressed_gate("awq", "tiny", 10**6), answers=skipped,
                               figures=Figures.of(mean_kl=1e-6, same_top_pct=100.0, ppl_reference=9.0, ppl=9.0))
     assert judged.passed  # the gates decide; the skip is recorded beside them
-    report = {"validation": judged.model_dump(mode="json")}
+    report = parse_report({"validation": judged.model_dump(mode="json")})
     assert card_validation(report)["answers"]["skipped"] == refusal
     line = answer_lines(report)
     assert "20 bundled questions (`questions.txt`) were not asked" in line and refusal in line

@@ -10,6 +10,7 @@ import yaml
 
 from pipelines.compressed.build import compressed_texts, recipe_for
 from pipelines.core.errors import ConfigError
+from pipelines.core.report import CompressedReport, parse_report
 from pipelines.core.settings import project_root
 from pipelines.core.texts import EVAL_TEXT, TextRef, check_apart, text_ref
 from pipelines.gguf.build import gguf_texts
@@ -104,7 +105,7 @@ def test_a_compressed_model_card_names_both_texts_by_sha256() -> None:
         "evaluation": {**evaluation.describe(ctx=256, chunks=8), "wall_s": 12.5},
     }  # fmt: skip
     config = VllmServeConfig.model_validate({"served-model-name": "m-w4a16-awq", "max-model-len": 2048})
-    card = model_card(config, report, None)
+    card = model_card(config, CompressedReport.read_as(parse_report(report)), None)
     front = yaml.safe_load(card.split("---\n")[1])["modelmint"]
     assert front["calibration"] == {"text": "train.txt", "sha256": train.sha256, "samples": 16, "max_seq_length": 256}
     assert front["evaluation"] == {"text": EVAL_TEXT, "sha256": evaluation.sha256, "ctx": 256, "chunks": 8}

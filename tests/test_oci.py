@@ -43,6 +43,7 @@ from pipelines.core.errors import (
     TagConflict,
 )
 from pipelines.core.fsutil import sha256_file
+from pipelines.core.report import parse_report
 from pipelines.core.settings import Settings
 from pipelines.publish import modelpack, ollama_image
 from pipelines.publish.oci import MODELMINT_MANIFEST, Blob, OciClient, RegistryRef, is_carried_manifest
@@ -102,7 +103,7 @@ def _checkpoint(settings: Settings, out: Path) -> Candidate:
         sha256=sha256_file(files[0]), size_bytes=files[0].stat().st_size,
         source={"kind": "generated", "repo": None, "revision": None, "content_sha256": "a" * 64}, parent=None,
         toolchain={"modelmint": "0.1.0", "llmcompressor": "0.14.0.1"},
-        recipe={"format": "compressed-tensors", "recipe": {"scheme": "FP8_DYNAMIC"}}, report=report,
+        recipe={"format": "compressed-tensors", "recipe": {"scheme": "FP8_DYNAMIC"}}, report=parse_report(report),
         report_sha256=sha256_file(out.parent / "fp8.report.json"), root=out,
     )
 

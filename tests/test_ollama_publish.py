@@ -17,6 +17,7 @@ from pipelines.chat.families import UnsupportedChatTemplate
 from pipelines.chat.modelfile import Modelfile, Parameter
 from pipelines.core.errors import ConfigError, UnsupportedModel
 from pipelines.core.gates import Gate
+from pipelines.core.report import parse_report
 from pipelines.core.settings import Settings
 from pipelines.core.toolchains import llama_cpp
 from pipelines.publish.ollama import (
@@ -110,7 +111,7 @@ def _entry() -> CatalogEntry:
 def test_publish_writes_a_modelfile_and_a_model_card(tmp_path: Path, qwen_gguf: Path, llama_models: Path,
                                                       settings: Settings) -> None:
     src = _qwen_source(tmp_path, llama_models)
-    published = publish_ollama(qwen_gguf, src, REPORT, _entry(), qwen_gguf.parent, settings=settings)
+    published = publish_ollama(qwen_gguf, src, parse_report(REPORT), _entry(), qwen_gguf.parent, settings=settings)
     assert published.paths == [qwen_gguf.parent / "Modelfile", qwen_gguf.parent / "README.md"]
     assert not list(qwen_gguf.parent.glob("*.partial-*"))
 
@@ -346,7 +347,7 @@ def test_card_of_a_renderer_family_names_renderer_parser_and_requires(tmp_path: 
                        eos=0)
     entry = CatalogEntry.model_validate({"name": "glm", "license": "mit",
                                          "source": {"repo": "zai-org/GLM-4.7-Flash", "revision": "0" * 40}})
-    published = publish_ollama(gguf, None, REPORT, entry, tmp_path / "pub", settings=settings)
+    published = publish_ollama(gguf, None, parse_report(REPORT), entry, tmp_path / "pub", settings=settings)
     card = published.model_card.read_text(encoding="utf-8")
     front = yaml.safe_load(card.split("---\n")[1])
     assert front["modelmint"]["ollama_builtin"] == {"renderer": "glm-4.7", "parser": "glm-4.7", "requires": "0.14.3"}

@@ -361,10 +361,10 @@ def _rebuilt_elsewhere(settings, c, where: Path, seconds: float):  # type: ignor
     for f in c.files:
         (where / f.name).write_bytes(f.read_bytes())
         files.append(where / f.name)
-    report = {**c.report, "path": str(files[0]), "reference": str(where / "tiny-qwen2-f16.gguf"),
-              "smoke": {**c.report["smoke"], "seconds": seconds, "prompt": "hello"}}
+    report = c.report.but(path=str(files[0]), reference=str(where / "tiny-qwen2-f16.gguf"),
+                          smoke={**(c.report.smoke or {}), "seconds": seconds, "prompt": "hello"})
     report_path = where / "report.json"
-    report_path.write_text(json.dumps(report, indent=2, sort_keys=True))
+    report.write(report_path)
     return dataclasses.replace(c, files=tuple(files), report=report, report_sha256=sha256_file(report_path))
 
 
@@ -400,7 +400,7 @@ def test_a_different_verdict_is_a_different_registration(repo: Repo, tmp_path: P
 
     settings = repo.settings()
     c = candidate(settings, tmp_path)
-    other = dataclasses.replace(c, report={**c.report, "validation": judged(0.02, 93.5, ppl=(10.1, 10.5))})
+    other = dataclasses.replace(c, report=c.report.but(validation=judged(0.02, 93.5, ppl=(10.1, 10.5))))
     assert other.key != c.key
     assert dataclasses.replace(c, toolchain={**c.toolchain, "llama.cpp": "other"}).key != c.key
     assert dataclasses.replace(c, source={**c.source, "content_sha256": "c" * 64}).key != c.key

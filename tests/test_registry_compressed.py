@@ -163,8 +163,8 @@ def test_a_variant_that_failed_its_gate_is_never_registered(isolated, tmp_path: 
     result = build_compressed(entry, settings, schemes=["fp8"])
     assert not result.tools_run  # found by its receipts
     good = result.variants["fp8"]
-    failed = dataclasses.replace(good, report={**good.report, "validation": {**good.report["validation"], "passed": False,
-                                                                         "failures": ["mean KL 0.9 > 0.02"]}})
+    failed = dataclasses.replace(good, report=good.report.with_validation(good.validation.model_copy(
+        update={"passed": False, "failures": ["mean KL 0.9 > 0.02"]})))
     with pytest.raises(GateFailed) as refused:
         candidate_from_compressed(result.plan, failed)
     # advice from what failed: fp8 is already the highest-bit scheme, so nothing higher is suggested

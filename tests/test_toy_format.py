@@ -9,7 +9,7 @@ card, without an edit to any other module: the proof that a format is one entry,
 
 from __future__ import annotations
 
-import json
+import dataclasses
 import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -26,9 +26,9 @@ from pipelines import __version__
 from pipelines.compose import build_and_register
 from pipelines.core.errors import ArtifactError
 from pipelines.core.execute import Executed, Step, StepList
-from pipelines.core.fsutil import atomic_output, sha256_file, write_text_atomic
+from pipelines.core.fsutil import atomic_output, sha256_file
 from pipelines.core.gates import gguf_gate
-from pipelines.core.report import Figures, Validation
+from pipelines.core.report import Figures, Validation, VariantReport
 from pipelines.core.settings import Settings
 from pipelines.core.steps import (
     BuildResult,
@@ -125,8 +125,8 @@ def _check(plan: ToyPlan, got: dict[str, Any]) -> VariantOutcome:
             gate=gguf_gate("q8_0", "tiny"),
             failures=None if same else ["the copy differs from the source"],
         )
-        report = {"key": key, "variant": TOY, "validation": judged.model_dump(mode="json")}
-        write_text_atomic(plan.report_path, json.dumps(report, indent=2, sort_keys=True) + "\n")
+        report = VariantReport(key=key, variant=TOY, validation=judged)  # a new format writes the common fields
+        report.write(plan.report_path)
     return VariantOutcome(TOY, made.path, made.receipt["tree_sha256"], made.receipt["size"], report, cached)
 
 
@@ -241,6 +241,18 @@ def toy() -> Iterator[ArtifactFormat]:
 def test_nothing_in_pipelines_or_flows_names_the_toy_format() -> None:
     named = [p for d in ("pipelines", "flows") for p in (ROOT / d).rglob("*.py") if '"toy"' in p.read_text()]
     assert named == []
+
+
+def test_a_format_without_step_hooks_fails_its_variants_with_a_hint(toy: ArtifactFormat) -> None:
+    """The flow builds every format step by step: one that declares no plan hook is a ModelmintError (the flow keeps
+    it as each variant's `error:` line and builds the other formats), not a TypeError that ends the run."""
+    from pipelines.core.errors import ConfigError
+    from pipelines.core.steps import variant_scoped
+
+    assert toy.stepwise().plan is _plan
+    with pytest.raises(ConfigError, match="declares no plan hook") as refused:
+        dataclasses.replace(toy, plan=None).stepwise()
+    assert variant_scoped(refused.value) and "modelmint toy" in (refused.value.hint or "")
 
 
 def _registered(repo: Repo, settings: Settings) -> Manifest:

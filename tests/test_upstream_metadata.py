@@ -203,10 +203,10 @@ def test_a_metadata_change_copies_the_compressed_checkpoint_without_llmcompresso
         if (source / name).is_file():
             assert (new / name).read_bytes() == (source / name).read_bytes() == hub_file(hub, commit, name), name
     assert json.loads((new / "generation_config.json").read_text())["temperature"] == 0.2
-    assert outcome.passed and outcome.report["carried_over"]["tree_sha256"] == first.digest
-    assert outcome.report["metrics"] == first.report["metrics"]
-    assert outcome.report["validation"]["reference"].endswith(commit[:12])
-    assert outcome.report["structure"] is not None  # the structure check ran on the new checkpoint
+    assert outcome.passed and outcome.report.carried_over["tree_sha256"] == first.digest
+    assert outcome.report.metrics == first.report.metrics
+    assert outcome.validation.reference.endswith(commit[:12])
+    assert outcome.report.structure is not None  # the structure check ran on the new checkpoint
 
 
 def hub_file(hub: HubServer, commit: str, name: str) -> bytes:

@@ -31,11 +31,12 @@ def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_the_summary_shows_every_variant_and_the_run_fails_at_the_end_with_each_cause(tmp_path: Path) -> None:
     from pipelines.core.errors import ShapeRefused, VariantsFailed
     from pipelines.core.gates import gguf_gate
+    from pipelines.core.report import parse_report
     from pipelines.core.steps import BuildResult, VariantError, VariantOutcome
 
     gate = gguf_gate("q8_0", "tiny")
     def outcome(q: str, kld: float) -> VariantOutcome:
-        report = {"validation": judged(kld, 99.9, gate=gate)}
+        report = parse_report({"validation": judged(kld, 99.9, gate=gate)})
         return VariantOutcome(q, tmp_path / f"{q}.gguf", "0" * 64, 1, report, cached=False)
 
     refused = ShapeRefused("q4_k_m", "rows of 40", layers=["a"], works=[], hint="no llama.cpp type takes rows of 40")
@@ -189,10 +190,10 @@ def test_k_quant_fallback_is_predicted_before_the_build_and_matches_llama_quanti
     assert result.preflight["q8_0"]["share"] == 0
     for q in ("q4_k_m", "q8_0"):
         # random weights may miss the gate: what matters here is that both were built and measured
-        pre = result.variants[q].report["preflight"]
+        pre = result.variants[q].report.preflight
         assert pre["matches"] is True, pre
         assert pre["observed"]["fallback_params"] == pre["fallback_params"]
-    observed = result.variants["q4_k_m"].report["preflight"]["observed"]
+    observed = result.variants["q4_k_m"].report.preflight["observed"]
     assert observed["log_fallback_tensors"] > 0 and any(t.endswith(":Q5_0") for t in observed["tensors"])
 
 

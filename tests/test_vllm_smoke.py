@@ -36,7 +36,7 @@ def served(tmp_path_factory: pytest.TempPathFactory):
 
 def test_fp8_dynamic_is_served_by_vllm_cpu(served) -> None:
     fp8 = served.variants["fp8"]
-    serving = fp8.report["serving"]
+    serving = fp8.serving
     print("fp8 serve:", json.dumps({k: serving.get(k) for k in ("startup_s", "request_s", "total_s", "kernel_build",
                                                                  "content")}))
     assert serving["ok"] is True, serving.get("server_log_tail") or serving
@@ -48,7 +48,7 @@ def test_fp8_dynamic_is_served_by_vllm_cpu(served) -> None:
 
 
 def test_awq_is_served_or_reported_as_missing_kernels(served) -> None:
-    serving = served.variants["awq"].report["serving"]
+    serving = served.variants["awq"].serving
     print("awq serve:", json.dumps({k: serving.get(k) for k in ("ok", "skipped", "kernel_build", "startup_s")}))
     if serving["kernel_build"] in CPU_KERNELS_MISSING["awq"]:
         assert serving["ok"] is None and "AVX2" in serving["skipped"]
@@ -61,4 +61,4 @@ def test_served_results_are_reused(served) -> None:
     settings = served.plan.settings
     again = build_compressed(served.plan.entry, settings, schemes=["fp8", "awq"], serve_smoke=True)
     assert again.tools_run == []
-    assert again.variants["fp8"].report["serving"]["cached"] is True
+    assert again.variants["fp8"].serving["cached"] is True

@@ -24,6 +24,7 @@ import yaml
 from registry_env import Repo, candidate, isolate, judged, make_repo, write_gguf
 
 from pipelines.core.fsutil import sha256_file
+from pipelines.core.report import parse_report
 from pipelines.core.settings import Settings
 from pipelines.core.toolchains import llama_cpp
 from pipelines.gguf.tools import split
@@ -66,7 +67,7 @@ def _sharded_checkpoint(settings: Settings, out: Path) -> Candidate:
         source={"kind": "generated", "repo": None, "revision": None, "content_sha256": "a" * 64}, parent=None,
         toolchain={"modelmint": "0.1.0", "llmcompressor": "0.14.0.1"},
         recipe={"format": "compressed-tensors", "recipe": {"scheme": "FP8_DYNAMIC", "variant": "fp8"}},
-        report=report, report_sha256=sha256_file(out.parent / "fp8.report.json"), root=out,
+        report=parse_report(report), report_sha256=sha256_file(out.parent / "fp8.report.json"), root=out,
     )
 
 
@@ -89,7 +90,7 @@ def _split_gguf(settings: Settings, out: Path) -> Candidate:
         parent=ParentRef(artifact="tiny-qwen2:f16", file="tiny-qwen2-f16.gguf", sha256="b" * 64, size=123),
         toolchain={"modelmint": "0.1.0", "llama.cpp": "0c1e570"},
         recipe={"format": "gguf", "quant": "q4_k_m", "split_max_size": "1M"},
-        report=report, report_sha256=sha256_file(out / "q4_k_m.report.json"), source_dir=None,
+        report=parse_report(report), report_sha256=sha256_file(out / "q4_k_m.report.json"), source_dir=None,
     )
 
 

@@ -77,6 +77,9 @@ _tc_cause() {
   elif grep -qiE 'Could not find a version that satisfies|No matching distribution|Failed to establish a new connection|Network is unreachable|Temporary failure in name resolution|Read timed out|ConnectionError|Connection refused|ProxyError|HTTP error 5[0-9][0-9]' "$log"; then
     echo "pip could not get a package from the index (network or index down, or the pinned version is not" \
       "served there); check the connection and pip's index settings (pip config list)"
+  elif grep -qE 'Could not get lock|Unable to acquire the dpkg frontend lock' "$log"; then
+    echo "another package manager (apt-get, dpkg, unattended-upgrades) held its lock (\`pgrep -af 'apt|dpkg'\`" \
+      "names it); rerun when it is done"
   else
     echo "see the last lines of the log below"
   fi
@@ -173,12 +176,34 @@ tc_require() {
     exit 1
   fi
   mkdir -p "$TC_LOGS"
-  local log="$TC_LOGS/apt.log"
+  local log="$TC_LOGS/apt.log" lock="$TC_HOME/apt.lock"
+  # apt-get does not wait for dpkg's lock: two setups at once (the README's and the tests', or two checkouts) made
+  # the second fail with "Could not get lock". Setups take turns on one lock (fd 8; tc_lock holds fd 9), look again
+  # for what the other one may have installed meanwhile, and wait out anyone else's dpkg (DPkg::Lock::Timeout).
+  exec 8>"$lock"
+  if ! flock -n 8; then
+    echo "  waiting for another setup's apt-get (lock $lock) …"
+    flock -w "${TC_LOCK_WAIT_S:-7200}" 8 || {
+      echo "error: another setup has held $lock for over ${TC_LOCK_WAIT_S:-7200} s" >&2
+      echo "  → if no setup is running (\`pgrep -af 'apt-get|setup-'\`), rerun: $TC_RERUN" >&2
+      exit 1
+    }
+  fi
+  missing=()
+  for c in "${cmds[@]}"; do command -v "$c" >/dev/null 2>&1 || missing+=("$c"); done
+  if ((${#missing[@]} == 0)); then
+    exec 8>&-
+    return 0
+  fi
   echo "  installing ${pkgs[*]} with apt-get (log: $log)"
-  if ! { apt-get update -q && apt-get install -y -q --no-install-recommends "${pkgs[@]}"; } >"$log" 2>&1; then
+  local wait=(-o DPkg::Lock::Timeout=600)
+  if ! { apt-get "${wait[@]}" update -q &&
+    DEBIAN_FRONTEND=noninteractive apt-get "${wait[@]}" install -y -q --no-install-recommends "${pkgs[@]}"; } \
+    >"$log" 2>&1; then
     echo "error: apt-get could not install ${pkgs[*]}: $(_tc_cause "$log")" >&2
     echo "  log: $log" >&2
     echo "  → install them by hand, then rerun: $TC_RERUN" >&2
     exit 1
   fi
+  exec 8>&-
 }

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Install a Go compiler (Debian's golang-go) for the Ollama template renderer in pipelines/gorender/.
-# Idempotent: does nothing when `go` is already on PATH. The renderer itself is built on first use, into
-# $MODELMINT_HOME/toolchains/gorender-<hash of its sources>/, by pipelines/chat/gotemplate.py. `--check` checks it.
+# Install a Go compiler (Debian's golang-go) for the Ollama template renderer in pipelines/gorender/ (and the
+# tests' blob client in tests/goblob/). Idempotent: does nothing when `go` is already on PATH. Each program is
+# built on first use, into $MODELMINT_HOME/toolchains/NAME-<hash of its sources>/, by pipelines/core/gobuild.py.
+# `--check` checks it.
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source=lib.sh

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
-import shutil
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -13,91 +10,26 @@ from pathlib import Path
 from typing import Any
 
 from pipelines import PACKAGE
-from pipelines.core.errors import ModelmintError, ToolchainMissing, ToolError
-from pipelines.core.fsutil import atomic_output
+from pipelines.core.errors import ModelmintError, ToolError
+from pipelines.core.gobuild import GoProgram
 from pipelines.core.runner import run
 from pipelines.core.settings import Settings
 
-GORENDER_SOURCE = PACKAGE / "gorender"
-_SOURCES = ("go.mod", "main.go")
-# Debian's golang-go puts `go` on PATH; its versioned directory is the fallback for PATH-less shells.
-_GO_FALLBACKS = ("/usr/lib/go/bin/go", "/usr/local/go/bin/go")
-
-
-class GoMissing(ToolchainMissing):
-    def __init__(self) -> None:
-        super().__init__("a Go compiler (needed to build the template renderer)", os.environ.get("PATH", ""))
-        self.hint = "run `bash toolchains/setup-go.sh` (apt-get installs golang-go), or put Go >= 1.19 on PATH"
+GORENDER = GoProgram("gorender", PACKAGE / "gorender", "the template renderer")
 
 
 class TemplateRenderError(ModelmintError):
     """An Ollama TEMPLATE that Go's text/template rejects or fails to execute."""
 
 
-def find_go() -> Path:
-    """The Go compiler to build the renderer with.
-
-    Raises:
-        GoMissing: no `go` on PATH or in the usual install directories.
-    """
-    found = shutil.which("go")
-    if found:
-        return Path(found)
-    for candidate in _GO_FALLBACKS:
-        if os.access(candidate, os.X_OK):
-            return Path(candidate)
-    raise GoMissing()
-
-
-def source_hash() -> str:
-    h = hashlib.sha256()
-    for name in _SOURCES:
-        h.update(name.encode() + b"\0" + (GORENDER_SOURCE / name).read_bytes() + b"\0")
-    return h.hexdigest()[:16]
-
-
 def gorender_binary(settings: Settings) -> Path:
-    """The renderer built from the bundled source, compiled once per source hash outside the repo.
+    """The renderer built from the bundled source (pipelines/gorender/), compiled once per source hash.
 
     Raises:
         GoMissing: it is not built yet and there is no Go compiler.
         ToolError: `go build` failed.
     """
-    prefix = settings.toolchains_dir / f"gorender-{source_hash()}"
-    binary = prefix / "gorender"
-    if binary.is_file():
-        return binary
-    go = find_go()
-    with atomic_output(prefix) as tmp:
-        tmp.mkdir(parents=True)
-        work = tmp / "work"
-        # Build from a private copy so a read-only install (site-packages) is never written to.
-        shutil.copytree(GORENDER_SOURCE, work / "src", ignore=shutil.ignore_patterns("*.pyc", "__pycache__"))
-        run(
-            [go, "build", "-trimpath", "-o", tmp / "gorender", "."],
-            cwd=work / "src",
-            env={
-                "GOCACHE": str(work / "cache"),
-                "GOPATH": str(work / "gopath"),
-                "GOFLAGS": "-mod=mod",
-                "GOPROXY": "off",
-                "GOTOOLCHAIN": "local",
-                "CGO_ENABLED": "0",
-                "HOME": str(work),
-            },
-            timeout=600,
-            hint="the renderer uses only Go's standard library; check `go version` (>= 1.19)",
-        )
-        _chmod_tree_writable(work)
-        shutil.rmtree(work)
-        (tmp / "SOURCE_SHA256").write_text(source_hash() + "\n", encoding="utf-8")
-    return binary
-
-
-def _chmod_tree_writable(root: Path) -> None:
-    # Go's module cache is read-only on purpose; make it removable.
-    for dirpath, _dirs, _files in os.walk(root):
-        os.chmod(dirpath, 0o755)
+    return GORENDER.binary(settings)
 
 
 @dataclass(frozen=True)

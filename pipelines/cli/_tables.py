@@ -1,18 +1,14 @@
-"""Cells more than one command shows the same way: a variant's figures, a publication."""
+"""Cells more than one command shows the same way: a publication, the run report."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from rich.markup import escape
+from rich.table import Table
+
 if TYPE_CHECKING:
-    from pipelines.core.report import Figures
-
-
-def figure_cells(f: Figures | None) -> tuple[str, str, str]:
-    """Mean KL, same top % and ΔPPL % as every table of figures shows them ("-" where nothing was measured)."""
-    if f is None:
-        return "-", "-", "-"
-    return f"{f.mean_kl:.5f}", f"{f.same_top_pct:.2f}", f"{f.dppl_pct:+.2f}"
+    from pipelines.compose import Cell, RunReport
 
 
 def publication(entry: dict[str, Any]) -> str:
@@ -20,3 +16,19 @@ def publication(entry: dict[str, Any]) -> str:
     tags = [t for t in entry.get("tags") or [] if t != entry["image"].rpartition(":")[2]]
     digest = str(entry.get("digest", "")).removeprefix("sha256:")[:12]
     return entry["image"] + "".join(f" +:{t}" for t in tags) + (f" ({digest})" if digest else "")
+
+
+def _markup(cell: Cell) -> str:
+    text = escape(cell.text)
+    if cell.tone == "ok":
+        return f"[green]{text or 'ok'}[/green]"
+    return f"[red]{text}[/red]" if cell.tone == "bad" else text
+
+
+def rich_table(report: RunReport) -> Table:
+    """The run report's table (RunReport.table, the one the flow's artifact shows too) in rich markup."""
+    columns, rows = report.table()
+    table = Table(*columns, title=report.name)
+    for row in rows:
+        table.add_row(*(_markup(c) for c in row))
+    return table

@@ -23,11 +23,10 @@ from pipelines.cli._app import (
     out,
     size,
 )
-from pipelines.cli._tables import figure_cells
+from pipelines.cli._tables import rich_table
 
 if TYPE_CHECKING:
     from pipelines.compose import Run
-    from pipelines.core.steps import BuildResult
 
 
 @app.command("fetch")
@@ -181,12 +180,12 @@ def _build_command(
     """convert and compress: build, validate and (with --register) register one format's variants, then say
     what became of each (pipelines.compose, the same composition for every format)."""
     from pipelines.compose import build_and_register
-    from pipelines.registry.formats import FORMATS
+    from pipelines.registry.formats import implementation
     from pipelines.source.catalog import load_catalog
 
     settings = load_settings()
     entry = load_catalog(settings.catalog_path).get(name)
-    fmt = FORMATS[format_name]  # type: ignore[index]
+    fmt = implementation(format_name)
     run = build_and_register(
         fmt,
         entry,
@@ -199,66 +198,20 @@ def _build_command(
         **options,
     )
     result = run.result
-    if not as_json:
-        out.print(_variants_table(name, result))
-        if not result.tools_run and not result.errors:
-            err.print("[dim]nothing changed: every step was cached[/dim]")
     _finish(name, run, result.out_dir / result.plan.summary_name, as_json)
 
 
-def _variants_table(name: str, result: BuildResult) -> Table:
-    """One row per measured variant: size, figures, verdict, where it is; a scheme and a serve column where the
-    format has them."""
-    reports = [o.report for o in result.variants.values()]
-    schemes, served = any("scheme" in r for r in reports), any(r.get("serving") is not None for r in reports)
-    table = Table(
-        "variant",
-        *(["scheme"] if schemes else []),
-        "size",
-        "mean KL",
-        "same top %",
-        "ΔPPL %",
-        *(["serve"] if served else []),
-        "gate",
-        "output",
-        title=name,
-    )
-    for v, o in result.variants.items():
-        verdict = "[green]pass[/green]" if o.passed else "[red]FAIL[/red]: " + escape("; ".join(o.failures))
-        cells = [v]
-        if schemes:
-            gs = (o.report.get("preflight") or {}).get("group_size")
-            cells.append(o.report.get("scheme", "?") + (f" g{gs}" if gs else ""))
-        cells += [mib(o.size_bytes), *figure_cells(o.validation.figures)]
-        if served:
-            s = o.report.get("serving")
-            cells.append(
-                "-" if s is None else ("skipped" if s.get("skipped") else ("ok" if s.get("ok") else "FAIL"))
-            )
-        table.add_row(*cells, verdict, str(o.path))
-    return table
-
-
 def _finish(name: str, run: Run, summary_path: Path, as_json: bool) -> None:
-    """Print what became of every variant asked for (built, validated, registered, or the cause of its failure),
-    then end with the failures, if any: non-zero only after every other variant was finished."""
-    rows = run.rows()
+    """Print what became of every variant asked for (the run report: built, measured, judged, registered, or the
+    cause of its failure), then end with the failures, if any: non-zero only after every other variant was
+    finished."""
     if as_json:
-        out.print_json(json.dumps({**json.loads(summary_path.read_text()), "summary": rows}))
+        out.print_json(json.dumps({**json.loads(summary_path.read_text()), "summary": run.rows()}))
     else:
-        table = Table(
-            "variant", "built", "validated", "registered", "cause of failure", title=f"{name}: summary"
-        )
-        for r in rows:
-            ok = not r["cause"]
-            table.add_row(
-                r["variant"],
-                r["built"],
-                r["validated"],
-                r["registered"],
-                "[green]ok[/green]" if ok else "[red]" + escape(r["cause"]) + "[/red]",
-            )
-        out.print(table)
+        out.print(rich_table(run.report(name)))
+        if not run.result.tools_run and not run.result.errors:
+            err.print("[dim]nothing changed: every step was cached[/dim]")
+        err.print(f"[dim]outputs in {escape(str(run.result.out_dir))}[/dim]", highlight=False)
     failure = run.failure()
     if failure is not None:
         raise failure

@@ -62,7 +62,7 @@ def validate(
     done = measure_file(
         quant, reference, load_settings(), profile=profile, report_path=report, smoke=not no_smoke
     )
-    f = done.report.validation.figures
+    f = done.report.judged.figures
     assert f is not None, "a GGUF validation always measures"
     out.print(
         f"{quant.name} ({done.quant_type}) vs {reference.name}: mean KL {f.mean_kl:.5f}, "

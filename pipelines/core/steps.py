@@ -25,11 +25,11 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeGuard
 
 from pipelines.core.errors import DiskFullError, ModelmintError, ToolchainMissing, ToolError
 from pipelines.core.fsutil import sha256_file, write_text_atomic
-from pipelines.core.report import Validation
+from pipelines.core.report import Validation, VariantReport, read_report
 
 
 def content_key(*parts: Any) -> str:
@@ -112,13 +112,11 @@ def load_dir_receipt(d: Path, key: str) -> dict[str, Any] | None:
     return receipt
 
 
-def load_report(path: Path, key: str | None) -> dict[str, Any] | None:
-    """The validation report at `path` if it was made for `key` (any finished report when `key` is None)."""
-    try:
-        report = json.loads(path.read_text())
-    except (FileNotFoundError, ValueError):
-        return None
-    return report if key is None or report.get("key") == key else None
+def load_report(path: Path, key: str | None) -> VariantReport | None:
+    """The validation report at `path` (any version, read in today's shape) if it was made for `key` (any
+    finished report when `key` is None)."""
+    report = read_report(path)
+    return report if report is not None and (key is None or report.key == key) else None
 
 
 @dataclass(frozen=True)
@@ -181,7 +179,7 @@ class VariantError:
                 "transient": self.transient, "cause": self.cause}
 
 
-def variant_scoped(err: BaseException) -> bool:
+def variant_scoped(err: BaseException) -> TypeGuard[ModelmintError]:
     """Whether an error belongs to one variant (the run goes on with the others) rather than to the machine.
 
     A full disk or a missing toolchain stops every variant alike: those end the run at once.
@@ -194,27 +192,34 @@ def keep_failure(errors: dict[str, VariantError], variant: str, stage: str, err:
     is not the variant's own (see variant_scoped) is raised again instead."""
     if not variant_scoped(err):
         raise err
-    errors[variant] = VariantError.of(variant, stage, err)  # type: ignore[arg-type]
+    errors[variant] = VariantError.of(variant, stage, err)
     return errors[variant]
 
 
 @dataclass
 class VariantOutcome:
-    """A measured variant: where it is, its digest, and its validation report (with the verdict)."""
+    """A measured variant: where it is, its digest, and its validation report (with the verdict).
+
+    `report` is the report as its file has it, but for a verdict a later check changed in this run (a failed
+    serve); `serving` and `serve_config` are this run's, never written into the report file."""
 
     variant: str
     path: Path
     digest: str
     """The file's sha256 (GGUF), or the hash over every file's sha256 (a checkpoint directory)."""
     size_bytes: int
-    report: dict[str, Any]
+    report: VariantReport
     cached: bool
     shards: list[Path] = field(default_factory=list)
+    serving: dict[str, Any] | None = None
+    """The smoke serve's record (compressed-tensors with --serve), None when none ran."""
+    serve_config: Path | None = None
+    """The serve config written beside the variant (compressed-tensors)."""
 
     @property
     def validation(self) -> Validation:
         """The verdict and the figures it judged (the report's `validation` block)."""
-        return Validation.model_validate(self.report["validation"])
+        return self.report.judged
 
     @property
     def passed(self) -> bool:
@@ -338,7 +343,7 @@ def summary(
         "timings": result.timings,
         "variants": {
             n: {"path": str(v.path), "size_bytes": v.size_bytes, "passed": v.passed, "failures": v.failures,
-                "validation": v.report.get("validation"), "preflight": result.preflight.get(n), **per_variant(v)}
+                "validation": v.validation.model_dump(mode="json"), "preflight": result.preflight.get(n), **per_variant(v)}
             for n, v in result.variants.items()
         },
         "errors": {n: e.to_dict() for n, e in result.errors.items()},

@@ -5,11 +5,14 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from pipelines import PACKAGE
 from pipelines.core.errors import ConfigError
 from pipelines.core.fsutil import sha256_file
+
+if TYPE_CHECKING:
+    from pipelines.core.report import VariantReport
 
 DATA_DIR = PACKAGE / "data"
 CALIBRATION_TEXT = "train.txt"
@@ -78,10 +81,10 @@ def check_apart(calibration: TextRef, evaluation: TextRef) -> None:
         )
 
 
-def data_lines(report: dict[str, Any]) -> str:
+def data_lines(report: VariantReport) -> str:
     """What a variant was calibrated and measured on, for a model card (from its validation report)."""
     lines = []
-    cal = report.get("calibration")
+    cal = report.calibration
     if cal:
         if cal.get("text"):
             data = f"`{cal['text']}` (sha256 `{cal.get('sha256')}`)"
@@ -98,9 +101,9 @@ def data_lines(report: dict[str, Any]) -> str:
                          f"`{made.get('file')}`, sha256 `{made.get('sha256')}`) computed on {data}, {size}.")
         else:
             lines.append(f"Calibrated on {data}, {size}.")
-    elif "calibration" in report:
+    elif "calibration" in report.model_fields_set:
         lines.append("Quantized without calibration data.")
-    ev = report.get("evaluation")
+    ev = report.evaluation
     if ev:
         lines.append(f"Measured on the held-out `{ev.get('text')}` (sha256 `{ev.get('sha256')}`, {ev.get('chunks')} "
                      f"chunks of {ev.get('ctx')} tokens), never used for calibration.")

@@ -34,7 +34,7 @@ from pipelines.core.fsutil import clean_partials, disk_full_located
 from pipelines.core.gates import Gate, gguf_gate, ladder_conflicts
 from pipelines.core.ggufheader import inspect_gguf, read_gguf_header
 from pipelines.core.preflight import BlockFallback, Weight, gguf_fallback, observed_fallback, source_weights
-from pipelines.core.report import REPORT_VERSION, Validation
+from pipelines.core.report import REPORT_VERSION, GGUFReport
 from pipelines.core.settings import Settings
 from pipelines.core.steps import (
     BuildResult,
@@ -515,7 +515,7 @@ def ensure_validated(plan: GGUFPlan, q: str) -> VariantOutcome:
 
 
 def _measured(plan: GGUFPlan, q: str, qpath: Path, qreceipt: dict[str, Any], gate: Gate, report_path: Path,
-              texts: dict[str, Any], report_key: str, pool: ThreadPoolExecutor) -> dict[str, Any]:
+              texts: dict[str, Any], report_key: str, pool: ThreadPoolExecutor) -> GGUFReport:
     """Variant `q` measured and judged: its answers (in `pool`: llama-server, one thread) while llama-perplexity
     (one thread) computes the reference logits, if they are not kept yet, and the variant's KL divergence. The two
     are separate single-threaded processes, so on two cores they run side by side without meeting at a barrier."""
@@ -535,7 +535,7 @@ def _measured(plan: GGUFPlan, q: str, qpath: Path, qreceipt: dict[str, Any], gat
             extra={"key": report_key, "sha256": qreceipt["sha256"], "source": plan.source, **texts,
                    "preflight": preflight},
             answers=answers,
-        ).to_dict()
+        )
 
 
 # ---------------------------------------------------------------- the composition the CLI runs
@@ -662,8 +662,8 @@ def _say_validate(plan: GGUFPlan, q: str, _inputs: dict[str, Any]) -> str | None
 
 def _report_current(plan: GGUFPlan, outcome: VariantOutcome) -> bool:
     """A validated outcome stands while the report file beside the variant still holds its key and its verdict."""
-    report = load_report(plan.report_path(outcome.variant), outcome.report.get("key"))
-    return report is not None and report.get("validation") == outcome.report.get("validation")
+    report = load_report(plan.report_path(outcome.variant), outcome.report.key)
+    return report is not None and report.validation == outcome.report.validation
 
 
 def finish_gguf(plan: GGUFPlan, listed: StepList, done: Executed, progress: Callable[[str], None]) -> BuildResult:
@@ -703,7 +703,7 @@ def _ladder_conflicts(variants: dict[str, VariantOutcome]) -> list[str]:
     """gates.ladder_conflicts over the measured verdicts of one build."""
     verdicts = {}
     for q, outcome in variants.items():
-        judged = Validation.of_report(outcome.report)
+        judged = outcome.report.validation
         if judged is not None and judged.figures is not None:
             verdicts[q] = (judged.figures, judged.passed)
     return ladder_conflicts(verdicts)

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipelines.core.errors import ConfigError, GateFailed
+from pipelines.core.report import GGUFReport
 from pipelines.core.settings import Settings
-from pipelines.gguf.validate import VariantReport
 
 PROFILES = ("reference", "tiny")
 """The gate profiles a standalone check may apply (pipelines/core/gates.py)."""
@@ -19,18 +19,18 @@ class Measured:
     """A quant's figures against its reference, its gate's verdict, and where the JSON report went."""
 
     quant_type: str
-    report: VariantReport
+    report: GGUFReport
     report_path: Path
 
     def failure(self) -> GateFailed | None:
         """The gate's refusal with its figures, the report and the advice for the type; None when it passed."""
         from pipelines.core.report import advice_for_report
 
-        val = self.report.validation
+        val = self.report.judged
         if val.passed:
             return None
         return GateFailed(self.quant_type, val.failures, str(self.report_path),
-                          advice=advice_for_report(self.quant_type, self.report.to_dict()))
+                          advice=advice_for_report(self.quant_type, self.report))
 
 
 def measure_file(quant: Path, reference: Path, settings: Settings, *, profile: str = "reference",

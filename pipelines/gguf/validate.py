@@ -2,21 +2,20 @@
 
 from __future__ import annotations
 
-import json
 import re
 import time
 from concurrent.futures import Future
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from pipelines.chat import jinja as chat_template
 from pipelines.core.answers import Answers
 from pipelines.core.errors import ArtifactError, ToolStoppedShort
-from pipelines.core.fsutil import atomic_output, write_text_atomic
+from pipelines.core.fsutil import atomic_output
 from pipelines.core.gates import Gate, chance_failure
 from pipelines.core.ggufheader import GGUFInfo, read_gguf_header
-from pipelines.core.report import Figures, Validation, perplexity_positions
+from pipelines.core.report import Figures, GGUFReport, Validation, perplexity_positions
 from pipelines.core.runner import run
 from pipelines.core.toolchains import LlamaCpp
 
@@ -61,33 +60,6 @@ class SmokeResult:
     tokens_generated: int
     stopped_on_eos: bool
     seconds: float
-
-
-@dataclass
-class VariantReport:
-    """One JSON report per variant: what was measured, against what, and the verdict (`validation`)."""
-
-    variant: str
-    path: str
-    reference: str
-    gguf: dict[str, Any]
-    smoke: dict[str, Any] | None
-    kld: dict[str, Any]
-    """llama-perplexity's own figures, as it printed them."""
-    validation: Validation
-    toolchain: dict[str, str]
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def passed(self) -> bool:
-        return self.validation.passed
-
-    def to_dict(self) -> dict[str, Any]:
-        d = {k: v for k, v in asdict(self).items() if k not in ("validation", "extra")}
-        return {**d, "validation": self.validation.model_dump(mode="json"), **self.extra}
-
-    def write(self, path: Path) -> None:
-        write_text_atomic(path, json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n")
 
 
 def check_threads(threads: int) -> int:
@@ -308,19 +280,20 @@ def validate_variant(
     smoke: bool = True,
     extra: dict[str, Any] | None = None,
     answers: Answers | Future[Answers] | None = None,
-) -> VariantReport:
+) -> GGUFReport:
     """Measure `quant` against the reference logits, apply `gate`, and write the JSON report.
 
-    `evaluation` names the held-out text the reference logits were computed on (name, sha256, ctx, chunks).
-    `answers` may still be coming (a Future): the KL divergence is measured meanwhile, and its error, if any, is
-    raised after the answers are in (the caller's pool waits for them either way).
+    `evaluation` names the held-out text the reference logits were computed on (name, sha256, ctx, chunks);
+    `extra` holds the report's other fields (key, sha256, source, calibration, evaluation, preflight). `answers`
+    may still be coming (a Future): the KL divergence is measured meanwhile, and its error, if any, is raised after
+    the answers are in (the caller's pool waits for them either way).
     """
     smoke_result = smoke_generate(quant, quant_info, llama, threads=threads) if smoke else None
     stats = kl_divergence(quant, base_logits, llama, threads=threads, ctx=ctx)
     if isinstance(answers, Future):
         answers = answers.result()
     broken = chance_failure(stats.figures().ppl_reference, _vocab(reference))
-    report = VariantReport(
+    report = GGUFReport(
         variant=variant,
         path=str(quant),
         reference=str(reference),
@@ -331,7 +304,7 @@ def validate_variant(
                                     figures=stats.figures(), gate=gate, answers=answers,
                                     failures=[broken] if broken else None),
         toolchain=llama.versions(),
-        extra=extra or {},
+        **(extra or {}),
     )
     report.write(report_path)
     return report

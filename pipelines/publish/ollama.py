@@ -24,7 +24,14 @@ from pipelines.chat.modelfile import Message, Modelfile, Parameter
 from pipelines.chat.renderers import check_ollama_version, required_version
 from pipelines.core.errors import ArtifactError, ConfigError, UnsupportedModel
 from pipelines.core.fsutil import HashCache, write_text_atomic
-from pipelines.core.report import answer_lines, card_front, card_validation
+from pipelines.core.report import (
+    GGUFReport,
+    VariantReport,
+    answer_lines,
+    card_front,
+    card_validation,
+    read_report,
+)
 from pipelines.core.runner import run
 from pipelines.core.settings import Settings
 from pipelines.core.texts import data_lines
@@ -521,13 +528,14 @@ def _forced_family(name: str, jinja: str, force: bool, warnings: list[str]) -> C
 
 def _maybe_prove(jinja: str, go_template: str, fam: ChatFamily, tokens: TemplateTokens, settings: Settings,
                  verify: bool | None, warnings: list[str], *, force: bool = False) -> TemplateProof | None:
-    from pipelines.chat.gotemplate import GoMissing, find_go, source_hash
+    from pipelines.chat.gotemplate import GORENDER
+    from pipelines.core.gobuild import GoMissing, find_go
 
     if verify is False:
         warnings.append("TEMPLATE not proven against the chat template (verification was turned off)")
         return None
     if verify is None:
-        built = (settings.toolchains_dir / f"gorender-{source_hash()}" / "gorender").is_file()
+        built = GORENDER.binary_path(settings).is_file()
         try:
             built = built or bool(find_go())
         except GoMissing:
@@ -560,22 +568,23 @@ class PublishedFiles:
         return [self.modelfile, self.model_card]
 
 
-def _report_dict(report: dict[str, Any] | Path | None, gguf: Path) -> dict[str, Any]:
-    if isinstance(report, dict):
-        return report
+def _report_of(report: VariantReport | Path | None, gguf: Path) -> GGUFReport:
+    """The GGUF's report: the one given, or read from its file (`<gguf>.report.json` when None; a missing default
+    file is an empty report)."""
+    if isinstance(report, VariantReport):
+        return GGUFReport.read_as(report)
     path = Path(report) if report is not None else gguf.with_suffix(".report.json")
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (FileNotFoundError, ValueError):
+    read = read_report(path)
+    if read is None:
         if report is not None:
-            raise ArtifactError(f"cannot read the validation report {path}") from None
-        return {}
-    return data if isinstance(data, dict) else {}
+            raise ArtifactError(f"cannot read the validation report {path}")
+        return GGUFReport(variant="", validation=None)
+    return GGUFReport.read_as(read)
 
 
-def _source_of(source: Any, report: dict[str, Any]) -> Path | None:
+def _source_of(source: Any, report: GGUFReport) -> Path | None:
     if source is None:
-        path = (report.get("source") or {}).get("path")
+        path = (report.source or {}).get("path")
         return Path(path) if path and Path(path).is_dir() else None
     return Path(getattr(source, "path", source))
 
@@ -583,7 +592,7 @@ def _source_of(source: Any, report: dict[str, Any]) -> Path | None:
 def publish_ollama(
     gguf_path: Path,
     source: Any,
-    report: dict[str, Any] | Path | None,
+    report: VariantReport | Path | None,
     entry: Any,
     out_dir: Path | None = None,
     *,
@@ -595,7 +604,7 @@ def publish_ollama(
     """Write the Modelfile and the model card for a validated GGUF into `out_dir` (default: beside it).
 
     `source` is the model directory or a fetch.SourceSnapshot (None: the one the report names);
-    `report` is the variant's validation report (a dict or its JSON path; None: `<gguf>.report.json`);
+    `report` is the variant's validation report (or its JSON path; None: `<gguf>.report.json`);
     `entry` is its catalog entry. Both files are written atomically; FROM is relative to `out_dir`.
 
     Raises:
@@ -604,7 +613,7 @@ def publish_ollama(
     settings = settings or Settings.from_env()
     gguf_path = Path(gguf_path)
     out_dir = Path(out_dir) if out_dir is not None else gguf_path.parent
-    rep = _report_dict(report, gguf_path)
+    rep = _report_of(report, gguf_path)
     src_dir = _source_of(source, rep)
     built = build_modelfile(gguf_path, src_dir, settings=settings, out_dir=out_dir, system=system,
                             family=getattr(entry, "chat_family", None) if _family_known(entry) else None)
@@ -628,17 +637,17 @@ def _fallback_summary(preflight: dict[str, Any]) -> dict[str, Any]:
             "observed_share": observed.get("share"), "fallback_tensors": preflight.get("fallback_tensors")}
 
 
-def model_card(gguf: Path, built: OllamaModelfile, report: dict[str, Any], entry: Any, settings: Settings) -> str:
+def model_card(gguf: Path, built: OllamaModelfile, report: GGUFReport, entry: Any, settings: Settings) -> str:
     """README.md with Hugging Face front matter (base_model, quantization, license, validation figures)."""
     import yaml
 
-    source = report.get("source") or {}
+    source = report.source or {}
     repo = source.get("repo") or getattr(getattr(entry, "source", None), "repo", None)
     revision = source.get("revision") or getattr(getattr(entry, "source", None), "revision", None)
-    qtype = (report.get("variant") or (report.get("gguf") or {}).get("file_type") or "").lower() or None
+    qtype = (report.variant or (report.gguf or {}).get("file_type") or "").lower() or None
     name = getattr(entry, "name", None) or gguf.stem
     licence = getattr(entry, "license", None)
-    sha = report.get("sha256") or HashCache(settings.home / "hashcache.json").sha256(gguf)
+    sha = report.sha256 or HashCache(settings.home / "hashcache.json").sha256(gguf)
     shards = [(p.name, p.stat().st_size) for p in gguf_shards(gguf)]
     validation = card_validation(report)
     front = card_front(repo, licence, "gguf")
@@ -687,11 +696,11 @@ llama-server -m {gguf.name} --jinja -c {built.num_ctx}
 {answer_lines(report)}"""
 
 
-def _card_provenance(gguf: Path, built: OllamaModelfile, report: dict[str, Any], *, sha: str, repo: str | None,
+def _card_provenance(gguf: Path, built: OllamaModelfile, report: GGUFReport, *, sha: str, repo: str | None,
                      revision: str | None, shards: list[tuple[str, int]]) -> dict[str, Any]:
     """The card's `modelmint` front-matter block: the file (size_bytes: its own; weights_bytes: every shard of
     its split, when it is one), its source and toolchain, the chat template and its proof, how Ollama serves it."""
-    source = report.get("source") or {}
+    source = report.source or {}
     return {
         "version": __version__,
         "file": gguf.name,
@@ -701,9 +710,9 @@ def _card_provenance(gguf: Path, built: OllamaModelfile, report: dict[str, Any],
         **({"shards": [name for name, _ in shards]} if len(shards) > 1 else {}),
         "source": {k: v for k, v in (("repo", repo), ("revision", revision), ("kind", source.get("kind")),
                                      ("origin", source.get("origin"))) if v},
-        "toolchain": report.get("toolchain") or {},
-        "calibration": report.get("calibration"),
-        "evaluation": report.get("evaluation"),
+        "toolchain": report.toolchain or {},
+        "calibration": report.calibration,
+        "evaluation": report.evaluation,
         "chat_family": built.family,
         "template_origin": built.template_origin,
         "template_proof": asdict(built.proof) if built.proof else None,
@@ -717,7 +726,7 @@ def _card_provenance(gguf: Path, built: OllamaModelfile, report: dict[str, Any],
            if built.modelfile.renderer or built.modelfile.parser else {}),
         "stop": list(built.stops),
         "num_ctx": built.num_ctx,
-        **({"block_fallback": _fallback_summary(report["preflight"])} if report.get("preflight") else {}),
+        **({"block_fallback": _fallback_summary(report.preflight)} if report.preflight else {}),
     }
 
 

@@ -10,7 +10,7 @@ import yaml
 from pipelines.compressed.serve import SERVE_CONFIG_FILE, VllmServeConfig, serve_config_for
 from pipelines.core.errors import ConfigError
 from pipelines.core.fsutil import write_text_atomic
-from pipelines.core.report import answer_lines, card_front, card_validation
+from pipelines.core.report import CompressedReport, answer_lines, card_front, card_validation
 from pipelines.core.texts import EVAL_RECORD, data_lines
 from pipelines.core.weights import is_weight_file, weights_line
 from pipelines.source.wheelsource import origin_lines
@@ -23,7 +23,7 @@ def serve_command(model_dir: Path | str) -> list[str]:
     return ["vllm", "serve", str(model_dir), "--config", f"{model_dir}/{SERVE_CONFIG_FILE}"]
 
 
-def publish_vllm(checkpoint: Path, out_dir: Path, report: dict[str, Any], entry: Any, served_name: str) -> list[Path]:
+def publish_vllm(checkpoint: Path, out_dir: Path, report: CompressedReport, entry: Any, served_name: str) -> list[Path]:
     """Write the portable vLLM serve config and the model card of a validated checkpoint into `out_dir`.
 
     `checkpoint` is the compressed-tensors directory (its config.json sizes the context). Raises
@@ -40,18 +40,18 @@ def publish_vllm(checkpoint: Path, out_dir: Path, report: dict[str, Any], entry:
     return [serve_path, card_path]
 
 
-def model_card(config: VllmServeConfig, report: dict[str, Any], entry: Any,
+def model_card(config: VllmServeConfig, report: CompressedReport, entry: Any,
                weights: list[tuple[str, int]] | None = None) -> str:
     """README.md with Hugging Face front matter for a compressed-tensors checkpoint served by vLLM; `weights`: its
     safetensors files' names and sizes (their total is the card's `weights_bytes`; None: not stated)."""
     from pipelines import __version__
 
-    source = report.get("source") or {}
+    source = report.source or {}
     repo, revision = source.get("repo"), source.get("revision")
-    variant, scheme = report.get("variant"), report.get("scheme")
-    modifiers = (report.get("recipe") or {}).get("modifiers") or []
+    variant, scheme = report.variant, report.scheme
+    modifiers = (report.recipe or {}).get("modifiers") or []
     ignore = sorted({i for m in modifiers for i in (m.get("ignore") or [])})
-    group = report.get("preflight") or {}
+    group = report.preflight or {}
     grouping = ""
     if group.get("group_size"):
         grouping = f" Weights are quantized in groups of {group['group_size']}" + (
@@ -64,19 +64,19 @@ def model_card(config: VllmServeConfig, report: dict[str, Any], entry: Any,
         "pipeline_tag": "text-generation",
         "tags": [t for t in ("compressed-tensors", "vllm", "modelmint", variant, (scheme or "").lower()) if t],
         "model_name": getattr(entry, "name", None),
-        "quantization": {"format": report.get("format"), "scheme": scheme, "ignore": ignore,
+        "quantization": {"format": report.format, "scheme": scheme, "ignore": ignore,
                          **({"group_size": group["group_size"]} if group.get("group_size") else {})},
         "validation": validation,
         "modelmint": {
             "version": __version__,
             "source": {k: v for k, v in source.items() if k in ("kind", "repo", "revision", "content_sha256", "origin")
                        and v},
-            "tree_sha256": report.get("tree_sha256"),
+            "tree_sha256": report.tree_sha256,
             **({"weights_bytes": sum(size for _, size in weights)} if weights else {}),
             **({"shards": [name for name, _ in weights]} if weights and len(weights) > 1 else {}),
-            "toolchain": report.get("toolchain") or {},
-            "calibration": report.get("calibration"),
-            "evaluation": {k: v for k, v in (report.get("evaluation") or {}).items() if k in EVAL_RECORD} or None,
+            "toolchain": report.toolchain or {},
+            "calibration": report.calibration,
+            "evaluation": {k: v for k, v in (report.evaluation or {}).items() if k in EVAL_RECORD} or None,
         },
     })
     head = yaml.safe_dump(front, sort_keys=False, allow_unicode=True, width=100)

@@ -10,7 +10,7 @@ from typing import Any
 
 from pipelines.core.errors import ArtifactError
 from pipelines.core.fsutil import HashCache
-from pipelines.core.report import Validation as Judged
+from pipelines.core.report import VariantReport
 from pipelines.core.steps import content_key
 from pipelines.registry.manifest import ParentRef
 from pipelines.registry.names import Format, artifact_relpath, format_name, stage_name
@@ -33,7 +33,8 @@ class Candidate:
     parent: ParentRef | None
     toolchain: dict[str, str]
     recipe: dict[str, Any]
-    report: dict[str, Any]
+    report: VariantReport
+    """The validation report as its file has it (what `report_sha256` names)."""
     report_sha256: str
     source_dir: Path | None = None
     """The source model directory (its tokenizer and generation config feed the Modelfile)."""
@@ -93,9 +94,9 @@ class ValidatedOutputChanged(ArtifactError, FileNotFoundError):
         super().__init__(message, hint=f"rerun `{rerun}` to build and validate it again, then register")
 
 
-def verdict(report: dict[str, Any]) -> dict[str, Any]:
+def verdict(report: VariantReport) -> dict[str, Any]:
     """What a validation report decided and on which figures (its validation block: no timings, no paths)."""
-    judged = Judged.of_report(report)
+    judged = report.validation
     if judged is None:
         raise ValidatedOutputChanged(
             "the validation report predates its validation block", rerun="modelmint convert"

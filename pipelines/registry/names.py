@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from pipelines.core.vocab import COMPRESSED_SCHEMES, GGUF_QUANT_TYPES, STAGES
 from pipelines.core.vocab import artifact_relpath as artifact_relpath
@@ -42,6 +43,9 @@ class FormatName:
     """The module implementing it (pipelines/registry/formats/<x>.py); imported when a hook is first asked for."""
     fallback: bool = False
     """The format of a tag no other format owns (GGUF: what a tag was before compressed-tensors existed)."""
+    built_from: Callable[[dict[str, Any], str], Any] = lambda variants, tag: variants.get(tag)
+    """(a catalog entry's `variants` block as data, a tag) → the part of it that tag's bytes depend on (by default
+    the block named by the tag), which registration compares with the catalog as it is when it records the build."""
 
     def rebuild_command(self, name: str, tag: str) -> str:
         """The command that builds, validates and registers (uploads) this variant again on a machine."""
@@ -89,6 +93,13 @@ def _gguf_variants(entry: CatalogEntry) -> list[str]:
     return [q.lower() for q in spec.quants] if spec else []
 
 
+def _gguf_built_from(variants: dict[str, Any], tag: str) -> Any:
+    """One block holds every GGUF type: a type's bytes depend on all of it but the list of types (`--variants`
+    narrows that list, and a type is made the same whichever others are built beside it)."""
+    block = variants.get("gguf")
+    return {**block, "quants": None} if block and tag in (block.get("quants") or []) else variants.get(tag)
+
+
 declare(
     FormatName(
         name="gguf",
@@ -100,6 +111,7 @@ declare(
         pins="toolchains/llama-cpp.env",
         module="pipelines.registry.formats.gguf",
         fallback=True,
+        built_from=_gguf_built_from,
     )
 )
 declare(

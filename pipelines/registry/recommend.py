@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from dataclasses import dataclass, field
 from typing import Any
 
 from pipelines.core.errors import ArtifactError, ConfigError, NotRegistered, RegistryError
 from pipelines.core.gpus import NodeGroup, cluster_label, cluster_of
-from pipelines.core.report import Figures
-from pipelines.core.report import Validation as Judged
+from pipelines.core.report import Figures, read_report
 from pipelines.core.settings import Settings
 from pipelines.core.vocab import COMPRESSED_SCHEMES, GGUF_TYPES
 from pipelines.publish import planner
@@ -209,16 +207,11 @@ def failed_builds(settings: Settings, name: str, registered: set[str]) -> list[F
     base = settings.work_dir / name
     reports = sorted(base.glob("*/*.report.json")) if base.is_dir() else []
     for path in reports:
-        try:
-            report = json.loads(path.read_text(encoding="utf-8"))
-            judged = Judged.of_report(report) if isinstance(report, dict) else None
-        except (ValueError, UnicodeDecodeError):
-            continue  # not a report modelmint wrote: nothing to show
-        if judged is None or judged.passed:
+        report = read_report(path)  # None: not a report modelmint wrote, nothing to show
+        judged = report.validation if report is not None else None
+        if report is None or judged is None or judged.passed:
             continue
-        tag = str(
-            report.get("variant") or path.name.removesuffix(".report.json").removeprefix(f"{name}-")
-        ).lower()
+        tag = (report.variant or path.name.removesuffix(".report.json").removeprefix(f"{name}-")).lower()
         if tag not in registered:
             out[tag] = Failed(tag, tuple(judged.failures), str(path))
     return sorted(out.values(), key=lambda f: f.tag)

@@ -338,12 +338,10 @@ def register(settings: Settings, c: Candidate, *, track_with_dvc: bool = True, p
 
 
 def _built_from(entry: CatalogEntry, tag: str) -> dict[str, Any]:
-    """What of a catalog entry one variant is built from: all but the other variants (and, for a GGUF type,
-    which types the entry lists: `--variants` narrows that list, and a type's bytes do not depend on it)."""
+    """What of a catalog entry one variant is built from: all but the other variants (the variant's own part of
+    the `variants` block is its format's to say: FormatName.built_from)."""
     data = entry.model_dump()
-    variants = data.pop("variants") or {}
-    gguf = variants.get("gguf")
-    data["variant"] = {**gguf, "quants": None} if gguf and tag in (gguf.get("quants") or []) else variants.get(tag)
+    data["variant"] = format_name(tag).built_from(data.pop("variants") or {}, tag)
     return data
 
 
@@ -434,7 +432,7 @@ def _files_in_place(settings: Settings, c: Candidate, files: tuple[ArtifactFile,
 
 
 def _validation(c: Candidate) -> Validation:
-    return Validation(**verdict(c.report), smoke=c.report.get("smoke"), report_sha256=c.report_sha256)
+    return Validation(**verdict(c.report), smoke=c.report.smoke, report_sha256=c.report_sha256)
 
 
 def _manifest(c: Candidate, tracked: Tracked, *, pushed: bool, plans: Serving | None = None) -> Manifest:

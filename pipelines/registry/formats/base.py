@@ -14,6 +14,7 @@ from importlib import import_module
 from pathlib import Path
 from typing import Any
 
+from pipelines.core.errors import ConfigError
 from pipelines.core.execute import Executed, StepList, execute, local_runner
 from pipelines.core.settings import Settings
 from pipelines.core.steps import BuildResult, VariantOutcome
@@ -67,12 +68,26 @@ class ArtifactFormat:
         or its plan, its step list run by the local executor, and its finish."""
         if self.build is not None:
             return self.build(entry, settings, variants=variants, revision=revision, progress=progress, **options)
-        if self.plan is None or self.steps is None or self.finish is None:
-            raise TypeError(f"format {self.name} declares neither build nor plan, steps and finish")
-        plan = self.plan(entry, settings, variants=variants, revision=revision)
-        listed = self.steps(plan, progress=progress, asked=variants, **options)
+        hooks = self.stepwise()
+        plan = hooks.plan(entry, settings, variants=variants, revision=revision)
+        listed = hooks.steps(plan, progress=progress, asked=variants, **options)
         done = execute(listed.steps, local_runner, progress=progress, errors=listed.errors)
-        return self.finish(plan, listed, done, progress)
+        return hooks.finish(plan, listed, done, progress)
+
+    def stepwise(self) -> Stepwise:
+        """Its plan, step list and finish hooks, which the flow (and `build_here` without a `build`) runs.
+
+        Raises:
+            ConfigError: the format declares no plan, steps or finish (it can only build through `build`); a
+                ModelmintError, so the flow fails its variants alone with an `error:` line.
+        """
+        if self.plan is None or self.steps is None or self.finish is None:
+            missing = [n for n in ("plan", "steps", "finish") if getattr(self, n) is None]
+            raise ConfigError(f"format {self.name} declares no {', '.join(missing)} hook: its variants cannot be "
+                              "built step by step (the flow builds every format that way)",
+                              hint=f"build them with `modelmint {self.command}`, or give the format its "
+                                   f"{', '.join(missing)} hook (pipelines/registry/formats/)")
+        return Stepwise(self.plan, self.steps, self.finish)
 
     @property
     def name(self) -> Format:
@@ -98,6 +113,15 @@ class ArtifactFormat:
 
     def rebuild_command(self, name: str, tag: str) -> str:
         return self.names.rebuild_command(name, tag)
+
+
+@dataclass(frozen=True)
+class Stepwise:
+    """A format's hooks for a build step by step: its plan, its step list, and its finish (ArtifactFormat)."""
+
+    plan: Callable[..., Any]
+    steps: Callable[..., StepList]
+    finish: Callable[[Any, StepList, Executed, Callable[[str], None]], BuildResult]
 
 
 IMPLEMENTED: dict[Format, ArtifactFormat] = {}

@@ -3,7 +3,6 @@ config and a model card, published as a CNCF ModelPack artifact. Registers itsel
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -17,10 +16,9 @@ from pipelines.compressed.build import (
 )
 from pipelines.core.errors import GateFailed
 from pipelines.core.fsutil import HashCache
-from pipelines.core.report import Validation as Judged
-from pipelines.core.report import advice_for_report
+from pipelines.core.report import CompressedReport, advice_for_report
 from pipelines.core.settings import Settings
-from pipelines.core.steps import BuildResult, VariantOutcome, load_dir_receipt
+from pipelines.core.steps import BuildResult, VariantOutcome, load_dir_receipt, load_report
 from pipelines.core.toolchains import llmcompressor
 from pipelines.publish.modelpack import modelpack_image
 from pipelines.publish.oci import Blob, Image
@@ -62,13 +60,11 @@ def candidate_from_compressed(plan: CompressPlan, outcome: VariantOutcome) -> Ca
         )
     receipt = load_dir_receipt(outcome.path, plan.quant_key(v))
     report_path = plan.report_path(v)
-    try:
-        # The report as its file has it: what the manifest's report_sha256 names (no run-time additions).
-        report = json.loads(report_path.read_text(encoding="utf-8"))
-    except (FileNotFoundError, ValueError):
-        report = None
-    judged = Judged.of_report(report) if report is not None else None
-    if receipt is None or judged is None or receipt["tree_sha256"] != outcome.digest or not judged.passed:
+    # The report as its file has it (what the manifest's report_sha256 names), not the verdict a serve check
+    # changed in this run.
+    report = load_report(report_path, outcome.report.key)
+    judged = report.validation if report is not None else None
+    if report is None or receipt is None or judged is None or receipt["tree_sha256"] != outcome.digest or not judged.passed:
         raise ValidatedOutputChanged(
             f"{outcome.path} or its report changed since it was validated", rerun="modelmint compress"
         )
@@ -103,7 +99,7 @@ def candidate_from_compressed(plan: CompressPlan, outcome: VariantOutcome) -> Ca
 
 def _compressed_publish(settings: Settings, c: Candidate, directory: Path) -> list[Path]:
     assert c.root is not None, "a compressed-tensors candidate names its checkpoint directory"
-    return publish_vllm(c.root, directory, c.report, c.entry, served_name(c.entry.name, c.tag))
+    return publish_vllm(c.root, directory, CompressedReport.read_as(c.report), c.entry, served_name(c.entry.name, c.tag))
 
 
 def _compressed_offer(target: Path, manifest: Manifest, ollama: bool) -> dict[str, Any]:

@@ -3,14 +3,13 @@ model card, published as an Ollama image. Registers itself on import."""
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 from typing import Any
 
 from pipelines.core.errors import ArtifactError, GateFailed
 from pipelines.core.fsutil import HashCache
-from pipelines.core.report import advice_for_report
+from pipelines.core.report import GGUFReport, advice_for_report
 from pipelines.core.settings import Settings
 from pipelines.core.steps import BuildResult, VariantOutcome, load_receipt
 from pipelines.core.toolchains import llama_cpp
@@ -77,11 +76,8 @@ def candidate_from_gguf(plan: GGUFPlan, outcome: VariantOutcome) -> Candidate:
 
 
 def _gguf_publish(settings: Settings, c: Candidate, directory: Path) -> list[Path]:
-    # The report as its JSON file has it (sorted keys): the same variant must give the same bytes whether
-    # its report was just measured or read back, or the directory's DVC hash would change on every rerun.
-    report = json.loads(json.dumps(c.report, sort_keys=True))
     gguf = directory / c.files[0].name
-    return publish_ollama(gguf, c.source_dir, report, c.entry, directory, settings=settings).paths
+    return publish_ollama(gguf, c.source_dir, GGUFReport.read_as(c.report), c.entry, directory, settings=settings).paths
 
 
 def _gguf_offer(target: Path, manifest: Manifest, ollama: bool) -> dict[str, Any]:

@@ -1,0 +1,3 @@
+module modelmint/goblob
+
+go 1.19
