@@ -192,32 +192,42 @@ def kld_base_logits(
     return out
 
 
+_KLD_TRIES = 3
+"""How often llama-perplexity's KL divergence is run when its printed output comes back cut short (kld_stopped_short)."""
+
+
 def kl_divergence(quant: Path, base_logits: Path, llama: LlamaCpp, *, threads: int, ctx: int) -> KLDStats:
     """Mean KL divergence, same-top-token rate and perplexities of `quant` against saved base logits.
+
+    llama.cpp logs through a worker thread that is never joined at exit (common/log.cpp, `common_log_main`: the
+    logger is leaked on purpose, "logs may be lost if not flushed before the program exits"), so under load the last
+    rows and the statistics can be lost from a run that finished: such a run is made again here, up to _KLD_TRIES
+    times in all (the figures are the same every run).
 
     Raises:
         ArtifactError: llama-perplexity reported an error (it exits 0 after "failed reading log-probs"), or
             printed no statistics.
-        ToolStoppedShort: it stopped before its last chunk with no error line (transient: retried).
+        ToolStoppedShort: every try stopped before its last chunk with no error line (transient: a flow retries).
     """
-    result = run([
-        llama.bin("llama-perplexity"), "-m", quant, "--kl-divergence-base", base_logits, "--kl-divergence",
-        "-c", str(ctx), "-b", str(ctx), "-t", str(check_threads(threads)),
-    ])
-    text = result.stdout + "\n" + result.stderr
-    if failures := perplexity_failures(text):
-        raise ArtifactError(
-            f"llama-perplexity could not measure {quant.name} against {base_logits}: " + "; ".join(failures),
-            hint=f"the reference logits are damaged: delete {base_logits} and rerun the same command",
-        )
-    if short := kld_stopped_short(text):
-        raise ToolStoppedShort(
-            f"llama-perplexity measured {quant.name} over {short[0]} of its {short[1]} chunks, then exited 0 "
-            "without its statistics or an error line",
-            hint="rerun the same command (a flow run retries it once); if it stops again, run the llama-perplexity "
-                 "command above by hand and read how it ends",
-        )
-    return parse_kld_output(text, ctx)
+    for _ in range(_KLD_TRIES):
+        result = run([
+            llama.bin("llama-perplexity"), "-m", quant, "--kl-divergence-base", base_logits, "--kl-divergence",
+            "-c", str(ctx), "-b", str(ctx), "-t", str(check_threads(threads)),
+        ])
+        text = result.stdout + "\n" + result.stderr
+        if failures := perplexity_failures(text):
+            raise ArtifactError(
+                f"llama-perplexity could not measure {quant.name} against {base_logits}: " + "; ".join(failures),
+                hint=f"the reference logits are damaged: delete {base_logits} and rerun the same command",
+            )
+        if not (short := kld_stopped_short(text)):
+            return parse_kld_output(text, ctx)
+    raise ToolStoppedShort(
+        f"llama-perplexity measured {quant.name} over {short[0]} of its {short[1]} chunks, then exited 0 "
+        f"without its statistics or an error line, {_KLD_TRIES} times",
+        hint="rerun the same command (a flow run retries it once); if it stops again, run the llama-perplexity "
+             "command above by hand and read how it ends",
+    )
 
 
 def kld_stopped_short(text: str) -> tuple[int, int] | None:
