@@ -22,6 +22,7 @@ from pipelines.core.answers import (
     kept_answers,
     load_questions,
     probe_questions,
+    probe_then_all,
     questions_record,
 )
 from pipelines.core.errors import ArtifactError
@@ -82,6 +83,62 @@ def test_a_probed_variant_that_never_stops_still_fails() -> None:
     assert got.failures == ["answers: never stopped on a stop token in 2 answers (the source stopped in 2)"]
     nothing = compare("llama-server with q4_k_m", _answers(["zzzz qqqq", "!!!! ????"]), _answers([a.text for a in probe]))
     assert nothing.failures == ["answers: none of 2 answers is alike the source's"]
+
+
+class _Engine:
+    """A variant's answers as data, per question, and which questions it was asked each time (no engine runs: what
+    is under test is how the probe's verdict is reached from answers)."""
+
+    def __init__(self, texts: dict[str, str], stopped: bool = True) -> None:
+        self.texts, self.stopped, self.asked = texts, stopped, []
+
+    def __call__(self, questions: list[str] | None) -> list[Answer]:
+        questions = questions or list(self.texts)
+        self.asked.append(questions)
+        return [Answer(question=q, text=self.texts[q], stopped=self.stopped) for q in questions]
+
+
+FULL = _answers(["The capital of France is Paris.", "There are seven days in a week.", "Green.",
+                 "Water boils at 100 degrees Celsius.", "Two plus two is four.", "The sun is a star."])
+
+
+def test_a_passing_probe_is_all_a_variant_is_asked() -> None:
+    probe = [FULL[i] for i in (0, 2)]
+    engine = _Engine({a.question: a.text for a in FULL})
+    got = probe_then_all("llama-server with q8_0", engine, FULL, probe)
+    assert got.passed and got.questions == 2 and got.probe is not None and got.probe.failed == []
+    assert engine.asked == [["q0", "q2"]]
+
+
+def test_a_probe_none_alike_by_chance_is_judged_on_every_question() -> None:
+    # healthy elsewhere: the two probed answers differ from the source's, the other four are alike. Two of six is a
+    # pass on every question, so the probe's miss must not refuse it
+    texts = {a.question: a.text for a in FULL} | {"q0": "Paris, of course!", "q2": "It is blue, I think."}
+    engine = _Engine(texts)
+    got = probe_then_all("llama-server with q4_k_m", engine, FULL, [FULL[i] for i in (0, 2)])
+    assert engine.asked == [["q0", "q2"], [a.question for a in FULL]]
+    assert got.passed and got.questions == 6 and got.similar_pct == pytest.approx(66.67)
+    assert got.probe is not None and got.probe.failed == ["answers: none of 2 answers is alike the source's"]
+    report = parse_report({"validation": Validation.judge(
+        format="gguf", reference="m-f16.gguf", evaluation={}, gate=_gate(), answers=got,
+        figures=Figures.of(mean_kl=1e-5, same_top_pct=100.0, ppl_reference=9.0, ppl=9.0)).model_dump(mode="json")})
+    assert "a probe of the bundled questions (`questions.txt`) first, which found: answers: none of 2" in \
+        answer_lines(report) and "then all 6 greedily" in answer_lines(report)
+
+
+def test_a_variant_that_never_stops_fails_the_probe_and_every_question() -> None:
+    engine = _Engine({a.question: a.text for a in FULL}, stopped=False)
+    got = probe_then_all("llama-server with q8_0", engine, FULL, [FULL[i] for i in (0, 2)])
+    assert len(engine.asked) == 2 and not got.passed
+    assert got.failures == ["answers: never stopped on a stop token in 6 answers (the source stopped in 6)"]
+    broken = probe_then_all("llama-server with q2_k", _Engine({a.question: "zzzz qqqq" for a in FULL}), FULL, FULL[:2])
+    assert broken.failures == ["answers: none of 6 answers is alike the source's"]
+
+
+def _gate():
+    from pipelines.core.gates import gguf_gate
+
+    return gguf_gate("q8_0", "tiny")
 
 
 def test_no_answer_at_all_names_the_engine_and_variant() -> None:

@@ -56,6 +56,9 @@ class Probe(BaseModel):
     source_stopped_pct: float = Field(description="share of all its answers the source ended on a stop token, in %")
     rule: str = Field(default="the questions the source stopped on soonest; the source asked them again the same way",
                       description="how the probe's questions were chosen")
+    failed: list[str] = Field(
+        default_factory=list, description="what the probe found wrong, after which the variant was asked every "
+        "question and judged on those (`questions` then counts them all); empty: the probe passed")
 
 
 class Answers(BaseModel):
@@ -123,6 +126,26 @@ def compare(engine: str, variant: list[Answer], source: list[Answer]) -> Answers
     return Answers(engine=engine, questions=n, identical_pct=round(100.0 * same / n, 2),
                    similar_pct=round(100.0 * alike / n, 2), stopped_pct=round(100.0 * stopped / n, 2),
                    source_stopped_pct=round(100.0 * src_stopped / n, 2), failures=failures, samples=variant[:3])
+
+
+def probe_then_all(engine: str, ask: Callable[[list[str] | None], list[Answer]], source: list[Answer],
+                   probe: list[Answer]) -> Answers:
+    """The answer check of a variant that prompts and stops as its source does: the probe first (`probe`, the
+    source's answers to it, asked as the variant is), and every question only when the probe finds something wrong.
+
+    A few questions can miss by chance: a healthy variant whose PROBE answers are none alike its source's would be
+    refused, where all of them would pass it. So a failed probe is judged again on every question (`source`), as a
+    variant that prompts otherwise is: a broken variant still fails, now on all of them, at the price of a full
+    round only where the probe failed. `ask(None)` asks every question; `ask(questions)` those.
+
+    Raises:
+        ArtifactError: the engine gave no answer at all, or answered other questions (compare).
+    """
+    stopped = round(100.0 * sum(a.stopped for a in source) / len(source), 2) if source else 0.0
+    probed = compare(engine, ask([a.question for a in probe]), probe)
+    judged = compare(engine, ask(None), source) if probed.failures else probed
+    return judged.model_copy(update={"probe": Probe(of=len(source), source_stopped_pct=stopped,
+                                                    failed=probed.failures)})
 
 
 def probe_questions(source: list[Answer], k: int = PROBE) -> list[str]:

@@ -301,7 +301,13 @@ def answer_lines(report: VariantReport) -> str:
         return (f"\nThe {a['questions']} bundled questions (`{a['question_set']['file']}`) were not asked: "
                 f"{a['engine']} could not serve this variant here ({a['skipped']}). The answer check did not run; "
                 "it is not a pass.\n")
-    if probe := a.get("probe"):
+    if (probe := a.get("probe")) and probe.get("failed"):
+        return (f"\nAsked a probe of the bundled questions (`{a['question_set']['file']}`) first, which found: "
+                f"{'; '.join(probe['failed'])}; then all {a['questions']} greedily through {a['engine']}: "
+                f"{a['identical_pct']:g} % of the answers are identical to the source's, {a['similar_pct']:g} % alike, "
+                f"and {a['stopped_pct']:g} % ended on a stop token within {a['max_tokens']} tokens (the source's: "
+                f"{a['source_stopped_pct']:g} %).\n")
+    if probe:
         return (f"\nAsked {a['questions']} of the {probe['of']} bundled questions (`{a['question_set']['file']}`) "
                 f"greedily through {a['engine']}, as a probe: the variant prompts and stops exactly as its source, "
                 f"which answered all {probe['of']} (and ended {probe['source_stopped_pct']:g} % of them on a stop "

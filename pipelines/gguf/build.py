@@ -22,10 +22,10 @@ from pipelines.core.answers import (
     MAX_TOKENS,
     Answer,
     Answers,
-    Probe,
     compare,
     kept_answers,
     probe_questions,
+    probe_then_all,
     questions_record,
 )
 from pipelines.core.errors import ShapeRefused, UnsupportedModel
@@ -471,8 +471,9 @@ def ensure_source_probe(plan: GGUFPlan, source: list[Answer]) -> list[Answer]:
 
 def _answers(plan: GGUFPlan, q: str) -> Answers:
     """The answer check of variant `q`. The f16 answers every question once (kept by content); a variant that prompts
-    and stops as the f16 does (`prompting`: same tokenizer keys, chat template included) answers only the probe, the
-    f16's answers to which were asked the same way; any other variant answers every question."""
+    and stops as the f16 does (`prompting`: same tokenizer keys, chat template included) answers the probe, the
+    f16's answers to which were asked the same way, and every question only when the probe finds something wrong
+    (probe_then_all); any other variant answers every question."""
     source = ensure_source_answers(plan)
     path = plan.quant_path(q)
     engine = f"llama-server with {q} ({path.name}) against {plan.base_path.name}"
@@ -480,10 +481,8 @@ def _answers(plan: GGUFPlan, q: str) -> Answers:
                             log=path.with_suffix(".answers.log"), variant=q)
     if prompting(path) != prompting(plan.base_path):
         return compare(engine, ask(), source)
-    probe = ensure_source_probe(plan, source)
-    judged = compare(engine, ask(questions=[a.question for a in probe]), probe)
-    stopped = round(100.0 * sum(a.stopped for a in source) / len(source), 2)
-    return judged.model_copy(update={"probe": Probe(of=len(source), source_stopped_pct=stopped)})
+    return probe_then_all(engine, lambda questions: ask(questions=questions), source,
+                          ensure_source_probe(plan, source))
 
 
 def ensure_validated(plan: GGUFPlan, q: str) -> VariantOutcome:

@@ -209,6 +209,7 @@ def kl_divergence(quant: Path, base_logits: Path, llama: LlamaCpp, *, threads: i
             printed no statistics.
         ToolStoppedShort: every try stopped before its last chunk with no error line (transient: a flow retries).
     """
+    short = (0, 0)
     for _ in range(_KLD_TRIES):
         result = run([
             llama.bin("llama-perplexity"), "-m", quant, "--kl-divergence-base", base_logits, "--kl-divergence",
@@ -220,8 +221,10 @@ def kl_divergence(quant: Path, base_logits: Path, llama: LlamaCpp, *, threads: i
                 f"llama-perplexity could not measure {quant.name} against {base_logits}: " + "; ".join(failures),
                 hint=f"the reference logits are damaged: delete {base_logits} and rerun the same command",
             )
-        if not (short := kld_stopped_short(text)):
+        stopped = kld_stopped_short(text)
+        if stopped is None:
             return parse_kld_output(text, ctx)
+        short = stopped
     raise ToolStoppedShort(
         f"llama-perplexity measured {quant.name} over {short[0]} of its {short[1]} chunks, then exited 0 "
         f"without its statistics or an error line, {_KLD_TRIES} times",
