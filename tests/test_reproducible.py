@@ -125,11 +125,11 @@ def test_imatrix_variant_names_its_calibration_portably(imatrix_build) -> None:
 
     v = result.variants["q4_k_m"]
     assert v.passed, v.failures
-    assert v.report["calibration"] == {
+    assert v.report.calibration == {
         "text": "train.txt", "sha256": train.sha256, "ctx": 128, "chunks": made["chunks"],
         "imatrix": {"file": plan.imatrix_path.name, "sha256": imatrix_sha, "format": "gguf"},
     }  # fmt: skip
-    assert v.report["evaluation"] == {"text": EVAL_TEXT, "sha256": evaluation.sha256, "ctx": 128, "chunks": 16}
+    assert v.report.evaluation == {"text": EVAL_TEXT, "sha256": evaluation.sha256, "ctx": 128, "chunks": 16}
 
 
 def test_imatrix_provenance_reaches_the_manifest_and_the_card(imatrix_build) -> None:

@@ -8,6 +8,7 @@ manifest whose blob the remote lacks), and that a rerun completes.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -460,9 +461,10 @@ def test_a_changed_report_fails_its_variant_alone_and_the_others_still_register(
     from pipelines.compose import register_passed
 
     settings = repo.settings()
-    stale = candidate(settings, tmp_path / "a", tag="q4_k_m")
+    made = candidate(settings, tmp_path / "a", tag="q4_k_m")
     # the report as an older modelmint wrote it, before its validation block: nothing says what passed
-    stale.report.pop("validation")
+    stale = dataclasses.replace(made, report=made.report.but(validation=None))
+    assert stale.report.validation is None
     refs, errors = register_passed(settings, {"q4_k_m": lambda: stale,
                                               "q8_0": lambda: candidate(settings, tmp_path / "b", tag="q8_0")})
     assert refs == {"q8_0": "tiny-qwen2:q8_0"}
