@@ -124,6 +124,36 @@ def test_killing_only_the_worker_lets_the_run_finish(deployed) -> None:
     _restart_worker(settings)
 
 
+def test_down_gives_its_own_slow_server_time_to_answer() -> None:
+    """A Prefect server on a loaded machine can take more than healthy()'s 2 s to answer /health; `stack down` took
+    such a server for stopped and left its runs Running, their slots held. It now waits for its own server."""
+    import http.server
+    import threading
+
+    class Slow(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            time.sleep(3)
+            self.send_response(200)
+            self.send_header("Content-Length", "4")
+            self.end_headers()
+            self.wfile.write(b"true")
+
+        def log_message(self, *_args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Slow)
+    server.daemon_threads, server.block_on_close = True, False
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/api"
+    try:
+        assert not stack.healthy(url)
+        assert stack._healthy_within(url, patience_s=20)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert not stack._healthy_within(url, patience_s=2)  # nothing listens now: no, within the patience
+
+
 def test_down_mid_run_crashes_the_run_frees_its_slot_and_the_rerun_reuses_work(deployed) -> None:
     repo, settings = deployed
     run = _submit(settings, "q6_k")

@@ -179,6 +179,16 @@ def healthy(api_url: str, timeout: float = 2.0) -> bool:
         return False
 
 
+def _healthy_within(api_url: str, patience_s: float = 30.0) -> bool:
+    """healthy(), asked again with longer waits until `patience_s` has passed."""
+    deadline = time.monotonic() + patience_s
+    while (left := deadline - time.monotonic()) > 0:
+        if healthy(api_url, timeout=min(10.0, max(left, 0.5))):
+            return True
+        time.sleep(min(1.0, max(deadline - time.monotonic(), 0)))
+    return False
+
+
 def _port_taken(port: int) -> bool:
     with socket.socket() as s:
         s.settimeout(0.5)
@@ -511,7 +521,9 @@ def up(settings: Settings, *, say: Any = print) -> StackState:
 def down(settings: Settings, *, say: Any = print) -> None:
     """Stop the worker and the runs it started; mark those runs Crashed and free their slots; stop the server."""
     state = StackState.load(settings)
-    up_ = healthy(settings.prefect_api_url)
+    # Our own server may be slow to answer on a loaded machine (its /health took over 2 s while a test suite held
+    # both cores): taken for down, its runs were left Running and their slots held, so it is given time to answer.
+    up_ = healthy(settings.prefect_api_url) or (_is_ours(state.server_pid) and _healthy_within(settings.prefect_api_url))
     # The runs the worker's group is running, named before it stops: a stopped run's engine may report a crash
     # of its own first, and then no run would look dead; each is marked Crashed by down.sh either way.
     stopping = []
