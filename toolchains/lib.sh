@@ -47,16 +47,18 @@ tc_begin() {
 
 tc_lock() {
   mkdir -p "$(dirname "$TC_PREFIX")"
-  local lock="$TC_PREFIX.lock"
-  exec 9>"$lock"
-  if ! flock -n 9; then
-    echo "  waiting for another setup of $TC_NAME on this machine (lock $lock) …"
-    flock -w "${TC_LOCK_WAIT_S:-7200}" 9 || {
-      echo "error: another setup of $TC_NAME has held $lock for over ${TC_LOCK_WAIT_S:-7200} s" >&2
-      echo "  → if no setup is running (\`pgrep -af setup-\`), rerun: $TC_RERUN" >&2
-      exit 1
-    }
-  fi
+  _tc_wait_lock 9 "$TC_PREFIX.lock" "another setup of $TC_NAME on this machine" "setup-"
+}
+
+_tc_wait_lock() { # FD LOCKFILE WHO PGREP: open LOCKFILE on FD (held until the script ends or closes it) and take it
+  local fd=$1 lock=$2 who=$3 pattern=$4
+  eval "exec $fd>\"\$lock\""
+  flock -n "$fd" && return 0
+  echo "  waiting for $who (lock $lock) …"
+  flock -w "${TC_LOCK_WAIT_S:-7200}" "$fd" && return 0
+  echo "error: $who has held $lock for over ${TC_LOCK_WAIT_S:-7200} s" >&2
+  echo "  → if no setup is running (\`pgrep -af '$pattern'\`), rerun: $TC_RERUN" >&2
+  exit 1
 }
 
 _tc_done_stages() {
@@ -180,15 +182,7 @@ tc_require() {
   # apt-get does not wait for dpkg's lock: two setups at once (the README's and the tests', or two checkouts) made
   # the second fail with "Could not get lock". Setups take turns on one lock (fd 8; tc_lock holds fd 9), look again
   # for what the other one may have installed meanwhile, and wait out anyone else's dpkg (DPkg::Lock::Timeout).
-  exec 8>"$lock"
-  if ! flock -n 8; then
-    echo "  waiting for another setup's apt-get (lock $lock) …"
-    flock -w "${TC_LOCK_WAIT_S:-7200}" 8 || {
-      echo "error: another setup has held $lock for over ${TC_LOCK_WAIT_S:-7200} s" >&2
-      echo "  → if no setup is running (\`pgrep -af 'apt-get|setup-'\`), rerun: $TC_RERUN" >&2
-      exit 1
-    }
-  fi
+  _tc_wait_lock 8 "$lock" "another setup's apt-get" "apt-get|setup-"
   missing=()
   for c in "${cmds[@]}"; do command -v "$c" >/dev/null 2>&1 || missing+=("$c"); done
   if ((${#missing[@]} == 0)); then
