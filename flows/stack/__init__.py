@@ -409,10 +409,11 @@ def live_runs(client: Any) -> list[Any]:
 
 def runs_of(client: Any, pgid: int | None) -> list[Any]:
     """The live runs whose process is in process group `pgid` (a worker's: the runs it started)."""
-    # Any of the run's processes in the group makes it the worker's, not only the first one /proc lists: once pids
-    # wrap around, that one need not be the flow run's own process, and a descendant that left the group would
-    # hide the run from down. (down once reaped nothing in a long test suite, twice, never alone: this is the one
-    # way found that it could; the cause is not established.)
+    # Any of the run's processes in the group makes it the worker's, not only the first one /proc lists. Prefect
+    # 3.9's process worker starts a run of a pool without a command in a session of its own
+    # (prefect/runner/_workspace_starter.py:247 isolate_process_group, _starter_engine.py:85-87
+    # start_new_session), so its processes may be in no worker's group at all: `down` also reaps the live runs whose
+    # processes went with the worker.
     return [run for run in (live_runs(client) if pgid else []) if pgid in _groups(flow_run_processes(run.id))]
 
 
@@ -546,7 +547,9 @@ def down(settings: Settings, *, say: Any = print) -> None:
     say(f"• worker {'stopped' if _stop(state.worker_pid) else 'was not running'}")
     _wait_gone([r.id for r in stopping])
     # A live run whose processes ran here and went with the worker is one it ran, whatever group they were in (a
-    # run of another checkout's worker on the same server keeps its processes and is left alone).
+    # run of another checkout's worker on the same server keeps its processes and is left alone). Without this, a run
+    # in a session of its own (runs_of) was reaped only if down looked before its engine reported its own crash: a
+    # race that test_flow_faults lost in full suite runs, with no down.sh word on the run.
     gone = _gone_within(local)
     if up_:
         with api(settings) as client:
