@@ -407,14 +407,15 @@ def live_runs(client: Any) -> list[Any]:
     )
 
 
-def runs_of(client: Any, pgid: int | None) -> list[Any]:
-    """The live runs whose process is in process group `pgid` (a worker's: the runs it started)."""
+def runs_of(runs: list[tuple[Any, list[int]]], pgid: int | None) -> list[Any]:
+    """Those of `runs` (each with its local processes) that have a process in process group `pgid` (a worker's:
+    the runs it started)."""
     # Any of the run's processes in the group makes it the worker's, not only the first one /proc lists. Prefect
     # 3.9's process worker starts a run of a pool without a command in a session of its own
     # (prefect/runner/_workspace_starter.py:247 isolate_process_group, _starter_engine.py:85-87
     # start_new_session), so its processes may be in no worker's group at all: `down` also reaps the live runs whose
     # processes went with the worker.
-    return [run for run in (live_runs(client) if pgid else []) if pgid in _groups(flow_run_processes(run.id))]
+    return [run for run, pids in runs if pgid and pgid in _groups(pids)]
 
 
 def _groups(pids: list[int]) -> set[int]:
@@ -539,18 +540,18 @@ def down(settings: Settings, *, say: Any = print) -> None:
     up_ = healthy(settings.prefect_api_url) or (_is_ours(state.server_pid) and _healthy_within(settings.prefect_api_url))
     # The runs the worker's group is running, named before it stops: a stopped run's engine may report a crash
     # of its own first, and then no run would look dead; each is marked Crashed by down.sh either way.
-    stopping, local = [], []
+    local: list[tuple[Any, list[int]]] = []
     if up_ and _is_ours(state.worker_pid):
         with api(settings) as client:
-            stopping = runs_of(client, state.worker_pid)
-            local = [r for r in live_runs(client) if flow_run_processes(r.id)]
+            local = [(r, pids) for r in live_runs(client) if (pids := flow_run_processes(r.id))]
+    stopping = runs_of(local, state.worker_pid)
     say(f"• worker {'stopped' if _stop(state.worker_pid) else 'was not running'}")
-    _wait_gone([r.id for r in stopping])
+    _wait_gone(stopping)
     # A live run whose processes ran here and went with the worker is one it ran, whatever group they were in (a
     # run of another checkout's worker on the same server keeps its processes and is left alone). Without this, a run
     # in a session of its own (runs_of) was reaped only if down looked before its engine reported its own crash: a
     # race that test_flow_faults lost in full suite runs, with no down.sh word on the run.
-    gone = _gone_within(local)
+    gone = _gone_within([r for r, _pids in local])
     if up_:
         with api(settings) as client:
             runs = {str(r.id): r for r in [*stopping, *gone, *dead_runs(client)]}
@@ -570,14 +571,13 @@ def _gone_within(runs: list[Any], grace_s: float = 10.0) -> list[Any]:
         time.sleep(0.2)
 
 
-def _wait_gone(run_ids: list[Any], grace_s: float = 20.0) -> None:
+def _wait_gone(runs: list[Any], grace_s: float = 20.0) -> None:
     """Wait until no process runs these flow runs (a stopped engine may still be reporting); SIGKILL the rest."""
-    deadline = time.monotonic() + grace_s
-    while (alive := [pid for r in run_ids if (pid := flow_run_process(r)) is not None]) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    for pid in alive:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
+    gone = {r.id for r in _gone_within(runs, grace_s)}
+    for run in runs:
+        if run.id not in gone and (pid := flow_run_process(run.id)) is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
 def status(settings: Settings, *, say: Any = print) -> list[str]:
