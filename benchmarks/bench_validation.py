@@ -214,10 +214,12 @@ def main() -> None:
         build.ensure_base(im_plan)  # the same weights: the f16 above with this entry's metadata
         with _phase(res, "imatrix"):
             build.ensure_imatrix(im_plan)
-    outcomes = {}
-    with _phase(res, "validate"):
-        for q in qs:
-            outcomes[q] = build.ensure_validated(plan, q)
+    with _phase(res, "validate"):  # as the step list runs them: check_parallelism of them side by side
+        width, per_check = build.check_parallelism(plan, qs)
+        with ThreadPoolExecutor(width) as pool:
+            outcomes = dict(zip(qs, pool.map(lambda q: build.ensure_validated(plan, q, threads=per_check), qs),
+                                strict=True))
+    res["validate_width"], res["validate_threads_each"] = width, per_check
     res["validate_parts"] = {k: round(v, 3) for k, v in clock.spent.items()}
     res["validate_calls"] = clock.calls
     res["passed"] = {q: o.passed for q, o in outcomes.items()}

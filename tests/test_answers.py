@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import threading
@@ -15,22 +16,27 @@ import pytest
 from test_llama_server_smoke import _tiny_entry
 
 from pipelines.core.answers import (
+    FIRST_RULE,
+    PROBE,
+    SOONEST_RULE,
     Answer,
     Answers,
     Probe,
+    SourceProbe,
     compare,
     kept_answers,
     load_questions,
     probe_questions,
     probe_then_all,
     questions_record,
+    stopped_pct,
 )
 from pipelines.core.errors import ArtifactError
 from pipelines.core.report import Figures, Validation, answer_lines, card_validation, parse_report
 from pipelines.core.settings import Settings, project_root
 from pipelines.core.toolchains import llama_cpp
 from pipelines.gguf.answers import answer_questions, prompting
-from pipelines.gguf.build import ensure_base, ensure_quant, plan_gguf
+from pipelines.gguf.build import GGUFPlan, ensure_base, ensure_quant, ensure_source_probe, plan_gguf
 from pipelines.source.catalog import load_catalog
 
 
@@ -90,7 +96,7 @@ class _Engine:
     is under test is how the probe's verdict is reached from answers)."""
 
     def __init__(self, texts: dict[str, str], stopped: bool = True) -> None:
-        self.texts, self.stopped, self.asked = texts, stopped, []
+        self.texts, self.stopped, self.asked, self.sourced = texts, stopped, [], 0
 
     def __call__(self, questions: list[str] | None) -> list[Answer]:
         questions = questions or list(self.texts)
@@ -102,12 +108,20 @@ FULL = _answers(["The capital of France is Paris.", "There are seven days in a w
                  "Water boils at 100 degrees Celsius.", "Two plus two is four.", "The sun is a star."])
 
 
+def _full(engine: _Engine):
+    """The source's answers to every question, asked only when the probe fails (counted in `engine.sourced`)."""
+    def source() -> list[Answer]:
+        engine.sourced += 1
+        return FULL
+    return source
+
+
 def test_a_passing_probe_is_all_a_variant_is_asked() -> None:
     probe = [FULL[i] for i in (0, 2)]
     engine = _Engine({a.question: a.text for a in FULL})
-    got = probe_then_all("llama-server with q8_0", engine, FULL, probe)
+    got = probe_then_all("llama-server with q8_0", engine, _full(engine), SourceProbe(probe), of=len(FULL))
     assert got.passed and got.questions == 2 and got.probe is not None and got.probe.failed == []
-    assert engine.asked == [["q0", "q2"]]
+    assert engine.asked == [["q0", "q2"]] and engine.sourced == 0  # the source was asked the probe alone
 
 
 def test_a_probe_none_alike_by_chance_is_judged_on_every_question() -> None:
@@ -115,8 +129,9 @@ def test_a_probe_none_alike_by_chance_is_judged_on_every_question() -> None:
     # pass on every question, so the probe's miss must not refuse it
     texts = {a.question: a.text for a in FULL} | {"q0": "Paris, of course!", "q2": "It is blue, I think."}
     engine = _Engine(texts)
-    got = probe_then_all("llama-server with q4_k_m", engine, FULL, [FULL[i] for i in (0, 2)])
-    assert engine.asked == [["q0", "q2"], [a.question for a in FULL]]
+    got = probe_then_all("llama-server with q4_k_m", engine, _full(engine), SourceProbe([FULL[i] for i in (0, 2)]),
+                         of=len(FULL))
+    assert engine.asked == [["q0", "q2"], [a.question for a in FULL]] and engine.sourced == 1
     assert got.passed and got.questions == 6 and got.similar_pct == pytest.approx(66.67)
     assert got.probe is not None and got.probe.failed == ["answers: none of 2 answers is alike the source's"]
     report = parse_report({"validation": Validation.judge(
@@ -128,10 +143,13 @@ def test_a_probe_none_alike_by_chance_is_judged_on_every_question() -> None:
 
 def test_a_variant_that_never_stops_fails_the_probe_and_every_question() -> None:
     engine = _Engine({a.question: a.text for a in FULL}, stopped=False)
-    got = probe_then_all("llama-server with q8_0", engine, FULL, [FULL[i] for i in (0, 2)])
+    got = probe_then_all("llama-server with q8_0", engine, _full(engine), SourceProbe([FULL[i] for i in (0, 2)]),
+                         of=len(FULL))
     assert len(engine.asked) == 2 and not got.passed
     assert got.failures == ["answers: never stopped on a stop token in 6 answers (the source stopped in 6)"]
-    broken = probe_then_all("llama-server with q2_k", _Engine({a.question: "zzzz qqqq" for a in FULL}), FULL, FULL[:2])
+    broken_engine = _Engine({a.question: "zzzz qqqq" for a in FULL})
+    broken = probe_then_all("llama-server with q2_k", broken_engine, _full(broken_engine), SourceProbe(FULL[:2]),
+                            of=len(FULL))
     assert broken.failures == ["answers: none of 6 answers is alike the source's"]
 
 
@@ -171,6 +189,9 @@ def test_a_probe_says_so_in_the_card() -> None:
     report = parse_report({"validation": judged.model_dump(mode="json")})
     line = answer_lines(report)
     assert "Asked 2 of the 20 bundled questions (`questions.txt`)" in line and "75 % of them" in line
+    first = report.with_validation(judged.model_copy(update={"answers": answers.model_copy(
+        update={"probe": Probe(of=20, source_stopped_pct=None, rule=FIRST_RULE)}).model_dump(mode="json")}))
+    assert "its source, which answered only these; the probe holds the question file's first 4" in answer_lines(first)
     assert card_validation(report)["answers"]["probe"]["of"] == 20
     assert Answers.model_validate(judged.model_dump(mode="json")["answers"]) == answers  # reads back
 
@@ -224,12 +245,33 @@ def test_kept_answers_are_asked_once_per_key(tmp_path: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def tiny_q8(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Settings]:
+def tiny_plan(tmp_path_factory: pytest.TempPathFactory) -> GGUFPlan:
     settings = replace(Settings.from_env(), work_dir=tmp_path_factory.mktemp("work"))
     plan = plan_gguf(_tiny_entry(settings, tmp_path_factory.mktemp("source")), settings, quants=["q8_0"])
     ensure_base(plan)
     ensure_quant(plan, "q8_0")
-    return plan.base_path, plan.quant_path("q8_0"), settings
+    return plan
+
+
+@pytest.fixture(scope="module")
+def tiny_q8(tiny_plan: GGUFPlan) -> tuple[Path, Path, Settings]:
+    return tiny_plan.base_path, tiny_plan.quant_path("q8_0"), tiny_plan.settings
+
+
+def test_a_source_that_runs_on_past_the_first_questions_is_probed_where_it_stopped_soonest(tiny_plan) -> None:
+    """The tiny model's random weights run on to the length limit on the question file's first four: a probe of
+    those would hold no stop to lose, so the f16 answers every question and the probe is the four it ended soonest,
+    asked again the same way (SmolLM2, which stops on the first four, is asked those alone: test_smollm2)."""
+    first = load_questions()[:PROBE]
+    got = ensure_source_probe(tiny_plan)
+    stem = f"{tiny_plan.entry.name}-{tiny_plan.spec.outtype}"
+    asked_first = json.loads((tiny_plan.out_dir / f"{stem}.probe.answers.json").read_text())["answers"]
+    assert [a["question"] for a in asked_first] == first and not all(a["stopped"] for a in asked_first)
+    source = [Answer.model_validate(a) for a in
+              json.loads((tiny_plan.out_dir / f"{stem}.answers.json").read_text())["answers"]]
+    assert got.rule == SOONEST_RULE and got.source_stopped_pct == stopped_pct(source)
+    assert [a.question for a in got.answers] == probe_questions(source)
+    assert ensure_source_probe(tiny_plan) == got  # kept: asked once
 
 
 def test_llama_server_answers_every_question_and_a_broken_file_names_engine_and_variant(tiny_q8, tmp_path) -> None:

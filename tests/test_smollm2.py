@@ -102,6 +102,10 @@ def test_smollm2_from_the_pinned_wheel_to_the_registry(smollm2_repo: Repo) -> No
         # the variant prompts and stops as the f16 does, so it answers the probe: 4 of the 20
         answers = report["validation"]["answers"]
         assert answers["probe"]["of"] == 20 and answers["questions"] == 4, answers
+        # SmolLM2 ends each of the question file's first four on a stop token: those are the probe, and the f16 is
+        # asked them alone unless a variant's probe failed (then every question, kept beside it)
+        assert answers["probe"]["rule"].startswith("the question file's first 4"), answers
+        assert (out_dir / "smollm2-f16.answers.json").exists() == bool(answers["probe"]["failed"]), answers
         assert answers["stopped_pct"] >= 50.0 and answers["similar_pct"] >= 25.0, answers
         meta = inspect_gguf(out_dir / f"smollm2-{q}.gguf").metadata
         assert meta["modelmint.source.provenance"] == entry.source.provenance

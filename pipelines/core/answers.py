@@ -6,6 +6,7 @@ import difflib
 import hashlib
 import json
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from pipelines import PACKAGE
 from pipelines.core.errors import ArtifactError
-from pipelines.core.fsutil import write_text_atomic
+from pipelines.core.fsutil import file_lock, write_text_atomic
 
 QUESTIONS = PACKAGE / "data" / "questions.txt"
 MAX_TOKENS = 96
@@ -26,6 +27,9 @@ strings, vocabulary and special tokens): one round of the engine's four slots. W
 end-of-turn token, a broken template, an engine that never stops, a variant that answers nothing like its source)
 shows on every question the source stopped on; how close a variant is token by token, KL divergence measures on
 every position of the evaluation text."""
+FIRST_RULE = (f"the question file's first {PROBE} (one-line factual questions), each of which the source ended on a "
+              "stop token, asked of the source the same way")
+SOONEST_RULE = "the questions the source stopped on soonest; the source asked them again the same way"
 
 
 def load_questions(path: Path = QUESTIONS) -> list[str]:
@@ -52,10 +56,11 @@ class Probe(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    of: int = Field(description="questions the source answered, of which the variant was asked `questions`")
-    source_stopped_pct: float = Field(description="share of all its answers the source ended on a stop token, in %")
-    rule: str = Field(default="the questions the source stopped on soonest; the source asked them again the same way",
-                      description="how the probe's questions were chosen")
+    of: int = Field(description="questions in the set, of which the variant was asked `questions`")
+    source_stopped_pct: float | None = Field(
+        description="share of all its answers the source ended on a stop token, in %; None: the source was asked "
+        "the probe alone (FIRST_RULE: it stopped on each of them)")
+    rule: str = Field(default=SOONEST_RULE, description="how the probe's questions were chosen")
     failed: list[str] = Field(
         default_factory=list, description="what the probe found wrong, after which the variant was asked every "
         "question and judged on those (`questions` then counts them all); empty: the probe passed")
@@ -128,23 +133,40 @@ def compare(engine: str, variant: list[Answer], source: list[Answer]) -> Answers
                    source_stopped_pct=round(100.0 * src_stopped / n, 2), failures=failures, samples=variant[:3])
 
 
-def probe_then_all(engine: str, ask: Callable[[list[str] | None], list[Answer]], source: list[Answer],
-                   probe: list[Answer]) -> Answers:
+@dataclass(frozen=True)
+class SourceProbe:
+    """The source's answers to a probe, how the probe was chosen, and (when the source answered every question)
+    the share of all its answers it ended on a stop token."""
+
+    answers: list[Answer]
+    rule: str = SOONEST_RULE
+    source_stopped_pct: float | None = None
+
+
+def stopped_pct(answers: list[Answer]) -> float:
+    return round(100.0 * sum(a.stopped for a in answers) / len(answers), 2) if answers else 0.0
+
+
+def probe_then_all(engine: str, ask: Callable[[list[str] | None], list[Answer]],
+                   source: Callable[[], list[Answer]], probe: SourceProbe, *, of: int) -> Answers:
     """The answer check of a variant that prompts and stops as its source does: the probe first (`probe`, the
     source's answers to it, asked as the variant is), and every question only when the probe finds something wrong.
 
     A few questions can miss by chance: a healthy variant whose PROBE answers are none alike its source's would be
-    refused, where all of them would pass it. So a failed probe is judged again on every question (`source`), as a
-    variant that prompts otherwise is: a broken variant still fails, now on all of them, at the price of a full
-    round only where the probe failed. `ask(None)` asks every question; `ask(questions)` those.
+    refused, where all of them would pass it. So a failed probe is judged again on every question (`source()`, the
+    source's answers to all `of` of them, asked only then), as a variant that prompts otherwise is: a broken variant
+    still fails, now on all of them, at the price of a full round only where the probe failed. `ask(None)` asks
+    every question; `ask(questions)` those.
 
     Raises:
         ArtifactError: the engine gave no answer at all, or answered other questions (compare).
     """
-    stopped = round(100.0 * sum(a.stopped for a in source) / len(source), 2) if source else 0.0
-    probed = compare(engine, ask([a.question for a in probe]), probe)
-    judged = compare(engine, ask(None), source) if probed.failures else probed
-    return judged.model_copy(update={"probe": Probe(of=len(source), source_stopped_pct=stopped,
+    probed = compare(engine, ask([a.question for a in probe.answers]), probe.answers)
+    judged, stopped = probed, probe.source_stopped_pct
+    if probed.failures:
+        full = source()
+        judged, stopped = compare(engine, ask(None), full), stopped_pct(full)
+    return judged.model_copy(update={"probe": Probe(of=of, source_stopped_pct=stopped, rule=probe.rule,
                                                     failed=probed.failures)})
 
 
@@ -159,11 +181,13 @@ def probe_questions(source: list[Answer], k: int = PROBE) -> list[str]:
 
 def kept_answers(path: Path, key: str, ask: Callable[[], list[Answer]]) -> list[Answer]:
     """A source's answers, kept in `path` under `key` (its content, the questions, the engine): `ask` runs only
-    when they are missing or were asked of other content. Shared by every variant's answer check."""
-    if path.exists():
-        kept = json.loads(path.read_text())
-        if kept.get("key") == key:
-            return [Answer.model_validate(a) for a in kept["answers"]]
-    got = ask()
-    write_text_atomic(path, json.dumps({"key": key, "answers": [a.model_dump() for a in got]}, indent=1) + "\n")
-    return got
+    when they are missing or were asked of other content. Shared by every variant's answer check; variants checked
+    at once wait for one another here, so the source is asked once."""
+    with file_lock(path.with_name(path.name + ".lock")):
+        if path.exists():
+            kept = json.loads(path.read_text())
+            if kept.get("key") == key:
+                return [Answer.model_validate(a) for a in kept["answers"]]
+        got = ask()
+        write_text_atomic(path, json.dumps({"key": key, "answers": [a.model_dump() for a in got]}, indent=1) + "\n")
+        return got

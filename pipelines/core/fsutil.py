@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import hashlib
 import json
 import os
@@ -144,6 +145,19 @@ def atomic_output(
     except BaseException:
         _remove(tmp)
         raise
+
+
+@contextlib.contextmanager
+def file_lock(lock: Path) -> Iterator[None]:
+    """Hold an exclusive lock on the file `lock` (made if missing) for the block: across processes, and across
+    threads of one process (flock locks belong to an open file, and each holder opens its own)."""
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock, "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def write_text_atomic(path: Path, text: str) -> None:

@@ -308,10 +308,12 @@ def answer_lines(report: VariantReport) -> str:
                 f"and {a['stopped_pct']:g} % ended on a stop token within {a['max_tokens']} tokens (the source's: "
                 f"{a['source_stopped_pct']:g} %).\n")
     if probe:
+        source = ("which answered only these" if probe.get("source_stopped_pct") is None else
+                  f"which answered all {probe['of']} (and ended {probe['source_stopped_pct']:g} % of them on a stop "
+                  "token)")
         return (f"\nAsked {a['questions']} of the {probe['of']} bundled questions (`{a['question_set']['file']}`) "
                 f"greedily through {a['engine']}, as a probe: the variant prompts and stops exactly as its source, "
-                f"which answered all {probe['of']} (and ended {probe['source_stopped_pct']:g} % of them on a stop "
-                f"token); the probe holds {probe['rule']}. {a['identical_pct']:g} % of the variant's answers are "
+                f"{source}; the probe holds {probe['rule']}. {a['identical_pct']:g} % of the variant's answers are "
                 f"identical to the source's, {a['similar_pct']:g} % alike, and {a['stopped_pct']:g} % ended on a stop "
                 f"token within {a['max_tokens']} tokens (the source's: {a['source_stopped_pct']:g} %).\n")
     return (f"\nAsked the {a['questions']} bundled questions (`{a['question_set']['file']}`) greedily through "

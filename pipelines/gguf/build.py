@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -19,18 +20,24 @@ from typing import Any
 
 from pipelines import __version__
 from pipelines.core.answers import (
+    FIRST_RULE,
     MAX_TOKENS,
+    PROBE,
+    SOONEST_RULE,
     Answer,
     Answers,
+    SourceProbe,
     compare,
     kept_answers,
+    load_questions,
     probe_questions,
     probe_then_all,
     questions_record,
+    stopped_pct,
 )
 from pipelines.core.errors import ShapeRefused, UnsupportedModel
 from pipelines.core.execute import Executed, Step, StepList, execute, local_runner
-from pipelines.core.fsutil import clean_partials, disk_full_located
+from pipelines.core.fsutil import clean_partials, disk_full_located, file_lock
 from pipelines.core.gates import Gate, gguf_gate, ladder_conflicts
 from pipelines.core.ggufheader import inspect_gguf, read_gguf_header
 from pipelines.core.preflight import BlockFallback, Weight, gguf_fallback, observed_fallback, source_weights
@@ -50,6 +57,7 @@ from pipelines.core.steps import (
 )
 from pipelines.core.texts import EVAL_TEXT, TextRef, check_apart, text_ref
 from pipelines.core.toolchains import LlamaCpp, llama_cpp, read_pins
+from pipelines.core.vocab import gguf_type
 from pipelines.gguf import tools as gguf
 from pipelines.gguf.answers import SLOTS as ANSWER_SLOTS
 from pipelines.gguf.answers import answer_questions, prompting
@@ -436,16 +444,18 @@ def _observed_fallback(path: Path, q: str, log_text: str) -> dict[str, Any]:
 
 
 def ensure_reference_logits(plan: GGUFPlan) -> StepResult:
-    """The base model's logits over the evaluation text, shared by every variant's KL divergence."""
+    """The base model's logits over the evaluation text, shared by every variant's KL divergence (made once:
+    checks that run at once wait here for the first)."""
     out, key = plan.logits_path, plan.logits_key
-    receipt = load_receipt(out, key)
-    if receipt is not None:
-        return StepResult(out, receipt, ran=False)
-    out.unlink(missing_ok=True)
-    with disk_full_located(plan.settings):
-        kld_base_logits(plan.base_path, plan.evaluation.path, out, plan.llama, threads=plan.settings.effective_threads,
-                        ctx=GGUF_EVAL_CTX, chunks=GGUF_EVAL_CHUNKS)
-        return StepResult(out, write_receipt(out, key), ran=True)
+    with file_lock(out.with_name(out.name + ".lock")):
+        receipt = load_receipt(out, key)
+        if receipt is not None:
+            return StepResult(out, receipt, ran=False)
+        out.unlink(missing_ok=True)
+        with disk_full_located(plan.settings):
+            kld_base_logits(plan.base_path, plan.evaluation.path, out, plan.llama,
+                            threads=plan.settings.effective_threads, ctx=GGUF_EVAL_CTX, chunks=GGUF_EVAL_CHUNKS)
+            return StepResult(out, write_receipt(out, key), ran=True)
 
 
 def ensure_source_answers(plan: GGUFPlan) -> list[Answer]:
@@ -457,36 +467,50 @@ def ensure_source_answers(plan: GGUFPlan) -> list[Answer]:
                                                  log=out.with_suffix(".log"), variant=plan.spec.outtype))
 
 
-def ensure_source_probe(plan: GGUFPlan, source: list[Answer]) -> list[Answer]:
-    """The f16/bf16 GGUF's answers to the probe of the questions (`probe_questions` of its answers to all of them),
-    asked again as a variant is asked them (one request of PROBE prompts: the same batches, so the same kernels),
-    kept beside it like its full answers."""
-    questions = probe_questions(source)
-    out = plan.out_dir / f"{plan.entry.name}-{plan.spec.outtype}.probe.answers.json"
-    return kept_answers(out, content_key("probe", plan.base_key, questions, MAX_TOKENS, ANSWER_SLOTS),
-                        lambda: answer_questions(plan.base_path, plan.llama, threads=plan.settings.effective_threads,
-                                                 log=out.with_suffix(".log"), variant=plan.spec.outtype,
-                                                 questions=questions))
+def ensure_source_probe(plan: GGUFPlan) -> SourceProbe:
+    """The f16/bf16 GGUF's answers to the probe, asked as a variant is asked it (one request of PROBE prompts: the
+    same batches, so the same kernels), kept beside it like its full answers.
 
-
-def _answers(plan: GGUFPlan, q: str) -> Answers:
-    """The answer check of variant `q`. The f16 answers every question once (kept by content); a variant that prompts
-    and stops as the f16 does (`prompting`: same tokenizer keys, chat template included) answers the probe, the
-    f16's answers to which were asked the same way, and every question only when the probe finds something wrong
-    (probe_then_all); any other variant answers every question."""
+    The probe is the question file's first PROBE questions (one-line factual ones) when the f16 ends each of them on
+    a stop token: then the f16 answers nothing else unless a variant needs it (a failed probe, other prompting).
+    A model that runs on past one of them answers every question once, and the probe is the PROBE it stopped on
+    soonest (probe_questions), asked again the same way: a probe is only as good as the stops it holds.
+    """
+    ask = functools.partial(answer_questions, plan.base_path, plan.llama, threads=plan.settings.effective_threads,
+                            variant=plan.spec.outtype)
+    stem = plan.out_dir / f"{plan.entry.name}-{plan.spec.outtype}"
+    first = load_questions()[:PROBE]
+    out = stem.with_name(stem.name + ".probe.answers.json")
+    got = kept_answers(out, content_key("probe", plan.base_key, first, MAX_TOKENS, ANSWER_SLOTS),
+                       lambda: ask(log=out.with_suffix(".log"), questions=first))
+    if all(a.stopped for a in got):
+        return SourceProbe(got, FIRST_RULE)
     source = ensure_source_answers(plan)
+    questions = probe_questions(source)
+    out = stem.with_name(stem.name + ".probe-soonest.answers.json")
+    got = kept_answers(out, content_key("probe", plan.base_key, questions, MAX_TOKENS, ANSWER_SLOTS),
+                       lambda: ask(log=out.with_suffix(".log"), questions=questions))
+    return SourceProbe(got, SOONEST_RULE, stopped_pct(source))
+
+
+def _answers(plan: GGUFPlan, q: str, threads: int) -> Answers:
+    """The answer check of variant `q`. A variant that prompts and stops as the f16 does (`prompting`: same
+    tokenizer keys, chat template included) answers the probe (ensure_source_probe), and every question only when
+    the probe finds something wrong (probe_then_all); any other variant answers every question. The f16 answers
+    every question only when one of them needs it (kept by content)."""
     path = plan.quant_path(q)
     engine = f"llama-server with {q} ({path.name}) against {plan.base_path.name}"
-    ask = functools.partial(answer_questions, path, plan.llama, threads=plan.settings.effective_threads,
+    ask = functools.partial(answer_questions, path, plan.llama, threads=threads,
                             log=path.with_suffix(".answers.log"), variant=q)
     if prompting(path) != prompting(plan.base_path):
-        return compare(engine, ask(), source)
-    return probe_then_all(engine, lambda questions: ask(questions=questions), source,
-                          ensure_source_probe(plan, source))
+        return compare(engine, ask(), ensure_source_answers(plan))
+    return probe_then_all(engine, lambda questions: ask(questions=questions), lambda: ensure_source_answers(plan),
+                          ensure_source_probe(plan), of=len(load_questions()))
 
 
-def ensure_validated(plan: GGUFPlan, q: str) -> VariantOutcome:
+def ensure_validated(plan: GGUFPlan, q: str, *, threads: int | None = None) -> VariantOutcome:
     """Smoke-generate and measure one variant against the reference logits; the report is its finish line.
+    `threads`: this check's share of the settings' threads (check_parallelism; default all of them).
 
     A failing gate is recorded in the report (`passed: false`, with figures and thresholds); the caller
     decides that the variant goes no further.
@@ -505,7 +529,8 @@ def ensure_validated(plan: GGUFPlan, q: str) -> VariantOutcome:
     cached = report is not None
     if report is None:
         with ThreadPoolExecutor(max_workers=1) as pool:
-            report = _measured(plan, q, qpath, qreceipt, gate, report_path, texts, report_key, pool)
+            report = _measured(plan, q, qpath, qreceipt, gate, report_path, texts, report_key, pool,
+                               threads or plan.settings.effective_threads)
     outcome = VariantOutcome(q, qpath, qreceipt["sha256"], qreceipt["size"], report, cached)
     if outcome.passed and plan.spec.split_max_size:
         with disk_full_located(plan.settings):
@@ -514,11 +539,11 @@ def ensure_validated(plan: GGUFPlan, q: str) -> VariantOutcome:
 
 
 def _measured(plan: GGUFPlan, q: str, qpath: Path, qreceipt: dict[str, Any], gate: Gate, report_path: Path,
-              texts: dict[str, Any], report_key: str, pool: ThreadPoolExecutor) -> GGUFReport:
+              texts: dict[str, Any], report_key: str, pool: ThreadPoolExecutor, threads: int) -> GGUFReport:
     """Variant `q` measured and judged: its answers (in `pool`: llama-server, one thread) while llama-perplexity
     (one thread) computes the reference logits, if they are not kept yet, and the variant's KL divergence. The two
     are separate single-threaded processes, so on two cores they run side by side without meeting at a barrier."""
-    answers = pool.submit(_answers, plan, q) if plan.spec.answers else None
+    answers = pool.submit(_answers, plan, q, threads) if plan.spec.answers else None
     logits = ensure_reference_logits(plan)
     info = inspect_gguf(qpath)
     predicted = plan.block_fallback(q).to_dict()
@@ -528,7 +553,7 @@ def _measured(plan: GGUFPlan, q: str, qpath: Path, qreceipt: dict[str, Any], gat
     with disk_full_located(plan.settings):
         return validate_variant(
             q, qpath, info, plan.base_path, logits.path, gate, plan.llama,
-            threads=plan.settings.effective_threads, ctx=GGUF_EVAL_CTX, report_path=report_path,
+            threads=threads, ctx=GGUF_EVAL_CTX, report_path=report_path,
             evaluation=texts["evaluation"],
             smoke=not plan.spec.answers,  # the answers load and generate with the same template: no second run
             extra={"key": report_key, "sha256": qreceipt["sha256"], "source": plan.source, **texts,
@@ -564,7 +589,8 @@ def build_gguf(
 
 
 def gguf_steps(plan: GGUFPlan, *, progress: Callable[[str], None] = lambda _msg: None, **_options: Any) -> StepList:
-    """The GGUF build of `plan` as steps: convert → (imatrix) → quantize each type → validate each type.
+    """The GGUF build of `plan` as steps: convert → (imatrix) → quantize each type → validate each type
+    (check_parallelism of them at once: the first to need the f16's figures makes them, the others wait for it).
 
     The block-size pre-flight runs first (a type it refuses gets no steps); when it refuses every type the list is
     empty. The CLI runs the list with the local executor, the flow with one Prefect task per step.
@@ -601,10 +627,13 @@ def gguf_steps(plan: GGUFPlan, *, progress: Callable[[str], None] = lambda _msg:
             tools=lambda r: [f"llama-quantize {r.path.name}"] if r.ran else [],
             group="quantize", width=jobs, threads=per_job, place="quantize",
         ))
+    unchecked = [q for q in ok if load_report(plan.report_path(q), None) is None]
+    width, per_check = check_parallelism(plan, unchecked or ok)
     for q in ok:
         listed.steps.append(Step(
-            f"validate-{q}", "validate", run=functools.partial(_validate, plan, q), output=plan.report_path(q),
-            needs=(f"quantize-{q}",), variants=(q,), stage="validate",
+            f"validate-{q}", "validate", run=functools.partial(_validate, plan, q, per_check),
+            output=plan.report_path(q), needs=(f"quantize-{q}",), variants=(q,), stage="validate",
+            group="validate", width=width, threads=per_check,
             key=functools.partial(_validate_key, plan, q), current=functools.partial(_report_current, plan),
             say=functools.partial(_say_validate, plan, q),
             tools=lambda o: [] if o.cached else [f"validate {o.variant}"], place="validate",
@@ -647,8 +676,8 @@ def _say_quantize(plan: GGUFPlan, ok: list[str], jobs: int, per_job: int, _input
     return f"quantize {', '.join(todo)} ({jobs} at a time, {per_job} threads each)" if todo else None
 
 
-def _validate(plan: GGUFPlan, q: str, _inputs: dict[str, Any]) -> VariantOutcome:
-    return ensure_validated(plan, q)
+def _validate(plan: GGUFPlan, q: str, threads: int, _inputs: dict[str, Any]) -> VariantOutcome:
+    return ensure_validated(plan, q, threads=threads)
 
 
 def _validate_key(plan: GGUFPlan, q: str, got: dict[str, Any]) -> str:
@@ -706,6 +735,45 @@ def _ladder_conflicts(variants: dict[str, VariantOutcome]) -> list[str]:
         if judged is not None and judged.figures is not None:
             verdicts[q] = (judged.figures, judged.passed)
     return ladder_conflicts(verdicts)
+
+
+def check_parallelism(plan: GGUFPlan, variants: list[str]) -> tuple[int, int]:
+    """How many variants to check at once, and the threads each check is given (its tools get half: check_threads).
+
+    A check is single-threaded tools on two cores (the KL divergence all along, the engine's answers for a few
+    seconds of it), so checking one variant at a time leaves a core idle most of the time. Every variant is checked
+    at once while their files fit in half the memory available (a variant's KL divergence and its engine map the
+    same pages); each check gets an equal share of the threads. Single-threaded tools sharing cores lose nothing to
+    each other; tools of several threads are never given more threads than there are (check_threads).
+    """
+    threads = plan.settings.effective_threads
+    width, budget = 0, memory_available() // 2
+    for size in sorted((_expected_size(plan, q) for q in variants), reverse=True):
+        if width and size > budget:
+            break
+        width, budget = width + 1, budget - size
+    width = max(1, min(width, len(variants)))
+    return width, max(1, threads // width)
+
+
+def _expected_size(plan: GGUFPlan, q: str) -> int:
+    """A variant's file size: its file's where it is made, else its 2-D weights at its type's bits per weight."""
+    path = plan.quant_path(q)
+    if path.exists():
+        return path.stat().st_size
+    t = gguf_type(q)
+    return int(sum(w.params for w in plan.weights) * (t.bpw if t else 16.0) / 8)
+
+
+def memory_available() -> int:
+    """Bytes of memory the kernel says can be had without swapping (MemAvailable), or all of it where unknown."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 def quant_parallelism(n_jobs: int, threads: int) -> tuple[int, int]:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import tempfile
 from collections.abc import Iterator
@@ -12,6 +11,7 @@ from pathlib import Path
 from typing import Literal
 
 from pipelines.core.errors import ConfigError, RegistryError, ToolError
+from pipelines.core.fsutil import file_lock
 from pipelines.core.runner import run
 from pipelines.core.settings import Settings
 from pipelines.registry import dvcgen
@@ -156,11 +156,6 @@ def _git(root: Path, *args: str, env: dict[str, str] | None = None) -> str:
 def _pin_lock(settings: Settings) -> Iterator[None]:
     """One pin move at a time per repository, across processes (two watcher runs, a webhook and a tick)."""
     locks = settings.home / "locks"
-    locks.mkdir(parents=True, exist_ok=True)
     key = hashlib.sha1(str(settings.repo_dir.resolve()).encode()).hexdigest()[:16]
-    with open(locks / f"pins-{key}.lock", "w") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
+    with file_lock(locks / f"pins-{key}.lock"):
+        yield
