@@ -82,8 +82,7 @@ def ray_batches(steps: list[Step], settings: Settings) -> list[Step]:
     import dataclasses
 
     return [
-        dataclasses.replace(s, group="validate", width=len(steps))
-        if s.task == "validate" and s.group is None
-        else s
+        # every one at once, whatever width the list chose from this machine's memory: Ray places each on a worker
+        dataclasses.replace(s, group=s.group or "validate", width=len(steps)) if s.task == "validate" else s
         for s in steps
     ]

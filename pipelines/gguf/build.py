@@ -540,9 +540,9 @@ def ensure_validated(plan: GGUFPlan, q: str, *, threads: int | None = None) -> V
 
 def _measured(plan: GGUFPlan, q: str, qpath: Path, qreceipt: dict[str, Any], gate: Gate, report_path: Path,
               texts: dict[str, Any], report_key: str, pool: ThreadPoolExecutor, threads: int) -> GGUFReport:
-    """Variant `q` measured and judged: its answers (in `pool`: llama-server, one thread) while llama-perplexity
-    (one thread) computes the reference logits, if they are not kept yet, and the variant's KL divergence. The two
-    are separate single-threaded processes, so on two cores they run side by side without meeting at a barrier."""
+    """Variant `q` measured and judged: its answers (in `pool`: llama-server) while llama-perplexity computes the
+    reference logits, if they are not kept yet, and the variant's KL divergence; each tool gets check_threads of
+    this check's `threads` (one on two cores, where they run side by side without meeting at a barrier)."""
     answers = pool.submit(_answers, plan, q, threads) if plan.spec.answers else None
     logits = ensure_reference_logits(plan)
     info = inspect_gguf(qpath)
