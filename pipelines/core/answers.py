@@ -105,6 +105,11 @@ class Answers(BaseModel):
         return self.skipped is None and not self.failures
 
 
+def stopped_pct(answers: list[Answer]) -> float:
+    """The share of `answers` that ended on a stop token, in % (0 for none)."""
+    return round(100.0 * sum(a.stopped for a in answers) / len(answers), 2) if answers else 0.0
+
+
 def compare(engine: str, variant: list[Answer], source: list[Answer]) -> Answers:
     """The variant's answers against the source's, question by question, and what fails.
 
@@ -129,8 +134,8 @@ def compare(engine: str, variant: list[Answer], source: list[Answer]) -> Answers
     if alike == 0:
         failures.append(f"answers: none of {n} answers is alike the source's")
     return Answers(engine=engine, questions=n, identical_pct=round(100.0 * same / n, 2),
-                   similar_pct=round(100.0 * alike / n, 2), stopped_pct=round(100.0 * stopped / n, 2),
-                   source_stopped_pct=round(100.0 * src_stopped / n, 2), failures=failures, samples=variant[:3])
+                   similar_pct=round(100.0 * alike / n, 2), stopped_pct=stopped_pct(variant),
+                   source_stopped_pct=stopped_pct(source), failures=failures, samples=variant[:3])
 
 
 @dataclass(frozen=True)
@@ -141,10 +146,6 @@ class SourceProbe:
     answers: list[Answer]
     rule: str = SOONEST_RULE
     source_stopped_pct: float | None = None
-
-
-def stopped_pct(answers: list[Answer]) -> float:
-    return round(100.0 * sum(a.stopped for a in answers) / len(answers), 2) if answers else 0.0
 
 
 def probe_then_all(engine: str, ask: Callable[[list[str] | None], list[Answer]],

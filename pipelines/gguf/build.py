@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -627,8 +626,7 @@ def gguf_steps(plan: GGUFPlan, *, progress: Callable[[str], None] = lambda _msg:
             tools=lambda r: [f"llama-quantize {r.path.name}"] if r.ran else [],
             group="quantize", width=jobs, threads=per_job, place="quantize",
         ))
-    unchecked = [q for q in ok if load_report(plan.report_path(q), None) is None]
-    width, per_check = check_parallelism(plan, unchecked or ok)
+    width, per_check = check_parallelism(plan, [q for q in ok if load_report(plan.report_path(q), None) is None])
     for q in ok:
         listed.steps.append(Step(
             f"validate-{q}", "validate", run=functools.partial(_validate, plan, q, per_check),
@@ -747,12 +745,15 @@ def check_parallelism(plan: GGUFPlan, variants: list[str]) -> tuple[int, int]:
     each other; tools of several threads are never given more threads than there are (check_threads).
     """
     threads = plan.settings.effective_threads
-    width, budget = 0, memory_available() // 2
+    if not variants:  # every report is kept: nothing will run, so no memory to share
+        return 1, threads
+    import psutil  # here, not at import: a rerun with every report kept never reaches it
+
+    width, budget = 0, psutil.virtual_memory().available // 2  # MemAvailable on Linux
     for size in sorted((_expected_size(plan, q) for q in variants), reverse=True):
         if width and size > budget:
             break
         width, budget = width + 1, budget - size
-    width = max(1, min(width, len(variants)))
     return width, max(1, threads // width)
 
 
@@ -763,17 +764,6 @@ def _expected_size(plan: GGUFPlan, q: str) -> int:
         return path.stat().st_size
     t = gguf_type(q)
     return int(sum(w.params for w in plan.weights) * (t.bpw if t else 16.0) / 8)
-
-
-def memory_available() -> int:
-    """Bytes of memory the kernel says can be had without swapping (MemAvailable), or all of it where unknown."""
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 def quant_parallelism(n_jobs: int, threads: int) -> tuple[int, int]:
