@@ -34,6 +34,24 @@ def test_timeout_kills_the_process_group() -> None:
         run([sys.executable, "-c", "import time; time.sleep(30)"], timeout=0.5)
 
 
+def test_a_tool_is_stopped_once_its_output_says_enough() -> None:
+    script = "import time; print('one', flush=True); time.sleep(0.3); print('two', flush=True); time.sleep(60)"
+    seen: list[str] = []
+
+    def enough(out: str) -> bool:
+        seen.append(out)
+        return "two" in out
+
+    r = run([sys.executable, "-c", script], stop_when=enough, timeout=30)
+    assert r.stopped and r.returncode == -9 and r.stdout == "one\ntwo\n"
+    assert seen[0] == "one\n"  # asked as the output grew, not once at the end
+    # a watcher that never says enough changes nothing: the tool runs to its end, and its status counts
+    r = run(["sh", "-c", "echo a; sleep 0.2; echo b"], stop_when=lambda _out: False)
+    assert not r.stopped and r.returncode == 0 and r.stdout == "a\nb\n"
+    with pytest.raises(ToolError):
+        run(["sh", "-c", "echo a; exit 3"], stop_when=lambda _out: False)
+
+
 def test_tokens_are_not_passed_to_tools(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HF_TOKEN", "hf_secret_value")
     r = run([sys.executable, "-c", "import os; print(os.environ.get('HF_TOKEN', 'absent'))"])

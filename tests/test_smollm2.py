@@ -92,7 +92,11 @@ def test_smollm2_from_the_pinned_wheel_to_the_registry(smollm2_repo: Repo) -> No
     for q in VARIANTS:
         report = json.loads((out_dir / f"smollm2-{q}.report.json").read_text())
         k = report["kld"]
-        assert report["evaluation"]["text"] == "eval.txt" and k["chunks"] == 16
+        assert report["evaluation"]["text"] == "eval.txt" and report["evaluation"]["chunks"] == 16
+        # q6_k and q8_0 pass early (measured: after 4 and after 8 of the 16 chunks, every figure 3 standard errors
+        # inside its gate); q4_k_m's same top is 2 standard errors from its floor, so it is read to the end
+        assert (k["chunks"], k["of_chunks"]) == {"q4_k_m": (16, None), "q6_k": (4, 16), "q8_0": (8, 16)}[q], (q, k)
+        assert report["validation"]["figures"]["tokens"] == k["chunks"] * 63
         # healthy quants of a trained model (measured q6_k 0.010 / 92 %, q8_0 0.004 / 95 %); a broken one misses
         # by orders of magnitude
         assert k["mean_kld"] < 0.03 and k["same_top_pct"] > 88.0 and abs(k["dppl_pct"]) < 5.0, (q, k)

@@ -67,6 +67,11 @@ NOISE_SIGMAS = 2.0
 on evidence that it is past the limit, not on the noise of one short text."""
 
 
+EARLY_SIGMAS = 3.0
+"""How far inside every limit, in standard errors, a variant's figures over the first part of its evaluation must
+be for it to pass on them (Gate.inside_by; pipelines/gguf/validate.early_pass)."""
+
+
 @dataclass(frozen=True)
 class Gate:
     """Thresholds for a variant measured against its reference (every format: pipelines/report.Figures)."""
@@ -112,6 +117,19 @@ class Gate:
                             f"ΔPPL {f.dppl_pct:+.2f} % > {self.max_dppl_pct:g} % (perplexity ratio {f.ppl_ratio:.4g}"
                             + (f", ln ± {f.ln_ppl_ratio_stderr:.4f}" if slack else "") + f"){why}"))
         return out
+
+    def inside_by(self, figures: Measured, sigmas: float) -> bool:
+        """Whether every gated figure is inside its limit by at least `sigmas` of its standard errors (never
+        where a figure has no standard error, or is not a number): evidence that the variant passes, taken on part
+        of the evaluation (pipelines/gguf/validate.EARLY_PASS)."""
+        f = figures
+        errs = (f.mean_kl_stderr, f.same_top_stderr, f.ln_ppl_ratio_stderr)
+        if any(e is None or not math.isfinite(e) for e in errs) or not f.ppl_ratio > 0:
+            return False
+        kl_se, top_se, ln_se = (float(e) for e in errs)  # type: ignore[arg-type]
+        return (f.mean_kl + sigmas * kl_se <= self.max_mean_kl
+                and f.same_top_pct - sigmas * top_se >= self.min_same_top_pct
+                and math.log(f.ppl_ratio) + sigmas * ln_se <= math.log(self.max_ppl_ratio))
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "max_dppl_pct": self.max_dppl_pct}

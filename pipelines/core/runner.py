@@ -5,12 +5,13 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import resource
 import signal
 import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,6 +35,34 @@ class ToolRun:
     wall_s: float
     peak_rss_bytes: int
     """Peak resident set size of the child process (from wait4), not of modelmint itself."""
+    stopped: bool = False
+    """The tool was stopped by `run(..., stop_when=...)` because its output already said enough."""
+
+
+_POLL_S = 0.1
+"""How often `run(stop_when=...)` reads a tool's new output (a llama-perplexity chunk takes about half a second)."""
+
+
+def _wait_watching(pid: int, fd: int, stop_when: Callable[[str], bool]) -> tuple[int, resource.struct_rusage, bool]:
+    """Wait for `pid`, asking `stop_when` about the output it wrote to `fd` so far; kill it when that says enough.
+
+    Returns (wait status, resource use, whether it was stopped).
+    """
+    seen, stopped = b"", False
+    while True:
+        done, status, rusage = os.wait4(pid, os.WNOHANG)
+        if done:
+            return status, rusage, stopped
+        if not stopped:
+            size = os.fstat(fd).st_size
+            if size > len(seen):
+                seen += os.pread(fd, size - len(seen), len(seen))
+                if stop_when(seen.decode("utf-8", errors="replace")):
+                    stopped = True
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+                    continue
+        time.sleep(_POLL_S)
 
 
 def _tail(text: str, lines: int = _TAIL_LINES) -> str:
@@ -65,6 +94,7 @@ def run(
     check: bool = True,
     hint: str | None = None,
     output: str | os.PathLike[str] | None = None,
+    stop_when: Callable[[str], bool] | None = None,
 ) -> ToolRun:
     """Run `argv` (never through a shell), wait for it, and return its output and resource use.
 
@@ -72,6 +102,8 @@ def run(
     (Settings.SECRET_ENV) is removed unless given explicitly.
     `output` is the file or directory the tool writes: when the tool fails and the filesystem there is full,
     that is the cause, whatever the tool printed (llama-quantize says `basic_ios::clear: iostream error`).
+    `stop_when` is asked, every `_POLL_S` while the tool runs, whether its standard output so far says enough: when
+    it answers True the tool is killed and the run returns with `stopped` set (its exit status is then no error).
 
     Raises:
         ToolError: the tool exited non-zero (when `check`), with the command and the tail of stderr.
@@ -99,8 +131,12 @@ def run(
         timer = threading.Timer(timeout, _kill) if timeout else None
         if timer:
             timer.start()
+        stopped = False
         try:
-            _, status, rusage = os.wait4(proc.pid, 0)
+            if stop_when is None:
+                _, status, rusage = os.wait4(proc.pid, 0)
+            else:
+                status, rusage, stopped = _wait_watching(proc.pid, out.fileno(), stop_when)
         except BaseException:
             # Interrupted (Ctrl-C, a flow cancelled): never leave the tool running behind us.
             _kill()
@@ -115,10 +151,10 @@ def run(
         err.seek(0)
         stdout = out.read().decode("utf-8", errors="replace")
         stderr = err.read().decode("utf-8", errors="replace")
-    result = ToolRun(args, proc.returncode, stdout, stderr, wall, rusage.ru_maxrss * 1024)
+    result = ToolRun(args, proc.returncode, stdout, stderr, wall, rusage.ru_maxrss * 1024, stopped)
     if timed_out.is_set():
         raise ToolTimeout(args, proc.returncode, _tail(stderr), hint=f"it ran longer than {timeout:.0f} s")
-    if check and proc.returncode != 0:
+    if check and proc.returncode != 0 and not stopped:
         full = any(m in stderr + stdout for m in _DISK_FULL_MARKERS) or (output is not None and is_full(Path(output)))
         if full:
             where = Path(output).parent if output is not None else Path(cwd or Path.cwd())

@@ -81,6 +81,24 @@ def check_apart(calibration: TextRef, evaluation: TextRef) -> None:
         )
 
 
+def _early_words(report: VariantReport, ev: dict[str, Any]) -> str:
+    """", passed on the first N of them …" where the variant's figures come from the first chunks alone (a GGUF
+    variant that passed early, pipelines/gguf/validate.early_pass); empty otherwise."""
+    from pipelines.core.gates import EARLY_SIGMAS
+    from pipelines.core.report import perplexity_positions
+
+    figures = report.validation.figures if report.validation else None
+    ctx, chunks = ev.get("ctx"), ev.get("chunks")
+    if not figures or not figures.tokens or not isinstance(ctx, int) or not isinstance(chunks, int):
+        return ""
+    per_chunk = perplexity_positions(ctx, 1)
+    measured = figures.tokens // per_chunk if per_chunk else chunks
+    if measured >= chunks:
+        return ""
+    return (f"; it passed on the first {measured}, where every figure was already {EARLY_SIGMAS:g} standard errors "
+            f"inside its limit")
+
+
 def data_lines(report: VariantReport) -> str:
     """What a variant was calibrated and measured on, for a model card (from its validation report)."""
     lines = []
@@ -106,5 +124,5 @@ def data_lines(report: VariantReport) -> str:
     ev = report.evaluation
     if ev:
         lines.append(f"Measured on the held-out `{ev.get('text')}` (sha256 `{ev.get('sha256')}`, {ev.get('chunks')} "
-                     f"chunks of {ev.get('ctx')} tokens), never used for calibration.")
+                     f"chunks of {ev.get('ctx')} tokens{_early_words(report, ev)}), never used for calibration.")
     return "\n".join(lines)

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import math
 import re
 import time
 from concurrent.futures import Future
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,7 @@ from pipelines.chat import jinja as chat_template
 from pipelines.core.answers import Answers
 from pipelines.core.errors import ArtifactError, ToolStoppedShort
 from pipelines.core.fsutil import atomic_output
-from pipelines.core.gates import Gate, chance_failure
+from pipelines.core.gates import EARLY_SIGMAS, Gate, chance_failure
 from pipelines.core.ggufheader import GGUFInfo, read_gguf_header
 from pipelines.core.report import Figures, GGUFReport, Validation, perplexity_positions
 from pipelines.core.runner import run
@@ -37,6 +38,9 @@ class KLDStats:
     mean_kld_stderr: float | None = None
     same_top_stderr: float | None = None
     ln_ppl_ratio_stderr: float | None = None
+    of_chunks: int | None = None
+    """The chunks the reference logits hold; more than `chunks` when the variant passed on its first ones
+    (EARLY_PASS), None where llama-perplexity's statistics after the last chunk were read."""
 
     @property
     def dppl_pct(self) -> float:
@@ -113,6 +117,63 @@ def parse_kld_output(text: str, ctx: int) -> KLDStats:
         same_top_stderr=_stderr(r"Same top p:\s+", text),
         ln_ppl_ratio_stderr=_stderr(r"Mean ln\(PPL\(Q\)/PPL\(base\)\)\s+:\s+", text),
     )
+
+
+_VAL = r"([-+]?(?:\d+(?:\.\d+)?(?:[eE][-+]?\d+)?|nan|inf))"
+_PM = _VAL + r"\s*±\s*" + _VAL
+_ROW = re.compile(r"^\s*(\d+)\s+" + r"\s+".join([_PM, _PM, _PM, _PM + r"\s*%", _PM + r"\s*%"]), flags=re.M)
+"""One chunk's row of `llama-perplexity --kl-divergence`: the chunk number, then the running figures over every
+chunk so far, each with its standard error: PPL(Q), ln(PPL(Q)/PPL(base)), KL divergence, RMS of Δp (%), same top p
+(%) (tools/perplexity/perplexity.cpp, kl_divergence: the LOG calls after process_logits)."""
+
+
+def parse_kld_rows(text: str, ctx: int) -> list[KLDStats]:
+    """The running figures after each chunk, as llama-perplexity printed them (row i: over chunks 1..i+1).
+
+    PPL(base) is not printed per row; it is PPL(Q) / exp(ln(PPL(Q)/PPL(base))), as the tool computes the ratio.
+    """
+    rows = []
+    for m in _ROW.finditer(text):
+        n, ppl, _ppl_se, ln_ratio, ln_se, kld, kld_se, _dp, _dp_se, top, top_se = m.groups()
+        ppl_q = float(ppl)
+        rows.append(KLDStats(mean_kld=float(kld), kld_p99=None, same_top_pct=float(top), ppl_q=ppl_q,
+                             ppl_base=ppl_q / math.exp(float(ln_ratio)), ctx=ctx, chunks=int(n),
+                             mean_kld_stderr=float(kld_se), same_top_stderr=float(top_se),
+                             ln_ppl_ratio_stderr=float(ln_se)))
+    return rows
+
+
+EARLY_LOOKS = (4, 8, 12)
+"""After which chunks (of the reference's 16) a variant's running figures are looked at.
+
+EARLY_PASS: a variant whose running figures after 4, 8 or 12 of the 16 chunks are each EARLY_SIGMAS (3) standard
+errors inside its gate passes on them, and its KL divergence stops there; every other variant is measured over every chunk and judged by the gate as
+before. A variant truly at or past a limit looks 3 standard errors inside it at one look with probability
+Φ(-3) = 0.13 %, at any of the three at most 0.4 %, which is all the refusing power given up; a broken file (KL above
+1, same top below 50 %) is never near. docs/quality.md has the measurements."""
+
+
+def early_pass(text: str, ctx: int, gate: Gate, total: int) -> KLDStats | None:
+    """The running figures at the first look (EARLY_LOOKS, before the last of `total` chunks) where every figure is
+    EARLY_SIGMAS standard errors inside `gate`; None while there is none. Decided on the printed rows alone, so a
+    run stopped there and one that ran to its end give the same figures."""
+    rows = parse_kld_rows(text, ctx)
+    for look in EARLY_LOOKS:
+        if look >= total or len(rows) < look:
+            break
+        stats = rows[look - 1]
+        if stats.chunks == look and gate.inside_by(stats.figures(), EARLY_SIGMAS):
+            return replace(stats, of_chunks=total)
+    return None
+
+
+def _logits_chunks(path: Path) -> int:
+    """How many chunks a `--kl-divergence-base` file holds (its header's n_chunk)."""
+    import struct
+
+    with open(path, "rb") as fh:
+        head = fh.read(_LOGITS_HEADER)
+    return struct.unpack_from("<i", head, 16)[0] if len(head) == _LOGITS_HEADER else 0
 
 
 # What llama-perplexity logs before it gives up and still exits 0 (tools/perplexity/perplexity.cpp).
@@ -196,8 +257,12 @@ _KLD_TRIES = 3
 """How often llama-perplexity's KL divergence is run when its printed output comes back cut short (kld_stopped_short)."""
 
 
-def kl_divergence(quant: Path, base_logits: Path, llama: LlamaCpp, *, threads: int, ctx: int) -> KLDStats:
+def kl_divergence(quant: Path, base_logits: Path, llama: LlamaCpp, *, threads: int, ctx: int,
+                  gate: Gate | None = None) -> KLDStats:
     """Mean KL divergence, same-top-token rate and perplexities of `quant` against saved base logits.
+
+    With a `gate`, the variant may pass on its first chunks (early_pass): llama-perplexity is stopped at the first
+    look where every figure is EARLY_SIGMAS standard errors inside the gate, and those figures are returned.
 
     llama.cpp logs through a worker thread that is never joined at exit (common/log.cpp, `common_log_main`: the
     logger is leaked on purpose, "logs may be lost if not flushed before the program exits"), so under load the last
@@ -210,17 +275,24 @@ def kl_divergence(quant: Path, base_logits: Path, llama: LlamaCpp, *, threads: i
         ToolStoppedShort: every try stopped before its last chunk with no error line (transient: a flow retries).
     """
     short = (0, 0)
+    total = _logits_chunks(base_logits) if gate is not None else 0
+
+    def passed(out: str) -> KLDStats | None:
+        return early_pass(out, ctx, gate, total) if gate is not None else None
+
     for _ in range(_KLD_TRIES):
         result = run([
             llama.bin("llama-perplexity"), "-m", quant, "--kl-divergence-base", base_logits, "--kl-divergence",
             "-c", str(ctx), "-b", str(ctx), "-t", str(check_threads(threads)),
-        ])
+        ], stop_when=(lambda out: passed(out) is not None) if gate is not None else None)
         text = result.stdout + "\n" + result.stderr
         if failures := perplexity_failures(text):
             raise ArtifactError(
                 f"llama-perplexity could not measure {quant.name} against {base_logits}: " + "; ".join(failures),
                 hint=f"the reference logits are damaged: delete {base_logits} and rerun the same command",
             )
+        if early := passed(result.stdout):
+            return early
         stopped = kld_stopped_short(text)
         if stopped is None:
             return parse_kld_output(text, ctx)
@@ -302,7 +374,7 @@ def validate_variant(
     the answers are in (the caller's pool waits for them either way).
     """
     smoke_result = smoke_generate(quant, quant_info, llama, threads=threads) if smoke else None
-    stats = kl_divergence(quant, base_logits, llama, threads=threads, ctx=ctx)
+    stats = kl_divergence(quant, base_logits, llama, threads=threads, ctx=ctx, gate=gate)
     if isinstance(answers, Future):
         answers = answers.result()
     broken = chance_failure(stats.figures().ppl_reference, _vocab(reference))
