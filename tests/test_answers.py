@@ -17,7 +17,9 @@ from test_llama_server_smoke import _tiny_entry
 
 from pipelines.core.answers import (
     FIRST_RULE,
+    MAX_TOKENS,
     PROBE,
+    PROBE_MIN_TOKENS,
     SOONEST_RULE,
     Answer,
     Answers,
@@ -26,6 +28,7 @@ from pipelines.core.answers import (
     compare,
     kept_answers,
     load_questions,
+    probe_max_tokens,
     probe_questions,
     probe_then_all,
     questions_record,
@@ -96,11 +99,12 @@ class _Engine:
     is under test is how the probe's verdict is reached from answers)."""
 
     def __init__(self, texts: dict[str, str], stopped: bool = True) -> None:
-        self.texts, self.stopped, self.asked, self.sourced = texts, stopped, [], 0
+        self.texts, self.stopped, self.asked, self.sourced, self.caps = texts, stopped, [], 0, []
 
-    def __call__(self, questions: list[str] | None) -> list[Answer]:
+    def __call__(self, questions: list[str] | None, max_tokens: int) -> list[Answer]:
         questions = questions or list(self.texts)
         self.asked.append(questions)
+        self.caps.append(max_tokens)
         return [Answer(question=q, text=self.texts[q], stopped=self.stopped) for q in questions]
 
 
@@ -122,6 +126,25 @@ def test_a_passing_probe_is_all_a_variant_is_asked() -> None:
     got = probe_then_all("llama-server with q8_0", engine, _full(engine), SourceProbe(probe), of=len(FULL))
     assert got.passed and got.questions == 2 and got.probe is not None and got.probe.failed == []
     assert engine.asked == [["q0", "q2"]] and engine.sourced == 0  # the source was asked the probe alone
+    # the source's lengths are not known here: the probe is asked at the full length
+    assert engine.caps == [MAX_TOKENS] and got.max_tokens == MAX_TOKENS
+
+
+def test_the_probe_is_capped_at_twice_the_sources_longest_answer_and_the_full_round_is_not() -> None:
+    sized = [a.model_copy(update={"tokens": n}) for a, n in zip(FULL, (9, 30, 2, 11, 7, 8), strict=True)]
+    assert probe_max_tokens([sized[0], sized[2]]) == PROBE_MIN_TOKENS  # 2 x 9 < 32
+    assert probe_max_tokens([sized[0], sized[1]]) == 60
+    assert probe_max_tokens([a.model_copy(update={"tokens": 70}) for a in FULL[:2]]) == MAX_TOKENS
+    assert probe_max_tokens([sized[0], FULL[1]]) == MAX_TOKENS  # one length unknown
+    engine = _Engine({a.question: a.text for a in FULL})
+    got = probe_then_all("llama-server with q8_0", engine, _full(engine), SourceProbe([sized[0], sized[1]]),
+                         of=len(FULL))
+    assert engine.caps == [60] and got.passed and got.max_tokens == 60  # the card says "within 60 tokens"
+    # a variant that runs on is stopped at the cap, fails the probe, and is judged on every question at full length
+    runs_on = _Engine({a.question: a.text for a in FULL}, stopped=False)
+    got = probe_then_all("llama-server with q2_k", runs_on, _full(runs_on), SourceProbe([sized[0], sized[1]]),
+                         of=len(FULL))
+    assert runs_on.caps == [60, MAX_TOKENS] and got.max_tokens == MAX_TOKENS and not got.passed
 
 
 def test_a_probe_none_alike_by_chance_is_judged_on_every_question() -> None:

@@ -27,6 +27,25 @@ strings, vocabulary and special tokens): one round of the engine's four slots. W
 end-of-turn token, a broken template, an engine that never stops, a variant that answers nothing like its source)
 shows on every question the source stopped on; how close a variant is token by token, KL divergence measures on
 every position of the evaluation text."""
+PROBE_MIN_TOKENS = 32
+"""The fewest tokens a probed variant may take for an answer (probe_max_tokens)."""
+
+
+def probe_max_tokens(source: list[Answer]) -> int:
+    """Tokens a variant may take for each probe answer: twice the source's longest answer to the probe, at least
+    PROBE_MIN_TOKENS, at most MAX_TOKENS (MAX_TOKENS where the source's lengths are not known).
+
+    The probe is a screen: a variant that passes it is done, one that fails it is asked every question at MAX_TOKENS
+    and judged on those. The source ended each probed answer on a stop token, so a variant still talking at twice
+    that length has run on; the cap only stops the decoding there (greedy, so the answer is the uncapped one's start)
+    instead of at MAX_TOKENS. It can turn a pass of the probe into a full round, never a full round's verdict.
+    """
+    lengths = [a.tokens for a in source]
+    if not lengths or any(n is None for n in lengths):
+        return MAX_TOKENS
+    return min(MAX_TOKENS, max(PROBE_MIN_TOKENS, 2 * max(n for n in lengths if n is not None)))
+
+
 FIRST_RULE = (f"the question file's first {PROBE} (one-line factual questions), each of which the source ended on a "
               "stop token, asked of the source the same way")
 SOONEST_RULE = "the questions the source stopped on soonest; the source asked them again the same way"
@@ -49,6 +68,7 @@ class Answer(BaseModel):
     question: str
     text: str
     stopped: bool = Field(description="ended on the end-of-turn token or a stop string, not on the length limit")
+    tokens: int | None = Field(default=None, description="tokens the engine generated (None: it did not say)")
 
 
 class Probe(BaseModel):
@@ -148,7 +168,7 @@ class SourceProbe:
     source_stopped_pct: float | None = None
 
 
-def probe_then_all(engine: str, ask: Callable[[list[str] | None], list[Answer]],
+def probe_then_all(engine: str, ask: Callable[[list[str] | None, int], list[Answer]],
                    source: Callable[[], list[Answer]], probe: SourceProbe, *, of: int) -> Answers:
     """The answer check of a variant that prompts and stops as its source does: the probe first (`probe`, the
     source's answers to it, asked as the variant is), and every question only when the probe finds something wrong.
@@ -156,17 +176,19 @@ def probe_then_all(engine: str, ask: Callable[[list[str] | None], list[Answer]],
     A few questions can miss by chance: a healthy variant whose PROBE answers are none alike its source's would be
     refused, where all of them would pass it. So a failed probe is judged again on every question (`source()`, the
     source's answers to all `of` of them, asked only then), as a variant that prompts otherwise is: a broken variant
-    still fails, now on all of them, at the price of a full round only where the probe failed. `ask(None)` asks
-    every question; `ask(questions)` those.
+    still fails, now on all of them, at the price of a full round only where the probe failed. `ask(None, n)` asks
+    every question, `ask(questions, n)` those, each answer at most `n` tokens: the probe at probe_max_tokens, the
+    full round at MAX_TOKENS.
 
     Raises:
         ArtifactError: the engine gave no answer at all, or answered other questions (compare).
     """
-    probed = compare(engine, ask([a.question for a in probe.answers]), probe.answers)
-    judged, stopped = probed, probe.source_stopped_pct
+    cap = probe_max_tokens(probe.answers)
+    probed = compare(engine, ask([a.question for a in probe.answers], cap), probe.answers)
+    judged, stopped = probed.model_copy(update={"max_tokens": cap}), probe.source_stopped_pct
     if probed.failures:
         full = source()
-        judged, stopped = compare(engine, ask(None), full), stopped_pct(full)
+        judged, stopped = compare(engine, ask(None, MAX_TOKENS), full), stopped_pct(full)
     return judged.model_copy(update={"probe": Probe(of=of, source_stopped_pct=stopped, rule=probe.rule,
                                                     failed=probed.failures)})
 

@@ -131,9 +131,10 @@ def _complete(url: str, body: dict[str, Any], *, timeout: float) -> Any:
 
 
 def answer_questions(gguf: Path, llama: LlamaCpp, *, threads: int, log: Path, variant: str,
-                     slots: int = SLOTS, questions: list[str] | None = None) -> list[Answer]:
+                     slots: int = SLOTS, questions: list[str] | None = None,
+                     max_tokens: int = MAX_TOKENS) -> list[Answer]:
     """Every bundled question (or `questions`, a probe of them), rendered with the GGUF's own chat template, answered greedily by llama-server with
-    the stop strings of its chat family (the Modelfile's PARAMETER stop), at most MAX_TOKENS tokens each, `slots`
+    the stop strings of its chat family (the Modelfile's PARAMETER stop), at most `max_tokens` tokens each, `slots`
     questions at a time on check_threads(threads) threads; the answers come back in the questions' order.
 
     Raises:
@@ -154,7 +155,7 @@ def answer_questions(gguf: Path, llama: LlamaCpp, *, threads: int, log: Path, va
     # One request holding every prompt: llama-server queues them all at once (tools/server/server-context.cpp,
     # handle_completions_impl: one task per prompt, posted together), so which questions share a decoding step
     # follows from the answers alone, not from when separate requests happened to arrive: the same answers every run.
-    body = {"prompt": prompts, "n_predict": MAX_TOKENS, "temperature": 0.0, "top_k": 1, "seed": 1,
+    body = {"prompt": prompts, "n_predict": max_tokens, "temperature": 0.0, "top_k": 1, "seed": 1,
             "stop": list(detect_family(template).stop), "cache_prompt": False}
     with llama_server(gguf, llama, threads=check_threads(threads), log=log, slots=slots) as server:
         try:
@@ -168,7 +169,9 @@ def answer_questions(gguf: Path, llama: LlamaCpp, *, threads: int, log: Path, va
     out = []
     for q, r in zip(questions, sorted(results, key=lambda r: int(r.get("index", 0))), strict=True):
         kind = r.get("stop_type") or ("eos" if r.get("stopped_eos") else "word" if r.get("stopped_word") else "limit")
-        out.append(Answer(question=q, text=str(r.get("content", "")), stopped=kind in ("eos", "word")))
+        made = r.get("tokens_predicted")
+        out.append(Answer(question=q, text=str(r.get("content", "")), stopped=kind in ("eos", "word"),
+                          tokens=int(made) if isinstance(made, int) else None))
     return out
 
 

@@ -480,14 +480,14 @@ def ensure_source_probe(plan: GGUFPlan) -> SourceProbe:
     stem = plan.out_dir / f"{plan.entry.name}-{plan.spec.outtype}"
     first = load_questions()[:PROBE]
     out = stem.with_name(stem.name + ".probe.answers.json")
-    got = kept_answers(out, content_key("probe", plan.base_key, first, MAX_TOKENS, ANSWER_SLOTS),
+    got = kept_answers(out, content_key("probe", plan.base_key, first, MAX_TOKENS, ANSWER_SLOTS, "tokens"),
                        lambda: ask(log=out.with_suffix(".log"), questions=first))
     if all(a.stopped for a in got):
         return SourceProbe(got, FIRST_RULE)
     source = ensure_source_answers(plan)
     questions = probe_questions(source)
     out = stem.with_name(stem.name + ".probe-soonest.answers.json")
-    got = kept_answers(out, content_key("probe", plan.base_key, questions, MAX_TOKENS, ANSWER_SLOTS),
+    got = kept_answers(out, content_key("probe", plan.base_key, questions, MAX_TOKENS, ANSWER_SLOTS, "tokens"),
                        lambda: ask(log=out.with_suffix(".log"), questions=questions))
     return SourceProbe(got, SOONEST_RULE, stopped_pct(source))
 
@@ -503,7 +503,8 @@ def _answers(plan: GGUFPlan, q: str, threads: int) -> Answers:
                             log=path.with_suffix(".answers.log"), variant=q)
     if prompting(path) != prompting(plan.base_path):
         return compare(engine, ask(), ensure_source_answers(plan))
-    return probe_then_all(engine, lambda questions: ask(questions=questions), lambda: ensure_source_answers(plan),
+    return probe_then_all(engine, lambda questions, cap: ask(questions=questions, max_tokens=cap),
+                          lambda: ensure_source_answers(plan),
                           ensure_source_probe(plan), of=len(load_questions()))
 
 
