@@ -132,10 +132,15 @@ def main() -> None:
     # full CLI (validation included) once, then a re-run with nothing changed
     first = subprocess.run([sys.executable, "-m", "pipelines.cli", "convert", "bench-2g"], env=env(scratch / "work3"),
                            capture_output=True, text=True)
-    start = time.perf_counter()
-    again = subprocess.run([sys.executable, "-m", "pipelines.cli", "convert", "bench-2g"], env=env(scratch / "work3"),
-                           capture_output=True, text=True)
-    res["rerun_s"] = time.perf_counter() - start
+    # the re-run timed three times (a 0.3-0.4 s figure moves by a tenth with whatever else the machine does): median
+    reruns = []
+    for _ in range(3):
+        start = time.perf_counter()
+        again = subprocess.run([sys.executable, "-m", "pipelines.cli", "convert", "bench-2g"],
+                               env=env(scratch / "work3"), capture_output=True, text=True)
+        reruns.append(time.perf_counter() - start)
+    res["rerun_s"] = sorted(reruns)[1]
+    res["rerun_min_s"], res["rerun_max_s"] = min(reruns), max(reruns)
     res["rerun_ran_nothing"] = float("every step was cached" in again.stderr)
     # Random weights carry no signal for a quantization to keep: Q4_K_M agrees with the f16 on ~25 % of top
     # tokens, so the gate refuses it. That verdict is cached like a pass, and the re-run must give it again.
@@ -157,7 +162,7 @@ def main() -> None:
         ("  the same for raw tools with no pipeline cost (bound)", res["zero_overhead_3types_s"]
          / res["separate_3types_s"], "(report)"),
         ("  pipeline / that bound", res["pipe_3types_s"] / res["zero_overhead_3types_s"], "≤ 1.03"),
-        ("re-run, nothing changed (s)", res["rerun_s"], "≤ 2 s"),
+        ("re-run, nothing changed (s, median of 3)", res["rerun_s"], "≤ 2 s"),
         ("f16 conversion throughput / cp throughput", (src_bytes / res["raw_convert_s"]) / (src_bytes / res["cp_s"]),
          "(report)"),
     ]
