@@ -56,7 +56,8 @@ def test_every_row_holds_the_running_figures_and_the_last_is_the_summary(q: str)
 
 
 def test_clear_variants_pass_at_a_look_and_a_close_one_is_read_to_the_end() -> None:
-    looked = {q: early_pass(_smollm2(q), 128, gguf_gate(q, "reference", SMOLLM2), 16) for q in ("q4_k_m", "q6_k", "q8_0")}
+    looked = {q: early_pass(_smollm2(q), 128, gguf_gate(q, "reference", SMOLLM2), 16)
+              for q in ("q4_k_m", "q6_k", "q8_0")}
     # q6_k: after 4 chunks its ln PPL ratio is 3.9 standard errors inside; q8_0: 1.7 after 4, 3.2 after 8;
     # q4_k_m's same top is 2.1 standard errors from its floor even after 16
     assert looked["q4_k_m"] is None
@@ -76,7 +77,8 @@ def test_no_look_passes_a_variant_short_of_three_standard_errors() -> None:
     assert early_pass(_smollm2("q6_k"), 128, tight, 16) is None
     # a row cut mid-line is no row; a reference of 4 chunks leaves no look before its last
     cut = _smollm2("q6_k").split("\n   4 ")[0] + "\n   4      27.7531 ±    4.8092       0.00699 ±"
-    assert len(parse_kld_rows(cut, 128)) == 3 and early_pass(cut, 128, gguf_gate("q6_k", "reference", SMOLLM2), 16) is None
+    assert len(parse_kld_rows(cut, 128)) == 3
+    assert early_pass(cut, 128, gguf_gate("q6_k", "reference", SMOLLM2), 16) is None
     assert early_pass(_smollm2("q6_k"), 128, gguf_gate("q6_k", "reference", SMOLLM2), 4) is None
     # no standard error, no early pass
     q6 = rows[3].figures()

@@ -147,10 +147,10 @@ EARLY_LOOKS = (4, 8, 12)
 """After which chunks (of the reference's 16) a variant's running figures are looked at.
 
 EARLY_PASS: a variant whose running figures after 4, 8 or 12 of the 16 chunks are each EARLY_SIGMAS (3) standard
-errors inside its gate passes on them, and its KL divergence stops there; every other variant is measured over every chunk and judged by the gate as
-before. A variant truly at or past a limit looks 3 standard errors inside it at one look with probability
-Φ(-3) = 0.13 %, at any of the three at most 0.4 %, which is all the refusing power given up; a broken file (KL above
-1, same top below 50 %) is never near. docs/quality.md has the measurements."""
+errors inside its gate passes on them, and its KL divergence stops there; every other variant is measured over
+every chunk and judged by the gate as before. A variant truly at or past a limit looks 3 standard errors inside it
+at one look with probability Φ(-3) = 0.13 %, at any of the three at most 0.4 %, which is all the refusing power
+given up; a broken file (KL above 1, same top below 50 %) is never near. docs/quality.md has the measurements."""
 
 
 def early_pass(text: str, ctx: int, gate: Gate, total: int) -> KLDStats | None:
