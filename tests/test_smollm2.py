@@ -77,6 +77,16 @@ def test_smollm2_from_the_pinned_wheel_to_the_registry(smollm2_repo: Repo) -> No
     assert record["origin"]["wheel_sha256"] == entry.source.sha256
     assert record["rebuild"]["weights"]["params"] == 134_515_008
     assert "dequantized from the Q4_1 release" in (rebuilt / "README.md").read_text()
+    # a later use of the rebuild checks it without opening it through the safetensors library again (the hash cache
+    # remembers the check), so a re-run imports no numpy
+    reuse = ("import sys; from pipelines.core.settings import Settings; "
+             "from pipelines.source.catalog import load_catalog; "
+             "from pipelines.source.wheelsource import ensure_wheel_model; s = Settings.from_env(); "
+             "ensure_wheel_model('smollm2', load_catalog(s.catalog_path).get('smollm2').source, s); "
+             "print('numpy' in sys.modules)")
+    again = subprocess.run([str(VENV_BIN / "python"), "-c", reuse], cwd=repo.root, env=repo.env(),
+                           capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0 and again.stdout.strip() == "False", again.stderr[-2000:]
 
     # the f16: the converter recognised SmolLM's pre-tokenizer and kept the GGUF's hyper-parameters; it answers
     [out_dir] = [p for p in (repo.work / "smollm2").iterdir() if p.is_dir()]

