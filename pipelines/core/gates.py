@@ -123,10 +123,11 @@ class Gate:
         where a figure has no standard error, or is not a number): evidence that the variant passes, taken on part
         of the evaluation (pipelines/gguf/validate.EARLY_PASS)."""
         f = figures
-        errs = (f.mean_kl_stderr, f.same_top_stderr, f.ln_ppl_ratio_stderr)
-        if any(e is None or not math.isfinite(e) for e in errs) or not f.ppl_ratio > 0:
+        kl_se, top_se, ln_se = f.mean_kl_stderr, f.same_top_stderr, f.ln_ppl_ratio_stderr
+        if kl_se is None or top_se is None or ln_se is None or not f.ppl_ratio > 0:
             return False
-        kl_se, top_se, ln_se = (float(e) for e in errs)  # type: ignore[arg-type]
+        if not all(math.isfinite(e) for e in (kl_se, top_se, ln_se)):
+            return False
         return (f.mean_kl + sigmas * kl_se <= self.max_mean_kl
                 and f.same_top_pct - sigmas * top_se >= self.min_same_top_pct
                 and math.log(f.ppl_ratio) + sigmas * ln_se <= math.log(self.max_ppl_ratio))

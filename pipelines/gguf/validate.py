@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import re
 import time
@@ -167,15 +168,6 @@ def early_pass(text: str, ctx: int, gate: Gate, total: int) -> KLDStats | None:
     return None
 
 
-def _logits_chunks(path: Path) -> int:
-    """How many chunks a `--kl-divergence-base` file holds (its header's n_chunk)."""
-    import struct
-
-    with open(path, "rb") as fh:
-        head = fh.read(_LOGITS_HEADER)
-    return struct.unpack_from("<i", head, 16)[0] if len(head) == _LOGITS_HEADER else 0
-
-
 # What llama-perplexity logs before it gives up and still exits 0 (tools/perplexity/perplexity.cpp).
 _PERPLEXITY_FAILURES = re.compile(
     r"^.*(failed reading|failed to open|failed to decode|does not look like a file containing|"
@@ -202,21 +194,31 @@ def logits_file_size(n_ctx: int, n_vocab: int, n_chunk: int) -> int:
     return _LOGITS_HEADER + 4 * n_chunk * n_ctx + n_chunk * (n_ctx - 1 - n_ctx // 2) * nv * 2
 
 
+def logits_header(path: Path) -> tuple[int, int, int]:
+    """(n_ctx, n_vocab, n_chunk) from a `--kl-divergence-base` file's header.
+
+    Raises:
+        ArtifactError: the file is too short for a header, or does not start with the logits magic.
+    """
+    import struct
+
+    with open(path, "rb") as fh:
+        head = fh.read(_LOGITS_HEADER)
+    if len(head) < _LOGITS_HEADER or head[:8] != LOGITS_MAGIC:
+        raise ArtifactError(f"{path} is not a complete llama.cpp logits file ({path.stat().st_size} bytes, header "
+                            f"{head[:8]!r})", hint="rerun the same command to compute the reference logits again")
+    n_ctx, n_vocab, n_chunk = struct.unpack_from("<Iii", head, 8)
+    return n_ctx, n_vocab, n_chunk
+
+
 def check_logits_file(path: Path, *, ctx: int, max_chunks: int) -> None:
     """Read a `--kl-divergence-base` file's header and check its length is exactly what the header implies.
 
     Raises:
         ArtifactError: not a logits file, another context or chunk count, or shorter/longer than complete.
     """
-    import struct
-
     size = path.stat().st_size
-    with open(path, "rb") as fh:
-        head = fh.read(_LOGITS_HEADER)
-    if len(head) < _LOGITS_HEADER or head[:8] != LOGITS_MAGIC:
-        raise ArtifactError(f"{path} is not a complete llama.cpp logits file ({size} bytes, header "
-                            f"{head[:8]!r})", hint="rerun the same command to compute the reference logits again")
-    n_ctx, n_vocab, n_chunk = struct.unpack_from("<Iii", head, 8)
+    n_ctx, n_vocab, n_chunk = logits_header(path)
     if n_ctx != ctx or n_vocab <= 0 or not 1 <= n_chunk <= max_chunks:
         raise ArtifactError(f"{path} holds n_ctx={n_ctx}, n_vocab={n_vocab}, n_chunk={n_chunk}; expected "
                             f"n_ctx={ctx} and 1..{max_chunks} chunks",
@@ -275,7 +277,10 @@ def kl_divergence(quant: Path, base_logits: Path, llama: LlamaCpp, *, threads: i
         ToolStoppedShort: every try stopped before its last chunk with no error line (transient: a flow retries).
     """
     short = (0, 0)
-    total = _logits_chunks(base_logits) if gate is not None else 0
+    total = 0  # no look before the last chunk: no early pass
+    if gate is not None:
+        with contextlib.suppress(ArtifactError):  # a damaged file: llama-perplexity says so below, with the remedy
+            total = logits_header(base_logits)[2]
 
     def passed(out: str) -> KLDStats | None:
         return early_pass(out, ctx, gate, total) if gate is not None else None
