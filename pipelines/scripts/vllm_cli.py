@@ -53,6 +53,15 @@ def _version(name: str) -> str:
 
 _md.version = _version  # type: ignore[assignment]  # the stdlib's parameter is named distribution_name
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+FP8_EMULATED_LINE = "modelmint: torch's oneDNN backend off, FP8 products emulated, in pid"
+if os.environ.get("MODELMINT_TORCH_FP8_EMULATED") == "1":
+    # FP8 checks only (pipelines/compressed/serve.py, EMULATED_FP8): torch's FP8 `_scaled_mm` takes its emulated
+    # path instead of oneDNN's scalar reference matmul on an AMX CPU. At import, so the engine's processes, which
+    # vLLM starts with multiprocessing's spawn (they import this script again), are switched too.
+    import torch
+
+    torch.backends.mkldnn.enabled = False
+    print(f"{FP8_EMULATED_LINE} {os.getpid()}", file=sys.stderr, flush=True)
 
 
 def _version_check(want: str) -> int:
@@ -192,6 +201,8 @@ def _serving(config: str, timeout: float, result: dict):
             sized = re.search(r"KV cache size: ([\d,]+) tokens", text)
             if sized:
                 result["kv_cache_tokens"] = int(sized.group(1).replace(",", ""))
+            # the engine's processes (API server, engine core, worker) that multiplied FP8 the emulated way
+            result["fp8_emulated_processes"] = text.count(FP8_EMULATED_LINE)
             if result.get("ok") is not True:
                 print(result["log_tail"], file=sys.stderr)
 
