@@ -82,7 +82,7 @@ For FP8_DYNAMIC (per-channel weights, per-token activations) vLLM 0.32's only CP
 `ChannelWiseTorchFP8ScaledMMLinearKernel`, which calls `torch._scaled_mm` (vllm/model_executor/kernels/linear/
 __init__.py, the PlatformEnum.CPU list; scaled_mm/pytorch.py). On a CPU that reports AMX-INT8, torch hands an FP8
 x FP8 product to oneDNN (aten/src/ATen/native/Blas.cpp, `_scaled_mm_out_cpu`: `cpuinfo_has_x86_amx_int8()`), and
-oneDNN, with no FP8 kernel for that ISA, runs its scalar reference matmul: `perf` on the vLLM worker shows 98 % of
+oneDNN, with no FP8 kernel for that ISA, runs its scalar reference matmul: `perf` on the vLLM worker shows 99 % of
 its cycles in `dnnl::impl::cpu::matmul::ref_matmul_t::execute_ref` and `float8_e4m3_t::operator float`. Every
 other CPU takes `_scaled_mm_out_cpu_emulated` (FP8 widened to FP32, then an FP32 matmul: the same exact FP8
 products summed in FP32). vllm_cli.py switches torch's oneDNN backend off in the engine's processes when
