@@ -101,7 +101,12 @@ def recommend_cmd(
 @site_app.command("build")
 def site_build(
     out_dir: Annotated[
-        Path, typer.Option("--out", help="the folder to write the site to (replaced as a whole)")
+        Path,
+        typer.Option(
+            "--out",
+            help="the folder to write the site to: a new or empty one, or a site an earlier build wrote "
+            "(replaced as a whole); any other folder is refused",
+        ),
     ],
 ) -> None:
     """Write the registry as self-contained HTML: index.html, a page per model, how to read the charts."""
@@ -113,7 +118,7 @@ def site_build(
             f"[yellow]warning:[/yellow] {escape(bad.message)} (shown on its model's page)", highlight=False
         )
     out.print(
-        f"wrote {len(built.pages)} pages to {escape(str(out_dir))}: open {escape((out_dir / 'index.html').as_uri())}"
+        f"wrote {len(built.pages)} pages to {escape(str(out_dir))}: open {escape((built.out / 'index.html').as_uri())}"
         f" or run `modelmint site serve --dir {escape(str(out_dir))}`",
         highlight=False,
         soft_wrap=True,
@@ -128,7 +133,9 @@ def site_serve(
             "--dir", help="a built site (default: the one the convert flow keeps, MODELMINT_WORK_DIR/site)"
         ),
     ] = None,
-    port: Annotated[int, typer.Option(help="the port on 127.0.0.1")] = 8000,
+    port: Annotated[
+        int, typer.Option(min=0, max=65535, help="the port on 127.0.0.1 (0: any free one, printed)")
+    ] = 8000,
 ) -> None:
     """Serve a built site on 127.0.0.1 for a quick look (Ctrl-C stops it)."""
     from pipelines.registry.site import default_site_dir, site_server

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from pipelines.core.errors import ConfigError, ManifestInvalid
-from pipelines.core.fsutil import clean_partials, partial_path, write_text_atomic
+from pipelines.core.fsutil import clean_partials, partial_path
 from pipelines.core.settings import Settings
 from pipelines.core.vocab import is_name
 from pipelines.registry.history import Version, history
@@ -750,24 +750,128 @@ cache pool (what bounds context × concurrency), the rest of vLLM's share (CUDA 
 gpu_memory_utilization leaves to other processes.</p>"""
 
 
-def build_site(settings: Settings, out: Path) -> Built:
-    """Write the site for the registry to `out` (replacing what is there): index.html, charts.html and
-    models/<name>.html. A manifest that does not validate is shown on its model's page; the rest builds.
+KEY_FILE = ".modelmint-site.json"
+"""In the site folder: the content key of what it was built from. Its presence is what makes a folder a modelmint
+site that a build may replace (and refresh_site skips a build when the key is unchanged)."""
+_SITE_FILES = frozenset({"index.html", "charts.html", "models", KEY_FILE})
+"""What a build writes at the top of the site folder."""
+_NEW_FOLDER_HINT = "give --out a new or empty folder, e.g. --out site/"
+
+
+def _is_site(folder: Path) -> bool:
+    """Whether `folder` holds a site a build wrote: its marker, or (a site built before the marker existed) only
+    the site's own files, every model page an .html file."""
+    try:
+        marker = json.loads((folder / KEY_FILE).read_text(encoding="utf-8"))
+        if isinstance(marker, dict) and isinstance(marker.get("key"), str):
+            return True
+    except (OSError, ValueError):
+        pass
+    names = {p.name for p in folder.iterdir()}
+    models = folder / "models"
+    return (
+        names <= _SITE_FILES
+        and (folder / "index.html").is_file()
+        and (
+            not models.exists()
+            or (models.is_dir() and all(p.suffix == ".html" and p.is_file() for p in models.iterdir()))
+        )
+    )
+
+
+def _check_out(settings: Settings, out: Path) -> Path:
+    """`out` resolved, once it is known that replacing it deletes nothing but an earlier site.
 
     Raises:
-        ConfigError: `out` is a file, or cannot be written.
+        ConfigError: `out` is a file, the root, holds the home folder, the registry repository, modelmint's own
+            folders or the working directory, is a git checkout, or is a non-empty folder that is not a site.
     """
-    if out.exists() and not out.is_dir():
+    dest = out.expanduser().resolve()
+    shown = str(out) if Path(str(out)) == dest else f"{out} ({dest})"
+    if dest.exists() and not dest.is_dir():
         raise ConfigError(
-            f"{out} is a file, not a folder for the site", hint="give --out a folder, e.g. --out site/"
+            f"{shown} is a file, not a folder for the site", hint="give --out a folder, e.g. --out site/"
         )
+    refuse = f"will not build the site in {shown}, a build replaces the whole of --out"
+    if dest == dest.parent:
+        raise ConfigError(f"{refuse}: it is the root folder", hint=_NEW_FOLDER_HINT)
+    try:
+        cwd: Path | None = Path.cwd()
+    except OSError:
+        cwd = None
+    kept = [
+        ("your home folder", Path.home()),
+        ("the registry repository (MODELMINT_REPO)", settings.repo_dir),
+        ("modelmint's home (MODELMINT_HOME)", settings.home),
+        ("the work directory (MODELMINT_WORK_DIR)", settings.work_dir),
+        ("the folder you are in", cwd),
+    ]
+    for what, folder in kept:
+        if folder is None:
+            continue
+        folder = folder.expanduser().resolve()
+        if dest == folder or dest in folder.parents:
+            said = f"it is {what}" if dest == folder else f"it holds {what}, {folder}"
+            raise ConfigError(f"{refuse}: {said}", hint=_NEW_FOLDER_HINT)
+    if not dest.is_dir():
+        return dest
+    try:
+        if (dest / ".git").exists():
+            raise ConfigError(
+                f"{refuse}: it is a git checkout (its .git would go)",
+                hint=f"{_NEW_FOLDER_HINT}, then copy the files into the checkout",
+            )
+        if any(dest.iterdir()) and not _is_site(dest):
+            raise ConfigError(
+                f"{refuse}: it holds files and is not a modelmint site (it has no {KEY_FILE})",
+                hint=f"{_NEW_FOLDER_HINT}; to replace {out} anyway, remove it first",
+            )
+    except OSError as err:
+        raise ConfigError(
+            f"cannot read {shown}: {err.strerror}", hint="give --out a folder you can write"
+        ) from err
+    return dest
+    try:
+        if (dest / ".git").exists():
+            raise ConfigError(
+                f"{out} is a git checkout: a build replaces the whole of --out, .git included",
+                hint=f"{_NEW_FOLDER_HINT}, and copy it into the checkout",
+            )
+        if any(dest.iterdir()) and not _is_site(dest):
+            raise ConfigError(
+                f"{out} holds files and is not a modelmint site (no {KEY_FILE}): a build replaces the whole of --out",
+                hint=f"{_NEW_FOLDER_HINT}; to replace {out} anyway, remove it first",
+            )
+    except OSError as err:
+        raise ConfigError(
+            f"cannot read {out}: {err.strerror}", hint="give --out a folder you can write"
+        ) from err
+    return dest
+
+
+def build_site(settings: Settings, out: Path) -> Built:
+    """Write the site for the registry to `out`: index.html, charts.html, models/<name>.html and the marker
+    (KEY_FILE) that makes it a site the next build may replace. A manifest that does not validate is shown on its
+    model's page; the rest builds.
+
+    `out` must be new, empty or a site a build wrote (see _check_out). The site is written beside it and swapped in
+    whole: a build that fails leaves the earlier site as it was.
+
+    Raises:
+        ConfigError: `out` may not be replaced (a file, a folder holding other files, a git checkout, the root, the
+            home folder, the registry repository), or cannot be written.
+    """
+    dest = _check_out(settings, out)
+    key = _inputs_key(
+        settings
+    )  # before reading: a registration during the build makes the next refresh rebuild
     pages = collect(settings)
     try:
-        out.parent.mkdir(parents=True, exist_ok=True)
+        dest.parent.mkdir(parents=True, exist_ok=True)
         # a killed build's leftovers (its process gone) first; a concurrent build's are left alone
-        for leftover in (out.name, f"{out.name}.old"):
-            clean_partials(out.parent, of=leftover)
-        tmp = partial_path(out)
+        for leftover in (dest.name, f"{dest.name}.old"):
+            clean_partials(dest.parent, of=leftover)
+        tmp = partial_path(dest)
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
     except OSError as err:
@@ -788,20 +892,33 @@ def build_site(settings: Settings, out: Path) -> Built:
             path = tmp / "models" / page_name(p.name)
             path.write_text(model_page(settings, p), encoding="utf-8")
             written.append(path)
+        (tmp / KEY_FILE).write_text(json.dumps({"key": key}) + "\n", encoding="utf-8")
         tmp.chmod(0o755)
-        old = partial_path(out.with_name(f"{out.name}.old"))
-        if out.exists():
-            out.rename(old)
-        tmp.rename(out)
-        shutil.rmtree(old, ignore_errors=True)
+        _swap(tmp, dest)
+    except OSError as err:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise ConfigError(
+            f"cannot write the site to {out}: {err.strerror}", hint="give --out a folder you can write"
+        ) from err
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return Built(out, [out / p.relative_to(tmp) for p in written], [b for p in pages for b in p.invalid])
+    return Built(dest, [dest / p.relative_to(tmp) for p in written], [b for p in pages for b in p.invalid])
 
 
-KEY_FILE = ".modelmint-site.json"
-"""In the site folder: the content key of what it was built from (refresh_site skips a build when it is unchanged)."""
+def _swap(tmp: Path, dest: Path) -> None:
+    """Put the folder `tmp` in the place of `dest`; if that fails, `dest` is put back as it was."""
+    old = partial_path(dest.with_name(f"{dest.name}.old"))
+    moved = dest.exists()
+    if moved:
+        dest.rename(old)
+    try:
+        tmp.rename(dest)
+    except BaseException:
+        if moved:
+            old.rename(dest)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def _inputs_key(settings: Settings) -> str:
@@ -825,24 +942,21 @@ def _inputs_key(settings: Settings) -> str:
 
 
 def refresh_site(settings: Settings, out: Path) -> tuple[Path, bool]:
-    """The site in `out` rebuilt when what it is built from changed since its last build; returns its index page
-    and whether it was built now.
+    """The site in `out` rebuilt (by build_site) when what it is built from changed since its last build; returns
+    its index page and whether it was built now.
 
     Raises:
         ConfigError: as build_site.
     """
-    key = _inputs_key(settings)
-    marker = out / KEY_FILE
     try:
         if (
-            json.loads(marker.read_text(encoding="utf-8")).get("key") == key
+            json.loads((out / KEY_FILE).read_text(encoding="utf-8")).get("key") == _inputs_key(settings)
             and (out / "index.html").is_file()
         ):
             return out / "index.html", False
     except (OSError, ValueError, AttributeError):
         pass  # no site yet, or not one this wrote: build it
     build_site(settings, out)
-    write_text_atomic(marker, json.dumps({"key": key}) + "\n")
     return out / "index.html", True
 
 
@@ -853,6 +967,7 @@ def site_server(directory: Path, *, port: int = 8000, host: str = "127.0.0.1") -
         ConfigError: `directory` holds no built site, or the port cannot be bound.
     """
     import functools
+    from http import HTTPStatus
     from http.server import SimpleHTTPRequestHandler
 
     if not (directory / "index.html").is_file():
@@ -865,9 +980,33 @@ def site_server(directory: Path, *, port: int = 8000, host: str = "127.0.0.1") -
         def log_message(self, format: str, *args: Any) -> None:
             pass  # one line per request on stderr is noise for a quick look
 
+        def send_head(self) -> Any:
+            try:
+                return super().send_head()
+            except ValueError:  # a path no file can have (a NUL byte): open() raises ValueError, not OSError
+                self.send_error(HTTPStatus.NOT_FOUND, "File not found")
+                return None
+
     try:
         return ThreadingHTTPServer((host, port), functools.partial(_Quiet, directory=str(directory)))
     except OSError as err:
+        free = _free_port(host)
         raise ConfigError(
-            f"cannot serve on {host}:{port}: {err.strerror}", hint="give another --port, e.g. --port 8765"
+            f"cannot serve on {host}:{port}: {err.strerror}",
+            hint=(
+                f"give another --port, e.g. --port {free} (free now), " if free else "give another --port, "
+            )
+            + "or --port 0 to take any free one (the line it prints names it)",
         ) from err
+
+
+def _free_port(host: str) -> int | None:
+    """A port on `host` nothing listens on at this moment (the system's pick); None when none can be had."""
+    import socket
+
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind((host, 0))
+            return int(s.getsockname()[1])
+    except OSError:
+        return None
