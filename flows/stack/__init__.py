@@ -48,6 +48,9 @@ def stack_env(settings: Settings) -> dict[str, str]:
     return {
         "PREFECT_HOME": str(settings.prefect_dir),
         "PREFECT_API_URL": settings.prefect_api_url,
+        # The flow runs' own Settings name the same stack (its home holds the slot leases they report on).
+        "MODELMINT_PREFECT_HOME": str(settings.prefect_dir),
+        "MODELMINT_PREFECT_PORT": str(settings.prefect_port),
         "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
         "DO_NOT_TRACK": "1",
         "DVC_NO_ANALYTICS": "1",
@@ -67,26 +70,82 @@ def stack_env(settings: Settings) -> dict[str, str]:
 
 @dataclass
 class StackState:
+    """What `up` started: whose stack it is (the checkout its deployments run from, its port) and its processes,
+    each a pid with its start time (/proc/PID/stat starttime): a pid alone may have been reused since."""
+
     api_url: str
+    checkout: str | None = None
+    port: int | None = None
     server_pid: int | None = None
+    server_started: int | None = None
     worker_pid: int | None = None
+    worker_started: int | None = None
 
     @staticmethod
     def path(settings: Settings) -> Path:
         return settings.prefect_dir / "stack" / "state.json"
 
     @classmethod
-    def load(cls, settings: Settings) -> StackState:
+    def read(cls, path: Path) -> StackState | None:
         try:
-            return cls(**json.loads(cls.path(settings).read_text()))
+            return cls(**json.loads(path.read_text()))
         except (FileNotFoundError, ValueError, TypeError):
-            return cls(api_url=settings.prefect_api_url)
+            return None
+
+    @classmethod
+    def load(cls, settings: Settings) -> StackState:
+        return cls.read(cls.path(settings)) or cls.fresh(settings)
+
+    @classmethod
+    def fresh(cls, settings: Settings) -> StackState:
+        return cls(api_url=settings.prefect_api_url, checkout=str(project_root()), port=settings.prefect_port)
 
     def save(self, settings: Settings) -> None:
         from pipelines.core.fsutil import write_text_atomic
 
         self.path(settings).parent.mkdir(parents=True, exist_ok=True)
         write_text_atomic(self.path(settings), json.dumps(self.__dict__, indent=2) + "\n")
+
+    def server_alive(self) -> bool:
+        return _is_ours(self.server_pid, self.server_started)
+
+    def worker_alive(self) -> bool:
+        return _is_ours(self.worker_pid, self.worker_started)
+
+    def is_of(self, settings: Settings) -> bool:
+        """Whether this is the state of the stack `settings` name: this checkout, this port."""
+        return self.checkout == str(project_root()) and self.port == settings.prefect_port
+
+
+def _owner_elsewhere(settings: Settings) -> tuple[Path, StackState] | None:
+    """Another stack whose live server holds what `settings` would use: this stack's Prefect home (one set by
+    MODELMINT_PREFECT_HOME for two checkouts or ports), or its port (another checkout's stack on it)."""
+    mine = StackState.path(settings)
+    paths = [mine, *sorted((settings.home / "prefect").glob("*/stack/state.json"))]
+    for path in dict.fromkeys(paths):
+        other = StackState.read(path)
+        if other is None or (other.is_of(settings) and path == mine) or not other.server_alive():
+            continue
+        if path == mine or other.port == settings.prefect_port:
+            return path.parent.parent, other
+    return None
+
+
+def refuse_foreign(settings: Settings) -> None:
+    """Raises OrchestratorError, naming the owner, when this port or Prefect home is another stack's (one stack per
+    Prefect home and port: `up`, `down`, `status` of one never act on another's server, worker or deployments)."""
+    found = _owner_elsewhere(settings)
+    if found is None:
+        return
+    home, other = found
+    raise OrchestratorError(
+        f"the Prefect stack {'on port ' + str(other.port) if other.port == settings.prefect_port else 'in ' + str(home)}"
+        f" is the stack of the checkout {other.checkout} (port {other.port}, PREFECT_HOME {home}, server pid "
+        f"{other.server_pid}), not of this one ({project_root()}, port {settings.prefect_port})",
+        hint=f"stop it from its checkout (cd {other.checkout} && modelmint stack down), or give this checkout a port "
+        "of its own (MODELMINT_PREFECT_PORT=4300 modelmint stack up) and leave MODELMINT_PREFECT_HOME unset: each "
+        "checkout and port then gets its own Prefect home",
+    )
 
 
 # ---------------------------------------------------------------- processes
@@ -119,35 +178,44 @@ def _spawn(settings: Settings, name: str, argv: list[str], *, credentials: bool)
     return proc.pid
 
 
+def _stat(pid: int) -> list[str] | None:
+    """/proc/PID/stat's fields after the command name (the first is the state), or None when there is no such pid."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
 def _alive(pid: int) -> bool:
     """The process exists and has not exited (a zombie has exited)."""
     with contextlib.suppress(ChildProcessError):
         os.waitpid(pid, os.WNOHANG)  # reap it if it is our own exited child
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
+    fields = _stat(pid)
+    return fields is not None and fields[0] != "Z"
 
 
-def _is_ours(pid: int | None) -> bool:
-    """A live process that is a Prefect process (a pid from an old state file may have been reused)."""
-    if not pid or not _alive(pid):
-        return False
-    try:
-        return b"prefect" in Path(f"/proc/{pid}/cmdline").read_bytes()
-    except (FileNotFoundError, ProcessLookupError):
-        return False
+def _started(pid: int) -> int | None:
+    """When the process started (clock ticks since boot): with the pid, it names one process for the machine's
+    uptime, where a pid alone is reused."""
+    fields = _stat(pid)
+    return int(fields[19]) if fields is not None and len(fields) > 19 else None
 
 
-def _stop(pid: int | None, grace_s: float = 10.0) -> bool:
-    """Stop a process group: SIGTERM, SIGTERM again, then SIGKILL.
+def _is_ours(pid: int | None, started: int | None) -> bool:
+    """A live process that is the one recorded: the same pid and the same start time (a pid from an old state file
+    may have been reused since, by anything; a state without a start time proves nothing)."""
+    return bool(pid and started is not None and _alive(pid) and _started(pid) == started)
+
+
+def _stop(pid: int | None, started: int | None = None, grace_s: float = 10.0) -> bool:
+    """Stop a process group: SIGTERM, SIGTERM again, then SIGKILL. With `started`, only if `pid` is still the
+    process recorded with that start time (without, the caller has just started it and vouches for it).
 
     A worker started in the background of a non-interactive shell ignores the first SIGTERM; the second
     one (or SIGKILL after the grace period) ends it. Returns whether anything had to be stopped.
     """
-    if not _is_ours(pid):
+    if not pid or not (_is_ours(pid, started) if started is not None else _alive(pid)):
         return False
-    assert pid is not None
     for sig in (signal.SIGTERM, signal.SIGTERM, signal.SIGKILL):
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pid, sig)
@@ -228,15 +296,16 @@ def start_server(settings: Settings, state: StackState, timeout_s: float = 120.0
         sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1",
         "--port", str(settings.prefect_port), "--analytics-off",
     ], credentials=False)
+    state.server_started = _started(state.server_pid)
     state.save(settings)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if healthy(settings.prefect_api_url):
             return True
-        if not _is_ours(state.server_pid):
+        if not state.server_alive():
             break
         time.sleep(0.5)
-    _stop(state.server_pid)
+    _stop(state.server_pid, state.server_started)
     raise OrchestratorError(
         f"the Prefect server did not come up at {settings.prefect_api_url}:\n"
         f"{_tail(_log_path(settings, 'server'))}",
@@ -335,28 +404,29 @@ def workers_online(settings: Settings, client: Any) -> list[str]:
 
     The server marks a worker offline only after three missed heartbeats (90 s); the stack's own worker is
     known here at once from its pid."""
-    ours_alive = _is_ours(StackState.load(settings).worker_pid)
+    ours_alive = StackState.load(settings).worker_alive()
     return [w.name for w in client.read_workers_for_work_pool(WORK_POOL)
             if str(w.status).upper().endswith("ONLINE") and (w.name != WORKER_NAME or ours_alive)]
 
 
 def start_worker(settings: Settings, state: StackState, timeout_s: float = 60.0) -> bool:
     """Start the process worker unless ours runs already; returns whether it was started here."""
-    if _is_ours(state.worker_pid):
+    if state.worker_alive():
         return False
     state.worker_pid = _spawn(settings, "worker", [
         sys.executable, "-m", "prefect", "worker", "start", "--pool", WORK_POOL, "--type", "process",
         "--name", WORKER_NAME, "--no-create-pool-if-not-found",
     ], credentials=True)
+    state.worker_started = _started(state.worker_pid)
     state.save(settings)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if not _is_ours(state.worker_pid):
+        if not state.worker_alive():
             break
         if worker_online(settings):
             return True
         time.sleep(0.5)
-    _stop(state.worker_pid)
+    _stop(state.worker_pid, state.worker_started)
     raise OrchestratorError(
         f"the Prefect worker did not come online:\n{_tail(_log_path(settings, 'worker'))}",
         hint=f"see {_log_path(settings, 'worker')}",
@@ -368,16 +438,19 @@ def start_worker(settings: Settings, state: StackState, timeout_s: float = 60.0)
 LIVE_STATES = ("RUNNING", "CANCELLING", "PENDING")
 
 
-def flow_run_processes(flow_run_id: Any) -> list[int]:
+def flow_run_processes(flow_run_id: Any, prefect_home: Path | None = None) -> list[int]:
     """The pids of the local processes of this flow run: the one the worker started (it sets PREFECT__FLOW_RUN_ID in
-    its environment) and the tools under it, which inherit that environment, lowest pid first."""
-    needle = f"PREFECT__FLOW_RUN_ID={flow_run_id}".encode()
+    its environment) and the tools under it, which inherit that environment, lowest pid first. With `prefect_home`,
+    only those started by that stack's worker (it hands its PREFECT_HOME down)."""
+    needles = {f"PREFECT__FLOW_RUN_ID={flow_run_id}".encode()}
+    if prefect_home is not None:
+        needles.add(f"PREFECT_HOME={prefect_home}".encode())
     found = []
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
         try:
-            if needle in (proc / "environ").read_bytes().split(b"\0") and _alive(int(proc.name)):
+            if needles <= set((proc / "environ").read_bytes().split(b"\0")) and _alive(int(proc.name)):
                 found.append(int(proc.name))
         except OSError:
             continue
@@ -407,25 +480,6 @@ def live_runs(client: Any) -> list[Any]:
     )
 
 
-def runs_of(runs: list[tuple[Any, list[int]]], pgid: int | None) -> list[Any]:
-    """Those of `runs` (each with its local processes) that have a process in process group `pgid` (a worker's:
-    the runs it started)."""
-    # Any of the run's processes in the group makes it the worker's, not only the first one /proc lists. Prefect
-    # 3.9's process worker starts a run of a pool without a command in a session of its own
-    # (prefect/runner/_workspace_starter.py:247 isolate_process_group, _starter_engine.py:85-87
-    # start_new_session), so its processes may be in no worker's group at all: `down` also reaps the live runs whose
-    # processes went with the worker.
-    return [run for run, pids in runs if pgid and pgid in _groups(pids)]
-
-
-def _groups(pids: list[int]) -> set[int]:
-    groups = set()
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError):
-            groups.add(os.getpgid(pid))
-    return groups
-
-
 def dead_runs(client: Any, *, pending_grace_s: float = 300) -> list[Any]:
     """Flow runs of the local work pool that the server thinks live but that have no process on this machine.
 
@@ -452,6 +506,13 @@ def reap(settings: Settings, client: Any, why: str, runs: list[Any] | None = Non
     runs = dead_runs(client) if runs is None else runs
     dead_ids = {str(r.id) for r in runs}
     for run in runs:
+        # Its processes are gone now: a run that reached its end before they went keeps the state it ended in (a
+        # run Completed has registered, and is not to be called Crashed); one its own engine called Crashed is
+        # marked again with the reason.
+        now = client.read_flow_run(run.id).state
+        if now is not None and now.is_final() and not now.is_crashed():
+            done.append(f"flow run '{run.name}' ({str(run.id)[:8]}) had ended {now.name} before it was stopped")
+            continue
         client.set_flow_run_state(run.id, Crashed(message=f"{why}; rerun it: finished steps are reused"), force=True)
         done.append(f"flow run '{run.name}' ({str(run.id)[:8]}) marked Crashed: {why}")
     for lease in read_leases(settings.prefect_dir):
@@ -467,6 +528,7 @@ def doctor(settings: Settings, *, fix: bool = False, say: Any = print) -> bool:
     repair them. Returns whether everything was healthy (before any fix)."""
     from prefect.client.schemas.actions import GlobalConcurrencyLimitUpdate
 
+    refuse_foreign(settings)
     require_server(settings)
     healthy_ = True
     with api(settings) as client:
@@ -509,14 +571,19 @@ def doctor(settings: Settings, *, fix: bool = False, say: Any = print) -> bool:
 
 
 def up(settings: Settings, *, say: Any = print) -> StackState:
-    """Server → work pool and limits → deployments → worker. Each part is reused when it runs already."""
+    """Server → work pool and limits → deployments → worker. Each part is reused when it runs already.
+
+    Raises OrchestratorError, naming the owner, when the port or the Prefect home is another checkout's stack."""
+    refuse_foreign(settings)
     state = StackState.load(settings)
-    state.api_url = settings.prefect_api_url
+    if not state.is_of(settings):  # a home set by MODELMINT_PREFECT_HOME whose last stack is gone: this one's now
+        state = StackState.fresh(settings)
+    state.api_url, state.checkout, state.port = settings.prefect_api_url, str(project_root()), settings.prefect_port
     started = start_server(settings, state)
     say(f"• Prefect server {'started' if started else 'already running'} at {settings.prefect_api_url}")
     ensure_pool_and_limits(settings)
     say(f"• work pool {WORK_POOL}, concurrency limits and the crash automation ready")
-    if not _is_ours(state.worker_pid):
+    if not state.worker_alive():
         # No worker of ours lives, so no run of the local pool can: runs left Running by a machine that went
         # down are marked Crashed now instead of when their heartbeats are missed.
         with api(settings) as client:
@@ -532,68 +599,80 @@ def up(settings: Settings, *, say: Any = print) -> StackState:
     return state
 
 
+STOPPED_BY_DOWN = "stopped by `bash scripts/down.sh` while it ran"
+
+
 def down(settings: Settings, *, say: Any = print) -> None:
-    """Stop the worker and the runs it started; mark those runs Crashed and free their slots; stop the server."""
+    """Stop the worker and every process of the runs the stack runs; mark those runs Crashed (a run that finished
+    first keeps its state) and free their slots; stop the server.
+
+    Raises OrchestratorError, naming the owner, when the port or the Prefect home is another checkout's stack."""
+    refuse_foreign(settings)
     state = StackState.load(settings)
     # Our own server may be slow to answer on a loaded machine (its /health took over 2 s while a test suite held
     # both cores): taken for down, its runs were left Running and their slots held, so it is given time to answer.
-    up_ = healthy(settings.prefect_api_url) or (_is_ours(state.server_pid) and _healthy_within(settings.prefect_api_url))
-    # The runs the worker's group is running, named before it stops: a stopped run's engine may report a crash
-    # of its own first, and then no run would look dead; each is marked Crashed by down.sh either way.
-    local: list[tuple[Any, list[int]]] = []
-    if up_ and _is_ours(state.worker_pid):
-        with api(settings) as client:
-            local = [(r, pids) for r in live_runs(client) if (pids := flow_run_processes(r.id))]
-    stopping = runs_of(local, state.worker_pid)
-    say(f"• worker {'stopped' if _stop(state.worker_pid) else 'was not running'}")
-    _wait_gone(stopping)
-    # A live run whose processes ran here and went with the worker is one it ran, whatever group they were in (a
-    # run of another checkout's worker on the same server keeps its processes and is left alone). Without this, a run
-    # in a session of its own (runs_of) was reaped only if down looked before its engine reported its own crash: a
-    # race that test_flow_faults lost in full suite runs, with no down.sh word on the run.
-    gone = _gone_within([r for r, _pids in local])
+    up_ = healthy(settings.prefect_api_url) or (state.server_alive() and _healthy_within(settings.prefect_api_url))
+    # The runs this stack runs on this machine, named before the worker stops: their processes carry the run's id
+    # and this stack's PREFECT_HOME (a run of another stack's worker on the same server is left alone).
+    local: list[Any] = []
     if up_:
         with api(settings) as client:
-            runs = {str(r.id): r for r in [*stopping, *gone, *dead_runs(client)]}
-            for line in reap(settings, client, "stopped by `bash scripts/down.sh` while it ran", list(runs.values())):
+            local = [r for r in live_runs(client) if flow_run_processes(r.id, settings.prefect_dir)]
+    say(f"• worker {'stopped' if _stop(state.worker_pid, state.worker_started) else 'was not running'}")
+    # Every process of those runs is gone before any is marked: Prefect's process worker starts a run in a session
+    # of its own, so stopping the worker's group does not stop it, and a run whose engine outlived `down` went on
+    # to register after down had marked it Crashed.
+    _end_runs(local, settings.prefect_dir)
+    if up_:
+        with api(settings) as client:
+            runs = {str(r.id): r for r in [*local, *dead_runs(client)]}
+            for line in reap(settings, client, STOPPED_BY_DOWN, list(runs.values())):
                 say(f"• {line}")
-    say(f"• server {'stopped' if _stop(state.server_pid) else 'was not running'}")
-    StackState(api_url=state.api_url).save(settings)
+    say(f"• server {'stopped' if _stop(state.server_pid, state.server_started) else 'was not running'}")
+    StackState.fresh(settings).save(settings)
 
 
-def _gone_within(runs: list[Any], grace_s: float = 10.0) -> list[Any]:
-    """Those of `runs` whose local processes are all gone within `grace_s` (nothing is killed here)."""
+def _end_runs(runs: list[Any], prefect_home: Path, grace_s: float = 15.0) -> None:
+    """Stop every local process of `runs` and return once none is left: SIGTERM to each (the engine reports and
+    releases what it holds), then SIGKILL to whatever is still there after `grace_s`, new children included."""
+    def pids() -> list[int]:
+        return [pid for run in runs for pid in flow_run_processes(run.id, prefect_home)]
+
+    for pid in pids():
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
-    while True:
-        gone = [r for r in runs if not flow_run_processes(r.id)]
-        if len(gone) == len(runs) or time.monotonic() >= deadline:
-            return gone
+    while (left := pids()) and time.monotonic() < deadline:
         time.sleep(0.2)
-
-
-def _wait_gone(runs: list[Any], grace_s: float = 20.0) -> None:
-    """Wait until no process runs these flow runs (a stopped engine may still be reporting); SIGKILL the rest."""
-    gone = {r.id for r in _gone_within(runs, grace_s)}
-    for run in runs:
-        if run.id not in gone and (pid := flow_run_process(run.id)) is not None:
+    for _ in range(50):  # bounded: a process killed here has no way to start another
+        if not left:
+            return
+        for pid in left:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+        time.sleep(0.2)
+        left = pids()
 
 
 def status(settings: Settings, *, say: Any = print) -> list[str]:
-    """Say whether the server is healthy and the stack's worker runs; returns what is not up (empty: both are)."""
+    """Say whether the server is healthy and the stack's worker runs; returns what is not up (empty: both are).
+
+    Raises OrchestratorError, naming the owner, when the port or the Prefect home is another checkout's stack."""
+    refuse_foreign(settings)
     state = StackState.load(settings)
-    ok, worker = healthy(settings.prefect_api_url), _is_ours(state.worker_pid)
+    ok, worker = healthy(settings.prefect_api_url), state.worker_alive()
     say(f"server  {settings.prefect_api_url}: {'healthy' if ok else 'not running'}"
-        + (f" (pid {state.server_pid})" if _is_ours(state.server_pid) else ""))
+        + (f" (pid {state.server_pid})" if state.server_alive() else ""))
     say(f"worker  {f'running (pid {state.worker_pid})' if worker else 'not running'}")
     return [part for part, up in (("no Prefect server answers", ok), ("no worker of the stack runs", worker)) if not up]
 
 
 def check_deployment(settings: Settings, deployment: str) -> None:
-    """Raises OrchestratorError unless the server runs, the work pool exists and `deployment` is deployed."""
+    """Raises OrchestratorError unless the server runs, the work pool exists and `deployment` is deployed (and is
+    this checkout's stack)."""
     from prefect.exceptions import ObjectNotFound
 
+    refuse_foreign(settings)
     require_server(settings)
     with api(settings) as client:
         try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
@@ -46,7 +47,8 @@ class Settings:
     """The git + DVC repository holding the catalog, dvc.yaml, the manifests and the registered artifacts (DVC_ROOT:
     set by `dvc repro` for stage commands, so a stage registers into the repository DVC runs)."""
     prefect_home: Path | None = field(default=None, metadata=_is("orchestration", "MODELMINT_PREFECT_HOME"))
-    """PREFECT_HOME of the embedded server and worker (SQLite database, task results); default home/prefect."""
+    """PREFECT_HOME of the embedded server and worker (SQLite database, task results); default one per checkout and
+    port under home/prefect (prefect_dir)."""
     prefect_port: int = field(default=4200, metadata=_is("orchestration", "MODELMINT_PREFECT_PORT"))
     gpu_slots: int = field(default=1, metadata=_is("orchestration", "MODELMINT_GPU_SLOTS"))
     """Size of the `gpu` global concurrency limit that every GPU step holds a slot of."""
@@ -188,7 +190,13 @@ class Settings:
 
     @property
     def prefect_dir(self) -> Path:
-        return self.prefect_home or self.home / "prefect"
+        """MODELMINT_PREFECT_HOME, else home/prefect/<checkout>-<hash of its path>-<port>: one Prefect home per stack,
+        so two checkouts sharing one MODELMINT_HOME (or one checkout on two ports) never read each other's state."""
+        if self.prefect_home:
+            return self.prefect_home
+        root = _PROJECT_ROOT.resolve()
+        digest = hashlib.sha256(str(root).encode()).hexdigest()[:8]
+        return self.home / "prefect" / f"{root.name}-{digest}-{self.prefect_port}"
 
     @property
     def prefect_api_url(self) -> str:
