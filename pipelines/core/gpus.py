@@ -53,21 +53,58 @@ def known_gpus(path: Path = GPUS_FILE) -> dict[str, GPU]:
     return {name: GPU(name, **fields) for name, fields in raw.items()}
 
 
-def gpu(name: str) -> GPU:
-    """A GPU profile by name (case-insensitive).
+def gpu(name: str, *, written: str = "{}") -> GPU:
+    """A GPU profile by name (case-insensitive); `written`: how the input around the name reads (`1x{}`), so that
+    a suggestion is shown as it would be typed there.
 
     Raises:
-        ConfigError: an unknown name: the known ones, and how to add one.
+        ConfigError: an unknown name: the known ones, the nearest (`suggest_gpu`), and how to add one.
     """
     gpus = known_gpus()
     found = {k.lower(): v for k, v in gpus.items()}.get(name.lower())
     if found is None:
+        near = suggest_gpu(name)
         raise ConfigError(
             f"unknown GPU {name!r}; known: {', '.join(gpus)}",
-            hint=f"add a profile to {GPUS_FILE} (memory_gib as CUDA reports it, memory_source, bandwidth_gbs, "
-            "compute_capability, interconnect, node_label) or use one of the known names",
+            hint=(f"did you mean {written.format(near)}? " if near else "")
+            + f"use one of the known names (`modelmint plan --list-gpus`), or add a profile to {GPUS_FILE} "
+            "(memory_gib as CUDA reports it, memory_source, bandwidth_gbs, compute_capability, interconnect, "
+            "node_label); a cluster of several groups can be an inventory file: --gpus cluster.yaml holding "
+            f"{INVENTORY_EXAMPLE}",
         )
     return found
+
+
+INVENTORY_EXAMPLE = "- {nodes: 1, gpus: 8, type: A800-80G}"
+"""One group of an inventory file, as the hints show it."""
+
+
+def _spelled(name: str) -> str:
+    """`name` as the profiles spell a GPU: upper case, no vendor, dashes between words, GB/GiB as G
+    (`nvidia a100 80GB` -> `A100-80G`)."""
+    text = re.sub(r"[\s_]+", "-", name.strip().upper())
+    text = re.sub(r"^(NVIDIA|GEFORCE)-?", "", text)
+    text = re.sub(r"^(NVIDIA|GEFORCE)-?", "", text)  # "NVIDIA GeForce RTX 4090"
+    text = re.sub(r"(\d+)-?GI?B?$", r"\1G", text)  # 80GB, 80GiB, 80-GB -> 80G
+    return re.sub(r"^RTX-", "RTX", text)
+
+
+def suggest_gpu(name: str) -> str | None:
+    """The known GPU profile `name` most likely means, or None: the profile it is once spelled as the profiles
+    are (`A100-80GB`), the plainest profile it begins (`H100` -> `H100-80G`, not `H100-PCIe-80G`) or is part of
+    (`4090`), else the closest by difflib."""
+    import difflib
+
+    by_spelling = {_spelled(k): k for k in known_gpus()}
+    wanted = _spelled(name)
+    if wanted in by_spelling:
+        return by_spelling[wanted]
+    begun = sorted((k for k in by_spelling if k.startswith(wanted + "-")), key=len)
+    within = sorted((k for k in by_spelling if len(wanted) >= 3 and wanted in k), key=len)  # `4090`
+    if begun or within:
+        return by_spelling[(begun or within)[0]]
+    close = difflib.get_close_matches(wanted, list(by_spelling), n=1, cutoff=0.75)
+    return by_spelling[close[0]] if close else None
 
 
 @dataclass(frozen=True)
@@ -112,7 +149,8 @@ def parse_cluster(text: str) -> list[NodeGroup]:
         nodes, per_node = int(m.group(1) or 1), int(m.group(2))
         if nodes < 1 or per_node < 1:
             raise ConfigError(f"{part!r} counts no GPU", hint="counts start at 1, e.g. 1x8xH100-80G")
-        groups.append(NodeGroup(nodes, per_node, gpu(m.group(3))))
+        profile = gpu(m.group(3), written=part[: m.start(3)] + "{}")
+        groups.append(NodeGroup(nodes, per_node, profile))
     return _within_bounds(merge_groups(groups), text)
 
 
@@ -129,7 +167,8 @@ def _within_bounds(groups: list[NodeGroup], what: str) -> list[NodeGroup]:
 
 
 class _InventoryGroup(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # strict: YAML's `gpus: true` or `nodes: "2"` is a mistake to name, not a count of 1 or 2
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     nodes: int = Field(default=1, ge=1)
     gpus: int = Field(ge=1, description="GPUs per node")
@@ -144,9 +183,15 @@ def load_inventory(path: Path) -> list[NodeGroup]:
         ConfigError: not YAML, not a list of such groups (an unknown or misspelled key, a count below one), or an
             unknown GPU: naming the file, the entry and the fix.
     """
-    example = "- {nodes: 1, gpus: 8, type: A800-80G}"
+    example = INVENTORY_EXAMPLE
     try:
         raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as err:
+        raise ConfigError(
+            f"cannot read the inventory {path}: not UTF-8 text (byte {err.object[err.start]:#04x} at offset "
+            f"{err.start})",
+            hint=f"save it as UTF-8 text: a YAML list of groups, e.g. {example}",
+        ) from None
     except (OSError, yaml.YAMLError) as err:
         raise ConfigError(
             f"cannot read the inventory {path}: {err}", hint=f"a YAML list of groups, e.g. {example}"
@@ -159,18 +204,27 @@ def load_inventory(path: Path) -> list[NodeGroup]:
             g = _InventoryGroup.model_validate(entry)
         except ValidationError as err:
             problems = "; ".join(
-                f"{'.'.join(map(str, e['loc'])) or 'entry'}: {e['msg']}" for e in err.errors()
+                f"{'.'.join(map(str, e['loc'])) or 'entry'}: "
+                + ("not a mapping of nodes, gpus and type" if e["type"] == "model_type" else e["msg"])
+                + ("" if e["type"] == "missing" else f" (got {_shown(e['input'])})")
+                for e in err.errors()
             )
             raise ConfigError(
                 f"{path}, group {i}: {problems}",
                 hint=f"each group has gpus and type, and may have nodes: {example}",
             ) from None
         try:
-            profile = gpu(g.type)
+            profile = gpu(g.type, written="type: {}")
         except ConfigError as err:  # name where the typo is: an inventory has many groups
             raise ConfigError(f"{path}, group {i}: {err.message}", hint=err.hint) from None
         groups.append(NodeGroup(g.nodes, g.gpus, profile))
     return _within_bounds(merge_groups(groups), str(path))
+
+
+def _shown(value: object) -> str:
+    """A YAML value as it was written, cut short."""
+    text = yaml.safe_dump(value, default_flow_style=True, width=1 << 16).strip().removesuffix("...").strip()
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def merge_groups(groups: list[NodeGroup]) -> list[NodeGroup]:
