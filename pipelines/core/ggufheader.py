@@ -338,10 +338,22 @@ def inspect_gguf(path: Path) -> GGUFInfo:
         ArtifactError: not a GGUF, an unsupported version, truncated, missing required metadata, or metadata
             of the wrong type.
     """
+    return read_checked_gguf(path)[0]
+
+
+def read_checked_gguf(
+    path: Path, also: Callable[[str, dict[str, Any]], bool] = lambda _key, _found: False
+) -> tuple[GGUFInfo, GGUFHeader]:
+    """inspect_gguf's reading and checks, with the header itself: its metadata holds the keys inspect reads and
+    those `also(key, found_so_far)` asks for (what a plan sizes a model by), so every reader checks alike.
+
+    Raises:
+        ArtifactError: as inspect_gguf.
+    """
     from gguf import GGMLQuantizationType, LlamaFileType
 
     path = Path(path)
-    header = read_gguf_header(path, _wanted_for_info)
+    header = read_gguf_header(path, lambda key, found: _wanted_for_info(key, found) or also(key, found))
     meta = header.metadata
     _check_info_types(path, meta)
     size = path.stat().st_size
@@ -387,7 +399,7 @@ def inspect_gguf(path: Path) -> GGUFInfo:
             isinstance(val, (str, int, float, bool)) or val is None or (isinstance(val, list) and len(val) < 64)
         ):
             metadata[key] = val
-    return GGUFInfo(
+    info = GGUFInfo(
         path=str(path),
         size_bytes=size,
         version=header.version,
@@ -408,6 +420,7 @@ def inspect_gguf(path: Path) -> GGUFInfo:
         split_count=int(meta.get("split.count") or 1),
         metadata=metadata,
     )
+    return info, header
 
 
 def architecture_problem(path: Path) -> str | None:

@@ -27,6 +27,7 @@ The rules are the deployment handbooks' (../DESIGN.md, "The VRAM planner"), made
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import math
 import re
@@ -107,14 +108,36 @@ class ModelShape:
         return self.kv_bytes_for_layers(tokens, range(math.ceil(self.layers / pp)), tp=tp, kv_dtype=kv_dtype)
 
     def kv_bytes_for_layers(self, tokens: int, layers: range, *, tp: int = 1, kv_dtype: str = "auto") -> int:
-        """KV cache bytes one sequence of `tokens` needs in `layers` (one pipeline stage's) on one TP rank."""
+        """KV cache bytes one sequence of `tokens` needs in `layers` (one pipeline stage's) on one TP rank.
+
+        Counted per run of layers with one window (_window_runs), never per layer: the searches call this for every
+        layout and context they try, and the work must not grow with the layer count."""
         elem = KV_BYTES[kv_dtype]
-        windows = self.windows or (None,) * self.layers
-        per_layer_tokens = [min(tokens, w) if w else tokens for w in windows[layers.start : layers.stop]]
+        start, stop = max(0, layers.start), min(layers.stop, self.layers)
+        cached = 0  # tokens cached over the layers, summed
+        for first, end, window in self._window_runs:
+            n = min(end, stop) - max(first, start)
+            if n > 0:
+                cached += n * (min(tokens, window) if window else tokens)
         if self.mla_dims is not None:
-            return sum(per_layer_tokens) * self.mla_dims * elem
+            return cached * self.mla_dims * elem
         kv_per_rank = max(1, self.kv_heads // tp)
-        return sum(per_layer_tokens) * 2 * kv_per_rank * self.head_dim * elem
+        return cached * 2 * kv_per_rank * self.head_dim * elem
+
+    @functools.cached_property
+    def _window_runs(self) -> tuple[tuple[int, int, int | None], ...]:
+        """(first layer, end, window) of each run of consecutive layers with the same window (None: full attention);
+        layers past `windows` (or all of them, when it is empty) are full attention."""
+        runs: list[list[Any]] = []
+        for i, w in enumerate(self.windows[: self.layers]):
+            if runs and runs[-1][2] == w:
+                runs[-1][1] = i + 1
+            else:
+                runs.append([i, i + 1, w])
+        covered = runs[-1][1] if runs else 0
+        if covered < self.layers:
+            runs.append([covered, self.layers, None])
+        return tuple((a, b, w) for a, b, w in runs)
 
     def kv_bytes_per_token(self, *, tp: int = 1, pp: int = 1, kv_dtype: str = "auto") -> int:
         """Per token of a sequence no longer than any window (the figure vLLM's KV spec gives per page slot)."""
@@ -925,11 +948,66 @@ class Served:
     fp8_weights: bool
 
 
-def shape_of_gguf(meta: dict[str, Any]) -> ModelShape:
-    """The model's shape from a GGUF's metadata (llama.cpp's `<arch>.*` keys).
+# Each count a plan reads, and the most any real model has, with margin: a config past it is damaged or made up
+# (10**9 layers kept the planner searching for minutes), and is refused naming the field and the bound. The largest
+# released decoders: 126 layers, 128 heads, hidden 16,384 and MLP 53,248 (Llama 3.1 405B); 262,144 tokens of
+# vocabulary (Gemma 3); 10,485,760 tokens of context (Llama 4 Scout); MLA rank 512 (DeepSeek-V3); 8 active experts.
+_LAYERS, _HEADS, _WIDTH, _MLP, _CONTEXT = 1_024, 1_024, 1 << 17, 1 << 20, 1 << 27
+CONFIG_BOUNDS: dict[str, int] = {
+    "num_hidden_layers": _LAYERS, "num_attention_heads": _HEADS, "num_key_value_heads": _HEADS,
+    "hidden_size": _WIDTH, "n_embd": _WIDTH, "d_model": _WIDTH, "head_dim": 1 << 12,
+    "max_position_embeddings": _CONTEXT, "sliding_window": _CONTEXT,
+    "intermediate_size": _MLP, "ffn_dim": _MLP, "n_inner": _MLP, "moe_intermediate_size": _MLP,
+    "shared_expert_intermediate_size": _MLP, "vocab_size": 1 << 22, "kv_lora_rank": 1 << 16,
+    "qk_rope_head_dim": 1 << 12, "num_experts_per_tok": _HEADS, "moe_topk": _HEADS,
+}
+"""config.json's field → the largest value a plan takes."""
+_GGUF_BOUNDS: dict[str, tuple[str, int]] = {
+    "block_count": ("num_hidden_layers", 1), "attention.head_count": ("num_attention_heads", 1),
+    "attention.head_count_kv": ("num_key_value_heads", 1), "embedding_length": ("hidden_size", 1),
+    "attention.key_length": ("head_dim", 1), "context_length": ("max_position_embeddings", 1),
+    "feed_forward_length": ("intermediate_size", 0), "attention.sliding_window": ("sliding_window", 0),
+    "attention.kv_lora_rank": ("kv_lora_rank", 0), "rope.dimension_count": ("qk_rope_head_dim", 0),
+    "vocab_size": ("vocab_size", 1), "expert_count": ("num_local_experts", 0),
+    "expert_used_count": ("num_experts_per_tok", 0), "expert_feed_forward_length": ("moe_intermediate_size", 0),
+    "expert_shared_feed_forward_length": ("shared_expert_intermediate_size", 0),
+}
+"""A GGUF's `<arch>.` key → (the config.json field it comes from, whose bound it takes; the least value it may
+have: 1 where a 0 cannot be a model's, e.g. a context of 0 tokens)."""
+_EXPERT_COUNTS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
+"""The config fields that count a mixture of experts' experts (Mixtral and Llama 4, Qwen-MoE and OLMoE, DeepSeek,
+ERNIE)."""
+CONFIG_BOUNDS.update(dict.fromkeys(_EXPERT_COUNTS, 1 << 16))
+
+
+def _gguf_counts(meta: dict[str, Any], arch: str, where: str) -> None:
+    """Raises ConfigError naming the first `<arch>.` key a plan sizes by whose value is not a whole number (or a
+    list of them) between its least (_GGUF_BOUNDS) and what any model has (CONFIG_BOUNDS)."""
+    for name, (field_, least) in _GGUF_BOUNDS.items():
+        key = f"{arch}.{name}"
+        if key not in meta:
+            continue
+        value = meta[key]
+        bound = CONFIG_BOUNDS[field_]
+        for v in value if isinstance(value, list) and value else [value]:
+            if isinstance(v, bool) or not isinstance(v, int):
+                problem = f"is {_shown(value)}, not a whole number"
+            elif v < least:
+                problem = f"is {v}" + (": a model has at least 1" if least else ", below 0")
+            elif v > bound:
+                problem = f"is {v:,}: more than any model has (the planner takes at most {bound:,}, as {field_})"
+            else:
+                continue
+            raise ConfigError(f"{where}: metadata {key} {problem}",
+                              hint="its metadata is damaged: reconvert it with `modelmint convert NAME` (or "
+                              "`modelmint pull NAME:TAG` again for a registered one)")
+
+
+def shape_of_gguf(meta: dict[str, Any], where: str = "the GGUF") -> ModelShape:
+    """The model's shape from a GGUF's metadata (llama.cpp's `<arch>.*` keys; `where`: the file, for messages).
 
     Raises:
-        ConfigError: state-space layers, or keys missing that size attention.
+        ConfigError: state-space layers, or keys missing, of the wrong type or out of bounds that size attention.
     """
     arch = str(meta.get("general.architecture") or "?")
 
@@ -950,16 +1028,19 @@ def shape_of_gguf(meta: dict[str, Any]) -> ModelShape:
             "sizes only attention's per-token KV cache, not a fixed state per sequence",
             hint="plan it by hand from vLLM's logged KV cache size, or serve a transformer model",
         )
-    try:
-        layers, heads = int(key("block_count")), int(key("attention.head_count"))
-    except (TypeError, ValueError):
+    _gguf_counts(meta, arch, where)
+    if key("block_count") is None or key("attention.head_count") is None:
         raise ConfigError(
-            f"the GGUF's {arch}.block_count / {arch}.attention.head_count are missing",
+            f"{where}'s {arch}.block_count / {arch}.attention.head_count are missing",
             hint="reconvert it with `modelmint convert`",
-        ) from None
+        )
+    layers, heads = int(key("block_count")), int(key("attention.head_count"))
     kv = key("attention.head_count_kv", heads)
     kv = max(kv) if isinstance(kv, list) else int(kv)
     _check_heads(arch, layers, heads, kv, "reconvert it with `modelmint convert`")
+    if not key("attention.key_length") and not key("embedding_length"):
+        raise ConfigError(f"{where} has neither {arch}.attention.key_length nor {arch}.embedding_length: the "
+                          "planner cannot size its attention", hint="reconvert it with `modelmint convert`")
     head_dim = int(key("attention.key_length") or int(key("embedding_length")) // heads)
     window = key("attention.sliding_window")
     mla = None
@@ -972,6 +1053,7 @@ def shape_of_gguf(meta: dict[str, Any]) -> ModelShape:
         _count(max(ffn) if isinstance(ffn, list) else ffn),
         _count(key("vocab_size") or len(meta.get("tokenizer.ggml.tokens") or ())),
     )
+    # absent: llama.cpp's own default for a model that does not say; a present 0 was refused above
     return ModelShape(
         arch, layers, heads, kv, head_dim, int(key("context_length") or 4096), windows, mla, *widths
     )
@@ -1002,7 +1084,8 @@ _CONFIG_KINDS: dict[str, tuple[type, ...]] = {"model_type": (str,), "architectur
 
 def _refuse_damaged_config(config: dict[str, Any], path: Path) -> None:
     """Raises ConfigError naming the first field of `config` (read from `path`) that a plan reads and that is not
-    what transformers writes there (a count that is not a whole number, a text_config that is not an object)."""
+    what transformers writes there (a count that is not a whole number, or more than any model has: CONFIG_BOUNDS;
+    a text_config that is not an object)."""
     hint = f"restore the checkpoint's config.json (`modelmint pull NAME:TAG` again for a registered one): {path}"
     text = config.get("text_config")
     if text is not None and not isinstance(text, dict):
@@ -1012,6 +1095,13 @@ def _refuse_damaged_config(config: dict[str, Any], path: Path) -> None:
             v = scope.get(key)
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
                 raise ConfigError(f"{path}: {where}{key} is {_shown(v)}, not a whole number", hint=hint)
+        for key, bound in CONFIG_BOUNDS.items():
+            v = scope.get(key)
+            if isinstance(v, int) and v > bound:
+                raise ConfigError(
+                    f"{path}: {where}{key} is {v:,}: more than any model has (the planner takes at most {bound:,})",
+                    hint=hint,
+                )
         for key, kinds in _CONFIG_KINDS.items():
             v = scope.get(key)
             if v is not None and not isinstance(v, kinds):
@@ -1025,51 +1115,80 @@ def _shown(value: object) -> str:
     return shown if len(shown) <= 40 else shown[:37] + "..."
 
 
+def _read_gguf(path: Path) -> tuple[dict[str, Any], int, int]:
+    """(the metadata a plan sizes by, tensor bytes, parameters) of a GGUF and the later files of its split, each
+    read through the checked reader `modelmint inspect` uses (read_checked_gguf).
+
+    Raises:
+        ArtifactError: what inspect refuses (a damaged header, metadata of the wrong type, a truncated tensor).
+        ConfigError: no tensors in any of its files.
+    """
+    from pipelines.core.ggufheader import read_checked_gguf
+
+    info, header = read_checked_gguf(
+        path,
+        lambda k, found: (
+            k in ("general.architecture", "tokenizer.ggml.tokens")
+            or k.startswith(str(found.get("general.architecture", "\0")) + ".")
+        ),
+    )
+    weights, parameters = sum(t.nbytes for t in header.tensors), info.parameter_count
+    for shard in _later_shards(path):  # llama-gguf-split's other files hold the rest of the tensors
+        more, part = read_checked_gguf(shard)
+        weights += sum(t.nbytes for t in part.tensors)
+        parameters += more.parameter_count
+    if not parameters:
+        raise ConfigError(f"{path} holds no tensors: there are no weights to serve",
+                          hint="reconvert it with `modelmint convert NAME` (or `modelmint pull NAME:TAG` again)")
+    return header.metadata, weights, parameters
+
+
+def _read_checkpoint(path: Path) -> tuple[dict[str, Any], dict[Path, dict[str, Any]]]:
+    """(config.json, each .safetensors file's header) of a checkpoint directory, the config checked.
+
+    Raises:
+        ConfigError: a config.json that is not JSON, not an object, or has a damaged field (_refuse_damaged_config).
+        ArtifactError: a .safetensors header that does not read back.
+    """
+    import json
+
+    from pipelines.core.safetensorsheader import read_safetensors_header
+
+    restore = "restore the checkpoint's config.json, e.g. `modelmint pull NAME:TAG` again"
+    try:
+        config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
+        raise ConfigError(f"{path / 'config.json'} is not valid JSON ({err})", hint=restore) from None
+    if not isinstance(config, dict):
+        raise ConfigError(f"{path / 'config.json'} is not a JSON object", hint=restore)
+    _refuse_damaged_config(config, path / "config.json")
+    return config, {f: read_safetensors_header(f) for f in sorted(path.glob("*.safetensors"))}
+
+
+def _tensor_bytes(headers: dict[Path, dict[str, Any]]) -> int:
+    """The bytes the tensors of .safetensors files take (their data ranges: the files less their headers)."""
+    return sum(
+        v["data_offsets"][1] - v["data_offsets"][0]
+        for entries in headers.values()
+        for k, v in entries.items()
+        if k != "__metadata__"
+    )
+
+
 def served(path: Path) -> Served:
     """A GGUF file or a Hugging Face / compressed-tensors checkpoint directory, read for planning (headers only).
 
     Raises:
-        ConfigError: neither, a config.json field a plan reads that is not what transformers writes there, or an
-            architecture the planner cannot size.
-        ArtifactError: a file that is not what its name says.
+        ConfigError: neither, a config.json field a plan reads that is not what transformers writes there, GGUF
+            metadata a plan reads that no model has, no weights, or an architecture the planner cannot size.
+        ArtifactError: a file that is not what its name says, or a GGUF `modelmint inspect` refuses.
     """
-    import json
-
-    from pipelines.core.ggufheader import read_gguf_header
-    from pipelines.core.safetensorsheader import read_safetensors_header
-
     if path.is_file() and path.suffix == ".gguf":
-        header = read_gguf_header(
-            path,
-            lambda k, found: (
-                k in ("general.architecture", "tokenizer.ggml.tokens")
-                or k.startswith(str(found.get("general.architecture", "\0")) + ".")
-            ),
-        )
-        weights = sum(t.nbytes for t in header.tensors)
-        for shard in _later_shards(path):  # llama-gguf-split's other files hold the rest of the tensors
-            weights += sum(t.nbytes for t in read_gguf_header(shard, lambda k, found: False).tensors)
-        return Served(path, weights, shape_of_gguf(header.metadata), False)
+        meta, weights, _ = _read_gguf(path)
+        return Served(path, weights, shape_of_gguf(meta, str(path)), False)
     if path.is_dir() and (path / "config.json").is_file():
-        try:
-            config = json.loads((path / "config.json").read_text(encoding="utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
-            raise ConfigError(
-                f"{path / 'config.json'} is not valid JSON ({err})",
-                hint="restore the checkpoint's config.json, e.g. `modelmint pull NAME:TAG` again",
-            ) from None
-        if not isinstance(config, dict):
-            raise ConfigError(
-                f"{path / 'config.json'} is not a JSON object",
-                hint="restore the checkpoint's config.json, e.g. `modelmint pull NAME:TAG` again",
-            )
-        _refuse_damaged_config(config, path / "config.json")
-        weights = 0
-        for f in sorted(path.glob("*.safetensors")):
-            entries = read_safetensors_header(f)
-            weights += sum(
-                v["data_offsets"][1] - v["data_offsets"][0] for k, v in entries.items() if k != "__metadata__"
-            )
+        config, headers = _read_checkpoint(path)
+        weights = _tensor_bytes(headers)
         if not weights:
             raise ConfigError(
                 f"{path} holds no .safetensors weights", hint="plan a complete checkpoint directory"
@@ -1081,6 +1200,171 @@ def served(path: Path) -> Served:
         f"{path} is neither a .gguf file nor a checkpoint directory with config.json",
         hint="give a registered name:tag (pulled), a .gguf, or a model directory",
     )
+
+
+# ---------------------------------------------------------------- the config against the weights
+
+PARAMETER_TOLERANCE = 2.0
+"""How far the weights' parameter count may lie outside the range the config implies (ImpliedParameters) before a
+plan is refused. The range already spans what the config does not say (a gated MLP or not, tied embeddings or not,
+every layer a mixture of experts or every other one); the factor covers what it leaves out (a vision tower beside
+the text model, MLA's projections, biases, quantization scales). A config whose layer count is doubled, or weights
+with half their shards missing, fall outside."""
+
+
+@dataclass(frozen=True)
+class ImpliedParameters:
+    """The parameters a model of a config's shape holds: at least `low`, at most `high` (None: the config does not
+    say enough to bound it from above, e.g. a mixture of experts that does not count its experts)."""
+
+    low: int
+    high: int | None
+    shape: str
+    """The sizes it was computed from, as a reader checks them."""
+
+
+def implied_parameters(
+    *, layers: int, heads: int, kv_heads: int, head_dim: int, hidden: int, mlp_active: int, mlp_total: int | None,
+    vocab: int,
+) -> ImpliedParameters:
+    """Parameters of a decoder of this shape: per layer the attention projections (Q and O of heads × head_dim, K
+    and V of kv_heads × head_dim, each by hidden) and two (plain) to three (gated) MLP matrices by hidden of its
+    width (every expert's: `mlp_total`; only the active ones' known: `mlp_active`, a low bound alone); the
+    embedding once (tied) or twice. Norms and biases are left out (under 1 %)."""
+    hidden = hidden or heads * head_dim
+    attention = hidden * head_dim * 2 * (heads + kv_heads)
+    low = vocab * hidden + layers * (attention + 2 * hidden * mlp_active)
+    widths = mlp_total and vocab and mlp_total >= mlp_active
+    high = 2 * vocab * hidden + layers * (attention + 3 * hidden * mlp_total) if widths and mlp_total else None
+    mlp = f"MLP {mlp_total:,}" if mlp_total else f"active MLP {mlp_active:,}" if mlp_active else "no MLP width"
+    return ImpliedParameters(
+        low, high, f"{layers:,} layers, hidden {hidden:,}, {heads} × {head_dim} heads, {mlp}, vocab {vocab:,}"
+    )
+
+
+def _implied_by_config(config: dict[str, Any]) -> ImpliedParameters | None:
+    """implied_parameters from a config.json (its text_config where it has one), None where it lacks the counts."""
+    nested = config.get("text_config")
+    text: dict[str, Any] = nested if isinstance(nested, dict) else config
+    layers, heads = _count(text.get("num_hidden_layers")), _count(text.get("num_attention_heads"))
+    if not layers or not heads:
+        return None
+    kv = _count(text.get("num_key_value_heads")) or heads
+    hidden = _count(text.get("hidden_size") or text.get("n_embd") or text.get("d_model"))
+    head_dim = _count(text.get("head_dim")) or (hidden // heads)
+    dense = _count(text.get("intermediate_size") or text.get("ffn_dim") or text.get("n_inner"))
+    active = _count(text.get("num_experts_per_tok") or text.get("moe_topk"))
+    per_expert = _count(text.get("moe_intermediate_size")) or dense
+    shared = _count(text.get("shared_expert_intermediate_size")) + _count(text.get("n_shared_experts")) * per_expert
+    experts = next((v for k in _EXPERT_COUNTS if isinstance(v := text.get(k), int) and v > 0), 0)
+    if experts and per_expert:
+        total: int | None = experts * per_expert + shared
+        mlp_active = min(active or 1, experts) * per_expert + shared
+    elif active:  # a mixture whose expert count the planner does not know: a low bound only
+        total, mlp_active = None, active * per_expert + shared
+    else:
+        total = mlp_active = dense
+    return implied_parameters(layers=layers, heads=heads, kv_heads=kv, head_dim=head_dim, hidden=hidden,
+                              mlp_active=mlp_active, mlp_total=total, vocab=_count(text.get("vocab_size")))
+
+
+def _implied_by_gguf(meta: dict[str, Any]) -> ImpliedParameters | None:
+    """implied_parameters from a GGUF's `<arch>.` keys, None where it lacks the counts."""
+    arch = str(meta.get("general.architecture") or "?")
+
+    def key(name: str) -> int:
+        v = meta.get(f"{arch}.{name}")
+        return _count(max(v, default=0) if isinstance(v, list) else v)
+
+    layers, heads = key("block_count"), key("attention.head_count")
+    if not layers or not heads:
+        return None
+    hidden = key("embedding_length")
+    head_dim = key("attention.key_length") or hidden // heads
+    experts, per_expert = key("expert_count"), key("expert_feed_forward_length") or key("feed_forward_length")
+    shared = key("expert_shared_feed_forward_length") or key("expert_shared_count") * per_expert
+    if experts and per_expert:
+        total = experts * per_expert + shared
+        active = min(key("expert_used_count") or 1, experts) * per_expert + shared
+    else:
+        total = active = key("feed_forward_length")
+    vocab = key("vocab_size") or len(meta.get("tokenizer.ggml.tokens") or ())
+    return implied_parameters(layers=layers, heads=heads, kv_heads=key("attention.head_count_kv") or heads,
+                              head_dim=head_dim, hidden=hidden, mlp_active=active, mlp_total=total, vocab=vocab)
+
+
+_INT_BITS = {"I8": 8, "U8": 8, "I16": 16, "U16": 16, "I32": 32, "U32": 32, "I64": 64, "U64": 64}
+
+
+def _stored_parameters(config: dict[str, Any], headers: dict[Path, dict[str, Any]]) -> int:
+    """The parameters a checkpoint's tensors hold: their elements, with a packed integer tensor (compressed-tensors'
+    `*_packed`, GPTQ's and AWQ's `qweight`) counted as the values it packs (its bits over the quantization's)."""
+    qc = config.get("quantization_config")
+    qc = qc if isinstance(qc, dict) else {}
+    groups = qc.get("config_groups")
+    groups = groups if isinstance(groups, dict) else {}
+    widths = [g["weights"].get("num_bits") for g in groups.values()
+              if isinstance(g, dict) and isinstance(g.get("weights"), dict)] + [qc.get("bits")]
+    bits = min((b for b in widths if isinstance(b, int) and 0 < b <= 8), default=4)
+    total = 0
+    for entries in headers.values():
+        for name, t in entries.items():
+            if name == "__metadata__":
+                continue
+            n = math.prod(t["shape"])
+            packed = name.endswith(("_packed", "qweight")) and t["dtype"] in _INT_BITS
+            total += n * _INT_BITS[t["dtype"]] // bits if packed else n
+    return total
+
+
+def _figure(n: float) -> str:
+    """A parameter count as people read one: 4,096, 1.5 M, 7.62 B."""
+    for size, unit in ((1e12, "T"), (1e9, "B"), (1e6, "M")):
+        if n >= size:
+            return f"{n / size:.3g} {unit}"
+    return f"{int(n):,}"
+
+
+def weights_mismatch(path: Path) -> str | None:
+    """How the parameters of the weights at `path` (a GGUF's tensors, a checkpoint's .safetensors) contradict
+    those its config implies (its config.json, the GGUF's metadata), beyond PARAMETER_TOLERANCE; None when they
+    agree, or when the config lacks the counts (`served` names that).
+
+    Raises:
+        ConfigError, ArtifactError: a file `served` refuses as well.
+    """
+    if path.is_file() and path.suffix == ".gguf":
+        meta, weights, stored = _read_gguf(path)
+        implied, config_is, held_in = _implied_by_gguf(meta), "its metadata implies", "its tensors hold"
+    elif path.is_dir() and (path / "config.json").is_file():
+        config, headers = _read_checkpoint(path)
+        weights = _tensor_bytes(headers)
+        stored, implied = _stored_parameters(config, headers), _implied_by_config(config)
+        config_is, held_in = "config.json implies", f"its {len(headers)} .safetensors file(s) hold"
+    else:
+        return None
+    if implied is None:
+        return None
+    low, high = implied.low / PARAMETER_TOLERANCE, implied.high and implied.high * PARAMETER_TOLERANCE
+    if low <= stored and (high is None or stored <= high):
+        return None
+    expected = f"{_figure(implied.low)} to {_figure(implied.high)}" if implied.high else f"at least {_figure(implied.low)}"
+    return (f"{config_is} {expected} parameters ({implied.shape}) but {held_in} {_figure(stored)} "
+            f"({weights:,} bytes): more than a factor {PARAMETER_TOLERANCE:g} apart, so the config and the weights "
+            "are not one model's")
+
+
+def refuse_mismatched_weights(path: Path) -> None:
+    """Raises ConfigError when the weights at `path` do not have the parameters its config implies
+    (weights_mismatch): a plan would size a model that is not there."""
+    problem = weights_mismatch(path)
+    if problem:
+        gguf = path.suffix == ".gguf"
+        raise ConfigError(
+            f"{path}: {problem}",
+            hint="reconvert it with `modelmint convert NAME`" if gguf else "restore the checkpoint: its config.json "
+            "and every shard its index names (`modelmint pull NAME:TAG` again for a registered one)",
+        )
 
 
 def require_kv_dtype(kv_dtype: str) -> None:
@@ -1109,6 +1393,7 @@ def plan_path(
     if path.is_file() and path.suffix == ".gguf":
         refuse_contradicting_architecture(path)
     what = served(path)
+    refuse_mismatched_weights(path)
     ask = Ask(what.weights_bytes, what.shape, context=context, concurrency=concurrency, kv_dtype=kv_dtype,
               fp8_weights=what.fp8_weights, smaller=smaller, utilization=utilization, tp=tp,
               max_num_batched_tokens=max_num_batched_tokens)
