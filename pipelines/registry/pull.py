@@ -86,7 +86,7 @@ names an earlier version by its source commit or the git commit that registered 
     ref, _, at = ref.partition("@")
     if at:
         return _pull_version(settings, ref, at, dest=dest, ollama=ollama, check=check, allow_unsigned=allow_unsigned)
-    manifest = _settled(settings, ref)
+    manifest = settled(settings, ref)
     target = dest if dest is not None else settings.repo_dir / manifest.dvc.path
     fetched = False
     if holds(target, manifest, HashCache(settings.home / "hashcache.json")):
@@ -98,8 +98,9 @@ names an earlier version by its source commit or the git commit that registered 
                       verified=verified)
 
 
-def _settled(settings: Settings, ref: str) -> Manifest:
-    """The manifest of `ref` once dvc.lock agrees with it, waiting up to REGISTRATION_WAIT_S while they differ.
+def settled(settings: Settings, ref: str, *, command: str = "pull") -> Manifest:
+    """The manifest of `ref` once dvc.lock agrees with it, waiting up to REGISTRATION_WAIT_S while they differ
+    because a registration of `ref` is under way (`command`: the modelmint command that waits, for the hint).
 
     Registration rewrites dvc.lock (`dvc commit`), pushes, and writes the manifest last: in between, the two name
     different versions and the workspace's artifact directory already holds the new one. That is a registration under
@@ -125,7 +126,7 @@ def _settled(settings: Settings, ref: str) -> Manifest:
                 f"{manifest.ref}: dvc.lock records {locked.md5} but its manifest {_shown(settings, manifest)} records "
                 f"{manifest.dvc.md5}: a registration of {manifest.ref} is under way, or one stopped after "
                 f"`dvc commit` (waited {REGISTRATION_WAIT_S:.0f} s)",
-                hint=f"rerun `modelmint pull {manifest.ref}` once the registration has finished; if none is running, "
+                hint=f"rerun `modelmint {command} {manifest.ref}` once the registration has finished; if none is running, "
                 f"finish it again (`{format_of(manifest.tag).rebuild_command(manifest.name, manifest.tag)}`) or "
                 "put dvc.lock back (`git checkout -- dvc.lock`)",
             )

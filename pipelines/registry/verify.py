@@ -17,6 +17,7 @@ from pipelines.core.settings import Settings
 from pipelines.registry import dvcrepo
 from pipelines.registry.manifest import Manifest, find_manifest, list_manifests
 from pipelines.registry.names import format_name
+from pipelines.registry.pull import settled
 from pipelines.registry.trust import TrustPolicy, load_policy
 
 
@@ -30,6 +31,9 @@ class ArtifactCheck:
     """Objects found damaged or missing and uploaded again (with `repair`); `problems` is what is still wrong."""
     md5: str | None = None
     """The DVC hash of the directory that was checked (the manifest's, else dvc.lock's)."""
+    unchecked: str | None = None
+    """Why the remote's copy was not checked (a registration of the tag still under way after the wait): no
+    problem of the remote's."""
 
     @property
     def ref(self) -> str:
@@ -37,7 +41,7 @@ class ArtifactCheck:
 
     @property
     def ok(self) -> bool:
-        return not self.problems
+        return not self.problems and self.unchecked is None
 
 
 @dataclass(frozen=True)
@@ -53,7 +57,7 @@ class VerifyResult:
 
     def error(self) -> RegistryError | None:
         """The error naming every bad or missing object and the commands that repair it; None when all is well."""
-        bad = [a for a in self.artifacts if not a.ok]
+        bad = [a for a in self.artifacts if a.problems]
         invalid = [i.message for i in self.invalid]
         if bad:
             problems = [f"{a.ref}: {p}" for a in bad for p in a.problems] + invalid
@@ -62,6 +66,11 @@ class VerifyResult:
         if invalid:
             return RegistryError(f"{len(invalid)} manifest(s) could not be checked:\n" + "\n".join(invalid),
                                  hint=self.invalid[0].hint)
+        unchecked = [a for a in self.artifacts if a.unchecked is not None]
+        if unchecked:
+            return RegistryError("\n".join(f"{a.ref}: not checked: {a.unchecked}" for a in unchecked),
+                                 hint=f"rerun `modelmint verify {' '.join(a.ref for a in unchecked)}` once the "
+                                 "registration has finished")
         return None
 
 
@@ -110,6 +119,13 @@ def repair_remote(settings: Settings, result: VerifyResult) -> VerifyResult:
 
 def _verify_one(settings: Settings, m: Manifest) -> ArtifactCheck:
     locked = dvcrepo.locked_out(settings, m.dvc.stage, m.dvc.path)
+    if m.dvc.md5 is not None and locked is not None and locked.md5 != m.dvc.md5:
+        # dvc.lock ahead of the manifest: a registration of the tag may be pushing; pull's wait tells it from an edit
+        try:
+            m = settled(settings, m.ref, command="verify")
+        except RegistryError as err:
+            return ArtifactCheck(m, None, (), unchecked=err.message)
+        locked = dvcrepo.locked_out(settings, m.dvc.stage, m.dvc.path)
     if m.dvc.md5 is not None and locked is not None and locked.md5 != m.dvc.md5:
         return ArtifactCheck(m, None, (
             f"the manifest records DVC hash {m.dvc.md5}, dvc.lock records {locked.md5}: restore the one that was "
