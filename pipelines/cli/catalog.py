@@ -124,11 +124,22 @@ def webhook_serve(
         str, typer.Option(help="address to listen on (a reverse proxy in front for the internet)")
     ] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="port to listen on")] = 8765,
+    header_timeout: Annotated[
+        float, typer.Option(min=0.1, help="seconds a connection has to send a request's headers, else it is closed")
+    ] = 10.0,
+    body_timeout: Annotated[
+        float, typer.Option(min=0.1, help="seconds a request's body has to arrive once its headers are in, else 408")
+    ] = 30.0,
+    max_connections: Annotated[
+        int | None,
+        typer.Option(min=1, show_default="256, or fewer under a low `ulimit -n`",
+                     help="open connections at most; a new one closes the oldest still sending its request"),
+    ] = None,
 ) -> None:
     """Serve the webhook receiver: Hugging Face `repo.content` events for tracked refs start `convert/<name>` runs
     on the Prefect server (PREFECT_API_URL); the secret is MODELMINT_WEBHOOK_SECRET."""
     # The receiver hands work to Prefect, so it lives with the flows (pipelines itself never imports Prefect).
-    from flows.webhook import serve
+    from flows.webhook import connection_limit, serve
 
     settings = load_settings()
     if not settings.webhook_secret:
@@ -136,5 +147,7 @@ def webhook_serve(
             "MODELMINT_WEBHOOK_SECRET is not set",
             hint="set it to the secret configured on the hub's webhook, then rerun `modelmint webhook serve`",
         )
+    limit = connection_limit(max_connections)  # before the line below: a limit that does not fit is the error
     err.print(f"receiving webhooks on http://{host}:{port}/ (Ctrl-C stops)", highlight=False)
-    serve(settings, host=host, port=port)
+    serve(settings, host=host, port=port, header_timeout=header_timeout, body_timeout=body_timeout,
+          max_connections=limit)
