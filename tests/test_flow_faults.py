@@ -6,7 +6,8 @@ the run ends in a terminal state within a stated bound, the model's slot frees w
 rerun completes and reuses finished work, nothing is half-registered.
 
 Bounds (the crash automation is set to CRASH_AFTER_S here; the stack's default is 120 s):
-  a run stopped by `down.sh`          Crashed and its slot freed by down itself, before the server stops
+  a run stopped by `down.sh`          no process of it left, Crashed and its slot freed by down itself, before the
+                                      server stops; nothing registered
   a run SIGKILLed with its worker     Crashed within CRASH_AFTER_S + 45 s; its slot within LEASE_S + 45 s
   a server SIGKILLed and restarted    the run completes; its slot is free once it ends
   the worker alone SIGKILLed          the run completes on its own
@@ -15,6 +16,7 @@ Bounds (the crash automation is set to CRASH_AFTER_S here; the stack's default i
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -154,21 +156,49 @@ def test_down_gives_its_own_slow_server_time_to_answer() -> None:
     assert not stack._healthy_within(url, patience_s=2)  # nothing listens now: no, within the patience
 
 
+def _building(run: Any) -> list[int]:
+    """The run's local processes while one of its build tools (llama-quantize, llama-perplexity) runs, else []: seen
+    from /proc at once, where the server learns a task's state from events, seconds late on a loaded machine."""
+    pids = stack.flow_run_processes(run.id)
+    tools = [p for p in pids if re.search(rb"llama-(quantize|perplexity)", _cmdline(p))]
+    return pids if tools else []
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
 def test_down_mid_run_crashes_the_run_frees_its_slot_and_the_rerun_reuses_work(deployed) -> None:
+    """`down` while a run builds. The run is held mid-build (SIGSTOP, as a loaded machine may hold it): seen in
+    quantize or validate by the server, it had sometimes registered by the time down came, and was marked Crashed
+    all the same; and a run that did not answer down's signals at once outlived it. Down now stops every process of
+    the run before it marks it, and the run registers nothing."""
     repo, settings = deployed
     run = _submit(settings, "q6_k")
-    wait_for(lambda: _in_step(settings, run, "quantize", "validate"), 300, "quantize/validate")
+    held = wait_for(lambda: _building(run), 300, "the run's llama-quantize or llama-perplexity")
+    for pid in held:
+        os.kill(pid, signal.SIGSTOP)
     base = next(repo.work.rglob("*f16.gguf"))
     stamp = base.stat().st_mtime_ns
     said: list[str] = []
     try:
         stack.down(settings, say=said.append)
+        left = stack.flow_run_processes(run.id)
     finally:  # the module's other tests need the stack, whatever this one finds
+        for pid in stack.flow_run_processes(run.id):  # what down left goes on: it must find nothing to do
+            os.kill(pid, signal.SIGCONT)
         stack.up(settings, say=lambda _msg: None)
+    assert left == [], "processes of the run outlived down"
     assert any("marked Crashed" in line for line in said), said
     state = _state(settings, run)
     assert state.name == "Crashed" and "down.sh" in (state.message or ""), state
     assert _slots_taken(settings) == 0  # freed by down.sh, not left to lapse
+    with stack.api(settings) as client:
+        running = [t.name for t in task_runs(client, run.id) if t.state is not None and not t.state.is_final()]
+    assert not running, f"task runs left {running} as if they still ran"
     assert not manifest_path(repo.settings(), MODEL, "q6_k").exists()
     again = _rerun(settings, "q6_k")
     assert find_manifest(repo.settings(), f"{MODEL}:q6_k").validation.passed

@@ -513,7 +513,13 @@ def reap(settings: Settings, client: Any, why: str, runs: list[Any] | None = Non
         if now is not None and now.is_final() and not now.is_crashed():
             done.append(f"flow run '{run.name}' ({str(run.id)[:8]}) had ended {now.name} before it was stopped")
             continue
-        client.set_flow_run_state(run.id, Crashed(message=f"{why}; rerun it: finished steps are reused"), force=True)
+        crashed: Any = Crashed(message=f"{why}; rerun it: finished steps are reused")
+        client.set_flow_run_state(run.id, crashed, force=True)
+        # Its task runs went with it (a killed engine reports nothing): none is left showing Running.
+        for task in _task_runs(client, run.id):
+            if task.state is not None and not task.state.is_final():
+                with contextlib.suppress(Exception):  # ended meanwhile: nothing to mark
+                    client.set_task_run_state(task.id, crashed, force=True)
         done.append(f"flow run '{run.name}' ({str(run.id)[:8]}) marked Crashed: {why}")
     for lease in read_leases(settings.prefect_dir):
         if lease.holder in dead_ids:
@@ -600,11 +606,16 @@ def up(settings: Settings, *, say: Any = print) -> StackState:
 
 
 STOPPED_BY_DOWN = "stopped by `bash scripts/down.sh` while it ran"
+REGISTER_WAIT_S = 180.0
+"""How long `down` lets a run that has reached its registration finish it (its dvc push and manifest)."""
+REGISTRATION_TASKS = ("register", "publish")
+"""The convert flow's tasks that register a variant (or come after it): a run in one of them is let finish."""
 
 
 def down(settings: Settings, *, say: Any = print) -> None:
-    """Stop the worker and every process of the runs the stack runs; mark those runs Crashed (a run that finished
-    first keeps its state) and free their slots; stop the server.
+    """Stop the worker and every process of the runs the stack runs; mark those runs Crashed and free their slots;
+    stop the server. A run that has reached its registration is let finish it first, so a run marked Crashed
+    registered nothing and a run that registered is not marked Crashed.
 
     Raises OrchestratorError, naming the owner, when the port or the Prefect home is another checkout's stack."""
     refuse_foreign(settings)
@@ -612,17 +623,30 @@ def down(settings: Settings, *, say: Any = print) -> None:
     # Our own server may be slow to answer on a loaded machine (its /health took over 2 s while a test suite held
     # both cores): taken for down, its runs were left Running and their slots held, so it is given time to answer.
     up_ = healthy(settings.prefect_api_url) or (state.server_alive() and _healthy_within(settings.prefect_api_url))
-    # The runs this stack runs on this machine, named before the worker stops: their processes carry the run's id
-    # and this stack's PREFECT_HOME (a run of another stack's worker on the same server is left alone).
+    home = settings.prefect_dir
     local: list[Any] = []
     if up_:
         with api(settings) as client:
-            local = [r for r in live_runs(client) if flow_run_processes(r.id, settings.prefect_dir)]
+            # The runs this stack runs on this machine: their processes carry the run's id and this stack's
+            # PREFECT_HOME (a run of another stack's worker on the same server is left alone).
+            local = [r for r in live_runs(client) if flow_run_processes(r.id, home)]
+            # Frozen first (SIGSTOP), so that what is decided next stays true: no run reaches its registration
+            # while down looks, or registers after down has called it Crashed.
+            _signal_runs(local, home, signal.SIGSTOP)
+            finishing = [r for r in local if _registering(settings, client, r)]
+    else:
+        finishing = []
+    for run in finishing:
+        say(f"• flow run '{run.name}' ({str(run.id)[:8]}) is registering: let finish (up to {REGISTER_WAIT_S:.0f} s)")
+    _signal_runs(finishing, home, signal.SIGCONT)
+    deadline = time.monotonic() + REGISTER_WAIT_S
+    while any(flow_run_processes(r.id, home) for r in finishing) and time.monotonic() < deadline:
+        time.sleep(0.5)
     say(f"• worker {'stopped' if _stop(state.worker_pid, state.worker_started) else 'was not running'}")
-    # Every process of those runs is gone before any is marked: Prefect's process worker starts a run in a session
-    # of its own, so stopping the worker's group does not stop it, and a run whose engine outlived `down` went on
-    # to register after down had marked it Crashed.
-    _end_runs(local, settings.prefect_dir)
+    # Prefect's process worker starts each run in a session of its own: stopping the worker's group does not stop
+    # it, and an engine that outlived `down` went on after down had marked its run Crashed. Every process of every
+    # run is gone before any run is marked.
+    _end_runs(local, home)
     if up_:
         with api(settings) as client:
             runs = {str(r.id): r for r in [*local, *dead_runs(client)]}
@@ -632,26 +656,51 @@ def down(settings: Settings, *, say: Any = print) -> None:
     StackState.fresh(settings).save(settings)
 
 
-def _end_runs(runs: list[Any], prefect_home: Path, grace_s: float = 15.0) -> None:
-    """Stop every local process of `runs` and return once none is left: SIGTERM to each (the engine reports and
-    releases what it holds), then SIGKILL to whatever is still there after `grace_s`, new children included."""
-    def pids() -> list[int]:
-        return [pid for run in runs for pid in flow_run_processes(run.id, prefect_home)]
+def _registering(settings: Settings, client: Any, run: Any) -> bool:
+    """Whether `run` has reached its registration: a register or publish task run of its own on the server, or a
+    manifest of its model created since it started (the manifest is written last: the exact proof)."""
+    if any(t.name.split("-", 1)[0] in REGISTRATION_TASKS for t in _task_runs(client, run.id)):
+        return True
+    model, since = (run.parameters or {}).get("model"), run.start_time
+    if not isinstance(model, str) or since is None:
+        return False
+    for path in (settings.manifests_dir / model).glob("*.json"):
+        with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+            from datetime import datetime
 
-    for pid in pids():
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
-    while (left := pids()) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    for _ in range(50):  # bounded: a process killed here has no way to start another
-        if not left:
-            return
-        for pid in left:
+            if datetime.fromisoformat(json.loads(path.read_text())["created_at"]) >= since:
+                return True
+    return False
+
+
+def _task_runs(client: Any, flow_run_id: Any) -> list[Any]:
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    return list(client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id]))))
+
+
+def _signal_runs(runs: list[Any], prefect_home: Path, sig: signal.Signals) -> None:
+    """Send `sig` to every local process of `runs`; SIGSTOP returns once each is stopped (a tool started a moment
+    before is found by the next look and stopped too)."""
+    for _ in range(20):  # bounded: a stopped process starts nothing
+        pids = [pid for run in runs for pid in flow_run_processes(run.id, prefect_home)]
+        for pid in pids:
             with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+                os.kill(pid, sig)
+        if sig != signal.SIGSTOP or all((_stat(pid) or ["T"])[0] in "Tt" for pid in pids):
+            return
+        time.sleep(0.1)
+
+
+def _end_runs(runs: list[Any], prefect_home: Path) -> None:
+    """Kill every local process of `runs` (frozen first, then SIGKILL: a run killed here takes no further step, so
+    none registers after down decided it had not) and return once none is left; reap marks the runs Crashed."""
+    for _ in range(50):  # bounded: a frozen or killed process starts nothing
+        if not any(flow_run_processes(r.id, prefect_home) for r in runs):
+            return
+        _signal_runs(runs, prefect_home, signal.SIGSTOP)
+        _signal_runs(runs, prefect_home, signal.SIGKILL)
         time.sleep(0.2)
-        left = pids()
 
 
 def status(settings: Settings, *, say: Any = print) -> list[str]:
