@@ -107,8 +107,8 @@ def test_two_checkouts_sharing_one_home_run_two_stacks_that_never_touch(shared_h
         assert _deployment_dirs(port_a) == {str(a)} and _deployment_dirs(port_b) == {str(b)}
 
         # The first checkout's port asked for from the second: refused, naming the owner, and nothing of A moves.
-        for command in ("up", "status", "down"):
-            refused = _stack(b, port_a, command)
+        for command in (["up"], ["status"], ["down"], ["doctor"], ["run", "convert/tiny-qwen2"]):
+            refused = _stack(b, port_a, *command)
             assert refused.returncode == 1 and str(a) in refused.stderr, (command, refused.stdout + refused.stderr)
             assert "Traceback" not in refused.stderr and "modelmint stack down" in refused.stderr
         assert _deployment_dirs(port_a) == {str(a)}, "the second checkout re-pointed the first one's deployments"

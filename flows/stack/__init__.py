@@ -117,31 +117,35 @@ class StackState:
         return self.checkout == str(project_root()) and self.port == settings.prefect_port
 
 
-def _owner_elsewhere(settings: Settings) -> tuple[Path, StackState] | None:
-    """Another stack whose live server holds what `settings` would use: this stack's Prefect home (one set by
-    MODELMINT_PREFECT_HOME for two checkouts or ports), or its port (another checkout's stack on it)."""
+def _owner_elsewhere(settings: Settings, *, home: bool) -> tuple[Path, StackState] | None:
+    """Another stack whose server lives on this stack's port (another checkout's, or one started with another
+    PREFECT_HOME), or with `home`, in this stack's Prefect home (one MODELMINT_PREFECT_HOME given to two checkouts
+    or ports); None when there is none."""
     mine = StackState.path(settings)
-    paths = [mine, *sorted((settings.home / "prefect").glob("*/stack/state.json"))]
-    for path in dict.fromkeys(paths):
+    for path in dict.fromkeys([mine, *sorted((settings.home / "prefect").glob("*/stack/state.json"))]):
         other = StackState.read(path)
-        if other is None or (other.is_of(settings) and path == mine) or not other.server_alive():
+        if other is None or (path == mine and other.is_of(settings)) or not other.server_alive():
             continue
-        if path == mine or other.port == settings.prefect_port:
+        if other.port == settings.prefect_port or (home and path == mine):
             return path.parent.parent, other
     return None
 
 
-def refuse_foreign(settings: Settings) -> None:
-    """Raises OrchestratorError, naming the owner, when this port or Prefect home is another stack's (one stack per
-    Prefect home and port: `up`, `down`, `status` of one never act on another's server, worker or deployments)."""
-    found = _owner_elsewhere(settings)
+def refuse_foreign(settings: Settings, *, home: bool = True) -> None:
+    """Raises OrchestratorError, naming the owner, when this stack's port (or, with `home`, its Prefect home) is
+    another stack's: one stack per Prefect home and port, so that `up`, `down` and `status` of one never act on
+    another's server, worker or deployments. (`run` and `doctor` only talk to the server on the port: `home=False`.)
+    """
+    found = _owner_elsewhere(settings, home=home)
     if found is None:
         return
-    home, other = found
+    prefect_home, other = found
+    where = (f"port {other.port} serves the Prefect stack of the checkout {other.checkout}"
+             if other.port == settings.prefect_port else
+             f"the Prefect home {prefect_home} holds the live stack of the checkout {other.checkout} on port {other.port}")
     raise OrchestratorError(
-        f"the Prefect stack {'on port ' + str(other.port) if other.port == settings.prefect_port else 'in ' + str(home)}"
-        f" is the stack of the checkout {other.checkout} (port {other.port}, PREFECT_HOME {home}, server pid "
-        f"{other.server_pid}), not of this one ({project_root()}, port {settings.prefect_port})",
+        f"{where} (PREFECT_HOME {prefect_home}, server pid {other.server_pid}), not this one's ({project_root()}, "
+        f"port {settings.prefect_port}): one stack per Prefect home and port",
         hint=f"stop it from its checkout (cd {other.checkout} && modelmint stack down), or give this checkout a port "
         "of its own (MODELMINT_PREFECT_PORT=4300 modelmint stack up) and leave MODELMINT_PREFECT_HOME unset: each "
         "checkout and port then gets its own Prefect home",
@@ -534,7 +538,7 @@ def doctor(settings: Settings, *, fix: bool = False, say: Any = print) -> bool:
     repair them. Returns whether everything was healthy (before any fix)."""
     from prefect.client.schemas.actions import GlobalConcurrencyLimitUpdate
 
-    refuse_foreign(settings)
+    refuse_foreign(settings, home=False)
     require_server(settings)
     healthy_ = True
     with api(settings) as client:
@@ -721,7 +725,7 @@ def check_deployment(settings: Settings, deployment: str) -> None:
     this checkout's stack)."""
     from prefect.exceptions import ObjectNotFound
 
-    refuse_foreign(settings)
+    refuse_foreign(settings, home=False)
     require_server(settings)
     with api(settings) as client:
         try:
