@@ -178,8 +178,9 @@ def _checkpoint(tmp_path: Path, config: object) -> Path:
 
     ck = tmp_path / "ck"
     ck.mkdir(exist_ok=True)
-    header = json.dumps({"w": {"dtype": "F16", "shape": [64, 64], "data_offsets": [0, 8192]}}).encode()
-    (ck / "model.safetensors").write_bytes(struct.pack("<Q", len(header)) + header + b"\0" * 8192)
+    # as many parameters as _GOOD_CONFIG's model has (plan refuses weights its config contradicts)
+    header = json.dumps({"w": {"dtype": "F16", "shape": [64, 1280], "data_offsets": [0, 163840]}}).encode()
+    (ck / "model.safetensors").write_bytes(struct.pack("<Q", len(header)) + header + b"\0" * 163840)
     # allow_nan: Python's json writes NaN/Infinity and reads them back, as transformers' configs may hold them
     (ck / "config.json").write_text(json.dumps(config), encoding="utf-8")
     return ck
