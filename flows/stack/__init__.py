@@ -4,11 +4,16 @@
     modelmint stack status   what is running
     modelmint stack run convert/tiny-qwen2 [--param k=v]   check the stack, then `prefect deployment run`
     modelmint stack doctor [--fix]   held slots (who, since when), runs whose process died, and the fix
-    modelmint stack down     stop the worker (its runs are marked Crashed, their slots freed), then the server
+    modelmint stack down     stop the worker and every process of its runs (marked Crashed, their slots freed; a run
+                             already registering is let finish), then the server
     modelmint stack api-url  the API URL to export as PREFECT_API_URL
 
 `python -m flows.stack CMD` is the same command line under its old name (__main__.py beside this). The commands
 themselves are pipelines/cli/stack.py, over the functions here; their errors go through the CLI's one edge.
+
+One stack per Prefect home and port: PREFECT_HOME is MODELMINT_HOME/prefect/<checkout>-<hash>-<port> unless
+MODELMINT_PREFECT_HOME names one, and its state file records the owner checkout and port; a command asked to act
+on another checkout's live stack refuses, naming it.
 
 The server and the worker are long-lived processes, so they are started here in their own session (not
 through pipelines.core.runner, which runs tools to completion); their pids and logs live in PREFECT_HOME/stack.

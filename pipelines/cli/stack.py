@@ -33,7 +33,8 @@ def up() -> None:
 
 @stack_app.command("down")
 def down() -> None:
-    """Stop the worker (its runs are marked Crashed, their slots freed), then the server."""
+    """Stop the worker and every process of its runs (marked Crashed, their slots freed; a run already registering
+    is let finish), then the server."""
     from flows import stack
 
     stack.down(load_settings())
