@@ -66,6 +66,7 @@ def isolate(env: Path, mp: pytest.MonkeyPatch) -> Path:
         "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
         "GIT_CONFIG_GLOBAL": gitconfig,
         "GIT_CONFIG_NOSYSTEM": "1",
+        "DOCKER_CONFIG": env / "docker",  # `registry serve` records its push credentials there, as `docker login`
         "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}",
     }.items():
         mp.setenv(key, str(value))

@@ -50,6 +50,7 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
         "MODELMINT_REPO": str(tmp / "repo"),
         "MODELMINT_HOME": str(tmp / "home"),
         "MODELMINT_WORK_DIR": str(tmp / "work"),
+        "DOCKER_CONFIG": str(tmp / "docker"),  # `registry serve` records its push credentials there
         "MODELMINT_CATALOG": str(project_root() / "registry" / "catalog.yaml"),
         # nothing listens there: `modelmint watch` asks this "hub" about the catalog's tracked refs, never the real one
         "HF_ENDPOINT": "http://127.0.0.1:9",

@@ -29,7 +29,7 @@ from registry_env import ROOT, Repo, candidate, free_port, isolate, make_repo
 from pipelines.core.gobuild import GoProgram
 from pipelines.core.settings import Settings
 from pipelines.publish.localregistry import local_registry, stop_process
-from pipelines.publish.oci import Blob, OciClient, RegistryRef
+from pipelines.publish.oci import Blob, Credentials, OciClient, RegistryRef
 from pipelines.registry.manifest import Manifest
 from pipelines.registry.register import register
 
@@ -170,8 +170,9 @@ def test_a_blob_server_on_the_registrys_own_host_name_is_followed_and_fails_the_
     GET itself and answers the bytes, so net/http again finds no Location."""
     data = os.urandom(3000)
     blob = Blob.of_bytes("application/vnd.ollama.image.model", data)
-    with local_registry(tmp_path / "samehost", free_port(), blob_host="127.0.0.1") as reg:
-        with OciClient(RegistryRef.parse(f"{reg.host}/modelmint", insecure=True)) as client:
+    pusher = Credentials("ci", "a-push-secret")
+    with local_registry(tmp_path / "samehost", free_port(), blob_host="127.0.0.1", credentials=pusher) as reg:
+        with OciClient(RegistryRef.parse(f"{reg.host}/modelmint", insecure=True), credentials=pusher) as client:
             client.push_blob("modelmint/m", blob)
         rc, got, err = goblob(served.goblob, reg.host, "modelmint/m", blob.digest)
     assert rc == 1 and err == "http: no Location header in response", err

@@ -428,6 +428,9 @@ def verify_cmd(
         n = len(a.check.objects) if a.check is not None else 0
         for r in a.repaired:
             err.print(f"[dim]•[/dim] {a.ref}: uploaded again: {escape(r)}", highlight=False)
+        if a.unchecked is not None:
+            out.print(f"{a.ref}: [yellow]not checked[/yellow] (being registered)", highlight=False, soft_wrap=True)
+            continue
         verdict = "[green]ok[/green]" if a.ok else f"[red]{len(a.problems)} problem(s)[/red]"
         out.print(
             f"{a.ref}: {verdict} ({n} objects in {a.check.url if a.check else 'the remote'} hashed)",
@@ -480,31 +483,40 @@ def registry_serve(
     blob_port: Annotated[int, typer.Option(help="the blob server's port (0: a free one)")] = 0,
 ) -> None:
     """Serve a distribution registry on 127.0.0.1 whose blob GETs redirect to a file server on another loopback
-    host, as object storage behind a registry does: `ollama pull --insecure` can pull from it (docs/oci.md)."""
+    host, as object storage behind a registry does: `ollama pull --insecure` can pull from it (docs/oci.md).
+    Anyone on this machine may pull; pushes, tags and deletes need its push credentials, which `modelmint publish`
+    here finds (MODELMINT_REGISTRY_USERNAME/PASSWORD, else the docker config's entry, made if missing)."""
     import signal
     import time
 
-    from pipelines.publish.localregistry import local_registry
+    from pipelines.publish.localregistry import check_ollama_blob_host, local_registry, push_credentials
+    from pipelines.publish.oci import Credentials
 
-    root = directory or load_settings().home / "registry"
+    check_ollama_blob_host(blob_host)
+    settings = load_settings()
+    root = directory or settings.home / "registry"
+    source = ""
 
-    def _stop(
-        *_: object,
-    ) -> None:  # a service manager's SIGTERM stops both servers, at any point, and exits 0
+    def credentials(host: str) -> Credentials:
+        nonlocal source
+        found, source = push_credentials(settings, host)
+        return found
+
+    def _stop(*_: object) -> None:
+        # a service manager's SIGTERM, a closed terminal's SIGHUP, Ctrl-C: both servers stop, at any point, exit 0
         raise SystemExit(0)
 
-    signal.signal(signal.SIGTERM, _stop)
-    with local_registry(root, port, blob_host=blob_host, blob_port=blob_port) as reg:
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, _stop)
+    with local_registry(root, port, blob_host=blob_host, blob_port=blob_port, credentials=credentials) as reg:
         err.print(
             f"registry on http://{reg.host} (blob GETs redirect to http://{reg.blobs.host}; storage {root}; "
-            f"Ctrl-C stops)\n  publish: modelmint publish NAME:TAG --registry {reg.host}/modelmint --insecure"
+            f"Ctrl-C stops)\n  pulls: anyone; pushes, tags and deletes: its push credentials ({source})"
+            f"\n  publish: modelmint publish NAME:TAG --registry {reg.host}/modelmint --insecure"
             f"\n  pull:    ollama pull --insecure {reg.host}/modelmint/NAME:TAG",
             highlight=False,
             soft_wrap=True,
         )
-        try:
-            while reg.proc.poll() is None:
-                time.sleep(0.5)
-        except KeyboardInterrupt:
-            return
+        while reg.proc.poll() is None:
+            time.sleep(0.5)
         raise ConfigError(f"docker-registry exited {reg.proc.returncode}", hint=f"see {reg.log}, then rerun")

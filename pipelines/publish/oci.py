@@ -262,6 +262,16 @@ class OciClient:
                                    f"trusts ({err})", registry=self.registry.host,
                                    hint="set MODELMINT_REGISTRY_CA to the PEM bundle of the CA that signs it (a "
                                    "team's private CA); --insecure only for a registry that serves plain HTTP") from err
+                refused = _request_host(err)
+                if refused is not None and refused != self.registry.host:
+                    # the registry answered; the host it redirected to (its blob storage) did not
+                    raise OciUnavailable(
+                        f"the registry {self.registry.host} redirected {method} {httpx.URL(url).path} to {refused}, "
+                        f"which cannot be reached ({type(err).__name__}: {err})",
+                        registry=self.registry.host,
+                        hint=f"the registry's blob storage at {refused} is down or not reachable from here (for "
+                        "`modelmint registry serve`: its blob server; restart the serve), then rerun",
+                    ) from err
                 raise OciUnavailable(
                     f"the registry {self.registry.host} cannot be reached ({type(err).__name__}: {err})",
                     registry=self.registry.host,
@@ -460,6 +470,15 @@ _TAMPERED = ("the registry's storage holds other bytes than were pushed under th
 def _chunks(f: Any) -> Iterator[bytes]:
     while chunk := f.read(_CHUNK):
         yield chunk
+
+
+def _request_host(err: httpx.TransportError) -> str | None:
+    """HOST[:PORT] of the request that failed (after redirects, the last one), as RegistryRef.host writes it."""
+    try:
+        url = err.request.url
+    except RuntimeError:  # an error raised outside a request
+        return None
+    return url.host if url.port is None else f"{url.host}:{url.port}"
 
 
 def _problem(r: httpx.Response, what: str) -> str:
