@@ -1382,8 +1382,9 @@ def plan_path(
     cluster text or an inventory file, `cluster_of`), with the asked context, concurrency and vLLM settings.
 
     Raises:
-        ConfigError: an unknown KV dtype, an ask vLLM would refuse (Ask), what `served` refuses, or PlanRefused
-            (nothing fits: its hint names the nearest plans that do).
+        ConfigError: an unknown KV dtype, an ask vLLM would refuse (Ask), what `served` refuses, weights whose
+            parameters its config contradicts (weights_mismatch), or PlanRefused (nothing fits: its hint names the
+            nearest plans that do).
         ArtifactError: a GGUF whose tensors contradict its declared architecture (it would be sized as another
             model), or a file that is not what its name says.
     """
