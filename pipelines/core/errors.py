@@ -100,6 +100,22 @@ class DiskFullError(ModelmintError):
         self.location = location
 
 
+class RunTooLarge(ModelmintError):
+    """A run whose peak disk or memory need exceeds what the machine has, refused before any work.
+
+    `shortfalls` holds (where, bytes needed at the run's peak, bytes there now) for each filesystem or the memory
+    that is short; `hint` says which way out gives back how much."""
+
+    def __init__(self, what: str, shortfalls: list[tuple[str, int, int]], *, hint: str) -> None:
+        lines = [f"  {where}: needs {_gib(need)} at its peak, {_gib(have)} free" for where, need, have in shortfalls]
+        super().__init__(f"{what} does not fit on this machine; nothing was started:\n" + "\n".join(lines), hint=hint)
+        self.shortfalls = shortfalls
+
+
+def _gib(n: int) -> str:
+    return f"{n / (1 << 30):,.1f} GiB" if n >= 1 << 30 else f"{n / (1 << 20):,.1f} MiB"
+
+
 class SourceError(ModelmintError):
     """The upstream source cannot be used: missing, not pinned, pickle-only, corrupt."""
 

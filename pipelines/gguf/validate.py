@@ -18,6 +18,7 @@ from pipelines.core.fsutil import atomic_output
 from pipelines.core.gates import EARLY_SIGMAS, Gate, chance_failure
 from pipelines.core.ggufheader import GGUFInfo, read_gguf_header
 from pipelines.core.report import Figures, GGUFReport, Validation, perplexity_positions
+from pipelines.core.resources import logits_file_size
 from pipelines.core.runner import run
 from pipelines.core.toolchains import LlamaCpp
 
@@ -181,17 +182,6 @@ _LOGITS_HEADER = 20  # magic, n_ctx (u32), n_vocab (i32), n_chunk (i32)
 def perplexity_failures(text: str) -> list[str]:
     """The error lines llama-perplexity printed; it exits 0 after most of them, so the status says nothing."""
     return [m.group(0).strip() for m in _PERPLEXITY_FAILURES.finditer(text)]
-
-
-def logits_file_size(n_ctx: int, n_vocab: int, n_chunk: int) -> int:
-    """The exact size of a complete `--kl-divergence-base` file, as llama-perplexity writes it.
-
-    A 20-byte header, the n_chunk x n_ctx evaluation tokens (int32), then per chunk the log-probabilities
-    of the scored second half of the window (n_ctx - 1 - n_ctx/2 rows) as uint16 rows of
-    nv = 2 * ceil(n_vocab / 2) + 4 values (tools/perplexity/perplexity.cpp: perplexity, process_logits).
-    """
-    nv = 2 * ((n_vocab + 1) // 2) + 4
-    return _LOGITS_HEADER + 4 * n_chunk * n_ctx + n_chunk * (n_ctx - 1 - n_ctx // 2) * nv * 2
 
 
 def logits_header(path: Path) -> tuple[int, int, int]:

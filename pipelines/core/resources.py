@@ -1,0 +1,521 @@
+"""Disk and memory a run needs at its peak, from the source's Safetensors headers, checked before any work."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import shutil
+import struct
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pipelines.core.errors import ArtifactError, DiskLocation, RunTooLarge, SourceError
+from pipelines.core.fsutil import HashCache
+from pipelines.core.safetensorsheader import INDEX_FILE, read_safetensors_header
+from pipelines.core.vocab import COMPRESSED_SCHEMES, GROUPED_PRESETS, gguf_type
+
+GIB = 1 << 30
+
+# ---------------------------------------------------------------- what the source holds
+
+_DTYPE_BYTES = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2, "I16": 2, "U16": 2,
+                "F8_E4M3": 1, "F8_E5M2": 1, "I8": 1, "U8": 1, "BOOL": 1}
+_SHARD = re.compile(r"^(?P<prefix>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.safetensors$")
+"""The hub's shard naming (transformers' save_pretrained): model-00001-of-00004.safetensors."""
+
+
+@dataclass(frozen=True)
+class SourceShape:
+    """What a Safetensors model directory holds, from its headers alone: what every size below is computed from."""
+
+    params: int
+    bytes: int
+    """The tensors' bytes as stored (bf16: 2 per parameter)."""
+    vector_params: int
+    """Parameters of 1-D tensors (norms, biases): the GGUF converter keeps these in F32."""
+    embedding_params: int
+    """Parameters of the token embedding and output matrices (kept unquantized by compressed-tensors recipes)."""
+    largest: str
+    largest_params: int
+    vocab: int
+    """Rows of the token embedding (or output) matrix: the n_vocab llama.cpp scores (the converter pads the
+    tokenizer's vocabulary to it)."""
+    files: int
+
+    @property
+    def largest_bf16(self) -> int:
+        return 2 * self.largest_params
+
+
+def source_shape(directory: Path, hashes: HashCache | None = None) -> SourceShape:
+    """The parameters, vocabulary and largest tensor of a Safetensors model directory, from its headers only.
+
+    Every shard is checked before anything else: it is there, and it holds the bytes its header declares.
+
+    Raises:
+        SourceError: a shard the index (or the shards' own `-of-N` names) lists is missing, a shard is shorter than
+            its header declares, or a header does not read back.
+    """
+    files = _shards(directory)
+    for f in files:
+        _check_length(f)
+    params = stored = vectors = embedding = largest_params = vocab = 0
+    largest = ""
+    for f in files:
+        try:
+            header = read_safetensors_header(f, hashes)
+        except ArtifactError as err:
+            raise _incomplete(directory, str(err)) from err
+        for name, info in header.items():
+            if name == "__metadata__":
+                continue
+            shape = [int(d) for d in info["shape"]]
+            n = math.prod(shape)
+            params += n
+            stored += n * _DTYPE_BYTES.get(info["dtype"], 2)
+            if len(shape) == 1:
+                vectors += n
+            if _is_embedding(name) and len(shape) == 2:
+                embedding += n
+                vocab = max(vocab, shape[0])
+            if n > largest_params:
+                largest, largest_params = name, n
+    if not params:
+        raise _incomplete(directory, f"{directory} holds no tensors")
+    return SourceShape(params, stored, vectors, embedding, largest, largest_params, vocab, len(files))
+
+
+def _is_embedding(name: str) -> bool:
+    return "embed_tokens" in name or name.startswith("lm_head") or name.endswith(("wte.weight", "output.weight"))
+
+
+def _shards(d: Path) -> list[Path]:
+    index = d / INDEX_FILE
+    if index.is_file():
+        try:
+            names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (ValueError, KeyError, TypeError, AttributeError) as err:
+            raise _incomplete(d, f"{index} is not a Safetensors index (no weight_map of tensor → shard)") from err
+    else:
+        names = sorted(p.name for p in d.glob("*.safetensors"))
+        if not names:
+            raise _incomplete(d, f"{d} holds no .safetensors weights")
+        # no index: the shards' own names say how many there are
+        for m in filter(None, map(_SHARD.match, names)):
+            count = int(m["count"])
+            names = sorted({*names, *(f"{m['prefix']}-{i:05d}-of-{count:05d}.safetensors" for i in range(1, count + 1))})
+    if missing := [n for n in names if not (d / n).is_file()]:
+        listed = f"{index.name} lists" if index.is_file() else "the other shards' names (-of-N) imply"
+        raise _incomplete(d, f"{d} lacks {len(missing)} of the {len(names)} shards {listed}: {', '.join(missing)}")
+    return [d / n for n in names]
+
+
+def _check_length(path: Path) -> None:
+    """Refuse a shard shorter than its header declares (a download cut off), naming it and both sizes."""
+    size = path.stat().st_size
+    try:
+        with open(path, "rb") as fh:
+            (n,) = struct.unpack("<Q", fh.read(8))
+            header = json.loads(fh.read(n)) if 8 + n <= size else None
+    except (struct.error, ValueError) as err:
+        raise _incomplete(path.parent, f"shard {path.name} has no readable Safetensors header ({size} bytes)") from err
+    if header is None:
+        raise _incomplete(path.parent, f"shard {path.name} is truncated: its header alone needs {8 + n} bytes, the "
+                          f"file holds {size}")
+    try:
+        end = max((int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"), default=0)
+    except (TypeError, KeyError, IndexError, ValueError, AttributeError):
+        return  # a malformed header: read_safetensors_header words that refusal
+    if 8 + n + end > size:
+        raise _incomplete(path.parent, f"shard {path.name} is truncated: its header declares {8 + n + end:,} bytes "
+                          f"({_gib(8 + n + end)}), the file holds {size:,} ({_gib(size)})")
+
+
+def _incomplete(d: Path, message: str) -> SourceError:
+    return SourceError(message + "; nothing was started",
+                       hint=f"the download in {d} is incomplete: rerun `modelmint fetch NAME` to download the "
+                       "missing bytes again (a file you placed there yourself: copy it again)")
+
+
+# ---------------------------------------------------------------- what a run writes
+
+
+@dataclass(frozen=True)
+class Places:
+    """Where a run writes: its build directory (under MODELMINT_WORK_DIR), and when it registers, the repository's
+    artifacts/ and the DVC cache (pipelines/registry/dvcrepo.cache_dir), each possibly on its own filesystem."""
+
+    work_dir: Path
+    artifacts: Path | None = None
+    dvc_cache: Path | None = None
+
+    def of(self, location: DiskLocation) -> Path | None:
+        return {"work_dir": self.work_dir, "artifacts": self.artifacts, "dvc_cache": self.dvc_cache}.get(location)
+
+
+@dataclass(frozen=True)
+class Output:
+    """One file (or directory) a run writes: what it is, where, its predicted bytes, and the steps it lives through
+    (`first` to `last`, indexes into the run's steps; `last` None: it stays after the run)."""
+
+    what: str
+    location: DiskLocation
+    bytes: int
+    first: int
+    last: int | None = None
+    path: Path | None = None
+    """Where it will be; a finished one of an earlier run found there is already on the disk and needs nothing more."""
+    scratch: bool = False
+    """Needed only until every variant was validated (the f16, the importance matrix, the reference logits)."""
+
+    def present_at(self, step: int, scratch_until: int | None = None) -> bool:
+        last = scratch_until if self.scratch and scratch_until is not None else self.last
+        return self.first <= step and (last is None or step <= last)
+
+
+@dataclass(frozen=True)
+class Memory:
+    """One step's memory: `resident` bytes it allocates (the converter's tensors, a torch model) and `mapped` bytes
+    of a file it maps (llama.cpp's tools mmap the model: short of memory they run, reading it from disk again)."""
+
+    step: str
+    resident: int
+    mapped: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.resident + self.mapped
+
+
+@dataclass(frozen=True)
+class Filesystem:
+    """One filesystem a run writes to, and what its peak needs there."""
+
+    device: int
+    locations: tuple[tuple[DiskLocation, Path], ...]
+    needed: int
+    """Bytes more than it holds now at the run's peak (finished outputs of an earlier run already count)."""
+    free: int
+    margin: int
+    peak_step: str
+    outputs: tuple[str, ...]
+    """What is on it at that step."""
+
+    @property
+    def fits(self) -> bool:
+        return self.needed + self.margin <= self.free
+
+    @property
+    def label(self) -> str:
+        return " and ".join(f"{_WHAT[loc]} {path}" for loc, path in self.locations)
+
+
+@dataclass(frozen=True)
+class ResourceCheck:
+    """A run's peak disk need per filesystem and its peak memory, against what the machine has now."""
+
+    steps: tuple[str, ...]
+    outputs: tuple[Output, ...]
+    filesystems: tuple[Filesystem, ...]
+    memory: tuple[Memory, ...]
+    available_memory: int
+    validated_at: int
+    """The step after which no scratch output is read any more (the last variant's validation)."""
+    variant_bytes: Mapping[str, int] = field(default_factory=dict)
+
+    @property
+    def peak_memory(self) -> Memory:
+        return max(self.memory, key=lambda m: m.total)
+
+    @property
+    def peak_resident(self) -> Memory:
+        return max(self.memory, key=lambda m: m.resident)
+
+    @property
+    def short(self) -> list[Filesystem]:
+        return [fs for fs in self.filesystems if not fs.fits]
+
+    @property
+    def memory_fits(self) -> bool:
+        """Whether what the steps allocate fits the available memory (a step short of it is killed)."""
+        return self.peak_resident.resident <= self.available_memory
+
+    @property
+    def mapped_fits(self) -> bool:
+        """Whether the model a llama.cpp tool maps fits in memory too (short of it, the tool reads it from disk
+        again for every pass: slow, not refused)."""
+        return self.peak_memory.total <= self.available_memory
+
+    @property
+    def fits(self) -> bool:
+        return not self.short and self.memory_fits
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "filesystems": [{"device": fs.device, "locations": {loc: str(p) for loc, p in fs.locations},
+                             "needed": fs.needed, "free": fs.free, "margin": fs.margin, "peak_step": fs.peak_step,
+                             "outputs": list(fs.outputs), "fits": fs.fits} for fs in self.filesystems],
+            "memory": {"peak_step": self.peak_memory.step, "peak": self.peak_memory.total,
+                       "resident": self.peak_resident.resident, "available": self.available_memory,
+                       "fits": self.memory_fits},
+        }
+
+
+_WHAT: dict[str, str] = {"work_dir": "the work dir", "artifacts": "artifacts/", "dvc_cache": "the DVC cache"}
+
+CONVERTER_RSS_PER_LARGEST_BF16 = 3.5
+"""The GGUF converter's peak RSS over the bf16 bytes of the source's largest tensor (docs/scale.md: measured on a
+983 M-parameter Qwen2-shaped model, 2.3 GB peak; it converts tensor by tensor, the embedding is the largest)."""
+_LOGITS_HEADER = 20  # "_logits_", n_ctx (u32), n_vocab (i32), n_chunk (i32)
+
+
+def logits_file_size(n_ctx: int, n_vocab: int, n_chunk: int) -> int:
+    """The exact size of a complete `llama-perplexity --kl-divergence-base` file.
+
+    A 20-byte header, the n_chunk x n_ctx evaluation tokens (int32), then per chunk the log-probabilities of the
+    scored second half of the window (n_ctx - 1 - n_ctx/2 rows) as uint16 rows of nv = 2 * ceil(n_vocab / 2) + 4
+    values (tools/perplexity/perplexity.cpp of the pinned tree: the header at 466-467 and 521-523, `first = n_ctx/2`
+    at 540, process_logits called with n_ctx - 1 - first tokens at 612-614, nv at 147 and 524, each row written at
+    172).
+    """
+    nv = 2 * ((n_vocab + 1) // 2) + 4
+    return _LOGITS_HEADER + 4 * n_chunk * n_ctx + n_chunk * (n_ctx - 1 - n_ctx // 2) * nv * 2
+
+
+def gguf_f16_bytes(shape: SourceShape) -> int:
+    """The converter's f16 (or bf16) GGUF: 2 bytes per parameter, 4 for 1-D tensors (kept F32), header aside."""
+    return 2 * (shape.params - shape.vector_params) + 4 * shape.vector_params
+
+
+def gguf_quant_bytes(shape: SourceShape, qtype: str) -> int:
+    """A llama-quantize output of `qtype`: the parameters at the type's bits per weight (llama.cpp's own figure for
+    the whole file, its mix of types included; pipelines/core/vocab.GGUF_TYPES)."""
+    row = gguf_type(qtype)
+    if row is None:
+        raise ValueError(f"{qtype!r} is not a llama.cpp file type")
+    return math.ceil(shape.params * row.bpw / 8)
+
+
+def imatrix_bytes(shape: SourceShape) -> int:
+    """An importance matrix (llama-imatrix's GGUF): a sum of squares and a count per input column of each weight,
+    bounded here by 8 bytes per row of every matrix (far under 1 % of the f16)."""
+    return 8 * max(shape.params // 1024, 1) + (1 << 20)
+
+
+def compressed_bytes(shape: SourceShape, scheme: str) -> int:
+    """A compressed-tensors checkpoint of `scheme`: the transformer's matrices at the scheme's bits plus one bf16
+    scale (and for asymmetric groups a packed zero point) per group or row; embeddings, output and 1-D tensors
+    stay as stored."""
+    row = COMPRESSED_SCHEMES.get(scheme)
+    if row is None:
+        raise ValueError(f"{scheme!r} is not a compressed-tensors scheme")
+    quantized = shape.params - shape.embedding_params - shape.vector_params
+    kept = shape.bytes * (shape.params - quantized) // shape.params
+    group = GROUPED_PRESETS.get(row.presets[0])
+    scales = quantized * (2 + 1) // group if group else 0  # a bf16 scale and half a byte of zero point per group
+    return math.ceil(quantized * row.bits / 8) + scales + kept
+
+
+@dataclass(frozen=True)
+class KLReference:
+    """The evaluation the GGUF variants are measured with: llama-perplexity's window and chunk count."""
+
+    ctx: int
+    chunks: int
+
+
+def gguf_run(shape: SourceShape, quants: Sequence[str], places: Places, *, imatrix: bool, kl: KLReference,
+             keep_f16: bool = True, paths: Mapping[str, Path] | None = None,
+             available_memory: int | None = None, margin: int | None = None) -> ResourceCheck:
+    """The disk and memory a GGUF run (convert → imatrix → reference logits → quantize and validate each variant →
+    register each) needs at its peak, against what the machine has now.
+
+    The f16, the importance matrix and the reference logits stay until every variant was validated; with
+    `keep_f16` False they are removed then, before the first registration. A run that registers (places.artifacts
+    set) puts one copy of each variant in artifacts/ and one in the DVC cache (`dvc commit` copies: ext4 has no
+    reflink). `paths` names where each output goes ("f16", "imatrix", "logits", each quant type): one already there
+    from an earlier run needs nothing more. Memory: the converter holds about 3.5x the largest tensor in bf16;
+    llama-imatrix, llama-perplexity and llama-quantize map the f16, plus one window of float logits.
+    """
+    f16 = gguf_f16_bytes(shape)
+    steps = ["convert", *(["imatrix"] if imatrix else []), "reference logits",
+             *(f"quantize and validate {q}" for q in quants), *(f"register {q}" for q in quants if places.artifacts)]
+    last_check = steps.index(f"quantize and validate {quants[-1]}") if quants else steps.index("reference logits")
+    scratch_last = None if keep_f16 else last_check
+    paths = paths or {}
+    outputs = [Output("f16 GGUF", "work_dir", f16, 0, scratch_last, paths.get("f16"), scratch=True)]
+    if imatrix:
+        outputs.append(Output("importance matrix", "work_dir", imatrix_bytes(shape), steps.index("imatrix"),
+                              scratch_last, paths.get("imatrix"), scratch=True))
+    outputs.append(Output("KL reference logits", "work_dir", logits_file_size(kl.ctx, shape.vocab, kl.chunks),
+                          steps.index("reference logits"), scratch_last, paths.get("logits"), scratch=True))
+    sizes = {q: gguf_quant_bytes(shape, q) for q in quants}
+    for q in quants:
+        outputs.append(Output(q, "work_dir", sizes[q], steps.index(f"quantize and validate {q}"), None, paths.get(q)))
+        outputs += _registered(q, sizes[q], places, steps)
+    window = 4 * kl.ctx * shape.vocab
+    memory = [Memory("convert", math.ceil(CONVERTER_RSS_PER_LARGEST_BF16 * shape.largest_bf16)),
+              *([Memory("imatrix", window, f16)] if imatrix else []),
+              Memory("reference logits", window, f16),
+              *(Memory(f"quantize {q}", 0, f16) for q in quants),
+              *(Memory(f"validate {q}", window, sizes[q]) for q in quants)]
+    return _check(steps, outputs, memory, places, last_check, sizes, available_memory, margin)
+
+
+def compressed_run(shape: SourceShape, schemes: Sequence[str], places: Places, *, eval_ctx: int, eval_chunks: int,
+                   paths: Mapping[str, Path] | None = None, available_memory: int | None = None,
+                   margin: int | None = None) -> ResourceCheck:
+    """The disk and memory a compressed-tensors run (quantize and evaluate each scheme → register each) needs at
+    its peak, against what the machine has now.
+
+    Memory: llmcompressor loads the source as stored (bf16); the evaluation loads the source and then each variant
+    in float32 (4 bytes per parameter, pipelines/scripts/llmc_evaluate.py) and keeps the source's log-probabilities
+    of every window (float32 over the vocabulary) while it does.
+    """
+    steps = [*(f"quantize and evaluate {s}" for s in schemes), *(f"register {s}" for s in schemes if places.artifacts)]
+    paths = paths or {}
+    sizes = {s: compressed_bytes(shape, s) for s in schemes}
+    outputs: list[Output] = []
+    for s in schemes:
+        outputs.append(Output(s, "work_dir", sizes[s], steps.index(f"quantize and evaluate {s}"), None, paths.get(s)))
+        outputs += _registered(s, sizes[s], places, steps)
+    reference = 4 * eval_chunks * eval_ctx * shape.vocab
+    memory = [Memory("quantize", shape.bytes), Memory("evaluate", 4 * shape.params + 2 * reference)]
+    return _check(steps, outputs, memory, places, len(schemes) - 1, sizes, available_memory, margin)
+
+
+def _registered(tag: str, size: int, places: Places, steps: list[str]) -> list[Output]:
+    if places.artifacts is None:
+        return []
+    at = steps.index(f"register {tag}")
+    return [Output(f"{tag} (artifacts/)", "artifacts", size, at),
+            *([Output(f"{tag} (DVC cache)", "dvc_cache", size, at)] if places.dvc_cache else [])]
+
+
+def _check(steps: list[str], outputs: list[Output], memory: list[Memory], places: Places, validated_at: int,
+           sizes: dict[str, int], available_memory: int | None, margin: int | None) -> ResourceCheck:
+    devices: dict[int, list[tuple[DiskLocation, Path]]] = {}
+    kinds: tuple[DiskLocation, ...] = ("work_dir", "artifacts", "dvc_cache")
+    for loc in kinds:
+        if (p := places.of(loc)) is not None:
+            devices.setdefault(os.stat(_existing(p)).st_dev, []).append((loc, p))
+    filesystems = []
+    for dev, locations in devices.items():
+        here = {loc for loc, _ in locations}
+        mine = [o for o in outputs if o.location in here]
+        usage = shutil.disk_usage(_existing(locations[0][1]))
+        best, at = _peak(mine, len(steps))
+        filesystems.append(Filesystem(
+            dev, tuple(locations), best, usage.free, _margin(usage.total) if margin is None else margin, steps[at],
+            tuple(o.what for o in mine if o.present_at(at))))
+    if available_memory is None:
+        import psutil
+
+        available_memory = int(psutil.virtual_memory().available)
+    return ResourceCheck(tuple(steps), tuple(outputs), tuple(filesystems), tuple(memory), available_memory,
+                         validated_at, sizes)
+
+
+def _peak(outputs: list[Output], steps: int, scratch_until: int | None = None, *,
+          held: bool = True) -> tuple[int, int]:
+    """The most bytes `outputs` take at once over the run's steps (with `held`, less what is already on the disk),
+    and the step where they do."""
+    best, at = 0, 0
+    for i in range(steps):
+        total = sum(_still_needed(o) if held else o.bytes for o in outputs if o.present_at(i, scratch_until))
+        if total > best:
+            best, at = total, i
+    return best, at
+
+
+def _still_needed(o: Output) -> int:
+    """Bytes `o` still has to take: none for a finished output of an earlier run found in place."""
+    if o.path is None or not o.path.exists():
+        return o.bytes
+    held = o.path.stat().st_size if o.path.is_file() else sum(
+        f.stat().st_size for f in o.path.rglob("*") if f.is_file())
+    return max(0, o.bytes - held)
+
+
+def _margin(total: int) -> int:
+    """Space kept free on a filesystem beyond the run's peak: 5 % of it, at most 1 GiB (logs, receipts, DVC's
+    state, other writers)."""
+    return min(GIB, total // 20)
+
+
+def _existing(path: Path) -> Path:
+    path = Path(path).absolute()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def _gib(n: int) -> str:
+    return f"{n / GIB:,.1f} GiB" if n >= GIB else f"{n / (1 << 20):,.1f} MiB"
+
+
+# ---------------------------------------------------------------- the refusal
+
+
+def require(check: ResourceCheck, *, what: str, variants_option: str = "--variants") -> ResourceCheck:
+    """`check` when the run fits; otherwise a refusal naming each short filesystem (or the memory) with what the
+    run needs there at its peak and what is free, and the ways out with what each gives back.
+
+    Raises:
+        RunTooLarge: a filesystem lacks space for the run's peak (plus its margin), or a step's own allocations
+            exceed the available memory.
+    """
+    if check.fits:
+        return check
+    shortfalls = [(f"{fs.label} (peak at {fs.peak_step}, plus a margin of {_gib(fs.margin)})", fs.needed + fs.margin,
+                   fs.free) for fs in check.short]
+    ways = []
+    if check.short:
+        if check.variant_bytes:
+            each = ", ".join(f"{v} {_gib(b)}" for v, b in check.variant_bytes.items())
+            copies = "each registered variant is kept in the work dir, artifacts/ and the DVC cache; " if any(
+                o.location == "artifacts" for o in check.outputs) else ""
+            ways.append(f"ask for fewer variants with `{variants_option}` ({copies}{each})")
+        saved = max(fs.needed - _peak(_on(check, fs), len(check.steps), check.validated_at)[0] for fs in check.short)
+        if saved > 0:
+            ways.append(f"do not keep the f16 and the KL reference logits once the variants are validated (a peak "
+                        f"{_gib(saved)} lower)")
+        for fs in check.short:
+            locs = {loc for loc, _ in fs.locations}
+            if "work_dir" in locs:
+                ways.append(f"point MODELMINT_WORK_DIR at another disk (it takes {_gib(_work_need(check))} there at "
+                            f"its peak{_gives_back(check, fs, 'work_dir')})")
+            if "dvc_cache" in locs:
+                ways.append("move the DVC cache to another disk with `dvc cache dir /path/on/a/larger/disk` (run in "
+                            f"the repository{_gives_back(check, fs, 'dvc_cache')})")
+            if "artifacts" in locs and "work_dir" not in locs:
+                ways.append(f"free {_gib(fs.needed + fs.margin - fs.free)} more on the disk holding the repository "
+                            "(artifacts/ is part of it)")
+    if not check.memory_fits:
+        m = check.peak_resident
+        shortfalls.append((f"memory ({m.step})", m.resident, check.available_memory))
+        ways.append(f"run on a machine with more than {_gib(m.resident)} of memory available (or stop what else "
+                    "holds it)")
+    raise RunTooLarge(what, shortfalls, hint="; or ".join(ways) + ", then rerun the same command")
+
+
+def _on(check: ResourceCheck, fs: Filesystem) -> list[Output]:
+    here = {loc for loc, _ in fs.locations}
+    return [o for o in check.outputs if o.location in here]
+
+
+def _gives_back(check: ResourceCheck, fs: Filesystem, location: DiskLocation) -> str:
+    """How much lower `fs`'s peak is without `location` on it (nothing when it is the only place there)."""
+    if len(fs.locations) < 2:
+        return ""
+    rest = [o for o in _on(check, fs) if o.location != location]
+    return f": {_gib(fs.needed - _peak(rest, len(check.steps))[0])} less on this one"
+
+
+def _work_need(check: ResourceCheck) -> int:
+    """The work dir's own peak, alone on an empty disk."""
+    return _peak([o for o in check.outputs if o.location == "work_dir"], len(check.steps), held=False)[0]

@@ -1,0 +1,245 @@
+"""The preflight for disk and memory: real Safetensors headers of a 7B model (sparse files), real filesystems."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import struct
+from pathlib import Path
+
+import pytest
+
+from pipelines.core.errors import RunTooLarge, SourceError
+from pipelines.core.resources import (
+    KLReference,
+    Places,
+    compressed_run,
+    gguf_run,
+    require,
+    source_shape,
+)
+
+GB = 10**9
+GIB = 1 << 30
+KL = KLReference(ctx=128, chunks=16)  # pipelines/gguf/build.py GGUF_EVAL_CTX, GGUF_EVAL_CHUNKS
+
+
+def _qwen_shapes(layers: int, hidden: int, intermediate: int, heads: int, kv_heads: int,
+                 vocab: int) -> list[tuple[str, list[int]]]:
+    """Every tensor of a Qwen2 checkpoint with untied embeddings, in the hub's order."""
+    kv = hidden // heads * kv_heads
+    out: list[tuple[str, list[int]]] = [("model.embed_tokens.weight", [vocab, hidden])]
+    for i in range(layers):
+        p = f"model.layers.{i}."
+        out += [(p + "input_layernorm.weight", [hidden]), (p + "mlp.down_proj.weight", [hidden, intermediate]),
+                (p + "mlp.gate_proj.weight", [intermediate, hidden]), (p + "mlp.up_proj.weight", [intermediate, hidden]),
+                (p + "post_attention_layernorm.weight", [hidden]), (p + "self_attn.k_proj.bias", [kv]),
+                (p + "self_attn.k_proj.weight", [kv, hidden]), (p + "self_attn.o_proj.weight", [hidden, hidden]),
+                (p + "self_attn.q_proj.bias", [hidden]), (p + "self_attn.q_proj.weight", [hidden, hidden]),
+                (p + "self_attn.v_proj.bias", [kv]), (p + "self_attn.v_proj.weight", [kv, hidden])]
+    return [*out, ("model.norm.weight", [hidden]), ("lm_head.weight", [vocab, hidden])]
+
+
+def write_sharded(d: Path, tensors: list[tuple[str, list[int]]], shards: int) -> list[Path]:
+    """A bf16 Safetensors checkpoint split like the hub's (model-0000N-of-0000M + index), as sparse files: each
+    header is real, the data section is only the file's length (truncate), no byte of it written."""
+    d.mkdir(parents=True, exist_ok=True)
+    total = sum(2 * math.prod(s) for _, s in tensors)
+    groups: list[list[tuple[str, list[int]]]] = [[]]
+    filled = 0
+    for name, shape in tensors:
+        if filled >= total * len(groups) / shards and len(groups) < shards:
+            groups.append([])
+        groups[-1].append((name, shape))
+        filled += 2 * math.prod(shape)
+    assert len(groups) == shards
+    weight_map, files = {}, []
+    for i, group in enumerate(groups, 1):
+        path = d / f"model-{i:05d}-of-{shards:05d}.safetensors"
+        header: dict[str, object] = {"__metadata__": {"format": "pt"}}
+        offset = 0
+        for name, shape in group:
+            n = 2 * math.prod(shape)
+            header[name] = {"dtype": "BF16", "shape": shape, "data_offsets": [offset, offset + n]}
+            offset += n
+            weight_map[name] = path.name
+        raw = json.dumps(header).encode()
+        raw += b" " * (-len(raw) % 8)
+        with open(path, "wb") as fh:
+            fh.write(struct.pack("<Q", len(raw)) + raw)
+        os.truncate(path, 8 + len(raw) + offset)
+        files.append(path)
+    (d / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}))
+    return files
+
+
+@pytest.fixture(scope="module")
+def qwen7b(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Qwen2.5-7B's shapes: 28 layers, hidden 3584, intermediate 18944, 28 heads / 4 KV heads, vocab 152064,
+    untied embeddings, 4 shards and an index."""
+    d = tmp_path_factory.mktemp("qwen2.5-7b")
+    write_sharded(d, _qwen_shapes(28, 3584, 18944, 28, 4, 152064), 4)
+    return d
+
+
+# Qwen2.5-7B by hand:
+#   embedding and output      2 x 152064 x 3584                                  = 1,089,994,752
+#   one layer: q, o           2 x 3584 x 3584                                    =    25,690,112
+#              k, v           2 x 512 x 3584                                     =     3,670,016
+#              gate, up, down 3 x 18944 x 3584                                   =   203,685,888
+#              q/k/v biases   3584 + 512 + 512                                   =         4,608
+#              two norms      2 x 3584                                           =         7,168
+#                                                                          layer =   233,057,792
+#   28 layers                                                                    = 6,525,618,176
+#   final norm                                                                   =         3,584
+PARAMS_7B = 1_089_994_752 + 28 * 233_057_792 + 3_584  # 7,615,616,512: Qwen's "7.61B"
+F16_7B = 2 * PARAMS_7B  # 15.23 GB
+Q4_K_M_7B = PARAMS_7B * 4.89 / 8  # 4.655 GB (the hub's Qwen2.5-7B-Instruct Q4_K_M is 4.68 GB)
+Q8_0_7B = PARAMS_7B * 8.5 / 8  # 8.092 GB (the hub's Q8_0 is 8.10 GB)
+# the KL reference logits: 16 chunks x (128 - 1 - 64) scored tokens x (152064 + 4) uint16 log-probs, plus the
+# 16 x 128 int32 tokens and a 20-byte header
+LOGITS_7B = 16 * 63 * 152_068 * 2 + 16 * 128 * 4 + 20  # 306,577,300 bytes
+
+
+def test_source_shape_of_a_sharded_7b(qwen7b: Path) -> None:
+    shape = source_shape(qwen7b)
+    assert shape.files == 4
+    assert shape.params == PARAMS_7B
+    assert shape.bytes == 2 * PARAMS_7B
+    assert shape.vocab == 152064
+    assert shape.largest_params == 152064 * 3584
+
+
+def test_7b_peak_disk_is_f16_plus_variants_plus_logits(qwen7b: Path, tmp_path: Path) -> None:
+    shape = source_shape(qwen7b)
+    places = Places(tmp_path / "build", tmp_path / "repo" / "artifacts", tmp_path / "repo" / ".dvc" / "cache")
+    check = gguf_run(shape, ["q4_k_m", "q8_0"], places, imatrix=False, kl=KL)
+    (fs,) = check.filesystems  # one disk holds all three places
+    # keeping the f16: at the last registration the work dir holds f16, logits and both variants, and artifacts/
+    # and the DVC cache one more copy of each variant: 15.23 + 0.31 + 3 x 12.75 = 53.8 GB
+    hand = F16_7B + LOGITS_7B + 3 * (Q4_K_M_7B + Q8_0_7B)
+    assert fs.needed == pytest.approx(hand, rel=0.02)
+    assert fs.peak_step == "register q8_0"
+    # without the f16: the peak is the larger of the last validation (f16, logits, both variants: 28.3 GB) and
+    # the three copies of the variants (38.2 GB)
+    lean = gguf_run(shape, ["q4_k_m", "q8_0"], places, imatrix=False, kl=KL, keep_f16=False)
+    assert lean.filesystems[0].needed == pytest.approx(3 * (Q4_K_M_7B + Q8_0_7B), rel=0.02)
+    # not registering: the work dir alone, f16 + logits + variants
+    alone = gguf_run(shape, ["q4_k_m", "q8_0"], Places(tmp_path / "build"), imatrix=False, kl=KL)
+    assert alone.filesystems[0].needed == pytest.approx(F16_7B + LOGITS_7B + Q4_K_M_7B + Q8_0_7B, rel=0.02)
+    # memory: the converter holds ~3.5 x the largest bf16 tensor (the 152064 x 3584 embedding: 1.09 GB -> 3.8 GB);
+    # llama-perplexity maps the f16 (15.2 GB) and holds one window of float logits (128 x 152064 x 4 = 78 MB)
+    assert check.peak_resident.resident == pytest.approx(3.5 * 2 * 152064 * 3584, rel=0.01)
+    assert check.peak_memory.total == pytest.approx(F16_7B + 128 * 152064 * 4, rel=0.02)
+
+
+def test_an_earlier_runs_f16_is_already_on_the_disk(qwen7b: Path, tmp_path: Path) -> None:
+    shape = source_shape(qwen7b)
+    build = tmp_path / "build"
+    build.mkdir()
+    f16 = build / "qwen2.5-f16.gguf"
+    fresh = gguf_run(shape, ["q4_k_m"], Places(build), imatrix=False, kl=KL, paths={"f16": f16})
+    with open(f16, "wb") as fh:  # the finished f16 of a run that stopped at quantize (sparse)
+        fh.truncate(2 * PARAMS_7B)
+    resumed = gguf_run(shape, ["q4_k_m"], Places(build), imatrix=False, kl=KL, paths={"f16": f16})
+    assert fresh.filesystems[0].needed - resumed.filesystems[0].needed == 2 * PARAMS_7B
+
+
+def test_a_7b_run_on_small_disks_is_refused_with_both_figures(qwen7b: Path, tmp_path: Path, small_disk) -> None:
+    work, repo = small_disk("40m"), small_disk("40m")
+    places = Places(work / "build", repo / "artifacts", repo / ".dvc" / "cache")
+    check = gguf_run(source_shape(qwen7b), ["q4_k_m", "q8_0"], places, imatrix=False, kl=KL, available_memory=1 << 40)
+    assert len(check.filesystems) == 2 and not check.fits
+    with pytest.raises(RunTooLarge) as err:
+        require(check, what="qwen2.5: q4_k_m, q8_0")
+    text = str(err.value)
+    # the work dir's disk: f16 + logits + both variants = 28.3 GB = 26.3 GiB (+ a 2 MiB margin); 40 MiB free
+    assert f"{(F16_7B + LOGITS_7B + Q4_K_M_7B + Q8_0_7B) / GIB:.1f} GiB" == "26.3 GiB"
+    assert f"the work dir {work / 'build'} (peak at quantize and validate q8_0" in text
+    assert "needs 26.3 GiB at its peak, 40.0 MiB free" in text
+    # the repository's disk: artifacts/ and the DVC cache, one copy each of both variants = 25.5 GB = 23.7 GiB
+    assert f"artifacts/ {repo / 'artifacts'} and the DVC cache {repo / '.dvc' / 'cache'}" in text
+    assert "needs 23.7 GiB at its peak, 40.0 MiB free" in text
+    assert "`--variants` (" in text and "q4_k_m 4.3 GiB, q8_0 7.5 GiB" in text
+    assert "point MODELMINT_WORK_DIR at another disk (it takes 26.3 GiB there at its peak)" in text
+    assert "`dvc cache dir /path/on/a/larger/disk`" in text
+    # the f16 is read until the last validation: dropping it after does not lower the work dir's peak here
+    assert "do not keep the f16" not in text
+    assert err.value.shortfalls[0][2] == 40 << 20
+
+
+def test_one_small_disk_for_everything_offers_dropping_the_f16(qwen7b: Path, small_disk) -> None:
+    disk = small_disk("40m")
+    check = gguf_run(source_shape(qwen7b), ["q4_k_m", "q8_0"],
+                     Places(disk / "build", disk / "artifacts", disk / ".dvc" / "cache"), imatrix=False, kl=KL,
+                     available_memory=1 << 40)
+    with pytest.raises(RunTooLarge) as err:
+        require(check, what="qwen2.5: q4_k_m, q8_0")
+    # 53.8 GB = 50.1 GiB with it; 38.2 GB without: 15.5 GB (14.5 GiB) lower
+    assert "needs 50.1 GiB at its peak, 40.0 MiB free" in str(err.value)
+    assert "do not keep the f16 and the KL reference logits once the variants are validated (a peak 14.5 GiB " \
+           "lower)" in str(err.value)
+
+
+def test_a_small_model_fits_a_small_disk(tmp_path: Path, small_disk) -> None:
+    src = tmp_path / "tiny"
+    write_sharded(src, _qwen_shapes(4, 256, 512, 4, 2, 2048), 2)  # 1.6 M parameters, 3.2 MB
+    disk = small_disk("40m")
+    check = gguf_run(source_shape(src), ["q4_k_m", "q8_0"],
+                     Places(disk / "build", disk / "artifacts", disk / ".dvc" / "cache"), imatrix=True, kl=KL)
+    assert require(check, what="tiny: q4_k_m, q8_0") is check  # real free space, real available memory
+
+
+def test_memory_short_for_the_converter_is_refused(qwen7b: Path, tmp_path: Path) -> None:
+    check = gguf_run(source_shape(qwen7b), ["q4_k_m"], Places(tmp_path / "build"), imatrix=False, kl=KL,
+                     available_memory=2 * GIB, margin=0)
+    assert not check.memory_fits
+    with pytest.raises(RunTooLarge) as err:
+        require(check, what="qwen2.5: q4_k_m")
+    # 3.5 x 1.09 GB = 3.8 GB = 3.6 GiB for the converter
+    assert "memory (convert): needs 3.6 GiB at its peak, 2.0 GiB free" in str(err.value)
+
+
+def test_compressed_7b_needs_float32_memory_to_evaluate(qwen7b: Path, tmp_path: Path) -> None:
+    shape = source_shape(qwen7b)
+    check = compressed_run(shape, ["fp8", "awq"], Places(tmp_path / "build"), eval_ctx=256, eval_chunks=8,
+                           available_memory=1 << 40)
+    # fp8: the layers' 6.53 G parameters at 1 byte, the embedding, output and vectors (1.09 G) as bf16 = 8.70 GB;
+    # awq: 4 bits plus a bf16 scale and a packed zero point per 128 = 3.42 GB + 2.18 GB = 5.60 GB
+    layers = 28 * (233_057_792 - 4_608 - 7_168)
+    kept = 2 * (PARAMS_7B - layers)
+    assert check.variant_bytes["fp8"] == pytest.approx(layers + kept, rel=0.01)
+    assert check.variant_bytes["awq"] == pytest.approx(layers * (0.5 + 3 / 128) + kept, rel=0.01)
+    # the evaluation loads float32: 4 x 7.62 G = 30.5 GB, plus two sets of 8 x 256 x 152064 float log-probs (2.5 GB)
+    assert check.peak_resident.resident == pytest.approx(4 * PARAMS_7B + 2 * 4 * 8 * 256 * 152064, rel=0.01)
+
+
+def test_a_missing_shard_is_named(tmp_path: Path) -> None:
+    files = write_sharded(tmp_path / "m", _qwen_shapes(4, 256, 512, 4, 2, 2048), 4)
+    files[2].unlink()
+    with pytest.raises(SourceError) as err:
+        source_shape(tmp_path / "m")
+    assert "lacks 1 of the 4 shards model.safetensors.index.json lists: model-00003-of-00004.safetensors" in str(err.value)
+    assert "modelmint fetch" in str(err.value)
+
+
+def test_a_missing_shard_without_an_index_is_named(tmp_path: Path) -> None:
+    files = write_sharded(tmp_path / "m", _qwen_shapes(4, 256, 512, 4, 2, 2048), 4)
+    (tmp_path / "m" / "model.safetensors.index.json").unlink()
+    files[3].unlink()
+    with pytest.raises(SourceError) as err:
+        source_shape(tmp_path / "m")
+    assert "lacks 1 of the 4 shards the other shards' names (-of-N) imply: model-00004-of-00004.safetensors" in str(err.value)
+
+
+def test_a_truncated_shard_is_named(qwen7b: Path, tmp_path: Path) -> None:
+    d = tmp_path / "cut"
+    files = write_sharded(d, _qwen_shapes(28, 3584, 18944, 28, 4, 152064), 4)
+    full = files[1].stat().st_size
+    os.truncate(files[1], full // 2)  # a download cut off half-way
+    with pytest.raises(SourceError) as err:
+        source_shape(d)
+    assert f"shard model-00002-of-00004.safetensors is truncated: its header declares {full:,} bytes" in str(err.value)
+    assert f"the file holds {full // 2:,}" in str(err.value)
