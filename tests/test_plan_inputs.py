@@ -171,8 +171,10 @@ def _gguf(path: Path, *, layers: int = LAYERS, tensors: bool = True, keys: dict[
     return path
 
 
-def test_a_consistent_gguf_is_planned(tmp_path: Path) -> None:
-    _planned(_plan(tmp_path, _gguf(tmp_path / "m.gguf")))
+@pytest.mark.parametrize("keys", [{}, {"qwen2.attention.head_count_kv": [KV_HEADS, 0]}],
+                         ids=["scalars", "a per-layer list holding 0"])
+def test_a_consistent_gguf_is_planned(tmp_path: Path, keys: dict[str, Any]) -> None:
+    _planned(_plan(tmp_path, _gguf(tmp_path / "m.gguf", keys=keys)))
 
 
 @pytest.mark.parametrize(("keys", "said"), [

@@ -989,18 +989,21 @@ def _gguf_counts(meta: dict[str, Any], arch: str, where: str) -> None:
             continue
         value = meta[key]
         bound = CONFIG_BOUNDS[field_]
-        for v in value if isinstance(value, list) and value else [value]:
-            if isinstance(v, bool) or not isinstance(v, int):
-                problem = f"is {_shown(value)}, not a whole number"
-            elif v < least:
-                problem = f"is {v}" + (": a model has at least 1" if least else ", below 0")
-            elif v > bound:
-                problem = f"is {v:,}: more than any model has (the planner takes at most {bound:,}, as {field_})"
-            else:
-                continue
-            raise ConfigError(f"{where}: metadata {key} {problem}",
-                              hint="its metadata is damaged: reconvert it with `modelmint convert NAME` (or "
-                              "`modelmint pull NAME:TAG` again for a registered one)")
+        # a per-layer list (llama.cpp's head_count_kv) may hold 0 for a layer without it, not only 0s
+        values = value if isinstance(value, list) and value else [value]
+        if any(isinstance(v, bool) or not isinstance(v, int) for v in values):
+            problem = f"is {_shown(value)}, not a whole number"
+        elif min(values) < 0:
+            problem = f"is {_shown(value)}, below 0"
+        elif max(values) < least:
+            problem = f"is {_shown(value)}: a model has at least {least}"
+        elif max(values) > bound:
+            problem = f"is {max(values):,}: more than any model has (the planner takes at most {bound:,}, as {field_})"
+        else:
+            continue
+        raise ConfigError(f"{where}: metadata {key} {problem}",
+                          hint="its metadata is damaged: reconvert it with `modelmint convert NAME` (or "
+                          "`modelmint pull NAME:TAG` again for a registered one)")
 
 
 def shape_of_gguf(meta: dict[str, Any], where: str = "the GGUF") -> ModelShape:
