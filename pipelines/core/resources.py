@@ -13,8 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipelines.core.errors import ArtifactError, DiskLocation, RunTooLarge, SourceError
+from pipelines.core.errors import ArtifactError, DiskLocation, RunTooLarge, ShapeRefused, SourceError
 from pipelines.core.fsutil import HashCache
+from pipelines.core.preflight import Weight, gguf_fallback, source_weights
 from pipelines.core.safetensorsheader import INDEX_FILE, read_safetensors_header
 from pipelines.core.vocab import COMPRESSED_SCHEMES, GROUPED_PRESETS, gguf_type
 
@@ -45,6 +46,8 @@ class SourceShape:
     """Rows of the token embedding (or output) matrix: the n_vocab llama.cpp scores (the converter pads the
     tokenizer's vocabulary to it)."""
     files: int
+    weights: tuple[Weight, ...] = ()
+    """The 2-D weights (name, row length, parameters): which rows llama-quantize's blocks cannot take."""
 
     @property
     def largest_bf16(self) -> int:
@@ -65,6 +68,7 @@ def source_shape(directory: Path, hashes: HashCache | None = None) -> SourceShap
         _check_length(f)
     params = stored = vectors = embedding = largest_params = vocab = 0
     largest = ""
+    tensors: dict[str, dict[str, Any]] = {}
     for f in files:
         try:
             header = read_safetensors_header(f, hashes)
@@ -73,6 +77,7 @@ def source_shape(directory: Path, hashes: HashCache | None = None) -> SourceShap
         for name, info in header.items():
             if name == "__metadata__":
                 continue
+            tensors[name] = info
             shape = [int(d) for d in info["shape"]]
             n = math.prod(shape)
             params += n
@@ -86,7 +91,8 @@ def source_shape(directory: Path, hashes: HashCache | None = None) -> SourceShap
                 largest, largest_params = name, n
     if not params:
         raise _incomplete(directory, f"{directory} holds no tensors")
-    return SourceShape(params, stored, vectors, embedding, largest, largest_params, vocab, len(files))
+    return SourceShape(params, stored, vectors, embedding, largest, largest_params, vocab, len(files),
+                       tuple(source_weights(tensors)))
 
 
 def _is_embedding(name: str) -> bool:
@@ -293,11 +299,28 @@ def gguf_f16_bytes(shape: SourceShape) -> int:
 
 def gguf_quant_bytes(shape: SourceShape, qtype: str) -> int:
     """A llama-quantize output of `qtype`: the parameters at the type's bits per weight (llama.cpp's own figure for
-    the whole file, its mix of types included; pipelines/core/vocab.GGUF_TYPES)."""
+    the whole file, its mix of types included; pipelines/core/vocab.GGUF_TYPES), plus what the weights whose rows
+    its blocks cannot take cost in their fallback type (pipelines/core/preflight.gguf_fallback: Qwen2.5-72B's
+    29568-column ffn_down, a quarter of its parameters, is Q5_0 in a Q4_K_M file)."""
     row = gguf_type(qtype)
     if row is None:
         raise ValueError(f"{qtype!r} is not a llama.cpp file type")
-    return math.ceil(shape.params * row.bpw / 8)
+    extra = 0.0
+    try:
+        fallback = gguf_fallback(qtype, list(shape.weights)).fallback
+    except ShapeRefused:
+        fallback = []  # the variant is refused before any tool starts: its bytes do not matter
+    for t in fallback:
+        extra += t["params"] * (_bits(t["to"]) - _bits(row.ggml_type)) / 8
+    return math.ceil(shape.params * row.bpw / 8 + extra)
+
+
+def _bits(ggml_type: str) -> float:
+    """Bits per weight of one ggml type: its block's bytes over its weights (gguf-py's GGML_QUANT_SIZES)."""
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    block, size = GGML_QUANT_SIZES[GGMLQuantizationType[ggml_type]]
+    return 8 * size / block
 
 
 def imatrix_bytes(shape: SourceShape) -> int:
