@@ -16,6 +16,7 @@ from pipelines.core.resources import (
     KLReference,
     Places,
     compressed_run,
+    gguf_f16_bytes,
     gguf_quant_bytes,
     gguf_run,
     require,
@@ -301,7 +302,7 @@ def _sparse_f16_gguf(path: Path, layers: int, hidden: int, intermediate: int, he
                                              ("72b", (80, 8192, 29568, 64, 8, 152064))])
 def test_variant_sizes_match_llama_quantize(size: str, shape: tuple[int, ...], tmp_path: Path,
                                             settings: Settings) -> None:
-    """Each variant's predicted bytes against what the pinned llama-quantize reports for the same tensors
+    """The f16's and each variant's predicted bytes against what the pinned llama-quantize reports for the same tensors
     (--dry-run: it picks every tensor's type and adds up the output, reading no weight).
 
     Measured: Q4_K_M 4460.45 MiB (7B) and 45213.44 MiB (72B: its 29568-column ffn_down cannot take 256-blocks and
@@ -312,6 +313,10 @@ def test_variant_sizes_match_llama_quantize(size: str, shape: tuple[int, ...], t
     predicted = source_shape(src)
     f16 = _sparse_f16_gguf(tmp_path / f"{size}-f16.gguf", *shape)
     quantize = llama_cpp(settings).bin("llama-quantize")
+    out = run([quantize, "--dry-run", f16, "Q8_0"])
+    model = re.search(r"model size\s+=\s+([\d.]+) MiB", out.stdout + out.stderr)
+    assert model, out.stderr[-2000:]
+    assert gguf_f16_bytes(predicted) == pytest.approx(float(model[1]) * (1 << 20), rel=1e-5)  # 14526.27 MiB for 7B
     for q in ("q4_k_m", "q8_0"):
         out = run([quantize, "--dry-run", f16, q.upper()])
         reported = re.search(r"quant size\s+=\s+([\d.]+) MiB", out.stdout + out.stderr)
