@@ -12,8 +12,8 @@ Each format's build is its step list (pipelines/core/execute.py), the one the CL
 
 from __future__ import annotations
 
-import functools
 import json
+import logging
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -31,15 +31,23 @@ from flows import raycluster
 from flows.site import site_lines
 from flows.slots import ensure_limit, model_limit, slot
 from flows.steps import prefect_runner, ray_batches
-from flows.tasks import gpu_slot, plan_source, publish, push_image, register
-from pipelines.compose import Cell, RunReport, run_report
+from flows.tasks import gpu_slot, plan_source
+from pipelines.compose import (
+    Cell,
+    Registered,
+    RunReport,
+    candidates_of,
+    preflight_registration,
+    registered_of,
+    registration_steps,
+    run_report,
+)
 from pipelines.core.errors import ConfigError, ModelmintError, VariantsFailed
 from pipelines.core.execute import execute
 from pipelines.core.fsutil import HashCache
 from pipelines.core.settings import Settings
-from pipelines.core.steps import BuildResult, VariantError, keep_failure, variant_scoped
+from pipelines.core.steps import BuildResult, VariantError, variant_scoped
 from pipelines.publish.oci import RegistryRef
-from pipelines.registry import dvcrepo, signing
 from pipelines.registry import register as reg
 from pipelines.registry.formats import ArtifactFormat, format_of, implementation, split_by_format
 from pipelines.registry.images import Published
@@ -47,11 +55,6 @@ from pipelines.registry.names import NAMES, Format, owner
 from pipelines.source.catalog import COMPRESSED_VARIANTS, CatalogEntry, load_catalog
 
 R = TypeVar("R")
-
-
-def _is_registered(settings: Settings, c: reg.Candidate, _registration: reg.Registration) -> bool:
-    """Whether the cached publish result still stands: `c` is registered (its manifest and files in place)."""
-    return reg.registered(settings, c) is not None
 
 
 def _cached(step: Task[..., R], current: Callable[[R], bool], *args: Any) -> R:
@@ -96,9 +99,8 @@ def convert(model: str, variants: list[str] | None = None, revision: str | None 
     settings = Settings.from_env()
     entry = load_catalog(settings.catalog_path).get(model)
     by_format = split_variants(entry, variants)
-    # Refuse before any work a variant that could not be registered (no dvc.yaml stage records it).
-    dvcrepo.require_stages(settings, entry.name, [v for asked in by_format.values() for v in asked])
-    signing.preflight(settings)  # a configured signing key that cannot sign: refused before any build work
+    # Refused before any work: a variant no dvc.yaml stage records, a signing key that cannot sign.
+    preflight_registration(settings, entry, [v for asked in by_format.values() for v in asked])
     oci = oci_registry(settings)
     if settings.ray_address:
         _check_cluster(settings, by_format)
@@ -106,8 +108,7 @@ def convert(model: str, variants: list[str] | None = None, revision: str | None 
         ensure_limit(client, model_limit(model), 1)
     with slot(model_limit(model), prefect_home=settings.prefect_dir):
         results: list[BuildResult] = []
-        registrations: dict[str, reg.Registration] = {}
-        register_errors: dict[str, VariantError] = {}
+        registered = Registered()
         header: list[str] = []
         # Each format, and inside it each variant, fails on its own: the others are still built, validated,
         # registered and reported; the run fails at the end, naming every failure and its cause.
@@ -124,24 +125,23 @@ def convert(model: str, variants: list[str] | None = None, revision: str | None 
             header += lines
             results.append(result)
             if result.plan is not None:
-                done, failed = _register_all(settings, {
-                    v: functools.partial(fmt.candidate, result.plan, result.variants[v]) for v in result.passed
-                }, force=force)
-                registrations.update(done)
-                register_errors.update(failed)
-        # Only registered variants (they passed their gate) are pushed, each on its own: a registry that refuses one
-        # leaves it registered and the others are still pushed.
-        published, publish_errors = _push_images(settings, oci, registrations) if oci else ({}, {})
-        register_errors.update(publish_errors)
+                # the registration steps the CLI runs (pipelines/compose.py), one task each: register-<v> (place,
+                # dvc commit, push, manifest; dvc.lock restored on failure), then publish-image-<v> with an OCI
+                # registry: only what passed its gate, each variant on its own
+                listed = registration_steps(settings, candidates_of(fmt, result), force=force, oci=oci,
+                                            say=logging.getLogger("pipelines.compose").info)
+                done = execute(listed, prefect_runner(settings), progress=get_run_logger().info)
+                registered.update(registered_of(done, result.passed))
+        registrations, published = registered.registrations, registered.published
         report = run_report(
-            entry.name, results, {v: r.manifest.ref for v, r in registrations.items()}, register_errors,
+            entry.name, results, registered.refs, registered.errors,
             header=header, dvc_paths={v: r.manifest.dvc.path for v, r in registrations.items()},
             published={v: (p.images, p.digest) for v, p in published.items()})
         summary = _publish_artifacts(report, registrations, published)
     causes: dict[str, str] = {}
     advice: dict[str, str] = {}
     for r in results:
-        if isinstance(failure := r.failure(register_errors), VariantsFailed):
+        if isinstance(failure := r.failure(registered.errors), VariantsFailed):
             causes.update(failure.causes)
             advice.update(failure.advice)
     if causes:
@@ -189,28 +189,13 @@ def _build(
 ) -> tuple[list[str], BuildResult]:
     """One format's build as the CLI runs it (its plan, its step list, its summary file), each step a task."""
     log = get_run_logger()
-    hooks = fmt.stepwise()  # a format without them fails its variants here, before its plan task
-    plan = _cached(plan_source, _source_current, fmt.name, entry, settings, revision, asked)
-    listed = hooks.steps(plan, progress=log.warning, asked=asked, gpu_slot=gpu_slot)
-    done = execute(ray_batches(listed.steps, settings), prefect_runner(plan.settings), progress=log.info,
-                   errors=listed.errors)
-    result = hooks.finish(plan, listed, done, log.warning)
+    fmt.stepwise()  # a format without them fails its variants here, before its plan task
+    result = fmt.build_by(
+        prefect_runner(settings), entry, settings, variants=asked, progress=log.info, warn=log.warning,
+        plan=lambda: _cached(plan_source, _source_current, fmt.name, entry, settings, revision, asked),
+        arrange=lambda steps: ray_batches(steps, settings), gpu_slot=gpu_slot,
+    )
     return fmt.header(result), result
-
-
-def _register_all(
-    settings: Settings, candidates: dict[str, Callable[[], reg.Candidate]], *, force: bool = False
-) -> tuple[dict[str, reg.Registration], dict[str, VariantError]]:
-    """Register and publish validated variants, of any format, through the same two tasks (register.register_each,
-    the loop the CLI's registration runs too); a variant whose registration fails is reported with its cause and the
-    others still go on."""
-
-    def one(c: reg.Candidate) -> reg.Registration:
-        tracked = _cached(register, functools.partial(reg.is_tracked, settings, c), settings, c)
-        return _cached(publish, functools.partial(_is_registered, settings, c), settings, c, tracked)
-
-    done, errors = reg.register_each(candidates, one, force=force)
-    return {r.manifest.tag: r for r in done.values()}, errors
 
 
 def oci_registry(settings: Settings) -> RegistryRef | None:
@@ -222,26 +207,6 @@ def oci_registry(settings: Settings) -> RegistryRef | None:
     if not settings.oci_registry:
         return None
     return RegistryRef.parse(settings.oci_registry, insecure=settings.oci_insecure)
-
-
-def _push_images(
-    settings: Settings, registry: RegistryRef, registrations: dict[str, reg.Registration]
-) -> tuple[dict[str, Published], dict[str, VariantError]]:
-    """Push each registered variant to the OCI registry (retried while the registry's errors are transient); a
-    variant the registry refuses is reported with its cause and the command that publishes it later."""
-    published: dict[str, Published] = {}
-    errors: dict[str, VariantError] = {}
-    for v, done in registrations.items():
-        try:
-            published[v] = push_image(settings, done.manifest.ref, v, registry)
-        except Exception as err:
-            keep_failure(errors, v, "publish", err)
-            continue
-        p = published[v]
-        get_run_logger().info("%s published as %s (%s): %d blob(s) uploaded, %d already there, %d tag(s) written",
-                              p.manifest.ref, ", ".join(p.images), p.digest, len(p.uploaded), len(p.present),
-                              len(p.tagged))
-    return published, errors
 
 
 # ---------------------------------------------------------------- what each run publishes

@@ -9,17 +9,25 @@ faster way to the same answer (a cached task whose output is gone is run again).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pipelines.core.errors import ModelmintError
+from pipelines.core.execute import Executed, Inputs, Step, execute, local_runner
 from pipelines.core.report import CompressedReport, Figures
 from pipelines.core.settings import Settings
-from pipelines.core.steps import BuildResult, VariantError, VariantOutcome
+from pipelines.core.steps import BuildResult, VariantError, VariantOutcome, content_key
+from pipelines.registry.candidate import Candidate
 from pipelines.registry.formats import ArtifactFormat, format_of
 from pipelines.source.catalog import CatalogEntry
+
+if TYPE_CHECKING:
+    from pipelines.publish.oci import RegistryRef
+    from pipelines.registry.images import Published
+    from pipelines.registry.register import Registration
 
 
 @dataclass
@@ -203,25 +211,128 @@ def run_report(
     return RunReport(name, tuple(lines), tuple(header or ()))
 
 
+RETRY_DELAYS = (10, 60, 300)
+"""Seconds before each retry of a registration or an image push whose error is transient (a remote or registry
+that may answer again); the orchestrator's retries only: the local executor does not retry."""
+
+
+def preflight_registration(settings: Settings, entry: CatalogEntry, variants: list[str]) -> None:
+    """What must hold before any build work when the run registers: every variant has its dvc.yaml stage, and a
+    configured signing key can sign. The CLI and the flow both ask this, before their first step.
+
+    Raises:
+        RegistryError: a variant has no dvc.yaml stage (`modelmint dvc-yaml` writes them).
+        SigningKeyError: MODELMINT_SIGNING_KEY names a key that cannot sign (pipelines/registry/signing.py).
+    """
+    from pipelines.registry.dvcrepo import require_stages
+    from pipelines.registry.signing import preflight
+
+    require_stages(settings, entry.name, variants)
+    preflight(settings)
+
+
+def registration_steps(
+    settings: Settings, candidates: dict[str, Callable[[], Candidate]], *, track: bool = True, force: bool = False,
+    say: Callable[[str], None] = lambda _msg: None, oci: RegistryRef | None = None,
+) -> list[Step]:
+    """The steps that register each validated variant (`candidates`: variant → a function making its candidate)
+    and, when `oci` names a registry, publish its image there: one step list, which the CLI's local executor and
+    the flow's Prefect executor run alike (pipelines/core/execute.py), so a registration is the same transaction
+    whichever runs it.
+
+    `register-<v>` is register.register: it refuses an older source commit (unless `force`) and a catalog entry
+    that changed under the build, places, `dvc commit`s, pushes and writes the manifest last, and puts dvc.lock
+    back when the commit or the push fails. It is one step, not one per phase: the restore spans the commit and
+    the push, and a retry (a transient push failure) runs the whole transaction again, a no-op for what is done.
+    `publish-image-<v>` pushes the registered variant's image; a registry that refuses one leaves it registered.
+    """
+    from pipelines.registry.register import register, registered
+
+    out: list[Step] = []
+    for v, make in candidates.items():
+        made = functools.cache(lambda make=make: dataclasses.replace(make(), force=force))
+
+        def run(_got: Inputs, made: Callable[[], Candidate] = made) -> Registration:
+            done = register(settings, made(), track_with_dvc=track, push=track)
+            state = "already registered" if not done.ran else "registered" + (" and pushed" if track else "")
+            if done.reuploaded:
+                state += f" (re-uploaded {len(done.reuploaded)} missing or damaged object(s) to the DVC remote)"
+            say(f"{done.manifest.ref} {state} → {done.path}")
+            return done
+
+        def key(_got: Inputs, made: Callable[[], Candidate] = made) -> str:
+            # the blob's sha256 + recipe + validation report + toolchain; the entry decides the serving files
+            c = made()
+            return content_key("register", c.key, c.entry.model_dump(mode="json"), track)
+
+        def current(r: Registration, made: Callable[[], Candidate] = made) -> bool:
+            return registered(settings, made(), tracked=track) is not None
+
+        out.append(Step(
+            name=f"register-{v}", task="register", run=run, key=key, current=current, variants=(v,),
+            stage="register", output=settings.artifacts_dir,
+            retries=3 if track else 0, retry_delays=RETRY_DELAYS,
+        ))
+        if oci is not None:
+            out.append(Step(
+                name=f"publish-image-{v}", task="publish-image", needs=(f"register-{v}",), variants=(v,),
+                stage="publish", run=functools.partial(_publish_image, settings, oci, v, say),
+                retries=3, retry_delays=RETRY_DELAYS,
+            ))
+    return out
+
+
+def _publish_image(settings: Settings, registry: RegistryRef, v: str, say: Callable[[str], None],
+                   got: Inputs) -> Published:
+    """Push the registered variant to the OCI registry (pipelines.registry.images.publish_image): every run asks
+    the registry (a HEAD per blob, a GET per tag) and uploads or tags only what it lacks, so it is never cached."""
+    from pipelines.registry.images import publish_image
+
+    ref = got[f"register-{v}"].manifest.ref
+    p = publish_image(settings, ref, registry)
+    say(f"{p.manifest.ref} published as {', '.join(p.images)} ({p.digest}): {len(p.uploaded)} blob(s) uploaded, "
+        f"{len(p.present)} already there, {len(p.tagged)} tag(s) written")
+    return p
+
+
+@dataclass
+class Registered:
+    """What the registration steps left: each variant's registration and published image, and each failure."""
+
+    registrations: dict[str, Registration] = field(default_factory=dict)
+    published: dict[str, Published] = field(default_factory=dict)
+    errors: dict[str, VariantError] = field(default_factory=dict)
+
+    @property
+    def refs(self) -> dict[str, str]:
+        return {v: r.manifest.ref for v, r in self.registrations.items()}
+
+    def update(self, other: Registered) -> None:
+        """Add another format's registrations (variant names never repeat across formats)."""
+        self.registrations.update(other.registrations)
+        self.published.update(other.published)
+        self.errors.update(other.errors)
+
+
+def registered_of(done: Executed, variants: list[str]) -> Registered:
+    """The registrations and images of `variants` among what an executed step list left."""
+    return Registered(
+        registrations={v: r for v in variants if (r := done.results.get(f"register-{v}")) is not None},
+        published={v: p for v in variants if (p := done.results.get(f"publish-image-{v}")) is not None},
+        errors={v: e for v, e in done.errors.items() if e.stage in ("register", "publish")},
+    )
+
+
 def register_passed(
     settings: Settings, candidates: dict[str, Callable[[], Any]], *, track: bool = True,
     say: Callable[[str], None] = lambda _msg: None, force: bool = False,
 ) -> tuple[dict[str, str], dict[str, VariantError]]:
-    """Register each passing variant (`candidates`: variant → a function making its candidate); one whose
-    registration fails is reported and the others still go on. Returns the refs made and the errors met.
-    `force` registers a source commit older than a tag's current version (register.refuse_older)."""
-    from pipelines.registry.register import register, register_each
-
-    def one(c: Any) -> Any:
-        done = register(settings, c, track_with_dvc=track, push=track)
-        state = "already registered" if not done.ran else "registered" + (" and pushed" if track else "")
-        if done.reuploaded:
-            state += f" (re-uploaded {len(done.reuploaded)} missing or damaged object(s) to the DVC remote)"
-        say(f"{done.manifest.ref} {state} → {done.path}")
-        return done
-
-    done, errors = register_each(candidates, one, force=force, say=say)
-    return {v: r.manifest.ref for v, r in done.items()}, errors
+    """Register each passing variant (`candidates`: variant → a function making its candidate) with the local
+    executor; one whose registration fails is reported and the others still go on. Returns the refs made and the
+    errors met. `force` registers a source commit older than a tag's current version (register.refuse_older)."""
+    steps = registration_steps(settings, candidates, track=track, force=force, say=say)
+    got = registered_of(execute(steps, local_runner, progress=say), list(candidates))
+    return got.refs, got.errors
 
 
 def build_and_register(
@@ -241,20 +352,17 @@ def build_and_register(
         ConfigError, SourceError, ToolchainMissing, DiskFullError: what stops every variant alike.
     """
     if register:
-        from pipelines.registry.dvcrepo import require_stages
-        from pipelines.registry.signing import preflight
-
-        require_stages(settings, entry.name, variants if variants is not None else fmt.catalog_variants(entry))
-        preflight(settings)  # a configured signing key that cannot sign (pipelines/registry/signing.py)
+        preflight_registration(settings, entry, variants if variants is not None else fmt.catalog_variants(entry))
     result = fmt.build_here(entry, settings, variants=variants, revision=revision, progress=progress, **options)
     if not register or result.plan is None:
         return Run(result)
-    plan = result.plan
-    refs, errors = register_passed(
-        settings, {v: functools.partial(fmt.candidate, plan, result.variants[v]) for v in result.passed}, track=track,
-        say=progress, force=force,
-    )
+    refs, errors = register_passed(settings, candidates_of(fmt, result), track=track, say=progress, force=force)
     return Run(result, refs, errors)
+
+
+def candidates_of(fmt: ArtifactFormat, result: BuildResult) -> dict[str, Callable[[], Candidate]]:
+    """A function making the registration candidate of each variant of `result` that passed its gate."""
+    return {v: functools.partial(fmt.candidate, result.plan, result.variants[v]) for v in result.passed}
 
 
 def build_every(

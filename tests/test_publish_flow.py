@@ -20,9 +20,7 @@ from prefect.settings import PREFECT_LOCAL_STORAGE_PATH, temporary_settings
 from prefect.testing.utilities import prefect_test_harness
 from registry_env import Repo, artifacts, free_port, make_repo, task_runs
 
-import flows.convert
 from flows.convert import convert, oci_registry
-from flows.tasks import push_image
 from pipelines.core.errors import ConfigError
 from pipelines.core.fsutil import sha256_file
 from pipelines.core.settings import Settings
@@ -163,7 +161,7 @@ def test_a_registry_that_is_down_fails_the_publish_step_and_leaves_the_registrat
     host = f"127.0.0.1:{port}"
     monkeypatch.setenv("MODELMINT_OCI_REGISTRY", f"{host}/late")
     # the task's own retries, without their minutes of delay
-    monkeypatch.setattr(flows.convert, "push_image", push_image.with_options(retry_delay_seconds=0))
+    monkeypatch.setattr("pipelines.compose.RETRY_DELAYS", (0, 0, 0))
     state, out, tasks = _run(variants=["q8_0"])
     assert state.is_failed()
     assert f"the registry {host} cannot be reached" in state.message, state.message

@@ -33,7 +33,7 @@ from pipelines.core.errors import (
     ConfigError,
     ShapeRefused,
 )
-from pipelines.core.execute import Executed, PerVariant, Step, StepList, execute, local_runner
+from pipelines.core.execute import Executed, PerVariant, Step, StepList, build_with, local_runner
 from pipelines.core.fsutil import (
     HashCache,
     clean_partials,
@@ -54,7 +54,6 @@ from pipelines.core.steps import (
     load_dir_receipt,
     load_report,
     receipt_path,
-    timed_phase,
     variant_scoped,
     write_dir_receipt,
     write_summary,
@@ -483,13 +482,10 @@ def build_compressed(
     Raises:
         ConfigError, SourceError, ToolchainMissing, ToolError, DiskFullError, UnsupportedModel.
     """
-    timings: dict[str, float] = {}
-    progress(f"fetch {entry.name}")
-    with timed_phase(timings, "fetch"):
-        plan = plan_compressed(entry, settings, revision=revision, schemes=schemes)
-    listed = compressed_steps(plan, progress=progress, asked=schemes, gpu_slot=gpu_slot, serve=serve_smoke)
-    done = execute(listed.steps, local_runner, progress=progress, errors=listed.errors, timings=timings)
-    return finish_compressed(plan, listed, done, progress)
+    return build_with(
+        local_runner, entry.name, lambda: plan_compressed(entry, settings, revision=revision, schemes=schemes),
+        lambda plan: compressed_steps(plan, progress=progress, asked=schemes, gpu_slot=gpu_slot, serve=serve_smoke),
+        finish_compressed, progress=progress)
 
 
 def compressed_steps(

@@ -16,9 +16,12 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from pipelines.core.steps import VariantError, keep_failure, timed_phase
+
+P = TypeVar("P")
+R = TypeVar("R")
 
 Inputs = dict[str, Any]
 """The results of the steps a step needs, by step name."""
@@ -183,3 +186,29 @@ def local_runner(batch: Batch) -> list[Any]:
     with ThreadPoolExecutor(max_workers=max(1, batch[0][0].width)) as pool:
         futures = [pool.submit(functools.partial(_call, s, got)) for s, got in batch]
     return [f.result() for f in futures]
+
+
+def build_with(
+    runner: Runner,
+    what: str,
+    plan: Callable[[], P],
+    steps: Callable[[P], StepList],
+    finish: Callable[[P, StepList, Executed, Callable[[str], None]], R],
+    *,
+    progress: Callable[[str], None] = lambda _msg: None,
+    warn: Callable[[str], None] | None = None,
+    arrange: Callable[[list[Step]], list[Step]] = lambda steps: steps,
+) -> R:
+    """A build as every front-end runs it: the plan (fetch, timed), its step list, the list run by `runner`
+    (the CLI's `local_runner`, the flow's Prefect runner), then the format's finish (its summary file).
+
+    `warn` is told what the finish and the list found wrong before any work (a refused variant); default
+    `progress`. `arrange` regroups the list for the runner (on Ray, every validate step at once).
+    """
+    timings: dict[str, float] = {}
+    progress(f"fetch {what}")
+    with timed_phase(timings, "fetch"):
+        planned = plan()
+    listed = steps(planned)
+    done = execute(arrange(listed.steps), runner, progress=progress, errors=listed.errors, timings=timings)
+    return finish(planned, listed, done, warn or progress)

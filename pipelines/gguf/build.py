@@ -35,7 +35,7 @@ from pipelines.core.answers import (
     stopped_pct,
 )
 from pipelines.core.errors import ShapeRefused, UnsupportedModel
-from pipelines.core.execute import Executed, Step, StepList, execute, local_runner
+from pipelines.core.execute import Executed, Step, StepList, build_with, local_runner
 from pipelines.core.fsutil import clean_partials, disk_full_located, file_lock
 from pipelines.core.gates import Gate, gguf_gate, ladder_conflicts
 from pipelines.core.ggufheader import inspect_gguf, read_gguf_header
@@ -50,7 +50,6 @@ from pipelines.core.steps import (
     content_key,
     load_receipt,
     load_report,
-    timed_phase,
     write_receipt,
     write_summary,
 )
@@ -579,13 +578,8 @@ def build_gguf(
     Raises:
         ConfigError, SourceError, ToolchainMissing, ToolError, DiskFullError, UnsupportedModel, ArtifactError.
     """
-    timings: dict[str, float] = {}
-    progress(f"fetch {entry.name}")
-    with timed_phase(timings, "fetch"):
-        plan = plan_gguf(entry, settings, revision=revision, quants=quants)
-    listed = gguf_steps(plan, progress=progress)
-    done = execute(listed.steps, local_runner, progress=progress, errors=listed.errors, timings=timings)
-    return finish_gguf(plan, listed, done, progress)
+    return build_with(local_runner, entry.name, lambda: plan_gguf(entry, settings, revision=revision, quants=quants),
+                      lambda plan: gguf_steps(plan, progress=progress), finish_gguf, progress=progress)
 
 
 def gguf_steps(plan: GGUFPlan, *, progress: Callable[[str], None] = lambda _msg: None, **_options: Any) -> StepList:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import logging
 import shutil
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -41,7 +40,6 @@ from pipelines.core.fsutil import (
     write_text_atomic,
 )
 from pipelines.core.settings import Settings
-from pipelines.core.steps import VariantError, keep_failure
 from pipelines.core.weights import weights_bytes
 from pipelines.registry import dvcrepo, serving, signing
 from pipelines.registry.candidate import Candidate, ValidatedOutputChanged, verdict
@@ -457,25 +455,3 @@ def _manifest(c: Candidate, tracked: Tracked, *, pushed: bool, plans: Serving | 
         created_at=datetime.now(UTC).replace(microsecond=0),
         serving=plans,
     )
-
-
-def register_each(
-    candidates: dict[str, Callable[[], Candidate]], register_one: Callable[[Candidate], Registration], *,
-    force: bool = False, say: Callable[[str], None] = lambda _msg: None,
-) -> tuple[dict[str, Registration], dict[str, VariantError]]:
-    """Register each passing variant (`candidates`: variant → a function making its candidate) with `register_one`
-    (the CLI: `register`; the flow: its cached place/track and publish tasks); one whose registration fails is
-    kept with its cause (VariantError, stage register) and the others still go on. `force` registers a source
-    commit older than a tag's current version (refuse_older).
-
-    Raises:
-        Exception: an error that is not the variant's own (steps.variant_scoped: a full disk, a missing toolchain).
-    """
-    done: dict[str, Registration] = {}
-    errors: dict[str, VariantError] = {}
-    for v, make in candidates.items():
-        try:
-            done[v] = register_one(replace(make(), force=force))
-        except Exception as err:
-            say(f"{v} was not registered: {keep_failure(errors, v, 'register', err).cause}")
-    return done, errors

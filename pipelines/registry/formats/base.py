@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from pipelines.core.errors import ConfigError
-from pipelines.core.execute import Executed, StepList, execute, local_runner
+from pipelines.core.execute import Executed, Runner, Step, StepList, build_with, local_runner
 from pipelines.core.settings import Settings
 from pipelines.core.steps import BuildResult, VariantOutcome
 from pipelines.publish.oci import Blob, Image
@@ -68,11 +68,24 @@ class ArtifactFormat:
         or its plan, its step list run by the local executor, and its finish."""
         if self.build is not None:
             return self.build(entry, settings, variants=variants, revision=revision, progress=progress, **options)
+        return self.build_by(local_runner, entry, settings, variants=variants, revision=revision, progress=progress,
+                             **options)
+
+    def build_by(
+        self, runner: Runner, entry: CatalogEntry, settings: Settings, *, variants: list[str] | None = None,
+        revision: str | None = None, progress: Callable[[str], None] = lambda _msg: None,
+        warn: Callable[[str], None] | None = None, plan: Callable[[], Any] | None = None,
+        arrange: Callable[[list[Step]], list[Step]] = lambda steps: steps, **options: Any,
+    ) -> BuildResult:
+        """Its plan (or `plan()`: the flow's cached fetch), its step list run by `runner`, and its finish
+        (pipelines.core.execute.build_with): the one sequence the CLI and the flow run."""
         hooks = self.stepwise()
-        plan = hooks.plan(entry, settings, variants=variants, revision=revision)
-        listed = hooks.steps(plan, progress=progress, asked=variants, **options)
-        done = execute(listed.steps, local_runner, progress=progress, errors=listed.errors)
-        return hooks.finish(plan, listed, done, progress)
+        return build_with(
+            runner, entry.name,
+            plan or (lambda: hooks.plan(entry, settings, variants=variants, revision=revision)),
+            lambda planned: hooks.steps(planned, progress=warn or progress, asked=variants, **options),
+            hooks.finish, progress=progress, warn=warn, arrange=arrange,
+        )
 
     def stepwise(self) -> Stepwise:
         """Its plan, step list and finish hooks, which the flow (and `build_here` without a `build`) runs.

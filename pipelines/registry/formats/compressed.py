@@ -8,7 +8,6 @@ from typing import Any
 
 from pipelines.compressed.build import (
     CompressPlan,
-    build_compressed,
     compressed_steps,
     finish_compressed,
     plan_compressed,
@@ -28,17 +27,6 @@ from pipelines.registry.formats.base import ArtifactFormat, implement
 from pipelines.registry.manifest import Manifest
 from pipelines.registry.names import NAMES
 from pipelines.source.catalog import CatalogEntry
-
-
-def _compressed_build(
-    entry: CatalogEntry,
-    settings: Settings,
-    *,
-    variants: list[str] | None = None,
-    serve: bool = False,
-    **kw: Any,
-) -> BuildResult:
-    return build_compressed(entry, settings, schemes=variants, serve_smoke=serve, **kw)
 
 
 def candidate_from_compressed(plan: CompressPlan, outcome: VariantOutcome) -> Candidate:
@@ -151,7 +139,6 @@ def _compressed_header(result: BuildResult) -> list[str]:
 COMPRESSED = implement(
     ArtifactFormat(
         names=NAMES["compressed-tensors"],
-        build=_compressed_build,
         candidate=candidate_from_compressed,
         publish=_compressed_publish,
         served=_compressed_served,

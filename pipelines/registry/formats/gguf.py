@@ -13,7 +13,7 @@ from pipelines.core.report import GGUFReport, advice_for_report
 from pipelines.core.settings import Settings
 from pipelines.core.steps import BuildResult, VariantOutcome, load_receipt
 from pipelines.core.toolchains import llama_cpp
-from pipelines.gguf.build import GGUFPlan, build_gguf, finish_gguf, gguf_steps, plan_gguf
+from pipelines.gguf.build import GGUFPlan, finish_gguf, gguf_steps, plan_gguf
 from pipelines.publish.oci import MODELMINT_FILE, TITLE, Blob, Image
 from pipelines.publish.ollama import install_into_ollama, ollama_commands, publish_ollama
 from pipelines.publish.ollama_image import ollama_image
@@ -22,13 +22,6 @@ from pipelines.registry.formats.base import ArtifactFormat, implement
 from pipelines.registry.manifest import Manifest, ParentRef
 from pipelines.registry.names import NAMES
 from pipelines.source.catalog import CatalogEntry
-
-
-def _gguf_build(
-    entry: CatalogEntry, settings: Settings, *, variants: list[str] | None = None, **kw: Any
-) -> BuildResult:
-    kw.pop("serve", None)  # GGUF variants are checked by generation in their validation, not by a server
-    return build_gguf(entry, settings, quants=variants, **kw)
 
 
 def candidate_from_gguf(plan: GGUFPlan, outcome: VariantOutcome) -> Candidate:
@@ -132,7 +125,6 @@ def _gguf_header(result: BuildResult) -> list[str]:
 GGUF = implement(
     ArtifactFormat(
         names=NAMES["gguf"],
-        build=_gguf_build,
         candidate=candidate_from_gguf,
         publish=_gguf_publish,
         served=_gguf_served,
