@@ -10,7 +10,7 @@ llama.cpp (the pinned tree, 0c1e570; paths under the toolchain's llama.cpp/):
   benefit to offloading the input layer", src/llama-model.cpp:1604-1605). A model whose output shares the token
   embedding creates it again as the output layer's tensor (TENSOR_DUPLICATED, src/models/qwen2.cpp:30,
   src/models/llama.cpp:45), reused only where the output layer's buffer type is the input's
-  (src/llama-model-loader.cpp:1369-1376): an offloaded output layer holds a second copy of the embedding.
+  (src/llama-model-loader.cpp:1370-1377): an offloaded output layer holds a second copy of the embedding.
 - Weights: the CPU backend maps the file; its `CPU_Mapped model buffer` spans the first to the last byte of the
   tensors it holds (llama_model_loader::get_mapping_range, src/llama-model-loader.cpp:1449-1464), which is the sum
   of their sizes when nothing is repacked. With repacking on (the default), weights the CPU kernels interleave are
@@ -20,33 +20,36 @@ llama.cpp (the pinned tree, 0c1e570; paths under the toolchain's llama.cpp/):
   (`-np`) sequences gets n_ctx_seq = pad(n_ctx / n_seq_max, 256) cells and n_ctx becomes n_ctx_seq * n_seq_max
   (src/llama-context.cpp:289-305): `-c` is the total over the slots, unlike Ollama's num_ctx per slot.
 - KV cache: per layer one K tensor [n_embd_k_gqa, kv_size, n_stream] and one V tensor alike, in the cache types
-  (src/llama-kv-cache.cpp:233-234), kv_size = n_ctx_seq (src/llama-model.cpp:2479) and n_stream = n_seq_max unless
-  unified (src/llama-kv-cache.cpp:135): n_ctx * n_layer * n_head_kv * (head_dim_k * bytes(type_k) + head_dim_v *
-  bytes(type_v)), a quantized type taking its block bytes per block (q8_0: 34 B per 32 values, q4_0: 18 B per 32).
-  Each layer's K/V lives on that layer's device.
+  (src/llama-kv-cache.cpp:233-234), kv_size = n_ctx_seq (llama_kv_cache's construction for a plain attention
+  model, src/llama-model.cpp:2859-2869) and n_stream = n_seq_max unless unified (src/llama-kv-cache.cpp:84):
+  n_ctx * n_layer * n_head_kv * (head_dim_k * bytes(type_k) + head_dim_v * bytes(type_v)), a quantized type taking
+  its block bytes per block (q8_0: 34 B per 32 values, q4_0: 18 B per 32). Each layer's K/V lives on that layer's
+  device.
 - Output buffer: reserved at load for n_seq_max outputs (output_reserve(params.n_seq_max), src/llama-context.cpp:377;
   n_outputs_max = max(n_outputs, n_seq_max), :2120): n_vocab * n_seq_max floats of logits (:2141), in the host
   buffer type of the output layer's device (:2190-2196).
 - Compute buffer: the peak of the graph reserved for one ubatch of n_ubatch tokens (sched_reserve, graph_reserve at
   src/llama-context.cpp:896-898; ggml-alloc reuses a freed tensor's memory, so the buffer is the largest set of
   tensors alive at once). n_batch = min(n_ctx, -b) and n_ubatch = min(n_batch, -ub) (:246-248). Fitted on the CPU
-  backend's logs with flash attention (the default `auto` turns it on there): n_ubatch * (4 * (3 * n_ff + 4 *
-  n_embd) + 2 * n_ctx_seq + 24) bytes, the FFN's activations of one layer plus the f16 attention mask over one
-  sequence's cells; its residual is in benchmarks/bench_llamacpp_memory.py. Without flash attention the KQ scores
-  (n_ctx_seq * n_ubatch * n_head floats) are materialised as well. GPU backends differ: a CUDA/Metal buffer holds the
-  graph of the layers it runs (the kernels' scratch besides), the host keeps a smaller `CUDA_Host` compute buffer for
-  the inputs, and under partial offload the GPU's buffer also stages the CPU-resident weights it multiplies large
-  batches with (op offload); budget those from that backend's own log.
+  backend's logs of tiny-qwen2 and SmolLM2-135M (two shapes; benchmarks/bench_llamacpp_memory.py holds every case and
+  its residual): with flash attention (the default `auto` turns it on there) n_ubatch * (4 * (3 * n_ff + 3 * n_embd)
+  + 2 * n_ctx_seq + 24) bytes, one layer's FFN activations and the f16 mask over one sequence's cells, plus n_ubatch
+  * 4 * n_embd with a float V cache, or 16 KiB for each quantized K or V cache; without flash attention the KQ
+  scores of every head and an f32 mask are materialised: n_ubatch * (n_ctx_seq * (4 * n_head + 4) + 4 * (3 * n_embd
+  + n_ff) + 24). The output stage (n_vocab logits per output) is the peak only where outputs are many. GPU backends
+  differ: a CUDA/Metal buffer holds the graph of the layers it runs (the kernels' scratch besides), the host keeps a
+  smaller `CUDA_Host` compute buffer for the inputs, and under partial offload the GPU's buffer also stages the
+  CPU-resident weights it multiplies large batches with (op offload); budget those from that backend's own log.
 
 Ollama (its llama.cpp engine's estimate; ollama/ollama at 3258a89b6e4c, the last commit holding it whole):
 
-- It loads each model with numParallel = OLLAMA_NUM_PARALLEL (at least 1; 1 for embedding models), server/sched.go:386-392,
-  and asks llama.cpp for a KV cache of num_ctx * numParallel cells (KvSize, llm/server.go:179); its estimate sizes
-  the KV for context = num_ctx * numParallel (fs/ggml/ggml.go:551) at 2 B per value for f16, 1 for q8_0 and 0.5 for
-  q4_0 (kvCacheBytesPerElement, fs/ggml/ggml.go:904-915; a quantized cache needs flash attention, llm/memory.go:214-225).
-  num_batch defaults to 512 (api/types.go:851) and the graph is sized for batch = min(num_ctx, num_batch)
-  (llm/memory.go:227).
-- Graph: per architecture (qwen2: fs/ggml/ggml.go:717-726; llama: :590-600); where none is given, partial =
+- It loads each model with numParallel = OLLAMA_NUM_PARALLEL (at least 1; 1 for embedding models,
+  server/sched.go:386-392) and asks llama.cpp for a KV cache of num_ctx * numParallel cells (KvSize,
+  llm/server.go:179); its estimate sizes the KV for context = num_ctx * numParallel (fs/ggml/ggml.go:551) at 2 B per
+  value for f16, 1 for q8_0 and 0.5 for q4_0 (kvCacheBytesPerElement, fs/ggml/ggml.go:904-915; a quantized cache
+  only with flash attention, llm/memory.go:214-225). num_batch defaults to 512 (api/types.go:851) and the graph is
+  sized for batch = min(num_ctx, num_batch) (llm/memory.go:227).
+- Graph: per architecture (qwen2: fs/ggml/ggml.go:717-726; llama: :614-624); where none is given, partial =
   GQA * kv_total / 6 and full = partial (llm/memory.go:238-248). Metal uses the full size for partial; several GPUs
   always use the partial size (llm/memory.go:250-256).
 - Layer sizes: the sum of each `blk.N` group's tensors plus that layer's KV; the output layer is output_norm plus
@@ -60,8 +63,8 @@ Ollama (its llama.cpp engine's estimate; ollama/ollama at 3258a89b6e4c, the last
   from the GPUs left, when its free memory exceeds overhead + allocated + the larger graph + the layer, and a GPU
   that cannot take it leaves the list (llm/memory.go:315-346). num_gpu >= 0 stops at that many layers. Then the
   output layer, on gpusWithSpace[layerCount % j] on the same test (llm/memory.go:352-371). The count is the `-ngl`
-  it passes; on several GPUs the per-GPU counts are the tensor split (llm/server.go:581-586). The CPU library
-  offloads nothing (llm/memory.go:418-424).
+  it passes; on several GPUs the per-GPU counts are the tensor split (createGPULayers, llm/server.go:570-590). Without
+  a GPU, or when no layer fits, it offloads nothing (llm/memory.go:423-429).
 """
 
 from __future__ import annotations
@@ -519,7 +522,7 @@ def _ollama_graph(weights: LayeredWeights, kv_total: int, context: int, batch: i
         partial = max(4 * batch * (embedding + vocab) + embedding * vocab * 105 // 128,
                       4 * (batch * (1 + 2 * embedding + context * (1 + heads)) + embedding * (1 + context)))
         return partial, full
-    if weights.architecture in ("llama", "llama4"):  # fs/ggml/ggml.go:590-600 (dense models)
+    if weights.architecture in ("llama", "llama4"):  # fs/ggml/ggml.go:614-624 (dense models)
         full = max(4 * batch * (1 + 4 * embedding + context * (1 + heads)), 4 * batch * (embedding + vocab))
         partial = 4 * batch * embedding + max(
             4 * batch * (1 + embedding + max(context, embedding)) + embedding * embedding * 9 // 16
@@ -544,7 +547,8 @@ def ollama_layers(weights: LayeredWeights, free_vram: Sequence[int], *, num_ctx:
         ConfigError: a context, slot count or batch below 1.
     """
     if min(num_ctx, num_parallel, num_batch) < 1:
-        raise ConfigError(f"num_ctx {num_ctx}, num_parallel {num_parallel} and num_batch {num_batch} must be at least 1",
+        raise ConfigError(f"num_ctx {num_ctx}, num_parallel {num_parallel} and num_batch {num_batch} must be at "
+                          "least 1",
                           hint="give the Modelfile's num_ctx and the server's OLLAMA_NUM_PARALLEL")
     num_ctx = max(num_ctx, 4)  # server/sched.go:85-87
     per_value = _OLLAMA_KV_BYTES.get(kv_cache_type.lower(), 2.0) if flash_attention else 2.0
