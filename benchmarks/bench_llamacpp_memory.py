@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 import tempfile
 from dataclasses import replace
@@ -35,7 +36,8 @@ GOAL = 0.05
 CONTEXTS = [  # (n_ctx, n_parallel, kv type, n_ubatch, flash attention)
     *[(c, p, k, 512, True) for c in (512, 2048, 8192) for p in (1, 2, 4) for k in ("f16", "q8_0")],
     (2048, 1, "q4_0", 512, True), (2048, 1, "f16", 128, True), (8192, 1, "q8_0", 1024, True),
-    (3000, 3, "f16", 512, True), (2048, 1, "f16", 512, False), (8192, 2, "f16", 256, False),
+    (3000, 3, "f16", 512, True), (300, 1, "f16", 512, True), (2048, 1, "f16", 512, False),
+    (8192, 2, "f16", 256, False),
 ]
 QUICK = [(512, 1, "f16", 512, True), (8192, 4, "q8_0", 512, True), (2048, 2, "f16", 512, False)]
 
@@ -66,6 +68,13 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="three contexts per GGUF instead of the whole grid")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="bench-llamacpp-memory-"))
+    try:
+        return _measure(args, tmp)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _measure(args: argparse.Namespace, tmp: Path) -> int:
     settings = replace(Settings.from_env(), work_dir=tmp / "work")
     ggufs = args.gguf or [*_tiny_ggufs(settings), _smollm2_gguf(settings, tmp)]
     server = llama_cpp(settings).bin("llama-server")

@@ -69,6 +69,7 @@ def test_the_buffers_are_those_llama_server_logs(tiny: Tiny, variant: str, ctx: 
     assert mem.compute / MIB == pytest.approx(sum(logged.compute.values()), rel=COMPUTE_TOLERANCE)
 
 
+@pytest.mark.slow
 def test_ngl_counts_the_output_layer_first(tiny: Tiny) -> None:
     """-ngl 1 puts the output layer alone on the GPU; a tied output takes its copy of the token embedding."""
     w = read_layered_weights(tiny.q4_k_m)

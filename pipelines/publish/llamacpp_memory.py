@@ -311,7 +311,8 @@ class LlamaCppContext:
 
     @property
     def n_batch_eff(self) -> int:
-        return min(_pad(self.n_ctx, _CTX_PAD) if self.kv_unified else self.n_ctx_total, self.n_batch)
+        """min(-c, -b): taken from the context asked for, before it is rounded (src/llama-context.cpp:246, 290)."""
+        return min(self.n_ctx, self.n_batch)
 
     @property
     def n_ubatch_eff(self) -> int:
