@@ -40,6 +40,7 @@ from pipelines.compose import (
     preflight_registration,
     registered_of,
     registration_steps,
+    registry_places,
     run_report,
 )
 from pipelines.core.errors import ConfigError, ModelmintError, VariantsFailed
@@ -193,7 +194,7 @@ def _build(
     result = fmt.build_by(
         prefect_runner(settings), entry, settings, variants=asked, progress=log.info, warn=log.warning,
         plan=lambda: _cached(plan_source, _source_current, fmt.name, entry, settings, revision, asked),
-        arrange=lambda steps: ray_batches(steps, settings), gpu_slot=gpu_slot,
+        arrange=lambda steps: ray_batches(steps, settings), gpu_slot=gpu_slot, places=registry_places(settings),
     )
     return fmt.header(result), result
 

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pipelines.core.errors import ModelmintError
 from pipelines.core.execute import Executed, Inputs, Step, execute, local_runner
 from pipelines.core.report import CompressedReport, Figures
+from pipelines.core.resources import Places
 from pipelines.core.settings import Settings
 from pipelines.core.steps import BuildResult, VariantError, VariantOutcome, content_key
 from pipelines.registry.candidate import Candidate
@@ -231,6 +232,14 @@ def preflight_registration(settings: Settings, entry: CatalogEntry, variants: li
     preflight(settings)
 
 
+def registry_places(settings: Settings, *, track: bool = True) -> Places:
+    """Where a run that registers writes: its build directory, the repository's artifacts/ and, when DVC tracks
+    the registration, the DVC cache (each counted on its own filesystem by the resource check)."""
+    from pipelines.registry.dvcrepo import cache_dir
+
+    return Places(settings.work_dir, settings.artifacts_dir, cache_dir(settings) if track else None)
+
+
 def registration_steps(
     settings: Settings, candidates: dict[str, Callable[[], Candidate]], *, track: bool = True, force: bool = False,
     say: Callable[[str], None] = lambda _msg: None, oci: RegistryRef | None = None,
@@ -353,7 +362,9 @@ def build_and_register(
     """
     if register:
         preflight_registration(settings, entry, variants if variants is not None else fmt.catalog_variants(entry))
-    result = fmt.build_here(entry, settings, variants=variants, revision=revision, progress=progress, **options)
+    places = registry_places(settings, track=track) if register else None
+    result = fmt.build_here(entry, settings, variants=variants, revision=revision, progress=progress, places=places,
+                            **options)
     if not register or result.plan is None:
         return Run(result)
     refs, errors = register_passed(settings, candidates_of(fmt, result), track=track, say=progress, force=force)

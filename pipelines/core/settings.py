@@ -87,6 +87,10 @@ class Settings:
     """The PEM private key (EC) registration signs every artifact with: a path outside the repository (its bytes are
     read when signing, never logged or copied; pipelines/registry/signing.py); None: artifacts are registered
     unsigned. Not a plan setting: the signature is beside the bytes, not part of them."""
+    skip_resource_check: bool = field(default=False, metadata=_is("orchestration", "MODELMINT_SKIP_RESOURCE_CHECK"))
+    """1: skip the check of a run's peak disk and memory before any work (pipelines/core/resources.py), for a disk
+    whose free space says nothing of what fits (compressed or deduplicating filesystems); a disk that fills anyway is
+    still named mid-run, with the finished steps kept."""
     signing_cert: Path | None = field(default=None, metadata=_is("orchestration", "MODELMINT_SIGNING_CERT"))
     """The signing key's certificate, then its intermediates, in one PEM file: signatures carry the chain instead of
     naming a bare key (docs/registry.md, "Signing")."""
@@ -135,6 +139,7 @@ class Settings:
             oci_insecure=_flag(env, var["oci_insecure"]),
             signing_key=Path(p).expanduser() if (p := read["signing_key"]) else None,
             signing_cert=Path(p).expanduser() if (p := read["signing_cert"]) else None,
+            skip_resource_check=_flag(env, var["skip_resource_check"]),
         )
 
     @classmethod

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -75,7 +76,10 @@ def catalog(tiny_qwen2: Path) -> Path:
 
 
 def _env(work: Path, catalog: Path, **extra: str) -> dict[str, str]:
-    env = {**os.environ, "MODELMINT_WORK_DIR": str(work), "MODELMINT_CATALOG": str(catalog), **extra}
+    # These faults are a disk that fills anyway, mid-run (another process took the room): the check before any work
+    # (pipelines/core/resources.py) would refuse the small disks below up front; its own test turns it back on.
+    env = {**os.environ, "MODELMINT_WORK_DIR": str(work), "MODELMINT_CATALOG": str(catalog),
+           "MODELMINT_SKIP_RESOURCE_CHECK": "1", **extra}
     env.setdefault("MODELMINT_THREADS", "2")
     return env
 
@@ -224,6 +228,27 @@ def _resize(mnt: Path, size: int) -> None:
 # Room left for each step, far less than its output (tiny-qwen2, measured: f16 90.0 MB, q8_0 ~48 MB, reference
 # logits 306.3 MB (16 x 128 tokens over a 151k vocabulary), report a few kB: validation writes only that).
 _ROOM = {"convert": 4 << 20, "quantize": 4 << 20, "kld base": 4 << 20, "validate": 0}
+
+
+def test_a_run_too_large_for_its_disk_is_refused_before_any_tool_runs(
+    catalog: Path, small_disk, tmp_path: Path
+) -> None:
+    """The source's headers say what the run needs at its peak (f16, the variant, the KL reference logits): on a
+    disk with less room the run is refused before its first tool, naming both figures and the ways out."""
+    work = small_disk("64m")  # tiny-qwen2's run peaks at ~320 MiB: the logits of 16 x 128 tokens over 151k tokens
+    env = _env(work, catalog, COLUMNS="400")
+    del env["MODELMINT_SKIP_RESOURCE_CHECK"]
+    proc = _cli(env)
+    assert proc.returncode == 1, proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert f"{NAME} ({QUANT}) does not fit on this machine; nothing was started" in proc.stderr, proc.stderr
+    assert re.search(r"needs [\d.,]+ MiB at its peak, [\d.,]+ MiB free", proc.stderr), proc.stderr
+    assert "MODELMINT_WORK_DIR" in proc.stderr and "--variants" in proc.stderr
+    assert not [p for p in work.rglob("*") if p.is_file() and p.suffix in (".gguf", ".bin", ".json")]
+    # the same disk with the check skipped: the run starts and the disk fills mid-run, named as before
+    env["MODELMINT_SKIP_RESOURCE_CHECK"] = "1"
+    proc = _cli(env)
+    assert proc.returncode == 1 and "no space left on the device holding" in proc.stderr, proc.stderr
 
 
 def test_a_full_disk_at_each_step_is_named_and_the_rerun_resumes(

@@ -16,6 +16,7 @@ from typing import Any
 
 from pipelines.core.errors import ConfigError
 from pipelines.core.execute import Executed, Runner, Step, StepList, build_with, local_runner
+from pipelines.core.resources import Places, ResourceCheck, require
 from pipelines.core.settings import Settings
 from pipelines.core.steps import BuildResult, VariantOutcome
 from pipelines.publish.oci import Blob, Image
@@ -59,6 +60,9 @@ class ArtifactFormat:
     """The lines a run report puts above the variants table (the source, the toolchain, the base)."""
     toolchain: Callable[[Settings], Path | None] = lambda _settings: None
     """The toolchain directory its steps run from (every Ray node must have it); None: it needs none."""
+    resources: Callable[[Any, Places], ResourceCheck] | None = None
+    """(plan, where the run writes) → the run's peak disk per filesystem and peak memory (pipelines/core/resources.py),
+    checked after the plan and before its first step; None: not checked."""
 
     def build_here(
         self, entry: CatalogEntry, settings: Settings, *, variants: list[str] | None = None,
@@ -75,16 +79,29 @@ class ArtifactFormat:
         self, runner: Runner, entry: CatalogEntry, settings: Settings, *, variants: list[str] | None = None,
         revision: str | None = None, progress: Callable[[str], None] = lambda _msg: None,
         warn: Callable[[str], None] | None = None, plan: Callable[[], Any] | None = None,
-        arrange: Callable[[list[Step]], list[Step]] = lambda steps: steps, **options: Any,
+        arrange: Callable[[list[Step]], list[Step]] = lambda steps: steps, places: Places | None = None,
+        **options: Any,
     ) -> BuildResult:
-        """Its plan (or `plan()`: the flow's cached fetch), its step list run by `runner`, and its finish
-        (pipelines.core.execute.build_with): the one sequence the CLI and the flow run."""
+        """Its plan (or `plan()`: the flow's cached fetch), the check that the run fits the disks and the memory
+        (`places`: where it writes; default its build directory only), its step list run by `runner`, and its
+        finish (pipelines.core.execute.build_with): the one sequence the CLI and the flow run.
+
+        Raises:
+            RunTooLarge: the run's peak disk or memory does not fit (before its first step), unless
+                MODELMINT_SKIP_RESOURCE_CHECK is set.
+        """
         hooks = self.stepwise()
+
+        def steps(planned: Any) -> StepList:
+            if self.resources is not None and not settings.skip_resource_check:
+                asked = ", ".join(variants) if variants else "the catalog's variants"
+                require(self.resources(planned, places or Places(settings.work_dir)),
+                        what=f"{entry.name} ({asked})", variants_option=self.option)
+            return hooks.steps(planned, progress=warn or progress, asked=variants, **options)
+
         return build_with(
-            runner, entry.name,
-            plan or (lambda: hooks.plan(entry, settings, variants=variants, revision=revision)),
-            lambda planned: hooks.steps(planned, progress=warn or progress, asked=variants, **options),
-            hooks.finish, progress=progress, warn=warn, arrange=arrange,
+            runner, entry.name, plan or (lambda: hooks.plan(entry, settings, variants=variants, revision=revision)),
+            steps, hooks.finish, progress=progress, warn=warn, arrange=arrange,
         )
 
     def stepwise(self) -> Stepwise:

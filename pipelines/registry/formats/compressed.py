@@ -13,9 +13,11 @@ from pipelines.compressed.build import (
     plan_compressed,
     served_name,
 )
+from pipelines.compressed.llmc import COMPRESSED_EVAL_CHUNKS, COMPRESSED_EVAL_CTX
 from pipelines.core.errors import GateFailed
 from pipelines.core.fsutil import HashCache
 from pipelines.core.report import CompressedReport, advice_for_report
+from pipelines.core.resources import Places, ResourceCheck, compressed_run, source_shape
 from pipelines.core.settings import Settings
 from pipelines.core.steps import BuildResult, VariantOutcome, load_dir_receipt, load_report
 from pipelines.core.toolchains import llmcompressor
@@ -27,6 +29,13 @@ from pipelines.registry.formats.base import ArtifactFormat, implement
 from pipelines.registry.manifest import Manifest
 from pipelines.registry.names import NAMES
 from pipelines.source.catalog import CatalogEntry
+
+
+def _compressed_resources(plan: CompressPlan, places: Places) -> ResourceCheck:
+    """A compressed-tensors run's peak disk and memory from the source's headers (pipelines/core/resources.py)."""
+    shape = source_shape(plan.snapshot.path, HashCache(plan.settings.home / "hashcache.json"))
+    return compressed_run(shape, list(plan.recipes), places, eval_ctx=COMPRESSED_EVAL_CTX,
+                          eval_chunks=COMPRESSED_EVAL_CHUNKS, paths={v: plan.variant_dir(v) for v in plan.recipes})
 
 
 def candidate_from_compressed(plan: CompressPlan, outcome: VariantOutcome) -> Candidate:
@@ -151,5 +160,6 @@ COMPRESSED = implement(
         finish=finish_compressed,
         header=_compressed_header,
         toolchain=lambda settings: llmcompressor(settings).prefix,
+        resources=_compressed_resources,
     )
 )

@@ -10,10 +10,11 @@ from typing import Any
 from pipelines.core.errors import ArtifactError, GateFailed
 from pipelines.core.fsutil import HashCache
 from pipelines.core.report import GGUFReport, advice_for_report
+from pipelines.core.resources import KLReference, Places, ResourceCheck, gguf_run, source_shape
 from pipelines.core.settings import Settings
 from pipelines.core.steps import BuildResult, VariantOutcome, load_receipt
 from pipelines.core.toolchains import llama_cpp
-from pipelines.gguf.build import GGUFPlan, finish_gguf, gguf_steps, plan_gguf
+from pipelines.gguf.build import GGUF_EVAL_CHUNKS, GGUF_EVAL_CTX, GGUFPlan, finish_gguf, gguf_steps, plan_gguf
 from pipelines.publish.oci import MODELMINT_FILE, TITLE, Blob, Image
 from pipelines.publish.ollama import install_into_ollama, ollama_commands, publish_ollama
 from pipelines.publish.ollama_image import ollama_image
@@ -110,6 +111,17 @@ def _gguf_plan(
     return plan_gguf(entry, settings, revision=revision, quants=variants)
 
 
+def _gguf_resources(plan: GGUFPlan, places: Places) -> ResourceCheck:
+    """A GGUF run's peak disk and memory from the source's headers (pipelines/core/resources.py); outputs an earlier
+    run finished need nothing more."""
+    paths = {"f16": plan.base_path, "logits": plan.logits_path, **{q: plan.quant_path(q) for q in plan.spec.quants}}
+    if plan.imatrix_path is not None:
+        paths["imatrix"] = plan.imatrix_path
+    shape = source_shape(plan.snapshot.path, HashCache(plan.settings.home / "hashcache.json"))
+    return gguf_run(shape, plan.spec.quants, places, imatrix=plan.spec.imatrix,
+                    kl=KLReference(GGUF_EVAL_CTX, GGUF_EVAL_CHUNKS), paths=paths)
+
+
 def _gguf_header(result: BuildResult) -> list[str]:
     plan: GGUFPlan = result.plan
     if not result.base:
@@ -137,5 +149,6 @@ GGUF = implement(
         finish=finish_gguf,
         header=_gguf_header,
         toolchain=lambda settings: llama_cpp(settings).prefix,
+        resources=_gguf_resources,
     )
 )
