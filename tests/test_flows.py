@@ -236,7 +236,7 @@ def test_a_second_checkout_on_the_same_server_builds_in_its_own_directory(
 def test_a_run_whose_push_fails_leaves_dvc_lock_as_it_was(project: Repo, monkeypatch) -> None:
     """The registration the flow runs is the CLI's (tests/faults/test_registry_faults.py): a push that fails puts
     dvc.lock back, so it never names a version that is in neither the DVC cache nor the remote."""
-    monkeypatch.setattr("pipelines.compose.RETRY_DELAYS", (0, 0, 0))
+    monkeypatch.setattr("pipelines.compose.RETRY_DELAYS", (0, 0, 0), raising=False)
     _run(model="tiny-qwen2", variants=["q8_0"])
     lock = project.root / "dvc.lock"
     before = lock.read_bytes()
