@@ -208,6 +208,31 @@ def test_down_mid_run_crashes_the_run_frees_its_slot_and_the_rerun_reuses_work(d
     assert names.get("convert") in ("Cached", "Completed"), names
 
 
+def test_down_lets_a_run_that_has_registered_end_and_never_calls_it_crashed(deployed) -> None:
+    """`down` just after a run wrote its manifest (the run held there, SIGSTOP, as a loaded machine may hold it):
+    down marked it Crashed although it had registered. It is now let end, and keeps the state it ends in."""
+    repo, settings = deployed
+    run = _submit(settings, "q4_k_m")
+    manifest = manifest_path(repo.settings(), MODEL, "q4_k_m")
+    deadline = time.monotonic() + 600
+    while not manifest.exists() and time.monotonic() < deadline:  # finely: the run ends soon after its manifest
+        time.sleep(0.02)
+    assert manifest.exists(), "the run registered nothing"
+    for pid in stack.flow_run_processes(run.id):  # none when it ended already: down then has nothing to decide
+        os.kill(pid, signal.SIGSTOP)
+    said: list[str] = []
+    try:
+        stack.down(settings, say=said.append)
+    finally:
+        for pid in stack.flow_run_processes(run.id):
+            os.kill(pid, signal.SIGCONT)
+        stack.up(settings, say=lambda _msg: None)
+    state = _state(settings, run)
+    assert state.name == "Completed", (state, said)
+    assert not any("marked Crashed" in line for line in said), said
+    assert find_manifest(repo.settings(), f"{MODEL}:q4_k_m").validation.passed
+
+
 def test_a_run_killed_with_its_worker_is_marked_crashed_and_its_slot_lapses(deployed) -> None:
     repo, settings = deployed
     run = _submit(settings, "q5_k_m")
