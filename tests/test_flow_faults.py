@@ -8,6 +8,7 @@ rerun completes and reuses finished work, nothing is half-registered.
 Bounds (the crash automation is set to CRASH_AFTER_S here; the stack's default is 120 s):
   a run stopped by `down.sh`          no process of it left, Crashed and its slot freed by down itself, before the
                                       server stops; nothing registered
+  a run that registered when down came  let end: it keeps the state it ends in (Completed), never Crashed
   a run SIGKILLed with its worker     Crashed within CRASH_AFTER_S + 45 s; its slot within LEASE_S + 45 s
   a server SIGKILLed and restarted    the run completes; its slot is free once it ends
   the worker alone SIGKILLed          the run completes on its own
