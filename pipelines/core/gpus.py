@@ -3,6 +3,7 @@ catalog entry's `serve.gpus` names (checked when the catalog loads)."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
 from functools import cache
@@ -29,6 +30,13 @@ class GPU:
     node_label: str
     memory_source: str = "nominal"
     """Where memory_gib was read: a vLLM startup log or CUDA message that printed it, or "nominal" (data sheet)."""
+    kind: str = "cuda"
+    """cuda (a GPU), metal (an Apple machine's unified memory, as Metal lets the GPU use it) or cpu (host memory):
+    vLLM plans need cuda; llama.cpp and Ollama run on all three."""
+    fp8: bool | None = None
+    """FP8 compute as the user's inventory states it (None: from compute_capability)."""
+    ram_gib: float = 0.0
+    """A cpu or metal machine's whole memory (memory_gib is the share an engine may use); 0 for a GPU."""
 
     @property
     def memory_measured(self) -> bool:
@@ -41,7 +49,11 @@ class GPU:
 
     @property
     def fp8_compute(self) -> bool:
-        """FP8 tensor cores: Ada and Hopper (compute capability 8.9 and newer)."""
+        """FP8 tensor cores: Ada and Hopper (compute capability 8.9 and newer), or what the inventory says."""
+        if self.fp8 is not None:
+            return self.fp8
+        if not re.fullmatch(r"\d+\.\d+", self.compute_capability):
+            return False
         major, minor = (int(x) for x in self.compute_capability.split("."))
         return (major, minor) >= (8, 9)
 
@@ -53,6 +65,92 @@ def known_gpus(path: Path = GPUS_FILE) -> dict[str, GPU]:
     return {name: GPU(name, **fields) for name, fields in raw.items()}
 
 
+CUDA_ALLOWANCE_GIB = 0.45
+"""What CUDA reports below a GDDR card's nominal size, where no log of the card has been found: the RTX 4090 reports
+23.55 of its 24 GiB (the larger of the measured gaps in gpus.yaml: the RTX 3090's is 0.31)."""
+HOST_RESERVE_GIB = 2.0
+"""Host memory left to the operating system and other programs on a `cpu:` machine."""
+METAL_SMALL_SHARE, METAL_LARGE_SHARE, METAL_SMALL_UP_TO_GIB = 2 / 3, 3 / 4, 36
+"""The share of an Apple machine's unified memory Metal lets the GPU use by default: llama.cpp sizes the Metal device
+by `recommendedMaxWorkingSetSize` (ggml/src/ggml-metal/ggml-metal-device.m:1503 in the pinned tree, "total" memory of
+the device), which macOS sets to about 2/3 of RAM on machines of up to 36 GB and 3/4 above (measured: 10.67 GB on a
+16 GB M4, exo-explore/exo#1672; 107.52 GiB on 128 GiB, antirez/ds4#893, so 3/4 is conservative on the largest);
+`sudo sysctl iogpu.wired_limit_mb=N` raises it (then state the memory in an inventory file)."""
+_GENERIC = re.compile(r"^(\d+(?:\.\d+)?)\s*G(?:I?B)?$", re.IGNORECASE)
+_HOST = re.compile(r"^(cpu|apple):\s*(?:([A-Za-z0-9._ -]*?)-)?(\d+(?:\.\d+)?)\s*G(?:I?B)?$", re.IGNORECASE)
+MAX_MEMORY_GIB = 16_384.0
+"""More memory than any one GPU or host has (a bound on sizes typed or read from an inventory)."""
+
+
+def generic_gpu(text: str) -> GPU | None:
+    """A GPU known only by its size (`16G`): CUDA_ALLOWANCE_GIB below it, no FP8 assumed; None if `text` is not one.
+
+    Raises:
+        ConfigError: a size of 0 or beyond any GPU.
+    """
+    m = _GENERIC.match(text.strip())
+    if not m:
+        return None
+    nominal = _size(float(m.group(1)), text)
+    return GPU(
+        f"{m.group(1)}G",
+        max(nominal - CUDA_ALLOWANCE_GIB, 0.5 * nominal),
+        0.0,
+        "unknown",
+        "pcie",
+        "",
+        f"generic: {m.group(1)} GiB less {CUDA_ALLOWANCE_GIB} GiB that CUDA reports below a card's nominal size",
+    )
+
+
+def _size(gib: float, text: str) -> float:
+    if not 0 < gib <= MAX_MEMORY_GIB:
+        raise ConfigError(
+            f"{text!r}: {gib:g} GiB is no memory size a GPU or host has",
+            hint="give the memory in GiB, e.g. --gpus 1x16G, cpu:64G or apple:M3-Max-64G",
+        )
+    return gib
+
+
+def host(text: str) -> GPU | None:
+    """A machine without a CUDA GPU: `cpu:64G` (host memory, HOST_RESERVE_GIB left to the system) or
+    `apple:M3-Max-64G` (unified memory, of which Metal uses METAL_SMALL_SHARE / METAL_LARGE_SHARE); None if `text`
+    is neither.
+
+    Raises:
+        ConfigError: `cpu:` or `apple:` without a size in GiB, or a size no machine has.
+    """
+    t = text.strip()
+    if not re.match(r"^(cpu|apple):", t, re.IGNORECASE):
+        return None
+    m = _HOST.match(t)
+    if not m:
+        raise ConfigError(
+            f"{text!r} gives no memory size",
+            hint="write cpu:RAMG or apple:CHIP-RAMG with the memory in GiB, e.g. cpu:64G or apple:M3-Max-64G",
+        )
+    ram = _size(float(m.group(3)), text)
+    if m.group(1).lower() == "cpu":
+        usable = max(ram - HOST_RESERVE_GIB, ram / 2)
+        return GPU(f"cpu-{m.group(3)}G", usable, 0.0, "cpu", "none", "", f"host memory: {ram:g} GiB less "
+                   f"{min(HOST_RESERVE_GIB, ram / 2):g} GiB left to the system", kind="cpu", fp8=False,
+                   ram_gib=ram)
+    share = METAL_SMALL_SHARE if ram <= METAL_SMALL_UP_TO_GIB else METAL_LARGE_SHARE
+    chip = (m.group(2) or "").strip().replace(" ", "-")
+    return GPU(
+        f"apple-{chip + '-' if chip else ''}{m.group(3)}G",
+        ram * share,
+        0.0,
+        "metal",
+        "unified",
+        "",
+        f"Metal's default working set: {share:.0%} of {ram:g} GiB of unified memory (recommendedMaxWorkingSetSize)",
+        kind="metal",
+        fp8=False,
+        ram_gib=ram,
+    )
+
+
 def gpu(name: str, *, written: str = "{}") -> GPU:
     """A GPU profile by name (case-insensitive); `written`: how the input around the name reads (`1x{}`), so that
     a suggestion is shown as it would be typed there.
@@ -61,22 +159,24 @@ def gpu(name: str, *, written: str = "{}") -> GPU:
         ConfigError: an unknown name: the known ones, the nearest (`suggest_gpu`), and how to add one.
     """
     gpus = known_gpus()
-    found = {k.lower(): v for k, v in gpus.items()}.get(name.lower())
+    found = {k.lower(): v for k, v in gpus.items()}.get(name.lower()) or generic_gpu(name)
     if found is None:
         near = suggest_gpu(name)
         raise ConfigError(
             f"unknown GPU {name!r}; known: {', '.join(gpus)}",
             hint=(f"did you mean {written.format(near)}? " if near else "")
-            + f"use one of the known names (`modelmint plan --list-gpus`), or add a profile to {GPUS_FILE} "
-            "(memory_gib as CUDA reports it, memory_source, bandwidth_gbs, compute_capability, interconnect, "
-            "node_label); a cluster of several groups can be an inventory file: --gpus cluster.yaml holding "
-            f"{INVENTORY_EXAMPLE}",
+            + "use one of the known names (`modelmint plan --list-gpus`), a size alone (e.g. 1x16G), or describe "
+            f"the card in your own inventory file, e.g. --gpus mine.yaml holding {CUSTOM_EXAMPLE} (memory_gib as "
+            f"CUDA reports it; fp8: whether it has FP8 compute; groups of known GPUs read {INVENTORY_EXAMPLE}), "
+            f"or add a profile to {GPUS_FILE}",
         )
     return found
 
 
 INVENTORY_EXAMPLE = "- {nodes: 1, gpus: 8, type: A800-80G}"
 """One group of an inventory file, as the hints show it."""
+CUSTOM_EXAMPLE = "- {gpus: 1, type: MyCard-20G, memory_gib: 19.5, fp8: false}"
+"""A group of a GPU no profile names, described in the inventory itself."""
 
 
 def _spelled(name: str) -> str:
@@ -130,13 +230,23 @@ MAX_GPUS_PER_NODE = 1_024
 splits of a count are bounded by them (a count of 10**20 GPUs per node searched for its divisors for hours)."""
 
 
-def parse_cluster(text: str) -> list[NodeGroup]:
-    """A cluster on the command line: `4xRTX4090-24G` (one node of 4), `2x8xH100-80G` (2 nodes of 8), mixed with
-    `+`: `1x8xA800-80G+1x8xL20-48G`.
+def parse_cluster(text: str, *, hosts: bool = False) -> list[NodeGroup]:
+    """A cluster on the command line: `4xRTX4090-24G` (one node of 4), `2x8xH100-80G` (2 nodes of 8), `1x16G` (a
+    GPU known by its size), mixed with `+`: `1x8xA800-80G+1x8xL20-48G`; with `hosts`, also one machine without a CUDA
+    GPU, `cpu:64G` or `apple:M3-Max-64G` (llama.cpp and Ollama serve there, vLLM does not).
 
     Raises:
-        ConfigError: a part that is not [NODESx]GPUSxNAME, a count below one, or an unknown GPU.
+        ConfigError: a part that is not [NODESx]GPUSxNAME, a count below one, or an unknown GPU; a host where
+            `hosts` is off.
     """
+    machine = host(text)
+    if machine is not None:
+        if not hosts:
+            raise ConfigError(
+                f"{text!r} is a machine without a CUDA GPU: vLLM plans need CUDA GPUs",
+                hint=f"llama.cpp and Ollama serve GGUF variants there: `modelmint recommend --gpus {text.strip()}`",
+            )
+        return [NodeGroup(1, 1, machine)]
     groups = []
     for part in (p.strip() for p in text.split("+")):
         m = _GROUP.match(part)
@@ -172,12 +282,17 @@ class _InventoryGroup(BaseModel):
 
     nodes: int = Field(default=1, ge=1)
     gpus: int = Field(ge=1, description="GPUs per node")
-    type: str = Field(description="a GPU profile name (modelmint plan --list-gpus)")
+    type: str = Field(description="a GPU profile name (modelmint plan --list-gpus), or your own card's name")
+    memory_gib: float | None = Field(default=None, gt=0, le=MAX_MEMORY_GIB,
+                                     description="the memory CUDA reports (a card no profile names needs it)")
+    fp8: bool | None = Field(default=None, description="whether the card has FP8 compute (default: no)")
 
 
 def load_inventory(path: Path) -> list[NodeGroup]:
     """A cluster as a YAML inventory: a list of groups, each `{nodes: N, gpus: GPUS_PER_NODE, type: NAME}` (nodes
-    defaults to 1), in the order --gpus would join them with +.
+    defaults to 1), in the order --gpus would join them with +. A card no profile names is described in the group:
+    `memory_gib` (what CUDA reports) and `fp8` (FP8 compute, default no); given for a known profile they replace its
+    figures.
 
     Raises:
         ConfigError: not YAML, not a list of such groups (an unknown or misspelled key, a count below one), or an
@@ -211,14 +326,30 @@ def load_inventory(path: Path) -> list[NodeGroup]:
             )
             raise ConfigError(
                 f"{path}, group {i}: {problems}",
-                hint=f"each group has gpus and type, and may have nodes: {example}",
+                hint=f"each group has gpus and type, and may have nodes: {example}; a card no profile names "
+                f"also gives its memory (a number of GiB) and fp8 (true or false): {CUSTOM_EXAMPLE}",
             ) from None
         try:
-            profile = gpu(g.type, written="type: {}")
+            profile = _custom(g) if g.memory_gib is not None else gpu(g.type, written="type: {}")
         except ConfigError as err:  # name where the typo is: an inventory has many groups
             raise ConfigError(f"{path}, group {i}: {err.message}", hint=err.hint) from None
+        if g.fp8 is not None:
+            profile = dataclasses.replace(profile, fp8=g.fp8)
         groups.append(NodeGroup(g.nodes, g.gpus, profile))
     return _within_bounds(merge_groups(groups), str(path))
+
+
+def _custom(g: _InventoryGroup) -> GPU:
+    """The group's own card: a known profile with the memory replaced, or a card described only by the file."""
+    assert g.memory_gib is not None
+    known = {k.lower(): v for k, v in known_gpus().items()}.get(g.type.lower())
+    source = "your inventory file"
+    if known is not None:
+        return dataclasses.replace(known, memory_gib=g.memory_gib, memory_source=source)
+    if not re.fullmatch(r"[A-Za-z0-9._-]{1,64}", g.type):
+        raise ConfigError(f"type: {g.type!r} is not a GPU name (letters, digits, . _ -)",
+                          hint=f"name your card plainly, e.g. {CUSTOM_EXAMPLE}")
+    return GPU(g.type, g.memory_gib, 0.0, "unknown", "pcie", "", source, fp8=bool(g.fp8))
 
 
 def _shown(value: object) -> str:
@@ -239,9 +370,10 @@ def merge_groups(groups: list[NodeGroup]) -> list[NodeGroup]:
     return list(merged.values())
 
 
-def cluster_of(text: str) -> list[NodeGroup]:
-    """--gpus: a YAML inventory file (.yaml / .yml) or the inline form parse_cluster reads."""
-    return load_inventory(Path(text)) if text.endswith((".yaml", ".yml")) else parse_cluster(text)
+def cluster_of(text: str, *, hosts: bool = False) -> list[NodeGroup]:
+    """--gpus: a YAML inventory file (.yaml / .yml) or the inline form parse_cluster reads (`hosts`: cpu: and
+    apple: machines too)."""
+    return load_inventory(Path(text)) if text.endswith((".yaml", ".yml")) else parse_cluster(text, hosts=hosts)
 
 
 def cluster_label(groups: list[NodeGroup]) -> str:
