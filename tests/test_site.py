@@ -13,8 +13,9 @@ from registry_env import Repo
 from site_registry import EVIL, SMOLLM2, SiteRegistry
 
 from pipelines.core.errors import ConfigError
-from pipelines.registry.manifest import list_manifests
-from pipelines.registry.site import _kl_axis, build_site, page_name, pareto
+from pipelines.core.settings import Settings
+from pipelines.registry.manifest import Manifest, list_manifests
+from pipelines.registry.site import ModelPage, _kl_axis, build_site, collect, model_page, page_name, pareto
 
 
 class _Elements(HTMLParser):
@@ -54,6 +55,32 @@ def site(site_registry: SiteRegistry, tmp_path_factory: pytest.TempPathFactory) 
     out = tmp_path_factory.mktemp("site") / "site"
     build_site(site_registry.settings, out)
     return out
+
+
+# SmolLM2's q6_k and q8_0 as the gate's early pass scores them: the running figures after 4 and 8 of the 16 chunks
+# (63 positions each, ctx 128), with the same top they measured there (docs/quality.md); q4_k_m over all 16
+EARLY = {"q6_k": (252, 94.84), "q8_0": (504, 94.05)}
+
+
+def early_passes(settings: Settings, name: str = "smollm2") -> ModelPage:
+    """`name`'s page as build_site collects it, with the variants of EARLY scored on their first chunks only."""
+    page = next(p for p in collect(settings) if p.name == name)
+
+    def scored(m: Manifest) -> Manifest:
+        if m.tag not in EARLY or m.validation.figures is None:
+            return m
+        tokens, top = EARLY[m.tag]
+        figures = m.validation.figures.model_copy(update={"tokens": tokens, "same_top_pct": top})
+        return m.model_copy(update={"validation": m.validation.model_copy(update={"figures": figures})})
+
+    page.variants = [scored(m) for m in page.variants]
+    return page
+
+
+def _cells(text: str, ref: str) -> str:
+    """The text of the variants-table row of `ref`."""
+    start = text.index(f'<tr data-ref="{ref}"')
+    return text[start : text.index("</tr>", start)]
 
 
 def test_the_pareto_front_is_what_nothing_beats_on_both() -> None:
@@ -291,3 +318,91 @@ def test_a_published_gguf_offers_its_ollama_pull(site_registry: SiteRegistry, tm
         assert f'<code class="cmd">ollama pull {image}</code>' in text
     finally:
         shutil.rmtree(record.parent.parent)
+
+
+def test_each_figure_says_what_it_was_scored_on_and_early_passes_are_not_ranked_with_the_rest(
+    site_registry: SiteRegistry, tmp_path: Path
+) -> None:
+    """q6_k scored on 4 of 16 chunks shows a higher same top than q8_0 on 8 and q4_k_m on 16: each figure carries
+    its chunks and tokens, the page says they differ and are not comparable, the whole-text variants come first in
+    the table, the early ones are hollow in the chart and off its Pareto front, and the serving section ranks the
+    whole-text variants and calls the early ones not comparable."""
+    s = site_registry.settings
+    text = model_page(s, early_passes(s))
+    page = _Elements()
+    page.feed(text)
+    assert "94.84 %" in _cells(text, "smollm2:q6_k")
+    assert "(4/16 chunks, 252 tokens)" in _cells(text, "smollm2:q6_k")
+    assert "(8/16 chunks, 504 tokens)" in _cells(text, "smollm2:q8_0")
+    assert "(16/16 chunks, 1,008 tokens)" in _cells(text, "smollm2:q4_k_m")
+    assert "Scored on different tokens" in text and "q6_k, q8_0 passed their gate early" in text
+    assert "not comparable" in _cells(text, "smollm2:q8_0")
+    rows = [r["data-ref"] for r in page.find("tr") if r.get("data-ref")]
+    assert rows == ["smollm2:awq", "smollm2:q4_k_m", "smollm2:fp8", "smollm2:q6_k", "smollm2:q8_0"]
+    points = {str(c["data-ref"]): c for c in page.find("circle", cls="point") if c.get("data-size")}
+    assert {r for r, c in points.items() if "partial" in str(c["class"])} == {"smollm2:q6_k", "smollm2:q8_0"}
+    assert sorted(r for r, c in points.items() if "pareto" in str(c["class"])) == [
+        "smollm2:awq",
+        "smollm2:fp8",
+    ]
+    # the serving section: the best of the whole-text variants; the early ones named, not ranked against it
+    assert (
+        "Best measured variant that fits, of those scored on the whole text: <strong>smollm2:fp8</strong>"
+        in text
+    )
+    assert (
+        "smollm2:q8_0 was scored on 8/16 chunks, 504 tokens against 16/16 chunks, 1,008 tokens: not comparable"
+        in text
+    )
+
+
+def test_measurably_worse_only_where_both_have_errors_and_differ_by_more_than_both() -> None:
+    from pipelines.core.report import Figures
+    from pipelines.registry.recommend import Choice
+    from pipelines.registry.site import Basis, versus
+
+    def c(kl: float, se: float | None) -> Choice:
+        f = Figures.of(
+            mean_kl=kl, same_top_pct=90.0, ppl_reference=10.0, ppl=10.1, tokens=1008, mean_kl_stderr=se
+        )
+        return Choice(f"m:{kl}", "t", "gguf", 1, f)
+
+    whole, early = Basis(16, 16, 1008), Basis(4, 16, 252)
+    assert versus(c(0.010, 0.001), c(0.015, 0.001), whole, whole).startswith("is measurably worse")
+    assert versus(c(0.010, 0.001), c(0.0115, 0.001), whole, whole).startswith("ties within")
+    assert "measurably" in versus(c(0.010, 0.001), c(0.050, None), whole, whole)  # "not known to differ …"
+    assert not versus(c(0.010, 0.001), c(0.050, None), whole, whole).startswith("is measurably")
+    assert not versus(c(0.010, None), c(0.050, 0.001), whole, whole).startswith("is measurably")
+    assert versus(c(0.010, 0.001), c(0.050, 0.001), whole, early).endswith("(mean KL 0.05 against 0.01)")
+    assert "not comparable" in versus(c(0.010, 0.001), c(0.050, 0.001), whole, early)
+
+
+def test_sizes_of_a_gib_or_more_are_shown_in_gib(site_registry: SiteRegistry) -> None:
+    s = site_registry.settings
+    page = next(p for p in collect(s) if p.name == "tiny-qwen2")
+    page.variants = [
+        m.model_copy(update={"weights_bytes": int(gib * (1 << 30))})
+        for m, gib in zip(sorted(page.variants, key=lambda m: m.weights_bytes), (4.68, 8.1), strict=True)
+    ]
+    text = model_page(s, page)
+    assert ">4.68 GiB<" in text and ">8.10 GiB<" in text
+    assert "weights (GiB)" in text and "MiB" not in text.split('<svg id="quality"')[1].split("</svg>")[0]
+
+
+def test_a_failed_build_row_shows_no_local_path(repo: Repo, tmp_path: Path) -> None:
+    """The report lies in the builder's work directory: its folder is nobody else's business, and it is no sha256."""
+    from site_registry import report
+
+    settings = repo.settings()
+    out = settings.work_dir / "qwen2.5" / "7ae557604adf"
+    out.mkdir(parents=True)
+    (out / "qwen2.5-q4_k_m.report.json").write_text(
+        json.dumps(report("q4_k_m", (0.2, 0.01, 70.0, 1.0, 30.0, 1.0), passed=False))
+    )
+    build_site(settings, tmp_path / "site")
+    text, _ = _read(tmp_path / "site" / "models" / "qwen2.5.html")
+    assert str(settings.work_dir) not in text
+    row = text[text.index('<tr data-ref="qwen2.5:q4_k_m"') :]
+    row = row[: row.index("</tr>")]
+    assert row.endswith('<td data-label="sha256">-</td>')
+    assert "qwen2.5-q4_k_m.report.json" in row

@@ -12,11 +12,12 @@ from pathlib import Path
 import pytest
 from browser import CHROMIUM, Chromium
 from site_registry import SiteRegistry
+from test_site import early_passes
 
 from pipelines.core.settings import project_root
 from pipelines.registry.history import history
 from pipelines.registry.manifest import list_manifests
-from pipelines.registry.site import build_site, page_name
+from pipelines.registry.site import build_site, model_page, page_name
 
 SHOTS = project_root() / "build" / "test-artifacts" / "site"
 
@@ -117,3 +118,77 @@ def test_the_browser_check_sees_a_request_leaving_and_a_console_error(
     loaded = browser.load(page.as_uri(), probe="document.title")
     assert "http://example.invalid/x.png" in loaded.requests
     assert any("broken chart" in e for e in loaded.console_errors)
+
+
+# The quality chart as drawn: each noise bar's length and caps in screen pixels and whether it is painted after
+# (over) its point; every label's and point's box; the smallest chart text on screen (its font size times the
+# chart's scale); how wide the document and each table are against the window.
+GEOMETRY = """(() => {
+  const box = el => { const r = el.getBoundingClientRect();
+    return {left: r.left, top: r.top, right: r.right, bottom: r.bottom, width: r.width, height: r.height}; };
+  const svg = document.getElementById('quality');
+  const points = [...svg.querySelectorAll('circle.point')];
+  const text = [...document.querySelectorAll('svg.chart text')].map(t =>
+    parseFloat(getComputedStyle(t).fontSize) * t.ownerSVGElement.getScreenCTM().a);
+  return {
+    inner: window.innerWidth,
+    scroll: document.documentElement.scrollWidth,
+    wide: [...document.querySelectorAll('table, svg.bar, pre, .scroll')].filter(
+      el => el.getBoundingClientRect().right > window.innerWidth + 0.5 || el.scrollWidth > el.clientWidth + 1
+    ).map(el => el.tagName + ' ' + (el.getAttribute('class') || '') + ' ' + Math.round(el.scrollWidth)),
+    smallest_text: Math.min(...text),
+    points: points.map(c => ({ref: c.dataset.ref, box: box(c), se: c.querySelector('title').textContent})),
+    bars: [...svg.querySelectorAll('g.noise')].map(g => ({
+      bar: box(g.querySelector('.noise-bar')),
+      caps: [...g.querySelectorAll('.noise-cap')].map(box),
+      over: points.some(c => (c.compareDocumentPosition(g) & Node.DOCUMENT_POSITION_FOLLOWING)
+        && Math.abs(c.getBoundingClientRect().left + c.getBoundingClientRect().width / 2
+                    - g.querySelector('.noise-bar').getBoundingClientRect().left) < 1),
+    })),
+    labels: [...svg.querySelectorAll('text.point-label')].map(t => ({ref: t.dataset.ref, box: box(t)})),
+  };
+})()"""
+
+
+def _meet(a: dict[str, float], b: dict[str, float]) -> bool:
+    return min(a["right"], b["right"]) - max(a["left"], b["left"]) > 0.5 and (
+        min(a["bottom"], b["bottom"]) - max(a["top"], b["top"]) > 0.5
+    )
+
+
+@pytest.mark.parametrize("width", [1280, 420])
+def test_the_quality_chart_is_readable_at_desktop_and_phone_width(
+    site_registry: SiteRegistry, browser: Chromium, tmp_path: Path, width: int
+) -> None:
+    """Both models' pages, and SmolLM2's with q6_k and q8_0 passed early (longer labels, hollow points), measured
+    in chromium: every point with a standard error has a bar with caps over it, longer than a few pixels; no label meets another label or any point; chart text is 10 px or more; at 420 px nothing is wider than
+    the window (tables stack, memory bars shrink)."""
+    s = site_registry.settings
+    out = tmp_path / "site"
+    build_site(s, out)
+    early = out / "models" / "smollm2-early.html"
+    early.write_text(model_page(s, early_passes(s)), encoding="utf-8")
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    for page in (out / "models" / "smollm2.html", out / "models" / "tiny-qwen2.html", early):
+        shot = SHOTS / f"{page.stem}-{width}px.png"
+        loaded = browser.load(page.as_uri(), probe=GEOMETRY, width=width, screenshot=shot)
+        assert loaded.console_errors == []
+        g = loaded.dom
+        where = f"{page.name} at {width} px"
+        assert g["inner"] == width
+        assert g["scroll"] <= width, (where, g["scroll"], g["wide"])
+        assert g["wide"] == [], where
+        assert g["smallest_text"] >= 10, (where, g["smallest_text"])
+        assert len(g["bars"]) == len(g["points"]), where  # every point of the fixture has a standard error
+        for bar in g["bars"]:
+            assert bar["over"], (where, bar)  # painted after its point, at its centre
+            assert len(bar["caps"]) == 2 and all(c["width"] >= 8 for c in bar["caps"]), (where, bar)
+            # ± one standard error is a few percent of the figure: 6-7 px here at desktop width, 4 px on a phone
+            assert bar["bar"]["height"] >= (5 if width >= 1000 else 3.5), (where, bar)
+        labels, points = g["labels"], g["points"]
+        assert sorted(lab["ref"] for lab in labels) == sorted(p["ref"] for p in points)
+        for i, lab in enumerate(labels):
+            for other in labels[i + 1 :]:
+                assert not _meet(lab["box"], other["box"]), (where, lab, other)
+            for p in points:
+                assert not _meet(lab["box"], p["box"]), (where, lab, p)

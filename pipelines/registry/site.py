@@ -12,6 +12,7 @@ import hashlib
 import html
 import json
 import math
+import re
 import shutil
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -22,11 +23,12 @@ from typing import Any
 
 from pipelines.core.errors import ConfigError, ManifestInvalid
 from pipelines.core.fsutil import clean_partials, partial_path
+from pipelines.core.report import perplexity_positions
 from pipelines.core.settings import Settings
 from pipelines.core.vocab import is_name
 from pipelines.registry.history import Version, history
 from pipelines.registry.manifest import Manifest, PlanSummary, list_manifests
-from pipelines.registry.recommend import Choice, Failed, failed_builds, rank
+from pipelines.registry.recommend import Choice, Failed, failed_builds, rank, size_text
 
 SITE_DIR = "site"
 """Where the flow writes the site, under the work directory (MODELMINT_WORK_DIR)."""
@@ -172,6 +174,76 @@ def commands(m: Manifest, published: Sequence[str] = ()) -> list[str]:
     return out
 
 
+# ---------------------------------------------------------------- what each figure was scored on
+
+
+@dataclass(frozen=True)
+class Basis:
+    """The part of the held-out text a variant's figures were scored on: `chunks` of the evaluation's `of` windows,
+    `tokens` positions. A GGUF that passed its gate early (pipelines/gguf/validate.py: early_pass) was scored on its
+    first 4, 8 or 12 of 16 chunks only."""
+
+    chunks: int | None
+    of: int | None
+    tokens: int | None
+
+    @property
+    def whole(self) -> bool:
+        """Scored on every chunk of the evaluation (or nothing says otherwise)."""
+        return self.chunks is None or self.of is None or self.chunks >= self.of
+
+    def text(self) -> str:
+        """As the pages print it beside a figure: "4/16 chunks, 252 tokens"."""
+        parts = []
+        if self.chunks is not None and self.of is not None:
+            parts.append(f"{self.chunks}/{self.of} chunks")
+        parts.append(f"{self.tokens:,} tokens" if self.tokens is not None else "tokens not recorded")
+        return ", ".join(parts)
+
+
+def basis(m: Manifest) -> Basis:
+    """What `m`'s figures were scored on, from its manifest: the evaluation's windows and the positions scored."""
+    v = m.validation
+    tokens = v.figures.tokens if v.figures is not None else None
+    of, ctx = v.evaluation.get("chunks"), v.evaluation.get("ctx")
+    of = of if isinstance(of, int) and of > 0 else None
+    chunks = of
+    if m.format == "gguf" and tokens is not None and isinstance(ctx, int) and ctx > 2:
+        # llama-perplexity scores the second half of each window: the chunks scored follow from the positions
+        chunks = tokens // perplexity_positions(ctx, 1)
+    return Basis(chunks, of, tokens)
+
+
+def comparable_first(variants: Iterable[Manifest]) -> list[Manifest]:
+    """Variants smallest first, those scored on the whole evaluation text before those that passed early on its
+    first chunks (their figures cover another, shorter text and are not comparable with the others')."""
+    return sorted(variants, key=lambda m: (not basis(m).whole, m.weights_bytes, m.ref))
+
+
+def _basis_note(variants: list[Manifest]) -> str:
+    """A paragraph saying which variants were scored on which tokens, where they differ; empty where they agree."""
+    measured = [m for m in variants if m.validation.figures is not None]
+    if len({basis(m).tokens for m in measured}) <= 1:
+        return ""
+    listed = "; ".join(f"{_e(m.tag)}: {_e(basis(m).text())}" for m in comparable_first(measured))
+    early = [m for m in comparable_first(measured) if not basis(m).whole]
+    out = f'<p class="basis-note"><strong>Scored on different tokens</strong> ({listed}).'
+    if early:
+        out += (
+            f" {_e(', '.join(m.tag for m in early))} passed {'its' if len(early) == 1 else 'their'} gate early, on "
+            "the first chunks of the held-out text only: those figures are <strong>not comparable</strong> with "
+            "figures over the whole text (the first chunks may be easier or harder than the rest, and the reports "
+            "keep no per-chunk figures to compare on a common prefix). They are listed after the variants scored "
+            "on the whole text, drawn hollow in the chart and left off its Pareto front."
+        )
+    if len({basis(m).tokens for m in measured if basis(m).whole}) > 1:
+        out += (
+            " GGUF and compressed-tensors variants are scored over the whole text in different windows, against "
+            "different references: compare them as a guide, not to the third digit."
+        )
+    return out + "</p>"
+
+
 # ---------------------------------------------------------------- SVG charts
 
 
@@ -194,13 +266,33 @@ class _Axis:
 
 def _kl_axis(values: Iterable[float], top: float, bottom: float) -> _Axis:
     vals = [v for v in values if v > 0 and math.isfinite(v)] or [1e-3]
-    lo, hi = min(vals) / 2, max(vals) * 2
+    # a narrow margin: the noise bars are a few percent of their figure, and each decade the axis spans shrinks them
+    lo, hi = min(vals) / 1.4, max(vals) * 1.4
     return _Axis(lo, hi, bottom, top, log=True)
 
 
 def _ticks_log(axis: _Axis) -> list[float]:
     lo, hi = math.floor(math.log10(axis.lo)), math.ceil(math.log10(axis.hi))
-    return [10.0**k for k in range(lo, hi + 1) if axis.lo <= 10.0**k <= axis.hi] or [axis.lo, axis.hi]
+    decades = [10.0**k for k in range(lo, hi + 1) if axis.lo <= 10.0**k <= axis.hi]
+    if len(decades) >= 3:
+        return decades
+    # an axis spanning a decade or two: 1, 2 and 5 of each decade, so that it has ticks to read
+    return [
+        round(m * 10.0**k, 12)
+        for k in range(lo, hi + 1)
+        for m in (1, 2, 5)
+        if axis.lo <= m * 10.0**k <= axis.hi
+    ] or [axis.lo, axis.hi]
+
+
+def _ticks_linear(hi: float) -> list[float]:
+    """Ticks from 0 to `hi` at a round step (1, 2 or 5 of a power of ten), three to six of them."""
+    if hi <= 0:
+        return [0.0]
+    raw = hi / 4
+    power = 10.0 ** math.floor(math.log10(raw))
+    step = next(m * power for m in (1, 2, 5, 10) if m * power >= raw)
+    return [round(k * step, 12) for k in range(int(hi / step + 1e-9) + 1)]
 
 
 def pareto(points: list[tuple[float, float]]) -> list[int]:
@@ -214,64 +306,174 @@ def pareto(points: list[tuple[float, float]]) -> list[int]:
     ]
 
 
+_FONT = 14
+"""Chart text size in the charts' own units: a chart drawn 400 px wide (a 420 px phone) still shows it at 10 px or
+more."""
+_CHAR_W = 0.66 * _FONT
+"""A generous width of one character of the chart's sans-serif font (DejaVu Sans averages 0.62 em), for placing
+labels before a browser measures them."""
+Box = tuple[float, float, float, float]
+
+
+def _overlap(a: Box, b: Box) -> float:
+    w = min(a[2], b[2]) - max(a[0], b[0])
+    h = min(a[3], b[3]) - max(a[1], b[1])
+    return w * h if w > 0 and h > 0 else 0.0
+
+
+def place_labels(
+    anchors: Sequence[tuple[float, float]],
+    sizes: Sequence[tuple[float, float]],
+    avoid: Sequence[Box],
+    area: Box,
+) -> list[Box]:
+    """A box for each label (`sizes`: width, height) near its anchor point, greedily: the first of eight directions
+    at three growing distances where it meets no box in `avoid`, no label placed before it and stays inside `area`;
+    where every candidate meets something, the one that overlaps least."""
+    placed: list[Box] = []
+    for (x, y), (w, h) in zip(anchors, sizes, strict=True):
+        best: tuple[float, Box] | None = None
+        for gap in (8.0, 18.0, 32.0, 50.0):
+            d = gap * 0.72
+            for left, top in (
+                (x + gap, y - h / 2),
+                (x - gap - w, y - h / 2),
+                (x - w / 2, y - gap - h),
+                (x - w / 2, y + gap),
+                (x + d, y - d - h),
+                (x - d - w, y - d - h),
+                (x + d, y + d),
+                (x - d - w, y + d),
+            ):
+                box = (left, top, left + w, top + h)
+                if box[0] < area[0] or box[1] < area[1] or box[2] > area[2] or box[3] > area[3]:
+                    continue
+                cost = sum(_overlap(box, b) for b in (*avoid, *placed))
+                if best is None or cost < best[0]:
+                    best = (cost, box)
+                if cost == 0:
+                    break
+            if best is not None and best[0] == 0:
+                break
+        placed.append(best[1] if best is not None else (x + 8, y - h / 2, x + 8 + w, y + h / 2))
+    return placed
+
+
+def _size_unit(sizes: Iterable[int]) -> tuple[str, int]:
+    """GiB where the largest is 1 GiB or more, else MiB."""
+    return ("GiB", _GIB) if max(sizes, default=0) >= _GIB else ("MiB", _MIB)
+
+
 def quality_chart(variants: list[Manifest], chart_id: str) -> str:
-    """Mean KL divergence (log scale, ± one standard error) against weight size, the Pareto front joined."""
+    """Mean KL divergence (log scale, ± one standard error) against weight size, the Pareto front of the variants
+    scored on the whole text joined; those that passed early on its first chunks drawn hollow, off the front."""
     pts = [m for m in variants if m.validation.figures is not None]
     if not pts:
         return "<p>No variant has figures to chart.</p>"
-    w, h, left, right, top, bottom = 640, 320, 70, 620, 20, 270
-    sizes = [m.weights_bytes / _MIB for m in pts]
-    xs = _Axis(0.0, max(sizes) * 1.1, left, right)
+    w, h, left, right, top, bottom = 520, 390, 66, 505, 14, 326
+    unit, div = _size_unit(m.weights_bytes for m in pts)
+    sizes = [m.weights_bytes / div for m in pts]
+    xticks = _ticks_linear(max(sizes) * 1.08)
+    xs = _Axis(0.0, xticks[-1] if xticks[-1] >= max(sizes) * 1.04 else max(sizes) * 1.08, left, right - 10)
     figs = [m.validation.figures for m in pts]
     kls = [f.mean_kl for f in figs if f is not None]
-    ys = _kl_axis([*kls, *((f.mean_kl + (f.mean_kl_stderr or 0)) for f in figs if f)], top, bottom)
-    # labels alternate along the size axis (above left, below right), so that neighbours' labels do not meet
-    by_size = sorted(range(len(pts)), key=lambda i: sizes[i])
-    left_of = {i: n % 2 == 0 for n, i in enumerate(by_size)}
-    front = set(pareto([(s, k) for s, k in zip(sizes, kls, strict=True)]))
+    ses = [(f.mean_kl_stderr or 0.0) for f in figs if f is not None]
+    ys = _kl_axis(
+        [
+            *kls,
+            *(k + s for k, s in zip(kls, ses, strict=True)),
+            *(k - s for k, s in zip(kls, ses, strict=True)),
+        ],
+        top,
+        bottom,
+    )
+    bases = [basis(m) for m in pts]
+    whole = [i for i in range(len(pts)) if bases[i].whole]
+    front = {whole[j] for j in pareto([(sizes[i], kls[i]) for i in whole])}
+    early = len(pts) - len(whole)
     parts = [
         f'<svg id="{_e(chart_id)}" class="chart" role="img" viewBox="0 0 {w} {h}" width="{w}" height="{h}" '
         f'aria-labelledby="{_e(chart_id)}-t {_e(chart_id)}-d" xmlns="http://www.w3.org/2000/svg">',
         f'<title id="{_e(chart_id)}-t">Quality against size</title>',
         f'<desc id="{_e(chart_id)}-d">Mean KL divergence from the reference (log scale, lower is better) against '
-        f"the weights in MiB, for {len(pts)} variant(s); bars are one standard error; the Pareto front "
-        f"({len(front)} variant(s)) is joined by a line. The same numbers are in the variants table above.</desc>",
+        f"the weights in {unit}, for {len(pts)} variant(s); bars with caps are ± one standard error; the Pareto "
+        f"front ({len(front)} variant(s)) is joined by a line."
+        + (
+            f" {early} variant(s) passed early on the first chunks of the text: drawn hollow, not comparable, "
+            "off the front."
+            if early
+            else ""
+        )
+        + " The same numbers are in the variants table above.</desc>",
         f'<line class="axis" x1="{left}" y1="{bottom}" x2="{right}" y2="{bottom}"/>',
         f'<line class="axis" x1="{left}" y1="{top}" x2="{left}" y2="{bottom}"/>',
-        f'<text class="label" x="{(left + right) / 2}" y="{h - 8}" text-anchor="middle">weights (MiB)</text>',
-        f'<text class="label" x="14" y="{(top + bottom) / 2}" text-anchor="middle" '
-        f'transform="rotate(-90 14 {(top + bottom) / 2})">mean KL (log)</text>',
+        f'<text class="label" x="{(left + right) / 2}" y="{h - 10}" text-anchor="middle">weights ({unit})</text>',
+        f'<text class="label" x="16" y="{(top + bottom) / 2}" text-anchor="middle" '
+        f'transform="rotate(-90 16 {(top + bottom) / 2})">mean KL (log)</text>',
     ]
     for t in _ticks_log(ys):
         parts.append(
-            f'<text class="tick" x="{left - 6}" y="{ys(t) + 4}" text-anchor="end">{t:g}</text>'
+            f'<text class="tick" x="{left - 6}" y="{ys(t) + 5}" text-anchor="end">{t:g}</text>'
             f'<line class="grid" x1="{left}" y1="{ys(t)}" x2="{right}" y2="{ys(t)}"/>'
         )
-    for frac in (0.0, 0.5, 1.0):
-        v = xs.hi * frac
-        parts.append(f'<text class="tick" x="{xs(v)}" y="{bottom + 16}" text-anchor="middle">{v:,.0f}</text>')
+    for v in xticks:
+        if v <= xs.hi:
+            parts.append(
+                f'<text class="tick" x="{xs(v)}" y="{bottom + 20}" text-anchor="middle">{v:g}</text>'
+            )
     line = sorted((sizes[i], kls[i]) for i in front)
     if len(line) > 1:
         pts_attr = " ".join(f"{xs(s)},{ys(k)}" for s, k in line)
         parts.append(f'<polyline class="pareto-line" points="{pts_attr}"/>')
+    r, cap = 6, 6
+    xy = [(xs(sizes[i]), ys(kls[i])) for i in range(len(pts))]
+    bars: list[tuple[float, float, float]] = []
+    for i, (x, _y) in enumerate(xy):
+        if ses[i]:
+            bars.append((x, ys(max(kls[i] - ses[i], ys.lo)), ys(kls[i] + ses[i])))
+    texts = [
+        f"{m.tag}" if bases[i].whole else f"{m.tag} ({bases[i].chunks}/{bases[i].of})"
+        for i, m in enumerate(pts)
+    ]
+    avoid: list[Box] = [(x - r - 2, y - r - 2, x + r + 2, y + r + 2) for x, y in xy]
+    avoid += [(x - cap - 1, min(a, b) - 1, x + cap + 1, max(a, b) + 1) for x, a, b in bars]
+    boxes = place_labels(
+        xy, [(len(t) * _CHAR_W + 4, _FONT * 1.25) for t in texts], avoid, (left + 2, top, w - 2, bottom - 2)
+    )
     for i, m in enumerate(pts):
-        f = m.validation.figures
-        assert f is not None
-        x, y, se = xs(sizes[i]), ys(f.mean_kl), f.mean_kl_stderr or 0.0
-        if se:
-            y1, y2 = ys(max(f.mean_kl - se, ys.lo)), ys(f.mean_kl + se)
-            parts.append(f'<line class="noise" x1="{x}" y1="{y1}" x2="{x}" y2="{y2}"/>')
-        cls = "point pareto" if i in front else "point"
+        x, y = xy[i]
+        b = bases[i]
+        cls = "point pareto" if i in front else "point" if b.whole else "point partial"
         parts.append(
-            f'<circle class="{cls}" cx="{x}" cy="{y}" r="6" data-ref="{_e(m.ref)}" '
-            f'data-kl="{f.mean_kl:.6g}" data-size="{m.weights_bytes}"><title>{_e(m.ref)}: mean KL '
-            f"{f.mean_kl:.4g} ± {se:.2g}, {sizes[i]:,.1f} MiB{' (Pareto front)' if i in front else ''}"
+            f'<circle class="{cls}" cx="{x}" cy="{y}" r="{r}" data-ref="{_e(m.ref)}" '
+            f'data-kl="{kls[i]:.6g}" data-size="{m.weights_bytes}" data-tokens="{b.tokens or ""}" '
+            f'data-whole="{"yes" if b.whole else "no"}"><title>{_e(m.ref)}: mean KL '
+            f"{kls[i]:.4g} ± {ses[i]:.2g} ({_e(b.text())}), {_e(size_text(m.weights_bytes))}"
+            f"{' (Pareto front)' if i in front else ''}{'' if b.whole else ' (passed early: not comparable)'}"
             f"</title></circle>"
-            + (
-                f'<text class="point-label" x="{x - 9}" y="{y - 8}" text-anchor="end">{_e(m.tag)}</text>'
-                if left_of[i]
-                else f'<text class="point-label" x="{x + 9}" y="{y + 18}">{_e(m.tag)}</text>'
-            )
+        )
+    for x, y1, y2 in bars:  # over the points: a bar shorter than a point is still seen, by its caps
+        parts.append(
+            f'<g class="noise"><line class="noise-halo" x1="{x}" y1="{y1}" x2="{x}" y2="{y2}"/>'
+            f'<line class="noise-bar" x1="{x}" y1="{y1}" x2="{x}" y2="{y2}"/>'
+            f'<line class="noise-cap" x1="{x - cap}" y1="{y1}" x2="{x + cap}" y2="{y1}"/>'
+            f'<line class="noise-cap" x1="{x - cap}" y1="{y2}" x2="{x + cap}" y2="{y2}"/></g>'
+        )
+    for i, m in enumerate(pts):
+        x, y = xy[i]
+        bx = boxes[i]
+        cx, cy = min(max(x, bx[0]), bx[2]), min(max(y, bx[1]), bx[3])
+        if math.hypot(cx - x, cy - y) > r + 12:  # a label pushed away keeps a leader line to its point
+            parts.append(f'<line class="leader" x1="{x}" y1="{y}" x2="{cx:.2f}" y2="{cy:.2f}"/>')
+        # anchored on the side that faces its point: the estimate of a label's width is generous, and the slack
+        # falls on the far side
+        middle = (bx[0] + bx[2]) / 2
+        anchor, tx = (
+            ("end", bx[2] - 2) if bx[2] <= x else ("start", bx[0] + 2) if bx[0] >= x else ("middle", middle)
+        )
+        parts.append(
+            f'<text class="point-label" x="{tx:.2f}" y="{bx[3] - _FONT * 0.32:.2f}" text-anchor="{anchor}" '
+            f'data-ref="{_e(m.ref)}">{_e(texts[i])}</text>'
         )
     parts.append("</svg>")
     return "".join(parts)
@@ -310,7 +512,7 @@ def history_chart(versions: dict[str, list[Version]], chart_id: str) -> str:
             first[key] = min(first.get(key, v.manifest.created_at), v.manifest.created_at)
     order = sorted(first, key=lambda k: first[k])
     slot = {k: float(i) for i, k in enumerate(order)}
-    w, h, left, right, top, bottom = 640, 300, 70, 560, 20, 240
+    w, h, left, right, top, bottom = 520, 330, 66, 420, 14, 270
     xs = _Axis(-0.5, len(order) - 0.5, left, right)
     ys = _kl_axis(
         [
@@ -333,17 +535,17 @@ def history_chart(versions: dict[str, list[Version]], chart_id: str) -> str:
         "below.</desc>",
         f'<line class="axis" x1="{left}" y1="{bottom}" x2="{right}" y2="{bottom}"/>',
         f'<line class="axis" x1="{left}" y1="{top}" x2="{left}" y2="{bottom}"/>',
-        f'<text class="label" x="{(left + right) / 2}" y="{h - 8}" text-anchor="middle">the source each version '
-        f"was made from (oldest first)</text>",
+        f'<text class="label" x="{(left + right) / 2}" y="{h - 10}" text-anchor="middle">source of each version '
+        f"(oldest first)</text>",
         *(
-            f'<text class="tick" x="{xs(slot[k])}" y="{bottom + 16}" text-anchor="middle">{_e(_short(k[0]))}'
+            f'<text class="tick" x="{xs(slot[k])}" y="{bottom + 20}" text-anchor="middle">{_e(_short(k[0]))}'
             f"{'′' * k[1]}</text>"
             for k in order
         ),
     ]
     for t in _ticks_log(ys):
         parts.append(
-            f'<text class="tick" x="{left - 6}" y="{ys(t) + 4}" text-anchor="end">{t:g}</text>'
+            f'<text class="tick" x="{left - 6}" y="{ys(t) + 5}" text-anchor="end">{t:g}</text>'
             f'<line class="grid" x1="{left}" y1="{ys(t)}" x2="{right}" y2="{ys(t)}"/>'
         )
     for k, (tag, s) in enumerate(sorted(series.items())):
@@ -366,7 +568,7 @@ def history_chart(versions: dict[str, list[Version]], chart_id: str) -> str:
                 f"{_e(v.manifest.source.ref)}: mean KL {f.mean_kl:.4g}</title></circle>"
             )
         parts.append(
-            f'<text class="legend s{k % 6}" x="{right + 10}" y="{top + 16 * k + 10}">{_e(tag)}</text>'
+            f'<text class="legend s{k % 6}" x="{right + 10}" y="{top + 20 * k + 14}">{_e(tag)}</text>'
         )
     parts.append("</svg>")
     return "".join(parts)
@@ -398,15 +600,15 @@ def memory_bar(p: PlanSummary, bar_id: str) -> str:
             share = width * parts[key] / g.total if g.total else 0.0
             segs.append(
                 f'<rect class="mem {key}" x="{x:.2f}" y="0" width="{share:.2f}" height="18" '
-                f'data-bytes="{parts[key]}"><title>{_e(label)}: {parts[key] / _GIB:.2f} GiB</title></rect>'
+                f'data-bytes="{parts[key]}"><title>{_e(label)}: {size_text(parts[key])}</title></rect>'
             )
             x += share
         rows.append(
             f'<svg id="{_e(bar_id)}-{k}" class="bar" role="img" viewBox="0 0 400 18" width="400" height="18" '
-            f'aria-label="{_e(g.gpu)}: weights {g.weights / _GIB:.2f} GiB, KV pool {g.kv_pool / _GIB:.2f} GiB '
-            f'of {g.total / _GIB:.1f} GiB" xmlns="http://www.w3.org/2000/svg">{"".join(segs)}</svg>'
-            f' <span class="gpu">{_e(g.gpu)}: {g.weights / _GIB:.2f} GiB weights, {g.kv_pool / _GIB:.2f} GiB '
-            f"KV pool of {g.total / _GIB:.1f} GiB</span>"
+            f'aria-label="{_e(g.gpu)}: weights {size_text(g.weights)}, KV pool {size_text(g.kv_pool)} '
+            f'of {size_text(g.total)}" xmlns="http://www.w3.org/2000/svg">{"".join(segs)}</svg>'
+            f' <span class="gpu">{_e(g.gpu)}: {size_text(g.weights)} weights, {size_text(g.kv_pool)} '
+            f"KV pool of {size_text(g.total)}</span>"
         )
     return "<br>".join(rows)
 
@@ -416,23 +618,36 @@ def memory_bar(p: PlanSummary, bar_id: str) -> str:
 _CSS = """
 body{font-family:system-ui,-apple-system,'Segoe UI',sans-serif;margin:2rem auto;max-width:84rem;padding:0 1rem;
 color:#1b1b1b;line-height:1.45}
-h1,h2,h3{line-height:1.2}table{border-collapse:collapse;margin:.5rem 0 1rem;font-size:.88rem}
-th,td{border:1px solid #bbb;padding:.25rem .5rem;text-align:left;vertical-align:top}th{background:#eef}
-td.num{text-align:right;font-variant-numeric:tabular-nums}.nw{white-space:nowrap}.scroll{overflow-x:auto}
-pre{background:#f4f4f4;padding:.5rem;overflow-x:auto;white-space:pre-wrap}
-code.cmd{user-select:all;-webkit-user-select:all}
+h1,h2,h3{line-height:1.2;overflow-wrap:break-word}table{border-collapse:collapse;margin:.5rem 0 1rem;font-size:.88rem}
+th,td{border:1px solid #bbb;padding:.25rem .5rem;text-align:left;vertical-align:top;overflow-wrap:break-word}
+th{background:#eef}td.num{text-align:right;font-variant-numeric:tabular-nums}.nw{white-space:nowrap}
+.basis{display:block;font-size:.8em;color:#555}.id{overflow-wrap:anywhere}.partial-row td{background:#fafafa}
+.basis-note{border-left:4px solid #a67c00;padding:.25rem .75rem;background:#fffbea}
+td.num,.scroll{overflow-x:auto}pre{background:#f4f4f4;padding:.5rem;overflow-x:auto;white-space:pre-wrap;overflow-wrap:anywhere}
+code{overflow-wrap:break-word}code.cmd{user-select:all;-webkit-user-select:all}
 .error{border:2px solid #b00020;background:#fff0f0;padding:.5rem 1rem;margin:1rem 0}
 .fail{color:#b00020;font-weight:bold}.pass{color:#0a6b0a;font-weight:bold}
-svg.chart{border:1px solid #ccc;background:#fff;max-width:100%;height:auto}
-.axis{stroke:#333}.grid{stroke:#e3e3e3}.tick,.label,.point-label,.legend{font-size:12px;fill:#333}
+svg.chart{display:block;border:1px solid #ccc;background:#fff;width:100%;max-width:600px;height:auto}
+.axis{stroke:#333}.grid{stroke:#e3e3e3}.tick,.label,.point-label,.legend{font-size:14px;fill:#333}
 .point{fill:#4969b0;stroke:#fff;stroke-width:1.5}.point.pareto{fill:#d35400}
-.pareto-line{fill:none;stroke:#d35400;stroke-width:2;stroke-dasharray:6 3}.noise{stroke:#555;stroke-width:2}
+.point.partial{fill:#fff;stroke:#4969b0;stroke-width:2}
+.pareto-line{fill:none;stroke:#d35400;stroke-width:2;stroke-dasharray:6 3}
+.noise-halo{stroke:#fff;stroke-width:3;stroke-opacity:.7}.noise-bar,.noise-cap{stroke:#111;stroke-width:1.5}
+.leader{stroke:#999;stroke-width:1}
 .series{fill:none;stroke-width:2}
 .s0{stroke:#4969b0;fill:#4969b0}.s1{stroke:#d35400;fill:#d35400}.s2{stroke:#2e8b57;fill:#2e8b57}
 .s3{stroke:#8e44ad;fill:#8e44ad}.s4{stroke:#a67c00;fill:#a67c00}.s5{stroke:#c0392b;fill:#c0392b}
 polyline.series{fill:none}text.legend{stroke:none}
 .mem.weights{fill:#4969b0}.mem.activations{fill:#a67c00}.mem.kv_pool{fill:#2e8b57}.mem.other{fill:#999}
-.mem.headroom{fill:#e6e6e6}svg.bar{border:1px solid #999;vertical-align:middle}
+.mem.headroom{fill:#e6e6e6}svg.bar{border:1px solid #999;vertical-align:middle;width:100%;max-width:400px;
+height:auto}.gpu{display:block}
+@media (max-width:700px){
+body{margin:1rem auto;padding:0 .5rem}
+table,thead,tbody,tr,th,td,caption{display:block}table{border:0}thead tr{position:absolute;left:-9999px}
+tr{border:1px solid #bbb;margin:0 0 .5rem}td{border:0;border-top:1px solid #e3e3e3}
+td,code,pre,h1,h2,h3{overflow-wrap:anywhere}td[data-label]:not([data-label=""])::before{content:attr(data-label);display:block;font-weight:bold;
+font-size:.8em;color:#444}
+}
 """
 
 
@@ -449,26 +664,44 @@ def _page(title: str, body: str, *, up: bool) -> str:
     )
 
 
-def _table(head: list[str], rows: list[list[str]], *, cls: str = "", caption: str = "") -> str:
-    """A table; cells are HTML already (escape what goes into them)."""
+def _table(
+    head: list[str],
+    rows: list[list[str]],
+    *,
+    cls: str = "",
+    caption: str = "",
+    row_classes: Sequence[str] = (),
+) -> str:
+    """A table; cells are HTML already (escape what goes into them); `row_classes` a class for each row."""
     cap = f"<caption>{caption}</caption>" if caption else ""
     th = "".join(f'<th scope="col">{h}</th>' for h in head)
+    # each cell names its column, for narrow screens where a row is stacked into one block (see _CSS)
+    labels = [_e(re.sub(r"<[^>]*>", "", html.unescape(h))) for h in head]
     body = "".join(
         "<tr"
         + (f' data-ref="{r[0]}"' if cls == "variants" else "")
+        + (f' class="{row_classes[n]}"' if n < len(row_classes) and row_classes[n] else "")
         + ">"
-        + "".join(f"<td>{c}</td>" for c in r)
+        + "".join(f'<td data-label="{lab}">{c}</td>' for lab, c in zip(labels, r, strict=False))
         + "</tr>"
-        for r in rows
+        for n, r in enumerate(rows)
     )
     return f'<div class="scroll"><table class="{cls}">{cap}<thead><tr>{th}</tr></thead><tbody>{body}</tbody></table></div>'
 
 
-def _fig(x: float | None, digits: int = 4, se: float | None = None, unit: str = "") -> str:
+def _fig(
+    x: float | None, digits: int = 4, se: float | None = None, unit: str = "", on: Basis | None = None
+) -> str:
+    """A figure, its standard error, and (`on`) the chunks and tokens it was scored on beside it."""
     if x is None:
         return "-"
     text = f"{x:.{digits}g}{unit}"
-    return f'<span class="nw">{text}' + (f" ± {se:.2g}" if se else "") + "</span>"
+    return (
+        f'<span class="nw">{text}'
+        + (f" ± {se:.2g}" if se else "")
+        + "</span>"
+        + (f' <span class="basis">({_e(on.text())})</span>' if on is not None else "")
+    )
 
 
 def _when(t: datetime) -> str:
@@ -522,27 +755,31 @@ def index_page(settings: Settings, pages: list[ModelPage]) -> str:
 
 
 def _variants_table(p: ModelPage) -> str:
-    rows = []
-    for m in sorted(p.variants, key=lambda m: m.weights_bytes):
+    rows, classes = [], []
+    for m in comparable_first(p.variants):
         f = m.validation.figures
         gate = m.validation.gate
+        b = basis(m)
         rows.append(
             [
                 _e(m.ref),
                 _e(m.format),
-                f'<span class="num">{m.weights_bytes / _MIB:,.1f}</span>',
-                _fig(f.mean_kl if f else None, 4, f.mean_kl_stderr if f else None),
-                _fig(f.same_top_pct if f else None, 4, f.same_top_stderr if f else None, " %"),
-                _fig(f.dppl_pct if f else None, 3, None, " %"),
+                f'<span class="num nw">{_e(size_text(m.weights_bytes))}</span>',
+                _fig(f.mean_kl if f else None, 4, f.mean_kl_stderr if f else None, on=b),
+                _fig(f.same_top_pct if f else None, 4, f.same_top_stderr if f else None, " %", on=b),
+                _fig(f.dppl_pct if f else None, 3, None, " %", on=b),
                 f'<span class="pass" title="max mean KL {_e(gate.get("max_mean_kl", "?"))}, min same top '
                 f"{_e(gate.get('min_same_top_pct', '?'))} %, max PPL ratio {_e(gate.get('max_ppl_ratio', '?'))}; "
-                f'{_e(gate.get("basis", ""))}">pass</span>',
+                f'{_e(gate.get("basis", ""))}">pass</span>'
+                + ("" if b.whole else f" early, on {b.chunks} of {b.of} chunks: not comparable"),
                 _when(m.created_at),
-                _e(m.source.ref),
+                f'<span class="id">{_e(m.source.ref)}</span>',
                 f"<code>{_e(m.sha256[:12])}</code>",
             ]
         )
+        classes.append("" if b.whole else "partial-row")
     for fb in p.failed:
+        # the report's own name only: its folder is the builder's work directory, nothing a reader can open
         rows.append(
             [
                 _e(f"{p.name}:{fb.tag}"),
@@ -551,17 +788,19 @@ def _variants_table(p: ModelPage) -> str:
                 "-",
                 "-",
                 "-",
-                f'<span class="fail">gate failed, not registered</span>: {_e("; ".join(fb.failures))}',
+                f'<span class="fail">gate failed, not registered</span>: {_e("; ".join(fb.failures))} '
+                f"(report <code>{_e(Path(fb.report).name)}</code>)",
                 "-",
                 "-",
-                f"<code>{_e(fb.report)}</code>",
+                "-",
             ]
         )
-    return _table(
+        classes.append("failed-row")
+    return _basis_note(p.variants) + _table(
         [
             "variant",
             "format",
-            "weights (MiB)",
+            "weights",
             "mean KL ± s.e.",
             "same top ± s.e.",
             "ΔPPL",
@@ -572,7 +811,9 @@ def _variants_table(p: ModelPage) -> str:
         ],
         rows,
         cls="variants",
-        caption="Registered variants, smallest first, and builds whose gate failed",
+        caption="Registered variants, smallest first (those scored on the whole text first), and builds whose "
+        "gate failed",
+        row_classes=classes,
     )
 
 
@@ -581,14 +822,15 @@ def _history_table(p: ModelPage) -> str:
     for _tag, vs in sorted(p.versions.items()):
         for v in vs:
             f = v.manifest.validation.figures
+            b = basis(v.manifest)
             rows.append(
                 [
                     _e(v.manifest.ref),
                     _when(v.manifest.created_at),
-                    _e(v.manifest.source.ref),
-                    _fig(f.mean_kl if f else None, 4, f.mean_kl_stderr if f else None),
-                    _fig(f.same_top_pct if f else None, 4, None, " %"),
-                    _fig(f.dppl_pct if f else None, 3, None, " %"),
+                    f'<span class="id">{_e(v.manifest.source.ref)}</span>',
+                    _fig(f.mean_kl if f else None, 4, f.mean_kl_stderr if f else None, on=b),
+                    _fig(f.same_top_pct if f else None, 4, None, " %", on=b),
+                    _fig(f.dppl_pct if f else None, 3, None, " %", on=b),
                     "current" if v.current else _e(v.commit[:12] if v.commit else "not committed"),
                 ]
             )
@@ -598,6 +840,34 @@ def _history_table(p: ModelPage) -> str:
         cls="history",
         caption="Every registered version of each variant",
     )
+
+
+def versus(win: Choice, other: Choice, win_on: Basis, other_on: Basis) -> str:
+    """How `other`'s mean KL stands against the winner's, said only as far as the figures allow: "measurably
+    worse" needs both figures scored on the same tokens, both with a standard error, and a difference larger than
+    the two standard errors together."""
+    a, b = win.figures, other.figures
+    if a is None or b is None:
+        return "has no figures"
+    if not (win_on.whole and other_on.whole) or win_on.tokens != other_on.tokens:
+        return (
+            f"was scored on {_e(other_on.text())} against {_e(win_on.text())}: not comparable"
+            f" (mean KL {b.mean_kl:.4g} against {a.mean_kl:.4g})"
+        )
+    if not (a.mean_kl_stderr and b.mean_kl_stderr):
+        return (
+            f"has mean KL {b.mean_kl:.4g} against {a.mean_kl:.4g}, without a standard error on both: "
+            "not known to differ measurably"
+        )
+    combined = a.mean_kl_stderr + b.mean_kl_stderr
+    shown = (
+        f"mean KL {b.mean_kl:.4g} ± {b.mean_kl_stderr:.2g} against {a.mean_kl:.4g} ± {a.mean_kl_stderr:.2g}"
+    )
+    if abs(b.mean_kl - a.mean_kl) <= combined:
+        return f"ties within the standard errors ({shown})"
+    if b.mean_kl > a.mean_kl:
+        return f"is measurably worse ({shown})"
+    return f"is measurably better and larger ({shown})"
 
 
 def _serving(p: ModelPage) -> str:
@@ -612,22 +882,33 @@ def _serving(p: ModelPage) -> str:
         )
     out = []
     for n, (gpus, entries) in enumerate(sorted(by_inv.items())):
-        fits = rank(
-            [
-                Choice(m.ref, m.tag, m.format, m.weights_bytes, m.validation.figures)
-                for m, plans, _, _ in entries
-                if plans and m.validation.figures is not None
-            ]
+        measured = [(m, basis(m)) for m, plans, _, _ in entries if plans and m.validation.figures is not None]
+        of = {m.ref: b for m, b in measured}
+        choices = [Choice(m.ref, m.tag, m.format, m.weights_bytes, m.validation.figures) for m, _ in measured]
+        # figures over the whole text are ranked; those that passed early follow, not ranked against them
+        fits = rank([c for c in choices if of[c.ref].whole]) + rank(
+            [c for c in choices if not of[c.ref].whole]
         )
-        best = (
-            (
-                f"<p>Best measured variant that fits: <strong>{_e(fits[0].ref)}</strong> (ties within the standard "
-                "errors go to the smaller; <code>modelmint recommend --gpus "
-                f"{_e(gpus)}</code> says why)</p>"
+        if fits:
+            win = fits[0]
+            whole = of[win.ref].whole
+            best = (
+                "<p>Best measured variant that fits"
+                + (
+                    ", of those scored on the whole text"
+                    if whole and len(fits) > 1 and not all(of[c.ref].whole for c in fits)
+                    else ""
+                    if whole
+                    else f" (scored on {_e(of[win.ref].text())} only)"
+                )
+                + f": <strong>{_e(win.ref)}</strong> (ties within the standard errors go to the smaller; "
+                f"<code>modelmint recommend --gpus {_e(gpus)}</code> says why)</p>"
             )
-            if fits
-            else "<p>No registered variant fits these GPUs.</p>"
-        )
+            against = [f"{_e(c.ref)} {versus(win, c, of[win.ref], of[c.ref])}" for c in fits[1:]]
+            if against:
+                best += f'<p class="versus">Against it: {"; ".join(against)}.</p>'
+        else:
+            best = "<p>No registered variant fits these GPUs.</p>"
         rows = []
         for k, (m, plans, refused, nearest) in enumerate(entries):
             if refused is not None:
