@@ -45,9 +45,19 @@ def test_recommend_ranks_what_fits_with_a_reason_and_the_commands(site_registry:
     assert sorted(got) == ["smollm2", "tiny-qwen2"]
     smol = got["smollm2"]
     assert [c.tag for c in smol.ranked] == ["q8_0", "q6_k", "fp8", "awq", "q4_k_m"]
-    assert smol.winner is not None and smol.winner.plan is not None
-    assert smol.winner.plan.max_model_len == 4096
-    assert smol.commands == ["modelmint pull smollm2:q8_0", "ollama run smollm2:q8_0"]
+    # a GGUF is planned for Ollama with llama.cpp's buffers: num_ctx per sequence, one slot per sequence
+    assert smol.winner is not None and smol.winner.gguf is not None and smol.winner.plan is None
+    g = smol.winner.gguf
+    assert (g.engine, g.num_ctx, g.parallel, g.n_gpu_layers, g.n_layers) == ("ollama", 4096, 4, 31, 31)
+    assert smol.commands == [
+        "modelmint pull smollm2:q8_0",
+        "printf 'FROM smollm2:q8_0\\nPARAMETER num_ctx 4096\\nPARAMETER num_gpu 31\\n' > smollm2-q8_0.Modelfile",
+        "ollama create smollm2:q8_0-c4096 -f smollm2-q8_0.Modelfile",
+        "OLLAMA_NUM_PARALLEL=4 ollama serve",
+        "ollama run smollm2:q8_0-c4096",
+    ]
+    # these GGUFs are headers with the model's shape and one tensor: sized from the header, and said so
+    assert any("holds no per-layer tensors" in w for w in smol.warnings)
     assert "measurably worse: smollm2:q6_k" in smol.reasons[0]
     tiny = got["tiny-qwen2"]
     # tiny-qwen2's q4_k_m (0.0123 ± 0.0006) and q8_0 (0.0119 ± 0.0006) tie: the smaller wins, and says so
@@ -95,19 +105,22 @@ def test_a_build_that_failed_its_gate_is_shown_and_never_recommended(site_regist
 
 
 def test_an_inventory_nothing_fits_says_what_would(site_registry: SiteRegistry) -> None:
-    """The registered variants made 24-60 GiB (their records, not their files): an L4 holds none of them."""
+    """The registered variants made 24-60 GiB (their records, not their files): an L4 holds no checkpoint on vLLM,
+    a 20 GiB CPU machine no GGUF."""
     s = site_registry.settings
     big = [
         m.model_copy(update={"weights_bytes": int(m.weights_bytes * 27 * 1024)})
         for m in list_manifests(s).manifests
         if m.name == "smollm2"
     ]
-    advice = advise(s, "smollm2", big, Request("1xL4-24G"))
+    advice = advise(s, "smollm2", big, Request("1xL4-24G", engine="vllm"))
     assert advice.winner is None and advice.ranked == []
     assert "no registered variant fits 1x1xL4-24G" in advice.reasons[0]
-    would = "\n".join(advice.would_fit)
     # more GPUs, the planner's own nearest: SmolLM2's 9 heads split over no TP 2, so two L4s in a pipeline
     assert advice.would_fit[0] == "--gpus 2x1xL4-24G"
+    on_cpu = advise(s, "smollm2", big, Request("cpu:20G", engine="ollama"))
+    assert on_cpu.winner is None and "no registered variant fits 1x1xcpu-20G" in on_cpu.reasons[0]
+    would = "\n".join(on_cpu.would_fit)
     # a smaller variant not built yet, with the catalog line to add and the command that builds it
     assert "smollm2:q2_k (not built yet" in would
     assert "quants: [q4_k_m, q6_k, q8_0, q2_k]" in would
@@ -116,15 +129,15 @@ def test_an_inventory_nothing_fits_says_what_would(site_registry: SiteRegistry) 
 
 def test_a_shorter_context_is_offered_when_the_asked_one_does_not_fit(site_registry: SiteRegistry) -> None:
     s = site_registry.settings
-    # 2 GiB of weights, 64 sequences of the model's full 32k context on one L4: the KV pool is what is short
+    # 2 GiB of weights, 64 sequences of Ollama's 4096 tokens on a 6 GiB CPU machine: the KV cache is what is short
     big = [
         m.model_copy(update={"weights_bytes": 2 << 30})
         for m in list_manifests(s).manifests
         if m.name == "tiny-qwen2"
     ]
-    advice = advise(s, "tiny-qwen2", big, Request("1xL4-24G", concurrency=64))
+    advice = advise(s, "tiny-qwen2", big, Request("cpu:6G", concurrency=64))
     assert advice.winner is None
-    assert any(w.startswith("--context ") and "on 1x1xL4-24G" in w for w in advice.would_fit), (
+    assert any(w.startswith("--context ") and "on 1x1xcpu-6G" in w for w in advice.would_fit), (
         advice.would_fit
     )
 
@@ -168,9 +181,9 @@ def test_a_published_winner_is_pulled_from_its_registry_and_a_damaged_record_fal
             json.dumps([{"image": image, "key": m.key, "sha256": m.sha256, "published_at": "x"}])
         )
         (smol,) = recommend(s, Request("1xL4-24G"), ["smollm2"])
-        assert smol.commands == [f"ollama pull {image}", f"ollama run {image}"]
+        assert smol.commands[0] == f"ollama pull {image}" and f"FROM {image}\\n" in smol.commands[1]
         record.write_text("{not json")
         (smol,) = recommend(s, Request("1xL4-24G"), ["smollm2"])
-        assert smol.commands == ["modelmint pull smollm2:q8_0", "ollama run smollm2:q8_0"]
+        assert smol.commands[0] == "modelmint pull smollm2:q8_0" and "FROM smollm2:q8_0\\n" in smol.commands[1]
     finally:
         shutil.rmtree(record.parent.parent)

@@ -5,15 +5,32 @@ llama-server command started for real and read back; bad input refused in one li
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
+import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from registry_env import Repo, isolate, make_repo
+from site_registry import candidate_for
 
 from pipelines.core.errors import ConfigError
+from pipelines.core.fsutil import sha256_file
 from pipelines.core.gpus import CUDA_ALLOWANCE_GIB, cluster_of, known_gpus, load_inventory
+from pipelines.core.settings import Settings
+from pipelines.publish.llamacpp_memory import (
+    LayeredWeights,
+    LlamaCppContext,
+    llamacpp_memory,
+    read_layered_weights,
+)
+from pipelines.registry.manifest import find_manifest
+from pipelines.registry.recommend import GPU_RESERVE, Advice, Request, recommend
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -100,3 +117,154 @@ def test_a_gpu_nothing_matches_says_did_you_mean_and_the_inventory_syntax(tmp_pa
     proc = _cli("recommend", "--gpus", "1xRTX4061-8G", env={"MODELMINT_REPO": str(tmp_path)})
     _one_error_line(proc, "unknown GPU 'RTX4061-8G'", "did you mean 1xRTX4060-8G?", "memory_gib", "fp8",
                     "1x16G")
+
+
+# ------------------------------------------------------------------------------------ recommend, per engine
+
+
+@dataclass
+class Registered:
+    repo: Repo
+    settings: Settings
+    gguf: Path
+    """tiny-qwen2:q4_k_m as registered (a real GGUF built by modelmint's steps), in the checkout."""
+    weights: LayeredWeights
+
+
+@pytest.fixture(scope="module")
+def registered(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registered]:
+    """tiny-qwen2's real q4_k_m GGUF (converted and quantized here) and a compressed fp8 checkpoint with
+    Qwen2.5-0.5B's shape, registered in a git + DVC repository (its figures: the GGUF measured better)."""
+    from pipelines.gguf.build import ensure_base, ensure_quant, plan_gguf
+    from pipelines.registry.register import register
+    from pipelines.source.catalog import load_catalog
+
+    base = tmp_path_factory.mktemp("engines")
+    with pytest.MonkeyPatch.context() as mp:
+        isolate(base / "env", mp)
+        repo = make_repo(base, models={"tiny-qwen2": ["q4_k_m", "fp8"]})
+        settings = repo.settings()
+        plan = plan_gguf(load_catalog(settings.catalog_path).get("tiny-qwen2"), settings, quants=["q4_k_m"])
+        ensure_base(plan)
+        ensure_quant(plan, "q4_k_m")
+        shaped = candidate_for(settings, base / "builds", "tiny-qwen2", "q4_k_m", (0.0123, 0.0006, 93.5, 0.6, 3.9, 0.5))
+        real = shaped.files[0]
+        shutil.copyfile(plan.quant_path("q4_k_m"), real)  # the real GGUF in place of the header-only one
+        register(settings, dataclasses.replace(shaped, sha256=sha256_file(real), size_bytes=real.stat().st_size))
+        register(settings, candidate_for(settings, base / "builds", "tiny-qwen2", "fp8",
+                                         (0.0300, 0.0009, 88.0, 0.7, 4.0, 1.0)))
+        repo.commit_all("register tiny-qwen2 q4_k_m and fp8")
+        m = find_manifest(settings, "tiny-qwen2:q4_k_m")
+        gguf = settings.repo_dir / m.dvc.path / m.file
+        yield Registered(repo, settings, gguf, read_layered_weights(gguf))
+
+
+def _advice(reg: Registered, request: Request) -> Advice:
+    (a,) = recommend(reg.settings, request, ["tiny-qwen2"])
+    return a
+
+
+def test_a_gguf_is_planned_for_ollama_and_the_modelfile_carries_the_plan(registered: Registered) -> None:
+    w = registered.weights
+    a = _advice(registered, Request("1x16G", context=2048, concurrency=2))
+    assert a.winner is not None and a.winner.tag == "q4_k_m" and a.winner.gguf is not None
+    g = a.winner.gguf
+    assert (g.engine, g.num_ctx, g.parallel, g.n_gpu_layers, g.n_layers) == ("ollama", 2048, 2, w.n_layer + 1,
+                                                                             w.n_layer + 1)
+    assert not g.partial and a.warnings == []
+    # llama.cpp's own buffers for that context: KV for 2 x 2048 cells
+    assert g.memory == llamacpp_memory(w, LlamaCppContext(4096, 2), w.n_layer + 1)
+    assert a.commands[1:] == [
+        f"printf 'FROM tiny-qwen2:q4_k_m\\nPARAMETER num_ctx 2048\\nPARAMETER num_gpu {w.n_layer + 1}\\n' > "
+        "tiny-qwen2-q4_k_m.Modelfile",
+        "ollama create tiny-qwen2:q4_k_m-c2048 -f tiny-qwen2-q4_k_m.Modelfile",
+        "OLLAMA_NUM_PARALLEL=2 ollama serve",
+        "ollama run tiny-qwen2:q4_k_m-c2048",
+    ]
+
+
+def test_too_little_vram_gives_the_partial_offload_that_fits_and_its_cost(registered: Registered,
+                                                                          tmp_path: Path) -> None:
+    w = registered.weights
+    ctx = LlamaCppContext(1024, 1)
+
+    def need(n: int) -> int:
+        m = llamacpp_memory(w, ctx, n)
+        return m.weights_gpu + m.kv_gpu + m.compute + m.output
+
+    # a card whose memory, less the GPU's reserve, holds the output layer and one block, not two
+    inv = tmp_path / "small.yaml"
+    inv.write_text(f"- {{gpus: 1, type: Tiny-Card, memory_gib: {(GPU_RESERVE + (need(2) + need(3)) / 2) / (1 << 30)}}}\n")
+    a = _advice(registered, Request(str(inv), context=1024, engine="llama.cpp"))
+    assert a.winner is not None and a.winner.gguf is not None
+    g = a.winner.gguf
+    assert g.n_gpu_layers == 2 and g.partial
+    m = llamacpp_memory(w, ctx, g.n_gpu_layers)
+    assert m.weights_gpu + m.kv_gpu + m.compute + m.output <= g.gpu_budget  # what it puts there fits
+    more = llamacpp_memory(w, ctx, g.n_gpu_layers + 1)
+    assert more.weights_gpu + more.kv_gpu + more.compute + more.output > g.gpu_budget  # one more does not
+    share = 1 - m.weights_gpu / m.weights
+    assert f"{g.n_gpu_layers} of {w.n_layer + 1} layers" in a.warnings[0]
+    assert f"{share:.0%} of the weights" in a.warnings[0] and "slower" in a.warnings[0]
+    assert any("partial offload" in r for r in a.reasons)
+    assert f" -ngl {g.n_gpu_layers} " in a.commands[-1]
+
+
+def test_a_cpu_machine_runs_llama_server_with_no_layer_offloaded(registered: Registered) -> None:
+    a = _advice(registered, Request("cpu:8G", context=1024, concurrency=3, engine="llama.cpp"))
+    assert a.winner is not None and a.winner.gguf is not None and a.winner.gguf.kind == "cpu"
+    rel = registered.gguf.relative_to(registered.settings.repo_dir)
+    assert a.commands == [
+        "modelmint pull tiny-qwen2:q4_k_m",
+        f"llama-server -m {rel} --host 127.0.0.1 --port 8080 -ngl 0 -c 3072 -np 3 -b 2048 -ub 512 -ctk f16 "
+        "-ctv f16 -fa on -no-kvu",
+    ]
+    # a checkpoint is no answer there: vLLM needs CUDA GPUs
+    (fp8,) = [c for c in _advice(registered, Request("cpu:8G")).unfit if c.tag == "fp8"]
+    assert "vLLM plans need CUDA GPUs" in (fp8.refused or "")
+
+
+def test_at_high_concurrency_a_vllm_checkpoint_is_said_to_serve_better(registered: Registered) -> None:
+    a = _advice(registered, Request("1xRTX4090-24G", context=2048, concurrency=300))
+    assert a.winner is not None and a.winner.tag == "q4_k_m"  # the better figures
+    note = next(r for r in a.reasons if "serves better" in r)
+    assert "tiny-qwen2:fp8 on vLLM" in note and "max_num_seqs 256" in note and "paged" in note
+    assert "--engine vllm" in note
+    on_vllm = _advice(registered, Request("1xRTX4090-24G", context=2048, concurrency=300, engine="vllm"))
+    assert on_vllm.winner is not None and on_vllm.winner.tag == "fp8"
+    # the planner's cap is said, not swallowed
+    assert any("capped at 256 sequences" in w and "other 44 wait" in w for w in on_vllm.warnings)
+    assert on_vllm.commands[-1].startswith("vllm serve ")
+
+
+def test_the_cli_prints_the_plan_and_the_commands_per_engine(registered: Registered) -> None:
+    env = registered.repo.env()
+    proc = _cli("recommend", "tiny-qwen2", "--gpus", "1xRTX4060-8G", "--engine", "llama.cpp", "--context", "1024",
+                cwd=registered.repo.root, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert "llama.cpp: 5/5 layers on the GPU, num_ctx 1024 x 1 slot(s)" in proc.stdout, proc.stdout
+    assert "  llama-server -m artifacts/tiny-qwen2/q4_k_m/" in proc.stdout
+    proc = _cli("recommend", "tiny-qwen2", "--gpus", "apple:M3-Max-64G", "--json", cwd=registered.repo.root, env=env)
+    assert proc.returncode == 0, proc.stderr
+    (answer,) = json.loads(proc.stdout)
+    assert answer["winner"] == "tiny-qwen2:q4_k_m" and answer["ranked"][0]["gguf_plan"]["kind"] == "metal"
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (["--context", "10000000"], "--context 10000000 is longer than tiny-qwen2 supports"),
+    (["--concurrency", "0"], "--concurrency 0"),
+    (["--concurrency", "1000000000"], "--concurrency 1000000000 is more sequences"),
+    (["--engine", "olama"], "did you mean --engine ollama?"),
+    (["--gpus", "cpu:lots"], "cpu:RAMG"),
+])
+def test_bad_input_is_one_error_line_naming_the_field(registered: Registered, args: list[str], says: str) -> None:
+    full = ["--gpus", "1x16G", *args] if "--gpus" not in args else args
+    proc = _cli("recommend", "tiny-qwen2", *full, cwd=registered.repo.root, env=registered.repo.env())
+    _one_error_line(proc, says)
+
+
+def test_an_empty_registry_answers_with_the_next_command(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    isolate(tmp_path / "env", monkeypatch)
+    repo = make_repo(tmp_path)
+    proc = _cli("recommend", "--gpus", "1xRTX4060-8G", cwd=repo.root, env=repo.env())
+    _one_error_line(proc, "nothing is registered", "modelmint convert NAME --variants q4_k_m --register")

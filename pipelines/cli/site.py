@@ -22,8 +22,8 @@ def recommend_cmd(
     gpus: Annotated[
         str,
         typer.Option(
-            help="the GPUs: 1xL4-24G, 4xRTX4090-24G, 2x8xH100-80G, mixed with +, or an inventory .yaml "
-            "(`modelmint plan --list-gpus` lists them)"
+            help="the machine: 1xRTX4060-8G, 1x16G (a GPU by its size), 2x8xH100-80G, mixed with +, cpu:64G, "
+            "apple:M3-Max-64G, or an inventory .yaml (`modelmint plan --list-gpus` lists the GPUs)"
         ),
     ],
     names: Annotated[
@@ -33,14 +33,20 @@ def recommend_cmd(
         int | None, typer.Option(help="tokens per sequence (default: the model's maximum)")
     ] = None,
     concurrency: Annotated[int, typer.Option(help="sequences served at once")] = 1,
+    engine: Annotated[
+        str | None,
+        typer.Option(help="ollama or llama.cpp (GGUF variants), vllm (compressed-tensors); default: each variant's own"),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the answer as JSON")] = False,
 ) -> None:
-    """For each model, the registered variants that fit these GPUs, ranked by their measured quality (variants within
-    each other's standard errors tie, and the smaller wins), with why and the commands to pull and serve the winner."""
+    """For each model, the registered variants that fit this machine on their engine (a GGUF on Ollama or llama.cpp,
+    sized by llama.cpp's buffers, partly offloaded when the GPU is short; a checkpoint on vLLM), ranked by their
+    measured quality (variants within each other's standard errors tie, and the smaller wins), with why and the
+    commands that serve the winner as planned."""
     from pipelines.registry.recommend import Request, recommend, size_text
 
     answers = recommend(
-        load_settings(), Request(gpus, context=context, concurrency=concurrency), names or None
+        load_settings(), Request(gpus, context=context, concurrency=concurrency, engine=engine), names or None
     )
     if as_json:
         out.print_json(json.dumps([a.to_dict() for a in answers]))
@@ -58,15 +64,13 @@ def recommend_cmd(
             + (f", {concurrency} sequences" if concurrency != 1 else ""),
         )
         for rank, c in enumerate(a.ranked, 1):
-            p = c.plan
-            assert p is not None
             table.add_row(
                 "[green]→[/green]" if rank == 1 else str(rank),
                 escape(c.ref),
                 size_text(c.weights_bytes),
                 escape(c.figures_text().split(", same top")[0].removeprefix("mean KL ")),
                 f"{c.figures.same_top_pct:.1f} %" if c.figures else "-",
-                escape(f"TP {p.tp} x PP {p.pp}, {p.replicas} replica(s), max_model_len {p.max_model_len}"),
+                escape(c.fits_text()),
             )
         for c in a.unfit:
             table.add_row(
@@ -92,6 +96,8 @@ def recommend_cmd(
             err.print(f"[yellow]{escape(a.name)}:[/yellow] {escape(a.problem)}", highlight=False)
         for line in a.reasons:
             out.print(f"why: {escape(line)}", highlight=False, soft_wrap=True)
+        for w in a.warnings:
+            err.print(f"[yellow]warning:[/yellow] {escape(w)}", highlight=False, soft_wrap=True)
         for w in a.would_fit:
             out.print(f"would fit: {escape(w)}", highlight=False, soft_wrap=True)
         for cmd in a.commands:

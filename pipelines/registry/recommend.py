@@ -1,10 +1,14 @@
-"""Which registered variant to run on the GPUs one has: the planner's fits, ranked by the gate's figures with their noise."""
+"""Which registered variant to run on the machine one has, by the engine that serves it (a GGUF on Ollama or llama.cpp,
+sized by llama.cpp's own allocation; a compressed-tensors checkpoint on vLLM, by the planner), ranked by the gate's
+figures with their noise."""
 
 from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from pipelines.core.errors import ArtifactError, ConfigError, NotRegistered, RegistryError
@@ -13,6 +17,15 @@ from pipelines.core.report import Figures, read_report
 from pipelines.core.settings import Settings
 from pipelines.core.vocab import COMPRESSED_SCHEMES, GGUF_TYPES
 from pipelines.publish import planner
+from pipelines.publish.llamacpp_memory import (
+    MIB,
+    LayeredWeights,
+    LlamaCppContext,
+    LlamaCppMemory,
+    llamacpp_memory,
+    ollama_layers,
+    read_layered_weights,
+)
 from pipelines.publish.servefiles import slug
 from pipelines.registry.manifest import Manifest, list_manifests
 
@@ -20,6 +33,21 @@ GIB = 1 << 30
 _NOT_YET_BUILT = ("q6_k", "q5_k_m", "q4_k_m", "q3_k_m", "q2_k")
 """The smaller GGUF types offered when no registered variant fits (the ladder Ollama's library and the catalog use)."""
 _UNQUANTIZED_BITS = {"f16": 16.0, "bf16": 16.0, "f32": 32.0}
+
+ENGINES = ("ollama", "llama.cpp", "vllm")
+"""What serves a variant: Ollama or llama-server for a GGUF, vLLM for a compressed-tensors checkpoint."""
+GGUF_ENGINES = ("ollama", "llama.cpp")
+MAX_CONCURRENCY = 65_536
+"""More sequences at once than one server takes (vLLM plans at most planner.MAX_NUM_SEQS; llama-server's slots each
+hold a context): a bound on --concurrency, past which the searches and slot counts mean nothing."""
+OLLAMA_NUM_CTX = 4096
+"""Ollama's default num_ctx: a GGUF is planned at it when no --context is asked (capped at the model's maximum)."""
+HIGH_CONCURRENCY = 8
+"""From this many sequences at once a vLLM checkpoint is weighed against a GGUF winner."""
+GPU_RESERVE = 457 * MIB
+"""What each CUDA GPU keeps besides llama.cpp's buffers (driver and CUDA context): Ollama's per-GPU minimum
+(ml/device.go:320-325 at ollama 3258a89b6e4c; 512 MiB on Metal), the llama.cpp engine's allowance too."""
+METAL_RESERVE = 512 * MIB
 
 
 def _bits(tag: str) -> float | None:
@@ -39,6 +67,72 @@ def size_text(n: int) -> str:
 
 
 @dataclass(frozen=True)
+class GgufPlan:
+    """A GGUF on Ollama or llama-server: the context per sequence, the parallel slots, the layers on the GPU (the
+    output layer counted as one, as `-ngl` and Ollama's num_gpu count), and llama.cpp's buffers for them."""
+
+    engine: str
+    device: str
+    kind: str
+    num_ctx: int
+    """Tokens per sequence: Ollama's num_ctx; llama-server's -c is num_ctx x parallel (split over its slots)."""
+    parallel: int
+    n_gpu_layers: int
+    n_layers: int
+    """The model's blocks plus the output layer: n_gpu_layers == n_layers is a full offload."""
+    memory: LlamaCppMemory
+    gpu_budget: int
+    """The bytes the GPUs offer (their memory less GPU_RESERVE each; Metal: its working set); 0 on a CPU."""
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def partial(self) -> bool:
+        return self.kind != "cpu" and self.n_gpu_layers < self.n_layers
+
+    @property
+    def cpu_weight_share(self) -> float:
+        """The share of the weights that stays in system memory, read by the CPU for every token."""
+        return 1 - self.memory.weights_gpu / self.memory.weights if self.memory.weights else 0.0
+
+    @property
+    def host_bytes(self) -> int:
+        """System memory the rest takes: weights and KV of the layers left on the CPU, and the CPU's buffers."""
+        m = self.memory
+        return m.weights - m.weights_gpu + m.kv - m.kv_gpu + m.output + m.compute
+
+    @property
+    def context(self) -> LlamaCppContext:
+        """llama-server's context for this plan: -c num_ctx x parallel over -np parallel slots."""
+        return LlamaCppContext(self.num_ctx * self.parallel, self.parallel)
+
+    def summary(self) -> str:
+        where = (
+            "CPU only"
+            if self.kind == "cpu"
+            else f"{self.n_gpu_layers}/{self.n_layers} layers on the GPU"
+            + (f" ({self.cpu_weight_share:.0%} of the weights on the CPU)" if self.partial else "")
+        )
+        return f"{self.engine}: {where}, num_ctx {self.num_ctx} x {self.parallel} slot(s)"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "engine": self.engine,
+            "device": self.device,
+            "kind": self.kind,
+            "num_ctx": self.num_ctx,
+            "parallel": self.parallel,
+            "n_gpu_layers": self.n_gpu_layers,
+            "n_layers": self.n_layers,
+            "partial": self.partial,
+            "cpu_weight_share": round(self.cpu_weight_share, 4),
+            "gpu_budget": self.gpu_budget,
+            "host_bytes": self.host_bytes,
+            "memory": self.memory.to_dict(),
+            "warnings": list(self.warnings),
+        }
+
+
+@dataclass(frozen=True)
 class Choice:
     """One registered variant as the ranking sees it: its figures, its size, and the planner's answer."""
 
@@ -50,10 +144,28 @@ class Choice:
     plan: planner.Plan | None = None
     refused: str | None = None
     nearest: tuple[str, ...] = ()
+    gguf: GgufPlan | None = None
+    """A GGUF's plan for Ollama or llama.cpp (`plan` is vLLM's, for a checkpoint)."""
 
     @property
     def fits(self) -> bool:
-        return self.plan is not None
+        return self.plan is not None or self.gguf is not None
+
+    @property
+    def engine(self) -> str:
+        return self.gguf.engine if self.gguf is not None else "vllm" if self.plan is not None else ""
+
+    @property
+    def offloaded_in_part(self) -> bool:
+        """A GGUF whose layers do not all fit the GPU: it runs, at the cost its plan states."""
+        return self.gguf is not None and self.gguf.partial
+
+    def fits_text(self) -> str:
+        if self.gguf is not None:
+            return self.gguf.summary()
+        p = self.plan
+        return (f"vLLM: TP {p.tp} x PP {p.pp}, {p.replicas} replica(s), max_model_len {p.max_model_len}, "
+                f"max_num_seqs {p.max_num_seqs}") if p is not None else "no"
 
     @property
     def kl(self) -> float:
@@ -88,8 +200,12 @@ class Choice:
             "figures": self.figures.model_dump() if self.figures else None,
             "fits": self.fits,
         }
-        if self.plan is not None:
+        if self.gguf is not None:
+            out["engine"] = self.gguf.engine
+            out["gguf_plan"] = self.gguf.to_dict()
+        elif self.plan is not None:
             p = self.plan
+            out["engine"] = "vllm"
             out["plan"] = {
                 "gpus": p.label,
                 "tp": p.tp,
@@ -128,6 +244,8 @@ class Advice:
     """With no winner: what would fit (more GPUs, a shorter context, a smaller variant, a type not built yet)."""
     problem: str | None = None
     """Why the model could not be planned at all (its artifacts are not in this checkout, …)."""
+    warnings: list[str] = field(default_factory=list)
+    """What the winner's plan caps or assumes (the planner's warnings, a partial offload's cost, ...)."""
 
     @property
     def winner(self) -> Choice | None:
@@ -144,20 +262,55 @@ class Advice:
             "commands": self.commands,
             "would_fit": self.would_fit,
             "problem": self.problem,
+            "warnings": self.warnings,
         }
 
 
 @dataclass(frozen=True)
 class Request:
-    """What the user asked: the GPUs (as --gpus takes them), tokens per sequence, sequences at once."""
+    """What the user asked: the machine (as --gpus takes it, cpu: and apple: ones too), tokens per sequence,
+    sequences at once, and the engine (None: each variant's own, Ollama for a GGUF and vLLM for a checkpoint).
+
+    Raises:
+        ConfigError: a context or concurrency below one, a concurrency past MAX_CONCURRENCY, an unknown engine.
+    """
 
     gpus: str
     context: int | None = None
     concurrency: int = 1
+    engine: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.context is not None and self.context < 1:
+            raise ConfigError(
+                f"--context {self.context} is no context: a sequence holds at least one token",
+                hint="omit --context (the model's maximum; Ollama's 4096 for a GGUF) or give a positive number",
+            )
+        if self.concurrency < 1:
+            raise ConfigError(
+                f"--concurrency {self.concurrency}: at least one sequence is served",
+                hint="give --concurrency 1 or more",
+            )
+        if self.concurrency > MAX_CONCURRENCY:
+            raise ConfigError(
+                f"--concurrency {self.concurrency} is more sequences at once than one server takes (vLLM plans "
+                f"at most {planner.MAX_NUM_SEQS}, the rest queue; modelmint sizes at most {MAX_CONCURRENCY})",
+                hint=f"give the sequences served at once, e.g. --concurrency {planner.MAX_NUM_SEQS}",
+            )
+        if self.engine is not None and self.engine not in ENGINES:
+            import difflib
+
+            near = difflib.get_close_matches(self.engine.lower(), ENGINES, n=1, cutoff=0.5)
+            raise ConfigError(
+                f"--engine {self.engine!r} is not one modelmint plans for ({', '.join(ENGINES)})",
+                hint=(f"did you mean --engine {near[0]}? " if near else "")
+                + "ollama or llama.cpp serve GGUF variants, vllm compressed-tensors ones; omit it for each "
+                "variant's own",
+            )
 
     @property
     def cluster(self) -> list[NodeGroup]:
-        return cluster_of(self.gpus)
+        return cluster_of(self.gpus, hosts=True)
 
 
 def rank(choices: list[Choice]) -> list[Choice]:
@@ -227,28 +380,57 @@ def _params(manifests: list[Manifest]) -> float | None:
 
 
 def _not_yet_built(
-    settings: Settings, name: str, manifests: list[Manifest], ask: planner.Ask, cluster: list[NodeGroup]
+    settings: Settings, name: str, manifests: list[Manifest], fits: Callable[[int], bool], where: str = ""
 ) -> list[str]:
-    """The largest GGUF type not registered yet whose estimated size fits, with the catalog line that builds it."""
+    """The largest GGUF type not registered yet whose estimated size `fits`, with the catalog line that builds it."""
     params = _params(manifests)
     if params is None:
         return []
     have = {m.tag for m in manifests}
     for tag in _NOT_YET_BUILT:
         size = int(params * GGUF_TYPES[tag].bpw / 8)
-        if tag in have or size >= min(m.weights_bytes for m in manifests):
-            continue
-        try:
-            planner.plan(planner.smaller_ask(ask, planner.Variant(f"{name}:{tag}", size)), cluster)
-        except ConfigError:
+        if tag in have or size >= min(m.weights_bytes for m in manifests) or not fits(size):
             continue
         quants = _catalog_quants(settings, name)
         line = f"quants: [{', '.join([*quants, tag])}]" if quants is not None else f"quants: [{tag}]"
         return [
-            f"{name}:{tag} (not built yet, about {size_text(size)}): in registry/catalog.yaml set the "
+            f"{name}:{tag} (not built yet, about {size_text(size)}{where}): in registry/catalog.yaml set the "
             f"entry {name}'s variants.gguf `{line}`, then `modelmint convert {name} --variants {tag} --register`"
         ]
     return []
+
+
+def _vllm_fits(ask: planner.Ask, name: str, cluster: list[NodeGroup]) -> Callable[[int], bool]:
+    def fits(size: int) -> bool:
+        try:
+            planner.plan(planner.smaller_ask(ask, planner.Variant(f"{name}:smaller", size)), cluster)
+        except ConfigError:
+            return False
+        return True
+
+    return fits
+
+
+def _gguf_fits_wholly(
+    settings: Settings, m: Manifest, shape: planner.ModelShape, request: Request, cluster: list[NodeGroup]
+) -> Callable[[int], bool] | None:
+    """Whether a GGUF of the model of some size would fit wholly (on the GPUs, or in a CPU machine's memory) with
+    the KV cache and buffers `m`'s plan needs; None when `m` cannot be sized."""
+    path = settings.repo_dir / m.dvc.path / m.file
+    if not path.is_file():
+        return None
+    try:
+        weights, _ = _layered(path, shape, m.weights_bytes)
+    except ArtifactError:
+        return None
+    group = _group_for_gguf(cluster)
+    num_ctx = request.context or min(shape.max_context, OLLAMA_NUM_CTX)
+    mem = llamacpp_memory(weights, LlamaCppContext(num_ctx * request.concurrency, request.concurrency), -1)
+    g = group.gpu
+    reserve = 0 if g.kind == "cpu" else (METAL_RESERVE if g.kind == "metal" else GPU_RESERVE)
+    limit = (g.memory_bytes - reserve) * (1 if g.kind == "cpu" else group.gpus_per_node)
+    rest = mem.kv + mem.output + mem.compute
+    return lambda size: size + rest <= limit
 
 
 def _catalog_quants(settings: Settings, name: str) -> list[str] | None:
@@ -262,8 +444,9 @@ def _catalog_quants(settings: Settings, name: str) -> list[str] | None:
     return list(gguf.quants) if gguf is not None else None
 
 
-def commands(settings: Settings, m: Manifest, request: Request) -> list[str]:
-    """What to type to get the winner running: pull it, then serve it (Ollama for a GGUF, vLLM for a checkpoint)."""
+def commands(settings: Settings, m: Manifest, request: Request, gguf: GgufPlan | None = None) -> list[str]:
+    """What to type to get the winner running as planned: pull it, then serve it (Ollama with the planned num_ctx,
+    num_gpu and OLLAMA_NUM_PARALLEL, or llama-server with -c, -np and -ngl, for a GGUF; vLLM for a checkpoint)."""
     from pipelines.registry.images import publications
 
     if m.format == "gguf":
@@ -271,13 +454,29 @@ def commands(settings: Settings, m: Manifest, request: Request) -> list[str]:
             published = [e["image"] for e in publications(settings, m) if isinstance(e.get("image"), str)]
         except RegistryError:  # a damaged publication record: the DVC remote still has it
             published = []
-        if published:
-            return [f"ollama pull {published[-1]}", f"ollama run {published[-1]}"]
-        return [f"modelmint pull {m.ref}", f"ollama run {m.ref}"]
+        if gguf is not None and gguf.engine == "llama.cpp":
+            argv = ["llama-server", "-m", f"{m.dvc.path}/{m.file}", "--host", "127.0.0.1", "--port", "8080",
+                    "-ngl", str(gguf.n_gpu_layers), *gguf.context.argv()]
+            return [f"modelmint pull {m.ref}", " ".join(argv)]
+        pull, source = (
+            (f"ollama pull {published[-1]}", published[-1]) if published else (f"modelmint pull {m.ref}", m.ref)
+        )
+        if gguf is None:
+            return [pull, f"ollama run {source}"]
+        modelfile = f"{m.name}-{m.tag}.Modelfile"
+        local = f"{m.name}:{m.tag}-c{gguf.num_ctx}"
+        lines = [f"FROM {source}", f"PARAMETER num_ctx {gguf.num_ctx}", f"PARAMETER num_gpu {gguf.n_gpu_layers}"]
+        return [
+            pull,
+            "printf '" + "\\n".join(lines) + "\\n' > " + modelfile,
+            f"ollama create {local} -f {modelfile}",
+            f"OLLAMA_NUM_PARALLEL={gguf.parallel} ollama serve",
+            f"ollama run {local}",
+        ]
     out_dir = f"plans/{m.name}-{m.tag}"
     asked = f" --context {request.context}" if request.context else ""
     asked += f" --concurrency {request.concurrency}" if request.concurrency != 1 else ""
-    groups = request.cluster
+    groups = [g for g in request.cluster if g.gpu.kind == "cuda"]
     where = (
         f"{out_dir}/{slug(str(groups[0]))}/vllm.yaml"
         if len(groups) == 1
@@ -290,8 +489,180 @@ def commands(settings: Settings, m: Manifest, request: Request) -> list[str]:
     ]
 
 
+def _engine_of(m: Manifest, asked: str | None) -> str | None:
+    """The engine that serves `m` when `asked` (None: its own), or None if that engine does not serve its format."""
+    own = "ollama" if m.format == "gguf" else "vllm"
+    if asked is None:
+        return own
+    return asked if (asked in GGUF_ENGINES) == (m.format == "gguf") else None
+
+
+def _layered(path: Path, shape: planner.ModelShape, weights_bytes: int) -> tuple[LayeredWeights, list[str]]:
+    """The GGUF's weights per layer as llama.cpp places them; a GGUF whose tensors are not grouped by layer (its
+    header has the shape, its tensors do not follow it) is sized from its header with the registered bytes spread
+    evenly over its layers, and says so.
+
+    Raises:
+        ArtifactError: not a GGUF whose header gives the model's shape.
+    """
+    try:
+        return read_layered_weights(path), []
+    except ArtifactError as err:
+        n = shape.layers
+        each = weights_bytes // (n + 2)
+        heads_kv = (shape.kv_heads,) * n
+        approx = LayeredWeights(
+            str(path), shape.architecture, n, shape.hidden_size or shape.head_dim * shape.attention_heads,
+            shape.intermediate_size or 4 * (shape.hidden_size or 1), shape.attention_heads, heads_kv,
+            shape.head_dim, shape.head_dim, shape.vocab_size or 32_000, (each,) * n, each, each, False, each,
+        )
+        return approx, [
+            f"{path.name} holds no per-layer tensors llama.cpp sizes by ({err.message}): its "
+            f"{size_text(weights_bytes)} are spread evenly over its {n} layers, so the layer count is approximate"
+        ]
+
+
+def _group_for_gguf(cluster: list[NodeGroup]) -> NodeGroup:
+    """The machine one llama.cpp instance runs on: the node whose GPUs hold the most (llama.cpp splits layers over
+    the GPUs of one machine, never across machines)."""
+    return max(cluster, key=lambda g: g.gpu.memory_bytes * g.gpus_per_node)
+
+
+def plan_gguf(
+    weights: LayeredWeights, group: NodeGroup, engine: str, num_ctx: int, parallel: int
+) -> GgufPlan:
+    """The layers of `weights` Ollama (its own estimate, ollama_layers) or llama-server (the most whose buffers fit
+    the GPUs less GPU_RESERVE each) offloads to one node of `group` at `num_ctx` tokens x `parallel` slots; on a
+    `cpu:` machine none, within its memory.
+
+    Raises:
+        planner.PlanRefused: on a CPU or an Apple machine, the buffers exceed its memory (the nearest context or
+            slot count that fits named).
+    """
+    g = group.gpu
+    ctx = LlamaCppContext(num_ctx * parallel, parallel)
+    n_layers = weights.n_layer + 1
+    warnings: list[str] = []
+    if g.kind == "cpu":
+        mem = llamacpp_memory(weights, ctx, 0)
+        if mem.total > g.memory_bytes:
+            raise planner.PlanRefused(
+                f"{size_text(mem.total)} of weights, KV cache and buffers at num_ctx {num_ctx} x {parallel} slot(s) "
+                f"exceed {g.name}'s {size_text(g.memory_bytes)} ({g.memory_source})",
+                _nearest_gguf(weights, group, engine, num_ctx, parallel),
+            )
+        return GgufPlan(engine, str(group), "cpu", num_ctx, parallel, 0, n_layers, mem, 0, ())
+    reserve = METAL_RESERVE if g.kind == "metal" else GPU_RESERVE
+    budget = max(0, (g.memory_bytes - reserve) * group.gpus_per_node)
+    if engine == "ollama":
+        off = ollama_layers(weights, [g.memory_bytes] * group.gpus_per_node, num_ctx=num_ctx,
+                            num_parallel=parallel, library="metal" if g.kind == "metal" else "cuda")
+        ngl = off.layers
+    else:
+        ngl = 0
+        for n in range(n_layers, 0, -1):
+            m = llamacpp_memory(weights, ctx, n)
+            if m.weights_gpu + m.kv_gpu + m.compute + m.output <= budget:
+                ngl = n
+                break
+    mem = llamacpp_memory(weights, ctx, ngl)
+    plan = GgufPlan(engine, str(group), g.kind, num_ctx, parallel, ngl, n_layers, mem, budget)
+    if g.kind == "metal" and g.ram_gib and mem.total > (g.ram_gib * (1 << 30)) - GPU_RESERVE:
+        raise planner.PlanRefused(
+            f"{size_text(mem.total)} of weights, KV cache and buffers at num_ctx {num_ctx} x {parallel} slot(s) "
+            f"exceed {g.name}'s {g.ram_gib:g} GiB of unified memory",
+            _nearest_gguf(weights, group, engine, num_ctx, parallel),
+        )
+    if plan.partial:
+        warnings.append(
+            f"partial offload: {ngl} of {n_layers} layers fit {g.name}'s {size_text(budget)}; "
+            f"{plan.cpu_weight_share:.0%} of the weights ({size_text(mem.weights - mem.weights_gpu)}) stay in "
+            f"system memory and the CPU reads them for every token, so generation runs at the CPU's memory "
+            f"bandwidth for that share (several times slower than a full offload); it needs "
+            f"{size_text(plan.host_bytes)} of system memory. A smaller variant, a shorter --context or fewer "
+            "sequences put more on the GPU"
+        )
+    return dataclasses.replace(plan, warnings=tuple(warnings))
+
+
+def _nearest_gguf(weights: LayeredWeights, group: NodeGroup, engine: str, num_ctx: int, parallel: int) -> list[str]:
+    """A shorter context (a multiple of 256) or fewer slots at which the buffers fit a CPU or Apple machine."""
+    g = group.gpu
+    limit = g.memory_bytes if g.kind == "cpu" else int(g.ram_gib * (1 << 30)) - GPU_RESERVE
+
+    def fits(ctx_tokens: int, slots: int) -> bool:
+        return llamacpp_memory(weights, LlamaCppContext(ctx_tokens * slots, slots), 0).total <= limit
+
+    out = []
+    shorter = next((c for c in range(num_ctx // 256 * 256, 255, -256) if fits(c, parallel)), None)
+    if shorter is not None:
+        out.append(f"--context {shorter} on {group}")
+    fewer = next((p for p in range(parallel - 1, 0, -1) if fits(num_ctx, p)), None)
+    if fewer is not None:
+        out.append(f"--concurrency {fewer} on {group}")
+    return out or [f"a smaller variant, or a machine with more than {size_text(limit)} of memory"]
+
+
+def _gguf_choice(
+    settings: Settings, m: Manifest, base: Choice, engine: str, shape: planner.ModelShape, request: Request,
+    cluster: list[NodeGroup],
+) -> Choice:
+    path = settings.repo_dir / m.dvc.path / m.file
+    if not path.is_file():
+        return dataclasses.replace(base, refused=f"its GGUF is not in this checkout: run `modelmint pull {m.ref}`")
+    try:
+        weights, notes = _layered(path, shape, m.weights_bytes)
+    except ArtifactError as err:
+        return dataclasses.replace(base, refused=f"cannot size its GGUF for llama.cpp: {err.message}")
+    num_ctx = request.context or min(shape.max_context, OLLAMA_NUM_CTX)
+    try:
+        g = plan_gguf(weights, _group_for_gguf(cluster), engine, num_ctx, request.concurrency)
+    except planner.PlanRefused as err:
+        return dataclasses.replace(base, refused=err.message, nearest=tuple(err.nearest))
+    return dataclasses.replace(base, gguf=dataclasses.replace(g, warnings=(*notes, *g.warnings)))
+
+
+def _vllm_choice(
+    m: Manifest, base: Choice, shape: planner.ModelShape, request: Request, cluster: list[NodeGroup],
+    variants: tuple[planner.Variant, ...],
+) -> Choice:
+    gpus = [g for g in cluster if g.gpu.kind == "cuda"]
+    if not gpus:
+        return dataclasses.replace(
+            base, refused=f"vLLM plans need CUDA GPUs, and {cluster_label(cluster)} has none",
+            nearest=("a GGUF variant on Ollama or llama.cpp (--engine ollama)",),
+        )
+    ask = planner.Ask(
+        m.weights_bytes,
+        shape,
+        context=request.context,
+        concurrency=request.concurrency,
+        fp8_weights=_fp8(m),
+        smaller=tuple(v for v in variants if v.ref != m.ref),
+    )
+    try:
+        plans = planner.plan(ask, gpus)
+    except planner.PlanRefused as err:
+        return dataclasses.replace(base, refused=err.message, nearest=tuple(err.nearest))
+    except ConfigError as err:
+        return dataclasses.replace(base, refused=err.message, nearest=(err.hint,) if err.hint else ())
+    p = plans[0]
+    if request.concurrency > p.max_num_seqs:
+        capped = (
+            f"--concurrency {request.concurrency} is capped at {p.max_num_seqs} sequences at once (vLLM's "
+            f"max_num_seqs in this plan, at most {ask.seqs_cap}): the other {request.concurrency - p.max_num_seqs} "
+            "wait in its queue"
+        )
+        p = dataclasses.replace(p, warnings=[capped, *p.warnings])
+    return dataclasses.replace(base, plan=p)
+
+
 def advise(settings: Settings, name: str, manifests: list[Manifest], request: Request) -> Advice:
-    """One model's advice for `request` (its manifests: every registered variant of it)."""
+    """One model's advice for `request` (its manifests: every registered variant of it).
+
+    Raises:
+        ConfigError: a --context longer than the model's.
+    """
     advice = Advice(name, failed=failed_builds(settings, name, {m.tag for m in manifests}))
     measured = [m for m in manifests if m.validation.figures is not None]
     if not measured:
@@ -301,64 +672,134 @@ def advise(settings: Settings, name: str, manifests: list[Manifest], request: Re
             else "no variant of it passed its gate: nothing is registered, so nothing is recommended"
         )
         return advice
-    shape, why = _local_shape(settings, measured)
+    served = [m for m in measured if _engine_of(m, request.engine) is not None]
+    if not served:
+        fmt = "GGUF" if request.engine in GGUF_ENGINES else "compressed-tensors"
+        build = (
+            f"`modelmint convert {name} --variants q4_k_m --register`"
+            if fmt == "GGUF"
+            else f"`modelmint compress {name} --schemes fp8`"
+        )
+        advice.problem = (
+            f"--engine {request.engine} serves {fmt} variants and none of {name} is registered "
+            f"({', '.join(m.tag for m in measured)}): build one with {build}, or omit --engine"
+        )
+        return advice
+    shape, why = _local_shape(settings, served)
     if shape is None:
         advice.problem = why
         return advice
-    cluster = request.cluster
-    variants = tuple(planner.Variant(m.ref, m.weights_bytes, _fp8(m)) for m in measured)
-    choices = []
-    for m in measured:
-        ask = planner.Ask(
-            m.weights_bytes,
-            shape,
-            context=request.context,
-            concurrency=request.concurrency,
-            fp8_weights=_fp8(m),
-            smaller=tuple(v for v in variants if v.ref != m.ref),
+    if request.context and request.context > shape.max_context:
+        raise ConfigError(
+            f"--context {request.context} is longer than {name} supports ({shape.max_context} tokens)",
+            hint=f"ask for --context {shape.max_context} or less",
         )
+    cluster = request.cluster
+    variants = tuple(planner.Variant(m.ref, m.weights_bytes, _fp8(m)) for m in served)
+    choices = []
+    for m in served:
         base = Choice(m.ref, m.tag, m.format, m.weights_bytes, m.validation.figures)
-        try:
-            plans = planner.plan(ask, cluster)
-            choices.append(dataclasses.replace(base, plan=plans[0]))
-        except planner.PlanRefused as err:
-            choices.append(dataclasses.replace(base, refused=err.message, nearest=tuple(err.nearest)))
-        except ConfigError as err:  # a context past the model's maximum: its hint says what fits
-            choices.append(
-                dataclasses.replace(base, refused=err.message, nearest=(err.hint,) if err.hint else ())
-            )
-    fitting = rank([c for c in choices if c.fits])
+        engine = _engine_of(m, request.engine)
+        if engine in GGUF_ENGINES:
+            choices.append(_gguf_choice(settings, m, base, str(engine), shape, request, cluster))
+        else:
+            choices.append(_vllm_choice(m, base, shape, request, cluster, variants))
+    fitting = [c for c in choices if c.fits]
+    # a variant wholly on the GPU before one split with the CPU: the split one runs at the CPU's pace
+    ranked = rank([c for c in fitting if not c.offloaded_in_part]) + rank([c for c in fitting if c.offloaded_in_part])
     advice.ranked, advice.unfit = (
-        fitting,
+        ranked,
         sorted((c for c in choices if not c.fits), key=lambda c: c.weights_bytes),
     )
-    if not fitting:
+    if not ranked:
         smallest = advice.unfit[0]
         advice.reasons.append(
             f"no registered variant fits {cluster_label(cluster)}: even the smallest, "
             f"{smallest.ref} ({size_text(smallest.weights_bytes)}), is refused: {smallest.refused}"
         )
         advice.would_fit = list(dict.fromkeys(smallest.nearest))
-        smallest_ask = planner.Ask(
-            smallest.weights_bytes, shape, context=request.context, concurrency=request.concurrency
-        )
-        advice.would_fit += _not_yet_built(settings, name, measured, smallest_ask, cluster)
+        advice.would_fit += _smaller_gguf(settings, name, served, smallest, shape, request, cluster)
         return advice
-    win = fitting[0]
-    advice.reasons.append(_why(win, fitting, advice.unfit))
+    win = ranked[0]
+    advice.reasons.append(_why(win, ranked, advice.unfit))
+    if win.offloaded_in_part:
+        advice.reasons.append(
+            f"no registered variant fits wholly on {win.gguf.device if win.gguf else ''}: {win.ref} runs with a "
+            "partial offload"
+        )
+        advice.would_fit += _smaller_gguf(settings, name, served, win, shape, request, cluster)
+    advice.reasons += _concurrency_note(name, win, choices, request, measured)
+    advice.warnings = list(win.gguf.warnings) if win.gguf is not None else list(win.plan.warnings if win.plan else [])
     by_ref = {m.ref: m for m in measured}
-    advice.commands = commands(settings, by_ref[win.ref], request)
+    advice.commands = commands(settings, by_ref[win.ref], request, win.gguf)
     return advice
+
+
+def _smaller_gguf(
+    settings: Settings, name: str, served: list[Manifest], short: Choice, shape: planner.ModelShape,
+    request: Request, cluster: list[NodeGroup],
+) -> list[str]:
+    """A GGUF type not built yet that would fit where `short` (refused, or offloaded in part) does not."""
+    by_ref = {m.ref: m for m in served}
+    m = by_ref[short.ref]
+    if m.format != "gguf":
+        gpus = [g for g in cluster if g.gpu.kind == "cuda"]
+        if not gpus or request.engine == "vllm":
+            return []
+        ask = planner.Ask(short.weights_bytes, shape, context=request.context, concurrency=request.concurrency)
+        return _not_yet_built(settings, name, served, _vllm_fits(ask, name, gpus))
+    fits = _gguf_fits_wholly(settings, m, shape, request, cluster)
+    ggufs = [x for x in served if x.format == "gguf"]  # a GGUF's bytes estimate the parameters best
+    where = ", wholly on the GPU" if _group_for_gguf(cluster).gpu.kind != "cpu" else ""
+    return _not_yet_built(settings, name, ggufs, fits, where) if fits is not None else []
+
+
+def _concurrency_note(
+    name: str, win: Choice, choices: list[Choice], request: Request, measured: list[Manifest]
+) -> list[str]:
+    """At HIGH_CONCURRENCY and more, with a GGUF winner: whether a vLLM checkpoint serves better, and why."""
+    if win.gguf is None or request.concurrency < HIGH_CONCURRENCY:
+        return []
+    g = win.gguf
+    why = (
+        f"llama.cpp gives each of {g.parallel} sequences a fixed slot of {g.num_ctx} tokens (KV for all of them "
+        "reserved up front) and decodes them as one batch, where vLLM batches continuously over a paged KV cache "
+        "that only holds the tokens sequences really use"
+    )
+    on_vllm = [c for c in choices if c.plan is not None]
+    if on_vllm:
+        best = rank(on_vllm)[0]
+        assert best.plan is not None
+        return [
+            f"at {request.concurrency} sequences at once {best.ref} on vLLM serves better ({best.figures_text()}; "
+            f"max_num_seqs {best.plan.max_num_seqs} on {best.plan.label}): {why}; "
+            f"`modelmint recommend {name} --gpus {request.gpus}"
+            + (f" --context {request.context}" if request.context else "")
+            + f" --concurrency {request.concurrency} --engine vllm` "
+            "gives its commands"
+        ]
+    if request.cluster and any(gr.gpu.kind == "cuda" for gr in request.cluster) and not any(
+        m.format == "compressed-tensors" for m in measured
+    ):
+        return [
+            f"at {request.concurrency} sequences at once a compressed-tensors checkpoint on vLLM would serve better: "
+            f"{why}; none of {name} is registered: `modelmint compress {name} --schemes fp8` builds one"
+        ]
+    return []
 
 
 def _why(win: Choice, fitting: list[Choice], unfit: list[Choice]) -> str:
     p = win.plan
-    assert p is not None
-    lines = [
-        f"{win.ref}: {win.figures_text()}, {size_text(win.weights_bytes)}; fits {p.label} as TP {p.tp} x PP "
-        f"{p.pp}, {p.replicas} replica(s), max_model_len {p.max_model_len}, max_num_seqs {p.max_num_seqs}"
-    ]
-    tied = [c for c in fitting[1:] if c.overlaps(win)]
+    if win.gguf is not None:
+        lines = [f"{win.ref}: {win.figures_text()}, {size_text(win.weights_bytes)}; fits {win.gguf.device} on "
+                 + win.gguf.summary()]
+    else:
+        assert p is not None
+        lines = [
+            f"{win.ref}: {win.figures_text()}, {size_text(win.weights_bytes)}; fits {p.label} as TP {p.tp} x PP "
+            f"{p.pp}, {p.replicas} replica(s), max_model_len {p.max_model_len}, max_num_seqs {p.max_num_seqs}"
+        ]
+    tied = [c for c in fitting[1:] if c.overlaps(win) and c.offloaded_in_part == win.offloaded_in_part]
     if tied:
         lines.append(
             "ties within the standard errors with "
@@ -386,6 +827,12 @@ def recommend(settings: Settings, request: Request, names: list[str] | None = No
     by_name: dict[str, list[Manifest]] = {}
     for m in listing.manifests:
         by_name.setdefault(m.name, []).append(m)
+    if not by_name and not names:
+        raise RegistryError(
+            f"nothing is registered in {settings.repo_dir} yet, so there is nothing to recommend",
+            hint="build, validate and register a variant first: `modelmint convert NAME --variants q4_k_m "
+            "--register` (`modelmint catalog list` names the models)",
+        )
     wanted = list(dict.fromkeys(names)) if names else sorted(by_name)
     out = []
     for name in wanted:
