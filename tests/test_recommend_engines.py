@@ -8,12 +8,18 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
+import shlex
 import shutil
 import subprocess
 import sys
+import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from registry_env import Repo, isolate, make_repo
@@ -23,10 +29,12 @@ from pipelines.core.errors import ConfigError
 from pipelines.core.fsutil import sha256_file
 from pipelines.core.gpus import CUDA_ALLOWANCE_GIB, cluster_of, known_gpus, load_inventory
 from pipelines.core.settings import Settings
+from pipelines.core.toolchains import llama_cpp
 from pipelines.publish.llamacpp_memory import (
     LayeredWeights,
     LlamaCppContext,
     llamacpp_memory,
+    parse_load_log,
     read_layered_weights,
 )
 from pipelines.registry.manifest import find_manifest
@@ -268,3 +276,57 @@ def test_an_empty_registry_answers_with_the_next_command(tmp_path: Path, monkeyp
     repo = make_repo(tmp_path)
     proc = _cli("recommend", "--gpus", "1xRTX4060-8G", cwd=repo.root, env=repo.env())
     _one_error_line(proc, "nothing is registered", "modelmint convert NAME --variants q4_k_m --register")
+
+
+@pytest.mark.slow
+def test_the_printed_llama_server_command_serves_the_planned_context_and_slots(registered: Registered,
+                                                                               tmp_path: Path) -> None:
+    """The command recommend prints, started as printed (the real llama-server, on 127.0.0.1, a port the kernel
+    picks; one thread, no warm-up and the verbose log added, none of which changes what is planned): its /props and
+    /slots report the planned context per slot and slot count, its load log the cells."""
+    a = _advice(registered, Request("cpu:8G", context=1024, concurrency=3, engine="llama.cpp"))
+    assert a.winner is not None and a.winner.gguf is not None
+    plan = a.winner.gguf
+    argv = shlex.split(a.commands[-1])
+    assert argv[0] == "llama-server" and argv[argv.index("--port") + 1] == "8080"
+    argv[0] = str(llama_cpp(registered.settings).bin("llama-server"))
+    argv[argv.index("--port") + 1] = "0"
+    log = tmp_path / "server.log"
+    with open(log, "wb") as fh:
+        proc = subprocess.Popen([*argv, "-t", "1", "--no-warmup", "-lv", "4"], cwd=registered.repo.root, stdout=fh,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    try:
+        port = None
+        for _ in range(1200):  # at most 120 s to load
+            found = re.search(r"listening on http://127\.0\.0\.1:(\d+)", log.read_text(errors="replace"))
+            if found or proc.poll() is not None:
+                port = int(found.group(1)) if found else None
+                break
+            time.sleep(0.1)
+        assert port is not None, log.read_text(errors="replace")[-2000:]
+        props = _get_json(f"http://127.0.0.1:{port}/props")
+        slots = _get_json(f"http://127.0.0.1:{port}/slots")
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    assert props["total_slots"] == plan.parallel == 3
+    assert props["default_generation_settings"]["n_ctx"] == plan.num_ctx == plan.context.n_ctx_seq == 1024
+    assert [s["n_ctx"] for s in slots] == [plan.num_ctx] * plan.parallel
+    logged = parse_load_log(log.read_text(errors="replace"))
+    assert (logged.n_ctx, logged.n_ctx_seq, logged.n_seq_max) == (plan.context.n_ctx_total, 1024, 3)
+
+
+def _get_json(url: str) -> Any:
+    for _ in range(100):  # the model may still be loading just after it listens (503)
+        try:
+            with urllib.request.urlopen(url, timeout=10) as resp:
+                return json.loads(resp.read())
+        except urllib.error.HTTPError as err:
+            if err.code != 503:
+                raise
+        time.sleep(0.2)
+    raise AssertionError(f"{url} kept answering 503")
