@@ -17,7 +17,7 @@ from test_site import early_passes
 from pipelines.core.settings import project_root
 from pipelines.registry.history import history
 from pipelines.registry.manifest import list_manifests
-from pipelines.registry.site import build_site, model_page, page_name
+from pipelines.registry.site import ModelPage, build_site, model_page, page_name
 
 SHOTS = project_root() / "build" / "test-artifacts" / "site"
 
@@ -150,6 +150,27 @@ GEOMETRY = """(() => {
 })()"""
 
 
+def _crowded(page: ModelPage) -> ModelPage:
+    """`page` with its variants 3 % apart in size and 10 % apart in mean KL, the larger the better (each ± 3 %): five
+    points on a short diagonal, each in the place where a label to the lower right of its neighbour would go."""
+    out = []
+    for k, m in enumerate(sorted(page.variants, key=lambda m: m.ref)):
+        f = m.validation.figures
+        assert f is not None
+        kl = 0.028 / 1.1**k
+        figures = f.model_copy(update={"mean_kl": kl, "mean_kl_stderr": kl * 0.03})
+        out.append(
+            m.model_copy(
+                update={
+                    "weights_bytes": int((1 + 0.03 * k) * (1 << 20)),
+                    "validation": m.validation.model_copy(update={"figures": figures}),
+                }
+            )
+        )
+    page.variants = out
+    return page
+
+
 def _meet(a: dict[str, float], b: dict[str, float]) -> bool:
     return min(a["right"], b["right"]) - max(a["left"], b["left"]) > 0.5 and (
         min(a["bottom"], b["bottom"]) - max(a["top"], b["top"]) > 0.5
@@ -168,8 +189,10 @@ def test_the_quality_chart_is_readable_at_desktop_and_phone_width(
     build_site(s, out)
     early = out / "models" / "smollm2-early.html"
     early.write_text(model_page(s, early_passes(s)), encoding="utf-8")
+    crowded = out / "models" / "smollm2-crowded.html"
+    crowded.write_text(model_page(s, _crowded(early_passes(s))), encoding="utf-8")
     SHOTS.mkdir(parents=True, exist_ok=True)
-    for page in (out / "models" / "smollm2.html", out / "models" / "tiny-qwen2.html", early):
+    for page in (out / "models" / "smollm2.html", out / "models" / "tiny-qwen2.html", early, crowded):
         shot = SHOTS / f"{page.stem}-{width}px.png"
         loaded = browser.load(page.as_uri(), probe=GEOMETRY, width=width, screenshot=shot)
         assert loaded.console_errors == []

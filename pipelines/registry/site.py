@@ -276,13 +276,18 @@ def _ticks_log(axis: _Axis) -> list[float]:
     decades = [10.0**k for k in range(lo, hi + 1) if axis.lo <= 10.0**k <= axis.hi]
     if len(decades) >= 3:
         return decades
-    # an axis spanning a decade or two: 1, 2 and 5 of each decade, so that it has ticks to read
-    return [
-        round(m * 10.0**k, 12)
-        for k in range(lo, hi + 1)
-        for m in (1, 2, 5)
-        if axis.lo <= m * 10.0**k <= axis.hi
-    ] or [axis.lo, axis.hi]
+    # an axis spanning a decade or two: 1, 2 and 5 of each decade (every digit where that leaves fewer than two),
+    # so that it has ticks to read
+    for digits in ((1, 2, 5), tuple(range(1, 10))):
+        ticks = [
+            round(d * 10.0**k, 12)
+            for k in range(lo, hi + 1)
+            for d in digits
+            if axis.lo <= d * 10.0**k <= axis.hi
+        ]
+        if len(ticks) >= 2:
+            return ticks
+    return [axis.lo, axis.hi]
 
 
 def _ticks_linear(hi: float) -> list[float]:
