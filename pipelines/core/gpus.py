@@ -40,8 +40,23 @@ class GPU:
 
     @property
     def memory_measured(self) -> bool:
-        """Whether memory_gib is what CUDA reported somewhere (else the data sheet's size, a little too large)."""
-        return not self.memory_source.startswith("nominal")
+        """Whether memory_gib is what CUDA reported somewhere (else the data sheet's size, a little too large, or an
+        estimate below it)."""
+        return not self.memory_source.startswith(("nominal", "estimated"))
+
+    @property
+    def memory_estimated(self) -> bool:
+        """Whether memory_gib is the nominal size less CUDA_ALLOWANCE_GIB (no CUDA-reported figure found)."""
+        return self.memory_source.startswith("estimated")
+
+    @property
+    def memory_basis(self) -> str:
+        """How memory_gib was had, as a plan's reasons say it."""
+        if self.kind != "cuda":
+            return self.memory_source
+        if self.memory_estimated:
+            return f"estimated: nominal less {CUDA_ALLOWANCE_GIB} GiB"
+        return "as CUDA reports it" if self.memory_measured else "nominal"
 
     @property
     def memory_bytes(self) -> int:
@@ -99,7 +114,8 @@ def generic_gpu(text: str) -> GPU | None:
         "unknown",
         "pcie",
         "",
-        f"generic: {m.group(1)} GiB less {CUDA_ALLOWANCE_GIB} GiB that CUDA reports below a card's nominal size",
+        f"estimated: nominal {m.group(1)} GiB less {CUDA_ALLOWANCE_GIB} GiB that CUDA reports below a card's "
+        "nominal size (a GPU known only by its size)",
     )
 
 
@@ -166,7 +182,7 @@ def gpu(name: str, *, written: str = "{}") -> GPU:
             f"unknown GPU {name!r}; known: {', '.join(gpus)}",
             hint=(f"did you mean {written.format(near)}? " if near else "")
             + "use one of the known names (`modelmint plan --list-gpus`), a size alone (e.g. 1x16G), or describe "
-            f"the card in your own inventory file, e.g. --gpus mine.yaml holding {CUSTOM_EXAMPLE} (memory_gib as "
+            f"the card in your own inventory file, e.g. --gpus cluster.yaml holding {CUSTOM_EXAMPLE} (memory_gib as "
             f"CUDA reports it; fp8: whether it has FP8 compute; groups of known GPUs read {INVENTORY_EXAMPLE}), "
             f"or add a profile to {GPUS_FILE}",
         )

@@ -676,7 +676,7 @@ def _reasons(ask: Ask, group: NodeGroup, tp: int, pp: int, mem: GPUMemory, repli
     _, runtime = _runtime(ask, g, tp, mem.weights)
     out = [
         f"weights {ask.weights_bytes / GIB:.1f} GiB over {tp * pp} GPU(s): {mem.weights / GIB:.1f} GiB each; "
-        f"{runtime}; {g.memory_gib:g} GiB ({'as CUDA reports it' if g.memory_measured else 'nominal'}) × "
+        f"{runtime}; {g.memory_gib:g} GiB ({g.memory_basis}) × "
         f"{ask.utilization:.2f} usable leaves "
         f"{mem.kv_pool / GIB:.1f} GiB of KV pool per GPU"
     ]
