@@ -1026,9 +1026,15 @@ every position: 0 is an exact copy. Around 0.001 is indistinguishable in use; 0.
 small model; far above 0.1 the variant often picks other words.</p>
 <h2>Same top</h2><p>The share of positions where the variant's most likely token is the reference's: what greedy
 decoding sees. 100 % is a copy.</p>
-<h2>Noise bars</h2><p>Each point's bar is one standard error of its mean KL, as llama-perplexity reports it: on a short
-text the figure itself is uncertain (compressed checkpoints' evaluation records none yet: no bar). Two variants whose bars overlap are not
-measurably different: <code>modelmint recommend</code> then takes the smaller.</p>
+<h2>Scored on</h2><p>Beside each figure: the chunks of the held-out text and the tokens it was scored on. A GGUF
+whose figures were 3 standard errors inside every limit after 4, 8 or 12 of its 16 chunks passed its gate there:
+its figures cover those first chunks only and are not comparable with figures over the whole text. Such variants
+are listed after the others, drawn hollow and left off the Pareto front.</p>
+<h2>Noise bars</h2><p>Each point's bar, with a cap at each end, is ± one standard error of its mean KL, as
+llama-perplexity reports it: on a short text the figure itself is uncertain (compressed checkpoints' evaluation
+records none yet: no bar). Two variants whose bars overlap are not measurably different: <code>modelmint
+recommend</code> then takes the smaller. The pages call a variant measurably worse only where both figures have a
+standard error, were scored on the same tokens and differ by more than the two errors together.</p>
 <h2>The Pareto front</h2><p>The orange points: no other variant is both smaller and closer to the reference. A point
 off the front is beaten on both counts by one on it.</p>
 <h2>Per-GPU memory bars</h2><p>Each GPU of a serving plan: the weights, the activation peak vLLM profiles, the KV
