@@ -106,8 +106,10 @@ class StackState:
         return cls(api_url=settings.prefect_api_url, checkout=str(project_root()), port=settings.prefect_port)
 
     def save(self, settings: Settings) -> None:
+        """Write it as the state of the stack `settings` name: whoever saves it (after refuse_foreign) is its owner."""
         from pipelines.core.fsutil import write_text_atomic
 
+        self.checkout, self.port = str(project_root()), settings.prefect_port
         self.path(settings).parent.mkdir(parents=True, exist_ok=True)
         write_text_atomic(self.path(settings), json.dumps(self.__dict__, indent=2) + "\n")
 
