@@ -570,7 +570,7 @@ def history_chart(versions: dict[str, list[Version]], chart_id: str) -> str:
                 f'<circle class="point s{k % 6}" cx="{x}" cy="{y}" r="5" data-ref="{_e(v.manifest.ref)}" '
                 f'data-kl="{f.mean_kl:.6g}" data-version="{_e(v.manifest.created_at.isoformat())}">'
                 f"<title>{_e(v.manifest.ref)} registered {_e(v.manifest.created_at.isoformat())} from "
-                f"{_e(v.manifest.source.ref)}: mean KL {f.mean_kl:.4g}</title></circle>"
+                f"{_e(v.manifest.source.ref)}: mean KL {f.mean_kl:.4g} ({_e(basis(v.manifest).text())})</title></circle>"
             )
         parts.append(
             f'<text class="legend s{k % 6}" x="{right + 10}" y="{top + 20 * k + 14}">{_e(tag)}</text>'
