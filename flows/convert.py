@@ -45,7 +45,7 @@ from pipelines.compose import (
 )
 from pipelines.core.errors import ConfigError, ModelmintError, VariantsFailed
 from pipelines.core.execute import execute
-from pipelines.core.fsutil import HashCache
+from pipelines.core.fsutil import hash_cache
 from pipelines.core.settings import Settings
 from pipelines.core.steps import BuildResult, VariantError, variant_scoped
 from pipelines.publish.oci import RegistryRef
@@ -76,7 +76,7 @@ def _cached(step: Task[..., R], current: Callable[[R], bool], *args: Any) -> R:
 
 def _source_current(plan: Any) -> bool:
     """A cached plan stands while its build directory exists and its source files are the ones it was made from."""
-    hashes = HashCache(plan.settings.home / "hashcache.json")
+    hashes = hash_cache(plan.settings)
     try:
         return plan.out_dir.is_dir() and all(
             hashes.sha256(plan.snapshot.path / rel) == sha for rel, sha in plan.snapshot.files.items()

@@ -20,7 +20,8 @@ from typing import Any
 import httpx
 from registry_env import ROOT, free_port
 
-from pipelines.publish.localregistry import BlobServer, registry_config, stop_process
+from pipelines.core.runner import stop_process
+from pipelines.publish.localregistry import BlobServer, registry_config
 
 
 @dataclass

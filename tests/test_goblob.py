@@ -27,8 +27,9 @@ from ociregistry import RunningRegistry, start_registry
 from registry_env import ROOT, Repo, candidate, free_port, isolate, make_repo
 
 from pipelines.core.gobuild import GoProgram
+from pipelines.core.runner import stop_process
 from pipelines.core.settings import Settings
-from pipelines.publish.localregistry import local_registry, stop_process
+from pipelines.publish.localregistry import local_registry
 from pipelines.publish.oci import Blob, Credentials, OciClient, RegistryRef
 from pipelines.registry.manifest import Manifest
 from pipelines.registry.register import register

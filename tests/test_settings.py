@@ -39,6 +39,7 @@ _SAMPLES = {
     "oci_insecure": ("1", "True"),
     "signing_key": ("/k.pem", "/k.pem"),
     "signing_cert": ("/chain.pem", "/chain.pem"),
+    "skip_resource_check": ("1", "True"),
 }
 
 

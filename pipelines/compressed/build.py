@@ -35,9 +35,9 @@ from pipelines.core.errors import (
 )
 from pipelines.core.execute import Executed, PerVariant, Step, StepList, build_with, local_runner
 from pipelines.core.fsutil import (
-    HashCache,
     clean_partials,
     disk_full_located,
+    hash_cache,
     sha256_file,
     write_text_atomic,
 )
@@ -258,7 +258,7 @@ def plan_compressed(
         out_dir.mkdir(parents=True, exist_ok=True)
         for stale in clean_partials(out_dir):
             log.info("removed %s left by an interrupted run", stale)
-    hashes = HashCache(settings.home / "hashcache.json")
+    hashes = hash_cache(settings)
     return CompressPlan(
         entry=entry,
         settings=settings,

@@ -17,26 +17,13 @@ from pipelines.core.fsutil import (
     sha256_file,
 )
 from pipelines.core.safetensorsheader import safetensors_files, source_tensors
+from pipelines.core.sourcefiles import CHAT_TEMPLATE_FILES, GENERATION_CONFIG, TOKENIZER_FILES
 
 # Copied byte for byte from the source: transformers 5 rewrites tokenizers and generation configs it re-saves.
-VERBATIM_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "added_tokens.json",
-    "tokenizer.model",
-    "vocab.json",
-    "merges.txt",
-    "chat_template.jinja",
-    "chat_template.json",
-    "generation_config.json",
-    "LICENSE",
-    "LICENSE.txt",
-    "LICENSE.md",
-)
+VERBATIM_FILES = (*TOKENIZER_FILES, *CHAT_TEMPLATE_FILES, GENERATION_CONFIG, "LICENSE", "LICENSE.txt", "LICENSE.md")
 
 
-METADATA_FILES = ("tokenizer_config.json", "chat_template.jinja", "chat_template.json", "generation_config.json")
+METADATA_FILES = ("tokenizer_config.json", *CHAT_TEMPLATE_FILES, GENERATION_CONFIG)
 """What a metadata-only upstream change may touch in a checkpoint (the chat template and the generation config):
 files copied from the source that llmcompressor does not read to make the weights."""
 

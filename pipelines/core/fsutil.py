@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import functools
 import hashlib
 import json
 import os
@@ -12,7 +13,7 @@ import shutil
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, BinaryIO
 
 from pipelines.core.errors import ArtifactError, DiskFullError
 
@@ -147,6 +148,24 @@ def atomic_output(
         raise
 
 
+def open_input(path: Path, fail: Callable[[str, str], Exception], *, missing: tuple[str, str],
+               directory: tuple[str, str]) -> BinaryIO:
+    """Open a file the user named, to read: a missing path, a directory and any other reason it cannot be opened
+    each become `fail(message, hint)` (the caller's error type), with `missing` and `directory` as (message, hint).
+
+    Raises:
+        the exception `fail` makes, chained to the OSError.
+    """
+    try:
+        return open(path, "rb")
+    except FileNotFoundError as err:
+        raise fail(*missing) from err
+    except IsADirectoryError as err:
+        raise fail(*directory) from err
+    except OSError as err:
+        raise fail(f"{path} cannot be read: {err.strerror or err}", "check the path and its permissions") from err
+
+
 def link_or_copy(src: Path, dst: Path) -> bool:
     """Make `dst` the file `src` without a second copy of its bytes where the filesystem allows: a hard link (the
     same inode) when both are on one filesystem, else a copy. Returns whether it linked.
@@ -259,6 +278,17 @@ class HashCache:
             self._entries[f"{key}|{check}"] = "passed"
             self._db.parent.mkdir(parents=True, exist_ok=True)
             write_text_atomic(self._db, json.dumps(self._entries, indent=0, sort_keys=True))
+
+
+def hash_cache(settings: Settings) -> HashCache:
+    """The one hash cache of `settings`' home: every step that hashes a large file asks it, so a file unchanged since
+    it was hashed is not read again; shared by every Settings naming the same home."""
+    return _hash_cache(settings.home / "hashcache.json")
+
+
+@functools.cache
+def _hash_cache(db: Path) -> HashCache:
+    return HashCache(db)
 
 
 def sha256_file(path: Path) -> str:

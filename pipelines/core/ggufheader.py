@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Literal, overload
 
 from pipelines.core.errors import ArtifactError
+from pipelines.core.fsutil import open_input
 
 GGUF_MAGIC = b"GGUF"
 SUPPORTED_GGUF_VERSIONS = (2, 3)
@@ -190,16 +191,10 @@ def _damaged(path: Path, err: BaseException) -> ArtifactError:
 
 def _mapped(path: Path) -> mmap.mmap:
     """The file mapped read-only, after checking it is a GGUF (clear errors for a missing path or a directory)."""
-    try:
-        fh = open(path, "rb")  # noqa: SIM115 - closed below, after the mmap
-    except FileNotFoundError as err:
-        raise ArtifactError(f"{path} does not exist", hint="check the path; `modelmint convert` writes to build/") from err
-    except IsADirectoryError as err:
-        raise ArtifactError(f"{path} is a directory, not a GGUF file",
-                            hint=f"pass one of the .gguf files in it (`ls {path}`)") from err
-    except OSError as err:
-        raise ArtifactError(f"{path} cannot be read: {err.strerror or err}", hint="check the path and its "
-                            "permissions") from err
+    fh = open_input(path, lambda msg, hint: ArtifactError(msg, hint=hint),
+                    missing=(f"{path} does not exist", "check the path; `modelmint convert` writes to build/"),
+                    directory=(f"{path} is a directory, not a GGUF file",
+                               f"pass one of the .gguf files in it (`ls {path}`)"))
     with fh:
         if path.stat().st_size < 24 or fh.read(4) != GGUF_MAGIC:
             fh.seek(0)

@@ -85,6 +85,18 @@ def tool_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
     return child_env
 
 
+def stop_process(proc: subprocess.Popen[bytes], timeout: float = 10) -> None:
+    """Stop a server modelmint started: SIGTERM, then SIGKILL after `timeout` seconds; waited for either way (no
+    zombie left)."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=timeout)
+
+
 def run(
     argv: Sequence[str | os.PathLike[str]],
     *,

@@ -10,7 +10,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
@@ -20,7 +20,7 @@ from pipelines.chat.families import detect_family
 from pipelines.core.answers import MAX_TOKENS, Answer, load_questions
 from pipelines.core.errors import ArtifactError
 from pipelines.core.ggufheader import inspect_gguf, read_gguf_header
-from pipelines.core.runner import tool_env
+from pipelines.core.runner import stop_process, tool_env
 from pipelines.core.toolchains import LlamaCpp
 from pipelines.gguf.validate import check_threads
 
@@ -83,32 +83,34 @@ class Server:
 
 
 @contextlib.contextmanager
-def llama_server(gguf: Path, llama: LlamaCpp, *, threads: int, log: Path, slots: int = 1) -> Iterator[Server]:
-    """llama-server serving `gguf` on 127.0.0.1 with `slots` parallel slots, stopped (and waited for) on exit.
+def llama_server(gguf: Path, server: Path, *, threads: int, log: Path, args: Sequence[str]) -> Iterator[Server]:
+    """llama-server (the binary `server`) serving `gguf` on 127.0.0.1 with `args` (its context, slots, …), up and
+    healthy, then stopped and waited for on exit; its output goes to `log`.
 
     Raises:
         ArtifactError: it did not come up (its log's tail says why).
     """
-    argv = [str(llama.bin("llama-server")), "-m", str(gguf), "--host", "127.0.0.1", "--port", "0",
-            "-c", str(_SLOT_CTX * slots), "-np", str(slots), "-t", str(threads), "--no-ui", "--no-warmup",
-            # below the KL divergence it runs beside (nice 5, common/common.cpp set_process_priority): the checks
-            # wait on the KL divergence, not on the answers, so the answers take what the KL divergence leaves
-            "--prio", "-1"]
+    # --port 0: the kernel picks a free port, so two servers at once never race for one (_listening_url reads it)
+    argv = [str(server), "-m", str(gguf), "--host", "127.0.0.1", "--port", "0", "-t", str(threads), "--no-ui",
+            "--no-warmup", *args]
     with open(log, "wb") as fh:
         proc = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=tool_env())
     try:
         url = _listening_url(log, proc)
         if url is None or not server_healthy(url, proc):
-            raise ArtifactError(f"llama-server did not come up with {gguf.name}:\n{_log_tail(log)}",
-                                hint=f"run `modelmint inspect {gguf}`; the GGUF or the llama.cpp build is broken")
+            raise ArtifactError(f"llama-server did not come up with {gguf.name} ({' '.join(args)}):\n{_log_tail(log)}",
+                                hint=f"run `modelmint inspect {gguf}`; the GGUF, its arguments or the llama.cpp build "
+                                     "is wrong")
         yield Server(url, proc, log)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc, timeout=20)
+
+
+def answering_args(slots: int) -> list[str]:
+    """The answer check's server: `slots` parallel slots of _SLOT_CTX tokens each, below the KL divergence it runs
+    beside (nice 5, common/common.cpp set_process_priority): the checks wait on the KL divergence, not on the
+    answers, so the answers take what the KL divergence leaves."""
+    return ["-c", str(_SLOT_CTX * slots), "-np", str(slots), "--prio", "-1"]
 
 
 def prompting(gguf: Path) -> str:
@@ -157,7 +159,8 @@ def answer_questions(gguf: Path, llama: LlamaCpp, *, threads: int, log: Path, va
     # follows from the answers alone, not from when separate requests happened to arrive: the same answers every run.
     body = {"prompt": prompts, "n_predict": max_tokens, "temperature": 0.0, "top_k": 1, "seed": 1,
             "stop": list(detect_family(template).stop), "cache_prompt": False}
-    with llama_server(gguf, llama, threads=check_threads(threads), log=log, slots=slots) as server:
+    with llama_server(gguf, llama.bin("llama-server"), threads=check_threads(threads), log=log,
+                      args=answering_args(slots)) as server:
         try:
             got = _complete(server.url, body, timeout=_ANSWER_S * -(-len(prompts) // slots))
         except (OSError, json.JSONDecodeError) as err:  # URLError, a reset or a hang: all OSError

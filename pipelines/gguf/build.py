@@ -36,7 +36,7 @@ from pipelines.core.answers import (
 )
 from pipelines.core.errors import ShapeRefused, UnsupportedModel
 from pipelines.core.execute import Executed, Step, StepList, build_with, local_runner
-from pipelines.core.fsutil import clean_partials, disk_full_located, file_lock
+from pipelines.core.fsutil import clean_partials, disk_full_located, file_lock, hash_cache
 from pipelines.core.gates import Gate, gguf_gate, ladder_conflicts
 from pipelines.core.ggufheader import inspect_gguf, read_gguf_header
 from pipelines.core.preflight import BlockFallback, Weight, gguf_fallback, observed_fallback, source_weights
@@ -219,10 +219,9 @@ class GGUFPlan:
     @functools.cached_property
     def weights(self) -> list[Weight]:
         """The source's 2-D weights (from its Safetensors headers): what the block-size pre-flight reads."""
-        from pipelines.core.fsutil import HashCache
         from pipelines.source.fetch import source_tensors
 
-        return source_weights(source_tensors(self.snapshot.path, HashCache(self.settings.home / "hashcache.json")))
+        return source_weights(source_tensors(self.snapshot.path, hash_cache(self.settings)))
 
     def manifest_recipe(self, q: str) -> dict[str, Any]:
         """Everything that decides variant `q`'s bytes and verdict, as a registry manifest records it."""

@@ -70,8 +70,6 @@ Ollama (its llama.cpp engine's estimate; ollama/ollama at 3258a89b6e4c, the last
 from __future__ import annotations
 
 import re
-import subprocess
-import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -455,43 +453,19 @@ def mib_as_logged(n_bytes: int) -> float:
     return float(f"{n_bytes / MIB:.2f}")
 
 
-_LOAD_S = 120.0
-"""How long llama-server may take to load a GGUF and start listening before it counts as stuck."""
-
-
 def llama_server_load_log(server: Path, gguf: Path, ctx: LlamaCppContext, *, log: Path, threads: int = 1,
                           extra: Sequence[str] = ()) -> str:
     """Start llama-server on 127.0.0.1 (a port the kernel picks) with `ctx`, wait until it listens, stop it, and
     return its load log (`-lv 4`: every buffer line).
 
     Raises:
-        ArtifactError: it exited or did not listen within _LOAD_S (the log's tail says why).
+        ArtifactError: it exited or did not come up (the log's tail says why).
     """
-    from pipelines.core.runner import tool_env
+    from pipelines.gguf.answers import llama_server
 
-    argv = [str(server), "-m", str(gguf), "--host", "127.0.0.1", "--port", "0", "-lv", "4", "--no-warmup",
-            "--no-ui", "-t", str(threads), *ctx.argv(), *extra]
-    with open(log, "wb") as fh:
-        proc = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=tool_env())
-    try:
-        deadline = time.monotonic() + _LOAD_S
-        while time.monotonic() < deadline and proc.poll() is None:
-            if "listening on http" in log.read_text(errors="replace"):
-                break
-            time.sleep(0.1)
-        text = log.read_text(errors="replace")
-        if "listening on http" not in text:
-            raise ArtifactError(f"llama-server did not load {gguf.name} with {' '.join(ctx.argv())}:\n{text[-1500:]}",
-                                hint=f"run `modelmint inspect {gguf}`; the GGUF, the context or the llama.cpp build "
-                                "is wrong")
-        return text
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    with llama_server(gguf, server, threads=threads, log=log, args=["-lv", "4", *ctx.argv(), *extra]):
+        pass
+    return log.read_text(errors="replace")
 
 
 # ----------------------------------------------------------------------------------------------- Ollama's estimate

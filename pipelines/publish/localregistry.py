@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from pipelines.core.errors import ConfigError
-from pipelines.core.runner import tool_env
+from pipelines.core.runner import stop_process, tool_env
 from pipelines.core.settings import Settings
 from pipelines.publish.oci import Credentials, credentials_for
 
@@ -516,17 +516,6 @@ class LocalRegistry:
         self.blobs.stop()
         stop_process(self.proc)
         shutil.rmtree(self.sockets, ignore_errors=True)
-
-
-def stop_process(proc: subprocess.Popen[bytes], timeout: float = 10) -> None:
-    """SIGTERM, then SIGKILL after `timeout` seconds; waited for either way (no zombie left)."""
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=timeout)
 
 
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h

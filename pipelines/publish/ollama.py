@@ -23,7 +23,7 @@ from pipelines.chat.families import (
 from pipelines.chat.modelfile import Message, Modelfile, Parameter
 from pipelines.chat.renderers import check_ollama_version, required_version
 from pipelines.core.errors import ArtifactError, ConfigError, UnsupportedModel
-from pipelines.core.fsutil import HashCache, write_text_atomic
+from pipelines.core.fsutil import hash_cache, write_text_atomic
 from pipelines.core.report import (
     GGUFReport,
     VariantReport,
@@ -647,7 +647,7 @@ def model_card(gguf: Path, built: OllamaModelfile, report: GGUFReport, entry: An
     qtype = (report.variant or (report.gguf or {}).get("file_type") or "").lower() or None
     name = getattr(entry, "name", None) or gguf.stem
     licence = getattr(entry, "license", None)
-    sha = report.sha256 or HashCache(settings.home / "hashcache.json").sha256(gguf)
+    sha = report.sha256 or hash_cache(settings).sha256(gguf)
     shards = [(p.name, p.stat().st_size) for p in gguf_shards(gguf)]
     validation = card_validation(report)
     front = card_front(repo, licence, "gguf")

@@ -20,7 +20,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from pipelines.core.errors import ManifestInvalid, OciError, RegistryError, TagConflict
-from pipelines.core.fsutil import HashCache, atomic_output, write_text_atomic
+from pipelines.core.fsutil import atomic_output, hash_cache, write_text_atomic
 from pipelines.core.settings import Settings
 from pipelines.publish.oci import (
     MODELMINT_MANIFEST,
@@ -94,7 +94,7 @@ def build_image(settings: Settings, ref: str) -> tuple[Manifest, Image]:
     if not manifest.validation.passed:  # the schema admits only passed ones; a second look costs nothing
         raise ManifestInvalid(str(path), "its validation did not pass: it is never published")
     directory = settings.repo_dir / manifest.dvc.path
-    if not holds(directory, manifest, HashCache(settings.home / "hashcache.json")):
+    if not holds(directory, manifest, hash_cache(settings)):
         raise RegistryError(f"{directory} does not hold {manifest.ref} as registered (missing or changed files)",
                             hint=f"place the registered files first: `modelmint pull {manifest.ref}`, then publish")
     extra = (Blob.of_bytes(MODELMINT_MANIFEST, path.read_bytes()),)
@@ -335,7 +335,7 @@ def pull_image(settings: Settings, image: str, *, insecure: bool = False, dest: 
         _is_what_was_asked(manifest, name, tag, image)
         _agrees_with_checkout(settings, manifest, image)
         target = dest if dest is not None else settings.repo_dir / manifest.dvc.path
-        fetched = not holds(target, manifest, HashCache(settings.home / "hashcache.json"))
+        fetched = not holds(target, manifest, hash_cache(settings))
         shown = f"{image} (its manifest layer)"
         if fetched:
             with atomic_output(target) as tmp:

@@ -20,7 +20,7 @@ from pipelines.core.errors import (
     RegistryError,
     RemoteObjectMissing,
 )
-from pipelines.core.fsutil import HashCache, atomic_output
+from pipelines.core.fsutil import HashCache, atomic_output, hash_cache
 from pipelines.core.settings import Settings
 from pipelines.registry import dvcrepo
 from pipelines.registry.formats.base import format_of
@@ -89,7 +89,7 @@ names an earlier version by its source commit or the git commit that registered 
     manifest = settled(settings, ref)
     target = dest if dest is not None else settings.repo_dir / manifest.dvc.path
     fetched = False
-    if holds(target, manifest, HashCache(settings.home / "hashcache.json")):
+    if holds(target, manifest, hash_cache(settings)):
         verified = check(manifest, target)
     else:
         verified = _fetch_into(settings, manifest, target, check)
@@ -177,7 +177,7 @@ def _pull_version(settings: Settings, ref: str, at: str, *, dest: Path | None, o
         raise RegistryError(f"{ref}@{at} was not recorded in DVC", hint="only versions committed with dvc.lock "
                             "can be pulled")
     target = dest if dest is not None else settings.work_dir / "pulled" / manifest.name / f"{manifest.tag}@{at}"
-    hashes = HashCache(settings.home / "hashcache.json")
+    hashes = hash_cache(settings)
     if holds(target, manifest, hashes):
         return PullResult(manifest, target, False, **format_of(manifest.tag).offer(target, manifest, False),
                           verified=check(manifest, target))

@@ -31,10 +31,10 @@ from pipelines.core.errors import (
     RegistryError,
 )
 from pipelines.core.fsutil import (
-    HashCache,
     atomic_output,
     clean_partials,
     disk_full_located,
+    hash_cache,
     is_full,
     link_or_copy,
     write_text_atomic,
@@ -407,7 +407,7 @@ def _remove_stale_partials(dest: Path) -> None:
 
 
 def _describe(settings: Settings, directory: Path) -> tuple[ArtifactFile, ...]:
-    hashes = HashCache(settings.home / "hashcache.json")
+    hashes = hash_cache(settings)
     return tuple(
         ArtifactFile(path=p.relative_to(directory).as_posix(), sha256=hashes.sha256(p), size=p.stat().st_size)
         for p in sorted(directory.rglob("*"))
@@ -417,7 +417,7 @@ def _describe(settings: Settings, directory: Path) -> tuple[ArtifactFile, ...]:
 
 def _files_in_place(settings: Settings, c: Candidate, files: tuple[ArtifactFile, ...], *, hashed: bool) -> bool:
     directory = artifact_dir(settings, c.entry.name, c.tag)
-    hashes = HashCache(settings.home / "hashcache.json") if hashed else None
+    hashes = hash_cache(settings) if hashed else None
     for f in files:
         p = directory / f.path
         try:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from pipelines import __version__
 from pipelines.core.errors import RegistryError, SignatureRefused
-from pipelines.core.fsutil import HashCache, write_text_atomic
+from pipelines.core.fsutil import HashCache, hash_cache, write_text_atomic
 from pipelines.core.settings import Settings
 from pipelines.registry import provenance
 from pipelines.registry.manifest import Manifest
@@ -101,7 +101,7 @@ def attest(
     from securesystemslib.dsse import Envelope
     from securesystemslib.signer import CryptoSigner
 
-    compare(manifest, rebuilt, HashCache(settings.home / "hashcache.json"))
+    compare(manifest, rebuilt, hash_cache(settings))
     private = serialization.load_pem_private_key(key.key.read_bytes(), password=None)
     signer = CryptoSigner(private)
     prov = next((f.sha256 for f in manifest.files if f.path == provenance.PROVENANCE), None)

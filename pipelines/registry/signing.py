@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 from pipelines.core.errors import SignatureRefused, SigningKeyError
-from pipelines.core.fsutil import HashCache, write_text_atomic
+from pipelines.core.fsutil import hash_cache, write_text_atomic
 from pipelines.core.settings import Settings
 from pipelines.registry import provenance
 from pipelines.registry.trust import Rule, Signer, TrustPolicy
@@ -139,7 +139,7 @@ def seal(settings: Settings, c: provenance.Built, directory: Path, validation: d
     if sk is None:
         log.info("%s is registered unsigned: MODELMINT_SIGNING_KEY is not set", c.ref)
         return
-    hashes = HashCache(settings.home / "hashcache.json")
+    hashes = hash_cache(settings)
     outputs = {
         p.relative_to(directory).as_posix(): hashes.sha256(p)
         for p in sorted(directory.rglob("*"))

@@ -22,7 +22,7 @@ from pydantic import (
 )
 
 from pipelines.core.errors import CatalogEntryNotFound, ConfigError
-from pipelines.core.fsutil import write_text_atomic
+from pipelines.core.fsutil import open_input, write_text_atomic
 from pipelines.core.gpus import cluster_label, parse_cluster
 from pipelines.core.vocab import (
     COMMIT,
@@ -587,14 +587,14 @@ def load_catalog(path: Path) -> Catalog:
     Raises:
         ConfigError: the file is missing, a directory, not text, not YAML, or does not match the schema (unknown keys included).
     """
+    # MODELMINT_CATALOG set to the folder that holds the catalog is the usual slip: name the file it lacks.
+    with open_input(path, lambda msg, hint: ConfigError(msg, hint=hint),
+                    missing=(f"catalog not found at {path}", "set MODELMINT_CATALOG or run from the repo"),
+                    directory=(f"the catalog path {path} is a directory, not a YAML file",
+                               f"set MODELMINT_CATALOG={path / 'catalog.yaml'} (or the catalog file in {path})")) as fh:
+        data = fh.read()
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except FileNotFoundError as err:
-        raise ConfigError(f"catalog not found at {path}", hint="set MODELMINT_CATALOG or run from the repo") from err
-    except IsADirectoryError as err:
-        # MODELMINT_CATALOG set to the folder that holds the catalog is the usual slip: name the file it lacks.
-        raise ConfigError(f"the catalog path {path} is a directory, not a YAML file",
-                          hint=f"set MODELMINT_CATALOG={path / 'catalog.yaml'} (or the catalog file in {path})") from err
+        raw = yaml.safe_load(data.decode("utf-8"))
     except UnicodeDecodeError as err:
         raise ConfigError(f"{path} is not a text catalog: {err.reason} at byte {err.start}",
                           hint="set MODELMINT_CATALOG to the catalog YAML file") from err

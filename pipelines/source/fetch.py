@@ -15,12 +15,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from pipelines.core.errors import ArtifactError, DiskFullError, HubUnavailable, IntegrityError, SourceError
-from pipelines.core.fsutil import HashCache
+from pipelines.core.fsutil import HashCache, hash_cache
 from pipelines.core.safetensorsheader import INDEX_FILE as INDEX_FILE
 from pipelines.core.safetensorsheader import read_safetensors_header as read_safetensors_header
 from pipelines.core.safetensorsheader import safetensors_files as safetensors_files
 from pipelines.core.safetensorsheader import source_tensors as source_tensors
 from pipelines.core.settings import Settings
+from pipelines.core.sourcefiles import CHAT_TEMPLATE_FILES, GENERATION_CONFIG, TOKENIZER_FILES
 from pipelines.core.vocab import COMMIT
 from pipelines.source.catalog import CatalogEntry, GeneratedSource, HubSource, LocalSource, WheelSource
 
@@ -37,17 +38,9 @@ ALLOW_PATTERNS: tuple[str, ...] = (
     "*.safetensors",
     "model.safetensors.index.json",
     "config.json",
-    "generation_config.json",
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "added_tokens.json",
-    "tokenizer.model",
-    "vocab.json",
-    "vocab.txt",
-    "merges.txt",
-    "chat_template.jinja",
-    "chat_template.json",
+    GENERATION_CONFIG,
+    *TOKENIZER_FILES,
+    *CHAT_TEMPLATE_FILES,
     "*.tiktoken",
     "LICENSE*",
     "LICENCE*",
@@ -279,7 +272,7 @@ def _snapshot_of_dir(
         if kind == "local"
         else f"delete {path} and rerun the same command (e.g. `{_command(entry)}`) to generate it again"
     )
-    hashes = HashCache(settings.home / "hashcache.json")
+    hashes = hash_cache(settings)
     checked = _check_files(entry, path, files, hashes, refetch_hint=hint)
     log.info("%s: %s source %s checked (%d files)", entry.name, kind, path, len(checked))
     return SourceSnapshot(path=path, repo_id=None, revision=None, files=checked, kind=kind)
@@ -348,7 +341,7 @@ def _fetch_hub(
     with hub_errors(entry, settings, **kw):
         paths = [Path(hf_hub_download(repo_id, f, revision=revision, cache_dir=cache_dir, **hub)) for f in files]
     root = paths[0].parent if paths else cache_dir
-    hashes = HashCache(settings.home / "hashcache.json")
+    hashes = hash_cache(settings)
     known = _verify_against_hub(root, files, remote, hashes, **kw)
     # The bytes are what the publisher recorded, so a bad header here is upstream's, not the download's.
     checked = _check_files(

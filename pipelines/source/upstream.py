@@ -13,6 +13,7 @@ from typing import Literal
 
 from pipelines.core.errors import ConfigError, ModelmintError, SourceError
 from pipelines.core.settings import Settings
+from pipelines.core.sourcefiles import CHAT_TEMPLATE_FILES, GENERATION_CONFIG, TOKENIZER_FILES
 from pipelines.core.steps import content_key
 from pipelines.source.catalog import Catalog, CatalogEntry, HubSource
 from pipelines.source.fetch import ALLOW_PATTERNS, CODE_PATTERNS, hub_errors
@@ -27,10 +28,9 @@ a commit that changes only these (and files the build does not download) rebuild
 # tell which key changed), so only the template's own files count as "chat template".
 _KINDS: tuple[tuple[FileKind, tuple[str, ...]], ...] = (
     ("weights", ("*.safetensors", "model.safetensors.index.json", "*.bin", "*.pt", "*.pth", "*.gguf")),
-    ("chat template", ("chat_template.jinja", "chat_template.json", "additional_chat_templates/*")),
-    ("generation config", ("generation_config.json",)),
-    ("tokenizer", ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
-                   "tokenizer.model", "vocab.json", "vocab.txt", "merges.txt", "*.tiktoken")),
+    ("chat template", (*CHAT_TEMPLATE_FILES, "additional_chat_templates/*")),
+    ("generation config", (GENERATION_CONFIG,)),
+    ("tokenizer", (*TOKENIZER_FILES, "*.tiktoken")),
     ("config", ("config.json", "*.py")),
 )
 

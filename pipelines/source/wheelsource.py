@@ -25,7 +25,7 @@ from pipelines.core.errors import (
     PackageIndexUnavailable,
     SourceError,
 )
-from pipelines.core.fsutil import HashCache, atomic_output, sha256_file, write_text_atomic
+from pipelines.core.fsutil import HashCache, atomic_output, hash_cache, sha256_file, write_text_atomic
 from pipelines.core.runner import run
 from pipelines.core.settings import Settings
 from pipelines.core.toolchains import llama_cpp, read_pins
@@ -191,7 +191,7 @@ def list_files(settings: Settings, project: str, entry_name: str) -> list[IndexF
 def _cached_wheel(settings: Settings, sha256: str) -> Path | None:
     """The wheel already downloaded for this pin, if its bytes still hash to it (a damaged copy is removed)."""
     folder = settings.wheels_dir / sha256
-    hashes = HashCache(settings.home / "hashcache.json")
+    hashes = hash_cache(settings)
     for path in sorted(folder.glob("*.whl")) if folder.is_dir() else []:
         if hashes.sha256(path) == sha256:
             return path
@@ -261,7 +261,7 @@ def _download(settings: Settings, entry_name: str, index: str, file: IndexFile, 
         raise SourceError(f"the package index at {index} lists {file.filename} but answered HTTP {err.code} for it",
                           hint=f"rerun `{_command(entry_name)}` later; if it persists, the index is broken for "
                           "this file") from err
-    HashCache(settings.home / "hashcache.json").sha256(final)  # remembered: the next use does not re-read it
+    hash_cache(settings).sha256(final)  # remembered: the next use does not re-read it
     return final
 
 
@@ -442,7 +442,7 @@ def ensure_wheel_model(entry_name: str, source: Any, settings: Settings) -> tupl
     try:
         # a rebuild checked before and unchanged since is not opened with the safetensors library again (its
         # header still is read): a re-run then imports no numpy
-        record = _check_dir(final, key, source.architecture, HashCache(settings.home / "hashcache.json"))
+        record = _check_dir(final, key, source.architecture, hash_cache(settings))
         return final, record["origin"]
     except ArtifactError as err:
         if final.exists():
@@ -489,7 +489,7 @@ def ensure_wheel_model(entry_name: str, source: Any, settings: Settings) -> tupl
                 leftover.unlink(missing_ok=True)
             shutil.rmtree(tmp.with_name(tmp.name + "-gguf"), ignore_errors=True)
     # checked again where it now lies, so the hash cache knows the published file and the next use skips the library
-    _check_dir(final, key, source.architecture, HashCache(settings.home / "hashcache.json"))
+    _check_dir(final, key, source.architecture, hash_cache(settings))
     return final, record["origin"]
 
 

@@ -15,7 +15,7 @@ from pipelines.compressed.build import (
 )
 from pipelines.compressed.llmc import COMPRESSED_EVAL_CHUNKS, COMPRESSED_EVAL_CTX
 from pipelines.core.errors import GateFailed
-from pipelines.core.fsutil import HashCache
+from pipelines.core.fsutil import hash_cache
 from pipelines.core.report import CompressedReport, advice_for_report
 from pipelines.core.resources import Places, ResourceCheck, compressed_run, source_shape
 from pipelines.core.settings import Settings
@@ -33,7 +33,7 @@ from pipelines.source.catalog import CatalogEntry
 
 def _compressed_resources(plan: CompressPlan, places: Places) -> ResourceCheck:
     """A compressed-tensors run's peak disk and memory from the source's headers (pipelines/core/resources.py)."""
-    shape = source_shape(plan.snapshot.path, HashCache(plan.settings.home / "hashcache.json"))
+    shape = source_shape(plan.snapshot.path, hash_cache(plan.settings))
     return compressed_run(shape, list(plan.recipes), places, eval_ctx=COMPRESSED_EVAL_CTX,
                           eval_chunks=COMPRESSED_EVAL_CHUNKS, paths={v: plan.variant_dir(v) for v in plan.recipes})
 
@@ -87,7 +87,7 @@ def candidate_from_compressed(plan: CompressPlan, outcome: VariantOutcome) -> Ca
         recipe=plan.manifest_recipe(v),
         report=report,
         report_sha256=report_sha256(
-            HashCache(plan.settings.home / "hashcache.json"), report_path, "modelmint compress"
+            hash_cache(plan.settings), report_path, "modelmint compress"
         ),
         source_dir=plan.snapshot.path,
         root=outcome.path,

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from pipelines.core.errors import ArtifactError, GateFailed
-from pipelines.core.fsutil import HashCache
+from pipelines.core.fsutil import hash_cache
 from pipelines.core.report import GGUFReport, advice_for_report
 from pipelines.core.resources import KLReference, Places, ResourceCheck, gguf_run, source_shape
 from pipelines.core.settings import Settings
@@ -46,7 +46,7 @@ def candidate_from_gguf(plan: GGUFPlan, outcome: VariantOutcome) -> Candidate:
             rerun="modelmint convert",
         )
     files = tuple(outcome.shards) or (outcome.path,)
-    hashes = HashCache(plan.settings.home / "hashcache.json")
+    hashes = hash_cache(plan.settings)
     main_sha = outcome.digest if files[0] == outcome.path else hashes.sha256(files[0])
     return Candidate(
         entry=plan.entry.with_serve_gpus(plan.settings.serve_gpus),
@@ -117,7 +117,7 @@ def _gguf_resources(plan: GGUFPlan, places: Places) -> ResourceCheck:
     paths = {"f16": plan.base_path, "logits": plan.logits_path, **{q: plan.quant_path(q) for q in plan.spec.quants}}
     if plan.imatrix_path is not None:
         paths["imatrix"] = plan.imatrix_path
-    shape = source_shape(plan.snapshot.path, HashCache(plan.settings.home / "hashcache.json"))
+    shape = source_shape(plan.snapshot.path, hash_cache(plan.settings))
     return gguf_run(shape, plan.spec.quants, places, imatrix=plan.spec.imatrix,
                     kl=KLReference(GGUF_EVAL_CTX, GGUF_EVAL_CHUNKS), paths=paths)
 
