@@ -14,12 +14,37 @@ from site_registry import SiteRegistry, report
 from pipelines.core.errors import ConfigError, NotRegistered
 from pipelines.core.report import Figures
 from pipelines.registry.manifest import list_manifests
-from pipelines.registry.recommend import Choice, Request, advise, rank, recommend
+from pipelines.registry.recommend import (
+    Basis,
+    Choice,
+    Request,
+    advise,
+    rank,
+    rank_comparable,
+    recommend,
+    versus,
+)
 
 
 def _choice(tag: str, kl: float, se: float, mib: float) -> Choice:
     f = Figures.of(mean_kl=kl, same_top_pct=90.0, ppl_reference=10.0, ppl=10.5, mean_kl_stderr=se)
     return Choice(f"m:{tag}", tag, "gguf", int(mib * (1 << 20)), f)
+
+
+def test_a_variant_that_passed_early_is_never_ranked_against_the_whole_text_ones() -> None:
+    """SmolLM2's figures as its early passes left them: q6_k scored on 4 of 16 chunks reads better than q8_0 on 8
+    and q4_k_m on all 16, but over other, shorter text: it follows the whole-text ones and is said not comparable."""
+    q6 = dataclasses.replace(_choice("q6_k", 0.0104, 0.0006, 130), on=Basis(4, 16, 252))
+    q8 = dataclasses.replace(_choice("q8_0", 0.0042, 0.0003, 140), on=Basis(8, 16, 504))
+    q4 = dataclasses.replace(_choice("q4_k_m", 0.0571, 0.0020, 100), on=Basis(16, 16, 1008))
+    assert [c.tag for c in rank([q6, q8, q4])] == ["q8_0", "q6_k", "q4_k_m"]  # the figures alone
+    assert [c.tag for c in rank_comparable([q6, q8, q4])] == ["q4_k_m", "q8_0", "q6_k"]
+    said = versus(q4, q6, q4.scored, q6.scored)
+    assert "not comparable" in said and "4/16 chunks, 252 tokens" in said and "measurably" not in said
+    # figures without both standard errors are never called measurably worse
+    bare = dataclasses.replace(q4, figures=q4.figures.model_copy(update={"mean_kl_stderr": None}))
+    whole = Basis(16, 16, 1008)
+    assert "not known to differ measurably" in versus(q4, bare, whole, whole)
 
 
 def test_variants_within_their_standard_errors_tie_and_the_smaller_wins() -> None:
@@ -58,7 +83,7 @@ def test_recommend_ranks_what_fits_with_a_reason_and_the_commands(site_registry:
     ]
     # these GGUFs are headers with the model's shape and one tensor: sized from the header, and said so
     assert any("holds no per-layer tensors" in w for w in smol.warnings)
-    assert "measurably worse: smollm2:q6_k" in smol.reasons[0]
+    assert "smollm2:q6_k is measurably worse (mean KL" in smol.reasons[0]
     tiny = got["tiny-qwen2"]
     # tiny-qwen2's q4_k_m (0.0123 ± 0.0006) and q8_0 (0.0119 ± 0.0006) tie: the smaller wins, and says so
     assert [c.tag for c in tiny.ranked] == ["q4_k_m", "q8_0"]

@@ -13,7 +13,7 @@ from typing import Any
 
 from pipelines.core.errors import ArtifactError, ConfigError, NotRegistered, RegistryError
 from pipelines.core.gpus import NodeGroup, cluster_label, cluster_of
-from pipelines.core.report import Figures, read_report
+from pipelines.core.report import Figures, perplexity_positions, read_report
 from pipelines.core.settings import Settings
 from pipelines.core.vocab import COMPRESSED_SCHEMES, GGUF_TYPES
 from pipelines.publish import planner
@@ -146,6 +146,12 @@ class Choice:
     nearest: tuple[str, ...] = ()
     gguf: GgufPlan | None = None
     """A GGUF's plan for Ollama or llama.cpp (`plan` is vLLM's, for a checkpoint)."""
+    on: Basis | None = None
+    """What its figures were scored on (None: the whole evaluation, as far as anything says)."""
+
+    @property
+    def scored(self) -> Basis:
+        return self.on or Basis(None, None, self.figures.tokens if self.figures is not None else None)
 
     @property
     def fits(self) -> bool:
@@ -311,6 +317,80 @@ class Request:
     @property
     def cluster(self) -> list[NodeGroup]:
         return cluster_of(self.gpus, hosts=True)
+
+
+@dataclass(frozen=True)
+class Basis:
+    """The part of the held-out text a variant's figures were scored on: `chunks` of the evaluation's `of` windows,
+    `tokens` positions. A GGUF that passed its gate early (pipelines/gguf/validate.py: early_pass) was scored on its
+    first 4, 8 or 12 of 16 chunks only."""
+
+    chunks: int | None
+    of: int | None
+    tokens: int | None
+
+    @property
+    def whole(self) -> bool:
+        """Scored on every chunk of the evaluation (or nothing says otherwise)."""
+        return self.chunks is None or self.of is None or self.chunks >= self.of
+
+    def text(self) -> str:
+        """As the pages print it beside a figure: "4/16 chunks, 252 tokens"."""
+        parts = []
+        if self.chunks is not None and self.of is not None:
+            parts.append(f"{self.chunks}/{self.of} chunks")
+        parts.append(f"{self.tokens:,} tokens" if self.tokens is not None else "tokens not recorded")
+        return ", ".join(parts)
+
+
+def basis(m: Manifest) -> Basis:
+    """What `m`'s figures were scored on, from its manifest: the evaluation's windows and the positions scored."""
+    v = m.validation
+    tokens = v.figures.tokens if v.figures is not None else None
+    of, ctx = v.evaluation.get("chunks"), v.evaluation.get("ctx")
+    of = of if isinstance(of, int) and of > 0 else None
+    chunks = of
+    if m.format == "gguf" and tokens is not None and isinstance(ctx, int) and ctx > 2:
+        # llama-perplexity scores the second half of each window: the chunks scored follow from the positions
+        chunks = tokens // perplexity_positions(ctx, 1)
+    return Basis(chunks, of, tokens)
+
+
+
+def versus(win: Choice, other: Choice, win_on: Basis, other_on: Basis) -> str:
+    """How `other`'s mean KL stands against the winner's, said only as far as the figures allow: "measurably
+    worse" needs both figures scored on the same tokens, both with a standard error, and a difference larger than
+    the two standard errors together."""
+    a, b = win.figures, other.figures
+    if a is None or b is None:
+        return "has no figures"
+    if not (win_on.whole and other_on.whole) or win_on.tokens != other_on.tokens:
+        return (
+            f"was scored on {other_on.text()} against {win_on.text()}: not comparable"
+            f" (mean KL {b.mean_kl:.4g} against {a.mean_kl:.4g})"
+        )
+    if not (a.mean_kl_stderr and b.mean_kl_stderr):
+        return (
+            f"has mean KL {b.mean_kl:.4g} against {a.mean_kl:.4g}, without a standard error on both: "
+            "not known to differ measurably"
+        )
+    combined = a.mean_kl_stderr + b.mean_kl_stderr
+    shown = (
+        f"mean KL {b.mean_kl:.4g} ± {b.mean_kl_stderr:.2g} against {a.mean_kl:.4g} ± {a.mean_kl_stderr:.2g}"
+    )
+    if abs(b.mean_kl - a.mean_kl) <= combined:
+        return f"ties within the standard errors ({shown})"
+    if b.mean_kl > a.mean_kl:
+        return f"is measurably worse ({shown})"
+    return f"is measurably better and larger ({shown})"
+
+
+
+
+def rank_comparable(choices: list[Choice]) -> list[Choice]:
+    """`rank` over the variants scored on the whole evaluation text, then over those that passed early on its first
+    chunks: their figures cover a shorter, other text and are never ranked against the whole-text ones."""
+    return rank([c for c in choices if c.scored.whole]) + rank([c for c in choices if not c.scored.whole])
 
 
 def rank(choices: list[Choice]) -> list[Choice]:
@@ -698,7 +778,7 @@ def advise(settings: Settings, name: str, manifests: list[Manifest], request: Re
     variants = tuple(planner.Variant(m.ref, m.weights_bytes, _fp8(m)) for m in served)
     choices = []
     for m in served:
-        base = Choice(m.ref, m.tag, m.format, m.weights_bytes, m.validation.figures)
+        base = Choice(m.ref, m.tag, m.format, m.weights_bytes, m.validation.figures, on=basis(m))
         engine = _engine_of(m, request.engine)
         if engine in GGUF_ENGINES:
             choices.append(_gguf_choice(settings, m, base, str(engine), shape, request, cluster))
@@ -706,7 +786,8 @@ def advise(settings: Settings, name: str, manifests: list[Manifest], request: Re
             choices.append(_vllm_choice(m, base, shape, request, cluster, variants))
     fitting = [c for c in choices if c.fits]
     # a variant wholly on the GPU before one split with the CPU: the split one runs at the CPU's pace
-    ranked = rank([c for c in fitting if not c.offloaded_in_part]) + rank([c for c in fitting if c.offloaded_in_part])
+    ranked = rank_comparable([c for c in fitting if not c.offloaded_in_part]) + rank_comparable(
+        [c for c in fitting if c.offloaded_in_part])
     advice.ranked, advice.unfit = (
         ranked,
         sorted((c for c in choices if not c.fits), key=lambda c: c.weights_bytes),
@@ -799,7 +880,8 @@ def _why(win: Choice, fitting: list[Choice], unfit: list[Choice]) -> str:
             f"{win.ref}: {win.figures_text()}, {size_text(win.weights_bytes)}; fits {p.label} as TP {p.tp} x PP "
             f"{p.pp}, {p.replicas} replica(s), max_model_len {p.max_model_len}, max_num_seqs {p.max_num_seqs}"
         ]
-    tied = [c for c in fitting[1:] if c.overlaps(win) and c.offloaded_in_part == win.offloaded_in_part]
+    tied = [c for c in fitting[1:] if c.overlaps(win) and c.offloaded_in_part == win.offloaded_in_part
+            and c.scored.whole == win.scored.whole and c.scored.tokens == win.scored.tokens]
     if tied:
         lines.append(
             "ties within the standard errors with "
@@ -810,8 +892,7 @@ def _why(win: Choice, fitting: list[Choice], unfit: list[Choice]) -> str:
     if better_unfit:
         lines.append("measured better but does not fit: " + ", ".join(c.ref for c in better_unfit))
     rest = [c for c in fitting[1:] if c not in tied]
-    if rest:
-        lines.append("measurably worse: " + ", ".join(f"{c.ref} (mean KL {c.kl:.4g})" for c in rest))
+    lines += [f"{c.ref} {versus(win, c, win.scored, c.scored)}" for c in rest]
     return "; ".join(lines)
 
 

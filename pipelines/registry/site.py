@@ -23,12 +23,20 @@ from typing import Any
 
 from pipelines.core.errors import ConfigError, ManifestInvalid
 from pipelines.core.fsutil import clean_partials, partial_path
-from pipelines.core.report import perplexity_positions
 from pipelines.core.settings import Settings
 from pipelines.core.vocab import is_name
 from pipelines.registry.history import Version, history
 from pipelines.registry.manifest import Manifest, PlanSummary, list_manifests
-from pipelines.registry.recommend import Choice, Failed, failed_builds, rank, size_text
+from pipelines.registry.recommend import (
+    Basis,
+    Choice,
+    Failed,
+    basis,
+    failed_builds,
+    rank_comparable,
+    size_text,
+    versus,
+)
 
 SITE_DIR = "site"
 """Where the flow writes the site, under the work directory (MODELMINT_WORK_DIR)."""
@@ -175,43 +183,6 @@ def commands(m: Manifest, published: Sequence[str] = ()) -> list[str]:
 
 
 # ---------------------------------------------------------------- what each figure was scored on
-
-
-@dataclass(frozen=True)
-class Basis:
-    """The part of the held-out text a variant's figures were scored on: `chunks` of the evaluation's `of` windows,
-    `tokens` positions. A GGUF that passed its gate early (pipelines/gguf/validate.py: early_pass) was scored on its
-    first 4, 8 or 12 of 16 chunks only."""
-
-    chunks: int | None
-    of: int | None
-    tokens: int | None
-
-    @property
-    def whole(self) -> bool:
-        """Scored on every chunk of the evaluation (or nothing says otherwise)."""
-        return self.chunks is None or self.of is None or self.chunks >= self.of
-
-    def text(self) -> str:
-        """As the pages print it beside a figure: "4/16 chunks, 252 tokens"."""
-        parts = []
-        if self.chunks is not None and self.of is not None:
-            parts.append(f"{self.chunks}/{self.of} chunks")
-        parts.append(f"{self.tokens:,} tokens" if self.tokens is not None else "tokens not recorded")
-        return ", ".join(parts)
-
-
-def basis(m: Manifest) -> Basis:
-    """What `m`'s figures were scored on, from its manifest: the evaluation's windows and the positions scored."""
-    v = m.validation
-    tokens = v.figures.tokens if v.figures is not None else None
-    of, ctx = v.evaluation.get("chunks"), v.evaluation.get("ctx")
-    of = of if isinstance(of, int) and of > 0 else None
-    chunks = of
-    if m.format == "gguf" and tokens is not None and isinstance(ctx, int) and ctx > 2:
-        # llama-perplexity scores the second half of each window: the chunks scored follow from the positions
-        chunks = tokens // perplexity_positions(ctx, 1)
-    return Basis(chunks, of, tokens)
 
 
 def comparable_first(variants: Iterable[Manifest]) -> list[Manifest]:
@@ -847,34 +818,6 @@ def _history_table(p: ModelPage) -> str:
     )
 
 
-def versus(win: Choice, other: Choice, win_on: Basis, other_on: Basis) -> str:
-    """How `other`'s mean KL stands against the winner's, said only as far as the figures allow: "measurably
-    worse" needs both figures scored on the same tokens, both with a standard error, and a difference larger than
-    the two standard errors together."""
-    a, b = win.figures, other.figures
-    if a is None or b is None:
-        return "has no figures"
-    if not (win_on.whole and other_on.whole) or win_on.tokens != other_on.tokens:
-        return (
-            f"was scored on {_e(other_on.text())} against {_e(win_on.text())}: not comparable"
-            f" (mean KL {b.mean_kl:.4g} against {a.mean_kl:.4g})"
-        )
-    if not (a.mean_kl_stderr and b.mean_kl_stderr):
-        return (
-            f"has mean KL {b.mean_kl:.4g} against {a.mean_kl:.4g}, without a standard error on both: "
-            "not known to differ measurably"
-        )
-    combined = a.mean_kl_stderr + b.mean_kl_stderr
-    shown = (
-        f"mean KL {b.mean_kl:.4g} ± {b.mean_kl_stderr:.2g} against {a.mean_kl:.4g} ± {a.mean_kl_stderr:.2g}"
-    )
-    if abs(b.mean_kl - a.mean_kl) <= combined:
-        return f"ties within the standard errors ({shown})"
-    if b.mean_kl > a.mean_kl:
-        return f"is measurably worse ({shown})"
-    return f"is measurably better and larger ({shown})"
-
-
 def _serving(p: ModelPage) -> str:
     by_inv: dict[str, list[tuple[Manifest, list[PlanSummary], str | None, list[str]]]] = {}
     for m in sorted(p.variants, key=lambda m: m.weights_bytes):
@@ -889,11 +832,9 @@ def _serving(p: ModelPage) -> str:
     for n, (gpus, entries) in enumerate(sorted(by_inv.items())):
         measured = [(m, basis(m)) for m, plans, _, _ in entries if plans and m.validation.figures is not None]
         of = {m.ref: b for m, b in measured}
-        choices = [Choice(m.ref, m.tag, m.format, m.weights_bytes, m.validation.figures) for m, _ in measured]
+        choices = [Choice(m.ref, m.tag, m.format, m.weights_bytes, m.validation.figures, on=b) for m, b in measured]
         # figures over the whole text are ranked; those that passed early follow, not ranked against them
-        fits = rank([c for c in choices if of[c.ref].whole]) + rank(
-            [c for c in choices if not of[c.ref].whole]
-        )
+        fits = rank_comparable(choices)
         if fits:
             win = fits[0]
             whole = of[win.ref].whole
@@ -909,7 +850,7 @@ def _serving(p: ModelPage) -> str:
                 + f": <strong>{_e(win.ref)}</strong> (ties within the standard errors go to the smaller; "
                 f"<code>modelmint recommend --gpus {_e(gpus)}</code> says why)</p>"
             )
-            against = [f"{_e(c.ref)} {versus(win, c, of[win.ref], of[c.ref])}" for c in fits[1:]]
+            against = [f"{_e(c.ref)} {_e(versus(win, c, of[win.ref], of[c.ref]))}" for c in fits[1:]]
             if against:
                 best += f'<p class="versus">Against it: {"; ".join(against)}.</p>'
         else:
