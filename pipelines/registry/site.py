@@ -1064,22 +1064,6 @@ def _check_out(settings: Settings, out: Path) -> Path:
             f"cannot read {shown}: {err.strerror}", hint="give --out a folder you can write"
         ) from err
     return dest
-    try:
-        if (dest / ".git").exists():
-            raise ConfigError(
-                f"{out} is a git checkout: a build replaces the whole of --out, .git included",
-                hint=f"{_NEW_FOLDER_HINT}, and copy it into the checkout",
-            )
-        if any(dest.iterdir()) and not _is_site(dest):
-            raise ConfigError(
-                f"{out} holds files and is not a modelmint site (no {KEY_FILE}): a build replaces the whole of --out",
-                hint=f"{_NEW_FOLDER_HINT}; to replace {out} anyway, remove it first",
-            )
-    except OSError as err:
-        raise ConfigError(
-            f"cannot read {out}: {err.strerror}", hint="give --out a folder you can write"
-        ) from err
-    return dest
 
 
 def build_site(settings: Settings, out: Path) -> Built:
