@@ -275,6 +275,8 @@ def bench_size(size: str, work: Path, settings: Settings, *, keep: bool) -> dict
         peak_rss_over_raw=round(pipe.peak_rss / raw_rss, 3),
         peak_disk_over_outputs=round(pipe.peak_disk / row["outputs_bytes"], 3),
         raw_peak_disk_over_outputs=round(raw_peak_disk / row["outputs_bytes"], 3),
+        # docs/scale.md's preflight column: the peak over the f16 and the variants together
+        peak_disk_over_f16_and_outputs=round(pipe.peak_disk / (row["f16_bytes"] + row["outputs_bytes"]), 3),
         validate_over_build=round(pipe_validate / pipe_build, 3) if pipe_build else None,
         raw_validate_over_build=round(raw_validate / raw_build, 3),
         written_over_raw=round(pipe.write_bytes / max(1, sum(v["write_bytes"] for k, v in steps.items()
@@ -415,6 +417,9 @@ def main() -> None:
     for f in fits.values():
         print(f"{f['label']:38} {f['intercept']:8.2f} {f['per_billion']:8.2f} "
               + " ".join(f"{f[t]:9,.0f}" for t in TARGETS))
+        if f["per_billion"] <= 0:
+            print(f"  {f['label']}: a cost that falls with size says the load changed between the sizes; "
+                  "rerun on a quieter machine")
     m = info["machine"]
     print(f"\n{m['nproc']} CPUs ({m['cpu']}), {m['ram_bytes'] / 2**30:.0f} GiB; load average "
           f"{info['load_1min_start']} at the start, {info['load_1min_end']} at the end")
