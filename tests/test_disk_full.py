@@ -315,7 +315,9 @@ def test_a_full_dvc_cache_leaves_dvc_lock_naming_the_registered_version(repo, tm
 def test_the_cli_prints_the_cause_and_the_next_step_without_a_traceback(small_disk, tiny_qwen2: Path) -> None:
     """A full work dir through the CLI: the message names the work dir, the hint MODELMINT_WORK_DIR."""
     mnt = small_disk("1m")
-    env = {**os.environ, "MODELMINT_WORK_DIR": str(mnt)}
+    # the disk fills under a run already started (the check before any work refuses it up front otherwise:
+    # tests/faults/test_build_faults.py, test_a_run_too_large_for_its_disk_is_refused_before_any_tool_runs)
+    env = {**os.environ, "MODELMINT_WORK_DIR": str(mnt), "MODELMINT_SKIP_RESOURCE_CHECK": "1"}
     (mnt / "fill").write_bytes(b"\0" * (free_bytes(mnt) - 4096))
     proc = subprocess.run([sys.executable, "-m", "pipelines.cli", "convert", "tiny-qwen2", "--variants", "q8_0"],
                           env=env, capture_output=True, text=True, timeout=600)
