@@ -17,6 +17,7 @@ validation passed and the blob reached the remote. Under `dvc repro` the stage c
 from __future__ import annotations
 
 import logging
+import shutil
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -36,7 +37,6 @@ from pipelines.core.fsutil import (
     disk_full_located,
     hash_cache,
     is_full,
-    link_or_copy,
     write_text_atomic,
 )
 from pipelines.core.settings import Settings
@@ -168,12 +168,10 @@ def place(settings: Settings, c: Candidate) -> tuple[ArtifactFile, ...]:
         with atomic_output(dest) as tmp:
             tmp.mkdir()
             for f in c.files:
-                # The checked build output itself, hard-linked (copied across filesystems): one copy of a 7B's
-                # variants on the builder instead of two. Later builds never rewrite it in place: every output is
-                # written under a temporary name and renamed, which leaves this inode as it was registered.
+                # A copy, never a link: the build directory is scratch space that later builds rewrite.
                 out = tmp / c.placed_as(f)
                 out.parent.mkdir(parents=True, exist_ok=True)
-                link_or_copy(f, out)
+                shutil.copyfile(f, out)
             implementation(c.format).publish(settings, c, tmp)
             serving.write_serving(c, tmp)
             # Last: the provenance and the signature cover every file placed above (pipelines/registry/signing.py).
