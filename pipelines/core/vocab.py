@@ -239,6 +239,9 @@ KV_DTYPES: Final[dict[str, KVDtype]] = {k.name: k for k in (
 )}
 # fmt: on
 
+LLAMA_KV_CACHE_TYPES: Final[tuple[str, ...]] = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
+"""The KV cache types llama-server's `-ctk` / `-ctv` accept (llama.cpp common/arg.cpp kv_cache_types)."""
+
 # ---------------------------------------------------------------- formats, tags, stages, paths
 
 Format = Literal["gguf", "compressed-tensors"]

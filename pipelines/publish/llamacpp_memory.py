@@ -76,11 +76,9 @@ from pathlib import Path
 from typing import Any
 
 from pipelines.core.errors import ArtifactError, ConfigError
+from pipelines.core.vocab import LLAMA_KV_CACHE_TYPES
 
 MIB = 1024 * 1024
-
-KV_CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
-"""The cache types llama-server's `-ctk` / `-ctv` accept (common/arg.cpp kv_cache_types)."""
 
 _CTX_PAD = 256
 """llama.cpp rounds n_ctx and each sequence's n_ctx_seq up to a multiple of this (src/llama-context.cpp:290, 296)."""
@@ -112,8 +110,8 @@ def kv_type_bytes(name: str, values: int) -> int:
     """
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
-    if name not in KV_CACHE_TYPES:
-        raise ConfigError(f"KV cache type {name!r} is not one llama.cpp offers ({', '.join(KV_CACHE_TYPES)})",
+    if name not in LLAMA_KV_CACHE_TYPES:
+        raise ConfigError(f"KV cache type {name!r} is not one llama.cpp offers ({', '.join(LLAMA_KV_CACHE_TYPES)})",
                           hint="pick one of them (f16, the default; q8_0 halves the cache)")
     block, size = GGML_QUANT_SIZES[GGMLQuantizationType[name.upper()]]
     if values % block:

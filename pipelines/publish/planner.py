@@ -1188,7 +1188,9 @@ def served(path: Path) -> Served:
     """
     if path.is_file() and path.suffix == ".gguf":
         meta, weights, _ = _read_gguf(path)
-        return Served(path, weights, shape_of_gguf(meta, str(path)), False)
+        # the file name, not its path: a refusal is recorded in the registered plans.json, which must not hold a
+        # builder's directories (a rebuild elsewhere reproduces it byte for byte)
+        return Served(path, weights, shape_of_gguf(meta, path.name), False)
     if path.is_dir() and (path / "config.json").is_file():
         config, headers = _read_checkpoint(path)
         weights = _tensor_bytes(headers)
