@@ -15,6 +15,7 @@ import http.client
 import json
 import os
 import re
+import select
 import signal
 import subprocess
 import sys
@@ -58,6 +59,19 @@ def _up(port: int, proc: subprocess.Popen[str]) -> None:
         except httpx.TransportError:
             time.sleep(0.2)
     raise AssertionError("the registry did not answer within 60 s")
+
+
+def _said(proc: subprocess.Popen[str], text: str, timeout: float = 30) -> str:
+    """What `proc` wrote on stderr until `text` (its banner comes just after the registry answers: a SIGTERM sent at
+    the first answer may come before it)."""
+    got, deadline, fd = "", time.monotonic() + timeout, proc.stderr.fileno() if proc.stderr else -1
+    while text not in got and time.monotonic() < deadline:
+        if select.select([fd], [], [], 0.5)[0]:
+            chunk = os.read(fd, 65536).decode(errors="replace")
+            if not chunk:
+                break
+            got += chunk
+    return got
 
 
 def _children(pid: int) -> list[int]:
@@ -283,6 +297,7 @@ def test_without_credentials_set_serve_records_its_own_where_publish_finds_them(
     proc = _serve(tmp_path, port, credentials=False)
     try:
         _up(port, proc)
+        said = _said(proc, "recorded for")
         assert config.stat().st_mode & 0o777 == 0o600
         found = credentials_for(host, username=None, password=None, docker_config=config)
         assert found is not None
@@ -297,6 +312,7 @@ def test_without_credentials_set_serve_records_its_own_where_publish_finds_them(
         proc.send_signal(signal.SIGTERM)
         _, stderr = proc.communicate(timeout=30)
         _stop(proc)
+    stderr = said + stderr
     assert found.password not in stderr and f"recorded for {host} in {config}" in stderr, stderr
     again = _serve(tmp_path, port, credentials=False)  # a restart keeps them
     try:
