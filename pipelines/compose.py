@@ -240,6 +240,16 @@ def registry_places(settings: Settings, *, track: bool = True) -> Places:
     return Places(settings.work_dir, settings.artifacts_dir, cache_dir(settings) if track else None)
 
 
+def register_step(v: str) -> str:
+    """The name of variant `v`'s registration step (its Prefect task run's name too)."""
+    return f"register-{v}"
+
+
+def image_step(v: str) -> str:
+    """The name of variant `v`'s image push step."""
+    return f"publish-image-{v}"
+
+
 def registration_steps(
     settings: Settings, candidates: dict[str, Callable[[], Candidate]], *, track: bool = True, force: bool = False,
     say: Callable[[str], None] = lambda _msg: None, oci: RegistryRef | None = None,
@@ -278,13 +288,13 @@ def registration_steps(
             return registered(settings, made(), tracked=track) is not None
 
         out.append(Step(
-            name=f"register-{v}", task="register", run=run, key=key, current=current, variants=(v,),
+            name=register_step(v), task="register", run=run, key=key, current=current, variants=(v,),
             stage="register", output=settings.artifacts_dir,
             retries=3 if track else 0, retry_delays=RETRY_DELAYS,
         ))
         if oci is not None:
             out.append(Step(
-                name=f"publish-image-{v}", task="publish-image", needs=(f"register-{v}",), variants=(v,),
+                name=image_step(v), task="publish-image", needs=(register_step(v),), variants=(v,),
                 stage="publish", run=functools.partial(_publish_image, settings, oci, v, say),
                 retries=3, retry_delays=RETRY_DELAYS,
             ))
@@ -297,7 +307,7 @@ def _publish_image(settings: Settings, registry: RegistryRef, v: str, say: Calla
     the registry (a HEAD per blob, a GET per tag) and uploads or tags only what it lacks, so it is never cached."""
     from pipelines.registry.images import publish_image
 
-    ref = got[f"register-{v}"].manifest.ref
+    ref = got[register_step(v)].manifest.ref
     p = publish_image(settings, ref, registry)
     say(f"{p.manifest.ref} published as {', '.join(p.images)} ({p.digest}): {len(p.uploaded)} blob(s) uploaded, "
         f"{len(p.present)} already there, {len(p.tagged)} tag(s) written")
@@ -326,8 +336,8 @@ class Registered:
 def registered_of(done: Executed, variants: list[str]) -> Registered:
     """The registrations and images of `variants` among what an executed step list left."""
     return Registered(
-        registrations={v: r for v in variants if (r := done.results.get(f"register-{v}")) is not None},
-        published={v: p for v in variants if (p := done.results.get(f"publish-image-{v}")) is not None},
+        registrations={v: r for v in variants if (r := done.results.get(register_step(v))) is not None},
+        published={v: p for v in variants if (p := done.results.get(image_step(v))) is not None},
         errors={v: e for v, e in done.errors.items() if e.stage in ("register", "publish")},
     )
 
