@@ -94,6 +94,9 @@ class Settings:
     signing_cert: Path | None = field(default=None, metadata=_is("orchestration", "MODELMINT_SIGNING_CERT"))
     """The signing key's certificate, then its intermediates, in one PEM file: signatures carry the chain instead of
     naming a bare key (docs/registry.md, "Signing")."""
+    trust_policy: Path | None = field(default=None, metadata=_is("orchestration", "MODELMINT_TRUST"))
+    """The trust policy read instead of the checkout's registry/trust.yaml: a file the people who can change the
+    manifests cannot change (docs/trust.md); None: the checkout's own."""
 
     SECRETS: ClassVar[tuple[str, ...]]
     """Credentials (role `secret`): never stored, never part of a key."""
@@ -140,6 +143,7 @@ class Settings:
             signing_key=Path(p).expanduser() if (p := read["signing_key"]) else None,
             signing_cert=Path(p).expanduser() if (p := read["signing_cert"]) else None,
             skip_resource_check=_flag(env, var["skip_resource_check"]),
+            trust_policy=Path(p).expanduser() if (p := read["trust_policy"]) else None,
         )
 
     @classmethod
