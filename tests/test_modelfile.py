@@ -145,3 +145,19 @@ def test_renderer_parser_and_requires_round_trip() -> None:
     assert (m.renderer, m.parser, m.requires) == ("qwen3.5", "qwen3.5", "0.17.1")
     assert m.to_text() == "FROM ./m.gguf\nRENDERER qwen3.5\nPARSER qwen3.5\nREQUIRES 0.17.1\n"
     assert Modelfile.parse(m.to_text()) == m
+
+
+@pytest.mark.parametrize(("renderer", "parser", "refused"), [
+    ("harmony", "harmony", "RENDERER named 'harmony'"),  # harmony is a PARSER only at the pinned Ollama
+    ("deepseek3.1", "deepseek3.1", "PARSER named 'deepseek3.1'"),  # its parser is deepseek3
+    ("qwen4", None, "RENDERER named 'qwen4'"),
+])
+def test_a_renderer_or_parser_ollama_does_not_know_is_refused_when_written(
+        renderer: str, parser: str | None, refused: str) -> None:
+    # Ollama's parser takes any name: an unknown RENDERER fails every chat ("unknown renderer"), an unknown PARSER
+    # is dropped. Reading such a Modelfile follows Ollama; writing one for publishing is refused.
+    text = f"FROM m.gguf\nRENDERER {renderer}\n" + (f"PARSER {parser}\n" if parser else "")
+    m = Modelfile.parse(text)
+    with pytest.raises(ModelfileError, match=refused) as err:
+        m.to_text()
+    assert "--template" in (err.value.hint or "") and "v0.33.0-rc2" in err.value.message

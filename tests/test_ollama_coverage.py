@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.chat.coverage import DOC, classify, render_doc, survey
+from pipelines.chat.coverage import DOC, classify, render_doc, survey, templates_tree
 from pipelines.chat.families import (
     FAMILIES,
     TemplateTokens,
@@ -30,7 +30,6 @@ from pipelines.chat.renderers import (
 )
 from pipelines.core.errors import ConfigError
 from pipelines.core.settings import Settings
-from pipelines.core.toolchains import llama_cpp
 from pipelines.publish.ollama import convert_template
 from tests.test_ollama_templates import CLAIMED
 
@@ -39,9 +38,8 @@ COVERED_AT_LEAST = 46
 
 
 @pytest.fixture(scope="module")
-def tree() -> tuple[Path, str]:
-    tc = llama_cpp(Settings.from_env())
-    return tc.source / "models" / "templates", f"llama.cpp {tc.commit} (models/templates)"
+def tree(settings: Settings) -> tuple[Path, str]:
+    return templates_tree(settings)
 
 
 def test_docs_table_is_current(tree: tuple[Path, str]) -> None:
@@ -137,7 +135,7 @@ def test_an_ollama_version_older_than_the_renderer_is_refused() -> None:
         required_version("qwen4", None)
 
 
-def test_an_edited_family_template_is_a_near_miss_with_what_differs(tree: tuple[Path, str]) -> None:
+def test_an_edited_family_template_is_a_near_miss_with_what_differs(tree: tuple[Path, str], settings: Settings) -> None:
     # A family's template edited upstream (here: Qwen3's thinking switch renamed) must not keep matching.
     qwen3 = (tree[0] / "Qwen-Qwen3-0.6B.jinja").read_text(encoding="utf-8")
     edited = qwen3.replace("enable_thinking", "thinking_mode")
@@ -149,7 +147,7 @@ def test_an_edited_family_template_is_a_near_miss_with_what_differs(tree: tuple[
     assert tweaked != qwen3 and detect_family(tweaked).name == "qwen3"
     tokens = TemplateTokens(None, "<|im_end|>", engine_adds_bos=False)
     with pytest.raises(UnsupportedChatTemplate, match="renders differently on: tool-call-and-result"):
-        convert_template(tweaked, tokens, Settings.from_env())
+        convert_template(tweaked, tokens, settings)
 
 
 def test_a_refusal_names_the_constructs_go_cannot_express(tree: tuple[Path, str]) -> None:

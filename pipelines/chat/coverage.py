@@ -9,6 +9,7 @@ from pathlib import Path
 from pipelines import PACKAGE
 from pipelines.chat.families import FAMILIES, matching_families, nearest_family, refusal_reason
 from pipelines.chat.renderers import PARSERS, RENDERERS, SOURCE, required_version
+from pipelines.core.settings import Settings
 
 DOC = PACKAGE.parent / "docs" / "ollama-families.md"
 
@@ -115,15 +116,24 @@ def render_doc(rows: list[Coverage], tree: str) -> str:
     return "\n".join(out) + "\n"
 
 
-def main(argv: list[str] | None = None) -> int:
-    from pipelines.core.settings import Settings
+def templates_tree(settings: Settings) -> tuple[Path, str]:
+    """The pinned llama.cpp tree's chat templates folder, and how the survey names it.
+
+    Raises:
+        ToolchainMissing: the llama.cpp toolchain is not built.
+    """
     from pipelines.core.toolchains import llama_cpp
 
+    tc = llama_cpp(settings)
+    return tc.source / "models" / "templates", f"llama.cpp {tc.commit} (models/templates)"
+
+
+def main(argv: list[str] | None = None, *, settings: Settings) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--write", action="store_true", help="write docs/ollama-families.md instead of printing it")
     args = parser.parse_args(argv)
-    tc = llama_cpp(Settings.from_env())
-    text = render_doc(survey(tc.source / "models" / "templates"), f"llama.cpp {tc.commit} (models/templates)")
+    folder, label = templates_tree(settings)
+    text = render_doc(survey(folder), label)
     if args.write:
         DOC.write_text(text, encoding="utf-8")
     else:
@@ -132,4 +142,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(main(settings=Settings.from_env()))

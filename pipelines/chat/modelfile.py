@@ -73,6 +73,21 @@ class Message:
             raise ModelfileError(f"MESSAGE role must be one of {', '.join(ROLES)}, got {self.role!r}")
 
 
+def _check_builtin_names(renderer: str | None, parser: str | None) -> None:
+    """Raises: ModelfileError: a name Ollama's rendererForName / ParserForName does not know at the pinned source."""
+    from pipelines.chat.renderers import PARSERS, RENDERERS, SOURCE_TAG
+
+    for command, name, table in (("RENDERER", renderer, RENDERERS), ("PARSER", parser, PARSERS)):
+        if name is not None and name not in table:
+            # `ollama create` keeps an unknown RENDERER and fails every chat with "unknown renderer"; an unknown
+            # PARSER is dropped silently (no thinking or tool_calls): neither is published.
+            raise ModelfileError(
+                f"Ollama has no built-in {command} named {name!r} (as of {SOURCE_TAG})",
+                hint=f"name one of: {', '.join(sorted(table))}; or publish a TEMPLATE with "
+                     "`modelmint modelfile <file.gguf> --template FILE`",
+            )
+
+
 @dataclass(frozen=True)
 class Modelfile:
     """FROM, TEMPLATE, RENDERER, PARSER, REQUIRES, SYSTEM, PARAMETER, MESSAGE and LICENSE commands; `to_text`
@@ -104,8 +119,10 @@ class Modelfile:
         """The Modelfile text. Every value is written so that Ollama's parser reads back exactly it.
 
         Raises:
-            ModelfileError: a value holds a character Ollama's parser drops, or cannot be quoted.
+            ModelfileError: a value holds a character Ollama's parser drops, or cannot be quoted; a RENDERER or
+                PARSER name Ollama does not know (Ollama's parser accepts any name; chat would fail on it).
         """
+        _check_builtin_names(self.renderer, self.parser)
         lines = [f"# {c}" if c else "#" for c in self.comments]
         for c in self.comments:
             if "\n" in c or "\r" in c:

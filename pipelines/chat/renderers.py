@@ -5,11 +5,12 @@ from __future__ import annotations
 from pipelines.core.errors import ConfigError
 
 SOURCE = (
-    "github.com/ollama/ollama at tag v0.32.15: model/renderers/renderer.go (rendererForName), "
-    "model/parsers/parsers.go (ParserForName) and parser/parser.go (the Modelfile commands); each name's "
+    "github.com/ollama/ollama v0.33.0-rc2 (commit fb30760996871fa9460115c753afd2c60d4ab0f7, the Ollama source the "
+    "tests pin in tests/data/ollama_pin.json): model/renderers/renderer.go:55-125 (rendererForName), "
+    "model/parsers/parsers.go:44-105 (ParserForName) and parser/parser.go (the Modelfile commands); each name's "
     "version is the first release tag (v0.x.y, release candidates left out) whose source knows that name"
 )
-SOURCE_TAG = "v0.32.15"
+SOURCE_TAG = "v0.33.0-rc2"
 
 # RENDERER name → first Ollama release that renders with it.
 RENDERERS: dict[str, str] = {
