@@ -2,9 +2,14 @@
 
 The predicate follows https://slsa.dev/provenance/v1: `buildDefinition` (what was asked: the catalog entry and
 recipe; what was resolved: the source files, the parent GGUF, the calibration and evaluation texts, by sha256),
-`runDetails` (the builder, host-independent: modelmint's version and the toolchain pins; the gate's figures and
-verdict as a byproduct). The statement is a file of the artifact directory, `provenance.json`, and the artifact's
-signature (pipelines/registry/signing.py) covers it: it is signed with the same key.
+`runDetails` (the builder: one id per signing key or certificate identity, modelmint's version and git commit and
+the toolchain pins; the gate's figures and verdict, and the manifest's own fields, as byproducts). The statement is a
+file of the artifact directory, `provenance.json`, and the artifact's signature (pipelines/registry/signing.py) covers
+it: it is signed with the same key.
+
+The manifest is bound whole: every field registration knows when it signs (all but `files`, which the signature
+covers file by file, and `dvc`, `replaces` and `created_at`, written after it) is in the `manifest` byproduct, with
+the sha256 of their canonical JSON; verification refuses a manifest whose fields differ, naming each one.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from pipelines.core.fsutil import HashCache
 if TYPE_CHECKING:
     from pipelines.core.settings import Settings
     from pipelines.registry.manifest import Manifest, ParentRef
+    from pipelines.registry.signing import SigningKey
     from pipelines.source.catalog import CatalogEntry
 
 
@@ -46,13 +52,35 @@ class Built(Protocol):
     def source_dir(self) -> Path | None: ...
     @property
     def parent(self) -> ParentRef | None: ...
+    @property
+    def tag(self) -> str: ...
+    @property
+    def sha256(self) -> str: ...
+    @property
+    def size_bytes(self) -> int: ...
+    @property
+    def recipe_sha256(self) -> str: ...
+    @property
+    def stage(self) -> str: ...
+    @property
+    def dvc_path(self) -> str: ...
+    @property
+    def files(self) -> tuple[Path, ...]: ...
+    def placed_as(self, f: Path) -> str: ...
 
 
 PROVENANCE: Final = "provenance.json"
 STATEMENT_TYPE: Final = "https://in-toto.io/Statement/v1"
 PREDICATE_TYPE: Final = "https://slsa.dev/provenance/v1"
 BUILDER_ID: Final = "urn:modelmint:builder"
-"""The builder's id names no host: two machines building the same pins are the same builder."""
+"""The prefix of every builder id. A builder is a trust boundary: the key that signs (`BUILDER_ID:key:<keyid>`) or
+the certificate identity (`BUILDER_ID:identity:<name>`); no host is named: two machines signing with one key are one
+builder."""
+MANIFEST_BYPRODUCT: Final = "manifest"
+UNBOUND: Final = ("files", "dvc", "replaces", "created_at")
+"""Manifest fields the `manifest` byproduct does not hold: `files` (the signature lists every file's sha256; the
+manifest's list is checked against it), and what registration writes after signing (the DVC record, the version
+replaced, the registration time)."""
 
 
 def build_type(fmt: str) -> str:
@@ -60,10 +88,34 @@ def build_type(fmt: str) -> str:
 
 
 def statement(
-    c: Built, validation: dict[str, Any], outputs: dict[str, str], signed_at: datetime, hashes: HashCache
+    c: Built, validation: dict[str, Any], outputs: dict[str, str], signed_at: datetime, hashes: HashCache,
+    *, directory: Path | None = None, signer: SigningKey | None = None,
 ) -> dict[str, Any]:
     """The provenance of candidate `c`: `outputs` (path in the artifact directory → sha256) are its subjects,
-    `validation` the manifest's validation block; `signed_at` the time registration signed it."""
+    `validation` the manifest's validation block; `signed_at` the time registration signed it; `directory` the
+    artifact directory as placed (the manifest's fields are bound from it and `c`); `signer` the key that signs (the
+    builder's id)."""
+    name = c.ref.partition(":")[0]
+    byproducts: list[dict[str, Any]] = [
+        {
+            "name": "validation",
+            "uri": f"modelmint:validation/{c.ref}",
+            "mediaType": "application/vnd.modelmint.validation+json",
+            "digest": {"sha256": canonical_sha256(validation)},
+            "annotations": validation,
+        }
+    ]
+    if directory is not None:
+        fields = bound(draft_manifest(c, validation, directory, signed_at, hashes))
+        byproducts.append(
+            {
+                "name": MANIFEST_BYPRODUCT,
+                "uri": f"modelmint:manifest/{name}/{c.tag}",
+                "mediaType": "application/vnd.modelmint.manifest+json",
+                "digest": {"sha256": canonical_sha256(fields)},
+                "annotations": fields,
+            }
+        )
     return {
         "_type": STATEMENT_TYPE,
         "subject": [{"name": p, "digest": {"sha256": d}} for p, d in sorted(outputs.items())],
@@ -80,21 +132,102 @@ def statement(
                 "resolvedDependencies": _dependencies(c, hashes),
             },
             "runDetails": {
-                "builder": {"id": BUILDER_ID, "version": {"modelmint": __version__, **c.toolchain}},
+                "builder": {
+                    "id": builder_id(signer),
+                    "version": {"modelmint": __version__, "modelmint.commit": modelmint_commit(), **c.toolchain},
+                },
                 "metadata": {
                     "invocationId": c.key,
                     "finishedOn": signed_at.isoformat().replace("+00:00", "Z"),
                 },
-                "byproducts": [
-                    {
-                        "name": "validation",
-                        "mediaType": "application/vnd.modelmint.validation+json",
-                        "annotations": validation,
-                    }
-                ],
+                "byproducts": byproducts,
             },
         },
     }
+
+
+def canonical_sha256(value: Any) -> str:
+    """The sha256 of `value` as canonical JSON (sorted keys, no spaces): what a descriptor's digest names."""
+    return hashlib.sha256(json.dumps(value, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def bound(manifest: Manifest) -> dict[str, Any]:
+    """The fields of `manifest` its signed provenance holds (all but UNBOUND), as JSON values."""
+    data = manifest.model_dump(mode="json")
+    return {k: v for k, v in data.items() if k not in UNBOUND}
+
+
+def draft_manifest(
+    c: Built, validation: dict[str, Any], directory: Path, signed_at: datetime, hashes: HashCache
+) -> Manifest:
+    """The manifest registration will write for `c` placed in `directory`, as far as it is known when signing
+    (no DVC record yet; the provenance and the signature not yet written)."""
+    from pipelines.core.weights import weights_bytes
+    from pipelines.registry.manifest import ArtifactFile, DvcRef, Manifest, SourceRef
+    from pipelines.registry.serving import read_serving
+
+    files = [
+        ArtifactFile(path=p.relative_to(directory).as_posix(), sha256=hashes.sha256(p), size=p.stat().st_size)
+        for p in sorted(directory.rglob("*"))
+        if p.is_file()
+    ]
+    src = c.source
+    return Manifest(
+        name=c.ref.partition(":")[0],
+        tag=c.tag,
+        format=c.format,
+        file=c.placed_as(c.files[0]),
+        sha256=c.sha256,
+        size_bytes=c.size_bytes,
+        weights_bytes=weights_bytes((f.path, f.size) for f in files),
+        files=files,
+        source=SourceRef(**{k: src.get(k) for k in ("kind", "repo", "revision", "content_sha256")},
+                         **({"origin": src["origin"]} if src.get("origin") else {})),
+        parent=c.parent,
+        toolchain=c.toolchain,
+        recipe=c.recipe,
+        recipe_sha256=c.recipe_sha256,
+        validation=validation,
+        dvc=DvcRef(path=c.dvc_path, stage=c.stage, md5=None, pushed=False),
+        key=c.key,
+        created_at=signed_at,
+        serving=read_serving(directory),
+    )
+
+
+def builder_id(signer: SigningKey | None) -> str:
+    """The builder's id: its trust boundary, the signing certificate's identity (its subject's common name) or the
+    signing key (the first 16 hex of the sha256 of its public key, DER); BUILDER_ID alone for an unsigned build."""
+    if signer is None:
+        return BUILDER_ID
+    from cryptography import x509
+    from cryptography.hazmat.primitives import serialization
+
+    if signer.cert is not None:
+        leaf = x509.load_pem_x509_certificates(signer.cert.read_bytes())[0]
+        names = leaf.subject.get_attributes_for_oid(x509.NameOID.COMMON_NAME)
+        if names:
+            return f"{BUILDER_ID}:identity:{names[0].value!s}"
+    private = serialization.load_pem_private_key(signer.key.read_bytes(), password=None)
+    public = private.public_key().public_bytes(
+        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
+    return f"{BUILDER_ID}:key:{hashlib.sha256(public).hexdigest()[:16]}"
+
+
+def modelmint_commit() -> str:
+    """The git commit of the modelmint checkout running (`-dirty` when its tracked files differ from it); "unknown"
+    outside a git checkout (an installed wheel)."""
+    from pipelines.core.errors import ToolError
+    from pipelines.core.runner import run
+
+    root = Path(__file__).resolve().parents[2]
+    try:
+        commit = run(["git", "rev-parse", "HEAD"], cwd=root).stdout.strip()
+        dirty = run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root).stdout.strip()
+    except (ToolError, OSError):
+        return "unknown"
+    return f"{commit}-dirty" if dirty else commit
 
 
 def _dependencies(c: Built, hashes: HashCache) -> list[dict[str, Any]]:
@@ -173,17 +306,25 @@ def signed_at(stmt: dict[str, Any]) -> datetime:
 
 
 def disagreements(stmt: dict[str, Any], manifest: Manifest, outputs: dict[str, str]) -> list[str]:
-    """Where the signed provenance and the manifest disagree, each as 'FIELD: manifest X, provenance Y'.
+    """Where the signed provenance and the manifest disagree, each as 'FIELD: the manifest records X, the signed
+    provenance Y', both values in full (within a field that is an object, the differing member is named).
 
     `outputs` is what the signature covers (path → sha256, without the signature itself): the provenance's
-    subjects must be those files but the provenance."""
+    subjects must be those files but the provenance. A provenance with the `manifest` byproduct binds every field of
+    the manifest but UNBOUND; an older one, the fields checked one by one below."""
     problems: list[str] = []
+    checked: list[str] = []
 
-    def differ(what: str, in_manifest: Any, in_provenance: Any) -> None:
-        if in_manifest != in_provenance:
+    def differ(what: str, in_manifest: Any, in_provenance: Any, *, skip: tuple[str, ...] = ()) -> None:
+        checked.append(what)
+        for where, mine, theirs in _differences(in_manifest, in_provenance):
+            full = f"{what}.{where}" if where and not where.startswith("[") else what + where
+            if any(full == s or full.startswith((s + ".", s + "[")) for s in skip):
+                continue  # already said, by the field-by-field checks
+            inner = f"{where} = " if where else ""
             problems.append(
-                f"{what}: the manifest records {_short(in_manifest)}, the signed provenance "
-                f"{_short(in_provenance)}"
+                f"{what}: the manifest records {inner}{_shown(mine)}, the signed provenance "
+                f"{inner}{_shown(theirs)}"
             )
 
     try:
@@ -191,8 +332,9 @@ def disagreements(stmt: dict[str, Any], manifest: Manifest, outputs: dict[str, s
         build, run = pred["buildDefinition"], pred["runDetails"]
         source = next(d for d in build["resolvedDependencies"] if d.get("name") == "source")
         validation = next(b for b in run["byproducts"] if b.get("name") == "validation")["annotations"]
+        fields = next((b for b in run["byproducts"] if b.get("name") == MANIFEST_BYPRODUCT), None)
         subjects = {s["name"]: s["digest"]["sha256"] for s in stmt["subject"]}
-    except (KeyError, TypeError, StopIteration) as err:
+    except (KeyError, TypeError, StopIteration, AttributeError) as err:
         return [f"the provenance is not a statement modelmint wrote (no {err})"]
     differ("statement type", STATEMENT_TYPE, stmt.get("_type"))
     differ("predicate type", PREDICATE_TYPE, stmt.get("predicateType"))
@@ -219,12 +361,36 @@ def disagreements(stmt: dict[str, Any], manifest: Manifest, outputs: dict[str, s
             (d for d in build["resolvedDependencies"] if d.get("name") == manifest.parent.artifact), {}
         )
         differ("parent.sha256", manifest.parent.sha256, (parent.get("digest") or {}).get("sha256"))
+    if fields is not None:
+        held = fields.get("annotations")
+        if not isinstance(held, dict) or canonical_sha256(held) != (fields.get("digest") or {}).get("sha256"):
+            problems.append("the provenance's manifest fields do not hash to the digest it records")
+        else:
+            mine, said = bound(manifest), tuple(checked)
+            for key in sorted(set(mine) | set(held)):
+                differ(key, mine.get(key, "nothing"), held.get(key, "nothing"), skip=said)
     expected = {p: d for p, d in outputs.items() if p != PROVENANCE}
     for p in sorted(set(expected) | set(subjects)):
         differ(f"output {p}", expected.get(p, "no such file"), subjects.get(p, "no such file"))
     return problems
 
 
-def _short(value: Any) -> str:
-    text = json.dumps(value, sort_keys=True) if not isinstance(value, str) else value
-    return text if len(text) <= 120 else text[:117] + "..."
+def _differences(mine: Any, theirs: Any, where: str = "") -> list[tuple[str, Any, Any]]:
+    """The members where `mine` and `theirs` differ: (dotted path below the field, value, value); objects are
+    followed member by member, lists of one length item by item; anything else is one difference."""
+    if mine == theirs:
+        return []
+    if isinstance(mine, dict) and isinstance(theirs, dict):
+        return [
+            d
+            for k in sorted(set(mine) | set(theirs))
+            for d in _differences(mine.get(k, "nothing"), theirs.get(k, "nothing"), f"{where}.{k}" if where else k)
+        ]
+    if isinstance(mine, list) and isinstance(theirs, list) and len(mine) == len(theirs):
+        return [d for i, (a, b) in enumerate(zip(mine, theirs, strict=True)) for d in _differences(a, b, f"{where}[{i}]")]
+    return [(where, mine, theirs)]
+
+
+def _shown(value: Any) -> str:
+    """A value as a message shows it: in full (a string as it is, anything else as JSON)."""
+    return value if isinstance(value, str) else json.dumps(value, sort_keys=True)

@@ -145,7 +145,8 @@ def seal(settings: Settings, c: provenance.Built, directory: Path, validation: d
         for p in sorted(directory.rglob("*"))
         if p.is_file()
     }
-    stmt = provenance.statement(c, validation, outputs, datetime.now(UTC).replace(microsecond=0), hashes)
+    stmt = provenance.statement(c, validation, outputs, datetime.now(UTC).replace(microsecond=0), hashes,
+                                directory=directory, signer=sk)
     write_text_atomic(directory / provenance.PROVENANCE, json.dumps(stmt, indent=2, sort_keys=True) + "\n")
     sign_directory(sk, directory)
 
