@@ -26,7 +26,7 @@ from prefect.exceptions import MissingContextError
 if TYPE_CHECKING:
     from prefect.client.schemas.objects import FlowRun
 
-from pipelines.core.errors import ModelmintError
+from pipelines.core.errors import ConfigError, ModelmintError
 from pipelines.core.settings import Settings
 from pipelines.registry.pins import RecordMode, record_pin
 from pipelines.source import upstream
@@ -70,7 +70,7 @@ def start_conversion(name: str, commit: str) -> Any:
             spent = attempt + 1 == CONVERSION_ATTEMPTS
             _log().warning("%s@%s: conversion %s ended %s (attempt %d of %d); %s", name, commit[:12], run.name,
                            run.state.type.value, attempt + 1, CONVERSION_ATTEMPTS,
-                           "no retries left: fix the cause, then `python -m flows.watch convert " + name + "`"
+                           "no retries left: fix the cause, then `modelmint watch --convert " + name + "`"
                            " after deleting the failed runs" if spent else f"retried in {due - waited:.0f} s")
             return run
     raise AssertionError("unreachable")  # the loop returns on its last attempt
@@ -79,7 +79,7 @@ def start_conversion(name: str, commit: str) -> Any:
 def _log() -> logging.Logger | logging.LoggerAdapter[logging.Logger]:
     try:
         return get_run_logger()
-    except MissingContextError:  # the webhook and `python -m flows.watch convert` run outside a flow
+    except MissingContextError:  # the webhook and `modelmint watch --convert` run outside a flow
         return logging.getLogger(__name__)
 
 
@@ -133,28 +133,37 @@ def _report(started: dict[str, dict[str, Any]], unchanged: list[str], failed: li
     create_markdown_artifact(text, key="watch-upstream", description="what moved upstream")
 
 
-def main(argv: list[str] | None = None) -> int:
-    """`python -m flows.watch convert NAME…`: start (or find) the conversion of each entry's pinned commit on the
-    Prefect server at PREFECT_API_URL, with the key the watcher and the webhook use (CI's `prefect` mode)."""
-    import argparse
+def pinned_commits(settings: Settings, names: list[str]) -> dict[str, str]:
+    """Each named catalog entry's pinned hub commit, the one `modelmint watch --convert` starts the conversion of.
 
-    parser = argparse.ArgumentParser(prog="python -m flows.watch")
-    parser.add_argument("command", choices=["convert"])
-    parser.add_argument("names", nargs="+", help="catalog entries whose pinned commit to convert")
-    args = parser.parse_args(argv)
-    try:
-        catalog = load_catalog(Settings.from_env().catalog_path)
-        commits = {name: getattr(catalog.get(name).source, "revision", None) for name in args.names}
-    except ModelmintError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 1
+    Raises:
+        ConfigError: an unknown name, or an entry pinned to no hub commit.
+    """
+    catalog = load_catalog(settings.catalog_path)
+    commits = {name: getattr(catalog.get(name).source, "revision", None) for name in names}
     for name, commit in commits.items():
         if commit is None:
-            print(f"error: {name} has no pinned hub commit to convert", file=sys.stderr)
-            return 1
-        run = start_conversion(name, commit)
-        state = run.state.type.value if run.state else "unknown"
-        print(f"{name}@{commit[:12]}: flow run {run.name} ({run.id}), {state}")
+            raise ConfigError(f"{name} has no pinned hub commit to convert",
+                              hint=f"pin its source's revision in {settings.catalog_path} "
+                              f"(`modelmint watch {name} --apply` moves a tracked pin), then rerun")
+    return cast("dict[str, str]", commits)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m flows.watch convert NAME…`: the older spelling of `modelmint watch --convert NAME…` (the upstream
+    workflow and docs/upstream.md use it), run through the modelmint command line and its error edge."""
+    args = sys.argv[1:] if argv is None else argv
+    if args[:1] != ["convert"] or len(args) < 2:
+        print("usage: python -m flows.watch convert NAME [NAME ...]\n"
+              "error: the one command is `convert NAME…` (`modelmint watch --convert NAME…` is the same)",
+              file=sys.stderr)
+        return 2
+    from pipelines.cli import main as cli
+
+    try:
+        cli(["watch", "--convert", *args[1:]], prog_name="modelmint")
+    except SystemExit as done:
+        return done.code if isinstance(done.code, int) else 1
     return 0
 
 

@@ -435,6 +435,29 @@ def test_a_failed_conversion_is_retried_bounded_and_with_a_backoff(prefect_proje
     assert len([r for _, r in _conversions() if r == commit]) == watch.CONVERSION_ATTEMPTS == 3
 
 
+def test_watch_convert_starts_the_pinned_commits_one_conversion(prefect_project: Settings,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """`modelmint watch --convert NAME` (and its older spelling `python -m flows.watch convert NAME`): the pinned
+    commit's conversion, started once under the key the watcher and the webhook use, through the CLI's edge."""
+    from flows import watch
+    from pipelines.cli import main
+
+    pinned = load_catalog(prefect_project.catalog_path).get("tiny").source.revision  # type: ignore[union-attr]
+    with pytest.raises(SystemExit) as done:
+        main(["watch", "--convert", "tiny"])
+    assert done.value.code == 0
+    runs = _conversions()
+    assert [r for _, r in runs] == [pinned] and f"tiny@{pinned[:12]}: flow run " in capsys.readouterr().out
+    assert watch.main(["convert", "tiny"]) == 0 and _conversions() == runs  # found again: the same run
+    assert runs[0][0] in capsys.readouterr().out
+    with pytest.raises(SystemExit) as done:
+        main(["watch", "--convert", "tiny", "--apply"])
+    assert done.value.code == 2 and "neither --apply nor --json" in capsys.readouterr().err
+    assert watch.main(["convert", "nope"]) == 1 and _conversions() == runs
+    said = capsys.readouterr().err
+    assert "no catalog entry named 'nope'" in said and "modelmint catalog list" in said
+
+
 # ---------------------------------------------------------------- item 5: the deployment and the CI workflows
 
 ROOT = Path(__file__).resolve().parent.parent

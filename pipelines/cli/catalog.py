@@ -12,6 +12,7 @@ from pipelines.cli._app import app, catalog_app, err, escape, load_settings, out
 from pipelines.core.errors import ConfigError, ModelmintError
 
 if TYPE_CHECKING:
+    from pipelines.core.settings import Settings
     from pipelines.source.upstream import Movement
 
 
@@ -48,6 +49,14 @@ def watch_cmd(
         typer.Option("--apply", help="move each moved pin in registry/catalog.yaml and regenerate dvc.yaml"),
     ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print what moved as JSON")] = False,
+    convert: Annotated[
+        bool,
+        typer.Option(
+            "--convert",
+            help="instead: start (or find) the conversion of each named entry's pinned commit on the Prefect "
+            "server (PREFECT_API_URL), with the key the scheduled watcher and the webhook use",
+        ),
+    ] = False,
 ) -> None:
     """Compare each tracked upstream ref's current commit on the hub with the catalog's pin: what moved, which
     files changed (weights, tokenizer, chat template, config), and with --apply, move the pin."""
@@ -55,6 +64,9 @@ def watch_cmd(
     from pipelines.source.catalog import load_catalog
 
     settings = load_settings()
+    if convert:
+        _convert_pinned(settings, names or [], apply=apply, as_json=as_json)
+        return
     entries = upstream.tracked(load_catalog(settings.catalog_path), names or ())
     if not entries:
         err.print(
@@ -94,6 +106,20 @@ def watch_cmd(
             hint="rerun `modelmint watch` later for a hub that was down (the scheduled flow "
             "retries on its next tick); fix the catalog for the others",
         )
+
+
+def _convert_pinned(settings: Settings, names: list[str], *, apply: bool, as_json: bool) -> None:
+    """`watch --convert NAME…`: each entry's pinned commit handed to Prefect as one `convert/<name>` run."""
+    if not names or apply or as_json:
+        raise typer.BadParameter("--convert takes one or more catalog entries and neither --apply nor --json",
+                                 param_hint="'--convert'")
+    # Conversions are Prefect runs, so this lives with the flows (pipelines itself never imports Prefect).
+    from flows.watch import pinned_commits, start_conversion
+
+    for name, commit in pinned_commits(settings, names).items():
+        run = start_conversion(name, commit)
+        state = run.state.type.value if run.state else "unknown"
+        out.print(f"{name}@{commit[:12]}: flow run {run.name} ({run.id}), {state}", highlight=False, soft_wrap=True)
 
 
 def _print_movements(found: list[Movement], *, applied: bool) -> None:
