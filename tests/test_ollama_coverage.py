@@ -33,8 +33,9 @@ from pipelines.core.settings import Settings
 from pipelines.publish.ollama import convert_template
 from tests.test_ollama_templates import CLAIMED
 
-# The floor this branch reached (the target: 45 of 70); raise it as families are added.
-COVERED_AT_LEAST = 46
+# The floor reached; raise it as families are added. (It was 46 until two RENDERER mappings, Qwen3-Coder and
+# DeepSeek V3.1, were checked against their Jinja and found to render differently: now refused.)
+COVERED_AT_LEAST = 44
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +65,8 @@ def test_every_refusal_names_the_nearest_family_and_the_escape_hatch(tree: tuple
         if r.kind == "refused":
             assert "--template" in r.reason, r
             assert r.family is None or r.family in FAMILIES
-            assert "nearest family" in r.reason or "every marker" in r.reason or "no marker" in r.reason, r
+            assert ("nearest family" in r.reason or "every marker" in r.reason or "no marker" in r.reason
+                    or (r.differs and "renders this" in r.reason)), r
 
 
 # Templates mapped to Ollama's built-in renderers, with the evidence that ties each to its renderer.
@@ -84,11 +86,22 @@ RENDERER_MAPPED = {
 }
 
 
+# Mapped, then refused: Ollama's renderer (tests/test_ollama_renderers.py) writes other bytes than the Jinja.
+RENDERER_REFUSED = {"Qwen3-Coder.jinja", "deepseek-ai-DeepSeek-V3.1.jinja"}
+
+
 @pytest.mark.parametrize("name", sorted(RENDERER_MAPPED))
 def test_renderer_mapped_templates(tree: tuple[Path, str], name: str) -> None:
-    fam = detect_family((tree[0] / name).read_text(encoding="utf-8"))
-    assert fam.name == RENDERER_MAPPED[name] and fam.kind == "renderer"
+    jinja = (tree[0] / name).read_text(encoding="utf-8")
+    fam = FAMILIES[RENDERER_MAPPED[name]]
+    assert fam.detect(jinja) and fam.kind == "renderer"
     assert fam.renderer in RENDERERS and fam.parser in PARSERS
+    if name in RENDERER_REFUSED:
+        assert fam.renderer_differs
+        with pytest.raises(UnsupportedChatTemplate, match="renders this"):
+            detect_family(jinja)
+    else:
+        assert detect_family(jinja) is fam and classify(name, jinja).kind == "renderer"
 
 
 # Near-misses: a neighbour of a family (an older or newer version) refused with what differs.

@@ -8,10 +8,15 @@ from pathlib import Path
 
 from pipelines import PACKAGE
 from pipelines.chat.families import FAMILIES, matching_families, nearest_family, refusal_reason
-from pipelines.chat.renderers import PARSERS, RENDERERS, SOURCE, required_version
+from pipelines.chat.proof import SUITE
+from pipelines.chat.renderers import PARSERS, RENDERERS, SOURCE, SOURCE_TAG, required_version
 from pipelines.core.settings import Settings
 
 DOC = PACKAGE.parent / "docs" / "ollama-families.md"
+
+_TEMPLATE_PROOF = "Go TEMPLATE run by Go's text/template against the Jinja on the suite (tests/test_ollama_templates.py)"
+_RENDERER_PROOF = (f"RENDERER reimplemented from Ollama {SOURCE_TAG}'s source, checked on Ollama's own test vectors, "
+                   "against the Jinja on the suite (tests/test_ollama_renderers.py)")
 
 
 @dataclass(frozen=True)
@@ -24,6 +29,10 @@ class Coverage:
     """'proven' (Go TEMPLATE proven on the suite), 'renderer' (Ollama's built-in RENDERER) or 'refused'."""
     reason: str
     """The evidence for a recognised template; the cause and the nearest family for a refusal."""
+    proof: str = "—"
+    """How the rendering Ollama gets was checked against the Jinja."""
+    differs: tuple[str, ...] = ()
+    """The suite's conversations on which Ollama's rendering differs from the Jinja (a refused RENDERER mapping)."""
 
     @property
     def covered(self) -> bool:
@@ -33,15 +42,21 @@ class Coverage:
 def classify(name: str, jinja: str) -> Coverage:
     """How modelmint treats one Jinja chat template."""
     hits = matching_families(jinja)
+    escape = "publish with `modelmint modelfile MODEL.gguf --template FILE` (a hand-written TEMPLATE)"
     if len(hits) == 1:
         fam = hits[0]
         found, _missing = fam.evidence(jinja)
         evidence = ", ".join(repr(m) for m in found) or "its detector"
+        if fam.renderer_mismatch:
+            return Coverage(name, fam.name, "refused", f"{fam.renderer_mismatch}; {escape}",
+                            proof=_RENDERER_PROOF, differs=fam.renderer_differs or ())
         if fam.renderer:
             evidence += f"; RENDERER {fam.renderer}, PARSER {fam.parser}, REQUIRES {required_version(fam.renderer, fam.parser)}"
-        return Coverage(name, fam.name, fam.kind, evidence)
+            proof = (f"{_RENDERER_PROOF}: byte-identical on all {len(SUITE)} conversations"
+                     if fam.renderer_differs == () else "not proven: Ollama's RENDERER is not reimplemented yet")
+            return Coverage(name, fam.name, fam.kind, evidence, proof=proof)
+        return Coverage(name, fam.name, fam.kind, evidence, proof=_TEMPLATE_PROOF)
     near = nearest_family(jinja)
-    escape = "publish with `modelmint modelfile MODEL.gguf --template FILE` (a hand-written TEMPLATE)"
     return Coverage(name, near[0].name if near else None, "refused", f"{refusal_reason(jinja)}; {escape}")
 
 
@@ -60,6 +75,8 @@ def _families_table() -> list[str]:
     for fam in FAMILIES.values():
         how = (f"RENDERER {fam.renderer} + PARSER {fam.parser} (REQUIRES {required_version(fam.renderer, fam.parser)})"
                if fam.renderer else "proven TEMPLATE")
+        if fam.renderer_mismatch:
+            how = f"refused: RENDERER {fam.renderer} differs from the Jinja on {len(fam.renderer_differs or ())} conversations"
         lines.append(f"| {fam.name} | {how} | {_cell(fam.tool_calls)} | {_cell(fam.title)} |")
     return lines
 
@@ -82,8 +99,10 @@ def render_doc(rows: list[Coverage], tree: str) -> str:
         "is out of date.",
         "",
         f"Of the {len(rows)} chat templates in {tree}, modelmint publishes {covered}: {proven} with a Go TEMPLATE "
-        f"proven byte-identical on its conversation suite, {covered - proven} with Ollama's built-in RENDERER and "
-        "PARSER. Every other template is refused with the nearest family and what differs from it.",
+        f"proven byte-identical on its conversation suite ({len(SUITE)} conversations), {covered - proven} with "
+        f"Ollama's built-in RENDERER and PARSER ({sum(r.kind == 'renderer' and 'byte-identical' in r.proof for r in rows)}"
+        " of them proven). A RENDERER mapping that renders other bytes than the template's Jinja is refused, with the "
+        "conversations that differ. Every other template is refused with the nearest family and what differs from it.",
         "",
         "## Families",
         "",
@@ -108,11 +127,12 @@ def render_doc(rows: list[Coverage], tree: str) -> str:
         "",
         "## Templates",
         "",
-        "| template | family | Ollama gets | evidence or reason |",
-        "| --- | --- | --- | --- |",
+        "| template | family | Ollama gets | proven how | conversations that differ | evidence or reason |",
+        "| --- | --- | --- | --- | --- | --- |",
     ]
     for r in rows:
-        out.append(f"| {r.template} | {r.family or '—'} | {r.kind} | {_cell(r.reason)} |")
+        out.append(f"| {r.template} | {r.family or '—'} | {r.kind} | {_cell(r.proof)} | "
+                   f"{', '.join(r.differs) or '—'} | {_cell(r.reason)} |")
     return "\n".join(out) + "\n"
 
 

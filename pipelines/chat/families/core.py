@@ -81,6 +81,18 @@ class ChatFamily:
     """Ollama's built-in PARSER that returns thinking and structured tool_calls for it."""
     tool_calls: str = ""
     """How Ollama returns structured tool_calls for this family (the PARSER, or the TEMPLATE's tag)."""
+    renderer_differs: tuple[str, ...] | None = None
+    """For a RENDERER family: the conversations of the suite (pipelines.chat.proof.SUITE) on which Ollama's RENDERER,
+    reimplemented from Ollama's source in tests/ollama_renderers.py, renders other bytes than the Jinja; () when
+    proven identical on all of them, None when not checked. A family with any is refused, never published."""
+
+    @property
+    def renderer_mismatch(self) -> str | None:
+        """Why this family's RENDERER cannot be published for its template, or None."""
+        if not self.renderer_differs:
+            return None
+        return (f"Ollama's RENDERER {self.renderer} renders this {self.name} template differently from its Jinja on "
+                f"{len(self.renderer_differs)} conversations of modelmint's suite ({', '.join(self.renderer_differs)})")
 
     @property
     def kind(self) -> str:
@@ -187,16 +199,19 @@ def detect_family(jinja: str) -> ChatFamily:
 
     Raises:
         UnsupportedChatTemplate: no family (or more than one) recognises it; the message names the
-            nearest family and what differs.
+            nearest family and what differs. Or the one family is rendered by an Ollama RENDERER that writes
+            other bytes than this Jinja (the message names the conversations).
         InvalidJinja: it is not Jinja at all (named with its line, not read for markers or Go blockers).
     """
     from pipelines.chat.jinja import check_syntax
 
     check_syntax(jinja)
     hits = matching_families(jinja)
-    if len(hits) == 1:
-        return hits[0]
     names = sorted(FAMILIES)
+    if len(hits) == 1:
+        if hits[0].renderer_mismatch:
+            raise UnsupportedChatTemplate(f"the chat template is refused: {hits[0].renderer_mismatch}", families=names)
+        return hits[0]
     if not hits:
         head = " ".join(jinja.split())[:120]
         raise UnsupportedChatTemplate(

@@ -1,0 +1,265 @@
+"""Ollama's built-in RENDERERs as the tests' stand-in: Python written from Ollama's Go source, rule by rule.
+
+Pinned in tests/data/ollama_pin.json: ollama/ollama v0.33.0-rc2, commit fb30760996871fa9460115c753afd2c60d4ab0f7
+(read with `git show <commit>:<file>`; no Go code is copied). Each rule cites file:line at that commit. A renderer
+takes what Ollama's /api/chat hands it (server/prompt.go:135-143 renderPrompt: the messages, the tools and the think
+value, nothing else) and its output is the prompt as is (the runner drops a BOS it would add twice:
+llm/llama_server.go:280 completionPrompt with the renderer's LeadingBOS).
+
+Messages are the /api/chat JSON shape (pipelines.chat.proof.ollama_messages): role, content, thinking, tool_calls
+[{function: {name, arguments}}], tool_name. Tools are the request's JSON tools.
+
+Go's encoding/json, as the renderers reach it (`go_json`): compact, `<` `>` `&` U+2028 U+2029 escaped as \\u003c …
+(encoding/json's HTML escaping, also applied to a Marshaler's output), non-ASCII kept, numbers decoded from the
+request as float64 and printed without a fraction when integral. api/types.go:473-479 ToolFunctionParameters
+marshals its fields in the order type, $defs, items, required, properties; :418-426 ToolProperty in the order anyOf,
+type, items, description, enum, properties, required; :333-339 a one-element type prints as a string; the property
+and argument maps are ordered maps (:298-303, :406-411) and keep the request's order.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+PIN = "ollama/ollama v0.33.0-rc2 (fb30760)"
+
+_HTML = {"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u2028", "\u2029": "\\u2029"}
+
+
+def _numbers(value: Any) -> Any:
+    """JSON numbers as Go holds them after decoding into `any` (float64): integral ones print without '.0'."""
+    if isinstance(value, float) and value.is_integer() and abs(value) < 1e21:
+        return int(value)
+    if isinstance(value, dict):
+        return {k: _numbers(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_numbers(v) for v in value]
+    return value
+
+
+def go_json(value: Any) -> str:
+    """encoding/json.Marshal of a decoded JSON value (compact, HTML-escaped, map order as given)."""
+    text = json.dumps(_numbers(value), ensure_ascii=False, separators=(",", ":"))
+    for raw, escaped in _HTML.items():
+        text = text.replace(raw, escaped)
+    return text
+
+
+def _prop(p: dict[str, Any]) -> dict[str, Any]:
+    """api.ToolProperty's fields in struct order (api/types.go:418-426), empty ones omitted (omitempty)."""
+    out: dict[str, Any] = {}
+    if p.get("anyOf"):
+        out["anyOf"] = [_prop(a) for a in p["anyOf"]]
+    kind = p.get("type")
+    if kind:
+        out["type"] = kind[0] if isinstance(kind, list) and len(kind) == 1 else kind  # types.go:333-339
+    for key in ("items", "description", "enum"):
+        if p.get(key):
+            out[key] = p[key]
+    if p.get("properties"):
+        out["properties"] = {k: _prop(v) for k, v in p["properties"].items()}
+    if p.get("required"):
+        out["required"] = p["required"]
+    return out
+
+
+def go_parameters(params: dict[str, Any]) -> dict[str, Any]:
+    """api.ToolFunctionParameters' fields in struct order (api/types.go:473-479)."""
+    out: dict[str, Any] = {"type": params.get("type", "")}
+    for key in ("$defs", "items", "required"):
+        if params.get(key):
+            out[key] = params[key]
+    props = params.get("properties")
+    out["properties"] = None if props is None else {k: _prop(v) for k, v in props.items()}
+    return out
+
+
+def _go_v(value: Any) -> str:
+    """fmt.Sprintf("%v", value) for a decoded JSON scalar (bool, float64 as %g with shortest precision)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        f = float(value)
+        if f.is_integer() and abs(f) < 1e6:  # strconv 'g', shortest: %e from exponent 6 on (strconv/ftoa.go)
+            return str(int(f))
+        if 1e-4 <= abs(f) < 1e6:
+            return repr(f)
+        raise NotImplementedError(f"%v of {value!r}: exponent form not reproduced here")
+    return str(value)
+
+
+# ---------------------------------------------------------------- deepseek3.1 (model/renderers/deepseek3.go)
+
+DS_BOS, DS_EOS = "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"
+
+
+def render_deepseek31(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, think: bool | None) -> str:
+    """RENDERER deepseek3.1: renderer.go:78-80 DeepSeek3Renderer{IsThinking: true, Variant: Deepseek31}."""
+    out: list[str] = []
+    thinking = think is True  # deepseek3.go:28-29: IsThinking and a think value that is true
+    # deepseek3.go:31-45: every system message's content, the first as is, the others after "\n\n"
+    system = "\n\n".join(m["content"] for m in messages if m["role"] == "system")
+    out.append(DS_BOS + system)  # :47-48
+    if tools:  # :51-70
+        out.append("\n\n## Tools\nYou have access to the following tools:\n")
+        for tool in tools:
+            fn = tool["function"]
+            out.append("\n### " + fn["name"])
+            out.append("\nDescription: " + fn.get("description", ""))
+            out.append("\n\nParameters: " + go_json(go_parameters(fn.get("parameters", {}))) + "\n")  # :61-65
+        out.append("\nIMPORTANT: ALWAYS adhere to this exact format for tool use:\n")
+        out.append("<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>tool_call_name<｜tool▁sep｜>tool_call_arguments"
+                   "<｜tool▁call▁end｜>{{additional_tool_calls}}<｜tool▁calls▁end｜>\n\n")
+        out.append("Where:\n\n")
+        out.append("- `tool_call_name` must be an exact match to one of the available tools\n")
+        out.append("- `tool_call_arguments` must be valid JSON that strictly follows the tool's Parameters Schema\n")
+        out.append("- For multiple tool calls, chain them directly without separators or spaces\n")
+    is_tool = is_last_user = False  # :73-75
+    last_user = max((i for i, m in enumerate(messages) if m["role"] == "user"), default=-1)  # :78-85
+    for i, m in enumerate(messages):
+        content = m.get("content") or ""
+        if m["role"] == "user":  # :88-91
+            is_tool, is_last_user = False, True
+            out.append("<｜User｜>" + content)
+        elif m["role"] == "assistant" and m.get("tool_calls"):  # :94-113
+            if is_last_user:
+                out.append("<｜Assistant｜></think>")
+            is_last_user = is_tool = False
+            out.append(content)
+            out.append("<｜tool▁calls▁begin｜>")
+            for call in m["tool_calls"]:
+                out.append("<｜tool▁call▁begin｜>" + call["function"]["name"] + "<｜tool▁sep｜>")
+                out.append(go_json(call["function"].get("arguments") or {}) + "<｜tool▁call▁end｜>")
+            out.append("<｜tool▁calls▁end｜>" + DS_EOS)
+        elif m["role"] == "assistant":  # :114-142
+            if is_last_user:
+                out.append("<｜Assistant｜>")
+                # :117-125 <think> only for a turn after the last user message that has thinking, when thinking
+                out.append("<think>" if m.get("thinking") and thinking and i > last_user else "</think>")
+            is_last_user = False
+            if is_tool:  # :130-132
+                out.append(content + DS_EOS)
+                is_tool = False
+            else:  # :133-140 the text after the first </think>
+                if "</think>" in content:
+                    content = content.split("</think>", 1)[1]
+                out.append(content + DS_EOS)
+        elif m["role"] == "tool":  # :144-147
+            is_last_user, is_tool = False, True
+            out.append("<｜tool▁output▁begin｜>" + content + "<｜tool▁output▁end｜>")
+    if is_last_user and not is_tool:  # :151-158
+        out.append("<｜Assistant｜>" + ("<think>" if thinking else "</think>"))
+    return "".join(out)
+
+
+# ---------------------------------------------------------------- qwen3-coder (model/renderers/qwen3coder.go)
+
+_QC_DEFAULT_SYSTEM = "You are Qwen, a helpful AI assistant that can interact with a computer to solve tasks."
+_QC_INSTRUCTIONS = (
+    "\n\nIf you choose to call a function ONLY reply in the following format with NO suffix:\n\n<tool_call>\n"
+    "<function=example_function_name>\n<parameter=example_parameter_1>\nvalue_1\n</parameter>\n"
+    "<parameter=example_parameter_2>\nThis is the value for the second parameter\nthat can span\nmultiple lines\n"
+    "</parameter>\n</function>\n</tool_call>\n\n<IMPORTANT>\nReminder:\n- Function calls MUST follow the specified "
+    "format: an inner <function=...></function> block must be nested within <tool_call></tool_call> XML tags\n"
+    "- Required parameters MUST be specified\n- You may provide optional reasoning for your function call in "
+    "natural language BEFORE the function call, but NOT after\n- If there is no function call available, answer "
+    "the question like normal with your current knowledge and do not tell the user about function calls\n"
+    "</IMPORTANT>"
+)
+
+
+def _additional_keys(obj: dict[str, Any], handled: set[str]) -> str:
+    """qwen3coder.go:23-58 renderAdditionalKeys: the marshalled object's other keys as <key>value</key>.
+
+    Go ranges over a map here, so with two or more such keys their order is random: refused rather than guessed.
+    """
+    extra = [(k, v) for k, v in obj.items() if k not in handled and v is not None]
+    if len(extra) > 1:
+        raise NotImplementedError(f"keys {[k for k, _ in extra]} come in Go's random map order")
+    out = []
+    for key, value in extra:
+        text = go_json(value) if isinstance(value, (dict, list)) else _go_v(value)  # :41-55
+        out.append(f"\n<{key}>{text}</{key}>")
+    return "".join(out)
+
+
+def _qc_argument(value: Any) -> str:
+    """qwen3coder.go:201-223 formatToolCallArgument."""
+    if value is None:
+        return "null"
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (dict, list)):
+        return go_json(value)
+    return _go_v(value)
+
+
+def _qc_type(kind: Any) -> str:
+    """qwen3coder.go:225-242 formatToolDefinitionType."""
+    kinds = kind if isinstance(kind, list) else [kind]
+    if not kinds:
+        return "[]"
+    return kinds[0] if len(kinds) == 1 else go_json(kinds)
+
+
+def render_qwen3_coder(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+                       think: bool | None) -> str:
+    """RENDERER qwen3-coder: renderer.go:60-62 Qwen3CoderRenderer (the think value is ignored, qwen3coder.go:64)."""
+    del think
+    out: list[str] = []
+    # qwen3coder.go:67-79: system messages are taken out; the first non-empty one wins
+    system = next((m["content"] for m in messages if m["role"] == "system" and m["content"]), "")
+    rest = [m for m in messages if m["role"] != "system"]
+    if system or tools:  # :80-134
+        out.append("<|im_start|>system\n" + (system or _QC_DEFAULT_SYSTEM))
+        if tools:
+            out.append("\n\n# Tools\n\nYou have access to the following functions:\n\n<tools>")
+            for tool in tools:
+                fn = tool["function"]
+                out.append("\n<function>\n<name>" + fn["name"] + "</name>")
+                if fn.get("description"):
+                    out.append("\n<description>" + fn["description"] + "</description>")
+                out.append("\n<parameters>")
+                params = go_parameters(fn.get("parameters", {}))
+                for name, prop in (params["properties"] or {}).items():  # :101-123
+                    out.append("\n<parameter>\n<name>" + name + "</name>")
+                    if prop.get("type"):
+                        out.append("\n<type>" + _qc_type(prop["type"]) + "</type>")
+                    if prop.get("description"):
+                        out.append("\n<description>" + prop["description"] + "</description>")
+                    out.append(_additional_keys(prop, {"type", "description"}))
+                    out.append("\n</parameter>")
+                out.append(_additional_keys(params, {"type", "properties"}))  # :125-130
+                out.append("\n</parameters>\n</function>")
+            out.append("\n</tools>" + _QC_INSTRUCTIONS)
+        out.append("<|im_end|>\n")
+    for i, m in enumerate(rest):
+        last = i == len(rest) - 1
+        prefill = last and m["role"] == "assistant"  # :142-144
+        content = m.get("content") or ""
+        if m["role"] == "assistant" and m.get("tool_calls"):  # :146-159
+            out.append("<|im_start|>assistant\n" + (content + "\n" if content else ""))
+            for call in m["tool_calls"]:
+                out.append("\n<tool_call>\n<function=" + call["function"]["name"] + ">")
+                for name, value in (call["function"].get("arguments") or {}).items():
+                    out.append(f"\n<parameter={name}>\n{_qc_argument(value)}\n</parameter>")
+                out.append("\n</function>\n</tool_call>")
+            out.append("<|im_end|>\n")
+        elif m["role"] == "assistant":  # :160-165
+            out.append("<|im_start|>assistant\n" + content + ("" if prefill else "<|im_end|>\n"))
+        elif m["role"] == "tool":  # :167-182 consecutive tool results share one user turn
+            if i == 0 or rest[i - 1]["role"] != "tool":
+                out.append("<|im_start|>user")
+            out.append("\n<tool_response>\n" + content + "\n</tool_response>")
+            if last or rest[i + 1]["role"] != "tool":
+                out.append("<|im_end|>\n")
+        else:  # :183-187
+            out.append("<|im_start|>" + m["role"] + "\n" + content + "<|im_end|>\n")
+        if last and not prefill:  # :190-192
+            out.append("<|im_start|>assistant\n")
+    return "".join(out)
+
+
+RENDERERS = {"deepseek3.1": render_deepseek31, "qwen3-coder": render_qwen3_coder}
+"""The RENDERER names reimplemented here, by Ollama's name (model/renderers/renderer.go rendererForName)."""

@@ -1,0 +1,109 @@
+"""Proof of the RENDERER mappings: Ollama's renderer (tests/ollama_renderers.py, written from Ollama's source) on
+Ollama's own test vectors, then byte for byte against the model's Jinja over the conversation suite.
+
+The vectors (tests/data/ollama_renderer_vectors.json) are cases of Ollama's model/renderers/*_test.go at the pinned
+commit: the expected prompts copied verbatim, the inputs transcribed to /api/chat JSON. A family's recorded
+`renderer_differs` must be exactly the conversations on which the reimplementation and the Jinja differ; a family
+with any is refused at publish time with them named.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import date
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pipelines.chat.coverage import classify, templates_tree
+from pipelines.chat.families import FAMILIES, TemplateTokens, UnsupportedChatTemplate, detect_family
+from pipelines.chat.proof import SUITE, ollama_messages, render_hf
+from pipelines.chat.renderers import RENDERERS as OLLAMA_RENDERER_NAMES
+from pipelines.core.errors import UnsupportedModel
+from pipelines.core.settings import Settings
+from pipelines.publish.ollama import convert_template
+from tests.ollama_renderers import RENDERERS, go_json
+
+VECTORS = json.loads((Path(__file__).parent / "data" / "ollama_renderer_vectors.json").read_text(encoding="utf-8"))
+TODAY = date(2026, 11, 26)
+
+# The template each reimplemented RENDERER is mapped to, with the special tokens its Jinja prints.
+CHECKED: dict[str, tuple[str, TemplateTokens]] = {
+    "deepseek-ai-DeepSeek-V3.1.jinja": ("deepseek3.1", TemplateTokens("<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>")),
+    "Qwen3-Coder.jinja": ("qwen3-coder", TemplateTokens(None, "<|im_end|>", engine_adds_bos=False)),
+}
+
+
+@pytest.fixture(scope="module")
+def templates_dir(settings: Settings) -> Path:
+    return templates_tree(settings)[0]
+
+
+def _cases() -> list[Any]:
+    return [pytest.param(name, case, id=f"{name}:{case['name']}")
+            for name, data in VECTORS["renderers"].items() for case in data["cases"]]
+
+
+@pytest.mark.parametrize(("renderer", "case"), _cases())
+def test_the_reimplementation_writes_what_ollamas_own_tests_expect(renderer: str, case: dict[str, Any]) -> None:
+    assert renderer in OLLAMA_RENDERER_NAMES
+    assert RENDERERS[renderer](case["messages"], case["tools"], case["think"]) == case["expected"]
+
+
+def test_every_reimplemented_renderer_has_vectors_and_a_template() -> None:
+    assert set(VECTORS["renderers"]) == set(RENDERERS) == {FAMILIES[f].renderer for f, _ in CHECKED.values()}
+    assert all(len(v["cases"]) >= 5 for v in VECTORS["renderers"].values())
+
+
+def test_go_json_escapes_as_encoding_json_does() -> None:
+    # encoding/json: HTML-escaped, compact, non-ASCII kept, float64 numbers without a fraction when integral
+    assert go_json({"q": "a<b & c>d", "n": 3.0, "x": 2.5, "s": "日本\u2028"}) == \
+        '{"q":"a\\u003cb \\u0026 c\\u003ed","n":3,"x":2.5,"s":"日本\\u2028"}'
+
+
+def _differs(templates_dir: Path, name: str) -> list[str]:
+    family_name, tokens = CHECKED[name]
+    fam = FAMILIES[family_name]
+    jinja = (templates_dir / name).read_text(encoding="utf-8")
+    differs = []
+    for conv in SUITE:
+        try:
+            hf: str | None = render_hf(jinja, conv, fam, tokens, now=TODAY)
+        except UnsupportedModel:
+            hf = None
+        assert fam.renderer is not None
+        ollama = RENDERERS[fam.renderer](ollama_messages(conv), list(conv.tools) if conv.tools else None, conv.think)
+        if hf != ollama:
+            differs.append(conv.name)
+    return differs
+
+
+@pytest.mark.parametrize("name", sorted(CHECKED))
+def test_the_recorded_differences_are_the_measured_ones(templates_dir: Path, name: str) -> None:
+    fam = FAMILIES[CHECKED[name][0]]
+    assert fam.renderer_differs is not None, f"{fam.name}: record its measured differences ({_differs(templates_dir, name)})"
+    assert list(fam.renderer_differs) == _differs(templates_dir, name)
+
+
+@pytest.mark.parametrize("name", sorted(CHECKED))
+def test_a_renderer_that_renders_differently_is_refused_with_the_conversations(
+        templates_dir: Path, settings: Settings, name: str) -> None:
+    family_name, tokens = CHECKED[name]
+    jinja = (templates_dir / name).read_text(encoding="utf-8")
+    differs = _differs(templates_dir, name)
+    assert differs, "a proven-identical mapping is published: this test is for the refused ones"
+    with pytest.raises(UnsupportedChatTemplate, match=f"RENDERER {FAMILIES[family_name].renderer} renders") as err:
+        detect_family(jinja)
+    assert all(c in err.value.message for c in differs) and "--template" in (err.value.hint or "")
+    with pytest.raises(UnsupportedChatTemplate, match=r"renders this .* differently"):
+        convert_template(jinja, tokens, settings)
+    row = classify(name, jinja)
+    assert (row.kind, row.family, row.differs) == ("refused", family_name, tuple(differs))
+
+
+def test_qwen3_coder_differs_only_where_tools_are_printed(templates_dir: Path) -> None:
+    # Without tools the prompts are byte-identical; with them Ollama's renderer writes its own instructions and
+    # Go's compact JSON. Named here so that a change on either side shows up as a change of this list.
+    tool_free = {c.name for c in SUITE if not c.tools}
+    assert not tool_free & set(_differs(templates_dir, "Qwen3-Coder.jinja"))
