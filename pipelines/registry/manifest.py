@@ -6,7 +6,7 @@ import json
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Final, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -25,6 +25,10 @@ from pipelines.core.vocab import (
 )
 from pipelines.core.weights import weights_bytes
 from pipelines.registry.names import NAMES, Format, artifact_relpath, format_name, stage_name
+
+if TYPE_CHECKING:
+    from pipelines.publish.llamacpp_memory import LayeredWeights
+    from pipelines.publish.planner import ModelShape
 
 SCHEMA_VERSION: Final = 3
 """3: `weights_bytes`, the artifact's whole weight bytes (every safetensors shard, every split GGUF's shard; the
@@ -197,6 +201,109 @@ class Serving(_Strict):
     inventories: list[InventoryPlans] = Field(min_length=1)
 
 
+class LlamaCppLayers(_Strict):
+    """A GGUF's tensors as llama.cpp places them (pipelines/publish/llamacpp_memory.py, LayeredWeights): what its
+    memory model sizes the weights per offloaded layer, the KV cache and the buffers by."""
+
+    architecture: str
+    n_layer: int = Field(ge=1)
+    n_embd: int = Field(ge=0)
+    n_ff: int = Field(ge=0)
+    n_head: int = Field(ge=1)
+    n_head_kv: list[int] = Field(description="KV heads of each layer")
+    head_dim_k: int = Field(ge=0)
+    head_dim_v: int = Field(ge=0)
+    n_vocab: int = Field(ge=0)
+    layer_bytes: list[int] = Field(description="bytes of each blk.N group of tensors")
+    input_bytes: int = Field(ge=0)
+    output_bytes: int = Field(ge=0)
+    output_tied: bool
+    token_embd_bytes: int = Field(ge=0)
+
+    @model_validator(mode="after")
+    def _per_layer(self) -> LlamaCppLayers:
+        for key in ("n_head_kv", "layer_bytes"):
+            values = getattr(self, key)
+            if len(values) != self.n_layer or any(v < 0 for v in values):
+                raise ValueError(f"{key} must give one count of at least 0 for each of the {self.n_layer} layers")
+        return self
+
+    @classmethod
+    def of(cls, weights: LayeredWeights) -> LlamaCppLayers:
+        data = weights.to_dict()
+        data.pop("path")
+        return cls.model_validate(data)
+
+    def weights(self, path: str) -> LayeredWeights:
+        """The layers as llama.cpp's memory model takes them (`path`: the file they describe, for messages)."""
+        from pipelines.publish.llamacpp_memory import LayeredWeights
+
+        return LayeredWeights(path, self.architecture, self.n_layer, self.n_embd, self.n_ff, self.n_head,
+                              tuple(self.n_head_kv), self.head_dim_k, self.head_dim_v, self.n_vocab,
+                              tuple(self.layer_bytes), self.input_bytes, self.output_bytes, self.output_tied,
+                              self.token_embd_bytes)
+
+
+class ModelShapeRecord(_Strict):
+    """The model's shape as the planner reads it from the artifact's header (pipelines/publish/planner.py,
+    ModelShape), recorded at registration so that a checkout without the artifact's bytes can still be planned for;
+    a GGUF's also as llama.cpp places its tensors."""
+
+    architecture: str
+    layers: int = Field(ge=1)
+    attention_heads: int = Field(ge=1)
+    kv_heads: int = Field(ge=1)
+    head_dim: int = Field(ge=1)
+    max_context: int = Field(ge=1)
+    windows: list[int | None] = Field(default_factory=list, description="per layer: its sliding window, or null")
+    mla_dims: int | None = None
+    hidden_size: int = Field(default=0, ge=0)
+    intermediate_size: int = Field(default=0, ge=0)
+    vocab_size: int = Field(default=0, ge=0)
+    llamacpp: LlamaCppLayers | None = Field(default=None, description="GGUF only: its tensors per layer")
+
+    @classmethod
+    def of(cls, shape: ModelShape, layers: LayeredWeights | None = None) -> ModelShapeRecord:
+        return cls(
+            architecture=shape.architecture, layers=shape.layers, attention_heads=shape.attention_heads,
+            kv_heads=shape.kv_heads, head_dim=shape.head_dim, max_context=shape.max_context,
+            windows=list(shape.windows), mla_dims=shape.mla_dims, hidden_size=shape.hidden_size,
+            intermediate_size=shape.intermediate_size, vocab_size=shape.vocab_size,
+            llamacpp=LlamaCppLayers.of(layers) if layers is not None else None,
+        )
+
+    def model_shape(self) -> ModelShape:
+        """The planner's shape, as it read it from the artifact."""
+        from pipelines.publish.planner import ModelShape
+
+        return ModelShape(self.architecture, self.layers, self.attention_heads, self.kv_heads, self.head_dim,
+                          self.max_context, tuple(self.windows), self.mla_dims, self.hidden_size,
+                          self.intermediate_size, self.vocab_size)
+
+
+def record_shape(directory: Path, fmt: str, file: str, tag: str) -> ModelShapeRecord | None:
+    """The shape of the artifact placed in `directory` (its main file `file`), read from its headers as `recommend`
+    and `modelmint plan` read it; None when the planner cannot size it (a format or architecture it does not
+    plan): a manifest without one is planned from the pulled bytes, as before."""
+    from pipelines.core.errors import ArtifactError
+    from pipelines.publish import planner
+    from pipelines.publish.llamacpp_memory import read_layered_weights
+    from pipelines.registry.formats.base import implementation
+
+    try:
+        sized, _ = implementation(fmt).served(directory, file, tag)
+        shape = planner.served(sized).shape
+    except (ConfigError, ArtifactError):
+        return None
+    layers = None
+    if fmt == "gguf":
+        try:
+            layers = read_layered_weights(sized)
+        except ArtifactError:  # tensors not grouped by layer: recommend spreads the bytes evenly, and says so
+            layers = None
+    return ModelShapeRecord.of(shape, layers)
+
+
 class DvcRef(_Strict):
     path: str = Field(description="the DVC-tracked output, relative to the repository root")
     stage: str = Field(description="the dvc.yaml stage that owns it, e.g. gguf@qwen2.5-q4_k_m, compress@qwen2.5-fp8")
@@ -242,6 +349,8 @@ class Manifest(_Strict):
     replaces: PreviousVersion | None = Field(default=None, description="the version of this tag it replaced")
     serving: Serving | None = Field(default=None, description="serving plans per GPU inventory (registered before "
                                     "they were made: none)")
+    shape: ModelShapeRecord | None = Field(default=None, description="the model's shape read from the artifact at "
+                                           "registration (registered before it was recorded, or not sizable: none)")
 
     @model_validator(mode="before")
     @classmethod
@@ -300,7 +409,7 @@ class Manifest(_Strict):
         data = self.model_dump(mode="json")
         if data["source"].get("origin") is None:
             data["source"].pop("origin", None)  # only wheel sources have one: other manifests keep their shape
-        for key in ("replaces", "serving"):
+        for key in ("replaces", "serving", "shape"):
             if data.get(key) is None:
                 data.pop(key, None)  # a first registration (or one without plans) keeps the shape manifests had before
         return json.dumps(data, indent=2, sort_keys=True) + "\n"

@@ -8,7 +8,6 @@ import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from pipelines.core.errors import ArtifactError, ConfigError, NotRegistered, RegistryError
@@ -414,7 +413,7 @@ def _local_shape(
     settings: Settings, manifests: list[Manifest]
 ) -> tuple[planner.ModelShape | None, str | None]:
     """The model's shape from the first of its variants present in this checkout (headers only; every variant of
-    a model has the same shape), or why none could be read."""
+    a model has the same shape), else as a manifest recorded it at registration, or why none could be had."""
     problems = []
     for m in manifests:
         directory = settings.repo_dir / m.dvc.path
@@ -427,10 +426,14 @@ def _local_shape(
             problems.append(f"{m.ref}: {err.message}")
     if problems:
         return None, "; ".join(problems)
+    recorded = next((m.shape for m in manifests if m.shape is not None), None)
+    if recorded is not None:  # read from the artifact when it was registered: no pull needed
+        return recorded.model_shape(), None
     refs = ", ".join(m.ref for m in manifests)
     return None, (
-        f"none of its variants ({refs}) is in this checkout, and the planner reads the model's shape from "
-        f"one: run `modelmint pull {manifests[0].ref}` (any one will do), then ask again"
+        f"none of its variants ({refs}) is in this checkout, and their manifests were registered before "
+        f"modelmint recorded the model's shape in them: run `modelmint pull {manifests[0].ref}` (any one will do), "
+        "then ask again"
     )
 
 
@@ -496,11 +499,8 @@ def _gguf_fits_wholly(
 ) -> Callable[[int], bool] | None:
     """Whether a GGUF of the model of some size would fit wholly (on the GPUs, or in a CPU machine's memory) with
     the KV cache and buffers `m`'s plan needs; None when `m` cannot be sized."""
-    path = settings.repo_dir / m.dvc.path / m.file
-    if not path.is_file():
-        return None
     try:
-        weights, _ = _layered(path, shape, m.weights_bytes)
+        weights, _ = _gguf_layers(settings, m, shape)
     except ArtifactError:
         return None
     group = _group_for_gguf(cluster)
@@ -577,29 +577,47 @@ def _engine_of(m: Manifest, asked: str | None) -> str | None:
     return asked if (asked in GGUF_ENGINES) == (m.format == "gguf") else None
 
 
-def _layered(path: Path, shape: planner.ModelShape, weights_bytes: int) -> tuple[LayeredWeights, list[str]]:
-    """The GGUF's weights per layer as llama.cpp places them; a GGUF whose tensors are not grouped by layer (its
-    header has the shape, its tensors do not follow it) is sized from its header with the registered bytes spread
-    evenly over its layers, and says so.
+def _gguf_layers(settings: Settings, m: Manifest, shape: planner.ModelShape) -> tuple[LayeredWeights, list[str]]:
+    """`m`'s GGUF per layer as llama.cpp places its tensors: read from the file in this checkout, else as its
+    manifest recorded them at registration. A GGUF whose tensors are not grouped by layer (its header has the shape,
+    its tensors do not follow it) is sized from its shape with the registered bytes spread evenly over its layers,
+    and says so.
 
     Raises:
-        ArtifactError: not a GGUF whose header gives the model's shape.
+        ArtifactError: the file is not in this checkout and its manifest records no shape (the message names the
+            pull).
     """
-    try:
-        return read_layered_weights(path), []
-    except ArtifactError as err:
-        n = shape.layers
-        each = weights_bytes // (n + 2)
-        heads_kv = (shape.kv_heads,) * n
-        approx = LayeredWeights(
-            str(path), shape.architecture, n, shape.hidden_size or shape.head_dim * shape.attention_heads,
-            shape.intermediate_size or 4 * (shape.hidden_size or 1), shape.attention_heads, heads_kv,
-            shape.head_dim, shape.head_dim, shape.vocab_size or 32_000, (each,) * n, each, each, False, each,
-        )
-        return approx, [
-            f"{path.name} holds no per-layer tensors llama.cpp sizes by ({err.message}): its "
-            f"{size_text(weights_bytes)} are spread evenly over its {n} layers, so the layer count is approximate"
-        ]
+    rel = f"{m.dvc.path}/{m.file}"
+    path = settings.repo_dir / rel
+    if path.is_file():
+        try:
+            return read_layered_weights(path), []
+        except ArtifactError as err:
+            return _spread(rel, shape, m.weights_bytes, f"{path.name} holds no per-layer tensors llama.cpp sizes "
+                           f"by ({err.message})")
+    if m.shape is not None and m.shape.llamacpp is not None:
+        return m.shape.llamacpp.weights(rel), []
+    if m.shape is not None:
+        return _spread(rel, shape, m.weights_bytes, f"{m.file} held no per-layer tensors llama.cpp sizes by when "
+                       "it was registered")
+    raise ArtifactError(f"its GGUF is not in this checkout: run `modelmint pull {m.ref}`",
+                        hint=f"modelmint pull {m.ref}")
+
+
+def _spread(path: str, shape: planner.ModelShape, weights_bytes: int, why: str) -> tuple[LayeredWeights, list[str]]:
+    """`weights_bytes` spread evenly over the layers of `shape`, with the note that says so."""
+    n = shape.layers
+    each = weights_bytes // (n + 2)
+    heads_kv = (shape.kv_heads,) * n
+    approx = LayeredWeights(
+        path, shape.architecture, n, shape.hidden_size or shape.head_dim * shape.attention_heads,
+        shape.intermediate_size or 4 * (shape.hidden_size or 1), shape.attention_heads, heads_kv,
+        shape.head_dim, shape.head_dim, shape.vocab_size or 32_000, (each,) * n, each, each, False, each,
+    )
+    return approx, [
+        f"{why}: its {size_text(weights_bytes)} are spread evenly over its {n} layers, so the layer count is "
+        "approximate"
+    ]
 
 
 def _group_for_gguf(cluster: list[NodeGroup]) -> NodeGroup:
@@ -687,13 +705,10 @@ def _gguf_choice(
     settings: Settings, m: Manifest, base: Choice, engine: str, shape: planner.ModelShape, request: Request,
     cluster: list[NodeGroup],
 ) -> Choice:
-    path = settings.repo_dir / m.dvc.path / m.file
-    if not path.is_file():
-        return dataclasses.replace(base, refused=f"its GGUF is not in this checkout: run `modelmint pull {m.ref}`")
     try:
-        weights, notes = _layered(path, shape, m.weights_bytes)
+        weights, notes = _gguf_layers(settings, m, shape)
     except ArtifactError as err:
-        return dataclasses.replace(base, refused=f"cannot size its GGUF for llama.cpp: {err.message}")
+        return dataclasses.replace(base, refused=err.message)
     num_ctx = request.context or min(shape.max_context, OLLAMA_NUM_CTX)
     try:
         g = plan_gguf(weights, _group_for_gguf(cluster), engine, num_ctx, request.concurrency)

@@ -4,9 +4,10 @@ GGUF variants and compressed-tensors checkpoints take the same steps; only what 
 the artifact differs (a Modelfile and model card for Ollama; a vLLM serve config and model card for vLLM).
 
 The steps, each safe to repeat after a crash:
-  place    copy the variant (and its serving files: Modelfile or vllm.yaml, card, serving plans per GPU inventory
-           under serve/) into artifacts/<name>/<tag>/, atomically as a directory
-  track    `dvc commit` the dvc.yaml stage that owns that directory: dvc.lock + the DVC cache
+  place    hard-link the variant's weights (copy its other files, add its serving files: Modelfile or vllm.yaml,
+           card, serving plans per GPU inventory under serve/) into artifacts/<name>/<tag>/, atomically as a directory
+  track    make the placed weights the DVC cache's objects (the same inode), then `dvc commit` the dvc.yaml stage
+           that owns that directory: dvc.lock + the DVC cache
   publish  `dvc push` it to the default remote, then write registry/manifests/<name>/<tag>.json
 
 Nothing is visible as registered before its manifest exists, and the manifest is written only after
@@ -16,8 +17,11 @@ validation passed and the blob reached the remote. Under `dvc repro` the stage c
 
 from __future__ import annotations
 
+import errno
 import logging
+import os
 import shutil
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -40,7 +44,8 @@ from pipelines.core.fsutil import (
     write_text_atomic,
 )
 from pipelines.core.settings import Settings
-from pipelines.core.weights import weights_bytes
+from pipelines.core.steps import receipt_path
+from pipelines.core.weights import is_weight_file, weights_bytes
 from pipelines.registry import dvcrepo, serving, signing
 from pipelines.registry.candidate import Candidate, ValidatedOutputChanged, verdict
 from pipelines.registry.formats.base import implementation
@@ -53,13 +58,14 @@ from pipelines.registry.manifest import (
     Validation,
     load_manifest,
     manifest_path,
+    record_shape,
     save_manifest,
 )
 from pipelines.registry.names import format_name
 from pipelines.source.catalog import CatalogEntry
 
-__all__ = ["Candidate", "Registration", "Tracked", "ValidatedOutputChanged", "place", "publish", "register",
-           "registered", "track", "verdict"]
+__all__ = ["Candidate", "Registration", "Tracked", "ValidatedOutputChanged", "drop_scratch", "place", "publish",
+           "register", "registered", "track", "verdict"]
 
 log = logging.getLogger(__name__)
 
@@ -154,7 +160,8 @@ def artifact_dir(settings: Settings, name: str, tag: str) -> Path:
 
 
 def place(settings: Settings, c: Candidate) -> tuple[ArtifactFile, ...]:
-    """Copy the variant's files into its artifact directory and add its serving files, as one rename.
+    """Link the variant's weights (copy its other files) into its artifact directory and add its serving files, as
+    one rename.
 
     Raises:
         DiskFullError: the disk holding artifacts/ (the repository's) filled; nothing was placed.
@@ -168,10 +175,9 @@ def place(settings: Settings, c: Candidate) -> tuple[ArtifactFile, ...]:
         with atomic_output(dest) as tmp:
             tmp.mkdir()
             for f in c.files:
-                # A copy, never a link: the build directory is scratch space that later builds rewrite.
                 out = tmp / c.placed_as(f)
                 out.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(f, out)
+                _link_or_copy(f, out, weights=is_weight_file(c.placed_as(f)))
             implementation(c.format).publish(settings, c, tmp)
             serving.write_serving(c, tmp)
             # Last: the provenance and the signature cover every file placed above (pipelines/registry/signing.py).
@@ -186,7 +192,12 @@ def track(settings: Settings, c: Candidate, files: tuple[ArtifactFile, ...]) -> 
         RegistryError: not a DVC repository, no such stage (run `modelmint dvc-yaml`), or DVC failed.
         DiskFullError: the DVC cache's disk (or the repository's) filled.
     """
+    directory = artifact_dir(settings, c.entry.name, c.tag)
     try:
+        for f in files:
+            if is_weight_file(f.path):
+                # the placed inode itself becomes the cache's object: DVC then copies only the small files
+                dvcrepo.adopt(settings, directory / f.path)
         dvcrepo.commit(settings, c.stage)
     except DiskFullError as err:
         # DVC names no path; `dvc commit` writes into the cache, and dvc.lock and DVC's state beside it.
@@ -256,6 +267,8 @@ def publish(settings: Settings, c: Candidate, tracked: Tracked, *, push: bool = 
         reuploaded = _ensure_in_remote(settings, c, tracked.md5, tracked.files)
     manifest = _manifest(c, tracked, pushed=push and tracked.md5 is not None,
                          plans=serving.read_serving(artifact_dir(settings, c.entry.name, c.tag)))
+    manifest = manifest.model_copy(update={"shape": record_shape(
+        artifact_dir(settings, c.entry.name, c.tag), c.format, c.placed_as(c.files[0]), c.tag)})
     path = manifest_path(settings, c.entry.name, c.tag)
     try:
         before = load_manifest(path, settings.manifests_dir)
@@ -332,6 +345,26 @@ def register(settings: Settings, c: Candidate, *, track_with_dvc: bool = True, p
         raise
 
 
+def drop_scratch(settings: Settings, scratch: Iterable[Path], *, asked: Iterable[str],
+                 registered: Iterable[str]) -> list[Path]:
+    """Remove a build's scratch files (`scratch`: the format's, ArtifactFormat.scratch; for a GGUF the f16 and its KL
+    reference logits) and their receipts once every variant the run was `asked` for is `registered`, unless
+    Settings.keep_scratch. A run with a variant refused or unregistered keeps them: its rerun needs them. A later run
+    that needs them finds no file behind their receipts and rebuilds them. Returns the files removed."""
+    if settings.keep_scratch or not set(asked) <= set(registered):
+        return []
+    removed = []
+    for out in scratch:
+        for f in (out, receipt_path(out)):
+            if f.is_file():
+                f.unlink()
+                removed.append(f)
+    if removed:
+        log.info("removed the build's scratch files %s (MODELMINT_KEEP_SCRATCH=1 keeps them)",
+                 ", ".join(f.name for f in removed))
+    return removed
+
+
 # ---------------------------------------------------------------- helpers
 
 
@@ -393,6 +426,21 @@ def _restore_lock(settings: Settings, lock: Path, before: bytes | None, stage: s
             lock.unlink()
         else:
             write_text_atomic(lock, before.decode("utf-8"))
+
+
+def _link_or_copy(src: Path, dst: Path, *, weights: bool) -> None:
+    """Place a build output: its weights as a hard link of the checked build output (one copy of their bytes on
+    the builder; `track` makes the same inode the DVC cache's object), read-only; a copy across filesystems and
+    for every other file (small, and left to DVC's copies: docs/scale.md, "One copy on the builder")."""
+    if weights:
+        try:
+            os.link(src, dst)
+            dst.chmod(0o444)
+            return
+        except OSError as err:
+            if err.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP):
+                raise
+    shutil.copyfile(src, dst)
 
 
 def _remove_stale_partials(dest: Path) -> None:

@@ -1,0 +1,118 @@
+"""`recommend` in a checkout that holds the registry but not the artifacts' bytes (a fresh clone): the model's shape
+recorded in its manifests at registration gives the same answer as the builder's, who has the files; a manifest
+registered before the shape was recorded still asks for a pull."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from registry_env import Repo, git, isolate, make_repo
+from site_registry import candidate_for
+
+from pipelines.core.fsutil import sha256_file
+from pipelines.publish.llamacpp_memory import read_layered_weights
+from pipelines.registry.manifest import find_manifest, manifest_path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _cli(repo: Repo, *args: str) -> subprocess.CompletedProcess[str]:
+    """modelmint from this tree (python -m, so this checkout's own code runs), in `repo`."""
+    env = {**repo.env(), "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
+    return subprocess.run([sys.executable, "-m", "pipelines.cli", *args], env=env, capture_output=True, text=True,
+                          cwd=repo.root, timeout=300)
+
+
+@dataclass
+class Builder:
+    repo: Repo
+    base: Path
+
+
+@pytest.fixture(scope="module")
+def builder(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Builder]:
+    """tiny-qwen2's real q4_k_m GGUF (converted and quantized here) registered and pushed by the real code, the
+    registry committed to git."""
+    from pipelines.gguf.build import ensure_base, ensure_quant, plan_gguf
+    from pipelines.registry.register import register
+    from pipelines.source.catalog import load_catalog
+
+    base = tmp_path_factory.mktemp("offline")
+    with pytest.MonkeyPatch.context() as mp:
+        isolate(base / "env", mp)
+        repo = make_repo(base, models={"tiny-qwen2": ["q4_k_m"]})
+        settings = repo.settings()
+        plan = plan_gguf(load_catalog(settings.catalog_path).get("tiny-qwen2"), settings, quants=["q4_k_m"])
+        ensure_base(plan)
+        ensure_quant(plan, "q4_k_m")
+        shaped = candidate_for(settings, base / "builds", "tiny-qwen2", "q4_k_m", (0.0123, 0.0006, 93.5, 0.6, 3.9, 0.5))
+        real = shaped.files[0]
+        shutil.copyfile(plan.quant_path("q4_k_m"), real)  # the real GGUF in place of the header-only one
+        register(settings, dataclasses.replace(shaped, sha256=sha256_file(real), size_bytes=real.stat().st_size))
+        repo.commit_all("register tiny-qwen2 q4_k_m")
+        yield Builder(repo, base)
+
+
+def _clone(builder: Builder, name: str) -> Repo:
+    dest = builder.base / name
+    git(builder.base, "clone", "-q", str(builder.repo.root), name)
+    clone = Repo(dest, builder.repo.remote, builder.base / f"{name}-work")
+    assert not (dest / "artifacts").exists()  # the bytes are in the DVC remote, not in git
+    return clone
+
+
+ASKED = [
+    ["--gpus", "1x16G", "--context", "2048", "--concurrency", "2"],
+    ["--gpus", "1xRTX4060-8G", "--engine", "llama.cpp", "--context", "1024"],
+    ["--gpus", "cpu:8G", "--engine", "llama.cpp", "--context", "1024", "--concurrency", "3"],
+    ["--gpus", "apple:M3-Max-64G"],
+    ["--gpus", "2xRTX4090-24G", "--concurrency", "4"],
+]
+
+
+def _answer(repo: Repo, args: list[str]) -> Any:
+    proc = _cli(repo, "recommend", "tiny-qwen2", *args, "--json")
+    assert proc.returncode == 0, proc.stderr
+    (answer,) = json.loads(proc.stdout)
+    return answer
+
+
+def test_the_manifest_records_the_shape_llama_cpp_sizes_the_gguf_by(builder: Builder) -> None:
+    settings = builder.repo.settings()
+    m = find_manifest(settings, "tiny-qwen2:q4_k_m")
+    assert m.shape is not None and m.shape.llamacpp is not None
+    gguf = settings.repo_dir / m.dvc.path / m.file
+    from_file = read_layered_weights(gguf)
+    assert m.shape.llamacpp.weights(str(gguf)) == from_file  # every count and every layer's bytes
+    assert (m.shape.layers, m.shape.kv_heads) == (from_file.n_layer, max(from_file.n_head_kv))
+
+
+def test_a_fresh_clone_without_the_artifacts_gets_the_builders_recommendation(builder: Builder) -> None:
+    clone = _clone(builder, "clone")
+    for args in ASKED:
+        built = _answer(builder.repo, args)
+        assert built["winner"] == "tiny-qwen2:q4_k_m" and built["problem"] is None, (args, built)
+        assert _answer(clone, args) == built, args
+    assert not (clone.root / "artifacts").exists()  # answered without pulling anything
+
+
+def test_a_manifest_registered_before_the_shape_was_recorded_asks_for_a_pull(builder: Builder) -> None:
+    clone = _clone(builder, "old-clone")
+    path = manifest_path(clone.settings(), "tiny-qwen2", "q4_k_m")
+    data = json.loads(path.read_text())
+    del data["shape"]  # as registrations made before the shape was recorded wrote it
+    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    proc = _cli(clone, "recommend", "tiny-qwen2", "--gpus", "1x16G")
+    assert "Traceback" not in proc.stderr, proc.stderr
+    said = " ".join((proc.stdout + proc.stderr).split())  # as wrapped for the terminal
+    assert "registered before modelmint recorded the model's shape" in said, said
+    assert "run `modelmint pull tiny-qwen2:q4_k_m`" in said, said
