@@ -263,3 +263,141 @@ def render_qwen3_coder(messages: list[dict[str, Any]], tools: list[dict[str, Any
 
 RENDERERS = {"deepseek3.1": render_deepseek31, "qwen3-coder": render_qwen3_coder}
 """The RENDERER names reimplemented here, by Ollama's name (model/renderers/renderer.go rendererForName)."""
+
+
+def _spaced(compact: str, *, before_space_ok: bool = False) -> str:
+    """A space after each ':' and ',' outside JSON strings (glm47.go:138-174 formatGLM47ToolJSON; lfm2.go:74-105
+    does the same but not before whitespace, `before_space_ok`: Go's compact JSON never has any there)."""
+    del before_space_ok
+    out, in_string, escaped = [], False, False
+    for ch in compact:
+        out.append(ch)
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif ch in ":,":
+            out.append(" ")
+    return "".join(out)
+
+
+def go_tool(tool: dict[str, Any]) -> dict[str, Any]:
+    """api.Tool's fields in struct order (api/types.go:305-309: type, items, function; :486-490 ToolFunction: name,
+    description, parameters)."""
+    fn = tool["function"]
+    function: dict[str, Any] = {"name": fn["name"]}
+    if fn.get("description"):
+        function["description"] = fn["description"]
+    function["parameters"] = go_parameters(fn.get("parameters", {}))
+    out: dict[str, Any] = {"type": tool.get("type", "")}
+    if tool.get("items"):
+        out["items"] = tool["items"]
+    out["function"] = function
+    return out
+
+
+# ---------------------------------------------------------------- glm-4.7 (model/renderers/glm47.go)
+
+def render_glm47(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, think: bool | None) -> str:
+    """RENDERER glm-4.7: renderer.go:105-106 GLM47Renderer."""
+    out = ["[gMASK]<sop>"]  # glm47.go:48
+    if tools:  # :50-64 each tool as json.Marshal(api.Tool) with a space after ':' and ','
+        out.append("<|system|>\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+                   "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n")
+        for tool in tools:
+            out.append(_spaced(go_json(go_tool(tool))) + "\n")
+        out.append("</tools>\n\nFor each function call, output the function name and arguments within the following "
+                   "XML format:\n<tool_call>{function-name}<arg_key>{arg-key-1}</arg_key><arg_value>{arg-value-1}"
+                   "</arg_value><arg_key>{arg-key-2}</arg_key><arg_value>{arg-value-2}</arg_value>...</tool_call>")
+    thinking = think is not False  # :66-69 thinking unless the think value is false
+    for i, m in enumerate(messages):  # :71-104
+        content = m.get("content") or ""
+        if m["role"] == "user":
+            out.append("<|user|>" + content)
+        elif m["role"] == "assistant":  # :76-92 the message's thinking always kept
+            out.append("<|assistant|>" + (f"<think>{m['thinking']}</think>" if m.get("thinking") else "</think>"))
+            out.append(content)
+            for call in m.get("tool_calls") or ():
+                out.append("<tool_call>" + call["function"]["name"])
+                for key, value in (call["function"].get("arguments") or {}).items():  # :116-136
+                    text = value if isinstance(value, str) else go_json(value)
+                    out.append(f"<arg_key>{key}</arg_key><arg_value>{text}</arg_value>")
+                out.append("</tool_call>")
+        elif m["role"] == "tool":  # :93-99 consecutive results share one <|observation|>
+            if i == 0 or messages[i - 1]["role"] != "tool":
+                out.append("<|observation|>")
+            out.append("<tool_response>" + content + "</tool_response>")
+        elif m["role"] == "system":
+            out.append("<|system|>" + content)
+    out.append("<|assistant|>" + ("<think>" if thinking else "</think>"))  # :106-111, also after an assistant
+    return "".join(out)
+
+
+# ---------------------------------------------------------------- lfm2 (model/renderers/lfm2.go)
+
+def _lfm2_json(value: Any) -> str:
+    """lfm2.go:58-108 lfm2JSON: encoding/json without HTML escaping, a space after ':' and ','."""
+    text = json.dumps(_numbers(value), ensure_ascii=False, separators=(",", ":"))
+    return _spaced(text.replace("\u2028", "\\u2028").replace("\u2029", "\\u2029"))
+
+
+def render_lfm2(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, think: bool | None,
+                *, is_thinking: bool = False) -> str:
+    """RENDERER lfm2 (renderer.go:109-110 LFM2Renderer{IsThinking: false}); lfm2-thinking sets is_thinking."""
+    out = ["<|startoftext|>"]  # lfm2.go:228
+    system, start = "", 0
+    if messages and messages[0]["role"] == "system":  # :231-236 only a first system message
+        system, start = messages[0]["content"], 1
+    if tools:  # :239-254 the functions (api.ToolFunction), not the tools
+        schemas = []
+        for tool in tools:
+            fn = go_tool(tool)["function"] if tool["function"].get("name") else go_tool(tool)
+            schemas.append(_lfm2_json(fn))
+        system = (system + "\n" if system else "") + "List of tools: <|tool_list_start|>[" + ", ".join(schemas) + \
+            "]<|tool_list_end|>"
+    if system:  # :257-261
+        out.append("<|im_start|>system\n" + system + "<|im_end|>\n")
+    keep_past_thinking = is_thinking and think is True  # :263
+    last_assistant = max((i for i in range(start, len(messages)) if messages[i]["role"] == "assistant"), default=-1)
+    for i in range(start, len(messages)):  # :279-322
+        m = messages[i]
+        prefill = i == len(messages) - 1 and m["role"] == "assistant"
+        out.append("<|im_start|>" + m["role"] + "\n")
+        content = m.get("content") or ""
+        if m["role"] == "assistant" and m.get("tool_calls") and "<|tool_call_start|>" not in content:  # :290-296
+            calls = []
+            for call in m["tool_calls"]:  # :164-199 Pythonic calls, arguments in sorted key order
+                args = call["function"].get("arguments") or {}
+                calls.append(call["function"]["name"] + "(" +
+                             ",".join(f"{k}={_lfm2_json(args[k])}" for k in sorted(args)) + ")")
+            rendered = "<|tool_call_start|>[" + ",".join(calls) + "]<|tool_call_end|>"
+            content = rendered + content if not content.strip() else rendered + "\n" + content
+        if is_thinking and m["role"] == "assistant" and m.get("thinking") and "</think>" not in content:  # :303-305
+            content = "<think>" + m["thinking"] + "</think>" + content
+        if m["role"] == "assistant" and not keep_past_thinking and i != last_assistant:  # :309-313
+            idx = content.rfind("</think>")
+            if idx >= 0:
+                content = content[idx + len("</think>"):].strip()
+        if m["role"] == "tool" and "<|tool_response_start|>" not in content:  # :314-316
+            content = "<|tool_response_start|>" + content + "<|tool_response_end|>"
+        out.append(content + ("" if prefill else "<|im_end|>\n"))
+    if not (messages and messages[-1]["role"] == "assistant"):  # :324-333
+        out.append("<|im_start|>assistant\n")
+    return "".join(out)
+
+
+RENDERERS.update({"glm-4.7": render_glm47, "lfm2": render_lfm2})
+
+
+def render_lfm2_thinking(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+                         think: bool | None) -> str:
+    """RENDERER lfm2-thinking: renderer.go:111-112 LFM2Renderer{IsThinking: true}."""
+    return render_lfm2(messages, tools, think, is_thinking=True)
+
+
+RENDERERS["lfm2-thinking"] = render_lfm2_thinking

@@ -2,7 +2,8 @@
 Ollama's own test vectors, then byte for byte against the model's Jinja over the conversation suite.
 
 The vectors (tests/data/ollama_renderer_vectors.json) are cases of Ollama's model/renderers/*_test.go at the pinned
-commit: the expected prompts copied verbatim, the inputs transcribed to /api/chat JSON. A family's recorded
+commit: the expected prompts copied verbatim, the inputs transcribed to /api/chat JSON. The Jinja is given the
+suite's tools in the key order Ollama's API holds them in (its Go structs), the one normalisation. A family's recorded
 `renderer_differs` must be exactly the conversations on which the reimplementation and the Jinja differ; a family
 with any is refused at publish time with them named.
 """
@@ -10,6 +11,10 @@ with any is refused at publish time with them named.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from dataclasses import replace
 from datetime import date
 from pathlib import Path
 from typing import Any
@@ -23,7 +28,7 @@ from pipelines.chat.renderers import RENDERERS as OLLAMA_RENDERER_NAMES
 from pipelines.core.errors import UnsupportedModel
 from pipelines.core.settings import Settings
 from pipelines.publish.ollama import convert_template
-from tests.ollama_renderers import RENDERERS, go_json
+from tests.ollama_renderers import RENDERERS, go_json, go_tool
 
 VECTORS = json.loads((Path(__file__).parent / "data" / "ollama_renderer_vectors.json").read_text(encoding="utf-8"))
 TODAY = date(2026, 11, 26)
@@ -32,6 +37,8 @@ TODAY = date(2026, 11, 26)
 CHECKED: dict[str, tuple[str, TemplateTokens]] = {
     "deepseek-ai-DeepSeek-V3.1.jinja": ("deepseek3.1", TemplateTokens("<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>")),
     "Qwen3-Coder.jinja": ("qwen3-coder", TemplateTokens(None, "<|im_end|>", engine_adds_bos=False)),
+    "GLM-4.7-Flash.jinja": ("glm-4.7", TemplateTokens(None, "<|endoftext|>", engine_adds_bos=False)),
+    "LFM2-8B-A1B.jinja": ("lfm2", TemplateTokens("<|startoftext|>", "<|im_end|>")),
 }
 
 
@@ -52,7 +59,8 @@ def test_the_reimplementation_writes_what_ollamas_own_tests_expect(renderer: str
 
 
 def test_every_reimplemented_renderer_has_vectors_and_a_template() -> None:
-    assert set(VECTORS["renderers"]) == set(RENDERERS) == {FAMILIES[f].renderer for f, _ in CHECKED.values()}
+    assert set(VECTORS["renderers"]) == set(RENDERERS)
+    assert {FAMILIES[f].renderer for f, _ in CHECKED.values()} == set(RENDERERS) - {"lfm2-thinking"}
     assert all(len(v["cases"]) >= 5 for v in VECTORS["renderers"].values())
 
 
@@ -68,8 +76,11 @@ def _differs(templates_dir: Path, name: str) -> list[str]:
     jinja = (templates_dir / name).read_text(encoding="utf-8")
     differs = []
     for conv in SUITE:
+        # The one normalisation: the Jinja gets the tools in the key order Ollama's API holds them in (Go structs,
+        # api/types.go:305-309, 418-426, 473-490), which no client can change; values are the same.
+        as_ollama_holds = replace(conv, tools=tuple(go_tool(t) for t in conv.tools) if conv.tools else None)
         try:
-            hf: str | None = render_hf(jinja, conv, fam, tokens, now=TODAY)
+            hf: str | None = render_hf(jinja, as_ollama_holds, fam, tokens, now=TODAY)
         except UnsupportedModel:
             hf = None
         assert fam.renderer is not None
@@ -107,3 +118,14 @@ def test_qwen3_coder_differs_only_where_tools_are_printed(templates_dir: Path) -
     # Go's compact JSON. Named here so that a change on either side shows up as a change of this list.
     tool_free = {c.name for c in SUITE if not c.tools}
     assert not tool_free & set(_differs(templates_dir, "Qwen3-Coder.jinja"))
+
+
+def test_the_cli_refuses_a_mismatched_renderer_naming_the_conversations(templates_dir: Path) -> None:
+    # python -m, so the command imports this checkout
+    done = subprocess.run([sys.executable, "-m", "pipelines.cli", "template", str(templates_dir / "GLM-4.7-Flash.jinja")],
+                          capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONWARNINGS": "ignore", "COLUMNS": "400"})
+    said = " ".join(done.stderr.split())
+    assert done.returncode == 1 and done.stdout == "" and "Traceback" not in done.stderr
+    assert "RENDERER glm-4.7 renders this glm-4.7 template differently" in said and "reasoning-in-history" in said
+    assert "--template FILE" in said

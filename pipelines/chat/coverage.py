@@ -102,7 +102,8 @@ def render_doc(rows: list[Coverage], tree: str) -> str:
         f"proven byte-identical on its conversation suite ({len(SUITE)} conversations), {covered - proven} with "
         f"Ollama's built-in RENDERER and PARSER ({sum(r.kind == 'renderer' and 'byte-identical' in r.proof for r in rows)}"
         " of them proven). A RENDERER mapping that renders other bytes than the template's Jinja is refused, with the "
-        "conversations that differ. Every other template is refused with the nearest family and what differs from it.",
+        "conversations that differ (the Jinja is given the tools in the key order Ollama's API holds them in, which "
+        "no client can change). Every other template is refused with the nearest family and what differs from it.",
         "",
         "## Families",
         "",

@@ -48,7 +48,7 @@ _renderer_family(
     "qwen3-coder", "Qwen3-Coder (<tool_call><function=…><parameter=…> XML tool calls, no thinking)",
     renderer="qwen3-coder", parser="qwen3-coder", stop=_IM,
     # Ollama's renderer writes "following functions", "call a function" and its own example where this Jinja writes
-    # "following tools", "call a tool" and value_2, and compact JSON ("a","b") where it writes json.dumps ("a", "b")
+    # "following tools", "call a tool" and value_2
     differs=("tools-offered", "tools-offered-no-system", "tool-call-and-result", "tool-round-trip",
              "parallel-tool-calls", "tool-call-nested-arguments", "reasoning-in-tool-loop"),
     markers=("<|im_start|>", "<tool_call>", "<function=", "<parameter=", "render_extra_keys"),
@@ -84,6 +84,11 @@ _renderer_family(
 _renderer_family(
     "glm-4.7", "GLM-4.7 ([gMASK]<sop>, <arg_key>/<arg_value> tool calls, clear_thinking)",
     renderer="glm-4.7", parser="glm-4.7", stop=("<|user|>", "<|observation|>", "<|endoftext|>"), thinking=True,
+    # Ollama's renderer keeps every past turn's reasoning (this Jinja clears it), opens a new assistant turn after
+    # a final assistant message, and prints tools with Go's HTML escaping ('&' as \u0026)
+    differs=("continue-assistant", "tools-offered", "tools-offered-no-system", "tool-call-and-result",
+             "tool-round-trip", "parallel-tool-calls", "tool-call-nested-arguments", "reasoning-in-history",
+             "reasoning-in-tool-loop"),
     markers=("[gMASK]<sop>", "<|observation|>", "<arg_key>", "<arg_value>", "clear_thinking"),
     forbidden=(),
 )
@@ -98,6 +103,10 @@ _renderer_family(
 _renderer_family(
     "lfm2", "Liquid LFM2 (ChatML, 'List of tools:' with <|tool_list_start|>, no thinking)",
     renderer="lfm2", parser="lfm2", stop=_IM,
+    # Ollama's renderer lists each tool's function object; this Jinja lists the whole tool ({"type": "function",
+    # "function": …})
+    differs=("tools-offered", "tools-offered-no-system", "tool-call-and-result", "tool-round-trip",
+             "parallel-tool-calls", "tool-call-nested-arguments", "reasoning-in-tool-loop"),
     markers=("<|im_start|>", "List of tools: ", "<|tool_list_start|>", "<|tool_list_end|>",
              "<|tool_response_start|>"),
     forbidden=("<think>", "keep_past_thinking", "preserve_thinking"),
