@@ -523,10 +523,10 @@ class OllamaPull:
     def __init__(self, models: Path, *, insecure: bool = False, token: str | None = None,
                  sleep: Callable[[float], None] = time.sleep, direct_url_timeout: float = DIRECT_URL_TIMEOUT,
                  min_part_size: int = MIN_DOWNLOAD_PART_SIZE, progress: Callable[[Progress], None] | None = None,
-                 check: Callable[[list[dict[str, Any]], dict[str, Path]], object] | None = None) -> None:
+                 check: Callable[[dict[str, Any], dict[str, Path]], object] | None = None) -> None:
         self.models = models
         self.check = check
-        """Called with the layers and the verified blobs before the manifest is written (before the model is handed
+        """Called with the image manifest (as sent: its JSON, annotations kept) and the verified blobs before the manifest is written (before the model is handed
         to Ollama): modelmint's signature check (signing.verify_image); what it raises fails the pull, and Ollama
         then has no model of that name. Not Ollama's: its pull verifies digests only."""
         self.insecure = insecure
@@ -640,7 +640,7 @@ class OllamaPull:
                 if not hit:
                     self._verify(digest)
             if self.check is not None:
-                self.check([*(mf.get("layers") or [])], blobs)
+                self.check(parsed, blobs)
             self.progress(Progress("writing manifest"))
             path = self.manifest_path(n)  # images.go:1099-1111
             path.parent.mkdir(parents=True, exist_ok=True)

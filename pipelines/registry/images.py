@@ -115,22 +115,35 @@ def publish_command(ref: str, registry: RegistryRef, *, force: bool = False) -> 
     return f"modelmint publish {ref} --registry {registry.host}/{registry.namespace}{flags}"
 
 
-def publish_image(settings: Settings, ref: str, registry: RegistryRef, *, force: bool = False) -> Published:
+def publish_image(settings: Settings, ref: str, registry: RegistryRef, *, force: bool = False,
+                  require_signature: bool = False) -> Published:
     """Push registered artifact `ref` to `registry` as its format's image and tag it TAG-<source12> and TAG.
 
     Every blob is HEAD-checked first (none is sent twice) and a tag already pointing at the image is not written
     again, so publishing again with nothing new uploads nothing and writes no tag. A tag that points at an earlier
     registration of the same name:tag moves to this one (the earlier image stays pullable by its digest, which the
-    publication record keeps); a tag that points at anything else is refused unless `force`.
+    publication record keeps); a tag that points at anything else is refused unless `force`, and so is an image that
+    carries this very registration but is not the image its signed files make (changed in the registry).
+
+    The artifact is first verified as a pull would verify it (the trust policy, signing.verify_directory): what
+    the policy refuses is never pushed.
 
     Raises:
         everything build_image raises.
+        TrustPolicyInvalid, SignatureRefused: the trust policy does not validate, or refuses the artifact (nothing
+            uploaded or tagged).
         TagConflict: a tag points at another artifact's image, or at a newer registration (nothing uploaded or
             tagged; --force moves it).
         OciUnavailable, OciAuthRefused, OciError: the registry is down, refuses, or fails (blobs before tags, so
             nothing is half-tagged); the hint ends with the command that publishes it again.
     """
+    from pipelines.registry.signing import verify_directory
+    from pipelines.registry.trust import load_policy
+
     manifest, image = build_image(settings, ref)
+    directory = settings.repo_dir / manifest.dvc.path
+    shown = manifest_path(settings, manifest.name, manifest.tag).relative_to(settings.repo_dir).as_posix()
+    verify_directory(directory, manifest, load_policy(settings), shown=shown, require_signature=require_signature)
     tags = [pinned_tag(manifest), manifest.tag]
     for tag in tags:
         check_ollama_name(registry, manifest.name, tag)
@@ -138,7 +151,8 @@ def publish_image(settings: Settings, ref: str, registry: RegistryRef, *, force:
     moved: dict[str, list[str]] = {"uploaded": [], "mounted": [], "present": []}
     try:
         with client_for(settings, registry) as client:
-            write, retagged = _tags_to_write(client, registry, manifest, image, tags, force=force)
+            write, retagged = _tags_to_write(client, registry, manifest, image, tags, force=force,
+                                             directory=directory)
             mounts = mount_sources(settings, manifest, registry)
             for blob in image.blobs:
                 moved[client.push_blob(repository, blob, mount_from=mounts)].append(blob.digest)
@@ -167,11 +181,13 @@ def publish_image(settings: Settings, ref: str, registry: RegistryRef, *, force:
 
 
 def _tags_to_write(client: OciClient, registry: RegistryRef, manifest: Manifest, image: Image, tags: list[str], *,
-                   force: bool) -> tuple[list[str], dict[str, str]]:
+                   force: bool, directory: Path) -> tuple[list[str], dict[str, str]]:
     """The tags that do not point at `image` yet, and of those the ones that point elsewhere now (tag → digest).
 
     Raises:
-        TagConflict: one points at an image that is not an earlier registration of this name:tag, and not `force`.
+        TagConflict: one points at an image that is not an earlier registration of this name:tag, or at an image
+            that carries this registration but differs from the one its signed files in `directory` make (the
+            difference named), and not `force`.
     """
     repository = registry.repository(manifest.name)
     write: list[str] = []
@@ -182,6 +198,14 @@ def _tags_to_write(client: OciClient, registry: RegistryRef, manifest: Manifest,
             continue
         if there is not None:
             carried = carried_manifest(client, repository, there)
+            if not force and carried is not None and carried.key == manifest.key:
+                raise TagConflict(registry.image(manifest.name, tag),
+                                  f"{there[2]}, an image carrying {manifest.ref} that is not the one its signed "
+                                  f"files make ({_difference(client, repository, there, directory, manifest)})",
+                                  image.digest, registry=registry.host, hint=(
+                                      "the image was changed in the registry after it was pushed: do not run it; "
+                                      "find who can write to the registry, then move the tag back to the signed "
+                                      f"image with --force (the changed image stays there by its digest, {there[2]})"))
             if not force and not _earlier(carried, manifest):
                 newer = carried is not None and carried.ref == manifest.ref
                 raise TagConflict(registry.image(manifest.name, tag), describe(there, carried), image.digest,
@@ -195,10 +219,24 @@ def _tags_to_write(client: OciClient, registry: RegistryRef, manifest: Manifest,
     return write, retagged
 
 
+def _difference(client: OciClient, repository: str, there: tuple[bytes, str, str], directory: Path,
+                manifest: Manifest) -> str:
+    """What makes the image `there` differ from the one `manifest`'s files in `directory` make (check_image's
+    words)."""
+    from pipelines.core.errors import SignatureRefused
+    from pipelines.registry.signing import check_image
+
+    try:
+        check_image(json.loads(there[0]), directory, manifest, lambda d: client.read_blob(repository, d),
+                    image=repository)
+    except SignatureRefused as err:
+        return err.problem
+    return "its manifest is encoded differently"
+
+
 def _earlier(there: Manifest | None, manifest: Manifest) -> bool:
     """Whether `there` (what a tag points at) is an earlier registration of the same name:tag, or this one."""
-    return there is not None and there.ref == manifest.ref and (
-        there.key == manifest.key or there.created_at < manifest.created_at)
+    return there is not None and there.ref == manifest.ref and there.created_at < manifest.created_at
 
 
 def mount_sources(settings: Settings, manifest: Manifest, registry: RegistryRef) -> tuple[str, ...]:
@@ -308,7 +346,7 @@ def describe(there: tuple[bytes, str, str], carried: Manifest | None) -> str:
 
 
 def pull_image(settings: Settings, image: str, *, insecure: bool = False, dest: Path | None = None,
-               ollama: bool = True, allow_unsigned: bool = False) -> PullResult:
+               ollama: bool = True, allow_unsigned: bool = False, require_signature: bool = False) -> PullResult:
     """Fetch HOST/NAMESPACE/NAME:TAG into `dest` (default: its artifacts/ path), every blob hashed, every file
     checked against the manifest the image carries (and this checkout's, when it has one); no DVC involved.
 
@@ -317,9 +355,11 @@ def pull_image(settings: Settings, image: str, *, insecure: bool = False, dest: 
         OciBlobMismatch: a blob's bytes are not its digest (nothing in `dest` is replaced).
         OciUnavailable, OciAuthRefused, OciError: the registry is down or refuses.
         TrustPolicyInvalid, SignatureRefused: the trust policy does not validate, or does not accept the artifact's
-            signature (signing.verify_directory; nothing in `dest` is replaced).
+            signature (signing.verify_directory), or the image is not exactly the one its signed files make (a
+            template, system, params or config layer changed in the registry: signing.check_image); nothing in
+            `dest` is replaced.
     """
-    from pipelines.registry.signing import verify_directory
+    from pipelines.registry.signing import check_image, verify_directory
     from pipelines.registry.trust import load_policy
 
     policy = load_policy(settings)
@@ -343,9 +383,14 @@ def pull_image(settings: Settings, image: str, *, insecure: bool = False, dest: 
                 for f in manifest.files:
                     (tmp / f.path).parent.mkdir(parents=True, exist_ok=True)
                     client.fetch_blob(repository, "sha256:" + f.sha256, tmp / f.path)
-                verified = verify_directory(tmp, manifest, policy, shown=shown, allow_unsigned=allow_unsigned)
+                verified = verify_directory(tmp, manifest, policy, shown=shown, allow_unsigned=allow_unsigned,
+                                            require_signature=require_signature)
+                check_image(json.loads(got[0]), tmp, manifest, lambda d: client.read_blob(repository, d),
+                            image=image)
         else:
-            verified = verify_directory(target, manifest, policy, shown=shown, allow_unsigned=allow_unsigned)
+            verified = verify_directory(target, manifest, policy, shown=shown, allow_unsigned=allow_unsigned,
+                                        require_signature=require_signature)
+            check_image(json.loads(got[0]), target, manifest, lambda d: client.read_blob(repository, d), image=image)
     return PullResult(manifest, target, fetched, **format_of(manifest.tag).offer(target, manifest, ollama),
                       verified=verified)
 

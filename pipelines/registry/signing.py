@@ -13,6 +13,7 @@ Verification (verify_directory) is offline: a public key or the root certificate
 from __future__ import annotations
 
 import base64
+import itertools
 import json
 import logging
 import shutil
@@ -23,7 +24,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
-from pipelines.core.errors import SignatureRefused, SigningKeyError
+from pipelines.core.errors import ModelmintError, SignatureRefused, SigningKeyError
 from pipelines.core.fsutil import hash_cache, write_text_atomic
 from pipelines.core.settings import Settings
 from pipelines.registry import provenance
@@ -61,6 +62,7 @@ def preflight(settings: Settings, *, now: datetime | None = None) -> SigningKey 
         SigningKeyError: the key or certificate is missing, unreadable, of another kind, mismatched or expired.
     """
     from cryptography import x509
+    from cryptography.exceptions import InvalidSignature
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric import ec
 
@@ -107,6 +109,23 @@ def preflight(settings: Settings, *, now: datetime | None = None) -> SigningKey 
             hint="set it to the key's certificate, then its chain, in one PEM file",
         ) from None
     leaf = chain[0]
+    if len(chain) < 2:
+        raise SigningKeyError(
+            f"MODELMINT_SIGNING_CERT {sk.cert} holds only the signing certificate "
+            f"({leaf.subject.rfc4514_string()}): a signature carries the chain up to the root, and its issuer's "
+            "certificate is not there: nothing was built",
+            hint="append the intermediate certificate(s) after the signing certificate in that file (`cat leaf.pem "
+            "intermediate.pem > chain.pem`; a certificate issued by the root directly: append the root)",
+        )
+    for child, parent in itertools.pairwise(chain):
+        try:
+            child.verify_directly_issued_by(parent)
+        except (ValueError, TypeError, InvalidSignature):
+            raise SigningKeyError(
+                f"MODELMINT_SIGNING_CERT {sk.cert}: {child.subject.rfc4514_string()} is not issued by the "
+                f"certificate after it ({parent.subject.rfc4514_string()}): nothing was built",
+                hint="order the file as the signing certificate, then its issuer, then that one's issuer",
+            ) from None
     if leaf.public_key().public_bytes(
         serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
     ) != key.public_key().public_bytes(
@@ -148,12 +167,15 @@ def seal(settings: Settings, c: provenance.Built, directory: Path, validation: d
     stmt = provenance.statement(c, validation, outputs, datetime.now(UTC).replace(microsecond=0), hashes,
                                 directory=directory, signer=sk)
     write_text_atomic(directory / provenance.PROVENANCE, json.dumps(stmt, indent=2, sort_keys=True) + "\n")
-    sign_directory(sk, directory)
+    sign_directory(sk, directory, name=c.ref)
 
 
-def sign_directory(sk: SigningKey, directory: Path) -> None:
-    """model-signing over every file of `directory` but the signature itself, written to `directory/SIGNATURE`."""
-    from model_signing import hashing, signing
+def sign_directory(sk: SigningKey, directory: Path, *, name: str | None = None) -> None:
+    """model-signing over every file of `directory` but the signature itself, written to `directory/SIGNATURE`.
+
+    `name` is the statement's subject name (NAME:TAG); model-signing would name the directory, which at
+    registration is the temporary `TAG.partial-PID`."""
+    from model_signing import signing
 
     config = signing.Config()
     tmp = directory / f".{SIGNATURE}.partial"
@@ -165,12 +187,27 @@ def sign_directory(sk: SigningKey, directory: Path) -> None:
             config.use_certificate_signer(
                 private_key=sk.key, signing_certificate=leaf, certificate_chain=chain
             )
-        config.set_hashing_config(hashing.Config().set_ignored_paths(paths=list(UNSIGNED_PARTS)))
+        config.set_hashing_config(_named(name).set_ignored_paths(paths=list(UNSIGNED_PARTS)))
         try:
             config.sign(directory, tmp)
             tmp.replace(directory / SIGNATURE)
         finally:
             tmp.unlink(missing_ok=True)
+
+
+def _named(name: str | None) -> Any:
+    """model-signing's hashing configuration whose manifest names the model `name` (the in-toto subject name);
+    model-signing takes the directory's name, and offers no setting for it."""
+    from model_signing import hashing
+
+    class Named(hashing.Config):
+        def hash(self, model_path: Any, *, files_to_hash: Any = None) -> Any:
+            made = super().hash(model_path, files_to_hash=files_to_hash)
+            if name is not None:
+                made._name = name  # informative only: verification compares the files, not the name
+            return made
+
+    return Named()
 
 
 def _split_chain(cert: Path, scratch: Path) -> tuple[Path, list[Path]]:
@@ -216,22 +253,49 @@ def verify_directory(
     shown: str,
     allow_unsigned: bool = False,
     files_here: bool = True,
+    require_signature: bool = False,
 ) -> Verified:
     """Check the artifact in `directory` (as fetched, before it replaces anything) against its signature, its
-    provenance and the trust policy. `shown` names the manifest file in messages.
+    provenance and the trust policy. `shown` names the manifest file in messages. `require_signature` (CI) refuses
+    an unsigned artifact whatever the policy or `allow_unsigned` say.
 
     Raises:
-        SignatureRefused: unsigned (and not allowed), signed by a key the policy does not accept for this model or
+        SignatureRefused: signed but no trust policy to say who may sign it (fail closed), unsigned (and not
+            allowed, or a signature required), signed by a key the policy does not accept for this model or
             retired before it signed, a file that differs from what was signed (named), a manifest or provenance
             that disagrees with the signed one, or a certificate that is expired, of another identity or another CA.
     """
     ref = manifest.ref
     listed = {f.path for f in manifest.files}
+    is_signed = SIGNATURE in listed or (directory / SIGNATURE).is_file()
     if policy is None:
-        log.info("%s: no trust policy (registry/trust.yaml): its signature is not checked", ref)
-        return Verified(ref, None, None, None, ("no trust policy: signature not checked",))
+        if is_signed:
+            raise SignatureRefused(
+                ref,
+                "it is signed, but there is no trust policy to say whose signature counts (registry/trust.yaml, "
+                "or the file MODELMINT_TRUST names): a signature by any key would pass",
+                file=SIGNATURE,
+                hint="add registry/trust.yaml naming the signer's public key (docs/trust.md), or set "
+                "MODELMINT_TRUST to the team's policy file",
+            )
+        if require_signature:
+            raise SignatureRefused(
+                ref,
+                f"it is not signed ({SIGNATURE} is missing) and a signature is required",
+                file=SIGNATURE,
+                hint="register it again with MODELMINT_SIGNING_KEY set",
+            )
+        log.info("%s: unsigned, and no trust policy (registry/trust.yaml) asks for a signature", ref)
+        return Verified(ref, None, None, None, ("unsigned, and no trust policy asks for a signature",))
     rule = policy.rule_for(manifest.name)
     if SIGNATURE not in listed or not (directory / SIGNATURE).is_file():
+        if require_signature:
+            raise SignatureRefused(
+                ref,
+                f"it is not signed ({SIGNATURE} is missing) and a signature is required",
+                file=SIGNATURE,
+                hint="register it again with MODELMINT_SIGNING_KEY set",
+            )
         if allow_unsigned or (rule is not None and rule.unsigned == "allow"):
             why = (
                 "--allow-unsigned"
@@ -312,24 +376,29 @@ def verify_directory(
 
 
 def verify_image(
-    layers: list[dict[str, Any]],
+    image_manifest: dict[str, Any],
     blob: Callable[[str], Path],
     policy: TrustPolicy | None,
     *,
     image: str,
     allow_unsigned: bool = False,
+    require_signature: bool = False,
 ) -> Verified:
-    """verify_directory on a pulled image: the modelmint manifest it carries, and each file it lists laid out from the
-    layer of the same sha256 (`blob` maps a digest to the downloaded blob's path) in a temporary directory.
+    """verify_directory on a pulled image, then the image itself: the modelmint manifest it carries, each file it
+    lists laid out from the layer of the same sha256 (`blob` maps a digest to the downloaded blob's path) in a
+    temporary directory and verified; then every layer and the config rebuilt from those signed files (an Ollama
+    image's template, system, params, licenses, messages and config from the signed Modelfile and GGUF) and the
+    image accepted only when it is exactly that (check_image).
 
     What `ollama pull` would install is checked here before it is handed over (tests/ollama_pull.py's `check`).
 
     Raises:
-        SignatureRefused: as verify_directory, or an image that carries no modelmint manifest.
+        SignatureRefused: as verify_directory and check_image, or an image that carries no modelmint manifest.
     """
     from pipelines.publish.oci import is_carried_manifest
     from pipelines.registry.manifest import Manifest
 
+    layers = image_manifest.get("layers") or []
     carried = [x for x in layers if is_carried_manifest(x)]
     if len(carried) != 1:
         raise SignatureRefused(image, "it carries no modelmint manifest: nothing says what was signed")
@@ -344,9 +413,133 @@ def verify_image(
             except KeyError:
                 raise SignatureRefused(image, f"it has no layer for {f.path}", file=f.path) from None
             shutil.copyfile(src, out)
-        return verify_directory(
-            root, manifest, policy, shown=f"{image} (its manifest layer)", allow_unsigned=allow_unsigned
+        verified = verify_directory(
+            root,
+            manifest,
+            policy,
+            shown=f"{image} (its manifest layer)",
+            allow_unsigned=allow_unsigned,
+            require_signature=require_signature,
         )
+        check_image(image_manifest, root, manifest, lambda d: blob(d).read_bytes(), image=image)
+    return verified
+
+
+_LAYER_NAMES: Final = {
+    "application/vnd.ollama.image.model": "model (GGUF)",
+    "application/vnd.ollama.image.template": "template",
+    "application/vnd.ollama.image.system": "system",
+    "application/vnd.ollama.image.params": "params",
+    "application/vnd.ollama.image.messages": "messages",
+    "application/vnd.ollama.image.license": "license",
+}
+
+
+def check_image(
+    got: dict[str, Any], directory: Path, manifest: Manifest, read: Callable[[str], bytes], *, image: str
+) -> None:
+    """The image manifest `got` is exactly the image publish builds from the signed files in `directory` (already
+    verified against `manifest`): the same config and the same layers in the same order, nothing more. `read`
+    returns a blob's bytes by digest (only the differing ones are read, to show them).
+
+    Raises:
+        SignatureRefused: a layer or the config differs (named, both values in full), or a layer is missing or
+            added; nothing was pulled.
+    """
+    from pipelines.publish.oci import MODELMINT_MANIFEST, Blob, is_carried_manifest
+    from pipelines.registry.formats.base import format_of
+
+    carried = next(x for x in got.get("layers") or [] if is_carried_manifest(x))
+    extra = (Blob.of_bytes(MODELMINT_MANIFEST, read(carried["digest"])),)
+    want = format_of(manifest.tag).image(directory, manifest, extra)
+    hint = (
+        "the image in the registry is not the one `modelmint publish` pushed from the signed files: do not run it; "
+        f"publish {manifest.ref} again with --force to put the signed image back, and find who can write to "
+        "the registry"
+    )
+    expected = [("config", want.config), *((f"layer {i + 1}", b) for i, b in enumerate(want.layers))]
+    there = [got.get("config") or {}, *(got.get("layers") or [])]
+    for (where, blob), desc in zip(expected, there, strict=False):
+        if desc == blob.descriptor():
+            continue
+        kind = "config" if where == "config" else _LAYER_NAMES.get(blob.media_type, blob.media_type)
+        title = blob.annotations.get("org.opencontainers.image.title")
+        named = f"{kind} {where}" + (f" ({title})" if title else "") if where != "config" else "config"
+        if desc.get("digest") == blob.digest:
+            raise SignatureRefused(
+                image,
+                f"its {named} descriptor differs from the one the signed files give:\n"
+                f"  in the image: {json.dumps(desc, sort_keys=True)}\n"
+                f"  signed:       {json.dumps(blob.descriptor(), sort_keys=True)}",
+                file=_LAYER_FILE.get(blob.media_type, title),
+                hint=hint,
+            )
+        raise SignatureRefused(
+            image,
+            f"its {named} differs from the one the signed files give:\n"
+            f"  in the image: {_shown_blob(read, desc)}\n"
+            f"  signed:       {_shown_expected(blob)}",
+            file=_LAYER_FILE.get(blob.media_type, title),
+            hint=hint,
+        )
+    if len(there) != len(expected):
+        more = there[len(expected) :]
+        if more:
+            shown = "; ".join(
+                f"{_LAYER_NAMES.get(str(d.get('mediaType')), d.get('mediaType'))} {_shown_blob(read, d)}"
+                for d in more
+            )
+            problem = f"it has {len(more)} layer(s) the signed files do not give: {shown}"
+        else:
+            missing = want.layers[len(there) - 1 :]
+            problem = "it lacks the layer(s) the signed files give: " + "; ".join(
+                f"{_LAYER_NAMES.get(b.media_type, b.media_type)} {_shown_expected(b)}" for b in missing
+            )
+        raise SignatureRefused(image, problem, hint=hint)
+    want_doc = json.loads(want.manifest_bytes())
+    if got != want_doc:
+        raise SignatureRefused(
+            image,
+            "its manifest differs from the one the signed files give:\n"
+            f"  in the image: {json.dumps(got, sort_keys=True)}\n"
+            f"  signed:       {json.dumps(want_doc, sort_keys=True)}",
+            hint=hint,
+        )
+
+
+_LAYER_FILE: Final = {
+    "application/vnd.ollama.image.model": None,
+    "application/vnd.ollama.image.template": "Modelfile",
+    "application/vnd.ollama.image.system": "Modelfile",
+    "application/vnd.ollama.image.params": "Modelfile",
+    "application/vnd.ollama.image.messages": "Modelfile",
+    "application/vnd.ollama.image.license": "Modelfile",
+    "application/vnd.docker.container.image.v1+json": "Modelfile",
+}
+"""The signed file a generated layer comes from (for SignatureRefused.file)."""
+
+_SHOWN_MAX: Final = 1 << 16
+"""Blobs up to this size are shown in full in a refusal (templates, parameters, configs); larger ones by digest."""
+
+
+def _shown_blob(read: Callable[[str], bytes], desc: dict[str, Any]) -> str:
+    """A layer of the image as a refusal shows it: its text in full (JSON-quoted), else its digest and size."""
+    digest, size = str(desc.get("digest")), desc.get("size")
+    if isinstance(size, int) and size <= _SHOWN_MAX:
+        try:
+            return json.dumps(read(digest).decode("utf-8"), ensure_ascii=False) + f" ({digest})"
+        except (UnicodeDecodeError, OSError, LookupError, ModelmintError):
+            pass  # not text, or not readable: its digest says which blob it is
+    return f"{digest} ({size} bytes)"
+
+
+def _shown_expected(blob: Any) -> str:
+    if blob.data is not None and len(blob.data) <= _SHOWN_MAX:
+        try:
+            return json.dumps(blob.data.decode("utf-8"), ensure_ascii=False) + f" ({blob.digest})"
+        except UnicodeDecodeError:
+            pass
+    return f"{blob.digest} ({blob.size} bytes)"
 
 
 def _restore_hint(shown: str) -> str:
