@@ -24,6 +24,7 @@ import yaml
 from pipelines.compressed.serve import SERVE_CONFIG_FILE, VllmServeConfig
 from pipelines.core.errors import ConfigError
 from pipelines.core.fsutil import write_text_atomic
+from pipelines.core.gpus import GPU
 from pipelines.core.vocab import KV_DTYPES
 from pipelines.publish.planner import GIB, Plan
 
@@ -40,6 +41,9 @@ MODELS = "/models"
 HELM_MODELS = "/data"
 """The production-stack chart mounts its model volume there (templates/deployment-vllm-multi.yaml)."""
 GPU_LABEL = "nvidia.com/gpu.product"
+GPU_MEMORY_LABEL = "nvidia.com/gpu.memory"
+"""GPU feature discovery's label of a node's GPU memory in MiB (NVML's total): what selects the nodes for a card known
+only by its size or from the user's inventory, which has no product label to select by."""
 SHM = "16Gi"
 """/dev/shm for NCCL and vLLM's worker processes (Docker's 64 MiB default is too small for tensor parallel)."""
 OLLAMA_PORT = 11434
@@ -103,10 +107,27 @@ def slug(label: str) -> str:
     return label.lower().replace(".", "-")
 
 
-def _node_label(plan: Plan, worker: bool = False) -> str:
-    """The GPU product label a pod is scheduled on: a pipeline across types puts its first stage (the leader) on
-    the first type and the workers on the other."""
-    return (plan.stages[-1] if worker and plan.stages else plan.group).gpu.node_label
+def _node_gpu(plan: Plan, worker: bool = False) -> GPU:
+    """The GPU a pod is scheduled on: a pipeline across types puts its first stage (the leader) on the first type and
+    the workers on the other."""
+    return (plan.stages[-1] if worker and plan.stages else plan.group).gpu
+
+
+def _node_requirement(gpu: GPU) -> dict[str, Any]:
+    """The node selector requirement that picks nodes with `gpu`: its product label, or for a card without one (a
+    size like 16G, a card of the user's inventory) GPUs with at least the memory it was planned with."""
+    if gpu.node_label:
+        return {"key": GPU_LABEL, "operator": "In", "values": [gpu.node_label]}
+    return {"key": GPU_MEMORY_LABEL, "operator": "Gt", "values": [str(math.floor(gpu.memory_gib * 1024) - 1)]}
+
+
+def _node_placement(gpu: GPU) -> dict[str, Any]:
+    """A pod spec's nodeSelector on the product label, or (no label) a node affinity on the GPU memory label."""
+    if gpu.node_label:
+        return {"nodeSelector": {GPU_LABEL: gpu.node_label}}
+    terms = [{"matchExpressions": [_node_requirement(gpu)]}]
+    return {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": terms}}}}
 
 
 # ---------------------------------------------------------------- vLLM
@@ -226,7 +247,7 @@ def _pod_spec(
     plan: Plan, art: Artifact, containers: list[dict[str, Any]], config: bool = True, worker: bool = False
 ) -> dict[str, Any]:
     return {
-        "nodeSelector": {GPU_LABEL: _node_label(plan, worker)},
+        **_node_placement(_node_gpu(plan, worker)),
         "containers": containers,
         "volumes": _volumes(art, config),
     }
@@ -513,13 +534,7 @@ def helm_model_spec(plan: Plan, art: Artifact) -> dict[str, Any]:
         "pvcStorage": _pvc(plan, art)["spec"]["resources"]["requests"]["storage"],
         "pvcAccessMode": _pvc(plan, art)["spec"]["accessModes"],
         "shmSize": SHM,
-        "nodeSelectorTerms": [
-            {
-                "matchExpressions": [
-                    {"key": GPU_LABEL, "operator": "In", "values": [plan.group.gpu.node_label]}
-                ]
-            }
-        ],
+        "nodeSelectorTerms": [{"matchExpressions": [_node_requirement(plan.group.gpu)]}],
         "vllmConfig": vllm,
     }
     if _env(plan):
@@ -817,6 +832,14 @@ def notes(plans: list[Plan], art: Artifact) -> list[str]:
         out.append(
             f"docker-run.sh across nodes starts one replica's pipeline: run it on each set of {multi[0].pp} "
             f"machines ({multi[0].replicas} replicas) and put a load balancer in front of their heads"
+        )
+    unlabelled = list(dict.fromkeys(g.name for p in plans for g in (p.group.gpu, *(st.gpu for st in p.stages))
+                                    if not g.node_label and g.kind == "cuda"))
+    if unlabelled:
+        out.append(
+            f"no {GPU_LABEL} selector for {', '.join(unlabelled)} (no product label is known for it): the "
+            f"Kubernetes files select nodes by {GPU_MEMORY_LABEL} (GPU feature discovery's MiB) of at least the "
+            "memory planned instead; set your card's product label there to pin it"
         )
     if any(p.stages for p in plans):
         out.append(
