@@ -13,6 +13,7 @@ What Prefect adds to pipelines.source.upstream and pipelines.registry.pins:
 from __future__ import annotations
 
 import logging
+import subprocess
 import sys
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, cast
@@ -151,20 +152,14 @@ def pinned_commits(settings: Settings, names: list[str]) -> dict[str, str]:
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m flows.watch convert NAME…`: the older spelling of `modelmint watch --convert NAME…` (the upstream
-    workflow and docs/upstream.md use it), run through the modelmint command line and its error edge."""
+    workflow and docs/upstream.md use it), run as that command: the same output, errors and exit code."""
     args = sys.argv[1:] if argv is None else argv
     if args[:1] != ["convert"] or len(args) < 2:
         print("usage: python -m flows.watch convert NAME [NAME ...]\n"
               "error: the one command is `convert NAME…` (`modelmint watch --convert NAME…` is the same)",
               file=sys.stderr)
         return 2
-    from pipelines.cli import main as cli
-
-    try:
-        cli(["watch", "--convert", *args[1:]], prog_name="modelmint")
-    except SystemExit as done:
-        return done.code if isinstance(done.code, int) else 1
-    return 0
+    return subprocess.run([sys.executable, "-m", "pipelines.cli", "watch", "--convert", *args[1:]]).returncode
 
 
 if __name__ == "__main__":

@@ -439,7 +439,6 @@ def test_watch_convert_starts_the_pinned_commits_one_conversion(prefect_project:
                                                                  capsys: pytest.CaptureFixture[str]) -> None:
     """`modelmint watch --convert NAME` (and its older spelling `python -m flows.watch convert NAME`): the pinned
     commit's conversion, started once under the key the watcher and the webhook use, through the CLI's edge."""
-    from flows import watch
     from pipelines.cli import main
 
     pinned = load_catalog(prefect_project.catalog_path).get("tiny").source.revision  # type: ignore[union-attr]
@@ -448,14 +447,20 @@ def test_watch_convert_starts_the_pinned_commits_one_conversion(prefect_project:
     assert done.value.code == 0
     runs = _conversions()
     assert [r for _, r in runs] == [pinned] and f"tiny@{pinned[:12]}: flow run " in capsys.readouterr().out
-    assert watch.main(["convert", "tiny"]) == 0 and _conversions() == runs  # found again: the same run
-    assert runs[0][0] in capsys.readouterr().out
     with pytest.raises(SystemExit) as done:
         main(["watch", "--convert", "tiny", "--apply"])
     assert done.value.code == 2 and "neither --apply nor --json" in capsys.readouterr().err
-    assert watch.main(["convert", "nope"]) == 1 and _conversions() == runs
-    said = capsys.readouterr().err
-    assert "no catalog entry named 'nope'" in said and "modelmint catalog list" in said
+    from prefect.settings import PREFECT_API_URL
+
+    env = {**os.environ, "PREFECT_API_URL": str(PREFECT_API_URL.value()), "PYTHONPATH": str(ROOT)}
+    again = subprocess.run([sys.executable, "-m", "flows.watch", "convert", "tiny"], capture_output=True, text=True,
+                           cwd=ROOT, env=env, timeout=300)
+    assert again.returncode == 0 and runs[0][0] in again.stdout, again.stderr  # found again: the same run
+    assert _conversions() == runs
+    nope = subprocess.run([sys.executable, "-m", "flows.watch", "convert", "nope"], capture_output=True, text=True,
+                          cwd=ROOT, env=env, timeout=300)
+    assert nope.returncode == 1 and "no catalog entry named 'nope'" in nope.stderr, nope.stderr
+    assert "modelmint catalog list" in nope.stderr and _conversions() == runs
 
 
 # ---------------------------------------------------------------- item 5: the deployment and the CI workflows
