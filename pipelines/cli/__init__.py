@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 # Each module adds its commands to `app` when imported; the order is the order of `modelmint --help`.
-from pipelines.cli import build, registry, plan, site, catalog, gguf, chat, stack  # noqa: F401  # isort: skip
+from pipelines.cli import build, registry, remotes, ociregistry, plan, site, catalog, gguf, chat, stack  # noqa: F401  # isort: skip
 from pipelines.cli._app import app
 from pipelines.cli._edge import main
 
