@@ -12,6 +12,7 @@ Each format's build is its step list (pipelines/core/execute.py), the one the CL
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import re
@@ -88,7 +89,7 @@ def _source_current(plan: Any) -> bool:
 # ---------------------------------------------------------------- the flow
 
 
-@flow(name="convert", flow_run_name="{model}", log_prints=True, task_runner=raycluster.task_runner(Settings.from_env()))
+@flow(name="convert", flow_run_name="{model}", log_prints=True, task_runner=raycluster.RunTaskRunner())
 def convert(model: str, variants: list[str] | None = None, revision: str | None = None,
             force: bool = False) -> dict[str, Any]:
     """Build, validate, register and publish the variants of one catalog model.
@@ -132,13 +133,17 @@ def convert(model: str, variants: list[str] | None = None, revision: str | None 
                 listed = registration_steps(settings, candidates_of(fmt, result), force=force, oci=oci,
                                             say=logging.getLogger("pipelines.compose").info)
                 done = execute(listed, prefect_runner(settings), progress=get_run_logger().info)
-                registered.update(registered_of(done, result.passed))
+                ran = registered_of(done, result.passed)
+                registered.update(ran)
+                # the f16 and its reference logits go once every variant is registered (MODELMINT_KEEP_SCRATCH)
+                reg.drop_scratch(settings, fmt.scratch(result.plan), registered=ran.refs,
+                                 asked=[*result.asked, *result.variants, *result.errors])
         registrations, published = registered.registrations, registered.published
         report = run_report(
             entry.name, results, registered.refs, registered.errors,
             header=header, dvc_paths={v: r.manifest.dvc.path for v, r in registrations.items()},
             published={v: (p.images, p.digest) for v, p in published.items()})
-        summary = _publish_artifacts(report, registrations, published)
+        summary = _publish_artifacts(settings, report, registrations, published)
     causes: dict[str, str] = {}
     advice: dict[str, str] = {}
     for r in results:
@@ -194,7 +199,8 @@ def _build(
     result = fmt.build_by(
         prefect_runner(settings), entry, settings, variants=asked, progress=log.info, warn=log.warning,
         plan=lambda: _cached(plan_source, _source_current, fmt.name, entry, settings, revision, asked),
-        arrange=lambda steps: ray_batches(steps, settings), gpu_slot=gpu_slot, places=registry_places(settings),
+        arrange=lambda steps: ray_batches(steps, settings), gpu_slot=functools.partial(gpu_slot, settings.without_secrets()),
+        places=registry_places(settings),
     )
     return fmt.header(result), result
 
@@ -218,7 +224,7 @@ def artifact_key(*parts: str) -> str:
     return re.sub(r"-+", "-", re.sub(r"[^a-z0-9-]", "-", "-".join(parts).lower())).strip("-")
 
 
-def _publish_artifacts(report: RunReport, registrations: dict[str, reg.Registration],
+def _publish_artifacts(settings: Settings, report: RunReport, registrations: dict[str, reg.Registration],
                        published: dict[str, Published]) -> dict[str, Any]:
     """The run report as the run's Markdown artifact (its table: RunReport.table, the one the CLI prints) and as a
     table artifact of data rows; returns the flow's result."""
@@ -228,7 +234,7 @@ def _publish_artifacts(report: RunReport, registrations: dict[str, reg.Registrat
     lines += ["| " + " | ".join(_markdown(c) for c in row) + " |" for row in cells]
     lines += ["", "Registered variants are in the DVC remote; `modelmint pull NAME:TAG` fetches one and checks it."]
     lines += _published_lines(published)
-    lines += site_lines([r.manifest.ref for r in registrations.values()])
+    lines += site_lines(settings, [r.manifest.ref for r in registrations.values()])
     rows = [line.data() for line in report.lines]
     create_markdown_artifact("\n".join(lines), key=artifact_key("convert", report.name),
                              description=f"convert {report.name}")

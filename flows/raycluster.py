@@ -20,6 +20,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from prefect.task_runners import TaskRunner
+
 from pipelines.core.errors import ConfigError, OrchestratorError
 from pipelines.core.settings import Settings
 
@@ -69,6 +71,18 @@ def task_runner(settings: Settings) -> Any:
 
     return CheckedRayTaskRunner(address=settings.ray_address.removeprefix("ray://"),
                                 init_kwargs={"log_to_driver": False})
+
+
+class RunTaskRunner(TaskRunner[Any]):
+    """The convert flow's declared task runner: Prefect duplicates a flow's runner when a run starts, and this one's
+    duplicate is `task_runner` of the settings then. Nothing is read when the flow's file is imported (a deployment
+    loading it, a test importing it), and each run sees the environment it was started in."""
+
+    def duplicate(self) -> Any:  # Prefect enters what this returns: a runner of another class
+        return task_runner(Settings.from_env())
+
+    def submit(self, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError("a run's tasks go to the runner duplicate() makes when it starts")
 
 
 def forwarded_env() -> dict[str, str]:

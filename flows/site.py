@@ -9,12 +9,11 @@ from pipelines.core.settings import Settings
 from pipelines.registry.site import default_site_dir, refresh_site
 
 
-def site_lines(registered: list[str]) -> list[str]:
+def site_lines(settings: Settings, registered: list[str]) -> list[str]:
     """Rebuild the static site (MODELMINT_WORK_DIR/site) when `registered` names any variant and the registry
     changed; the Markdown lines that link it. A site that cannot be written is a warning, never a failed run."""
     if not registered:
         return []
-    settings = Settings.from_env()
     try:
         index, built = refresh_site(settings, default_site_dir(settings))
     except (ModelmintError, OSError) as err:

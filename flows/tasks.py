@@ -87,8 +87,9 @@ def run_step(step: Step, inputs: dict[str, Any]) -> Any:
     return step.run(inputs)
 
 
-def gpu_slot() -> AbstractContextManager[Any]:
-    """One slot of the `gpu` global limit (flows.slots: strict, holder named, waits said, release never fatal)."""
-    return slot(GPU_LIMIT, prefect_home=Settings.from_env().prefect_dir)
+def gpu_slot(settings: Settings) -> AbstractContextManager[Any]:
+    """One slot of the `gpu` global limit (flows.slots: strict, holder named, waits said, release never fatal) on
+    the Prefect of `settings` (the flow binds its own: functools.partial(gpu_slot, settings))."""
+    return slot(GPU_LIMIT, prefect_home=settings.prefect_dir)
 
 

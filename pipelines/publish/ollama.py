@@ -321,7 +321,7 @@ def build_modelfile(
     gguf: Path,
     source: Path | SourceChat | None = None,
     *,
-    settings: Settings | None = None,
+    settings: Settings,
     out_dir: Path | None = None,
     family: str | None = None,
     template: str | None = None,
@@ -353,7 +353,6 @@ def build_modelfile(
         ArtifactError: `gguf` is not a readable GGUF.
         ModelfileError: SYSTEM or licence text that no Modelfile can hold.
     """
-    settings = settings or Settings.from_env()
     gguf = Path(gguf)
     out_dir = Path(out_dir) if out_dir is not None else gguf.parent
     g = read_gguf_chat(gguf)
@@ -596,7 +595,7 @@ def publish_ollama(
     entry: Any,
     out_dir: Path | None = None,
     *,
-    settings: Settings | None = None,
+    settings: Settings,
     modelfile_name: str = "Modelfile",
     card_name: str = "README.md",
     system: str | None = None,
@@ -610,7 +609,6 @@ def publish_ollama(
     Raises:
         everything build_modelfile raises; ArtifactError: an unreadable report.
     """
-    settings = settings or Settings.from_env()
     gguf_path = Path(gguf_path)
     out_dir = Path(out_dir) if out_dir is not None else gguf_path.parent
     rep = _report_of(report, gguf_path)
