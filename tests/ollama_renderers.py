@@ -401,3 +401,86 @@ def render_lfm2_thinking(messages: list[dict[str, Any]], tools: list[dict[str, A
 
 
 RENDERERS["lfm2-thinking"] = render_lfm2_thinking
+
+
+# ---------------------------------------------------------------- laguna (model/renderers/laguna.go)
+
+_LAGUNA_SYSTEM = ("You are a helpful, conversationally-fluent assistant made by Poolside. You are here to be helpful "
+                  "to users through natural language conversations.")
+
+
+def _laguna_argument(value: Any) -> str:
+    """laguna.go:269-282 formatLagunaToolCallArgument: a string as is, anything else json.go:8-14 marshalWithSpaces."""
+    return value if isinstance(value, str) else _spaced(go_json(value))
+
+
+def _laguna_assistant(content: str, reasoning: str) -> tuple[str, str]:
+    """laguna.go:151-167 lagunaV2AssistantContent: reasoning cut out of a content that holds </think>."""
+    parts = content.split("</think>")
+    if len(parts) == 1:
+        return content, reasoning
+    if not reasoning:
+        before = parts[0].rstrip("\n")
+        i = before.rfind("<think>")
+        if i >= 0:
+            before = before[i + len("<think>"):]
+        reasoning = before.lstrip("\n")
+    return parts[-1].lstrip("\n"), reasoning
+
+
+def render_laguna(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, think: bool | None) -> str:
+    """RENDERER laguna: renderer.go:113-114 LagunaRenderer."""
+    out = ["〈|EOS|〉"]  # laguna.go:28
+    thinking = think is True  # :32
+    first_system = bool(messages) and messages[0]["role"] == "system"  # :38-42
+    system = messages[0]["content"] if first_system else _LAGUNA_SYSTEM
+    if system.strip() or tools:  # :44-71
+        out.append("<system>\n")
+        if system.strip():
+            out.append("\n" + system.rstrip())
+        if tools:
+            out.append("\n\n### Tools\n\nYou may call functions to assist with the user query.\n"
+                       "All available function signatures are listed below:\n<available_tools>\n")
+            out.extend(_spaced(go_json(go_tool(t))) + "\n" for t in tools)
+            out.append("</available_tools>\n\n")
+            if thinking:
+                out.append("Wrap your thinking in '<think>', '</think>' tags, followed by a function call. For each "
+                           "function call, return an unescaped XML-like object with function name and arguments "
+                           "within '<tool_call>' and '</tool_call>' tags, like here:\n<think> your thoughts here "
+                           "</think>\n")
+            else:
+                out.append("For each function call, return an unescaped XML-like object with function name and "
+                           "arguments within '<tool_call>' and '</tool_call>' tags, like here:\n")
+            out.append("<tool_call>function-name\n<arg_key>argument-key</arg_key>\n<arg_value>value-of-argument-key"
+                       "</arg_value>\n</tool_call>")
+        out.append("\n</system>\n")
+    for i, m in enumerate(messages):  # :74-134
+        if i == 0 and first_system:
+            continue
+        if m["role"] == "user":
+            out.append("<user>\n" + m["content"] + "\n</user>\n")
+        elif m["role"] == "assistant":  # :84-124
+            content, reasoning = _laguna_assistant(m.get("content") or "", m.get("thinking") or "")
+            calls = m.get("tool_calls") or []
+            prefill = i == len(messages) - 1 and bool(content.strip() or reasoning.strip() or calls)
+            out.append("<assistant>\n")
+            out.append(f"<think>\n{reasoning.strip()}\n</think>\n" if reasoning.strip() else "</think>\n")
+            if content.strip():
+                out.append(content.strip() + "\n")
+            for call in calls:
+                out.append("<tool_call>" + call["function"]["name"] + "\n")
+                for name, value in (call["function"].get("arguments") or {}).items():
+                    out.append(f"<arg_key>{name}</arg_key>\n<arg_value>{_laguna_argument(value)}</arg_value>\n")
+                out.append("</tool_call>\n")
+            if not prefill:
+                out.append("</assistant>\n")
+        elif m["role"] == "tool":
+            out.append("<tool_response>\n" + m["content"] + "\n</tool_response>\n")
+        elif m["role"] == "system":
+            out.append("<system>\n" + m["content"] + "\n</system>\n")
+    if not messages or messages[-1]["role"] != "assistant":  # :139-146
+        out.append("<assistant>\n" + ("<think>" if thinking else "</think>"))
+    return "".join(out)
+
+
+RENDERERS["laguna"] = render_laguna

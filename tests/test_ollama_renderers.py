@@ -39,6 +39,7 @@ CHECKED: dict[str, tuple[str, TemplateTokens]] = {
     "Qwen3-Coder.jinja": ("qwen3-coder", TemplateTokens(None, "<|im_end|>", engine_adds_bos=False)),
     "GLM-4.7-Flash.jinja": ("glm-4.7", TemplateTokens(None, "<|endoftext|>", engine_adds_bos=False)),
     "LFM2-8B-A1B.jinja": ("lfm2", TemplateTokens("<|startoftext|>", "<|im_end|>")),
+    "poolside-Laguna-XS.2.jinja": ("laguna", TemplateTokens("〈|EOS|〉", "〈|EOS|〉")),
 }
 
 
@@ -62,6 +63,13 @@ def test_every_reimplemented_renderer_has_vectors_and_a_template() -> None:
     assert set(VECTORS["renderers"]) == set(RENDERERS)
     assert {FAMILIES[f].renderer for f, _ in CHECKED.values()} == set(RENDERERS) - {"lfm2-thinking"}
     assert all(len(v["cases"]) >= 5 for v in VECTORS["renderers"].values())
+
+
+def test_laguna_differs_from_its_jinja_only_by_go_json_and_a_continued_line(templates_dir: Path) -> None:
+    # Ollama's own parity tests use tools without '&', '<' or '>': with them, its renderer writes \u0026 and \u003c
+    # where the Jinja's tojson keeps the characters.
+    differs = _differs(templates_dir, "poolside-Laguna-XS.2.jinja")
+    assert set(differs) == {c.name for c in SUITE if c.tools} | {"continue-assistant"}
 
 
 def test_go_json_escapes_as_encoding_json_does() -> None:

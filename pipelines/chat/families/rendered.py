@@ -128,6 +128,10 @@ _renderer_family(
 _renderer_family(
     "laguna", "Poolside Laguna XS.2 (〈|EOS|〉 prefix, default system prompt, <think> off by default)",
     renderer="laguna", parser="laguna", stop=("〈|EOS|〉",), thinking=True,
+    # Ollama's renderer prints tool JSON with Go's HTML escaping ('&' as \u0026, '<' as \u003c) and ends a continued
+    # assistant message with a line break the Jinja does not write
+    differs=("continue-assistant", "tools-offered", "tools-offered-no-system", "tool-call-and-result",
+             "tool-round-trip", "parallel-tool-calls", "tool-call-nested-arguments", "reasoning-in-tool-loop"),
     markers=("〈|EOS|〉", "render_assistant_messages_raw", "enable_thinking | default(false)",
              "You are a helpful, conversationally-fluent assistant made by Poolside.", "<think>", "<tool_call>",
              "reasoning_content"),
