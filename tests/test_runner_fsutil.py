@@ -249,3 +249,22 @@ def test_stack_run_hands_prefect_no_credential(monkeypatch: pytest.MonkeyPatch, 
         return getattr(func, "id", "") or getattr(func, "attr", "")
 
     assert execs and all(_called(n.args[2]) == "run_env" for n in execs)
+
+
+def test_one_hash_cache_per_home_however_it_is_spelled(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two caches on one hashcache.json would each write back only their own entries, losing the other's."""
+    from pipelines.core.fsutil import hash_cache
+
+    (tmp_path / "home").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "home")
+    monkeypatch.chdir(tmp_path)
+    homes = [tmp_path / "home", Path("home"), tmp_path / "link", tmp_path / "x" / ".." / "home"]
+    caches = {id(hash_cache(Settings.from_env({"MODELMINT_HOME": str(h)}))) for h in homes}
+    assert len(caches) == 1
+    a, b = tmp_path / "a.bin", tmp_path / "b.bin"
+    a.write_bytes(b"a")
+    b.write_bytes(b"b")
+    hash_cache(Settings.from_env({"MODELMINT_HOME": "home"})).sha256(a)
+    hash_cache(Settings.from_env({"MODELMINT_HOME": str(tmp_path / "link")})).sha256(b)
+    remembered = json.loads((tmp_path / "home" / "hashcache.json").read_text())
+    assert sorted(k.split("|")[0] for k in remembered) == [str(a), str(b)]  # both, in the one file

@@ -265,8 +265,9 @@ class HashCache:
 
 def hash_cache(settings: Settings) -> HashCache:
     """The one hash cache of `settings`' home: every step that hashes a large file asks it, so a file unchanged since
-    it was hashed is not read again; shared by every Settings naming the same home."""
-    return _hash_cache(settings.home / "hashcache.json")
+    it was hashed is not read again; shared by every Settings naming the same home, however it is spelled (a
+    relative path, a symlink): two caches on one file would each write back only what they remembered."""
+    return _hash_cache(settings.home.resolve() / "hashcache.json")
 
 
 @functools.cache
