@@ -465,6 +465,9 @@ def check_image(
         kind = "config" if where == "config" else _LAYER_NAMES.get(blob.media_type, blob.media_type)
         title = blob.annotations.get("org.opencontainers.image.title")
         named = f"{kind} {where}" + (f" ({title})" if title else "") if where != "config" else "config"
+        if where != "config" and desc.get("mediaType") != blob.media_type:
+            found = _LAYER_NAMES.get(str(desc.get("mediaType")), str(desc.get("mediaType")))
+            named = f"{where}, a {found} layer where the signed files give a {kind} layer,"
         if desc.get("digest") == blob.digest:
             raise SignatureRefused(
                 image,
