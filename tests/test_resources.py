@@ -123,15 +123,16 @@ def test_7b_peak_disk_is_f16_plus_variants_plus_logits(qwen7b: Path, tmp_path: P
     places = Places(tmp_path / "build", tmp_path / "repo" / "artifacts", tmp_path / "repo" / ".dvc" / "cache")
     check = gguf_run(shape, ["q4_k_m", "q8_0"], places, imatrix=False, kl=KL)
     (fs,) = check.filesystems  # one disk holds all three places
-    # keeping the f16: at the last registration the work dir holds f16, logits and both variants, and artifacts/
-    # and the DVC cache one more copy of each variant: 15.23 + 0.31 + 3 x 12.75 = 53.8 GB
-    hand = F16_7B + LOGITS_7B + 3 * (Q4_K_M_7B + Q8_0_7B)
+    # the peak is the last validation: the work dir holds f16, logits and both variants; registering links each
+    # variant into artifacts/ and the DVC cache (one inode, no more bytes): 15.23 + 0.31 + 12.75 = 28.3 GB,
+    # 1.01 x (f16 + variants)
+    hand = F16_7B + LOGITS_7B + Q4_K_M_7B + Q8_0_7B
     assert fs.needed == pytest.approx(hand, rel=0.02)
-    assert fs.peak_step == "register q8_0"
-    # without the f16: the peak is the larger of the last validation (f16, logits, both variants: 28.3 GB) and
-    # the three copies of the variants (38.2 GB)
+    assert fs.peak_step == "quantize and validate q8_0"
+    assert fs.needed / (F16_7B + Q4_K_M_7B + Q8_0_7B) < 1.03
+    # without the f16: the same peak (it is read until the last validation)
     lean = gguf_run(shape, ["q4_k_m", "q8_0"], places, imatrix=False, kl=KL, keep_f16=False)
-    assert lean.filesystems[0].needed == pytest.approx(3 * (Q4_K_M_7B + Q8_0_7B), rel=0.02)
+    assert lean.filesystems[0].needed == fs.needed
     # not registering: the work dir alone, f16 + logits + variants
     alone = gguf_run(shape, ["q4_k_m", "q8_0"], Places(tmp_path / "build"), imatrix=False, kl=KL)
     assert alone.filesystems[0].needed == pytest.approx(F16_7B + LOGITS_7B + Q4_K_M_7B + Q8_0_7B, rel=0.02)
@@ -165,28 +166,31 @@ def test_a_7b_run_on_small_disks_is_refused_with_both_figures(qwen7b: Path, tmp_
     assert f"{(F16_7B + LOGITS_7B + Q4_K_M_7B + Q8_0_7B) / GIB:.1f} GiB" == "26.3 GiB"
     assert f"the work dir {work / 'build'} (peak at quantize and validate q8_0" in text
     assert "needs 26.3 GiB at its peak, 40.0 MiB free" in text
-    # the repository's disk: artifacts/ and the DVC cache, one copy each of both variants = 25.5 GB = 23.7 GiB
+    # the repository's disk: artifacts/ copies both variants from the other disk (a hard link cannot cross it) and
+    # the DVC cache links them = 12.75 GB = 11.9 GiB
     assert f"artifacts/ {repo / 'artifacts'} and the DVC cache {repo / '.dvc' / 'cache'}" in text
-    assert "needs 23.7 GiB at its peak, 40.0 MiB free" in text
+    assert "needs 11.9 GiB at its peak, 40.0 MiB free" in text
     assert "`--variants` (" in text and "q4_k_m 4.3 GiB, q8_0 7.5 GiB" in text
     assert "point MODELMINT_WORK_DIR at another disk (it takes 26.3 GiB there at its peak)" in text
-    assert "`dvc cache dir /path/on/a/larger/disk`" in text
+    # the cache holds the same inodes as artifacts/ there: moving it would give nothing back
+    assert "`dvc cache dir" not in text
     # the f16 is read until the last validation: dropping it after does not lower the work dir's peak here
     assert "do not keep the f16" not in text
     assert err.value.shortfalls[0][2] == 40 << 20
 
 
-def test_one_small_disk_for_everything_offers_dropping_the_f16(qwen7b: Path, small_disk) -> None:
+def test_one_small_disk_for_everything_counts_one_copy_and_offers_only_what_helps(qwen7b: Path, small_disk) -> None:
     disk = small_disk("40m")
     check = gguf_run(source_shape(qwen7b), ["q4_k_m", "q8_0"],
                      Places(disk / "build", disk / "artifacts", disk / ".dvc" / "cache"), imatrix=False, kl=KL,
                      available_memory=1 << 40)
     with pytest.raises(RunTooLarge) as err:
         require(check, what="qwen2.5: q4_k_m, q8_0")
-    # 53.8 GB = 50.1 GiB with it; 38.2 GB without: 15.5 GB (14.5 GiB) lower
-    assert "needs 50.1 GiB at its peak, 40.0 MiB free" in str(err.value)
-    assert "do not keep the f16 and the KL reference logits once the variants are validated (a peak 14.5 GiB " \
-           "lower)" in str(err.value)
+    # f16 + logits + both variants, once: 28.3 GB = 26.3 GiB; the f16 is read until the last validation, and the
+    # registered copies are links, so neither dropping the f16 nor moving the DVC cache lowers the peak
+    assert "needs 26.3 GiB at its peak, 40.0 MiB free" in str(err.value)
+    assert "do not keep the f16" not in str(err.value) and "dvc cache dir" not in str(err.value)
+    assert "`--variants` (q4_k_m 4.3 GiB, q8_0 7.5 GiB)" in str(err.value)
 
 
 def test_a_small_model_fits_a_small_disk(tmp_path: Path, small_disk) -> None:

@@ -359,9 +359,9 @@ def gguf_run(shape: SourceShape, quants: Sequence[str], places: Places, *, imatr
 
     The f16, the importance matrix and the reference logits stay until every variant was validated; with
     `keep_f16` False they are removed then, before the first registration. A run that registers (places.artifacts
-    set) puts one copy of each variant in artifacts/ and one in the DVC cache (`dvc commit` copies: ext4 has no
-    reflink). `paths` names where each output goes ("f16", "imatrix", "logits", each quant type): one already there
-    from an earlier run needs nothing more. Memory: the converter holds about 3.5x the largest tensor in bf16;
+    set) links each variant into artifacts/ and the DVC cache: a copy only where those are on another filesystem.
+    `paths` names where each output goes ("f16", "imatrix", "logits", each quant type): one already there from an
+    earlier run needs nothing more. Memory: the converter holds about 3.5x the largest tensor in bf16;
     llama-imatrix, llama-perplexity and llama-quantize map the f16, plus one window of float logits.
     """
     f16 = gguf_f16_bytes(shape)
@@ -412,11 +412,23 @@ def compressed_run(shape: SourceShape, schemes: Sequence[str], places: Places, *
 
 
 def _registered(tag: str, size: int, places: Places, steps: list[str]) -> list[Output]:
+    """The registered copies of a variant: artifacts/ takes the build output's weights as a hard link, and the DVC
+    cache the placed inode (pipelines/registry/register.py `place` and `track`), so artifacts/ costs bytes only on
+    a filesystem other than the work dir's, and the cache only on one other than artifacts/'."""
     if places.artifacts is None:
         return []
     at = steps.index(f"register {tag}")
-    return [Output(f"{tag} (artifacts/)", "artifacts", size, at),
-            *([Output(f"{tag} (DVC cache)", "dvc_cache", size, at)] if places.dvc_cache else [])]
+    artifacts = _device(places.artifacts)
+    out = []
+    if artifacts != _device(places.work_dir):
+        out.append(Output(f"{tag} (artifacts/)", "artifacts", size, at))
+    if places.dvc_cache is not None and _device(places.dvc_cache) != artifacts:
+        out.append(Output(f"{tag} (DVC cache)", "dvc_cache", size, at))
+    return out
+
+
+def _device(path: Path) -> int:
+    return os.stat(_existing(path)).st_dev
 
 
 def _check(steps: list[str], outputs: list[Output], memory: list[Memory], places: Places, validated_at: int,
@@ -500,8 +512,8 @@ def require(check: ResourceCheck, *, what: str, variants_option: str = "--varian
     if check.short:
         if check.variant_bytes:
             each = ", ".join(f"{v} {_gib(b)}" for v, b in check.variant_bytes.items())
-            copies = "each registered variant is kept in the work dir, artifacts/ and the DVC cache; " if any(
-                o.location == "artifacts" for o in check.outputs) else ""
+            copies = "each registered variant is copied to artifacts/ or the DVC cache on their own disk; " if any(
+                o.location in ("artifacts", "dvc_cache") for o in check.outputs) else ""
             ways.append(f"ask for fewer variants with `{variants_option}` ({copies}{each})")
         saved = max(fs.needed - _peak(_on(check, fs), len(check.steps), check.validated_at)[0] for fs in check.short)
         if saved > 0:
@@ -512,7 +524,8 @@ def require(check: ResourceCheck, *, what: str, variants_option: str = "--varian
             if "work_dir" in locs:
                 ways.append(f"point MODELMINT_WORK_DIR at another disk (it takes {_gib(_work_need(check))} there at "
                             f"its peak{_gives_back(check, fs, 'work_dir')})")
-            if "dvc_cache" in locs:
+            if "dvc_cache" in locs and any(o.location == "dvc_cache" for o in _on(check, fs)):
+                # (a cache beside artifacts/ holds the same inodes: moving it elsewhere gives nothing back)
                 ways.append("move the DVC cache to another disk with `dvc cache dir /path/on/a/larger/disk` (run in "
                             f"the repository{_gives_back(check, fs, 'dvc_cache')})")
             if "artifacts" in locs and "work_dir" not in locs:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
+import os
 import re
 import sys
 import time
@@ -130,8 +132,49 @@ _ENOENT = re.compile(r"No such file or directory: '([^']+)'")
 
 
 def commit(settings: Settings, stage: str) -> None:
-    """Record a stage's outputs in dvc.lock and the DVC cache, as `dvc repro` would after running it."""
-    dvc(settings, "commit", "--force", stage, what=f"dvc commit {stage}")
+    """Record a stage's outputs in dvc.lock and the DVC cache, as `dvc repro` would after running it.
+
+    `--no-relink`: the workspace is left as it is. With `cache.type = reflink,copy` DVC would otherwise replace
+    every workspace file by a fresh copy of its cache object, undoing the hard links `adopt` made (measured with
+    DVC 3.67), while the files it does not hold yet (the small serving files) are copied into the cache either way.
+    """
+    dvc(settings, "commit", "--force", "--no-relink", stage, what=f"dvc commit {stage}")
+
+
+def adopt(settings: Settings, path: Path) -> bool:
+    """Make the file at `path` DVC's cache object for its bytes without a second copy: a hard link at
+    files/md5/ab/cdef… and the shared inode made read-only (0444, what DVC gives its objects), before `commit`.
+
+    `dvc commit` then finds the object in the cache and copies nothing; with `--no-relink` it leaves `path` as it
+    is. Only for files no one rewrites in place: every modelmint output is written under a temporary name and
+    renamed (fsutil.atomic_output), which gives the name a new inode and leaves the cached one as it was. When
+    the cache already holds these bytes intact in another inode, `path` becomes a link to that one instead. Returns
+    False, changing nothing, where no link can be made (the cache on another filesystem): DVC copies it then.
+    """
+    md5 = _md5_of(path)
+    if md5 is None:
+        return False
+    obj = cache_object(cache_dir(settings), md5)
+    try:
+        obj.parent.mkdir(parents=True, exist_ok=True)
+        if not obj.is_file() or (not obj.samefile(path) and _md5_of(obj) != md5):
+            _link_over(path, obj)  # (a damaged object is replaced by the checked bytes)
+        elif not obj.samefile(path):
+            _link_over(obj, path)
+        obj.chmod(0o444)
+    except OSError as err:
+        if err.errno in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP):
+            return False
+        raise
+    return True
+
+
+def _link_over(src: Path, dst: Path) -> None:
+    """`dst` becomes a hard link of `src`, in one rename (a reader sees the old file or the new, never none)."""
+    tmp = dst.with_name(f"{dst.name}.link-{os.getpid()}")
+    tmp.unlink(missing_ok=True)
+    os.link(src, tmp)
+    os.replace(tmp, dst)
 
 
 def push(settings: Settings, stage: str) -> None:
