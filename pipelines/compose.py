@@ -377,7 +377,11 @@ def build_and_register(
                             **options)
     if not register or result.plan is None:
         return Run(result)
+    from pipelines.registry.register import drop_scratch
+
     refs, errors = register_passed(settings, candidates_of(fmt, result), track=track, say=progress, force=force)
+    drop_scratch(settings, fmt.scratch(result.plan), asked=[*result.asked, *result.variants, *result.errors],
+                 registered=refs)
     return Run(result, refs, errors)
 
 

@@ -40,6 +40,7 @@ _SAMPLES = {
     "signing_key": ("/k.pem", "/k.pem"),
     "signing_cert": ("/chain.pem", "/chain.pem"),
     "skip_resource_check": ("1", "True"),
+    "keep_scratch": ("1", "True"),
     "trust_policy": ("/trust.yaml", "/trust.yaml"),
 }
 

@@ -91,6 +91,10 @@ class Settings:
     """1: skip the check of a run's peak disk and memory before any work (pipelines/core/resources.py), for a disk
     whose free space says nothing of what fits (compressed or deduplicating filesystems); a disk that fills anyway is
     still named mid-run, with the finished steps kept."""
+    keep_scratch: bool = field(default=False, metadata=_is("orchestration", "MODELMINT_KEEP_SCRATCH"))
+    """1: keep a build's scratch files (the f16 GGUF and its KL reference logits) after every variant it was asked for
+    registered. Default: removed then, to favour disk (a 7B's f16 is 15 GB); a later run that needs them rebuilds
+    them, since their receipts no longer match a file (docs/scale.md, "Scratch files")."""
     signing_cert: Path | None = field(default=None, metadata=_is("orchestration", "MODELMINT_SIGNING_CERT"))
     """The signing key's certificate, then its intermediates, in one PEM file: signatures carry the chain instead of
     naming a bare key (docs/registry.md, "Signing")."""
@@ -143,6 +147,7 @@ class Settings:
             signing_key=Path(p).expanduser() if (p := read["signing_key"]) else None,
             signing_cert=Path(p).expanduser() if (p := read["signing_cert"]) else None,
             skip_resource_check=_flag(env, var["skip_resource_check"]),
+            keep_scratch=_flag(env, var["keep_scratch"]),
             trust_policy=Path(p).expanduser() if (p := read["trust_policy"]) else None,
         )
 

@@ -60,6 +60,9 @@ class ArtifactFormat:
     """The lines a run report puts above the variants table (the source, the toolchain, the base)."""
     toolchain: Callable[[Settings], Path | None] = lambda _settings: None
     """The toolchain directory its steps run from (every Ray node must have it); None: it needs none."""
+    scratch: Callable[[Any], list[Path]] = lambda _plan: []
+    """(plan) → the build outputs only the build itself reads (GGUF: the f16 and its KL reference logits), removed
+    once every variant asked for is registered unless Settings.keep_scratch (register.drop_scratch)."""
     resources: Callable[[Any, Places], ResourceCheck] | None = None
     """(plan, where the run writes) → the run's peak disk per filesystem and peak memory (pipelines/core/resources.py),
     checked after the plan and before its first step; None: not checked."""

@@ -150,5 +150,6 @@ GGUF = implement(
         header=_gguf_header,
         toolchain=lambda settings: llama_cpp(settings).prefix,
         resources=_gguf_resources,
+        scratch=lambda plan: [plan.base_path, plan.logits_path],
     )
 )

@@ -1,0 +1,52 @@
+"""A build's scratch files (the f16 GGUF and its KL reference logits) go once every variant asked for is registered,
+unless MODELMINT_KEEP_SCRATCH=1, and a later run that needs them rebuilds them from their receipts' absence.
+
+The real CLI (`python -m pipelines.cli convert … --register`) on tiny-qwen2 with the pinned llama.cpp, in a real git +
+DVC repository with a local remote (tests/registry_env.py).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from registry_env import Repo, make_repo
+
+from pipelines.core.steps import receipt_path
+from pipelines.registry.manifest import find_manifest
+
+MODELMINT = [sys.executable, "-m", "pipelines.cli"]
+
+
+def _convert(repo: Repo, *variants: str, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*MODELMINT, "convert", "tiny-qwen2", "--variants", ",".join(variants), "--register"],
+                          env={**repo.env(), "COLUMNS": "200", **env}, capture_output=True, text=True, cwd=repo.root)
+
+
+def _scratch(repo: Repo) -> list[Path]:
+    out = repo.work / "tiny-qwen2"
+    return [out / "tiny-qwen2-f16.gguf", out / "tiny-qwen2-f16.kld-base.bin"]
+
+
+@pytest.mark.slow
+def test_the_f16_and_the_logits_go_after_registration_and_a_later_run_rebuilds_them(
+    isolated: Path, tmp_path: Path
+) -> None:
+    repo = make_repo(tmp_path)
+    first = _convert(repo, "q8_0")
+    assert first.returncode == 0, first.stderr
+    f16, logits = _scratch(repo)
+    assert not f16.exists() and not logits.exists()
+    assert not receipt_path(f16).exists() and not receipt_path(logits).exists()
+    settings = repo.settings()
+    q8 = find_manifest(settings, "tiny-qwen2:q8_0")
+    # the registered variant is whole without them
+    assert (repo.root / q8.dvc.path / q8.file).stat().st_size == q8.size_bytes
+    # another variant needs the f16 and the logits: the run rebuilds them (the same bytes) and registers it; with
+    # MODELMINT_KEEP_SCRATCH=1 they stay for the next build of the same source
+    second = _convert(repo, "q4_k_m", MODELMINT_KEEP_SCRATCH="1")
+    assert second.returncode == 0, second.stderr
+    assert find_manifest(settings, "tiny-qwen2:q4_k_m").parent.sha256 == q8.parent.sha256
+    assert f16.is_file() and logits.is_file() and receipt_path(f16).is_file()
