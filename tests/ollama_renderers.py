@@ -484,3 +484,89 @@ def render_laguna(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | 
 
 
 RENDERERS["laguna"] = render_laguna
+
+
+# ---------------------------------------------------------------- cohere (model/renderers/cohere.go)
+
+def _cohere_tool(tool: dict[str, Any]) -> str:
+    """cohere.go:29-51 cohereToolJSON: name and description json.Marshal'ed, parameters with spaces, responses null."""
+    fn = tool["function"]
+    return (f'{{"name": {go_json(fn["name"])}, "description": {go_json(fn.get("description", ""))}, '
+            f'"parameters": {_spaced(go_json(go_parameters(fn.get("parameters", {}))))}, "responses": null}}')
+
+
+def _cohere_result(call_id: str, content: str) -> str:
+    """cohere.go:78-89 writeToolResult."""
+    return ('\n    {\n        "tool_call_id": "' + call_id + '",\n        "results": {\n\n            \n            "0": '
+            + _spaced(go_json({"content": content})) + '\n\n        },\n        "is_error": null\n    }')
+
+
+def render_cohere(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, think: bool | None) -> str:
+    """RENDERER cohere: renderer.go:117-118 CohereRenderer."""
+    out = []
+    reasoning = think is not False  # cohere.go:96
+    system, rest = "", messages
+    if messages and messages[0]["role"].lower() == "system":  # :101-106 the first system message only
+        system, rest = messages[0]["content"], messages[1:]
+    out.append("<|START_OF_TURN_TOKEN|><|SYSTEM_TOKEN|><|START_TEXT|>")  # :110-118
+    if system:
+        out.append(system + "\n\n\n\n")
+    out.append("# Available Tools\n```json\n[\n")  # :55-75
+    if not tools:
+        out.append("\n\n")
+    for j, tool in enumerate(tools or ()):
+        out.append("\n    " + _cohere_tool(tool) + ("," if j < len(tools or ()) - 1 else "") + "\n\n")
+    out.append("\n]\n```<|END_TEXT|><|END_OF_TURN_TOKEN|>")
+    ids: dict[str, str] = {}  # :123-141 call ids renumbered 0, 1, … across the conversation
+    counter = 0
+    prefill = False
+    i = 0
+    while i < len(rest):  # :144-215
+        m = rest[i]
+        role = m["role"].lower()
+        content = m.get("content") or ""
+        if role == "system":
+            out.append("<|START_OF_TURN_TOKEN|><|SYSTEM_TOKEN|><|START_TEXT|>" + content + "<|END_TEXT|><|END_OF_TURN_TOKEN|>")
+        elif role == "user":
+            out.append("<|START_OF_TURN_TOKEN|><|USER_TOKEN|><|START_TEXT|>" + content + "<|END_TEXT|><|END_OF_TURN_TOKEN|>")
+        elif role in ("assistant", "chatbot"):
+            out.append("<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>")
+            if m.get("tool_calls"):  # :157-183
+                out.append("\n            \n                ")
+                if m.get("thinking"):
+                    out.append("<|START_THINKING|>" + m["thinking"] + "<|END_THINKING|>")
+                out.append("<|START_ACTION|>[")
+                for j, call in enumerate(m["tool_calls"]):
+                    idx = str(counter)
+                    counter += 1
+                    if call.get("id"):
+                        ids.setdefault(call["id"], idx)
+                    out.append('\n\n    {"tool_call_id": "' + idx + '", "tool_name": "' + call["function"]["name"]
+                               + '", "parameters": ' + _spaced(go_json(call["function"].get("arguments") or {})) + "}")
+                    if j < len(m["tool_calls"]) - 1:
+                        out.append(",")
+                out.append("\n\n]<|END_ACTION|><|END_OF_TURN_TOKEN|>")
+            else:  # :184-199
+                if m.get("thinking"):
+                    out.append("<|START_THINKING|>" + m["thinking"] + "<|END_THINKING|>")
+                out.append("<|START_TEXT|>" + content)
+                if i == len(rest) - 1:
+                    prefill = True
+                else:
+                    out.append("<|END_TEXT|><|END_OF_TURN_TOKEN|>")
+        elif role == "tool":  # :200-213 consecutive results in one array
+            out.append("<|START_OF_TURN_TOKEN|><|SYSTEM_TOKEN|><|START_TOOL_RESULT|>[")
+            out.append(_cohere_result(ids.get(m.get("tool_call_id", ""), m.get("tool_call_id", "")), content))
+            while i + 1 < len(rest) and rest[i + 1]["role"].lower() == "tool":
+                i += 1
+                out.append("," + _cohere_result(ids.get(rest[i].get("tool_call_id", ""),
+                                                        rest[i].get("tool_call_id", "")), rest[i].get("content") or ""))
+            out.append("\n\n]<|END_TOOL_RESULT|><|END_OF_TURN_TOKEN|>")
+        i += 1
+    if not prefill:  # :217-224
+        out.append("<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>" +
+                   ("<|START_THINKING|>" if reasoning else "<|START_THINKING|><|END_THINKING|>"))
+    return "".join(out)
+
+
+RENDERERS["cohere"] = render_cohere

@@ -40,6 +40,7 @@ CHECKED: dict[str, tuple[str, TemplateTokens]] = {
     "GLM-4.7-Flash.jinja": ("glm-4.7", TemplateTokens(None, "<|endoftext|>", engine_adds_bos=False)),
     "LFM2-8B-A1B.jinja": ("lfm2", TemplateTokens("<|startoftext|>", "<|im_end|>")),
     "poolside-Laguna-XS.2.jinja": ("laguna", TemplateTokens("〈|EOS|〉", "〈|EOS|〉")),
+    "Cohere2MoE.jinja": ("cohere", TemplateTokens("<BOS_TOKEN>", "<|END_OF_TURN_TOKEN|>")),
 }
 
 
@@ -56,7 +57,13 @@ def _cases() -> list[Any]:
 @pytest.mark.parametrize(("renderer", "case"), _cases())
 def test_the_reimplementation_writes_what_ollamas_own_tests_expect(renderer: str, case: dict[str, Any]) -> None:
     assert renderer in OLLAMA_RENDERER_NAMES
-    assert RENDERERS[renderer](case["messages"], case["tools"], case["think"]) == case["expected"]
+    got = RENDERERS[renderer](case["messages"], case["tools"], case["think"])
+    if "expected" in case:
+        assert got == case["expected"]
+    for part in case.get("contains", ()):  # where Ollama's test checks a part of the prompt
+        assert part in got
+    if case.get("ends_with"):
+        assert got.endswith(case["contains"][-1])
 
 
 def test_every_reimplemented_renderer_has_vectors_and_a_template() -> None:
@@ -93,6 +100,9 @@ def _differs(templates_dir: Path, name: str) -> list[str]:
             hf = None
         assert fam.renderer is not None
         ollama = RENDERERS[fam.renderer](ollama_messages(conv), list(conv.tools) if conv.tools else None, conv.think)
+        if tokens.engine_adds_bos and tokens.bos and not ollama.startswith(tokens.bos):
+            # the runner's tokenizer adds the BOS token (llm/llama_server.go:243-255 completionPrompt)
+            ollama = tokens.bos + ollama
         if hf != ollama:
             differs.append(conv.name)
     return differs

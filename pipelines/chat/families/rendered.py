@@ -114,6 +114,11 @@ _renderer_family(
 _renderer_family(
     "cohere", "Cohere Command A 2026 / North (Cohere2 MoE: <|START_TEXT|>, <|START_THINKING|>, <|START_ACTION|>)",
     renderer="cohere", parser="cohere", stop=("<|END_OF_TURN_TOKEN|>",), thinking=True,
+    # this Jinja opens every prompt with its platform instructions; Ollama's renderer leaves them to a Modelfile SYSTEM
+    differs=("user", "system-user", "multi-turn", "system-multi-turn", "continue-assistant", "special-characters",
+             "tools-offered", "tools-offered-no-system", "tool-call-and-result", "tool-round-trip",
+             "parallel-tool-calls", "tool-call-nested-arguments", "reasoning-in-history", "think-on", "think-off",
+             "reasoning-in-tool-loop"),
     markers=("<|START_OF_TURN_TOKEN|>", "<|START_TEXT|>", "<|START_THINKING|>", "<|START_ACTION|>",
              "<|START_TOOL_RESULT|>", "platform_instruction_override"),
     forbidden=(),
