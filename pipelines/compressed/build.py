@@ -341,27 +341,29 @@ def _remetadata(plan: CompressPlan, d: Path, key: str, same: str) -> StepResult 
     return None
 
 
-def ensure_validated(plan: CompressPlan, names: list[str] | None = None) -> dict[str, VariantOutcome]:
+def ensure_validated(plan: CompressPlan, names: list[str] | None = None,
+                     built: dict[str, StepResult] | None = None) -> dict[str, VariantOutcome]:
     """Check structure, measure against the source and apply the gate, for each variant; reports are cached.
+
+    `built` holds the compress steps' results, by variant (the checkpoints to check); a variant not in it is made
+    (or found finished) by ensure_compressed.
 
     Every variant still to be measured is evaluated in one process (the source runs once). A structure
     problem or a failing gate is recorded in the report (`passed: false`); the caller decides that the
     variant goes no further.
 
     Raises:
-        FileNotFoundError: a variant has not been compressed (run ensure_compressed first).
         ToolError: the evaluation itself failed.
     """
     names = list(plan.recipes) if names is None else names
+    built = built or {}
     reports: dict[str, CompressedReport] = {}
     receipts: dict[str, dict[str, Any]] = {}
     cached: set[str] = set()
     to_measure: dict[str, Path] = {}
     for v in names:
-        d = plan.variant_dir(v)
-        receipt = load_dir_receipt(d, plan.quant_key(v))
-        if receipt is None:
-            raise FileNotFoundError(f"{d} has not been compressed (run ensure_compressed first)")
+        made = built[v] if v in built else ensure_compressed(plan, v)
+        d, receipt = made.path, made.receipt
         receipts[v] = receipt
         key = plan.report_key(v, receipt["tree_sha256"])
         report = load_report(plan.report_path(v), key)
@@ -399,7 +401,7 @@ def ensure_validated(plan: CompressPlan, names: list[str] | None = None) -> dict
             if v not in cached:
                 reports[v].write(plan.report_path(v))
             serve = ensure_serve_config(plan, v)
-        outcomes[v] = VariantOutcome(v, plan.variant_dir(v), receipts[v]["tree_sha256"], receipts[v]["size"],
+        outcomes[v] = VariantOutcome(v, built[v].path if v in built else plan.variant_dir(v), receipts[v]["tree_sha256"], receipts[v]["size"],
                                      reports[v], cached=v in cached, serve_config=serve)
     return outcomes
 
@@ -561,14 +563,18 @@ def _built(got: dict[str, Any]) -> list[str]:
 
 def _validate_built(plan: CompressPlan, got: dict[str, Any]) -> PerVariant:
     errors: dict[str, VariantError] = {}
-    outcomes = _validate_isolated(plan, _built(got), errors)
+    outcomes = _validate_isolated(plan, {v: got[f"compress-{v}"] for v in _built(got)}, errors)
     return PerVariant(outcomes, errors)
 
 
+def validate_key(plan: CompressPlan, built: dict[str, StepResult]) -> str:
+    """The content key of the validate step over the checkpoints `built` (the compress steps' results, by
+    variant): the keys of their reports (CompressPlan.report_key, each report's `key`), and nothing else."""
+    return content_key({v: plan.report_key(v, made.receipt["tree_sha256"]) for v, made in built.items()})
+
+
 def _validate_key(plan: CompressPlan, got: dict[str, Any]) -> str:
-    trees = {v: got[f"compress-{v}"].receipt["tree_sha256"] for v in _built(got)}
-    return content_key({v: plan.report_key(v, tree) for v, tree in trees.items()},
-                       [str(plan.report_path(v)) for v in trees])
+    return validate_key(plan, {v: got[f"compress-{v}"] for v in _built(got)})
 
 
 def _validated_current(plan: CompressPlan, validated: PerVariant) -> bool:
@@ -626,11 +632,13 @@ def finish_compressed(plan: CompressPlan, listed: StepList, done: Executed,
     return result
 
 
-def _validate_isolated(plan: CompressPlan, names: list[str], errors: dict[str, VariantError]) -> dict[str, VariantOutcome]:
-    """ensure_validated for `names` in one evaluation; when that fails, each alone, so one checkpoint that does not
-    load does not take the others' verdicts with it (its error goes to `errors`)."""
+def _validate_isolated(plan: CompressPlan, built: dict[str, StepResult],
+                       errors: dict[str, VariantError]) -> dict[str, VariantOutcome]:
+    """ensure_validated for the checkpoints `built` in one evaluation; when that fails, each alone, so one
+    checkpoint that does not load does not take the others' verdicts with it (its error goes to `errors`)."""
+    names = list(built)
     try:
-        return ensure_validated(plan, names)
+        return ensure_validated(plan, names, built)
     except Exception as err:
         if not variant_scoped(err):
             raise
@@ -638,8 +646,8 @@ def _validate_isolated(plan: CompressPlan, names: list[str], errors: dict[str, V
             errors[names[0]] = VariantError.of(names[0], "validate", err)
             return {}
     outcomes: dict[str, VariantOutcome] = {}
-    for v in names:
-        outcomes.update(_validate_isolated(plan, [v], errors))
+    for v, made in built.items():
+        outcomes.update(_validate_isolated(plan, {v: made}, errors))
     return outcomes
 
 

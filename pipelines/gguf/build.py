@@ -152,13 +152,22 @@ class GGUFPlan:
             }
         return kv
 
-    def quant_key(self, q: str) -> str:
+    def quant_key(self, q: str, imatrix: StepResult | None = None) -> str:
+        """The content key of quant `q`: its receipt's and its step's (Step.key) alike.
+
+        `imatrix` is the importance matrix step's result; without it (planning, before any step ran) the finished
+        matrix is looked up by its receipt.
+        """
         # an imatrix variant is made from the matrix's bytes (and names its sha256 in its metadata)
-        made = [self.imatrix_sha256()] if self.calibration is not None else []
+        if self.calibration is None:
+            made = []
+        else:
+            made = [imatrix.receipt["sha256"] if imatrix is not None else self.imatrix_sha256()]
         return content_key("quantize", self.base_key, q, self.imatrix_key, self.llama.commit, self.provenance_kv, *made)
 
     def imatrix_sha256(self) -> str | None:
-        """The sha256 of the finished importance matrix; None when there is none (yet)."""
+        """The sha256 of the finished importance matrix; None when there is none (yet). For planning only: a
+        step takes the matrix from the imatrix step's result."""
         if self.imatrix_path is None or self.imatrix_key is None:
             return None
         receipt = load_receipt(self.imatrix_path, self.imatrix_key)
@@ -177,17 +186,18 @@ class GGUFPlan:
         """The evaluation text as reports, manifests and cards name it."""
         return self.evaluation.describe(ctx=GGUF_EVAL_CTX, chunks=GGUF_EVAL_CHUNKS)
 
-    def calibration_record(self) -> dict[str, Any] | None:
+    def calibration_record(self, imatrix: StepResult | None = None) -> dict[str, Any] | None:
         """The importance matrix's data and the matrix itself, as reports, manifests and cards name them.
 
-        None without an imatrix. Reads the imatrix's receipt (the chunks it was computed on, its sha256).
+        None without an imatrix. Read from the imatrix step's result `imatrix` (the chunks it was computed on, its
+        sha256); without it (registration, after the build) from the finished matrix's receipt.
 
         Raises:
             FileNotFoundError: the imatrix has not been computed (run ensure_imatrix first).
         """
         if self.calibration is None or self.imatrix_path is None or self.imatrix_key is None:
             return None
-        receipt = load_receipt(self.imatrix_path, self.imatrix_key)
+        receipt = imatrix.receipt if imatrix is not None else load_receipt(self.imatrix_path, self.imatrix_key)
         if receipt is None:
             raise FileNotFoundError(f"{self.imatrix_path} has not been computed (run ensure_imatrix first)")
         made = receipt.get("imatrix") or {}
@@ -365,14 +375,16 @@ def _check_rebuilt_tokenizer(plan: GGUFPlan, info: gguf.GGUFInfo, out: Path) -> 
     )
 
 
-def ensure_imatrix(plan: GGUFPlan) -> StepResult | None:
-    """The importance matrix over the calibration text (never the evaluation text), when the catalog asks for one."""
+def ensure_imatrix(plan: GGUFPlan, base: StepResult | None = None) -> StepResult | None:
+    """The importance matrix over the calibration text (never the evaluation text), when the catalog asks for one,
+    computed on `base` (the convert step's result; default: ensure_base's)."""
     out, key, text = plan.imatrix_path, plan.imatrix_key, plan.calibration
     if out is None or key is None or text is None:
         return None
     receipt = load_receipt(out, key)
     if receipt is not None:
         return StepResult(out, receipt, ran=False)
+    base = base if base is not None else ensure_base(plan)
     cal = plan.spec.calibration
     # the matrix is the f16's activations on the calibration text: the same weights give the same matrix
     same = content_key("weights-imatrix", plan.weights_key, plan.spec.outtype, text.describe(), cal.num_samples,
@@ -386,7 +398,7 @@ def ensure_imatrix(plan: GGUFPlan) -> StepResult | None:
             receipt = write_receipt(out, key, imatrix=found[1]["imatrix"], calibration=text.describe(),
                                     weights_key=same, copied_from=found[1]["sha256"])
             return StepResult(out, receipt, ran=True)
-        made, tool = gguf.compute_imatrix(plan.base_path, text.path, out, plan.llama,
+        made, tool = gguf.compute_imatrix(base.path, text.path, out, plan.llama,
                                           threads=plan.settings.effective_threads,
                                           ctx=cal.max_seq_length, chunks=cal.num_samples)
         receipt = write_receipt(out, key, imatrix={**made, "format": IMATRIX_FORMAT}, calibration=text.describe(),
@@ -401,18 +413,20 @@ def _imatrix_donor(out: Path, same: str) -> tuple[Path, dict[str, Any]] | None:
     return found if found is not None and "imatrix" in found[1] else None
 
 
-def ensure_quant(plan: GGUFPlan, q: str, *, threads: int | None = None) -> StepResult:
-    """One quantized GGUF made from the base (and the imatrix when there is one)."""
-    out, key = plan.quant_path(q), plan.quant_key(q)
+def ensure_quant(plan: GGUFPlan, q: str, *, threads: int | None = None, base: StepResult | None = None,
+                 imatrix: StepResult | None = None) -> StepResult:
+    """One quantized GGUF made from `base` (the convert step's result) and, when the entry asks for one, `imatrix`
+    (the imatrix step's result); either left out is made (or found finished) by its own step's function."""
+    if plan.calibration is not None and imatrix is None:
+        imatrix = ensure_imatrix(plan, base)
+    out, key = plan.quant_path(q), plan.quant_key(q, imatrix)
     receipt = load_receipt(out, key)
     if receipt is not None:
         return StepResult(out, receipt, ran=False)
+    base = base if base is not None else ensure_base(plan)
     kv: dict[str, str | int] = {**plan.provenance_kv, "modelmint.variant": q}
-    if plan.calibration is not None:
-        imatrix_sha = plan.imatrix_sha256()
-        if imatrix_sha is None:
-            raise FileNotFoundError(f"{plan.imatrix_path} has not been computed (run ensure_imatrix first)")
-        kv["modelmint.imatrix.sha256"] = imatrix_sha
+    if imatrix is not None:
+        kv["modelmint.imatrix.sha256"] = imatrix.receipt["sha256"]
     # the same weights (and the same importance matrix's bytes): the earlier build's quant with the new metadata
     same = content_key("weights-quant", plan.weights_key, q, plan.llama.commit, __version__,
                        kv.get("modelmint.imatrix.sha256"))
@@ -420,9 +434,9 @@ def ensure_quant(plan: GGUFPlan, q: str, *, threads: int | None = None) -> StepR
         if done := _retemplated(plan, out, key, same, q, {**_provenance(plan), **kv}):
             return done
         info, tool = gguf.quantize(
-            plan.base_path, out, q, plan.llama,
+            base.path, out, q, plan.llama,
             threads=threads or plan.settings.effective_threads,
-            imatrix=plan.imatrix_path,
+            imatrix=imatrix.path if imatrix is not None else None,
             kv=kv,
         )
         receipt = write_receipt(out, key, gguf=info.to_dict(), wall_s=round(tool.wall_s, 3),
@@ -440,17 +454,18 @@ def _observed_fallback(path: Path, q: str, log_text: str) -> dict[str, Any]:
     return observed_fallback(q, tensors, log_text)
 
 
-def ensure_reference_logits(plan: GGUFPlan) -> StepResult:
-    """The base model's logits over the evaluation text, shared by every variant's KL divergence (made once:
-    checks that run at once wait here for the first)."""
+def ensure_reference_logits(plan: GGUFPlan, base: StepResult | None = None) -> StepResult:
+    """The logits of `base` (the convert step's result) over the evaluation text, shared by every variant's KL
+    divergence: a step of its own, before the checks (made once: callers that run at once wait for the first)."""
     out, key = plan.logits_path, plan.logits_key
     with file_lock(out.with_name(out.name + ".lock")):
         receipt = load_receipt(out, key)
         if receipt is not None:
             return StepResult(out, receipt, ran=False)
+        base = base if base is not None else ensure_base(plan)
         out.unlink(missing_ok=True)
         with disk_full_located(plan.settings):
-            kld_base_logits(plan.base_path, plan.evaluation.path, out, plan.llama,
+            kld_base_logits(base.path, plan.evaluation.path, out, plan.llama,
                             threads=plan.settings.effective_threads, ctx=GGUF_EVAL_CTX, chunks=GGUF_EVAL_CHUNKS)
             return StepResult(out, write_receipt(out, key), ran=True)
 
@@ -506,29 +521,45 @@ def _answers(plan: GGUFPlan, q: str, threads: int) -> Answers:
                           ensure_source_probe(plan), of=len(load_questions()))
 
 
-def ensure_validated(plan: GGUFPlan, q: str, *, threads: int | None = None) -> VariantOutcome:
-    """Smoke-generate and measure one variant against the reference logits; the report is its finish line.
-    `threads`: this check's share of the settings' threads (check_parallelism; default all of them).
+def _texts(plan: GGUFPlan, imatrix: StepResult | None) -> dict[str, Any]:
+    """The texts a variant's report names: the importance matrix's data (from the imatrix step's result) and the
+    evaluation text."""
+    return {"calibration": plan.calibration_record(imatrix), "evaluation": plan.evaluation_record}
+
+
+def validate_key(plan: GGUFPlan, q: str, quant: StepResult, logits: StepResult, imatrix: StepResult | None) -> str:
+    """The content key of variant `q`'s report, from its validate step's inputs (the quantize, reference-logits and
+    imatrix steps' results): the report's `key` and the step's cache key (Step.key) alike."""
+    asked = [questions_record()] if plan.spec.answers else []
+    return content_key("validate", REPORT_VERSION, quant.receipt["sha256"], logits.receipt["key"],
+                       plan.gate(q).to_dict(), _texts(plan, imatrix), *asked)
+
+
+def ensure_validated(plan: GGUFPlan, q: str, *, threads: int | None = None, quant: StepResult | None = None,
+                     logits: StepResult | None = None, imatrix: StepResult | None = None) -> VariantOutcome:
+    """Smoke-generate and measure variant `q` (`quant`: its quantize step's result) against the reference logits
+    (`logits`: the reference-logits step's result); the report is its finish line. An input left out is made (or
+    found finished) by its own step's function. `threads`: this check's share of the settings' threads
+    (check_parallelism; default all of them).
 
     A failing gate is recorded in the report (`passed: false`, with figures and thresholds); the caller
     decides that the variant goes no further.
     """
-    qpath = plan.quant_path(q)
-    qreceipt = load_receipt(qpath, plan.quant_key(q))
-    if qreceipt is None:
-        raise FileNotFoundError(f"{qpath} has not been quantized (run ensure_quant first)")
+    if plan.calibration is not None and imatrix is None:
+        imatrix = ensure_imatrix(plan)
+    quant = quant if quant is not None else ensure_quant(plan, q, threads=threads, imatrix=imatrix)
+    logits = logits if logits is not None else ensure_reference_logits(plan)
     gate = plan.gate(q)
     report_path = plan.report_path(q)
-    texts: dict[str, Any] = {"calibration": plan.calibration_record(), "evaluation": plan.evaluation_record}
-    asked = [questions_record()] if plan.spec.answers else []
-    report_key = content_key("validate", REPORT_VERSION, qreceipt["sha256"], plan.logits_key, gate.to_dict(), texts,
-                             *asked)
+    texts = _texts(plan, imatrix)
+    report_key = validate_key(plan, q, quant, logits, imatrix)
     report = load_report(report_path, report_key)
     cached = report is not None
     if report is None:
         with ThreadPoolExecutor(max_workers=1) as pool:
-            report = _measured(plan, q, qpath, qreceipt, gate, report_path, texts, report_key, pool,
+            report = _measured(plan, q, quant, logits, gate, report_path, texts, report_key, pool,
                                threads or plan.settings.effective_threads)
+    qpath, qreceipt = quant.path, quant.receipt
     outcome = VariantOutcome(q, qpath, qreceipt["sha256"], qreceipt["size"], report, cached)
     if outcome.passed and plan.spec.split_max_size:
         with disk_full_located(plan.settings):
@@ -536,13 +567,13 @@ def ensure_validated(plan: GGUFPlan, q: str, *, threads: int | None = None) -> V
     return outcome
 
 
-def _measured(plan: GGUFPlan, q: str, qpath: Path, qreceipt: dict[str, Any], gate: Gate, report_path: Path,
+def _measured(plan: GGUFPlan, q: str, quant: StepResult, logits: StepResult, gate: Gate, report_path: Path,
               texts: dict[str, Any], report_key: str, pool: ThreadPoolExecutor, threads: int) -> GGUFReport:
-    """Variant `q` measured and judged: its answers (in `pool`: llama-server) while llama-perplexity computes the
-    reference logits, if they are not kept yet, and the variant's KL divergence; each tool gets check_threads of
-    this check's `threads` (one on two cores, where they run side by side without meeting at a barrier)."""
+    """Variant `q` measured and judged: its answers (in `pool`: llama-server) while llama-perplexity computes its
+    KL divergence against the reference `logits`; each tool gets check_threads of this check's `threads` (one on
+    two cores, where they run side by side without meeting at a barrier)."""
+    qpath, qreceipt = quant.path, quant.receipt
     answers = pool.submit(_answers, plan, q, threads) if plan.spec.answers else None
-    logits = ensure_reference_logits(plan)
     info = inspect_gguf(qpath)
     predicted = plan.block_fallback(q).to_dict()
     observed = qreceipt.get("fallback")
@@ -581,9 +612,14 @@ def build_gguf(
                       lambda plan: gguf_steps(plan, progress=progress), finish_gguf, progress=progress)
 
 
+REFERENCE = "reference-logits"
+"""The step that makes the f16's logits over the evaluation text, which every validate step takes."""
+
+
 def gguf_steps(plan: GGUFPlan, *, progress: Callable[[str], None] = lambda _msg: None, **_options: Any) -> StepList:
-    """The GGUF build of `plan` as steps: convert → (imatrix) → quantize each type → validate each type
-    (check_parallelism of them at once: the first to need the f16's figures makes them, the others wait for it).
+    """The GGUF build of `plan` as steps: convert → (imatrix) → quantize each type → the f16's reference logits →
+    validate each type (check_parallelism of them at once). Each step takes its inputs from the results of the
+    steps it needs, and its cache key (Step.key) is its receipt's key.
 
     The block-size pre-flight runs first (a type it refuses gets no steps); when it refuses every type the list is
     empty. The CLI runs the list with the local executor, the flow with one Prefect task per step.
@@ -596,15 +632,15 @@ def gguf_steps(plan: GGUFPlan, *, progress: Callable[[str], None] = lambda _msg:
     base = StepRef(plan.base_path, plan.base_key)
     listed.steps.append(Step(
         "convert", "convert", run=lambda _in: ensure_base(plan), output=plan.base_path,
-        key=lambda _in: content_key(plan.snapshot.revision, plan.base_key), current=base.current,
+        key=lambda _in: plan.base_key, current=base.current,
         say=lambda _in: None if load_receipt(plan.base_path, plan.base_key) else f"convert → {plan.base_path.name}",
         tools=lambda r: ["convert_hf_to_gguf"] if r.ran else [],
     ))
     after: tuple[str, ...] = ("convert",)
     if plan.spec.imatrix and plan.imatrix_path is not None:
         listed.steps.append(Step(
-            "imatrix", "imatrix", run=lambda _in: ensure_imatrix(plan), output=plan.imatrix_path, needs=after,
-            key=lambda got: content_key(plan.imatrix_key, got["convert"].receipt["sha256"]),
+            "imatrix", "imatrix", run=lambda got: ensure_imatrix(plan, got["convert"]), output=plan.imatrix_path,
+            needs=after, key=lambda _in: plan.imatrix_key,
             current=StepRef(plan.imatrix_path, plan.imatrix_key).current,
             tools=lambda r: ["llama-imatrix"] if r is not None and r.ran else [],
         ))
@@ -620,11 +656,18 @@ def gguf_steps(plan: GGUFPlan, *, progress: Callable[[str], None] = lambda _msg:
             tools=lambda r: [f"llama-quantize {r.path.name}"] if r.ran else [],
             group="quantize", width=jobs, threads=per_job, place="quantize",
         ))
+    # its own step, before the checks: its failure is every variant's, found once (as each check found it before)
+    listed.steps.append(Step(
+        REFERENCE, "reference", run=lambda got: ensure_reference_logits(plan, got["convert"]), output=plan.logits_path,
+        needs=("convert",), variants=tuple(ok), stage="validate", phase="validate", key=lambda _in: plan.logits_key,
+        current=StepRef(plan.logits_path, plan.logits_key).current, place="validate",
+    ))
     width, per_check = check_parallelism(plan, [q for q in ok if load_report(plan.report_path(q), None) is None])
     for q in ok:
         listed.steps.append(Step(
             f"validate-{q}", "validate", run=functools.partial(_validate, plan, q, per_check),
-            output=plan.report_path(q), needs=(f"quantize-{q}",), variants=(q,), stage="validate",
+            output=plan.report_path(q), needs=(f"quantize-{q}", REFERENCE, *after[1:]), variants=(q,),
+            stage="validate",
             group="validate", width=width, threads=per_check,
             key=functools.partial(_validate_key, plan, q), current=functools.partial(_report_current, plan),
             say=functools.partial(_say_validate, plan, q),
@@ -650,17 +693,17 @@ def _quiet(_inputs: dict[str, Any]) -> None:
     return None
 
 
-def _quantize(plan: GGUFPlan, q: str, threads: int, _inputs: dict[str, Any]) -> StepResult:
-    return ensure_quant(plan, q, threads=threads)
+def _quantize(plan: GGUFPlan, q: str, threads: int, got: dict[str, Any]) -> StepResult:
+    return ensure_quant(plan, q, threads=threads, base=got["convert"], imatrix=got.get("imatrix"))
 
 
 def _quant_key(plan: GGUFPlan, q: str, got: dict[str, Any]) -> str:
-    imatrix = got.get("imatrix")
-    return content_key(plan.quant_key(q), got["convert"].receipt["sha256"], imatrix.receipt["sha256"] if imatrix else None)
+    return plan.quant_key(q, got.get("imatrix"))
 
 
 def _quant_current(plan: GGUFPlan, q: str, result: StepResult) -> bool:
-    return StepRef(plan.quant_path(q), plan.quant_key(q)).current(result)
+    # the key the result was made under is its receipt's (an imatrix's bytes are in it): it stands while it holds
+    return StepRef(plan.quant_path(q), result.receipt.get("key")).current(result)
 
 
 def _say_quantize(plan: GGUFPlan, ok: list[str], jobs: int, per_job: int, _inputs: dict[str, Any]) -> str | None:
@@ -668,12 +711,13 @@ def _say_quantize(plan: GGUFPlan, ok: list[str], jobs: int, per_job: int, _input
     return f"quantize {', '.join(todo)} ({jobs} at a time, {per_job} threads each)" if todo else None
 
 
-def _validate(plan: GGUFPlan, q: str, threads: int, _inputs: dict[str, Any]) -> VariantOutcome:
-    return ensure_validated(plan, q, threads=threads)
+def _validate(plan: GGUFPlan, q: str, threads: int, got: dict[str, Any]) -> VariantOutcome:
+    return ensure_validated(plan, q, threads=threads, quant=got[f"quantize-{q}"], logits=got[REFERENCE],
+                            imatrix=got.get("imatrix"))
 
 
 def _validate_key(plan: GGUFPlan, q: str, got: dict[str, Any]) -> str:
-    return content_key(got[f"quantize-{q}"].receipt["sha256"], plan.logits_key, plan.gate(q).to_dict())
+    return validate_key(plan, q, got[f"quantize-{q}"], got[REFERENCE], got.get("imatrix"))
 
 
 def _say_validate(plan: GGUFPlan, q: str, _inputs: dict[str, Any]) -> str | None:
