@@ -104,32 +104,80 @@ class TrustPolicy:
 
 
 def policy_path(settings: Settings) -> Path:
-    return settings.repo_dir / "registry" / POLICY_FILE
+    """The file MODELMINT_TRUST names (a policy the people who can change the manifests cannot change), else the
+    checkout's registry/trust.yaml."""
+    return settings.trust_policy or settings.repo_dir / "registry" / POLICY_FILE
 
 
 def load_policy(settings: Settings) -> TrustPolicy | None:
-    """registry/trust.yaml, checked; None when the repository has none.
+    """The trust policy (policy_path), checked; None when the repository has none and MODELMINT_TRUST is unset.
 
     Raises:
-        TrustPolicyInvalid: not YAML, an unknown or misspelt key (with its line and the nearest known key), a rule
-            naming a key `keys` does not define, or a key file that is not there.
+        TrustPolicyInvalid: MODELMINT_TRUST names a file that is not there (never read as "no policy"), not YAML,
+            a key given twice (both lines named), an unknown or misspelt key (with its line and the nearest known
+            key), a value of the wrong kind (a date that is not one), a rule naming a key `keys` does not define,
+            or a key file that is not there.
     """
     path = policy_path(settings)
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
+        if settings.trust_policy is not None:
+            raise TrustPolicyInvalid(
+                f"MODELMINT_TRUST names {path}, which is not there: nothing is verified without the policy",
+                hint="point MODELMINT_TRUST at the team's trust policy file, or unset it to use registry/trust.yaml",
+            ) from None
         return None
+    except (OSError, UnicodeDecodeError) as err:
+        raise TrustPolicyInvalid(
+            f"{path} cannot be read ({getattr(err, 'strerror', None) or err})",
+            hint=f"make {path} readable (docs/trust.md)",
+        ) from None
     return TrustPolicy(path, parse_policy(text, path))
+
+
+class _Loader(yaml.SafeLoader):
+    """YAML's safe loader without its timestamp type: a date stays text for the schema to check with its line
+    (yaml's own conversion of `2027-13-01` raises a bare ValueError)."""
+
+
+_Loader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:timestamp"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+
+
+def _duplicates(node: yaml.Node | None, where: tuple[str, ...] = ()) -> list[str]:
+    """Every key given twice in one mapping, with both lines (YAML keeps the last silently)."""
+    found: list[str] = []
+    if isinstance(node, yaml.MappingNode):
+        seen: dict[str, int] = {}
+        for k, v in node.value:
+            name = str(k.value) if isinstance(k, yaml.ScalarNode) else "?"
+            line = k.start_mark.line + 1
+            if name in seen:
+                found.append(f"lines {seen[name]} and {line} both give {'.'.join((*where, name))} (YAML would "
+                             "keep the second silently)")
+            else:
+                seen[name] = line
+            found += _duplicates(v, (*where, name))
+    elif isinstance(node, yaml.SequenceNode):
+        for i, v in enumerate(node.value):
+            found += _duplicates(v, (*where, str(i)))
+    return found
 
 
 def parse_policy(text: str, path: Path) -> TrustFile:
     """Check the text of a trust policy (see load_policy)."""
-    hint = f'fix {path} (docs/registry.md, "signing", shows its shape)'
+    hint = f"fix {path} (docs/trust.md shows its shape)"
     try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-        raw = yaml.safe_load(text)
+        root = yaml.compose(text, Loader=_Loader)
+        raw = yaml.load(text, Loader=_Loader)  # _Loader is a SafeLoader (no timestamps): no arbitrary objects
     except yaml.YAMLError as err:
         raise TrustPolicyInvalid(f"{path} is not YAML: {err}", hint=hint) from None
+    twice = _duplicates(root)
+    if twice:
+        raise TrustPolicyInvalid(f"{path}: " + "; ".join(twice), hint=hint)
     try:
         policy = TrustFile.model_validate(raw if raw is not None else {})
     except ValidationError as err:
