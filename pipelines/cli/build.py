@@ -198,7 +198,7 @@ def _build_command(
         **options,
     )
     result = run.result
-    _finish(name, run, result.out_dir / result.plan.summary_name, as_json)
+    _finish(name, run, result.summary_path, as_json)
 
 
 def _finish(name: str, run: Run, summary_path: Path, as_json: bool) -> None:

@@ -256,14 +256,19 @@ class BuildResult:
     """Every step that ran a tool in this build (empty when everything was cached)."""
     timings: dict[str, float] = field(default_factory=dict)
     """Wall seconds per phase, cached phases included."""
-    plan: Any = None
-    """The plan the build ran (a BuildPlan; registration reads its keys, recipe and paths)."""
+    plan: BuildPlan | None = None
+    """The plan the build ran (a format's: GGUFPlan, CompressPlan; registration reads its keys, recipe and paths)."""
     errors: dict[str, VariantError] = field(default_factory=dict)
     """Variants that got no verdict: refused at pre-flight, or a tool failed while building or measuring them."""
     preflight: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Per variant, what the shape check before the work found (block fallback share, chosen group size)."""
     asked: list[str] = field(default_factory=list)
     """Every variant the run was asked for, in order."""
+
+    @property
+    def summary_path(self) -> Path:
+        """The build's summary file (the plan's summary_name in the output directory; build.json without a plan)."""
+        return self.out_dir / (self.plan.summary_name if self.plan is not None else "build.json")
 
     @property
     def passed(self) -> list[str]:
@@ -288,8 +293,7 @@ class BuildResult:
         from pipelines.core.report import advice_for_report
 
         if v in self.errors:
-            summary = getattr(self.plan, "summary_name", "build.json")
-            return self.errors[v].hint or f"its whole message is under errors.{v} in {self.out_dir / summary}"
+            return self.errors[v].hint or f"its whole message is under errors.{v} in {self.summary_path}"
         params, imatrix = self.plan.advice_context() if self.plan is not None else (None, None)
         return advice_for_report(v, self.variants[v].report, params=params, imatrix=imatrix)
 
@@ -353,6 +357,6 @@ def summary(
 
 def write_summary(result: BuildResult, per_variant: Callable[[VariantOutcome], dict[str, Any]], **top: Any) -> Path:
     """Write `summary(...)` to the plan's summary file in the build's output directory, atomically."""
-    path = result.out_dir / result.plan.summary_name
+    path = result.summary_path
     write_text_atomic(path, json.dumps(summary(result, per_variant, **top), indent=2, sort_keys=True) + "\n")
     return path

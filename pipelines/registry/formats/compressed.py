@@ -141,7 +141,7 @@ def _compressed_plan(
 
 
 def _compressed_header(result: BuildResult) -> list[str]:
-    tc = getattr(result.plan, "tc", None)
+    tc = result.plan.tc if isinstance(result.plan, CompressPlan) else None
     return [f"compressed-tensors with llmcompressor {tc.version} from the same source"] if tc else []
 
 

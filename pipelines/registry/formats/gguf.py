@@ -123,8 +123,8 @@ def _gguf_resources(plan: GGUFPlan, places: Places) -> ResourceCheck:
 
 
 def _gguf_header(result: BuildResult) -> list[str]:
-    plan: GGUFPlan = result.plan
-    if not result.base:
+    plan = result.plan
+    if not result.base or not isinstance(plan, GGUFPlan):
         return []
     snap = plan.snapshot
     source = f"{snap.repo_id}@{snap.revision}" if snap.repo_id else f"{snap.kind} source"
