@@ -570,3 +570,113 @@ def render_cohere(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | 
 
 
 RENDERERS["cohere"] = render_cohere
+
+
+# ---------------------------------------------------------------- glimmer (model/renderers/glimmer.go)
+
+_GLIMMER_TOOLS_PREFIX = (
+    "In this environment you have access to a set of tools you can use to answer the user's question.\n\n"
+    "You can invoke a function by writing a \"<atem:function_calls>\" block like the following:\n"
+    "<atem:function_calls>\n<atem:invoke name=\"$FUNCTION_NAME\">\n"
+    "<atem:parameter name=\"$PARAMETER_NAME\">$PARAMETER_VALUE</atem:parameter>\n...\n</atem:invoke>\n"
+    "</atem:function_calls>\n\nString and scalar parameters should be specified as is, while lists and objects "
+    "should use JSON format. Note that spaces for string values are not stripped. The output is not expected to be "
+    "valid XML and is parsed with regular expressions.\nHere are the functions available in JSONSchema format:\n"
+    "// Tool metadata\n"
+)
+_GLIMMER_TOOLS_SUFFIX = (
+    "\n\nHere's an example of how to call a function in the tool set:\n(If the tool namespace is not specified, "
+    "invoke the function directly as `example_function_name` rather than `example_tool_name.example_function_name`)"
+    "\n\nto=example_tool_name.example_function_name\n\n<atem:function_calls>\n"
+    "<atem:invoke name=\"example_tool_name.example_function_name\">\n"
+    "<atem:parameter name=\"example_parameter_1\">value_1</atem:parameter>\n"
+    "<atem:parameter name=\"example_parameter_2\">This is the value for the second parameter\nthat can span\n"
+    "\"multiple\" lines\n</atem:parameter>\n</atem:invoke>\n</atem:function_calls>"
+)
+
+
+def _glimmer_json(value: Any) -> str:
+    """glimmer.go:114-122 glimmerJSON: encoding/json without HTML escaping, json.go:16-48 spaces added."""
+    return _lfm2_json(value)
+
+
+def _glimmer_namespaces(tools: list[dict[str, Any]]) -> list[str]:
+    """glimmer.go:93-111: the part of each tool name before the first '.', first seen first."""
+    seen: list[str] = []
+    for tool in tools:
+        ns = tool["function"]["name"].split(".", 1)[0]
+        if ns not in seen:
+            seen.append(ns)
+    return seen
+
+
+def _glimmer_system(content: str, tools: list[dict[str, Any]] | None, strength: str, date_text: str,
+                    default: bool) -> str:
+    """glimmer.go:178-208 writeGlimmerSystem."""
+    if not default:  # :78-87 "Reasoning effort" spelled "Reasoning strength"
+        for a, b in (("Reasoning effort", "Reasoning strength"), ("Reasoning Effort", "Reasoning Strength"),
+                     ("reasoning effort", "reasoning strength"), ("REASONING EFFORT", "REASONING STRENGTH")):
+            content = content.replace(a, b)
+    out = ["<|start|>system<|message|>" + content]
+    if default:
+        out.append(f"\nKnowledge cutoff: 2026-01-04.\nCurrent date: {date_text}.")
+    if default or "reasoning strength" not in content.lower():
+        out.append(f"\n\nReasoning strength: {strength}.")
+    if tools:  # :124-166
+        out.append("\n\n" + _GLIMMER_TOOLS_PREFIX)
+        for ns in _glimmer_namespaces(tools):
+            out.append(f'{{"name": {_glimmer_json(ns)}, "description": {_glimmer_json("")}}}\n')
+        out.append("// Function schemas")
+        for tool in tools:
+            fn = tool["function"]
+            out.append(f'\n{{"name": {_glimmer_json(fn["name"])}, "description": '
+                       f'{_glimmer_json(fn.get("description", ""))}, "parameters": '
+                       f'{_glimmer_json(go_parameters(fn.get("parameters", {})))}}}')
+        out.append(_GLIMMER_TOOLS_SUFFIX)
+    out.append('\n\n# Valid recipients: "self"')  # :168-176
+    out.extend(f', "{ns}.*"' for ns in _glimmer_namespaces(tools or []))
+    out.append(', "user".<|eot|>')
+    return "".join(out)
+
+
+def render_glimmer(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, think: bool | None,
+                   *, current_date: str = "2026-11-26") -> str:
+    """RENDERER glimmer: renderer.go:119-120 GlimmerRenderer; `current_date` stands for time.Now() (:306-309)."""
+    out = ["<|begin_of_text|>"]  # glimmer.go:294
+    strength = "high" if think is None else ("high" if think else "none")  # :65-76 (a level string is not sent here)
+    if not any(m["role"] == "system" for m in messages):  # :296-313
+        out.append(_glimmer_system("You are a helpful AI assistant.", tools, strength, current_date, True))
+    for i, m in enumerate(messages):  # :316-363
+        content = m.get("content") or ""
+        end = "<|eom|>" if i + 1 < len(messages) and messages[i + 1]["role"] == m["role"] else "<|eot|>"
+        if m["role"] == "system":
+            out.append(_glimmer_system(content, tools, strength, "", False))
+        elif m["role"] == "user":
+            out.append("<|start|>user<|message|>" + content + "<|eot|>")
+        elif m["role"] == "tool":  # :222-239 the tool_name, else the name of the call with that id
+            name = m.get("tool_name") or m.get("tool_call_id", "")
+            if not m.get("tool_name") and m.get("tool_call_id"):
+                for other in messages:
+                    for call in other.get("tool_calls") or ():
+                        if call.get("id") == m["tool_call_id"]:
+                            name = call["function"]["name"]
+            out.append(f'<|start|>tool {name}<|message|><tool_output name="{name}">\n{content}\n</tool_output><|eot|>')
+        elif m["role"] == "assistant":
+            if m.get("thinking"):
+                out.append("<|start|>assistant to=self<|message|>" + m["thinking"] + "<|eom|>")
+            calls = m.get("tool_calls") or []
+            for j, call in enumerate(calls):  # :253-277 one ATEM block per call
+                out.append("<|start|>assistant to=" + call["function"]["name"] + "<|message|>"
+                           "<atem:function_calls>\n<atem:invoke name=\"" + call["function"]["name"] + "\">\n")
+                for name, value in (call["function"].get("arguments") or {}).items():
+                    text = "null" if value is None else (
+                        _glimmer_json(value) if isinstance(value, (dict, list)) else _go_v(value))
+                    out.append(f'<atem:parameter name="{name}">{text}</atem:parameter>\n')
+                out.append("</atem:invoke>\n</atem:function_calls>" + (end if j + 1 == len(calls) else "<|eom|>"))
+            if not calls and (content or not m.get("thinking")):
+                out.append("<|start|>assistant to=user<|message|>" + content + "<|eot|>")
+    out.append("<|start|>assistant")  # :365-366
+    return "".join(out)
+
+
+RENDERERS["glimmer"] = render_glimmer

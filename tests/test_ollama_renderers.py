@@ -41,6 +41,7 @@ CHECKED: dict[str, tuple[str, TemplateTokens]] = {
     "LFM2-8B-A1B.jinja": ("lfm2", TemplateTokens("<|startoftext|>", "<|im_end|>")),
     "poolside-Laguna-XS.2.jinja": ("laguna", TemplateTokens("〈|EOS|〉", "〈|EOS|〉")),
     "Cohere2MoE.jinja": ("cohere", TemplateTokens("<BOS_TOKEN>", "<|END_OF_TURN_TOKEN|>")),
+    "muse-glimmer.jinja": ("glimmer", TemplateTokens("<|begin_of_text|>", "<|eot|>")),
 }
 
 

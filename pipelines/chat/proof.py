@@ -204,7 +204,7 @@ def render_hf(jinja: str, conv: Conversation, family: ChatFamily, tokens: Templa
     """Raises: UnsupportedModel: the Jinja refuses this conversation."""
     special: dict[str, Any] = {k: v for k, v in (("bos_token", tokens.bos), ("eos_token", tokens.eos)) if v is not None}
     if conv.think is not None:
-        special[family.think_variable] = conv.think
+        special[family.think_variable] = family.think_values[conv.think] if family.think_values else conv.think
     try:
         text = chat_template.render(
             jinja, hf_messages(conv, family, jinja),

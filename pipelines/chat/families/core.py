@@ -61,6 +61,9 @@ class ChatFamily:
     the content as <think>…</think>, the way a thinking model wrote it."""
     think_variable: str = "enable_thinking"
     """The Jinja variable that switches thinking on (Ollama's think setting maps onto it)."""
+    think_values: tuple[str, str] | None = None
+    """What the Jinja's think_variable takes for Ollama's think false and true, where it is not a boolean (a
+    reasoning strength word, say); None: the boolean itself."""
     jinja_date: str | None = None
     """The strftime format in which the Jinja prints today's date; Ollama's currentDate prints the same date as
     YYYY-MM-DD, the one normalisation the proof applies."""

@@ -18,7 +18,9 @@ from pipelines.chat.families.helpers import _has_all, _has_none
 
 def _renderer_family(name: str, title: str, *, renderer: str, parser: str, markers: tuple[str, ...],
                      forbidden: tuple[str, ...], stop: tuple[str, ...], notes: tuple[str, ...] = (),
-                     thinking: bool = False, differs: tuple[str, ...] | None = None) -> ChatFamily:
+                     thinking: bool = False, differs: tuple[str, ...] | None = None,
+                     reasoning_key: str | None = None, think_variable: str = "enable_thinking",
+                     think_values: tuple[str, str] | None = None) -> ChatFamily:
     from pipelines.chat.renderers import PARSERS, RENDERERS
 
     if renderer not in RENDERERS or parser not in PARSERS:
@@ -30,6 +32,9 @@ def _renderer_family(name: str, title: str, *, renderer: str, parser: str, marke
         build=None,
         stop=stop,
         thinking=thinking,
+        reasoning_key=reasoning_key,
+        think_variable=think_variable,
+        think_values=think_values,
         notes=("rendered by Ollama's built-in RENDERER " + renderer + (
             "; not yet checked against the Jinja on modelmint's suite" if differs is None else
             "; byte-identical to the Jinja on modelmint's suite" if not differs else
@@ -126,7 +131,11 @@ _renderer_family(
 )
 _renderer_family(
     "glimmer", "Muse Glimmer (ATEM channels: <|start|>…<|message|>…<|eom|>)",
-    renderer="glimmer", parser="glimmer", stop=("<|eot|>",), thinking=True,
+    renderer="glimmer", parser="glimmer", stop=("<|eot|>",), thinking=True, reasoning_key="reasoning_content",
+    # Ollama's think false and true are reasoning strengths none and high here (glimmer.go:65-76)
+    think_variable="reasoning_strength", think_values=("none", "high"),
+    # Ollama's renderer closes a final assistant message and opens a new turn: no continuation
+    differs=("continue-assistant",),
     markers=("<|start|>", "<|message|>", "<|eom|>", "<|eot|>", "Muse Glimmer ATEM"),
     forbidden=(),
 )
