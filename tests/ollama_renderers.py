@@ -680,3 +680,147 @@ def render_glimmer(messages: list[dict[str, Any]], tools: list[dict[str, Any]] |
 
 
 RENDERERS["glimmer"] = render_glimmer
+
+
+# ---------------------------------------------------------------- nemotron-3-nano (model/renderers/nemotron3nano.go)
+
+def _go_quote(text: str) -> str:
+    """strconv.Quote for printable text (what the suite holds): JSON's escapes for quotes, backslashes and controls."""
+    if not text.isprintable():
+        raise NotImplementedError("strconv.Quote of non-printable text is not reproduced here")
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _nemo_py(value: Any) -> str:
+    """nemotron3nano.go:392-489 pythonJSON: Python-like JSON, map keys sorted, schema properties in struct order."""
+    if value is None:
+        return "null"
+    if isinstance(value, str):
+        return _go_quote(value)
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return go_json(value)
+    if isinstance(value, list):
+        return "[" + ", ".join(_nemo_py(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{_go_quote(k)}: {_nemo_py(value[k])}" for k in sorted(value)) + "}"
+    raise NotImplementedError(type(value))
+
+
+def _nemo_value(value: Any) -> str:
+    """nemotron3nano.go:250-272 templateValue: None/True/False as Python prints them, containers as pythonJSON."""
+    if value is None:
+        return "None"
+    if isinstance(value, (dict, list)):
+        return _nemo_py(value)
+    if isinstance(value, bool):
+        return "True" if value else "False"
+    return _go_v(value)
+
+
+def _strip_toggles(text: str) -> str:
+    """nemotron3nano.go:350-355 stripThinkToggles."""
+    text = text.replace("</think>", "<_end_think>").replace("/think", "").replace("/no_think", "")
+    return text.replace("<_end_think>", "</think>")
+
+
+def render_nemotron3_nano(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+                          think: bool | None) -> str:
+    """RENDERER nemotron-3-nano: renderer.go:93-94 Nemotron3NanoRenderer{} (not v35)."""
+    thinking = think is not False  # nemotron3nano.go:317-336: on unless false; /think and /no_think toggle it
+    for m in messages:
+        if m["role"] in ("user", "system"):
+            if "/think" in m["content"].replace("</think>", ""):
+                thinking = True
+            elif "/no_think" in m["content"]:
+                thinking = False
+    system, loop = "", messages
+    if messages and messages[0]["role"] == "system":  # :31-38
+        system, loop = _strip_toggles(messages[0]["content"]), messages[1:]
+    last_user = max((i for i, m in enumerate(loop) if m["role"] == "user"), default=-1)  # :41-46
+    out = ["<|im_start|>system\n" + system]  # :48-59
+    if tools:
+        if system:
+            out.append("\n\n")
+        out.append("# Tools\n\nYou have access to the following functions:\n\n<tools>")  # :125-181
+        for tool in tools:
+            fn = tool["function"]
+            out.append("\n<function>\n<name>" + fn["name"] + "</name>")
+            if fn.get("description"):
+                out.append("\n<description>" + fn["description"].strip() + "</description>")
+            out.append("\n<parameters>")
+            params = go_parameters(fn.get("parameters", {}))
+            for name, prop in (params["properties"] or {}).items():
+                out.append("\n<parameter>\n<name>" + name + "</name>")
+                kind = prop.get("type")
+                if kind:  # :357-366
+                    kinds = kind if isinstance(kind, list) else [kind]
+                    out.append("\n<type>" + (kinds[0] if len(kinds) == 1 else
+                                             "[" + ", ".join(f"'{k}'" for k in kinds) + "]") + "</type>")
+                if prop.get("description"):
+                    out.append("\n<description>" + prop["description"].strip() + "</description>")
+                if prop.get("enum"):
+                    out.append("\n<enum>" + _nemo_py(prop["enum"]) + "</enum>")
+                for key in ("anyOf", "items", "properties", "required"):  # :368-381
+                    if prop.get(key):
+                        out.append(f"\n<{key}>{_nemo_py(prop[key])}</{key}>")
+                out.append("\n</parameter>")
+            for key in ("$defs", "items"):  # :383-390
+                if params.get(key):
+                    out.append(f"\n<{key}>{_nemo_value(params[key])}</{key}>")
+            if params.get("required"):
+                out.append("\n<required>" + _nemo_py(params["required"]) + "</required>")
+            out.append("\n</parameters>\n</function>")
+        out.append("\n</tools>" + _QC_INSTRUCTIONS)
+    out.append("<|im_end|>\n")
+    for i, m in enumerate(loop):  # :61-113
+        text = m.get("content") or ""
+        if m["role"] == "assistant":
+            # :183-195 buildContent
+            if m.get("thinking"):
+                content = "<think>\n" + m["thinking"] + "\n</think>\n" + text
+            elif "<think>" not in text and "</think>" not in text:
+                content = "<think></think>" + text
+            else:
+                content = text
+            truncate = i < last_user
+            if m.get("tool_calls"):  # :210-230 formatToolCallContent, :232-240 writeToolCalls
+                if not content.strip():
+                    head = "<think></think>"
+                elif not truncate:
+                    head = content.strip() + "\n"
+                else:
+                    c = content
+                    if "</think>" in c:
+                        c = c.split("</think>")[-1]
+                    elif "<think>" in c:
+                        c = c.split("<think>")[0]
+                    head = ("<think></think>" + c.strip()).strip() + "\n"
+                out.append("<|im_start|>assistant\n" + head)
+                for call in m["tool_calls"]:
+                    out.append("<tool_call>\n<function=" + call["function"]["name"] + ">\n")
+                    for name, value in (call["function"].get("arguments") or {}).items():
+                        out.append(f"<parameter={name}>\n{_nemo_value(value)}\n</parameter>\n")
+                    out.append("</function>\n</tool_call>\n")
+                out.append("<|im_end|>\n")
+            else:  # :197-208 formatAssistantContent
+                c = content
+                if truncate and "<think>" in c and "</think>" in c:
+                    c = "<think></think>" + c.split("</think>")[-1]
+                out.append("<|im_start|>assistant\n" + c.strip() + "<|im_end|>\n")
+        elif m["role"] in ("user", "system"):
+            out.append("<|im_start|>" + m["role"] + "\n" + _strip_toggles(text).strip() + "<|im_end|>\n")
+        elif m["role"] == "tool":  # :91-108 consecutive results share one user turn
+            if i > 0 and loop[i - 1]["role"] != "tool":
+                out.append("<|im_start|>user\n")
+            out.append("<tool_response>\n" + text + "\n</tool_response>\n")
+            if not (i + 1 < len(loop) and loop[i + 1]["role"] == "tool"):
+                out.append("<|im_end|>\n")
+        else:
+            out.append("<|im_start|>" + m["role"] + "\n" + text + "<|im_end|>\n")
+    out.append("<|im_start|>assistant\n<think>\n" if thinking else "<|im_start|>assistant\n<think></think>")  # :116-120
+    return "".join(out)
+
+
+RENDERERS["nemotron-3-nano"] = render_nemotron3_nano

@@ -42,6 +42,8 @@ CHECKED: dict[str, tuple[str, TemplateTokens]] = {
     "poolside-Laguna-XS.2.jinja": ("laguna", TemplateTokens("〈|EOS|〉", "〈|EOS|〉")),
     "Cohere2MoE.jinja": ("cohere", TemplateTokens("<BOS_TOKEN>", "<|END_OF_TURN_TOKEN|>")),
     "muse-glimmer.jinja": ("glimmer", TemplateTokens("<|begin_of_text|>", "<|eot|>")),
+    "NVIDIA-Nemotron-3-Nano-30B-A3B-BF16.jinja": ("nemotron-3-nano",
+                                                  TemplateTokens(None, "<|im_end|>", engine_adds_bos=False)),
 }
 
 

@@ -68,7 +68,9 @@ _renderer_family(
 )
 _renderer_family(
     "nemotron-3-nano", "NVIDIA Nemotron 3 Nano (ChatML, <think> with history truncation, XML tool calls)",
-    renderer="nemotron-3-nano", parser="nemotron-3-nano", stop=_IM, thinking=True,
+    renderer="nemotron-3-nano", parser="nemotron-3-nano", stop=_IM, thinking=True, reasoning_key="reasoning_content",
+    # Ollama's renderer closes a final assistant message and opens a new turn: no continuation
+    differs=("continue-assistant",),
     markers=("<|im_start|>", "<think>", "<function=", "<parameter=", "truncate_history_thinking",
              "render_extra_keys"),
     forbidden=("<|vision_start|>",),
