@@ -142,3 +142,20 @@ def test_the_signature_names_the_artifact_not_the_temporary_directory(signed: tu
     sig = artifact_dir(repo.settings(), "tiny-qwen2", "q4_k_m") / signing.SIGNATURE
     payload = json.loads(base64.b64decode(json.loads(sig.read_text())["dsseEnvelope"]["payload"]))
     assert [s["name"] for s in payload["subject"]] == [REF], payload["subject"]
+
+
+def test_require_signature_on_the_command_line_refuses_an_unsigned_pull_and_publish(
+    repo: Repo, tmp_path: Path
+) -> None:
+    settings = repo.settings()
+    register(settings, candidate(settings, tmp_path / "build"))
+    _, public = _key(tmp_path / "k.pem")
+    _policy_for(repo, public)
+    _trust(repo, (repo.root / "registry" / "trust.yaml").read_text() + "    unsigned: allow\n")
+    repo.commit_all("unsigned, allowed")
+    done = _cli(repo, "pull", REF, "--dest", str(tmp_path / "out"), "--no-ollama", "--require-signature")
+    assert done.returncode == 1 and "a signature is required" in done.stderr, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr and not (tmp_path / "out").exists()
+    # refused before the registry is asked anything: nothing listens on this port
+    done = _cli(repo, "publish", REF, "--registry", "127.0.0.1:9/modelmint", "--insecure", "--require-signature")
+    assert done.returncode == 1 and "a signature is required" in done.stderr, done.stdout + done.stderr

@@ -31,6 +31,14 @@ AllowUnsignedOption = Annotated[
     ),
 ]
 
+RequireSignatureOption = Annotated[
+    bool,
+    typer.Option(
+        "--require-signature",
+        help="refuse an unsigned artifact whatever the trust policy or --allow-unsigned say (for CI)",
+    ),
+]
+
 
 @app.command()
 def pull(
@@ -59,6 +67,7 @@ def pull(
     ] = None,
     insecure: InsecureOption = False,
     allow_unsigned: AllowUnsignedOption = False,
+    require_signature: RequireSignatureOption = False,
 ) -> None:
     """Fetch a registered artifact from the DVC remote (or an OCI registry), check its sha256 and its signature
     (registry/trust.yaml), and hand it to Ollama (GGUF) or print its `vllm serve` command (compressed-tensors)."""
@@ -74,11 +83,13 @@ def pull(
         name, tag = parse_ref(ref)
         image = RegistryRef.parse(from_registry, insecure=insecure).image(name, tag)
         result = pull_image(
-            load_settings(), image, insecure=insecure, dest=dest, ollama=ollama, allow_unsigned=allow_unsigned
+            load_settings(), image, insecure=insecure, dest=dest, ollama=ollama, allow_unsigned=allow_unsigned,
+            require_signature=require_signature,
         )
         origin = f" from {image}"
     else:
-        result = pull_artifact(load_settings(), ref, dest=dest, ollama=ollama, allow_unsigned=allow_unsigned)
+        result = pull_artifact(load_settings(), ref, dest=dest, ollama=ollama, allow_unsigned=allow_unsigned,
+                               require_signature=require_signature)
         origin = ""
     m = result.manifest
     state = f"fetched{origin} and verified" if result.fetched else "already in place and verified"
@@ -120,6 +131,7 @@ def publish(
     insecure: InsecureOption = False,
     force: Annotated[bool, typer.Option("--force", help="move tags that point at another image")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print what was pushed as JSON")] = False,
+    require_signature: RequireSignatureOption = False,
 ) -> None:
     """Push a registered artifact to an OCI registry: a GGUF as an Ollama image (`ollama pull HOST/NAMESPACE/NAME:TAG`),
     a compressed-tensors checkpoint as a CNCF ModelPack artifact; tagged TAG-<source12> (the upstream commit it was
@@ -136,7 +148,7 @@ def publish(
         )
     where = RegistryRef.parse(registry, insecure=insecure)
     settings = load_settings()
-    done = publish_image(settings, ref, where, force=force)
+    done = publish_image(settings, ref, where, force=force, require_signature=require_signature)
     if as_json:
         out.print_json(
             json.dumps(

@@ -57,7 +57,7 @@ class PullResult:
 
 
 def pull(settings: Settings, ref: str, *, dest: Path | None = None, ollama: bool = True,
-         allow_unsigned: bool = False) -> PullResult:
+         allow_unsigned: bool = False, require_signature: bool = False) -> PullResult:
     """Place the registered artifact `ref` (name:tag) in `dest` (default: its path in the repository); `name:tag@C`
 names an earlier version by its source commit or the git commit that registered it (a unique prefix, e.g. 12 hex).
 
@@ -81,11 +81,12 @@ names an earlier version by its source commit or the git commit that registered 
 
     def check(manifest: Manifest, directory: Path) -> Verified:
         return verify_directory(directory, manifest, policy, shown=_shown(settings, manifest),
-                                allow_unsigned=allow_unsigned)
+                                allow_unsigned=allow_unsigned, require_signature=require_signature)
 
     ref, _, at = ref.partition("@")
     if at:
-        return _pull_version(settings, ref, at, dest=dest, ollama=ollama, check=check, allow_unsigned=allow_unsigned)
+        return _pull_version(settings, ref, at, dest=dest, ollama=ollama, check=check, allow_unsigned=allow_unsigned,
+                             require_signature=require_signature)
     manifest = settled(settings, ref)
     target = dest if dest is not None else settings.repo_dir / manifest.dvc.path
     fetched = False
@@ -155,7 +156,8 @@ def _lock_rewritten(settings: Settings, manifest: Manifest, md5: str) -> bool:
 
 
 def _pull_version(settings: Settings, ref: str, at: str, *, dest: Path | None, ollama: bool,
-                  check: Callable[[Manifest, Path], Verified], allow_unsigned: bool) -> PullResult:
+                  check: Callable[[Manifest, Path], Verified], allow_unsigned: bool,
+                  require_signature: bool = False) -> PullResult:
     """An earlier version of `ref` from the DVC remote, through `dvc get --rev` at the git commit that registered it;
     every file checked against that version's manifest. Ollama is not run: the current version keeps the name."""
     from pipelines.registry.history import history
@@ -171,7 +173,8 @@ def _pull_version(settings: Settings, ref: str, at: str, *, dest: Path | None, o
                           "--history` lists them")
     version = found[0]
     if version.current:
-        return pull(settings, ref, dest=dest, ollama=ollama, allow_unsigned=allow_unsigned)
+        return pull(settings, ref, dest=dest, ollama=ollama, allow_unsigned=allow_unsigned,
+                    require_signature=require_signature)
     manifest = version.manifest
     if version.commit is None or manifest.dvc.md5 is None:
         raise RegistryError(f"{ref}@{at} was not recorded in DVC", hint="only versions committed with dvc.lock "
