@@ -76,7 +76,8 @@ def _families_table() -> list[str]:
         how = (f"RENDERER {fam.renderer} + PARSER {fam.parser} (REQUIRES {required_version(fam.renderer, fam.parser)})"
                if fam.renderer else "proven TEMPLATE")
         if fam.renderer_mismatch:
-            how = f"refused: RENDERER {fam.renderer} differs from the Jinja on {len(fam.renderer_differs or ())} conversations"
+            n = len(fam.renderer_differs or ())
+            how = f"refused: RENDERER {fam.renderer} differs from the Jinja on {n} conversation{'s' if n != 1 else ''}"
         lines.append(f"| {fam.name} | {how} | {_cell(fam.tool_calls)} | {_cell(fam.title)} |")
     return lines
 

@@ -95,7 +95,8 @@ class ChatFamily:
         if not self.renderer_differs:
             return None
         return (f"Ollama's RENDERER {self.renderer} renders this {self.name} template differently from its Jinja on "
-                f"{len(self.renderer_differs)} conversations of modelmint's suite ({', '.join(self.renderer_differs)})")
+                f"{len(self.renderer_differs)} conversation{'s' if len(self.renderer_differs) != 1 else ''} of "
+                f"modelmint's suite ({', '.join(self.renderer_differs)})")
 
     @property
     def kind(self) -> str:
