@@ -15,7 +15,6 @@ import pytest
 
 from flows.tasks import _step_key
 from pipelines.compressed.build import CompressPlan, compressed_steps, plan_compressed
-from pipelines.compressed.build import validate_key as compressed_validate_key
 from pipelines.core.execute import Executed, Step, execute, local_runner
 from pipelines.core.fsutil import sha256_file
 from pipelines.core.settings import Settings, project_root
@@ -121,6 +120,8 @@ def compressed(tmp_path_factory: pytest.TempPathFactory) -> tuple[CompressPlan, 
 
 
 def test_the_compressed_check_key_is_its_reports_key(compressed: tuple[CompressPlan, Executed]) -> None:
+    from pipelines.compressed.build import validate_key as compressed_validate_key
+
     plan, done = compressed
     step = next(s for s in compressed_steps(plan).steps if s.name == "validate")
     got = _inputs(step, done)
