@@ -15,6 +15,7 @@ from typing import Any, Literal, overload
 
 from pipelines.core.errors import ArtifactError
 from pipelines.core.fsutil import open_input
+from pipelines.core.vocab import GGUFKey
 
 GGUF_MAGIC = b"GGUF"
 SUPPORTED_GGUF_VERSIONS = (2, 3)
@@ -109,8 +110,8 @@ def read_gguf_header(path: Path, keep: Callable[[str, dict[str, Any]], bool]) ->
             for _ in range(n_kv):
                 key = cur.string()
                 wanted = keep(key, found)
-                v = cur.value(cur.scalar("I"), wanted or key == "general.alignment")
-                if key == "general.alignment" and isinstance(v, int) and v > 0:
+                v = cur.value(cur.scalar("I"), wanted or key == GGUFKey.ALIGNMENT)
+                if key == GGUFKey.ALIGNMENT and isinstance(v, int) and v > 0:
                     alignment = v
                 if wanted:
                     found[key] = v
@@ -153,8 +154,8 @@ def gguf_layout(path: Path) -> GGUFLayout:
             for _ in range(n_kv):
                 start = cur.pos
                 key = cur.string()
-                value = cur.value(cur.scalar("I"), key == "general.alignment")
-                if key == "general.alignment" and isinstance(value, int) and value > 0:
+                value = cur.value(cur.scalar("I"), key == GGUFKey.ALIGNMENT)
+                if key == GGUFKey.ALIGNMENT and isinstance(value, int) and value > 0:
                     alignment = value
                 kv.append((str(key), start, cur.pos))
             table = cur.pos
@@ -279,15 +280,15 @@ class _Cursor:
 
 
 _INFO_KEYS = frozenset({
-    "general.architecture", "general.name", "general.file_type", "split.no", "split.count",
-    "tokenizer.chat_template", "tokenizer.ggml.model", "tokenizer.ggml.pre", "tokenizer.ggml.bos_token_id",
-    "tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id",
+    GGUFKey.ARCHITECTURE, GGUFKey.NAME, GGUFKey.FILE_TYPE, GGUFKey.SPLIT_NO, GGUFKey.SPLIT_COUNT,
+    GGUFKey.CHAT_TEMPLATE, GGUFKey.TOKENIZER_MODEL, GGUFKey.TOKENIZER_PRE, GGUFKey.BOS_ID,
+    GGUFKey.EOS_ID, GGUFKey.EOT_ID,
 })
 
 
 def is_context_length(key: str, found: dict[str, Any]) -> bool:
     """Whether `key` is the model's `<arch>.context_length` (general.architecture precedes it in the header)."""
-    return key == f"{found.get('general.architecture')}.context_length"
+    return key == GGUFKey.context_length(found.get(GGUFKey.ARCHITECTURE))
 
 
 def _wanted_for_info(key: str, found: dict[str, Any]) -> bool:
@@ -298,9 +299,9 @@ _STR, _INT = "a string", "an integer"
 # The type llama.cpp asks for each key it reads (llama_model_loader::get_key throws "key %s has wrong type %s but
 # expected type %s", src/llama-model-loader.cpp:168 of the pinned tree): a file that disagrees would not load.
 _INFO_TYPES = {
-    "general.architecture": _STR, "general.name": _STR, "general.file_type": _INT, "split.no": _INT,
-    "split.count": _INT, "tokenizer.chat_template": _STR, "tokenizer.ggml.model": _STR, "tokenizer.ggml.pre": _STR,
-    "tokenizer.ggml.bos_token_id": _INT, "tokenizer.ggml.eos_token_id": _INT, "tokenizer.ggml.eot_token_id": _INT,
+    GGUFKey.ARCHITECTURE: _STR, GGUFKey.NAME: _STR, GGUFKey.FILE_TYPE: _INT, GGUFKey.SPLIT_NO: _INT,
+    GGUFKey.SPLIT_COUNT: _INT, GGUFKey.CHAT_TEMPLATE: _STR, GGUFKey.TOKENIZER_MODEL: _STR, GGUFKey.TOKENIZER_PRE: _STR,
+    GGUFKey.BOS_ID: _INT, GGUFKey.EOS_ID: _INT, GGUFKey.EOT_ID: _INT,
 }
 
 
@@ -313,8 +314,8 @@ def _described(value: Any) -> str:
 
 def _check_info_types(path: Path, meta: dict[str, Any]) -> None:
     """Raises ArtifactError naming the first metadata key inspect reads whose value has the wrong GGUF type."""
-    arch = meta.get("general.architecture")
-    wants = {**_INFO_TYPES, **({f"{arch}.context_length": _INT} if isinstance(arch, str) else {})}
+    arch = meta.get(GGUFKey.ARCHITECTURE)
+    wants = {**_INFO_TYPES, **({GGUFKey.context_length(arch): _INT} if isinstance(arch, str) else {})}
     for key, want in wants.items():
         if key not in meta:
             continue
@@ -377,13 +378,13 @@ def read_checked_gguf(
             params_2d += n
             if qtype.name not in _FLOAT_TYPES:
                 quant_2d += n
-    arch = meta.get("general.architecture")
-    split_no = int(meta.get("split.no") or 0)
+    arch = meta.get(GGUFKey.ARCHITECTURE)
+    split_no = int(meta.get(GGUFKey.SPLIT_NO) or 0)
     if not arch and split_no > 0:
         arch = ""  # llama-gguf-split keeps the model's metadata in the first shard only
     elif not arch:
         raise ArtifactError(f"{path} has no general.architecture", hint="reconvert it with `modelmint convert`")
-    ftype_val = meta.get("general.file_type")
+    ftype_val = meta.get(GGUFKey.FILE_TYPE)
     try:
         file_type = LlamaFileType(int(ftype_val)).name.removeprefix("MOSTLY_") if ftype_val is not None else None
     except ValueError:
@@ -399,20 +400,20 @@ def read_checked_gguf(
         size_bytes=size,
         version=header.version,
         architecture=str(arch),
-        name=meta.get("general.name"),
+        name=meta.get(GGUFKey.NAME),
         file_type=file_type,
         tensor_count=len(header.tensors),
         parameter_count=n_params,
         tensor_types=dict(sorted(tensor_types.items())),
         quantized_fraction=(quant_2d / params_2d) if params_2d else 0.0,
-        chat_template=meta.get("tokenizer.chat_template"),
-        tokenizer_model=meta.get("tokenizer.ggml.model"),
-        tokenizer_pre=meta.get("tokenizer.ggml.pre"),
-        bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
-        eos_token_id=meta.get("tokenizer.ggml.eos_token_id"),
-        eot_token_id=meta.get("tokenizer.ggml.eot_token_id"),
-        context_length=meta.get(f"{arch}.context_length"),
-        split_count=int(meta.get("split.count") or 1),
+        chat_template=meta.get(GGUFKey.CHAT_TEMPLATE),
+        tokenizer_model=meta.get(GGUFKey.TOKENIZER_MODEL),
+        tokenizer_pre=meta.get(GGUFKey.TOKENIZER_PRE),
+        bos_token_id=meta.get(GGUFKey.BOS_ID),
+        eos_token_id=meta.get(GGUFKey.EOS_ID),
+        eot_token_id=meta.get(GGUFKey.EOT_ID),
+        context_length=meta.get(GGUFKey.context_length(arch)),
+        split_count=int(meta.get(GGUFKey.SPLIT_COUNT) or 1),
         metadata=metadata,
     )
     return info, header
@@ -431,8 +432,8 @@ def architecture_problem(path: Path) -> str | None:
     """
     from gguf.constants import MODEL_ARCH_NAMES, MODEL_TENSORS, TENSOR_NAMES
 
-    header = read_gguf_header(Path(path), lambda key, _found: key == "general.architecture")
-    arch = header.metadata.get("general.architecture")
+    header = read_gguf_header(Path(path), lambda key, _found: key == GGUFKey.ARCHITECTURE)
+    arch = header.metadata.get(GGUFKey.ARCHITECTURE)
     by_name = {name: a for a, name in MODEL_ARCH_NAMES.items()}
     if not isinstance(arch, str) or arch not in by_name:
         return None
@@ -486,15 +487,15 @@ def read_imatrix(path: Path) -> dict[str, Any]:
     Raises:
         ArtifactError: not a GGUF, or not an importance matrix.
     """
-    keys = {"general.type", "imatrix.datasets", "imatrix.chunk_count", "imatrix.chunk_size"}
+    keys = {GGUFKey.TYPE, GGUFKey.IMATRIX_DATASETS, GGUFKey.IMATRIX_CHUNK_COUNT, GGUFKey.IMATRIX_CHUNK_SIZE}
     meta = read_gguf_header(path, lambda key, _found: key in keys).metadata
-    if meta.get("general.type") != "imatrix":
-        raise ArtifactError(f"{path} is not an importance matrix (general.type {meta.get('general.type')!r})",
+    if meta.get(GGUFKey.TYPE) != "imatrix":
+        raise ArtifactError(f"{path} is not an importance matrix (general.type {meta.get(GGUFKey.TYPE)!r})",
                             hint="delete it and rerun the step that wrote it")
     return {
-        "datasets": list(meta.get("imatrix.datasets") or []),
-        "chunks": int(meta.get("imatrix.chunk_count") or 0),
-        "chunk_size": int(meta.get("imatrix.chunk_size") or 0),
+        "datasets": list(meta.get(GGUFKey.IMATRIX_DATASETS) or []),
+        "chunks": int(meta.get(GGUFKey.IMATRIX_CHUNK_COUNT) or 0),
+        "chunk_size": int(meta.get(GGUFKey.IMATRIX_CHUNK_SIZE) or 0),
     }
 
 
@@ -504,11 +505,11 @@ def check_imatrix(path: Path) -> None:
     Raises:
         ArtifactError: not an imatrix GGUF, no data, or truncated.
     """
-    header = read_gguf_header(path, lambda key, _found: key in ("general.type", "imatrix.chunk_count"))
+    header = read_gguf_header(path, lambda key, _found: key in (GGUFKey.TYPE, GGUFKey.IMATRIX_CHUNK_COUNT))
     problems = []
-    if header.metadata.get("general.type") != "imatrix":
-        problems.append(f"general.type is {header.metadata.get('general.type')!r}, not 'imatrix'")
-    if not header.metadata.get("imatrix.chunk_count"):
+    if header.metadata.get(GGUFKey.TYPE) != "imatrix":
+        problems.append(f"general.type is {header.metadata.get(GGUFKey.TYPE)!r}, not 'imatrix'")
+    if not header.metadata.get(GGUFKey.IMATRIX_CHUNK_COUNT):
         problems.append("imatrix.chunk_count is 0: no calibration text was processed")
     if not header.tensors:
         problems.append("it holds no tensors")

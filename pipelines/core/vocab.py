@@ -276,3 +276,41 @@ _same(COMPRESSED_SCHEMES, CompressedName, "compressed scheme")
 _same(KV_DTYPES, KVCacheDtype, "KV dtype")
 _same((k.vllm for k in KV_DTYPES.values()), VllmKVCacheDtype, "vLLM KV dtype")
 _same(STAGES, Format, "format")
+
+
+# ---------------------------------------------------------------- GGUF metadata keys
+
+
+class GGUFKey:
+    """The GGUF metadata keys modelmint reads or writes, spelled once (gguf-py's `Keys`, gguf/constants.py)."""
+
+    ARCHITECTURE: Final = "general.architecture"
+    NAME: Final = "general.name"
+    TYPE: Final = "general.type"
+    """"model", or "imatrix" in an importance matrix."""
+    FILE_TYPE: Final = "general.file_type"
+    ALIGNMENT: Final = "general.alignment"
+    LICENSE: Final = "general.license"
+    QUANTIZED_BY: Final = "general.quantized_by"
+    SOURCE_URL: Final = "general.source.url"
+    SOURCE_REPO_URL: Final = "general.source.repo_url"
+    SAMPLING_PREFIX: Final = "general.sampling."
+    SPLIT_NO: Final = "split.no"
+    SPLIT_COUNT: Final = "split.count"
+    CHAT_TEMPLATE: Final = "tokenizer.chat_template"
+    TOKENIZER_PREFIX: Final = "tokenizer."
+    TOKENIZER_MODEL: Final = "tokenizer.ggml.model"
+    TOKENIZER_PRE: Final = "tokenizer.ggml.pre"
+    TOKENS: Final = "tokenizer.ggml.tokens"
+    BOS_ID: Final = "tokenizer.ggml.bos_token_id"
+    EOS_ID: Final = "tokenizer.ggml.eos_token_id"
+    EOT_ID: Final = "tokenizer.ggml.eot_token_id"
+    ADD_BOS: Final = "tokenizer.ggml.add_bos_token"
+    IMATRIX_DATASETS: Final = "imatrix.datasets"
+    IMATRIX_CHUNK_COUNT: Final = "imatrix.chunk_count"
+    IMATRIX_CHUNK_SIZE: Final = "imatrix.chunk_size"
+
+    @staticmethod
+    def context_length(arch: object) -> str:
+        """The model's trained context length key, `<arch>.context_length` (general.architecture names arch)."""
+        return f"{arch}.context_length"

@@ -22,6 +22,7 @@ from pipelines.core.errors import ArtifactError
 from pipelines.core.ggufheader import inspect_gguf, read_gguf_header
 from pipelines.core.runner import stop_process, tool_env
 from pipelines.core.toolchains import LlamaCpp
+from pipelines.core.vocab import GGUFKey
 from pipelines.gguf.validate import check_threads
 
 _START_S = 180.0
@@ -121,7 +122,7 @@ def prompting(gguf: Path) -> str:
     Raises:
         ArtifactError: not a GGUF that reads.
     """
-    header = read_gguf_header(gguf, lambda key, _found: key.startswith("tokenizer."))
+    header = read_gguf_header(gguf, lambda key, _found: key.startswith(GGUFKey.TOKENIZER_PREFIX))
     return hashlib.sha256(json.dumps(header.metadata, sort_keys=True, default=repr).encode()).hexdigest()
 
 

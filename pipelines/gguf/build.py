@@ -55,7 +55,7 @@ from pipelines.core.steps import (
 )
 from pipelines.core.texts import EVAL_TEXT, TextRef, check_apart, text_ref
 from pipelines.core.toolchains import LlamaCpp, llama_cpp, read_pins
-from pipelines.core.vocab import gguf_type
+from pipelines.core.vocab import GGUFKey, gguf_type
 from pipelines.gguf import tools as gguf
 from pipelines.gguf.answers import SLOTS as ANSWER_SLOTS
 from pipelines.gguf.answers import answer_questions, prompting
@@ -823,13 +823,13 @@ def _split_if_needed(path: Path, max_size: str, llama: LlamaCpp) -> list[Path]:
 
 def _provenance(plan: GGUFPlan) -> dict[str, Any]:
     meta: dict[str, Any] = {
-        "general.name": plan.entry.name,
-        "general.quantized_by": f"modelmint {__version__} with llama.cpp {plan.llama.commit}",
-        "general.license": plan.entry.license,
+        GGUFKey.NAME: plan.entry.name,
+        GGUFKey.QUANTIZED_BY: f"modelmint {__version__} with llama.cpp {plan.llama.commit}",
+        GGUFKey.LICENSE: plan.entry.license,
     }
     if isinstance(plan.entry.source, HubSource) and plan.snapshot.revision:
-        meta["general.source.url"] = f"https://huggingface.co/{plan.snapshot.repo_id}/tree/{plan.snapshot.revision}"
-        meta["general.source.repo_url"] = f"https://huggingface.co/{plan.snapshot.repo_id}"
+        meta[GGUFKey.SOURCE_URL] = f"https://huggingface.co/{plan.snapshot.repo_id}/tree/{plan.snapshot.revision}"
+        meta[GGUFKey.SOURCE_REPO_URL] = f"https://huggingface.co/{plan.snapshot.repo_id}"
     return meta
 
 

@@ -31,10 +31,11 @@ from pipelines.core.ggufheader import (
 from pipelines.core.runner import run
 from pipelines.core.steps import load_receipt, receipt_path
 from pipelines.core.toolchains import LlamaCpp
+from pipelines.core.vocab import GGUFKey
 from pipelines.gguf.tools import gguf_check
 from pipelines.source import upstream
 
-SAMPLING_PREFIX = "general.sampling."
+SAMPLING_PREFIX = GGUFKey.SAMPLING_PREFIX
 SAMPLING_SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "gguf_sampling.py"
 # The pinned converter reads generation_config.json in gguf-py's Metadata.load (its sampling defaults become
 # general.sampling.*, rewritten here) and, for two families, eos_token_id (HunYuan) and suppress_tokens (Gemma 4):
