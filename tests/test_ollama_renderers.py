@@ -150,3 +150,14 @@ def test_the_cli_refuses_a_mismatched_renderer_naming_the_conversations(template
     assert done.returncode == 1 and done.stdout == "" and "Traceback" not in done.stderr
     assert "RENDERER glm-4.7 renders this glm-4.7 template differently" in said and "reasoning-in-history" in said
     assert "--template FILE" in said
+
+
+def test_a_family_named_by_hand_is_refused_too_unless_forced(templates_dir: Path, settings: Settings) -> None:
+    # The catalog's chat_family and `--family` name the family instead of detecting it: the same refusal applies.
+    name = "deepseek-ai-DeepSeek-V3.1.jinja"
+    family_name, tokens = CHECKED[name]
+    jinja = (templates_dir / name).read_text(encoding="utf-8")
+    with pytest.raises(UnsupportedChatTemplate, match=r"RENDERER deepseek3\.1 renders"):
+        convert_template(jinja, tokens, settings, family=family_name)
+    forced = convert_template(jinja, tokens, settings, family=family_name, force=True)
+    assert "RENDERER deepseek3.1\n" in forced.lines and any("published anyway" in w for w in forced.warnings)

@@ -508,10 +508,16 @@ def _forced_family(name: str, jinja: str, force: bool, warnings: list[str]) -> C
 
     Raises:
         ConfigError: the template does not match `name` and `force` is off.
+        UnsupportedChatTemplate: the family's RENDERER renders this template differently and `force` is off.
     """
     fam = get_family(name)
     hits = [f.name for f in matching_families(jinja)]
     if fam.name in hits:
+        if fam.renderer_mismatch and not force:  # a RENDERER checked against this Jinja and found to differ
+            raise UnsupportedChatTemplate(f"the chat template is refused: {fam.renderer_mismatch}",
+                                          families=sorted(FAMILIES))
+        if fam.renderer_mismatch:
+            warnings.append(f"{fam.renderer_mismatch} (published anyway: --force)")
         return fam
     _found, missing = fam.evidence(jinja)
     why = (f"the chat template is {hits[0]}" if hits else
