@@ -15,7 +15,8 @@ from site_registry import EVIL, SMOLLM2, SiteRegistry
 from pipelines.core.errors import ConfigError
 from pipelines.core.settings import Settings
 from pipelines.registry.manifest import Manifest, list_manifests
-from pipelines.registry.site import ModelPage, _kl_axis, build_site, collect, model_page, page_name, pareto
+from pipelines.registry.site import build_site, collect
+from pipelines.registry.siterender import ModelPage, _kl_axis, model_page, page_name, pareto
 
 
 class _Elements(HTMLParser):
@@ -259,7 +260,7 @@ def test_serve_answers_on_localhost_and_refuses_a_folder_without_a_site(repo: Re
     import urllib.error
     import urllib.request
 
-    from pipelines.registry.site import site_server
+    from pipelines.registry.siteserver import site_server
 
     with pytest.raises(ConfigError, match="holds no registry site") as err:
         site_server(tmp_path / "nothing")
@@ -328,7 +329,7 @@ def test_each_figure_says_what_it_was_scored_on_and_early_passes_are_not_ranked_
     the table, the early ones are hollow in the chart and off its Pareto front, and the serving section ranks the
     whole-text variants and calls the early ones not comparable."""
     s = site_registry.settings
-    text = model_page(s, early_passes(s))
+    text = model_page(early_passes(s))
     page = _Elements()
     page.feed(text)
     assert "94.84 %" in _cells(text, "smollm2:q6_k")
@@ -356,10 +357,34 @@ def test_each_figure_says_what_it_was_scored_on_and_early_passes_are_not_ranked_
     )
 
 
+def test_pages_are_rendered_from_their_data_alone(site_registry: SiteRegistry) -> None:
+    """The renderer reads no file and no setting: a page's cards and published images come in its ModelPage (what
+    collect read), and the empty index names the manifests folder it is given."""
+    import ast
+
+    import pipelines.registry.siterender as render
+    from pipelines.registry.siterender import index_page
+
+    tree = ast.parse(Path(render.__file__).read_text())
+    imported = {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    assert not imported & {"os", "shutil", "http.server", "socket", "pipelines.core.settings", "pipelines.core.fsutil"}
+    called = {n.func.attr for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)}
+    assert not called & {"read_text", "read_bytes", "open", "is_file", "exists", "iterdir", "glob"}
+
+    page = next(p for p in collect(site_registry.settings) if p.name == "smollm2")
+    page.cards = {"smollm2:q8_0": "a card <b>as given</b>"}
+    page.published = {"smollm2:q8_0": ["registry.internal/modelmint/smollm2:q8_0"]}
+    text = model_page(page)
+    assert "<pre>a card &lt;b&gt;as given&lt;/b&gt;</pre>" in text
+    assert '<code class="cmd">ollama pull registry.internal/modelmint/smollm2:q8_0</code>' in text
+    assert "The card of smollm2:q6_k is not in this checkout" in text  # no card given: not read from anywhere
+    assert "<code>/nowhere/manifests</code>" in index_page([], Path("/nowhere/manifests"))
+
+
 def test_measurably_worse_only_where_both_have_errors_and_differ_by_more_than_both() -> None:
     from pipelines.core.report import Figures
-    from pipelines.registry.recommend import Choice
-    from pipelines.registry.site import Basis, versus
+    from pipelines.registry.recommend import Basis, Choice, versus
 
     def c(kl: float, se: float | None) -> Choice:
         f = Figures.of(
@@ -384,7 +409,7 @@ def test_sizes_of_a_gib_or_more_are_shown_in_gib(site_registry: SiteRegistry) ->
         m.model_copy(update={"weights_bytes": int(gib * (1 << 30))})
         for m, gib in zip(sorted(page.variants, key=lambda m: m.weights_bytes), (4.68, 8.1), strict=True)
     ]
-    text = model_page(s, page)
+    text = model_page(page)
     assert ">4.68 GiB<" in text and ">8.10 GiB<" in text
     assert "weights (GiB)" in text and "MiB" not in text.split('<svg id="quality"')[1].split("</svg>")[0]
 

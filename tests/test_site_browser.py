@@ -17,7 +17,8 @@ from test_site import early_passes
 from pipelines.core.settings import project_root
 from pipelines.registry.history import history
 from pipelines.registry.manifest import list_manifests
-from pipelines.registry.site import ModelPage, build_site, model_page, page_name
+from pipelines.registry.site import build_site
+from pipelines.registry.siterender import ModelPage, model_page, page_name
 
 SHOTS = project_root() / "build" / "test-artifacts" / "site"
 
@@ -188,9 +189,9 @@ def test_the_quality_chart_is_readable_at_desktop_and_phone_width(
     out = tmp_path / "site"
     build_site(s, out)
     early = out / "models" / "smollm2-early.html"
-    early.write_text(model_page(s, early_passes(s)), encoding="utf-8")
+    early.write_text(model_page(early_passes(s)), encoding="utf-8")
     crowded = out / "models" / "smollm2-crowded.html"
-    crowded.write_text(model_page(s, _crowded(early_passes(s))), encoding="utf-8")
+    crowded.write_text(model_page(_crowded(early_passes(s))), encoding="utf-8")
     SHOTS.mkdir(parents=True, exist_ok=True)
     for page in (out / "models" / "smollm2.html", out / "models" / "tiny-qwen2.html", early, crowded):
         shot = SHOTS / f"{page.stem}-{width}px.png"

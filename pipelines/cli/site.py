@@ -144,7 +144,8 @@ def site_serve(
     ] = 8000,
 ) -> None:
     """Serve a built site on 127.0.0.1 for a quick look (Ctrl-C stops it)."""
-    from pipelines.registry.site import default_site_dir, site_server
+    from pipelines.registry.site import default_site_dir
+    from pipelines.registry.siteserver import site_server
 
     folder = directory or default_site_dir(load_settings())
     server = site_server(folder, port=port)
