@@ -179,3 +179,23 @@ def test_publish_refuses_an_artifact_the_trust_policy_refuses(published: Any, tm
         publish_image(repo.settings(), REF, RegistryRef(reg.host, "elsewhere", insecure=True))
     assert len(reg.requests("PUT")) == before
     assert not (reg.storage / "repositories" / "elsewhere").exists()
+
+
+def test_publish_of_a_new_registration_does_not_move_the_tag_off_a_changed_image_of_the_earlier_one(
+    published: Any, tmp_path: Path
+) -> None:
+    """The publication record names the image each registration was pushed as: a tag on an earlier registration's
+    image that is not that one was changed in the registry, and the new publish says so instead of moving it."""
+    from pipelines.registry.images import publish_image
+
+    repo, reg, where = published
+    tampered = _tamper(reg, "q4_k_m", TEMPLATE, _template)
+    settings = repo.settings(MODELMINT_SIGNING_KEY=tmp_path / "signing.pem")
+    register(settings, candidate(settings, tmp_path / "build-2", seed=1))
+    repo.commit_all("register tiny-qwen2:q4_k_m again")
+    with pytest.raises(TagConflict) as conflict:
+        publish_image(repo.settings(), REF, where)
+    assert tampered in str(conflict.value) and "did not push" in str(conflict.value)
+    assert _stored_manifest(reg, "q4_k_m")[0] == tampered
+    done = publish_image(repo.settings(), REF, where, force=True)
+    assert _stored_manifest(reg, "q4_k_m")[0] == done.digest

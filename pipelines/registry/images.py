@@ -152,7 +152,7 @@ def publish_image(settings: Settings, ref: str, registry: RegistryRef, *, force:
     try:
         with client_for(settings, registry) as client:
             write, retagged = _tags_to_write(client, registry, manifest, image, tags, force=force,
-                                             directory=directory)
+                                             directory=directory, recorded=_recorded_digests(settings, manifest))
             mounts = mount_sources(settings, manifest, registry)
             for blob in image.blobs:
                 moved[client.push_blob(repository, blob, mount_from=mounts)].append(blob.digest)
@@ -181,13 +181,15 @@ def publish_image(settings: Settings, ref: str, registry: RegistryRef, *, force:
 
 
 def _tags_to_write(client: OciClient, registry: RegistryRef, manifest: Manifest, image: Image, tags: list[str], *,
-                   force: bool, directory: Path) -> tuple[list[str], dict[str, str]]:
+                   force: bool, directory: Path, recorded: dict[tuple[str, str, str], set[str]],
+                   ) -> tuple[list[str], dict[str, str]]:
     """The tags that do not point at `image` yet, and of those the ones that point elsewhere now (tag → digest).
 
     Raises:
         TagConflict: one points at an image that is not an earlier registration of this name:tag, or at an image
             that carries this registration but differs from the one its signed files in `directory` make (the
-            difference named), and not `force`.
+            difference named), or at an image of an earlier registration that the publication record says was
+            pushed as another image (`recorded`: (host, repository, key) → the digests published), and not `force`.
     """
     repository = registry.repository(manifest.name)
     write: list[str] = []
@@ -206,6 +208,15 @@ def _tags_to_write(client: OciClient, registry: RegistryRef, manifest: Manifest,
                                       "the image was changed in the registry after it was pushed: do not run it; "
                                       "find who can write to the registry, then move the tag back to the signed "
                                       f"image with --force (the changed image stays there by its digest, {there[2]})"))
+            pushed = recorded.get((registry.host, repository, carried.key)) if carried is not None else None
+            if not force and pushed and there[2] not in pushed:
+                raise TagConflict(registry.image(manifest.name, tag),
+                                  describe(there, carried) + f", which {manifest.ref}'s publication record says was "
+                                  f"published as {', '.join(sorted(pushed))}: an image modelmint did not push",
+                                  image.digest, registry=registry.host, hint=(
+                                      "the image was changed in the registry after it was pushed: do not run it; "
+                                      "find who can write to the registry, then move the tag with --force (the "
+                                      f"changed image stays there by its digest, {there[2]})"))
             if not force and not _earlier(carried, manifest):
                 newer = carried is not None and carried.ref == manifest.ref
                 raise TagConflict(registry.image(manifest.name, tag), describe(there, carried), image.digest,
@@ -217,6 +228,16 @@ def _tags_to_write(client: OciClient, registry: RegistryRef, manifest: Manifest,
             retagged[tag] = there[2]
         write.append(tag)
     return write, retagged
+
+
+def _recorded_digests(settings: Settings, manifest: Manifest) -> dict[tuple[str, str, str], set[str]]:
+    """(registry host, repository, registration key) → the image digests the publication record of `manifest`'s
+    name:tag says were pushed (every registration's entries, earlier ones included)."""
+    found: dict[tuple[str, str, str], set[str]] = {}
+    for e in _read_publications(publications_path(settings, manifest.name, manifest.tag)):
+        if all(isinstance(e.get(k), str) for k in ("registry", "repository", "key", "digest")):
+            found.setdefault((e["registry"], e["repository"], e["key"]), set()).add(e["digest"])
+    return found
 
 
 def _difference(client: OciClient, repository: str, there: tuple[bytes, str, str], directory: Path,
