@@ -370,7 +370,7 @@ def _custom(g: _InventoryGroup) -> GPU:
 
 def _shown(value: object) -> str:
     """A YAML value as it was written, cut short."""
-    text = yaml.safe_dump(value, default_flow_style=True, width=1 << 16).strip().removesuffix("...").strip()
+    text = str(yaml.safe_dump(value, default_flow_style=True, width=1 << 16)).strip().removesuffix("...").strip()
     return text if len(text) <= 40 else text[:37] + "..."
 
 
