@@ -824,3 +824,75 @@ def render_nemotron3_nano(messages: list[dict[str, Any]], tools: list[dict[str, 
 
 
 RENDERERS["nemotron-3-nano"] = render_nemotron3_nano
+
+
+# ---------------------------------------------------------------- qwen3.5 (model/renderers/qwen35.go)
+
+_Q35_POSTAMBLE = "\n</tools>" + _QC_INSTRUCTIONS
+
+
+def _q35_split(content: str, thinking: str, render_block: bool) -> tuple[str, str]:
+    """qwen35.go:91-111 splitQwen35ReasoningContent (tagged reasoning extracted: the qwen3.5 variant)."""
+    if render_block and thinking:
+        return thinking.strip(), content
+    reasoning = ""
+    idx = content.find("</think>")
+    if idx != -1:
+        before = content[:idx]
+        open_at = before.rfind("<think>")
+        reasoning = before[open_at + len("<think>"):] if open_at != -1 else before
+        content = content[idx + len("</think>"):].lstrip("\n")
+    return reasoning.strip(), content
+
+
+def render_qwen35(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, think: bool | None) -> str:
+    """RENDERER qwen3.5: renderer.go:67-69 Qwen35Renderer{isThinking: true, emitEmptyThinkOnNoThink: true}."""
+    thinking = True if think is None else think  # qwen35.go:216-219
+    out = []
+    first_system = bool(messages) and messages[0]["role"] == "system"
+    if tools:  # :229-250 the system prompt after the tools
+        out.append("<|im_start|>system\n# Tools\n\nYou have access to the following functions:\n\n<tools>")
+        out.extend("\n" + _spaced(go_json(go_tool(t))) for t in tools)
+        out.append(_Q35_POSTAMBLE)
+        if first_system and messages[0]["content"].strip():
+            out.append("\n\n" + messages[0]["content"].strip())
+        out.append("<|im_end|>\n")
+    elif first_system:  # :251-263
+        out.append("<|im_start|>system\n" + messages[0]["content"].strip() + "<|im_end|>\n")
+    last_query = len(messages) - 1  # :268-281 the last user message that is not a tool response
+    for i in range(len(messages) - 1, -1, -1):
+        text = messages[i]["content"].strip() if messages[i]["role"] == "user" else ""
+        if messages[i]["role"] == "user" and not (text.startswith("<tool_response>") and
+                                                  text.endswith("</tool_response>")):
+            last_query = i
+            break
+    for i, m in enumerate(messages):  # :284-357
+        content = (m.get("content") or "").strip()
+        last = i == len(messages) - 1
+        prefill = last and m["role"] == "assistant"
+        if m["role"] == "user" or (m["role"] == "system" and i != 0):
+            out.append("<|im_start|>" + m["role"] + "\n" + content + "<|im_end|>\n")
+        elif m["role"] == "assistant":
+            block = thinking and i > last_query  # :298
+            reasoning, content = _q35_split(content, m.get("thinking") or "", block)
+            out.append("<|im_start|>assistant\n" + (f"<think>\n{reasoning}\n</think>\n\n" if block else "") + content)
+            for j, call in enumerate(m.get("tool_calls") or ()):  # :312-330
+                out.append(("\n\n" if content.strip() else "") if j == 0 else "\n")
+                out.append("<tool_call>\n<function=" + call["function"]["name"] + ">\n")
+                for name, value in (call["function"].get("arguments") or {}).items():
+                    out.append(f"<parameter={name}>\n{_qc_argument(value)}\n</parameter>\n")
+                out.append("</function>\n</tool_call>")
+            if not prefill:
+                out.append("<|im_end|>\n")
+        elif m["role"] == "tool":  # :335-342
+            if i == 0 or messages[i - 1]["role"] != "tool":
+                out.append("<|im_start|>user")
+            out.append("\n<tool_response>\n" + content + "\n</tool_response>")
+            if last or messages[i + 1]["role"] != "tool":
+                out.append("<|im_end|>\n")
+        if last and not prefill:  # :349-356
+            out.append("<|im_start|>assistant\n" + ("<think>\n" if thinking else "<think>\n\n</think>\n\n"))
+    return "".join(out)
+
+
+RENDERERS["qwen3.5"] = render_qwen35

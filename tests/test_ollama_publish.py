@@ -239,22 +239,23 @@ def test_cli_writes_a_modelfile_or_explains(tmp_path: Path, qwen_gguf: Path, lla
     assert failed.returncode == 1 and "--template FILE" in " ".join(failed.stderr.split())
 
 
-# The special tokens Qwen3.5's chat template prints (a GGUF without them is refused).
-QWEN35_TOKENS = ["<|im_end|>", "<|im_start|>", "<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
+# The special tokens Gemma 4's chat template prints (a GGUF without them is refused).
+GEMMA4_TOKENS = ["<turn|>", "<|turn>", '<|"|>', "<|tool_call>", "<tool_call|>", "<|channel>", "<channel|>",
+                 "<|tool>", "<tool|>", "<|tool_response>", "<tool_response|>", "<|image|>", "<|audio|>"]
 
 
 def test_a_renderer_family_gets_renderer_parser_and_requires(tmp_path: Path, llama_models: Path,
                                                              settings: Settings) -> None:
-    qwen35 = (llama_models / "templates" / "Qwen3.5-4B.jinja").read_text(encoding="utf-8")
-    gguf = _write_gguf(tmp_path / "qwen35.gguf", template=qwen35, tokens=QWEN35_TOKENS, eos=0)
+    gemma4 = (llama_models / "templates" / "google-gemma-4-31B-it.jinja").read_text(encoding="utf-8")
+    gguf = _write_gguf(tmp_path / "gemma4.gguf", template=gemma4, tokens=GEMMA4_TOKENS, eos=0)
     built = build_modelfile(gguf, settings=settings)
     mf = built.modelfile
     assert (built.family, mf.template, mf.renderer, mf.parser, mf.requires) == (
-        "qwen3.5", None, "qwen3.5", "qwen3.5", "0.17.1")
-    assert built.proof is None and "'render_content'" in str(built.evidence)
+        "gemma4", None, "gemma4-large", "gemma4", "0.21.0")
+    assert built.proof is None and "'<|tool_call>'" in str(built.evidence)
     text = mf.to_text()
-    assert "RENDERER qwen3.5\nPARSER qwen3.5\nREQUIRES 0.17.1\n" in text and "TEMPLATE" not in text
-    assert build_modelfile(gguf, settings=settings, ollama_version="0.20.0").modelfile.requires == "0.17.1"
+    assert "RENDERER gemma4-large\nPARSER gemma4\nREQUIRES 0.21.0\n" in text and "TEMPLATE" not in text
+    assert build_modelfile(gguf, settings=settings, ollama_version="0.30.0").modelfile.requires == "0.21.0"
     with pytest.raises(ConfigError, match=r"Ollama 0\.13\.0 is older than this Modelfile needs"):
         build_modelfile(gguf, settings=settings, ollama_version="0.13.0")
 
@@ -318,8 +319,8 @@ def test_cli_template_converts_a_bare_chat_template(llama_models: Path) -> None:
     assert "family: qwen3" in done.stderr and "proof think-off: byte-identical" in done.stderr
     assert "note: " in done.stderr and "evidence: '<|im_start|>'" in done.stderr
 
-    renderer = _cli("template", str(templates / "Qwen3.5-4B.jinja"))
-    assert renderer.returncode == 0 and renderer.stdout == "RENDERER qwen3.5\nPARSER qwen3.5\nREQUIRES 0.17.1\n"
+    renderer = _cli("template", str(templates / "google-gemma-4-31B-it.jinja"))
+    assert renderer.returncode == 0 and renderer.stdout == "RENDERER gemma4-large\nPARSER gemma4\nREQUIRES 0.21.0\n"
 
     refused = _cli("template", str(templates / "GLM-4.6.jinja").replace("4.6", "4.6-missing"))
     assert refused.returncode == 1 and "cannot read" in refused.stderr
@@ -345,17 +346,17 @@ def test_cli_modelfile_explain(tmp_path: Path, qwen_gguf: Path, llama_models: Pa
 
 def test_card_of_a_renderer_family_names_renderer_parser_and_requires(tmp_path: Path, llama_models: Path,
                                                                     settings: Settings) -> None:
-    qwen35 = (llama_models / "templates" / "Qwen3.5-4B.jinja").read_text(encoding="utf-8")
-    gguf = _write_gguf(tmp_path / "qwen35.gguf", template=qwen35, tokens=QWEN35_TOKENS, eos=0)
-    entry = CatalogEntry.model_validate({"name": "qwen35", "license": "mit",
-                                         "source": {"repo": "Qwen/Qwen3.5-4B", "revision": "0" * 40}})
+    gemma4 = (llama_models / "templates" / "google-gemma-4-31B-it.jinja").read_text(encoding="utf-8")
+    gguf = _write_gguf(tmp_path / "gemma4.gguf", template=gemma4, tokens=GEMMA4_TOKENS, eos=0)
+    entry = CatalogEntry.model_validate({"name": "gemma4", "license": "mit",
+                                         "source": {"repo": "google/gemma-4-31B-it", "revision": "0" * 40}})
     published = publish_ollama(gguf, None, parse_report(REPORT), entry, tmp_path / "pub", settings=settings)
     card = published.model_card.read_text(encoding="utf-8")
     front = yaml.safe_load(card.split("---\n")[1])
-    assert front["modelmint"]["ollama_builtin"] == {"renderer": "qwen3.5", "parser": "qwen3.5", "requires": "0.17.1"}
-    assert "built-in RENDERER `qwen3.5`" in card and "Ollama 0.17.1 or newer" in card
+    assert front["modelmint"]["ollama_builtin"] == {"renderer": "gemma4-large", "parser": "gemma4", "requires": "0.21.0"}
+    assert "built-in RENDERER `gemma4-large`" in card and "Ollama 0.21.0 or newer" in card
     assert "not proven on this machine" not in card
-    assert "RENDERER qwen3.5\n" in published.modelfile.read_text(encoding="utf-8")
+    assert "RENDERER gemma4-large\n" in published.modelfile.read_text(encoding="utf-8")
 
 
 def test_a_tokenizer_without_the_templates_special_tokens_is_refused(tmp_path: Path, llama_models: Path,
