@@ -180,6 +180,20 @@ def test_tokens_never_reach_the_ray_runtime_environment(monkeypatch) -> None:
         == "CheckedRayTaskRunner"
 
 
+def test_the_flows_task_runner_is_chosen_when_a_run_starts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Prefect enters a duplicate of the flow's runner at each run's start: the duplicate follows the environment
+    of that moment, whatever it was when flows/convert.py was imported."""
+    from flows.convert import convert
+
+    monkeypatch.delenv("MODELMINT_RAY_ADDRESS", raising=False)
+    assert type(convert.task_runner.duplicate()).__name__ == "ThreadPoolTaskRunner"
+    monkeypatch.setenv("MODELMINT_RAY_ADDRESS", "127.0.0.1:6379")
+    assert type(convert.task_runner.duplicate()).__name__ == "CheckedRayTaskRunner"
+    monkeypatch.setenv("MODELMINT_THREADS", "many")
+    with pytest.raises(ConfigError, match="MODELMINT_THREADS"):  # an unusable setting fails the run, as it starts
+        convert.task_runner.duplicate()
+
+
 @pytest.mark.slow
 def test_convert_all_runs_every_model_as_its_own_run_and_tables_every_variant(isolated, tmp_path, monkeypatch) -> None:
     """The test project's catalog holds one model (the only one small enough here); the fan-out is the same."""
