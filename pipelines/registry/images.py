@@ -19,7 +19,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from pipelines.core.errors import ManifestInvalid, OciError, RegistryError, TagConflict
+from pipelines.core.errors import ManifestInvalid, OciError, RegistryError, SignatureRefused, TagConflict
 from pipelines.core.fsutil import atomic_output, hash_cache, write_text_atomic
 from pipelines.core.settings import Settings
 from pipelines.publish.oci import (
@@ -143,7 +143,14 @@ def publish_image(settings: Settings, ref: str, registry: RegistryRef, *, force:
     manifest, image = build_image(settings, ref)
     directory = settings.repo_dir / manifest.dvc.path
     shown = manifest_path(settings, manifest.name, manifest.tag).relative_to(settings.repo_dir).as_posix()
-    verify_directory(directory, manifest, load_policy(settings), shown=shown, require_signature=require_signature)
+    try:
+        verify_directory(directory, manifest, load_policy(settings), shown=shown, require_signature=require_signature)
+    except SignatureRefused as err:  # worded for a pull: say what a publish did not do
+        err.message = err.message.removesuffix("; nothing was pulled") + "; nothing was pushed"
+        if "--allow-unsigned" in (err.hint or ""):
+            err.hint = ("register it again with MODELMINT_SIGNING_KEY set: publish never pushes what the trust "
+                        "policy refuses")
+        raise
     tags = [pinned_tag(manifest), manifest.tag]
     for tag in tags:
         check_ollama_name(registry, manifest.name, tag)
