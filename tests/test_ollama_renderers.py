@@ -124,6 +124,7 @@ def test_a_renderer_that_renders_differently_is_refused_with_the_conversations(
     with pytest.raises(UnsupportedChatTemplate, match=f"RENDERER {FAMILIES[family_name].renderer} renders") as err:
         detect_family(jinja)
     assert all(c in err.value.message for c in differs) and "--template" in (err.value.hint or "")
+    assert family_name not in err.value.families  # the hint lists the families modelmint publishes
     with pytest.raises(UnsupportedChatTemplate, match=r"renders this .* differently"):
         convert_template(jinja, tokens, settings)
     row = classify(name, jinja)

@@ -211,7 +211,7 @@ def detect_family(jinja: str) -> ChatFamily:
 
     check_syntax(jinja)
     hits = matching_families(jinja)
-    names = sorted(FAMILIES)
+    names = sorted(n for n, f in FAMILIES.items() if not f.renderer_mismatch)  # the ones modelmint publishes
     if len(hits) == 1:
         if hits[0].renderer_mismatch:
             raise UnsupportedChatTemplate(f"the chat template is refused: {hits[0].renderer_mismatch}", families=names)
