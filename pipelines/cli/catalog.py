@@ -59,7 +59,8 @@ def watch_cmd(
     ] = False,
 ) -> None:
     """Compare each tracked upstream ref's current commit on the hub with the catalog's pin: what moved, which
-    files changed (weights, tokenizer, chat template, config), and with --apply, move the pin."""
+    files changed (weights, tokenizer, chat template, config), and with --apply, move the pin. With --convert, start
+    the conversion of each named entry's pinned commit on Prefect instead (what CI runs once a moved pin is in)."""
     from pipelines.source import upstream
     from pipelines.source.catalog import load_catalog
 
