@@ -1,7 +1,7 @@
 """The `convert` flow: one catalog model through fetch → convert → quantize → validate → register → publish
 (→ publish-image to the OCI registry MODELMINT_OCI_REGISTRY names, when it names one).
 
-Each format's build is its step list (pipelines/core/execute.py), the one the CLI runs, here one task per step
+Each format's build is its step list (pipelines/core/steps.py), the one the CLI runs, here one task per step
 (flows/steps.py), then its own finish (build.json / compress.json, ladder check). What Prefect adds:
   cache keys   from content (source commit, recipe, toolchain version, the input artifact's sha256), never
                from path strings; a hit whose output is gone or changed is run again (`_cached`)
@@ -45,10 +45,9 @@ from pipelines.compose import (
     run_report,
 )
 from pipelines.core.errors import ConfigError, ModelmintError, VariantsFailed
-from pipelines.core.execute import execute
 from pipelines.core.fsutil import hash_cache
 from pipelines.core.settings import Settings
-from pipelines.core.steps import BuildResult, VariantError, variant_scoped
+from pipelines.core.steps import BuildResult, VariantError, execute, variant_scoped
 from pipelines.publish.oci import RegistryRef
 from pipelines.registry import register as reg
 from pipelines.registry.formats import ArtifactFormat, format_of, implementation, split_by_format

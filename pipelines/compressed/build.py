@@ -33,7 +33,6 @@ from pipelines.core.errors import (
     ConfigError,
     ShapeRefused,
 )
-from pipelines.core.execute import Executed, PerVariant, Step, StepList, build_with, local_runner
 from pipelines.core.fsutil import (
     clean_partials,
     disk_full_located,
@@ -47,12 +46,18 @@ from pipelines.core.report import REPORT_VERSION, CompressedReport, Figures, Val
 from pipelines.core.settings import Settings
 from pipelines.core.steps import (
     BuildResult,
+    Executed,
+    PerVariant,
+    Step,
+    StepList,
     StepResult,
     VariantError,
     VariantOutcome,
+    build_with,
     content_key,
     load_dir_receipt,
     load_report,
+    local_runner,
     receipt_path,
     variant_scoped,
     write_dir_receipt,

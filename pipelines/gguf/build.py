@@ -3,7 +3,7 @@
 Every step is keyed by content (source file hashes, recipe, toolchain version), writes its output
 atomically, and records a receipt only after the output was checked; a step whose receipt matches and
 whose output is still in place is skipped without re-reading the file. `gguf_steps` lists them (the one
-order: pipelines/core/execute.py); the CLI runs that list with the local executor (`build_gguf`), the Prefect
+order: pipelines/core/steps.py); the CLI runs that list with the local executor (`build_gguf`), the Prefect
 flow with one task per step (flows/steps.py), and both end in `finish_gguf` (ladder check, build.json).
 """
 
@@ -35,7 +35,6 @@ from pipelines.core.answers import (
     stopped_pct,
 )
 from pipelines.core.errors import ShapeRefused, UnsupportedModel
-from pipelines.core.execute import Executed, Step, StepList, build_with, local_runner
 from pipelines.core.fsutil import clean_partials, disk_full_located, file_lock, hash_cache
 from pipelines.core.gates import Gate, gguf_gate, ladder_conflicts
 from pipelines.core.ggufheader import inspect_gguf, read_gguf_header
@@ -44,12 +43,17 @@ from pipelines.core.report import REPORT_VERSION, GGUFReport
 from pipelines.core.settings import Settings
 from pipelines.core.steps import (
     BuildResult,
+    Executed,
+    Step,
+    StepList,
     StepResult,
     VariantError,
     VariantOutcome,
+    build_with,
     content_key,
     load_receipt,
     load_report,
+    local_runner,
     write_receipt,
     write_summary,
 )

@@ -15,10 +15,18 @@ from pathlib import Path
 from typing import Any
 
 from pipelines.core.errors import ConfigError
-from pipelines.core.execute import Executed, Runner, Step, StepList, build_with, local_runner
 from pipelines.core.resources import Places, ResourceCheck, require
 from pipelines.core.settings import Settings
-from pipelines.core.steps import BuildResult, VariantOutcome
+from pipelines.core.steps import (
+    BuildResult,
+    Executed,
+    Runner,
+    Step,
+    StepList,
+    VariantOutcome,
+    build_with,
+    local_runner,
+)
 from pipelines.publish.oci import Blob, Image
 from pipelines.registry.candidate import Candidate
 from pipelines.registry.manifest import Manifest
@@ -53,7 +61,7 @@ class ArtifactFormat:
     plan: Callable[..., Any] | None = None
     """(entry, settings, *, variants, revision) → the plan its steps share (fetches the source): the flow's fetch."""
     steps: Callable[..., StepList] | None = None
-    """(plan, *, progress, asked, **options) → its step list (pipelines/core/execute.py), for either executor."""
+    """(plan, *, progress, asked, **options) → its step list (pipelines/core/steps.py), for either executor."""
     finish: Callable[[Any, StepList, Executed, Callable[[str], None]], BuildResult] | None = None
     """(plan, step list, what its steps left, progress) → the build's result, its summary file written."""
     header: Callable[[BuildResult], list[str]] = lambda _result: []
@@ -87,7 +95,7 @@ class ArtifactFormat:
     ) -> BuildResult:
         """Its plan (or `plan()`: the flow's cached fetch), the check that the run fits the disks and the memory
         (`places`: where it writes; default its build directory only), its step list run by `runner`, and its
-        finish (pipelines.core.execute.build_with): the one sequence the CLI and the flow run.
+        finish (pipelines.core.steps.build_with): the one sequence the CLI and the flow run.
 
         Raises:
             RunTooLarge: the run's peak disk or memory does not fit (before its first step), unless
