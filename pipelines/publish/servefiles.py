@@ -721,8 +721,14 @@ def ollama_files(plan: Plan, art: Artifact) -> dict[str, str]:
         f"# {model} at the planned context ({plan.max_model_len} tokens, {plan.max_num_seqs} sequences per "
         f"GPU): ollama/start.sh creates it as {served}\nFROM {model}\nPARAMETER num_ctx {plan.max_model_len}\n"
     )
+    nginx = ollama_nginx_conf(model, ports)
+    return {"ollama/start.sh": "\n".join(start), "ollama/nginx.conf": nginx, "ollama/Modelfile": modelfile}
+
+
+def ollama_nginx_conf(model: str, ports: list[int]) -> str:
+    """An nginx proxy on Ollama's port to the least busy of the Ollama instances on `ports` (one per GPU)."""
     servers = "\n".join(f"        server 127.0.0.1:{p};" for p in ports)
-    nginx = f"""# {model}: requests on port {OLLAMA_PORT} go to the least busy of {n} Ollama instances (one per GPU)
+    return f"""# {model}: requests on port {OLLAMA_PORT} go to the least busy of {len(ports)} Ollama instances (one per GPU)
 worker_processes 1;
 pid logs/nginx.pid;
 events {{
@@ -744,7 +750,62 @@ http {{
     }}
 }}
 """
-    return {"ollama/start.sh": "\n".join(start), "ollama/nginx.conf": nginx, "ollama/Modelfile": modelfile}
+
+
+def ollama_start_script(*, model: str, served: str, modelfile: str, gpus: int, instances: int, parallel: int,
+                        spread: bool) -> str:
+    """A start script that realises a GGUF's plan for Ollama on a machine with several GPUs: `instances` Ollama
+    servers, each with OLLAMA_NUM_PARALLEL=`parallel` slots, one per GPU (CUDA_VISIBLE_DEVICES, its own port) behind
+    an nginx proxy on Ollama's port; or one server over all `gpus` GPUs, with OLLAMA_SCHED_SPREAD when `spread`.
+
+    Ollama at v0.33.0-rc2 (fb30760) places a model on several GPUs in selectLlamaServerPlacement
+    (server/sched.go:972-1031): unless OLLAMA_SCHED_SPREAD is set (:1009), it takes a single GPU whenever its
+    estimate of the model is within 80 % of one GPU's free memory (bestSingleGPUFit, :1060-1076), so a plan whose
+    layers go over every GPU needs it; and it loads each model with OLLAMA_NUM_PARALLEL slots of num_ctx tokens
+    (:497, :793-795). `served` is created from `modelfile` (beside the script) in the first server, whose model
+    store every server shares.
+    """
+    ports = [OLLAMA_PORT + 1 + i for i in range(instances)] if instances > 1 else [OLLAMA_PORT]
+    lines = [
+        "#!/usr/bin/env bash",
+        f"# {served} from {model}: "
+        + (f"one Ollama per GPU on {instances} of this machine's {gpus} GPUs, {parallel} slot(s) each, behind nginx "
+           f"on port {OLLAMA_PORT}" if instances > 1 else
+           f"one Ollama over {gpus} GPUs, {parallel} slot(s)"),
+        "set -euo pipefail",
+        'HERE="$(cd "$(dirname "$0")" && pwd)"',
+        'mkdir -p "$HERE/logs"',
+    ]
+    if instances > 1:
+        for i, port in enumerate(ports):
+            lines.append(
+                f"CUDA_VISIBLE_DEVICES={i} OLLAMA_HOST=127.0.0.1:{port} OLLAMA_NUM_PARALLEL={parallel} "
+                f'OLLAMA_KEEP_ALIVE=-1 nohup ollama serve >"$HERE/logs/ollama-{i}.log" 2>&1 &'
+            )
+    else:
+        devices = ",".join(str(i) for i in range(gpus))
+        if spread:
+            lines.append("# OLLAMA_SCHED_SPREAD=1: the layers over every GPU, as planned (without it Ollama takes "
+                         "one GPU whenever its estimate is within 80 % of one GPU's free memory)")
+        lines.append(
+            f"CUDA_VISIBLE_DEVICES={devices} OLLAMA_HOST=127.0.0.1:{OLLAMA_PORT} OLLAMA_NUM_PARALLEL={parallel} "
+            + ("OLLAMA_SCHED_SPREAD=1 " if spread else "")
+            + 'OLLAMA_KEEP_ALIVE=-1 nohup ollama serve >"$HERE/logs/ollama.log" 2>&1 &'
+        )
+    lines.append(f"until curl -sf http://127.0.0.1:{ports[0]}/api/version >/dev/null; do sleep 1; done")
+    lines.append(f'OLLAMA_HOST=127.0.0.1:{ports[0]} ollama create {served} -f "$HERE/{modelfile}"')
+    for port in ports:  # load the model once into each server's GPU
+        lines.append(f"until curl -sf http://127.0.0.1:{port}/api/version >/dev/null; do sleep 1; done")
+        lines.append(f'curl -sf http://127.0.0.1:{port}/api/generate -d \'{{"model": "{served}"}}\' >/dev/null')
+    if instances > 1:
+        lines += [
+            f'cat >"$HERE/{served.replace(":", "-")}-nginx.conf" <<\'NGINX\'',
+            ollama_nginx_conf(model, ports).rstrip("\n"),
+            "NGINX",
+            f'nginx -c "$HERE/{served.replace(":", "-")}-nginx.conf" -p "$HERE"',
+        ]
+    lines += [f'echo "{served} on http://127.0.0.1:{OLLAMA_PORT}"', ""]
+    return "\n".join(lines)
 
 
 def ollama_planned_name(model: str, context: int) -> str:

@@ -25,7 +25,7 @@ from pipelines.publish.llamacpp_memory import (
     ollama_layers,
     read_layered_weights,
 )
-from pipelines.publish.servefiles import slug
+from pipelines.publish.servefiles import ollama_start_script, slug
 from pipelines.registry.manifest import Manifest, list_manifests
 
 GIB = 1 << 30
@@ -83,6 +83,14 @@ class GgufPlan:
     gpu_budget: int
     """The bytes the GPUs offer (their memory less GPU_RESERVE each; Metal: its working set); 0 on a CPU."""
     warnings: tuple[str, ...] = ()
+    gpus: int = 1
+    """The GPUs of the machine the plan uses."""
+    instances: int = 1
+    """Ollama servers, one per GPU (CUDA_VISIBLE_DEVICES) behind a proxy, each with `parallel` slots and its own
+    copy of the model (`memory` is one server's); 1: one server over `gpus` GPUs."""
+    spread: bool = False
+    """One server whose layers go over every GPU (Ollama needs OLLAMA_SCHED_SPREAD for it: servefiles.
+    ollama_start_script)."""
 
     @property
     def partial(self) -> bool:
@@ -111,7 +119,9 @@ class GgufPlan:
             else f"{self.n_gpu_layers}/{self.n_layers} layers on the GPU"
             + (f" ({self.cpu_weight_share:.0%} of the weights on the CPU)" if self.partial else "")
         )
-        return f"{self.engine}: {where}, num_ctx {self.num_ctx} x {self.parallel} slot(s)"
+        over = (f" on each of {self.instances} GPUs (one Ollama per GPU)" if self.instances > 1
+                else f" over {self.gpus} GPUs" if self.spread else "")
+        return f"{self.engine}: {where}, num_ctx {self.num_ctx} x {self.parallel} slot(s){over}"
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -128,6 +138,9 @@ class GgufPlan:
             "host_bytes": self.host_bytes,
             "memory": self.memory.to_dict(),
             "warnings": list(self.warnings),
+            "gpus": self.gpus,
+            "instances": self.instances,
+            "spread": self.spread,
         }
 
 
@@ -546,9 +559,21 @@ def commands(settings: Settings, m: Manifest, request: Request, gguf: GgufPlan |
         modelfile = f"{m.name}-{m.tag}.Modelfile"
         local = f"{m.name}:{m.tag}-c{gguf.num_ctx}"
         lines = [f"FROM {source}", f"PARAMETER num_ctx {gguf.num_ctx}", f"PARAMETER num_gpu {gguf.n_gpu_layers}"]
+        write_modelfile = "printf '" + "\\n".join(lines) + "\\n' > " + modelfile
+        if gguf.instances > 1 or gguf.spread:  # several GPUs: a start script realises the plan
+            script = f"{m.name}-{m.tag}-start.sh"
+            text = ollama_start_script(model=source, served=local, modelfile=modelfile, gpus=gguf.gpus,
+                                       instances=gguf.instances, parallel=gguf.parallel, spread=gguf.spread)
+            return [
+                pull,
+                write_modelfile,
+                f"cat > {script} <<'EOF'\n{text}EOF",
+                f"bash {script}",
+                f"ollama run {local}",
+            ]
         return [
             pull,
-            "printf '" + "\\n".join(lines) + "\\n' > " + modelfile,
+            write_modelfile,
             f"ollama create {local} -f {modelfile}",
             f"OLLAMA_NUM_PARALLEL={gguf.parallel} ollama serve",
             f"ollama run {local}",
@@ -652,9 +677,22 @@ def plan_gguf(
         return GgufPlan(engine, str(group), "cpu", num_ctx, parallel, 0, n_layers, mem, 0, ())
     reserve = METAL_RESERVE if g.kind == "metal" else GPU_RESERVE
     budget = max(0, (g.memory_bytes - reserve) * group.gpus_per_node)
+    library = "metal" if g.kind == "metal" else "cuda"
+    n_gpus = group.gpus_per_node
+    if engine == "ollama" and n_gpus > 1:
+        # several GPUs: where one GPU holds the whole model with its share of the slots, one Ollama per GPU serves
+        # the sequences side by side (one server would put it on a single GPU anyway: server/sched.go:1009-1024 at
+        # ollama v0.33.0-rc2); else one server splits the layers over every GPU (OLLAMA_SCHED_SPREAD)
+        instances = min(n_gpus, parallel)
+        per = math.ceil(parallel / instances)
+        one = ollama_layers(weights, [g.memory_bytes], num_ctx=num_ctx, num_parallel=per, library=library)
+        if one.layers == n_layers:
+            mem = llamacpp_memory(weights, LlamaCppContext(num_ctx * per, per), n_layers)
+            return GgufPlan(engine, str(group), g.kind, num_ctx, per, n_layers, n_layers, mem,
+                            max(0, g.memory_bytes - reserve), (), instances, instances)
     if engine == "ollama":
-        off = ollama_layers(weights, [g.memory_bytes] * group.gpus_per_node, num_ctx=num_ctx,
-                            num_parallel=parallel, library="metal" if g.kind == "metal" else "cuda")
+        off = ollama_layers(weights, [g.memory_bytes] * n_gpus, num_ctx=num_ctx,
+                            num_parallel=parallel, library=library)
         ngl = off.layers
     else:
         ngl = 0
@@ -664,7 +702,8 @@ def plan_gguf(
                 ngl = n
                 break
     mem = llamacpp_memory(weights, ctx, ngl)
-    plan = GgufPlan(engine, str(group), g.kind, num_ctx, parallel, ngl, n_layers, mem, budget)
+    plan = GgufPlan(engine, str(group), g.kind, num_ctx, parallel, ngl, n_layers, mem, budget, (), n_gpus, 1,
+                    engine == "ollama" and n_gpus > 1 and ngl > 0)
     if g.kind == "metal" and g.ram_gib and mem.total > (g.ram_gib * (1 << 30)) - GPU_RESERVE:
         raise planner.PlanRefused(
             f"{size_text(mem.total)} of weights, KV cache and buffers at num_ctx {num_ctx} x {parallel} slot(s) "

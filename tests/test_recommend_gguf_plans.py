@@ -1,6 +1,11 @@
-"""`recommend` in a checkout that holds the registry but not the artifacts' bytes (a fresh clone): the model's shape
-recorded in its manifests at registration gives the same answer as the builder's, who has the files; a manifest
-registered before the shape was recorded still asks for a pull."""
+"""`recommend` for a GGUF registered by the real code (tiny-qwen2's q4_k_m, converted and quantized here):
+
+- in a checkout that holds the registry but not the artifacts' bytes (a fresh clone), the model's shape recorded in
+  its manifests at registration gives the same answer as the builder's, who has the files; a manifest registered
+  before the shape was recorded still asks for a pull;
+- on a machine with several GPUs, the commands for Ollama realise the plan: a start script with one Ollama per GPU
+  (CUDA_VISIBLE_DEVICES, OLLAMA_NUM_PARALLEL) behind nginx, or one Ollama over every GPU with OLLAMA_SCHED_SPREAD,
+  written by the printed command itself (bash), checked by shellcheck and nginx's parser."""
 
 from __future__ import annotations
 
@@ -14,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import crossplane
 import pytest
 from registry_env import Repo, git, isolate, make_repo
 from site_registry import candidate_for
@@ -116,3 +122,70 @@ def test_a_manifest_registered_before_the_shape_was_recorded_asks_for_a_pull(bui
     said = " ".join((proc.stdout + proc.stderr).split())  # as wrapped for the terminal
     assert "registered before modelmint recorded the model's shape" in said, said
     assert "run `modelmint pull tiny-qwen2:q4_k_m`" in said, said
+
+
+# ------------------------------------------------------------------------------------------- several GPUs, Ollama
+
+
+def _script(answer: Any, tmp: Path) -> tuple[str, Path]:
+    """Run the printed command that writes the start script (real bash, in `tmp`); its text and path."""
+    scripts = [c for c in answer["commands"] if c.startswith("cat > ")]
+    assert len(scripts) == 1, answer["commands"]  # the start script is written by a command of its own
+    writes = scripts[0]
+    name = writes.split()[2]
+    assert answer["commands"][answer["commands"].index(writes) + 1] == f"bash {name}"
+    done = subprocess.run(["bash", "-c", writes], cwd=tmp, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    script = tmp / name
+    check = subprocess.run([str(Path(sys.executable).parent / "shellcheck"), "-s", "bash", "-S", "warning",
+                            str(script)], capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout
+    return script.read_text(), script
+
+
+def test_one_ollama_per_gpu_when_one_gpu_holds_the_model(builder: Builder, tmp_path: Path) -> None:
+    answer = _answer(builder.repo, ["--gpus", "2xRTX4090-24G", "--context", "2048", "--concurrency", "3"])
+    text, script = _script(answer, tmp_path)
+    plan = answer["ranked"][0]["gguf_plan"]
+    assert (plan["instances"], plan["parallel"], plan["num_ctx"], plan["spread"]) == (2, 2, 2048, False)
+    serves = [line for line in text.splitlines() if "ollama serve" in line]
+    assert [line.split()[:3] for line in serves] == [
+        ["CUDA_VISIBLE_DEVICES=0", "OLLAMA_HOST=127.0.0.1:11435", "OLLAMA_NUM_PARALLEL=2"],
+        ["CUDA_VISIBLE_DEVICES=1", "OLLAMA_HOST=127.0.0.1:11436", "OLLAMA_NUM_PARALLEL=2"],
+    ]
+    assert "OLLAMA_SCHED_SPREAD" not in text
+    # the Modelfile the commands write is the one the script creates the planned model from
+    local = "tiny-qwen2:q4_k_m-c2048"
+    assert f'ollama create {local} -f "$HERE/tiny-qwen2-q4_k_m.Modelfile"' in text
+    assert any(c.startswith("printf 'FROM tiny-qwen2:q4_k_m\\nPARAMETER num_ctx 2048\\n") and
+               c.endswith("> tiny-qwen2-q4_k_m.Modelfile") for c in answer["commands"]), answer["commands"]
+    # the proxy in front of them, as nginx parses it
+    conf = text.split("<<'NGINX'\n", 1)[1].split("\nNGINX\n", 1)[0]
+    (tmp_path / "nginx.conf").write_text(conf + "\n")
+    parsed = crossplane.parse(str(tmp_path / "nginx.conf"), strict=True, check_ctx=True, check_args=True)
+    assert parsed["status"] == "ok", parsed["errors"]
+    upstream = next(d for d in parsed["config"][0]["parsed"] if d["directive"] == "http")["block"][0]
+    assert [d["args"] for d in upstream["block"] if d["directive"] == "server"] == [["127.0.0.1:11435"],
+                                                                                   ["127.0.0.1:11436"]]
+    assert script.stat().st_size > 0
+    # one sequence: one Ollama on one GPU, where the scheduler puts it anyway; no script
+    single = _answer(builder.repo, ["--gpus", "2xRTX4090-24G", "--context", "2048"])
+    assert single["ranked"][0]["gguf_plan"]["instances"] == 1
+    assert not any(c.startswith("cat > ") for c in single["commands"])
+    assert "OLLAMA_NUM_PARALLEL=1 ollama serve" in single["commands"]
+
+
+def test_one_ollama_spread_over_the_gpus_when_none_holds_it_alone(builder: Builder, tmp_path: Path) -> None:
+    inv = tmp_path / "small.yaml"
+    inv.write_text("- {gpus: 2, type: Small-Card, memory_gib: 0.8}\n")
+    answer = _answer(builder.repo, ["--gpus", str(inv), "--context", "4096", "--concurrency", "4"])
+    text, _ = _script(answer, tmp_path)
+    plan = answer["ranked"][0]["gguf_plan"]
+    assert (plan["instances"], plan["parallel"], plan["spread"]) == (1, 4, True)
+    assert plan["n_gpu_layers"] > 0
+    (serve,) = [line for line in text.splitlines() if "ollama serve" in line]
+    assert serve.split()[:4] == ["CUDA_VISIBLE_DEVICES=0,1", "OLLAMA_HOST=127.0.0.1:11434", "OLLAMA_NUM_PARALLEL=4",
+                                 "OLLAMA_SCHED_SPREAD=1"]
+    assert "nginx" not in text
+    assert f"PARAMETER num_gpu {plan['n_gpu_layers']}" in " ".join(answer["commands"])
+
