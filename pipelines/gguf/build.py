@@ -1,8 +1,10 @@
-"""The GGUF path as small resumable steps (base → imatrix → quantize → validate) and their composition.
+"""The GGUF path as small resumable steps (base → imatrix → quantize → reference logits → validate) and their
+composition.
 
 Every step is keyed by content (source file hashes, recipe, toolchain version), writes its output
 atomically, and records a receipt only after the output was checked; a step whose receipt matches and
-whose output is still in place is skipped without re-reading the file. `gguf_steps` lists them (the one
+whose output is still in place is skipped without re-reading the file. A step takes what it is made from as
+the results of the steps it needs, and its receipt's key is its cache key. `gguf_steps` lists them (the one
 order: pipelines/core/steps.py); the CLI runs that list with the local executor (`build_gguf`), the Prefect
 flow with one task per step (flows/steps.py), and both end in `finish_gguf` (ladder check, build.json).
 """
