@@ -88,6 +88,8 @@ class ChatFamily:
     """For a RENDERER family: the conversations of the suite (pipelines.chat.proof.SUITE) on which Ollama's RENDERER,
     reimplemented from Ollama's source in tests/ollama_renderers.py, renders other bytes than the Jinja; () when
     proven identical on all of them, None when not checked. A family with any is refused, never published."""
+    renderer_why: str = ""
+    """What the RENDERER writes differently from the Jinja on those conversations."""
 
     @property
     def renderer_mismatch(self) -> str | None:
@@ -96,7 +98,7 @@ class ChatFamily:
             return None
         return (f"Ollama's RENDERER {self.renderer} renders this {self.name} template differently from its Jinja on "
                 f"{len(self.renderer_differs)} conversation{'s' if len(self.renderer_differs) != 1 else ''} of "
-                f"modelmint's suite ({', '.join(self.renderer_differs)})")
+                f"modelmint's suite ({', '.join(self.renderer_differs)})" + (f": {self.renderer_why}" if self.renderer_why else ""))
 
     @property
     def kind(self) -> str:

@@ -20,7 +20,7 @@ def _renderer_family(name: str, title: str, *, renderer: str, parser: str, marke
                      forbidden: tuple[str, ...], stop: tuple[str, ...], notes: tuple[str, ...] = (),
                      thinking: bool = False, differs: tuple[str, ...] | None = None,
                      reasoning_key: str | None = None, think_variable: str = "enable_thinking",
-                     think_values: tuple[str, str] | None = None) -> ChatFamily:
+                     think_values: tuple[str, str] | None = None, why: str = "") -> ChatFamily:
     from pipelines.chat.renderers import PARSERS, RENDERERS
 
     if renderer not in RENDERERS or parser not in PARSERS:
@@ -44,6 +44,7 @@ def _renderer_family(name: str, title: str, *, renderer: str, parser: str, marke
         parser=parser,
         tool_calls=f"PARSER {parser} returns structured tool_calls",
         renderer_differs=differs,
+        renderer_why=why,
     ))
 
 
@@ -52,8 +53,8 @@ _IM = ("<|im_end|>", "<|im_start|>")
 _renderer_family(
     "qwen3-coder", "Qwen3-Coder (<tool_call><function=…><parameter=…> XML tool calls, no thinking)",
     renderer="qwen3-coder", parser="qwen3-coder", stop=_IM,
-    # Ollama's renderer writes "following functions", "call a function" and its own example where this Jinja writes
-    # "following tools", "call a tool" and value_2
+    why=("Ollama's renderer writes \"following functions\", \"call a function\" and its own example where this "
+         'Jinja writes "following tools", "call a tool" and value_2, and compact JSON (["a","b"] for ["a", "b"])'),
     differs=("tools-offered", "tools-offered-no-system", "tool-call-and-result", "tool-round-trip",
              "parallel-tool-calls", "tool-call-nested-arguments", "reasoning-in-tool-loop"),
     markers=("<|im_start|>", "<tool_call>", "<function=", "<parameter=", "render_extra_keys"),
@@ -62,8 +63,8 @@ _renderer_family(
 _renderer_family(
     "qwen3.5", "Qwen3.5 (hybrid thinking, XML tool calls, vision placeholders)",
     renderer="qwen3.5", parser="qwen3.5", stop=_IM, thinking=True,
-    # Ollama's renderer prints tools with Go's HTML escaping ('&' as \u0026) and list arguments as compact JSON
-    # (["a","b"] where this Jinja writes ["a", "b"]); without tools it is byte-identical
+    why=("Ollama's renderer prints tools with Go's HTML escaping ('&' as \\u0026) and list arguments as "
+         'compact JSON (["a","b"] where this Jinja writes ["a", "b"]); without tools it is byte-identical'),
     differs=("tools-offered", "tools-offered-no-system", "tool-call-and-result", "tool-round-trip",
              "parallel-tool-calls", "tool-call-nested-arguments", "reasoning-in-tool-loop"),
     markers=("<|im_start|>", "<think>", "<function=", "<parameter=", "<|vision_start|>", "enable_thinking",
@@ -73,7 +74,7 @@ _renderer_family(
 _renderer_family(
     "nemotron-3-nano", "NVIDIA Nemotron 3 Nano (ChatML, <think> with history truncation, XML tool calls)",
     renderer="nemotron-3-nano", parser="nemotron-3-nano", stop=_IM, thinking=True, reasoning_key="reasoning_content",
-    # Ollama's renderer closes a final assistant message and opens a new turn: no continuation
+    why=("Ollama's renderer closes a final assistant message and opens a new turn: no continuation"),
     differs=("continue-assistant",),
     markers=("<|im_start|>", "<think>", "<function=", "<parameter=", "truncate_history_thinking",
              "render_extra_keys"),
@@ -82,8 +83,8 @@ _renderer_family(
 _renderer_family(
     "deepseek3.1", "DeepSeek V3.1 (hybrid thinking switch, <｜tool▁calls▁begin｜> tool calls)",
     renderer="deepseek3.1", parser="deepseek3", stop=("<｜end▁of▁sentence｜>",), thinking=True,
-    # Ollama's renderer opens a non-thinking answer with "</think>" where this Jinja writes "<think></think>", and
-    # lists the tools in the system prompt where this Jinja prints none
+    why=("Ollama's renderer opens a non-thinking answer with \"</think>\" where this Jinja writes "
+         '"<think></think>", and lists the tools in the system prompt where this Jinja prints none'),
     differs=("user", "system-user", "multi-turn", "system-multi-turn", "continue-assistant", "special-characters",
              "tools-offered", "tools-offered-no-system", "tool-call-and-result", "tool-round-trip",
              "parallel-tool-calls", "tool-call-nested-arguments", "reasoning-in-history", "think-off",
@@ -95,9 +96,9 @@ _renderer_family(
 _renderer_family(
     "glm-4.7", "GLM-4.7 ([gMASK]<sop>, <arg_key>/<arg_value> tool calls, clear_thinking)",
     renderer="glm-4.7", parser="glm-4.7", stop=("<|user|>", "<|observation|>", "<|endoftext|>"), thinking=True,
-    # Ollama's renderer keeps every past turn's reasoning (this Jinja clears it), opens a new assistant turn after
-    # a final assistant message, prints tools with Go's HTML escaping ('&' as \u0026), and prints nothing for a tool
-    # call's null content where this Jinja prints 'None'
+    why=("Ollama's renderer keeps every past turn's reasoning (this Jinja clears it), opens a new assistant "
+         "turn after a final assistant message, prints tools with Go's HTML escaping ('&' as \\u0026), and "
+         "prints nothing for a tool call's null content where this Jinja prints 'None'"),
     differs=("continue-assistant", "tools-offered", "tools-offered-no-system", "tool-call-and-result",
              "tool-round-trip", "parallel-tool-calls", "tool-call-nested-arguments", "reasoning-in-history",
              "reasoning-in-tool-loop"),
@@ -115,8 +116,8 @@ _renderer_family(
 _renderer_family(
     "lfm2", "Liquid LFM2 (ChatML, 'List of tools:' with <|tool_list_start|>, no thinking)",
     renderer="lfm2", parser="lfm2", stop=_IM,
-    # Ollama's renderer lists each tool's function object; this Jinja lists the whole tool ({"type": "function",
-    # "function": …})
+    why=("Ollama's renderer lists each tool's function object; this Jinja lists the whole tool ({\"type\": "
+         '"function", "function": …})'),
     differs=("tools-offered", "tools-offered-no-system", "tool-call-and-result", "tool-round-trip",
              "parallel-tool-calls", "tool-call-nested-arguments", "reasoning-in-tool-loop"),
     markers=("<|im_start|>", "List of tools: ", "<|tool_list_start|>", "<|tool_list_end|>",
@@ -126,7 +127,8 @@ _renderer_family(
 _renderer_family(
     "cohere", "Cohere Command A 2026 / North (Cohere2 MoE: <|START_TEXT|>, <|START_THINKING|>, <|START_ACTION|>)",
     renderer="cohere", parser="cohere", stop=("<|END_OF_TURN_TOKEN|>",), thinking=True,
-    # this Jinja opens every prompt with its platform instructions; Ollama's renderer leaves them to a Modelfile SYSTEM
+    why=("this Jinja opens every prompt with its platform instructions; Ollama's renderer leaves them to a "
+         'Modelfile SYSTEM'),
     differs=("user", "system-user", "multi-turn", "system-multi-turn", "continue-assistant", "special-characters",
              "tools-offered", "tools-offered-no-system", "tool-call-and-result", "tool-round-trip",
              "parallel-tool-calls", "tool-call-nested-arguments", "reasoning-in-history", "think-on", "think-off",
@@ -141,7 +143,7 @@ _renderer_family(
     renderer="glimmer", parser="glimmer", stop=("<|eot|>",), thinking=True, reasoning_key="reasoning_content",
     # Ollama's think false and true are reasoning strengths none and high here (glimmer.go:65-76)
     think_variable="reasoning_strength", think_values=("none", "high"),
-    # Ollama's renderer closes a final assistant message and opens a new turn: no continuation
+    why=("Ollama's renderer closes a final assistant message and opens a new turn: no continuation"),
     differs=("continue-assistant",),
     markers=("<|start|>", "<|message|>", "<|eom|>", "<|eot|>", "Muse Glimmer ATEM"),
     forbidden=(),
@@ -149,8 +151,8 @@ _renderer_family(
 _renderer_family(
     "laguna", "Poolside Laguna XS.2 (〈|EOS|〉 prefix, default system prompt, <think> off by default)",
     renderer="laguna", parser="laguna", stop=("〈|EOS|〉",), thinking=True,
-    # Ollama's renderer prints tool JSON with Go's HTML escaping ('&' as \u0026, '<' as \u003c) and ends a continued
-    # assistant message with a line break the Jinja does not write
+    why=("Ollama's renderer prints tool JSON with Go's HTML escaping ('&' as \\u0026, '<' as \\u003c) and ends "
+         'a continued assistant message with a line break the Jinja does not write'),
     differs=("continue-assistant", "tools-offered", "tools-offered-no-system", "tool-call-and-result",
              "tool-round-trip", "parallel-tool-calls", "tool-call-nested-arguments", "reasoning-in-tool-loop"),
     markers=("〈|EOS|〉", "render_assistant_messages_raw", "enable_thinking | default(false)",
