@@ -399,7 +399,7 @@ def verify_image(
     from pipelines.registry.manifest import Manifest
 
     layers = image_manifest.get("layers") or []
-    carried = [x for x in layers if is_carried_manifest(x)]
+    carried = [x for x in layers if isinstance(x, dict) and is_carried_manifest(x)]
     if len(carried) != 1:
         raise SignatureRefused(image, "it carries no modelmint manifest: nothing says what was signed")
     manifest = Manifest.model_validate_json(blob(carried[0]["digest"]).read_bytes())
@@ -449,7 +449,9 @@ def check_image(
     from pipelines.publish.oci import MODELMINT_MANIFEST, Blob, is_carried_manifest
     from pipelines.registry.formats.base import format_of
 
-    carried = next(x for x in got.get("layers") or [] if is_carried_manifest(x))
+    # a descriptor that is not an object (a manifest written by hand) differs like any other, shown as it is
+    layers = [x if isinstance(x, dict) else {"descriptor": x} for x in got.get("layers") or []]
+    carried = next(x for x in layers if is_carried_manifest(x))
     extra = (Blob.of_bytes(MODELMINT_MANIFEST, read(carried["digest"])),)
     want = format_of(manifest.tag).image(directory, manifest, extra)
     hint = (
@@ -458,7 +460,8 @@ def check_image(
         "the registry"
     )
     expected = [("config", want.config), *((f"layer {i + 1}", b) for i, b in enumerate(want.layers))]
-    there = [got.get("config") or {}, *(got.get("layers") or [])]
+    config = got.get("config")
+    there = [config if isinstance(config, dict) else {"descriptor": config}, *layers]
     for (where, blob), desc in zip(expected, there, strict=False):
         if desc == blob.descriptor():
             continue
