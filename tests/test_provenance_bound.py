@@ -21,6 +21,8 @@ from pipelines.registry.register import artifact_dir, register
 from pipelines.registry.verify import verify_remote
 
 MODELMINT = [sys.executable, "-m", "pipelines.cli"]
+CODE = str(Path(provenance.__file__).resolve().parents[2])
+"""The modelmint under test (the CLI is run from a registry checkout elsewhere: it must import this one)."""
 REF = "tiny-qwen2:q4_k_m"
 MANIFEST = "registry/manifests/tiny-qwen2/q4_k_m.json"
 
@@ -109,17 +111,20 @@ def test_a_differing_figure_is_shown_in_full_on_both_sides(signed: Repo, tmp_pat
     )
 
 
-def test_verify_on_the_command_line_names_the_edited_field(signed: Repo) -> None:
+def test_verify_on_the_command_line_names_the_edited_field_as_a_signature_refusal(signed: Repo) -> None:
     def forge(m: dict[str, Any]) -> None:
         m["recipe"]["quant"] = "q8_0"
 
     _edit(signed, forge)
     done = subprocess.run(
-        [*MODELMINT, "verify", REF], env={**signed.env(), "COLUMNS": "400"}, capture_output=True, text=True,
+        [*MODELMINT, "verify", REF], env={**signed.env(), "COLUMNS": "400", "PYTHONPATH": CODE}, capture_output=True, text=True,
         cwd=signed.root, timeout=300,
     )
     assert done.returncode != 0 and "Traceback" not in done.stderr
     assert "recipe: the manifest records quant = q8_0, the signed provenance quant = q4_k_m" in done.stderr
+    # a signature refusal, not damage of the DVC remote: `--repair` (which uploads objects again) is not offered
+    assert "the signature check refuses tiny-qwen2:q4_k_m (the DVC remote's objects are intact" in done.stderr
+    assert "damaged" not in done.stderr and f"verify {REF} --repair" not in done.stderr
 
 
 def test_the_statement_binds_the_manifest_and_describes_its_byproducts_and_builder(
@@ -146,3 +151,21 @@ def test_the_statement_binds_the_manifest_and_describes_its_byproducts_and_build
     other = json.loads((directory / provenance.PROVENANCE).read_text())["predicate"]["runDetails"]["builder"]["id"]
     assert run["builder"]["id"].startswith("urn:modelmint:builder:key:")
     assert other.startswith("urn:modelmint:builder:key:") and other != run["builder"]["id"]
+
+
+def test_verify_reports_a_refused_signature_as_such_not_as_a_damaged_remote(signed: Repo) -> None:
+    """An edit every version of modelmint refuses (a validation figure): the DVC remote's objects are intact, so
+    `verify` must not call them damaged nor send the user to `--repair`."""
+
+    def forge(m: dict[str, Any]) -> None:
+        m["validation"]["figures"]["mean_kl"] = 0.0001
+
+    _edit(signed, forge)
+    done = subprocess.run(
+        [*MODELMINT, "verify", REF], env={**signed.env(), "COLUMNS": "400", "PYTHONPATH": CODE}, capture_output=True, text=True,
+        cwd=signed.root, timeout=300,
+    )
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert "the signature check refuses tiny-qwen2:q4_k_m" in done.stderr
+    assert "figures.mean_kl = 0.0001" in done.stderr
+    assert "damaged" not in done.stderr and f"verify {REF} --repair" not in done.stderr

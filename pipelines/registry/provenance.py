@@ -9,7 +9,9 @@ it: it is signed with the same key.
 
 The manifest is bound whole: every field registration knows when it signs (all but `files`, which the signature
 covers file by file, and `dvc`, `replaces` and `created_at`, written after it) is in the `manifest` byproduct, with
-the sha256 of their canonical JSON; verification refuses a manifest whose fields differ, naming each one.
+the sha256 of their canonical JSON; verification refuses a manifest whose fields differ from those, naming each one.
+(A field registration fills from elsewhere than the candidate and its placed directory is not in it: see
+draft_manifest.)
 """
 
 from __future__ import annotations
@@ -106,7 +108,9 @@ def statement(
         }
     ]
     if directory is not None:
-        fields = bound(draft_manifest(c, validation, directory, signed_at, hashes))
+        draft = draft_manifest(c, validation, directory, signed_at, hashes)
+        # the fields registration sets from what it knows here; one it adds from elsewhere is left out (unbound)
+        fields = {k: v for k, v in draft.model_dump(mode="json", exclude_unset=True).items() if k not in UNBOUND}
         byproducts.append(
             {
                 "name": MANIFEST_BYPRODUCT,
@@ -367,7 +371,7 @@ def disagreements(stmt: dict[str, Any], manifest: Manifest, outputs: dict[str, s
             problems.append("the provenance's manifest fields do not hash to the digest it records")
         else:
             mine, said = bound(manifest), tuple(checked)
-            for key in sorted(set(mine) | set(held)):
+            for key in sorted(held):  # a field the statement does not hold was not known when it was signed
                 differ(key, mine.get(key, "nothing"), held.get(key, "nothing"), skip=said)
     expected = {p: d for p, d in outputs.items() if p != PROVENANCE}
     for p in sorted(set(expected) | set(subjects)):

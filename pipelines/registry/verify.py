@@ -34,6 +34,9 @@ class ArtifactCheck:
     unchecked: str | None = None
     """Why the remote's copy was not checked (a registration of the tag still under way after the wait): no
     problem of the remote's."""
+    refused: tuple[str, ...] = ()
+    """The signature check's refusals (also in `problems`): the remote holds the registered bytes, but the signature,
+    the provenance or the manifest do not agree; no damage of the remote, and `--repair` does not mend them."""
 
     @property
     def ref(self) -> str:
@@ -42,6 +45,24 @@ class ArtifactCheck:
     @property
     def ok(self) -> bool:
         return not self.problems and self.unchecked is None
+
+
+class SignatureCheckRefused(RegistryError):
+    """What the DVC remote holds is intact (every object hashes to what the manifest records) but its signature check
+    refuses it: the manifest, the provenance or the signer is not what the trust policy accepts."""
+
+    def __init__(self, refused: list[tuple[str, str]], invalid: list[str]) -> None:
+        refs = sorted({ref for ref, _ in refused})
+        super().__init__(
+            f"the signature check refuses {', '.join(refs)} (the DVC remote's objects are intact; the signature, "
+            "the signed provenance or the manifest is what differs):\n"
+            + "\n".join(f"  {ref}: {p}" for ref, p in refused)
+            + "".join(f"\n  {i}" for i in invalid),
+            hint="`--repair` cannot mend a refused signature: restore an edited manifest (`git log -p -- "
+            f"registry/manifests/{refs[0].replace(':', '/')}.json`), add the signer to the trust policy if it is "
+            "trusted, or register it again from a trusted build with MODELMINT_SIGNING_KEY set",
+        )
+        self.refused = refused
 
 
 @dataclass(frozen=True)
@@ -57,12 +78,16 @@ class VerifyResult:
 
     def error(self) -> RegistryError | None:
         """The error naming every bad or missing object and the commands that repair it; None when all is well."""
-        bad = [a for a in self.artifacts if a.problems]
+        bad = [a for a in self.artifacts if any(p not in a.refused for p in a.problems)]
+        refused = [a for a in self.artifacts if a.refused]
         invalid = [i.message for i in self.invalid]
         if bad:
-            problems = [f"{a.ref}: {p}" for a in bad for p in a.problems] + invalid
+            problems = [f"{a.ref}: {p}" for a in bad for p in a.problems if p not in a.refused] + [
+                f"{a.ref}: signature check refused (not damage): {p}" for a in refused for p in a.refused] + invalid
             return RemoteIntegrityError(problems, [a.ref for a in bad],
                                         [format_name(a.manifest.tag).rebuild_command(a.manifest.name, a.manifest.tag) for a in bad])
+        if refused:
+            return SignatureCheckRefused([(a.ref, p) for a in refused for p in a.refused], invalid)
         if invalid:
             return RegistryError(f"{len(invalid)} manifest(s) could not be checked:\n" + "\n".join(invalid),
                                  hint=self.invalid[0].hint)
@@ -166,7 +191,7 @@ def _signatures(settings: Settings, a: ArtifactCheck, policy: TrustPolicy | None
             signing.verify_directory(Path(scratch), m, policy, shown=f"registry/manifests/{m.name}/{m.tag}.json",
                                      allow_unsigned=allow_unsigned, files_here=False)
         except SignatureRefused as err:
-            return dataclasses.replace(a, problems=(*a.problems, err.problem))
+            return dataclasses.replace(a, problems=(*a.problems, err.problem), refused=(*a.refused, err.problem))
     return a
 
 
