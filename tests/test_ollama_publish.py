@@ -44,11 +44,11 @@ def llama_models(settings: Settings) -> Path:
 
 
 def _write_gguf(path: Path, *, template: str | None, tokens: list[str], eos: int | None, bos: int | None = 0,
-                add_bos: bool | None = None, ctx: int = 2048) -> Path:
+                add_bos: bool | None = None, ctx: int = 2048, arch: str = "llama") -> Path:
     """A header-only GGUF written by gguf-py, the library llama.cpp's converter writes with."""
     import gguf
 
-    w = gguf.GGUFWriter(str(path), "llama")
+    w = gguf.GGUFWriter(str(path), arch)
     w.add_context_length(ctx)
     w.add_tokenizer_model("gpt2")
     w.add_token_list(tokens)
@@ -304,6 +304,47 @@ def test_a_proven_family_with_a_parser_gets_template_and_parser(tmp_path: Path, 
     assert built.family == "ministral3" and built.proof is not None and built.proof.holds
     assert (mf.renderer, mf.parser, mf.requires) == (None, "ministral", "0.14.0") and mf.template
     assert "PARSER ministral\nREQUIRES 0.14.0\n" in mf.to_text()
+
+
+def test_a_template_ollama_would_replace_by_its_architecture_renderer_is_refused(
+        tmp_path: Path, llama_models: Path, settings: Settings) -> None:
+    # Ollama (server/create.go:795-817) sets RENDERER laguna / nemotron-3-nano / gemma4 itself for these GGUF
+    # architectures when the Modelfile names none, and that RENDERER replaces the TEMPLATE (server/prompt.go:135-143).
+    laguna = (llama_models / "templates" / "poolside-Laguna-XS-2.1.jinja").read_text(encoding="utf-8")
+    tokens = ["〈|EOS|〉", "<system>", "<user>", "<assistant>"]
+    plain = build_modelfile(_write_gguf(tmp_path / "l.gguf", template=laguna, tokens=tokens, eos=0), settings=settings)
+    assert plain.family == "laguna-xs-2.1" and plain.modelfile.template and plain.modelfile.renderer is None
+
+    gguf = _write_gguf(tmp_path / "laguna.gguf", template=laguna, tokens=tokens, eos=0, arch="laguna")
+    with pytest.raises(UnsupportedModel) as refused:
+        build_modelfile(gguf, settings=settings)
+    message = refused.value.message
+    assert "GGUF architecture laguna" in message and "RENDERER laguna" in message, message
+    assert "server/create.go:795-817" in message and "proven laguna-xs-2.1 TEMPLATE" in message
+    assert "--force" in refused.value.hint
+    forced = build_modelfile(gguf, settings=settings, force=True)
+    assert any("published anyway" in w for w in forced.warnings)
+    assert "Ollama adds RENDERER laguna and PARSER laguna itself" in forced.modelfile.to_text()
+
+    chatml = (llama_models / "templates" / "Qwen-Qwen2.5-7B-Instruct.jinja").read_text(encoding="utf-8")
+    for arch in ("nemotron_h", "nemotron_h_moe"):
+        nemo = _write_gguf(tmp_path / f"{arch}.gguf", template=chatml, tokens=["<|im_start|>", "<|im_end|>"], eos=1,
+                           arch=arch)
+        with pytest.raises(UnsupportedModel, match="sets RENDERER nemotron-3-nano itself"):
+            build_modelfile(nemo, settings=settings)
+        with pytest.raises(UnsupportedModel, match=f"architecture {arch}"):
+            build_modelfile(nemo, settings=settings, template="{{ .Prompt }}")
+
+    # naming the RENDERER and PARSER leaves Ollama nothing to add
+    gemma4 = (llama_models / "templates" / "google-gemma-4-31B-it.jinja").read_text(encoding="utf-8")
+    g4 = build_modelfile(_write_gguf(tmp_path / "g4.gguf", template=gemma4, tokens=GEMMA4_TOKENS, eos=0, add_bos=True,
+                                     arch="gemma4"), settings=settings)
+    assert (g4.modelfile.renderer, g4.modelfile.parser) == ("gemma4-large", "gemma4") and not g4.warnings
+
+    out = tmp_path / "pub" / "Modelfile"
+    cli = _cli("modelfile", str(gguf), "--out", str(out))
+    assert cli.returncode == 1 and "Traceback" not in cli.stderr and not out.exists()
+    assert "RENDERER laguna" in cli.stderr and "--force" in cli.stderr
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:

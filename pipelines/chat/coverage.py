@@ -120,10 +120,13 @@ def render_doc(rows: list[Coverage], tree: str) -> str:
         "that knows the commands but not the name accepts the Modelfile and fails at chat time with "
         "`unknown renderer`, while an unknown PARSER name is ignored (no structured parsing); REQUIRES is "
         "recorded and shown by `ollama show`, not enforced (as of v0.32.15). `modelmint modelfile "
-        "--ollama-version X` refuses a target older than the names need. Ollama v0.32.15 infers a RENDERER and "
-        "PARSER itself only for GGUF architectures gemma4, laguna and nemotron_h (server/create.go; for gemma4 "
-        "it then chooses gemma4-small or gemma4-large by model name and parameter count, "
-        "server/renderer_resolution.go); modelmint always names them in the Modelfile, the one its template needs.",
+        "--ollama-version X` refuses a target older than the names need. Ollama v0.33.0-rc2 sets a RENDERER and "
+        "PARSER itself, for whichever of the two a Modelfile leaves out, for GGUF architectures gemma4, laguna "
+        "and nemotron_h/nemotron_h_moe/nemotron_h_omni (server/create.go:795-817; for gemma4 it then chooses "
+        "gemma4-small or gemma4-large by model name and parameter count, server/renderer_resolution.go), and a "
+        "RENDERER replaces the TEMPLATE (server/prompt.go:135-143); no Modelfile command switches it off. So a "
+        "TEMPLATE, proven or hand-written, is refused for a GGUF of those architectures (`--force` publishes it "
+        "with a warning: Ollama will not run it), and a PARSER Ollama adds is named in the Modelfile's header.",
         "",
         *_names_table(),
         "",

@@ -124,3 +124,28 @@ def check_ollama_version(renderer: str | None, parser: str | None, target: str) 
                  "`modelmint modelfile <file.gguf> --template FILE`",
         )
     return needed
+
+
+# GGUF architecture → the (RENDERER, PARSER) Ollama sets itself at `ollama create` for whichever of the two the
+# Modelfile leaves out (server/create.go:795-817 at v0.33.0-rc2). A RENDERER, once set, renders every prompt and
+# the TEMPLATE is not used (server/prompt.go:135-143); no Modelfile command switches the inferred one off.
+# Ollama's "gemma4" is resolved at chat time to gemma4-small or gemma4-large by model name or parameter count
+# (server/renderer_resolution.go).
+ARCHITECTURE_DEFAULTS: dict[str, tuple[str, str]] = {
+    "gemma4": ("gemma4", "gemma4"),
+    "laguna": ("laguna", "laguna"),
+    "nemotron_h": ("nemotron-3-nano", "nemotron-3-nano"),
+    "nemotron_h_moe": ("nemotron-3-nano", "nemotron-3-nano"),
+    "nemotron_h_omni": ("nemotron-3-nano", "nemotron-3-nano"),
+}
+ARCHITECTURE_SOURCE = f"server/create.go:795-817 at {SOURCE_TAG}"
+
+
+def ollama_fills_in(architecture: str | None, renderer: str | None,
+                    parser: str | None) -> tuple[str | None, str | None]:
+    """The (RENDERER, PARSER) Ollama adds by itself to a Modelfile naming `renderer`/`parser` for a GGUF of
+    `architecture`: (None, None) where it adds neither."""
+    defaults = ARCHITECTURE_DEFAULTS.get(architecture or "")
+    if defaults is None or (renderer and parser):
+        return None, None
+    return (None if renderer else defaults[0]), (None if parser else defaults[1])

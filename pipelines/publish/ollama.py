@@ -21,7 +21,12 @@ from pipelines.chat.families import (
     matching_families,
 )
 from pipelines.chat.modelfile import Message, Modelfile, Parameter
-from pipelines.chat.renderers import check_ollama_version, required_version
+from pipelines.chat.renderers import (
+    ARCHITECTURE_SOURCE,
+    check_ollama_version,
+    ollama_fills_in,
+    required_version,
+)
 from pipelines.core.errors import ArtifactError, ConfigError, UnsupportedModel
 from pipelines.core.fsutil import hash_cache, write_text_atomic
 from pipelines.core.report import (
@@ -184,6 +189,8 @@ class GGUFChat:
     file_type: str | None
     vocab: frozenset[str] = frozenset()
     """Every token text of the GGUF's tokenizer (empty when it has none)."""
+    architecture: str | None = None
+    """general.architecture (Ollama picks a RENDERER/PARSER by it for a few architectures)."""
 
 
 def read_gguf_chat(path: Path) -> GGUFChat:
@@ -227,6 +234,7 @@ def read_gguf_chat(path: Path) -> GGUFChat:
         context_length=int(ctx) if isinstance(ctx, int) else None,
         file_type=file_type,
         vocab=frozenset(t for t in tokens if isinstance(t, str)),
+        architecture=str(arch),
     )
 
 
@@ -379,6 +387,7 @@ def build_modelfile(
                       + (f" (the source template refuses {', '.join(proof.refused_by_jinja)})."
                          if proof.refused_by_jinja else "."))
     renderer, parser, requires = _builtin_names(fam, go_template, origin, ollama_version, header)
+    _check_architecture_defaults(gguf, g.architecture, fam, go_template, renderer, parser, force, warnings, header)
     modelfile = Modelfile(
         from_=_from_path(gguf, out_dir), template=go_template, renderer=renderer, parser=parser, requires=requires,
         system=system, parameters=tuple(params), messages=messages,
@@ -501,6 +510,36 @@ def _builtin_names(fam: ChatFamily | None, go_template: str | None, origin: str,
     header.append((f"Ollama renders this family with its built-in RENDERER {renderer} and parses" if renderer
                    else "Ollama parses its output") + f" with its built-in PARSER {parser} (Ollama {requires} or newer).")
     return renderer, parser, requires
+
+
+def _check_architecture_defaults(gguf: Path, arch: str | None, fam: ChatFamily | None, go_template: str | None,
+                                 renderer: str | None, parser: str | None, force: bool, warnings: list[str],
+                                 header: list[str]) -> None:
+    """Refuse a TEMPLATE that Ollama would not run: for a few GGUF architectures Ollama sets a RENDERER itself when
+    the Modelfile names none, and a RENDERER replaces the TEMPLATE (see ARCHITECTURE_DEFAULTS).
+
+    Raises:
+        UnsupportedModel: the Modelfile has a TEMPLATE and Ollama would render with its own RENDERER instead
+            (unless `force`, which makes it a warning).
+    """
+    added_renderer, added_parser = ollama_fills_in(arch, renderer, parser)
+    if added_renderer and go_template is not None:
+        what = f"the proven {fam.name} TEMPLATE" if fam is not None and fam.build is not None else "the TEMPLATE"
+        message = (f"{gguf.name} has GGUF architecture {arch}, for which Ollama sets RENDERER {added_renderer} "
+                   f"itself when the Modelfile names none ({ARCHITECTURE_SOURCE}), and a RENDERER replaces the "
+                   f"TEMPLATE (server/prompt.go:135-143): Ollama would render prompts with {added_renderer}, not "
+                   f"with {what}, and modelmint has not proven {added_renderer} against this chat template")
+        if not force:
+            raise UnsupportedModel(message, hint="serve this GGUF with llama.cpp (`llama-server --jinja` runs its own "
+                                                 "chat template), or pass --force to write the Modelfile anyway")
+        warnings.append(message + " (published anyway: --force)")
+    added = [f"{kind} {name}" for kind, name in (("RENDERER", added_renderer), ("PARSER", added_parser)) if name]
+    if added:
+        note = (f"Ollama adds {' and '.join(added)} itself for GGUF architecture {arch} ({ARCHITECTURE_SOURCE}); "
+                "modelmint has not checked them against this chat template.")
+        header.append(note)
+        if not (added_renderer and go_template is not None):
+            warnings.append(note)
 
 
 def _forced_family(name: str, jinja: str, force: bool, warnings: list[str]) -> ChatFamily:
