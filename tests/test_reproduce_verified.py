@@ -87,3 +87,17 @@ def test_reproduce_in_the_checkout_that_built_it_rebuilds_from_nothing_and_recor
     (fresh,) = (repo.work / "reproduce" / "runs").iterdir()
     assert any(fresh.joinpath("work").rglob("*.gguf"))
     assert git(repo.root, "status", "--porcelain", "registry/manifests") == ""
+
+
+def test_show_provenance_prints_only_a_statement_whose_signature_checks(signed: Repo) -> None:  # noqa: F811
+    shown = _cli(signed, "show", REF, "--provenance")
+    assert shown.returncode == 0, shown.stderr
+    assert json.loads(shown.stdout)["predicate"]["buildDefinition"]["externalParameters"]["artifact"] == REF
+    directory = artifact_dir(signed.settings(), "tiny-qwen2", "q4_k_m")
+    stmt = json.loads((directory / provenance.PROVENANCE).read_text())
+    stmt["predicate"]["buildDefinition"]["externalParameters"]["recipe"]["quant"] = "q8_0"
+    (directory / provenance.PROVENANCE).write_text(json.dumps(stmt, indent=2, sort_keys=True) + "\n")
+    refused = _cli(signed, "show", REF, "--provenance")
+    assert refused.returncode == 1 and "Traceback" not in refused.stderr
+    assert f"{provenance.PROVENANCE} differs from what was signed" in refused.stderr
+    assert "q8_0" not in refused.stdout

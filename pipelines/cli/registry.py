@@ -137,22 +137,15 @@ def show(
 
 
 def _print_provenance(ref: str) -> None:
-    """The provenance on stdout (JSON, as signed); each reproduced-by attestation on stderr, for people."""
-    from pipelines.core.errors import RegistryError
-    from pipelines.registry import provenance, reproduce
-    from pipelines.registry.formats import format_of
+    """The provenance on stdout (JSON, as signed: its signature and agreement with the manifest checked first);
+    each reproduced-by attestation on stderr, for people."""
+    from pipelines.registry import reproduce
     from pipelines.registry.manifest import find_manifest
     from pipelines.registry.trust import load_policy
 
     settings = load_settings()
     manifest = find_manifest(settings, ref)
-    stmt = provenance.registered(settings, manifest)
-    if stmt is None:
-        raise RegistryError(
-            f"{manifest.ref} has no provenance: it was registered unsigned",
-            hint=f"register it again with MODELMINT_SIGNING_KEY set ("
-            f"`{format_of(manifest.tag).rebuild_command(manifest.name, manifest.tag)}`)",
-        )
+    stmt = reproduce.verified_provenance(settings, manifest)
     out.print_json(json.dumps(stmt))
     for a in reproduce.attestations(settings, manifest, load_policy(settings)):
         who = a.signer or f"key {a.keyid[:16]} (not in registry/trust.yaml)"
