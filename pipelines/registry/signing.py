@@ -324,6 +324,14 @@ def verify_directory(
         # Only the signature and the provenance are here (a check of the DVC remote, whose objects were hashed
         # against the manifest): the signature's own check, then the manifest's hashes against its payload.
         signer = _check_signature_only(directory / SIGNATURE, ref, rule)
+    if signer.key.revoked is not None:
+        raise SignatureRefused(
+            ref,
+            f"it is signed by key {signer.name}, which {policy.path} revoked on {signer.key.revoked}: every signature "
+            "by a revoked key is refused, whatever date it claims",
+            file=SIGNATURE,
+            hint="register it again with a current key (and re-sign what that key signed before it was revoked)",
+        )
     signed = payload_files(directory / SIGNATURE)
     if not files_here and _sha256(directory / provenance.PROVENANCE) != signed.get(provenance.PROVENANCE):
         raise SignatureRefused(

@@ -35,6 +35,11 @@ class TrustedKey(_Strict):
     retired: date | None = Field(
         default=None, description="signatures made on or after this day are refused; earlier ones stay valid"
     )
+    revoked: date | None = Field(
+        default=None,
+        description="the day the key was revoked (lost or compromised): every signature by it is refused, whatever "
+        "date it claims (the signer writes its own signing time)",
+    )
 
     @model_validator(mode="after")
     def _one_kind(self) -> TrustedKey:
