@@ -26,8 +26,9 @@ def _convert(repo: Repo, *variants: str, **env: str) -> subprocess.CompletedProc
 
 
 def _scratch(repo: Repo) -> list[Path]:
-    out = repo.work / "tiny-qwen2"
-    return [out / "tiny-qwen2-f16.gguf", out / "tiny-qwen2-f16.kld-base.bin"]
+    """Every f16 and reference-logits file (and receipt) under the work dir (each build has its own directory)."""
+    return sorted(p for p in repo.work.rglob("tiny-qwen2-f16.*") if p.name.endswith((".gguf", ".kld-base.bin",
+                                                                                      ".receipt.json")))
 
 
 @pytest.mark.slow
@@ -37,9 +38,8 @@ def test_the_f16_and_the_logits_go_after_registration_and_a_later_run_rebuilds_t
     repo = make_repo(tmp_path)
     first = _convert(repo, "q8_0")
     assert first.returncode == 0, first.stderr
-    f16, logits = _scratch(repo)
-    assert not f16.exists() and not logits.exists()
-    assert not receipt_path(f16).exists() and not receipt_path(logits).exists()
+    assert list((repo.work / "tiny-qwen2").rglob("tiny-qwen2-q8_0.gguf")), "the build directory is not where it was"
+    assert _scratch(repo) == []
     settings = repo.settings()
     q8 = find_manifest(settings, "tiny-qwen2:q8_0")
     # the registered variant is whole without them
@@ -49,4 +49,6 @@ def test_the_f16_and_the_logits_go_after_registration_and_a_later_run_rebuilds_t
     second = _convert(repo, "q4_k_m", MODELMINT_KEEP_SCRATCH="1")
     assert second.returncode == 0, second.stderr
     assert find_manifest(settings, "tiny-qwen2:q4_k_m").parent.sha256 == q8.parent.sha256
-    assert f16.is_file() and logits.is_file() and receipt_path(f16).is_file()
+    kept_files = [p.name for p in _scratch(repo)]
+    assert kept_files == sorted(["tiny-qwen2-f16.gguf", "tiny-qwen2-f16.kld-base.bin", receipt_path(
+        Path("tiny-qwen2-f16.gguf")).name, receipt_path(Path("tiny-qwen2-f16.kld-base.bin")).name]), kept_files
