@@ -169,3 +169,23 @@ def test_verify_reports_a_refused_signature_as_such_not_as_a_damaged_remote(sign
     assert "the signature check refuses tiny-qwen2:q4_k_m" in done.stderr
     assert "figures.mean_kl = 0.0001" in done.stderr
     assert "damaged" not in done.stderr and f"verify {REF} --repair" not in done.stderr
+
+
+def test_a_revoked_key_is_refused_whatever_date_its_provenance_claims(signed: Repo, tmp_path: Path) -> None:
+    """A key retired today still passes a provenance re-signed with a backdated finishedOn (the signer writes that
+    time); a revoked key is refused whatever the date."""
+    directory = artifact_dir(signed.settings(), "tiny-qwen2", "q4_k_m")
+    stmt = json.loads((directory / provenance.PROVENANCE).read_text())
+    assert stmt["predicate"]["runDetails"]["metadata"]["finishedOn"]
+    keys = "keys:\n  release:\n    public_key: keys/release.pub\n    revoked: 2026-01-01\nmodels:\n  '*':\n    keys: [release]\n"
+    (signed.root / "registry" / "trust.yaml").write_text(keys)
+    signed.commit_all("revoke the release key")
+    clone_dir = tmp_path / "clone"
+    git(tmp_path, "clone", "-q", str(signed.root), clone_dir.name)
+    clone = Repo(clone_dir, signed.remote, tmp_path / "clone-work")
+    with pytest.raises(SignatureRefused) as err:
+        pull(clone.settings(), REF, ollama=False)
+    assert "revoked on 2026-01-01" in err.value.message and "whatever date it claims" in err.value.message
+    assert not (clone_dir / "artifacts" / "tiny-qwen2" / "q4_k_m").exists()
+    result = verify_remote(signed.settings(), [REF])
+    assert not result.ok and "revoked on 2026-01-01" in result.artifacts[0].problems[0]
