@@ -79,6 +79,9 @@ CLAIMED: dict[str, tuple[str, TemplateTokens]] = {
     "HuggingFaceTB-SmolLM3-3B.jinja": ("smollm3", TemplateTokens(None, "<|im_end|>", engine_adds_bos=False)),
     "NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use.jinja": ("hermes", TemplateTokens("<|begin_of_text|>", "<|im_end|>")),
     "NousResearch-Hermes-3-Llama-3.1-8B-tool_use.jinja": ("hermes", TemplateTokens("<|begin_of_text|>", "<|im_end|>")),
+    "deepseek-ai-DeepSeek-V3.2.jinja": ("deepseek-v3.2", R1),
+    "deepseek-ai-DeepSeek-V4.jinja": ("deepseek-v4", R1),
+    "deepseek-ai-DeepSeek-V4-Flash-0731.jinja": ("deepseek-v4", R1),
 }
 
 _GEMMA_SYSTEM = "Gemma 2's template raises 'System role not supported' (see test_gemma_system_prompt)"
