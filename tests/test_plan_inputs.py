@@ -202,8 +202,23 @@ def test_a_gguf_whose_block_count_is_made_up_is_refused_in_time(tmp_path: Path) 
 
 
 def test_a_gguf_its_tensors_contradict_is_refused_naming_both_figures(tmp_path: Path) -> None:
-    _refused(_plan(tmp_path, _gguf(tmp_path / "m.gguf", layers=64)),
-             "its metadata implies", "(64 layers, hidden 64", "its tensors hold 75,776 (", "modelmint convert")
+    # a width its tensors do not have (a layer count they contradict is named as such: the test below)
+    _refused(_plan(tmp_path, _gguf(tmp_path / "m.gguf", keys={"qwen2.embedding_length": 1024})),
+             "its metadata implies", "(2 layers, hidden 1,024", "its tensors hold 75,776 (", "modelmint convert")
+
+
+@pytest.mark.parametrize(("layers", "said"), [
+    (1, "metadata qwen2.block_count says 1 layers but it holds tensors of layer blk.1 (2 layers)"),
+    (3, "metadata qwen2.block_count says 3 layers but it holds tensors of 2 (none for blk.2)"),
+])
+def test_a_gguf_whose_header_lies_about_its_layers_is_refused(tmp_path: Path, layers: int, said: str) -> None:
+    """A block count one off the `blk.N` tensors (within the parameter tolerance): llama.cpp refuses to load it, and
+    it was planned with the KV cache of layers it does not have."""
+    gguf = _gguf(tmp_path / "m.gguf", layers=layers)
+    _refused(_plan(tmp_path, gguf), said, "contradicts its tensors", "modelmint convert")
+    out = tmp_path / "out"
+    _refused(_modelmint(tmp_path, "plan", str(gguf), "--gpus", "2x16G", "--out", str(out)), said)
+    assert not out.exists()  # nothing half-written
 
 
 # ---------------------------------------------------------------- the GPUs: an inventory file, a name

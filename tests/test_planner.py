@@ -302,7 +302,8 @@ def test_plan_reads_a_gguf_tensor_table(tiny_qwen2: Path, tmp_path: Path) -> Non
         ("context_length", 4096),
     ):
         (w.add_uint32 if isinstance(v, int) else w.add_string)(f"llama.{k}", v)
-    w.add_tensor("blk.0.attn_q.weight", np.zeros((512, 512), dtype=np.float16))
+    for i in range(4):  # every layer's tensors: a header whose block count they contradict is refused
+        w.add_tensor(f"blk.{i}.attn_q.weight", np.zeros((128, 512), dtype=np.float16))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

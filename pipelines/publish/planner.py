@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipelines.core.errors import ConfigError
+from pipelines.core.errors import ArtifactError, ConfigError
 from pipelines.core.gpus import GIB as GIB
 from pipelines.core.gpus import GPU as GPU
 from pipelines.core.gpus import GPUS_FILE as GPUS_FILE
@@ -1118,9 +1118,12 @@ def _shown(value: object) -> str:
     return shown if len(shown) <= 40 else shown[:37] + "..."
 
 
-def _read_gguf(path: Path) -> tuple[dict[str, Any], int, int]:
-    """(the metadata a plan sizes by, tensor bytes, parameters) of a GGUF and the later files of its split, each
-    read through the checked reader `modelmint inspect` uses (read_checked_gguf).
+_BLOCK_TENSOR = re.compile(r"blk\.(\d+)\.")
+
+
+def _read_gguf(path: Path) -> tuple[dict[str, Any], int, int, set[int]]:
+    """(the metadata a plan sizes by, tensor bytes, parameters, the N of its `blk.N.*` tensors) of a GGUF and the
+    later files of its split, each read through the checked reader `modelmint inspect` uses (read_checked_gguf).
 
     Raises:
         ArtifactError: what inspect refuses (a damaged header, metadata of the wrong type, a truncated tensor).
@@ -1136,14 +1139,41 @@ def _read_gguf(path: Path) -> tuple[dict[str, Any], int, int]:
         ),
     )
     weights, parameters = sum(t.nbytes for t in header.tensors), info.parameter_count
+    names = [t.name for t in header.tensors]
     for shard in _later_shards(path):  # llama-gguf-split's other files hold the rest of the tensors
         more, part = read_checked_gguf(shard)
         weights += sum(t.nbytes for t in part.tensors)
         parameters += more.parameter_count
+        names += [t.name for t in part.tensors]
     if not parameters:
         raise ConfigError(f"{path} holds no tensors: there are no weights to serve",
                           hint="reconvert it with `modelmint convert NAME` (or `modelmint pull NAME:TAG` again)")
-    return header.metadata, weights, parameters
+    blocks = {int(m.group(1)) for m in map(_BLOCK_TENSOR.match, names) if m}
+    return header.metadata, weights, parameters, blocks
+
+
+def _check_blocks(shape: ModelShape, blocks: set[int], where: str) -> None:
+    """A GGUF whose `<arch>.block_count` disagrees with the `blk.N` tensors it holds (llama.cpp refuses to load it,
+    and a plan would size the KV cache of layers it does not have). One without per-layer tensors is left alone.
+
+    Raises:
+        ArtifactError: tensors of a layer past the count, or layers below it without tensors.
+    """
+    if not blocks:
+        return
+    key = f"{shape.architecture}.block_count"
+    beyond = sorted(i for i in blocks if i >= shape.layers)
+    missing = sorted(set(range(shape.layers)) - blocks)
+    if beyond:
+        raise ArtifactError(
+            f"{where}: metadata {key} says {shape.layers} layers but it holds tensors of layer blk.{beyond[-1]} "
+            f"({max(blocks) + 1} layers): its header contradicts its tensors",
+            hint="rebuild it with `modelmint convert NAME` (or `modelmint pull NAME:TAG` again for a registered one)")
+    if missing:
+        raise ArtifactError(
+            f"{where}: metadata {key} says {shape.layers} layers but it holds tensors of {len(blocks)} "
+            f"(none for blk.{missing[0]}): its header contradicts its tensors",
+            hint="rebuild it with `modelmint convert NAME` (or `modelmint pull NAME:TAG` again for a registered one)")
 
 
 def _read_checkpoint(path: Path) -> tuple[dict[str, Any], dict[Path, dict[str, Any]]]:
@@ -1184,13 +1214,16 @@ def served(path: Path) -> Served:
     Raises:
         ConfigError: neither, a config.json field a plan reads that is not what transformers writes there, GGUF
             metadata a plan reads that no model has, no weights, or an architecture the planner cannot size.
-        ArtifactError: a file that is not what its name says, or a GGUF `modelmint inspect` refuses.
+        ArtifactError: a file that is not what its name says, a GGUF `modelmint inspect` refuses, or one whose
+            block_count disagrees with its `blk.N` tensors.
     """
     if path.is_file() and path.suffix == ".gguf":
-        meta, weights, _ = _read_gguf(path)
+        meta, weights, _, blocks = _read_gguf(path)
         # the file name, not its path: a refusal is recorded in the registered plans.json, which must not hold a
         # builder's directories (a rebuild elsewhere reproduces it byte for byte)
-        return Served(path, weights, shape_of_gguf(meta, path.name), False)
+        shape = shape_of_gguf(meta, path.name)
+        _check_blocks(shape, blocks, path.name)
+        return Served(path, weights, shape, False)
     if path.is_dir() and (path / "config.json").is_file():
         config, headers = _read_checkpoint(path)
         weights = _tensor_bytes(headers)
@@ -1339,7 +1372,7 @@ def weights_mismatch(path: Path) -> str | None:
         ConfigError, ArtifactError: a file `served` refuses as well.
     """
     if path.is_file() and path.suffix == ".gguf":
-        meta, weights, stored = _read_gguf(path)
+        meta, weights, stored, _ = _read_gguf(path)
         implied, config_is, held_in = _implied_by_gguf(meta), "its metadata implies", "its tensors hold"
     elif path.is_dir() and (path / "config.json").is_file():
         config, headers = _read_checkpoint(path)
