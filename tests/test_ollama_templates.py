@@ -82,6 +82,8 @@ CLAIMED: dict[str, tuple[str, TemplateTokens]] = {
     "deepseek-ai-DeepSeek-V3.2.jinja": ("deepseek-v3.2", R1),
     "deepseek-ai-DeepSeek-V4.jinja": ("deepseek-v4", R1),
     "deepseek-ai-DeepSeek-V4-Flash-0731.jinja": ("deepseek-v4", R1),
+    "Kimi-K2-Instruct.jinja": ("kimi-k2-instruct", TemplateTokens(None, "<|im_end|>", engine_adds_bos=False)),
+    "Kimi-K2-Thinking.jinja": ("kimi-k2-thinking", TemplateTokens(None, "<|im_end|>", engine_adds_bos=False)),
 }
 
 _GEMMA_SYSTEM = "Gemma 2's template raises 'System role not supported' (see test_gemma_system_prompt)"
@@ -89,8 +91,14 @@ _GEMMA_TOOLS = "Gemma 2 has no tool role: its template raises on the tool turns"
 _PHI_TOOLS = "Phi-3.5 has no tool calling: its template fails on a tool-call message (content None)"
 _QWEN2_TOOLS = "Qwen2's plain ChatML has no tool calling: it fails on a tool-call message (content None)"
 _HERMES_NO_TOOLS = "Hermes' tool_use template iterates tools unconditionally and fails without them (see test_hermes_without_tools)"
+_KIMI_APPEND = ("Kimi K2 Instruct/Thinking append each call id to a list (tool_response_queue.ids.append), which "
+                "transformers' immutable sandbox refuses (see test_kimi_tool_calls_match_a_mutable_sandbox)")
+_TOOL_CALL_CONVERSATIONS = ("tool-call-and-result", "tool-round-trip", "parallel-tool-calls",
+                            "tool-call-nested-arguments", "reasoning-in-tool-loop")
+
 # (family or source, conversation) → why the Jinja refuses it. Everything not listed must be byte-identical.
 DOCUMENTED: dict[tuple[str, str], str] = {
+    **{(f, c): _KIMI_APPEND for f in ("kimi-k2-instruct", "kimi-k2-thinking") for c in _TOOL_CALL_CONVERSATIONS},
     **{("hermes", c): _HERMES_NO_TOOLS for c in ("user", "system-user", "multi-turn", "system-multi-turn",
                                                   "continue-assistant", "special-characters", "reasoning-in-history",
                                                   "think-on", "think-off")},
@@ -186,6 +194,31 @@ def test_template_renders_byte_identical_prompts(proofs: dict[str, dict[str, Ren
         return
     assert r.hf_error is None, r.hf_error
     assert r.ollama == r.hf
+
+
+@pytest.mark.parametrize("name", ["Kimi-K2-Instruct.jinja", "Kimi-K2-Thinking.jinja"])
+def test_kimi_tool_calls_match_a_mutable_sandbox(settings: Settings, templates_dir: Path, name: str,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    # Jinja's SandboxedEnvironment allows list.append (as llama.cpp's renderer does); with it the Jinja renders the
+    # tool-call conversations transformers refuses, and the TEMPLATE must match those too: tool-call ids numbered
+    # across the conversation (functions.NAME:N) and tool results answered from the queue of those ids.
+    from jinja2.sandbox import SandboxedEnvironment
+
+    mutable = SandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                   extensions=[type(e) for e in chat_template.environment().extensions.values()])
+    monkeypatch.setattr(chat_template, "environment", lambda: mutable)
+    chat_template._compile.cache_clear()
+    try:
+        family_name, tokens = CLAIMED[name]
+        family, jinja = FAMILIES[family_name], _jinja(templates_dir, name)
+        results = render_both(jinja, family.template(jinja, tokens), family, tokens, settings, now=TODAY)
+    finally:
+        chat_template._compile.cache_clear()
+    by_name = {r.conversation: r for r in results}
+    assert all(r.equal for r in results), [r.conversation for r in results if not r.equal]
+    parallel = by_name["parallel-tool-calls"].ollama or ""
+    assert "<|tool_call_begin|>functions.get_weather:1<|tool_call_argument_begin|>" in parallel
+    assert "## Return of functions.get_weather:1\n" in parallel
 
 
 # What Ollama reads out of each TEMPLATE: tool calling offered ("tools" used), the text its tool-call parser

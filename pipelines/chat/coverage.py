@@ -55,7 +55,8 @@ def classify(name: str, jinja: str) -> Coverage:
             proof = (f"{_RENDERER_PROOF}: byte-identical on all {len(SUITE)} conversations"
                      if fam.renderer_differs == () else "not proven: Ollama's RENDERER is not reimplemented yet")
             return Coverage(name, fam.name, fam.kind, evidence, proof=proof)
-        return Coverage(name, fam.name, fam.kind, evidence, proof=_TEMPLATE_PROOF)
+        return Coverage(name, fam.name, fam.kind, evidence,
+                        proof=_TEMPLATE_PROOF + (f"; {fam.proof_note}" if fam.proof_note else ""))
     near = nearest_family(jinja)
     return Coverage(name, near[0].name if near else None, "refused", f"{refusal_reason(jinja)}; {escape}")
 

@@ -90,6 +90,8 @@ class ChatFamily:
     proven identical on all of them, None when not checked. A family with any is refused, never published."""
     renderer_why: str = ""
     """What the RENDERER writes differently from the Jinja on those conversations."""
+    proof_note: str = ""
+    """How the proof of this family's TEMPLATE departs from rendering the suite under transformers, if it does."""
 
     @property
     def renderer_mismatch(self) -> str | None:
