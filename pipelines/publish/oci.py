@@ -31,6 +31,7 @@ log = logging.getLogger(__name__)
 
 DOCKER_MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
+OCI_INDEX = "application/vnd.oci.image.index.v1+json"
 MANIFEST_TYPES = (DOCKER_MANIFEST, OCI_MANIFEST)
 _CHUNK = 4 * 1024 * 1024
 _HOST = re.compile(r"^[a-z0-9]([a-z0-9.-]*[a-z0-9])?(:[0-9]{1,5})?$")
@@ -77,6 +78,8 @@ class Image:
     layers: tuple[Blob, ...]
     artifact_type: str | None = None
     annotations: dict[str, str] = field(default_factory=dict)
+    subject: dict[str, Any] | None = None
+    """The descriptor of the manifest this one refers to (OCI 1.1: a signature or attestation of an image)."""
 
     def manifest_bytes(self) -> bytes:
         """The manifest as pushed: compact JSON, in the field order the specifications list."""
@@ -85,6 +88,8 @@ class Image:
             m["artifactType"] = self.artifact_type
         m["config"] = self.config.descriptor()
         m["layers"] = [b.descriptor() for b in self.layers]
+        if self.subject is not None:
+            m["subject"] = dict(self.subject)
         if self.annotations:
             m["annotations"] = dict(self.annotations)
         return json.dumps(m, separators=(",", ":"), ensure_ascii=False).encode()
@@ -440,9 +445,10 @@ class OciClient:
 
     # ------------------------------------------------------------ manifests
 
-    def get_manifest(self, repository: str, reference: str) -> tuple[bytes, str, str] | None:
+    def get_manifest(self, repository: str, reference: str, *,
+                     accept: tuple[str, ...] = MANIFEST_TYPES) -> tuple[bytes, str, str] | None:
         """(bytes, media type, digest) of the manifest `reference` (a tag or a digest) names, or None."""
-        r = self._send("GET", f"/v2/{repository}/manifests/{reference}", headers={"Accept": ", ".join(MANIFEST_TYPES)})
+        r = self._send("GET", f"/v2/{repository}/manifests/{reference}", headers={"Accept": ", ".join(accept)})
         if r.status_code == 404:
             return None
         _ok(r, f"GET manifest {repository}:{reference}", self.registry.host)
@@ -458,6 +464,11 @@ class OciClient:
                        content=image.manifest_bytes())
         _ok(r, f"PUT manifest {repository}:{tag}", self.registry.host, expect=(201,))
         return r.headers.get("docker-content-digest", image.digest)
+
+    def put_manifest_bytes(self, repository: str, tag: str, media_type: str, data: bytes) -> None:
+        """Tag a manifest given as its bytes (an image index, whose manifests the repository holds already)."""
+        r = self._send("PUT", f"/v2/{repository}/manifests/{tag}", headers={"Content-Type": media_type}, content=data)
+        _ok(r, f"PUT manifest {repository}:{tag}", self.registry.host, expect=(201,))
 
 
 _LOGIN_HINT = ("set MODELMINT_REGISTRY_USERNAME and MODELMINT_REGISTRY_PASSWORD, or `docker login HOST` (its "

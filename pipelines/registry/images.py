@@ -38,6 +38,7 @@ from pipelines.publish.ollama_image import CONFIG as OLLAMA_CONFIG
 from pipelines.registry.formats.base import format_of, implementation
 from pipelines.registry.manifest import Manifest, find_manifest, manifest_path
 from pipelines.registry.pull import PullResult, holds
+from pipelines.registry.referrers import Attached, attach, provenance_statement
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +61,8 @@ class Published:
     """Tag → the manifest digest it pointed at before (an earlier registration of the artifact, or --force)."""
     tagged: list[str] = field(default_factory=list)
     """The tags this publish wrote; the others pointed at the image already (a rerun with nothing new writes none)."""
+    referrers: Attached | None = None
+    """The image's cosign signature and in-toto attestation (referrers.attach), when a signing key is configured."""
 
     @property
     def repository(self) -> str:
@@ -126,7 +129,10 @@ def publish_image(settings: Settings, ref: str, registry: RegistryRef, *, force:
     carries this very registration but is not the image its signed files make (changed in the registry).
 
     The artifact is first verified as a pull would verify it (the trust policy, signing.verify_directory): what
-    the policy refuses is never pushed.
+    the policy refuses is never pushed. With a signing key configured (MODELMINT_SIGNING_KEY), the pushed image's
+    manifest digest is then signed where OCI tooling looks (registry/referrers.py): a cosign signature
+    (`sha256-<hex>.sig`) and an in-toto attestation of its provenance (`sha256-<hex>.att`), both OCI 1.1 referrers
+    of the image, listed under the referrers tag schema's `sha256-<hex>` index.
 
     Raises:
         everything build_image raises.
@@ -134,13 +140,15 @@ def publish_image(settings: Settings, ref: str, registry: RegistryRef, *, force:
             uploaded or tagged).
         TagConflict: a tag points at another artifact's image, or at a newer registration (nothing uploaded or
             tagged; --force moves it).
+        SigningKeyError: the configured signing key cannot sign (checked before anything is pushed).
         OciUnavailable, OciAuthRefused, OciError: the registry is down, refuses, or fails (blobs before tags, so
             nothing is half-tagged); the hint ends with the command that publishes it again.
     """
-    from pipelines.registry.signing import verify_directory
+    from pipelines.registry.signing import preflight, verify_directory
     from pipelines.registry.trust import load_policy
 
     manifest, image = build_image(settings, ref)
+    key = preflight(settings)
     directory = settings.repo_dir / manifest.dvc.path
     shown = manifest_path(settings, manifest.name, manifest.tag).relative_to(settings.repo_dir).as_posix()
     try:
@@ -165,6 +173,11 @@ def publish_image(settings: Settings, ref: str, registry: RegistryRef, *, force:
                 moved[client.push_blob(repository, blob, mount_from=mounts)].append(blob.digest)
             for tag in write:
                 client.put_manifest(repository, tag, image)
+            attached = None
+            if key is not None:
+                subject = {"mediaType": image.media_type, "digest": image.digest, "size": len(image.manifest_bytes())}
+                attached = attach(client, repository, f"{registry.host}/{repository}", subject, key,
+                                  provenance_statement(directory), title=f"{manifest.name}-{manifest.tag}.intoto.jsonl")
             if image.config.media_type == OLLAMA_CONFIG and not client.blob_redirects(repository, image.config.digest):
                 # The push worked and modelmint's own pull works; only `ollama pull` would fail, at its first blob.
                 log.warning("%s does not answer blob GETs with a 307 redirect to another host (with a Location): "
@@ -182,7 +195,7 @@ def publish_image(settings: Settings, ref: str, registry: RegistryRef, *, force:
     for tag, old in retagged.items():
         log.warning("moved %s from %s to %s", registry.image(manifest.name, tag), old, image.digest)
     done = Published(manifest, registry, [registry.image(manifest.name, t) for t in tags], image.digest,
-                     moved["uploaded"], moved["present"], moved["mounted"], retagged, write)
+                     moved["uploaded"], moved["present"], moved["mounted"], retagged, write, attached)
     record_publication(settings, done)
     return done
 

@@ -1,0 +1,155 @@
+"""publish signs the image where OCI tooling looks: a cosign signature and an in-toto attestation, OCI 1.1 referrers
+of the image listed under the referrers tag schema (distribution 2.8 has no referrers API), found and verified by a
+client written from the specifications (tests/cosign_verify.py); a changed payload or another key is refused."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from cosign_verify import Refused, discover, verify_attestation, verify_signature
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from ociregistry import start_registry
+from registry_env import Repo, candidate
+from test_signing import REF, _key, _policy_for
+
+from pipelines.registry.register import register
+
+NAME = "modelmint/tiny-qwen2"
+INDEX = "application/vnd.oci.image.index.v1+json"
+OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
+
+
+@pytest.fixture
+def published(repo: Repo, tmp_path: Path) -> Any:
+    """tiny-qwen2:q4_k_m registered, signed and published with the signing key configured:
+    (repo, base URL, Published, private key path, public key)."""
+    from pipelines.publish.oci import RegistryRef
+    from pipelines.registry.images import publish_image
+
+    private, public = _key(tmp_path / "signing.pem")
+    settings = repo.settings(MODELMINT_SIGNING_KEY=private)
+    register(settings, candidate(settings, tmp_path / "build"))
+    _policy_for(repo, public)
+    repo.commit_all("register tiny-qwen2:q4_k_m, signed")
+    reg = start_registry(tmp_path / "registry")
+    done = publish_image(repo.settings(MODELMINT_SIGNING_KEY=private), REF,
+                         RegistryRef(reg.host, "modelmint", insecure=True))
+    pub = serialization.load_pem_public_key(public.read_bytes())
+    assert isinstance(pub, ec.EllipticCurvePublicKey)
+    yield repo, f"http://{reg.host}", done, private, pub
+    reg.stop()
+
+
+def test_the_signature_and_the_attestation_are_found_through_the_referrers_tag_and_verify(published: Any) -> None:
+    repo, base, done, _, pub = published
+    digest = done.digest
+    found = discover(base, NAME, digest)
+    assert found.via == "sha256-" + digest.removeprefix("sha256:")  # the referrers API answered 404: the fallback
+    assert {d["artifactType"] for d in found.descriptors} == {
+        "application/vnd.dev.cosign.artifact.sig.v1+json", "application/vnd.dsse.envelope.v1+json"}
+
+    payload = verify_signature(base, NAME, digest, pub)
+    host = base.removeprefix("http://")
+    assert payload["critical"] == {"identity": {"docker-reference": f"{host}/{NAME}"},
+                                   "image": {"docker-manifest-digest": digest},
+                                   "type": "cosign container image signature"}
+
+    statement = verify_attestation(base, NAME, digest, pub)
+    provenance = json.loads((repo.root / done.manifest.dvc.path / "provenance.json").read_text())
+    assert statement["_type"] == "https://in-toto.io/Statement/v1"
+    assert statement["subject"] == [{"name": f"{host}/{NAME}", "digest": {"sha256": digest.removeprefix("sha256:")}}]
+    assert (statement["predicateType"], statement["predicate"]) == (provenance["predicateType"],
+                                                                   provenance["predicate"])
+
+    # cosign's own tags name the same manifests the referrers list does
+    for suffix in ("sig", "att"):
+        r = httpx.get(f"{base}/v2/{NAME}/manifests/sha256-{digest.removeprefix('sha256:')}.{suffix}",
+                      headers={"Accept": OCI_MANIFEST})
+        assert r.status_code == 200
+        assert "sha256:" + hashlib.sha256(r.content).hexdigest() in {d["digest"] for d in found.descriptors}
+        assert r.json()["subject"]["digest"] == digest
+
+
+def test_publishing_again_signs_the_same_bytes_and_writes_no_tag(published: Any) -> None:
+    from pipelines.registry.images import publish_image
+
+    repo, base, done, private, _ = published
+    again = publish_image(repo.settings(MODELMINT_SIGNING_KEY=private), REF, done.registry)
+    assert again.referrers is not None and done.referrers is not None
+    assert again.referrers.tagged == [] and again.tagged == []
+    assert (again.referrers.signature, again.referrers.attestation) == (done.referrers.signature,
+                                                                         done.referrers.attestation)
+    assert len(discover(base, NAME, done.digest).descriptors) == 2
+
+
+def test_a_signature_by_another_key_is_refused(published: Any) -> None:
+    _, base, done, _, _ = published
+    other = ec.generate_private_key(ec.SECP256R1()).public_key()
+    with pytest.raises(Refused, match="does not verify with the key"):
+        verify_signature(base, NAME, done.digest, other)
+    with pytest.raises(Refused, match="no signature of the envelope verifies"):
+        verify_attestation(base, NAME, done.digest, other)
+
+
+def _push(base: str, data: bytes, media_type: str, reference: str | None = None) -> str:
+    """A blob (or, with `reference`, a manifest) pushed through the distribution API as anyone who may write."""
+    digest = "sha256:" + hashlib.sha256(data).hexdigest()
+    if reference is not None:
+        r = httpx.put(f"{base}/v2/{NAME}/manifests/{reference}", content=data, headers={"Content-Type": media_type})
+        assert r.status_code == 201, r.text
+        return digest
+    started = httpx.post(f"{base}/v2/{NAME}/blobs/uploads/")
+    r = httpx.put(httpx.URL(base).join(started.headers["location"]).copy_merge_params({"digest": digest}),
+                  content=data, headers={"Content-Type": "application/octet-stream"})
+    assert r.status_code == 201, r.text
+    return digest
+
+
+def _replace_signature(base: str, digest: str, payload: bytes, signature: str) -> None:
+    """The signature manifest rewritten with `payload` and `signature`, and the referrers tag pointed at it alone."""
+    tag = "sha256-" + digest.removeprefix("sha256:")
+    index = httpx.get(f"{base}/v2/{NAME}/manifests/{tag}", headers={"Accept": INDEX}).json()
+    d = next(x for x in index["manifests"] if x["artifactType"].endswith("sig.v1+json"))
+    mf = httpx.get(f"{base}/v2/{NAME}/manifests/{d['digest']}", headers={"Accept": OCI_MANIFEST}).json()
+    layer = mf["layers"][0]
+    layer.update(digest=_push(base, payload, layer["mediaType"]), size=len(payload),
+                 annotations={**layer["annotations"], "dev.cosignproject.cosign/signature": signature})
+    data = json.dumps(mf).encode()
+    changed = _push(base, data, OCI_MANIFEST, reference=tag + ".sig")
+    index["manifests"] = [x if x is not d else {**d, "digest": changed, "size": len(data)} for x in index["manifests"]]
+    _push(base, json.dumps(index).encode(), INDEX, reference=tag)
+
+
+def test_a_changed_payload_is_refused(published: Any) -> None:
+    """The payload edited after signing (another docker-reference), its signature kept."""
+    _, base, done, _, pub = published
+    tag = "sha256-" + done.digest.removeprefix("sha256:")
+    mf = httpx.get(f"{base}/v2/{NAME}/manifests/{tag}.sig", headers={"Accept": OCI_MANIFEST}).json()
+    layer = mf["layers"][0]
+    payload = json.loads(httpx.get(f"{base}/v2/{NAME}/blobs/{layer['digest']}").content)
+    payload["critical"]["identity"]["docker-reference"] = "attacker.example/evil/model"
+    _replace_signature(base, done.digest, json.dumps(payload).encode(),
+                       layer["annotations"]["dev.cosignproject.cosign/signature"])
+    with pytest.raises(Refused, match="does not verify with the key"):
+        verify_signature(base, NAME, done.digest, pub)
+
+
+def test_a_signature_over_another_image_is_refused(published: Any) -> None:
+    """A valid signature by the trusted key, but over another image's digest, listed as this image's referrer."""
+    _, base, done, private, pub = published
+    key = serialization.load_pem_private_key(private.read_bytes(), password=None)
+    assert isinstance(key, ec.EllipticCurvePrivateKey)
+    other = "sha256:" + hashlib.sha256(b"another image").hexdigest()
+    payload = json.dumps({"critical": {"identity": {"docker-reference": NAME}, "image": {"docker-manifest-digest": other},
+                                       "type": "cosign container image signature"}, "optional": None}).encode()
+    signature = base64.b64encode(key.sign(payload, ec.ECDSA(hashes.SHA256()))).decode()
+    _replace_signature(base, done.digest, payload, signature)
+    with pytest.raises(Refused, match=f"it signs {other}, not {done.digest}"):
+        verify_signature(base, NAME, done.digest, pub)
