@@ -189,3 +189,18 @@ def test_one_ollama_spread_over_the_gpus_when_none_holds_it_alone(builder: Build
     assert "nginx" not in text
     assert f"PARAMETER num_gpu {plan['n_gpu_layers']}" in " ".join(answer["commands"])
 
+
+
+def test_plan_in_a_fresh_clone_writes_the_builders_files_without_a_pull(builder: Builder, tmp_path: Path) -> None:
+    clone = _clone(builder, "plan-clone")
+    outputs = {}
+    for repo, name in ((builder.repo, "built"), (clone, "cloned")):
+        proc = _cli(repo, "plan", "tiny-qwen2:q4_k_m", "--gpus", "4xRTX4090-24G", "--context", "4096", "--out",
+                    str(tmp_path / name))
+        assert proc.returncode == 0, proc.stderr
+        files = {p.relative_to(tmp_path / name).as_posix(): p.read_text()
+                 for p in sorted((tmp_path / name).rglob("*")) if p.is_file()}
+        outputs[name] = (proc.stdout.replace(str(tmp_path / name), "OUT"), files)
+    assert outputs["cloned"] == outputs["built"]
+    assert any(f.endswith("ollama/start.sh") for f in outputs["built"][1]), outputs["built"][1]
+    assert not (clone.root / "artifacts").exists()

@@ -98,14 +98,17 @@ def plan_cmd(
     planner.require_kv_dtype(kv_cache_dtype)
     path, named = Path(target), {}
     smaller: tuple[planner.Variant, ...] = ()
+    recorded: planner.Served | None = None
     if not path.exists() and ":" in target:  # a registered name:tag
         from pipelines.registry.serving import plan_target
 
         registered = plan_target(load_settings(), target)
         path, smaller = registered.path, registered.smaller
         named = {"name": registered.name, "ollama_model": registered.ollama_model}
-    what, plans = planner.plan_path(
-        path,
+        recorded = registered.recorded  # not pulled: the shape its manifest recorded
+    what = recorded if recorded is not None else planner.served_checked(path)
+    plans = planner.plan_served(
+        what,
         gpus,
         context=context,
         concurrency=concurrency,

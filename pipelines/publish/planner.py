@@ -1426,14 +1426,41 @@ def plan_path(
         ArtifactError: a GGUF whose tensors contradict its declared architecture (it would be sized as another
             model), or a file that is not what its name says.
     """
+    require_kv_dtype(kv_dtype)
+    what = served_checked(path)
+    return what, plan_served(what, gpus, context=context, concurrency=concurrency, kv_dtype=kv_dtype,
+                             smaller=smaller, utilization=utilization, tp=tp,
+                             max_num_batched_tokens=max_num_batched_tokens, pp_across_types=pp_across_types)
+
+
+def served_checked(path: Path) -> Served:
+    """`served(path)`, refused where its tensors contradict its declared architecture or its config's parameters.
+
+    Raises:
+        ConfigError, ArtifactError: as `plan_path`'s, for the file.
+    """
     from pipelines.core.ggufheader import refuse_contradicting_architecture
 
-    require_kv_dtype(kv_dtype)
     if path.is_file() and path.suffix == ".gguf":
         refuse_contradicting_architecture(path)
     what = served(path)
     refuse_mismatched_weights(path)
+    return what
+
+
+def plan_served(
+    what: Served, gpus: str, *, context: int | None = None, concurrency: int = 1, kv_dtype: str = "auto",
+    smaller: tuple[Variant, ...] = (), utilization: float = GPU_MEMORY_UTILIZATION, tp: int | None = None,
+    max_num_batched_tokens: int | None = None, pp_across_types: bool = False,
+) -> list[Plan]:
+    """`plan_path`'s plans for a model already sized (`served`, or a registered manifest's recorded shape when its
+    bytes are not in the checkout).
+
+    Raises:
+        ConfigError: an unknown KV dtype, an ask vLLM would refuse (Ask), or PlanRefused (nothing fits).
+    """
+    require_kv_dtype(kv_dtype)
     ask = Ask(what.weights_bytes, what.shape, context=context, concurrency=concurrency, kv_dtype=kv_dtype,
               fp8_weights=what.fp8_weights, smaller=smaller, utilization=utilization, tp=tp,
               max_num_batched_tokens=max_num_batched_tokens)
-    return what, plan(ask, cluster_of(gpus), pp_across_types=pp_across_types)
+    return plan(ask, cluster_of(gpus), pp_across_types=pp_across_types)

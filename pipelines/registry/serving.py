@@ -24,6 +24,7 @@ from pipelines.registry.formats.base import implementation
 from pipelines.registry.manifest import (
     GPUTotals,
     InventoryPlans,
+    Manifest,
     PlanSummary,
     Serving,
     find_manifest,
@@ -155,6 +156,8 @@ class PlanTarget:
     name: str
     ollama_model: str
     smaller: tuple[planner.Variant, ...]
+    recorded: planner.Served | None = None
+    """Its bytes are not in this checkout: the model as its manifest recorded it at registration, to plan from."""
 
 
 def plan_target(settings: Settings, ref: str) -> PlanTarget:
@@ -163,14 +166,23 @@ def plan_target(settings: Settings, ref: str) -> PlanTarget:
 
     Raises:
         RegistryError: `ref` is malformed or names nothing registered (find_manifest).
-        ConfigError: it is registered but its bytes are not in this checkout (`modelmint pull` places them).
+        ConfigError: it is registered but its bytes are not in this checkout and its manifest, registered before
+            the model's shape was recorded, holds no shape (`modelmint pull` places them).
     """
     m = find_manifest(settings, ref)
     path = settings.repo_dir / m.dvc.path
     path, _named = implementation(m.format).served(path, m.file, m.tag)
+
+    def fp8(o: Manifest) -> bool:
+        return str((o.recipe.get("recipe") or {}).get("scheme") or "").startswith("FP8")
+
+    recorded = None
     if not path.exists():
-        raise ConfigError(f"{ref} is registered but not in this checkout ({path})", hint=f"modelmint pull {ref}")
-    smaller = tuple(planner.Variant(o.ref, o.weights_bytes,
-                                    str((o.recipe.get("recipe") or {}).get("scheme") or "").startswith("FP8"))
+        if m.shape is None:
+            raise ConfigError(f"{ref} is registered but not in this checkout ({path}), and its manifest was "
+                              "registered before modelmint recorded the model's shape in it",
+                              hint=f"modelmint pull {ref}")
+        recorded = planner.Served(path, m.weights_bytes, m.shape.model_shape(), fp8(m))
+    smaller = tuple(planner.Variant(o.ref, o.weights_bytes, fp8(o))
                     for o in list_manifests(settings).manifests if o.name == m.name and o.tag != m.tag)
-    return PlanTarget(path, f"{m.name}-{m.tag}", m.ref, smaller)
+    return PlanTarget(path, f"{m.name}-{m.tag}", m.ref, smaller, recorded)
