@@ -86,6 +86,7 @@ CLAIMED: dict[str, tuple[str, TemplateTokens]] = {
     "Kimi-K2-Thinking.jinja": ("kimi-k2-thinking", TemplateTokens(None, "<|im_end|>", engine_adds_bos=False)),
     "MiniMax-M2.jinja": ("minimax-m2", TemplateTokens(None, "[e~[", engine_adds_bos=False)),
     "ByteDance-Seed-OSS.jinja": ("seed-oss", TemplateTokens(None, "<seed:eos>", engine_adds_bos=False)),
+    "unsloth-Apriel-1.5.jinja": ("apriel-1.5", TemplateTokens("<s>", "</s>")),
 }
 
 _GEMMA_SYSTEM = "Gemma 2's template raises 'System role not supported' (see test_gemma_system_prompt)"
