@@ -87,6 +87,7 @@ CLAIMED: dict[str, tuple[str, TemplateTokens]] = {
     "MiniMax-M2.jinja": ("minimax-m2", TemplateTokens(None, "[e~[", engine_adds_bos=False)),
     "ByteDance-Seed-OSS.jinja": ("seed-oss", TemplateTokens(None, "<seed:eos>", engine_adds_bos=False)),
     "unsloth-Apriel-1.5.jinja": ("apriel-1.5", TemplateTokens("<s>", "</s>")),
+    "tencent-Hy3.jinja": ("hy3", TemplateTokens("<｜hy_begin_of_sentence:opensource｜>", "<｜hy_eos:opensource｜>")),
 }
 
 _GEMMA_SYSTEM = "Gemma 2's template raises 'System role not supported' (see test_gemma_system_prompt)"
