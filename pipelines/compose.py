@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from pipelines.core.errors import ModelmintError
-from pipelines.core.report import CompressedReport, Figures
+from pipelines.core.report import CompressedReport, Figures, GateRecord
 from pipelines.core.resources import Places
 from pipelines.core.settings import Settings
 from pipelines.core.steps import (
@@ -103,9 +103,9 @@ class VariantLine:
         return judged.figures if judged else None
 
     @property
-    def gate(self) -> Mapping[str, Any]:
+    def gate(self) -> GateRecord:
         judged = self.outcome.report.validation if self.outcome else None
-        return judged.gate if judged else {}
+        return judged.gate if judged else GateRecord()
 
     @property
     def verdict(self) -> str:
@@ -138,9 +138,9 @@ class VariantLine:
             "built": self.built,
             "validated": self.validated,
             "size_mib": round(o.size_bytes / (1 << 20), 2) if o else None,
-            "mean_kl": f.mean_kl if f else None, "max_mean_kl": gate.get("max_mean_kl"),
-            "same_top_pct": f.same_top_pct if f else None, "min_same_top_pct": gate.get("min_same_top_pct"),
-            "dppl_pct": f.dppl_pct if f else None, "max_dppl_pct": gate.get("max_dppl_pct"),
+            "mean_kl": f.mean_kl if f else None, "max_mean_kl": gate.max_mean_kl,
+            "same_top_pct": f.same_top_pct if f else None, "min_same_top_pct": gate.min_same_top_pct,
+            "dppl_pct": f.dppl_pct if f else None, "max_dppl_pct": gate.max_dppl_pct,
             "gate": self.verdict,
             "registered": self.ref,
             "cause": self.cause,
@@ -185,9 +185,9 @@ class RunReport:
                 *([Cell(line.scheme or "-")] if schemes else []),
                 Cell(line.built, "bad" if line.built in ("refused", "failed") else None),
                 Cell(f"{o.size_bytes / (1 << 20):,.1f} MiB" if o else "-"),
-                Cell(_num(f.mean_kl if f else None, 5) + _limit(gate.get("max_mean_kl"))),
-                Cell(_num(f.same_top_pct if f else None, 2) + _limit(gate.get("min_same_top_pct"))),
-                Cell(_num(f.dppl_pct if f else None, 2, "+") + _limit(gate.get("max_dppl_pct"))),
+                Cell(_num(f.mean_kl if f else None, 5) + _limit(gate.max_mean_kl)),
+                Cell(_num(f.same_top_pct if f else None, 2) + _limit(gate.min_same_top_pct)),
+                Cell(_num(f.dppl_pct if f else None, 2, "+") + _limit(gate.max_dppl_pct)),
                 *([Cell(serve or "-", "bad" if serve == "FAIL" else None)] if served else []),
                 Cell(line.verdict, None if o is None else "ok" if o.passed else "bad"),
                 Cell(line.registration, "bad" if line.registration == "failed" else None, code=bool(line.ref)),

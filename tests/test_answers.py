@@ -213,7 +213,7 @@ def test_a_probe_says_so_in_the_card() -> None:
     line = answer_lines(report)
     assert "Asked 2 of the 20 bundled questions (`questions.txt`)" in line and "75 % of them" in line
     first = report.with_validation(judged.model_copy(update={"answers": answers.model_copy(
-        update={"probe": Probe(of=20, source_stopped_pct=None, rule=FIRST_RULE)}).model_dump(mode="json")}))
+        update={"probe": Probe(of=20, source_stopped_pct=None, rule=FIRST_RULE)})}))
     assert "its source, which answered only these; the probe holds the question file's first 4" in answer_lines(first)
     assert card_validation(report)["answers"]["probe"]["of"] == 20
     assert Answers.model_validate(judged.model_dump(mode="json")["answers"]) == answers  # reads back

@@ -195,7 +195,7 @@ def test_fp8_and_awq_pass_their_gates(built) -> None:
         print(f"{v}: KL {m['mean_kl']:.3g}  top-1 {m['top1_agreement']:.4f}  ppl ratio {m['ppl_ratio']:.4f}  "
               f"(quantize {o.report.quantize['wall_s']} s, eval {o.report.evaluation['wall_s']} s)")
         assert m["nonfinite_positions"] == 0 and m["tokens"] >= 1000
-        assert o.validation.gate["basis"].startswith("tiny-model profile")
+        assert o.validation.gate.basis.startswith("tiny-model profile")
         assert json.loads(Path(o.path.with_name(o.path.name + ".report.json")).read_text())["validation"]["passed"]
 
 

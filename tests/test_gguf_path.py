@@ -72,8 +72,8 @@ def test_every_variant_is_checked_validated_and_gated(built) -> None:
         assert 0 < judged["figures"]["mean_kl"] == report["kld"]["mean_kld"] < judged["gate"]["max_mean_kl"]
         assert judged["evaluation"]["text"] == "eval.txt" and judged["figures"]["tokens"] == report["kld"]["chunks"] * 63
     # Q8_0 is much closer to f16 than Q4_K_M: the measurement discriminates.
-    k4 = result.variants["q4_k_m"].report.kld["mean_kld"]
-    k8 = result.variants["q8_0"].report.kld["mean_kld"]
+    k4 = result.variants["q4_k_m"].report.kld.mean_kld
+    k8 = result.variants["q8_0"].report.kld.mean_kld
     assert k8 * 3 < k4
     base = inspect_gguf(result.out_dir / "tiny-qwen2-f16.gguf")
     assert base.file_type == "F16" and base.quantized_fraction == 0.0

@@ -35,7 +35,7 @@ def test_a_version_1_gguf_manifest_reads_as_the_current_version() -> None:
     assert f is not None and f.mean_kl == 0.00151 and f.same_top_pct == 97.22 and f.kl_p99 == 0.0121
     assert f.ppl_reference == 21.35 and f.ppl == 21.4 and f.ppl_ratio == pytest.approx(21.4 / 21.35)
     assert f.tokens == 16 * 63  # llama-perplexity scores ctx - 1 - ctx/2 positions of each window
-    assert m.validation.gate == {"max_mean_kl": 0.005, "min_same_top_pct": 97.0, "max_ppl_ratio": 1.02,
+    assert m.validation.gate.model_dump() == {"max_mean_kl": 0.005, "min_same_top_pct": 97.0, "max_ppl_ratio": 1.02,
                                  "max_dppl_pct": 2.0, "basis": "tiny-model profile for q4_k_m",
                                  "noise_sigmas": 0.0}  # recorded before the noise was read: figures compared as they are
     assert m.validation.format == "gguf" and m.validation.passed and m.validation.smoke["tokens_generated"] == 32
@@ -48,7 +48,7 @@ def test_a_version_1_compressed_manifest_reads_as_the_current_version() -> None:
     f = m.validation.figures
     assert f is not None and f.mean_kl == 0.00059 and f.same_top_pct == pytest.approx(99.3) and f.tokens == 2040
     assert f.ppl_reference == 30.1 and f.dppl_pct == pytest.approx((30.12 / 30.1 - 1) * 100, abs=1e-4)
-    assert m.validation.gate["min_same_top_pct"] == 95.0 and m.validation.gate["max_ppl_ratio"] == 1.02
+    assert m.validation.gate.min_same_top_pct == 95.0 and m.validation.gate.max_ppl_ratio == 1.02
     assert m.validation.format == "compressed-tensors" and m.parent is None
 
 

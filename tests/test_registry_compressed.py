@@ -76,7 +76,7 @@ def test_registered_fp8_and_awq_are_complete_checkpoints_with_serving_files(
         assert m.dvc.stage == f"compress@tiny-qwen2-{tag}" and m.dvc.pushed and m.dvc.md5 in locked
         assert m.parent is None and m.source.kind == "generated"
         assert m.recipe["recipe"]["scheme"] == scheme and m.toolchain["llmcompressor"] == "0.14.0.1"
-        assert m.validation.figures.mean_kl <= m.validation.gate["max_mean_kl"]
+        assert m.validation.figures.mean_kl <= m.validation.gate.max_mean_kl
         d = repo.root / m.dvc.path
         files = {f.path: f for f in m.files}
         assert {"model.safetensors", "config.json", "tokenizer.json", "generation_config.json", RECIPE_FILE,

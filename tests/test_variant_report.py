@@ -37,7 +37,7 @@ def test_a_version_1_gguf_report_still_loads_with_its_verdict_and_cannot_be_regi
     (commit c47b857^): the verdict at the top level, llama-perplexity's figures under `kld`."""
     report = load_report(DATA / "report-v1-gguf.json", None)
     assert isinstance(report, GGUFReport) and report.validation is None
-    assert report.passed is True and report.failures == [] and report.kld and report.kld["mean_kld"] == 0.00127
+    assert report.passed is True and report.failures == [] and report.kld and report.kld.mean_kld == 0.00127
     assert report.sha256 == "50736d0c7af9b42459f414a1ecdc98dffbafe204f8735253bf0355ebba70330b"
     assert card_validation(report) == {"passed": True}
     assert "q4_k_m" in advice_for_report("q4_k_m", report)

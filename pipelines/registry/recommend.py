@@ -359,7 +359,7 @@ def basis(m: Manifest) -> Basis:
     """What `m`'s figures were scored on, from its manifest: the evaluation's windows and the positions scored."""
     v = m.validation
     tokens = v.figures.tokens if v.figures is not None else None
-    of, ctx = v.evaluation.get("chunks"), v.evaluation.get("ctx")
+    of, ctx = v.evaluation.chunks, v.evaluation.ctx
     of = of if isinstance(of, int) and of > 0 else None
     chunks = of
     if m.format == "gguf" and tokens is not None and isinstance(ctx, int) and ctx > 2:

@@ -672,6 +672,7 @@ def _variants_table(p: ModelPage) -> str:
     for m in comparable_first(p.variants):
         f = m.validation.figures
         gate = m.validation.gate
+        kl, top, ratio = ("?" if x is None else x for x in (gate.max_mean_kl, gate.min_same_top_pct, gate.max_ppl_ratio))
         b = basis(m)
         rows.append(
             [
@@ -681,9 +682,8 @@ def _variants_table(p: ModelPage) -> str:
                 _fig(f.mean_kl if f else None, 4, f.mean_kl_stderr if f else None, on=b),
                 _fig(f.same_top_pct if f else None, 4, f.same_top_stderr if f else None, " %", on=b),
                 _fig(f.dppl_pct if f else None, 3, None, " %", on=b),
-                f'<span class="pass" title="max mean KL {_e(gate.get("max_mean_kl", "?"))}, min same top '
-                f"{_e(gate.get('min_same_top_pct', '?'))} %, max PPL ratio {_e(gate.get('max_ppl_ratio', '?'))}; "
-                f'{_e(gate.get("basis", ""))}">pass</span>'
+                f'<span class="pass" title="max mean KL {_e(kl)}, min same top {_e(top)} %, max PPL ratio {_e(ratio)}; '
+                f'{_e(gate.basis or "")}">pass</span>'
                 + ("" if b.whole else f" early, on {b.chunks} of {b.of} chunks: not comparable"),
                 _when(m.created_at),
                 f'<span class="id">{_e(m.source.ref)}</span>',

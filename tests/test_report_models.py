@@ -1,0 +1,157 @@
+"""The report's nested figures as models: every report and manifest under tests/ reads back as the same bytes, and a
+malformed figure (a number written as a string, a key no version wrote) is refused naming where it is."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from pipelines.core.errors import ManifestInvalid
+from pipelines.core.gates import Gate
+from pipelines.core.report import parse_report, read_report, upgrade_report
+from pipelines.registry.manifest import Manifest, load_manifest
+
+TESTS = Path(__file__).parent
+DATA = TESTS / "data"
+# what a golden file holds in place of what differs from run to run, and a value of the same kind to read it as
+PLACEHOLDERS = {'"<volatile>"': '"' + "f" * 64 + '"', '"<time>"': '"2026-01-02T03:04:05Z"'}
+
+# a report of an earlier shape: answers without probe, skipped or max_tokens, a sample without tokens, whole numbers
+# where a figure happened to be whole, a gate before noise_sigmas, a figure llama-perplexity printed as not a number
+OLDER = {
+    "gguf": {"architecture": "qwen2", "file_type": "Q4_K_M", "tensor_count": 219},
+    "kld": {"chunks": 16, "ctx": 128, "dppl_pct": 0, "kld_p99": None, "mean_kld": 1, "ppl_base": 20.41, "ppl_q": None,
+            "same_top_pct": 99.1},
+    "sha256": "5" * 64,
+    "validation": {
+        "answers": {"engine": "llama-server with q4_k_m", "failures": [], "identical_pct": 50, "questions": 2,
+                    "question_set": {"file": "questions.txt", "questions": 20, "sha256": "7" * 64},
+                    "samples": [{"question": "q0", "stopped": True, "text": "Paris."}], "similar_pct": 100.0,
+                    "source_stopped_pct": 100, "stopped_pct": 50.0},
+        "evaluation": {"chunks": 16, "ctx": 128, "sha256": "2" * 64, "text": "eval.txt"},
+        "failures": [],
+        "figures": {"dppl_pct": 0.228, "kl_p99": None, "ln_ppl_ratio_stderr": None, "mean_kl": 0.00127,
+                    "mean_kl_stderr": None, "ppl": 20.4565, "ppl_ratio": 1.00228, "ppl_reference": 20.41,
+                    "same_top_pct": 99.1, "same_top_stderr": None, "tokens": 1008},
+        "format": "gguf",
+        "gate": {"basis": "tiny-model profile", "max_dppl_pct": 2, "max_mean_kl": 0.005, "max_ppl_ratio": 1.02,
+                 "min_same_top_pct": 97},
+        "passed": True,
+        "reference": "tiny-qwen2-f16.gguf",
+        "version": 2,
+    },
+    "variant": "q4_k_m",
+}
+
+
+def _written(data: dict[str, Any]) -> str:
+    return json.dumps(data, indent=2, sort_keys=True) + "\n"
+
+
+def _json_files() -> list[tuple[Path, dict[str, Any]]]:
+    found = []
+    for path in sorted(TESTS.rglob("*.json")):
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except ValueError:
+            continue
+        if isinstance(data, dict):
+            found.append((path, data))
+    return found
+
+
+def _is_report(data: dict[str, Any]) -> bool:
+    return "schema_version" not in data and ("validation" in data or "kld" in data or "scheme" in data)
+
+
+REPORTS = [(p.relative_to(TESTS).as_posix(), d) for p, d in _json_files() if _is_report(d)]
+MANIFESTS = [(p.relative_to(TESTS).as_posix(), p) for p, d in _json_files() if "schema_version" in d]
+
+
+def test_the_files_are_found() -> None:
+    assert {"data/report-v1-gguf.json", "data/report-v2-compressed.json"} <= {name for name, _ in REPORTS}
+    assert {"golden/gguf/q4_k_m.manifest.json", "golden/compressed/fp8.manifest.json",
+            "data/manifest-v1-gguf.json"} <= {name for name, _ in MANIFESTS}
+
+
+@pytest.mark.parametrize(("name", "data"), [*REPORTS, ("an earlier shape", OLDER)], ids=lambda x: x if isinstance(x, str) else "")
+def test_every_report_reads_back_as_the_same_bytes(name: str, data: dict[str, Any]) -> None:
+    report = parse_report(copy.deepcopy(data))
+    # run-time keys of earlier versions are dropped on load, and a version-1 report says it has no validation block
+    assert report.to_json() == _written(upgrade_report(data)), name
+    assert parse_report(json.loads(report.to_json())).to_json() == report.to_json()
+
+
+@pytest.mark.parametrize(("name", "path"), MANIFESTS, ids=[n for n, _ in MANIFESTS])
+def test_every_manifest_reads_back_as_the_same_bytes(name: str, path: Path) -> None:
+    text = path.read_text(encoding="utf-8")
+    for mark, value in PLACEHOLDERS.items():
+        text = text.replace(mark, value)
+    manifest = Manifest.model_validate(json.loads(text))
+    written = manifest.to_json()
+    if json.loads(text)["schema_version"] == 3:
+        assert written == _written(json.loads(text)), name
+    # an earlier version is written as the current one, and that reads back as the same bytes
+    assert Manifest.model_validate(json.loads(written)).to_json() == written
+
+
+def _report_with(data: dict[str, Any], where: str, value: Any) -> dict[str, Any]:
+    data = copy.deepcopy(data)
+    *parents, last = where.split(".")
+    block: Any = data
+    for key in parents:
+        block = block[int(key)] if isinstance(block, list) else block[key]
+    block[last] = value
+    return data
+
+
+MALFORMED = [
+    ("kld.mean_kld", "0.00127"),
+    ("kld.ctx", 128.5),
+    ("kld.mean_kl", 0.00127),  # no version wrote it: a typo, not a figure
+    ("validation.gate.max_mean_kl", "0.005"),
+    ("validation.gate.min_same_top_pct", True),
+    ("validation.evaluation.ctx", "128"),
+    ("validation.answers.identical_pct", "50"),
+    ("validation.answers.questions", "2"),
+    ("validation.answers.samples.0.stopped", "yes"),
+]
+
+
+@pytest.mark.parametrize(("where", "value"), MALFORMED, ids=[w for w, _ in MALFORMED])
+def test_a_malformed_nested_figure_is_refused_naming_it(where: str, value: Any, tmp_path: Path) -> None:
+    data = _report_with(OLDER, where, value)
+    with pytest.raises(ValidationError) as err:
+        parse_report(data)
+    assert where in str(err.value), str(err.value)
+    path = tmp_path / "q4_k_m.report.json"
+    path.write_text(_written(data), encoding="utf-8")
+    assert read_report(path) is None  # not a report modelmint wrote: measured again, never trusted
+
+
+@pytest.mark.parametrize(("where", "value"), [("validation.gate.max_mean_kl", "0.02"),
+                                              ("validation.evaluation.chunks", "8"),
+                                              ("validation.gate.max_mean_kdl", 0.02)])
+def test_a_manifest_with_a_malformed_figure_is_refused_naming_it(where: str, value: Any, tmp_path: Path) -> None:
+    text = (TESTS / "golden" / "compressed" / "fp8.manifest.json").read_text(encoding="utf-8")
+    for mark, real in PLACEHOLDERS.items():
+        text = text.replace(mark, real)
+    path = tmp_path / "fp8.json"
+    path.write_text(_written(_report_with(json.loads(text), where, value)), encoding="utf-8")
+    with pytest.raises(ManifestInvalid) as err:
+        load_manifest(path)
+    assert where in str(err.value) and err.value.hint, (str(err.value), err.value.hint)
+
+
+def test_a_gate_recorded_with_its_ppl_rise_only_is_read() -> None:
+    # tests/data/report-v2-compressed.json: the gate as a percentage rise, without the ratio
+    gate = Gate.from_dict({"basis": "tiny-model profile", "max_dppl_pct": 5.0, "max_mean_kl": 0.02,
+                           "min_same_top_pct": 90.0})
+    assert gate.max_ppl_ratio == 1.05 and gate.max_dppl_pct == 5.0
+    report = parse_report(json.loads((DATA / "report-v2-compressed.json").read_text(encoding="utf-8")))
+    assert report.judged.gate.gate == gate
