@@ -85,6 +85,7 @@ CLAIMED: dict[str, tuple[str, TemplateTokens]] = {
     "Kimi-K2-Instruct.jinja": ("kimi-k2-instruct", TemplateTokens(None, "<|im_end|>", engine_adds_bos=False)),
     "Kimi-K2-Thinking.jinja": ("kimi-k2-thinking", TemplateTokens(None, "<|im_end|>", engine_adds_bos=False)),
     "MiniMax-M2.jinja": ("minimax-m2", TemplateTokens(None, "[e~[", engine_adds_bos=False)),
+    "MiniMax-M3.jinja": ("minimax-m3", TemplateTokens(None, "[e~[", engine_adds_bos=False)),
     "ByteDance-Seed-OSS.jinja": ("seed-oss", TemplateTokens(None, "<seed:eos>", engine_adds_bos=False)),
     "unsloth-Apriel-1.5.jinja": ("apriel-1.5", TemplateTokens("<s>", "</s>")),
     "tencent-Hy3.jinja": ("hy3", TemplateTokens("<｜hy_begin_of_sentence:opensource｜>", "<｜hy_eos:opensource｜>")),
