@@ -153,3 +153,76 @@ def test_a_signature_over_another_image_is_refused(published: Any) -> None:
     _replace_signature(base, done.digest, payload, signature)
     with pytest.raises(Refused, match=f"it signs {other}, not {done.digest}"):
         verify_signature(base, NAME, done.digest, pub)
+
+
+def test_a_referrers_tag_that_is_not_an_index_is_refused_naming_it(repo: Repo, tmp_path: Path) -> None:
+    """Something else under the image's sha256-<hex> tag is never overwritten: publish names it and what to run."""
+    from pipelines.core.errors import OciError
+    from pipelines.publish.oci import RegistryRef
+    from pipelines.registry.images import publish_image
+
+    private, public = _key(tmp_path / "signing.pem")
+    settings = repo.settings(MODELMINT_SIGNING_KEY=private)
+    register(settings, candidate(settings, tmp_path / "build"))
+    _policy_for(repo, public)
+    repo.commit_all("register tiny-qwen2:q4_k_m, signed")
+    reg = start_registry(tmp_path / "registry")
+    try:
+        where = RegistryRef(reg.host, "modelmint", insecure=True)
+        done = publish_image(repo.settings(), REF, where)  # no key: the image alone
+        base = f"http://{reg.host}"
+        tag = "sha256-" + done.digest.removeprefix("sha256:")
+        docker = "application/vnd.docker.distribution.manifest.v2+json"
+        mf = httpx.get(f"{base}/v2/{NAME}/manifests/q4_k_m", headers={"Accept": docker})
+        assert mf.headers["content-type"] == docker
+        _push(base, mf.content, docker, reference=tag)
+        with pytest.raises(OciError, match=f"{tag}, the referrers tag of the image, holds") as err:
+            publish_image(settings, REF, where)
+        assert f"modelmint publish {REF} --registry {reg.host}/modelmint --insecure" in (err.value.hint or "")
+        assert httpx.get(f"{base}/v2/{NAME}/manifests/{tag}", headers={"Accept": docker}).content == mf.content
+    finally:
+        reg.stop()
+
+
+def test_another_signers_cosign_signature_under_the_sig_tag_is_kept(repo: Repo, tmp_path: Path) -> None:
+    """cosign keeps every signature of an image in the one manifest its .sig tag names: publish adds its own
+    beside a signature another key made there before, and both verify."""
+    from pipelines.publish.oci import RegistryRef
+    from pipelines.registry.images import publish_image
+
+    private, public = _key(tmp_path / "signing.pem")
+    settings = repo.settings(MODELMINT_SIGNING_KEY=private)
+    register(settings, candidate(settings, tmp_path / "build"))
+    _policy_for(repo, public)
+    repo.commit_all("register tiny-qwen2:q4_k_m, signed")
+    reg = start_registry(tmp_path / "registry")
+    try:
+        where = RegistryRef(reg.host, "modelmint", insecure=True)
+        done = publish_image(repo.settings(), REF, where)  # no key: the image alone
+        base = f"http://{reg.host}"
+        team = ec.generate_private_key(ec.SECP256R1())
+        payload = json.dumps({"critical": {"identity": {"docker-reference": f"{reg.host}/{NAME}"},
+                                           "image": {"docker-manifest-digest": done.digest},
+                                           "type": "cosign container image signature"}, "optional": None}).encode()
+        layer = {"mediaType": "application/vnd.dev.cosign.simplesigning.v1+json",
+                 "digest": _push(base, payload, "application/octet-stream"), "size": len(payload),
+                 "annotations": {"dev.cosignproject.cosign/signature": base64.b64encode(
+                     team.sign(payload, ec.ECDSA(hashes.SHA256()))).decode()}}
+        config = json.dumps({"architecture": "", "os": "", "config": {},
+                             "rootfs": {"type": "layers", "diff_ids": [layer["digest"]]}}).encode()
+        mf = {"schemaVersion": 2, "mediaType": OCI_MANIFEST,
+              "config": {"mediaType": "application/vnd.oci.image.config.v1+json",
+                         "digest": _push(base, config, "application/octet-stream"), "size": len(config)},
+              "layers": [layer]}
+        _push(base, json.dumps(mf).encode(), OCI_MANIFEST, reference=f"sha256-{done.digest[7:]}.sig")
+
+        publish_image(settings, REF, where)
+        sig = httpx.get(f"{base}/v2/{NAME}/manifests/sha256-{done.digest[7:]}.sig", headers={"Accept": OCI_MANIFEST})
+        assert [x["digest"] for x in sig.json()["layers"]][:1] == [layer["digest"]] and len(sig.json()["layers"]) == 2
+        pub = serialization.load_pem_public_key(public.read_bytes())
+        assert isinstance(pub, ec.EllipticCurvePublicKey)
+        for key in (pub, team.public_key()):
+            assert verify_signature(base, NAME, done.digest, key)["critical"]["image"] == {
+                "docker-manifest-digest": done.digest}
+    finally:
+        reg.stop()

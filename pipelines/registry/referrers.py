@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 from pipelines.core.errors import OciError
-from pipelines.publish.oci import OCI_INDEX, OCI_MANIFEST, Blob, Image, OciClient
+from pipelines.publish.oci import MANIFEST_TYPES, OCI_INDEX, OCI_MANIFEST, Blob, Image, OciClient
 
 if TYPE_CHECKING:
     from pipelines.registry.signing import SigningKey
@@ -110,10 +110,10 @@ class _Signer:
         return base64.b64encode(self._key.sign(data, self._algorithm)).decode()
 
 
-def _empty_config(layer: Blob) -> Blob:
-    """The image config cosign writes for a signature or attestation manifest (its layer's digest as diff_id)."""
+def _config_of(layers: tuple[Blob, ...]) -> Blob:
+    """The image config cosign writes for a signature or attestation manifest (its layers' digests as diff_ids)."""
     config = {"architecture": "", "os": "", "config": {},
-              "rootfs": {"type": "layers", "diff_ids": [layer.digest]}}
+              "rootfs": {"type": "layers", "diff_ids": [b.digest for b in layers]}}
     return Blob.of_bytes(IMAGE_CONFIG, json.dumps(config, separators=(",", ":")).encode())
 
 
@@ -127,7 +127,7 @@ def signature_image(sk: SigningKey, reference: str, subject: dict[str, Any]) -> 
         if signer.chain:
             annotations[CHAIN_ANNOTATION] = signer.chain
     layer = Blob.of_bytes(SIMPLE_SIGNING, payload, annotations)
-    return Image(OCI_MANIFEST, _empty_config(layer), (layer,), artifact_type=SIGNATURE_ARTIFACT,
+    return Image(OCI_MANIFEST, _config_of((layer,)), (layer,), artifact_type=SIGNATURE_ARTIFACT,
                  subject=_descriptor(subject))
 
 
@@ -143,7 +143,7 @@ def attestation_image(sk: SigningKey, reference: str, subject: dict[str, Any], s
     line = json.dumps(envelope, separators=(",", ":")).encode() + b"\n"
     predicate = str(statement.get("predicateType", ""))
     layer = Blob.of_bytes(DSSE, line, {PREDICATE_ANNOTATION: predicate, "org.opencontainers.image.title": title})
-    return Image(OCI_MANIFEST, _empty_config(layer), (layer,), artifact_type=DSSE, subject=_descriptor(subject),
+    return Image(OCI_MANIFEST, _config_of((layer,)), (layer,), artifact_type=DSSE, subject=_descriptor(subject),
                  annotations={PREDICATE_ANNOTATION: predicate})
 
 
@@ -172,15 +172,18 @@ def attach(client: OciClient, repository: str, reference: str, subject: dict[str
             is overwritten there).
         OciUnavailable, OciAuthRefused: as OciClient.
     """
-    made = [("sig", signature_image(sk, reference, subject))]
+    made: list[tuple[str, Image]] = [("sig", signature_image(sk, reference, subject))]
     if statement is not None:
         made.append(("att", attestation_image(sk, reference, subject, statement, title=title)))
     tagged: list[str] = []
-    for suffix, image in made:
-        for blob in image.blobs:
-            client.push_blob(repository, blob)
+    for at, (suffix, image) in enumerate(made):
         tag = tag_of(subject["digest"], suffix)
         there = client.get_manifest(repository, tag)
+        image = _joined(image, there)
+        made[at] = (suffix, image)
+        for blob in image.blobs:
+            if blob.data is not None:  # the layers kept from the tag's manifest are there already
+                client.push_blob(repository, blob)
         if there is None or there[2] != image.digest:
             client.put_manifest(repository, tag, image)
             tagged.append(tag)
@@ -197,13 +200,34 @@ def attach(client: OciClient, repository: str, reference: str, subject: dict[str
     return Attached(subject["digest"], made[0][1].digest, made[1][1].digest if len(made) > 1 else None, tagged)
 
 
+def _joined(image: Image, there: tuple[bytes, str, str] | None) -> Image:
+    """`image` with the layers of the manifest its cosign tag holds already kept before its own (cosign's
+    SIGNATURE_SPEC.md: one manifest per signed object, several signatures in it): another signer's signature
+    stays. The kept layers are in the repository already (push_blob finds them there)."""
+    if there is None:
+        return image
+    try:
+        layers = json.loads(there[0]).get("layers") or []
+        kept = [Blob(x["mediaType"], x["digest"], x["size"], annotations=dict(x.get("annotations") or {}))
+                for x in layers if isinstance(x, dict)]
+    except (ValueError, AttributeError, KeyError, TypeError):
+        return image  # not a manifest cosign could read either: replaced
+    own = image.layers[0]
+    joined = tuple(kept) if any(b.descriptor() == own.descriptor() for b in kept) else (*kept, own)
+    if [b.descriptor() for b in joined] == [own.descriptor()]:
+        return image
+    return Image(image.media_type, _config_of(joined), joined, artifact_type=image.artifact_type,
+                 annotations=image.annotations, subject=image.subject)
+
+
 def _referrers_list(client: OciClient, repository: str, tag: str) -> dict[str, Any]:
     """The image index the referrers tag holds, or an empty one when the tag is not there.
 
     Raises:
         OciError: the tag holds something other than an image index (spec.md: the client reports a failure).
     """
-    there = client.get_manifest(repository, tag, accept=(OCI_INDEX,))
+    # every manifest type accepted: distribution 2.8 answers a narrower Accept with 400 MANIFEST_INVALID
+    there = client.get_manifest(repository, tag, accept=(OCI_INDEX, *MANIFEST_TYPES))
     if there is None:
         return {"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": []}
     try:
