@@ -226,3 +226,41 @@ def test_another_signers_cosign_signature_under_the_sig_tag_is_kept(repo: Repo, 
                 "docker-manifest-digest": done.digest}
     finally:
         reg.stop()
+
+
+def test_with_a_certificate_chain_the_signature_carries_the_certificate_and_chain(repo: Repo, tmp_path: Path) -> None:
+    """cosign's SIGNATURE_SPEC.md lines 228-258: the signing certificate and its chain as annotations of the layer,
+    so a verifier that trusts the root finds the key in the signature itself."""
+    from datetime import UTC, datetime, timedelta
+
+    from cryptography import x509
+    from test_signing import _ca_policy, _pki
+
+    from pipelines.publish.oci import RegistryRef
+    from pipelines.registry.images import publish_image
+
+    now = datetime.now(UTC)
+    key, chain, root = _pki(tmp_path, start=now - timedelta(days=1), end=now + timedelta(days=30))
+    settings = repo.settings(MODELMINT_SIGNING_KEY=key, MODELMINT_SIGNING_CERT=chain)
+    register(settings, candidate(settings, tmp_path / "build"))
+    _ca_policy(repo, root, "modelmint-ci")
+    repo.commit_all("register tiny-qwen2:q4_k_m, signed by certificate")
+    reg = start_registry(tmp_path / "registry")
+    try:
+        done = publish_image(settings, REF, RegistryRef(reg.host, "modelmint", insecure=True))
+        base = f"http://{reg.host}"
+        sig = httpx.get(f"{base}/v2/{NAME}/manifests/sha256-{done.digest[7:]}.sig", headers={"Accept": OCI_MANIFEST})
+        annotations = sig.json()["layers"][0]["annotations"]
+        leaf = x509.load_pem_x509_certificate(annotations["dev.sigstore.cosign/certificate"].encode())
+        intermediates = x509.load_pem_x509_certificates(annotations["dev.sigstore.cosign/chain"].encode())
+        trusted = x509.load_pem_x509_certificate(root.read_bytes())
+        for child, parent in zip([leaf, *intermediates], [*intermediates, trusted], strict=True):
+            child.verify_directly_issued_by(parent)
+        assert leaf.subject.get_attributes_for_oid(x509.NameOID.COMMON_NAME)[0].value == "modelmint-ci"
+        public = leaf.public_key()
+        assert isinstance(public, ec.EllipticCurvePublicKey)
+        assert verify_signature(base, NAME, done.digest, public)["critical"]["image"]["docker-manifest-digest"] == (
+            done.digest)
+        assert verify_attestation(base, NAME, done.digest, public)["subject"][0]["digest"]["sha256"] == done.digest[7:]
+    finally:
+        reg.stop()
