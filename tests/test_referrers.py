@@ -264,3 +264,26 @@ def test_with_a_certificate_chain_the_signature_carries_the_certificate_and_chai
         assert verify_attestation(base, NAME, done.digest, public)["subject"][0]["digest"]["sha256"] == done.digest[7:]
     finally:
         reg.stop()
+
+
+def test_a_signing_key_that_cannot_sign_refuses_the_publish_before_anything_is_pushed(
+    repo: Repo, tmp_path: Path
+) -> None:
+    from pipelines.core.errors import SigningKeyError
+    from pipelines.publish.oci import RegistryRef
+    from pipelines.registry.images import publish_image
+
+    private, public = _key(tmp_path / "signing.pem")
+    settings = repo.settings(MODELMINT_SIGNING_KEY=private)
+    register(settings, candidate(settings, tmp_path / "build"))
+    _policy_for(repo, public)
+    repo.commit_all("register tiny-qwen2:q4_k_m, signed")
+    reg = start_registry(tmp_path / "registry")
+    try:
+        gone = tmp_path / "moved.pem"
+        with pytest.raises(SigningKeyError, match=f"MODELMINT_SIGNING_KEY {gone} cannot be read"):
+            publish_image(repo.settings(MODELMINT_SIGNING_KEY=gone), REF,
+                          RegistryRef(reg.host, "modelmint", insecure=True))
+        assert reg.requests("PUT") == [] and reg.requests("POST") == []  # no blob, no image without its signature
+    finally:
+        reg.stop()
