@@ -19,6 +19,7 @@ from pipelines.chat.families import (
     UnsupportedChatTemplate,
     detect_family,
     go_blockers,
+    go_blockers_at,
 )
 from pipelines.chat.renderers import (
     COMMAND_SINCE,
@@ -168,6 +169,12 @@ def test_an_edited_family_template_is_a_near_miss_with_what_differs(tree: tuple[
 def test_a_refusal_names_the_constructs_go_cannot_express(tree: tuple[Path, str]) -> None:
     row = classify("gigachat3", (tree[0] / "GigaChat3-10B-A1.8B.jinja").read_text(encoding="utf-8"))
     assert row.kind == "refused" and "it uses what Go templates cannot express: " in row.reason
+    # each construct with the line where the template first uses it
+    apriel = (tree[0] / "Apriel-1.6-15b-Thinker-fixed.jinja").read_text(encoding="utf-8")
+    at = go_blockers_at(apriel)
+    split_line = next(n for n, line in enumerate(apriel.split("\n"), 1) if ".split(" in line)
+    assert f"splitting strings (.split) at line {split_line} (" in " ".join(at), at
+    assert all(a in classify("apriel", apriel).reason for a in at)
     assert "splitting strings (.split)" in go_blockers((tree[0] / "Qwen-Qwen3-0.6B.jinja").read_text(encoding="utf-8"))
     assert go_blockers("{% for m in messages %}{{ m.content }}{% endfor %}") == []
     assert go_blockers("{{ messages|length - 1 }}{{ x | trim }}") == ["stripping whitespace (.strip / trim)",

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pipelines.core.errors import UnsupportedModel
 
 __all__ = ["FAMILIES", "ChatFamily", "TemplateTokens", "UnsupportedChatTemplate", "detect_family", "get_family",
-           "go_blockers", "matching_families", "nearest_family", "refusal_reason", "register"]
+           "go_blockers", "go_blockers_at", "matching_families", "nearest_family", "refusal_reason", "register"]
 
 
 class UnsupportedChatTemplate(UnsupportedModel):
@@ -183,6 +183,18 @@ def go_blockers(jinja: str) -> list[str]:
     return [what for pattern, what in _GO_CANNOT if pattern.search(jinja)]
 
 
+def go_blockers_at(jinja: str) -> list[str]:
+    """go_blockers, each with the line of the Jinja where it first appears and that line's text."""
+    out = []
+    for pattern, what in _GO_CANNOT:
+        found = pattern.search(jinja)
+        if found:
+            n = jinja.count("\n", 0, found.start())
+            text = jinja.split("\n")[n].strip()
+            out.append(f"{what} at line {n + 1} ({text[:80]!r})")
+    return out
+
+
 def refusal_reason(jinja: str) -> str:
     """Why no family accepts this Jinja, naming the nearest family and what differs from it, and the constructs a
     hand-written TEMPLATE would have to do without."""
@@ -190,7 +202,7 @@ def refusal_reason(jinja: str) -> str:
     if len(hits) > 1:
         return f"matches several families ({', '.join(f.name for f in hits)}); refusing to guess"
     near = nearest_family(jinja)
-    blockers = go_blockers(jinja)
+    blockers = go_blockers_at(jinja)
     tail = f"; it uses what Go templates cannot express: {', '.join(blockers)}" if blockers else ""
     if near is None:
         return "shares no marker with any family" + tail
