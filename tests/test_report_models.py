@@ -117,6 +117,8 @@ MALFORMED = [
     ("validation.gate.max_mean_kl", "0.005"),
     ("validation.gate.min_same_top_pct", True),
     ("validation.evaluation.ctx", "128"),
+    ("validation.figures.mean_kl", "0.00127"),
+    ("validation.figures.tokens", "1008"),
     ("validation.answers.identical_pct", "50"),
     ("validation.answers.questions", "2"),
     ("validation.answers.samples.0.stopped", "yes"),
@@ -136,6 +138,7 @@ def test_a_malformed_nested_figure_is_refused_naming_it(where: str, value: Any, 
 
 @pytest.mark.parametrize(("where", "value"), [("validation.gate.max_mean_kl", "0.02"),
                                               ("validation.evaluation.chunks", "8"),
+                                              ("validation.figures.same_top_pct", "98.5"),
                                               ("validation.gate.max_mean_kdl", 0.02)])
 def test_a_manifest_with_a_malformed_figure_is_refused_naming_it(where: str, value: Any, tmp_path: Path) -> None:
     text = (TESTS / "golden" / "compressed" / "fp8.manifest.json").read_text(encoding="utf-8")

@@ -17,15 +17,17 @@ import hashlib
 import json
 import math
 from pathlib import Path
-from typing import Any, Final, Literal, Self
+from typing import Annotated, Any, Final, Literal, Self
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
     FieldSerializationInfo,
     SerializationInfo,
     SerializerFunctionWrapHandler,
+    StrictFloat,
     StrictInt,
     ValidationError,
     field_serializer,
@@ -86,7 +88,10 @@ class GateRecord(Record):
         Raises:
             ValueError: a threshold is missing.
         """
-        return Gate.from_dict(self.model_dump())
+        try:
+            return Gate.from_dict(self.model_dump())
+        except KeyError as err:
+            raise ValueError(f"the gate records no {err.args[0]}") from err
 
 
 class EvaluationRecord(Record):
@@ -116,20 +121,24 @@ class KLDRecord(Record):
     ln_ppl_ratio_stderr: Number | None = None
 
 
+Real = Annotated[StrictInt | StrictFloat, AfterValidator(float)]
+"""A measured figure: a number, held as a float (a string or a boolean is refused)."""
+
+
 class Figures(_Frozen):
     """What one evaluation measured, the same for every format."""
 
-    mean_kl: float = Field(description="mean KL divergence of the variant's next-token distribution from the reference's")
-    kl_p99: float | None = Field(default=None, description="99th percentile of the per-token KL divergence")
-    same_top_pct: float = Field(description="share of positions whose most likely token is the reference's, in %")
-    ppl_reference: float = Field(description="the reference's perplexity on the evaluation text")
-    ppl: float = Field(description="the variant's perplexity on the same tokens")
-    ppl_ratio: float = Field(description="ppl / ppl_reference")
-    dppl_pct: float = Field(description="(ppl_ratio - 1) x 100")
-    tokens: int | None = Field(default=None, description="positions evaluated")
-    mean_kl_stderr: float | None = Field(default=None, description="standard error of mean_kl (llama-perplexity's ±)")
-    same_top_stderr: float | None = Field(default=None, description="standard error of same_top_pct, in points")
-    ln_ppl_ratio_stderr: float | None = Field(default=None, description="standard error of ln(ppl_ratio), as llama-perplexity "
+    mean_kl: Real = Field(description="mean KL divergence of the variant's next-token distribution from the reference's")
+    kl_p99: Real | None = Field(default=None, description="99th percentile of the per-token KL divergence")
+    same_top_pct: Real = Field(description="share of positions whose most likely token is the reference's, in %")
+    ppl_reference: Real = Field(description="the reference's perplexity on the evaluation text")
+    ppl: Real = Field(description="the variant's perplexity on the same tokens")
+    ppl_ratio: Real = Field(description="ppl / ppl_reference")
+    dppl_pct: Real = Field(description="(ppl_ratio - 1) x 100")
+    tokens: StrictInt | None = Field(default=None, description="positions evaluated")
+    mean_kl_stderr: Real | None = Field(default=None, description="standard error of mean_kl (llama-perplexity's ±)")
+    same_top_stderr: Real | None = Field(default=None, description="standard error of same_top_pct, in points")
+    ln_ppl_ratio_stderr: Real | None = Field(default=None, description="standard error of ln(ppl_ratio), as llama-perplexity "
                                                "prints it (the ratio's own ± is meaningless when it explodes)")
 
     @classmethod
