@@ -35,6 +35,7 @@ from pipelines.chat import jinja as chat_template
 from pipelines.chat.families import detect_family
 from pipelines.core.answers import MAX_TOKENS, load_questions
 from pipelines.core.ggufheader import inspect_gguf
+from pipelines.core.report import GGUFReport
 from pipelines.core.runner import run, tool_env
 from pipelines.core.settings import Settings, project_root
 from pipelines.source.catalog import load_catalog
@@ -227,14 +228,15 @@ def main() -> None:
     res["passed"] = {q: o.passed for q, o in outcomes.items()}
     judged = {q: o.report.validation for q, o in outcomes.items()}
     res["answers"] = {
-        q: {k: v.answers.get(k) for k in ("questions", "identical_pct", "similar_pct", "stopped_pct",
-                                          "source_stopped_pct")}
+        q: v.answers.model_dump(include={"questions", "identical_pct", "similar_pct", "stopped_pct",
+                                         "source_stopped_pct"})
         for q, v in judged.items()
         if v is not None and v.answers
     }
     res["kld"] = {q: v.figures.mean_kl if v and v.figures else None for q, v in judged.items()}
     # chunks of the reference each variant's KL divergence read: fewer than 16 where it passed early
-    res["kld_chunks"] = {q: (o.report.kld or {}).get("chunks") for q, o in outcomes.items()}
+    res["kld_chunks"] = {q: o.report.kld.chunks if isinstance(o.report, GGUFReport) and o.report.kld else None
+                         for q, o in outcomes.items()}
     res["build"] = round(res["convert"] + res["quantize"], 3)
     res["build_cpu"] = round(res["convert_cpu"] + res["quantize_cpu"], 3)
 
