@@ -281,29 +281,6 @@ class ModelShapeRecord(_Strict):
                           self.intermediate_size, self.vocab_size)
 
 
-def record_shape(directory: Path, fmt: str, file: str, tag: str) -> ModelShapeRecord | None:
-    """The shape of the artifact placed in `directory` (its main file `file`), read from its headers as `recommend`
-    and `modelmint plan` read it; None when the planner cannot size it (a format or architecture it does not
-    plan): a manifest without one is planned from the pulled bytes, as before."""
-    from pipelines.core.errors import ArtifactError
-    from pipelines.publish import planner
-    from pipelines.publish.llamacpp_memory import read_layered_weights
-    from pipelines.registry.formats.base import implementation
-
-    try:
-        sized, _ = implementation(fmt).served(directory, file, tag)
-        shape = planner.served(sized).shape
-    except (ConfigError, ArtifactError):
-        return None
-    layers = None
-    if fmt == "gguf":
-        try:
-            layers = read_layered_weights(sized)
-        except ArtifactError:  # tensors not grouped by layer: recommend spreads the bytes evenly, and says so
-            layers = None
-    return ModelShapeRecord.of(shape, layers)
-
-
 class DvcRef(_Strict):
     path: str = Field(description="the DVC-tracked output, relative to the repository root")
     stage: str = Field(description="the dvc.yaml stage that owns it, e.g. gguf@qwen2.5-q4_k_m, compress@qwen2.5-fp8")

@@ -28,8 +28,18 @@ from pipelines.core.fsutil import HashCache
 if TYPE_CHECKING:
     from pipelines.core.settings import Settings
     from pipelines.registry.manifest import Manifest, ParentRef
-    from pipelines.registry.signing import SigningKey
     from pipelines.source.catalog import CatalogEntry
+
+
+class SignerPaths(Protocol):
+    """What the provenance reads of the signing key (signing.SigningKey): its paths, named here so that this module
+    does not import signing (which imports it)."""
+
+    @property
+    def key(self) -> Path: ...
+
+    @property
+    def cert(self) -> Path | None: ...
 
 
 class Built(Protocol):
@@ -91,7 +101,7 @@ def build_type(fmt: str) -> str:
 
 def statement(
     c: Built, validation: dict[str, Any], outputs: dict[str, str], signed_at: datetime, hashes: HashCache,
-    *, directory: Path | None = None, signer: SigningKey | None = None,
+    *, directory: Path | None = None, signer: SignerPaths | None = None,
 ) -> dict[str, Any]:
     """The provenance of candidate `c`: `outputs` (path in the artifact directory → sha256) are its subjects,
     `validation` the manifest's validation block; `signed_at` the time registration signed it; `directory` the
@@ -199,7 +209,7 @@ def draft_manifest(
     )
 
 
-def builder_id(signer: SigningKey | None) -> str:
+def builder_id(signer: SignerPaths | None) -> str:
     """The builder's id: its trust boundary, the signing certificate's identity (its subject's common name) or the
     signing key (the first 16 hex of the sha256 of its public key, DER); BUILDER_ID alone for an unsigned build."""
     if signer is None:

@@ -28,6 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from pipelines.core.errors import (
+    ArtifactError,
+    ConfigError,
     DiskFullError,
     ManifestInvalid,
     ModelmintError,
@@ -53,12 +55,12 @@ from pipelines.registry.manifest import (
     ArtifactFile,
     DvcRef,
     Manifest,
+    ModelShapeRecord,
     Serving,
     SourceRef,
     Validation,
     load_manifest,
     manifest_path,
-    record_shape,
     save_manifest,
 )
 from pipelines.registry.names import format_name
@@ -250,6 +252,27 @@ def is_tracked(settings: Settings, c: Candidate, tracked: Tracked) -> bool:
         return True
     locked = dvcrepo.locked_out(settings, c.stage, c.dvc_path)
     return locked is not None and locked.md5 == tracked.md5
+
+
+def record_shape(directory: Path, fmt: str, file: str, tag: str) -> ModelShapeRecord | None:
+    """The shape of the artifact placed in `directory` (its main file `file`), read from its headers as `recommend`
+    and `modelmint plan` read it; None when the planner cannot size it (a format or architecture it does not
+    plan): a manifest without one is planned from the pulled bytes, as before."""
+    from pipelines.publish import planner
+    from pipelines.publish.llamacpp_memory import read_layered_weights
+
+    try:
+        sized, _ = implementation(fmt).served(directory, file, tag)
+        shape = planner.served(sized).shape
+    except (ConfigError, ArtifactError):
+        return None
+    layers = None
+    if fmt == "gguf":
+        try:
+            layers = read_layered_weights(sized)
+        except ArtifactError:  # tensors not grouped by layer: recommend spreads the bytes evenly, and says so
+            layers = None
+    return ModelShapeRecord.of(shape, layers)
 
 
 def publish(settings: Settings, c: Candidate, tracked: Tracked, *, push: bool = True) -> Registration:
