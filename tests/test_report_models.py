@@ -13,7 +13,7 @@ from pydantic import ValidationError
 
 from pipelines.core.errors import ManifestInvalid
 from pipelines.core.gates import Gate
-from pipelines.core.report import parse_report, read_report, upgrade_report
+from pipelines.core.report import card_validation, parse_report, read_report, upgrade_report
 from pipelines.registry.manifest import Manifest, load_manifest
 
 TESTS = Path(__file__).parent
@@ -158,3 +158,11 @@ def test_a_gate_recorded_with_its_ppl_rise_only_is_read() -> None:
     assert gate.max_ppl_ratio == 1.05 and gate.max_dppl_pct == 5.0
     report = parse_report(json.loads((DATA / "report-v2-compressed.json").read_text(encoding="utf-8")))
     assert report.judged.gate.gate == gate
+
+
+def test_a_model_card_lists_the_gate_and_probe_as_the_report_file_does() -> None:
+    data = copy.deepcopy(OLDER)
+    data["validation"]["answers"]["probe"] = {"failed": [], "of": 20, "rule": "r", "source_stopped_pct": None}
+    card = card_validation(parse_report(data))
+    assert list(card["gate"]) == sorted(data["validation"]["gate"])  # the front matter keeps the file's order
+    assert list(card["answers"]["probe"]) == ["failed", "of", "rule", "source_stopped_pct"]

@@ -373,7 +373,7 @@ def card_validation(report: VariantReport) -> dict[str, Any]:
         for k, x in judged.figures.model_dump().items():
             if x is not None:
                 out[k] = float(f"{x:.6g}") if isinstance(x, float) else x
-    out["gate"] = judged.gate.model_dump(mode="json")
+    out["gate"] = _canonical(judged.gate)
     if judged.answers is not None:
         a = judged.answers
         out["answers"] = {"engine": a.engine, "questions": a.questions, "identical_pct": a.identical_pct,
@@ -382,7 +382,7 @@ def card_validation(report: VariantReport) -> dict[str, Any]:
         if a.skipped:
             out["answers"]["skipped"] = a.skipped
         if a.probe:
-            out["answers"]["probe"] = a.probe.model_dump(mode="json", exclude_unset=True)
+            out["answers"]["probe"] = _canonical(a.probe.model_dump(mode="json", exclude_unset=True))
     if judged.failures:
         out["failures"] = list(judged.failures)
     return out
