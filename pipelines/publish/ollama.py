@@ -40,6 +40,7 @@ from pipelines.core.report import (
 from pipelines.core.runner import run
 from pipelines.core.settings import Settings
 from pipelines.core.texts import data_lines
+from pipelines.core.vocab import GGUFKey
 from pipelines.core.weights import gguf_shards, weights_line
 from pipelines.source.wheelsource import origin_lines
 
@@ -204,32 +205,31 @@ def read_gguf_chat(path: Path) -> GGUFChat:
     from pipelines.core.ggufheader import is_context_length, read_gguf_header
 
     keys = {
-        "general.architecture", "general.file_type", "tokenizer.chat_template", "tokenizer.ggml.tokens",
-        "tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id",
-        "tokenizer.ggml.add_bos_token",
+        GGUFKey.ARCHITECTURE, GGUFKey.FILE_TYPE, GGUFKey.CHAT_TEMPLATE, GGUFKey.TOKENS,
+        GGUFKey.BOS_ID, GGUFKey.EOS_ID, GGUFKey.EOT_ID, GGUFKey.ADD_BOS,
     }
     meta = read_gguf_header(Path(path), lambda key, found: key in keys or is_context_length(key, found)).metadata
-    arch = meta.get("general.architecture")
+    arch = meta.get(GGUFKey.ARCHITECTURE)
     if not arch:
         raise ArtifactError(f"{path} has no general.architecture", hint="reconvert it with `modelmint convert`")
-    tokens = meta.get("tokenizer.ggml.tokens") or []
+    tokens = meta.get(GGUFKey.TOKENS) or []
 
     def text(key: str) -> str | None:
         token_id = meta.get(key)
         return tokens[token_id] if isinstance(token_id, int) and 0 <= token_id < len(tokens) else None
 
-    ftype = meta.get("general.file_type")
+    ftype = meta.get(GGUFKey.FILE_TYPE)
     try:
         file_type = LlamaFileType(int(ftype)).name.removeprefix("MOSTLY_") if ftype is not None else None
     except ValueError:
         file_type = str(ftype)
-    add_bos = meta.get("tokenizer.ggml.add_bos_token")
-    ctx = meta.get(f"{arch}.context_length")
+    add_bos = meta.get(GGUFKey.ADD_BOS)
+    ctx = meta.get(GGUFKey.context_length(arch))
     return GGUFChat(
-        chat_template=meta.get("tokenizer.chat_template"),
-        bos_text=text("tokenizer.ggml.bos_token_id"),
-        eos_text=text("tokenizer.ggml.eos_token_id"),
-        eot_text=text("tokenizer.ggml.eot_token_id"),
+        chat_template=meta.get(GGUFKey.CHAT_TEMPLATE),
+        bos_text=text(GGUFKey.BOS_ID),
+        eos_text=text(GGUFKey.EOS_ID),
+        eot_text=text(GGUFKey.EOT_ID),
         add_bos=bool(add_bos) if add_bos is not None else None,
         context_length=int(ctx) if isinstance(ctx, int) else None,
         file_type=file_type,

@@ -29,6 +29,7 @@ from pipelines.core.fsutil import HashCache, atomic_output, hash_cache, sha256_f
 from pipelines.core.runner import run
 from pipelines.core.settings import Settings
 from pipelines.core.toolchains import llama_cpp, read_pins
+from pipelines.core.vocab import GGUFKey
 
 log = logging.getLogger(__name__)
 
@@ -301,8 +302,8 @@ def gguf_hparams(path: Path) -> dict[str, Any]:
     """
     from pipelines.core.ggufheader import read_gguf_header
 
-    header = read_gguf_header(path, lambda key, found: key == "general.architecture" or (
-        "general.architecture" in found and key.startswith(f"{found['general.architecture']}.")))
+    header = read_gguf_header(path, lambda key, found: key == GGUFKey.ARCHITECTURE or (
+        GGUFKey.ARCHITECTURE in found and key.startswith(f"{found[GGUFKey.ARCHITECTURE]}.")))
     meta = dict(header.metadata)
     meta["tensor_count"] = len(header.tensors)
     return meta
@@ -319,7 +320,7 @@ def check_architecture(path: Path, expected: str, *, entry_name: str, where: str
     except ArtifactError as err:
         raise SourceError(f"{where} is not a GGUF file the rebuild can read: {err.message}",
                           hint=f"check source.gguf of {entry_name} in registry/catalog.yaml") from err
-    found = meta.get("general.architecture")
+    found = meta.get(GGUFKey.ARCHITECTURE)
     if found != expected:
         raise SourceError(
             f"{where} is a {found!r} model, but {entry_name} expects {expected!r} (source.architecture)",
@@ -336,7 +337,7 @@ def check_config_matches(model_dir: Path, meta: dict[str, Any]) -> None:
     Raises:
         ArtifactError: a value differs or is missing.
     """
-    arch = meta["general.architecture"]
+    arch = meta[GGUFKey.ARCHITECTURE]
     config = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
     wrong = []
     for key, field in _HPARAMS[arch].items():
