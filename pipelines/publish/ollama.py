@@ -42,6 +42,7 @@ from pipelines.core.settings import Settings
 from pipelines.core.texts import data_lines
 from pipelines.core.vocab import GGUFKey
 from pipelines.core.weights import gguf_shards, weights_line
+from pipelines.source.catalog import CatalogEntry, HubSource
 from pipelines.source.wheelsource import origin_lines
 
 log = logging.getLogger(__name__)
@@ -637,7 +638,7 @@ def publish_ollama(
     gguf_path: Path,
     source: Any,
     report: VariantReport | Path | None,
-    entry: Any,
+    entry: CatalogEntry,
     out_dir: Path | None = None,
     *,
     settings: Settings,
@@ -659,7 +660,7 @@ def publish_ollama(
     rep = _report_of(report, gguf_path)
     src_dir = _source_of(source, rep)
     built = build_modelfile(gguf_path, src_dir, settings=settings, out_dir=out_dir, system=system,
-                            family=getattr(entry, "chat_family", None) if _family_known(entry) else None)
+                            family=entry.chat_family if _family_known(entry) else None)
     modelfile_path = out_dir / modelfile_name
     card_path = out_dir / card_name
     write_text_atomic(modelfile_path, built.modelfile.to_text())
@@ -667,8 +668,8 @@ def publish_ollama(
     return PublishedFiles(modelfile_path, card_path, built)
 
 
-def _family_known(entry: Any) -> bool:
-    name = getattr(entry, "chat_family", None)
+def _family_known(entry: CatalogEntry) -> bool:
+    name = entry.chat_family
     return bool(name) and name in FAMILIES
 
 
@@ -680,16 +681,17 @@ def _fallback_summary(preflight: dict[str, Any]) -> dict[str, Any]:
             "observed_share": observed.get("share"), "fallback_tensors": preflight.get("fallback_tensors")}
 
 
-def model_card(gguf: Path, built: OllamaModelfile, report: GGUFReport, entry: Any, settings: Settings) -> str:
+def model_card(gguf: Path, built: OllamaModelfile, report: GGUFReport, entry: CatalogEntry, settings: Settings) -> str:
     """README.md with Hugging Face front matter (base_model, quantization, license, validation figures)."""
     import yaml
 
     source = report.source or {}
-    repo = source.get("repo") or getattr(getattr(entry, "source", None), "repo", None)
-    revision = source.get("revision") or getattr(getattr(entry, "source", None), "revision", None)
+    hub = entry.source if isinstance(entry.source, HubSource) else None
+    repo = source.get("repo") or (hub.repo if hub else None)
+    revision = source.get("revision") or (hub.revision if hub else None)
     qtype = (report.variant or (report.gguf or {}).get("file_type") or "").lower() or None
-    name = getattr(entry, "name", None) or gguf.stem
-    licence = getattr(entry, "license", None)
+    name = entry.name or gguf.stem
+    licence = entry.license
     sha = report.sha256 or hash_cache(settings).sha256(gguf)
     shards = [(p.name, p.stat().st_size) for p in gguf_shards(gguf)]
     validation = card_validation(report)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import yaml
 
@@ -13,6 +12,7 @@ from pipelines.core.fsutil import write_text_atomic
 from pipelines.core.report import CompressedReport, answer_lines, card_front, card_validation
 from pipelines.core.texts import EVAL_RECORD, data_lines
 from pipelines.core.weights import is_weight_file, weights_line
+from pipelines.source.catalog import CatalogEntry
 from pipelines.source.wheelsource import origin_lines
 
 CARD_FILE = "README.md"
@@ -23,7 +23,7 @@ def serve_command(model_dir: Path | str) -> list[str]:
     return ["vllm", "serve", str(model_dir), "--config", f"{model_dir}/{SERVE_CONFIG_FILE}"]
 
 
-def publish_vllm(checkpoint: Path, out_dir: Path, report: CompressedReport, entry: Any, served_name: str) -> list[Path]:
+def publish_vllm(checkpoint: Path, out_dir: Path, report: CompressedReport, entry: CatalogEntry, served_name: str) -> list[Path]:
     """Write the portable vLLM serve config and the model card of a validated checkpoint into `out_dir`.
 
     `checkpoint` is the compressed-tensors directory (its config.json sizes the context). Raises
@@ -40,7 +40,7 @@ def publish_vllm(checkpoint: Path, out_dir: Path, report: CompressedReport, entr
     return [serve_path, card_path]
 
 
-def model_card(config: VllmServeConfig, report: CompressedReport, entry: Any,
+def model_card(config: VllmServeConfig, report: CompressedReport, entry: CatalogEntry | None,
                weights: list[tuple[str, int]] | None = None) -> str:
     """README.md with Hugging Face front matter for a compressed-tensors checkpoint served by vLLM; `weights`: its
     safetensors files' names and sizes (their total is the card's `weights_bytes`; None: not stated)."""
@@ -59,11 +59,11 @@ def model_card(config: VllmServeConfig, report: CompressedReport, entry: Any,
             if group.get("fell_back") else "."
         )
     validation = card_validation(report)
-    front = card_front(repo, getattr(entry, "license", None), "transformers")
+    front = card_front(repo, entry.license if entry else None, "transformers")
     front.update({
         "pipeline_tag": "text-generation",
         "tags": [t for t in ("compressed-tensors", "vllm", "modelmint", variant, (scheme or "").lower()) if t],
-        "model_name": getattr(entry, "name", None),
+        "model_name": entry.name if entry else None,
         "quantization": {"format": report.format, "scheme": scheme, "ignore": ignore,
                          **({"group_size": group["group_size"]} if group.get("group_size") else {})},
         "validation": validation,
