@@ -169,6 +169,26 @@ def test_no_module_spells_a_vocabulary_again() -> None:
     assert found == []
 
 
+# Modules that still read GGUF metadata through quoted keys; this list only shrinks.
+_GGUF_KEYS_SPELLED = {"pipelines/publish/planner.py", "pipelines/publish/llamacpp_memory.py"}
+
+
+def test_no_module_spells_a_gguf_key_again() -> None:
+    """GGUF metadata keys are read through vocab.GGUFKey; a quoted "general.architecture", "tokenizer.ggml.*" or
+    "<arch>.context_length" anywhere else in pipelines/ (the scripts run in other venvs) is a second spelling."""
+    root = Path(vocab.__file__).parents[2]
+    keys = {v for k, v in vars(vocab.GGUFKey).items() if k.isupper() and isinstance(v, str)}
+    quoted = re.compile("|".join([*(f"[\"']{re.escape(k)}[\"']" for k in keys), r"\.context_length[\"']"]))
+    found = []
+    for path in sorted(root.glob("pipelines/**/*.py")):
+        name = str(path.relative_to(root))
+        if path.name == "vocab.py" or "scripts" in path.parts or name in _GGUF_KEYS_SPELLED:
+            continue
+        text = path.read_text(encoding="utf-8")
+        found += [f"{name}:{text.count(chr(10), 0, m.start()) + 1}: {m.group()}" for m in quoted.finditer(text)]
+    assert found == []
+
+
 def test_catalog_and_manifest_hold_names_and_tags_to_one_rule() -> None:
     """The catalog's entry name and the manifest's name and tag are the vocabulary's identifier types: one rule,
     one message."""
