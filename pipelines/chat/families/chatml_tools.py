@@ -57,8 +57,11 @@ register(ChatFamily(
     content_none_ok=False,
     markers=("<|im_start|>", "<|im_end|>", "List of tools: [", "keep_past_thinking"),
     parser="lfm2",
-    tool_calls="PARSER lfm2 returns structured tool_calls (<|tool_call_start|>[…]<|tool_call_end|>); the Jinja "
-               "prints no tool calls in the history, and neither does the TEMPLATE",
+    tool_use_refused="its Jinja writes nothing for an assistant message's tool calls (the message prints as its "
+                     "empty content), so the model's own tool-call format is unknown and PARSER lfm2 recovers none of "
+                     "the calls",
+    tool_calls="refused for tool use: the Jinja prints no tool calls in the history (neither does the TEMPLATE), so "
+               "PARSER lfm2 (<|tool_call_start|>[…]<|tool_call_end|>) recovers none of the calls the conversation held",
     notes=(
         "the Jinja keeps the reasoning of the last assistant turn inside its content and trims earlier contents "
         "after cutting it; the TEMPLATE prints .Thinking in <think>…</think> on the last assistant turn only and "

@@ -84,6 +84,11 @@ class ChatFamily:
     """Ollama's built-in PARSER that returns thinking and structured tool_calls for it."""
     tool_calls: str = ""
     """How Ollama returns structured tool_calls for this family (the PARSER, or the TEMPLATE's tag)."""
+    tool_use_refused: str = ""
+    """Why this family is refused for tool use: its PARSER, reimplemented from Ollama's source in
+    tests/ollama_parsers.py, does not recover the tool calls (name, arguments) from what the Jinja writes for an
+    assistant message holding them, the model's own format; '' when it recovers them on every tool-call
+    conversation of the suite (pipelines.chat.proof.SUITE), or the family names no PARSER."""
     renderer_differs: tuple[str, ...] | None = None
     """For a RENDERER family: the conversations of the suite (pipelines.chat.proof.SUITE) on which Ollama's RENDERER,
     reimplemented from Ollama's source in tests/ollama_renderers.py, renders other bytes than the Jinja; () when

@@ -1,0 +1,742 @@
+"""Ollama's built-in PARSERs, reimplemented from Ollama's Go source for the tests.
+
+Each parser follows model/parsers/*.go at Ollama v0.33.0-rc2 (commit fb30760, the pinned source of
+pipelines/chat/renderers.py) rule by rule, with file:line citations, and is checked against cases copied from
+Ollama's own parser tests (tests/data/ollama_parser_vectors.json). A parser is a streaming state machine: `add`
+takes a chunk of the model's output and returns the (content, thinking, tool calls) that became unambiguous, as
+Ollama's Parser.Add does (parsers.go:12-24). A tool call is returned as {"name": ..., "arguments": {...}} with the
+arguments as Go's encoding/json would hand them on (numbers from JSON as floats, which compare equal to ints).
+
+Only the parsers modelmint names in a published Modelfile are here: qwen3.5 (and qwen3-coder, which it hands its
+content to), lfm2 / lfm2-thinking and ministral.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import xml.etree.ElementTree as ET
+from typing import Any
+
+Call = dict[str, Any]
+Out = tuple[str, str, list[Call]]
+
+# unicode.IsSpace: '\t', '\n', '\v', '\f', '\r', ' ', U+0085, U+00A0 and the Zs category (Go's unicode tables).
+_GO_SPACE = frozenset("\t\n\v\f\r \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009"
+                      "\u200a\u2028\u2029\u202f\u205f\u3000")
+
+
+def _lstrip(s: str) -> str:  # strings.TrimLeftFunc(s, unicode.IsSpace)
+    i = 0
+    while i < len(s) and s[i] in _GO_SPACE:
+        i += 1
+    return s[i:]
+
+
+def _rstrip(s: str) -> str:  # strings.TrimRightFunc(s, unicode.IsSpace)
+    i = len(s)
+    while i > 0 and s[i - 1] in _GO_SPACE:
+        i -= 1
+    return s[:i]
+
+
+def _strip(s: str) -> str:  # strings.TrimSpace
+    return _lstrip(_rstrip(s))
+
+
+def overlap(s: str, delim: str) -> int:
+    """The longest suffix of s that is a prefix of delim (parsers.go:148-157)."""
+    for i in range(min(len(delim), len(s)), 0, -1):
+        if s.endswith(delim[:i]):
+            return i
+    return 0
+
+
+def trailing_ws(s: str) -> int:
+    """Length of s's trailing whitespace (parsers.go:159-175)."""
+    return len(s) - len(_rstrip(s))
+
+
+def split_at_tag(buf: str, tag: str, trim_after: bool) -> tuple[str, str]:
+    """(before, after) of the first tag; the buffer becomes `after` (parsers.go:131-146)."""
+    if tag not in buf:
+        return buf, ""
+    before, after = buf.split(tag, 1)
+    return _rstrip(before), _lstrip(after) if trim_after else after
+
+
+def _props(tools: list[dict[str, Any]] | None, name: str) -> dict[str, Any] | None:
+    for t in tools or ():
+        if t["function"]["name"] == name:
+            props: dict[str, Any] | None = t["function"].get("parameters", {}).get("properties")
+            return props
+    return None
+
+
+# ---------------------------------------------------------------- qwen3-coder (model/parsers/qwen3coder.go)
+
+_TOOL_OPEN, _TOOL_CLOSE = "<tool_call>", "</tool_call>"  # qwen3coder.go:23-26
+_QWEN_TAG = re.compile(r"<(\w+)=([^>]+)>")  # qwen3coder.go:423
+_QWEN_XML_TAG = re.compile(r'</?(?:function|parameter)(?:\s+name="[^"]*")?>')  # qwen3coder.go:424
+
+
+def _xml_escape_text(s: str) -> str:
+    """encoding/xml.EscapeText: & < > ' " tab, newline and carriage return as character references."""
+    return (s.replace("&", "&amp;").replace("'", "&#39;").replace('"', "&#34;").replace("<", "&lt;")
+            .replace(">", "&gt;").replace("\t", "&#x9;").replace("\n", "&#xA;").replace("\r", "&#xD;"))
+
+
+def transform_to_xml(raw: str) -> str:
+    """<function=NAME> and <parameter=NAME> as XML attributes, text nodes escaped (qwen3coder.go:427-452)."""
+    transformed = _QWEN_TAG.sub(lambda m: f'<{m[1]} name="{_xml_escape_text(m[2])}">', raw)
+    out, last = [], 0
+    for m in _QWEN_XML_TAG.finditer(transformed):
+        out.append(transformed[last:m.start()].replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;"))
+        out.append(m[0])
+        last = m.end()
+    out.append(transformed[last:].replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;"))
+    return "".join(out)
+
+
+def parse_typed_tool_value(raw: str, types: list[str]) -> Any:
+    """qwen3coder.go:329-421: the value by the parameter's schema types; a string when it has none."""
+    if raw.lower() == "null":
+        return None
+    if not types:
+        return raw
+    ts = set(types)
+    if "boolean" in ts:
+        if raw.lower() in ("true", "false"):
+            return raw.lower() == "true"
+        if len(types) == 1:
+            return False
+    if "integer" in ts:
+        if re.fullmatch(r"[+-]?\d+", raw) and -(2**63) <= int(raw) < 2**63:  # strconv.ParseInt(raw, 10, 64)
+            return int(raw)
+        if len(types) == 1:
+            return raw
+    if "number" in ts:
+        f = _parse_float(raw)
+        if f is not None:
+            return int(f) if f == int(f) else f
+        if len(types) == 1:
+            return raw
+    if "array" in ts:
+        arr = _json_or_none(raw)
+        if isinstance(arr, list):
+            return arr
+        if len(types) == 1:
+            return raw
+    if "object" in ts:
+        obj = _json_or_none(raw)
+        if isinstance(obj, dict):
+            return obj
+        if len(types) == 1:
+            return raw
+    return raw
+
+
+def _parse_float(s: str) -> float | None:
+    """strconv.ParseFloat(s, 64) for decimal forms (no Inf/NaN in tool arguments)."""
+    if not re.fullmatch(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?", s):
+        return None
+    return float(s)
+
+
+def _json_or_none(s: str) -> Any:
+    try:
+        return json.loads(s)
+    except ValueError:
+        return None
+
+
+def parse_qwen_tool_call(raw: str, tools: list[dict[str, Any]] | None) -> Call:
+    """qwen3coder.go:271-320: the XML call, each parameter typed by the matching tool's schema.
+
+    Raises:
+        ET.ParseError: what xml.Unmarshal refuses (Add returns the error; no calls).
+    """
+    root = ET.fromstring(transform_to_xml(raw))
+    if root.tag != "function":
+        raise ET.ParseError(f"expected element type <function> but have <{root.tag}>")
+    name = root.get("name", "")
+    props = _props(tools, name) or {}
+    args: dict[str, Any] = {}
+    for param in root.findall("parameter"):
+        pname = param.get("name", "")
+        prop = props.get(pname)
+        types: list[str] = []
+        if prop is not None:
+            if prop.get("anyOf"):
+                for alt in prop["anyOf"]:
+                    types += _type_list(alt.get("type"))
+            else:
+                types = _type_list(prop.get("type"))
+        value = (param.text or "") + "".join(c.tail or "" for c in param)  # `xml:",chardata"`: its own text
+        value = value.removeprefix("\n").removesuffix("\n")  # parseValue, qwen3coder.go:322-327
+        args[pname] = parse_typed_tool_value(value, types)
+    return {"name": name, "arguments": args}
+
+
+def _type_list(t: Any) -> list[str]:  # api.PropertyType: a string or a list of strings
+    return [] if t is None else [t] if isinstance(t, str) else list(t)
+
+
+class Qwen3CoderParser:
+    """qwen3coder.go:30-225."""
+
+    def __init__(self, tools: list[dict[str, Any]] | None, last: dict[str, Any] | None = None,
+                 think: bool | None = None) -> None:
+        self.tools, self.acc, self.collecting = tools, "", False
+
+    def add(self, s: str, done: bool) -> Out:
+        self.acc += s
+        content, calls = [], []
+        keep = True
+        while keep:
+            keep = False
+            if not self.collecting:  # qwen3coder.go:140-189
+                if _TOOL_OPEN in self.acc:
+                    before, after = self.acc.split(_TOOL_OPEN, 1)
+                    content.append(_rstrip(before))
+                    self.acc, self.collecting, keep = after, True, True
+                else:
+                    n = overlap(self.acc, _TOOL_OPEN)
+                    start = len(self.acc) - n - trailing_ws(self.acc[:len(self.acc) - n])
+                    content.append(self.acc[:start])
+                    self.acc = self.acc[start:]
+            elif _TOOL_CLOSE in self.acc:  # qwen3coder.go:190-210
+                before, after = self.acc.split(_TOOL_CLOSE, 1)
+                self.acc = _lstrip(after)
+                calls.append(parse_qwen_tool_call(before, self.tools))
+                self.collecting, keep = False, True
+        return "".join(content), "", calls
+
+
+# ---------------------------------------------------------------- qwen3.5 (model/parsers/qwen35.go)
+
+_THINK_OPEN, _THINK_CLOSE = "<think>", "</think>"
+
+
+class Qwen35Parser:
+    """qwen35.go:28-269: reasoning up to </think>, then the rest through Qwen3CoderParser."""
+
+    THINKING, EATING_WS, CONTENT = 0, 1, 2
+
+    def __init__(self, tools: list[dict[str, Any]] | None, last: dict[str, Any] | None = None,
+                 think: bool | None = None) -> None:
+        self.tool_parser = Qwen3CoderParser(tools)
+        self.buf = ""
+        thinking = think is None or think  # qwen35.go:59-63: thinking unless think is false
+        prefill = last is not None and last.get("role") == "assistant" and last.get("content", "") != ""
+        self.state = self.THINKING if thinking and not prefill else self.CONTENT
+        self.allow_leading_open = self.state == self.THINKING
+        self.trim_leading_thinking = False
+
+    def add(self, s: str, done: bool) -> Out:  # qwen35.go:96-118
+        self.buf += s
+        content, thinking, calls = [], [], []
+        for kind, text in self._events():
+            if kind == "content":
+                c, _t, cs = self.tool_parser.add(text, done)
+                content.append(c)
+                calls += cs
+            else:
+                thinking.append(text)
+        return "".join(content), "".join(thinking), calls
+
+    def _events(self) -> list[tuple[str, str]]:
+        out: list[tuple[str, str]] = []
+        keep = True
+        while keep:
+            keep = self._eat(out)
+        return out
+
+    def _eat(self, out: list[tuple[str, str]]) -> bool:  # qwen35.go:184-269
+        if self.state == self.THINKING:
+            acc = self.buf
+            if self.allow_leading_open:  # maybeConsumeLeadingThinkOpenTag, qwen35.go:156-182
+                trimmed = _lstrip(acc)
+                if trimmed.startswith(_THINK_OPEN):
+                    after = _lstrip(trimmed[len(_THINK_OPEN):])
+                    self.buf, self.allow_leading_open, self.trim_leading_thinking = after, False, after == ""
+                    return after != ""
+                if _THINK_OPEN.startswith(trimmed):
+                    return False
+                self.allow_leading_open = False
+            if self.trim_leading_thinking:
+                acc = self.buf = _lstrip(acc)
+                if acc == "":
+                    return False
+                self.trim_leading_thinking = False
+            if _THINK_CLOSE in acc:
+                thinking, remaining = split_at_tag(acc, _THINK_CLOSE, True)
+                self.buf = remaining
+                if thinking:
+                    out.append(("thinking", thinking))
+                self.state = self.EATING_WS if remaining == "" else self.CONTENT
+                return True
+            n = max(overlap(acc, _THINK_CLOSE), overlap(acc, _TOOL_OPEN))
+            if n > 0:
+                before = acc[:len(acc) - n]
+                start = len(before) - trailing_ws(before)
+                self.buf = acc[start:]
+                if start:
+                    out.append(("thinking", acc[:start]))
+                return False
+            if _TOOL_OPEN in acc:  # a <tool_call> before </think> ends the reasoning (qwen35.go:229-237)
+                thinking, tooling = split_at_tag(acc, _TOOL_OPEN, True)
+                self.buf = thinking + _THINK_CLOSE + _TOOL_OPEN + tooling
+                return True
+            start = len(acc) - trailing_ws(acc)
+            self.buf = acc[start:]
+            if start:
+                out.append(("thinking", acc[:start]))
+            return False
+        if self.state == self.EATING_WS:  # eatLeadingWhitespaceAndTransitionTo, qwen35.go:144-153
+            trimmed = _lstrip(self.buf)
+            self.buf = trimmed
+            if trimmed == "":
+                return False
+            self.state = self.CONTENT
+            return True
+        if self.buf:
+            out.append(("content", self.buf))
+            self.buf = ""
+        return False
+
+
+# ---------------------------------------------------------------- ministral (model/parsers/ministral.go)
+
+_M_TOOL_CALLS, _M_THINK, _M_THINK_END, _M_ARGS = "[TOOL_CALLS]", "[THINK]", "[/THINK]", "[ARGS]"  # ministral.go:103-108
+
+
+class ToolNotFound(ValueError):
+    """ministral.go:94-101 toolByName's error: Add returns it with the calls parsed before."""
+
+
+def find_json_end(s: str) -> int:
+    """ministral.go:310-352: index of the brace or bracket that closes the first JSON value; -1 if incomplete."""
+    depth, in_string, escaped = 0, False, False
+    for i, r in enumerate(s):
+        if in_string:
+            if escaped:
+                escaped = False
+            elif r == "\\":
+                escaped = True
+            elif r == '"':
+                in_string = False
+            continue
+        if r == '"':
+            in_string = True
+        elif r in "{[":
+            depth += 1
+        elif r in "}]":
+            depth -= 1
+            if depth == 0:
+                return i
+    return -1
+
+
+class MinistralParser:
+    """ministral.go:43-306. `ParserForName("ministral")` builds it without thinking support (parsers.go:62-63):
+    it starts in content and still reads a [THINK] block it meets there."""
+
+    CONTENT, THINKING, TOOL_NAME, TOOL_ARGS = 0, 1, 2, 3
+
+    def __init__(self, tools: list[dict[str, Any]] | None, last: dict[str, Any] | None = None,
+                 think: bool | None = None, *, thinking_support: bool = False) -> None:
+        self.tools, self.buf, self.pending = tools or [], "", ""
+        prefill = last is not None and last.get("role") == "assistant"
+        if not thinking_support or (prefill and last is not None and last.get("content", "") != ""):
+            self.state = self.CONTENT
+        else:
+            self.state = self.THINKING
+
+    def add(self, s: str, done: bool) -> Out:  # ministral.go:271-306
+        self.buf += s
+        events: list[tuple[str, Any]] = []
+        keep = True
+        while keep:
+            keep = self._eat(events)
+        content, thinking, calls = [], [], []
+        for kind, value in events:
+            if kind == "content":
+                content.append(value)
+            elif kind == "thinking":
+                thinking.append(value)
+            else:
+                name, raw = value
+                if not any(t["function"]["name"] == name for t in self.tools):
+                    raise ToolNotFound(f"tool '{name}' not found")
+                args = json.loads(raw)  # json.Unmarshal into ToolCallFunctionArguments (an object)
+                if not isinstance(args, dict):
+                    raise ValueError("json: cannot unmarshal array into Go value of type api.ToolCallFunctionArguments")
+                calls.append({"name": name, "arguments": args})
+        return "".join(content), "".join(thinking), calls
+
+    def _eat(self, out: list[tuple[str, Any]]) -> bool:  # ministral.go:113-258
+        buf = self.buf
+        if self.state == self.CONTENT:
+            for tag, state in ((_M_TOOL_CALLS, self.TOOL_NAME), (_M_THINK, self.THINKING)):
+                if tag in buf:
+                    before, after = buf.split(tag, 1)
+                    if _rstrip(before):
+                        out.append(("content", _rstrip(before)))
+                    self.buf, self.state = after, state
+                    return True
+            n = max(overlap(buf, _M_TOOL_CALLS), overlap(buf, _M_THINK))
+            before = buf[:len(buf) - n]
+            start = len(before) - trailing_ws(before)
+            self.buf = buf[start:]
+            if start:
+                out.append(("content", buf[:start]))
+            return False
+        if self.state == self.THINKING:
+            if _M_THINK_END in buf:
+                thinking, after = buf.split(_M_THINK_END, 1)
+                self.buf, self.state = _lstrip(after), self.CONTENT
+                if thinking:
+                    out.append(("thinking", thinking))
+                return True
+            n = overlap(buf, _M_THINK_END)
+            self.buf = buf[len(buf) - n:] if n else ""
+            if len(buf) - n:
+                out.append(("thinking", buf[:len(buf) - n]))
+            return False
+        if self.state == self.TOOL_NAME:
+            if _M_ARGS in buf:
+                self.pending, self.buf = buf.split(_M_ARGS, 1)
+                self.state = self.TOOL_ARGS
+                return True
+            return False
+        end = find_json_end(buf)
+        if end != -1:
+            out.append(("call", (self.pending, buf[:end + 1])))
+            self.pending, self.buf, self.state = "", buf[end + 1:], self.CONTENT
+            return True
+        return False
+
+
+# ---------------------------------------------------------------- lfm2 / lfm2-thinking (model/parsers/lfm2.go)
+
+_L_CALL_START, _L_CALL_END = "<|tool_call_start|>", "<|tool_call_end|>"  # lfm2.go:27-32
+
+
+class LFM2Parser:
+    """lfm2.go:34-268; `lfm2` without thinking support, `lfm2-thinking` with it (parsers.go:89-92)."""
+
+    LOOKING, THINKING, CONTENT, TOOL_CALLS = 0, 1, 2, 3
+
+    def __init__(self, tools: list[dict[str, Any]] | None, last: dict[str, Any] | None = None,
+                 think: bool | None = None, *, thinking_support: bool = False) -> None:
+        self.tool_names = {t["function"]["name"] for t in tools or () if t["function"]["name"]}
+        self.has_tools = bool(tools)
+        self.buf = ""
+        self.trim_thinking = self.trim_content = False
+        prefill = last is not None and last.get("role") == "assistant" and last.get("content", "") != ""
+        # lfm2.go:62-82: thinking only when the parser has it and the request asks for it, and not after a prefill
+        self.state = self.LOOKING if thinking_support and think and not prefill else self.CONTENT
+
+    def add(self, s: str, done: bool) -> Out:  # lfm2.go:120-166
+        self.buf += s
+        if done and self.state == self.LOOKING:
+            trimmed = _lstrip(self.buf)
+            if not trimmed.startswith(_THINK_OPEN):
+                self.buf, self.state = trimmed, self.CONTENT
+        events: list[tuple[str, Any]] = []
+        keep = True
+        while keep:
+            keep = self._eat(events)
+        calls = [v for k, v in events if k == "call"]
+        content = "".join(v for k, v in events if k == "content")
+        thinking = "".join(v for k, v in events if k == "thinking")
+        if done and not calls and self.has_tools:  # bare calls without the wrapper tags (lfm2.go:149-156)
+            try:
+                fallback = parse_tool_calls_content(_strip(content))
+            except ValueError:
+                fallback = []
+            if fallback and (not self.tool_names or all(c["name"] in self.tool_names for c in fallback)):
+                content, calls = "", fallback
+        return content, thinking, calls
+
+    def _eat(self, out: list[tuple[str, Any]]) -> bool:  # lfm2.go:184-346
+        buf = self.buf
+        if buf == "":
+            return False
+        if self.state == self.LOOKING:
+            trimmed = _lstrip(buf)
+            if trimmed.startswith(_THINK_OPEN):
+                self.buf, self.state, self.trim_thinking = trimmed[len(_THINK_OPEN):], self.THINKING, True
+                return True
+            if trimmed == "" or _THINK_OPEN.startswith(trimmed):
+                return False
+            self.buf, self.state = trimmed, self.CONTENT
+            return True
+        if self.state == self.THINKING:
+            if buf.startswith(_THINK_OPEN):
+                buf = self.buf = buf[len(_THINK_OPEN):]
+                self.trim_thinking = True
+            if self.trim_thinking:
+                buf = self.buf = _lstrip(buf)
+                if buf:
+                    self.trim_thinking = False
+            if _THINK_CLOSE in buf:
+                thinking, remaining = buf.split(_THINK_CLOSE, 1)
+                thinking, remaining = _rstrip(thinking), _lstrip(remaining)
+                self.buf, self.state, self.trim_thinking = remaining, self.CONTENT, False
+                self.trim_content = remaining == ""
+                if thinking:
+                    out.append(("thinking", thinking))
+                return True
+            n = overlap(buf, _THINK_CLOSE)
+            before = buf[:len(buf) - n]
+            start = len(before) - trailing_ws(before)
+            self.buf = buf[start:]
+            if start:
+                out.append(("thinking", buf[:start]))
+            return False
+        if self.state == self.CONTENT:
+            if self.trim_content:
+                buf = self.buf = _lstrip(buf)
+                if buf:
+                    self.trim_content = False
+            if _L_CALL_START in buf:
+                before, remaining = buf.split(_L_CALL_START, 1)
+                self.buf, self.state = remaining, self.TOOL_CALLS
+                if _rstrip(before):
+                    out.append(("content", _rstrip(before)))
+                return True
+            self.buf = ""
+            if buf:
+                out.append(("content", buf))
+            return False
+        idx = buf.find(_L_CALL_END)
+        if idx != -1:
+            try:
+                calls = parse_tool_calls_content(buf[:idx])
+            except ValueError:
+                calls = []
+            if calls:
+                remaining = buf[idx + len(_L_CALL_END):]
+                if remaining.startswith(_L_CALL_START):
+                    remaining = remaining[len(_L_CALL_START):]
+                else:
+                    remaining, self.state = _lstrip(remaining), self.CONTENT
+                self.buf = remaining
+                out += [("call", c) for c in calls]
+                return True
+        return False
+
+
+def parse_tool_calls_content(content: str) -> list[Call]:
+    """lfm2.go:351-440: [f(a='x'), g(b=1)] or f(a='x'); ValueError for what Ollama refuses."""
+    content = _strip(content)
+    content = _strip(content.removeprefix(_L_CALL_START))
+    content = _strip(content.removesuffix(_L_CALL_END))
+    content = _strip(content)
+    if content.startswith("[") and content.endswith("]"):
+        content = content[1:-1]
+    calls: list[Call] = []
+    while content:
+        content = _strip(content)
+        if not content:
+            break
+        if content.startswith(","):
+            content = _strip(content[1:])
+            if not content:
+                break
+        paren = content.find("(")
+        if paren == -1:
+            raise ValueError("invalid tool call: no opening parenthesis")
+        name = _strip(content[:paren])
+        if not name:
+            raise ValueError("invalid tool call: empty function name")
+        close = _find_matching_paren(content, paren)
+        if close == -1:
+            raise ValueError("invalid tool call: no matching closing parenthesis")
+        args_str = content[paren + 1:close]
+        calls.append({"name": name, "arguments": _parse_python_args(args_str) if args_str else {}})
+        content = content[close + 1:]
+    if not calls:
+        raise ValueError("no tool calls found")
+    return calls
+
+
+def _find_matching_paren(s: str, open_idx: int) -> int:  # lfm2.go:444-471
+    depth, i = 1, open_idx + 1
+    while i < len(s) and depth > 0:
+        ch = s[i]
+        if ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+            if depth == 0:
+                return i
+        elif ch in "'\"":
+            i += 1
+            while i < len(s) and s[i] != ch:
+                if s[i] == "\\" and i + 1 < len(s):
+                    i += 1
+                i += 1
+        i += 1
+    return -1
+
+
+def _parse_python_args(s: str) -> dict[str, Any]:  # parsePythonArgs, lfm2.go:486-532
+    args: dict[str, Any] = {}
+    i = 0
+    while i < len(s):
+        while i < len(s) and (s[i] == "," or s[i] in _GO_SPACE):
+            i += 1
+        if i >= len(s):
+            break
+        key_start = i
+        while i < len(s) and s[i] not in "=,":
+            i += 1
+        if i >= len(s) or s[i] != "=":
+            raise ValueError("invalid argument: expected '='")
+        key = _strip(s[key_start:i])
+        if not key:
+            raise ValueError("invalid argument: empty key")
+        i += 1
+        while i < len(s) and s[i] in _GO_SPACE:
+            i += 1
+        if i >= len(s):
+            raise ValueError("invalid argument: missing value")
+        args[key], i = _parse_python_arg_value(s, i)
+        if i < len(s) and s[i] == ",":
+            i += 1
+    return args
+
+
+def _parse_python_arg_value(s: str, i: int) -> tuple[Any, int]:  # lfm2.go:534-608
+    if s[i] in "'\"":
+        quote = s[i]
+        i += 1
+        start = i
+        while i < len(s):
+            if s[i] == "\\" and i + 1 < len(s):
+                i += 2
+                continue
+            if s[i] == quote:
+                return s[start:i], i + 1  # the text between the quotes, escapes kept as written
+            i += 1
+        raise ValueError("invalid argument: unterminated string")
+    start = i
+    paren = square = curly = 0
+    in_string, quote, escaped = False, "", False
+    while i < len(s):
+        ch = s[i]
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == quote:
+                in_string = False
+            i += 1
+            continue
+        if ch in "'\"":
+            in_string, quote = True, ch
+        elif ch == "(":
+            paren += 1
+        elif ch == ")":
+            paren = max(paren - 1, 0)
+        elif ch == "[":
+            square += 1
+        elif ch == "]":
+            square = max(square - 1, 0)
+        elif ch == "{":
+            curly += 1
+        elif ch == "}":
+            curly = max(curly - 1, 0)
+        elif ch == "," and paren == square == curly == 0:
+            return _parse_python_literal(_strip(s[start:i])), i
+        i += 1
+    return _parse_python_literal(_strip(s[start:i])), i
+
+
+def _parse_python_literal(token: str) -> Any:  # lfm2.go:610-645
+    fixed = {"": "", "true": True, "True": True, "false": False, "False": False, "null": None, "None": None}
+    if token in fixed:
+        return fixed[token]
+    if re.fullmatch(r"[+-]?\d+", token) and -(2**63) <= int(token) < 2**63:
+        return int(token)
+    f = _parse_float(token)
+    if f is not None:
+        return f
+    if token.startswith(("[", "{")):
+        parsed = _json_or_none(token)
+        if parsed is not None or token == "null":
+            return parsed
+        try:
+            return json.loads(_python_literal_to_json(token))
+        except ValueError:
+            pass
+    return token
+
+
+def _python_literal_to_json(s: str) -> str:  # lfm2.go:647-724
+    out: list[str] = []
+    in_string, quote, escaped = False, "", False
+    i = 0
+    while i < len(s):
+        ch = s[i]
+        if in_string:
+            if escaped:
+                out.append(ch)
+                escaped = False
+            elif ch == "\\":
+                out.append(ch)
+                escaped = True
+            elif ch == quote:
+                out.append('"')
+                in_string = False
+            elif quote == "'" and ch == '"':
+                out.append('\\"')
+            else:
+                out.append(ch)
+            i += 1
+            continue
+        if ch in "'\"":
+            in_string, quote, escaped = True, ch, False
+            out.append('"')
+            i += 1
+            continue
+        if ch.isascii() and (ch.isalpha() or ch == "_"):
+            j = i + 1
+            while j < len(s) and s[j].isascii() and (s[j].isalnum() or s[j] == "_"):
+                j += 1
+            ident = s[i:j]
+            out.append({"True": "true", "False": "false", "None": "null"}.get(ident, ident))
+            i = j
+            continue
+        out.append(ch)
+        i += 1
+    if in_string:
+        raise ValueError("unterminated string")
+    return "".join(out)
+
+
+def new_parser(name: str, tools: list[dict[str, Any]] | None, last: dict[str, Any] | None = None,
+               think: bool | None = None) -> Qwen35Parser | Qwen3CoderParser | MinistralParser | LFM2Parser:
+    """ParserForName (parsers.go:43-101) then Init, for the names reimplemented here."""
+    if name == "qwen3.5":
+        return Qwen35Parser(tools, last, think)
+    if name == "qwen3-coder":
+        return Qwen3CoderParser(tools, last, think)
+    if name == "ministral":
+        return MinistralParser(tools, last, think, thinking_support=False)
+    if name in ("lfm2", "lfm2-thinking"):
+        return LFM2Parser(tools, last, think, thinking_support=name == "lfm2-thinking")
+    raise KeyError(name)
+
+
+PARSERS = ("qwen3.5", "qwen3-coder", "ministral", "lfm2", "lfm2-thinking")
+
+
+def parse(name: str, output: str, tools: list[dict[str, Any]] | None, *, last: dict[str, Any] | None = None,
+          think: bool | None = None) -> Out:
+    """The whole output in one Add(output, done=true), as at the end of a non-streamed /api/chat."""
+    return new_parser(name, tools, last, think).add(output, True)
