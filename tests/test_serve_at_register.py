@@ -159,45 +159,26 @@ def test_a_registered_gguf_carries_its_plans_and_a_refusal_is_recorded(isolated,
     assert p.per_gpu[0].weights == what.weights_bytes and 0 < what.weights_bytes < m.size_bytes
     assert p.kv_bytes_per_token == what.shape.kv_bytes_per_token() == 2 * 4 * 2 * 64 * 2
     assert p.per_gpu[0].usable == int(planner.gpu("L4-24G").memory_bytes * 0.9) and p.per_gpu[0].kv_pool > 0
-    # a GGUF gets what `plan --out` gives a GGUF: no vLLM file (and why), Ollama's layout on the 4-GPU box
-    assert single.files == [] and "no vLLM files for a GGUF" in single.notes[0]
-    assert box.files == [f"serve/1x4xrtx4090-24g/ollama/{f}" for f in ("Modelfile", "nginx.conf", "start.sh")]
+    # a GGUF gets no vLLM file (and why) but Ollama's files on every group, planned by llama.cpp's memory model
+    # (tests/test_serve_at_register_gguf.py checks them against `modelmint recommend --engine ollama`)
+    assert single.files == [f"serve/1x1xl4-24g/ollama/{f}" for f in ("Modelfile", "start.sh")]
+    assert "no vLLM files for a GGUF" in single.notes[0] and "llama.cpp's memory model" in single.notes[0]
+    assert box.files == [f"serve/1x4xrtx4090-24g/ollama/{f}" for f in ("Modelfile", "start.sh")]
     assert len(mixed.plans) == 2 and mixed.files == [
         f"serve/1x8xa800-80g+1x8xl20-48g/{g}/ollama/{f}"
         for g in ("1x8xa800-80g", "1x8xl20-48g")
-        for f in ("Modelfile", "nginx.conf", "start.sh")
+        for f in ("Modelfile", "start.sh")
     ]
-    assert (repo.root / m.dvc.path / box.files[2]).stat().st_mode & 0o111
-    # the planned context travels with the Ollama layout: the model at num_ctx 4096 is what start.sh serves
-    assert (
-        "PARAMETER num_ctx 4096\n" in files[box.files[0]]
-        and "OLLAMA_CONTEXT_LENGTH=4096 " in files[box.files[2]]
-    )
-    for inv, inline in ((box, "4xRTX4090-24G"), (mixed, "1x8xA800-80G+1x8xL20-48G")):
-        out = tmp_path / f"plan-{inv.dir.replace('/', '-')}"
-        planned = _cli(
-            repo,
-            "plan",
-            m.ref,
-            "--gpus",
-            inline,
-            "--context",
-            "4096",
-            "--concurrency",
-            "8",
-            "--out",
-            str(out),
-        )
-        assert planned.returncode == 0, planned.stderr
-        by_cli = {p.relative_to(out).as_posix(): p.read_text() for p in out.rglob("*") if p.is_file()}
-        ours = {k.removeprefix(inv.dir + "/"): v for k, v in files.items() if k.startswith(inv.dir + "/")}
-        if len(inv.plans) == 1:  # one group: its folder merged into the inventory's
-            by_cli = {k.split("/", 1)[1]: v for k, v in by_cli.items()}
-        assert ours == by_cli, inv.gpus
+    assert (repo.root / m.dvc.path / box.files[1]).stat().st_mode & 0o111
+    # the planned context and slots travel with the Ollama layout: 8 sequences over 4 GPUs, 2 slots each
+    (planned,) = box.gguf
+    assert (planned.engine, planned.num_ctx, planned.instances, planned.parallel) == ("ollama", 4096, 4, 2)
+    assert "PARAMETER num_ctx 4096\n" in files[box.files[0]]
+    assert files[box.files[1]].count("OLLAMA_NUM_PARALLEL=2 ") == 4
     shown = _cli(repo, "show", m.ref, "--plans")
     assert shown.returncode == 0, shown.stderr
     assert "1x4xRTX4090-24G" in shown.stdout and "TP 1 x PP 1, 4 replica(s)" in shown.stdout
-    assert "3 file(s) in artifacts/tiny-qwen2/q8_0/serve/1x4xrtx4090-24g" in shown.stdout
+    assert "2 file(s) in artifacts/tiny-qwen2/q8_0/serve/1x4xrtx4090-24g" in shown.stdout
     assert json.loads(_cli(repo, "show", m.ref).stdout)["serving"] == m.serving.model_dump(mode="json")
 
     # pull places them: a fresh clone gets the plans with the artifact, every file checked

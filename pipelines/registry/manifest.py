@@ -8,7 +8,16 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    ValidationError,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 from pipelines.core.errors import ConfigError, ManifestInvalid, NotRegistered
 from pipelines.core.fsutil import write_text_atomic
@@ -170,8 +179,25 @@ class PlanSummary(_Strict):
     warnings: list[str] = Field(default_factory=list)
 
 
+class GgufServePlan(_Strict):
+    """A GGUF's plan for one GPU group by llama.cpp's memory model, as its engine serves it (recommend.plan_gguf):
+    what its serve files (Modelfile, start.sh) realise."""
+
+    engine: str = Field(description="the engine whose memory model planned it: 'ollama'")
+    gpus: str = Field(description="the GPU group, as --gpus writes it")
+    num_ctx: int = Field(ge=1, description="tokens per sequence (the Modelfile's num_ctx)")
+    parallel: int = Field(ge=1, description="slots per server (OLLAMA_NUM_PARALLEL)")
+    n_gpu_layers: int = Field(ge=0, description="layers offloaded to the GPUs (num_gpu), the output layer as one")
+    n_layers: int = Field(ge=1, description="the model's blocks plus the output layer")
+    instances: int = Field(ge=1, description="Ollama servers, one per GPU, each with `parallel` slots")
+    spread: bool = Field(description="one server over every GPU (OLLAMA_SCHED_SPREAD)")
+    partial: bool = Field(description="some layers stay on the CPU")
+    warnings: list[str] = Field(default_factory=list)
+
+
 class InventoryPlans(_Strict):
-    """What the planner answered for one GPU inventory: plans and the files carrying them, or its refusal."""
+    """What the planner answered for one GPU inventory: plans and the files carrying them, or its refusal. A GGUF's
+    files realise `gguf` (llama.cpp's memory model); `plans` are vLLM's planner's sizing of the same bytes."""
 
     gpus: str = Field(description="the inventory, as the catalog's serve.gpus names it (in full form)")
     dir: str = Field(description="its folder in the artifact directory, serve/<inventory>")
@@ -180,6 +206,17 @@ class InventoryPlans(_Strict):
     notes: list[str] = Field(default_factory=list, description="why a file one could expect is not written")
     refused: str | None = Field(default=None, description="the planner's refusal: no plan fits (or none can be made)")
     nearest: list[str] = Field(default_factory=list, description="with a refusal: the nearest plans that do fit")
+    gguf: list[GgufServePlan] | None = Field(
+        default=None, description="a GGUF: each group's plan by llama.cpp's memory model, which its files realise"
+    )
+
+    @model_serializer(mode="wrap")
+    def _without_gguf_when_none(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """A record without llama.cpp plans is written as before they were recorded (its bytes unchanged)."""
+        out: dict[str, Any] = handler(self)
+        if self.gguf is None:
+            out.pop("gguf", None)
+        return out
 
     @model_validator(mode="after")
     def _plans_or_refusal(self) -> InventoryPlans:

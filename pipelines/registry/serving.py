@@ -5,6 +5,10 @@ A single-group inventory's folder holds what `modelmint plan NAME:TAG --gpus INV
 group's folder merged into it (serve/1xl4-24g/vllm.yaml); a mixed one keeps one folder per GPU type inside it. A plan
 that cannot fit, or an artifact the planner cannot size, is recorded with the planner's refusal and the nearest
 plans that fit, and no file: serving plans never fail a registration.
+
+A GGUF's files are Ollama's (ollama/Modelfile and ollama/start.sh in each group's folder), planned by llama.cpp's
+memory model as `modelmint recommend --engine ollama` plans it (recommend.plan_gguf: num_ctx, OLLAMA_NUM_PARALLEL,
+num_gpu, one Ollama per GPU or one over every GPU); the record keeps that plan beside vLLM's planner's sizing.
 """
 
 from __future__ import annotations
@@ -19,9 +23,20 @@ from pipelines.core.fsutil import write_text_atomic
 from pipelines.core.gpus import cluster_label, parse_cluster
 from pipelines.core.settings import Settings
 from pipelines.publish import planner
-from pipelines.publish.servefiles import Artifact, artifact_of, notes, plan_files, slug, write_files
+from pipelines.publish.llamacpp_memory import LayeredWeights, read_layered_weights
+from pipelines.publish.servefiles import (
+    Artifact,
+    artifact_of,
+    notes,
+    ollama_planned_name,
+    ollama_start_script,
+    plan_files,
+    slug,
+    write_files,
+)
 from pipelines.registry.formats.base import implementation
 from pipelines.registry.manifest import (
+    GgufServePlan,
     GPUTotals,
     InventoryPlans,
     Manifest,
@@ -57,6 +72,12 @@ def write_serving(c: Candidate, directory: Path) -> Serving:
         name=f"{c.entry.name}-{c.tag}",
         ollama_model=c.ref,
     )
+    weights: LayeredWeights | None = None
+    if art.gguf and what is not None:
+        try:
+            weights = read_layered_weights(sized)
+        except ArtifactError:  # no per-layer tensors: planned by vLLM's planner alone, as before
+            weights = None
     inventories = []
     for gpus in spec.gpus:
         if what is None:
@@ -70,7 +91,7 @@ def write_serving(c: Candidate, directory: Path) -> Serving:
                 )
             )
         else:
-            inventories.append(_inventory(spec, gpus, what, art, directory))
+            inventories.append(_inventory(spec, gpus, what, art, directory, weights))
     serving = Serving(
         context=spec.context,
         concurrency=spec.concurrency,
@@ -93,9 +114,11 @@ def read_serving(directory: Path) -> Serving | None:
 
 
 def _inventory(
-    spec: ServeSpec, gpus: str, what: planner.Served, art: Artifact, directory: Path
+    spec: ServeSpec, gpus: str, what: planner.Served, art: Artifact, directory: Path,
+    weights: LayeredWeights | None = None,
 ) -> InventoryPlans:
-    """One inventory's plans and files (written under directory/serve/<inventory>/), or the planner's refusal."""
+    """One inventory's plans and files (written under directory/serve/<inventory>/), or the planner's refusal; a
+    GGUF with its `weights` per layer gets Ollama's files planned by llama.cpp's memory model (_gguf_files)."""
     groups = parse_cluster(gpus)  # checked when the catalog loaded
     rel = f"{SERVE_DIR}/{slug(cluster_label(groups))}"
     ask = planner.Ask(
@@ -115,7 +138,12 @@ def _inventory(
         return InventoryPlans(
             gpus=gpus, dir=rel, refused=err.message, nearest=[err.hint or "change serve in the catalog"]
         )
-    files = plan_files(plans, art)
+    gguf: list[GgufServePlan] | None = None
+    extra: list[str] = []
+    if weights is not None:
+        files, gguf, extra = _gguf_files(plans, art, weights, spec, what.shape.max_context)
+    else:
+        files = plan_files(plans, art)
     if len(plans) == 1:  # one group: its folder is the inventory's
         own = f"{slug(plans[0].label)}/"
         files = {k.removeprefix(own): v for k, v in files.items()}
@@ -125,8 +153,57 @@ def _inventory(
         dir=rel,
         plans=[summary(p) for p in plans],
         files=sorted(p.relative_to(directory).as_posix() for p in written),
-        notes=notes(plans, art),
+        notes=[*notes(plans, art), *extra] if weights is None else _gguf_notes(plans, art, extra),
+        gguf=gguf,
     )
+
+
+def _gguf_notes(plans: list[planner.Plan], art: Artifact, extra: list[str]) -> list[str]:
+    """notes() for a GGUF whose files are planned by llama.cpp's memory model: the first says what they are."""
+    first, *rest = notes(plans, art)
+    first = first.split(" (the ollama/ files")[0]
+    return [first + " (the ollama/ files: planned by llama.cpp's memory model as `modelmint recommend --engine "
+            "ollama` plans it)", *rest, *extra]
+
+
+def _gguf_files(
+    plans: list[planner.Plan], art: Artifact, weights: LayeredWeights, spec: ServeSpec, max_context: int
+) -> tuple[dict[str, str], list[GgufServePlan] | None, list[str]]:
+    """Each group's ollama/Modelfile (num_ctx, num_gpu) and ollama/start.sh (OLLAMA_NUM_PARALLEL, one Ollama per GPU
+    or one over every GPU) as recommend plans the GGUF on one node of it (recommend.plan_gguf, at the catalog's
+    context or Ollama's default, and its concurrency); a group that machine cannot hold gets no file and a note."""
+    from pipelines.registry import recommend  # it imports the serve files' module this one builds on
+
+    files: dict[str, str] = {}
+    out: list[GgufServePlan] = []
+    extra: list[str] = []
+    model = art.ollama_model or art.name
+    num_ctx = spec.context or min(max_context, recommend.OLLAMA_NUM_CTX)
+    for p in plans:
+        d = slug(p.label)
+        try:
+            g = recommend.plan_gguf(weights, p.group, "ollama", num_ctx, spec.concurrency)
+        except planner.PlanRefused as err:
+            extra.append(f"no Ollama files for {p.label}: {err.message}; nearest: {', '.join(err.nearest)}")
+            continue
+        served = ollama_planned_name(model, g.num_ctx)
+        files[f"{d}/ollama/Modelfile"] = (
+            f"# {model} as planned by llama.cpp's memory model on {p.label}: {g.summary()}; ollama/start.sh "
+            f"creates it as {served}\nFROM {model}\nPARAMETER num_ctx {g.num_ctx}\n"
+            f"PARAMETER num_gpu {g.n_gpu_layers}\n"
+        )
+        files[f"{d}/ollama/start.sh"] = ollama_start_script(
+            model=model, served=served, modelfile="Modelfile", gpus=g.gpus, instances=g.instances,
+            parallel=g.parallel, spread=g.spread,
+        )
+        out.append(
+            GgufServePlan(
+                engine=g.engine, gpus=p.label, num_ctx=g.num_ctx, parallel=g.parallel, n_gpu_layers=g.n_gpu_layers,
+                n_layers=g.n_layers, instances=g.instances, spread=g.spread, partial=g.partial,
+                warnings=list(g.warnings),
+            )
+        )
+    return files, out, extra
 
 
 def summary(p: planner.Plan) -> PlanSummary:

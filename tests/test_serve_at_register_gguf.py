@@ -1,0 +1,110 @@
+"""A registered GGUF's serve files realise llama.cpp's memory model, as `modelmint recommend --engine ollama` plans
+the same inventory: the Modelfile's num_ctx and num_gpu, start.sh's OLLAMA_NUM_PARALLEL and its servers (one per GPU
+or one over every GPU), and serve/plans.json saying which engine's memory model planned them. Real parts:
+tiny-qwen2's q4_k_m converted and quantized by the pinned llama.cpp, registered by the real code; recommend and
+shellcheck run as subprocesses."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from registry_env import Repo, isolate, make_repo
+from site_registry import candidate_for
+
+from pipelines.core.fsutil import sha256_file
+from pipelines.registry.manifest import Manifest, find_manifest
+
+ROOT = Path(__file__).resolve().parents[1]
+SERVE = {"gpus": ["1xL4-24G", "4xRTX4090-24G"], "context": 2048, "concurrency": 3}
+
+
+def _cli(repo: Repo, *args: str) -> subprocess.CompletedProcess[str]:
+    """modelmint from this tree (python -m, so this checkout's own code runs), in `repo`."""
+    env = {**repo.env(), "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
+    return subprocess.run([sys.executable, "-m", "pipelines.cli", *args], env=env, capture_output=True, text=True,
+                          cwd=repo.root, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def registered(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Repo, Manifest]]:
+    """tiny-qwen2's real q4_k_m GGUF registered by the real code, its catalog entry asking for serving plans on one
+    L4 and on a 4-GPU box at 2048 tokens x 3 sequences."""
+    from pipelines.gguf.build import ensure_base, ensure_quant, plan_gguf
+    from pipelines.registry.register import register
+    from pipelines.source.catalog import load_catalog
+
+    base = tmp_path_factory.mktemp("serve-gguf")
+    with pytest.MonkeyPatch.context() as mp:
+        isolate(base / "env", mp)
+        repo = make_repo(base, models={"tiny-qwen2": ["q4_k_m"]})
+        catalog = repo.root / "registry" / "catalog.yaml"
+        raw = yaml.safe_load(catalog.read_text())
+        for entry in raw["models"]:
+            entry["serve"] = SERVE
+        catalog.write_text(yaml.safe_dump(raw, sort_keys=False))
+        settings = repo.settings()
+        plan = plan_gguf(load_catalog(settings.catalog_path).get("tiny-qwen2"), settings, quants=["q4_k_m"])
+        ensure_base(plan)
+        ensure_quant(plan, "q4_k_m")
+        shaped = candidate_for(settings, base / "builds", "tiny-qwen2", "q4_k_m", (0.0123, 0.0006, 93.5, 0.6, 3.9, 0.5))
+        real = shaped.files[0]
+        shutil.copyfile(plan.quant_path("q4_k_m"), real)  # the real GGUF in place of the header-only one
+        register(settings, dataclasses.replace(shaped, sha256=sha256_file(real), size_bytes=real.stat().st_size))
+        yield repo, find_manifest(settings, "tiny-qwen2:q4_k_m")
+
+
+def _recommended(repo: Repo, gpus: str) -> Any:
+    """The plan `modelmint recommend --engine ollama` prints for `gpus` at the catalog's context and concurrency."""
+    proc = _cli(repo, "recommend", "tiny-qwen2", "--gpus", gpus, "--engine", "ollama", "--context",
+                str(SERVE["context"]), "--concurrency", str(SERVE["concurrency"]), "--json")
+    assert proc.returncode == 0, proc.stderr
+    (answer,) = json.loads(proc.stdout)
+    assert answer["winner"] == "tiny-qwen2:q4_k_m", answer
+    return answer["ranked"][0]["gguf_plan"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("inventory", "gpus"), [(0, "1xL4-24G"), (1, "4xRTX4090-24G")])
+def test_the_registered_ollama_files_carry_recommends_llamacpp_plan(
+    registered: tuple[Repo, Manifest], inventory: int, gpus: str
+) -> None:
+    repo, m = registered
+    inv = m.serving.inventories[inventory]
+    d = repo.root / m.dvc.path
+    assert f"{inv.dir}/ollama/Modelfile" in inv.files and f"{inv.dir}/ollama/start.sh" in inv.files, inv.files
+    modelfile = (d / inv.dir / "ollama" / "Modelfile").read_text()
+    start = (d / inv.dir / "ollama" / "start.sh").read_text()
+    want = _recommended(repo, gpus)
+    # the Modelfile: recommend's num_ctx (not vLLM's context) and its layers on the GPU
+    params = [line.split()[1:] for line in modelfile.splitlines() if line.startswith("PARAMETER ")]
+    assert params == [["num_ctx", str(want["num_ctx"])], ["num_gpu", str(want["n_gpu_layers"])]], modelfile
+    assert "FROM tiny-qwen2:q4_k_m\n" in modelfile
+    # start.sh: recommend's servers, each with its slots
+    serves = [line.split() for line in start.splitlines() if "ollama serve" in line]
+    assert len(serves) == want["instances"], start
+    for words in serves:
+        assert f"OLLAMA_NUM_PARALLEL={want['parallel']}" in words, start
+        assert ("OLLAMA_SCHED_SPREAD=1" in words) == want["spread"], start
+    assert (d / inv.dir / "ollama" / "start.sh").stat().st_mode & 0o111
+    check = subprocess.run([str(Path(sys.executable).parent / "shellcheck"), "-s", "bash", "-S", "warning",
+                            str(d / inv.dir / "ollama" / "start.sh")], capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout
+    # the record says which memory model planned the files, with that plan
+    written = json.loads((d / "serve" / "plans.json").read_text())
+    assert written == m.serving.model_dump(mode="json")  # the manifest's block reads it back
+    record = written["inventories"][inventory]
+    (planned,) = record["gguf"]
+    assert planned["engine"] == "ollama"
+    assert {k: planned[k] for k in ("num_ctx", "parallel", "n_gpu_layers", "n_layers", "instances", "spread")} == {
+        k: want[k] for k in ("num_ctx", "parallel", "n_gpu_layers", "n_layers", "instances", "spread")
+    }
+
