@@ -719,6 +719,160 @@ def _python_literal_to_json(s: str) -> str:  # lfm2.go:647-724
     return "".join(out)
 
 
+# ---------------------------------------------------------------- tools/ (a TEMPLATE model's tool calls, no PARSER)
+
+
+class TemplateToolsParser:
+    """tools/tools.go:20-404: Ollama's tool-call parsing for a model without PARSER. The tag is what the TEMPLATE
+    prints first inside its `if .ToolCalls` block, up to any '{' ("{" when none: tools/template.go:12-38; modelmint's
+    Go analysis reports it, pipelines.chat.gotemplate.analyze). `add` returns (calls, content)."""
+
+    def __init__(self, tools: list[dict[str, Any]] | None, tag: str) -> None:
+        self.tools, self.tag, self.buf, self.state, self.n = tools or [], tag, "", "looking", 0
+
+    def add(self, s: str) -> tuple[list[Call], str]:  # tools.go:56-104
+        if self.state == "done":
+            return [], s
+        self.buf += s
+        content = ""
+        if self.state == "looking":
+            i, found = self._find_tag()
+            if i == -1:
+                content, self.buf = self.buf, ""
+            else:
+                content, self.buf = self.buf[:i], self.buf[i:]
+            if self.tag in ("{", "[") and _strip(content) != "":
+                self.state = "done"
+                return [], content + self.buf
+            if not found:
+                return [], content
+            self.state = "calling"
+        calls = []
+        while (call := self._parse_tool_call()) is not None:
+            calls.append(call)
+        if self._done():
+            self.state, content, self.buf = "done", self.buf, ""
+        return calls, content
+
+    def _find_tag(self) -> tuple[int, bool]:  # tools.go:106-119
+        if (i := self.buf.find(self.tag)) > -1:
+            return i, True
+        n = overlap(self.buf, self.tag)
+        return (len(self.buf) - n, False) if n else (-1, False)
+
+    def _parse_tool_call(self) -> Call | None:  # tools.go:121-157
+        tool, end = self._find_tool()
+        if tool is None:
+            return None
+        args, i = _find_arguments(tool, self.buf)
+        if args is None:
+            return None
+        end = max(end, i)
+        self.n += 1
+        self.buf = self.buf[end:]
+        return {"name": tool, "arguments": args}
+
+    def _find_tool(self) -> tuple[str | None, int]:  # tools.go:159-212
+        if not self.buf:
+            return None, 0
+        names = [t["function"]["name"] for t in self.tools]
+        longest = max(map(len, names), default=0)
+        for i in range(1, min(len(self.buf), longest) + 1):
+            tail = self.buf[-i:]
+            if any(len(tail) < len(n) and n.startswith(tail) for n in names):
+                return None, 0  # a name may be arriving
+        found, start, end = None, -1, -1
+        for n in names:
+            pos = self.buf.find(n)
+            if pos == -1 or (start != -1 and (pos > start or (pos == start and found is not None and len(n) <= len(found)))):
+                continue
+            found, start, end = n, pos, pos + len(n)
+        return (found, end) if found is not None else (None, 0)
+
+    def _done(self) -> bool:  # tools.go:338-375
+        pairs = {"{": ("{", "}"), "[": ("[", "]")}
+        if self.tag not in pairs:
+            return False
+        op, cl = pairs[self.tag]
+        count, in_string, escaped = 0, False, False
+        for c in self.buf:
+            if escaped:
+                escaped = False
+            elif c == "\\":
+                escaped = True
+            elif c == '"':
+                in_string = not in_string
+            elif in_string:
+                continue
+            elif c == op:
+                count += 1
+            elif c == cl:
+                count -= 1
+                if count == 0:
+                    return True
+        return False
+
+
+def _find_arguments(tool: str, buf: str) -> tuple[dict[str, Any] | None, int]:  # tools.go:214-336
+    start, braces, in_string, escaped = -1, 0, False, False
+    for i, c in enumerate(buf):
+        if escaped:
+            escaped = False
+            continue
+        if c == "\\":
+            escaped = True
+            continue
+        if c == '"':
+            in_string = not in_string
+            continue
+        if in_string:
+            continue
+        if c == "{":
+            if braces == 0:
+                start = i
+            braces += 1
+        elif c == "}":
+            braces -= 1
+            if braces == 0 and start != -1:
+                data = _json_or_none(buf[start:i + 1])
+                if not isinstance(data, dict):
+                    start = -1
+                    continue
+                args, found = _find_object(tool, data)
+                return (args if found else data), i
+            braces = max(braces, 0)
+    return None, 0
+
+
+def _find_object(tool: str, obj: dict[str, Any]) -> tuple[Any, bool]:  # the closure of tools.go:259-315
+    def find_map(name: str) -> tuple[dict[str, Any] | None, bool]:
+        v = obj.get(name)
+        if isinstance(v, dict):
+            return v, True
+        if isinstance(v, str):
+            parsed = _json_or_none(v)
+            if isinstance(parsed, dict):
+                return parsed, True
+        return None, False
+
+    if "name" in obj:
+        for key in ("arguments", "parameters"):
+            args, ok = find_map(key)
+            if ok:
+                return args, True
+        return None, True
+    args, ok = find_map(tool)
+    if ok:
+        return args, True
+    for v in obj.values():  # Go ranges over a map: any order; the suite's objects hold one candidate at most
+        for child in (v if isinstance(v, list) else [v]):
+            if isinstance(child, dict):
+                result, found = _find_object(tool, child)
+                if found:
+                    return result, True
+    return None, False
+
+
 def new_parser(name: str, tools: list[dict[str, Any]] | None, last: dict[str, Any] | None = None,
                think: bool | None = None) -> Qwen35Parser | Qwen3CoderParser | MinistralParser | LFM2Parser:
     """ParserForName (parsers.go:43-101) then Init, for the names reimplemented here."""

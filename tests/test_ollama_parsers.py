@@ -21,9 +21,12 @@ import pytest
 
 from pipelines.chat.coverage import templates_tree
 from pipelines.chat.families import FAMILIES, TemplateTokens
+from pipelines.chat.gotemplate import analyze
 from pipelines.chat.proof import SUITE, Conversation, render_hf
+from pipelines.core.errors import UnsupportedModel
 from pipelines.core.settings import Settings
-from tests.ollama_parsers import PARSERS, new_parser, parse, parse_qwen_tool_call
+from tests.ollama_parsers import PARSERS, TemplateToolsParser, new_parser, parse, parse_qwen_tool_call
+from tests.test_ollama_templates import CLAIMED, OLLAMA_READING
 
 VECTORS = json.loads((Path(__file__).parent / "data" / "ollama_parser_vectors.json").read_text(encoding="utf-8"))
 TODAY = date(2026, 11, 26)
@@ -60,6 +63,17 @@ def test_a_raw_qwen_tool_call_parses_as_in_ollamas_tests(case: dict[str, Any]) -
     assert parse_qwen_tool_call(case["raw"], case["tools"]) == case["call"]
 
 
+@pytest.mark.parametrize("case", VECTORS["template_tools"], ids=lambda c: c["name"])
+def test_the_template_tool_parser_parses_as_in_ollamas_tests(case: dict[str, Any]) -> None:
+    parser = TemplateToolsParser(case["tools"], case["tag"])
+    calls, content = [], ""
+    for chunk in case["inputs"]:
+        got, text = parser.add(chunk)
+        calls += got
+        content += text
+    assert (content, calls) == (case["content"], case["calls"])
+
+
 def test_every_reimplemented_parser_has_vectors() -> None:
     counts = {p: sum(c["parser"] == p for c in VECTORS["cases"] + VECTORS["raw_tool_calls"]) for p in PARSERS}
     assert all(n >= 2 for n in counts.values()), counts
@@ -79,8 +93,17 @@ def model_output(jinja: str, conv: Conversation, family_name: str, tokens: Templ
     before = render_hf(jinja, Conversation("prompt", conv.messages[:at], conv.tools, conv.think), fam, tokens, now=TODAY)
     after = render_hf(jinja, Conversation("turn", conv.messages[:at + 2], conv.tools, conv.think), fam, tokens,
                       now=TODAY)
-    assert after.startswith(before), "the generation prompt is not where the assistant message starts"
-    out = after[len(before):]
+    common = before[:next((i for i, (a, b) in enumerate(zip(before, after, strict=False)) if a != b), len(before))]
+    common = common[:len(after)]
+    if common != before:
+        # The Jinja writes the generation prompt otherwise than an assistant message's opening (QwQ opens <think>
+        # there): the message's text starts at the line where the two renderings part, provided the messages
+        # before it print the same in both.
+        last = conv.messages[at - 1].get("content") or ""
+        if before.rfind(last) + len(last) > len(common):
+            raise UnsupportedModel("the Jinja prints the earlier messages otherwise once the assistant message follows")
+        common = common[:common.rfind("\n") + 1]
+    out = after[len(common):]
     ends = [i for i in (out.find(s) for s in (*fam.stop, tokens.eos) if s) if i >= 0]
     return out[:min(ends)] if ends else out
 
@@ -137,3 +160,57 @@ def test_the_cli_names_the_tool_use_refusal(templates_dir: Path) -> None:
     said = " ".join(done.stderr.split())
     assert "Traceback" not in done.stderr
     assert "tool calls: refused for tool use" in said and "PARSER lfm2" in said
+
+
+# ---------------------------------------------------------------- TEMPLATE families: Ollama's tool parsing without PARSER
+
+# The templates of proven TEMPLATE families that print tools and name no PARSER, with the tool-call conversations
+# on which Ollama's tool parser (tools/, the tag from the TEMPLATE) gives back the calls the conversation held.
+TEMPLATE_TOOLS = sorted(n for n, (tools, _tag, _think) in OLLAMA_READING.items()
+                        if tools and not FAMILIES[CLAIMED[n][0]].parser)
+NOT_RECOVERED = {
+    # <arg_key>/<arg_value> pairs: no JSON object for the parser to find
+    "GLM-4.6.jinja", "Spark2.5.jinja", "inclusionai-ling-3.0-flash.jinja", "poolside-Laguna-S-2.1.jinja",
+    "poolside-Laguna-XS-2.1.jinja",
+    # the TEMPLATE's tag starts with the '<|begin|>assistant' of the prompt, which the model does not write
+    "upstage-Solar-Open-100B.jinja",
+    # the Jinja writes nothing for an assistant message's tool calls
+    "ibm-granite-granite-3.3-2B-Instruct.jinja",
+}
+
+
+def _template_recovered(settings: Settings, templates_dir: Path, name: str) -> dict[str, bool]:
+    family_name, tokens = CLAIMED[name]
+    fam = FAMILIES[family_name]
+    jinja = (templates_dir / name).read_text(encoding="utf-8")
+    reading = analyze(fam.template(jinja, tokens), settings)
+    out = {}
+    for conv in TOOL_CONVERSATIONS:
+        try:
+            text = model_output(jinja, conv, family_name, tokens)
+        except UnsupportedModel:  # the Jinja refuses the conversation (Llama 3.2: one call per turn)
+            continue
+        if reading.thinking_tags and text.lstrip().startswith(reading.thinking_tags[0]) and reading.thinking_tags[1] in text:
+            text = text.split(reading.thinking_tags[1], 1)[1]  # Ollama's thinking parser takes the reasoning first
+        held = [{"name": c["function"]["name"], "arguments": c["function"]["arguments"]}
+                for c in next(m for m in conv.messages if m.get("tool_calls"))["tool_calls"]]
+        calls, _content = TemplateToolsParser(list(conv.tools or ()), reading.tool_tag).add(text)
+        out[conv.name] = calls == held
+    return out
+
+
+@pytest.mark.parametrize("name", TEMPLATE_TOOLS)
+def test_ollamas_tool_parser_recovers_a_template_familys_calls_as_its_claim_says(
+        settings: Settings, templates_dir: Path, name: str) -> None:
+    fam = FAMILIES[CLAIMED[name][0]]
+    recovered = _template_recovered(settings, templates_dir, name)
+    assert recovered and (all(recovered.values()) if name not in NOT_RECOVERED else not any(recovered.values())), recovered
+    if name in NOT_RECOVERED:
+        assert fam.tool_calls.startswith(("none structured", "refused for tool use")), fam.tool_calls
+    else:
+        assert fam.tool_calls.startswith("TEMPLATE:") and "not guaranteed" not in fam.tool_calls, fam.tool_calls
+
+
+def test_a_family_refused_for_tool_use_says_so_where_users_read_its_tool_calls() -> None:
+    for fam in FAMILIES.values():
+        assert bool(fam.tool_use_refused) == fam.tool_calls.startswith("refused for tool use"), fam.name

@@ -237,8 +237,11 @@ register(ChatFamily(
     content_none_ok=False,
     markers=("<|start_of_role|>", "<|end_of_role|>", "<|end_of_text|>", "available_tools",
              "You are Granite, developed by IBM."),
-    tool_calls="TEMPLATE: the model answers <|tool_call|>[…]; a never-rendered block names that tag for Ollama's "
-               "tool parser (the Jinja prints no tool calls in the history)",
+    tool_use_refused="its Jinja writes nothing for an assistant message's tool calls, so the model's own tool-call "
+                     "format is unknown and Ollama's tool parser recovers none of the calls",
+    tool_calls="refused for tool use: the Jinja prints no tool calls in the history, so Ollama's tool parser (waiting "
+               "for the <|tool_call|>[ a never-rendered block of the TEMPLATE names) recovers none of the calls the "
+               "conversation held",
     notes=(
         "the Jinja prints today's date as '%B %d, %Y' through strftime_now; Ollama's currentDate is always "
         "YYYY-MM-DD, so the default system prompt has the same date in ISO form",

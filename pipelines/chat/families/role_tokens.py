@@ -51,8 +51,9 @@ register(ChatFamily(
     stop=("<|im_end|>",),
     markers=("<|im_system|>", "<|im_user|>", "<|im_assistant|>", "<|im_middle|>", "<|tool_calls_section_begin|>",
              "tool_declare"),
-    tool_calls="TEMPLATE: Ollama's tool parser waits for <|tool_calls_section_begin|>, but the calls inside are "
-               "not plain JSON and Ollama ships no Kimi PARSER, so structured tool_calls are not guaranteed",
+    tool_calls="TEMPLATE: Ollama's tool parser waits for <|tool_calls_section_begin|>, then finds each call's tool "
+               "name inside functions.NAME:N and the JSON arguments after it (no Kimi PARSER needed); checked on the "
+               "model's own output for the suite's tool-call conversations",
     notes=("the Jinja writes a literal backslash-n after '## Return of <id>' (it is template text, not an "
            "escape); so does the TEMPLATE",),
 ))
@@ -113,8 +114,9 @@ register(ChatFamily(
     thinking=True,
     reasoning_key="reasoning_content",
     markers=("<|System|>", "<|User|>", "<|Bot|>", "<|Tool|>", "<arg_key>", "<tool_call>"),
-    tool_calls="TEMPLATE: Ollama's tool parser reads the <tool_call> tag; the <arg_key>/<arg_value> pairs are not "
-               "JSON, so structured tool_calls need a PARSER Ollama does not ship for this family",
+    tool_calls="none structured: Ollama's tool parser reads the <tool_call> tag, but the <arg_key>/<arg_value> pairs "
+               "after it are not JSON, so it finds no arguments and returns no tool_calls (Ollama ships no PARSER "
+               "for this family)",
     notes=("the Jinja prints its own <｜start▁of▁sentence｜> before every turn; the TEMPLATE does the same",),
 ))
 
