@@ -172,11 +172,12 @@ NOT_RECOVERED = {
     # <arg_key>/<arg_value> pairs: no JSON object for the parser to find
     "GLM-4.6.jinja", "Spark2.5.jinja", "inclusionai-ling-3.0-flash.jinja", "poolside-Laguna-S-2.1.jinja",
     "poolside-Laguna-XS-2.1.jinja",
-    # the TEMPLATE's tag starts with the '<|begin|>assistant' of the prompt, which the model does not write
-    "upstage-Solar-Open-100B.jinja",
     # the Jinja writes nothing for an assistant message's tool calls
     "ibm-granite-granite-3.3-2B-Instruct.jinja",
 }
+# Recovered except on these conversations: Solar Open writes <|end|>, one of its stop strings, after its reasoning,
+# so a turn that reasons before calling a tool ends there.
+PARTLY_RECOVERED = {"upstage-Solar-Open-100B.jinja": {"reasoning-in-tool-loop"}}
 
 
 def _template_recovered(settings: Settings, templates_dir: Path, name: str) -> dict[str, bool]:
@@ -204,11 +205,14 @@ def test_ollamas_tool_parser_recovers_a_template_familys_calls_as_its_claim_says
         settings: Settings, templates_dir: Path, name: str) -> None:
     fam = FAMILIES[CLAIMED[name][0]]
     recovered = _template_recovered(settings, templates_dir, name)
-    assert recovered and (all(recovered.values()) if name not in NOT_RECOVERED else not any(recovered.values())), recovered
+    failing = {c for c, ok in recovered.items() if not ok}
+    assert recovered and failing == (set(recovered) if name in NOT_RECOVERED else PARTLY_RECOVERED.get(name, set()))
     if name in NOT_RECOVERED:
         assert fam.tool_calls.startswith(("none structured", "refused for tool use")), fam.tool_calls
     else:
         assert fam.tool_calls.startswith("TEMPLATE:") and "not guaranteed" not in fam.tool_calls, fam.tool_calls
+    if name in PARTLY_RECOVERED:
+        assert "stop string" in fam.tool_calls
 
 
 def test_a_family_refused_for_tool_use_says_so_where_users_read_its_tool_calls() -> None:

@@ -253,7 +253,7 @@ OLLAMA_READING = {
     "poolside-Laguna-XS-2.1.jinja": (True, "<tool_call>", ("<think>", "</think>")),
     "poolside-Laguna-S-2.1.jinja": (True, "<tool_call>", ("<think>", "</think>")),
     "LFM2.5-8B-A1B.jinja": (True, "<|tool_call_start|>[", ("<think>", "</think>")),
-    "upstage-Solar-Open-100B.jinja": (True, "<|begin|>assistant<|tool_calls|>", ("<|think|>", "<|end|>")),
+    "upstage-Solar-Open-100B.jinja": (True, "<|tool_calls|>", ("<|think|>", "<|end|>")),
     "meetkai-functionary-medium-v3.1.jinja": (True, "<function=", ()),
     "StepFun3.5-Flash.jinja": (True, "<tool_call>\n<function=", ("<think>", "</think>")),
     "ibm-granite-granite-3.3-2B-Instruct.jinja": (True, "<|tool_call|>[", ()),

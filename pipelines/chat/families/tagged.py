@@ -351,7 +351,8 @@ def _build_solar(src: str, tokens: TemplateTokens) -> str:
         {{- if ne $next "tool" }}<|end|>{{ end }}
     {{- else if eq .Role "assistant" }}
         {{- if and .Thinking (gt $i $lastUser) }}<|begin|>assistant<|think|>{{ .Thinking }}<|end|>{{ end }}
-        {{- if .ToolCalls }}<|begin|>assistant<|tool_calls|>{{ range .ToolCalls }}<|tool_call:begin|>{{ .ID }}<|tool_call:name|>{{ .Function.Name }}<|tool_call:args|>{{ template "mm_args" .Function.Arguments }}<|tool_call:end|>{{ end }}<|calls|>
+        {{- /* Never renders: names <|tool_calls|>, what the model writes after <|begin|>assistant, as Ollama's tool-call tag. */}}
+        {{- if .ToolCalls }}{{ if false }}<|tool_calls|>{{ end }}<|begin|>assistant<|tool_calls|>{{ range .ToolCalls }}<|tool_call:begin|>{{ .ID }}<|tool_call:name|>{{ .Function.Name }}<|tool_call:args|>{{ template "mm_args" .Function.Arguments }}<|tool_call:end|>{{ end }}<|calls|>
         {{- else }}<|begin|>assistant<|content|>{{ .Content }}{{ if not $last }}<|end|>{{ end }}{{ end }}
         {{- /* Never renders: the model's reasoning sits between <|think|> and <|end|>, the tags Ollama's thinking parser reads. */}}
         {{- if false }}<|think|>{{ .Thinking }}<|end|>{{ end }}
@@ -373,8 +374,10 @@ register(ChatFamily(
     thinking=True,
     reasoning_key="reasoning",
     markers=("<|begin|>", "<|content|>", "<|end|>", "<|tool_calls|>", "<|tool_call:begin|>", "Solar Open"),
-    tool_calls="none structured: the calls are <|tool_call:begin|>id<|tool_call:name|>…<|tool_call:args|>{…}, "
-               "not a format Ollama's tool parser reads, and Ollama ships no Solar PARSER",
+    tool_calls="TEMPLATE: Ollama's tool parser waits for <|tool_calls|> (named by a never-rendered block), then finds "
+               "each call's tool name after <|tool_call:name|> and its JSON arguments after <|tool_call:args|>; checked "
+               "on the model's own output for the suite's tool-call conversations, except one that reasons first: "
+               "the model closes its reasoning with <|end|>, a stop string, so that turn ends before the calls",
     notes=(
         "the Jinja names a tool result's tool by looking up its call id; the TEMPLATE prints Ollama's tool_name",
         "the Jinja's reasoning_effort low/minimal maps to Ollama's think level 'low'; its think_render_option and "
