@@ -109,6 +109,14 @@ def render_doc(rows: list[Coverage], tree: str) -> str:
         "",
         "## Families",
         "",
+        "The tool calls column says how Ollama returns a model's tool calls, checked end to end: what the "
+        "template's Jinja writes for an assistant message holding tool calls (the model's own format) is parsed "
+        "by a reimplementation of the family's PARSER, or of Ollama's tool parsing for a TEMPLATE (the tag it "
+        "derives from the TEMPLATE), from the pinned Ollama source, and must give back the calls the conversation "
+        "held (tests/test_ollama_parsers.py). A family whose Jinja writes nothing for tool calls, so that no call "
+        "is recovered, is marked `refused for tool use` with the reason; `none structured` means the format is "
+        "known but Ollama returns no tool_calls for it.",
+        "",
         *_families_table(),
         "",
         "## Ollama's built-in renderers and parsers",
