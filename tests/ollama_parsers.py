@@ -8,7 +8,7 @@ Ollama's Parser.Add does (parsers.go:12-24). A tool call is returned as {"name":
 arguments as Go's encoding/json would hand them on (numbers from JSON as floats, which compare equal to ints).
 
 Only the parsers modelmint names in a published Modelfile are here: qwen3.5 (and qwen3-coder, which it hands its
-content to), lfm2 / lfm2-thinking and ministral.
+content to), lfm2 / lfm2-thinking, ministral and gemma4.
 """
 
 from __future__ import annotations
@@ -719,6 +719,196 @@ def _python_literal_to_json(s: str) -> str:  # lfm2.go:647-724
     return "".join(out)
 
 
+# ---------------------------------------------------------------- gemma4 (model/parsers/gemma4.go)
+
+_G_THINK_OPEN, _G_THINK_CLOSE = "<|channel>", "<channel|>"  # gemma4.go:24-31
+_G_CALL_OPEN, _G_CALL_CLOSE, _G_RESPONSE, _G_STR = "<|tool_call>", "<tool_call|>", "<|tool_response>", '<|"|>'
+_G_QUOTED = re.compile(r'<\|"\|>(.*?)<\|"\|>', re.S)  # gemma4.go:33
+
+
+class Gemma4Parser:
+    """gemma4.go:35-390 (`gemma4`: thinking support). Not reimplemented: the best-effort repairs of arguments
+    that do not parse as JSON (repairGemma4ToolCallArgs, gemma4.go:503-856); such a call raises here."""
+
+    CONTENT, THINKING, TOOL_CALL, POST_CALL = 0, 1, 2, 3
+
+    def __init__(self, tools: list[dict[str, Any]] | None, last: dict[str, Any] | None = None,
+                 think: bool | None = None, *, thinking_support: bool = True) -> None:
+        self.tools, self.buf, self.strip_channel = tools or [], "", False
+        self.thinking_enabled = thinking_support and bool(think)
+        # gemma4.go:64-96: content first in every case but a thinking turn right after a tool result
+        self.state = self.THINKING if self.thinking_enabled and last is not None and last.get("role") == "tool" \
+            else self.CONTENT
+
+    def add(self, s: str, done: bool) -> Out:  # gemma4.go:115-142
+        self.buf += s
+        content, thinking, calls = [], [], []
+        keep = True
+        while keep:
+            events: list[tuple[str, Any]] = []
+            keep = self._eat(done, events)
+            for kind, value in events:
+                if kind == "call":
+                    calls.append(value)
+                elif kind == "thinking":
+                    if self.thinking_enabled:
+                        thinking.append(value)
+                else:
+                    content.append(value)
+        return "".join(content), "".join(thinking), calls
+
+    def _eat(self, done: bool, out: list[tuple[str, Any]]) -> bool:  # gemma4.go:171-390
+        buf = self.buf
+        if buf == "":
+            return False
+        if self.state == self.CONTENT:
+            for tag, state in ((_G_THINK_OPEN, self.THINKING), (_G_CALL_OPEN, self.TOOL_CALL)):
+                if tag in buf:
+                    before, self.buf = buf.split(tag, 1)
+                    self.state, self.strip_channel = state, state == self.THINKING
+                    if _rstrip(before):
+                        out.append(("content", _rstrip(before)))
+                    return True
+            if not done:
+                n = max(overlap(buf, _G_THINK_OPEN), overlap(buf, _G_CALL_OPEN))
+                if n:
+                    before = buf[:len(buf) - n]
+                    start = len(before) - trailing_ws(before)
+                    self.buf = buf[start:]
+                    if start:
+                        out.append(("content", buf[:start]))
+                    return False
+            self.buf = ""
+            out.append(("content", buf))
+            return False
+        if self.state == self.THINKING:
+            if self.strip_channel:
+                if buf.startswith("thought\n"):
+                    buf = self.buf = buf[len("thought\n"):]
+                    self.strip_channel = False
+                elif not done and "thought\n".startswith(buf):
+                    return False
+                else:
+                    self.strip_channel = False
+            if _G_THINK_CLOSE in buf:
+                thinking, remaining = buf.split(_G_THINK_CLOSE, 1)
+                self.buf, self.state = _lstrip(remaining), self.CONTENT
+                if _rstrip(thinking):
+                    out.append(("thinking", _rstrip(thinking)))
+                return True
+            if not done and (n := overlap(buf, _G_THINK_CLOSE)):
+                before = buf[:len(buf) - n]
+                start = len(before) - trailing_ws(before)
+                self.buf = buf[start:]
+                if start:
+                    out.append(("thinking", buf[:start]))
+                return False
+            start = len(buf) - trailing_ws(buf) if not done else len(buf)
+            self.buf = buf[start:]
+            if start:
+                out.append(("thinking", buf[:start]))
+            return False
+        if self.state == self.TOOL_CALL:
+            if _G_CALL_CLOSE in buf:
+                raw, remaining = buf.split(_G_CALL_CLOSE, 1)
+                self.buf, self.state = _lstrip(remaining), self.POST_CALL
+                out.append(("call", parse_gemma4_tool_call(raw)))
+                return True
+            if done:
+                self.buf, self.state = "", self.CONTENT
+                out.append(("call", parse_gemma4_tool_call(buf)))
+            return False
+        # after a call: drop stray <tool_call|> and <|tool_response> (gemma4.go:335-388)
+        buf = _lstrip(buf)
+        while True:
+            if buf.startswith(_G_CALL_CLOSE):
+                buf = _lstrip(buf[len(_G_CALL_CLOSE):])
+            elif buf.startswith(_G_RESPONSE):
+                buf = _lstrip(buf[len(_G_RESPONSE):])
+            else:
+                break
+        self.buf = buf
+        if buf == "":
+            return False
+        if _G_CALL_CLOSE.startswith(buf) or _G_RESPONSE.startswith(buf):
+            if done:
+                self.buf, self.state = "", self.CONTENT
+            return False
+        self.state = self.CONTENT
+        return True
+
+
+def parse_gemma4_tool_call(content: str) -> Call:
+    """gemma4.go:393-428: call:NAME{key:value,...}, strings between <|"|> delimiters.
+
+    Raises:
+        ValueError: what Ollama would try to repair (not reimplemented) or refuses.
+    """
+    if not content.startswith("call:"):
+        raise ValueError("expected 'call:' prefix")
+    content = content[len("call:"):]
+    brace = content.find("{")
+    if brace == -1:
+        raise ValueError("expected '{' in tool call")
+    args = json.loads(gemma4_args_to_json(content[brace:]))
+    if not isinstance(args, dict):
+        raise ValueError("arguments are not an object")
+    return {"name": _strip(content[:brace]), "arguments": args}
+
+
+def gemma4_args_to_json(s: str) -> str:
+    """gemma4.go:430-446: the <|"|> strings set aside, bare keys quoted, the strings put back as JSON."""
+    quoted: list[str] = []
+
+    def hold(m: re.Match[str]) -> str:
+        quoted.append(m[1])
+        return "\x00" + chr(len(quoted) - 1) + "\x00"
+
+    text = _quote_bare_keys(_G_QUOTED.sub(hold, s))
+    for i, value in enumerate(quoted):
+        # json.Marshal: HTML-escaped, non-ASCII kept
+        enc = json.dumps(value, ensure_ascii=False).replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+        text = text.replace("\x00" + chr(i) + "\x00", enc)
+    return text
+
+
+def _quote_bare_keys(s: str) -> str:  # quoteGemma4BareKeys, gemma4.go:448-486
+    out, i = [], 0
+    while i < len(s):
+        if s[i] == '"':
+            end = _json_quoted_end(s, i)
+            if end != -1:
+                out.append(s[i:end])
+                i = end
+                continue
+        if s[i] not in "{,":
+            out.append(s[i])
+            i += 1
+            continue
+        out.append(s[i])
+        i += 1
+        space_start = i
+        while i < len(s) and s[i] in _GO_SPACE:
+            i += 1
+        out.append(s[space_start:i])
+        key_end = i
+        while key_end < len(s) and (s[key_end] == "_" or s[key_end].isalpha() or s[key_end].isdigit()):
+            key_end += 1
+        if i < key_end < len(s) and s[key_end] == ":":
+            out.append('"' + s[i:key_end] + '":')
+            i = key_end + 1
+    return "".join(out)
+
+
+def _json_quoted_end(s: str, start: int) -> int:  # gemma4JSONQuotedStringEnd, gemma4.go:799-813
+    escaped = False
+    for i in range(start + 1, len(s)):
+        if s[i] == '"' and not escaped:
+            return i + 1
+        escaped = s[i] == "\\" and not escaped
+    return -1
+
+
 # ---------------------------------------------------------------- tools/ (a TEMPLATE model's tool calls, no PARSER)
 
 
@@ -874,7 +1064,7 @@ def _find_object(tool: str, obj: dict[str, Any]) -> tuple[Any, bool]:  # the clo
 
 
 def new_parser(name: str, tools: list[dict[str, Any]] | None, last: dict[str, Any] | None = None,
-               think: bool | None = None) -> Qwen35Parser | Qwen3CoderParser | MinistralParser | LFM2Parser:
+               think: bool | None = None) -> Qwen35Parser | Qwen3CoderParser | MinistralParser | LFM2Parser | Gemma4Parser:
     """ParserForName (parsers.go:43-101) then Init, for the names reimplemented here."""
     if name == "qwen3.5":
         return Qwen35Parser(tools, last, think)
@@ -882,12 +1072,14 @@ def new_parser(name: str, tools: list[dict[str, Any]] | None, last: dict[str, An
         return Qwen3CoderParser(tools, last, think)
     if name == "ministral":
         return MinistralParser(tools, last, think, thinking_support=False)
+    if name == "gemma4":
+        return Gemma4Parser(tools, last, think)
     if name in ("lfm2", "lfm2-thinking"):
         return LFM2Parser(tools, last, think, thinking_support=name == "lfm2-thinking")
     raise KeyError(name)
 
 
-PARSERS = ("qwen3.5", "qwen3-coder", "ministral", "lfm2", "lfm2-thinking")
+PARSERS = ("qwen3.5", "qwen3-coder", "ministral", "lfm2", "lfm2-thinking", "gemma4")
 
 
 def parse(name: str, output: str, tools: list[dict[str, Any]] | None, *, last: dict[str, Any] | None = None,
