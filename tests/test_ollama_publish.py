@@ -412,3 +412,16 @@ def test_a_tokenizer_without_the_templates_special_tokens_is_refused(tmp_path: P
     full = _write_gguf(tmp_path / "q3ok.gguf", template=qwen3, tokens=["<|endoftext|>", "<|im_end|>", "<|im_start|>"],
                        eos=1)
     assert build_modelfile(full, settings=settings).proof is not None
+
+
+def test_a_family_refused_for_tool_use_says_so_in_the_modelfile(tmp_path: Path, llama_models: Path,
+                                                                settings: Settings) -> None:
+    """LFM2.5 Instruct's TEMPLATE is proven and its .Tools makes Ollama list the model as tool-capable, but its Jinja
+    writes nothing for a tool call, so no parser gets the calls back: the Modelfile and the warnings say so."""
+    jinja = (llama_models / "templates" / "LFM2.5-Instruct.jinja").read_text(encoding="utf-8")
+    gguf = _write_gguf(tmp_path / "lfm.gguf", template=jinja, tokens=["<|startoftext|>", "<|im_end|>", "<|im_start|>"],
+                       eos=1, bos=0, add_bos=True)
+    built = build_modelfile(gguf, settings=settings)
+    assert built.family == "lfm2.5" and built.modelfile.template and ".Tools" in built.modelfile.template
+    assert any("tool use refused" in w for w in built.warnings), built.warnings
+    assert "# Tool use: refused: its Jinja writes nothing" in built.modelfile.to_text()

@@ -387,6 +387,12 @@ def build_modelfile(
                       f"{proof.conversations} conversations"
                       + (f" (the source template refuses {', '.join(proof.refused_by_jinja)})."
                          if proof.refused_by_jinja else "."))
+    if fam is not None and fam.tool_use_refused:
+        # Ollama lists a model whose TEMPLATE reads .Tools as tool-capable (server/images.go:236-249 at fb30760:
+        # goTemplateCapabilities); its calls would come back as text, not tool_calls: said, not hidden.
+        header.append(f"Tool use: refused: {fam.tool_use_refused}")
+        warnings.append(f"{fam.name}: tool use refused: {fam.tool_use_refused}; Ollama will list the model as "
+                        "tool-capable but return its tool calls as text")
     renderer, parser, requires = _builtin_names(fam, go_template, origin, ollama_version, header)
     _check_architecture_defaults(gguf, g.architecture, fam, go_template, renderer, parser, force, warnings, header)
     modelfile = Modelfile(
