@@ -39,9 +39,18 @@ def test_the_f16_and_the_logits_go_after_registration_and_a_later_run_rebuilds_t
     first = _convert(repo, "q8_0")
     assert first.returncode == 0, first.stderr
     assert list((repo.work / "tiny-qwen2").rglob("tiny-qwen2-q8_0.gguf")), "the build directory is not where it was"
-    assert _scratch(repo) == []
+    # the files go; their receipts stay, the record of what they were (the manifest's parent, the keys they fed)
+    assert [p.name for p in _scratch(repo)] == sorted([receipt_path(Path("tiny-qwen2-f16.gguf")).name,
+                                                       receipt_path(Path("tiny-qwen2-f16.kld-base.bin")).name])
     settings = repo.settings()
     q8 = find_manifest(settings, "tiny-qwen2:q8_0")
+    # the same run again needs neither: every variant is finished, so nothing is converted or measured again
+    again = _convert(repo, "q8_0")
+    assert again.returncode == 0, again.stderr
+    assert "convert →" not in again.stdout + again.stderr and "validate q8_0" not in again.stdout + again.stderr, (
+        again.stdout + again.stderr)
+    assert [p.suffix for p in _scratch(repo)] == [".json", ".json"]
+    assert find_manifest(settings, "tiny-qwen2:q8_0") == q8
     # the registered variant is whole without them
     assert (repo.root / q8.dvc.path / q8.file).stat().st_size == q8.size_bytes
     # another variant needs the f16 and the logits: the run rebuilds them (the same bytes) and registers it; with

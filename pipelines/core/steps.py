@@ -86,6 +86,21 @@ def load_receipt(out: Path, key: str) -> dict[str, Any] | None:
     return receipt
 
 
+def recorded_receipt(out: Path, key: str) -> dict[str, Any] | None:
+    """The receipt recorded for `out` under `key`, whether or not the output is still there: what a scratch output
+    (removed after registration: Settings.keep_scratch) was, for lineage and for the steps it fed."""
+    return _read(out, key)
+
+
+def kept_or_dropped_receipt(out: Path, key: str) -> dict[str, Any] | None:
+    """The receipt of `out` while the output is there unchanged, or its recorded one once the output was removed
+    (scratch); None when the output is there but replaced, or was never finished under `key`."""
+    receipt = load_receipt(out, key)
+    if receipt is None and not out.exists():
+        return recorded_receipt(out, key)
+    return receipt
+
+
 def write_receipt(out: Path, key: str, **extra: Any) -> dict[str, Any]:
     """Record that file `out` is finished: its size, mtime and sha256, and what the step wants to keep."""
     st = out.stat()

@@ -53,6 +53,7 @@ from pipelines.core.steps import (
     VariantOutcome,
     build_with,
     content_key,
+    kept_or_dropped_receipt,
     load_receipt,
     load_report,
     local_runner,
@@ -636,10 +637,12 @@ def gguf_steps(plan: GGUFPlan, *, progress: Callable[[str], None] = lambda _msg:
     if not ok:
         return listed
     base = StepRef(plan.base_path, plan.base_key)
+    settled = _settled_scratch(plan, ok)
     listed.steps.append(Step(
-        "convert", "convert", run=lambda _in: ensure_base(plan), output=plan.base_path,
-        key=lambda _in: plan.base_key, current=base.current,
-        say=lambda _in: None if load_receipt(plan.base_path, plan.base_key) else f"convert → {plan.base_path.name}",
+        "convert", "convert", run=lambda _in: settled.get("convert") or ensure_base(plan), output=plan.base_path,
+        key=lambda _in: plan.base_key, current=lambda r: "convert" in settled or base.current(r),
+        say=lambda _in: None if settled or load_receipt(plan.base_path, plan.base_key)
+        else f"convert → {plan.base_path.name}",
         tools=lambda r: ["convert_hf_to_gguf"] if r.ran else [],
     ))
     after: tuple[str, ...] = ("convert",)
@@ -663,10 +666,11 @@ def gguf_steps(plan: GGUFPlan, *, progress: Callable[[str], None] = lambda _msg:
             group="quantize", width=jobs, threads=per_job, place="quantize",
         ))
     # its own step, before the checks: its failure is every variant's, found once (as each check found it before)
+    logits = StepRef(plan.logits_path, plan.logits_key)
     listed.steps.append(Step(
-        REFERENCE, "reference", run=lambda got: ensure_reference_logits(plan, got["convert"]), output=plan.logits_path,
-        needs=("convert",), variants=tuple(ok), stage="validate", phase="validate", key=lambda _in: plan.logits_key,
-        current=StepRef(plan.logits_path, plan.logits_key).current, place="validate",
+        REFERENCE, "reference", run=lambda got: settled.get(REFERENCE) or ensure_reference_logits(plan, got["convert"]),
+        output=plan.logits_path, needs=("convert",), variants=tuple(ok), stage="validate", phase="validate",
+        key=lambda _in: plan.logits_key, current=lambda r: REFERENCE in settled or logits.current(r), place="validate",
     ))
     width, per_check = check_parallelism(plan, [q for q in ok if load_report(plan.report_path(q), None) is None])
     for q in ok:
@@ -680,6 +684,34 @@ def gguf_steps(plan: GGUFPlan, *, progress: Callable[[str], None] = lambda _msg:
             tools=lambda o: [] if o.cached else [f"validate {o.variant}"], place="validate",
         ))
     return listed
+
+
+def _settled_scratch(plan: GGUFPlan, ok: list[str]) -> dict[str, StepResult]:
+    """The scratch steps (convert, reference-logits) whose removed outputs (register.drop_scratch) nothing of this
+    run needs, by step name, each as its recorded receipt: when every variant's quant and report are finished for
+    these very inputs, as make leaves an intermediate file unbuilt while all it feeds is up to date. Empty when
+    the f16 is there (the steps find it finished) or any variant still needs it (they rebuild it)."""
+    if load_receipt(plan.base_path, plan.base_key) is not None:
+        return {}
+    base = kept_or_dropped_receipt(plan.base_path, plan.base_key)
+    recorded = kept_or_dropped_receipt(plan.logits_path, plan.logits_key)
+    if base is None or recorded is None:
+        return {}
+    logits = StepResult(plan.logits_path, recorded, ran=False)
+    imatrix = None
+    if plan.imatrix_path is not None and plan.imatrix_key is not None:
+        found = load_receipt(plan.imatrix_path, plan.imatrix_key)
+        if found is None:
+            return {}
+        imatrix = StepResult(plan.imatrix_path, found, ran=False)
+    for q in ok:
+        quant = load_receipt(plan.quant_path(q), plan.quant_key(q, imatrix))
+        if quant is None:
+            return {}
+        key = validate_key(plan, q, StepResult(plan.quant_path(q), quant, ran=False), logits, imatrix)
+        if load_report(plan.report_path(q), key) is None:
+            return {}
+    return {"convert": StepResult(plan.base_path, base, ran=False), REFERENCE: logits}
 
 
 @dataclass(frozen=True)

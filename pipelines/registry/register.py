@@ -46,7 +46,6 @@ from pipelines.core.fsutil import (
     write_text_atomic,
 )
 from pipelines.core.settings import Settings
-from pipelines.core.steps import receipt_path
 from pipelines.core.weights import is_weight_file, weights_bytes
 from pipelines.registry import dvcrepo, serving, signing
 from pipelines.registry.candidate import Candidate, ValidatedOutputChanged, verdict
@@ -371,17 +370,19 @@ def register(settings: Settings, c: Candidate, *, track_with_dvc: bool = True, p
 def drop_scratch(settings: Settings, scratch: Iterable[Path], *, asked: Iterable[str],
                  registered: Iterable[str]) -> list[Path]:
     """Remove a build's scratch files (`scratch`: the format's, ArtifactFormat.scratch; for a GGUF the f16 and its KL
-    reference logits) and their receipts once every variant the run was `asked` for is `registered`, unless
+    reference logits), keeping their receipts, once every variant the run was `asked` for is `registered`, unless
     Settings.keep_scratch. A run with a variant refused or unregistered keeps them: its rerun needs them. A later run
     that needs them finds no file behind their receipts and rebuilds them. Returns the files removed."""
     if settings.keep_scratch or not set(asked) <= set(registered):
         return []
     removed = []
     for out in scratch:
-        for f in (out, receipt_path(out)):
-            if f.is_file():
-                f.unlink()
-                removed.append(f)
+        # the receipt stays: it records what the file was (the manifest's parent, the keys of the steps it fed), so
+        # a rerun whose variants are all finished needs neither file (gguf.build: settled scratch), and a run that
+        # needs the file finds it gone and rebuilds it (steps.load_receipt)
+        if out.is_file():
+            out.unlink()
+            removed.append(out)
     if removed:
         log.info("removed the build's scratch files %s (MODELMINT_KEEP_SCRATCH=1 keeps them)",
                  ", ".join(f.name for f in removed))

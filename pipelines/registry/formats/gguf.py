@@ -12,7 +12,7 @@ from pipelines.core.fsutil import hash_cache
 from pipelines.core.report import GGUFReport, advice_for_report
 from pipelines.core.resources import KLReference, Places, ResourceCheck, gguf_run, source_shape
 from pipelines.core.settings import Settings
-from pipelines.core.steps import BuildResult, VariantOutcome, load_receipt
+from pipelines.core.steps import BuildResult, VariantOutcome, kept_or_dropped_receipt
 from pipelines.core.toolchains import llama_cpp
 from pipelines.gguf.build import GGUF_EVAL_CHUNKS, GGUF_EVAL_CTX, GGUFPlan, finish_gguf, gguf_steps, plan_gguf
 from pipelines.publish.oci import MODELMINT_FILE, TITLE, Blob, Image
@@ -39,7 +39,7 @@ def candidate_from_gguf(plan: GGUFPlan, outcome: VariantOutcome) -> Candidate:
             str(plan.report_path(outcome.variant)),
             advice=advice_for_report(outcome.variant, outcome.report, imatrix=plan.spec.imatrix),
         )
-    base = load_receipt(plan.base_path, plan.base_key)
+    base = kept_or_dropped_receipt(plan.base_path, plan.base_key)  # removed as scratch: its receipt says what it was
     if base is None:
         raise ValidatedOutputChanged(
             f"{plan.base_path} is gone or changed since {outcome.variant} was made from it",
