@@ -479,20 +479,16 @@ def check_image(
         if where != "config" and desc.get("mediaType") != blob.media_type:
             found = _LAYER_NAMES.get(str(desc.get("mediaType")), str(desc.get("mediaType")))
             named = f"{where}, a {found} layer where the signed files give a {kind} layer,"
-        if desc.get("digest") == blob.digest:
-            raise SignatureRefused(
-                image,
-                f"its {named} descriptor differs from the one the signed files give:\n"
-                f"  in the image: {json.dumps(desc, sort_keys=True)}\n"
-                f"  signed:       {json.dumps(blob.descriptor(), sort_keys=True)}",
-                file=_LAYER_FILE.get(blob.media_type, title),
-                hint=hint,
-            )
+        if desc.get("digest") == blob.digest:  # the same bytes, described otherwise (size, type, annotations)
+            what, ours, theirs = f"{named} descriptor", json.dumps(desc, sort_keys=True), json.dumps(
+                blob.descriptor(), sort_keys=True)
+        else:
+            what, ours, theirs = named, _shown_blob(read, desc), _shown_expected(blob)
         raise SignatureRefused(
             image,
-            f"its {named} differs from the one the signed files give:\n"
-            f"  in the image: {_shown_blob(read, desc)}\n"
-            f"  signed:       {_shown_expected(blob)}",
+            f"its {what} differs from the one the signed files give:\n"
+            f"  in the image: {ours}\n"
+            f"  signed:       {theirs}",
             file=_LAYER_FILE.get(blob.media_type, title),
             hint=hint,
         )
