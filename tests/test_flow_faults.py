@@ -17,6 +17,7 @@ Bounds (the crash automation is set to CRASH_AFTER_S here; the stack's default i
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import signal
@@ -33,6 +34,7 @@ from stack_env import flow_runs, prefect, run_logs, stack_up, wait_for
 from flows import stack
 from flows.slots import LEASE_S, model_limit
 from pipelines.core.settings import Settings
+from pipelines.core.steps import receipt_path
 from pipelines.registry.manifest import find_manifest, manifest_path
 
 pytestmark = pytest.mark.slow
@@ -204,7 +206,9 @@ def test_down_mid_run_crashes_the_run_frees_its_slot_and_the_rerun_reuses_work(d
     assert not manifest_path(repo.settings(), MODEL, "q6_k").exists()
     again = _rerun(settings, "q6_k")
     assert find_manifest(repo.settings(), f"{MODEL}:q6_k").validation.passed
-    assert base.stat().st_mtime_ns == stamp, "the f16 was converted again"
+    # the rerun registered every variant it asked for, so the f16 went as scratch (MODELMINT_KEEP_SCRATCH): its
+    # receipt, which stays, records the file it was made as (a conversion writes a new one)
+    assert json.loads(receipt_path(base).read_text())["mtime_ns"] == stamp, "the f16 was converted again"
     with stack.api(settings) as client:
         names = {t.name: t.state.name for t in task_runs(client, again.id)}
     assert names.get("convert") in ("Cached", "Completed"), names
@@ -294,6 +298,7 @@ from flows.slots import GPU_LIMIT, slot
 from pipelines.source.catalog import load_catalog
 from pipelines.compressed.build import ensure_compressed, plan_compressed
 from pipelines.core.settings import Settings
+from pipelines.core.steps import receipt_path
 
 settings = Settings.from_env()
 plan = plan_compressed(load_catalog(settings.catalog_path).get(sys.argv[1]), settings, schemes=["fp8"])
