@@ -67,7 +67,9 @@ def test_smollm2_from_the_pinned_wheel_to_the_registry(smollm2_repo: Repo) -> No
     entry = load_catalog(settings.catalog_path).get("smollm2")
     assert isinstance(entry.source, WheelSource)
     done = subprocess.run([str(VENV_BIN / "modelmint"), "convert", "smollm2", "--variants", ",".join(VARIANTS),
-                           "--register", "--json"], cwd=repo.root, env=repo.env(), capture_output=True, text=True,
+                           "--register", "--json"], cwd=repo.root,
+                          # the f16 is read below (its tokenizer, its answers, a reference): kept, not dropped as scratch
+                          env={**repo.env(), "MODELMINT_KEEP_SCRATCH": "1"}, capture_output=True, text=True,
                           timeout=1800)
     assert "Traceback" not in done.stderr, done.stderr
 
