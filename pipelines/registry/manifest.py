@@ -318,6 +318,21 @@ class ModelShapeRecord(_Strict):
                           self.intermediate_size, self.vocab_size)
 
 
+SERVE_DIR = "serve"
+"""Where a placed artifact's serving plans live (registry/serving.py writes them)."""
+PLANS_FILE = f"{SERVE_DIR}/plans.json"
+
+
+def read_serving(directory: Path) -> Serving | None:
+    """The record serving.write_serving left in a placed artifact directory; None when it holds none.
+
+    Raises:
+        pydantic.ValidationError: the record is not what serving.write_serving writes.
+    """
+    path = directory / PLANS_FILE
+    return Serving.model_validate_json(path.read_text(encoding="utf-8")) if path.is_file() else None
+
+
 class DvcRef(_Strict):
     path: str = Field(description="the DVC-tracked output, relative to the repository root")
     stage: str = Field(description="the dvc.yaml stage that owns it, e.g. gguf@qwen2.5-q4_k_m, compress@qwen2.5-fp8")

@@ -177,8 +177,7 @@ def draft_manifest(
     """The manifest registration will write for `c` placed in `directory`, as far as it is known when signing
     (no DVC record yet; the provenance and the signature not yet written)."""
     from pipelines.core.weights import weights_bytes
-    from pipelines.registry.manifest import ArtifactFile, DvcRef, Manifest, SourceRef
-    from pipelines.registry.serving import read_serving
+    from pipelines.registry.manifest import ArtifactFile, DvcRef, Manifest, SourceRef, read_serving
 
     files = [
         ArtifactFile(path=p.relative_to(directory).as_posix(), sha256=hashes.sha256(p), size=p.stat().st_size)

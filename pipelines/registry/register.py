@@ -60,6 +60,7 @@ from pipelines.registry.manifest import (
     Validation,
     load_manifest,
     manifest_path,
+    read_serving,
     save_manifest,
 )
 from pipelines.registry.names import format_name
@@ -288,7 +289,7 @@ def publish(settings: Settings, c: Candidate, tracked: Tracked, *, push: bool = 
         dvcrepo.push(settings, c.stage)
         reuploaded = _ensure_in_remote(settings, c, tracked.md5, tracked.files)
     manifest = _manifest(c, tracked, pushed=push and tracked.md5 is not None,
-                         plans=serving.read_serving(artifact_dir(settings, c.entry.name, c.tag)))
+                         plans=read_serving(artifact_dir(settings, c.entry.name, c.tag)))
     manifest = manifest.model_copy(update={"shape": record_shape(
         artifact_dir(settings, c.entry.name, c.tag), c.format, c.placed_as(c.files[0]), c.tag)})
     path = manifest_path(settings, c.entry.name, c.tag)

@@ -36,6 +36,8 @@ from pipelines.publish.servefiles import (
 )
 from pipelines.registry.formats.base import implementation
 from pipelines.registry.manifest import (
+    PLANS_FILE,
+    SERVE_DIR,
     GgufServePlan,
     GPUTotals,
     InventoryPlans,
@@ -50,8 +52,6 @@ from pipelines.source.catalog import ServeSpec
 if TYPE_CHECKING:
     from pipelines.registry.candidate import Candidate
 
-SERVE_DIR = "serve"
-PLANS_FILE = f"{SERVE_DIR}/plans.json"
 
 
 def write_serving(c: Candidate, directory: Path) -> Serving:
@@ -101,16 +101,6 @@ def write_serving(c: Candidate, directory: Path) -> Serving:
     )
     write_text_atomic(directory / PLANS_FILE, serving.model_dump_json(indent=2) + "\n")
     return serving
-
-
-def read_serving(directory: Path) -> Serving | None:
-    """The record `write_serving` left in a placed artifact directory; None when it holds none.
-
-    Raises:
-        pydantic.ValidationError: the record is not what `write_serving` writes.
-    """
-    path = directory / PLANS_FILE
-    return Serving.model_validate_json(path.read_text(encoding="utf-8")) if path.is_file() else None
 
 
 def _inventory(
