@@ -166,6 +166,29 @@ def open_input(path: Path, fail: Callable[[str, str], Exception], *, missing: tu
         raise fail(f"{path} cannot be read: {err.strerror or err}", "check the path and its permissions") from err
 
 
+def cannot_link(err: OSError) -> bool:
+    """Whether a hard link failed because this filesystem cannot make it here (another filesystem, not permitted,
+    too many links, unsupported): the caller copies instead; any other error is the caller's to raise."""
+    return err.errno in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP)
+
+
+def link_or_copy(src: Path, dst: Path) -> bool:
+    """Make `dst` the file `src` without a second copy of its bytes where the filesystem allows: a hard link (the
+    same inode) when both are on one filesystem, else a copy. Returns whether it linked.
+
+    Safe only for files no one rewrites in place: every modelmint output is written under a temporary name and
+    renamed (`atomic_output`), which gives the name a new inode and leaves the linked one as it was.
+    """
+    try:
+        os.link(src, dst)
+        return True
+    except OSError as err:
+        if not cannot_link(err):
+            raise
+    shutil.copyfile(src, dst)
+    return False
+
+
 @contextlib.contextmanager
 def file_lock(lock: Path) -> Iterator[None]:
     """Hold an exclusive lock on the file `lock` (made if missing) for the block: across processes, and across

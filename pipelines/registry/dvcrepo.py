@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import json
 import logging
@@ -26,6 +25,7 @@ from pipelines.core.errors import (
     RemoteUnavailable,
     ToolError,
 )
+from pipelines.core.fsutil import cannot_link
 from pipelines.core.runner import ToolRun, run
 from pipelines.core.settings import Settings
 from pipelines.registry.names import stage_name
@@ -163,7 +163,7 @@ def adopt(settings: Settings, path: Path) -> bool:
             _link_over(obj, path)
         obj.chmod(0o444)
     except OSError as err:
-        if err.errno in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP):
+        if cannot_link(err):
             return False
         raise
     return True

@@ -17,9 +17,7 @@ validation passed and the blob reached the remote. Under `dvc repro` the stage c
 
 from __future__ import annotations
 
-import errno
 import logging
-import os
 import shutil
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
@@ -43,6 +41,7 @@ from pipelines.core.fsutil import (
     disk_full_located,
     hash_cache,
     is_full,
+    link_or_copy,
     write_text_atomic,
 )
 from pipelines.core.settings import Settings
@@ -179,7 +178,7 @@ def place(settings: Settings, c: Candidate) -> tuple[ArtifactFile, ...]:
             for f in c.files:
                 out = tmp / c.placed_as(f)
                 out.parent.mkdir(parents=True, exist_ok=True)
-                _link_or_copy(f, out, weights=is_weight_file(c.placed_as(f)))
+                _place_file(f, out, weights=is_weight_file(c.placed_as(f)))
             implementation(c.format).publish(settings, c, tmp)
             serving.write_serving(c, tmp)
             # Last: the provenance and the signature cover every file placed above (pipelines/registry/signing.py).
@@ -288,10 +287,9 @@ def publish(settings: Settings, c: Candidate, tracked: Tracked, *, push: bool = 
     if push and tracked.md5 is not None:
         dvcrepo.push(settings, c.stage)
         reuploaded = _ensure_in_remote(settings, c, tracked.md5, tracked.files)
-    manifest = _manifest(c, tracked, pushed=push and tracked.md5 is not None,
-                         plans=read_serving(artifact_dir(settings, c.entry.name, c.tag)))
-    manifest = manifest.model_copy(update={"shape": record_shape(
-        artifact_dir(settings, c.entry.name, c.tag), c.format, c.placed_as(c.files[0]), c.tag)})
+    placed = artifact_dir(settings, c.entry.name, c.tag)
+    manifest = _manifest(c, tracked, pushed=push and tracked.md5 is not None, plans=read_serving(placed))
+    manifest = manifest.model_copy(update={"shape": record_shape(placed, c.format, c.placed_as(c.files[0]), c.tag)})
     path = manifest_path(settings, c.entry.name, c.tag)
     try:
         before = load_manifest(path, settings.manifests_dir)
@@ -453,19 +451,14 @@ def _restore_lock(settings: Settings, lock: Path, before: bytes | None, stage: s
             write_text_atomic(lock, before.decode("utf-8"))
 
 
-def _link_or_copy(src: Path, dst: Path, *, weights: bool) -> None:
+def _place_file(src: Path, dst: Path, *, weights: bool) -> None:
     """Place a build output: its weights as a hard link of the checked build output (one copy of their bytes on
     the builder; `track` makes the same inode the DVC cache's object), read-only; a copy across filesystems and
     for every other file (small, and left to DVC's copies: docs/scale.md, "One copy on the builder")."""
-    if weights:
-        try:
-            os.link(src, dst)
-            dst.chmod(0o444)
-            return
-        except OSError as err:
-            if err.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP):
-                raise
-    shutil.copyfile(src, dst)
+    if not weights:
+        shutil.copyfile(src, dst)
+    elif link_or_copy(src, dst):
+        dst.chmod(0o444)
 
 
 def _remove_stale_partials(dest: Path) -> None:
