@@ -209,6 +209,26 @@ class SiteRegistry:
     settings: Settings
 
 
+
+def register_built_q4_k_m(settings: Settings, builds: Path, model: str = "tiny-qwen2") -> Candidate:
+    """`model`'s q4_k_m really built (the f16 converted and quantized by llama.cpp) and registered by the real code,
+    with candidate_for's validation figures: what recommend and the serving plans read from a registered GGUF."""
+    import dataclasses
+    import shutil
+
+    from pipelines.gguf.build import ensure_base, ensure_quant, plan_gguf
+
+    plan = plan_gguf(load_catalog(settings.catalog_path).get(model), settings, quants=["q4_k_m"])
+    ensure_base(plan)
+    ensure_quant(plan, "q4_k_m")
+    shaped = candidate_for(settings, builds, model, "q4_k_m", (0.0123, 0.0006, 93.5, 0.6, 3.9, 0.5))
+    real = shaped.files[0]
+    shutil.copyfile(plan.quant_path("q4_k_m"), real)  # the real GGUF in place of the header-only one
+    built = dataclasses.replace(shaped, sha256=sha256_file(real), size_bytes=real.stat().st_size)
+    register(settings, built)
+    return built
+
+
 def build(base: Path, *, evil: bool = True) -> SiteRegistry:
     """tiny-qwen2 (two GGUFs that tie) and smollm2 (three GGUFs, fp8 and awq; q4_k_m registered twice, its second
     version worse), committed to git; with `evil`, a description, model name and card holding <script>."""

@@ -5,12 +5,10 @@ llama-server command started for real and read back; bad input refused in one li
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import re
 import shlex
-import shutil
 import subprocess
 import sys
 import time
@@ -23,10 +21,9 @@ from typing import Any
 
 import pytest
 from registry_env import Repo, isolate, make_repo
-from site_registry import candidate_for
+from site_registry import candidate_for, register_built_q4_k_m
 
 from pipelines.core.errors import ConfigError
-from pipelines.core.fsutil import sha256_file
 from pipelines.core.gpus import CUDA_ALLOWANCE_GIB, cluster_of, known_gpus, load_inventory
 from pipelines.core.settings import Settings
 from pipelines.core.toolchains import llama_cpp
@@ -144,22 +141,14 @@ class Registered:
 def registered(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registered]:
     """tiny-qwen2's real q4_k_m GGUF (converted and quantized here) and a compressed fp8 checkpoint with
     Qwen2.5-0.5B's shape, registered in a git + DVC repository (its figures: the GGUF measured better)."""
-    from pipelines.gguf.build import ensure_base, ensure_quant, plan_gguf
     from pipelines.registry.register import register
-    from pipelines.source.catalog import load_catalog
 
     base = tmp_path_factory.mktemp("engines")
     with pytest.MonkeyPatch.context() as mp:
         isolate(base / "env", mp)
         repo = make_repo(base, models={"tiny-qwen2": ["q4_k_m", "fp8"]})
         settings = repo.settings()
-        plan = plan_gguf(load_catalog(settings.catalog_path).get("tiny-qwen2"), settings, quants=["q4_k_m"])
-        ensure_base(plan)
-        ensure_quant(plan, "q4_k_m")
-        shaped = candidate_for(settings, base / "builds", "tiny-qwen2", "q4_k_m", (0.0123, 0.0006, 93.5, 0.6, 3.9, 0.5))
-        real = shaped.files[0]
-        shutil.copyfile(plan.quant_path("q4_k_m"), real)  # the real GGUF in place of the header-only one
-        register(settings, dataclasses.replace(shaped, sha256=sha256_file(real), size_bytes=real.stat().st_size))
+        register_built_q4_k_m(settings, base / "builds")
         register(settings, candidate_for(settings, base / "builds", "tiny-qwen2", "fp8",
                                          (0.0300, 0.0009, 88.0, 0.7, 4.0, 1.0)))
         repo.commit_all("register tiny-qwen2 q4_k_m and fp8")

@@ -9,9 +9,7 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
-import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -22,9 +20,8 @@ from typing import Any
 import crossplane
 import pytest
 from registry_env import Repo, git, isolate, make_repo
-from site_registry import candidate_for
+from site_registry import register_built_q4_k_m
 
-from pipelines.core.fsutil import sha256_file
 from pipelines.publish.llamacpp_memory import read_layered_weights
 from pipelines.registry.manifest import find_manifest, manifest_path
 
@@ -48,22 +45,13 @@ class Builder:
 def builder(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Builder]:
     """tiny-qwen2's real q4_k_m GGUF (converted and quantized here) registered and pushed by the real code, the
     registry committed to git."""
-    from pipelines.gguf.build import ensure_base, ensure_quant, plan_gguf
-    from pipelines.registry.register import register
-    from pipelines.source.catalog import load_catalog
 
     base = tmp_path_factory.mktemp("offline")
     with pytest.MonkeyPatch.context() as mp:
         isolate(base / "env", mp)
         repo = make_repo(base, models={"tiny-qwen2": ["q4_k_m"]})
         settings = repo.settings()
-        plan = plan_gguf(load_catalog(settings.catalog_path).get("tiny-qwen2"), settings, quants=["q4_k_m"])
-        ensure_base(plan)
-        ensure_quant(plan, "q4_k_m")
-        shaped = candidate_for(settings, base / "builds", "tiny-qwen2", "q4_k_m", (0.0123, 0.0006, 93.5, 0.6, 3.9, 0.5))
-        real = shaped.files[0]
-        shutil.copyfile(plan.quant_path("q4_k_m"), real)  # the real GGUF in place of the header-only one
-        register(settings, dataclasses.replace(shaped, sha256=sha256_file(real), size_bytes=real.stat().st_size))
+        register_built_q4_k_m(settings, base / "builds")
         repo.commit_all("register tiny-qwen2 q4_k_m")
         yield Builder(repo, base)
 

@@ -6,9 +6,7 @@ shellcheck run as subprocesses."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
-import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -18,9 +16,8 @@ from typing import Any
 import pytest
 import yaml
 from registry_env import Repo, isolate, make_repo
-from site_registry import candidate_for
+from site_registry import register_built_q4_k_m
 
-from pipelines.core.fsutil import sha256_file
 from pipelines.registry.manifest import Manifest, find_manifest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -38,9 +35,6 @@ def _cli(repo: Repo, *args: str) -> subprocess.CompletedProcess[str]:
 def registered(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Repo, Manifest]]:
     """tiny-qwen2's real q4_k_m GGUF registered by the real code, its catalog entry asking for serving plans on one
     L4 and on a 4-GPU box at 2048 tokens x 3 sequences."""
-    from pipelines.gguf.build import ensure_base, ensure_quant, plan_gguf
-    from pipelines.registry.register import register
-    from pipelines.source.catalog import load_catalog
 
     base = tmp_path_factory.mktemp("serve-gguf")
     with pytest.MonkeyPatch.context() as mp:
@@ -52,13 +46,7 @@ def registered(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Repo,
             entry["serve"] = SERVE
         catalog.write_text(yaml.safe_dump(raw, sort_keys=False))
         settings = repo.settings()
-        plan = plan_gguf(load_catalog(settings.catalog_path).get("tiny-qwen2"), settings, quants=["q4_k_m"])
-        ensure_base(plan)
-        ensure_quant(plan, "q4_k_m")
-        shaped = candidate_for(settings, base / "builds", "tiny-qwen2", "q4_k_m", (0.0123, 0.0006, 93.5, 0.6, 3.9, 0.5))
-        real = shaped.files[0]
-        shutil.copyfile(plan.quant_path("q4_k_m"), real)  # the real GGUF in place of the header-only one
-        register(settings, dataclasses.replace(shaped, sha256=sha256_file(real), size_bytes=real.stat().st_size))
+        register_built_q4_k_m(settings, base / "builds")
         yield repo, find_manifest(settings, "tiny-qwen2:q4_k_m")
 
 
