@@ -51,12 +51,11 @@ from pipelines.registry.formats import FORMATS
 from pipelines.registry.images import (
     build_image,
     pinned_tag,
-    publications,
-    publications_path,
     publish_image,
     pull_image,
 )
 from pipelines.registry.manifest import Manifest, manifest_path
+from pipelines.registry.published import publications, publications_path
 from pipelines.registry.register import Candidate, register
 from pipelines.source.catalog import load_catalog
 

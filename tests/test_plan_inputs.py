@@ -276,8 +276,8 @@ def registered(repo: Any, tmp_path: Path) -> Any:
 
 
 def _record(repo: Any, entries: list[dict[str, Any]]) -> Path:
-    from pipelines.registry.images import publications_path
     from pipelines.registry.manifest import find_manifest
+    from pipelines.registry.published import publications_path
 
     m = find_manifest(repo.settings(), "tiny-qwen2:q4_k_m")
     path = publications_path(repo.settings(), m.name, m.tag)

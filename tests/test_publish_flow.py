@@ -26,8 +26,9 @@ from pipelines.core.fsutil import sha256_file
 from pipelines.core.settings import Settings
 from pipelines.publish.oci import OciClient, RegistryRef
 from pipelines.publish.ollama_image import MODEL
-from pipelines.registry.images import pinned_tag, publications_path
+from pipelines.registry.images import pinned_tag
 from pipelines.registry.manifest import find_manifest
+from pipelines.registry.published import publications_path
 
 MODELMINT = [sys.executable, "-m", "pipelines.cli"]
 

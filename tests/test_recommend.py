@@ -194,8 +194,8 @@ def test_bad_input_is_refused_with_the_next_command(site_registry: SiteRegistry)
 def test_a_published_winner_is_pulled_from_its_registry_and_a_damaged_record_falls_back(
     site_registry: SiteRegistry,
 ) -> None:
-    from pipelines.registry.images import publications_path
     from pipelines.registry.manifest import find_manifest
+    from pipelines.registry.published import publications_path
 
     s = site_registry.settings
     m = find_manifest(s, "smollm2:q8_0")

@@ -304,8 +304,8 @@ def test_a_model_whose_every_build_failed_is_shown_with_none_recommended(repo: R
 
 
 def test_a_published_gguf_offers_its_ollama_pull(site_registry: SiteRegistry, tmp_path: Path) -> None:
-    from pipelines.registry.images import publications_path
     from pipelines.registry.manifest import find_manifest
+    from pipelines.registry.published import publications_path
 
     s = site_registry.settings
     m = find_manifest(s, "smollm2:q8_0")

@@ -26,8 +26,8 @@ if TYPE_CHECKING:
 def list_cmd() -> None:
     """List the registered artifacts (registry/manifests)."""
     from pipelines.core.errors import RegistryError
-    from pipelines.registry.images import publications
     from pipelines.registry.manifest import list_manifests
+    from pipelines.registry.published import publications
 
     settings = load_settings()
     listing = list_manifests(settings)
@@ -107,7 +107,7 @@ def show(
         _print_provenance(ref)
         return
     if not history:
-        from pipelines.registry.images import publications
+        from pipelines.registry.published import publications
 
         manifest = find_manifest(settings, ref)
         out.print_json(manifest.to_json())

@@ -140,7 +140,8 @@ def publish(
 
     from pipelines.publish.oci import RegistryRef
     from pipelines.registry.formats import format_of
-    from pipelines.registry.images import publications_path, publish_image
+    from pipelines.registry.images import publish_image
+    from pipelines.registry.published import publications_path
 
     if registry is None:
         raise ConfigError(

@@ -15,7 +15,6 @@ import logging
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 from pydantic import ValidationError
 
@@ -37,6 +36,7 @@ from pipelines.publish.oci import (
 from pipelines.publish.ollama_image import CONFIG as OLLAMA_CONFIG
 from pipelines.registry.formats.base import format_of, implementation
 from pipelines.registry.manifest import Manifest, find_manifest, manifest_path
+from pipelines.registry.published import publications, publications_path, read_publications
 from pipelines.registry.pull import PullResult, holds
 from pipelines.registry.referrers import Attached, attach, provenance_statement
 
@@ -254,7 +254,7 @@ def _recorded_digests(settings: Settings, manifest: Manifest) -> dict[tuple[str,
     """(registry host, repository, registration key) → the image digests the publication record of `manifest`'s
     name:tag says were pushed (every registration's entries, earlier ones included)."""
     found: dict[tuple[str, str, str], set[str]] = {}
-    for e in _read_publications(publications_path(settings, manifest.name, manifest.tag)):
+    for e in read_publications(publications_path(settings, manifest.name, manifest.tag)):
         if all(isinstance(e.get(k), str) for k in ("registry", "repository", "key", "digest")):
             found.setdefault((e["registry"], e["repository"], e["key"]), set()).add(e["digest"])
     return found
@@ -290,11 +290,6 @@ def mount_sources(settings: Settings, manifest: Manifest, registry: RegistryRef)
     return tuple(found)
 
 
-def publications_path(settings: Settings, name: str, tag: str) -> Path:
-    """registry/published/NAME/TAG.json: where the artifact was published (in git, beside its manifest)."""
-    return settings.repo_dir / "registry" / "published" / name / f"{tag}.json"
-
-
 def record_publication(settings: Settings, done: Published) -> Path:
     """Add where `done` pushed to the artifact's publication record, atomically; a publication recorded already
     leaves the file as it is. Entries are only ever added (or replaced by the same registration's to the same
@@ -303,7 +298,7 @@ def record_publication(settings: Settings, done: Published) -> Path:
     path = publications_path(settings, m.name, m.tag)
     entry = {"image": done.images[-1], "registry": done.registry.host, "repository": done.repository,
              "tags": done.tags, "pinned": done.images[0], "digest": done.digest, "key": m.key, "sha256": m.sha256}
-    entries = _read_publications(path)
+    entries = read_publications(path)
     same = [e for e in entries if e.get("image") == entry["image"] and e.get("key") == m.key]
     if same and all({k: e.get(k) for k in entry} == entry for e in same):
         return path
@@ -312,55 +307,6 @@ def record_publication(settings: Settings, done: Published) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     write_text_atomic(path, json.dumps(sorted(entries, key=lambda e: (e["image"], e["published_at"])), indent=2) + "\n")
     return path
-
-
-def publications(settings: Settings, manifest: Manifest) -> list[dict[str, Any]]:
-    """Where this registration is published (entries of earlier registrations of the same tag left out)."""
-    path = publications_path(settings, manifest.name, manifest.tag)
-    return [e for e in _read_publications(path) if "image" in e and
-            (e.get("key") == manifest.key if "key" in e else e.get("sha256") == manifest.sha256)]
-
-
-def _read_publications(path: Path) -> list[dict[str, Any]]:
-    """The record's entries; a missing file has none, a corrupt one is refused (read as empty, the next
-    publication would overwrite every earlier record)."""
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        return []
-    except (ValueError, UnicodeDecodeError) as e:
-        raise RegistryError(f"{path} is not a publication record ({e})",
-                            hint=f"restore it from git (`git checkout -- {path}`) before publishing again") from e
-    restore = f"restore it from git (`git checkout -- {path}`) before publishing again"
-    if not isinstance(data, list) or not all(isinstance(e, dict) for e in data):
-        raise RegistryError(f"{path} is not a publication record (not a list of entries)", hint=restore)
-    for i, entry in enumerate(data, 1):
-        problem = _entry_problem(entry)
-        if problem:
-            raise RegistryError(f"{path} is not a publication record: entry {i} {problem}", hint=restore)
-    return data
-
-
-_ENTRY_TEXT = ("image", "published_at", "registry", "repository", "pinned", "digest", "key", "sha256")
-"""The text fields record_publication writes in an entry (the first two in every entry, key or sha256 naming the
-registration: records written before keys name it by sha256 alone)."""
-
-
-def _entry_problem(entry: dict[str, Any]) -> str | None:
-    """What makes one entry of a publication record unreadable (a field every reader needs missing, or a field of
-    the wrong type), or None."""
-    missing = [f for f in ("image", "published_at") if f not in entry]
-    if "key" not in entry and "sha256" not in entry:
-        missing.append("key (or sha256)")
-    if missing:
-        return f"has no {', '.join(missing)}"
-    for f in _ENTRY_TEXT:
-        if f in entry and not isinstance(entry[f], str):
-            return f"field {f} is {json.dumps(entry[f])[:40]}, not a string"
-    tags = entry.get("tags", [])
-    if not isinstance(tags, list) or not all(isinstance(t, str) for t in tags):
-        return f"field tags is {json.dumps(tags)[:40]}, not a list of strings"
-    return None
 
 
 def carried_manifest(client: OciClient, repository: str, there: tuple[bytes, str, str]) -> Manifest | None:

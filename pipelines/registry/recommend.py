@@ -540,7 +540,7 @@ def _catalog_quants(settings: Settings, name: str) -> list[str] | None:
 def commands(settings: Settings, m: Manifest, request: Request, gguf: GgufPlan | None = None) -> list[str]:
     """What to type to get the winner running as planned: pull it, then serve it (Ollama with the planned num_ctx,
     num_gpu and OLLAMA_NUM_PARALLEL, or llama-server with -c, -np and -ngl, for a GGUF; vLLM for a checkpoint)."""
-    from pipelines.registry.images import publications
+    from pipelines.registry.published import publications
 
     if m.format == "gguf":
         try:

@@ -78,7 +78,7 @@ def _descriptions(settings: Settings) -> dict[str, str]:
 def _published(settings: Settings, m: Manifest) -> list[str]:
     """The OCI images this registration was published as (registry/published/), newest last; none when unreadable."""
     from pipelines.core.errors import RegistryError
-    from pipelines.registry.images import publications
+    from pipelines.registry.published import publications
 
     try:
         return [str(e["image"]) for e in publications(settings, m) if isinstance(e.get("image"), str)]

@@ -436,7 +436,8 @@ def test_a_remote_directory_that_does_not_exist_is_a_configuration_error(repo: R
 @pytest.mark.parametrize("text", ["[{\"image\": \"h/ns/tiny-qwen2:q4_k_m\"", "{\"image\": 1}", "[1, 2]", "\xff\xfe"])
 def test_a_corrupt_publication_record_is_refused_and_never_overwritten(published: Repo, text: str) -> None:
     from pipelines.publish.oci import RegistryRef
-    from pipelines.registry.images import Published, publications, publications_path, record_publication
+    from pipelines.registry.images import Published, record_publication
+    from pipelines.registry.published import publications, publications_path
 
     settings = published.settings()
     m = find_manifest(settings, REF)
