@@ -389,6 +389,16 @@ class SigningKeyError(ConfigError):
     """The signing key (MODELMINT_SIGNING_KEY) or its certificate cannot sign: raised before any build work."""
 
 
+class TimestampUnavailable(ModelmintError):
+    """The Time-Stamp Authority (MODELMINT_TSA_URL) gave no timestamp over a signature: nothing was registered."""
+
+    transient = True
+
+
+class TimestampInvalid(ModelmintError):
+    """An RFC 3161 timestamp that does not hold: over other bytes, by an untrusted authority, or unreadable."""
+
+
 class TrustPolicyInvalid(ConfigError):
     """registry/trust.yaml does not validate (a typo, an unknown key name, a key file that is not there)."""
 
