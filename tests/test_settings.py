@@ -42,6 +42,7 @@ _SAMPLES = {
     "skip_resource_check": ("1", "True"),
     "keep_scratch": ("1", "True"),
     "trust_policy": ("/trust.yaml", "/trust.yaml"),
+    "tsa_url": ("http://127.0.0.1:3180/tsr", "http://127.0.0.1:3180/tsr"),
 }
 
 

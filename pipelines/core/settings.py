@@ -101,6 +101,10 @@ class Settings:
     trust_policy: Path | None = field(default=None, metadata=_is("orchestration", "MODELMINT_TRUST"))
     """The trust policy read instead of the checkout's registry/trust.yaml: a file the people who can change the
     manifests cannot change (docs/trust.md); None: the checkout's own."""
+    tsa_url: str | None = field(default=None, metadata=_is("orchestration", "MODELMINT_TSA_URL"))
+    """An RFC 3161 Time-Stamp Authority (http(s) URL) that timestamps every signature registration makes, so that
+    verification judges the signing key by the authority's time instead of the signer's own claim (docs/trust.md);
+    None: signatures carry no timestamp."""
 
     SECRETS: ClassVar[tuple[str, ...]]
     """Credentials (role `secret`): never stored, never part of a key."""
@@ -149,6 +153,7 @@ class Settings:
             skip_resource_check=_flag(env, var["skip_resource_check"]),
             keep_scratch=_flag(env, var["keep_scratch"]),
             trust_policy=Path(p).expanduser() if (p := read["trust_policy"]) else None,
+            tsa_url=read["tsa_url"],
         )
 
     @classmethod
