@@ -11,6 +11,7 @@ not is refused for tool use with the reason (ChatFamily.tool_use_refused).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from datetime import date
@@ -26,7 +27,7 @@ from pipelines.chat.proof import SUITE, Conversation, render_hf
 from pipelines.core.errors import UnsupportedModel
 from pipelines.core.settings import Settings
 from tests.ollama_parsers import PARSERS, TemplateToolsParser, new_parser, parse, parse_qwen_tool_call
-from tests.test_ollama_templates import CLAIMED, OLLAMA_READING
+from tests.test_ollama_templates import CLAIMED, OLLAMA_READING, llamacpp_tojson
 
 VECTORS = json.loads((Path(__file__).parent / "data" / "ollama_parser_vectors.json").read_text(encoding="utf-8"))
 TODAY = date(2026, 11, 26)
@@ -173,7 +174,11 @@ NOT_RECOVERED = {
     "poolside-Laguna-XS-2.1.jinja",
     # the Jinja writes nothing for an assistant message's tool calls
     "ibm-granite-granite-3.3-2B-Instruct.jinja",
+    # a ```json fenced object of the arguments alone: the parser finds no name in it
+    "llama-cpp-deepseek-r1.jinja",
 }
+# Templates whose Jinja renders tools only with llama.cpp's tojson (test_ollama_templates.llamacpp_tojson).
+LLAMACPP_TOJSON = {"llama-cpp-deepseek-r1.jinja"}
 # Recovered except on these conversations: Solar Open writes <|end|>, one of its stop strings, after its reasoning,
 # so a turn that reasons before calling a tool ends there.
 PARTLY_RECOVERED = {"upstage-Solar-Open-100B.jinja": {"reasoning-in-tool-loop"}}
@@ -187,7 +192,8 @@ def _template_recovered(settings: Settings, templates_dir: Path, name: str) -> d
     out = {}
     for conv in TOOL_CONVERSATIONS:
         try:
-            text = model_output(jinja, conv, family_name, tokens)
+            with llamacpp_tojson() if name in LLAMACPP_TOJSON else contextlib.nullcontext():
+                text = model_output(jinja, conv, family_name, tokens)
         except UnsupportedModel:  # the Jinja refuses the conversation (Llama 3.2: one call per turn)
             continue
         if reading.thinking_tags and text.lstrip().startswith(reading.thinking_tags[0]) and reading.thinking_tags[1] in text:

@@ -20,9 +20,13 @@ last section) and asserted, so that a fix or a regression changes a test instead
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import types
+from collections.abc import Iterator
 from datetime import date, datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -48,6 +52,7 @@ CLAIMED: dict[str, tuple[str, TemplateTokens]] = {
     "meta-llama-Llama-3.3-70B-Instruct.jinja": ("llama3", LLAMA3),
     "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja": ("deepseek-r1", R1),
     "deepseek-ai-DeepSeek-R1-Distill-Llama-8B.jinja": ("deepseek-r1", R1),
+    "llama-cpp-deepseek-r1.jinja": ("deepseek-r1-llama.cpp", R1),
     "google-gemma-2-2b-it.jinja": ("gemma", TemplateTokens("<bos>", "<eos>")),
     "mistralai-Mistral-Nemo-Instruct-2407.jinja": ("mistral", TemplateTokens("<s>", "</s>")),
     "microsoft-Phi-3.5-mini-instruct.jinja": ("phi3", TemplateTokens("<s>", "<|endoftext|>")),
@@ -98,6 +103,9 @@ _QWEN2_TOOLS = "Qwen2's plain ChatML has no tool calling: it fails on a tool-cal
 _HERMES_NO_TOOLS = "Hermes' tool_use template iterates tools unconditionally and fails without them (see test_hermes_without_tools)"
 _KIMI_APPEND = ("Kimi K2 Instruct/Thinking append each call id to a list (tool_response_queue.ids.append), which "
                 "transformers' immutable sandbox refuses (see test_kimi_tool_calls_match_a_mutable_sandbox)")
+_R1_LLAMACPP_TOOLS = ("llama.cpp's DeepSeek-R1 template pipes a generator (tools | map(...)) to tojson, which "
+                      "transformers' json.dumps refuses; llama.cpp's own engine renders it (see "
+                      "test_deepseek_r1_llamacpp_tools_match_llamacpps_tojson)")
 _TOOL_CALL_CONVERSATIONS = ("tool-call-and-result", "tool-round-trip", "parallel-tool-calls",
                             "tool-call-nested-arguments", "reasoning-in-tool-loop")
 
@@ -107,6 +115,8 @@ DOCUMENTED: dict[tuple[str, str], str] = {
     **{("hermes", c): _HERMES_NO_TOOLS for c in ("user", "system-user", "multi-turn", "system-multi-turn",
                                                   "continue-assistant", "special-characters", "reasoning-in-history",
                                                   "think-on", "think-off")},
+    **{("deepseek-r1-llama.cpp", c): _R1_LLAMACPP_TOOLS for c in ("tools-offered", "tools-offered-no-system",
+                                                                  *_TOOL_CALL_CONVERSATIONS)},
     ("llama3", "parallel-tool-calls"): "Llama 3.x raises 'This model only supports single tool-calls at once!'",
     ("gemma", "system-user"): _GEMMA_SYSTEM,
     ("gemma", "system-multi-turn"): _GEMMA_SYSTEM,
@@ -226,6 +236,37 @@ def test_kimi_tool_calls_match_a_mutable_sandbox(settings: Settings, templates_d
     assert "## Return of functions.get_weather:1\n" in parallel
 
 
+@contextlib.contextmanager
+def llamacpp_tojson() -> Iterator[None]:
+    """Jinja's tojson as llama.cpp's engine has it: it takes a sequence such as `tools | map(attribute=...)`, which
+    transformers' json.dumps refuses (a generator)."""
+    strict = chat_template._tojson
+
+    def as_llamacpp(value: Any, *args: Any, **kwargs: Any) -> str:
+        return strict(list(value) if isinstance(value, types.GeneratorType) else value, *args, **kwargs)
+
+    chat_template._tojson = as_llamacpp
+    chat_template._compile.cache_clear()
+    try:
+        yield
+    finally:
+        chat_template._tojson = strict
+        chat_template._compile.cache_clear()
+
+
+def test_deepseek_r1_llamacpp_tools_match_llamacpps_tojson(settings: Settings, templates_dir: Path) -> None:
+    # With llama.cpp's tojson the tool conversations render, and the TEMPLATE must match those too, tools printed as
+    # json.dumps(indent=2) does.
+    family_name, tokens = CLAIMED["llama-cpp-deepseek-r1.jinja"]
+    family, jinja = FAMILIES[family_name], _jinja(templates_dir, "llama-cpp-deepseek-r1.jinja")
+    with llamacpp_tojson():
+        results = render_both(jinja, family.template(jinja, tokens), family, tokens, settings, now=TODAY)
+    assert all(r.equal for r in results), [r.conversation for r in results if not r.equal]
+    offered = {r.conversation: r for r in results}["tools-offered"].ollama or ""
+    assert 'requests: [\n  {\n    "name": "get_weather",\n    "description": ' in offered
+    assert '"required": [\n        "city"\n      ]\n    }\n  },\n  {\n    "name": "search"' in offered
+
+
 # What Ollama reads out of each TEMPLATE: tool calling offered ("tools" used), the text its tool-call parser
 # waits for ("{" = bare JSON), and the thinking tags of its thinking parser.
 OLLAMA_READING = {
@@ -234,6 +275,7 @@ OLLAMA_READING = {
     "meta-llama-Llama-3.2-3B-Instruct.jinja": (True, "{", ()),
     "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja": (False, "{", ("<think>", "</think>")),
     "deepseek-ai-DeepSeek-R1-Distill-Llama-8B.jinja": (False, "{", ("<think>", "</think>")),
+    "llama-cpp-deepseek-r1.jinja": (True, "{", ("<think>", "</think>")),
     "google-gemma-2-2b-it.jinja": (False, "{", ()),
     "mistralai-Mistral-Nemo-Instruct-2407.jinja": (True, "[TOOL_CALLS][", ()),
     "microsoft-Phi-3.5-mini-instruct.jinja": (False, "{", ()),

@@ -171,3 +171,87 @@ register(ChatFamily(
         "never inside .Content",
     ),
 ))
+
+
+# ---------------------------------------------------------------- DeepSeek-R1 as llama.cpp writes it (tools offered)
+
+_R1_TOOLS_INTRO = "You can call any of the following function tools to satisfy the user's requests: "
+_R1_TOOLS_EXAMPLE = (
+    "\n\nExample function tool call syntax:\n\n"
+    "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>example_function_name\n"
+    '```json\n{\n  "arg1": "some_value"\n  ...\n}\n```\n<｜tool▁call▁end｜><｜tool▁calls▁end｜>\n\n'
+)
+
+
+def _detect_deepseek_r1_llamacpp(src: str) -> bool:
+    return _has_all(
+        src, "<｜User｜>", "<｜Assistant｜>", "<｜end▁of▁sentence｜>", "<think>\\n", "flush_tool_outputs",
+        "ns.is_tool_outputs", "tools | map(attribute='function') | tojson(indent=2)",
+        "Example function tool call syntax:", "content.split('</think>')[-1]", _R1_TOOLS_EXAMPLE.strip("\n"),
+    ) and _has_none(src, "reasoning_content", "enable_thinking", "is_tool=false")
+
+
+def _build_deepseek_r1_llamacpp(src: str, tokens: TemplateTokens) -> str:
+    # Tool outputs are flushed (<｜tool▁outputs▁end｜><｜end▁of▁sentence｜>) by the next message that is not a
+    # tool result, or at the end; an assistant message with content takes the content branch, so a message
+    # holding reasoning and tool calls prints no calls (as the Jinja does: its content is the <think> block).
+    return json_defines(indent_width=2) + _fill(
+        """
+{{- $msgs := .Messages }}{{ $sys := "" }}{{ range $msgs }}{{ if eq .Role "system" }}{{ $sys = .Content }}{{ end }}{{ end }}
+{{- «BOS» }}
+{{- if .Tools }}«INTRO»{{ template "mm2_functions_i" .Tools }}«EXAMPLE»{{ end }}
+{{- $sys }}
+{{- $outs := false }}{{ $outFirst := true }}{{ $prev := "" }}
+{{- range $i, $m := .Messages }}
+    «LOOP_HEAD»
+    {{- /* Never renders: declares <think>…</think> around .Thinking, which Ollama reads as the thinking tags. */}}
+    {{- if false }}<think>{{ .Thinking }}</think>{{ end }}
+    {{- if and $outs (ne .Role "tool") }}<｜tool▁outputs▁end｜><｜end▁of▁sentence｜>{{ $outs = false }}{{ end }}
+    {{- if eq .Role "user" }}<｜User｜>{{ .Content }}<｜end▁of▁sentence｜>{{ end }}
+    {{- if and (eq .Role "assistant") (not (or .Content .Thinking)) }}<｜Assistant｜><｜tool▁calls▁begin｜>
+        {{- range $j, $c := .ToolCalls }}{{ if $j }}{{ "\\n" }}{{ end }}«CALL»{{ end }}<｜tool▁calls▁end｜><｜end▁of▁sentence｜>
+    {{- end }}
+    {{- if and (eq .Role "assistant") (or .Content .Thinking) }}<｜Assistant｜>{{ .Content }}
+        {{- if not $last }}<｜end▁of▁sentence｜>{{ end }}
+    {{- end }}
+    {{- if eq .Role "tool" }}{{ $outs = true }}
+        {{- if $outFirst }}<｜tool▁outputs▁begin｜>{{ $outFirst = false }}{{ end }}
+        {{- "\\n" }}<｜tool▁output▁begin｜>{{ .Content }}<｜tool▁output▁end｜>
+    {{- end }}
+    {{- $prev = .Role }}
+{{- end }}
+{{- if $outs }}<｜tool▁outputs▁end｜><｜end▁of▁sentence｜>{{ end }}
+{{- if ne $prev "assistant" }}<｜Assistant｜><think>{{ "\\n" }}{{ end }}
+""",
+        BOS=golit(tokens.bos_text)[3:-3],
+        INTRO=golit(_R1_TOOLS_INTRO),
+        EXAMPLE=golit(_R1_TOOLS_EXAMPLE),
+        CALL=('<｜tool▁call▁begin｜>function<｜tool▁sep｜>{{ .Function.Name }}{{ "\\n```json\\n" }}'
+              '{{ template "mm_args" .Function.Arguments }}{{ "\\n```" }}<｜tool▁call▁end｜>'),
+        LOOP_HEAD=_LOOP_HEAD,
+    )
+
+
+register(ChatFamily(
+    name="deepseek-r1-llama.cpp",
+    title="DeepSeek-R1 as llama.cpp writes it (tools as indent=2 JSON before the system prompt, <think> prompt)",
+    detect=_detect_deepseek_r1_llamacpp,
+    build=_build_deepseek_r1_llamacpp,
+    stop=("<｜end▁of▁sentence｜>", "<｜User｜>", "<｜Assistant｜>"),
+    markers=("<｜User｜>", "<｜Assistant｜>", "<｜tool▁calls▁begin｜>", "<｜tool▁outputs▁begin｜>", "flush_tool_outputs",
+             "tojson(indent=2)", "content.split('</think>')[-1]"),
+    tool_calls=("none structured: each call is <｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME and a ```json block of the "
+                "arguments alone, in which Ollama's tool parser (bare JSON objects: the TEMPLATE declares no tag) finds "
+                "no tool name; thinking is parsed"),
+    bos_in_template=True,
+    thinking=True,
+    proof_note=("its 7 conversations with tools are proven with llama.cpp's tojson, which takes the "
+                "`tools | map(attribute='function')` sequence that transformers' json.dumps refuses "
+                "(tests/test_ollama_templates.py::test_deepseek_r1_llamacpp_tools_match_llamacpps_tojson)"),
+    notes=(
+        "the Jinja removes everything up to '</think>' from assistant history; Go templates cannot split "
+        "strings, so the TEMPLATE relies on Ollama passing reasoning in .Thinking (its thinking parser does), "
+        "never inside .Content",
+        "tools print as json.dumps(indent=2) with the key orders Ollama's API keeps (see pipelines.chat.gojson)",
+    ),
+))
