@@ -56,9 +56,9 @@ def main() -> None:
     })
     from registry_env import Repo, candidate, git, make_repo, write_gguf
 
-    from pipelines.registry import dvcrepo
     from pipelines.registry.pull import pull
     from pipelines.registry.register import place, publish, track
+    from pipelines.store import dvcrepo
 
     try:
         repo = make_repo(scratch)

@@ -320,7 +320,7 @@ main()
 def _project(project: Path, remote: Path, entry: str, src: Path) -> dict[str, str]:
     """A git + DVC repository laid out as the project (catalog, toolchain pins, .dvc/config, dvc.yaml) with one
     catalog entry, `entry`, pointing at the checkpoint `src`, and a local DVC remote at `remote`; its environment."""
-    from pipelines.registry import dvcgen
+    from pipelines.store import dvcgen
     from pipelines.source.catalog import load_catalog
 
     for d in (project, remote):

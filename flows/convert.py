@@ -48,12 +48,12 @@ from pipelines.core.errors import ConfigError, ModelmintError, VariantsFailed
 from pipelines.core.fsutil import hash_cache
 from pipelines.core.settings import Settings
 from pipelines.core.steps import BuildResult, VariantError, execute, variant_scoped
+from pipelines.oci.images import Published
 from pipelines.publish.oci import RegistryRef
 from pipelines.registry import register as reg
-from pipelines.registry.formats import ArtifactFormat, format_of, implementation, split_by_format
-from pipelines.registry.images import Published
-from pipelines.registry.names import NAMES, Format, owner
 from pipelines.source.catalog import COMPRESSED_VARIANTS, CatalogEntry, load_catalog
+from pipelines.store.formats import ArtifactFormat, format_of, implementation, split_by_format
+from pipelines.store.names import NAMES, Format, owner
 
 R = TypeVar("R")
 

@@ -6,7 +6,7 @@ from prefect import get_run_logger
 
 from pipelines.core.errors import ModelmintError
 from pipelines.core.settings import Settings
-from pipelines.registry.site import default_site_dir, refresh_site
+from pipelines.site.build import default_site_dir, refresh_site
 
 
 def site_lines(settings: Settings, registered: list[str]) -> list[str]:

@@ -19,8 +19,8 @@ from flows.slots import GPU_LIMIT, prefect_unreachable, slot
 from pipelines.core.errors import ModelmintError
 from pipelines.core.settings import Settings
 from pipelines.core.steps import Step, content_key
-from pipelines.registry.formats.base import implementation
 from pipelines.source.catalog import CatalogEntry
+from pipelines.store.formats.base import implementation
 
 # pipelines' INFO lines (what each step ran, what an interrupted run left and was removed) belong in the run's
 # log: PREFECT_LOGGING_EXTRA_LOGGERS attaches Prefect's handler to the `pipelines` logger, but the logger's

@@ -1,6 +1,6 @@
 """The `watch-upstream` flow: each tracked ref that moved gets its pin recorded and one `convert/<name>` run.
 
-What Prefect adds to pipelines.source.upstream and pipelines.registry.pins:
+What Prefect adds to pipelines.source.upstream and pipelines.store.pins:
   schedule      a cron schedule in prefect.yaml (deployment watch-upstream/watch-upstream)
   idempotency   each conversion is started through run_deployment with the key `upstream-<name>-<commit>`, so one
                 upstream commit makes one run, whoever asks (two overlapping ticks, a tick and the webhook)
@@ -29,9 +29,9 @@ if TYPE_CHECKING:
 
 from pipelines.core.errors import ConfigError, ModelmintError
 from pipelines.core.settings import Settings
-from pipelines.registry.pins import RecordMode, record_pin
 from pipelines.source import upstream
 from pipelines.source.catalog import CatalogEntry, load_catalog
+from pipelines.store.pins import RecordMode, record_pin
 
 HUB_INTERVAL_S = 0.5
 """At most two hub calls a second from one watcher run."""

@@ -30,13 +30,13 @@ from pipelines.core.steps import (
     execute,
     local_runner,
 )
-from pipelines.registry.candidate import Candidate
-from pipelines.registry.formats import ArtifactFormat, format_of
 from pipelines.source.catalog import CatalogEntry
+from pipelines.store.candidate import Candidate
+from pipelines.store.formats import ArtifactFormat, format_of
 
 if TYPE_CHECKING:
+    from pipelines.oci.images import Published
     from pipelines.publish.oci import RegistryRef
-    from pipelines.registry.images import Published
     from pipelines.registry.register import Registration
 
 
@@ -232,10 +232,10 @@ def preflight_registration(settings: Settings, entry: CatalogEntry, variants: li
 
     Raises:
         RegistryError: a variant has no dvc.yaml stage (`modelmint dvc-yaml` writes them).
-        SigningKeyError: MODELMINT_SIGNING_KEY names a key that cannot sign (pipelines/registry/signing.py).
+        SigningKeyError: MODELMINT_SIGNING_KEY names a key that cannot sign (pipelines/trust/signing.py).
     """
-    from pipelines.registry.dvcrepo import require_stages
-    from pipelines.registry.signing import preflight
+    from pipelines.store.dvcrepo import require_stages
+    from pipelines.trust.signing import preflight
 
     require_stages(settings, entry.name, variants)
     preflight(settings)
@@ -244,7 +244,7 @@ def preflight_registration(settings: Settings, entry: CatalogEntry, variants: li
 def registry_places(settings: Settings, *, track: bool = True) -> Places:
     """Where a run that registers writes: its build directory, the repository's artifacts/ and, when DVC tracks
     the registration, the DVC cache (each counted on its own filesystem by the resource check)."""
-    from pipelines.registry.dvcrepo import cache_dir
+    from pipelines.store.dvcrepo import cache_dir
 
     return Places(settings.work_dir, settings.artifacts_dir, cache_dir(settings) if track else None)
 
@@ -312,9 +312,9 @@ def registration_steps(
 
 def _publish_image(settings: Settings, registry: RegistryRef, v: str, say: Callable[[str], None],
                    got: Inputs) -> Published:
-    """Push the registered variant to the OCI registry (pipelines.registry.images.publish_image): every run asks
+    """Push the registered variant to the OCI registry (pipelines.oci.images.publish_image): every run asks
     the registry (a HEAD per blob, a GET per tag) and uploads or tags only what it lacks, so it is never cached."""
-    from pipelines.registry.images import publish_image
+    from pipelines.oci.images import publish_image
 
     ref = got[register_step(v)].manifest.ref
     p = publish_image(settings, ref, registry)

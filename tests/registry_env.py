@@ -23,8 +23,8 @@ import yaml
 
 from pipelines.core.report import parse_report
 from pipelines.core.settings import Settings, project_root
-from pipelines.registry import dvcgen
 from pipelines.source.catalog import COMPRESSED_VARIANTS, GGUF_QUANT_TYPES, load_catalog
+from pipelines.store import dvcgen
 
 ROOT = project_root()
 VENV_BIN = Path(sys.executable).parent
@@ -201,8 +201,8 @@ def candidate(
 ) -> Any:
     """A registration candidate as a validated build would hand it over (synthetic GGUF and report)."""
     from pipelines.core.fsutil import sha256_file
-    from pipelines.registry.manifest import ParentRef
     from pipelines.registry.register import Candidate
+    from pipelines.store.manifest import ParentRef
 
     entry = load_catalog(settings.catalog_path).get(name)
     out = tmp / f"build-{seed}"

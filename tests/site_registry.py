@@ -23,9 +23,9 @@ from pipelines.core.fsutil import sha256_file
 from pipelines.core.gates import Gate
 from pipelines.core.report import Figures, Validation, parse_report
 from pipelines.core.settings import Settings
-from pipelines.registry.manifest import ParentRef
 from pipelines.registry.register import Candidate, register
 from pipelines.source.catalog import load_catalog
+from pipelines.store.manifest import ParentRef
 
 # (mean KL, its s.e., same top %, its s.e., dPPL %, MiB of weights)
 SMOLLM2 = {

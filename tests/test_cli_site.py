@@ -1,5 +1,5 @@
 """`modelmint recommend` and `modelmint site build|serve` through the installed console script: thin commands over
-pipelines/registry/recommend.py and site.py, their output, --json, and bad input as one error line."""
+pipelines/advice/recommend.py and site.py, their output, --json, and bad input as one error line."""
 
 from __future__ import annotations
 

@@ -23,7 +23,7 @@ from stack_env import flow_runs, prefect, stack_up, wait_for
 
 from flows import stack
 from pipelines.core.settings import Settings
-from pipelines.registry.manifest import find_manifest, list_manifests, manifest_path
+from pipelines.store.manifest import find_manifest, list_manifests, manifest_path
 
 pytestmark = pytest.mark.slow
 

@@ -252,8 +252,8 @@ def test_a_full_artifacts_disk_names_the_repository_not_the_work_dir(repo, tmp_p
 
 
 def test_a_full_dvc_cache_says_how_to_move_it(repo, tmp_path: Path, small_disk) -> None:
-    from pipelines.registry import dvcrepo
     from pipelines.registry.register import register
+    from pipelines.store import dvcrepo
 
     settings, c = _register_env(repo, tmp_path, mib=3)
     cache = dvcrepo.cache_dir(settings)
@@ -279,11 +279,11 @@ def test_a_full_dvc_cache_leaves_dvc_lock_naming_the_registered_version(repo, tm
 
     from registry_env import candidate
 
-    from pipelines.registry import dvcrepo
-    from pipelines.registry.manifest import find_manifest
     from pipelines.registry.pull import pull
     from pipelines.registry.register import register
     from pipelines.registry.verify import verify_remote
+    from pipelines.store import dvcrepo
+    from pipelines.store.manifest import find_manifest
 
     settings = repo.settings()
     first = register(settings, candidate(settings, tmp_path / "v1", tag="q8_0")).manifest

@@ -35,7 +35,7 @@ from flows import stack
 from flows.slots import LEASE_S, model_limit
 from pipelines.core.settings import Settings
 from pipelines.core.steps import receipt_path
-from pipelines.registry.manifest import find_manifest, manifest_path
+from pipelines.store.manifest import find_manifest, manifest_path
 
 pytestmark = pytest.mark.slow
 

@@ -21,8 +21,8 @@ from flows.convert import artifact_key, convert, model_limit
 from flows.tasks import _step_key, _transient
 from pipelines.core.errors import ConfigError, HubUnavailable
 from pipelines.core.settings import project_root
-from pipelines.registry.manifest import find_manifest, list_manifests, manifest_path
 from pipelines.source.catalog import load_catalog
+from pipelines.store.manifest import find_manifest, list_manifests, manifest_path
 
 ROOT = project_root()
 

@@ -31,8 +31,8 @@ from pipelines.core.runner import stop_process
 from pipelines.core.settings import Settings
 from pipelines.publish.localregistry import local_registry
 from pipelines.publish.oci import Blob, Credentials, OciClient, RegistryRef
-from pipelines.registry.manifest import Manifest
 from pipelines.registry.register import register
+from pipelines.store.manifest import Manifest
 
 GOBLOB = GoProgram("goblob", ROOT / "tests" / "goblob", "the tests' Ollama blob client")
 MODELMINT = [sys.executable, "-m", "pipelines.cli"]

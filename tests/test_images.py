@@ -23,7 +23,7 @@ from stack_env import prefect, wait_for
 from pipelines.core.fsutil import sha256_file
 from pipelines.core.settings import Settings
 from pipelines.core.toolchains import llama_cpp
-from pipelines.registry.manifest import find_manifest
+from pipelines.store.manifest import find_manifest
 
 pytestmark = pytest.mark.images
 

@@ -13,8 +13,12 @@ import pipelines
 
 ROOT = Path(pipelines.__file__).parents[1]
 
-LAYERS = {"core": 0, "source": 1, "chat": 1, "gguf": 2, "compressed": 2, "publish": 3, "registry": 4}
-"""Lower numbers are imported by higher ones; the same number means neither imports the other."""
+LAYERS = {"core": 0, "source": 1, "chat": 1, "gguf": 2, "compressed": 2, "publish": 3, "store": 4, "trust": 5,
+          "advice": 5, "registry": 6, "oci": 7, "site": 8}
+"""Lower numbers are imported by higher ones; the same number means neither imports the other. The registry's rooms:
+the store (what an artifact is and where it is held) under trust (its provenance and signature, which read manifests)
+and the serving advice; the registry's operations (register, pull, verify, reproduce) where store and trust meet; OCI
+publishing, which pulls and signs; the site, which shows all of it."""
 TOP = {"__init__", "cli", "compose"}
 """The command line (a package: pipelines/cli/) and the build-validate-register composition sit above every layer."""
 

@@ -16,7 +16,7 @@ import pytest
 from pydantic import ValidationError
 
 from pipelines.core.errors import ManifestInvalid
-from pipelines.registry.manifest import SCHEMA_VERSION, Manifest, load_manifest
+from pipelines.store.manifest import SCHEMA_VERSION, Manifest, load_manifest
 
 DATA = Path(__file__).parent / "data"
 
@@ -78,7 +78,7 @@ def test_a_version_2_manifest_from_before_serving_plans_reads_and_keeps_its_shap
     version-1 compressed fixture read and written back): no `serving` block. It reads as one without plans and is
     written back as it was but for the version and its weight bytes (no `serving` block); a `serving` block naming a
     file the manifest does not list is refused."""
-    from pipelines.registry.manifest import InventoryPlans, Serving
+    from pipelines.store.manifest import InventoryPlans, Serving
 
     text = (DATA / "manifest-v2-compressed.json").read_text()
     m = load_manifest(DATA / "manifest-v2-compressed.json")

@@ -45,19 +45,19 @@ from pipelines.core.errors import (
 from pipelines.core.fsutil import sha256_file
 from pipelines.core.report import parse_report
 from pipelines.core.settings import Settings
-from pipelines.publish import modelpack, ollama_image
-from pipelines.publish.oci import MODELMINT_MANIFEST, Blob, OciClient, RegistryRef, is_carried_manifest
-from pipelines.registry.formats import FORMATS
-from pipelines.registry.images import (
+from pipelines.oci.images import (
     build_image,
     pinned_tag,
     publish_image,
     pull_image,
 )
-from pipelines.registry.manifest import Manifest, manifest_path
-from pipelines.registry.published import publications, publications_path
+from pipelines.publish import modelpack, ollama_image
+from pipelines.publish.oci import MODELMINT_MANIFEST, Blob, OciClient, RegistryRef, is_carried_manifest
 from pipelines.registry.register import Candidate, register
 from pipelines.source.catalog import load_catalog
+from pipelines.store.formats import FORMATS
+from pipelines.store.manifest import Manifest, manifest_path
+from pipelines.store.published import publications, publications_path
 
 MODELMINT = [sys.executable, "-m", "pipelines.cli"]
 FORMAT = json.loads((ROOT / "tests" / "data" / "ollama_image_format.json").read_text())
@@ -646,7 +646,7 @@ def test_a_docker_config_auth_that_is_not_base64_user_colon_password_is_one_conf
 def test_publish_warns_when_the_registry_answers_blob_gets_without_a_redirect(
         env: Env, caplog: pytest.LogCaptureFixture) -> None:
     # Filesystem storage answers 200 with the bytes; Ollama's download needs a Location (issue 24).
-    with caplog.at_level("WARNING", logger="pipelines.registry.images"):
+    with caplog.at_level("WARNING", logger="pipelines.oci.images"):
         publish_image(env.settings, env.gguf.ref, env.ref("noredirect"))
     said = [r.getMessage() for r in caplog.records if "Location" in r.getMessage()]
     assert len(said) == 1 and "ollama/ollama#7244" in said[0] and "redirect" in said[0], said
@@ -658,7 +658,7 @@ def test_the_redirecting_registry_answers_307_to_a_range_capable_static_host(
     reg = start_registry(tmp_path / "redirecting", redirect=True)
     try:
         where = RegistryRef.parse(f"{reg.host}/modelmint", insecure=True)
-        with caplog.at_level("WARNING", logger="pipelines.registry.images"):
+        with caplog.at_level("WARNING", logger="pipelines.oci.images"):
             publish_image(env.settings, env.gguf.ref, where)
         assert not [r for r in caplog.records if "Location" in r.getMessage()]
         digest = "sha256:" + env.gguf.sha256

@@ -14,9 +14,9 @@ from pathlib import Path
 from registry_env import Repo, candidate, dvc
 
 from pipelines.core.fsutil import sha256_file
-from pipelines.registry import dvcrepo
-from pipelines.registry.manifest import find_manifest
 from pipelines.registry.register import artifact_dir, register
+from pipelines.store import dvcrepo
+from pipelines.store.manifest import find_manifest
 
 MIB = 8
 

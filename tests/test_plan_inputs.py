@@ -276,8 +276,8 @@ def registered(repo: Any, tmp_path: Path) -> Any:
 
 
 def _record(repo: Any, entries: list[dict[str, Any]]) -> Path:
-    from pipelines.registry.manifest import find_manifest
-    from pipelines.registry.published import publications_path
+    from pipelines.store.manifest import find_manifest
+    from pipelines.store.published import publications_path
 
     m = find_manifest(repo.settings(), "tiny-qwen2:q4_k_m")
     path = publications_path(repo.settings(), m.name, m.tag)
@@ -308,9 +308,9 @@ def test_a_publication_record_missing_a_field_is_named_where_it_is_read(
 def test_a_publication_is_not_recorded_over_a_record_missing_a_field(registered: Any) -> None:
     """The next publication sorted the record by each entry's image: KeyError: 'image'."""
     from pipelines.core.errors import RegistryError
+    from pipelines.oci.images import Published, record_publication
     from pipelines.publish.oci import RegistryRef
-    from pipelines.registry.images import Published, record_publication
-    from pipelines.registry.manifest import find_manifest
+    from pipelines.store.manifest import find_manifest
 
     path = _record(registered, [{"image": None}])
     before = path.read_bytes()

@@ -15,10 +15,10 @@ from registry_env import Repo, candidate, git
 from test_signing import _key, _policy_for
 
 from pipelines.core.errors import SignatureRefused
-from pipelines.registry import provenance
 from pipelines.registry.pull import pull
 from pipelines.registry.register import artifact_dir, register
 from pipelines.registry.verify import verify_remote
+from pipelines.trust import provenance
 
 MODELMINT = [sys.executable, "-m", "pipelines.cli"]
 CODE = str(Path(provenance.__file__).resolve().parents[2])

@@ -24,11 +24,11 @@ from flows.convert import convert, oci_registry
 from pipelines.core.errors import ConfigError
 from pipelines.core.fsutil import sha256_file
 from pipelines.core.settings import Settings
+from pipelines.oci.images import pinned_tag
 from pipelines.publish.oci import OciClient, RegistryRef
 from pipelines.publish.ollama_image import MODEL
-from pipelines.registry.images import pinned_tag
-from pipelines.registry.manifest import find_manifest
-from pipelines.registry.published import publications_path
+from pipelines.store.manifest import find_manifest
+from pipelines.store.published import publications_path
 
 MODELMINT = [sys.executable, "-m", "pipelines.cli"]
 

@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 from registry_env import Repo, candidate, dvc, git
 
-import pipelines.registry.dvcrepo
+import pipelines.store.dvcrepo
 from pipelines.core.errors import BlobMismatch, ManifestInvalid, NotRegistered, RemoteError
-from pipelines.registry.manifest import manifest_path
 from pipelines.registry.pull import pull
 from pipelines.registry.register import register
+from pipelines.store.manifest import manifest_path
 
 MODELMINT = [sys.executable, "-m", "pipelines.cli"]
 
@@ -174,8 +174,8 @@ def test_manifest_and_dvc_lock_must_agree(published: Repo, tmp_path: Path) -> No
 
 def test_pull_runs_dvc_only_when_something_is_missing(published: Repo, monkeypatch) -> None:
     calls: list[list[str]] = []
-    real = pipelines.registry.dvcrepo.run
-    monkeypatch.setattr(pipelines.registry.dvcrepo, "run", lambda argv, **kw: calls.append(list(map(str, argv))) or real(argv, **kw))
+    real = pipelines.store.dvcrepo.run
+    monkeypatch.setattr(pipelines.store.dvcrepo, "run", lambda argv, **kw: calls.append(list(map(str, argv))) or real(argv, **kw))
     assert not pull(published.settings(), "tiny-qwen2:q4_k_m").fetched
     assert calls == []
 
@@ -257,8 +257,8 @@ def test_an_object_gone_from_an_s3_remote_is_uploaded_again(s3, tmp_path: Path) 
 
     from registry_env import make_repo
 
-    from pipelines.registry import dvcrepo
     from pipelines.registry.verify import verify_remote
+    from pipelines.store import dvcrepo
 
     url, _moto = s3
     repo = make_repo(tmp_path / "p")

@@ -26,8 +26,8 @@ from pipelines.core.errors import ConfigError, OrchestratorError
 from pipelines.core.fsutil import sha256_file
 from pipelines.core.settings import Settings
 from pipelines.gguf.build import ensure_base, ensure_quant, plan_gguf
-from pipelines.registry.manifest import Manifest, list_manifests
 from pipelines.source.catalog import load_catalog
+from pipelines.store.manifest import Manifest, list_manifests
 
 
 def _local_gguf(settings: Settings, manifest: Manifest, tmp: Path) -> dict[str, str]:

@@ -11,10 +11,7 @@ from pathlib import Path
 import pytest
 from site_registry import SiteRegistry, report
 
-from pipelines.core.errors import ConfigError, NotRegistered
-from pipelines.core.report import Figures
-from pipelines.registry.manifest import list_manifests
-from pipelines.registry.recommend import (
+from pipelines.advice.recommend import (
     Basis,
     Choice,
     Request,
@@ -24,6 +21,9 @@ from pipelines.registry.recommend import (
     recommend,
     versus,
 )
+from pipelines.core.errors import ConfigError, NotRegistered
+from pipelines.core.report import Figures
+from pipelines.store.manifest import list_manifests
 
 
 def _choice(tag: str, kl: float, se: float, mib: float) -> Choice:
@@ -194,8 +194,8 @@ def test_bad_input_is_refused_with_the_next_command(site_registry: SiteRegistry)
 def test_a_published_winner_is_pulled_from_its_registry_and_a_damaged_record_falls_back(
     site_registry: SiteRegistry,
 ) -> None:
-    from pipelines.registry.manifest import find_manifest
-    from pipelines.registry.published import publications_path
+    from pipelines.store.manifest import find_manifest
+    from pipelines.store.published import publications_path
 
     s = site_registry.settings
     m = find_manifest(s, "smollm2:q8_0")

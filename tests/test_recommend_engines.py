@@ -23,6 +23,7 @@ import pytest
 from registry_env import Repo, isolate, make_repo
 from site_registry import candidate_for, register_built_q4_k_m
 
+from pipelines.advice.recommend import GPU_RESERVE, Advice, Request, recommend
 from pipelines.core.errors import ConfigError
 from pipelines.core.gpus import CUDA_ALLOWANCE_GIB, cluster_of, known_gpus, load_inventory
 from pipelines.core.settings import Settings
@@ -34,8 +35,7 @@ from pipelines.publish.llamacpp_memory import (
     parse_load_log,
     read_layered_weights,
 )
-from pipelines.registry.manifest import find_manifest
-from pipelines.registry.recommend import GPU_RESERVE, Advice, Request, recommend
+from pipelines.store.manifest import find_manifest
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -23,7 +23,7 @@ from registry_env import Repo, git, isolate, make_repo
 from site_registry import register_built_q4_k_m
 
 from pipelines.publish.llamacpp_memory import read_layered_weights
-from pipelines.registry.manifest import find_manifest, manifest_path
+from pipelines.store.manifest import find_manifest, manifest_path
 
 ROOT = Path(__file__).resolve().parents[1]
 

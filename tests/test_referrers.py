@@ -30,8 +30,8 @@ OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 def published(repo: Repo, tmp_path: Path) -> Any:
     """tiny-qwen2:q4_k_m registered, signed and published with the signing key configured:
     (repo, base URL, Published, private key path, public key)."""
+    from pipelines.oci.images import publish_image
     from pipelines.publish.oci import RegistryRef
-    from pipelines.registry.images import publish_image
 
     private, public = _key(tmp_path / "signing.pem")
     settings = repo.settings(MODELMINT_SIGNING_KEY=private)
@@ -78,7 +78,7 @@ def test_the_signature_and_the_attestation_are_found_through_the_referrers_tag_a
 
 
 def test_publishing_again_signs_the_same_bytes_and_writes_no_tag(published: Any) -> None:
-    from pipelines.registry.images import publish_image
+    from pipelines.oci.images import publish_image
 
     repo, base, done, private, _ = published
     again = publish_image(repo.settings(MODELMINT_SIGNING_KEY=private), REF, done.registry)
@@ -158,8 +158,8 @@ def test_a_signature_over_another_image_is_refused(published: Any) -> None:
 def test_a_referrers_tag_that_is_not_an_index_is_refused_naming_it(repo: Repo, tmp_path: Path) -> None:
     """Something else under the image's sha256-<hex> tag is never overwritten: publish names it and what to run."""
     from pipelines.core.errors import OciError
+    from pipelines.oci.images import publish_image
     from pipelines.publish.oci import RegistryRef
-    from pipelines.registry.images import publish_image
 
     private, public = _key(tmp_path / "signing.pem")
     settings = repo.settings(MODELMINT_SIGNING_KEY=private)
@@ -187,8 +187,8 @@ def test_a_referrers_tag_that_is_not_an_index_is_refused_naming_it(repo: Repo, t
 def test_another_signers_cosign_signature_under_the_sig_tag_is_kept(repo: Repo, tmp_path: Path) -> None:
     """cosign keeps every signature of an image in the one manifest its .sig tag names: publish adds its own
     beside a signature another key made there before, and both verify."""
+    from pipelines.oci.images import publish_image
     from pipelines.publish.oci import RegistryRef
-    from pipelines.registry.images import publish_image
 
     private, public = _key(tmp_path / "signing.pem")
     settings = repo.settings(MODELMINT_SIGNING_KEY=private)
@@ -236,8 +236,8 @@ def test_with_a_certificate_chain_the_signature_carries_the_certificate_and_chai
     from cryptography import x509
     from test_signing import _ca_policy, _pki
 
+    from pipelines.oci.images import publish_image
     from pipelines.publish.oci import RegistryRef
-    from pipelines.registry.images import publish_image
 
     now = datetime.now(UTC)
     key, chain, root = _pki(tmp_path, start=now - timedelta(days=1), end=now + timedelta(days=30))
@@ -270,8 +270,8 @@ def test_a_signing_key_that_cannot_sign_refuses_the_publish_before_anything_is_p
     repo: Repo, tmp_path: Path
 ) -> None:
     from pipelines.core.errors import SigningKeyError
+    from pipelines.oci.images import publish_image
     from pipelines.publish.oci import RegistryRef
-    from pipelines.registry.images import publish_image
 
     private, public = _key(tmp_path / "signing.pem")
     settings = repo.settings(MODELMINT_SIGNING_KEY=private)

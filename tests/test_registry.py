@@ -15,11 +15,13 @@ import pytest
 from pydantic import ValidationError
 from registry_env import Repo, candidate, dvc, git, judged, make_repo
 
-import pipelines.registry.dvcrepo
+import pipelines.store.dvcrepo
 from pipelines.core.errors import ManifestInvalid, NotRegistered, RegistryError, RemoteError
 from pipelines.core.settings import project_root
-from pipelines.registry import dvcgen
-from pipelines.registry.manifest import (
+from pipelines.registry.register import register
+from pipelines.source.catalog import load_catalog
+from pipelines.store import dvcgen
+from pipelines.store.manifest import (
     Manifest,
     find_manifest,
     list_manifests,
@@ -27,8 +29,6 @@ from pipelines.registry.manifest import (
     manifest_path,
     parse_ref,
 )
-from pipelines.registry.register import register
-from pipelines.source.catalog import load_catalog
 
 MODELMINT = [sys.executable, "-m", "pipelines.cli"]
 
@@ -41,13 +41,13 @@ def _cli(repo: Repo, *args: str) -> subprocess.CompletedProcess[str]:
 def _count_dvc_calls(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
     """Record every DVC process registration starts (the real one still runs)."""
     calls: list[list[str]] = []
-    real = pipelines.registry.dvcrepo.run
+    real = pipelines.store.dvcrepo.run
 
     def spy(argv, **kw):  # type: ignore[no-untyped-def]
         calls.append([str(a) for a in argv])
         return real(argv, **kw)
 
-    monkeypatch.setattr(pipelines.registry.dvcrepo, "run", spy)
+    monkeypatch.setattr(pipelines.store.dvcrepo, "run", spy)
     return calls
 
 
@@ -303,14 +303,14 @@ def test_dvc_lock_is_read_under_dvcs_own_lock(repo: Repo, tmp_path: Path) -> Non
     dvc_lock = make_lock(str(repo.root / ".dvc" / "tmp" / "lock"), tmp_dir=str(repo.root / ".dvc" / "tmp"))
     with dvc_lock:
         lock_file.write_text(whole[: len(whole) // 3])  # what another `dvc commit` leaves mid-write
-        reader = threading.Thread(target=lambda: got.append(pipelines.registry.dvcrepo.locked_out(settings, c.stage, c.dvc_path)))
+        reader = threading.Thread(target=lambda: got.append(pipelines.store.dvcrepo.locked_out(settings, c.stage, c.dvc_path)))
         reader.start()
         reader.join(0.5)
         assert reader.is_alive(), "dvc.lock was read while DVC held its lock"
         lock_file.write_text(whole)
     reader.join(30)
     assert not reader.is_alive()
-    assert isinstance(got[0], pipelines.registry.dvcrepo.LockedOut) and got[0].md5 == reg.manifest.dvc.md5
+    assert isinstance(got[0], pipelines.store.dvcrepo.LockedOut) and got[0].md5 == reg.manifest.dvc.md5
 
 
 def test_a_variant_outside_the_catalog_is_refused_before_any_work(repo: Repo) -> None:

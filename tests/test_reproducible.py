@@ -133,8 +133,8 @@ def test_imatrix_variant_names_its_calibration_portably(imatrix_build) -> None:
 
 
 def test_imatrix_provenance_reaches_the_manifest_and_the_card(imatrix_build) -> None:
-    from pipelines.registry.formats.gguf import candidate_from_gguf
     from pipelines.registry.register import register
+    from pipelines.store.formats.gguf import candidate_from_gguf
 
     settings, result = imatrix_build
     plan = result.plan

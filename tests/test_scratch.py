@@ -15,7 +15,7 @@ import pytest
 from registry_env import Repo, make_repo
 
 from pipelines.core.steps import receipt_path
-from pipelines.registry.manifest import find_manifest
+from pipelines.store.manifest import find_manifest
 
 MODELMINT = [sys.executable, "-m", "pipelines.cli"]
 

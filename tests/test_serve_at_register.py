@@ -15,13 +15,13 @@ import pytest
 import yaml
 from registry_env import Repo, dvc, git, make_repo
 
+from pipelines.advice.serving import PLANS_FILE
 from pipelines.core.errors import ConfigError
 from pipelines.core.fsutil import sha256_file
 from pipelines.core.settings import Settings
 from pipelines.publish import planner
-from pipelines.registry.manifest import Manifest, find_manifest
-from pipelines.registry.serving import PLANS_FILE
 from pipelines.source.catalog import DEFAULT_SERVE_GPUS, KV_CACHE_DTYPES, load_catalog
+from pipelines.store.manifest import Manifest, find_manifest
 
 MODELMINT = [sys.executable, "-m", "pipelines.cli"]
 

@@ -18,7 +18,7 @@ import yaml
 from registry_env import Repo, isolate, make_repo
 from site_registry import register_built_q4_k_m
 
-from pipelines.registry.manifest import Manifest, find_manifest
+from pipelines.store.manifest import Manifest, find_manifest
 
 ROOT = Path(__file__).resolve().parents[1]
 SERVE = {"gpus": ["1xL4-24G", "4xRTX4090-24G"], "context": 2048, "concurrency": 3}

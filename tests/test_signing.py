@@ -18,11 +18,11 @@ from cryptography.x509.oid import NameOID
 from registry_env import Repo, candidate, dvc, git, write_gguf
 
 from pipelines.core.errors import SignatureRefused, SigningKeyError, TrustPolicyInvalid
-from pipelines.registry import provenance, signing
-from pipelines.registry.manifest import load_manifest, manifest_path, save_manifest
 from pipelines.registry.pull import pull
 from pipelines.registry.register import artifact_dir, register
-from pipelines.registry.trust import load_policy
+from pipelines.store.manifest import load_manifest, manifest_path, save_manifest
+from pipelines.trust import provenance, signing
+from pipelines.trust.policy import load_policy
 
 MODELMINT = [sys.executable, "-m", "pipelines.cli"]
 REF = "tiny-qwen2:q4_k_m"
@@ -146,8 +146,8 @@ def _rewrite_consistently(repo: Repo, rel: str, data: bytes) -> None:
 def _push_as_is(repo: Repo, where: object, tag: str = "q4_k_m") -> None:
     """What someone with push access to the registry could do: the image of what the checkout holds, pushed
     without `modelmint publish` (which verifies the artifact first and refuses it)."""
+    from pipelines.oci.images import build_image, client_for
     from pipelines.publish.oci import RegistryRef
-    from pipelines.registry.images import build_image, client_for
 
     assert isinstance(where, RegistryRef)
     manifest, image = build_image(repo.settings(), REF)
@@ -503,8 +503,8 @@ def test_distribution_2_8_has_no_referrers_api_so_the_signature_is_a_layer(
     import httpx
     from ociregistry import start_registry
 
+    from pipelines.oci.images import publish_image
     from pipelines.publish.oci import MODELMINT_FILE, TITLE, RegistryRef
-    from pipelines.registry.images import publish_image
 
     repo, _, _ = signed
     reg = start_registry(tmp_path / "registry")
@@ -527,8 +527,8 @@ def test_pull_from_the_registry_verifies_the_signature(
 ) -> None:
     from ociregistry import start_registry
 
+    from pipelines.oci.images import publish_image, pull_image
     from pipelines.publish.oci import RegistryRef
-    from pipelines.registry.images import publish_image, pull_image
 
     repo, _, _ = signed
     reg = start_registry(tmp_path / "registry")
@@ -560,8 +560,8 @@ def test_the_ollama_conformance_client_checks_the_signature_before_handing_the_i
     from ociregistry import start_registry
     from ollama_pull import OllamaPull
 
+    from pipelines.oci.images import publish_image
     from pipelines.publish.oci import RegistryRef
-    from pipelines.registry.images import publish_image
 
     repo, _, _ = signed
     policy = load_policy(repo.settings())
@@ -687,8 +687,8 @@ def test_tiny_qwen2_q4_k_m_rebuilt_in_a_second_checkout_gets_an_attestation(
     provenance in a clone with its own work directory and a second key; the same bytes get the attestation."""
     from pipelines.compose import build_and_register
     from pipelines.registry import reproduce
-    from pipelines.registry.formats import FORMATS
     from pipelines.source.catalog import load_catalog
+    from pipelines.store.formats import FORMATS
 
     first, first_pub = _key(tmp_path / "first.pem")
     second, second_pub = _key(tmp_path / "second.pem")

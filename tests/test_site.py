@@ -14,9 +14,9 @@ from site_registry import EVIL, SMOLLM2, SiteRegistry
 
 from pipelines.core.errors import ConfigError
 from pipelines.core.settings import Settings
-from pipelines.registry.manifest import Manifest, list_manifests
-from pipelines.registry.site import build_site, collect
-from pipelines.registry.siterender import ModelPage, _kl_axis, model_page, page_name, pareto
+from pipelines.site.build import build_site, collect
+from pipelines.site.render import ModelPage, _kl_axis, model_page, page_name, pareto
+from pipelines.store.manifest import Manifest, list_manifests
 
 
 class _Elements(HTMLParser):
@@ -229,7 +229,7 @@ def test_refresh_rebuilds_only_when_the_registry_changed(
     """What the flow calls after each registration: a rerun that registered nothing new starts no process (git)."""
     import subprocess
 
-    from pipelines.registry.site import refresh_site
+    from pipelines.site.build import refresh_site
 
     s = site_registry.settings
     out = tmp_path / "site"
@@ -260,7 +260,7 @@ def test_serve_answers_on_localhost_and_refuses_a_folder_without_a_site(repo: Re
     import urllib.error
     import urllib.request
 
-    from pipelines.registry.siteserver import site_server
+    from pipelines.site.server import site_server
 
     with pytest.raises(ConfigError, match="holds no registry site") as err:
         site_server(tmp_path / "nothing")
@@ -304,8 +304,8 @@ def test_a_model_whose_every_build_failed_is_shown_with_none_recommended(repo: R
 
 
 def test_a_published_gguf_offers_its_ollama_pull(site_registry: SiteRegistry, tmp_path: Path) -> None:
-    from pipelines.registry.manifest import find_manifest
-    from pipelines.registry.published import publications_path
+    from pipelines.store.manifest import find_manifest
+    from pipelines.store.published import publications_path
 
     s = site_registry.settings
     m = find_manifest(s, "smollm2:q8_0")
@@ -362,8 +362,8 @@ def test_pages_are_rendered_from_their_data_alone(site_registry: SiteRegistry) -
     collect read), and the empty index names the manifests folder it is given."""
     import ast
 
-    import pipelines.registry.siterender as render
-    from pipelines.registry.siterender import index_page
+    import pipelines.site.render as render
+    from pipelines.site.render import index_page
 
     tree = ast.parse(Path(render.__file__).read_text())
     imported = {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
@@ -383,8 +383,8 @@ def test_pages_are_rendered_from_their_data_alone(site_registry: SiteRegistry) -
 
 
 def test_measurably_worse_only_where_both_have_errors_and_differ_by_more_than_both() -> None:
+    from pipelines.advice.recommend import Basis, Choice, versus
     from pipelines.core.report import Figures
-    from pipelines.registry.recommend import Basis, Choice, versus
 
     def c(kl: float, se: float | None) -> Choice:
         f = Figures.of(

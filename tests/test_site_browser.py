@@ -15,10 +15,10 @@ from site_registry import SiteRegistry
 from test_site import early_passes
 
 from pipelines.core.settings import project_root
-from pipelines.registry.history import history
-from pipelines.registry.manifest import list_manifests
-from pipelines.registry.site import build_site
-from pipelines.registry.siterender import ModelPage, model_page, page_name
+from pipelines.site.build import build_site
+from pipelines.site.render import ModelPage, model_page, page_name
+from pipelines.store.history import history
+from pipelines.store.manifest import list_manifests
 
 SHOTS = project_root() / "build" / "test-artifacts" / "site"
 

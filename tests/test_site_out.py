@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from registry_env import Repo, git
 
-from pipelines.registry.site import KEY_FILE, build_site, refresh_site
+from pipelines.site.build import KEY_FILE, build_site, refresh_site
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -140,7 +140,7 @@ def test_a_site_built_before_the_marker_is_replaced(repo: Repo, tmp_path: Path) 
 def test_a_build_that_fails_leaves_the_earlier_site(
     repo: Repo, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import pipelines.registry.site as site
+    import pipelines.site.build as site
 
     out = tmp_path / "out" / "site"
     build_site(repo.settings(), out)

@@ -20,9 +20,9 @@ from pipelines.core.runner import run
 from pipelines.core.settings import Settings
 from pipelines.core.toolchains import llama_cpp
 from pipelines.gguf.answers import answer_questions, prompting
-from pipelines.registry.manifest import load_manifest
 from pipelines.source.catalog import WheelSource, load_catalog
 from pipelines.source.wheelsource import RECORD, model_dir
+from pipelines.store.manifest import load_manifest
 
 pytestmark = pytest.mark.slow
 VARIANTS = ["q6_k", "q8_0"]

@@ -1,8 +1,8 @@
 """A format declared in this test, and in no module of pipelines/ or flows/, reaches everything a format reaches.
 
 The toy format "builds" a variant by copying the source checkpoint's weights and config and "validates" it against
-itself. Declared with its names (pipelines/registry/names.py) and implemented with its hooks and step list
-(pipelines/registry/formats/base.py), it is run by the local executor (the CLI's composition) and by the Prefect
+itself. Declared with its names (pipelines/store/names.py) and implemented with its hooks and step list
+(pipelines/store/formats/base.py), it is run by the local executor (the CLI's composition) and by the Prefect
 flow, registered (dvc.yaml stage, DVC, manifest), planned for serving (serve/ beside it) and published with its own
 card, without an edit to any other module: the proof that a format is one entry, not a branch in each place.
 """
@@ -43,12 +43,12 @@ from pipelines.core.steps import (
     write_summary,
 )
 from pipelines.publish.oci import Blob, Image
-from pipelines.registry.candidate import Candidate
-from pipelines.registry.formats import FORMATS, format_of
-from pipelines.registry.formats.base import IMPLEMENTED, ArtifactFormat, implement
-from pipelines.registry.manifest import Manifest, find_manifest
-from pipelines.registry.names import FormatName, stage_name, undeclare
 from pipelines.source.catalog import CatalogEntry, load_catalog
+from pipelines.store.candidate import Candidate
+from pipelines.store.formats import FORMATS, format_of
+from pipelines.store.formats.base import IMPLEMENTED, ArtifactFormat, implement
+from pipelines.store.manifest import Manifest, find_manifest
+from pipelines.store.names import FormatName, stage_name, undeclare
 
 ROOT = Path(__file__).resolve().parent.parent
 TOY = "toy"

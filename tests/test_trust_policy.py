@@ -18,11 +18,11 @@ from registry_env import Repo, candidate
 from test_signing import REF, _key, _pki, _policy_for, _trust
 
 from pipelines.core.errors import SignatureRefused, SigningKeyError, TrustPolicyInvalid
-from pipelines.registry import signing
-from pipelines.registry.manifest import load_manifest, manifest_path
 from pipelines.registry.pull import pull
 from pipelines.registry.register import artifact_dir, register
-from pipelines.registry.trust import load_policy
+from pipelines.store.manifest import load_manifest, manifest_path
+from pipelines.trust import signing
+from pipelines.trust.policy import load_policy
 
 PROJECT = Path(__file__).resolve().parents[1]
 

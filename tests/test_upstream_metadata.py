@@ -248,9 +248,9 @@ def test_a_commit_that_breaks_the_model_registers_nothing(tiny_qwen2: Path, hub:
 
     from flows.convert import convert
     from pipelines.core.fsutil import sha256_file
-    from pipelines.registry import dvcgen
-    from pipelines.registry.manifest import find_manifest
     from pipelines.source.catalog import load_catalog
+    from pipelines.store import dvcgen
+    from pipelines.store.manifest import find_manifest
 
     files = {p.name: p.read_bytes() for p in tiny_qwen2.iterdir() if p.is_file()}
     first = hub.add_repo(REPO, files).commit

@@ -17,7 +17,7 @@ import yaml
 from registry_env import Repo, artifacts, dvc, judged, make_repo
 from wide_model import write_wide_model
 
-from pipelines.registry.manifest import find_manifest, list_manifests
+from pipelines.store.manifest import find_manifest, list_manifests
 
 MODELMINT = [sys.executable, "-m", "pipelines.cli"]
 

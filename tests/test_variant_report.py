@@ -42,7 +42,7 @@ def test_a_version_1_gguf_report_still_loads_with_its_verdict_and_cannot_be_regi
     assert card_validation(report) == {"passed": True}
     assert "q4_k_m" in advice_for_report("q4_k_m", report)
 
-    from pipelines.registry.candidate import ValidatedOutputChanged, verdict
+    from pipelines.store.candidate import ValidatedOutputChanged, verdict
 
     with pytest.raises(ValidatedOutputChanged, match="predates its validation block"):
         verdict(report)

@@ -131,9 +131,9 @@ def test_each_compressed_scheme_has_its_catalog_model_presets_and_checkpoint_for
 
 
 def test_the_registry_formats_agree_with_the_vocabulary_stages() -> None:
-    """pipelines/registry/formats.py still declares each format's stage and tag ownership itself: until it reads
+    """pipelines/store/formats.py still declares each format's stage and tag ownership itself: until it reads
     them from pipelines/core/vocab.py, they must be the same."""
-    from pipelines.registry.formats import FORMATS
+    from pipelines.store.formats import FORMATS
 
     assert {name: f.stage for name, f in FORMATS.items()} == vocab.STAGES
     for tag in [*GGUF_TYPES, *COMPRESSED_SCHEMES]:
@@ -194,8 +194,8 @@ def test_catalog_and_manifest_hold_names_and_tags_to_one_rule() -> None:
     one message."""
     from pydantic import TypeAdapter, ValidationError
 
-    from pipelines.registry.manifest import Manifest
     from pipelines.source.catalog import CatalogEntry
+    from pipelines.store.manifest import Manifest
 
     rule = list(get_args(vocab.ModelName)[1:])
     assert CatalogEntry.model_fields["name"].metadata == Manifest.model_fields["name"].metadata == rule

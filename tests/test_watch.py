@@ -22,9 +22,9 @@ from test_fetch import tiny_model_files, tiny_weights
 
 from pipelines.core.errors import ConfigError, HubUnavailable, SourceError
 from pipelines.core.settings import Settings
-from pipelines.registry import pins
 from pipelines.source import upstream
 from pipelines.source.catalog import load_catalog, set_revision
+from pipelines.store import pins
 
 MODELMINT = str(Path(sys.executable).parent / "modelmint")
 
@@ -543,9 +543,9 @@ def test_flows_watch_convert_names_its_errors() -> None:
 def test_a_new_version_names_the_one_it_replaces(repo, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     from registry_env import candidate
 
-    from pipelines.registry.history import history
-    from pipelines.registry.manifest import find_manifest
     from pipelines.registry.register import register
+    from pipelines.store.history import history
+    from pipelines.store.manifest import find_manifest
 
     def find_current(s: Settings):  # type: ignore[no-untyped-def]
         return find_manifest(s, "tiny-qwen2:q4_k_m")

@@ -28,9 +28,9 @@ from pipelines.core.report import parse_report
 from pipelines.core.settings import Settings
 from pipelines.core.toolchains import llama_cpp
 from pipelines.gguf.tools import split
-from pipelines.registry.manifest import Manifest, ParentRef
 from pipelines.registry.register import Candidate, artifact_dir, register
 from pipelines.source.catalog import load_catalog
+from pipelines.store.manifest import Manifest, ParentRef
 
 MODELMINT = [sys.executable, "-m", "pipelines.cli"]
 INDEX = "model.safetensors.index.json"

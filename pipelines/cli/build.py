@@ -124,7 +124,7 @@ def convert(
         one(name)
         return
     from pipelines.compose import build_every
-    from pipelines.registry.formats import FORMATS
+    from pipelines.store.formats import FORMATS
 
     build_every(
         FORMATS["gguf"],
@@ -180,8 +180,8 @@ def _build_command(
     """convert and compress: build, validate and (with --register) register one format's variants, then say
     what became of each (pipelines.compose, the same composition for every format)."""
     from pipelines.compose import build_and_register
-    from pipelines.registry.formats import implementation
     from pipelines.source.catalog import load_catalog
+    from pipelines.store.formats import implementation
 
     settings = load_settings()
     entry = load_catalog(settings.catalog_path).get(name)

@@ -79,7 +79,7 @@ def watch_cmd(
     found, failed = upstream.check_all(entries, settings, limit=upstream.RateLimit(0.2))
     moved = [m for m in found if m.moved]
     if apply:
-        from pipelines.registry.pins import move_pin
+        from pipelines.store.pins import move_pin
 
         for m in moved:
             move_pin(settings, m.name, m.head)

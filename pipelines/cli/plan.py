@@ -100,7 +100,7 @@ def plan_cmd(
     smaller: tuple[planner.Variant, ...] = ()
     recorded: planner.Served | None = None
     if not path.exists() and ":" in target:  # a registered name:tag
-        from pipelines.registry.serving import plan_target
+        from pipelines.advice.serving import plan_target
 
         registered = plan_target(load_settings(), target)
         path, smaller = registered.path, registered.smaller

@@ -20,14 +20,14 @@ from pipelines.cli._tables import publication
 from pipelines.core.errors import ConfigError
 
 if TYPE_CHECKING:
-    from pipelines.registry.manifest import Manifest
+    from pipelines.store.manifest import Manifest
 
 @app.command("list")
 def list_cmd() -> None:
     """List the registered artifacts (registry/manifests)."""
     from pipelines.core.errors import RegistryError
-    from pipelines.registry.manifest import list_manifests
-    from pipelines.registry.published import publications
+    from pipelines.store.manifest import list_manifests
+    from pipelines.store.published import publications
 
     settings = load_settings()
     listing = list_manifests(settings)
@@ -97,7 +97,7 @@ def show(
 ) -> None:
     """Print one artifact's manifest, its serving plans included (--plans: those as a table; --history: its versions,
     newest first; --provenance: its signed provenance, and who reproduced it)."""
-    from pipelines.registry.manifest import find_manifest
+    from pipelines.store.manifest import find_manifest
 
     settings = load_settings()
     if plans:
@@ -107,7 +107,7 @@ def show(
         _print_provenance(ref)
         return
     if not history:
-        from pipelines.registry.published import publications
+        from pipelines.store.published import publications
 
         manifest = find_manifest(settings, ref)
         out.print_json(manifest.to_json())
@@ -119,7 +119,7 @@ def show(
                 soft_wrap=True,
             )
         return
-    from pipelines.registry.history import history as versions_of
+    from pipelines.store.history import history as versions_of
 
     table = Table("registered", "source commit", "sha256", "mean KL", "replaces", "git commit", "", title=ref)
     for v in versions_of(settings, ref):
@@ -140,8 +140,8 @@ def _print_provenance(ref: str) -> None:
     """The provenance on stdout (JSON, as signed: its signature and agreement with the manifest checked first);
     each reproduced-by attestation on stderr, for people."""
     from pipelines.registry import reproduce
-    from pipelines.registry.manifest import find_manifest
-    from pipelines.registry.trust import load_policy
+    from pipelines.store.manifest import find_manifest
+    from pipelines.trust.policy import load_policy
 
     settings = load_settings()
     manifest = find_manifest(settings, ref)
@@ -161,8 +161,8 @@ def _print_provenance(ref: str) -> None:
 def reproduce(ref: Annotated[str, typer.Argument(help="name:tag, e.g. qwen2.5:q4_k_m")]) -> None:
     """Rebuild a registered artifact here from its provenance and, when every byte matches, add a reproduced-by
     attestation signed with MODELMINT_SIGNING_KEY (registry/attestations/NAME/TAG/; commit it)."""
-    from pipelines.registry import signing
     from pipelines.registry.reproduce import rebuild_and_attest
+    from pipelines.trust import signing
 
     settings = load_settings()
     key = signing.preflight(settings)

@@ -21,7 +21,7 @@ from pipelines.cli._app import (
 from pipelines.core.errors import ConfigError
 
 if TYPE_CHECKING:
-    from pipelines.registry.signing import Verified
+    from pipelines.trust.signing import Verified
 
 AllowUnsignedOption = Annotated[
     bool,
@@ -76,9 +76,9 @@ def pull(
     from pipelines.registry.pull import pull as pull_artifact
 
     if from_registry is not None:
+        from pipelines.oci.images import pull_image
         from pipelines.publish.oci import RegistryRef
-        from pipelines.registry.images import pull_image
-        from pipelines.registry.manifest import parse_ref
+        from pipelines.store.manifest import parse_ref
 
         name, tag = parse_ref(ref)
         image = RegistryRef.parse(from_registry, insecure=insecure).image(name, tag)
@@ -138,10 +138,10 @@ def publish(
     built from) and TAG, blobs first."""
     import shlex
 
+    from pipelines.oci.images import publish_image
     from pipelines.publish.oci import RegistryRef
-    from pipelines.registry.formats import format_of
-    from pipelines.registry.images import publish_image
-    from pipelines.registry.published import publications_path
+    from pipelines.store.formats import format_of
+    from pipelines.store.published import publications_path
 
     if registry is None:
         raise ConfigError(
@@ -248,8 +248,8 @@ def dvc_yaml(
     ] = False,
 ) -> None:
     """Generate dvc.yaml from the catalog (one stage per GGUF variant)."""
-    from pipelines.registry import dvcgen
     from pipelines.source.catalog import load_catalog
+    from pipelines.store import dvcgen
 
     settings = load_settings()
     path = settings.repo_dir / "dvc.yaml"

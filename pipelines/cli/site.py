@@ -43,7 +43,7 @@ def recommend_cmd(
     sized by llama.cpp's buffers, partly offloaded when the GPU is short; a checkpoint on vLLM), ranked by their
     measured quality (variants within each other's standard errors tie, and the smaller wins), with why and the
     commands that serve the winner as planned."""
-    from pipelines.registry.recommend import Request, recommend, size_text
+    from pipelines.advice.recommend import Request, recommend, size_text
 
     answers = recommend(
         load_settings(), Request(gpus, context=context, concurrency=concurrency, engine=engine), names or None
@@ -116,7 +116,7 @@ def site_build(
     ],
 ) -> None:
     """Write the registry as self-contained HTML: index.html, a page per model, how to read the charts."""
-    from pipelines.registry.site import build_site
+    from pipelines.site.build import build_site
 
     built = build_site(load_settings(), out_dir)
     for bad in built.invalid:
@@ -144,8 +144,8 @@ def site_serve(
     ] = 8000,
 ) -> None:
     """Serve a built site on 127.0.0.1 for a quick look (Ctrl-C stops it)."""
-    from pipelines.registry.site import default_site_dir
-    from pipelines.registry.siteserver import site_server
+    from pipelines.site.build import default_site_dir
+    from pipelines.site.server import site_server
 
     folder = directory or default_site_dir(load_settings())
     server = site_server(folder, port=port)

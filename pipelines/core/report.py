@@ -159,7 +159,7 @@ class Validation(_Frozen):
     """
 
     version: Literal[2] = REPORT_VERSION
-    format: str = Field(description="the artifact format judged (gguf, compressed-tensors: pipelines/registry/names.py)")
+    format: str = Field(description="the artifact format judged (gguf, compressed-tensors: pipelines/store/names.py)")
     reference: str = Field(description="what the variant was measured against (the f16 GGUF, the bf16 source)")
     evaluation: EvaluationRecord = Field(description="the held-out text (name, sha256) and its windows (ctx, chunks)")
     figures: Figures | None

@@ -85,7 +85,7 @@ class Settings:
     """1: speak plain HTTP to that registry (a registry on a trusted network)."""
     signing_key: Path | None = field(default=None, metadata=_is("orchestration", "MODELMINT_SIGNING_KEY"))
     """The PEM private key (EC) registration signs every artifact with: a path outside the repository (its bytes are
-    read when signing, never logged or copied; pipelines/registry/signing.py); None: artifacts are registered
+    read when signing, never logged or copied; pipelines/trust/signing.py); None: artifacts are registered
     unsigned. Not a plan setting: the signature is beside the bytes, not part of them."""
     skip_resource_check: bool = field(default=False, metadata=_is("orchestration", "MODELMINT_SKIP_RESOURCE_CHECK"))
     """1: skip the check of a run's peak disk and memory before any work (pipelines/core/resources.py), for a disk

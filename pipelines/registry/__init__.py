@@ -1,1 +1,1 @@
-"""The registry: registration after validation, manifests, DVC, pull, verify, dvc.yaml generation."""
+"""The registry's operations: register, pull, verify and reproduce, where the store and trust meet."""

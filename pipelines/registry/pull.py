@@ -22,11 +22,11 @@ from pipelines.core.errors import (
 )
 from pipelines.core.fsutil import HashCache, atomic_output, hash_cache
 from pipelines.core.settings import Settings
-from pipelines.registry import dvcrepo
-from pipelines.registry.formats.base import format_of
-from pipelines.registry.manifest import Manifest, find_manifest, manifest_path
-from pipelines.registry.signing import Verified, verify_directory
-from pipelines.registry.trust import load_policy
+from pipelines.store import dvcrepo
+from pipelines.store.formats.base import format_of
+from pipelines.store.manifest import Manifest, find_manifest, manifest_path
+from pipelines.trust.policy import load_policy
+from pipelines.trust.signing import Verified, verify_directory
 
 log = logging.getLogger(__name__)
 
@@ -160,7 +160,7 @@ def _pull_version(settings: Settings, ref: str, at: str, *, dest: Path | None, o
                   require_signature: bool = False) -> PullResult:
     """An earlier version of `ref` from the DVC remote, through `dvc get --rev` at the git commit that registered it;
     every file checked against that version's manifest. Ollama is not run: the current version keeps the name."""
-    from pipelines.registry.history import history
+    from pipelines.store.history import history
 
     versions = history(settings, ref)
     found = [v for v in versions if (v.manifest.source.revision or "").startswith(at.lower())] or [

@@ -25,6 +25,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from pipelines.advice import serving
 from pipelines.core.errors import (
     ArtifactError,
     ConfigError,
@@ -46,10 +47,11 @@ from pipelines.core.fsutil import (
 )
 from pipelines.core.settings import Settings
 from pipelines.core.weights import is_weight_file, weights_bytes
-from pipelines.registry import dvcrepo, serving, signing
-from pipelines.registry.candidate import Candidate, ValidatedOutputChanged, verdict
-from pipelines.registry.formats.base import implementation
-from pipelines.registry.manifest import (
+from pipelines.source.catalog import CatalogEntry
+from pipelines.store import dvcrepo
+from pipelines.store.candidate import Candidate, ValidatedOutputChanged, verdict
+from pipelines.store.formats.base import implementation
+from pipelines.store.manifest import (
     ArtifactFile,
     DvcRef,
     Manifest,
@@ -62,8 +64,8 @@ from pipelines.registry.manifest import (
     read_serving,
     save_manifest,
 )
-from pipelines.registry.names import format_name
-from pipelines.source.catalog import CatalogEntry
+from pipelines.store.names import format_name
+from pipelines.trust import signing
 
 __all__ = ["Candidate", "Registration", "Tracked", "ValidatedOutputChanged", "drop_scratch", "place", "publish",
            "register", "registered", "track", "verdict"]
@@ -105,7 +107,7 @@ def refuse_older(settings: Settings, c: Candidate) -> None:
     Raises:
         OlderVersionRefused: naming the current version's commit and `--force`.
     """
-    from pipelines.registry.history import history
+    from pipelines.store.history import history
 
     revision = c.source.get("revision")
     if c.force or not revision:
@@ -181,7 +183,7 @@ def place(settings: Settings, c: Candidate) -> tuple[ArtifactFile, ...]:
                 _place_file(f, out, weights=is_weight_file(c.placed_as(f)))
             implementation(c.format).publish(settings, c, tmp)
             serving.write_serving(c, tmp)
-            # Last: the provenance and the signature cover every file placed above (pipelines/registry/signing.py).
+            # Last: the provenance and the signature cover every file placed above (pipelines/trust/signing.py).
             signing.seal(settings, c, tmp, _validation(c).model_dump(mode="json"))
     return _describe(settings, dest)
 

@@ -29,10 +29,10 @@ from pipelines import __version__
 from pipelines.core.errors import RegistryError, SignatureRefused
 from pipelines.core.fsutil import HashCache, hash_cache, write_text_atomic
 from pipelines.core.settings import Settings
-from pipelines.registry import provenance
-from pipelines.registry.manifest import Manifest
-from pipelines.registry.signing import SIGNATURE, SigningKey
-from pipelines.registry.trust import TrustPolicy
+from pipelines.store.manifest import Manifest
+from pipelines.trust import provenance
+from pipelines.trust.policy import TrustPolicy
+from pipelines.trust.signing import SIGNATURE, SigningKey
 
 if TYPE_CHECKING:
     from pipelines.registry.register import Candidate
@@ -244,9 +244,9 @@ def rebuild_and_attest(
     """
     import shutil
 
-    from pipelines.registry.formats import format_of
-    from pipelines.registry.manifest import find_manifest
     from pipelines.source.catalog import CatalogEntry
+    from pipelines.store.formats import format_of
+    from pipelines.store.manifest import find_manifest
 
     manifest = find_manifest(settings, ref)
     stmt = verified_provenance(settings, manifest)
@@ -292,8 +292,8 @@ def verified_provenance(settings: Settings, manifest: Manifest) -> dict[str, Any
     """
     import tempfile
 
-    from pipelines.registry import signing
-    from pipelines.registry.trust import load_policy
+    from pipelines.trust import signing
+    from pipelines.trust.policy import load_policy
 
     policy = load_policy(settings)
     if policy is None:
@@ -312,7 +312,7 @@ def verified_provenance(settings: Settings, manifest: Manifest) -> dict[str, Any
     if all((placed / f).is_file() for f in wanted):
         held = {f: (placed / f).read_bytes() for f in wanted}
     else:
-        from pipelines.registry.dvcrepo import read_remote_files
+        from pipelines.store.dvcrepo import read_remote_files
 
         held = read_remote_files(settings, manifest.dvc.md5, wanted) if manifest.dvc.md5 else {}
     shown = f"registry/manifests/{manifest.name}/{manifest.tag}.json"

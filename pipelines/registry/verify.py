@@ -14,11 +14,11 @@ from pipelines.core.errors import (
     SignatureRefused,
 )
 from pipelines.core.settings import Settings
-from pipelines.registry import dvcrepo
-from pipelines.registry.manifest import Manifest, find_manifest, list_manifests
-from pipelines.registry.names import format_name
 from pipelines.registry.pull import settled
-from pipelines.registry.trust import TrustPolicy, load_policy
+from pipelines.store import dvcrepo
+from pipelines.store.manifest import Manifest, find_manifest, list_manifests
+from pipelines.store.names import format_name
+from pipelines.trust.policy import TrustPolicy, load_policy
 
 
 @dataclass(frozen=True)
@@ -178,7 +178,7 @@ def _signatures(settings: Settings, a: ArtifactCheck, policy: TrustPolicy | None
     when the remote's objects are already reported missing or damaged)."""
     import tempfile
 
-    from pipelines.registry import provenance, signing
+    from pipelines.trust import provenance, signing
 
     if policy is None or a.problems or a.md5 is None:
         return a

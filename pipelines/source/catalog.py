@@ -491,7 +491,7 @@ def serve_gpus(inventories: Iterable[str]) -> list[str]:
 
 
 class ServeSpec(_Strict):
-    """What a registered variant's serving plans are made for (pipelines/registry/serving.py): each inventory as
+    """What a registered variant's serving plans are made for (pipelines/advice/serving.py): each inventory as
     `modelmint plan --gpus` takes it inline, with that command's --context, --concurrency, --kv-cache-dtype and
     --pp-across-types."""
 

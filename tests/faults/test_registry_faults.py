@@ -30,11 +30,11 @@ from pipelines.core.errors import (
     RemoteError,
     RemoteObjectMissing,
 )
-from pipelines.registry import dvcrepo
-from pipelines.registry.manifest import find_manifest, manifest_path
 from pipelines.registry.pull import pull
 from pipelines.registry.register import register
 from pipelines.registry.verify import verify_remote
+from pipelines.store import dvcrepo
+from pipelines.store.manifest import find_manifest, manifest_path
 
 MODELMINT = [sys.executable, "-m", "pipelines.cli"]
 TESTS = Path(__file__).resolve().parents[1]
@@ -435,9 +435,9 @@ def test_a_remote_directory_that_does_not_exist_is_a_configuration_error(repo: R
 
 @pytest.mark.parametrize("text", ["[{\"image\": \"h/ns/tiny-qwen2:q4_k_m\"", "{\"image\": 1}", "[1, 2]", "\xff\xfe"])
 def test_a_corrupt_publication_record_is_refused_and_never_overwritten(published: Repo, text: str) -> None:
+    from pipelines.oci.images import Published, record_publication
     from pipelines.publish.oci import RegistryRef
-    from pipelines.registry.images import Published, record_publication
-    from pipelines.registry.published import publications, publications_path
+    from pipelines.store.published import publications, publications_path
 
     settings = published.settings()
     m = find_manifest(settings, REF)

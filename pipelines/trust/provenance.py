@@ -4,7 +4,7 @@ The predicate follows https://slsa.dev/provenance/v1: `buildDefinition` (what wa
 recipe; what was resolved: the source files, the parent GGUF, the calibration and evaluation texts, by sha256),
 `runDetails` (the builder: one id per signing key or certificate identity, modelmint's version and git commit and
 the toolchain pins; the gate's figures and verdict, and the manifest's own fields, as byproducts). The statement is a
-file of the artifact directory, `provenance.json`, and the artifact's signature (pipelines/registry/signing.py) covers
+file of the artifact directory, `provenance.json`, and the artifact's signature (pipelines/trust/signing.py) covers
 it: it is signed with the same key.
 
 The manifest is bound whole: every field registration knows when it signs (all but `files`, which the signature
@@ -27,8 +27,8 @@ from pipelines.core.fsutil import HashCache
 
 if TYPE_CHECKING:
     from pipelines.core.settings import Settings
-    from pipelines.registry.manifest import Manifest, ParentRef
     from pipelines.source.catalog import CatalogEntry
+    from pipelines.store.manifest import Manifest, ParentRef
 
 
 class SignerPaths(Protocol):
@@ -177,7 +177,7 @@ def draft_manifest(
     """The manifest registration will write for `c` placed in `directory`, as far as it is known when signing
     (no DVC record yet; the provenance and the signature not yet written)."""
     from pipelines.core.weights import weights_bytes
-    from pipelines.registry.manifest import ArtifactFile, DvcRef, Manifest, SourceRef, read_serving
+    from pipelines.store.manifest import ArtifactFile, DvcRef, Manifest, SourceRef, read_serving
 
     files = [
         ArtifactFile(path=p.relative_to(directory).as_posix(), sha256=hashes.sha256(p), size=p.stat().st_size)
@@ -305,7 +305,7 @@ def registered(settings: Settings, manifest: Manifest) -> dict[str, Any] | None:
         return read(placed)
     if manifest.dvc.md5 is None or not any(f.path == PROVENANCE for f in manifest.files):
         return None
-    from pipelines.registry.dvcrepo import read_remote_files
+    from pipelines.store.dvcrepo import read_remote_files
 
     raw = read_remote_files(settings, manifest.dvc.md5, [PROVENANCE]).get(PROVENANCE)
     return json.loads(raw) if raw else None

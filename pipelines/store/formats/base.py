@@ -1,8 +1,8 @@
 """What a format implements (`ArtifactFormat`), the table its module registers itself in, and the look-up by tag.
 
-A format's module (pipelines/registry/formats/gguf.py, compressed.py, or one a test writes) builds its
+A format's module (pipelines/store/formats/gguf.py, compressed.py, or one a test writes) builds its
 `ArtifactFormat` and calls `implement` on import; `implementation` imports the module its declared name points at
-(pipelines/registry/names.py) the first time one of its hooks is asked for, so reading a manifest or a dvc.yaml
+(pipelines/store/names.py) the first time one of its hooks is asked for, so reading a manifest or a dvc.yaml
 never imports a toolchain wrapper, and no registry module imports a format's module by name.
 """
 
@@ -28,10 +28,10 @@ from pipelines.core.steps import (
     local_runner,
 )
 from pipelines.publish.oci import Blob, Image
-from pipelines.registry.candidate import Candidate
-from pipelines.registry.manifest import Manifest
-from pipelines.registry.names import NAMES, Format, FormatName, declare, format_name
 from pipelines.source.catalog import CatalogEntry
+from pipelines.store.candidate import Candidate
+from pipelines.store.manifest import Manifest
+from pipelines.store.names import NAMES, Format, FormatName, declare, format_name
 
 
 @dataclass(frozen=True)
@@ -127,7 +127,7 @@ class ArtifactFormat:
             raise ConfigError(f"format {self.name} declares no {', '.join(missing)} hook: its variants cannot be "
                               "built step by step (the flow builds every format that way)",
                               hint=f"build them with `modelmint {self.command}`, or give the format its "
-                                   f"{', '.join(missing)} hook (pipelines/registry/formats/)")
+                                   f"{', '.join(missing)} hook (pipelines/store/formats/)")
         return Stepwise(self.plan, self.steps, self.finish)
 
     @property

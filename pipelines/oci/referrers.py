@@ -31,7 +31,7 @@ from pipelines.core.errors import OciError
 from pipelines.publish.oci import MANIFEST_TYPES, OCI_INDEX, OCI_MANIFEST, Blob, Image, OciClient
 
 if TYPE_CHECKING:
-    from pipelines.registry.signing import SigningKey
+    from pipelines.trust.signing import SigningKey
 
 log = logging.getLogger(__name__)
 
@@ -246,7 +246,7 @@ def _referrers_list(client: OciClient, repository: str, tag: str) -> dict[str, A
 
 def provenance_statement(directory: Path) -> dict[str, Any] | None:
     """The artifact's signed provenance statement (provenance.json), or None when it was registered unsigned."""
-    from pipelines.registry.provenance import PROVENANCE
+    from pipelines.trust.provenance import PROVENANCE
 
     path = directory / PROVENANCE
     if not path.is_file():

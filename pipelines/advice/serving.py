@@ -34,8 +34,9 @@ from pipelines.publish.servefiles import (
     slug,
     write_files,
 )
-from pipelines.registry.formats.base import implementation
-from pipelines.registry.manifest import (
+from pipelines.source.catalog import ServeSpec
+from pipelines.store.formats.base import implementation
+from pipelines.store.manifest import (
     PLANS_FILE,
     SERVE_DIR,
     GgufServePlan,
@@ -47,10 +48,9 @@ from pipelines.registry.manifest import (
     find_manifest,
     list_manifests,
 )
-from pipelines.source.catalog import ServeSpec
 
 if TYPE_CHECKING:
-    from pipelines.registry.candidate import Candidate
+    from pipelines.store.candidate import Candidate
 
 
 
@@ -162,7 +162,7 @@ def _gguf_files(
     """Each group's ollama/Modelfile (num_ctx, num_gpu) and ollama/start.sh (OLLAMA_NUM_PARALLEL, one Ollama per GPU
     or one over every GPU) as recommend plans the GGUF on one node of it (recommend.plan_gguf, at the catalog's
     context or Ollama's default, and its concurrency); a group that machine cannot hold gets no file and a note."""
-    from pipelines.registry import recommend  # it imports the serve files' module this one builds on
+    from pipelines.advice import recommend  # it imports the serve files' module this one builds on
 
     files: dict[str, str] = {}
     out: list[GgufServePlan] = []

@@ -2,7 +2,7 @@
 
 The CLI, the flow, registration, pull and dvc.yaml dispatch through `FORMATS` / `format_of`; no other module
 asks "which format is this?". A new format (an OCI model package, another quantizer) is one more module that
-declares its names (pipelines/registry/names.py) and calls `implement` with its hooks, not a branch in each of
+declares its names (pipelines/store/names.py) and calls `implement` with its hooks, not a branch in each of
 those places. A format's module is imported the first time one of its hooks is asked for (`FORMATS[name]`,
 `format_of(tag)`), so reading a manifest or pulling a GGUF never imports the compressed-tensors build.
 """
@@ -13,11 +13,11 @@ from collections.abc import Iterator, Mapping
 from typing import cast
 
 from pipelines.core.vocab import Format
-from pipelines.registry.formats.base import ArtifactFormat, format_of, implement, implementation
-from pipelines.registry.names import NAMES, format_name
+from pipelines.store.formats.base import ArtifactFormat, format_of, implement, implementation
+from pipelines.store.names import NAMES, format_name
 
 FORMAT_MODULES = ("gguf", "compressed")
-"""The built-in format modules (pipelines/registry/formats/<module>.py), in declaration order (names.py)."""
+"""The built-in format modules (pipelines/store/formats/<module>.py), in declaration order (names.py)."""
 
 # Format (core/vocab.py) is the built-in formats' names, for static typing; the tables hold every declared one
 # (names.Format is any name).

@@ -14,9 +14,9 @@ from pipelines.core.errors import ConfigError, RegistryError, ToolError
 from pipelines.core.fsutil import file_lock
 from pipelines.core.runner import run
 from pipelines.core.settings import Settings
-from pipelines.registry import dvcgen
 from pipelines.source.catalog import load_catalog, set_revision
 from pipelines.source.upstream import Movement
+from pipelines.store import dvcgen
 
 RecordMode = Literal["in-place", "branch"]
 """in-place: the checkout's catalog and dvc.yaml change and are committed on its current branch; branch: a commit

@@ -12,9 +12,9 @@ from pipelines.core.errors import ArtifactError
 from pipelines.core.fsutil import HashCache
 from pipelines.core.report import VariantReport
 from pipelines.core.steps import content_key
-from pipelines.registry.manifest import ParentRef
-from pipelines.registry.names import Format, artifact_relpath, format_name, stage_name
 from pipelines.source.catalog import CatalogEntry
+from pipelines.store.manifest import ParentRef
+from pipelines.store.names import Format, artifact_relpath, format_name, stage_name
 
 
 @dataclass(frozen=True)

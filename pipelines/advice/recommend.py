@@ -26,7 +26,7 @@ from pipelines.publish.llamacpp_memory import (
     read_layered_weights,
 )
 from pipelines.publish.servefiles import ollama_start_script, slug
-from pipelines.registry.manifest import Manifest, list_manifests
+from pipelines.store.manifest import Manifest, list_manifests
 
 GIB = 1 << 30
 _NOT_YET_BUILT = ("q6_k", "q5_k_m", "q4_k_m", "q3_k_m", "q2_k")
@@ -540,7 +540,7 @@ def _catalog_quants(settings: Settings, name: str) -> list[str] | None:
 def commands(settings: Settings, m: Manifest, request: Request, gguf: GgufPlan | None = None) -> list[str]:
     """What to type to get the winner running as planned: pull it, then serve it (Ollama with the planned num_ctx,
     num_gpu and OLLAMA_NUM_PARALLEL, or llama-server with -c, -np and -ngl, for a GGUF; vLLM for a checkpoint)."""
-    from pipelines.registry.published import publications
+    from pipelines.store.published import publications
 
     if m.format == "gguf":
         try:

@@ -18,11 +18,11 @@ from pipelines.gguf.build import GGUF_EVAL_CHUNKS, GGUF_EVAL_CTX, GGUFPlan, fini
 from pipelines.publish.oci import MODELMINT_FILE, TITLE, Blob, Image
 from pipelines.publish.ollama import install_into_ollama, ollama_commands, publish_ollama
 from pipelines.publish.ollama_image import ollama_image
-from pipelines.registry.candidate import Candidate, ValidatedOutputChanged, report_sha256
-from pipelines.registry.formats.base import ArtifactFormat, implement
-from pipelines.registry.manifest import Manifest, ParentRef
-from pipelines.registry.names import NAMES
 from pipelines.source.catalog import CatalogEntry
+from pipelines.store.candidate import Candidate, ValidatedOutputChanged, report_sha256
+from pipelines.store.formats.base import ArtifactFormat, implement
+from pipelines.store.manifest import Manifest, ParentRef
+from pipelines.store.names import NAMES
 
 
 def candidate_from_gguf(plan: GGUFPlan, outcome: VariantOutcome) -> Candidate:

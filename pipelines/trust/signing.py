@@ -1,6 +1,6 @@
 """Signing at registration and verification at pull, with model-signing (OpenSSF) over the whole artifact directory.
 
-Registration writes the provenance (pipelines/registry/provenance.py) into the artifact directory, then signs every
+Registration writes the provenance (pipelines/trust/provenance.py) into the artifact directory, then signs every
 file of it (weights, Modelfile or vllm.yaml, card, serving files, the provenance) with model-signing's key signer,
 or its certificate signer when MODELMINT_SIGNING_CERT is set: `modelmint.sig`, a Sigstore bundle whose DSSE payload
 lists each file's sha256. Both are files of the directory: DVC tracks them, the manifest lists them, the OCI image
@@ -27,11 +27,11 @@ from typing import TYPE_CHECKING, Any, Final
 from pipelines.core.errors import ModelmintError, SignatureRefused, SigningKeyError
 from pipelines.core.fsutil import hash_cache, write_text_atomic
 from pipelines.core.settings import Settings
-from pipelines.registry import provenance
-from pipelines.registry.trust import Rule, Signer, TrustPolicy
+from pipelines.trust import provenance
+from pipelines.trust.policy import Rule, Signer, TrustPolicy
 
 if TYPE_CHECKING:
-    from pipelines.registry.manifest import Manifest
+    from pipelines.store.manifest import Manifest
 
 log = logging.getLogger(__name__)
 
@@ -404,7 +404,7 @@ def verify_image(
         SignatureRefused: as verify_directory and check_image, or an image that carries no modelmint manifest.
     """
     from pipelines.publish.oci import is_carried_manifest
-    from pipelines.registry.manifest import Manifest
+    from pipelines.store.manifest import Manifest
 
     layers = image_manifest.get("layers") or []
     carried = [x for x in layers if isinstance(x, dict) and is_carried_manifest(x)]
@@ -455,7 +455,7 @@ def check_image(
             added; nothing was pulled.
     """
     from pipelines.publish.oci import MODELMINT_MANIFEST, Blob, is_carried_manifest
-    from pipelines.registry.formats.base import format_of
+    from pipelines.store.formats.base import format_of
 
     # a descriptor that is not an object (a manifest written by hand) differs like any other, shown as it is
     layers = [x if isinstance(x, dict) else {"descriptor": x} for x in got.get("layers") or []]

@@ -1,7 +1,7 @@
-"""The registry as a static site: each page's data collected from the registry, rendered (siterender), written whole.
+"""The registry as a static site: each page's data collected from the registry, rendered (render.py), written whole.
 
 build_site writes the index, a page per model and charts.html beside the site folder and swaps them in; refresh_site
-rebuilds only when what the site is built from changed. siteserver serves a built site.
+rebuilds only when what the site is built from changed. server.py serves a built site.
 """
 
 from __future__ import annotations
@@ -12,14 +12,14 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipelines.advice.recommend import failed_builds
 from pipelines.core.errors import ConfigError, ManifestInvalid
 from pipelines.core.fsutil import clean_partials, partial_path
 from pipelines.core.settings import Settings
 from pipelines.core.vocab import is_name
-from pipelines.registry.history import history
-from pipelines.registry.manifest import Manifest, list_manifests
-from pipelines.registry.recommend import failed_builds
-from pipelines.registry.siterender import ModelPage, charts_page, index_page, model_page, page_name
+from pipelines.site.render import ModelPage, charts_page, index_page, model_page, page_name
+from pipelines.store.history import history
+from pipelines.store.manifest import Manifest, list_manifests
 
 SITE_DIR = "site"
 """Where the flow writes the site, under the work directory (MODELMINT_WORK_DIR)."""
@@ -78,7 +78,7 @@ def _descriptions(settings: Settings) -> dict[str, str]:
 def _published(settings: Settings, m: Manifest) -> list[str]:
     """The OCI images this registration was published as (registry/published/), newest last; none when unreadable."""
     from pipelines.core.errors import RegistryError
-    from pipelines.registry.published import publications
+    from pipelines.store.published import publications
 
     try:
         return [str(e["image"]) for e in publications(settings, m) if isinstance(e.get("image"), str)]

@@ -11,8 +11,8 @@ from pathlib import Path
 import yaml
 
 from pipelines.core.fsutil import write_text_atomic
-from pipelines.registry.names import NAMES, Format, artifact_relpath, stage_name
 from pipelines.source.catalog import Catalog
+from pipelines.store.names import NAMES, Format, artifact_relpath, stage_name
 
 HEADER = """\
 # GENERATED from registry/catalog.yaml by `modelmint dvc-yaml`: edit the catalog, then regenerate.

@@ -33,7 +33,7 @@ from pipelines.core.vocab import (
     VariantTag,
 )
 from pipelines.core.weights import weights_bytes
-from pipelines.registry.names import NAMES, Format, artifact_relpath, format_name, stage_name
+from pipelines.store.names import NAMES, Format, artifact_relpath, format_name, stage_name
 
 if TYPE_CHECKING:
     from pipelines.publish.llamacpp_memory import LayeredWeights

@@ -10,7 +10,7 @@ from pydantic import ValidationError
 from pipelines.core.errors import ToolError
 from pipelines.core.runner import run
 from pipelines.core.settings import Settings
-from pipelines.registry.manifest import Manifest, find_manifest, manifest_path, parse_ref
+from pipelines.store.manifest import Manifest, find_manifest, manifest_path, parse_ref
 
 
 @dataclass(frozen=True)

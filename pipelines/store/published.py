@@ -9,7 +9,7 @@ from typing import Any
 
 from pipelines.core.errors import RegistryError
 from pipelines.core.settings import Settings
-from pipelines.registry.manifest import Manifest
+from pipelines.store.manifest import Manifest
 
 
 def publications_path(settings: Settings, name: str, tag: str) -> Path:

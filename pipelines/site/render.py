@@ -17,11 +17,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
-from pipelines.core.errors import ManifestInvalid
-from pipelines.core.vocab import is_name
-from pipelines.registry.history import Version
-from pipelines.registry.manifest import Manifest, PlanSummary
-from pipelines.registry.recommend import (
+from pipelines.advice.recommend import (
     Basis,
     Choice,
     Failed,
@@ -30,6 +26,10 @@ from pipelines.registry.recommend import (
     size_text,
     versus,
 )
+from pipelines.core.errors import ManifestInvalid
+from pipelines.core.vocab import is_name
+from pipelines.store.history import Version
+from pipelines.store.manifest import Manifest, PlanSummary
 
 _CARD_LIMIT = 64 * 1024
 _MIB = 1 << 20

@@ -4,7 +4,7 @@ The built-in formats' facts (their stages, quant types and schemes, the artifact
 this table adds what a registry needs to dispatch on them and lets a format be declared beside them (one in a test).
 
 A leaf: it imports no format's implementation and no other registry module, so manifest, dvcrepo and dvcgen read
-it without pulling in a build (pipelines/registry/formats/ holds the implementations; each registers itself there,
+it without pulling in a build (pipelines/store/formats/ holds the implementations; each registers itself there,
 and `module` says where a name's implementation is, imported on first use as llama.cpp's conversion table does).
 """
 
@@ -40,7 +40,7 @@ class FormatName:
     pins: str
     """The toolchain pin file its dvc.yaml stage depends on (a changed toolchain rebuilds it)."""
     module: str
-    """The module implementing it (pipelines/registry/formats/<x>.py); imported when a hook is first asked for."""
+    """The module implementing it (pipelines/store/formats/<x>.py); imported when a hook is first asked for."""
     fallback: bool = False
     """The format of a tag no other format owns (GGUF: what a tag was before compressed-tensors existed)."""
     built_from: Callable[[dict[str, Any], str], Any] = lambda variants, tag: variants.get(tag)
@@ -109,7 +109,7 @@ declare(
         owns=lambda tag: tag in GGUF_QUANT_TYPES,
         catalog_variants=_gguf_variants,
         pins="toolchains/llama-cpp.env",
-        module="pipelines.registry.formats.gguf",
+        module="pipelines.store.formats.gguf",
         fallback=True,
         built_from=_gguf_built_from,
     )
@@ -123,6 +123,6 @@ declare(
         owns=lambda tag: tag in COMPRESSED_SCHEMES,
         catalog_variants=lambda entry: list(entry.variants.compressed()),
         pins="toolchains/llmcompressor.env",
-        module="pipelines.registry.formats.compressed",
+        module="pipelines.store.formats.compressed",
     )
 )

@@ -28,7 +28,7 @@ from pipelines.core.errors import (
 from pipelines.core.fsutil import cannot_link
 from pipelines.core.runner import ToolRun, run
 from pipelines.core.settings import Settings
-from pipelines.registry.names import stage_name
+from pipelines.store.names import stage_name
 
 if TYPE_CHECKING:
     from dvc.config import Config

@@ -2,7 +2,7 @@
 fetches and verifies one without DVC.
 
 A GGUF becomes an Ollama image (`ollama pull HOST/NAMESPACE/NAME:TAG`), a compressed-tensors checkpoint a CNCF
-ModelPack artifact; the format table (registry/formats/) says which. Every layer that carries a registered file has that
+ModelPack artifact; the format table (store/formats/) says which. Every layer that carries a registered file has that
 file's sha256 from the manifest as its digest, and the manifest itself travels as a layer, byte for byte. Blobs go
 first (HEAD before each: the registry never receives one twice), tags last: `TAG-<source12>` (the upstream commit
 the artifact was built from, `pinned_tag`) and `TAG`; a tag that points at the image already is not written again.
@@ -21,6 +21,7 @@ from pydantic import ValidationError
 from pipelines.core.errors import ManifestInvalid, OciError, RegistryError, SignatureRefused, TagConflict
 from pipelines.core.fsutil import atomic_output, hash_cache, write_text_atomic
 from pipelines.core.settings import Settings
+from pipelines.oci.referrers import Attached, attach, provenance_statement
 from pipelines.publish.oci import (
     MODELMINT_MANIFEST,
     Blob,
@@ -34,11 +35,10 @@ from pipelines.publish.oci import (
     parse_image,
 )
 from pipelines.publish.ollama_image import CONFIG as OLLAMA_CONFIG
-from pipelines.registry.formats.base import format_of, implementation
-from pipelines.registry.manifest import Manifest, find_manifest, manifest_path
-from pipelines.registry.published import publications, publications_path, read_publications
 from pipelines.registry.pull import PullResult, holds
-from pipelines.registry.referrers import Attached, attach, provenance_statement
+from pipelines.store.formats.base import format_of, implementation
+from pipelines.store.manifest import Manifest, find_manifest, manifest_path
+from pipelines.store.published import publications, publications_path, read_publications
 
 log = logging.getLogger(__name__)
 
@@ -144,8 +144,8 @@ def publish_image(settings: Settings, ref: str, registry: RegistryRef, *, force:
         OciUnavailable, OciAuthRefused, OciError: the registry is down, refuses, or fails (blobs before tags, so
             nothing is half-tagged); the hint ends with the command that publishes it again.
     """
-    from pipelines.registry.signing import preflight, verify_directory
-    from pipelines.registry.trust import load_policy
+    from pipelines.trust.policy import load_policy
+    from pipelines.trust.signing import preflight, verify_directory
 
     manifest, image = build_image(settings, ref)
     key = preflight(settings)
@@ -265,7 +265,7 @@ def _difference(client: OciClient, repository: str, there: tuple[bytes, str, str
     """What makes the image `there` differ from the one `manifest`'s files in `directory` make (check_image's
     words)."""
     from pipelines.core.errors import SignatureRefused
-    from pipelines.registry.signing import check_image
+    from pipelines.trust.signing import check_image
 
     try:
         check_image(json.loads(there[0]), directory, manifest, lambda d: client.read_blob(repository, d),
@@ -346,8 +346,8 @@ def pull_image(settings: Settings, image: str, *, insecure: bool = False, dest: 
             template, system, params or config layer changed in the registry: signing.check_image); nothing in
             `dest` is replaced.
     """
-    from pipelines.registry.signing import check_image, verify_directory
-    from pipelines.registry.trust import load_policy
+    from pipelines.trust.policy import load_policy
+    from pipelines.trust.signing import check_image, verify_directory
 
     policy = load_policy(settings)
     registry, name, tag = parse_image(image, insecure=insecure)

@@ -24,11 +24,11 @@ from pipelines.core.toolchains import llmcompressor
 from pipelines.publish.modelpack import modelpack_image
 from pipelines.publish.oci import Blob, Image
 from pipelines.publish.vllm import publish_vllm, serve_command
-from pipelines.registry.candidate import Candidate, ValidatedOutputChanged, report_sha256
-from pipelines.registry.formats.base import ArtifactFormat, implement
-from pipelines.registry.manifest import Manifest
-from pipelines.registry.names import NAMES
 from pipelines.source.catalog import CatalogEntry
+from pipelines.store.candidate import Candidate, ValidatedOutputChanged, report_sha256
+from pipelines.store.formats.base import ArtifactFormat, implement
+from pipelines.store.manifest import Manifest
+from pipelines.store.names import NAMES
 
 
 def _compressed_resources(plan: CompressPlan, places: Places) -> ResourceCheck:

@@ -1,0 +1,1 @@
+"""The registry as a static site: its pages collected, rendered and served."""
