@@ -42,7 +42,18 @@ from pipelines.core.fsutil import (
 )
 from pipelines.core.gates import Gate, chance_failure, compressed_gate
 from pipelines.core.preflight import GROUPED_SCHEMES, GroupSizeChoice, choose_group_size, source_weights
-from pipelines.core.report import REPORT_VERSION, CompressedReport, Figures, Validation
+from pipelines.core.report import (
+    REPORT_VERSION,
+    CompressedReport,
+    EvaluationBlock,
+    Figures,
+    GroupSizeRecord,
+    MetricsRecord,
+    SourceRecord,
+    StructureRecord,
+    Validation,
+    as_block,
+)
 from pipelines.core.settings import Settings
 from pipelines.core.steps import (
     BuildResult,
@@ -98,7 +109,7 @@ class CompressPlan:
     """The bundled calibration text (train.txt), for the recipes that calibrate without a hub data set."""
     params: int
     """Parameters of the source (from its Safetensors headers): picks the published gate's size band."""
-    preflight: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    preflight: dict[str, GroupSizeRecord] = dataclasses.field(default_factory=dict)
     """Per variant, what the shape check found before any tool started (the group size chosen, and why)."""
     refused: dict[str, VariantError] = dataclasses.field(default_factory=dict)
     """Variants the shape check refused: they have no recipe here and are never built."""
@@ -109,8 +120,8 @@ class CompressPlan:
         return self.params, None
 
     @property
-    def source(self) -> dict[str, Any]:
-        return self.snapshot.describe(self.source_key)
+    def source(self) -> SourceRecord:
+        return as_block(SourceRecord, self.snapshot.describe(self.source_key))
 
     def variant_dir(self, v: str) -> Path:
         """<work>/<name>/<rev>/<name>-fp8-dynamic, -w4a16-awq, -w4a16-gptq, -w8a8."""
@@ -162,9 +173,10 @@ class CompressPlan:
         return size if isinstance(size, int) else None
 
     @property
-    def eval_params(self) -> dict[str, Any]:
+    def eval_params(self) -> EvaluationBlock:
         """The evaluation text as reports, manifests and cards name it."""
-        return self.evaluation.describe(ctx=COMPRESSED_EVAL_CTX, chunks=COMPRESSED_EVAL_CHUNKS)
+        return EvaluationBlock(text=self.evaluation.name, sha256=self.evaluation.sha256, ctx=COMPRESSED_EVAL_CTX,
+                               chunks=COMPRESSED_EVAL_CHUNKS)
 
     def calibration_record(self, v: str) -> dict[str, Any] | None:
         """The data variant `v` was calibrated on, as reports, manifests and cards name it (None: data-free)."""
@@ -245,7 +257,7 @@ def plan_compressed(
     with disk_full_located(settings):
         snapshot = fetch(entry, settings, revision=revision)
     tensors = source_tensors(snapshot.path)
-    preflight: dict[str, dict[str, Any]] = {}
+    preflight: dict[str, GroupSizeRecord] = {}
     refused: dict[str, VariantError] = {}
     for n in names:
         try:
@@ -256,7 +268,9 @@ def plan_compressed(
             continue
         if choice is not None:
             recipes[n] = recipes[n].with_group_size(choice.group_size)
-            preflight[n] = choice.to_dict()
+            preflight[n] = GroupSizeRecord(
+                variant=choice.variant, scheme=choice.scheme, group_size=choice.group_size, allowed=list(choice.allowed),
+                rejected={str(gs): layers for gs, layers in choice.rejected.items()}, fell_back=choice.fell_back)
     source_key = content_key(sorted(snapshot.files.items()))
     out_dir = settings.work_dir / entry.name / (snapshot.revision or source_key)[:12]
     with disk_full_located(settings):
@@ -377,7 +391,7 @@ def ensure_validated(plan: CompressPlan, names: list[str] | None = None,
             cached.add(v)
             continue
         try:
-            structure: dict[str, Any] | None = check_structure(d, plan.snapshot.path, plan.recipes[v])
+            structure: StructureRecord | None = check_structure(d, plan.snapshot.path, plan.recipes[v])
             failures: list[str] = []
         except ArtifactError as err:
             structure, failures = None, [f"structure: {err.message}"]
@@ -391,12 +405,12 @@ def ensure_validated(plan: CompressPlan, names: list[str] | None = None,
         with disk_full_located(plan.settings):
             measured = evaluate(plan.snapshot.path, to_measure, plan.tc, settings=plan.settings)
         for v in to_measure:
-            metrics = measured["variants"][v]
+            metrics = as_block(MetricsRecord, measured["variants"][v])
             reports[v] = reports[v].but(
                 metrics=metrics,
                 source_sample=measured["source"].get("sample"),
-                evaluation={**plan.eval_params, "wall_s": measured["wall_s"],
-                            "peak_rss_bytes": measured["peak_rss_bytes"], "variants": sorted(to_measure)},
+                evaluation=EvaluationBlock(**plan.eval_params, wall_s=measured["wall_s"],
+                                           peak_rss_bytes=measured["peak_rss_bytes"], variants=sorted(to_measure)),
                 validation=plan.judge(v, figures_of(metrics),
                                       answers=_answers(plan, v) if plan.asks_answers(v) else None),
             )
@@ -630,8 +644,8 @@ def finish_compressed(plan: CompressPlan, listed: StepList, done: Executed,
     for v in list(variants):
         if (served := done.results.get(f"serve-{v}")) is not None:
             variants[v] = served
-    result = BuildResult(plan.entry.name, plan.out_dir, plan.source, {}, variants, done.tools_run, done.timings, plan,
-                         errors=done.errors, preflight=plan.preflight, asked=listed.asked)
+    result = BuildResult(plan.entry.name, plan.out_dir, dict(plan.source), {}, variants, done.tools_run, done.timings, plan,
+                         errors=done.errors, preflight=listed.preflight, asked=listed.asked)
     with disk_full_located(plan.settings):
         write_summary(result, _variant_summary)
     return result
@@ -680,7 +694,7 @@ def _carry_over(plan: CompressPlan, v: str, receipt: dict[str, Any],
 
 
 def _new_report(
-    plan: CompressPlan, v: str, receipt: dict[str, Any], structure: dict[str, Any] | None, failures: list[str],
+    plan: CompressPlan, v: str, receipt: dict[str, Any], structure: StructureRecord | None, failures: list[str],
     key: str,
 ) -> CompressedReport:
     recipe = plan.recipes[v]

@@ -16,6 +16,7 @@ from pipelines.core.errors import (
 from pipelines.core.fsutil import (
     sha256_file,
 )
+from pipelines.core.report import StructureRecord
 from pipelines.core.safetensorsheader import safetensors_files, source_tensors
 from pipelines.core.sourcefiles import CHAT_TEMPLATE_FILES, GENERATION_CONFIG, TOKENIZER_FILES
 
@@ -124,7 +125,7 @@ def targeted_linears(source_tensors: dict[str, dict[str, Any]], ignore: list[str
     return sorted(out)
 
 
-def check_structure(out_dir: Path, source_dir: Path, recipe: Recipe) -> dict[str, Any]:
+def check_structure(out_dir: Path, source_dir: Path, recipe: Recipe) -> StructureRecord:
     """Check a compressed-tensors checkpoint against its recipe and source without loading a tensor.
 
     quantization_config must match the recipe's scheme (format, bits, type, strategy, group size, symmetry,
@@ -153,15 +154,15 @@ def check_structure(out_dir: Path, source_dir: Path, recipe: Recipe) -> dict[str
     dtypes: dict[str, int] = {}
     for info in out_t.values():
         dtypes[info["dtype"]] = dtypes.get(info["dtype"], 0) + 1
-    return {
-        "format": fmt.format,
-        "scheme": recipe.scheme,
-        "quantized_linears": len(targets),
-        "ignored": recipe.ignore,
-        "lm_head": "tied to the embeddings" if not any(n.startswith("lm_head.") for n in out_t) else "unquantized",
-        "tensor_dtypes": dict(sorted(dtypes.items())),
-        "shards": [p.name for p in safetensors_files(out_dir)],
-    }
+    return StructureRecord(
+        format=fmt.format,
+        scheme=recipe.scheme,
+        quantized_linears=len(targets),
+        ignored=recipe.ignore,
+        lm_head="tied to the embeddings" if not any(n.startswith("lm_head.") for n in out_t) else "unquantized",
+        tensor_dtypes=dict(sorted(dtypes.items())),
+        shards=[p.name for p in safetensors_files(out_dir)],
+    )
 
 
 def _config_problems(out_dir: Path, fmt: SchemeFormat, recipe: Recipe) -> list[str]:

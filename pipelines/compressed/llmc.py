@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -181,7 +182,7 @@ def evaluate(
     return result
 
 
-def figures_of(metrics: dict[str, Any]) -> Figures:
+def figures_of(metrics: Mapping[str, Any]) -> Figures:
     """The evaluation script's figures for one variant as every format's figures."""
     return Figures.of(mean_kl=metrics["mean_kl"], kl_p99=metrics.get("kl_p99"),
                       same_top_pct=round(100.0 * metrics["top1_agreement"], 4), ppl_reference=metrics["ppl_source"],

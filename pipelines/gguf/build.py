@@ -41,7 +41,14 @@ from pipelines.core.fsutil import clean_partials, disk_full_located, file_lock, 
 from pipelines.core.gates import Gate, gguf_gate, ladder_conflicts
 from pipelines.core.ggufheader import inspect_gguf, read_gguf_header
 from pipelines.core.preflight import BlockFallback, Weight, gguf_fallback, observed_fallback, source_weights
-from pipelines.core.report import REPORT_VERSION, GGUFReport
+from pipelines.core.report import (
+    REPORT_VERSION,
+    BlockFallbackRecord,
+    EvaluationBlock,
+    GGUFReport,
+    SourceRecord,
+    as_block,
+)
 from pipelines.core.settings import Settings
 from pipelines.core.steps import (
     BuildResult,
@@ -106,8 +113,8 @@ class GGUFPlan:
         return gguf_gate(q, self.entry.gate_profile, sum(w.params for w in self.weights))
 
     @property
-    def source(self) -> dict[str, Any]:
-        return self.snapshot.describe(self.source_key)
+    def source(self) -> SourceRecord:
+        return as_block(SourceRecord, self.snapshot.describe(self.source_key))
 
     @property
     def base_path(self) -> Path:
@@ -189,9 +196,10 @@ class GGUFPlan:
         return content_key("kld-base", self.base_key, self.evaluation.sha256, GGUF_EVAL_CTX, GGUF_EVAL_CHUNKS, self.llama.commit)
 
     @property
-    def evaluation_record(self) -> dict[str, Any]:
+    def evaluation_record(self) -> EvaluationBlock:
         """The evaluation text as reports, manifests and cards name it."""
-        return self.evaluation.describe(ctx=GGUF_EVAL_CTX, chunks=GGUF_EVAL_CHUNKS)
+        return EvaluationBlock(text=self.evaluation.name, sha256=self.evaluation.sha256, ctx=GGUF_EVAL_CTX,
+                               chunks=GGUF_EVAL_CHUNKS)
 
     def calibration_record(self, imatrix: StepResult | None = None) -> dict[str, Any] | None:
         """The importance matrix's data and the matrix itself, as reports, manifests and cards name them.
@@ -582,10 +590,7 @@ def _measured(plan: GGUFPlan, q: str, quant: StepResult, logits: StepResult, gat
     qpath, qreceipt = quant.path, quant.receipt
     answers = pool.submit(_answers, plan, q, threads) if plan.spec.answers else None
     info = inspect_gguf(qpath)
-    predicted = plan.block_fallback(q).to_dict()
-    observed = qreceipt.get("fallback")
-    preflight = {**predicted, "observed": observed,
-                 "matches": None if observed is None else observed["fallback_params"] == predicted["fallback_params"]}
+    preflight = _preflight_record(plan.block_fallback(q), qreceipt.get("fallback"))
     with disk_full_located(plan.settings):
         return validate_variant(
             q, qpath, info, plan.base_path, logits.path, gate, plan.llama,
@@ -774,12 +779,21 @@ def finish_gguf(plan: GGUFPlan, listed: StepList, done: Executed, progress: Call
     for conflict in _ladder_conflicts(variants):
         progress(f"gate defect, not the variant's: {conflict} (pipelines/core/gates.py)")
     base = done.results.get("convert")
-    result = BuildResult(plan.entry.name, plan.out_dir, plan.source, base.receipt if base else {}, variants,
+    result = BuildResult(plan.entry.name, plan.out_dir, dict(plan.source), base.receipt if base else {}, variants,
                          done.tools_run, done.timings, plan, errors=done.errors, preflight=listed.preflight,
                          asked=listed.asked)
     with disk_full_located(plan.settings):
         write_summary(result, _variant_summary, base=result.base)
     return result
+
+
+def _preflight_record(predicted: BlockFallback, observed: dict[str, Any] | None) -> BlockFallbackRecord:
+    """A report's `preflight`: the block-size pre-flight's prediction, what llama-quantize did (the quantize
+    receipt's `fallback`; None in a receipt without it), and whether they agree."""
+    made = predicted.to_dict()
+    return as_block(BlockFallbackRecord, {
+        **made, "observed": observed,
+        "matches": None if observed is None else observed.get("fallback_params") == made["fallback_params"]})
 
 
 def preflight_quants(plan: GGUFPlan, say: Callable[[str], None]) -> tuple[dict[str, VariantError], dict[str, Any]]:

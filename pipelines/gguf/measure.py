@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipelines.core.errors import ConfigError, GateFailed
-from pipelines.core.report import GGUFReport
+from pipelines.core.report import EvaluationBlock, GGUFReport
 from pipelines.core.settings import Settings
 
 PROFILES = ("reference", "tiny")
@@ -66,5 +66,6 @@ def measure_file(quant: Path, reference: Path, settings: Settings, *, profile: s
                                  threads=settings.effective_threads, ctx=GGUF_EVAL_CTX, chunks=GGUF_EVAL_CHUNKS)
         rep = validate_variant(qtype, quant, info, reference, logits, gate, llama,
                                threads=settings.effective_threads, ctx=GGUF_EVAL_CTX, report_path=report_path,
-                               smoke=smoke, evaluation=evaluation.describe(ctx=GGUF_EVAL_CTX, chunks=GGUF_EVAL_CHUNKS))
+                               smoke=smoke, evaluation=EvaluationBlock(text=evaluation.name, sha256=evaluation.sha256,
+                                                                      ctx=GGUF_EVAL_CTX, chunks=GGUF_EVAL_CHUNKS))
     return Measured(qtype, rep, report_path)

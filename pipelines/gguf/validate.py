@@ -17,7 +17,15 @@ from pipelines.core.errors import ArtifactError, ToolStoppedShort
 from pipelines.core.fsutil import atomic_output
 from pipelines.core.gates import EARLY_SIGMAS, Gate, chance_failure
 from pipelines.core.ggufheader import GGUFInfo, read_gguf_header
-from pipelines.core.report import Figures, GGUFReport, Validation, perplexity_positions
+from pipelines.core.report import (
+    EvaluationBlock,
+    Figures,
+    GGUFReport,
+    KLDRecord,
+    SmokeRecord,
+    Validation,
+    perplexity_positions,
+)
 from pipelines.core.resources import logits_file_size
 from pipelines.core.runner import run
 from pipelines.core.toolchains import LlamaCpp
@@ -51,6 +59,10 @@ class KLDStats:
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "dppl_pct": round(self.dppl_pct, 4)}
 
+    def record(self) -> KLDRecord:
+        """These statistics as a GGUF report's `kld` block records them."""
+        return KLDRecord.model_validate(self.to_dict())
+
     def figures(self) -> Figures:
         """These statistics as every format's figures."""
         return Figures.of(mean_kl=self.mean_kld, kl_p99=self.kld_p99, same_top_pct=self.same_top_pct,
@@ -66,6 +78,11 @@ class SmokeResult:
     tokens_generated: int
     stopped_on_eos: bool
     seconds: float
+
+    def record(self) -> SmokeRecord:
+        """This run as a report's `smoke` block records it."""
+        return SmokeRecord(prompt=self.prompt, completion=self.completion, tokens_generated=self.tokens_generated,
+                           stopped_on_eos=self.stopped_on_eos, seconds=self.seconds)
 
 
 def check_threads(threads: int) -> int:
@@ -356,7 +373,7 @@ def validate_variant(
     threads: int,
     ctx: int,
     report_path: Path,
-    evaluation: dict[str, Any],
+    evaluation: EvaluationBlock,
     smoke: bool = True,
     extra: dict[str, Any] | None = None,
     answers: Answers | Future[Answers] | None = None,
@@ -378,8 +395,8 @@ def validate_variant(
         path=str(quant),
         reference=str(reference),
         gguf=quant_info.to_dict(),
-        smoke=asdict(smoke_result) if smoke_result else None,
-        kld=stats.to_dict(),
+        smoke=smoke_result.record() if smoke_result else None,
+        kld=stats.record(),
         validation=Validation.judge(format="gguf", reference=reference.name, evaluation=evaluation,
                                     figures=stats.figures(), gate=gate, answers=answers,
                                     failures=[broken] if broken else None),
