@@ -1,20 +1,30 @@
-"""GGUF path at real model sizes: the pipeline against the raw llama.cpp tools on checkpoints of real shapes.
+"""GGUF path at real model sizes: a Prefect deployment's run against the raw llama.cpp tools, on checkpoints of real
+shapes.
 
 Run: .venv/bin/python benchmarks/bench_scale.py [--sizes 0.5b,1.5b,7b,8b] [--work-dir DIR] [--keep]
 
 For each size, benchmarks/make_shape_model.py writes a bf16 checkpoint of the release's exact shape (random weights),
-then in the same run: the raw tools (convert_hf_to_gguf.py to f16, llama-quantize q4_k_m and q8_0, llama-perplexity
---kl-divergence-base over the pipeline's evaluation text and context, its --kl-divergence per variant, cp of the
-outputs) and a deployment's run, `modelmint convert <entry> --variants q4_k_m,q8_0 --register`, on a catalog entry
-pointing at the checkpoint, in a temporary git + DVC project (its own MODELMINT_WORK_DIR, artifacts/ and DVC cache,
-all inside the measured directory; the local DVC remote beside it). Each is measured as a process tree: wall time, peak RSS (the tree's
-RSS polled, and the largest process's from wait4), peak disk of its directory (polled), bytes read and written
-(/proc/PID/io of the tree's root, which holds every reaped descendant's). Prints the ratios and a least-squares fit per
-billion parameters extrapolated to 14B, 32B and 72B; writes benchmarks/reference/scale.json and docs/images/scale.svg.
+then in the same run:
+- the raw tools, one after another: convert_hf_to_gguf.py to f16, llama-quantize q4_k_m and q8_0, llama-perplexity
+  --kl-divergence-base over the pipeline's evaluation text and context, its --kl-divergence per variant, cp of the
+  outputs; each a process tree (wall time, peak RSS polled and the largest process's from wait4, peak disk of the
+  scratch directory polled, bytes read and written from /proc/PID/io of the tree's root, which holds every reaped
+  descendant's);
+- `prefect deployment run convert/scale-<size> --watch`, as a user runs it: a throwaway git + DVC project with a
+  catalog entry pointing at the checkpoint and a local DVC remote, the embedded stack started by `modelmint stack
+  up` (a Prefect server on SQLite on a free port of 127.0.0.1, the work pool, prefect.yaml's deployments plus this
+  entry's, deployed from prefect.yaml's own convert template, the process worker), MODELMINT_OCI_REGISTRY naming a
+  local docker-registry. The project, the DVC remote and the registry's storage are the measured directory; the
+  flow run's process tree is the worker's (see _deployment_run for what is and is not counted). Each step's wall
+  time comes from the flow run's task runs on the Prefect API; the row names the deployment, the variants
+  registered (their manifests) and the image references the registry holds afterwards.
+Prints the ratios and a least-squares fit per billion parameters extrapolated to 14B, 32B and 72B; writes
+benchmarks/reference/scale.json and docs/images/scale.svg (--out, --plot: elsewhere).
 
-Random weights carry no signal and every quality gate refuses them: the pipeline's process here replaces the GGUF
-gate with one that accepts every figure and names this benchmark as its basis (each report and manifest says so), so
-that the registration runs and its cost is measured; the validation itself runs in full.
+Random weights carry no signal and every quality gate refuses them: the deployment's stack gets a sitecustomize on
+its PYTHONPATH that replaces, in the flow run's process only, the GGUF gate with one that accepts every figure and
+names this benchmark as its basis (each report and manifest says so), so that the registration and the publication
+run and their cost is measured; the validation itself runs in full.
 """
 
 from __future__ import annotations
@@ -113,6 +123,13 @@ def _tree_rss(pid: int) -> int:
     return total
 
 
+def _rss(pid: int) -> int:
+    try:
+        return int(psutil.Process(pid).memory_info().rss)
+    except psutil.Error:
+        return 0
+
+
 def _proc_io(pid: int) -> dict[str, int]:
     try:
         text = Path(f"/proc/{pid}/io").read_text()
@@ -122,14 +139,15 @@ def _proc_io(pid: int) -> dict[str, int]:
 
 
 def measure(argv: list[str | Path], *, disk: Path, env: dict[str, str] | None = None,
-            cwd: Path | None = None) -> Measured:
-    """Run `argv` to its end, watching its process tree and the disk used under `disk`."""
+            cwd: Path | None = None, tree: int | None = None) -> Measured:
+    """Run `argv` to its end, watching its process tree and the disk used under `disk`; with `tree` (a pid), the
+    RSS watched is that process's descendants' instead (where the work runs: a worker's flow run)."""
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        return _measure(argv, out, err, disk=disk, env=env, cwd=cwd)
+        return _measure(argv, out, err, disk=disk, env=env, cwd=cwd, tree=tree)
 
 
 def _measure(argv: list[str | Path], out: Any, err: Any, *, disk: Path, env: dict[str, str] | None,
-             cwd: Path | None) -> Measured:
+             cwd: Path | None, tree: int | None) -> Measured:
     peak = {"rss": 0, "disk": _du(disk)}
     start = time.perf_counter()
     proc = subprocess.Popen([str(a) for a in argv], stdout=out, stderr=err, env=env, cwd=cwd)
@@ -137,7 +155,8 @@ def _measure(argv: list[str | Path], out: Any, err: Any, *, disk: Path, env: dic
 
     def watch() -> None:
         while not done.is_set():
-            peak["rss"] = max(peak["rss"], _tree_rss(proc.pid))
+            rss = _tree_rss(proc.pid) if tree is None else _tree_rss(tree) - _rss(tree)
+            peak["rss"] = max(peak["rss"], rss)
             peak["disk"] = max(peak["disk"], _du(disk))
             done.wait(_POLL_S)
 
@@ -155,7 +174,7 @@ def _measure(argv: list[str | Path], out: Any, err: Any, *, disk: Path, env: dic
     out.seek(0)
     err.seek(0)
     return Measured(
-        wall_s=wall, peak_rss=max(peak["rss"], rusage.ru_maxrss * 1024), peak_disk=peak["disk"],
+        wall_s=wall, peak_rss=peak["rss"] if tree is not None else max(peak["rss"], rusage.ru_maxrss * 1024), peak_disk=peak["disk"],
         read_bytes=io.get("read_bytes", 0), write_bytes=io.get("write_bytes", 0), rchar=io.get("rchar", 0),
         wchar=io.get("wchar", 0), returncode=proc.returncode,
         stdout=out.read().decode(errors="replace"), stderr=err.read().decode(errors="replace"),
@@ -175,7 +194,7 @@ def machine() -> dict[str, Any]:
             "python": platform.python_version()}
 
 
-def bench_size(size: str, work: Path, settings: Settings, *, keep: bool) -> dict[str, Any]:
+def bench_size(size: str, work: Path, settings: Settings, *, keep: bool, publish: bool = True) -> dict[str, Any]:
     name = SIZES[size]
     llama = llama_cpp(settings)
     threads = settings.effective_threads
@@ -241,40 +260,31 @@ def bench_size(size: str, work: Path, settings: Settings, *, keep: bool) -> dict
     raw_peak_disk = max(s["peak_disk"] for k, s in steps.items() if k.startswith("raw_") and k != "raw_cp_outputs")
     shutil.rmtree(raw)
 
-    # ---- the pipeline: a deployment's run, `modelmint convert --register` on a catalog entry pointing at the
-    # checkpoint, in a fresh git + DVC project (its build dir, artifacts/ and DVC cache all measured; the DVC remote
-    # beside it is not, as docs/scale.md counts it)
-    project = here / "project"
+    # ---- the pipeline: `prefect deployment run convert/<entry> --watch` against the embedded stack, in a fresh
+    # git + DVC project; the project, its local DVC remote and the local OCI registry's storage are measured together
+    deploy = here / "deployment"
     entry = f"scale-{size.replace('.', '-')}"
-    env = _project(project, here / "dvc-remote", entry, src)
-    pipe = record("pipeline_convert", measure(
-        [sys.executable, "-c", _GATE_WAIVED, "convert", entry, "--variants", ",".join(QUANTS), "--json",
-         "--register"], disk=project, env=env, cwd=project))
-    summaries = list((project / "work").rglob("build.json"))
-    if not summaries:
-        raise SystemExit(f"modelmint convert left no build.json (exit {pipe.returncode}):\n{pipe.stderr[-3000:]}")
-    built = json.loads(summaries[0].read_text())
-    if pipe.returncode != 0:
-        raise SystemExit(f"modelmint convert --register failed (exit {pipe.returncode}):\n{pipe.stderr[-3000:]}")
-    manifests = sorted((project / "registry" / "manifests" / entry).glob("*.json"))
-    row["pipeline_outcome"] = f"registered {len(manifests)} (quality gate waived: random weights)"
-    row["deployment"] = "modelmint convert --register"
-    row["pipeline_timings_s"] = built.get("timings", {})
-    pipe_outputs = sum(v.get("size_bytes") or 0 for v in built.get("variants", {}).values())
-    row["pipeline_outputs_bytes"] = pipe_outputs
+    run = _deployment_run(deploy, here, entry, src, record, keep=keep, publish=publish)
+    pipe, row["deployment"] = run.measured, f"prefect deployment run convert/{entry}"
+    row["flow_run"] = run.flow_run
+    row["pipeline_steps_s"] = run.steps
+    row["registered"] = run.registered
+    row["published_images"] = run.images
+    row["pipeline_outcome"] = (f"{run.flow_run['state']}: registered {len(run.registered)}, "
+                               f"published {len(run.images)} image reference(s) (quality gate waived: random weights)")
+    row["pipeline_steps_by_kind_s"] = run.by_task
+    row["pipeline_timings_s"] = run.timings  # the build's own summary (build.json), for comparison
+    row["pipeline_outputs_bytes"] = run.outputs_bytes
     # what the run leaves on the builder, each inode once: the registered variants (build dir, artifacts/ and the
-    # DVC cache sharing them), the f16 and the logits gone
-    row["left_on_disk"] = _du(project)
+    # DVC cache sharing them, the DVC remote's copy and the registry's), the f16 and the logits gone
+    row["left_on_disk"] = run.left_on_disk
     row["left_over_outputs"] = round(row["left_on_disk"] / row["outputs_bytes"], 3)
-    if not keep:
-        shutil.rmtree(project)
-        shutil.rmtree(here / "dvc-remote", ignore_errors=True)
 
     # ---- ratios
     s = {k: v["wall_s"] for k, v in steps.items()}
     raw_build = s["raw_convert"] + sum(s[f"raw_quantize_{q}"] for q in QUANTS)
     raw_validate = s["raw_kld_base"] + sum(s[f"raw_kld_{q}"] for q in QUANTS)
-    tim = row["pipeline_timings_s"]
+    tim = run.by_task
     pipe_build = sum(tim.get(k, 0.0) for k in ("fetch", "convert", "quantize"))
     pipe_validate = tim.get("validate", 0.0)
     raw_rss = max(v["peak_rss"] for k, v in steps.items() if k.startswith("raw_") and not k.startswith("raw_cp"))
@@ -292,6 +302,7 @@ def bench_size(size: str, work: Path, settings: Settings, *, keep: bool) -> dict
                                                           if k.startswith("raw_") and not k.startswith("raw_cp"))), 3),
         raw_build_s=round(raw_build, 2), raw_validate_s=round(raw_validate, 2),
         pipeline_build_s=round(pipe_build, 2), pipeline_validate_s=round(pipe_validate, 2),
+        pipeline_register_s=tim.get("register", 0.0), pipeline_publish_image_s=tim.get("publish-image", 0.0),
         pipeline_wall_s=round(pipe.wall_s, 2), pipeline_peak_disk=pipe.peak_disk, raw_peak_disk=raw_peak_disk,
         pipeline_peak_rss=pipe.peak_rss, raw_peak_rss=raw_rss,
         steps=steps, load_1min_end=round(os.getloadavg()[0], 2),
@@ -299,29 +310,278 @@ def bench_size(size: str, work: Path, settings: Settings, *, keep: bool) -> dict
     return row
 
 
-_GATE_WAIVED = """
-import sys
-import pipelines.gguf.build as build
-import pipelines.gguf.validate as validate
-from pipelines.core.gates import Gate
-
+_GATE_WAIVER = """\
+# Written by benchmarks/bench_scale.py; on PYTHONPATH of its deployment run's stack only.
 # Random weights carry no signal and fail any quality gate (and the check that the reference beats chance); a
-# deployment's costs (registration included) are what is measured, so this benchmark's gate accepts every figure and
-# says why in each report.
-build.gguf_gate = lambda q, profile="reference", params=None: Gate(
-    1e9, 0.0, 1e9, basis="benchmark: random weights, quality not judged (benchmarks/bench_scale.py)")
-validate.chance_failure = lambda ppl_reference, vocab: None
-from pipelines.cli import main
-sys.argv = ["modelmint", *sys.argv[1:]]
-main()
+# deployment's costs (registration and publication included) are what is measured, so the flow run's GGUF gate
+# accepts every figure and says why in each report. Nothing is imported here: the patch applies when the flow run
+# imports pipelines.gguf.build / .validate, and every other Python process (server, DVC, the converter's own
+# interpreter) is left as it is.
+import importlib.abc
+import sys
+
+_BASIS = "benchmark: random weights, quality not judged (benchmarks/bench_scale.py)"
+
+
+def _waive(module):
+    if module.__name__ == "pipelines.gguf.build":
+        from pipelines.core.gates import Gate
+
+        module.gguf_gate = lambda q, profile="reference", params=None: Gate(1e9, 0.0, 1e9, basis=_BASIS)
+    else:
+        module.chance_failure = lambda ppl_reference, vocab: None
+
+
+class _Waiver(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name not in ("pipelines.gguf.build", "pipelines.gguf.validate"):
+            return None
+        for finder in sys.meta_path:
+            if finder is not self and hasattr(finder, "find_spec"):
+                spec = finder.find_spec(name, path, target)
+                if spec is not None and spec.loader is not None:
+                    run = spec.loader.exec_module
+
+                    def exec_module(module, run=run):
+                        run(module)
+                        _waive(module)
+
+                    spec.loader.exec_module = exec_module
+                    return spec
+        return None
+
+
+sys.meta_path.insert(0, _Waiver())
 """
+
+
+@dataclass
+class DeploymentRun:
+    measured: Measured
+    flow_run: dict[str, Any]
+    steps: dict[str, float]
+    """Each task run's wall seconds (its end less its start, from the API), by task run name."""
+    by_task: dict[str, float]
+    """The wall seconds of each kind of step (fetch, convert, quantize, validate, register, publish-image): the union
+    of its task runs' spans, so that two quantizations side by side count once."""
+    timings: dict[str, Any]
+    registered: list[str]
+    images: list[str]
+    outputs_bytes: int
+    left_on_disk: int
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _start_registry(root: Path) -> tuple[subprocess.Popen[bytes], int]:
+    """Debian's docker-registry (the toolchain `toolchains/setup-registry.sh` installs), plain HTTP on a free port of
+    127.0.0.1, its filesystem storage under `root` (inside the measured directory)."""
+    import urllib.request
+
+    from pipelines.publish.localregistry import registry_binary, registry_config
+
+    root.mkdir(parents=True)
+    port = _free_port()
+    (root / "config.yml").write_text(registry_config(root / "storage", port, redirect_to=None))
+    with open(root / "registry.log", "wb") as log:
+        proc = subprocess.Popen([registry_binary(), "serve", str(root / "config.yml")], stdout=log,
+                                stderr=subprocess.STDOUT)
+    for _ in range(150):
+        if proc.poll() is not None:
+            raise SystemExit(f"docker-registry exited {proc.returncode}:\n{(root / 'registry.log').read_text()[-2000:]}")
+        with contextlib.suppress(OSError), urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/", timeout=2):
+            return proc, port
+        time.sleep(0.2)
+    proc.kill()
+    proc.wait()
+    raise SystemExit(f"docker-registry did not answer on 127.0.0.1:{port} within 30 s")
+
+
+def _registry_images(port: int) -> list[str]:
+    """Every image reference the registry holds (its catalog and each repository's tags)."""
+    import urllib.request
+
+    def get(path: str) -> Any:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/{path}", timeout=10) as r:
+            return json.loads(r.read())
+
+    return sorted(f"127.0.0.1:{port}/{repo}:{tag}" for repo in get("_catalog?n=1000").get("repositories", [])
+                  for tag in (get(f"{repo}/tags/list").get("tags") or []))
+
+
+def _bucket(task_run: str) -> str:
+    """The kind of a convert flow's task run from its name (quantize-q4_k_m → quantize; the reference logits are
+    the validation's, as the build's own timings count them)."""
+    if task_run.startswith("reference"):
+        return "validate"
+    if task_run.startswith("plan_source"):  # fetches the source (checks its files) and plans the build
+        return "fetch"
+    for kind in ("publish-image", "register", "quantize", "validate", "convert", "imatrix", "fetch"):
+        if task_run.startswith(kind):
+            return kind
+    return task_run.rsplit("-", 1)[0] if task_run[-1:].isdigit() else task_run
+
+
+def _union_s(spans: list[tuple[float, float]]) -> float:
+    total, end = 0.0, float("-inf")
+    for a, b in sorted(spans):
+        if b > end:
+            total += b - max(a, end)
+            end = b
+    return total
+
+
+def _flow_record(settings: Settings, deployment: str) -> tuple[dict[str, Any], dict[str, float], dict[str, float]]:
+    """The deployment's last flow run (its state, times) and its task runs' wall seconds, each and by kind."""
+    from prefect.client.schemas.filters import (
+        DeploymentFilter,
+        DeploymentFilterId,
+        FlowRunFilter,
+        FlowRunFilterId,
+    )
+
+    from flows import stack
+
+    with stack.api(settings) as client:
+        dep = client.read_deployment_by_name(deployment)
+        runs = client.read_flow_runs(deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[dep.id])))
+        if not runs:
+            raise SystemExit(f"{deployment} has no flow run on record")
+        run = max(runs, key=lambda r: r.created)
+        tasks = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run.id])))
+    steps: dict[str, float] = {}
+    spans: dict[str, list[tuple[float, float]]] = {}
+    for t in sorted(tasks, key=lambda t: t.start_time or t.created):
+        if t.start_time is None or t.end_time is None:
+            continue
+        steps[t.name] = round((t.end_time - t.start_time).total_seconds(), 2)
+        spans.setdefault(_bucket(t.name), []).append((t.start_time.timestamp(), t.end_time.timestamp()))
+    flow = {"id": str(run.id), "name": run.name, "state": run.state.name if run.state else None,
+            "message": (run.state.message if run.state else None) or "",
+            "wall_s": round(run.total_run_time.total_seconds(), 2) if run.total_run_time else None,
+            "tasks": len(tasks)}
+    return flow, steps, {k: round(_union_s(v), 2) for k, v in spans.items()}
+
+
+def _deployment_yaml(entry: str) -> dict[str, Any]:
+    """prefect.yaml with its convert deployment for `entry` alone: the settings every convert/<name> shares (work
+    pool, job variables, tags), as a user adds a catalog entry's deployment."""
+    project = yaml.safe_load((ROOT / "prefect.yaml").read_text())
+    template = next(d for d in project["deployments"] if d.get("entrypoint") == "flows/convert.py:convert")
+    dep = {**template, "name": entry, "parameters": {"model": entry},
+           "description": f"{entry}: a checkpoint of a release's shape (random weights), benchmarks/bench_scale.py"}
+    return {k: v for k, v in project.items() if k != "definitions"} | {"deployments": [dep]}
+
+
+def _descendants(pid: int) -> list[psutil.Process]:
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return []
+
+
+def _deployment_run(deploy: Path, here: Path, entry: str, src: Path, record: Any, *, keep: bool,
+                    publish: bool) -> DeploymentRun:
+    """`prefect deployment run convert/<entry> --watch` as a user runs it: a git + DVC project with a local DVC
+    remote, the embedded stack (`modelmint stack up`: Prefect server on SQLite on a free port of 127.0.0.1, work
+    pool, prefect.yaml's deployments and this entry's, the process worker), MODELMINT_OCI_REGISTRY naming a local
+    docker-registry (unless not `publish`). `deploy` (project, DVC remote, registry storage) is the measured
+    directory.
+
+    What is measured: wall time from the `--watch` call to its end; peak RSS of the worker's descendants (the flow
+    run's process the worker spawns and every tool under it; the worker, the server, the registry and the `--watch`
+    client are not in it) polled every 0.25 s; peak disk of `deploy` polled; bytes read and written: the growth of
+    the worker's /proc/PID/io over the run, which holds the worker's own I/O and that of every descendant it (or a
+    descendant) reaped, i.e. the flow run and its tools. Not counted: the server's SQLite writes, docker-registry's
+    writes of the pushed blobs (its storage is in the peak disk) and the Prefect home's result files.
+    """
+    from flows import stack
+
+    project, remote, oci = deploy / "project", deploy / "dvc-remote", deploy / "oci"
+    shutil.rmtree(deploy, ignore_errors=True)
+    deploy.mkdir(parents=True)
+    env = _project(project, remote, entry, src)
+    site = here / "bench-site"
+    shutil.rmtree(site, ignore_errors=True)
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(_GATE_WAIVER)
+    prefect_home = here / "prefect"
+    shutil.rmtree(prefect_home, ignore_errors=True)
+    registry, port = _start_registry(oci) if publish else (None, 0)
+    if publish:
+        env.update({"MODELMINT_OCI_REGISTRY": f"127.0.0.1:{port}/bench", "MODELMINT_OCI_INSECURE": "1"})
+    env.update({
+        "PYTHONPATH": f"{site}{os.pathsep}{ROOT}", "MODELMINT_PREFECT_PORT": str(_free_port()),
+        "MODELMINT_PREFECT_HOME": str(prefect_home),
+        # prefect.yaml's watch-upstream deployment has a cron schedule: only this run runs
+        "PREFECT_SERVER_SERVICES_SCHEDULER_ENABLED": "false",
+    })
+    settings = Settings.from_env(env)
+    senv = {**env, **stack.stack_env(settings)}
+    deployment = f"convert/{entry}"
+    try:
+        _checked("modelmint stack up", _run([sys.executable, "-m", "pipelines.cli", "stack", "up"], env, ROOT))
+        spec = here / "prefect-bench.yaml"
+        spec.write_text(yaml.safe_dump(_deployment_yaml(entry), sort_keys=False))
+        _checked("prefect deploy", _run([sys.executable, "-m", "prefect", "--no-prompt", "deploy", "--all",
+                                         "--prefect-file", str(spec)], senv, ROOT))
+        worker = stack.StackState.load(settings).worker_pid
+        if worker is None:
+            raise SystemExit("modelmint stack up left no worker")
+        before = _proc_io(worker)
+        m = measure([sys.executable, "-m", "prefect", "deployment", "run", deployment, "--watch"], disk=deploy,
+                    env=senv, cwd=ROOT, tree=worker)
+        # the flow run's process ends after it reports its final state: wait (bounded) until the worker reaped it
+        for _ in range(240):
+            if not _descendants(worker):
+                break
+            time.sleep(0.25)
+        after = _proc_io(worker)
+        m.read_bytes, m.write_bytes, m.rchar, m.wchar = (after.get(k, 0) - before.get(k, 0) for k in
+                                                          ("read_bytes", "write_bytes", "rchar", "wchar"))
+        record("pipeline_deployment_run", m)
+        flow, steps, by_task = _flow_record(settings, deployment)
+        images = _registry_images(port) if registry is not None else []
+    finally:
+        _run([sys.executable, "-m", "pipelines.cli", "stack", "down"], env, ROOT)
+        if registry is not None:
+            registry.terminate()
+            registry.wait()
+    if m.returncode != 0 or flow["state"] != "Completed":
+        raise SystemExit(f"{deployment} failed (exit {m.returncode}, {flow['state']}: {flow['message']}):\n"
+                         f"{(m.stdout + m.stderr)[-3000:]}")
+    manifests = sorted((project / "registry" / "manifests" / entry).glob("*.json"))
+    summaries = list((project / "work").rglob("build.json"))
+    built = json.loads(summaries[0].read_text()) if summaries else {}
+    run = DeploymentRun(
+        measured=m, flow_run=flow, steps=steps, by_task=by_task, timings=built.get("timings", {}),
+        registered=[f"{entry}:{p.stem}" for p in manifests], images=images,
+        outputs_bytes=sum(v.get("size_bytes") or 0 for v in built.get("variants", {}).values()),
+        left_on_disk=_du(deploy))
+    if len(run.registered) != len(QUANTS) or (publish and not run.images):
+        raise SystemExit(f"{deployment} completed but registered {run.registered} and published {run.images}")
+    if not keep:
+        shutil.rmtree(deploy)
+        shutil.rmtree(prefect_home, ignore_errors=True)
+    return run
+
+
+def _run(argv: list[str], env: dict[str, str], cwd: Path) -> Measured:
+    done = subprocess.run(argv, env=env, cwd=cwd, capture_output=True, text=True)
+    return Measured(0.0, 0, 0, 0, 0, 0, 0, done.returncode, done.stdout, done.stderr)
 
 
 def _project(project: Path, remote: Path, entry: str, src: Path) -> dict[str, str]:
     """A git + DVC repository laid out as the project (catalog, toolchain pins, .dvc/config, dvc.yaml) with one
     catalog entry, `entry`, pointing at the checkpoint `src`, and a local DVC remote at `remote`; its environment."""
-    from pipelines.store import dvcgen
     from pipelines.source.catalog import load_catalog
+    from pipelines.store import dvcgen
 
     for d in (project, remote):
         shutil.rmtree(d, ignore_errors=True)
@@ -366,9 +626,9 @@ def fit(xs: list[float], ys: list[float]) -> tuple[float, float]:
 
 FITTED = {
     "raw_total_s": ("raw tools, build + validate (s)", lambda r: r["raw_build_s"] + r["raw_validate_s"]),
-    "pipeline_wall_s": ("modelmint convert (s)", lambda r: r["pipeline_wall_s"]),
+    "pipeline_wall_s": ("prefect deployment run convert/<entry> (s)", lambda r: r["pipeline_wall_s"]),
     "raw_peak_disk_gb": ("raw tools, peak disk (GB)", lambda r: r["raw_peak_disk"] / 1e9),
-    "pipeline_peak_disk_gb": ("modelmint convert, peak disk (GB)", lambda r: r["pipeline_peak_disk"] / 1e9),
+    "pipeline_peak_disk_gb": ("deployment run, peak disk (GB)", lambda r: r["pipeline_peak_disk"] / 1e9),
 }
 
 
@@ -458,6 +718,9 @@ def main() -> None:
     ap.add_argument("--sizes", default="0.5b,1.5b", help=f"comma-separated, of {', '.join(SIZES)}")
     ap.add_argument("--work-dir", type=Path, help="where checkpoints and outputs go (default MODELMINT_HOME/bench/scale)")
     ap.add_argument("--keep", action="store_true", help="keep each pipeline project (checkpoints are always kept)")
+    ap.add_argument("--no-publish", action="store_true",
+                    help="no OCI registry: the deployment run registers (DVC) and publishes no image, one copy of the "
+                    "variants fewer on the disk")
     ap.add_argument("--out", type=Path, default=REFERENCE,
                     help="the JSON written; rows of sizes not run are kept from it (default %(default)s)")
     ap.add_argument("--plot", type=Path, default=PLOT, help="the SVG written (default %(default)s)")
@@ -475,7 +738,7 @@ def main() -> None:
     rows = []
     for size in sizes:
         print(f"{size} ({SIZES[size]}):", flush=True)
-        rows.append(bench_size(size, work, settings, keep=args.keep))
+        rows.append(bench_size(size, work, settings, keep=args.keep, publish=not args.no_publish))
     info["load_1min_end"] = round(os.getloadavg()[0], 2)
     for r in rows:
         r["measured_at"] = info["started"]
