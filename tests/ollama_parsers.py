@@ -8,7 +8,7 @@ Ollama's Parser.Add does (parsers.go:12-24). A tool call is returned as {"name":
 arguments as Go's encoding/json would hand them on (numbers from JSON as floats, which compare equal to ints).
 
 Only the parsers modelmint names in a published Modelfile are here: qwen3.5 (and qwen3-coder, which it hands its
-content to), lfm2 / lfm2-thinking, ministral and gemma4.
+content to), lfm2 / lfm2-thinking, ministral, gemma4 and glimmer.
 """
 
 from __future__ import annotations
@@ -1063,8 +1063,277 @@ def _find_object(tool: str, obj: dict[str, Any]) -> tuple[Any, bool]:  # the clo
     return None, False
 
 
+# ---------------------------------------------------------------- glimmer (model/parsers/glimmer.go)
+
+_G_START, _G_MESSAGE, _G_EOM, _G_EOT = "<|start|>", "<|message|>", "<|eom|>", "<|eot|>"
+_G_HEADER = _G_START + "assistant"
+_G_CALLS_OPEN, _G_CALLS_CLOSE = "<atem:function_calls>", "</atem:function_calls>"
+_G_INVOKE_OPEN, _G_INVOKE_CLOSE = '<atem:invoke name="', "</atem:invoke>"
+_G_PARAM_OPEN, _G_PARAM_CLOSE = '<atem:parameter name="', "</atem:parameter>"
+_G_INVALID, _G_PENDING, _G_VALID = 0, 1, 2
+_G_SPACE = " \t\r\n"
+
+
+def _glimmer_tools(tools: list[dict[str, Any]] | None) -> dict[str, dict[str, Any]]:  # glimmer.go:462-476
+    return {_strip(t["function"]["name"]): t for t in tools or () if _strip(t["function"]["name"])}
+
+
+def _glimmer_resolve(tools: dict[str, dict[str, Any]], name: str) -> tuple[str, bool]:  # glimmer.go:447-460
+    if name in tools:
+        return name, True
+    if "." in name:
+        ns, fn = name.split(".", 1)
+        if fn in tools and ns == fn.split(".", 1)[0]:
+            return fn, True
+    return name, False
+
+
+def _glimmer_cut_invoke_name(s: str) -> tuple[str, str, bool]:  # glimmer.go:386-418
+    out, rest = "", s
+    while True:
+        term, tag = rest.find('">'), rest.find(_G_MESSAGE)
+        if tag >= 0 and (term < 0 or tag < term):
+            out += rest[:tag]
+            rest = rest[tag + len(_G_MESSAGE):]
+            if rest.startswith(_G_PARAM_OPEN):
+                break
+            continue
+        if term < 0:
+            return "", "", False
+        out += rest[:term]
+        rest = rest[term + 2:]
+        break
+    return out, rest, True
+
+
+def _glimmer_atem(body: str, tool: dict[str, Any]) -> tuple[str, dict[str, Any]]:  # glimmer.go:478-533
+    body = _strip(body)
+    if not body.startswith(_G_CALLS_OPEN) or not body.endswith(_G_CALLS_CLOSE):
+        raise ValueError("missing ATEM function_calls wrapper")
+    invoke = _strip(body[len(_G_CALLS_OPEN):len(body) - len(_G_CALLS_CLOSE)])
+    if not invoke.startswith(_G_INVOKE_OPEN) or not invoke.endswith(_G_INVOKE_CLOSE):
+        raise ValueError("missing ATEM invoke wrapper")
+    name, rest, ok = _glimmer_cut_invoke_name(invoke[len(_G_INVOKE_OPEN):])
+    if not ok or len(rest) < len(_G_INVOKE_CLOSE):
+        raise ValueError("malformed ATEM invoke name")
+    params = rest[:len(rest) - len(_G_INVOKE_CLOSE)].removeprefix("\n").removesuffix("\n")
+    props = (tool["function"].get("parameters") or {}).get("properties")
+    args: dict[str, Any] = {}
+    while params:
+        if not params.startswith(_G_PARAM_OPEN):
+            raise ValueError("malformed ATEM parameter")
+        params = params[len(_G_PARAM_OPEN):]
+        end = params.find('">')
+        if end < 0:
+            raise ValueError("malformed ATEM parameter name")
+        pname, params = params[:end], params[end + 2:]
+        vend = params.find(_G_PARAM_CLOSE)
+        if vend < 0:
+            raise ValueError(f"unterminated ATEM parameter {pname!r}")
+        value, params = params[:vend], params[vend + len(_G_PARAM_CLOSE):].removeprefix("\n")
+        types: list[str] = []
+        if props is not None and pname in props:
+            prop = props[pname]
+            if prop.get("anyOf"):
+                for option in prop["anyOf"]:
+                    types += _type_list(option.get("type"))
+            else:
+                types = _type_list(prop.get("type"))
+        args[pname] = parse_typed_tool_value(value, types)
+    return name, args
+
+
+class GlimmerParser:
+    """glimmer.go:36-543: <|message|> headers (to=self: thinking, to=<tool>: an ATEM call, else content) ended by
+    <|eom|> or <|eot|>, or by the next assistant header."""
+
+    def __init__(self, tools: list[dict[str, Any]] | None, last: dict[str, Any] | None = None,
+                 think: bool | None = None) -> None:  # glimmer.go:58-67 Init
+        self.state, self.buf, self.recipient = "header", "", ""
+        self.tools = _glimmer_tools(tools)
+        self.emit_thinking = think is None or think
+        self.streamed = False
+
+    def add(self, s: str, done: bool) -> Out:  # glimmer.go:69-117
+        self.buf += s
+        content, thinking, calls = "", "", []
+        while True:
+            if self.state == "header":
+                progress, fallback = self._header(done)
+                content += fallback
+                if not progress:
+                    break
+                continue
+            progress, body, complete = self._body(done)
+            if self.state == "content":
+                call = self._content_call(body, complete)
+                if call is not None:
+                    calls.append(call)
+                elif body:
+                    content += body
+                    self.streamed = True
+            elif self.state == "thinking":
+                if self.emit_thinking:
+                    thinking += body
+            elif complete:  # tool
+                calls.append(self._tool_call(body))
+            if complete:
+                self.state, self.recipient, self.streamed = "header", "", False
+            if not progress:
+                break
+        return content, thinking, calls
+
+    def _header(self, done: bool) -> tuple[bool, str]:  # glimmer.go:119-152 consumeHeader
+        acc = self.buf
+        if acc.startswith(_G_HEADER):
+            acc = self.buf = acc[len(_G_HEADER):]
+        elif _G_HEADER.startswith(acc) and acc.startswith("<") and not done:
+            return False, ""
+        idx = acc.find(_G_MESSAGE)
+        if idx < 0:
+            if not done:
+                return False, ""
+            self.buf = ""
+            return acc != "", acc
+        header = _strip(acc[:idx])
+        self.buf = acc[idx + len(_G_MESSAGE):]
+        self.recipient = _strip(header.removeprefix("to="))
+        _name, is_tool = _glimmer_resolve(self.tools, self.recipient)  # glimmer.go:154-164
+        self.state = "thinking" if self.recipient == "self" else "tool" if is_tool else "content"
+        return True, ""
+
+    def _body(self, done: bool) -> tuple[bool, str, bool]:  # glimmer.go:166-225 consumeBody
+        acc = self.buf
+        hold = self.state == "tool" or self._hold_content(acc)
+        control = 0
+        if hold:
+            close = acc.find(_G_CALLS_CLOSE)
+            control = close + len(_G_CALLS_CLOSE) if close >= 0 else len(acc)
+        idx, mlen = _glimmer_terminator(acc[control:])
+        if idx >= 0:
+            idx += control
+        implicit, wait = self._implicit_header(acc, control, done)
+        if implicit >= 0 and not wait and (idx < 0 or implicit < idx):
+            self.buf = acc[implicit:]
+            return True, acc[:implicit], True
+        if idx >= 0:
+            self.buf = acc[idx + mlen:]
+            return True, acc[:idx], True
+        if done:
+            self.buf = ""
+            return acc != "" or self.state == "tool", acc, True
+        if hold:
+            return False, "", False
+        if wait:
+            self.buf = acc[implicit:]
+            return acc[:implicit] != "", acc[:implicit], False
+        keep = max(overlap(acc, _G_EOM), overlap(acc, _G_EOT))
+        if len(acc) == keep:
+            return False, "", False
+        self.buf = acc[len(acc) - keep:]
+        body = acc[:len(acc) - keep]
+        return body != "", body, False
+
+    def _implicit_header(self, s: str, search: int, done: bool) -> tuple[int, bool]:  # glimmer.go:227-253
+        while True:
+            i = s.find(_G_START, search)
+            if i < 0:
+                break
+            status = self._header_status(s[i:], done)
+            if status == _G_VALID:
+                return i, False
+            if status == _G_PENDING:
+                return i, True
+            search = i + len(_G_START)
+        if done:
+            return -1, False
+        keep = overlap(s[search:], _G_HEADER)
+        return (len(s) - keep, True) if keep > 0 else (-1, False)
+
+    def _header_status(self, s: str, done: bool) -> int:  # glimmer.go:263-324 assistantHeaderStatus
+        if len(s) < len(_G_HEADER):
+            return _G_PENDING if not done and _G_HEADER.startswith(s) else _G_INVALID
+        if not s.startswith(_G_HEADER):
+            return _G_INVALID
+        rest = s[len(_G_HEADER):]
+        if rest.startswith(_G_MESSAGE):
+            return _G_VALID
+        if not done and _G_MESSAGE.startswith(rest):
+            return _G_PENDING
+        if rest == "":
+            return _G_INVALID if done else _G_PENDING
+        prefix = " to="
+        if len(rest) < len(prefix):
+            return _G_PENDING if not done and prefix.startswith(rest) else _G_INVALID
+        if not rest.startswith(prefix):
+            return _G_INVALID
+        after = rest[len(prefix):]
+        m = after.find(_G_MESSAGE)
+        if m >= 0:
+            r = after[:m]
+            valid = r in ("self", "user") or r in self.tools  # glimmer.go:326-328 validAssistantRecipient
+            return _G_VALID if valid else _G_INVALID
+        if done:
+            return _G_INVALID
+        if after == "":
+            return _G_PENDING
+        if any(c in after for c in _G_SPACE):
+            return _G_INVALID
+        lt = after.find("<")
+        if lt >= 0:
+            return _G_PENDING if _G_MESSAGE.startswith(after[lt:]) else _G_INVALID
+        return _G_PENDING
+
+    def _hold_content(self, acc: str) -> bool:  # glimmer.go:341-347
+        if self.state != "content" or self.streamed or not self.tools:
+            return False
+        trimmed = acc.lstrip(_G_SPACE)
+        return _G_CALLS_OPEN.startswith(trimmed) or trimmed.startswith(_G_CALLS_OPEN)
+
+    def _content_call(self, body: str, complete: bool) -> Call | None:  # glimmer.go:349-367
+        if not complete or self.streamed or not self.tools:
+            return None
+        trimmed = _strip(body)
+        if not trimmed.startswith(_G_CALLS_OPEN) or not trimmed.endswith(_G_CALLS_CLOSE):
+            return None
+        inner = _strip(trimmed[len(_G_CALLS_OPEN):len(trimmed) - len(_G_CALLS_CLOSE)])  # glimmer.go:369-379
+        name = ""
+        if inner.startswith(_G_INVOKE_OPEN):
+            cut, _rest, ok = _glimmer_cut_invoke_name(inner[len(_G_INVOKE_OPEN):])
+            name = cut if ok else ""
+        resolved, ok = _glimmer_resolve(self.tools, name)
+        if not ok:
+            return None
+        try:
+            _name, args = _glimmer_atem(trimmed, self.tools[resolved])
+        except ValueError:
+            return None
+        return {"name": resolved, "arguments": args}
+
+    def _tool_call(self, body: str) -> Call:  # glimmer.go:420-439 parseToolCall
+        if not self.recipient:
+            raise ValueError("empty Glimmer function name")
+        recipient, ok = _glimmer_resolve(self.tools, self.recipient)
+        if not ok:
+            raise ValueError(f"undeclared Glimmer function {self.recipient!r}")
+        name, args = _glimmer_atem(body, self.tools[recipient])
+        resolved, ok = _glimmer_resolve(self.tools, name)
+        if not ok or resolved != recipient:
+            raise ValueError(f"Glimmer recipient {self.recipient!r} does not match ATEM invoke {name!r}")
+        return {"name": recipient, "arguments": args}
+
+
+def _glimmer_terminator(s: str) -> tuple[int, int]:  # glimmer.go:330-339
+    idx, mlen = -1, 0
+    for marker in (_G_EOM, _G_EOT):
+        i = s.find(marker)
+        if i >= 0 and (idx < 0 or i < idx):
+            idx, mlen = i, len(marker)
+    return idx, mlen
+
+
 def new_parser(name: str, tools: list[dict[str, Any]] | None, last: dict[str, Any] | None = None,
-               think: bool | None = None) -> Qwen35Parser | Qwen3CoderParser | MinistralParser | LFM2Parser | Gemma4Parser:
+               think: bool | None = None) -> Qwen35Parser | Qwen3CoderParser | MinistralParser | LFM2Parser | Gemma4Parser | GlimmerParser:
     """ParserForName (parsers.go:43-101) then Init, for the names reimplemented here."""
     if name == "qwen3.5":
         return Qwen35Parser(tools, last, think)
@@ -1074,12 +1343,14 @@ def new_parser(name: str, tools: list[dict[str, Any]] | None, last: dict[str, An
         return MinistralParser(tools, last, think, thinking_support=False)
     if name == "gemma4":
         return Gemma4Parser(tools, last, think)
+    if name == "glimmer":
+        return GlimmerParser(tools, last, think)
     if name in ("lfm2", "lfm2-thinking"):
         return LFM2Parser(tools, last, think, thinking_support=name == "lfm2-thinking")
     raise KeyError(name)
 
 
-PARSERS = ("qwen3.5", "qwen3-coder", "ministral", "lfm2", "lfm2-thinking", "gemma4")
+PARSERS = ("qwen3.5", "qwen3-coder", "ministral", "lfm2", "lfm2-thinking", "gemma4", "glimmer")
 
 
 def parse(name: str, output: str, tools: list[dict[str, Any]] | None, *, last: dict[str, Any] | None = None,

@@ -39,6 +39,7 @@ WITH_PARSER: dict[str, tuple[str, TemplateTokens]] = {
     "step3.5": ("StepFun3.5-Flash.jinja", TemplateTokens("<s>", "<|im_end|>")),
     "ministral3": ("mistralai-Ministral-3-14B-Reasoning-2512.jinja", TemplateTokens("<s>", "</s>")),
     "gemma4": ("google-gemma-4-31B-it.jinja", TemplateTokens("<bos>", "<turn|>")),
+    "glimmer": ("muse-glimmer.jinja", TemplateTokens("<|begin_of_text|>", "<|eot|>")),
 }
 
 TOOL_CONVERSATIONS = [c for c in SUITE if any(m.get("tool_calls") for m in c.messages)]
@@ -72,6 +73,34 @@ def test_the_template_tool_parser_parses_as_in_ollamas_tests(case: dict[str, Any
         calls += got
         content += text
     assert (content, calls) == (case["content"], case["calls"])
+
+
+_GLIMMER_ATEM = '<atem:function_calls>\n<atem:invoke name="{}">\n{}</atem:invoke>\n</atem:function_calls>'
+_GLIMMER_STREAMED = [
+    # glimmer_test.go:67-103 TestGlimmerParserStreamingATEMAtEveryBoundary
+    ([{"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}}}}],
+     " to=get_weather<|message|>" + _GLIMMER_ATEM.format("get_weather", '<atem:parameter name="city">SF</atem:parameter>\n')
+     + "<|eot|>", "", [{"name": "get_weather", "arguments": {"city": "SF"}}]),
+    # glimmer_test.go:179-216 TestGlimmerParserMultipleMessagesAndIndices
+    ([{"type": "function", "function": {"name": "first", "parameters": {
+        "type": "object", "properties": {"x": {"type": "integer"}}}}},
+      {"type": "function", "function": {"name": "second", "parameters": {"type": "object"}}}],
+     " to=self<|message|>Think<|eom|><|start|>assistant to=first<|message|>"
+     + _GLIMMER_ATEM.format("first", '<atem:parameter name="x">1</atem:parameter>\n') + "<|eom|>"
+     + "<|start|>assistant to=second<|message|>" + _GLIMMER_ATEM.format("second", "") + "<|eot|>",
+     "Think", [{"name": "first", "arguments": {"x": 1}}, {"name": "second", "arguments": {}}]),
+]
+
+
+@pytest.mark.parametrize(("tools", "text", "thinking", "calls"), _GLIMMER_STREAMED, ids=["one-call", "two-calls"])
+def test_the_glimmer_parser_reads_a_call_split_at_every_boundary(
+        tools: list[dict[str, Any]], text: str, thinking: str, calls: list[dict[str, Any]]) -> None:
+    for split in range(len(text) + 1):
+        parser = new_parser("glimmer", tools)
+        got = [parser.add(chunk, i == 1) for i, chunk in enumerate((text[:split], text[split:]))]
+        assert ("".join(g[0] for g in got), "".join(g[1] for g in got), [c for g in got for c in g[2]]) == \
+            ("", thinking, calls), split
 
 
 def test_every_reimplemented_parser_has_vectors() -> None:

@@ -47,6 +47,19 @@ CHECKED: dict[str, tuple[str, TemplateTokens]] = {
     "Qwen3.5-4B.jinja": ("qwen3.5", TemplateTokens(None, "<|im_end|>", engine_adds_bos=False)),
 }
 
+# Templates published with a proven TEMPLATE instead of Ollama's RENDERER, which renders them differently: the
+# RENDERER and the conversations on which it differs. Glimmer's differs only where the conversation ends in an
+# assistant message: Ollama hands that message to a TEMPLATE to continue (template/template.go:272-281, and the
+# legacy path cuts the template after .Response, :326-346; server/routes.go:2685-2691 tells the PARSER it is a
+# prefill), while RENDERER glimmer closes it and opens a new turn (model/renderers/glimmer.go:341-367).
+TEMPLATE_INSTEAD: dict[str, tuple[str, tuple[str, ...]]] = {"muse-glimmer.jinja": ("glimmer", ("continue-assistant",))}
+
+
+def _renderer(name: str) -> str:
+    renderer = TEMPLATE_INSTEAD[name][0] if name in TEMPLATE_INSTEAD else FAMILIES[CHECKED[name][0]].renderer
+    assert renderer is not None
+    return renderer
+
 
 @pytest.fixture(scope="module")
 def templates_dir(settings: Settings) -> Path:
@@ -74,7 +87,7 @@ def test_the_reimplementation_writes_what_ollamas_own_tests_expect(renderer: str
 
 def test_every_reimplemented_renderer_has_vectors_and_a_template() -> None:
     assert set(VECTORS["renderers"]) == set(RENDERERS)
-    assert {FAMILIES[f].renderer for f, _ in CHECKED.values()} == set(RENDERERS) - {"lfm2-thinking"}
+    assert {_renderer(n) for n in CHECKED} == set(RENDERERS) - {"lfm2-thinking"}
     assert all(len(v["cases"]) >= 3 for v in VECTORS["renderers"].values())
 
 
@@ -97,8 +110,7 @@ def _differs(templates_dir: Path, name: str) -> list[str]:
             hf: str | None = render_hf(jinja, as_ollama_holds, fam, tokens, now=TODAY)
         except UnsupportedModel:
             hf = None
-        assert fam.renderer is not None
-        ollama = RENDERERS[fam.renderer](ollama_messages(conv), list(conv.tools) if conv.tools else None, conv.think)
+        ollama = RENDERERS[_renderer(name)](ollama_messages(conv), list(conv.tools) if conv.tools else None, conv.think)
         if tokens.engine_adds_bos and tokens.bos and not ollama.startswith(tokens.bos):
             # the runner's tokenizer adds the BOS token (llm/llama_server.go:243-255 completionPrompt)
             ollama = tokens.bos + ollama
@@ -109,12 +121,15 @@ def _differs(templates_dir: Path, name: str) -> list[str]:
 
 @pytest.mark.parametrize("name", sorted(CHECKED))
 def test_the_recorded_differences_are_the_measured_ones(templates_dir: Path, name: str) -> None:
+    if name in TEMPLATE_INSTEAD:
+        assert list(TEMPLATE_INSTEAD[name][1]) == _differs(templates_dir, name)
+        return
     fam = FAMILIES[CHECKED[name][0]]
     assert fam.renderer_differs is not None, f"{fam.name}: record its measured differences ({_differs(templates_dir, name)})"
     assert list(fam.renderer_differs) == _differs(templates_dir, name)
 
 
-@pytest.mark.parametrize("name", sorted(CHECKED))
+@pytest.mark.parametrize("name", sorted(set(CHECKED) - set(TEMPLATE_INSTEAD)))
 def test_a_renderer_that_renders_differently_is_refused_with_the_conversations(
         templates_dir: Path, settings: Settings, name: str) -> None:
     family_name, tokens = CHECKED[name]
@@ -129,6 +144,28 @@ def test_a_renderer_that_renders_differently_is_refused_with_the_conversations(
         convert_template(jinja, tokens, settings)
     row = classify(name, jinja)
     assert (row.kind, row.family, row.differs) == ("refused", family_name, tuple(differs))
+
+
+@pytest.mark.parametrize("name", sorted(TEMPLATE_INSTEAD))
+def test_a_template_whose_renderer_cannot_continue_is_published_with_its_proven_template_and_parser(
+        templates_dir: Path, settings: Settings, name: str) -> None:
+    family_name, tokens = CHECKED[name]
+    jinja = (templates_dir / name).read_text(encoding="utf-8")
+    conv = next(c for c in SUITE if c.name == "continue-assistant")
+    fam = FAMILIES[family_name]
+    hf = render_hf(jinja, conv, fam, tokens, now=TODAY)
+    renderer = RENDERERS[_renderer(name)](ollama_messages(conv), None, None)
+    # the Jinja leaves the final assistant message open; Ollama's RENDERER closes it and opens a new turn
+    assert hf.endswith("to=user<|message|>The sky is")
+    assert renderer.endswith("to=user<|message|>The sky is<|eot|><|start|>assistant")
+    # so modelmint names no RENDERER: the TEMPLATE (proven on the whole suite, this conversation included, in
+    # tests/test_ollama_templates.py) and Ollama's PARSER for the model's channels and tool calls
+    assert detect_family(jinja) is fam and fam.build is not None and fam.renderer is None and fam.parser == _renderer(name)
+    done = convert_template(jinja, tokens, settings)
+    assert done.lines.startswith('TEMPLATE """') and f"\nPARSER {fam.parser}\n" in done.lines
+    assert "\nRENDERER " not in done.lines
+    row = classify(name, jinja)
+    assert (row.kind, row.family) == ("proven", family_name)
 
 
 def test_the_cli_refuses_a_mismatched_renderer_naming_the_conversations(templates_dir: Path) -> None:

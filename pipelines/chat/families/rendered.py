@@ -74,7 +74,10 @@ _renderer_family(
 _renderer_family(
     "nemotron-3-nano", "NVIDIA Nemotron 3 Nano (ChatML, <think> with history truncation, XML tool calls)",
     renderer="nemotron-3-nano", parser="nemotron-3-nano", stop=_IM, thinking=True, reasoning_key="reasoning_content",
-    why=("Ollama's renderer closes a final assistant message and opens a new turn: no continuation"),
+    why=("Ollama's renderer closes a final assistant message and opens a new turn (model/renderers/nemotron3nano.go:"
+         "61-120) where the Jinja continues it, as Ollama's own PARSER takes such a message for a prefill to continue "
+         "(model/parsers/nemotron3nano.go:52-55); Ollama sets this RENDERER itself for nemotron_h GGUFs "
+         "(server/create.go:813-815), so no TEMPLATE can stand in"),
     differs=("continue-assistant",),
     markers=("<|im_start|>", "<think>", "<function=", "<parameter=", "truncate_history_thinking",
              "render_extra_keys"),
@@ -137,16 +140,6 @@ _renderer_family(
              "<|START_TOOL_RESULT|>", "platform_instruction_override"),
     forbidden=(),
     notes=("Ollama's cohere renderer leaves the template's platform instructions to the Modelfile SYSTEM",),
-)
-_renderer_family(
-    "glimmer", "Muse Glimmer (ATEM channels: <|start|>…<|message|>…<|eom|>)",
-    renderer="glimmer", parser="glimmer", stop=("<|eot|>",), thinking=True, reasoning_key="reasoning_content",
-    # Ollama's think false and true are reasoning strengths none and high here (glimmer.go:65-76)
-    think_variable="reasoning_strength", think_values=("none", "high"),
-    why=("Ollama's renderer closes a final assistant message and opens a new turn: no continuation"),
-    differs=("continue-assistant",),
-    markers=("<|start|>", "<|message|>", "<|eom|>", "<|eot|>", "Muse Glimmer ATEM"),
-    forbidden=(),
 )
 _renderer_family(
     "laguna", "Poolside Laguna XS.2 (〈|EOS|〉 prefix, default system prompt, <think> off by default)",
