@@ -172,8 +172,8 @@ def test_verify_reports_a_refused_signature_as_such_not_as_a_damaged_remote(sign
 
 
 def test_a_revoked_key_is_refused_whatever_date_its_provenance_claims(signed: Repo, tmp_path: Path) -> None:
-    """A key retired today still passes a provenance re-signed with a backdated finishedOn (the signer writes that
-    time); a revoked key is refused whatever the date."""
+    """The provenance's finishedOn is the signer's claim: a revoked key's signature without a trusted (RFC 3161)
+    timestamp is refused whatever date it claims (tests/test_trust_timestamped_signing.py: with one)."""
     directory = artifact_dir(signed.settings(), "tiny-qwen2", "q4_k_m")
     stmt = json.loads((directory / provenance.PROVENANCE).read_text())
     assert stmt["predicate"]["runDetails"]["metadata"]["finishedOn"]

@@ -1,4 +1,5 @@
-"""The trust policy, registry/trust.yaml: which keys or certificate identities may sign which models, and unsigned."""
+"""The trust policy, registry/trust.yaml: which keys or certificate identities may sign which models, which
+Time-Stamp Authorities date their signatures, and unsigned."""
 
 from __future__ import annotations
 
@@ -33,12 +34,15 @@ class TrustedKey(_Strict):
         "or one of its subject alternative names (e-mail, URI, DNS)",
     )
     retired: date | None = Field(
-        default=None, description="signatures made on or after this day are refused; earlier ones stay valid"
+        default=None,
+        description="signatures timestamped (timestamp_authorities) on or after this day are refused, earlier ones "
+        "stay valid; a signature without a trusted timestamp is judged on the day it is verified",
     )
     revoked: date | None = Field(
         default=None,
-        description="the day the key was revoked (lost or compromised): every signature by it is refused, whatever "
-        "date it claims (the signer writes its own signing time)",
+        description="the day the key was revoked (lost or compromised): a signature a trusted authority timestamped "
+        "before this day stays valid; every other is refused, whatever date it claims (the signer writes its own "
+        "signing time)",
     )
 
     @model_validator(mode="after")
@@ -55,6 +59,12 @@ class TrustedKey(_Strict):
         return self.retired is not None and when.astimezone(UTC).date() >= self.retired
 
 
+class TimestampAuthority(_Strict):
+    """An RFC 3161 Time-Stamp Authority whose timestamps date signatures: the root its certificate chains to."""
+
+    ca: str = Field(description="PEM root certificate(s), relative to registry/")
+
+
 class ModelRule(_Strict):
     """What is accepted for the models whose name matches a pattern of `models`."""
 
@@ -64,6 +74,11 @@ class ModelRule(_Strict):
 
 class TrustFile(_Strict):
     keys: dict[str, TrustedKey] = Field(default_factory=dict)
+    timestamp_authorities: dict[str, TimestampAuthority] = Field(
+        default_factory=dict,
+        description="name → authority: a signature's RFC 3161 timestamp must chain to one of these roots, and the "
+        "keys' retired/revoked days and certificates are judged at its time",
+    )
     models: dict[str, ModelRule] = Field(
         min_length=1, description="model name or pattern (`qwen*`, `*`) → rule"
     )
@@ -106,6 +121,10 @@ class TrustPolicy:
             for k in rule.keys
         )
         return Rule(best, signers, rule.unsigned)
+
+    def timestamp_roots(self) -> list[tuple[str, Path]]:
+        """Each Time-Stamp Authority of the policy: (name, its root certificate file)."""
+        return [(n, self.path.parent / a.ca) for n, a in self.file.timestamp_authorities.items()]
 
 
 def policy_path(settings: Settings) -> Path:
@@ -204,6 +223,12 @@ def parse_policy(text: str, path: Path) -> TrustFile:
             problems.append(
                 f"line {_line(root, ['keys', name])}: keys.{name}: {path.parent / file} is not there"
             )
+    for name, tsa in policy.timestamp_authorities.items():
+        if not (path.parent / tsa.ca).is_file():
+            problems.append(
+                f"line {_line(root, ['timestamp_authorities', name])}: timestamp_authorities.{name}: "
+                f"{path.parent / tsa.ca} is not there"
+            )
     if problems:
         raise TrustPolicyInvalid(f"{path}: " + "; ".join(problems), hint=hint)
     return policy
@@ -219,6 +244,7 @@ _ALLOWED: dict[tuple[str, ...], list[str]] = {
     (): list(TrustFile.model_fields),
     ("keys", "*"): list(TrustedKey.model_fields),
     ("models", "*"): list(ModelRule.model_fields),
+    ("timestamp_authorities", "*"): list(TimestampAuthority.model_fields),
 }
 
 

@@ -7,12 +7,18 @@ lists each file's sha256. Both are files of the directory: DVC tracks them, the 
 carries them. The manifest itself is bound through the provenance (its source, recipe, toolchain, key, validation
 and files): verification refuses a manifest that disagrees with what was signed.
 
+With MODELMINT_TSA_URL set, the signature is timestamped by that RFC 3161 Time-Stamp Authority, the reply kept in
+the bundle where sigstore's bundle format keeps it (verificationMaterial.timestampVerificationData.rfc3161Timestamps):
+verification then judges the key's retirement and revocation and the certificate's validity at the authority's time,
+and a signature without a trusted timestamp at the time it is verified.
+
 Verification (verify_directory) is offline: a public key or the root certificates named in registry/trust.yaml.
 """
 
 from __future__ import annotations
 
 import base64
+import binascii
 import itertools
 import json
 import logging
@@ -24,7 +30,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
-from pipelines.core.errors import ModelmintError, SignatureRefused, SigningKeyError
+from pipelines.core import timestamps
+from pipelines.core.errors import ModelmintError, SignatureRefused, SigningKeyError, TimestampInvalid
 from pipelines.core.fsutil import hash_cache, write_text_atomic
 from pipelines.core.settings import Settings
 from pipelines.trust import provenance
@@ -46,11 +53,15 @@ class SigningKey:
 
     key: Path
     cert: Path | None = None
+    tsa: str | None = None
+    """The RFC 3161 Time-Stamp Authority (MODELMINT_TSA_URL) that timestamps the signature; None: no timestamp."""
 
 
 def configured(settings: Settings) -> SigningKey | None:
     return (
-        SigningKey(settings.signing_key, settings.signing_cert) if settings.signing_key is not None else None
+        SigningKey(settings.signing_key, settings.signing_cert, settings.tsa_url)
+        if settings.signing_key is not None
+        else None
     )
 
 
@@ -153,6 +164,7 @@ def seal(settings: Settings, c: provenance.Built, directory: Path, validation: d
 
     Raises:
         SigningKeyError: the key cannot sign (preflight's checks, again: it may have changed since the build began).
+        TimestampUnavailable: MODELMINT_TSA_URL is set and its authority gave no timestamp.
     """
     sk = preflight(settings)
     if sk is None:
@@ -174,7 +186,11 @@ def sign_directory(sk: SigningKey, directory: Path, *, name: str | None = None) 
     """model-signing over every file of `directory` but the signature itself, written to `directory/SIGNATURE`.
 
     `name` is the statement's subject name (NAME:TAG); model-signing would name the directory, which at
-    registration is the temporary `TAG.partial-PID`."""
+    registration is the temporary `TAG.partial-PID`. With `sk.tsa`, the signature is timestamped (_add_timestamp).
+
+    Raises:
+        TimestampUnavailable: `sk.tsa` gave no timestamp (nothing is written).
+    """
     from model_signing import signing
 
     config = signing.Config()
@@ -190,9 +206,29 @@ def sign_directory(sk: SigningKey, directory: Path, *, name: str | None = None) 
         config.set_hashing_config(_named(name).set_ignored_paths(paths=list(UNSIGNED_PARTS)))
         try:
             config.sign(directory, tmp)
+            if sk.tsa is not None:
+                _add_timestamp(tmp, sk.tsa)
             tmp.replace(directory / SIGNATURE)
         finally:
             tmp.unlink(missing_ok=True)
+
+
+def _signature_bytes(bundle: dict[str, Any]) -> bytes:
+    """The bytes of the bundle's (DSSE) signature: what an RFC 3161 timestamp is over."""
+    return base64.b64decode(bundle["dsseEnvelope"]["signatures"][0]["sig"], validate=True)
+
+
+def _add_timestamp(sig: Path, url: str) -> None:
+    """A timestamp over the signature in the bundle `sig`, from the authority at `url`, added to it as sigstore's
+    bundle format carries one (verificationMaterial.timestampVerificationData.rfc3161Timestamps[].signedTimestamp:
+    the DER TimeStampResp, base64)."""
+    bundle = json.loads(sig.read_text(encoding="utf-8"))
+    reply = timestamps.request(url, _signature_bytes(bundle))
+    material = bundle.setdefault("verificationMaterial", {})
+    material.setdefault("timestampVerificationData", {})["rfc3161Timestamps"] = [
+        {"signedTimestamp": base64.b64encode(reply).decode("ascii")}
+    ]
+    sig.write_text(json.dumps(bundle), encoding="utf-8")
 
 
 def _named(name: str | None) -> Any:
@@ -229,13 +265,18 @@ def _split_chain(cert: Path, scratch: Path) -> tuple[Path, list[Path]]:
 
 @dataclass(frozen=True)
 class Verified:
-    """What verification found: who signed (None: unsigned, allowed), when, and the provenance."""
+    """What verification found: who signed (None: unsigned, allowed), when (as the provenance claims it, and as a
+    trusted Time-Stamp Authority says it), and the provenance."""
 
     ref: str
     signer: str | None
     signed_at: datetime | None
     statement: dict[str, Any] | None
     warnings: tuple[str, ...] = ()
+    timestamped_at: datetime | None = None
+    """The time of the signature's RFC 3161 timestamp, checked; None: it has none."""
+    timestamp_authority: str | None = None
+    """The name (timestamp_authorities in the policy) of the authority that timestamped it."""
 
 
 def payload_files(sig: Path) -> dict[str, str]:
@@ -254,16 +295,23 @@ def verify_directory(
     allow_unsigned: bool = False,
     files_here: bool = True,
     require_signature: bool = False,
+    now: datetime | None = None,
 ) -> Verified:
     """Check the artifact in `directory` (as fetched, before it replaces anything) against its signature, its
     provenance and the trust policy. `shown` names the manifest file in messages. `require_signature` (CI) refuses
     an unsigned artifact whatever the policy or `allow_unsigned` say.
 
+    The key's retirement and revocation and the signing certificate's validity are judged at the time of the
+    signature's RFC 3161 timestamp when it has one (which must hold: over the signature, by an authority of the
+    policy), else at `now` (the time of verification): the provenance's own time is the signer's claim.
+
     Raises:
         SignatureRefused: signed but no trust policy to say who may sign it (fail closed), unsigned (and not
             allowed, or a signature required), signed by a key the policy does not accept for this model or
             retired before it signed, a file that differs from what was signed (named), a manifest or provenance
-            that disagrees with the signed one, or a certificate that is expired, of another identity or another CA.
+            that disagrees with the signed one, or a certificate that is expired, of another identity or another CA;
+            a timestamp over other bytes or by an authority the policy does not name; a key revoked before the
+            timestamp's time (or, untimestamped, at all by now).
     """
     ref = manifest.ref
     listed = {f.path for f in manifest.files}
@@ -324,11 +372,18 @@ def verify_directory(
         # Only the signature and the provenance are here (a check of the DVC remote, whose objects were hashed
         # against the manifest): the signature's own check, then the manifest's hashes against its payload.
         signer = _check_signature_only(directory / SIGNATURE, ref, rule)
-    if signer.key.revoked is not None:
+    stamp = _trusted_timestamp(directory / SIGNATURE, ref, policy)
+    judged = stamp.time if stamp is not None else (now or datetime.now(UTC))
+    if signer.key.revoked is not None and judged.date() >= signer.key.revoked:
         raise SignatureRefused(
             ref,
-            f"it is signed by key {signer.name}, which {policy.path} revoked on {signer.key.revoked}: every signature "
-            "by a revoked key is refused, whatever date it claims",
+            f"it is signed by key {signer.name}, which {policy.path} revoked on {signer.key.revoked}, and "
+            + (
+                f"{stamp.authority} timestamped it on {stamp.time:%Y-%m-%d %H:%M:%S}Z, after that"
+                if stamp is not None
+                else "it has no trusted timestamp to show it was signed before: a signature by a revoked key "
+                "is refused, whatever date it claims"
+            ),
             file=SIGNATURE,
             hint="register it again with a current key (and re-sign what that key signed before it was revoked)",
         )
@@ -371,16 +426,64 @@ def verify_directory(
             hint=_restore_hint(shown),
         )
     when = provenance.signed_at(stmt)
-    if signer.key.retired_at(when):
+    if signer.key.retired_at(judged):
         raise SignatureRefused(
             ref,
-            f"it was signed on {when:%Y-%m-%d} by key {signer.name}, which {policy.path} "
+            f"{_judged_at(stamp, judged)}, signed by key {signer.name}, which {policy.path} "
             f"retired on {signer.key.retired}: signatures from then on are refused",
             hint="register it again with a current key",
         )
     if signer.key.ca is not None:
-        _check_certificate(directory / SIGNATURE, ref, signer, when)
-    return Verified(ref, signer.name, when, stmt)
+        _check_certificate(directory / SIGNATURE, ref, signer, judged, _judged_at(stamp, judged))
+    return Verified(
+        ref,
+        signer.name,
+        when,
+        stmt,
+        timestamped_at=stamp.time if stamp is not None else None,
+        timestamp_authority=stamp.authority if stamp is not None else None,
+    )
+
+
+def _judged_at(stamp: timestamps.Stamp | None, judged: datetime) -> str:
+    """When a signature is judged, as a refusal says it."""
+    if stamp is not None:
+        return f"it was timestamped on {judged:%Y-%m-%d} by {stamp.authority}"
+    return f"it has no trusted timestamp, so it is judged now ({judged:%Y-%m-%d})"
+
+
+def _trusted_timestamp(sig: Path, ref: str, policy: TrustPolicy) -> timestamps.Stamp | None:
+    """The time of the signature's RFC 3161 timestamp(s), each checked against the policy's authorities; None when
+    the signature carries none.
+
+    Raises:
+        SignatureRefused: a timestamp that does not hold (over other bytes, by an authority the policy does not
+            name, or not one), or the policy names no authority to check it against.
+    """
+    bundle = json.loads(sig.read_text(encoding="utf-8"))
+    material = bundle.get("verificationMaterial") or {}
+    found = (material.get("timestampVerificationData") or {}).get("rfc3161Timestamps") or []
+    if not found:
+        return None
+    stamps = []
+    try:
+        signature = _signature_bytes(bundle)
+        for entry in found:
+            reply = base64.b64decode(entry["signedTimestamp"], validate=True)
+            stamps.append(timestamps.check(reply, signature, policy.timestamp_roots()))
+    except TimestampInvalid as err:
+        problem = err.message
+    except (KeyError, IndexError, TypeError, ValueError, binascii.Error):
+        problem = "it is not a base64 RFC 3161 reply where the bundle keeps one"
+    else:
+        return min(stamps, key=lambda s: s.time)
+    raise SignatureRefused(
+        ref,
+        f"its RFC 3161 timestamp does not hold: {problem}",
+        file=SIGNATURE,
+        hint=f"if the authority is trusted, add its root certificate under timestamp_authorities: in {policy.path} "
+        "(docs/trust.md); otherwise register it again (with MODELMINT_TSA_URL naming a trusted authority)",
+    )
 
 
 def verify_image(
@@ -667,9 +770,10 @@ def _mismatch(directory: Path) -> str:
     return f"{', '.join(found) or 'a file'} differ{'s' if len(found) == 1 else ''} from what was signed"
 
 
-def _check_certificate(sig: Path, ref: str, signer: Signer, when: datetime) -> None:
-    """The signing certificate names the policy's identity and was valid when it signed (model-signing checks the
-    chain at the certificate's start, not its end: an expired certificate would pass)."""
+def _check_certificate(sig: Path, ref: str, signer: Signer, when: datetime, at: str) -> None:
+    """The signing certificate names the policy's identity and was valid at `when` (the timestamp's time, else now;
+    `at` says which) (model-signing checks the chain at the certificate's start, not its end: an expired
+    certificate would pass)."""
     from cryptography import x509
 
     bundle = json.loads(sig.read_text(encoding="utf-8"))
@@ -679,8 +783,7 @@ def _check_certificate(sig: Path, ref: str, signer: Signer, when: datetime) -> N
         raise SignatureRefused(
             ref,
             f"its signing certificate ({leaf.subject.rfc4514_string()}) was valid from "
-            f"{leaf.not_valid_before_utc:%Y-%m-%d} to {leaf.not_valid_after_utc:%Y-%m-%d}, not "
-            f"when it signed ({when:%Y-%m-%d}): expired",
+            f"{leaf.not_valid_before_utc:%Y-%m-%d} to {leaf.not_valid_after_utc:%Y-%m-%d}; {at}: expired",
             file=SIGNATURE,
             hint="register it again with a current certificate",
         )
