@@ -50,7 +50,7 @@ def render(catalog: Catalog) -> str:
         for fmt, names in NAMES.items()
         if items[fmt]
     }
-    return HEADER + yaml.safe_dump({"stages": stages}, sort_keys=False, default_flow_style=False)
+    return HEADER + str(yaml.safe_dump({"stages": stages}, sort_keys=False, default_flow_style=False))
 
 
 def write(catalog: Catalog, path: Path) -> bool:

@@ -237,6 +237,9 @@ def _named(name: str | None) -> Any:
     from model_signing import hashing
 
     class Named(hashing.Config):
+        def __init__(self) -> None:  # typed, so that Named() is a typed call; model-signing's own __init__ is not
+            hashing.Config.__init__(self)
+
         def hash(self, model_path: Any, *, files_to_hash: Any = None) -> Any:
             made = super().hash(model_path, files_to_hash=files_to_hash)
             if name is not None:
