@@ -65,21 +65,31 @@ def test_imports_point_down_the_layers() -> None:
 
 
 def test_the_layer_check_finds_an_upward_import(tmp_path: Path) -> None:
-    """The check itself can fail: a core module importing a publisher, a build importing the CLI, and a module of a
-    package nested in a layer (chat/families/) importing a publisher."""
+    """The check itself can fail: a core module importing a publisher, a build importing the CLI, a module of a
+    package nested in a layer (chat/families/) importing a publisher, and the registry's rooms reaching up: the store
+    calling the signer (trust reads manifests, so the store never imports trust), trust calling registration, the
+    serving advice reading the OCI publisher, the OCI publisher importing the site."""
     for pkg, text in {"core": "from pipelines.publish.ollama import x\n", "gguf": "def f():\n    from pipelines.cli import main\n",
                       "chat": "from pipelines.source import catalog\n", "registry": "from pipelines.core.steps import y\n",
                       "chat/families": "from pipelines.publish import ollama\nfrom pipelines.chat import jinja\n",
-                      "publish": "def f():\n    from flows.convert import convert\n"}.items():
+                      "publish": "def f():\n    from flows.convert import convert\n",
+                      "store": "from pipelines.trust import signing\n",
+                      "trust": "def f():\n    from pipelines.registry.register import place\n",
+                      "advice": "from pipelines.oci.images import publications\nfrom pipelines.store import manifest\n",
+                      "oci": "from pipelines.site.build import build_site\n"}.items():
         (tmp_path / "pipelines" / pkg).mkdir(parents=True, exist_ok=True)
         (tmp_path / "pipelines" / pkg / "m.py").write_text(text)
     found = _violations(tmp_path / "pipelines")
     assert found == [
+        "pipelines/advice/m.py:1 imports pipelines.oci.images: oci is not below advice",
         "pipelines/chat/families/m.py:1 imports pipelines.publish.ollama: publish is not below chat",
         "pipelines/chat/m.py:1 imports pipelines.source.catalog: source is not below chat",
         "pipelines/core/m.py:1 imports pipelines.publish.ollama: publish is not below core",
         "pipelines/gguf/m.py:2 imports pipelines.cli, above every layer",
+        "pipelines/oci/m.py:1 imports pipelines.site.build: site is not below oci",
         "pipelines/publish/m.py:2 imports flows.convert: the library never imports flows/",
+        "pipelines/store/m.py:1 imports pipelines.trust.signing: trust is not below store",
+        "pipelines/trust/m.py:2 imports pipelines.registry.register: registry is not below trust",
     ]
 
 
