@@ -19,7 +19,7 @@ from test_signing import _key, _pki, _trust
 from tsa_server import Tsa, serve_tsa
 
 from pipelines.core import timestamps
-from pipelines.core.errors import SignatureRefused, TimestampUnavailable, TrustPolicyInvalid
+from pipelines.core.errors import SignatureRefused, SigningKeyError, TimestampUnavailable, TrustPolicyInvalid
 from pipelines.registry.register import artifact_dir, register
 from pipelines.store.manifest import Manifest, load_manifest, manifest_path
 from pipelines.trust import signing
@@ -219,3 +219,18 @@ def test_a_timestamp_authority_whose_root_is_not_there_is_refused_with_its_line(
     _trust(repo, text.replace("models:", "timestamp_authorities:\n  team-tsa:\n    root: keys/release.pub\nmodels:"))
     with pytest.raises(TrustPolicyInvalid, match=r"line 6: timestamp_authorities.team-tsa: unknown key 'root'"):
         load_policy(repo.settings())
+
+
+@pytest.mark.parametrize("url", ["tsa.example.com:318", "ftp://tsa.example.com/tsr", "http://"])
+def test_a_timestamp_authority_url_that_is_not_one_is_refused_before_any_build_work(
+    repo: Repo, tmp_path: Path, url: str
+) -> None:
+    private, _ = _key(tmp_path / "signing.pem")
+    with pytest.raises(SigningKeyError, match=r"MODELMINT_TSA_URL .* is not an http\(s\) URL") as err:
+        signing.preflight(repo.settings(MODELMINT_SIGNING_KEY=private, MODELMINT_TSA_URL=url))
+    assert "unset it to sign without a timestamp" in (err.value.hint or "")
+
+
+def test_a_timestamp_authority_without_a_signing_key_is_refused_before_any_build_work(repo: Repo) -> None:
+    with pytest.raises(SigningKeyError, match="MODELMINT_TSA_URL is set but MODELMINT_SIGNING_KEY is not"):
+        signing.preflight(repo.settings(MODELMINT_TSA_URL="http://127.0.0.1:9/tsr"))

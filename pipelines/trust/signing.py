@@ -66,11 +66,13 @@ def configured(settings: Settings) -> SigningKey | None:
 
 
 def preflight(settings: Settings, *, now: datetime | None = None) -> SigningKey | None:
-    """Check the configured signing key before any build work: readable, an EC private key, and its certificate
-    (when one is set) matching it and valid now. None when no key is configured (artifacts are registered unsigned).
+    """Check the configured signing key before any build work: readable, an EC private key, its certificate
+    (when one is set) matching it and valid now, and the Time-Stamp Authority's URL (when one is set) one. None when
+    no key is configured (artifacts are registered unsigned).
 
     Raises:
-        SigningKeyError: the key or certificate is missing, unreadable, of another kind, mismatched or expired.
+        SigningKeyError: the key or certificate is missing, unreadable, of another kind, mismatched or expired; a
+            MODELMINT_TSA_URL that is not an http(s) URL, or set without a key.
     """
     from cryptography import x509
     from cryptography.exceptions import InvalidSignature
@@ -84,7 +86,14 @@ def preflight(settings: Settings, *, now: datetime | None = None) -> SigningKey 
                 "MODELMINT_SIGNING_CERT is set but MODELMINT_SIGNING_KEY is not",
                 hint="set MODELMINT_SIGNING_KEY to the certificate's private key (PEM)",
             )
+        if settings.tsa_url is not None:
+            raise SigningKeyError(
+                "MODELMINT_TSA_URL is set but MODELMINT_SIGNING_KEY is not: there is no signature to timestamp",
+                hint="set MODELMINT_SIGNING_KEY to your PEM EC private key, or unset MODELMINT_TSA_URL",
+            )
         return None
+    if sk.tsa is not None:
+        _check_tsa_url(sk.tsa)
     hint = (
         "set MODELMINT_SIGNING_KEY to a readable PEM EC private key (e.g. `openssl ecparam -name prime256v1 "
         "-genkey -noout -out signing.pem`), or unset it to register unsigned"
@@ -155,6 +164,27 @@ def preflight(settings: Settings, *, now: datetime | None = None) -> SigningKey 
             hint="renew the certificate (or unset MODELMINT_SIGNING_CERT to sign with the bare key)",
         )
     return sk
+
+
+def _check_tsa_url(url: str) -> None:
+    """An http(s) URL with a host: what a Time-Stamp Authority answers at (its reachability is asked when signing).
+
+    Raises:
+        SigningKeyError: anything else, before any build work.
+    """
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(url)
+        ok = parts.scheme in ("http", "https") and bool(parts.hostname)
+    except ValueError:
+        ok = False
+    if not ok:
+        raise SigningKeyError(
+            f"MODELMINT_TSA_URL {url!r} is not an http(s) URL of a Time-Stamp Authority: nothing was built",
+            hint="set MODELMINT_TSA_URL to the authority's RFC 3161 endpoint (e.g. https://tsa.example.com/tsr), "
+            "or unset it to sign without a timestamp",
+        )
 
 
 def seal(settings: Settings, c: provenance.Built, directory: Path, validation: dict[str, Any]) -> None:
