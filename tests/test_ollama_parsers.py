@@ -34,6 +34,7 @@ TODAY = date(2026, 11, 26)
 
 # Every published family that names a PARSER, with the template it is proven on and the special tokens its Jinja prints.
 WITH_PARSER: dict[str, tuple[str, TemplateTokens]] = {
+    "lfm2": ("LFM2-8B-A1B.jinja", TemplateTokens("<|startoftext|>", "<|im_end|>")),
     "lfm2.5": ("LFM2.5-Instruct.jinja", TemplateTokens("<|startoftext|>", "<|im_end|>")),
     "lfm2.5-moe": ("LFM2.5-8B-A1B.jinja", TemplateTokens("<|startoftext|>", "<|im_end|>")),
     "step3.5": ("StepFun3.5-Flash.jinja", TemplateTokens("<s>", "<|im_end|>")),

@@ -23,7 +23,7 @@ import pytest
 
 from pipelines.chat.coverage import classify, templates_tree
 from pipelines.chat.families import FAMILIES, TemplateTokens, UnsupportedChatTemplate, detect_family
-from pipelines.chat.proof import SUITE, ollama_messages, render_hf
+from pipelines.chat.proof import SUITE, ollama_messages, render_both, render_hf
 from pipelines.chat.renderers import RENDERERS as OLLAMA_RENDERER_NAMES
 from pipelines.core.errors import UnsupportedModel
 from pipelines.core.settings import Settings
@@ -47,12 +47,17 @@ CHECKED: dict[str, tuple[str, TemplateTokens]] = {
     "Qwen3.5-4B.jinja": ("qwen3.5", TemplateTokens(None, "<|im_end|>", engine_adds_bos=False)),
 }
 
-# Templates published with a proven TEMPLATE instead of Ollama's RENDERER, which renders them differently: the
-# RENDERER and the conversations on which it differs. Glimmer's differs only where the conversation ends in an
-# assistant message: Ollama hands that message to a TEMPLATE to continue (template/template.go:272-281, and the
-# legacy path cuts the template after .Response, :326-346; server/routes.go:2685-2691 tells the PARSER it is a
-# prefill), while RENDERER glimmer closes it and opens a new turn (model/renderers/glimmer.go:341-367).
-TEMPLATE_INSTEAD: dict[str, tuple[str, tuple[str, ...]]] = {"muse-glimmer.jinja": ("glimmer", ("continue-assistant",))}
+# Templates published with a proven TEMPLATE (and Ollama's PARSER) instead of Ollama's RENDERER, which renders them
+# differently: the RENDERER and the conversations on which it differs. Glimmer's differs only where the conversation
+# ends in an assistant message: Ollama hands that message to a TEMPLATE to continue (template/template.go:272-281,
+# and the legacy path cuts the template after .Response, :326-346; server/routes.go:2685-2691 tells the PARSER it is
+# a prefill), while RENDERER glimmer closes it and opens a new turn (model/renderers/glimmer.go:341-367).
+TEMPLATE_INSTEAD: dict[str, tuple[str, tuple[str, ...]]] = {
+    "muse-glimmer.jinja": ("glimmer", ("continue-assistant",)),
+    "LFM2-8B-A1B.jinja": ("lfm2", ("tools-offered", "tools-offered-no-system", "tool-call-and-result",
+                                   "tool-round-trip", "parallel-tool-calls", "tool-call-nested-arguments",
+                                   "reasoning-in-tool-loop")),
+}
 
 
 def _renderer(name: str) -> str:
@@ -147,8 +152,24 @@ def test_a_renderer_that_renders_differently_is_refused_with_the_conversations(
 
 
 @pytest.mark.parametrize("name", sorted(TEMPLATE_INSTEAD))
-def test_a_template_whose_renderer_cannot_continue_is_published_with_its_proven_template_and_parser(
+def test_a_template_whose_renderer_differs_is_published_with_its_proven_template_and_parser(
         templates_dir: Path, settings: Settings, name: str) -> None:
+    # modelmint names no RENDERER: the TEMPLATE (proven on the whole suite in tests/test_ollama_templates.py) and
+    # Ollama's PARSER of the same name for the model's output
+    family_name, tokens = CHECKED[name]
+    jinja = (templates_dir / name).read_text(encoding="utf-8")
+    fam = FAMILIES[family_name]
+    assert detect_family(jinja) is fam and fam.build is not None and fam.renderer is None and fam.parser == _renderer(name)
+    done = convert_template(jinja, tokens, settings)
+    assert done.lines.startswith('TEMPLATE """') and f"\nPARSER {fam.parser}\n" in done.lines
+    assert "\nRENDERER " not in done.lines
+    row = classify(name, jinja)
+    assert (row.kind, row.family) == ("proven", family_name)
+
+
+def test_ollama_continues_a_final_assistant_message_through_the_template_not_renderer_glimmer(
+        templates_dir: Path, settings: Settings) -> None:
+    name = "muse-glimmer.jinja"
     family_name, tokens = CHECKED[name]
     jinja = (templates_dir / name).read_text(encoding="utf-8")
     conv = next(c for c in SUITE if c.name == "continue-assistant")
@@ -158,14 +179,9 @@ def test_a_template_whose_renderer_cannot_continue_is_published_with_its_proven_
     # the Jinja leaves the final assistant message open; Ollama's RENDERER closes it and opens a new turn
     assert hf.endswith("to=user<|message|>The sky is")
     assert renderer.endswith("to=user<|message|>The sky is<|eot|><|start|>assistant")
-    # so modelmint names no RENDERER: the TEMPLATE (proven on the whole suite, this conversation included, in
-    # tests/test_ollama_templates.py) and Ollama's PARSER for the model's channels and tool calls
-    assert detect_family(jinja) is fam and fam.build is not None and fam.renderer is None and fam.parser == _renderer(name)
-    done = convert_template(jinja, tokens, settings)
-    assert done.lines.startswith('TEMPLATE """') and f"\nPARSER {fam.parser}\n" in done.lines
-    assert "\nRENDERER " not in done.lines
-    row = classify(name, jinja)
-    assert (row.kind, row.family) == ("proven", family_name)
+    # the TEMPLATE, run by Go's text/template as Ollama runs it, continues the message as the Jinja does
+    [rendering] = render_both(jinja, fam.template(jinja, tokens), fam, tokens, settings, conversations=(conv,), now=TODAY)
+    assert rendering.ollama == hf
 
 
 def test_the_cli_refuses_a_mismatched_renderer_naming_the_conversations(templates_dir: Path) -> None:

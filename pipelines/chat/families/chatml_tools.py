@@ -73,6 +73,75 @@ register(ChatFamily(
 ))
 
 
+# ---------------------------------------------------------------- LFM2 (ChatML, "List of tools: <|tool_list_start|>[...]")
+#
+# Ollama ships RENDERER lfm2 for this template, but it lists each tool's function object where the Jinja lists the
+# whole tool ({"type": "function", "function": …}): modelmint names no RENDERER and publishes this TEMPLATE, proven
+# on the suite, with PARSER lfm2.
+
+
+def _detect_lfm2(src: str) -> bool:
+    return (
+        _has_all(src, "<|im_start|>", "<|im_end|>", '"List of tools: <|tool_list_start|>["', '"]<|tool_list_end|>"',
+                 '"<|tool_response_start|>" + content + "<|tool_response_end|>"',
+                 '("\\n" if ns.system_prompt else "")')
+        and _has_none(src, "<think>", "keep_past_thinking", "preserve_thinking", "<|tool_call_start|>", "tool_calls",
+                      "{%- generation")
+    )
+
+
+def _build_lfm2(src: str, tokens: TemplateTokens) -> str:
+    return json_defines() + _fill(
+        """
+{{- $msgs := .Messages }}{{ $sys := "" }}{{ $hasSys := and $msgs (eq (index $msgs 0).Role "system") }}
+{{- if $hasSys }}{{ $sys = (index $msgs 0).Content }}{{ end }}
+{{- «BOS» }}
+{{- if or $sys .Tools }}<|im_start|>system{{ "\\n" }}{{ $sys }}
+    {{- if .Tools }}{{ if $sys }}{{ "\\n" }}{{ end }}List of tools: <|tool_list_start|>[
+        {{- range $j, $t := .Tools }}{{ if $j }}, {{ end }}{{ template "mm_tool" . }}{{ end }}]<|tool_list_end|>
+    {{- end }}<|im_end|>{{ "\\n" }}
+{{- end }}
+{{- $prev := "" }}
+{{- range $i, $m := .Messages }}
+    «LOOP_HEAD»
+    {{- if or $i (not $hasSys) }}<|im_start|>{{ .Role }}{{ "\\n" }}
+        {{- if eq .Role "tool" }}<|tool_response_start|>{{ .Content }}<|tool_response_end|>{{ else }}{{ .Content }}{{ end }}
+        {{- if not (and $last (eq .Role "assistant")) }}<|im_end|>{{ "\\n" }}{{ end }}
+        {{- $prev = .Role }}
+    {{- end }}
+{{- end }}
+{{- if ne $prev "assistant" }}<|im_start|>assistant{{ "\\n" }}{{ end }}
+""",
+        BOS=golit(tokens.bos_text)[3:-3],
+        LOOP_HEAD=_LOOP_HEAD,
+    )
+
+
+register(ChatFamily(
+    name="lfm2",
+    title="Liquid LFM2 (ChatML, 'List of tools:' with <|tool_list_start|>, no thinking; PARSER lfm2)",
+    detect=_detect_lfm2,
+    build=_build_lfm2,
+    stop=("<|im_end|>", "<|im_start|>"),
+    bos_in_template=True,
+    content_none_ok=False,
+    markers=("<|im_start|>", "List of tools: ", "<|tool_list_start|>", "<|tool_list_end|>",
+             "<|tool_response_start|>"),
+    parser="lfm2",
+    tool_use_refused="its Jinja writes nothing for an assistant message's tool calls (the message prints as its "
+                     "empty content), so the model's own tool-call format is unknown and PARSER lfm2 recovers none of "
+                     "the calls",
+    tool_calls="refused for tool use: the Jinja prints no tool calls in the history (neither does the TEMPLATE), so "
+               "PARSER lfm2 (<|tool_call_start|>[…]<|tool_call_end|>) recovers none of the calls the conversation held",
+    notes=(
+        "Ollama's RENDERER lfm2 lists each tool's function object where the Jinja lists the whole tool; modelmint "
+        "publishes this TEMPLATE with PARSER lfm2 and names no RENDERER",
+        "the Jinja prints a tool-call message's None content as 'null'; with '' (what Ollama holds) both print "
+        "nothing",
+    ),
+))
+
+
 # ---------------------------------------------------------------- Step 3.5 Flash (ChatML, XML tool calls; PARSER qwen3.5)
 
 _STEP_TOOLS_HEAD = "# Tools\n\nYou have access to the following functions in JSONSchema format:\n\n<tools>"

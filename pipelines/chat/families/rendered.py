@@ -117,17 +117,6 @@ _renderer_family(
            "thought channel) would need RENDERER gemma4-small",),
 )
 _renderer_family(
-    "lfm2", "Liquid LFM2 (ChatML, 'List of tools:' with <|tool_list_start|>, no thinking)",
-    renderer="lfm2", parser="lfm2", stop=_IM,
-    why=("Ollama's renderer lists each tool's function object; this Jinja lists the whole tool ({\"type\": "
-         '"function", "function": …})'),
-    differs=("tools-offered", "tools-offered-no-system", "tool-call-and-result", "tool-round-trip",
-             "parallel-tool-calls", "tool-call-nested-arguments", "reasoning-in-tool-loop"),
-    markers=("<|im_start|>", "List of tools: ", "<|tool_list_start|>", "<|tool_list_end|>",
-             "<|tool_response_start|>"),
-    forbidden=("<think>", "keep_past_thinking", "preserve_thinking"),
-)
-_renderer_family(
     "cohere", "Cohere Command A 2026 / North (Cohere2 MoE: <|START_TEXT|>, <|START_THINKING|>, <|START_ACTION|>)",
     renderer="cohere", parser="cohere", stop=("<|END_OF_TURN_TOKEN|>",), thinking=True,
     why=("this Jinja opens every prompt with its platform instructions; Ollama's renderer leaves them to a "
