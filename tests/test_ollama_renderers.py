@@ -52,11 +52,12 @@ CHECKED: dict[str, tuple[str, TemplateTokens]] = {
 # ends in an assistant message: Ollama hands that message to a TEMPLATE to continue (template/template.go:272-281,
 # and the legacy path cuts the template after .Response, :326-346; server/routes.go:2685-2691 tells the PARSER it is
 # a prefill), while RENDERER glimmer closes it and opens a new turn (model/renderers/glimmer.go:341-367).
+_WITH_TOOLS = ("tools-offered", "tools-offered-no-system", "tool-call-and-result", "tool-round-trip",
+               "parallel-tool-calls", "tool-call-nested-arguments", "reasoning-in-tool-loop")
 TEMPLATE_INSTEAD: dict[str, tuple[str, tuple[str, ...]]] = {
     "muse-glimmer.jinja": ("glimmer", ("continue-assistant",)),
-    "LFM2-8B-A1B.jinja": ("lfm2", ("tools-offered", "tools-offered-no-system", "tool-call-and-result",
-                                   "tool-round-trip", "parallel-tool-calls", "tool-call-nested-arguments",
-                                   "reasoning-in-tool-loop")),
+    "LFM2-8B-A1B.jinja": ("lfm2", _WITH_TOOLS),
+    "Qwen3.5-4B.jinja": ("qwen3.5", _WITH_TOOLS),
 }
 
 

@@ -226,3 +226,94 @@ register(ChatFamily(
         "the Jinja always opens <think>; Ollama's think=false cannot switch it off",
     ),
 ))
+
+
+# ---------------------------------------------------------------- Qwen3.5 (ChatML, hybrid thinking, XML tool calls)
+#
+# Ollama ships RENDERER qwen3.5, but it prints the tools with Go's HTML escaping ('&' as \\u0026) and list arguments
+# as compact JSON where the Jinja writes json.dumps' ", ": modelmint names no RENDERER and publishes this TEMPLATE,
+# proven on the suite, with PARSER qwen3.5.
+
+_Q35_TOOLS_HEAD = "# Tools\n\nYou have access to the following functions:\n\n<tools>"
+_Q35_TOOLS_TAIL = "\n\nIf you choose to call a function ONLY reply in the following format with NO suffix:"
+
+
+def _q35_tail(src: str) -> str | None:
+    found = [t for t in _jinja_strings(src) if t.startswith(_Q35_TOOLS_TAIL)]
+    return found[0] if len(found) == 1 else None
+
+
+def _detect_qwen35(src: str) -> bool:
+    return (
+        _has_all(src, "<|im_start|>", "<think>", "<function=", "<parameter=", "<|vision_start|>", "enable_thinking",
+                 "render_content", "multi_step_tool=true", "'\\n<think>\\n' + reasoning_content + '\\n</think>\\n\\n'")
+        and _has_none(src, "truncate_history_thinking")
+        and _Q35_TOOLS_HEAD in _jinja_strings(src) and _q35_tail(src) is not None
+    )
+
+
+def _build_qwen35(src: str, tokens: TemplateTokens) -> str:
+    tail = _q35_tail(src)
+    assert tail is not None
+    return json_defines() + _PYSTR_DEFINE + _fill(
+        """
+{{- $msgs := .Messages }}{{ $first := "" }}{{ if $msgs }}{{ $first = (index $msgs 0).Role }}{{ end }}
+{{- «BOS» }}
+{{- if .Tools }}<|im_start|>system{{ "\\n" }}{{ «HEAD» }}{{ range .Tools }}{{ "\\n" }}{{ template "mm_tool" . }}{{ end }}{{ "\\n</tools>" }}«TAIL»
+    {{- if and (eq $first "system") (index $msgs 0).Content }}{{ "\\n\\n" }}{{ (index $msgs 0).Content }}{{ end }}<|im_end|>{{ "\\n" }}
+{{- else if eq $first "system" }}<|im_start|>system{{ "\\n" }}{{ (index $msgs 0).Content }}<|im_end|>{{ "\\n" }}
+{{- end }}
+{{- $lastQuery := -1 }}{{ range $i, $m := $msgs }}{{ if eq .Role "user" }}{{ $lastQuery = $i }}{{ end }}{{ end }}
+{{- $prev := "" }}
+{{- range $i, $m := .Messages }}
+    «LOOP_HEAD»
+    {{- if eq .Role "user" }}<|im_start|>user{{ "\\n" }}{{ .Content }}<|im_end|>{{ "\\n" }}
+    {{- else if eq .Role "assistant" }}<|im_start|>assistant{{ "\\n" }}
+        {{- if gt $i $lastQuery }}<think>«NL»{{ .Thinking }}«NL»</think>«NL»«NL»{{ end }}{{ .Content }}
+        {{- range $j, $c := .ToolCalls }}
+            {{- if $j }}«NL»{{ else if $m.Content }}«NL»«NL»{{ end }}<tool_call>«NL»<function={{ .Function.Name }}>{{ "\\n" }}
+            {{- range $k, $v := .Function.Arguments }}<parameter={{ $k }}>«NL»{{ template "mm_pystr" $v }}«NL»</parameter>«NL»{{ end }}
+            {{- "</function>\\n</tool_call>" }}
+        {{- end }}
+        {{- if not (and $last (not $m.ToolCalls)) }}<|im_end|>{{ "\\n" }}{{ end }}
+    {{- else if eq .Role "tool" }}
+        {{- if and $i (ne $prev "tool") }}<|im_start|>user{{ end }}{{ "\\n<tool_response>\\n" }}{{ .Content }}{{ "\\n</tool_response>" }}
+        {{- if ne $next "tool" }}<|im_end|>{{ "\\n" }}{{ end }}
+    {{- end }}
+    {{- $prev = .Role }}
+{{- end }}
+{{- if ne $prev "assistant" }}<|im_start|>assistant{{ "\\n" }}
+    {{- if and .IsThinkSet (not .Think) }}<think>«NL»«NL»</think>«NL»«NL»{{ else }}<think>«NL»{{ end }}
+{{- end }}
+""",
+        BOS=golit(tokens.bos_text)[3:-3],
+        HEAD=golit(_Q35_TOOLS_HEAD)[3:-3],
+        TAIL=golit(tail),
+        LOOP_HEAD=_LOOP_HEAD,
+    )
+
+
+register(ChatFamily(
+    name="qwen3.5",
+    title="Qwen3.5 (hybrid thinking, XML tool calls, vision placeholders; PARSER qwen3.5)",
+    detect=_detect_qwen35,
+    build=_build_qwen35,
+    stop=("<|im_end|>", "<|im_start|>"),
+    thinking=True,
+    reasoning_key="reasoning_content",
+    markers=("<|im_start|>", "<think>", "<function=", "<parameter=", "<|vision_start|>", "enable_thinking",
+             "render_content"),
+    parser="qwen3.5",
+    tool_calls="PARSER qwen3.5 returns the <think> reasoning and the XML tool calls as structured tool_calls",
+    notes=(
+        "Ollama's RENDERER qwen3.5 prints tools with Go's HTML escaping and list arguments as compact JSON; "
+        "modelmint publishes this TEMPLATE with PARSER qwen3.5 and names no RENDERER",
+        "the Jinja trims message contents and reasoning (| trim); Go templates cannot, so contents with "
+        "surrounding whitespace keep it in Ollama",
+        "the Jinja counts a user message that is wholly '<tool_response>…</tool_response>' as no query; Go "
+        "templates cannot test a prefix, so the TEMPLATE counts every user message",
+        "the Jinja refuses a conversation without a user query or with a later system message; the TEMPLATE "
+        "renders them",
+        "tool-call arguments print as Python's str(); numbers print as JSON does (1e21 and beyond differ)",
+    ),
+))

@@ -61,17 +61,6 @@ _renderer_family(
     forbidden=("<think>", "enable_thinking", "truncate_history_thinking", "<|vision_start|>"),
 )
 _renderer_family(
-    "qwen3.5", "Qwen3.5 (hybrid thinking, XML tool calls, vision placeholders)",
-    renderer="qwen3.5", parser="qwen3.5", stop=_IM, thinking=True,
-    why=("Ollama's renderer prints tools with Go's HTML escaping ('&' as \\u0026) and list arguments as "
-         'compact JSON (["a","b"] where this Jinja writes ["a", "b"]); without tools it is byte-identical'),
-    differs=("tools-offered", "tools-offered-no-system", "tool-call-and-result", "tool-round-trip",
-             "parallel-tool-calls", "tool-call-nested-arguments", "reasoning-in-tool-loop"),
-    markers=("<|im_start|>", "<think>", "<function=", "<parameter=", "<|vision_start|>", "enable_thinking",
-             "render_content"),
-    forbidden=("truncate_history_thinking",),
-)
-_renderer_family(
     "nemotron-3-nano", "NVIDIA Nemotron 3 Nano (ChatML, <think> with history truncation, XML tool calls)",
     renderer="nemotron-3-nano", parser="nemotron-3-nano", stop=_IM, thinking=True, reasoning_key="reasoning_content",
     why=("Ollama's renderer closes a final assistant message and opens a new turn (model/renderers/nemotron3nano.go:"
