@@ -103,6 +103,18 @@ def test_registration_stores_a_timestamp_over_the_signature_and_verification_rep
     )
     assert done.returncode == 0, done.stderr
     assert "Traceback" not in done.stderr
+    # and a pull says who timestamped it, and when
+    done = _cli(repo, "pull", REF, "--dest", str(tmp_path / "pulled"), "--no-ollama")
+    assert done.returncode == 0, done.stderr
+    assert "signed by release on " in done.stdout and "timestamped by team-tsa at " in done.stdout
+
+
+def _cli(repo: Repo, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "pipelines.cli", *args],
+        env={**repo.env(), "COLUMNS": "400", "PYTHONPATH": CODE},
+        capture_output=True, text=True, cwd=repo.root, timeout=300,
+    )
 
 
 def test_a_timestamp_over_other_bytes_is_refused(repo: Repo, tmp_path: Path) -> None:
@@ -124,6 +136,12 @@ def test_a_timestamp_by_an_authority_the_policy_does_not_name_is_refused(repo: R
     _policy(repo, key=public, tsa=tsa.root)
     with pytest.raises(SignatureRefused, match="by no timestamp authority the trust policy accepts"):
         signing.verify_directory(directory, m, load_policy(repo.settings()), shown="m.json")
+    # `modelmint verify` refuses it too: one error naming the cause and what to do, no traceback
+    repo.commit_all("register tiny-qwen2:q4_k_m, timestamped elsewhere")
+    done = _cli(repo, "verify", REF)
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert "its RFC 3161 timestamp does not hold" in done.stderr, done.stderr
+    assert "timestamp_authorities" in done.stderr, done.stderr
     # a timestamp and no authority in the policy to check it against: refused too, naming the setting
     _policy(repo, key=public, tsa=None)
     with pytest.raises(SignatureRefused, match="timestamp_authorities"):

@@ -194,6 +194,9 @@ def _print_verified(v: Verified | None) -> None:
     """Who signed what was pulled (or why it was taken unsigned), beside the pull's own line."""
     if v is not None and v.signer is not None and v.signed_at is not None:
         out.print(f"signed by {v.signer} on {v.signed_at:%Y-%m-%d} (registry/trust.yaml)", highlight=False)
+        if v.timestamped_at is not None:
+            out.print(f"timestamped by {v.timestamp_authority} at {v.timestamped_at:%Y-%m-%d %H:%M:%S}Z (RFC 3161)",
+                      highlight=False)
     for w in v.warnings if v is not None else ():
         err.print(f"[yellow]warning:[/yellow] {escape(w)}", highlight=False)
 

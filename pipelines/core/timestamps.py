@@ -117,7 +117,9 @@ def check(reply: bytes, data: bytes, roots: Sequence[tuple[str, Path]]) -> Stamp
             if done.returncode == 0:
                 return Stamp(when, name)
             tried.append(f"{name}: {_reason(done.stderr)}")
-    raise TimestampInvalid(f"it is by no timestamp authority the trust policy accepts ({'; '.join(tried)})")
+    raise TimestampInvalid(
+        f"it is by no timestamp authority the trust policy accepts (timestamp_authorities: {'; '.join(tried)})"
+    )
 
 
 def time_of(reply: bytes) -> datetime | None:
