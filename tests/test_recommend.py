@@ -77,9 +77,9 @@ def test_recommend_ranks_what_fits_with_a_reason_and_the_commands(site_registry:
     assert smol.commands == [
         "modelmint pull smollm2:q8_0",
         "printf 'FROM smollm2:q8_0\\nPARAMETER num_ctx 4096\\nPARAMETER num_gpu 31\\n' > smollm2-q8_0.Modelfile",
-        "ollama create smollm2:q8_0-c4096 -f smollm2-q8_0.Modelfile",
+        "ollama create smollm2:q8_0-ctx4096 -f smollm2-q8_0.Modelfile",
         "OLLAMA_NUM_PARALLEL=4 ollama serve",
-        "ollama run smollm2:q8_0-c4096",
+        "ollama run smollm2:q8_0-ctx4096",
     ]
     # these GGUFs are headers with the model's shape and one tensor: sized from the header, and said so
     assert any("holds no per-layer tensors" in w for w in smol.warnings)

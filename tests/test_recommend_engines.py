@@ -175,9 +175,9 @@ def test_a_gguf_is_planned_for_ollama_and_the_modelfile_carries_the_plan(registe
     assert a.commands[1:] == [
         f"printf 'FROM tiny-qwen2:q4_k_m\\nPARAMETER num_ctx 2048\\nPARAMETER num_gpu {w.n_layer + 1}\\n' > "
         "tiny-qwen2-q4_k_m.Modelfile",
-        "ollama create tiny-qwen2:q4_k_m-c2048 -f tiny-qwen2-q4_k_m.Modelfile",
+        "ollama create tiny-qwen2:q4_k_m-ctx2048 -f tiny-qwen2-q4_k_m.Modelfile",
         "OLLAMA_NUM_PARALLEL=2 ollama serve",
-        "ollama run tiny-qwen2:q4_k_m-c2048",
+        "ollama run tiny-qwen2:q4_k_m-ctx2048",
     ]
 
 

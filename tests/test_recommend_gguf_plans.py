@@ -143,7 +143,7 @@ def test_one_ollama_per_gpu_when_one_gpu_holds_the_model(builder: Builder, tmp_p
     ]
     assert "OLLAMA_SCHED_SPREAD" not in text
     # the Modelfile the commands write is the one the script creates the planned model from
-    local = "tiny-qwen2:q4_k_m-c2048"
+    local = "tiny-qwen2:q4_k_m-ctx2048"
     assert f'ollama create {local} -f "$HERE/tiny-qwen2-q4_k_m.Modelfile"' in text
     assert any(c.startswith("printf 'FROM tiny-qwen2:q4_k_m\\nPARAMETER num_ctx 2048\\n") and
                c.endswith("> tiny-qwen2-q4_k_m.Modelfile") for c in answer["commands"]), answer["commands"]

@@ -23,7 +23,6 @@ import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
-from ollama_pull import check_name
 from plan_scenarios import SCENARIOS, Scenario
 
 from pipelines.publish.planner import GIB, Ask, parse_cluster, plan, served
@@ -256,8 +255,8 @@ def _shellcheck(path: Path) -> subprocess.CompletedProcess[str]:
 
 def test_scripts_pass_shellcheck_and_the_nginx_config_parses(tmp_path: Path) -> None:
     scripts = [(sc, rel, text) for sc, rel, text in _each(".sh")]
-    # docker run per plan (a GGUF gets none: no vLLM for it), one Ollama layout
-    assert len(scripts) == sum(len(s.plans()) for s in SCENARIOS if not s.artifact.gguf) + 1
+    # docker run per plan (a GGUF gets none: no vLLM for it; its Ollama files come from llama.cpp's memory model)
+    assert len(scripts) == sum(len(s.plans()) for s in SCENARIOS if not s.artifact.gguf)
     for sc, rel, text in scripts:
         path = tmp_path / sc / rel
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -471,16 +470,14 @@ def test_vllm_parses_every_vllm_yaml_and_builds_its_engine_config(
     assert "max-modle-len" in said[len(configs)]  # argparse's own words, of that config
 
 
-def test_a_gguf_gets_ollama_files_and_no_vllm_files_with_the_reason() -> None:
-    """vLLM 0.32 has no GGUF loader: a vllm.yaml naming a .gguf would be a file that cannot serve."""
+def test_a_gguf_gets_no_vllm_files_with_the_reason() -> None:
+    """vLLM 0.32 has no GGUF loader: a vllm.yaml naming a .gguf would be a file that cannot serve. Its Ollama files
+    are sized by llama.cpp's memory model from the GGUF's layers (servefiles.gguf_files, tests/test_plan_gguf.py),
+    never by vLLM's planner."""
     sc = next(s for s in SCENARIOS if s.name == "gguf-4x4090")
-    assert sorted(ALL_FILES[sc.name]) == [
-        "1x4xrtx4090-24g/ollama/Modelfile",
-        "1x4xrtx4090-24g/ollama/nginx.conf",
-        "1x4xrtx4090-24g/ollama/start.sh",
-    ]
+    assert ALL_FILES[sc.name] == {}
     (why,) = notes(sc.plans(), sc.artifact)
-    assert "vLLM 0.32.0 has no GGUF loader" in why and "ollama/ files" in why
+    assert "vLLM 0.32.0 has no GGUF loader" in why and "llama.cpp's memory model" in why
     pp = next(s for s in SCENARIOS if s.name == "a800-l20-pp")
     assert notes(pp.plans(), pp.artifact) == [
         "no RayService or Helm values for pipeline stages of different GPU types: Ray Serve LLM and the "
@@ -514,10 +511,10 @@ def test_serve_config_keeps_the_plans_options() -> None:
 
 
 def test_write_plan_files_writes_what_plan_files_says(tmp_path: Path) -> None:
-    sc = SCENARIOS[-1]
+    sc = SCENARIOS[0]
     paths = write_plan_files(sc.plans(), sc.artifact, tmp_path)
     assert {str(p.relative_to(tmp_path)): p.read_text() for p in paths} == ALL_FILES[sc.name]
-    assert (tmp_path / "1x4xrtx4090-24g/ollama/start.sh").stat().st_mode & 0o111
+    assert (tmp_path / "1x4xa100-40g/docker-run.sh").stat().st_mode & 0o111
 
 
 def test_plans_for_several_gpu_types_share_only_what_they_must() -> None:
@@ -590,22 +587,6 @@ def test_helm_values_serve_the_models_name_and_every_file_passes_the_batch_size(
     assert ray["applications"][0]["args"]["llm_configs"][0]["engine_kwargs"]["max_num_batched_tokens"] == 4096
     cm = _docs(files["2x2xa100-40g/leaderworkerset.yaml"])[0]
     assert yaml.safe_load(cm["data"]["vllm.yaml"])["max-num-batched-tokens"] == 4096
-
-
-def test_the_ollama_layout_carries_the_planned_context() -> None:
-    """Ollama sizes a request's context by the model's num_ctx, else OLLAMA_CONTEXT_LENGTH (ollama/ollama
-    envconfig/config.go); the layout sets both to the plan's max_model_len."""
-    sc = next(s for s in SCENARIOS if s.name == "gguf-4x4090")
-    (p,) = sc.plans()
-    files = ALL_FILES[sc.name]
-    start, modelfile = files["1x4xrtx4090-24g/ollama/start.sh"], files["1x4xrtx4090-24g/ollama/Modelfile"]
-    assert start.count(f"OLLAMA_CONTEXT_LENGTH={p.max_model_len} ") == 4
-    assert f"PARAMETER num_ctx {p.max_model_len}\n" in modelfile and "FROM qwen2.5-7b:q4_k_m\n" in modelfile
-    served = f"qwen2.5-7b:q4_k_m-ctx{p.max_model_len}"
-    assert (
-        f'ollama create {served} -f "$HERE/Modelfile"' in start and start.count(f'"model": "{served}"') == 4
-    )
-    check_name(served)  # a name Ollama takes (types/model/name.go, as tests/ollama_pull.py reads it)
 
 
 # NVML's names of the boards (nvidia-smi --query-gpu=name), which GPU feature discovery turns into the

@@ -16,15 +16,21 @@ from pipelines.core.report import Figures, perplexity_positions, read_report
 from pipelines.core.settings import Settings
 from pipelines.core.vocab import COMPRESSED_SCHEMES, GGUF_TYPES
 from pipelines.publish import planner
+from pipelines.publish.llamacpp_memory import GPU_RESERVE as GPU_RESERVE
+from pipelines.publish.llamacpp_memory import METAL_RESERVE as METAL_RESERVE
+from pipelines.publish.llamacpp_memory import OLLAMA_NUM_CTX as OLLAMA_NUM_CTX
+from pipelines.publish.llamacpp_memory import GgufPlan as GgufPlan
 from pipelines.publish.llamacpp_memory import (
-    MIB,
     LayeredWeights,
     LlamaCppContext,
-    LlamaCppMemory,
+    gguf_machine,
+    gguf_num_ctx,
     llamacpp_memory,
-    ollama_layers,
+    ollama_planned_name,
     read_layered_weights,
 )
+from pipelines.publish.llamacpp_memory import plan_gguf as plan_gguf
+from pipelines.publish.llamacpp_memory import size_text as size_text
 from pipelines.publish.servefiles import ollama_start_script, slug
 from pipelines.store.manifest import Manifest, list_manifests
 
@@ -39,14 +45,8 @@ GGUF_ENGINES = ("ollama", "llama.cpp")
 MAX_CONCURRENCY = 65_536
 """More sequences at once than one server takes (vLLM plans at most planner.MAX_NUM_SEQS; llama-server's slots each
 hold a context): a bound on --concurrency, past which the searches and slot counts mean nothing."""
-OLLAMA_NUM_CTX = 4096
-"""Ollama's default num_ctx: a GGUF is planned at it when no --context is asked (capped at the model's maximum)."""
 HIGH_CONCURRENCY = 8
 """From this many sequences at once a vLLM checkpoint is weighed against a GGUF winner."""
-GPU_RESERVE = 457 * MIB
-"""What each CUDA GPU keeps besides llama.cpp's buffers (driver and CUDA context): Ollama's per-GPU minimum
-(ml/device.go:320-325 at ollama 3258a89b6e4c; 512 MiB on Metal), the llama.cpp engine's allowance too."""
-METAL_RESERVE = 512 * MIB
 
 
 def _bits(tag: str) -> float | None:
@@ -58,90 +58,6 @@ def _bits(tag: str) -> float | None:
         bits = COMPRESSED_SCHEMES[tag].bits
         return bits + 0.25 if bits < 8 else float(bits)
     return _UNQUANTIZED_BITS.get(tag)
-
-
-def size_text(n: int) -> str:
-    """Bytes as people read a model's size: GiB from 1 GiB up, else MiB."""
-    return f"{n / GIB:.2f} GiB" if n >= GIB else f"{n / (1 << 20):.1f} MiB"
-
-
-@dataclass(frozen=True)
-class GgufPlan:
-    """A GGUF on Ollama or llama-server: the context per sequence, the parallel slots, the layers on the GPU (the
-    output layer counted as one, as `-ngl` and Ollama's num_gpu count), and llama.cpp's buffers for them."""
-
-    engine: str
-    device: str
-    kind: str
-    num_ctx: int
-    """Tokens per sequence: Ollama's num_ctx; llama-server's -c is num_ctx x parallel (split over its slots)."""
-    parallel: int
-    n_gpu_layers: int
-    n_layers: int
-    """The model's blocks plus the output layer: n_gpu_layers == n_layers is a full offload."""
-    memory: LlamaCppMemory
-    gpu_budget: int
-    """The bytes the GPUs offer (their memory less GPU_RESERVE each; Metal: its working set); 0 on a CPU."""
-    warnings: tuple[str, ...] = ()
-    gpus: int = 1
-    """The GPUs of the machine the plan uses."""
-    instances: int = 1
-    """Ollama servers, one per GPU (CUDA_VISIBLE_DEVICES) behind a proxy, each with `parallel` slots and its own
-    copy of the model (`memory` is one server's); 1: one server over `gpus` GPUs."""
-    spread: bool = False
-    """One server whose layers go over every GPU (Ollama needs OLLAMA_SCHED_SPREAD for it: servefiles.
-    ollama_start_script)."""
-
-    @property
-    def partial(self) -> bool:
-        return self.kind != "cpu" and self.n_gpu_layers < self.n_layers
-
-    @property
-    def cpu_weight_share(self) -> float:
-        """The share of the weights that stays in system memory, read by the CPU for every token."""
-        return 1 - self.memory.weights_gpu / self.memory.weights if self.memory.weights else 0.0
-
-    @property
-    def host_bytes(self) -> int:
-        """System memory the rest takes: weights and KV of the layers left on the CPU, and the CPU's buffers."""
-        m = self.memory
-        return m.weights - m.weights_gpu + m.kv - m.kv_gpu + m.output + m.compute
-
-    @property
-    def context(self) -> LlamaCppContext:
-        """llama-server's context for this plan: -c num_ctx x parallel over -np parallel slots."""
-        return LlamaCppContext(self.num_ctx * self.parallel, self.parallel)
-
-    def summary(self) -> str:
-        where = (
-            "CPU only"
-            if self.kind == "cpu"
-            else f"{self.n_gpu_layers}/{self.n_layers} layers on the GPU"
-            + (f" ({self.cpu_weight_share:.0%} of the weights on the CPU)" if self.partial else "")
-        )
-        over = (f" on each of {self.instances} GPUs (one Ollama per GPU)" if self.instances > 1
-                else f" over {self.gpus} GPUs" if self.spread else "")
-        return f"{self.engine}: {where}, num_ctx {self.num_ctx} x {self.parallel} slot(s){over}"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "engine": self.engine,
-            "device": self.device,
-            "kind": self.kind,
-            "num_ctx": self.num_ctx,
-            "parallel": self.parallel,
-            "n_gpu_layers": self.n_gpu_layers,
-            "n_layers": self.n_layers,
-            "partial": self.partial,
-            "cpu_weight_share": round(self.cpu_weight_share, 4),
-            "gpu_budget": self.gpu_budget,
-            "host_bytes": self.host_bytes,
-            "memory": self.memory.to_dict(),
-            "warnings": list(self.warnings),
-            "gpus": self.gpus,
-            "instances": self.instances,
-            "spread": self.spread,
-        }
 
 
 @dataclass(frozen=True)
@@ -513,11 +429,11 @@ def _gguf_fits_wholly(
     """Whether a GGUF of the model of some size would fit wholly (on the GPUs, or in a CPU machine's memory) with
     the KV cache and buffers `m`'s plan needs; None when `m` cannot be sized."""
     try:
-        weights, _ = _gguf_layers(settings, m, shape)
+        weights, _ = gguf_layers(settings, m, shape)
     except ArtifactError:
         return None
-    group = _group_for_gguf(cluster)
-    num_ctx = request.context or min(shape.max_context, OLLAMA_NUM_CTX)
+    num_ctx = gguf_num_ctx(request.context, shape.max_context)
+    group = gguf_machine(cluster, weights, num_ctx, request.concurrency)
     mem = llamacpp_memory(weights, LlamaCppContext(num_ctx * request.concurrency, request.concurrency), -1)
     g = group.gpu
     reserve = 0 if g.kind == "cpu" else (METAL_RESERVE if g.kind == "metal" else GPU_RESERVE)
@@ -557,7 +473,7 @@ def commands(settings: Settings, m: Manifest, request: Request, gguf: GgufPlan |
         if gguf is None:
             return [pull, f"ollama run {source}"]
         modelfile = f"{m.name}-{m.tag}.Modelfile"
-        local = f"{m.name}:{m.tag}-c{gguf.num_ctx}"
+        local = ollama_planned_name(m.ref, gguf.num_ctx)  # as the registered ollama/start.sh names it
         lines = [f"FROM {source}", f"PARAMETER num_ctx {gguf.num_ctx}", f"PARAMETER num_gpu {gguf.n_gpu_layers}"]
         write_modelfile = "printf '" + "\\n".join(lines) + "\\n' > " + modelfile
         if gguf.instances > 1 or gguf.spread:  # several GPUs: a start script realises the plan
@@ -602,7 +518,7 @@ def _engine_of(m: Manifest, asked: str | None) -> str | None:
     return asked if (asked in GGUF_ENGINES) == (m.format == "gguf") else None
 
 
-def _gguf_layers(settings: Settings, m: Manifest, shape: planner.ModelShape) -> tuple[LayeredWeights, list[str]]:
+def gguf_layers(settings: Settings, m: Manifest, shape: planner.ModelShape) -> tuple[LayeredWeights, list[str]]:
     """`m`'s GGUF per layer as llama.cpp places its tensors: read from the file in this checkout, else as its
     manifest recorded them at registration. A GGUF whose tensors are not grouped by layer (its header has the shape,
     its tensors do not follow it) is sized from its shape with the registered bytes spread evenly over its layers,
@@ -645,112 +561,18 @@ def _spread(path: str, shape: planner.ModelShape, weights_bytes: int, why: str) 
     ]
 
 
-def _group_for_gguf(cluster: list[NodeGroup]) -> NodeGroup:
-    """The machine one llama.cpp instance runs on: the node whose GPUs hold the most (llama.cpp splits layers over
-    the GPUs of one machine, never across machines)."""
-    return max(cluster, key=lambda g: g.gpu.memory_bytes * g.gpus_per_node)
-
-
-def plan_gguf(
-    weights: LayeredWeights, group: NodeGroup, engine: str, num_ctx: int, parallel: int
-) -> GgufPlan:
-    """The layers of `weights` Ollama (its own estimate, ollama_layers) or llama-server (the most whose buffers fit
-    the GPUs less GPU_RESERVE each) offloads to one node of `group` at `num_ctx` tokens x `parallel` slots; on a
-    `cpu:` machine none, within its memory.
-
-    Raises:
-        planner.PlanRefused: on a CPU or an Apple machine, the buffers exceed its memory (the nearest context or
-            slot count that fits named).
-    """
-    g = group.gpu
-    ctx = LlamaCppContext(num_ctx * parallel, parallel)
-    n_layers = weights.n_layer + 1
-    warnings: list[str] = []
-    if g.kind == "cpu":
-        mem = llamacpp_memory(weights, ctx, 0)
-        if mem.total > g.memory_bytes:
-            raise planner.PlanRefused(
-                f"{size_text(mem.total)} of weights, KV cache and buffers at num_ctx {num_ctx} x {parallel} slot(s) "
-                f"exceed {g.name}'s {size_text(g.memory_bytes)} ({g.memory_source})",
-                _nearest_gguf(weights, group, engine, num_ctx, parallel),
-            )
-        return GgufPlan(engine, str(group), "cpu", num_ctx, parallel, 0, n_layers, mem, 0, ())
-    reserve = METAL_RESERVE if g.kind == "metal" else GPU_RESERVE
-    budget = max(0, (g.memory_bytes - reserve) * group.gpus_per_node)
-    library = "metal" if g.kind == "metal" else "cuda"
-    n_gpus = group.gpus_per_node
-    if engine == "ollama" and n_gpus > 1:
-        # several GPUs: where one GPU holds the whole model with its share of the slots, one Ollama per GPU serves
-        # the sequences side by side (one server would put it on a single GPU anyway: server/sched.go:1009-1024 at
-        # ollama v0.33.0-rc2); else one server splits the layers over every GPU (OLLAMA_SCHED_SPREAD)
-        instances = min(n_gpus, parallel)
-        per = math.ceil(parallel / instances)
-        one = ollama_layers(weights, [g.memory_bytes], num_ctx=num_ctx, num_parallel=per, library=library)
-        if one.layers == n_layers:
-            mem = llamacpp_memory(weights, LlamaCppContext(num_ctx * per, per), n_layers)
-            return GgufPlan(engine, str(group), g.kind, num_ctx, per, n_layers, n_layers, mem,
-                            max(0, g.memory_bytes - reserve), (), instances, instances)
-    if engine == "ollama":
-        off = ollama_layers(weights, [g.memory_bytes] * n_gpus, num_ctx=num_ctx,
-                            num_parallel=parallel, library=library)
-        ngl = off.layers
-    else:
-        ngl = 0
-        for n in range(n_layers, 0, -1):
-            m = llamacpp_memory(weights, ctx, n)
-            if m.weights_gpu + m.kv_gpu + m.compute + m.output <= budget:
-                ngl = n
-                break
-    mem = llamacpp_memory(weights, ctx, ngl)
-    plan = GgufPlan(engine, str(group), g.kind, num_ctx, parallel, ngl, n_layers, mem, budget, (), n_gpus, 1,
-                    engine == "ollama" and n_gpus > 1 and ngl > 0)
-    if g.kind == "metal" and g.ram_gib and mem.total > (g.ram_gib * (1 << 30)) - GPU_RESERVE:
-        raise planner.PlanRefused(
-            f"{size_text(mem.total)} of weights, KV cache and buffers at num_ctx {num_ctx} x {parallel} slot(s) "
-            f"exceed {g.name}'s {g.ram_gib:g} GiB of unified memory",
-            _nearest_gguf(weights, group, engine, num_ctx, parallel),
-        )
-    if plan.partial:
-        warnings.append(
-            f"partial offload: {ngl} of {n_layers} layers fit {g.name}'s {size_text(budget)}; "
-            f"{plan.cpu_weight_share:.0%} of the weights ({size_text(mem.weights - mem.weights_gpu)}) stay in "
-            f"system memory and the CPU reads them for every token, so generation runs at the CPU's memory "
-            f"bandwidth for that share (several times slower than a full offload); it needs "
-            f"{size_text(plan.host_bytes)} of system memory. A smaller variant, a shorter --context or fewer "
-            "sequences put more on the GPU"
-        )
-    return dataclasses.replace(plan, warnings=tuple(warnings))
-
-
-def _nearest_gguf(weights: LayeredWeights, group: NodeGroup, engine: str, num_ctx: int, parallel: int) -> list[str]:
-    """A shorter context (a multiple of 256) or fewer slots at which the buffers fit a CPU or Apple machine."""
-    g = group.gpu
-    limit = g.memory_bytes if g.kind == "cpu" else int(g.ram_gib * (1 << 30)) - GPU_RESERVE
-
-    def fits(ctx_tokens: int, slots: int) -> bool:
-        return llamacpp_memory(weights, LlamaCppContext(ctx_tokens * slots, slots), 0).total <= limit
-
-    out = []
-    shorter = next((c for c in range(num_ctx // 256 * 256, 255, -256) if fits(c, parallel)), None)
-    if shorter is not None:
-        out.append(f"--context {shorter} on {group}")
-    fewer = next((p for p in range(parallel - 1, 0, -1) if fits(num_ctx, p)), None)
-    if fewer is not None:
-        out.append(f"--concurrency {fewer} on {group}")
-    return out or [f"a smaller variant, or a machine with more than {size_text(limit)} of memory"]
-
-
 def _gguf_choice(
     settings: Settings, m: Manifest, base: Choice, engine: str, shape: planner.ModelShape, request: Request,
     cluster: list[NodeGroup],
 ) -> Choice:
     try:
-        weights, notes = _gguf_layers(settings, m, shape)
+        weights, notes = gguf_layers(settings, m, shape)
     except ArtifactError as err:
         return dataclasses.replace(base, refused=err.message)
-    num_ctx = request.context or min(shape.max_context, OLLAMA_NUM_CTX)
+    num_ctx = gguf_num_ctx(request.context, shape.max_context)
     try:
-        g = plan_gguf(weights, _group_for_gguf(cluster), engine, num_ctx, request.concurrency)
+        g = plan_gguf(weights, gguf_machine(cluster, weights, num_ctx, request.concurrency), engine, num_ctx,
+                      request.concurrency)
     except planner.PlanRefused as err:
         return dataclasses.replace(base, refused=err.message, nearest=tuple(err.nearest))
     return dataclasses.replace(base, gguf=dataclasses.replace(g, warnings=(*notes, *g.warnings)))
@@ -885,7 +707,7 @@ def _smaller_gguf(
         return _not_yet_built(settings, name, served, _vllm_fits(ask, name, gpus))
     fits = _gguf_fits_wholly(settings, m, shape, request, cluster)
     ggufs = [x for x in served if x.format == "gguf"]  # a GGUF's bytes estimate the parameters best
-    where = ", wholly on the GPU" if _group_for_gguf(cluster).gpu.kind != "cpu" else ""
+    where = ", wholly on the GPU" if any(g.gpu.kind != "cpu" for g in cluster) else ""
     return _not_yet_built(settings, name, ggufs, fits, where) if fits is not None else []
 
 

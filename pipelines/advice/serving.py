@@ -7,8 +7,9 @@ that cannot fit, or an artifact the planner cannot size, is recorded with the pl
 plans that fit, and no file: serving plans never fail a registration.
 
 A GGUF's files are Ollama's (ollama/Modelfile and ollama/start.sh in each group's folder), planned by llama.cpp's
-memory model as `modelmint recommend --engine ollama` plans it (recommend.plan_gguf: num_ctx, OLLAMA_NUM_PARALLEL,
-num_gpu, one Ollama per GPU or one over every GPU); the record keeps that plan beside vLLM's planner's sizing.
+memory model as `modelmint recommend --engine ollama` plans it (llamacpp_memory.plan_gguf: num_ctx,
+OLLAMA_NUM_PARALLEL, num_gpu, one Ollama per GPU or one over every GPU), written by the function `modelmint plan
+NAME:TAG --out` writes them with (servefiles.gguf_files); the record keeps that plan beside vLLM's planner's sizing.
 """
 
 from __future__ import annotations
@@ -23,13 +24,12 @@ from pipelines.core.fsutil import write_text_atomic
 from pipelines.core.gpus import cluster_label, parse_cluster
 from pipelines.core.settings import Settings
 from pipelines.publish import planner
-from pipelines.publish.llamacpp_memory import LayeredWeights, read_layered_weights
+from pipelines.publish.llamacpp_memory import LayeredWeights, gguf_num_ctx, read_layered_weights
 from pipelines.publish.servefiles import (
     Artifact,
     artifact_of,
+    gguf_files,
     notes,
-    ollama_planned_name,
-    ollama_start_script,
     plan_files,
     slug,
     write_files,
@@ -143,56 +143,27 @@ def _inventory(
         dir=rel,
         plans=[summary(p) for p in plans],
         files=sorted(p.relative_to(directory).as_posix() for p in written),
-        notes=[*notes(plans, art), *extra] if weights is None else _gguf_notes(plans, art, extra),
+        notes=[*notes(plans, art), *extra],
         gguf=gguf,
     )
-
-
-def _gguf_notes(plans: list[planner.Plan], art: Artifact, extra: list[str]) -> list[str]:
-    """notes() for a GGUF whose files are planned by llama.cpp's memory model: the first says what they are."""
-    first, *rest = notes(plans, art)
-    first = first.split(" (the ollama/ files")[0]
-    return [first + " (the ollama/ files: planned by llama.cpp's memory model as `modelmint recommend --engine "
-            "ollama` plans it)", *rest, *extra]
 
 
 def _gguf_files(
     plans: list[planner.Plan], art: Artifact, weights: LayeredWeights, spec: ServeSpec, max_context: int
 ) -> tuple[dict[str, str], list[GgufServePlan] | None, list[str]]:
-    """Each group's ollama/Modelfile (num_ctx, num_gpu) and ollama/start.sh (OLLAMA_NUM_PARALLEL, one Ollama per GPU
-    or one over every GPU) as recommend plans the GGUF on one node of it (recommend.plan_gguf, at the catalog's
-    context or Ollama's default, and its concurrency); a group that machine cannot hold gets no file and a note."""
-    from pipelines.advice import recommend  # it imports the serve files' module this one builds on
-
-    files: dict[str, str] = {}
-    out: list[GgufServePlan] = []
-    extra: list[str] = []
-    model = art.ollama_model or art.name
-    num_ctx = spec.context or min(max_context, recommend.OLLAMA_NUM_CTX)
-    for p in plans:
-        d = slug(p.label)
-        try:
-            g = recommend.plan_gguf(weights, p.group, "ollama", num_ctx, spec.concurrency)
-        except planner.PlanRefused as err:
-            extra.append(f"no Ollama files for {p.label}: {err.message}; nearest: {', '.join(err.nearest)}")
-            continue
-        served = ollama_planned_name(model, g.num_ctx)
-        files[f"{d}/ollama/Modelfile"] = (
-            f"# {model} as planned by llama.cpp's memory model on {p.label}: {g.summary()}; ollama/start.sh "
-            f"creates it as {served}\nFROM {model}\nPARAMETER num_ctx {g.num_ctx}\n"
-            f"PARAMETER num_gpu {g.n_gpu_layers}\n"
+    """Each group's ollama/Modelfile and ollama/start.sh as `modelmint plan NAME:TAG --out` writes them
+    (servefiles.gguf_files: recommend's llama.cpp plan of one node of the group, at the catalog's context or Ollama's
+    default, and its concurrency), with the record of each plan; a group that machine cannot hold gets no file and
+    a note."""
+    files, planned, extra = gguf_files(plans, art, weights, gguf_num_ctx(spec.context, max_context),
+                                       spec.concurrency)
+    out = [
+        GgufServePlan(
+            engine=g.engine, gpus=label, num_ctx=g.num_ctx, parallel=g.parallel, n_gpu_layers=g.n_gpu_layers,
+            n_layers=g.n_layers, instances=g.instances, spread=g.spread, partial=g.partial, warnings=list(g.warnings),
         )
-        files[f"{d}/ollama/start.sh"] = ollama_start_script(
-            model=model, served=served, modelfile="Modelfile", gpus=g.gpus, instances=g.instances,
-            parallel=g.parallel, spread=g.spread,
-        )
-        out.append(
-            GgufServePlan(
-                engine=g.engine, gpus=p.label, num_ctx=g.num_ctx, parallel=g.parallel, n_gpu_layers=g.n_gpu_layers,
-                n_layers=g.n_layers, instances=g.instances, spread=g.spread, partial=g.partial,
-                warnings=list(g.warnings),
-            )
-        )
+        for label, g in planned
+    ]
     return files, out, extra
 
 
@@ -225,6 +196,7 @@ class PlanTarget:
     smaller: tuple[planner.Variant, ...]
     recorded: planner.Served | None = None
     """Its bytes are not in this checkout: the model as its manifest recorded it at registration, to plan from."""
+    manifest: Manifest | None = None
 
 
 def plan_target(settings: Settings, ref: str) -> PlanTarget:
@@ -252,4 +224,4 @@ def plan_target(settings: Settings, ref: str) -> PlanTarget:
         recorded = planner.Served(path, m.weights_bytes, m.shape.model_shape(), fp8(m))
     smaller = tuple(planner.Variant(o.ref, o.weights_bytes, fp8(o))
                     for o in list_manifests(settings).manifests if o.name == m.name and o.tag != m.tag)
-    return PlanTarget(path, f"{m.name}-{m.tag}", m.ref, smaller, recorded)
+    return PlanTarget(path, f"{m.name}-{m.tag}", m.ref, smaller, recorded, m)

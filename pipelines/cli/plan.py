@@ -14,7 +14,11 @@ from pipelines.cli._app import app, err, escape, load_settings, out
 from pipelines.core.errors import ConfigError
 
 if TYPE_CHECKING:
+    from pipelines.advice.serving import PlanTarget
+    from pipelines.publish import planner
+    from pipelines.publish.llamacpp_memory import LayeredWeights
     from pipelines.publish.planner import Plan
+    from pipelines.store.manifest import Manifest
 
 
 @app.command("plan")
@@ -99,6 +103,7 @@ def plan_cmd(
     path, named = Path(target), {}
     smaller: tuple[planner.Variant, ...] = ()
     recorded: planner.Served | None = None
+    registered: PlanTarget | None = None
     if not path.exists() and ":" in target:  # a registered name:tag
         from pipelines.advice.serving import plan_target
 
@@ -121,11 +126,23 @@ def plan_cmd(
     )
     written: list[Path] = []
     if out_dir is not None:
-        from pipelines.publish.servefiles import artifact_of, notes, write_plan_files
+        from pipelines.publish.servefiles import artifact_of, gguf_files, notes, write_files, write_plan_files
 
         art = artifact_of(path, what.weights_bytes, **named)
-        written = write_plan_files(plans, art, out_dir)
-        for line in notes(plans, art):
+        said = notes(plans, art)
+        if art.gguf:  # Ollama's files, planned as registration and recommend plan them
+            from pipelines.publish.llamacpp_memory import gguf_num_ctx
+
+            weights, more = _gguf_weights(path, registered.manifest if registered else None, what)
+            if weights is not None:
+                files, _, extra = gguf_files(plans, art, weights, gguf_num_ctx(context, what.shape.max_context),
+                                             concurrency)
+                written = write_files(files, out_dir)
+                more += extra
+            said += more
+        else:
+            written = write_plan_files(plans, art, out_dir)
+        for line in said:
             err.print(f"[yellow]note:[/yellow] {escape(line)}", highlight=False)
     if as_json:
         out.print_json(
@@ -137,6 +154,25 @@ def plan_cmd(
         out.print(f"wrote {len(written)} files under {out_dir}:", highlight=False)
         for f in written:
             out.print(f"  {f.relative_to(out_dir)}", highlight=False)
+
+
+def _gguf_weights(
+    path: Path, manifest: Manifest | None, what: planner.Served
+) -> tuple[LayeredWeights | None, list[str]]:
+    """A GGUF's layers as llama.cpp places them: a registered one's as recommend reads them (the file in this
+    checkout, else as its manifest recorded them), a file's from its tensors; None with the reason where it has no
+    per-layer tensors."""
+    from pipelines.core.errors import ArtifactError
+    from pipelines.publish.llamacpp_memory import read_layered_weights
+
+    if manifest is not None:
+        from pipelines.advice.recommend import gguf_layers
+
+        return gguf_layers(load_settings(), manifest, what.shape)
+    try:
+        return read_layered_weights(path), []
+    except ArtifactError as cause:
+        return None, [f"no Ollama files: {cause.message}"]
 
 
 def _print_gpus() -> None:

@@ -69,6 +69,8 @@ Ollama (its llama.cpp engine's estimate; ollama/ollama at 3258a89b6e4c, the last
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import re
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -76,7 +78,9 @@ from pathlib import Path
 from typing import Any
 
 from pipelines.core.errors import ArtifactError, ConfigError
+from pipelines.core.gpus import NodeGroup
 from pipelines.core.vocab import LLAMA_KV_CACHE_TYPES
+from pipelines.publish.planner import PlanRefused
 
 MIB = 1024 * 1024
 
@@ -579,3 +583,255 @@ def ollama_layers(weights: LayeredWeights, free_vram: Sequence[int], *, num_ctx:
         return OllamaOffload(0, (0,) * n_gpus, (0,) * n_gpus, partial, full, kv_total, False)
     return OllamaOffload(count, tuple(per_gpu), tuple(allocations), partial, full, kv_total, fully)
 
+
+
+# ---------------------------------------------------------------- a GGUF's plan on Ollama or llama-server
+
+GIB = 1 << 30
+OLLAMA_NUM_CTX = 4096
+"""Ollama's default num_ctx: a GGUF is planned at it when no context is asked (capped at the model's maximum)."""
+GPU_RESERVE = 457 * MIB
+"""What each CUDA GPU keeps besides llama.cpp's buffers (driver and CUDA context): Ollama's per-GPU minimum
+(ml/device.go:320-325 at ollama 3258a89b6e4c; 512 MiB on Metal), the llama.cpp engine's allowance too."""
+METAL_RESERVE = 512 * MIB
+LLAMA_MAX_SEQ = 256
+"""The most sequences (slots) one llama.cpp context holds: LLAMA_MAX_SEQ (src/llama-cparams.h:8 in the pinned tree,
+0c1e570); a larger n_seq_max (llama-server's -np) fails the load ("n_seq_max must be <= 256",
+src/llama-context.cpp:101-102). Ollama sets no cap of its own: OLLAMA_NUM_PARALLEL is any unsigned number
+(envconfig/config.go:275 at ollama fb30760), taken as it is (server/sched.go:497) and passed to llama-server as
+`-np` (llm/llama_server.go:375-376), so it is the cap of each Ollama server too."""
+SINGLE_GPU_SHARE = 0.80
+"""Ollama puts a model on one GPU when its estimate is within 80 % of that GPU's free memory (bestSingleGPUFit,
+server/sched.go:1060-1076 at fb30760)."""
+KNOWN_CAPS = "llama.cpp's LLAMA_MAX_SEQ, src/llama-cparams.h:8; Ollama passes OLLAMA_NUM_PARALLEL to it as -np"
+
+
+def size_text(n: int) -> str:
+    """Bytes as people read a model's size: GiB from 1 GiB up, else MiB."""
+    return f"{n / GIB:.2f} GiB" if n >= GIB else f"{n / MIB:.1f} MiB"
+
+
+def gguf_num_ctx(context: int | None, max_context: int) -> int:
+    """The tokens per sequence a GGUF is planned at: the asked context, else Ollama's default (OLLAMA_NUM_CTX) capped
+    at the model's maximum."""
+    return context or min(max_context, OLLAMA_NUM_CTX)
+
+
+def ollama_planned_name(model: str, num_ctx: int) -> str:
+    """The name a GGUF's plan creates `model` under in Ollama at `num_ctx` tokens: its tag (or `latest`) with
+    `-ctxN` appended (the Modelfile's num_ctx is the model's own, so each planned context is a model of its own)."""
+    name, sep, tag = model.rpartition(":")
+    if not sep or "/" in tag:  # no tag (a colon before a slash is a registry's port)
+        name, tag = model, "latest"
+    return f"{name}:{tag}-ctx{num_ctx}"
+
+
+@dataclass(frozen=True)
+class GgufPlan:
+    """A GGUF on Ollama or llama-server: the context per sequence, the parallel slots, the layers on the GPU (the
+    output layer counted as one, as `-ngl` and Ollama's num_gpu count), and llama.cpp's buffers for them."""
+
+    engine: str
+    device: str
+    kind: str
+    num_ctx: int
+    """Tokens per sequence: Ollama's num_ctx; llama-server's -c is num_ctx x parallel (split over its slots)."""
+    parallel: int
+    n_gpu_layers: int
+    n_layers: int
+    """The model's blocks plus the output layer: n_gpu_layers == n_layers is a full offload."""
+    memory: LlamaCppMemory
+    gpu_budget: int
+    """The bytes the GPUs offer (their memory less GPU_RESERVE each; Metal: its working set); 0 on a CPU."""
+    warnings: tuple[str, ...] = ()
+    gpus: int = 1
+    """The GPUs of the machine the plan uses."""
+    instances: int = 1
+    """Ollama servers, one per GPU (CUDA_VISIBLE_DEVICES) behind a proxy, each with `parallel` slots and its own
+    copy of the model (`memory` is one server's); 1: one server over `gpus` GPUs."""
+    spread: bool = False
+    """One server whose layers go over every GPU (Ollama needs OLLAMA_SCHED_SPREAD for it: servefiles.
+    ollama_start_script)."""
+
+    @property
+    def partial(self) -> bool:
+        return self.kind != "cpu" and self.n_gpu_layers < self.n_layers
+
+    @property
+    def cpu_weight_share(self) -> float:
+        """The share of the weights that stays in system memory, read by the CPU for every token."""
+        return 1 - self.memory.weights_gpu / self.memory.weights if self.memory.weights else 0.0
+
+    @property
+    def host_bytes(self) -> int:
+        """System memory the rest takes: weights and KV of the layers left on the CPU, and the CPU's buffers."""
+        m = self.memory
+        return m.weights - m.weights_gpu + m.kv - m.kv_gpu + m.output + m.compute
+
+    @property
+    def context(self) -> LlamaCppContext:
+        """llama-server's context for this plan: -c num_ctx x parallel over -np parallel slots."""
+        return LlamaCppContext(self.num_ctx * self.parallel, self.parallel)
+
+    def summary(self) -> str:
+        where = (
+            "CPU only"
+            if self.kind == "cpu"
+            else f"{self.n_gpu_layers}/{self.n_layers} layers on the GPU"
+            + (f" ({self.cpu_weight_share:.0%} of the weights on the CPU)" if self.partial else "")
+        )
+        over = (f" on each of {self.instances} GPUs (one Ollama per GPU)" if self.instances > 1
+                else f" over {self.gpus} GPUs" if self.spread else "")
+        return f"{self.engine}: {where}, num_ctx {self.num_ctx} x {self.parallel} slot(s){over}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "engine": self.engine,
+            "device": self.device,
+            "kind": self.kind,
+            "num_ctx": self.num_ctx,
+            "parallel": self.parallel,
+            "n_gpu_layers": self.n_gpu_layers,
+            "n_layers": self.n_layers,
+            "partial": self.partial,
+            "cpu_weight_share": round(self.cpu_weight_share, 4),
+            "gpu_budget": self.gpu_budget,
+            "host_bytes": self.host_bytes,
+            "memory": self.memory.to_dict(),
+            "warnings": list(self.warnings),
+            "gpus": self.gpus,
+            "instances": self.instances,
+            "spread": self.spread,
+        }
+
+
+def gguf_machine(cluster: Sequence[NodeGroup], weights: LayeredWeights, num_ctx: int, parallel: int) -> NodeGroup:
+    """The machine of `cluster` one Ollama or llama-server serves a GGUF on (llama.cpp splits layers over the GPUs of
+    one machine, never across machines), chosen as Ollama's scheduler chooses among unequal GPUs (server/sched.go at
+    fb30760, selectLlamaServerPlacement :972-1031): the GPU with the most free memory whose free memory holds the
+    whole model with SINGLE_GPU_SHARE to spare (bestSingleGPUFit :1060-1076; discrete before integrated, :1078-1084),
+    else the group of GPUs with the most memory together (bestGPUGroupByAvailableMemory :1086-1108)."""
+    if len(cluster) == 1:
+        return cluster[0]
+    whole = llamacpp_memory(weights, LlamaCppContext(num_ctx * parallel, parallel), weights.n_layer + 1)
+    need = whole.weights_gpu + whole.kv_gpu + whole.compute + whole.output
+
+    def discrete(g: NodeGroup) -> bool:
+        return g.gpu.kind == "cuda"
+
+    single = [g for g in cluster if g.gpu.kind != "cpu" and need <= g.gpu.memory_bytes * SINGLE_GPU_SHARE]
+    if single:
+        return max(single, key=lambda g: (discrete(g), g.gpu.memory_bytes))
+    return max(cluster, key=lambda g: (discrete(g), g.gpu.memory_bytes * g.gpus_per_node))
+
+
+def plan_gguf(
+    weights: LayeredWeights, group: NodeGroup, engine: str, num_ctx: int, parallel: int
+) -> GgufPlan:
+    """The layers of `weights` Ollama (its own estimate, ollama_layers) or llama-server (the most whose buffers fit
+    the GPUs less GPU_RESERVE each) offloads to one node of `group` at `num_ctx` tokens x `parallel` slots; on a
+    `cpu:` machine none, within its memory. Ollama on several GPUs of one node runs one server per GPU where one
+    GPU holds the model with its share of the slots, else one server over every GPU.
+
+    Raises:
+        PlanRefused: a server would hold more slots than llama.cpp's LLAMA_MAX_SEQ; on a CPU or an Apple machine,
+            the buffers exceed its memory (the nearest context or slot count that fits named).
+    """
+    g = group.gpu
+    ctx = LlamaCppContext(num_ctx * parallel, parallel)
+    n_layers = weights.n_layer + 1
+    warnings: list[str] = []
+    n_gpus = group.gpus_per_node
+    if g.kind == "cpu":
+        _within_max_seq(parallel, 1, group, engine)
+        mem = llamacpp_memory(weights, ctx, 0)
+        if mem.total > g.memory_bytes:
+            raise PlanRefused(
+                f"{size_text(mem.total)} of weights, KV cache and buffers at num_ctx {num_ctx} x {parallel} slot(s) "
+                f"exceed {g.name}'s {size_text(g.memory_bytes)} ({g.memory_source})",
+                _nearest_gguf(weights, group, engine, num_ctx, parallel),
+            )
+        return GgufPlan(engine, str(group), "cpu", num_ctx, parallel, 0, n_layers, mem, 0, ())
+    reserve = METAL_RESERVE if g.kind == "metal" else GPU_RESERVE
+    budget = max(0, (g.memory_bytes - reserve) * n_gpus)
+    library = "metal" if g.kind == "metal" else "cuda"
+    if engine == "ollama" and n_gpus > 1:
+        # several GPUs: where one GPU holds the whole model with its share of the slots, one Ollama per GPU serves
+        # the sequences side by side (one server would put it on a single GPU anyway: server/sched.go:1009-1024 at
+        # ollama fb30760); else one server splits the layers over every GPU (OLLAMA_SCHED_SPREAD)
+        instances = min(n_gpus, parallel)
+        per = math.ceil(parallel / instances)
+        one = ollama_layers(weights, [g.memory_bytes], num_ctx=num_ctx, num_parallel=per, library=library)
+        if one.layers == n_layers and per <= LLAMA_MAX_SEQ:
+            mem = llamacpp_memory(weights, LlamaCppContext(num_ctx * per, per), n_layers)
+            return GgufPlan(engine, str(group), g.kind, num_ctx, per, n_layers, n_layers, mem,
+                            max(0, g.memory_bytes - reserve), (), instances, instances)
+    if parallel > LLAMA_MAX_SEQ:
+        per_gpu = engine == "ollama" and n_gpus > 1 and ollama_layers(
+            weights, [g.memory_bytes], num_ctx=num_ctx, num_parallel=LLAMA_MAX_SEQ, library=library
+        ).layers == n_layers
+        _within_max_seq(parallel, n_gpus if per_gpu else 1, group, engine)
+    if engine == "ollama":
+        off = ollama_layers(weights, [g.memory_bytes] * n_gpus, num_ctx=num_ctx,
+                            num_parallel=parallel, library=library)
+        ngl = off.layers
+    else:
+        ngl = 0
+        for n in range(n_layers, 0, -1):
+            m = llamacpp_memory(weights, ctx, n)
+            if m.weights_gpu + m.kv_gpu + m.compute + m.output <= budget:
+                ngl = n
+                break
+    mem = llamacpp_memory(weights, ctx, ngl)
+    plan = GgufPlan(engine, str(group), g.kind, num_ctx, parallel, ngl, n_layers, mem, budget, (), n_gpus, 1,
+                    engine == "ollama" and n_gpus > 1 and ngl > 0)
+    if g.kind == "metal" and g.ram_gib and mem.total > (g.ram_gib * GIB) - GPU_RESERVE:
+        raise PlanRefused(
+            f"{size_text(mem.total)} of weights, KV cache and buffers at num_ctx {num_ctx} x {parallel} slot(s) "
+            f"exceed {g.name}'s {g.ram_gib:g} GiB of unified memory",
+            _nearest_gguf(weights, group, engine, num_ctx, parallel),
+        )
+    if plan.partial:
+        warnings.append(
+            f"partial offload: {ngl} of {n_layers} layers fit {g.name}'s {size_text(budget)}; "
+            f"{plan.cpu_weight_share:.0%} of the weights ({size_text(mem.weights - mem.weights_gpu)}) stay in "
+            f"system memory and the CPU reads them for every token, so generation runs at the CPU's memory "
+            f"bandwidth for that share (several times slower than a full offload); it needs "
+            f"{size_text(plan.host_bytes)} of system memory. A smaller variant, a shorter --context or fewer "
+            "sequences put more on the GPU"
+        )
+    return dataclasses.replace(plan, warnings=tuple(warnings))
+
+
+def _within_max_seq(parallel: int, servers: int, group: NodeGroup, engine: str) -> None:
+    """Raises PlanRefused where one server would hold more than LLAMA_MAX_SEQ slots (`servers`: how many Ollama
+    servers, one per GPU, the sequences may be shared over)."""
+    if parallel <= LLAMA_MAX_SEQ:
+        return
+    server = "llama-server's -np" if engine == "llama.cpp" else "OLLAMA_NUM_PARALLEL"
+    most = LLAMA_MAX_SEQ * servers
+    raise PlanRefused(
+        f"{parallel} sequences at once are {parallel} slots of one server ({server}), past the {LLAMA_MAX_SEQ} "
+        f"one llama.cpp context holds ({KNOWN_CAPS}): the server would fail to load the model",
+        [f"--concurrency {most} on {group}"
+         + (f" (one Ollama per GPU, {LLAMA_MAX_SEQ} slots each, where one GPU holds the model)" if servers > 1
+            else "") + "; the other sequences queue"],
+    )
+
+
+def _nearest_gguf(weights: LayeredWeights, group: NodeGroup, engine: str, num_ctx: int, parallel: int) -> list[str]:
+    """A shorter context (a multiple of 256) or fewer slots at which the buffers fit a CPU or Apple machine."""
+    g = group.gpu
+    limit = g.memory_bytes if g.kind == "cpu" else int(g.ram_gib * GIB) - GPU_RESERVE
+
+    def fits(ctx_tokens: int, slots: int) -> bool:
+        return llamacpp_memory(weights, LlamaCppContext(ctx_tokens * slots, slots), 0).total <= limit
+
+    out = []
+    shorter = next((c for c in range(num_ctx // 256 * 256, 255, -256) if fits(c, parallel)), None)
+    if shorter is not None:
+        out.append(f"--context {shorter} on {group}")
+    fewer = next((p for p in range(parallel - 1, 0, -1) if fits(num_ctx, p)), None)
+    if fewer is not None:
+        out.append(f"--concurrency {fewer} on {group}")
+    return out or [f"a smaller variant, or a machine with more than {size_text(limit)} of memory"]

