@@ -199,7 +199,7 @@ def _build(
         prefect_runner(settings), entry, settings, variants=asked, progress=log.info, warn=log.warning,
         plan=lambda: _cached(plan_source, _source_current, fmt.name, entry, settings, revision, asked),
         arrange=lambda steps: ray_batches(steps, settings), gpu_slot=functools.partial(gpu_slot, settings.without_secrets()),
-        places=registry_places(settings),
+        places=registry_places(settings, oci=oci_registry(settings)),
     )
     return fmt.header(result), result
 

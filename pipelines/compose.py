@@ -241,12 +241,17 @@ def preflight_registration(settings: Settings, entry: CatalogEntry, variants: li
     preflight(settings)
 
 
-def registry_places(settings: Settings, *, track: bool = True) -> Places:
+def registry_places(settings: Settings, *, track: bool = True, oci: RegistryRef | None = None) -> Places:
     """Where a run that registers writes: its build directory, the repository's artifacts/ and, when DVC tracks
-    the registration, the DVC cache (each counted on its own filesystem by the resource check)."""
-    from pipelines.store.dvcrepo import cache_dir
+    the registration, the DVC cache and the default remote if it is a directory here; with `oci` (the run
+    publishes), the registry's blob storage when it is served from this machine (each counted on its own
+    filesystem by the resource check)."""
+    from pipelines.publish.localregistry import registry_storage
+    from pipelines.store.dvcrepo import cache_dir, local_remote_dir
 
-    return Places(settings.work_dir, settings.artifacts_dir, cache_dir(settings) if track else None)
+    return Places(settings.work_dir, settings.artifacts_dir, cache_dir(settings) if track else None,
+                  dvc_remote=local_remote_dir(settings) if track else None,
+                  oci_registry=registry_storage(oci.host) if oci is not None else None)
 
 
 def register_step(v: str) -> str:

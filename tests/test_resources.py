@@ -326,3 +326,99 @@ def test_variant_sizes_match_llama_quantize(size: str, shape: tuple[int, ...], t
         reported = re.search(r"quant size\s+=\s+([\d.]+) MiB", out.stdout + out.stderr)
         assert reported, out.stderr[-2000:]
         assert gguf_quant_bytes(predicted, q) == pytest.approx(float(reported[1]) * (1 << 20), rel=0.02), q
+
+
+# ---------------------------------------------------------------- the DVC remote and the OCI registry on this machine
+
+
+def test_a_local_dvc_remote_and_registry_storage_each_count_one_copy_on_their_disk(qwen7b: Path, small_disk) -> None:
+    """`dvc push` to a directory remote and a registry's blob upload each write the variants once more: on the
+    work dir's disk they add to its peak (the f16 and the logits stay until the run has published), on a disk of
+    their own they need room there."""
+    disk = small_disk("40m")
+    places = Places(disk / "build", disk / "artifacts", disk / ".dvc" / "cache", dvc_remote=disk / "remote",
+                    oci_registry=disk / "registry" / "storage")
+    check = gguf_run(source_shape(qwen7b), ["q4_k_m", "q8_0"], places, imatrix=False, kl=KL,
+                     available_memory=1 << 40)
+    (fs,) = check.filesystems
+    # f16 + logits + both variants in the work dir (artifacts/ and the cache link them), once more in the remote
+    # and once more in the registry: 15.23 + 0.31 + 3 x 12.75 = 53.8 GB = 50.1 GiB, at the last publication
+    hand = F16_7B + LOGITS_7B + 3 * (Q4_K_M_7B + Q8_0_7B)
+    assert fs.needed == pytest.approx(hand, rel=0.02)
+    assert fs.peak_step == "publish q8_0"
+    assert {loc for loc, _ in fs.locations} == {"work_dir", "artifacts", "dvc_cache", "dvc_remote", "oci_registry"}
+    with pytest.raises(RunTooLarge) as err:
+        require(check, what="qwen2.5: q4_k_m, q8_0")
+    text = str(err.value)
+    assert f"{hand / GIB:.1f} GiB" == "50.1 GiB" and "needs 50.1 GiB at its peak, 40.0 MiB free" in text
+    assert f"the DVC remote {disk / 'remote'}" in err.value.hint or f"the DVC remote {disk / 'remote'}" in text
+    assert "`dvc remote modify local url" in err.value.hint and "modelmint registry serve --dir" in err.value.hint
+
+    # the remote on a disk of its own: the variants once there, named with their way out
+    work, remote = small_disk("40m"), small_disk("40m")
+    apart = gguf_run(source_shape(qwen7b), ["q4_k_m", "q8_0"],
+                     Places(work / "build", work / "artifacts", work / ".dvc" / "cache", dvc_remote=remote / "r"),
+                     imatrix=False, kl=KL, available_memory=1 << 40)
+    by_place = {fs.locations[0][0]: fs for fs in apart.filesystems}
+    assert by_place["dvc_remote"].needed == pytest.approx(Q4_K_M_7B + Q8_0_7B, rel=0.02)
+    assert by_place["dvc_remote"].peak_step == "register q8_0"
+    assert by_place["work_dir"].needed == pytest.approx(F16_7B + LOGITS_7B + Q4_K_M_7B + Q8_0_7B, rel=0.02)
+    with pytest.raises(RunTooLarge) as err:
+        require(apart, what="qwen2.5: q4_k_m, q8_0")
+    assert f"the DVC remote {remote / 'r'} (peak at register q8_0" in str(err.value)
+    assert "needs 11.9 GiB at its peak, 40.0 MiB free" in str(err.value)
+
+
+def test_where_a_run_writes_names_the_local_remote_and_a_local_registrys_storage(isolated: Path, tmp_path: Path) -> None:
+    """registry_places reads the project's default DVC remote (a directory here) and finds the storage of a
+    docker-registry served on this machine from its own configuration; a registry elsewhere is not counted."""
+    from ociregistry import start_registry
+    from registry_env import make_repo
+
+    from pipelines.compose import registry_places
+    from pipelines.publish.oci import RegistryRef
+
+    repo = make_repo(tmp_path)
+    settings = repo.settings()
+    places = registry_places(settings)
+    assert places.dvc_remote == repo.remote and places.oci_registry is None
+    running = start_registry(tmp_path / "registry")
+    try:
+        published = registry_places(settings, oci=RegistryRef.parse(f"{running.host}/team", insecure=True))
+    finally:
+        running.stop()
+    assert published.oci_registry == tmp_path / "registry" / "storage"
+    elsewhere = registry_places(settings, oci=RegistryRef.parse("registry.example.com:5000/team"))
+    assert elsewhere.oci_registry is None and elsewhere.dvc_remote == repo.remote
+    # not pushing (track=False): no remote copy
+    assert registry_places(settings, track=False).dvc_remote is None
+
+
+@pytest.mark.slow
+def test_convert_register_with_the_dvc_remote_on_a_small_disk_is_refused_before_any_work(
+    isolated: Path, tmp_path: Path, small_disk
+) -> None:
+    """The real CLI on tiny-qwen2: a local DVC remote on a disk too small for the variant is named before any step
+    runs, instead of the push filling it after the build and the validation."""
+    import subprocess
+    import sys
+
+    from registry_env import dvc, make_repo
+
+    from pipelines.core.settings import project_root
+
+    repo = make_repo(tmp_path)
+    disk = small_disk("8m")  # tiny-qwen2's q8_0 is tens of MB
+    dvc(repo.root, "remote", "modify", "local", "url", str(disk))
+    repo.commit_all("the DVC remote on a small disk")
+    done = subprocess.run([sys.executable, "-m", "pipelines.cli", "convert", "tiny-qwen2", "--variants", "q8_0",
+                           "--register"], env={**repo.env(), "COLUMNS": "200", "PYTHONPATH": str(project_root())},
+                          capture_output=True, text=True,
+                          cwd=repo.root)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "does not fit on this machine; nothing was started" in done.stderr, done.stderr
+    assert f"the DVC remote {disk} (peak at register q8_0" in done.stderr
+    assert "8.0 MiB free" in done.stderr and "dvc remote modify local url" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert not list(repo.work.rglob("*.gguf")), "a step ran before the refusal"
+    assert not list(disk.iterdir())

@@ -62,7 +62,7 @@ class ToolTimeout(ToolError):
     transient = True
 
 
-DiskLocation = Literal["work_dir", "artifacts", "dvc_cache", "home", "repo"]
+DiskLocation = Literal["work_dir", "artifacts", "dvc_cache", "dvc_remote", "oci_registry", "home", "repo"]
 """Which of modelmint's directories a path is in; each moves differently when its disk is full."""
 
 _DISK_WHAT: dict[str, str] = {

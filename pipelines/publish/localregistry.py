@@ -212,6 +212,33 @@ http:
     return text
 
 
+def registry_storage(host: str) -> Path | None:
+    """Where the registry at `host` (HOST:PORT) keeps its blobs when it is a docker-registry on this machine with
+    filesystem storage, listening on a loopback port itself or behind `modelmint registry serve`'s front: the
+    `rootdirectory` of the config file its command line names. None when that cannot be known: a registry on
+    another machine, another program, another storage driver, or processes this user may not read."""
+    import psutil
+    import yaml
+
+    name, _, port = host.rpartition(":")
+    try:
+        if not port.isdigit() or not (name == "localhost" or ipaddress.ip_address(name.strip("[]")).is_loopback):
+            return None
+        listening = {c.pid for c in psutil.net_connections(kind="tcp")
+                     if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == int(port) and c.pid}
+        for pid in listening:
+            top = psutil.Process(pid)
+            for proc in (top, *top.children(recursive=True)):
+                argv = proc.cmdline()
+                if len(argv) >= 3 and Path(argv[0]).name == "docker-registry" and argv[1] == "serve":
+                    config = yaml.safe_load(Path(argv[-1]).read_text(encoding="utf-8"))
+                    root = config["storage"]["filesystem"]["rootdirectory"]
+                    return Path(root) if isinstance(root, str) and Path(root).is_absolute() else None
+    except (ValueError, OSError, psutil.Error, yaml.YAMLError, KeyError, TypeError):
+        return None
+    return None
+
+
 def registry_binary() -> str:
     found = shutil.which("docker-registry")
     if found is None:

@@ -205,6 +205,25 @@ def cache_dir(settings: Settings) -> Path:
     return Path(configured) if configured else root / ".dvc" / "cache"
 
 
+def local_remote_dir(settings: Settings) -> Path | None:
+    """The directory of the default DVC remote when it is one on this machine (a plain path or a `file://` URL,
+    relative ones from .dvc/ as DVC resolves them); None for a remote elsewhere (s3://, ssh://, …) or none.
+
+    Raises:
+        RegistryError: DVC's configuration does not load.
+    """
+    root = require_repo(settings)
+    config = _config(root)
+    name = config["core"].get("remote")
+    url = str(config["remote"].get(name, {}).get("url") or "") if name else ""
+    if url.startswith("file://"):
+        url = url.removeprefix("file://")
+    elif not url or "://" in url:
+        return None
+    path = Path(url).expanduser()
+    return path if path.is_absolute() else (root / ".dvc" / path).resolve()
+
+
 def _config(root: Path) -> Config:
     """DVC's merged configuration of the repository at `root`, from DVC's own loader (no process).
 
