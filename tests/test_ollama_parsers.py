@@ -38,6 +38,7 @@ WITH_PARSER: dict[str, tuple[str, TemplateTokens]] = {
     "lfm2.5": ("LFM2.5-Instruct.jinja", TemplateTokens("<|startoftext|>", "<|im_end|>")),
     "lfm2.5-moe": ("LFM2.5-8B-A1B.jinja", TemplateTokens("<|startoftext|>", "<|im_end|>")),
     "step3.5": ("StepFun3.5-Flash.jinja", TemplateTokens("<s>", "<|im_end|>")),
+    "qwen3-coder": ("Qwen3-Coder.jinja", TemplateTokens(None, "<|im_end|>", engine_adds_bos=False)),
     "qwen3.5": ("Qwen3.5-4B.jinja", TemplateTokens(None, "<|im_end|>", engine_adds_bos=False)),
     "ministral3": ("mistralai-Ministral-3-14B-Reasoning-2512.jinja", TemplateTokens("<s>", "</s>")),
     "gemma4": ("google-gemma-4-31B-it.jinja", TemplateTokens("<bos>", "<turn|>")),

@@ -58,6 +58,7 @@ TEMPLATE_INSTEAD: dict[str, tuple[str, tuple[str, ...]]] = {
     "muse-glimmer.jinja": ("glimmer", ("continue-assistant",)),
     "LFM2-8B-A1B.jinja": ("lfm2", _WITH_TOOLS),
     "Qwen3.5-4B.jinja": ("qwen3.5", _WITH_TOOLS),
+    "Qwen3-Coder.jinja": ("qwen3-coder", _WITH_TOOLS),
 }
 
 

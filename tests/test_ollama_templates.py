@@ -93,6 +93,7 @@ CLAIMED: dict[str, tuple[str, TemplateTokens]] = {
     "MiniMax-M3.jinja": ("minimax-m3", TemplateTokens(None, "[e~[", engine_adds_bos=False)),
     "ByteDance-Seed-OSS.jinja": ("seed-oss", TemplateTokens(None, "<seed:eos>", engine_adds_bos=False)),
     "unsloth-Apriel-1.5.jinja": ("apriel-1.5", TemplateTokens("<s>", "</s>")),
+    "Qwen3-Coder.jinja": ("qwen3-coder", TemplateTokens(None, "<|im_end|>", engine_adds_bos=False)),
     "Qwen3.5-4B.jinja": ("qwen3.5", TemplateTokens(None, "<|im_end|>", engine_adds_bos=False)),
     "LFM2-8B-A1B.jinja": ("lfm2", TemplateTokens("<|startoftext|>", "<|im_end|>")),
     "muse-glimmer.jinja": ("glimmer", TemplateTokens("<|begin_of_text|>", "<|eot|>")),

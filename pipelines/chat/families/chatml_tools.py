@@ -317,3 +317,104 @@ register(ChatFamily(
         "tool-call arguments print as Python's str(); numbers print as JSON does (1e21 and beyond differ)",
     ),
 ))
+
+
+# ---------------------------------------------------------------- Qwen3-Coder (ChatML, tools as XML, XML tool calls)
+#
+# Ollama ships RENDERER qwen3-coder, but it writes its own prose ("following functions", "call a function") and
+# compact JSON: modelmint names no RENDERER and publishes this TEMPLATE, proven on the suite, with PARSER qwen3-coder.
+
+_QC_DEFAULT_SYSTEM = "You are Qwen, a helpful AI assistant that can interact with a computer to solve tasks."
+_QC_TOOLS_HEAD = "\n\n# Tools\n\nYou have access to the following tools:\n\n"
+_QC_TOOLS_TAIL = "\n\nIf you choose to call a tool ONLY reply in the following format with NO suffix:"
+
+
+def _qc_tail(src: str) -> str | None:
+    found = [t for t in _jinja_strings(src) if t.startswith(_QC_TOOLS_TAIL)]
+    return found[0] if len(found) == 1 else None
+
+
+def _detect_qwen3_coder(src: str) -> bool:
+    return (
+        _has_all(src, "<|im_start|>", "<tool_call>", "<function=", "<parameter=", "render_extra_keys",
+                 "handled_keys = ['name', 'type', 'description']", "handled_keys = ['type', 'properties']")
+        and _has_none(src, "<think>", "enable_thinking", "truncate_history_thinking", "<|vision_start|>")
+        and _QC_DEFAULT_SYSTEM in src and _QC_TOOLS_HEAD in _jinja_strings(src)
+        and _qc_tail(src) is not None
+    )
+
+
+def _build_qwen3_coder(src: str, tokens: TemplateTokens) -> str:
+    tail = _qc_tail(src)
+    assert tail is not None
+    return json_defines() + _PYSTR_DEFINE + _fill(
+        """
+{{- $msgs := .Messages }}{{ $hasSys := and $msgs (eq (index $msgs 0).Role "system") }}
+{{- «BOS» }}
+{{- if $hasSys }}<|im_start|>system{{ "\\n" }}{{ (index $msgs 0).Content }}
+{{- else if .Tools }}<|im_start|>system{{ "\\n" }}{{ «DEFAULT» }}
+{{- end }}
+{{- if .Tools }}{{ «HEAD» }}<tools>
+    {{- range .Tools }}{{ with .Function }}«NL»<function>«NL»<name>{{ .Name }}</name>
+        {{- if .Description }}«NL»<description>{{ .Description }}</description>{{ end }}«NL»<parameters>
+        {{- range $k, $v := .Parameters.Properties }}«NL»<parameter>«NL»<name>{{ $k }}</name>
+            {{- if $v.Type }}«NL»<type>{{ if eq (len $v.Type) 1 }}{{ index $v.Type 0 }}{{ else }}[{{ range $i, $t := $v.Type }}{{ if $i }}, {{ end }}'{{ $t }}'{{ end }}]{{ end }}</type>{{ end }}
+            {{- if $v.Description }}«NL»<description>{{ $v.Description }}</description>{{ end }}
+            {{- if $v.AnyOf }}«NL»<anyOf>[{{ range $i, $a := $v.AnyOf }}{{ if $i }}, {{ end }}{{ template "mm_prop" $a }}{{ end }}]</anyOf>{{ end }}
+            {{- if $v.Items }}«NL»<items>{{ template "mm_json" $v.Items }}</items>{{ end }}
+            {{- if $v.Enum }}«NL»<enum>[{{ range $i, $e := $v.Enum }}{{ if $i }}, {{ end }}{{ template "mm_json" $e }}{{ end }}]</enum>{{ end }}«NL»</parameter>
+        {{- end }}
+        {{- if .Parameters.Required }}«NL»<required>[{{ range $i, $r := .Parameters.Required }}{{ if $i }}, {{ end }}{{ printf "%q" $r }}{{ end }}]</required>{{ end }}«NL»</parameters>«NL»</function>
+    {{- end }}{{ end }}«NL»</tools>{{ «TAIL» }}
+{{- end }}
+{{- if or $hasSys .Tools }}<|im_end|>{{ "\\n" }}{{ end }}
+{{- $prev := "" }}
+{{- range $i, $m := .Messages }}
+    «LOOP_HEAD»
+    {{- if or $i (not $hasSys) }}
+        {{- if and (eq .Role "assistant") .ToolCalls }}<|im_start|>assistant
+            {{- if .Content }}«NL»{{ .Content }}«NL»{{ end }}
+            {{- range .ToolCalls }}«NL»<tool_call>«NL»<function={{ .Function.Name }}>{{ "\\n" }}
+                {{- range $k, $v := .Function.Arguments }}<parameter={{ $k }}>«NL»{{ template "mm_pystr" $v }}«NL»</parameter>«NL»{{ end }}
+                {{- "</function>\\n</tool_call>" }}
+            {{- end }}<|im_end|>{{ "\\n" }}
+        {{- else if eq .Role "tool" }}
+            {{- if and $prev (ne $prev "tool") }}<|im_start|>user«NL»{{ end }}<tool_response>«NL»{{ .Content }}«NL»</tool_response>{{ "\\n" }}
+            {{- if ne $next "tool" }}<|im_end|>{{ "\\n" }}{{ end }}
+        {{- else }}<|im_start|>{{ .Role }}«NL»{{ .Content }}
+            {{- if not (and $last (eq .Role "assistant")) }}<|im_end|>{{ "\\n" }}{{ end }}
+        {{- end }}
+        {{- $prev = .Role }}
+    {{- end }}
+{{- end }}
+{{- if ne $prev "assistant" }}<|im_start|>assistant{{ "\\n" }}{{ end }}
+""",
+        BOS=golit(tokens.bos_text)[3:-3],
+        DEFAULT=golit(_QC_DEFAULT_SYSTEM)[3:-3],
+        HEAD=golit(_QC_TOOLS_HEAD)[3:-3],
+        TAIL=golit(tail)[3:-3],
+        LOOP_HEAD=_LOOP_HEAD,
+    )
+
+
+register(ChatFamily(
+    name="qwen3-coder",
+    title="Qwen3-Coder (tools as <function><parameters> XML, <tool_call><function=…><parameter=…> calls; PARSER "
+          "qwen3-coder)",
+    detect=_detect_qwen3_coder,
+    build=_build_qwen3_coder,
+    stop=("<|im_end|>", "<|im_start|>"),
+    markers=("<|im_start|>", "<tool_call>", "<function=", "<parameter=", "render_extra_keys"),
+    parser="qwen3-coder",
+    tool_calls="PARSER qwen3-coder returns structured tool_calls",
+    notes=(
+        "Ollama's RENDERER qwen3-coder writes its own tool prose and compact JSON; modelmint publishes this TEMPLATE "
+        "with PARSER qwen3-coder and names no RENDERER",
+        "the Jinja trims tool and parameter descriptions and an assistant's content beside tool calls (| trim); Go "
+        "templates cannot",
+        "a parameter's schema keys beyond name, type and description print in the Jinja in the tool's own order; "
+        "Ollama holds them in fixed fields, printed as anyOf, items, enum (transformers' get_json_schema order for "
+        "items and enum); keys Ollama's API drops are not printed",
+        "tool-call arguments print as Python's str(); numbers print as JSON does (1e21 and beyond differ)",
+    ),
+))

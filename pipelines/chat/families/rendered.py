@@ -51,16 +51,6 @@ def _renderer_family(name: str, title: str, *, renderer: str, parser: str, marke
 _IM = ("<|im_end|>", "<|im_start|>")
 
 _renderer_family(
-    "qwen3-coder", "Qwen3-Coder (<tool_call><function=…><parameter=…> XML tool calls, no thinking)",
-    renderer="qwen3-coder", parser="qwen3-coder", stop=_IM,
-    why=("Ollama's renderer writes \"following functions\", \"call a function\" and its own example where this "
-         'Jinja writes "following tools", "call a tool" and value_2, and compact JSON (["a","b"] for ["a", "b"])'),
-    differs=("tools-offered", "tools-offered-no-system", "tool-call-and-result", "tool-round-trip",
-             "parallel-tool-calls", "tool-call-nested-arguments", "reasoning-in-tool-loop"),
-    markers=("<|im_start|>", "<tool_call>", "<function=", "<parameter=", "render_extra_keys"),
-    forbidden=("<think>", "enable_thinking", "truncate_history_thinking", "<|vision_start|>"),
-)
-_renderer_family(
     "nemotron-3-nano", "NVIDIA Nemotron 3 Nano (ChatML, <think> with history truncation, XML tool calls)",
     renderer="nemotron-3-nano", parser="nemotron-3-nano", stop=_IM, thinking=True, reasoning_key="reasoning_content",
     why=("Ollama's renderer closes a final assistant message and opens a new turn (model/renderers/nemotron3nano.go:"
