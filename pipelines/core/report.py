@@ -171,6 +171,40 @@ class SourceRecord(TypedDict, total=False):
 
 
 @_Forbid
+class ImatrixRecord(TypedDict, total=False):
+    """The importance matrix a GGUF variant was quantized with: its file, format and sha256."""
+
+    file: str
+    format: str
+    sha256: str
+
+
+@_Forbid
+class HubDatasetRecord(TypedDict, total=False):
+    """A pinned hub data set a compressed-tensors variant was calibrated on (source.catalog.HubDataset)."""
+
+    repo: str
+    revision: str
+    split: str
+    text_column: str
+
+
+@_Forbid
+class CalibrationRecord(TypedDict, total=False):
+    """The data a variant was calibrated on: the bundled text (name, sha256) or a hub data set, and its size (a
+    GGUF's importance matrix: its windows and the matrix; a compressed-tensors recipe's: samples and length)."""
+
+    chunks: StrictInt | None
+    ctx: StrictInt | None
+    hub_dataset: HubDatasetRecord
+    imatrix: ImatrixRecord
+    max_seq_length: StrictInt
+    samples: StrictInt
+    sha256: str
+    text: str
+
+
+@_Forbid
 class EvaluationBlock(TypedDict, total=False):
     """The held-out text a variant was measured on and its windows (as the validation block names it), with, for a
     compressed-tensors checkpoint, the evaluation run's cost and the variants measured in it."""
@@ -385,7 +419,7 @@ class VariantReport(_Frozen):
     reference: str | None = Field(default=None, description="what it was measured against, as a path")
     source: SourceRecord | None = Field(default=None, description="the source snapshot (kind, repo, revision, hash)")
     toolchain: dict[str, str] | None = None
-    calibration: dict[str, Any] | None = None
+    calibration: CalibrationRecord | None = None
     evaluation: EvaluationBlock | None = None
     preflight: BlockFallbackRecord | GroupSizeRecord | None = Field(
         default=None, description="the shape check before the work (a format's report says which)")

@@ -44,8 +44,10 @@ from pipelines.core.preflight import BlockFallback, Weight, gguf_fallback, obser
 from pipelines.core.report import (
     REPORT_VERSION,
     BlockFallbackRecord,
+    CalibrationRecord,
     EvaluationBlock,
     GGUFReport,
+    ImatrixRecord,
     SourceRecord,
     as_block,
 )
@@ -201,7 +203,7 @@ class GGUFPlan:
         return EvaluationBlock(text=self.evaluation.name, sha256=self.evaluation.sha256, ctx=GGUF_EVAL_CTX,
                                chunks=GGUF_EVAL_CHUNKS)
 
-    def calibration_record(self, imatrix: StepResult | None = None) -> dict[str, Any] | None:
+    def calibration_record(self, imatrix: StepResult | None = None) -> CalibrationRecord | None:
         """The importance matrix's data and the matrix itself, as reports, manifests and cards name them.
 
         None without an imatrix. Read from the imatrix step's result `imatrix` (the chunks it was computed on, its
@@ -216,10 +218,10 @@ class GGUFPlan:
         if receipt is None:
             raise FileNotFoundError(f"{self.imatrix_path} has not been computed (run ensure_imatrix first)")
         made = receipt.get("imatrix") or {}
-        return self.calibration.describe(
-            ctx=made.get("chunk_size"),
+        return CalibrationRecord(
+            text=self.calibration.name, sha256=self.calibration.sha256, ctx=made.get("chunk_size"),
             chunks=made.get("chunks"),
-            imatrix={"file": self.imatrix_path.name, "sha256": receipt["sha256"], "format": IMATRIX_FORMAT},
+            imatrix=ImatrixRecord(file=self.imatrix_path.name, sha256=receipt["sha256"], format=IMATRIX_FORMAT),
         )
 
     def report_path(self, q: str) -> Path:
