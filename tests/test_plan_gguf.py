@@ -78,6 +78,7 @@ def test_plan_out_writes_the_registered_ollama_files(
                 "--concurrency", str(SERVE["concurrency"]), "--out", str(tmp_path / "out"))
     assert proc.returncode == 0, proc.stderr
     got = _files(tmp_path / "out")
+    assert got, proc.stderr  # a GGUF on one GPU gets its Ollama files too
     if len(inv.plans) == 1:  # registration merges a single group's folder into the inventory's
         own = next(iter(got)).split("/", 1)[0] + "/"
         got = {k.removeprefix(own): v for k, v in got.items()}
@@ -141,31 +142,24 @@ def test_recommend_refuses_more_slots_than_llama_cpp_holds(registered: tuple[Rep
 
 
 @pytest.mark.slow
-def test_a_mixed_inventory_gets_one_plan_from_recommend_plan_and_registration(
-    registered: tuple[Repo, Manifest], tmp_path: Path
-) -> None:
-    """Two unequal cards: each group's files and record hold the plan recommend gives for that group alone (and
-    `plan --out` writes them: test_plan_out_writes_the_registered_ollama_files), and recommend on the whole
-    inventory plans the card Ollama's scheduler places the model on."""
-    repo, m = registered
-    inv = m.serving.inventories[2]
-    assert inv.gguf is not None
-    keys = ("num_ctx", "parallel", "n_gpu_layers", "instances", "spread", "device")
-    by_group = {g.gpus: g for g in inv.gguf}
-    assert sorted(by_group) == ["1x1xRTX3060-12G", "1x1xRTX4090-24G"], by_group
-    for group, rec in by_group.items():
-        alone = _recommended(repo, group)["ranked"][0]["gguf_plan"]
-        assert {k: getattr(rec, k) for k in keys[:-1]} == {k: alone[k] for k in keys[:-1]}, (group, rec, alone)
-    assert _recommended(repo, MIXED)["ranked"][0]["gguf_plan"]["device"] == "1x1xRTX4090-24G"
-
-
-@pytest.mark.slow
 def test_recommend_on_unequal_gpus_takes_the_one_ollamas_scheduler_takes(registered: tuple[Repo, Manifest]) -> None:
     """Three RTX 3060s and an RTX 4090: the 4090 alone holds the model with a fifth of its memory to spare, and
     Ollama's scheduler puts a model on the GPU with the most free memory that does (server/sched.go at fb30760,
     bestSingleGPUFit), not over the group with the most memory together (the three 3060s)."""
-    repo, _ = registered
+    repo, m = registered
     plan = _recommended(repo, "1x3xRTX3060-12G+1xRTX4090-24G")["ranked"][0]["gguf_plan"]
     alone = _recommended(repo, "1xRTX4090-24G")["ranked"][0]["gguf_plan"]
     assert plan == alone
     assert plan["device"] == "1x1xRTX4090-24G" and plan["instances"] == 1, plan
+    # the registered mixed inventory: each group's record is recommend's plan of that group alone (its files are
+    # what `plan --out` writes: test_plan_out_writes_the_registered_ollama_files), and the whole inventory's answer
+    # is the RTX 4090's, the card Ollama's scheduler takes
+    inv = m.serving.inventories[2]
+    assert inv.gguf is not None
+    keys = ("num_ctx", "parallel", "n_gpu_layers", "instances", "spread")
+    by_group = {g.gpus: g for g in inv.gguf}
+    assert sorted(by_group) == ["1x1xRTX3060-12G", "1x1xRTX4090-24G"], by_group
+    for group, rec in by_group.items():
+        one = _recommended(repo, group)["ranked"][0]["gguf_plan"]
+        assert {k: getattr(rec, k) for k in keys} == {k: one[k] for k in keys}, (group, rec, one)
+    assert _recommended(repo, MIXED)["ranked"][0]["gguf_plan"] == alone
