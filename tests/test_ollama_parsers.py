@@ -202,7 +202,7 @@ TEMPLATE_TOOLS = sorted(n for n, (tools, _tag, _think) in OLLAMA_READING.items()
                         if tools and not FAMILIES[CLAIMED[n][0]].parser)
 NOT_RECOVERED = {
     # <arg_key>/<arg_value> pairs: no JSON object for the parser to find
-    "GLM-4.6.jinja", "Spark2.5.jinja", "inclusionai-ling-3.0-flash.jinja", "poolside-Laguna-S-2.1.jinja",
+    "GLM-4.6.jinja", "GLM-4.7-Flash.jinja", "Spark2.5.jinja", "inclusionai-ling-3.0-flash.jinja", "poolside-Laguna-S-2.1.jinja",
     "poolside-Laguna-XS-2.1.jinja",
     # the Jinja writes nothing for an assistant message's tool calls
     "ibm-granite-granite-3.3-2B-Instruct.jinja",

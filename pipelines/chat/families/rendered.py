@@ -76,18 +76,6 @@ _renderer_family(
     forbidden=("reasoning_content", "DSML"),
 )
 _renderer_family(
-    "glm-4.7", "GLM-4.7 ([gMASK]<sop>, <arg_key>/<arg_value> tool calls, clear_thinking)",
-    renderer="glm-4.7", parser="glm-4.7", stop=("<|user|>", "<|observation|>", "<|endoftext|>"), thinking=True,
-    why=("Ollama's renderer keeps every past turn's reasoning (this Jinja clears it), opens a new assistant "
-         "turn after a final assistant message, prints tools with Go's HTML escaping ('&' as \\u0026), and "
-         "prints nothing for a tool call's null content where this Jinja prints 'None'"),
-    differs=("continue-assistant", "tools-offered", "tools-offered-no-system", "tool-call-and-result",
-             "tool-round-trip", "parallel-tool-calls", "tool-call-nested-arguments", "reasoning-in-history",
-             "reasoning-in-tool-loop"),
-    markers=("[gMASK]<sop>", "<|observation|>", "<arg_key>", "<arg_value>", "clear_thinking"),
-    forbidden=(),
-)
-_renderer_family(
     "gemma4", "Gemma 4 26B/31B (<|turn>, <|\"|> strings, <|tool_call>, empty thought channel when not thinking)",
     renderer="gemma4-large", parser="gemma4", stop=("<turn|>",), thinking=True,
     markers=("<|turn>", "<turn|>", '<|"|>', "<|tool_call>", "<|channel>", "'<|channel>thought\\n<channel|>'"),

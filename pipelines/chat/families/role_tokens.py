@@ -271,6 +271,80 @@ register(ChatFamily(
 ))
 
 
+# ---------------------------------------------------------------- GLM-4.7 ([gMASK]<sop>, </think> off, clear_thinking)
+#
+# Ollama ships RENDERER glm-4.7, but it keeps every past turn's reasoning, reopens a final assistant message and
+# prints tools with Go's HTML escaping: modelmint names no RENDERER and publishes this TEMPLATE, proven on the suite.
+
+_GLM47_TOOLS_TAIL = (
+    "</tools>\n\nFor each function call, output the function name and arguments within the following XML format:\n"
+    "<tool_call>{function-name}<arg_key>{arg-key-1}</arg_key><arg_value>{arg-value-1}</arg_value>"
+    "<arg_key>{arg-key-2}</arg_key><arg_value>{arg-value-2}</arg_value>...</tool_call>"
+)
+
+
+def _detect_glm47(src: str) -> bool:
+    return _has_all(
+        src, "[gMASK]<sop>", _GLM46_TOOLS_HEAD.replace("<tools>\n", "<tools>\n{% for tool in tools %}"),
+        _GLM47_TOOLS_TAIL, "clear_thinking is defined and not clear_thinking", "{{ '</think>' }}",
+        "{{ '<think>' + reasoning_content.strip() +  '</think>'}}", "{{ content.strip() }}",
+        "{{- '<tool_call>' + tc.name -}}", "<arg_value>{{ v | tojson(ensure_ascii=False) if v is not string else v }}",
+        "<|assistant|>{{- '</think>' if (enable_thinking is defined and not enable_thinking) else '<think>' -}}",
+    ) and _has_none(src, "/nothink")
+
+
+def _build_glm47(src: str, tokens: TemplateTokens) -> str:
+    return json_defines() + _ARGVAL_DEFINE + _fill(
+        """
+{{- $msgs := .Messages }}{{ $noThink := and .IsThinkSet (not .Think) }}
+{{- "[gMASK]<sop>" }}
+{{- if .Tools }}«HEAD»{{ range .Tools }}{{ template "mm_tool" . }}{{ "\\n" }}{{ end }}«TAIL»{{ end }}
+{{- $lastUser := -1 }}{{ range $i, $m := $msgs }}{{ if eq .Role "user" }}{{ $lastUser = $i }}{{ end }}{{ end }}
+{{- $prev := "" }}
+{{- range $i, $m := .Messages }}
+    «LOOP_HEAD»
+    {{- if eq .Role "user" }}<|user|>{{ .Content }}
+    {{- else if eq .Role "assistant" }}<|assistant|>
+        {{- if and (gt $i $lastUser) .Thinking }}<think>{{ .Thinking }}</think>{{ else }}</think>{{ end }}{{ .Content }}
+        {{- if .ToolCalls }}{{ range .ToolCalls }}<tool_call>{{ .Function.Name }}
+            {{- range $k, $v := .Function.Arguments }}<arg_key>{{ $k }}</arg_key><arg_value>{{ template "mm_argval" $v }}</arg_value>{{ end }}
+            {{- "</tool_call>" }}
+        {{- end }}{{ end }}
+    {{- else if eq .Role "tool" }}
+        {{- if ne $prev "tool" }}<|observation|>{{ end }}<tool_response>{{ .Content }}</tool_response>
+    {{- else if eq .Role "system" }}<|system|>{{ .Content }}
+    {{- end }}
+    {{- $prev = .Role }}
+{{- end }}
+{{- if ne $prev "assistant" }}<|assistant|>{{ if $noThink }}</think>{{ else }}<think>{{ end }}{{ end }}
+""",
+        HEAD=golit(_GLM46_TOOLS_HEAD), TAIL=golit(_GLM47_TOOLS_TAIL), LOOP_HEAD=_LOOP_HEAD,
+    )
+
+
+register(ChatFamily(
+    name="glm-4.7",
+    title="GLM-4.7 ([gMASK]<sop>, <arg_key>/<arg_value> tool calls, </think> when not thinking, clear_thinking)",
+    detect=_detect_glm47,
+    build=_build_glm47,
+    stop=("<|user|>", "<|observation|>", "<|endoftext|>"),
+    thinking=True,
+    content_none_ok=False,
+    markers=("[gMASK]<sop>", "<|observation|>", "<arg_key>", "<arg_value>", "clear_thinking"),
+    tool_calls="none structured: <tool_call> blocks of <arg_key>/<arg_value> pairs are not JSON; Ollama's "
+               "glm-4.7 PARSER reads this format but modelmint has not checked it, so it names none",
+    notes=(
+        "Ollama's RENDERER glm-4.7 keeps every past turn's reasoning (this Jinja clears it), opens a new assistant "
+        "turn after a final assistant message and prints tools with Go's HTML escaping; modelmint publishes this "
+        "TEMPLATE and names no RENDERER",
+        "the Jinja strips whitespace around reasoning and contents; Go templates cannot",
+        "clear_thinking is not an Ollama setting: the TEMPLATE follows its default (reasoning kept only after the "
+        "last user message)",
+        "the Jinja prints a None content as 'None'; with '' (what Ollama holds) both print nothing",
+    ),
+))
+
+
 # ---------------------------------------------------------------- RWKV World (System: / User: / Assistant:)
 
 
