@@ -153,14 +153,21 @@ def _incomplete(d: Path, message: str) -> SourceError:
 @dataclass(frozen=True)
 class Places:
     """Where a run writes: its build directory (under MODELMINT_WORK_DIR), and when it registers, the repository's
-    artifacts/ and the DVC cache (pipelines/registry/dvcrepo.cache_dir), each possibly on its own filesystem."""
+    artifacts/ and the DVC cache (pipelines/store/dvcrepo.cache_dir), the default DVC remote when it is a directory
+    of this machine (dvcrepo.local_remote_dir), and when it publishes, the storage of an OCI registry served from
+    this machine (registry_storage), each possibly on its own filesystem."""
 
     work_dir: Path
     artifacts: Path | None = None
     dvc_cache: Path | None = None
+    dvc_remote: Path | None = None
+    """A local DVC remote: `dvc push` writes one more copy of each registered variant there."""
+    oci_registry: Path | None = None
+    """The blob storage of the registry the run publishes to, where it is known: one more copy of each variant."""
 
     def of(self, location: DiskLocation) -> Path | None:
-        return {"work_dir": self.work_dir, "artifacts": self.artifacts, "dvc_cache": self.dvc_cache}.get(location)
+        return {"work_dir": self.work_dir, "artifacts": self.artifacts, "dvc_cache": self.dvc_cache,
+                "dvc_remote": self.dvc_remote, "oci_registry": self.oci_registry}.get(location)
 
 
 @dataclass(frozen=True)
@@ -271,7 +278,8 @@ class ResourceCheck:
         }
 
 
-_WHAT: dict[str, str] = {"work_dir": "the work dir", "artifacts": "artifacts/", "dvc_cache": "the DVC cache"}
+_WHAT: dict[str, str] = {"work_dir": "the work dir", "artifacts": "artifacts/", "dvc_cache": "the DVC cache",
+                         "dvc_remote": "the DVC remote", "oci_registry": "the OCI registry's storage"}
 
 CONVERTER_RSS_PER_LARGEST_BF16 = 3.5
 """The GGUF converter's peak RSS over the bf16 bytes of the source's largest tensor (docs/scale.md: measured on a
@@ -366,7 +374,7 @@ def gguf_run(shape: SourceShape, quants: Sequence[str], places: Places, *, imatr
     """
     f16 = gguf_f16_bytes(shape)
     steps = ["convert", *(["imatrix"] if imatrix else []), "reference logits",
-             *(f"quantize and validate {q}" for q in quants), *(f"register {q}" for q in quants if places.artifacts)]
+             *(f"quantize and validate {q}" for q in quants), *_registration_steps(quants, places)]
     last_check = steps.index(f"quantize and validate {quants[-1]}") if quants else steps.index("reference logits")
     scratch_last = None if keep_f16 else last_check
     paths = paths or {}
@@ -399,7 +407,7 @@ def compressed_run(shape: SourceShape, schemes: Sequence[str], places: Places, *
     in float32 (4 bytes per parameter, pipelines/scripts/llmc_evaluate.py) and keeps the source's log-probabilities
     of every window (float32 over the vocabulary) while it does.
     """
-    steps = [*(f"quantize and evaluate {s}" for s in schemes), *(f"register {s}" for s in schemes if places.artifacts)]
+    steps = [*(f"quantize and evaluate {s}" for s in schemes), *_registration_steps(schemes, places)]
     paths = paths or {}
     sizes = {s: compressed_bytes(shape, s) for s in schemes}
     outputs: list[Output] = []
@@ -411,10 +419,20 @@ def compressed_run(shape: SourceShape, schemes: Sequence[str], places: Places, *
     return _check(steps, outputs, memory, places, len(schemes) - 1, sizes, available_memory, margin)
 
 
+def _registration_steps(tags: Sequence[str], places: Places) -> list[str]:
+    """The run's steps after its builds: each variant registered (with its push to the DVC remote), then, with a
+    known registry storage, each published (the convert flow's order: scratch files stay until all are done)."""
+    if places.artifacts is None:
+        return []
+    return [*(f"register {t}" for t in tags), *(f"publish {t}" for t in tags if places.oci_registry is not None)]
+
+
 def _registered(tag: str, size: int, places: Places, steps: list[str]) -> list[Output]:
     """The registered copies of a variant: artifacts/ takes the build output's weights as a hard link, and the DVC
     cache the placed inode (pipelines/registry/register.py `place` and `track`), so artifacts/ costs bytes only on
-    a filesystem other than the work dir's, and the cache only on one other than artifacts/'."""
+    a filesystem other than the work dir's, and the cache only on one other than artifacts/'. A local DVC remote
+    and a local registry's storage each get a copy of their own (`dvc push` and the registry's blob upload write
+    new files, whatever disk they are on)."""
     if places.artifacts is None:
         return []
     at = steps.index(f"register {tag}")
@@ -424,6 +442,10 @@ def _registered(tag: str, size: int, places: Places, steps: list[str]) -> list[O
         out.append(Output(f"{tag} (artifacts/)", "artifacts", size, at))
     if places.dvc_cache is not None and _device(places.dvc_cache) != artifacts:
         out.append(Output(f"{tag} (DVC cache)", "dvc_cache", size, at))
+    if places.dvc_cache is not None and places.dvc_remote is not None:
+        out.append(Output(f"{tag} (DVC remote)", "dvc_remote", size, at))
+    if places.oci_registry is not None:
+        out.append(Output(f"{tag} (OCI registry)", "oci_registry", size, steps.index(f"publish {tag}")))
     return out
 
 
@@ -434,7 +456,7 @@ def _device(path: Path) -> int:
 def _check(steps: list[str], outputs: list[Output], memory: list[Memory], places: Places, validated_at: int,
            sizes: dict[str, int], available_memory: int | None, margin: int | None) -> ResourceCheck:
     devices: dict[int, list[tuple[DiskLocation, Path]]] = {}
-    kinds: tuple[DiskLocation, ...] = ("work_dir", "artifacts", "dvc_cache")
+    kinds: tuple[DiskLocation, ...] = ("work_dir", "artifacts", "dvc_cache", "dvc_remote", "oci_registry")
     for loc in kinds:
         if (p := places.of(loc)) is not None:
             devices.setdefault(os.stat(_existing(p)).st_dev, []).append((loc, p))
@@ -528,6 +550,13 @@ def require(check: ResourceCheck, *, what: str, variants_option: str = "--varian
                 # (a cache beside artifacts/ holds the same inodes: moving it elsewhere gives nothing back)
                 ways.append("move the DVC cache to another disk with `dvc cache dir /path/on/a/larger/disk` (run in "
                             f"the repository{_gives_back(check, fs, 'dvc_cache')})")
+            if "dvc_remote" in locs:
+                ways.append("point the DVC remote at another disk (`dvc remote modify local url /path/on/a/larger/disk`"
+                            f", or a remote that is not a directory of this machine{_gives_back(check, fs, 'dvc_remote')})")
+            if "oci_registry" in locs:
+                ways.append("serve the OCI registry from another disk (`modelmint registry serve --dir "
+                            f"/path/on/a/larger/disk`{_gives_back(check, fs, 'oci_registry')}), or publish later with "
+                            "`modelmint publish` once the build's scratch files are gone")
             if "artifacts" in locs and "work_dir" not in locs:
                 ways.append(f"free {_gib(fs.needed + fs.margin - fs.free)} more on the disk holding the repository "
                             "(artifacts/ is part of it)")

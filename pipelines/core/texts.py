@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
@@ -81,7 +82,7 @@ def check_apart(calibration: TextRef, evaluation: TextRef) -> None:
         )
 
 
-def _early_words(report: VariantReport, ev: dict[str, Any]) -> str:
+def _early_words(report: VariantReport, ev: Mapping[str, Any]) -> str:
     """", passed on the first N of them …" where the variant's figures come from the first chunks alone (a GGUF
     variant that passed early, pipelines/gguf/validate.early_pass); empty otherwise."""
     from pipelines.core.gates import EARLY_SIGMAS

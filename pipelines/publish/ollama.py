@@ -6,6 +6,7 @@ import json
 import logging
 import re
 import shutil
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -679,7 +680,7 @@ def _family_known(entry: CatalogEntry) -> bool:
     return bool(name) and name in FAMILIES
 
 
-def _fallback_summary(preflight: dict[str, Any]) -> dict[str, Any]:
+def _fallback_summary(preflight: Mapping[str, Any]) -> dict[str, Any]:
     """The share of weights llama-quantize stored in another type (rows its blocks do not divide): predicted
     before the build, and read back from the output."""
     observed = preflight.get("observed") or {}

