@@ -37,9 +37,9 @@ from tests.test_ollama_templates import CLAIMED
 # The floor reached; raise it as families are added. (It was 46 until nine RENDERER mappings, Qwen3-Coder, DeepSeek
 # V3.1, GLM-4.7, LFM2, Laguna XS.2, Cohere2 MoE, Muse Glimmer, Nemotron 3 Nano and Qwen3.5, were checked against their
 # Jinja (tests/test_ollama_renderers.py) and found to render differently: now refused; 48 with llama.cpp's own
-# DeepSeek-R1 template, 53 with proven TEMPLATEs in place of the RENDERERs of Muse Glimmer, LFM2, Qwen3.5,
-# Qwen3-Coder and GLM-4.7.)
-COVERED_AT_LEAST = 53
+# DeepSeek-R1 template, 54 with proven TEMPLATEs in place of the RENDERERs of Muse Glimmer, LFM2, Qwen3.5,
+# Qwen3-Coder, GLM-4.7 and DeepSeek V3.1.)
+COVERED_AT_LEAST = 54
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +76,6 @@ def test_every_refusal_names_the_nearest_family_and_the_escape_hatch(tree: tuple
 # Templates mapped to Ollama's built-in renderers, with the evidence that ties each to its renderer.
 RENDERER_MAPPED = {
     "NVIDIA-Nemotron-3-Nano-30B-A3B-BF16.jinja": "nemotron-3-nano",
-    "deepseek-ai-DeepSeek-V3.1.jinja": "deepseek3.1",
     "google-gemma-4-31B-it.jinja": "gemma4",
     "google-gemma-4-31B-it-interleaved.jinja": "gemma4",
     "Cohere2MoE.jinja": "cohere",
@@ -86,8 +85,7 @@ RENDERER_MAPPED = {
 
 
 # Mapped, then refused: Ollama's renderer (tests/test_ollama_renderers.py) writes other bytes than the Jinja.
-RENDERER_REFUSED = {"deepseek-ai-DeepSeek-V3.1.jinja",
-                    "poolside-Laguna-XS.2.jinja", "Cohere2MoE.jinja",
+RENDERER_REFUSED = {"poolside-Laguna-XS.2.jinja", "Cohere2MoE.jinja",
                     "NVIDIA-Nemotron-3-Nano-30B-A3B-BF16.jinja"}
 
 

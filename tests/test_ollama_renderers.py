@@ -61,6 +61,9 @@ TEMPLATE_INSTEAD: dict[str, tuple[str, tuple[str, ...]]] = {
     "Qwen3-Coder.jinja": ("qwen3-coder", _WITH_TOOLS),
     "GLM-4.7-Flash.jinja": ("glm-4.7", ("continue-assistant", *_WITH_TOOLS[:-1], "reasoning-in-history",
                                         "reasoning-in-tool-loop")),
+    "deepseek-ai-DeepSeek-V3.1.jinja": ("deepseek3.1", ("user", "system-user", "multi-turn", "system-multi-turn",
+                                                        "continue-assistant", "special-characters", *_WITH_TOOLS[:-1],
+                                                        "reasoning-in-history", "think-off", "reasoning-in-tool-loop")),
 }
 
 
@@ -202,10 +205,10 @@ def test_the_cli_refuses_a_mismatched_renderer_naming_the_conversations(template
 
 def test_a_family_named_by_hand_is_refused_too_unless_forced(templates_dir: Path, settings: Settings) -> None:
     # The catalog's chat_family and `--family` name the family instead of detecting it: the same refusal applies.
-    name = "deepseek-ai-DeepSeek-V3.1.jinja"
+    name = "Cohere2MoE.jinja"
     family_name, tokens = CHECKED[name]
     jinja = (templates_dir / name).read_text(encoding="utf-8")
-    with pytest.raises(UnsupportedChatTemplate, match=r"RENDERER deepseek3\.1 renders"):
+    with pytest.raises(UnsupportedChatTemplate, match=r"RENDERER cohere renders"):
         convert_template(jinja, tokens, settings, family=family_name)
     forced = convert_template(jinja, tokens, settings, family=family_name, force=True)
-    assert "RENDERER deepseek3.1\n" in forced.lines and any("published anyway" in w for w in forced.warnings)
+    assert "RENDERER cohere\n" in forced.lines and any("published anyway" in w for w in forced.warnings)

@@ -255,3 +255,77 @@ register(ChatFamily(
         "tools print as json.dumps(indent=2) with the key orders Ollama's API keeps (see pipelines.chat.gojson)",
     ),
 ))
+
+
+# ---------------------------------------------------------------- DeepSeek V3.1 (thinking switch, <｜tool▁sep｜> calls)
+#
+# Ollama ships RENDERER deepseek3.1, but it opens a non-thinking answer with "</think>" where this Jinja writes
+# "<think></think>" and lists the tools in the system prompt where this Jinja prints none: modelmint names no
+# RENDERER and publishes this TEMPLATE, proven on the suite.
+
+
+def _detect_deepseek_v31(src: str) -> bool:
+    return _has_all(
+        src, "<｜User｜>", "<｜Assistant｜>", "<｜tool▁calls▁begin｜>", "<｜tool▁sep｜>", "<｜tool▁output▁begin｜>",
+        "set thinking = enable_thinking", "is_last_user=false", "{{'<｜Assistant｜><think></think>'}}",
+        "content.split('</think>', 1)[1]", "add_generation_prompt and ns.is_last_user and not ns.is_tool",
+    ) and _has_none(src, "reasoning_content", "DSML")
+
+
+def _build_deepseek_v31(src: str, tokens: TemplateTokens) -> str:
+    call = ('<｜tool▁call▁begin｜>{{ .Function.Name }}<｜tool▁sep｜>{{ template "mm_args" .Function.Arguments }}'
+            "<｜tool▁call▁end｜>")
+    return json_defines() + _fill(
+        """
+{{- $msgs := .Messages }}{{ $seen := false }}
+{{- «BOS» }}{{ range $msgs }}{{ if eq .Role "system" }}{{ if $seen }}«NL»«NL»{{ end }}{{ .Content }}{{ $seen = true }}{{ end }}{{ end }}
+{{- $lastUser := false }}{{ $isTool := false }}{{ $prev := "" }}
+{{- range $i, $m := .Messages }}
+    «LOOP_HEAD»
+    {{- /* Never renders: declares <think>…</think> around .Thinking, which Ollama reads as the thinking tags. */}}
+    {{- if false }}<think>{{ .Thinking }}</think>{{ end }}
+    {{- if eq .Role "user" }}{{ $isTool = false }}{{ $lastUser = true }}<｜User｜>{{ .Content }}
+    {{- else if and (eq .Role "assistant") .ToolCalls }}
+        {{- if $lastUser }}<｜Assistant｜><think></think>{{ end }}{{ $lastUser = false }}{{ $isTool = false }}
+        {{- if .Thinking }}<think>{{ "\\n" }}{{ .Thinking }}{{ "\\n" }}</think>{{ end }}{{ .Content }}<｜tool▁calls▁begin｜>
+        {{- range .ToolCalls }}«CALL»{{ end }}<｜tool▁calls▁end｜><｜end▁of▁sentence｜>
+    {{- else if eq .Role "assistant" }}
+        {{- if $lastUser }}<｜Assistant｜><think></think>{{ end }}{{ $lastUser = false }}
+        {{- if and $isTool .Thinking }}<think>{{ "\\n" }}{{ .Thinking }}{{ "\\n" }}</think>{{ end }}{{ $isTool = false }}{{ .Content }}
+        {{- if not $last }}<｜end▁of▁sentence｜>{{ end }}
+    {{- else if eq .Role "tool" }}{{ $lastUser = false }}{{ $isTool = true }}<｜tool▁output▁begin｜>{{ .Content }}<｜tool▁output▁end｜>
+    {{- end }}
+    {{- $prev = .Role }}
+{{- end }}
+{{- if and $lastUser (not $isTool) (ne $prev "assistant") }}<｜Assistant｜>{{ if .Think }}<think>{{ else }}<think></think>{{ end }}{{ end }}
+""",
+        BOS=golit(tokens.bos_text)[3:-3],
+        CALL=call,
+        LOOP_HEAD=_LOOP_HEAD,
+    )
+
+
+register(ChatFamily(
+    name="deepseek3.1",
+    title="DeepSeek V3.1 (hybrid thinking switch, <｜tool▁calls▁begin｜> tool calls)",
+    detect=_detect_deepseek_v31,
+    build=_build_deepseek_v31,
+    stop=("<｜end▁of▁sentence｜>", "<｜User｜>"),
+    bos_in_template=True,
+    thinking=True,
+    markers=("<｜User｜>", "<｜Assistant｜>", "<｜tool▁calls▁begin｜>", "<｜tool▁sep｜>", "<｜tool▁output▁begin｜>",
+             "set thinking = enable_thinking"),
+    tool_calls=("none: this Jinja prints no tools (DeepSeek V3.1 leaves them to the system prompt), so the TEMPLATE "
+                "uses no .Tools and Ollama does not list tools among the model's capabilities (server/images.go:"
+                "247-250)"),
+    notes=(
+        "Ollama's RENDERER deepseek3.1 opens a non-thinking answer with '</think>' and lists the tools in the system "
+        "prompt, where this Jinja writes '<think></think>' and prints no tools; modelmint publishes this TEMPLATE "
+        "and names no RENDERER (Ollama's deepseek3 PARSER is not reimplemented here, so none is named)",
+        "the Jinja cuts everything up to the first '</think>' out of an assistant answer's content; Go templates "
+        "cannot split strings, so the TEMPLATE relies on Ollama passing reasoning in .Thinking",
+        "a message's 'prefix' (continue the reasoning) is not an Ollama field: the TEMPLATE follows its absence",
+        "the Jinja adds no generation prompt after tool results (the model is expected to go on); the TEMPLATE "
+        "does the same",
+    ),
+))

@@ -63,19 +63,6 @@ _renderer_family(
     forbidden=("<|vision_start|>",),
 )
 _renderer_family(
-    "deepseek3.1", "DeepSeek V3.1 (hybrid thinking switch, <｜tool▁calls▁begin｜> tool calls)",
-    renderer="deepseek3.1", parser="deepseek3", stop=("<｜end▁of▁sentence｜>",), thinking=True,
-    why=("Ollama's renderer opens a non-thinking answer with \"</think>\" where this Jinja writes "
-         '"<think></think>", and lists the tools in the system prompt where this Jinja prints none'),
-    differs=("user", "system-user", "multi-turn", "system-multi-turn", "continue-assistant", "special-characters",
-             "tools-offered", "tools-offered-no-system", "tool-call-and-result", "tool-round-trip",
-             "parallel-tool-calls", "tool-call-nested-arguments", "reasoning-in-history", "think-off",
-             "reasoning-in-tool-loop"),
-    markers=("<｜User｜>", "<｜Assistant｜>", "<｜tool▁calls▁begin｜>", "<｜tool▁sep｜>", "<｜tool▁output▁begin｜>",
-             "set thinking = enable_thinking"),
-    forbidden=("reasoning_content", "DSML"),
-)
-_renderer_family(
     "gemma4", "Gemma 4 26B/31B (<|turn>, <|\"|> strings, <|tool_call>, empty thought channel when not thinking)",
     renderer="gemma4-large", parser="gemma4", stop=("<turn|>",), thinking=True,
     markers=("<|turn>", "<turn|>", '<|"|>', "<|tool_call>", "<|channel>", "'<|channel>thought\\n<channel|>'"),
