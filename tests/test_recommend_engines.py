@@ -223,11 +223,15 @@ def test_a_cpu_machine_runs_llama_server_with_no_layer_offloaded(registered: Reg
 
 
 def test_at_high_concurrency_a_vllm_checkpoint_is_said_to_serve_better(registered: Registered) -> None:
-    a = _advice(registered, Request("1xRTX4090-24G", context=2048, concurrency=300))
+    a = _advice(registered, Request("1xRTX4090-24G", context=2048, concurrency=200))
     assert a.winner is not None and a.winner.tag == "q4_k_m"  # the better figures
     note = next(r for r in a.reasons if "serves better" in r)
     assert "tiny-qwen2:fp8 on vLLM" in note and "max_num_seqs 256" in note and "paged" in note
     assert "--engine vllm" in note
+    # past llama.cpp's 256 slots (LLAMA_MAX_SEQ) no GGUF server loads: the checkpoint serves
+    past = _advice(registered, Request("1xRTX4090-24G", context=2048, concurrency=300))
+    assert past.winner is not None and past.winner.tag == "fp8"
+    assert any(c.tag == "q4_k_m" and c.refused and "LLAMA_MAX_SEQ" in c.refused for c in past.unfit), past.unfit
     on_vllm = _advice(registered, Request("1xRTX4090-24G", context=2048, concurrency=300, engine="vllm"))
     assert on_vllm.winner is not None and on_vllm.winner.tag == "fp8"
     # the planner's cap is said, not swallowed
