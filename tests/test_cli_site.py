@@ -26,7 +26,7 @@ def test_recommend_prints_the_ranking_why_and_the_commands(site_registry: SiteRe
     assert "smollm2 on 1xL4-24G, context 4096" in proc.stdout
     assert "why: smollm2:q8_0: mean KL 0.0042 ± 0.00013" in proc.stdout
     assert "  modelmint pull smollm2:q8_0\n" in proc.stdout
-    assert "  OLLAMA_NUM_PARALLEL=1 ollama serve\n  ollama run smollm2:q8_0-c4096\n" in proc.stdout
+    assert "  OLLAMA_NUM_PARALLEL=1 ollama serve\n  ollama run smollm2:q8_0-ctx4096\n" in proc.stdout
     as_json = _cli(site_registry, "recommend", "--gpus", "1xL4-24G", "--json")
     assert as_json.returncode == 0, as_json.stderr
     answers = {a["name"]: a for a in json.loads(as_json.stdout)}
