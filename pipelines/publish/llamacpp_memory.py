@@ -810,8 +810,10 @@ def _within_max_seq(parallel: int, servers: int, group: NodeGroup, engine: str) 
         return
     server = "llama-server's -np" if engine == "llama.cpp" else "OLLAMA_NUM_PARALLEL"
     most = LLAMA_MAX_SEQ * servers
+    slots = math.ceil(parallel / servers)
+    where = f"each of {servers} servers (one Ollama per GPU)" if servers > 1 else "one server"
     raise PlanRefused(
-        f"{parallel} sequences at once are {parallel} slots of one server ({server}), past the {LLAMA_MAX_SEQ} "
+        f"{parallel} sequences at once are {slots} slots of {where} ({server}), past the {LLAMA_MAX_SEQ} "
         f"one llama.cpp context holds ({KNOWN_CAPS}): the server would fail to load the model",
         [f"--concurrency {most} on {group}"
          + (f" (one Ollama per GPU, {LLAMA_MAX_SEQ} slots each, where one GPU holds the model)" if servers > 1
