@@ -208,6 +208,8 @@ NOT_RECOVERED = {
     "ibm-granite-granite-3.3-2B-Instruct.jinja",
     # a ```json fenced object of the arguments alone: the parser finds no name in it
     "llama-cpp-deepseek-r1.jinja",
+    # the tag the TEMPLATE gives never starts the model's turn, and the calls name their tool as "tool_name"
+    "CohereForAI-c4ai-command-r7b-12-2024-tool_use.jinja",
 }
 # Templates whose Jinja renders tools only with llama.cpp's tojson (test_ollama_templates.llamacpp_tojson).
 LLAMACPP_TOJSON = {"llama-cpp-deepseek-r1.jinja"}

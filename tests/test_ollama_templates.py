@@ -99,6 +99,8 @@ CLAIMED: dict[str, tuple[str, TemplateTokens]] = {
     "Qwen3.5-4B.jinja": ("qwen3.5", TemplateTokens(None, "<|im_end|>", engine_adds_bos=False)),
     "LFM2-8B-A1B.jinja": ("lfm2", TemplateTokens("<|startoftext|>", "<|im_end|>")),
     "muse-glimmer.jinja": ("glimmer", TemplateTokens("<|begin_of_text|>", "<|eot|>")),
+    "CohereForAI-c4ai-command-r7b-12-2024-tool_use.jinja": ("command-r7b",
+                                                            TemplateTokens("<BOS_TOKEN>", "<|END_OF_TURN_TOKEN|>")),
     "tencent-Hy3.jinja": ("hy3", TemplateTokens("<｜hy_begin_of_sentence:opensource｜>", "<｜hy_eos:opensource｜>")),
 }
 
@@ -283,6 +285,8 @@ OLLAMA_READING = {
     "deepseek-ai-DeepSeek-R1-Distill-Llama-8B.jinja": (False, "{", ("<think>", "</think>")),
     "llama-cpp-deepseek-r1.jinja": (True, "{", ("<think>", "</think>")),
     "deepseek-ai-DeepSeek-V3.1.jinja": (False, "<｜Assistant｜><think></think>", ("<think>", "</think>")),
+    "CohereForAI-c4ai-command-r7b-12-2024-tool_use.jinja": (True, "<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|><|START_THINKING|>",
+                                                            ("<|START_THINKING|>", "<|END_THINKING|>")),
     "google-gemma-2-2b-it.jinja": (False, "{", ()),
     "mistralai-Mistral-Nemo-Instruct-2407.jinja": (True, "[TOOL_CALLS][", ()),
     "microsoft-Phi-3.5-mini-instruct.jinja": (False, "{", ()),
