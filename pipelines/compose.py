@@ -280,6 +280,7 @@ def registration_steps(
     `publish-image-<v>` pushes the registered variant's image; a registry that refuses one leaves it registered.
     """
     from pipelines.registry.register import register, registered
+    from pipelines.store.dvcrepo import check_remote
 
     out: list[Step] = []
     for v, make in candidates.items():
@@ -299,7 +300,16 @@ def registration_steps(
             return content_key("register", c.key, c.entry.model_dump(mode="json"), track)
 
         def current(r: Registration, made: Callable[[], Candidate] = made) -> bool:
-            return registered(settings, made(), tracked=track) is not None
+            # An orchestrator's cached registration stands while it is registered here and the remote's copy is
+            # whole: the local executor's rerun re-uploads a damaged or missing object (register.register), so a
+            # cache hit must not skip that (a read of the remote, as there; no tool runs).
+            done = registered(settings, made(), tracked=track)
+            if done is None or not track:
+                return done is not None
+            m = done.manifest
+            if m.dvc.md5 is None:
+                return True
+            return not any(o.damaged for o in check_remote(settings, m.dvc.md5, {f.path: f.sha256 for f in m.files}).bad)
 
         out.append(Step(
             name=register_step(v), task="register", run=run, key=key, current=current, variants=(v,),
