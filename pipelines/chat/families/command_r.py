@@ -112,3 +112,121 @@ register(ChatFamily(
         "message instead (the proof compares the continuation transformers cuts)",
     ),
 ))
+
+
+# ---------------------------------------------------------------- Command R+ (tool_use template: Python signatures)
+
+# json_to_python_type of the Jinja: an array's `json_spec.items` is the dict's items method, whose type is undefined
+# and so iterable and empty: every array prints as List[Union[]], every object as Dict[str, Union[]].
+_CR_PYTYPE = (
+    '{{- define "mm_crtype" }}{{ if eq (len .Type) 1 }}{{ template "mm_crtype1" index .Type 0 }}{{ else if .Type }}'
+    'Union[{{ range $i, $t := .Type }}{{ if $i }},{{ end }}{{ template "mm_crtype1" $t }}{{ end }}]'
+    '{{ else }}Union[]{{ end }}{{ end }}\n'
+    '{{- define "mm_crtype1" }}{{ if eq . "string" }}str{{ else if eq . "number" }}float{{ else if eq . "integer" }}'
+    'int{{ else if eq . "boolean" }}bool{{ else if eq . "array" }}List[Union[]]{{ else if eq . "object" }}'
+    'Dict[str, Union[]]{{ else }}Union[]{{ end }}{{ end }}\n'
+)
+
+
+def _detect_command_r_plus(src: str) -> bool:
+    return _has_all(
+        src, "macro json_to_python_type(json_spec)", "macro new_tool_parser(tools)", "macro old_tool_parser(tools)",
+        "<|START_OF_TURN_TOKEN|><|SYSTEM_TOKEN|>", "# Safety Preamble", "# User Preamble", "## Available Tools",
+        "\\nAction:\\n```json\\n[\\n", "tool_call.arguments|tojson(indent=4)|indent(8)", "<results>",
+        "Write \\'Action:\\' followed by a json-formatted list of actions",
+    )
+
+
+def _command_r_plus_parts(src: str) -> tuple[str, str, str, str]:
+    """(the preamble before the system text, the default system text, the tools heading, the closing instruction
+    turn), cut out of the Jinja rendered with marker values."""
+    from pipelines.chat.jinja import render
+
+    end = "<|END_OF_TURN_TOKEN|>"
+    tool = {"type": "function", "function": {"name": _MARK.format("N"), "description": "d",
+                                             "parameters": {"type": "object", "properties": {}}}}
+    user = {"role": "user", "content": _MARK.format("U")}
+    with_sys = render(src, [{"role": "system", "content": _MARK.format("S")}, user], tools=[tool], bos_token="")
+    pre = with_sys[:with_sys.index(_MARK.format("S"))]
+    tools_head = with_sys[with_sys.index(_MARK.format("S")) + len(_MARK.format("S")):
+                          with_sys.index("```python\ndef " + _MARK.format("N"))]
+    after_user = with_sys.index(end, with_sys.index(_MARK.format("U"))) + len(end)
+    instruction = with_sys[after_user:with_sys.rindex("<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>")]
+    plain = render(src, [user], tools=[tool], bos_token="")
+    default_system = plain[len(pre):plain.index(tools_head)]
+    return pre, default_system, tools_head, instruction
+
+
+def _build_command_r_plus(src: str, tokens: TemplateTokens) -> str:
+    pre, default_system, tools_head, instruction = _command_r_plus_parts(src)
+    return json_defines(indent=True) + _CR_PYTYPE + _fill(
+        """
+{{- $msgs := .Messages }}{{ $hasSys := and $msgs (eq (index $msgs 0).Role "system") }}
+{{- «BOS» }}{{ «PRE» }}{{ if $hasSys }}{{ (index $msgs 0).Content }}{{ else }}{{ «DEFAULT» }}{{ end }}{{ «TOOLS_HEAD» }}
+{{- range $ti, $t := .Tools }}{{ if $ti }}{{ "\\n\\n" }}{{ end }}
+    {{- with .Function }}{{ $params := .Parameters }}```python«NL»def {{ .Name }}(
+        {{- $first := true }}{{ range $k, $v := .Parameters.Properties }}{{ if not $first }}, {{ end }}{{ $first = false }}{{ $k }}{{ ": " }}
+            {{- $req := false }}{{ range $params.Required }}{{ if eq . $k }}{{ $req = true }}{{ end }}{{ end }}
+            {{- if $req }}{{ template "mm_crtype" $v }}{{ else }}Optional[{{ template "mm_crtype" $v }}] = None{{ end }}
+        {{- end }}) -> List[Dict]:«NL»    \"\"\"{{ .Description }}
+        {{- if .Parameters.Properties }}{{ "\\n\\n    Args:\\n        " }}
+            {{- $first = true }}{{ range $k, $v := .Parameters.Properties }}{{ if not $first }}«NL»        {{ end }}{{ $first = false }}{{ $k }} (
+                {{- $req := false }}{{ range $params.Required }}{{ if eq . $k }}{{ $req = true }}{{ end }}{{ end }}
+                {{- if $req }}{{ template "mm_crtype" $v }}{{ else }}Optional[{{ template "mm_crtype" $v }}]{{ end }}): {{ $v.Description }}
+            {{- end }}
+        {{- end }}«NL»    \"\"\"«NL»    pass«NL»```
+    {{- end }}
+{{- end }}<|END_OF_TURN_TOKEN|>
+{{- $prev := "" }}
+{{- range $i, $m := .Messages }}
+    «LOOP_HEAD»
+    {{- if or $i (not $hasSys) }}
+        {{- if eq .Role "user" }}<|START_OF_TURN_TOKEN|><|USER_TOKEN|>{{ .Content }}<|END_OF_TURN_TOKEN|>
+        {{- else if eq .Role "system" }}<|START_OF_TURN_TOKEN|><|SYSTEM_TOKEN|>{{ .Content }}<|END_OF_TURN_TOKEN|>
+        {{- else if and (eq .Role "assistant") .ToolCalls }}<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>{{ .Content }}«NL»Action:«NL»```json«NL»[{{ "\\n" }}
+            {{- range $j, $c := .ToolCalls }}{{ if $j }},{{ "\\n" }}{{ end }}    {«NL»        "tool_name": "{{ .Function.Name }}",«NL»        "parameters": {{ if .Function.Arguments }}{{ "{" }}{{ $first := true }}
+                    {{- range $k, $v := .Function.Arguments }}{{ if not $first }},{{ end }}{{ $first = false }}«NL»            {{ printf "%q" $k }}: {{ template "mm_json_i3" $v }}{{ end }}«NL»        {{ "}" }}{{ "\\n" }}
+                {{- else }}{}«NL»{{ end }}    }
+            {{- end }}«NL»]```{{ "\\n" }}
+        {{- else if eq .Role "assistant" }}<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>{{ .Content }}
+            {{- if not $last }}<|END_OF_TURN_TOKEN|>{{ end }}
+        {{- else if eq .Role "tool" }}<|START_OF_TURN_TOKEN|><|SYSTEM_TOKEN|><results>«NL»{{ .Content }}</results><|END_OF_TURN_TOKEN|>
+        {{- end }}
+        {{- $prev = .Role }}
+    {{- end }}
+{{- end }}
+{{- if ne $prev "assistant" }}{{ «INSTRUCTION» }}<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>{{ end }}
+""",
+        BOS=golit(tokens.bos_text)[3:-3],
+        PRE=golit(pre)[3:-3],
+        DEFAULT=golit(default_system)[3:-3],
+        TOOLS_HEAD=golit(tools_head)[3:-3],
+        INSTRUCTION=golit(instruction)[3:-3],
+        LOOP_HEAD=_LOOP_HEAD,
+    )
+
+
+register(ChatFamily(
+    name="command-r-plus",
+    title="Cohere Command R+ tool use (<|START_OF_TURN_TOKEN|>, tools as Python signatures, Action: JSON list)",
+    detect=_detect_command_r_plus,
+    build=_build_command_r_plus,
+    stop=("<|END_OF_TURN_TOKEN|>",),
+    bos_in_template=True,
+    content_none_ok=False,
+    markers=("<|START_OF_TURN_TOKEN|>", "<|SYSTEM_TOKEN|>", "# Safety Preamble", "json_to_python_type",
+             "Action:", "<results>"),
+    tool_calls=("none structured: the calls are an 'Action:' ```json list of {\"tool_name\", \"parameters\"}; "
+                "Ollama's tool parser waits for the text the TEMPLATE opens a tool-call turn with "
+                "(<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>), which the model's own turn does not repeat, and Ollama "
+                "ships no PARSER for Command R+"),
+    notes=(
+        "the Jinja iterates the tools unconditionally and fails without them (transformers refuses every "
+        "conversation without tools); the TEMPLATE renders those with an empty tool list",
+        "the Jinja trims message contents (| trim); Go templates cannot",
+        "json_to_python_type prints every array as List[Union[]] and every object as Dict[str, Union[]] (the Jinja "
+        "reads the schema dict's items method); the TEMPLATE does the same",
+        "the Jinja always closes with its 'Write Action:' system turn, even after a final assistant message; "
+        "Ollama continues that message instead (the proof compares the continuation transformers cuts)",
+    ),
+))
