@@ -267,6 +267,7 @@ def bench_size(size: str, work: Path, settings: Settings, *, keep: bool, publish
     run = _deployment_run(deploy, here, entry, src, record, keep=keep, publish=publish)
     pipe, row["deployment"] = run.measured, f"prefect deployment run convert/{entry}"
     row["flow_run"] = run.flow_run
+    row["preflight"] = run.preflight
     row["pipeline_steps_s"] = run.steps
     row["registered"] = run.registered
     row["published_images"] = run.images
@@ -359,6 +360,8 @@ sys.meta_path.insert(0, _Waiver())
 class DeploymentRun:
     measured: Measured
     flow_run: dict[str, Any]
+    preflight: dict[str, Any]
+    """What the run's own disk check (pipelines/core/resources.py) predicts on the work dir's filesystem."""
     steps: dict[str, float]
     """Each task run's wall seconds (its end less its start, from the API), by task run name."""
     by_task: dict[str, float]
@@ -479,6 +482,20 @@ def _deployment_yaml(entry: str) -> dict[str, Any]:
     return {k: v for k, v in project.items() if k != "definitions"} | {"deployments": [dep]}
 
 
+def _preflight(settings: Settings, src: Path) -> dict[str, Any]:
+    """The disk check the flow run makes before its first step, on the places it finds (the project's local DVC
+    remote, the registry's storage), for the work dir's filesystem."""
+    from flows.convert import oci_registry
+    from pipelines.compose import registry_places
+    from pipelines.core.resources import KLReference, gguf_run, source_shape
+
+    places = registry_places(settings, oci=oci_registry(settings))
+    check = gguf_run(source_shape(src), QUANTS, places, imatrix=False, kl=KLReference(GGUF_EVAL_CTX, GGUF_EVAL_CHUNKS))
+    fs = next(f for f in check.filesystems if any(loc == "work_dir" for loc, _ in f.locations))
+    return {"needed": fs.needed, "margin": fs.margin, "free": fs.free, "fits": fs.fits, "peak_step": fs.peak_step,
+            "places": [loc for loc, _ in fs.locations], "outputs": list(fs.outputs)}
+
+
 def _descendants(pid: int) -> list[psutil.Process]:
     try:
         return psutil.Process(pid).children(recursive=True)
@@ -525,6 +542,9 @@ def _deployment_run(deploy: Path, here: Path, entry: str, src: Path, record: Any
     settings = Settings.from_env(env)
     senv = {**env, **stack.stack_env(settings)}
     deployment = f"convert/{entry}"
+    preflight = _preflight(settings, src)
+    print(f"  preflight: {preflight['needed'] / 2**30:.2f} GiB at {preflight['peak_step']} on the disk of "
+          f"{', '.join(preflight['places'])}, {preflight['free'] / 2**30:.2f} GiB free", flush=True)
     try:
         _checked("modelmint stack up", _run([sys.executable, "-m", "pipelines.cli", "stack", "up"], env, ROOT))
         spec = here / "prefect-bench.yaml"
@@ -560,7 +580,7 @@ def _deployment_run(deploy: Path, here: Path, entry: str, src: Path, record: Any
     summaries = list((project / "work").rglob("build.json"))
     built = json.loads(summaries[0].read_text()) if summaries else {}
     run = DeploymentRun(
-        measured=m, flow_run=flow, steps=steps, by_task=by_task, timings=built.get("timings", {}),
+        measured=m, flow_run=flow, preflight=preflight, steps=steps, by_task=by_task, timings=built.get("timings", {}),
         registered=[f"{entry}:{p.stem}" for p in manifests], images=images,
         outputs_bytes=sum(v.get("size_bytes") or 0 for v in built.get("variants", {}).values()),
         left_on_disk=_du(deploy))
