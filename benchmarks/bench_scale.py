@@ -222,6 +222,7 @@ def bench_size(size: str, work: Path, settings: Settings, *, keep: bool, publish
             [sys.executable, ROOT / "benchmarks" / "make_shape_model.py", name, src], disk=here)))
     else:
         print(f"  {name}: reusing {src}", flush=True)
+    _fits_or_exit(here, src, publish=publish)
     shards = sorted(src.glob("*.safetensors"))
     row["source_bytes"] = sum(f.stat().st_size for f in shards)
     row["source_files"] = [f.name for f in shards]
@@ -480,6 +481,23 @@ def _deployment_yaml(entry: str) -> dict[str, Any]:
     dep = {**template, "name": entry, "parameters": {"model": entry},
            "description": f"{entry}: a checkpoint of a release's shape (random weights), benchmarks/bench_scale.py"}
     return {k: v for k, v in project.items() if k != "definitions"} | {"deployments": [dep]}
+
+
+def _fits_or_exit(here: Path, src: Path, *, publish: bool) -> None:
+    """Before the raw tools (hours at 7B): stop when the deployment run's own disk check would refuse it, on the
+    places the run will have (its project, DVC remote and registry storage under `here`)."""
+    from pipelines.core.errors import RunTooLarge
+    from pipelines.core.resources import KLReference, Places, gguf_run, require, source_shape
+
+    d = here / "deployment"
+    places = Places(d / "project" / "work", d / "project" / "artifacts", d / "project" / ".dvc" / "cache",
+                    dvc_remote=d / "dvc-remote", oci_registry=d / "oci" / "storage" if publish else None)
+    check = gguf_run(source_shape(src), QUANTS, places, imatrix=False, kl=KLReference(GGUF_EVAL_CTX, GGUF_EVAL_CHUNKS))
+    try:
+        require(check, what=f"the deployment run of {src.parent.name}")
+    except RunTooLarge as err:
+        more = " --no-publish leaves the registry's copy out." if publish else ""
+        raise SystemExit(f"{err}\n(bench_scale: nothing was run.{more})") from None
 
 
 def _preflight(settings: Settings, src: Path) -> dict[str, Any]:

@@ -353,6 +353,8 @@ def test_a_local_dvc_remote_and_registry_storage_each_count_one_copy_on_their_di
     assert f"{hand / GIB:.1f} GiB" == "50.1 GiB" and "needs 50.1 GiB at its peak, 40.0 MiB free" in text
     assert f"the DVC remote {disk / 'remote'}" in err.value.hint or f"the DVC remote {disk / 'remote'}" in text
     assert "`dvc remote modify local url" in err.value.hint and "modelmint registry serve --dir" in err.value.hint
+    # the scratch files are the runs' own to remove, after the publication: no setting to offer for them
+    assert "do not keep the f16" not in text
 
     # the remote on a disk of its own: the variants once there, named with their way out
     work, remote = small_disk("40m"), small_disk("40m")

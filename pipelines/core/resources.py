@@ -537,10 +537,8 @@ def require(check: ResourceCheck, *, what: str, variants_option: str = "--varian
             copies = "each registered variant is copied to artifacts/ or the DVC cache on their own disk; " if any(
                 o.location in ("artifacts", "dvc_cache") for o in check.outputs) else ""
             ways.append(f"ask for fewer variants with `{variants_option}` ({copies}{each})")
-        saved = max(fs.needed - _peak(_on(check, fs), len(check.steps), check.validated_at)[0] for fs in check.short)
-        if saved > 0:
-            ways.append(f"do not keep the f16 and the KL reference logits once the variants are validated (a peak "
-                        f"{_gib(saved)} lower)")
+        # (no way out offered for the f16 and the logits: the runs remove them themselves, after the last
+        # registration and publication, register.drop_scratch; no setting removes them sooner)
         for fs in check.short:
             locs = {loc for loc, _ in fs.locations}
             if "work_dir" in locs:
