@@ -210,6 +210,8 @@ NOT_RECOVERED = {
     "llama-cpp-deepseek-r1.jinja",
     # the tag the TEMPLATE gives never starts the model's turn, and the calls name their tool as "tool_name"
     "CohereForAI-c4ai-command-r7b-12-2024-tool_use.jinja",
+    # an 'Action:' list of {"tool_name", "parameters"}: no "name" for the parser to find
+    "CohereForAI-c4ai-command-r-plus-tool_use.jinja",
 }
 # Templates whose Jinja renders tools only with llama.cpp's tojson (test_ollama_templates.llamacpp_tojson).
 LLAMACPP_TOJSON = {"llama-cpp-deepseek-r1.jinja"}

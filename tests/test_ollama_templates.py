@@ -101,6 +101,8 @@ CLAIMED: dict[str, tuple[str, TemplateTokens]] = {
     "muse-glimmer.jinja": ("glimmer", TemplateTokens("<|begin_of_text|>", "<|eot|>")),
     "CohereForAI-c4ai-command-r7b-12-2024-tool_use.jinja": ("command-r7b",
                                                             TemplateTokens("<BOS_TOKEN>", "<|END_OF_TURN_TOKEN|>")),
+    "CohereForAI-c4ai-command-r-plus-tool_use.jinja": ("command-r-plus",
+                                                       TemplateTokens("<BOS_TOKEN>", "<|END_OF_TURN_TOKEN|>")),
     "tencent-Hy3.jinja": ("hy3", TemplateTokens("<｜hy_begin_of_sentence:opensource｜>", "<｜hy_eos:opensource｜>")),
 }
 
@@ -109,6 +111,8 @@ _GEMMA_TOOLS = "Gemma 2 has no tool role: its template raises on the tool turns"
 _PHI_TOOLS = "Phi-3.5 has no tool calling: its template fails on a tool-call message (content None)"
 _QWEN2_TOOLS = "Qwen2's plain ChatML has no tool calling: it fails on a tool-call message (content None)"
 _HERMES_NO_TOOLS = "Hermes' tool_use template iterates tools unconditionally and fails without them (see test_hermes_without_tools)"
+_COMMAND_R_NO_TOOLS = ("Command R+'s tool_use template iterates tools unconditionally and fails without them (see "
+                       "test_command_r_plus_without_tools)")
 _KIMI_APPEND = ("Kimi K2 Instruct/Thinking append each call id to a list (tool_response_queue.ids.append), which "
                 "transformers' immutable sandbox refuses (see test_kimi_tool_calls_match_a_mutable_sandbox)")
 _R1_LLAMACPP_TOOLS = ("llama.cpp's DeepSeek-R1 template pipes a generator (tools | map(...)) to tojson, which "
@@ -125,6 +129,9 @@ DOCUMENTED: dict[tuple[str, str], str] = {
                                                   "think-on", "think-off")},
     **{("deepseek-r1-llama.cpp", c): _R1_LLAMACPP_TOOLS for c in ("tools-offered", "tools-offered-no-system",
                                                                   *_TOOL_CALL_CONVERSATIONS)},
+    **{("command-r-plus", c): _COMMAND_R_NO_TOOLS for c in ("user", "system-user", "multi-turn", "system-multi-turn",
+                                                             "continue-assistant", "special-characters",
+                                                             "reasoning-in-history", "think-on", "think-off")},
     ("llama3", "parallel-tool-calls"): "Llama 3.x raises 'This model only supports single tool-calls at once!'",
     ("gemma", "system-user"): _GEMMA_SYSTEM,
     ("gemma", "system-multi-turn"): _GEMMA_SYSTEM,
@@ -285,6 +292,7 @@ OLLAMA_READING = {
     "deepseek-ai-DeepSeek-R1-Distill-Llama-8B.jinja": (False, "{", ("<think>", "</think>")),
     "llama-cpp-deepseek-r1.jinja": (True, "{", ("<think>", "</think>")),
     "deepseek-ai-DeepSeek-V3.1.jinja": (False, "<｜Assistant｜><think></think>", ("<think>", "</think>")),
+    "CohereForAI-c4ai-command-r-plus-tool_use.jinja": (True, "<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>", ()),
     "CohereForAI-c4ai-command-r7b-12-2024-tool_use.jinja": (True, "<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|><|START_THINKING|>",
                                                             ("<|START_THINKING|>", "<|END_THINKING|>")),
     "google-gemma-2-2b-it.jinja": (False, "{", ()),
@@ -531,6 +539,23 @@ def test_qwen3_tool_call_content_none_needs_empty_string(templates_dir: Path) ->
 
 
 HERMES = "NousResearch-Hermes-3-Llama-3.1-8B-tool_use.jinja"
+
+
+@pytest.mark.parametrize("conversation", ["user", "system-multi-turn", "continue-assistant", "special-characters"])
+def test_command_r_plus_without_tools(settings: Settings, templates_dir: Path, conversation: str) -> None:
+    # The Jinja fails on tools=None; given an empty tool list it renders, and the TEMPLATE without tools equals that.
+    from pipelines.chat.proof import hf_messages, ollama_messages
+
+    name = "CohereForAI-c4ai-command-r-plus-tool_use.jinja"
+    conv = next(c for c in SUITE if c.name == conversation)
+    family, tokens = FAMILIES["command-r-plus"], CLAIMED[name][1]
+    jinja = _jinja(templates_dir, name)
+    expected = chat_template.render(jinja, hf_messages(conv, family, jinja), tools=[], bos_token=tokens.bos,
+                                    add_generation_prompt=not conv.continues_assistant,
+                                    continue_final_message=conv.continues_assistant)
+    assert "## Available Tools" in expected
+    go = render(OllamaRequest(family.template(jinja, tokens), tuple(ollama_messages(conv))), settings)
+    assert tokens.bos + go == expected
 
 
 @pytest.mark.parametrize("conversation", ["multi-turn", "system-multi-turn", "continue-assistant"])
