@@ -22,7 +22,7 @@ from flows.tasks import _step_key, _transient
 from pipelines.core.errors import ConfigError, HubUnavailable
 from pipelines.core.settings import project_root
 from pipelines.source.catalog import load_catalog
-from pipelines.store.manifest import find_manifest, list_manifests, manifest_path
+from pipelines.store.manifest import find_manifest, list_manifests
 
 ROOT = project_root()
 
@@ -229,69 +229,8 @@ def test_a_second_checkout_on_the_same_server_builds_in_its_own_directory(
     assert (second.root / m.dvc.path / m.file).is_file()
 
 
-# ---------------------------------------------------------------- registration faults, as the CLI survives them
-
-
-@pytest.mark.slow
-def test_a_run_whose_push_fails_leaves_dvc_lock_as_it_was(project: Repo, monkeypatch) -> None:
-    """The registration the flow runs is the CLI's (tests/faults/test_registry_faults.py): a push that fails puts
-    dvc.lock back, so it never names a version that is in neither the DVC cache nor the remote."""
-    monkeypatch.setattr("pipelines.compose.RETRY_DELAYS", (0, 0, 0), raising=False)
-    _run(model="tiny-qwen2", variants=["q8_0"])
-    lock = project.root / "dvc.lock"
-    before = lock.read_bytes()
-    dvc(project.root, "remote", "modify", "local", "url", "/proc/modelmint-no-such-mount/remote")
-    state = convert(model="tiny-qwen2", variants=["q4_k_m"], return_state=True)
-    assert state.is_failed()
-    assert "q4_k_m" in state.message and "register" in state.message, state.message
-    assert lock.read_bytes() == before
-    assert not manifest_path(project.settings(), "tiny-qwen2", "q4_k_m").exists()
-    # the remote back: the same run registers it, and dvc.lock records it with the remote in sync
-    dvc(project.root, "remote", "modify", "local", "url", str(project.remote))
-    _run(model="tiny-qwen2", variants=["q4_k_m"])
-    m = find_manifest(project.settings(), "tiny-qwen2:q4_k_m")
-    assert m.dvc.pushed and m.dvc.md5 in lock.read_text()
-
-
-@pytest.mark.slow
-def test_a_run_whose_catalog_entry_moves_during_validation_registers_nothing(
-    project: Repo, tmp_path: Path, monkeypatch
-) -> None:
-    """`watch --apply` (or a hand edit) changing the entry while the run validates: dvc.lock would record the
-    artifact as built from the new entry. The flow refuses it as the CLI does, names the change and the rebuild."""
-    import threading
-    import time
-
-    monkeypatch.setenv("MODELMINT_WORK_DIR", str(tmp_path / "fresh-work"))  # a build of its own: validation runs
-    catalog = project.root / "registry" / "catalog.yaml"
-    text = catalog.read_text()
-    lock = project.root / "dvc.lock"
-    locked = lock.read_bytes() if lock.exists() else None
-    edited: list[str] = []
-
-    def edit_when_validating() -> None:
-        deadline = time.monotonic() + 600
-        with get_client(sync_client=True) as client:
-            while time.monotonic() < deadline and not edited:
-                runs = client.read_task_runs()
-                if any(r.name.startswith("validate-q4_k_m") and r.state is not None and r.state.name == "Running"
-                       for r in runs):
-                    catalog.write_text(text.replace("license: apache-2.0", "license: mit", 1))
-                    edited.append("license")
-                    return
-                time.sleep(0.1)
-
-    watcher = threading.Thread(target=edit_when_validating, daemon=True)
-    watcher.start()
-    state = convert(model="tiny-qwen2", variants=["q4_k_m"], return_state=True)
-    watcher.join(timeout=5)
-    assert edited, "the run was never seen validating"
-    assert state.is_failed()
-    assert "the catalog entry tiny-qwen2 changed while it was being built (license)" in state.message, state.message
-    assert "modelmint convert tiny-qwen2 --variants q4_k_m --register" in state.message
-    assert not (project.root / "artifacts" / "tiny-qwen2" / "q4_k_m").exists()
-    assert not manifest_path(project.settings(), "tiny-qwen2", "q4_k_m").exists()
-    assert (lock.read_bytes() if lock.exists() else None) == locked
+# Registration faults (a failed push, a full DVC cache, the catalog entry moving during validation, a damaged remote
+# object) run through the flow and the CLI alike, with the same assertions: tests/faults/test_registration_executors.py
 
 
 def test_kubernetes_job_template_requests_gpus_through_a_declared_variable() -> None:

@@ -219,7 +219,10 @@ def test_a_catalog_entry_edited_while_validating_registers_nothing_and_the_rerun
     assert edited, "the run was never seen validating"
     _assert_failed_and_nothing_moved(project, ran, before,
                                      f"the catalog entry {MODEL} changed while it was being built (license)", REBUILD)
+    # refused before anything was placed: the workspace holds the registered version's files still
     assert not any((project.root / "artifacts" / MODEL).glob(f"{VARIANT}.partial-*"))
+    m = find_manifest(project.settings(), REF)
+    assert hashlib.sha256((project.root / m.dvc.path / m.file).read_bytes()).hexdigest() == m.sha256
     _assert_rerun_registers(project, RUN[executor], shared_work)
 
 
