@@ -560,10 +560,10 @@ def _deployment_run(deploy: Path, here: Path, entry: str, src: Path, record: Any
     settings = Settings.from_env(env)
     senv = {**env, **stack.stack_env(settings)}
     deployment = f"convert/{entry}"
-    preflight = _preflight(settings, src)
-    print(f"  preflight: {preflight['needed'] / 2**30:.2f} GiB at {preflight['peak_step']} on the disk of "
-          f"{', '.join(preflight['places'])}, {preflight['free'] / 2**30:.2f} GiB free", flush=True)
     try:
+        preflight = _preflight(settings, src)
+        print(f"  preflight: {preflight['needed'] / 2**30:.2f} GiB at {preflight['peak_step']} on the disk of "
+              f"{', '.join(preflight['places'])}, {preflight['free'] / 2**30:.2f} GiB free", flush=True)
         _checked("modelmint stack up", _run([sys.executable, "-m", "pipelines.cli", "stack", "up"], env, ROOT))
         spec = here / "prefect-bench.yaml"
         spec.write_text(yaml.safe_dump(_deployment_yaml(entry), sort_keys=False))
