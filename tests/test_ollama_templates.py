@@ -103,6 +103,7 @@ CLAIMED: dict[str, tuple[str, TemplateTokens]] = {
                                                             TemplateTokens("<BOS_TOKEN>", "<|END_OF_TURN_TOKEN|>")),
     "CohereForAI-c4ai-command-r-plus-tool_use.jinja": ("command-r-plus",
                                                        TemplateTokens("<BOS_TOKEN>", "<|END_OF_TURN_TOKEN|>")),
+    "openai-gpt-oss-120b.jinja": ("gpt-oss", TemplateTokens(None, "<|return|>", engine_adds_bos=False)),
     "tencent-Hy3.jinja": ("hy3", TemplateTokens("<｜hy_begin_of_sentence:opensource｜>", "<｜hy_eos:opensource｜>")),
 }
 
@@ -539,6 +540,17 @@ def test_qwen3_tool_call_content_none_needs_empty_string(templates_dir: Path) ->
 
 
 HERMES = "NousResearch-Hermes-3-Llama-3.1-8B-tool_use.jinja"
+
+
+def test_gpt_oss_template_is_one_ollama_parses_with_harmony(settings: Settings, templates_dir: Path) -> None:
+    # Ollama sets PARSER harmony for a gpt-oss model whose TEMPLATE holds <|start|> and <|end|>
+    # (server/routes.go:77-87 shouldUseHarmony at the pinned commit); a think level reaches "Reasoning:" as it is.
+    name = "openai-gpt-oss-120b.jinja"
+    family_name, tokens = CLAIMED[name]
+    template = FAMILIES[family_name].template(_jinja(templates_dir, name), tokens)
+    assert "<|start|>" in template and "<|end|>" in template
+    hi = render(OllamaRequest(template, ({"role": "user", "content": "hi"},), think="high", now="2026-03-01"), settings)
+    assert "Current date: 2026-03-01\n\nReasoning: high\n\n" in hi and hi.endswith("<|end|><|start|>assistant")
 
 
 @pytest.mark.parametrize("conversation", ["user", "system-multi-turn", "continue-assistant", "special-characters"])
