@@ -606,7 +606,9 @@ def _deployment_run(deploy: Path, here: Path, entry: str, src: Path, record: Any
         raise SystemExit(f"{deployment} completed but registered {run.registered} and published {run.images}")
     if not keep:
         shutil.rmtree(deploy)
-        shutil.rmtree(prefect_home, ignore_errors=True)
+        for extra in (prefect_home, site):
+            shutil.rmtree(extra, ignore_errors=True)
+        (here / "prefect-bench.yaml").unlink(missing_ok=True)
     return run
 
 
