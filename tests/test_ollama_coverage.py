@@ -38,8 +38,9 @@ from tests.test_ollama_templates import CLAIMED
 # V3.1, GLM-4.7, LFM2, Laguna XS.2, Cohere2 MoE, Muse Glimmer, Nemotron 3 Nano and Qwen3.5, were checked against their
 # Jinja (tests/test_ollama_renderers.py) and found to render differently: now refused; 48 with llama.cpp's own
 # DeepSeek-R1 template, 54 with proven TEMPLATEs in place of the RENDERERs of Muse Glimmer, LFM2, Qwen3.5,
-# Qwen3-Coder, GLM-4.7 and DeepSeek V3.1, 55 with Command R7B, 56 with Command R+, 57 with gpt-oss.)
-COVERED_AT_LEAST = 57
+# Qwen3-Coder, GLM-4.7 and DeepSeek V3.1, 55 with Command R7B, 56 with Command R+, 57 with gpt-oss, 58 with
+# Apriel 1.6.)
+COVERED_AT_LEAST = 58
 
 
 @pytest.fixture(scope="module")
@@ -165,11 +166,11 @@ def test_a_refusal_names_the_constructs_go_cannot_express(tree: tuple[Path, str]
     row = classify("gigachat3", (tree[0] / "GigaChat3-10B-A1.8B.jinja").read_text(encoding="utf-8"))
     assert row.kind == "refused" and "it uses what Go templates cannot express: " in row.reason
     # each construct with the line where the template first uses it
-    apriel = (tree[0] / "Apriel-1.6-15b-Thinker-fixed.jinja").read_text(encoding="utf-8")
-    at = go_blockers_at(apriel)
-    split_line = next(n for n, line in enumerate(apriel.split("\n"), 1) if ".split(" in line)
+    minicpm = (tree[0] / "openbmb-MiniCPM5-1B.jinja").read_text(encoding="utf-8")
+    at = go_blockers_at(minicpm)
+    split_line = next(n for n, line in enumerate(minicpm.split("\n"), 1) if ".split(" in line)
     assert f"splitting strings (.split) at line {split_line} (" in " ".join(at), at
-    assert all(a in classify("apriel", apriel).reason for a in at)
+    assert all(a in classify("minicpm", minicpm).reason for a in at)
     assert "splitting strings (.split)" in go_blockers((tree[0] / "Qwen-Qwen3-0.6B.jinja").read_text(encoding="utf-8"))
     assert go_blockers("{% for m in messages %}{{ m.content }}{% endfor %}") == []
     assert go_blockers("{{ messages|length - 1 }}{{ x | trim }}") == ["stripping whitespace (.strip / trim)",

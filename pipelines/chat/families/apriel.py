@@ -102,3 +102,120 @@ register(ChatFamily(
         "the Jinja's 'content' role and image chunks have no counterpart in Ollama's messages",
     ),
 ))
+
+
+# ---------------------------------------------------------------- Apriel 1.6 Thinker (tools as Python reprs)
+
+# Python's repr() of what Ollama holds for a tool, in its struct order: str() of each tool is what the Jinja prints.
+# Strings print between single quotes as they are (repr escapes quotes, backslashes and control characters: a
+# TEMPLATE cannot).
+_PYREPR_DEFINE = (
+    '{{- define "mm_pyrepr" }}{{ $t := printf "%T" . }}{{ if eq $t "string" }}\'{{ . }}\''
+    '{{ else if eq $t "bool" }}{{ if . }}True{{ else }}False{{ end }}{{ else if eq $t "<nil>" }}None'
+    '{{ else if eq $t "map[string]interface {}" }}{{ "{" }}{{ $first := true }}{{ range $k, $v := . }}'
+    '{{ if not $first }}, {{ end }}{{ $first = false }}\'{{ $k }}\': {{ template "mm_pyrepr" $v }}{{ end }}{{ "}" }}'
+    '{{ else if eq $t "[]interface {}" }}[{{ range $i, $v := . }}{{ if $i }}, {{ end }}{{ template "mm_pyrepr" $v }}'
+    '{{ end }}]{{ else }}{{ json . }}{{ end }}{{ end }}\n'
+    '{{- define "mm_pyprop" }}{{ "{" }}{{ $sep := "" }}'
+    '{{- if .Type }}{{ $sep }}\'type\': {{ if eq (len .Type) 1 }}\'{{ index .Type 0 }}\'{{ else }}['
+    '{{ range $i, $t := .Type }}{{ if $i }}, {{ end }}\'{{ $t }}\'{{ end }}]{{ end }}{{ $sep = ", " }}{{ end }}'
+    '{{- if .Items }}{{ $sep }}\'items\': {{ template "mm_pyrepr" .Items }}{{ $sep = ", " }}{{ end }}'
+    '{{- if .Enum }}{{ $sep }}\'enum\': [{{ range $i, $e := .Enum }}{{ if $i }}, {{ end }}{{ template "mm_pyrepr" $e }}'
+    '{{ end }}]{{ $sep = ", " }}{{ end }}'
+    '{{- if .Description }}{{ $sep }}\'description\': \'{{ .Description }}\'{{ end }}{{ "}" }}{{ end }}\n'
+    '{{- define "mm_pytool" }}{{ "{" }}\'type\': \'{{ .Type }}\', \'function\': {{ "{" }}{{ with .Function }}'
+    '\'name\': \'{{ .Name }}\'{{ if .Description }}, \'description\': \'{{ .Description }}\'{{ end }}, \'parameters\': '
+    '{{ "{" }}\'type\': \'{{ .Parameters.Type }}\', \'properties\': {{ "{" }}{{ $first := true }}'
+    '{{ range $k, $v := .Parameters.Properties }}{{ if not $first }}, {{ end }}{{ $first = false }}\'{{ $k }}\': '
+    '{{ template "mm_pyprop" $v }}{{ end }}{{ "}" }}{{ if .Parameters.Required }}, \'required\': ['
+    '{{ range $i, $r := .Parameters.Required }}{{ if $i }}, {{ end }}\'{{ $r }}\'{{ end }}]{{ end }}{{ "}" }}'
+    '{{ end }}{{ "}}" }}{{ end }}\n'
+)
+_APRIEL16_MARK = "\x00mmS\x00"
+
+
+def _detect_apriel16(src: str) -> bool:
+    return _has_all(
+        src, "<|begin_system|>", "<|begin_user|>", "<|begin_assistant|>", "<|begin_tool_result|>", "<|end|>",
+        "ServiceNow Language Models (SLAM) lab", "[BEGIN FINAL RESPONSE]", "{{ tool|string }}",
+        "reasoning_asst_turn_start = 'Here are my reasoning steps:\\n'", "add_tool_id == true and 'id' in tool_call",
+    )
+
+
+def _apriel16_parts(src: str) -> tuple[str, str, str]:
+    """(the system block before the system text, the tool block before the tools, the tool block after them),
+    cut out of the Jinja rendered with marker values."""
+    from pipelines.chat.jinja import render
+
+    tool = {"type": "function", "function": {"name": "n", "description": "d",
+                                             "parameters": {"type": "object", "properties": {}}}}
+    user = {"role": "user", "content": "u"}
+    with_sys = render(src, [{"role": "system", "content": _APRIEL16_MARK}, user], tools=[tool], bos_token="")
+    head = with_sys[:with_sys.index(_APRIEL16_MARK)]
+    tool_text = str(tool)
+    at = with_sys.index(tool_text)
+    before = with_sys[with_sys.index(_APRIEL16_MARK) + len(_APRIEL16_MARK) + 1:at]
+    after = with_sys[at + len(tool_text):with_sys.index("<|begin_user|>")]
+    return head, before, after[:-1]
+
+
+# The generation prompt ends with the opening thinking tag the TEMPLATE declares ("Here are my reasoning steps:"), so
+# Ollama starts a thinking request in the reasoning (server/routes.go:2720-2730) and ends it at [BEGIN FINAL RESPONSE].
+def _build_apriel16(src: str, tokens: TemplateTokens) -> str:
+    head, before_tools, after_tools = _apriel16_parts(src)
+    return json_defines() + _PYREPR_DEFINE + _fill(
+        """
+{{- $msgs := .Messages }}{{ $hasSys := and $msgs (eq (index $msgs 0).Role "system") }}
+{{- «BOS» }}
+{{- if not $hasSys }}{{ «HEAD» }}{{ if .Tools }}{{ «BEFORE» }}{{ range .Tools }}{{ template "mm_pytool" . }}{{ end }}{{ «AFTER» }}«NL»{{ end }}{{ end }}
+{{- $prev := "" }}
+{{- range $i, $m := .Messages }}
+    «LOOP_HEAD»
+    {{- if eq .Role "user" }}<|begin_user|>«NL»{{ .Content }}
+    {{- else if eq .Role "system" }}{{ if $i }}«BOS_MID»{{ end }}{{ «HEAD» }}{{ .Content }}{{ "\\n" }}
+        {{- if $.Tools }}{{ «BEFORE» }}{{ range $.Tools }}{{ template "mm_pytool" . }}{{ end }}{{ «AFTER» }}«NL»{{ end }}
+    {{- else if eq .Role "assistant" }}«NL»<|begin_assistant|>{{ "\\n" }}
+        {{- if and $last .Thinking }}{{ .Thinking }}«NL»[BEGIN FINAL RESPONSE]«NL»{{ end }}{{ .Content }}
+        {{- if .ToolCalls }}«NL»<tool_calls>[{{ range $j, $c := .ToolCalls }}{{ if $j }}, {{ end }}{"name": "{{ .Function.Name }}", "arguments": {{ template "mm_args" .Function.Arguments }}
+            {{- if and (not $last) .ID }}, "id": "{{ .ID }}"{{ end }}}{{ end }}]</tool_calls>
+        {{- end }}
+        {{- if not $last }}«NL»<|end|>«NL»{{ end }}
+    {{- else if eq .Role "tool" }}<|begin_tool_result|>«NL»{{ .Content }}{{ "\\n\\n\\n" }}
+    {{- end }}
+    {{- /* Never renders: the last .Thinking of the loop, between the texts Ollama takes as thinking tags. */}}
+    {{- if false }}Here are my reasoning steps:{{ .Thinking }}[BEGIN FINAL RESPONSE]{{ end }}
+    {{- $prev = .Role }}
+{{- end }}
+{{- if ne $prev "assistant" }}«NL»<|begin_assistant|>«NL»Here are my reasoning steps:«NL»{{ end }}
+""",
+        BOS=golit(tokens.bos_text)[3:-3],
+        BOS_MID=golit(tokens.bos or ""),
+        HEAD=golit(head)[3:-3],
+        BEFORE=golit(before_tools)[3:-3],
+        AFTER=golit(after_tools)[3:-3],
+        LOOP_HEAD=_LOOP_HEAD,
+    )
+
+
+register(ChatFamily(
+    name="apriel-1.6",
+    title="ServiceNow Apriel 1.6 Thinker (<|begin_system|>/<|begin_user|>/<|begin_assistant|>, tools as Python reprs)",
+    detect=_detect_apriel16,
+    build=_build_apriel16,
+    stop=("<|end|>", "<|begin_user|>"),
+    bos_in_template=True,
+    thinking=True,
+    reasoning_key="reasoning_content",
+    markers=("<|begin_system|>", "<|begin_user|>", "<|begin_assistant|>", "<|begin_tool_result|>",
+             "[BEGIN FINAL RESPONSE]"),
+    tool_calls=("TEMPLATE: Ollama's tool parser waits for <tool_calls>[ (the tag the TEMPLATE gives), then reads each "
+                "call's name and JSON arguments; checked on the model's own output for the suite's tool-call "
+                "conversations"),
+    notes=(
+        "the Jinja prints each tool as Python's str() of its dict; the TEMPLATE prints what Ollama holds in its "
+        "struct order, strings between single quotes as they are (repr would escape quotes and backslashes)",
+        "the Jinja keeps only the text after '[BEGIN FINAL RESPONSE]' of an earlier assistant turn and trims it; Go "
+        "templates cannot split strings: the TEMPLATE relies on Ollama passing reasoning in .Thinking",
+        "the Jinja prints the reasoning of the last assistant message only; so does the TEMPLATE",
+    ),
+))
