@@ -39,8 +39,8 @@ from tests.test_ollama_templates import CLAIMED
 # Jinja (tests/test_ollama_renderers.py) and found to render differently: now refused; 48 with llama.cpp's own
 # DeepSeek-R1 template, 54 with proven TEMPLATEs in place of the RENDERERs of Muse Glimmer, LFM2, Qwen3.5,
 # Qwen3-Coder, GLM-4.7 and DeepSeek V3.1, 55 with Command R7B, 56 with Command R+, 57 with gpt-oss, 58 with
-# Apriel 1.6.)
-COVERED_AT_LEAST = 58
+# Apriel 1.6, 59 with Kimi K3.)
+COVERED_AT_LEAST = 59
 
 
 @pytest.fixture(scope="module")

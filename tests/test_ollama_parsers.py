@@ -212,6 +212,8 @@ NOT_RECOVERED = {
     "CohereForAI-c4ai-command-r7b-12-2024-tool_use.jinja",
     # an 'Action:' list of {"tool_name", "parameters"}: no "name" for the parser to find
     "CohereForAI-c4ai-command-r-plus-tool_use.jinja",
+    # <|open|>call …<|sep|> tags with typed <argument>s: no JSON object
+    "Kimi-K3.jinja",
 }
 # Templates whose Jinja renders tools only with llama.cpp's tojson (test_ollama_templates.llamacpp_tojson).
 LLAMACPP_TOJSON = {"llama-cpp-deepseek-r1.jinja"}

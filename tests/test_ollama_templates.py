@@ -105,6 +105,7 @@ CLAIMED: dict[str, tuple[str, TemplateTokens]] = {
     "CohereForAI-c4ai-command-r-plus-tool_use.jinja": ("command-r-plus",
                                                        TemplateTokens("<BOS_TOKEN>", "<|END_OF_TURN_TOKEN|>")),
     "openai-gpt-oss-120b.jinja": ("gpt-oss", TemplateTokens(None, "<|return|>", engine_adds_bos=False)),
+    "Kimi-K3.jinja": ("kimi-k3", TemplateTokens(None, "<|end_of_msg|>", engine_adds_bos=False)),
     "tencent-Hy3.jinja": ("hy3", TemplateTokens("<｜hy_begin_of_sentence:opensource｜>", "<｜hy_eos:opensource｜>")),
 }
 
@@ -295,6 +296,7 @@ OLLAMA_READING = {
     "llama-cpp-deepseek-r1.jinja": (True, "{", ("<think>", "</think>")),
     "deepseek-ai-DeepSeek-V3.1.jinja": (False, "<｜Assistant｜><think></think>", ("<think>", "</think>")),
     "CohereForAI-c4ai-command-r-plus-tool_use.jinja": (True, "<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>", ()),
+    "Kimi-K3.jinja": (True, "<|close|>response<|sep|>", ("<|open|>think<|sep|>", "<|close|>think<|sep|>")),
     "Apriel-1.6-15b-Thinker-fixed.jinja": (True, "<tool_calls>[", ("Here are my reasoning steps:",
                                                                   "[BEGIN FINAL RESPONSE]")),
     "CohereForAI-c4ai-command-r7b-12-2024-tool_use.jinja": (True, "<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|><|START_THINKING|>",
