@@ -126,6 +126,10 @@ def convert(model: str, variants: list[str] | None = None, revision: str | None 
             header += lines
             results.append(result)
             if result.plan is not None:
+                # the f16 and its reference logits go once every variant passed, before registration: what follows
+                # reads only the variants (MODELMINT_KEEP_SCRATCH keeps them)
+                reg.drop_scratch(settings, fmt.scratch(result.plan), passed=result.passed,
+                                 asked=[*result.asked, *result.variants, *result.errors])
                 # the registration steps the CLI runs (pipelines/compose.py), one task each: register-<v> (place,
                 # dvc commit, push, manifest; dvc.lock restored on failure), then publish-image-<v> with an OCI
                 # registry: only what passed its gate, each variant on its own
@@ -134,9 +138,6 @@ def convert(model: str, variants: list[str] | None = None, revision: str | None 
                 done = execute(listed, prefect_runner(settings), progress=get_run_logger().info)
                 ran = registered_of(done, result.passed)
                 registered.update(ran)
-                # the f16 and its reference logits go once every variant is registered (MODELMINT_KEEP_SCRATCH)
-                reg.drop_scratch(settings, fmt.scratch(result.plan), registered=ran.refs,
-                                 asked=[*result.asked, *result.variants, *result.errors])
         registrations, published = registered.registrations, registered.published
         report = run_report(
             entry.name, results, registered.refs, registered.errors,

@@ -403,9 +403,10 @@ def build_and_register(
         return Run(result)
     from pipelines.registry.register import drop_scratch
 
-    refs, errors = register_passed(settings, candidates_of(fmt, result), track=track, say=progress, force=force)
+    # the f16 and its reference logits go once every variant passed, before registration (MODELMINT_KEEP_SCRATCH)
     drop_scratch(settings, fmt.scratch(result.plan), asked=[*result.asked, *result.variants, *result.errors],
-                 registered=refs)
+                 passed=result.passed)
+    refs, errors = register_passed(settings, candidates_of(fmt, result), track=track, say=progress, force=force)
     return Run(result, refs, errors)
 
 

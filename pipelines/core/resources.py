@@ -537,8 +537,8 @@ def require(check: ResourceCheck, *, what: str, variants_option: str = "--varian
             copies = "each registered variant is copied to artifacts/ or the DVC cache on their own disk; " if any(
                 o.location in ("artifacts", "dvc_cache") for o in check.outputs) else ""
             ways.append(f"ask for fewer variants with `{variants_option}` ({copies}{each})")
-        # (no way out offered for the f16 and the logits: the runs remove them themselves, after the last
-        # registration and publication, register.drop_scratch; no setting removes them sooner)
+        # (no way out offered for the f16 and the logits: a registering run removes them itself once every variant
+        # passed, before its first registration, register.drop_scratch; no setting removes them sooner)
         for fs in check.short:
             locs = {loc for loc, _ in fs.locations}
             if "work_dir" in locs:

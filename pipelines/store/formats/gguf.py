@@ -118,8 +118,11 @@ def _gguf_resources(plan: GGUFPlan, places: Places) -> ResourceCheck:
     if plan.imatrix_path is not None:
         paths["imatrix"] = plan.imatrix_path
     shape = source_shape(plan.snapshot.path, hash_cache(plan.settings))
+    # a registering run removes the f16 and the logits once every variant passed, before its first registration
+    # (register.drop_scratch), unless MODELMINT_KEEP_SCRATCH; a run that only builds keeps them
+    keep = plan.settings.keep_scratch or places.artifacts is None
     return gguf_run(shape, plan.spec.quants, places, imatrix=plan.spec.imatrix,
-                    kl=KLReference(GGUF_EVAL_CTX, GGUF_EVAL_CHUNKS), paths=paths)
+                    kl=KLReference(GGUF_EVAL_CTX, GGUF_EVAL_CHUNKS), paths=paths, keep_f16=keep)
 
 
 def _gguf_header(result: BuildResult) -> list[str]:
