@@ -214,6 +214,8 @@ NOT_RECOVERED = {
     "CohereForAI-c4ai-command-r-plus-tool_use.jinja",
     # <|open|>call …<|sep|> tags with typed <argument>s: no JSON object
     "Kimi-K3.jinja",
+    # <function name=…><param name=…> XML: no JSON object
+    "openbmb-MiniCPM5-1B.jinja",
 }
 # Templates whose Jinja renders tools only with llama.cpp's tojson (test_ollama_templates.llamacpp_tojson).
 LLAMACPP_TOJSON = {"llama-cpp-deepseek-r1.jinja"}
