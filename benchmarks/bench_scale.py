@@ -492,7 +492,9 @@ def _fits_or_exit(here: Path, src: Path, *, publish: bool) -> None:
     d = here / "deployment"
     places = Places(d / "project" / "work", d / "project" / "artifacts", d / "project" / ".dvc" / "cache",
                     dvc_remote=d / "dvc-remote", oci_registry=d / "oci" / "storage" if publish else None)
-    check = gguf_run(source_shape(src), QUANTS, places, imatrix=False, kl=KLReference(GGUF_EVAL_CTX, GGUF_EVAL_CHUNKS))
+    # the registering run removes the f16 and the logits once every variant passed, before registration
+    check = gguf_run(source_shape(src), QUANTS, places, imatrix=False, kl=KLReference(GGUF_EVAL_CTX, GGUF_EVAL_CHUNKS),
+                     keep_f16=False)
     try:
         require(check, what=f"the deployment run of {src.parent.name}")
     except RunTooLarge as err:
@@ -508,7 +510,9 @@ def _preflight(settings: Settings, src: Path) -> dict[str, Any]:
     from pipelines.core.resources import KLReference, gguf_run, source_shape
 
     places = registry_places(settings, oci=oci_registry(settings))
-    check = gguf_run(source_shape(src), QUANTS, places, imatrix=False, kl=KLReference(GGUF_EVAL_CTX, GGUF_EVAL_CHUNKS))
+    # the registering run removes the f16 and the logits once every variant passed, before registration
+    check = gguf_run(source_shape(src), QUANTS, places, imatrix=False, kl=KLReference(GGUF_EVAL_CTX, GGUF_EVAL_CHUNKS),
+                     keep_f16=False)
     fs = next(f for f in check.filesystems if any(loc == "work_dir" for loc, _ in f.locations))
     return {"needed": fs.needed, "margin": fs.margin, "free": fs.free, "fits": fs.fits, "peak_step": fs.peak_step,
             "places": [loc for loc, _ in fs.locations], "outputs": list(fs.outputs)}
