@@ -3,9 +3,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from pipelines.chat.families.core import ChatFamily, TemplateTokens, register
 from pipelines.chat.families.helpers import _LOOP_HEAD, _fill, _has_all, golit
 from pipelines.chat.gojson import json_defines
+from pipelines.core.errors import UnsupportedModel
 
 # ---------------------------------------------------------------- Command R7B (tool_use template)
 #
@@ -26,7 +29,13 @@ def _detect_command_r7b(src: str) -> bool:
 def _preamble_parts(src: str) -> tuple[str, str, str, str]:
     """(head without tools, head before the tools, head after them, the developer preamble's heading): the texts
     the Jinja prints before the first turn."""
-    from pipelines.chat.jinja import render
+    from pipelines.chat.jinja import render as _render
+
+    def render(*args: Any, **kwargs: Any) -> str:
+        try:
+            return _render(*args, **kwargs)
+        except UnsupportedModel as err:  # another family's template, forced onto this one
+            raise ValueError(err.message) from err
 
     end = "<|END_OF_TURN_TOKEN|>"
     user = [{"role": "user", "content": _MARK.format("U")}]
@@ -140,7 +149,13 @@ def _detect_command_r_plus(src: str) -> bool:
 def _command_r_plus_parts(src: str) -> tuple[str, str, str, str]:
     """(the preamble before the system text, the default system text, the tools heading, the closing instruction
     turn), cut out of the Jinja rendered with marker values."""
-    from pipelines.chat.jinja import render
+    from pipelines.chat.jinja import render as _render
+
+    def render(*args: Any, **kwargs: Any) -> str:
+        try:
+            return _render(*args, **kwargs)
+        except UnsupportedModel as err:  # another family's template, forced onto this one
+            raise ValueError(err.message) from err
 
     end = "<|END_OF_TURN_TOKEN|>"
     tool = {"type": "function", "function": {"name": _MARK.format("N"), "description": "d",
