@@ -39,8 +39,8 @@ from tests.test_ollama_templates import CLAIMED
 # Jinja (tests/test_ollama_renderers.py) and found to render differently: now refused; 48 with llama.cpp's own
 # DeepSeek-R1 template, 54 with proven TEMPLATEs in place of the RENDERERs of Muse Glimmer, LFM2, Qwen3.5,
 # Qwen3-Coder, GLM-4.7 and DeepSeek V3.1, 55 with Command R7B, 56 with Command R+, 57 with gpt-oss, 58 with
-# Apriel 1.6, 59 with Kimi K3, 60 with MiniCPM 5.)
-COVERED_AT_LEAST = 60
+# Apriel 1.6, 59 with Kimi K3, 60 with MiniCPM 5, 61 with Reka Edge.)
+COVERED_AT_LEAST = 61
 
 
 @pytest.fixture(scope="module")
@@ -106,7 +106,7 @@ def test_renderer_mapped_templates(tree: tuple[Path, str], name: str) -> None:
 
 # Near-misses: a neighbour of a family (an older or newer version) refused with what differs.
 NEAR_MISSES = {
-    "Reka-Edge.jinja": ("qwen3", "lacks '<|im_start|>', '<|im_end|>'"),
+    "NVIDIA-Nemotron-Nano-v2.jinja": ("qwen3", "lacks '<|im_start|>', '<|im_end|>'"),
     "meetkai-functionary-medium-v3.2.jinja": ("llama3", "'tools_in_user_message'"),
 }
 
@@ -166,11 +166,11 @@ def test_a_refusal_names_the_constructs_go_cannot_express(tree: tuple[Path, str]
     row = classify("gigachat3", (tree[0] / "GigaChat3-10B-A1.8B.jinja").read_text(encoding="utf-8"))
     assert row.kind == "refused" and "it uses what Go templates cannot express: " in row.reason
     # each construct with the line where the template first uses it
-    reka = (tree[0] / "Reka-Edge.jinja").read_text(encoding="utf-8")
-    at = go_blockers_at(reka)
-    split_line = next(n for n, line in enumerate(reka.split("\n"), 1) if ".split(" in line)
+    nano = (tree[0] / "NVIDIA-Nemotron-Nano-v2.jinja").read_text(encoding="utf-8")
+    at = go_blockers_at(nano)
+    split_line = next(n for n, line in enumerate(nano.split("\n"), 1) if ".split(" in line)
     assert f"splitting strings (.split) at line {split_line} (" in " ".join(at), at
-    assert all(a in classify("reka", reka).reason for a in at)
+    assert all(a in classify("nano", nano).reason for a in at)
     assert "splitting strings (.split)" in go_blockers((tree[0] / "Qwen-Qwen3-0.6B.jinja").read_text(encoding="utf-8"))
     assert go_blockers("{% for m in messages %}{{ m.content }}{% endfor %}") == []
     assert go_blockers("{{ messages|length - 1 }}{{ x | trim }}") == ["stripping whitespace (.strip / trim)",

@@ -107,6 +107,7 @@ CLAIMED: dict[str, tuple[str, TemplateTokens]] = {
     "openai-gpt-oss-120b.jinja": ("gpt-oss", TemplateTokens(None, "<|return|>", engine_adds_bos=False)),
     "Kimi-K3.jinja": ("kimi-k3", TemplateTokens(None, "<|end_of_msg|>", engine_adds_bos=False)),
     "openbmb-MiniCPM5-1B.jinja": ("minicpm5", TemplateTokens("<s>", "<|im_end|>")),
+    "Reka-Edge.jinja": ("reka-edge", TemplateTokens(None, "<sep>", engine_adds_bos=False)),
     "tencent-Hy3.jinja": ("hy3", TemplateTokens("<｜hy_begin_of_sentence:opensource｜>", "<｜hy_eos:opensource｜>")),
 }
 
@@ -298,6 +299,7 @@ OLLAMA_READING = {
     "deepseek-ai-DeepSeek-V3.1.jinja": (False, "<｜Assistant｜><think></think>", ("<think>", "</think>")),
     "CohereForAI-c4ai-command-r-plus-tool_use.jinja": (True, "<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>", ()),
     "openbmb-MiniCPM5-1B.jinja": (True, "{", ("<think>", "</think>")),
+    "Reka-Edge.jinja": (True, "<tool_call>", ("<think>", "</think>")),
     "Kimi-K3.jinja": (True, "<|close|>response<|sep|>", ("<|open|>think<|sep|>", "<|close|>think<|sep|>")),
     "Apriel-1.6-15b-Thinker-fixed.jinja": (True, "<tool_calls>[", ("Here are my reasoning steps:",
                                                                   "[BEGIN FINAL RESPONSE]")),
@@ -349,7 +351,7 @@ def test_suite_covers_what_the_issue_asks_for() -> None:
 
 def test_unknown_template_is_a_clear_error(templates_dir: Path) -> None:
     with pytest.raises(UnsupportedChatTemplate) as err:
-        detect_family((templates_dir / "Reka-Edge.jinja").read_text(encoding="utf-8"))
+        detect_family((templates_dir / "NVIDIA-Nemotron-Nano-v2.jinja").read_text(encoding="utf-8"))
     assert "TEMPLATE by hand" in str(err.value) and "--template" in str(err.value)
     assert "nearest family" in str(err.value)
     # the families modelmint publishes: those whose RENDERER renders their template differently are left out
