@@ -27,7 +27,8 @@ from pipelines.chat.families.core import *  # noqa: F403 (the machinery, re-expo
 from pipelines.chat.families.helpers import golit
 
 FAMILY_MODULES = ("chatml", "granite", "chatml_tools", "role_tokens", "tagged", "llama", "gemma", "mistral", "phi",
-                  "rendered", "glimmer", "command_r", "harmony", "xtml", "dsml", "kimi", "minimax", "seed", "apriel", "hunyuan", "minicpm", "reka")
+                  "rendered", "glimmer", "command_r", "harmony", "xtml", "dsml", "kimi", "minimax", "seed", "apriel",
+                  "hunyuan", "minicpm", "reka")
 """The family modules, in registration order."""
 
 for _module in FAMILY_MODULES:

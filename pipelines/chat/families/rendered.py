@@ -1,5 +1,5 @@
-"""Families Ollama renders in Go code: no Go TEMPLATE can follow their Jinja, so Ollama's built-in RENDERER and
-PARSER serve them; each is recognised by markers of its template and refused when a forbidden text shows up.
+"""Families Ollama renders in Go code with a built-in RENDERER and PARSER (no proven TEMPLATE stands in for them); each
+is recognised by markers of its template and refused when a forbidden text shows up.
 """
 
 from __future__ import annotations
@@ -9,11 +9,13 @@ from pipelines.chat.families.helpers import _has_all, _has_none
 
 # ---------------------------------------------------------------- families Ollama renders in Go code
 #
-# Their Jinja needs what Go's text/template cannot do (string splitting and stripping of reasoning,
-# Python-style value printing, per-argument XML), so Ollama ships a RENDERER for each. They are
-# recognised by markers taken from the template itself; every marker must be present and no
-# forbidden text, so a neighbour (an older or newer version of the same model line) is refused with
-# what it lacks instead of being published with the wrong renderer.
+# Ollama sets the RENDERER itself for their GGUF architecture (gemma4, laguna, nemotron_h: a TEMPLATE would not be
+# used), or modelmint has no TEMPLATE proven for their Jinja (Cohere2 MoE). Where the RENDERER renders other bytes
+# than the Jinja on the suite, the family is refused with the conversations. They are recognised by markers taken
+# from the template itself; every marker must be present and no forbidden text, so a neighbour (an older or newer
+# version of the same model line) is refused with what it lacks instead of being published with the wrong renderer.
+# (Families whose RENDERER differed and whose Jinja a TEMPLATE can follow now have a proven TEMPLATE instead: Qwen3-
+# Coder, Qwen3.5, GLM-4.7, LFM2, DeepSeek V3.1 and Muse Glimmer.)
 
 
 def _renderer_family(name: str, title: str, *, renderer: str, parser: str, markers: tuple[str, ...],
