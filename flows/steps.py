@@ -47,8 +47,9 @@ def _placed(settings: Settings, step: Step) -> Iterator[None]:
 def prefect_runner(settings: Settings) -> Callable[[Batch], list[Any]]:
     """A runner for pipelines.core.steps.execute: submit the batch's steps as tasks, then wait for each.
 
-    A cached result whose output is gone or changed (`Step.current`) is not a hit: that step runs again with its
-    cache refreshed. A group is sent `width` steps at a time (llama-quantize keeps about two cores busy).
+    A cached result whose output is gone or changed (`Step.current`, asked of cache hits only) is not a hit: that
+    step runs again with its cache refreshed. A group is sent `width` steps at a time (llama-quantize keeps about
+    two cores busy).
     """
 
     def run(batch: Batch) -> list[Any]:
@@ -62,7 +63,9 @@ def prefect_runner(settings: Settings) -> Callable[[Batch], list[Any]]:
         for (s, got), fut in zip(batch, futures, strict=True):
             try:
                 result = fut.result()
-                if not s.current(result):
+                # only a cache hit is checked: a result the task just made is current by construction (checking it
+                # would read its outputs again: a registration's remote copy, 12 GB at 7B, hashed a second time)
+                if fut.state.name == "Cached" and not s.current(result):
                     get_run_logger().info("%s: cached output is gone or changed, running it again", s.name)
                     with _placed(settings, s):
                         result = _task(s).with_options(refresh_cache=True).submit(s, got).result()
