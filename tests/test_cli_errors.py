@@ -275,7 +275,7 @@ def test_plan_refuses_an_architecture_its_tensors_contradict(tmp_path: Path) -> 
     assert "blk.0.ffn_gate_inp.weight" in errors[0] and "modelmint convert NAME" in proc.stderr
     # the same file with only the tensors qwen2 has is planned
     ok = _run(tmp_path, "plan", str(_moe_as_dense(tmp_path / "dense.gguf", experts=False)), "--gpus", "1xL4-24G")
-    assert ok.returncode == 0 and "TP 1" in ok.stdout, ok.stderr
+    assert ok.returncode == 0 and "1x1xL4-24G: engine ollama" in ok.stdout, ok.stderr
 
 
 def test_a_consistent_architecture_passes(tmp_path: Path) -> None:

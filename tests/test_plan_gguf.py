@@ -163,3 +163,50 @@ def test_recommend_on_unequal_gpus_takes_the_one_ollamas_scheduler_takes(registe
         one = _recommended(repo, group)["ranked"][0]["gguf_plan"]
         assert {k: getattr(rec, k) for k in keys} == {k: one[k] for k in keys}, (group, rec, one)
     assert _recommended(repo, MIXED)["ranked"][0]["gguf_plan"] == alone
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("inventory", [0, 1, 2])
+def test_plan_table_and_json_say_what_the_ollama_files_say(
+    registered: tuple[Repo, Manifest], inventory: int, tmp_path: Path
+) -> None:
+    """`modelmint plan NAME:TAG --gpus ...` for a GGUF, as a table and as --json, shows the llama.cpp plan its
+    --out files carry (num_ctx, OLLAMA_NUM_PARALLEL, num_gpu, the servers) and recommend's for the same group, and
+    says the engine; it printed vLLM's max_model_len and max_num_seqs, which no file or answer carried."""
+    repo, m = registered
+    gpus = m.serving.inventories[inventory].gpus
+    ask = ("plan", "tiny-qwen2:q4_k_m", "--gpus", gpus, "--context", str(SERVE["context"]), "--concurrency",
+           str(SERVE["concurrency"]))
+    as_json, table, written = _cli(repo, *ask, "--json"), _cli(repo, *ask), _cli(repo, *ask, "--out", str(tmp_path))
+    for proc in (as_json, table, written):
+        assert proc.returncode == 0, proc.stderr
+    plans = json.loads(as_json.stdout)
+    files = _files(tmp_path)
+    assert sorted(files) == sorted(f"{p['group'].lower()}/ollama/{f}" for p in plans for f in ("Modelfile",
+                                                                                                 "start.sh"))
+    assert "max_model_len" not in table.stdout and "max_num_seqs" not in table.stdout, table.stdout
+    for p in plans:
+        assert p["engine"] == "ollama", p
+        assert p["num_ctx"] == SERVE["context"], p
+        modelfile = files[f"{p['group'].lower()}/ollama/Modelfile"]
+        assert f"PARAMETER num_ctx {p['num_ctx']}\n" in modelfile and f"PARAMETER num_gpu {p['n_gpu_layers']}\n" \
+            in modelfile, (modelfile, p)
+        start = files[f"{p['group'].lower()}/ollama/start.sh"]
+        assert f"OLLAMA_NUM_PARALLEL={p['parallel']} " in start, (start, p)
+        said = (f"{p['group']}: engine ollama (llama.cpp); num_ctx {p['num_ctx']}, OLLAMA_NUM_PARALLEL "
+                f"{p['parallel']}, num_gpu {p['n_gpu_layers']} of {p['n_layers']} layers")
+        assert said in table.stdout, table.stdout
+        plan = {k: v for k, v in p.items() if k != "group"}
+        assert plan == _recommended(repo, p["group"])["ranked"][0]["gguf_plan"]  # one plan, one answer
+    assert written.stdout.startswith(table.stdout), (written.stdout, table.stdout)
+
+
+@pytest.mark.slow
+def test_plan_refuses_vllms_options_for_a_gguf(registered: tuple[Repo, Manifest], tmp_path: Path) -> None:
+    """vLLM cannot load a GGUF: its options are refused by name, not planned for, and nothing is written."""
+    repo, _ = registered
+    proc = _cli(repo, "plan", "tiny-qwen2:q4_k_m", "--gpus", "4xRTX4090-24G", "--tensor-parallel-size", "2",
+                "--out", str(tmp_path / "out"))
+    assert proc.returncode != 0, proc.stdout
+    assert "--tensor-parallel-size 2: vLLM's options" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    assert not (tmp_path / "out").exists()

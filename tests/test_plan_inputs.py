@@ -49,8 +49,8 @@ def _plan(tmp_path: Path, what: Path | str, gpus: str = "1xL4-24G") -> subproces
     return _modelmint(tmp_path, "plan", str(what), "--gpus", gpus)
 
 
-def _planned(proc: subprocess.CompletedProcess[str]) -> None:
-    assert proc.returncode == 0 and "1x1xL4-24G: TP 1" in proc.stdout, proc.stdout + proc.stderr
+def _planned(proc: subprocess.CompletedProcess[str], said: str = "1x1xL4-24G: TP 1") -> None:
+    assert proc.returncode == 0 and said in proc.stdout, proc.stdout + proc.stderr
 
 
 # ---------------------------------------------------------------- a checkpoint directory
@@ -174,7 +174,7 @@ def _gguf(path: Path, *, layers: int = LAYERS, tensors: bool = True, keys: dict[
 @pytest.mark.parametrize("keys", [{}, {"qwen2.attention.head_count_kv": [KV_HEADS, 0]}],
                          ids=["scalars", "a per-layer list holding 0"])
 def test_a_consistent_gguf_is_planned(tmp_path: Path, keys: dict[str, Any]) -> None:
-    _planned(_plan(tmp_path, _gguf(tmp_path / "m.gguf", keys=keys)))
+    _planned(_plan(tmp_path, _gguf(tmp_path / "m.gguf", keys=keys)), "1x1xL4-24G: engine ollama (llama.cpp)")
 
 
 @pytest.mark.parametrize(("keys", "said"), [

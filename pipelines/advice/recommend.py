@@ -8,6 +8,7 @@ import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from pipelines.core.errors import ArtifactError, ConfigError, NotRegistered, RegistryError
@@ -531,11 +532,7 @@ def gguf_layers(settings: Settings, m: Manifest, shape: planner.ModelShape) -> t
     rel = f"{m.dvc.path}/{m.file}"
     path = settings.repo_dir / rel
     if path.is_file():
-        try:
-            return read_layered_weights(path), []
-        except ArtifactError as err:
-            return _spread(rel, shape, m.weights_bytes, f"{path.name} holds no per-layer tensors llama.cpp sizes "
-                           f"by ({err.message})")
+        return file_layers(path, shape, m.weights_bytes, rel)
     if m.shape is not None and m.shape.llamacpp is not None:
         return m.shape.llamacpp.weights(rel), []
     if m.shape is not None:
@@ -543,6 +540,19 @@ def gguf_layers(settings: Settings, m: Manifest, shape: planner.ModelShape) -> t
                        "it was registered")
     raise ArtifactError(f"its GGUF is not in this checkout: run `modelmint pull {m.ref}`",
                         hint=f"modelmint pull {m.ref}")
+
+
+def file_layers(
+    path: Path, shape: planner.ModelShape, weights_bytes: int, name: str | None = None
+) -> tuple[LayeredWeights, list[str]]:
+    """The GGUF at `path` per layer as llama.cpp places its tensors; one whose tensors or metadata llama.cpp cannot
+    size by layer is sized from its `shape` with its `weights_bytes` spread evenly over its layers, with the note
+    that says so (`name`: the path the sizing names, default `path`)."""
+    try:
+        return read_layered_weights(path), []
+    except ArtifactError as err:
+        return _spread(name or str(path), shape, weights_bytes,
+                       f"{path.name} holds no per-layer tensors llama.cpp sizes by ({err.message})")
 
 
 def _spread(path: str, shape: planner.ModelShape, weights_bytes: int, why: str) -> tuple[LayeredWeights, list[str]]:

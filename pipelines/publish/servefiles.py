@@ -15,6 +15,7 @@ import dataclasses
 import math
 import re
 import shlex
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,7 @@ import yaml
 from pipelines.compressed.serve import SERVE_CONFIG_FILE, VllmServeConfig
 from pipelines.core.errors import ConfigError
 from pipelines.core.fsutil import write_text_atomic
-from pipelines.core.gpus import GPU
+from pipelines.core.gpus import GPU, NodeGroup
 from pipelines.core.vocab import KV_DTYPES
 from pipelines.publish.llamacpp_memory import (
     GgufPlan,
@@ -763,28 +764,33 @@ def ollama_start_script(*, model: str, served: str, modelfile: str, gpus: int, i
     return "\n".join(lines)
 
 
-def gguf_files(
-    plans: list[Plan], art: Artifact, weights: LayeredWeights, num_ctx: int, parallel: int
-) -> tuple[dict[str, str], list[tuple[str, GgufPlan]], list[str]]:
-    """A GGUF's Ollama files per GPU group of `plans`, each group's machine planned by llama.cpp's memory model as
-    `modelmint recommend --engine ollama` plans it (plan_gguf at `num_ctx` tokens x `parallel` sequences): its
-    folder's ollama/Modelfile (num_ctx, num_gpu) and ollama/start.sh (OLLAMA_NUM_PARALLEL, one Ollama per GPU or one
-    over every GPU). `modelmint plan --out` and registration write these same files. Returns the files by path,
-    each group's label with its plan, and a note for each group the machine cannot hold (it gets no file)."""
-    files: dict[str, str] = {}
+def plan_gguf_groups(
+    groups: Sequence[tuple[str, NodeGroup]], weights: LayeredWeights, num_ctx: int, parallel: int
+) -> tuple[list[tuple[str, GgufPlan]], list[tuple[str, PlanRefused]]]:
+    """Each GPU group's llama.cpp plan for Ollama as `modelmint recommend --engine ollama` plans it (plan_gguf of one
+    node of the group at `num_ctx` tokens x `parallel` sequences), by the group's label: what `modelmint plan`
+    prints for a GGUF and what its Ollama files (gguf_files) and registration's carry. Returns the plans and, apart,
+    each group the machine cannot hold with its refusal."""
     planned: list[tuple[str, GgufPlan]] = []
-    extra: list[str] = []
-    model = art.ollama_model or art.name
-    for p in plans:
-        d = slug(p.label)
+    refused: list[tuple[str, PlanRefused]] = []
+    for label, group in groups:
         try:
-            g = plan_gguf(weights, p.group, "ollama", num_ctx, parallel)
+            planned.append((label, plan_gguf(weights, group, "ollama", num_ctx, parallel)))
         except PlanRefused as err:
-            extra.append(f"no Ollama files for {p.label}: {err.message}; nearest: {', '.join(err.nearest)}")
-            continue
+            refused.append((label, err))
+    return planned, refused
+
+
+def ollama_files(planned: Sequence[tuple[str, GgufPlan]], art: Artifact) -> dict[str, str]:
+    """The ollama/Modelfile (num_ctx, num_gpu) and ollama/start.sh (OLLAMA_NUM_PARALLEL, one Ollama per GPU or one
+    over every GPU) of each group's plan (plan_gguf_groups), in the group's folder."""
+    files: dict[str, str] = {}
+    model = art.ollama_model or art.name
+    for label, g in planned:
+        d = slug(label)
         served = ollama_planned_name(model, g.num_ctx)
         files[f"{d}/ollama/Modelfile"] = (
-            f"# {model} as planned by llama.cpp's memory model on {p.label}: {g.summary()}; ollama/start.sh "
+            f"# {model} as planned by llama.cpp's memory model on {label}: {g.summary()}; ollama/start.sh "
             f"creates it as {served}\nFROM {model}\nPARAMETER num_ctx {g.num_ctx}\n"
             f"PARAMETER num_gpu {g.n_gpu_layers}\n"
         )
@@ -792,8 +798,19 @@ def gguf_files(
             model=model, served=served, modelfile="Modelfile", gpus=g.gpus, instances=g.instances,
             parallel=g.parallel, spread=g.spread,
         )
-        planned.append((p.label, g))
-    return files, planned, extra
+    return files
+
+
+def gguf_files(
+    plans: list[Plan], art: Artifact, weights: LayeredWeights, num_ctx: int, parallel: int
+) -> tuple[dict[str, str], list[tuple[str, GgufPlan]], list[str]]:
+    """A GGUF's Ollama files per GPU group of `plans` (ollama_files of plan_gguf_groups at `num_ctx` tokens x
+    `parallel` sequences). `modelmint plan --out` and registration write these same files. Returns the files by
+    path, each group's label with its plan, and a note for each group the machine cannot hold (it gets no file)."""
+    planned, refused = plan_gguf_groups([(p.label, p.group) for p in plans], weights, num_ctx, parallel)
+    extra = [f"no Ollama files for {label}: {err.message}; nearest: {', '.join(err.nearest)}"
+             for label, err in refused]
+    return ollama_files(planned, art), planned, extra
 
 
 # ---------------------------------------------------------------- all of a plan's files
