@@ -896,3 +896,252 @@ def render_qwen35(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | 
 
 
 RENDERERS["qwen3.5"] = render_qwen35
+
+
+# ---------------------------------------------------------------- gemma4 (model/renderers/gemma4.go)
+
+_G4Q = '<|"|>'  # gemma4.go:19-21
+
+
+def _g4_types(value: Any) -> list[str]:
+    """gemma4.go:622-645 normalizeTypeNames: a type or list of types, upper-cased."""
+    if isinstance(value, str):
+        return [value.upper()]
+    if isinstance(value, list):
+        return [v.upper() for v in value if isinstance(v, str)]
+    return []
+
+
+def _g4_arg(value: Any) -> str:
+    """gemma4.go:707-732 formatArgValue (maps with sorted keys, :734-755; arrays :826-837)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return _G4Q + value + _G4Q
+    if isinstance(value, (int, float)):
+        return _go_v(value)
+    if isinstance(value, dict):
+        return "{" + ",".join(k + ":" + _g4_arg(value[k]) for k in sorted(value)) + "}"
+    if isinstance(value, list):
+        return "[" + ",".join(_g4_arg(v) for v in value) + "]"
+    return str(value)
+
+
+def _g4_schema_value(value: Any) -> str:
+    """gemma4.go:757-788 formatSchemaValue (maps :790-811, arrays :813-824): like formatArgValue but map keys quoted with <|"|>."""
+    if isinstance(value, dict):
+        return "{" + ",".join(_G4Q + k + _G4Q + ":" + _g4_schema_value(value[k]) for k in sorted(value)) + "}"
+    if isinstance(value, list):
+        return "[" + ",".join(_g4_schema_value(v) for v in value) + "]"
+    return _g4_arg(value)
+
+
+def _g4_prop_map(prop: dict[str, Any], top: bool) -> dict[str, Any]:
+    """gemma4.go:496-527 schemaValueFromToolProperty, :529-561 topLevelTypedSchemaValueFromToolProperty (a
+    multi-type top-level union printed as the Jinja stringifies it, :563-578). anyOf unions are not reproduced."""
+    if prop.get("anyOf"):
+        raise NotImplementedError("anyOf (gemma4.go:580-601) is not reproduced here")
+    out: dict[str, Any] = {}
+    kind = prop.get("type")
+    if kind:
+        kinds = [kind] if isinstance(kind, str) else list(kind)
+        if top:
+            out["type"] = kinds[0] if len(kinds) == 1 else "[" + ", ".join(f"'{k.upper()}'" for k in kinds) + "]"
+        else:
+            out["type"] = kinds[0] if len(kinds) == 1 else kinds
+    for key in ("description", "enum", "items"):
+        if prop.get(key):
+            out[key] = prop[key]
+    if prop.get("properties") is not None:
+        props = prop["properties"]
+        out["properties"] = {k: _g4_prop_map(v, True) for k, v in props.items()} if top else props
+    if prop.get("required"):
+        out["required"] = prop["required"]
+    return out
+
+
+def _g4_schema_map(value: Any) -> dict[str, Any] | None:
+    """gemma4.go:476-494 asSchemaMap (a property map taken as given; its values as schema maps when they are
+    api.ToolProperty values: the request's JSON decodes to the same keys)."""
+    return value if isinstance(value, dict) else None
+
+
+def _g4_items(items: dict[str, Any]) -> str:
+    """gemma4.go:287-339 writeSchemaItemsSpec: the keys sorted, null values skipped."""
+    parts = []
+    for key in sorted(items):
+        value = items[key]
+        if value is None:
+            continue
+        if key == "properties":
+            sub = _g4_schema_map(value)
+            parts.append("properties:{" + (_g4_props(sub) if sub is not None else "") + "}")
+        elif key == "required":
+            parts.append("required:[" + ",".join(_G4Q + r + _G4Q for r in value if isinstance(r, str)) + "]")
+        elif key == "type":
+            names = _g4_types(value)
+            if len(names) == 1:
+                parts.append("type:" + _G4Q + names[0] + _G4Q)
+            elif names:
+                parts.append("type:[" + ",".join(_G4Q + n + _G4Q for n in names) + "]")
+            else:
+                parts.append("")  # gemma4.go:321-335: the comma is written, nothing after it
+        else:
+            parts.append(key + ":" + _g4_schema_value(value))
+    return ",".join(parts)
+
+
+def _g4_props(props: dict[str, Any]) -> str:
+    """gemma4.go:341-474 writeSchemaProperties: names sorted, standard keys skipped (:613-620)."""
+    parts = []
+    for name in sorted(props):
+        if name in ("description", "type", "properties", "required", "nullable"):
+            continue
+        prop = _g4_schema_map(props[name])
+        if prop is None:
+            continue
+        fields = []
+        if isinstance(prop.get("description"), str) and prop["description"]:  # :365-369
+            fields.append("description:" + _G4Q + prop["description"] + _G4Q)
+        names = _g4_types(prop.get("type"))
+        first = names[0] if names else ""
+        if first == "STRING" and isinstance(prop.get("enum"), list) and prop["enum"]:  # :377-392
+            fields.append("enum:[" + ",".join(_G4Q + _go_v(v) + _G4Q for v in prop["enum"]) + "]")
+        elif first == "ARRAY":  # :393-404
+            items = _g4_schema_map(prop.get("items"))
+            if items:
+                fields.append("items:{" + _g4_items(items) + "}")
+        if prop.get("nullable") is True:  # :406-413
+            fields.append("nullable:true")
+        if first == "OBJECT":  # :415-452
+            nested = _g4_schema_map(prop.get("properties"))
+            fields.append("properties:{" + _g4_props(nested if nested is not None else prop) + "}")
+            required = [r for r in prop.get("required") or () if isinstance(r, str)]
+            if required:
+                fields.append("required:[" + ",".join(_G4Q + r + _G4Q for r in required) + "]")
+        if len(names) == 1:  # :454-469
+            fields.append("type:" + _G4Q + names[0] + _G4Q)
+        elif names:
+            fields.append("type:[" + ",".join(_G4Q + n + _G4Q for n in names) + "]")
+        parts.append(name + ":{" + ",".join(fields) + "}")
+    return ",".join(parts)
+
+
+def _g4_declaration(tool: dict[str, Any]) -> str:
+    """gemma4.go:221-267 renderToolDeclaration."""
+    fn = tool["function"]
+    out = "<|tool>declaration:" + fn["name"] + "{description:" + _G4Q + (fn.get("description") or "") + _G4Q
+    params = fn.get("parameters") or {}
+    if params.get("properties") is not None or params.get("type"):
+        fields = []
+        if params.get("properties"):  # :233-238, typedSchemaPropertiesMap :277-283
+            fields.append("properties:{" + _g4_props({k: _g4_prop_map(v, True)
+                                                      for k, v in params["properties"].items()}) + "}")
+        if params.get("required"):  # :240-253
+            fields.append("required:[" + ",".join(_G4Q + r + _G4Q for r in params["required"]) + "]")
+        if params.get("type"):  # :255-260
+            fields.append("type:" + _G4Q + params["type"].upper() + _G4Q)
+        out += ",parameters:{" + ",".join(fields) + "}"
+    return out + "}<tool|>"
+
+
+def _g4_strip_thinking(text: str) -> str:
+    """gemma4.go:151-169 stripThinking."""
+    out = []
+    while True:
+        start = text.find("<|channel>")
+        if start == -1:
+            out.append(text)
+            break
+        out.append(text[:start])
+        end = text.find("<channel|>", start)
+        if end == -1:
+            break
+        text = text[end + len("<channel|>"):]
+    return "".join(out).strip()
+
+
+def _go_trim(text: str) -> str:
+    """strings.TrimSpace: Unicode white space (Python's str.strip also strips a few separators Go keeps not)."""
+    return text.strip(" \t\n\v\f\r\x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009"
+                      "\u200a\u2028\u2029\u202f\u205f\u3000")
+
+
+def render_gemma4(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, think: bool | None,
+                  empty_block_on_nothink: bool = False) -> str:
+    """RENDERER gemma4 / gemma4-small (renderer.go:100-101); gemma4-large sets emptyBlockOnNothink (:102-103).
+    Text only (no images). gemma4.go:27-149 Render."""
+    out = ["<bos>"]  # :34
+    has_system = bool(messages) and messages[0]["role"] in ("system", "developer")  # :36-44
+    system = messages[0]["content"] if has_system else ""
+    loop = messages[1:] if has_system else messages
+    has_think = think is True  # :47
+    if has_system or tools or has_think:  # :48-60
+        out.append("<|turn>system\n")
+        if has_think:
+            out.append("<|think|>\n")
+        if system:
+            out.append(_go_trim(system))
+        out.extend(_g4_declaration(t) for t in tools or ())
+        out.append("<turn|>\n")
+    last_user = max((i for i, m in enumerate(loop) if m["role"] == "user"), default=-1)  # :62-67
+    prev_type = prev_non_tool = ""
+    for i, m in enumerate(loop):  # :74-136
+        if m["role"] == "tool":
+            continue
+        prev_type = ""
+        role = "model" if m["role"] == "assistant" else m["role"]
+        if not (role == "model" and prev_non_tool == "assistant"):  # :85-88
+            out.append("<|turn>" + role + "\n")
+        if m["role"] == "assistant" and m.get("thinking") and i > last_user:  # :90-94
+            out.append("<|channel>thought\n" + m["thinking"] + "\n<channel|>")
+        calls = m.get("tool_calls") or []
+        for call in calls:  # :96-101 formatToolCall :679-701, arguments sorted by key
+            args = call["function"].get("arguments") or {}
+            out.append("<|tool_call>call:" + call["function"]["name"] + "{"
+                       + ",".join(k + ":" + _g4_arg(args[k]) for k in sorted(args)) + "}<tool_call|>")
+            prev_type = "tool_call"
+        responses = False
+        if calls:  # :103-111
+            k = i + 1
+            while k < len(loop) and loop[k]["role"] == "tool":
+                name = loop[k].get("tool_name") or "unknown"  # :204-219 toolResponseName
+                if loop[k].get("tool_call_id"):
+                    name = next((c["function"]["name"] for c in calls if c.get("id") == loop[k]["tool_call_id"]),
+                                name)
+                out.append("<|tool_response>response:" + name + "{value:" + _g4_arg(loop[k].get("content") or "")
+                           + "}<tool_response|>")  # :703-705
+                responses = True
+                prev_type = "tool_response"
+                k += 1
+        content = m.get("content") or ""
+        if role == "model":  # :113-125
+            had = False
+            if content:
+                content = _g4_strip_thinking(content)
+                out.append(content)
+                had = _go_trim(content) != ""
+        else:
+            out.append(_go_trim(content))
+            had = _go_trim(content) != ""
+        nxt = next((x["role"] for x in loop[i + 1:] if x["role"] != "tool"), "")  # :127, :191-198
+        continues = role == "model" and nxt == "assistant" and (not calls or responses)
+        if prev_type == "tool_call" and not responses:  # :129-133
+            out.append("<|tool_response>")
+        elif not continues and not (responses and not had and nxt == ""):
+            out.append("<turn|>\n")
+        prev_non_tool = m["role"]
+    if prev_type not in ("tool_response", "tool_call"):  # :138-146 the generation prompt
+        out.append("<|turn>model\n")
+        if empty_block_on_nothink and not has_think:
+            out.append("<|channel>thought\n<channel|>")
+    elif prev_type == "tool_response" and has_think:
+        out.append("<|channel>thought\n")
+    return "".join(out)
+
+
+RENDERERS["gemma4"] = render_gemma4
+RENDERERS["gemma4-large"] = lambda messages, tools, think: render_gemma4(messages, tools, think,
+                                                                          empty_block_on_nothink=True)

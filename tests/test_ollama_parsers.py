@@ -41,7 +41,6 @@ WITH_PARSER: dict[str, tuple[str, TemplateTokens]] = {
     "qwen3-coder": ("Qwen3-Coder.jinja", TemplateTokens(None, "<|im_end|>", engine_adds_bos=False)),
     "qwen3.5": ("Qwen3.5-4B.jinja", TemplateTokens(None, "<|im_end|>", engine_adds_bos=False)),
     "ministral3": ("mistralai-Ministral-3-14B-Reasoning-2512.jinja", TemplateTokens("<s>", "</s>")),
-    "gemma4": ("google-gemma-4-31B-it.jinja", TemplateTokens("<bos>", "<turn|>")),
     "glimmer": ("muse-glimmer.jinja", TemplateTokens("<|begin_of_text|>", "<|eot|>")),
 }
 

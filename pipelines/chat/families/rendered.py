@@ -64,13 +64,31 @@ _renderer_family(
              "render_extra_keys"),
     forbidden=("<|vision_start|>",),
 )
+_G4_MARKERS = ("<|turn>", "<turn|>", '<|"|>', "<|tool_call>", "<|channel>", "'<|channel>thought\\n<channel|>'")
+_G4_CONTINUE = ("Ollama's renderer closes a final assistant message and opens a new model turn "
+                "(model/renderers/gemma4.go:127-133, 138-143) where the Jinja continues it")
+_G4_FORCED = ("; Ollama sets RENDERER gemma4 itself for gemma4 GGUFs (server/create.go:800-807), so no TEMPLATE can "
+              "stand in")
 _renderer_family(
     "gemma4", "Gemma 4 26B/31B (<|turn>, <|\"|> strings, <|tool_call>, empty thought channel when not thinking)",
-    renderer="gemma4-large", parser="gemma4", stop=("<turn|>",), thinking=True,
-    markers=("<|turn>", "<turn|>", '<|"|>', "<|tool_call>", "<|channel>", "'<|channel>thought\\n<channel|>'"),
+    renderer="gemma4-large", parser="gemma4", stop=("<turn|>",), thinking=True, reasoning_key="reasoning_content",
+    why=(_G4_CONTINUE + ", and after a tool result with thinking on it opens a thought channel "
+         "(gemma4.go:144-146) the Jinja does not write" + _G4_FORCED),
+    differs=("continue-assistant", "reasoning-in-tool-loop"),
+    markers=(*_G4_MARKERS, "format_tool_response_block"),
     forbidden=(),
     notes=("Ollama's gemma4-large renderer follows Google's 31B template; the E2B/E4B templates (no empty "
            "thought channel) would need RENDERER gemma4-small",),
+)
+_renderer_family(
+    "gemma4-interleaved", "Gemma 4 31B, interleaved-thinking variant (tool results as <|turn>tool turns)",
+    renderer="gemma4-large", parser="gemma4", stop=("<turn|>",), thinking=True, reasoning_key="reasoning_content",
+    why=("this Jinja writes each tool result as its own <|turn>tool turn where Ollama's renderer folds it into the "
+         "model turn as a <|tool_response> block (gemma4.go:103-111), and " + _G4_CONTINUE + _G4_FORCED),
+    differs=("continue-assistant", "tool-call-and-result", "tool-round-trip", "parallel-tool-calls",
+             "tool-call-nested-arguments", "reasoning-in-tool-loop"),
+    markers=(*_G4_MARKERS, "last_user_message", "tool_responses"),
+    forbidden=("format_tool_response_block",),
 )
 _renderer_family(
     "cohere", "Cohere Command A 2026 / North (Cohere2 MoE: <|START_TEXT|>, <|START_THINKING|>, <|START_ACTION|>)",
