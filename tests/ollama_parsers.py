@@ -8,13 +8,14 @@ Ollama's Parser.Add does (parsers.go:12-24). A tool call is returned as {"name":
 arguments as Go's encoding/json would hand them on (numbers from JSON as floats, which compare equal to ints).
 
 Only the parsers modelmint names in a published Modelfile are here: qwen3.5 (and qwen3-coder, which it hands its
-content to), lfm2 / lfm2-thinking, ministral, gemma4 and glimmer.
+content to), lfm2 / lfm2-thinking, ministral, gemma4, glimmer, and harmony (which Ollama sets itself for gpt-oss).
 """
 
 from __future__ import annotations
 
 import json
 import re
+import unicodedata
 import xml.etree.ElementTree as ET
 from typing import Any
 
@@ -1332,8 +1333,176 @@ def _glimmer_terminator(s: str) -> tuple[int, int]:  # glimmer.go:330-339
     return idx, mlen
 
 
+# ---------------------------------------------------------------- harmony (harmony/harmonyparser.go)
+#
+# Ollama's PARSER harmony (parsers.go:69-70 harmony.NewHarmonyMessageHandler), which Ollama also switches on by
+# itself for a gpt-oss model whose TEMPLATE holds <|start|> and <|end|> (server/routes.go:77-87, 2662-2671).
+
+
+def _harmony_header(raw: str) -> dict[str, str]:
+    """harmonyparser.go:186-241 parseHeader: role, channel and recipient of `<|start|>HEADER<|message|>`."""
+    header = {"role": "", "channel": "", "recipient": ""}
+    if "<|constrain|>" in raw:  # :189-194
+        raw = _strip(raw.replace("<|constrain|>", " <|constrain|>", 1))
+    at = raw.find("<|channel|>")  # :196-214
+    if at != -1:
+        before, after = raw[:at], raw[at + len("<|channel|>"):]
+        end = next((i for i, ch in enumerate(after) if ch in _GO_SPACE), len(after))
+        header["channel"] = after[:end]
+        raw = _strip(before + after[end:])
+    tokens = [t for t in re.split("[" + re.escape("".join(sorted(_GO_SPACE))) + "]+", raw) if t]  # :217 strings.Fields
+    if not tokens:  # :220-223
+        return header
+    role, rest = tokens[0], tokens[1:]
+    if role.startswith("to="):  # :227-232
+        header["recipient"], header["role"] = role[3:], "tool"
+    else:
+        header["role"] = role
+    if not header["recipient"] and rest and rest[0].startswith("to="):  # :236-238
+        header["recipient"] = rest[0][3:]
+    return header
+
+
+class HarmonyEvents:
+    """harmonyparser.go:36-43 HarmonyParser (tags :274-281): the message stream as start / header / content / end
+    events. Events are ("start",), ("header", {role, channel, recipient}), ("content", text), ("end",)."""
+
+    START, END, HEADER_END = "<|start|>", "<|end|>", "<|message|>"
+
+    def __init__(self) -> None:
+        self.state = "start"  # :16-20 LookingForMessageStart, ParsingHeader, ParsingContent
+        self.acc = ""
+
+    def add_implicit_start(self) -> None:  # :75-77
+        self.acc += "<|start|>assistant"
+
+    def add_implicit_start_or_prefill(self, last: dict[str, Any] | None) -> None:  # :79-91
+        if last is not None and last.get("role") == "assistant":
+            if last.get("content"):
+                self.acc += "<|start|>assistant<|channel|>final<|message|>"
+                return
+            if last.get("thinking"):
+                self.acc += "<|start|>assistant<|channel|>analysis<|message|>"
+                return
+        self.add_implicit_start()
+
+    def add(self, content: str) -> list[tuple[Any, ...]]:  # :93-110
+        self.acc += content
+        events: list[tuple[Any, ...]] = []
+        more = True
+        while more:
+            got, more = self._eat()
+            events += got
+        return events
+
+    def _eat(self) -> tuple[list[tuple[Any, ...]], bool]:  # :113-183 eat
+        if self.state == "start":  # :115-131
+            if self.START in self.acc:
+                self.acc = self.acc.split(self.START, 1)[1]
+                self.state = "header"
+                return [("start",)], True
+            return [], False
+        if self.state == "header":  # :133-142
+            if self.HEADER_END in self.acc:
+                header, self.acc = self.acc.split(self.HEADER_END, 1)
+                self.state = "content"
+                return [("header", _harmony_header(header))], True
+            return [], False
+        if self.END in self.acc:  # :145-158
+            text, self.acc = self.acc.split(self.END, 1)
+            self.state = "start"
+            return ([("content", text)] if text else []) + [("end",)], True
+        keep = overlap(self.acc, self.END)  # :159-172 (overlap :243-252, as parsers.go's)
+        if keep:
+            text, self.acc = self.acc[:-keep], self.acc[-keep:]
+            return ([("content", text)] if text else []), False
+        text, self.acc = self.acc, ""  # :173-180
+        return ([("content", text)] if text else []), False
+
+
+def harmony_valid_chars(name: str) -> str:
+    """harmonyparser.go:509-537 convertToValidChars: ' ', '-', '.' to '_', letters, digits, '_' and '$' kept
+    (unicode.IsLetter / IsDigit), the rest dropped; 'unnamed' when nothing is left, '_' before a leading digit
+    (Go looks at the first byte)."""
+    out = "".join("_" if ch in " -." else ch if (ch.isalpha() or unicodedata.category(ch) == "Nd" or ch in "_$")
+                  else "" for ch in name)
+    if not out:
+        return "unnamed"
+    return "_" + out if out[0] in "0123456789" else out
+
+
+class HarmonyNames:
+    """harmonyparser.go:377-391, 476-561 FunctionNameMap: user tool names to harmony identifiers and back."""
+
+    def __init__(self) -> None:
+        self.to_harmony: dict[str, str] = {}
+        self.to_user: dict[str, str] = {}
+
+    def convert_and_add(self, user: str) -> str:  # :476-488
+        base = harmony_valid_chars(user)
+        candidate, count = base, 2  # :539-561 deriveName
+        while candidate in self.to_user:
+            candidate, count = f"{base}_{count}", count + 1
+        if user in ("browser.open", "browser.search", "browser.find", "python"):  # :478-481
+            candidate = user
+        self.to_harmony[user] = candidate
+        self.to_user[candidate] = user
+        return candidate
+
+    def original(self, harmony: str) -> str:  # :490-498
+        return self.to_user.get(harmony, harmony)
+
+
+class HarmonyParser:
+    """harmonyparser.go:262-453 HarmonyMessageHandler: Init (:393-427) then Add (:430-453)."""
+
+    def __init__(self, tools: list[dict[str, Any]] | None, last: dict[str, Any] | None, think: bool | None) -> None:
+        self.events = HarmonyEvents()
+        self.events.add_implicit_start_or_prefill(last)  # :399-404
+        self.state = "normal"  # :256-260
+        self.names = HarmonyNames()
+        for tool in tools or ():  # :413-424
+            if tool["function"].get("name"):
+                self.names.convert_and_add(tool["function"]["name"])
+        self.tool_name: str | None = None  # :343-354 HarmonyToolCallAccumulator
+        self.tool_acc = ""
+
+    def add(self, s: str, done: bool) -> Out:
+        content, thinking, tool = [], [], []
+        for event in self.events.add(s):  # :289-334 AddContent
+            if event[0] == "header":
+                h = event[1]
+                if h["channel"] in ("analysis", "commentary") and h["recipient"]:  # :300-316
+                    self.state, self.tool_name = "tool", h["recipient"]
+                elif h["channel"] == "analysis":
+                    self.state = "thinking"
+                elif h["channel"] in ("commentary", "final"):
+                    self.state = "normal"
+            elif event[0] == "content":  # :320-328
+                {"normal": content, "thinking": thinking, "tool": tool}[self.state].append(event[1])
+            elif event[0] == "end":  # :329-330
+                self.state = "normal"
+        self.tool_acc += "".join(tool)  # :432-435
+        calls: list[Call] = []
+        if done:  # :437-450: one call, at the end of the output
+            name, raw = self.tool_name, self.tool_acc
+            self.tool_acc = ""
+            if name is not None:
+                name = self.names.original(name.removeprefix("functions."))
+                try:
+                    args = json.loads(raw)
+                except ValueError as e:
+                    raise ValueError(f"error parsing tool call: raw='{raw}', err={e}") from None
+                calls.append({"name": name, "arguments": args})
+        return "".join(content), "".join(thinking), calls
+
+
+AnyParser = (Qwen35Parser | Qwen3CoderParser | MinistralParser | LFM2Parser | Gemma4Parser | GlimmerParser
+             | HarmonyParser)
+
+
 def new_parser(name: str, tools: list[dict[str, Any]] | None, last: dict[str, Any] | None = None,
-               think: bool | None = None) -> Qwen35Parser | Qwen3CoderParser | MinistralParser | LFM2Parser | Gemma4Parser | GlimmerParser:
+               think: bool | None = None) -> AnyParser:
     """ParserForName (parsers.go:43-101) then Init, for the names reimplemented here."""
     if name == "qwen3.5":
         return Qwen35Parser(tools, last, think)
@@ -1345,12 +1514,14 @@ def new_parser(name: str, tools: list[dict[str, Any]] | None, last: dict[str, An
         return Gemma4Parser(tools, last, think)
     if name == "glimmer":
         return GlimmerParser(tools, last, think)
+    if name == "harmony":
+        return HarmonyParser(tools, last, think)
     if name in ("lfm2", "lfm2-thinking"):
         return LFM2Parser(tools, last, think, thinking_support=name == "lfm2-thinking")
     raise KeyError(name)
 
 
-PARSERS = ("qwen3.5", "qwen3-coder", "ministral", "lfm2", "lfm2-thinking", "gemma4", "glimmer")
+PARSERS = ("qwen3.5", "qwen3-coder", "ministral", "lfm2", "lfm2-thinking", "gemma4", "glimmer", "harmony")
 
 
 def parse(name: str, output: str, tools: list[dict[str, Any]] | None, *, last: dict[str, Any] | None = None,

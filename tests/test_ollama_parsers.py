@@ -26,7 +26,17 @@ from pipelines.chat.gotemplate import analyze
 from pipelines.chat.proof import SUITE, Conversation, render_hf
 from pipelines.core.errors import UnsupportedModel
 from pipelines.core.settings import Settings
-from tests.ollama_parsers import PARSERS, TemplateToolsParser, new_parser, parse, parse_qwen_tool_call
+from tests.ollama_parsers import (
+    PARSERS,
+    HarmonyEvents,
+    HarmonyNames,
+    TemplateToolsParser,
+    _harmony_header,
+    harmony_valid_chars,
+    new_parser,
+    parse,
+    parse_qwen_tool_call,
+)
 from tests.test_ollama_templates import CLAIMED, OLLAMA_READING, llamacpp_tojson
 
 VECTORS = json.loads((Path(__file__).parent / "data" / "ollama_parser_vectors.json").read_text(encoding="utf-8"))
@@ -262,3 +272,75 @@ def test_ollamas_tool_parser_recovers_a_template_familys_calls_as_its_claim_says
 def test_a_family_refused_for_tool_use_says_so_where_users_read_its_tool_calls() -> None:
     for fam in FAMILIES.values():
         assert bool(fam.tool_use_refused) == fam.tool_calls.startswith("refused for tool use"), fam.name
+
+
+# ---------------------------------------------------------------- harmony (gpt-oss)
+#
+# gpt-oss is published with a proven TEMPLATE and no PARSER line: Ollama switches PARSER harmony on itself for a
+# gpt-oss model whose TEMPLATE holds <|start|> and <|end|> (server/routes.go:77-87, 2662-2671; the TEMPLATE side is
+# tests/test_ollama_templates.py). Its tool calls are checked here like those of the families that name a PARSER.
+
+
+@pytest.mark.parametrize("case", VECTORS["harmony_headers"]["cases"], ids=lambda c: c["in"])
+def test_the_harmony_header_parses_as_in_ollamas_tests(case: dict[str, Any]) -> None:
+    assert _harmony_header(case["in"]) == {k: case[k] for k in ("role", "channel", "recipient")}
+
+
+@pytest.mark.parametrize("case", VECTORS["harmony_events"]["cases"], ids=lambda c: c["in"])
+def test_the_harmony_message_stream_gives_ollamas_events(case: dict[str, Any]) -> None:
+    events = HarmonyEvents()
+    if case["implicit_start"]:
+        events.add_implicit_start()
+    assert [list(e) for e in events.add(case["in"])] == case["events"]
+
+
+def test_harmony_tool_names_convert_as_in_ollamas_tests() -> None:
+    names = VECTORS["harmony_names"]
+    assert [harmony_valid_chars(given) for given, _ in names["valid_chars"]] == [want for _, want in names["valid_chars"]]
+    for given, want in names["convert_and_add"]:
+        table = HarmonyNames()
+        assert [table.convert_and_add(n) for n in given] == want
+        assert [table.original(w) for w in want] == given
+
+
+GPT_OSS = ("openai-gpt-oss-120b.jinja", TemplateTokens(None, "<|return|>", engine_adds_bos=False))
+
+
+@pytest.mark.parametrize("conv", TOOL_CONVERSATIONS, ids=lambda c: c.name)
+def test_harmony_recovers_gpt_oss_tool_calls_from_the_models_own_format(templates_dir: Path, conv: Conversation) -> None:
+    name, tokens = GPT_OSS
+    fam = FAMILIES["gpt-oss"]
+    assert fam.parser is None and "harmony" in fam.tool_calls and "not reimplemented" not in fam.tool_calls
+    jinja = (templates_dir / name).read_text(encoding="utf-8")
+    output = model_output(jinja, conv, "gpt-oss", tokens)
+    message = next(m for m in conv.messages if m.get("tool_calls"))
+    # the Jinja writes only the first call of a message (harmony has one recipient per message); the rest are not
+    # in the model's output to parse
+    held = [{"name": c["function"]["name"], "arguments": c["function"]["arguments"]} for c in message["tool_calls"][:1]]
+    assert output.count("<|start|>assistant to=") + output.startswith(" to=") == 1, output
+    content, thinking, calls = parse("harmony", output, list(conv.tools or ()), think=conv.think)
+    assert (content, calls) == ("", held)
+    assert thinking == (message.get("reasoning") or "")
+
+
+def test_harmony_reads_gpt_oss_output_streamed_in_pieces(templates_dir: Path) -> None:
+    # Ollama hands the parser the output as it streams: every cut of a call with reasoning gives the same result
+    name, tokens = GPT_OSS
+    jinja = (templates_dir / name).read_text(encoding="utf-8")
+    conv = next(c for c in TOOL_CONVERSATIONS if c.name == "reasoning-in-tool-loop")
+    output = model_output(jinja, conv, "gpt-oss", tokens)
+    whole = parse("harmony", output, list(conv.tools or ()))
+    assert whole[1] == "I need the weather tool." and whole[2][0]["name"] == "get_weather"
+    for cut in range(1, len(output)):
+        parser = new_parser("harmony", list(conv.tools or ()))
+        first, second = parser.add(output[:cut], False), parser.add(output[cut:], True)
+        assert (first[0] + second[0], first[1] + second[1], first[2] + second[2]) == whole, cut
+
+
+def test_harmony_gives_back_a_renamed_tool_under_the_users_name() -> None:
+    # a tool name harmony cannot hold is renamed for the prompt (harmonyparser.go:413-424) and mapped back
+    tools = [{"type": "function", "function": {"name": "get-weather", "parameters": {"type": "object"}}}]
+    out = ' to=functions.get_weather<|channel|>commentary json<|message|>{"city": "Paris"}'
+    assert parse("harmony", out, tools)[2] == [{"name": "get-weather", "arguments": {"city": "Paris"}}]
+    with pytest.raises(ValueError, match="error parsing tool call"):
+        parse("harmony", ' to=functions.get_weather<|channel|>commentary json<|message|>{"city": ', tools)

@@ -101,8 +101,8 @@ register(ChatFamily(
     content_none_ok=False,
     markers=("<|start|>", "<|channel|>", "<|message|>", "<|call|>", "render_typescript_type"),
     tool_calls=("PARSER harmony, which Ollama sets itself for a gpt-oss model whose TEMPLATE holds <|start|> and "
-                "<|end|> (server/routes.go:77-87, 2662-2671), returns the reasoning and the calls; modelmint has not "
-                "reimplemented it"),
+                "<|end|> (server/routes.go:77-87, 2662-2671), returns the reasoning and the call (one per message, as "
+                "the Jinja writes it)"),
     notes=(
         "Ollama's think false, which gpt-oss cannot honour, becomes 'Reasoning: low'; true is 'medium', as is no "
         "think setting; a think level ('low', 'high') is used as it is",
