@@ -131,15 +131,19 @@ def test_each_compressed_scheme_has_its_catalog_model_presets_and_checkpoint_for
 
 
 def test_the_registry_formats_agree_with_the_vocabulary_stages() -> None:
-    """pipelines/store/formats.py still declares each format's stage and tag ownership itself: until it reads
-    them from pipelines/core/vocab.py, they must be the same."""
+    """The built-in formats' stages are the vocabulary's, and every built-in type and scheme is owned by the format
+    the names table says, with one spelling of its stage (pipelines/store/names.py)."""
     from pipelines.store.formats import FORMATS
+    from pipelines.store.names import format_name, stage_name
 
     assert {name: f.stage for name, f in FORMATS.items()} == vocab.STAGES
-    for tag in [*GGUF_TYPES, *COMPRESSED_SCHEMES]:
-        assert FORMATS[vocab.format_of_tag(tag)].owns(tag), tag
-    assert vocab.stage_name("qwen2.5", "q4_k_m") == "gguf@qwen2.5-q4_k_m"
-    assert vocab.stage_name("qwen2.5", "fp8") == "compress@qwen2.5-fp8"
+    for tag in GGUF_TYPES:
+        assert format_name(tag).name == "gguf" and FORMATS["gguf"].owns(tag), tag
+    for tag in COMPRESSED_SCHEMES:
+        assert format_name(tag).name == "compressed-tensors" and FORMATS["compressed-tensors"].owns(tag), tag
+    assert stage_name("qwen2.5", "q4_k_m") == "gguf@qwen2.5-q4_k_m"
+    assert stage_name("qwen2.5", "fp8") == "compress@qwen2.5-fp8"
+    assert not hasattr(vocab, "stage_name") and not hasattr(vocab, "format_of_tag"), "a second spelling came back"
 
 
 def test_a_row_table_and_its_literal_that_disagree_refuse_to_import() -> None:

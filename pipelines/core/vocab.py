@@ -246,22 +246,13 @@ LLAMA_KV_CACHE_TYPES: Final[tuple[str, ...]] = ("f32", "f16", "bf16", "q8_0", "q
 
 Format = Literal["gguf", "compressed-tensors"]
 STAGES: Final[dict[Format, str]] = {"gguf": "gguf", "compressed-tensors": "compress"}
-"""The dvc.yaml stage that builds each format (its `foreach` items are name-tag)."""
-
-
-def format_of_tag(tag: str) -> Format:
-    """The format a variant tag builds: compressed-tensors for llmcompressor schemes (fp8, awq, …), else GGUF."""
-    return "compressed-tensors" if tag in COMPRESSED_SCHEMES else "gguf"
+"""The dvc.yaml stage that builds each format (its `foreach` items are name-tag). Which format a tag is and its stage
+name are pipelines/store/names.py's (format_name, stage_name): the one table a declared format joins."""
 
 
 def artifact_relpath(name: str, tag: str) -> str:
     """Where a registered artifact directory lives, relative to the repository root."""
     return f"artifacts/{name}/{tag}"
-
-
-def stage_name(name: str, tag: str) -> str:
-    """The dvc.yaml stage whose output is that directory: gguf@qwen2.5-q4_k_m, compress@qwen2.5-fp8."""
-    return f"{STAGES[format_of_tag(tag)]}@{name}-{tag}"
 
 
 def _same(declared: Iterable[str], literal: Any, what: str) -> None:
