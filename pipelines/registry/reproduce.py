@@ -32,12 +32,12 @@ from pipelines.core.settings import Settings
 from pipelines.store.manifest import Manifest
 from pipelines.trust import provenance
 from pipelines.trust.policy import TrustPolicy
-from pipelines.trust.signing import SIGNATURE, SigningKey
+from pipelines.trust.signing import REPRODUCED_PREDICATE, SIGNATURE, SigningKey, reproduction_signer
 
 if TYPE_CHECKING:
     from pipelines.registry.register import Candidate
 
-PREDICATE_TYPE: Final = "urn:modelmint:reproduced:v1"
+PREDICATE_TYPE: Final = REPRODUCED_PREDICATE
 PAYLOAD_TYPE: Final = "application/vnd.in-toto+json"
 NOT_COMPARED: Final = (SIGNATURE, provenance.PROVENANCE)
 """What a rebuild does not reproduce byte for byte: the signature (ECDSA signatures differ on every signing) and the
@@ -201,24 +201,11 @@ def attestations(settings: Settings, manifest: Manifest, policy: TrustPolicy | N
 
 def _signer_of(data: dict[str, Any], manifest: Manifest, policy: TrustPolicy | None) -> str | None:
     """The policy's name of the key whose signature on the envelope verifies (public keys only)."""
-    from cryptography.hazmat.primitives import serialization
-    from securesystemslib.dsse import Envelope
-    from securesystemslib.signer import SSlibKey
-
     rule = policy.rule_for(manifest.name) if policy is not None else None
     if rule is None:
         return None
-    envelope = Envelope.from_dict(data)
-    for s in rule.signers:
-        if s.key.public_key is None:
-            continue
-        key = SSlibKey.from_crypto(serialization.load_pem_public_key(s.path.read_bytes()))
-        try:
-            envelope.verify([key], 1)
-        except Exception:  # securesystemslib's VerificationError and key errors alike: not this key
-            continue
-        return s.name
-    return None
+    by = reproduction_signer(data, rule.signers)
+    return by.name if by is not None else None
 
 
 def rebuild_and_attest(
@@ -319,7 +306,9 @@ def verified_provenance(settings: Settings, manifest: Manifest) -> dict[str, Any
     with tempfile.TemporaryDirectory(prefix="modelmint-reproduce-") as scratch:
         for rel, data in held.items():
             (Path(scratch) / rel).write_bytes(data)
-        verified = signing.verify_directory(Path(scratch), manifest, policy, shown=shown, files_here=False)
+        verified = signing.verify_directory(
+            Path(scratch), manifest, policy, shown=shown, files_here=False, reproductions=False
+        )
     if verified.statement is None:
         raise RegistryError(
             f"{manifest.ref} has no signed provenance to rebuild from",

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, model_validator
 
 from pipelines.core.errors import TrustPolicyInvalid
 from pipelines.core.settings import Settings
@@ -70,6 +70,13 @@ class ModelRule(_Strict):
 
     keys: list[str] = Field(default_factory=list, description="names from `keys`")
     unsigned: Literal["refuse", "allow"] = "refuse"
+    reproductions: StrictInt | None = Field(
+        default=None,
+        ge=1,
+        description="accept a signed artifact only when at least this many reproduced-by attestations "
+        "(`modelmint reproduce`) of its files verify, each signed by another key of `keys` than the artifact's "
+        "signer and than each other",
+    )
 
 
 class TrustFile(_Strict):
@@ -98,12 +105,17 @@ class Rule:
     pattern: str
     signers: tuple[Signer, ...]
     unsigned: Literal["refuse", "allow"]
+    reproductions: int = 0
+    """How many reproduced-by attestations by other keys of the rule a signed artifact needs (0: none)."""
 
 
 @dataclass(frozen=True)
 class TrustPolicy:
     path: Path
     file: TrustFile
+    attestations: Path | None = None
+    """The checkout's registry/attestations/, where `modelmint reproduce` keeps reproduced-by attestations (NAME/TAG/
+    reproduced-*.json); None: none are read."""
 
     def rule_for(self, name: str) -> Rule | None:
         """The rule of the most specific pattern matching `name` (the exact name, then the longest pattern)."""
@@ -120,7 +132,7 @@ class TrustPolicy:
             )
             for k in rule.keys
         )
-        return Rule(best, signers, rule.unsigned)
+        return Rule(best, signers, rule.unsigned, rule.reproductions or 0)
 
     def timestamp_roots(self) -> list[tuple[str, Path]]:
         """Each Time-Stamp Authority of the policy: (name, its root certificate file)."""
@@ -157,7 +169,7 @@ def load_policy(settings: Settings) -> TrustPolicy | None:
             f"{path} cannot be read ({getattr(err, 'strerror', None) or err})",
             hint=f"make {path} readable (docs/trust.md)",
         ) from None
-    return TrustPolicy(path, parse_policy(text, path))
+    return TrustPolicy(path, parse_policy(text, path), settings.repo_dir / "registry" / "attestations")
 
 
 class _Loader(yaml.SafeLoader):
@@ -217,6 +229,12 @@ def parse_policy(text: str, path: Path) -> TrustFile:
                     f"line {_line(root, ['models', pattern, 'keys'])}: models.{pattern} names key {k!r}, "
                     "which keys does not define" + (f" (did you mean {close!r}?)" if close else "")
                 )
+        if rule.reproductions is not None and len(set(rule.keys)) < rule.reproductions + 1:
+            problems.append(
+                f"line {_line(root, ['models', pattern, 'reproductions'])}: models.{pattern} asks for "
+                f"{rule.reproductions} reproduction(s) by keys other than the signer's, but names only "
+                f"{len(set(rule.keys))} key(s): no artifact could pass (name at least {rule.reproductions + 1})"
+            )
     for name, key in policy.keys.items():
         file = key.public_key or key.ca
         if file and not (path.parent / file).is_file():

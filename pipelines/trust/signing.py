@@ -45,6 +45,8 @@ log = logging.getLogger(__name__)
 SIGNATURE: Final = "modelmint.sig"
 UNSIGNED_PARTS: Final = (SIGNATURE,)
 """Files of an artifact directory the signature does not cover (itself)."""
+REPRODUCED_PREDICATE: Final = "urn:modelmint:reproduced:v1"
+"""The predicate type of a reproduced-by attestation (pipelines/registry/reproduce.py writes them)."""
 
 
 @dataclass(frozen=True)
@@ -329,6 +331,7 @@ def verify_directory(
     files_here: bool = True,
     require_signature: bool = False,
     now: datetime | None = None,
+    reproductions: bool = True,
 ) -> Verified:
     """Check the artifact in `directory` (as fetched, before it replaces anything) against its signature, its
     provenance and the trust policy. `shown` names the manifest file in messages. `require_signature` (CI) refuses
@@ -338,13 +341,18 @@ def verify_directory(
     signature's RFC 3161 timestamp when it has one (which must hold: over the signature, by an authority of the
     policy), else at `now` (the time of verification): the provenance's own time is the signer's claim.
 
+    A rule with `reproductions: N` also needs N reproduced-by attestations of these files (the policy's
+    `attestations` directory) that verify with N keys of the rule other than the signer's, one key each;
+    `reproductions=False` skips that (the check of the provenance a reproduction rebuilds from).
+
     Raises:
         SignatureRefused: signed but no trust policy to say who may sign it (fail closed), unsigned (and not
             allowed, or a signature required), signed by a key the policy does not accept for this model or
             retired before it signed, a file that differs from what was signed (named), a manifest or provenance
             that disagrees with the signed one, or a certificate that is expired, of another identity or another CA;
             a timestamp over other bytes or by an authority the policy does not name; a key revoked before the
-            timestamp's time (or, untimestamped, at all by now).
+            timestamp's time (or, untimestamped, at all by now); fewer reproductions by other keys than the rule
+            asks for (naming those found and their keys).
     """
     ref = manifest.ref
     listed = {f.path for f in manifest.files}
@@ -468,6 +476,8 @@ def verify_directory(
         )
     if signer.key.ca is not None:
         _check_certificate(directory / SIGNATURE, ref, signer, judged, _judged_at(stamp, judged))
+    if reproductions and rule.reproductions:
+        _check_reproductions(manifest, policy, rule, signer, now or datetime.now(UTC))
     return Verified(
         ref,
         signer.name,
@@ -751,6 +761,89 @@ def _check_signature_only(sig: Path, ref: str, rule: Rule) -> Signer:
         else:
             return signer
     raise _no_accepted_signer(ref, rule, tried)
+
+
+def _public_keyid(path: Path) -> str:
+    """securesystemslib's keyid of the PEM public key at `path` (what a DSSE signature names)."""
+    from cryptography.hazmat.primitives import serialization
+    from securesystemslib.signer import SSlibKey
+
+    return str(SSlibKey.from_crypto(serialization.load_pem_public_key(path.read_bytes())).keyid)
+
+
+def reproduction_signer(data: dict[str, Any], signers: tuple[Signer, ...]) -> Signer | None:
+    """The first of `signers` (public keys only) whose key verifies the DSSE envelope `data`; None: none does."""
+    from cryptography.hazmat.primitives import serialization
+    from securesystemslib.dsse import Envelope
+    from securesystemslib.signer import SSlibKey
+
+    try:
+        envelope = Envelope.from_dict(data)
+    except Exception:  # securesystemslib's format errors are of several types: not an envelope, no signer
+        return None
+    for s in signers:
+        if s.key.public_key is None:
+            continue
+        key = SSlibKey.from_crypto(serialization.load_pem_public_key(s.path.read_bytes()))
+        try:
+            envelope.verify([key], 1)
+        except Exception:  # securesystemslib's VerificationError and key errors alike: not this key
+            continue
+        return s
+    return None
+
+
+def _check_reproductions(manifest: Manifest, policy: TrustPolicy, rule: Rule, signer: Signer, now: datetime) -> None:
+    """At least `rule.reproductions` reproduced-by attestations of `manifest`'s files, each verified by a key of the
+    rule other than `signer`'s and than each other's (compared by the public key, not the name), none revoked or
+    retired by `now`.
+
+    Raises:
+        SignatureRefused: fewer (naming what was found and why the others do not count).
+    """
+    found: dict[str, str] = {}  # keyid → the policy's key name
+    ignored: list[str] = []
+    own = _public_keyid(signer.path) if signer.key.public_key is not None else None
+    expected = {f.path: f.sha256 for f in manifest.files if f.path not in (SIGNATURE, provenance.PROVENANCE)}
+    folder = policy.attestations / manifest.name / manifest.tag if policy.attestations is not None else None
+    paths = sorted(folder.glob("reproduced-*.json")) if folder is not None and folder.is_dir() else []
+    for path in paths:
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+            stmt = json.loads(base64.b64decode(data["payload"]))
+            subjects = {s["name"]: s["digest"]["sha256"] for s in stmt["subject"]}
+        except (ValueError, KeyError, TypeError, OSError):
+            ignored.append(f"{path.name}: not a reproduced-by attestation")
+            continue
+        by = reproduction_signer(data, rule.signers)
+        if by is None:
+            ignored.append(f"{path.name}: signed by no key of the rule {rule.pattern}")
+            continue
+        keyid = _public_keyid(by.path)
+        if stmt.get("predicateType") != REPRODUCED_PREDICATE or subjects != expected:
+            ignored.append(f"{path.name} (key {by.name}): attests other files than this artifact's")
+        elif keyid == own:
+            ignored.append(f"{path.name} (key {by.name}): the artifact's own signer")
+        elif by.key.revoked is not None and now.date() >= by.key.revoked:
+            ignored.append(f"{path.name} (key {by.name}): revoked on {by.key.revoked}")
+        elif by.key.retired_at(now):
+            ignored.append(f"{path.name} (key {by.name}): retired on {by.key.retired}")
+        elif keyid in found:
+            ignored.append(f"{path.name} (key {by.name}): a second one by the same key as {found[keyid]}")
+        else:
+            found[keyid] = by.name
+    if len(found) >= rule.reproductions:
+        return
+    have = f"{len(found)} ({', '.join(f'by key {n}' for n in found.values())})" if found else "none"
+    raise SignatureRefused(
+        manifest.ref,
+        f"{policy.path} asks for {rule.reproductions} reproduction(s) of {rule.pattern} by keys other than its "
+        f"signer's ({signer.name}), and {have} verified"
+        + (f"; not counted: {'; '.join(ignored)}" if ignored else ""),
+        file=str(folder) if folder is not None else None,
+        hint=f"on another builder, with a key {policy.path.name} names for {rule.pattern}: "
+        f"`modelmint reproduce {manifest.ref}` with MODELMINT_SIGNING_KEY set, then commit the attestation it writes",
+    )
 
 
 def _sha256(path: Path) -> str | None:
