@@ -143,7 +143,7 @@ def statement(
                     "recipe": c.recipe,
                 },
                 "internalParameters": {"toolchain": c.toolchain, "key": c.key},
-                "resolvedDependencies": _dependencies(c, hashes),
+                "resolvedDependencies": _dependencies(c, hashes) + toolchain_dependencies(c.toolchain),
             },
             "runDetails": {
                 "builder": {
@@ -241,6 +241,45 @@ def modelmint_commit() -> str:
     except (ToolError, OSError):
         return "unknown"
     return f"{commit}-dirty" if dirty else commit
+
+
+NO_DIGEST: Final = (
+    "no digest recorded: the toolchain's setup installs this package from PyPI by its pinned version, without a "
+    "hash pin, and pip keeps no hash of what it downloaded"
+)
+
+
+def toolchain_dependencies(toolchain: dict[str, str]) -> list[dict[str, Any]]:
+    """The toolchains that built it, each with its pinned source and, where one is known, the digest of that source:
+    llama.cpp's pinned commit and the sha256 of the llama-cpp-python sdist its tree is built from (pinned in
+    toolchains/llama-cpp.env and checked by toolchains/setup-llama-cpp.sh before it builds); any other tool its
+    pinned PyPI version, saying that no digest is known (none is made up)."""
+    from pipelines.core.toolchains import read_pins
+
+    deps: list[dict[str, Any]] = []
+    rest = {k: v for k, v in toolchain.items() if k not in ("modelmint", "llama.cpp", "llama-cpp-python-sdist")}
+    if "llama.cpp" in toolchain:
+        pins = read_pins("llama-cpp")
+        commit = toolchain["llama.cpp"]
+        sdist = toolchain.get("llama-cpp-python-sdist") or (
+            pins.get("LCPP_PY_VERSION") if pins.get("LLAMA_CPP_COMMIT") == commit else None
+        )
+        dep: dict[str, Any] = {
+            "name": "toolchain:llama.cpp",
+            "uri": f"pkg:pypi/llama-cpp-python@{sdist}" if sdist else f"pkg:github/ggml-org/llama.cpp@{commit}",
+            "annotations": {"llama.cpp.commit": commit},
+        }
+        if sdist and pins.get("LCPP_PY_VERSION") == sdist and pins.get("LLAMA_CPP_COMMIT") == commit:
+            dep["digest"] = {"sha256": pins["LCPP_SDIST_SHA256"]}
+            dep["annotations"]["source"] = (
+                "the llama-cpp-python sdist (its vendor/llama.cpp is the tree built), sha256 checked before the build"
+            )
+        else:
+            dep["annotations"]["source"] = "no digest recorded: the checkout's pins are not the ones it was built with"
+        deps.append(dep)
+    for name, version in sorted(rest.items()):
+        deps.append({"name": f"toolchain:{name}", "uri": f"pkg:pypi/{name}@{version}", "annotations": {"source": NO_DIGEST}})
+    return deps
 
 
 def _dependencies(c: Built, hashes: HashCache) -> list[dict[str, Any]]:
