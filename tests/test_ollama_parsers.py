@@ -221,6 +221,9 @@ NOT_RECOVERED = {
     "CohereForAI-c4ai-command-r7b-12-2024-tool_use.jinja",
     # an 'Action:' list of {"tool_name", "parameters"}: no "name" for the parser to find
     "CohereForAI-c4ai-command-r-plus-tool_use.jinja",
+    # Cohere2 MoE: the tag never starts the model's turn (as for Command R+), and the calls name their tool as
+    # "tool_name"
+    "Cohere2MoE.jinja",
     # <|open|>call …<|sep|> tags with typed <argument>s: no JSON object
     "Kimi-K3.jinja",
     # <function name=…><param name=…> XML: no JSON object

@@ -40,7 +40,7 @@ CHECKED: dict[str, tuple[str, TemplateTokens]] = {
     "GLM-4.7-Flash.jinja": ("glm-4.7", TemplateTokens(None, "<|endoftext|>", engine_adds_bos=False)),
     "LFM2-8B-A1B.jinja": ("lfm2", TemplateTokens("<|startoftext|>", "<|im_end|>")),
     "poolside-Laguna-XS.2.jinja": ("laguna", TemplateTokens("〈|EOS|〉", "〈|EOS|〉")),
-    "Cohere2MoE.jinja": ("cohere", TemplateTokens("<BOS_TOKEN>", "<|END_OF_TURN_TOKEN|>")),
+    "Cohere2MoE.jinja": ("cohere2", TemplateTokens("<BOS_TOKEN>", "<|END_OF_TURN_TOKEN|>")),
     "muse-glimmer.jinja": ("glimmer", TemplateTokens("<|begin_of_text|>", "<|eot|>")),
     "NVIDIA-Nemotron-3-Nano-30B-A3B-BF16.jinja": ("nemotron-3-nano",
                                                   TemplateTokens(None, "<|im_end|>", engine_adds_bos=False)),
@@ -66,6 +66,9 @@ TEMPLATE_INSTEAD: dict[str, tuple[str, tuple[str, ...]]] = {
     "deepseek-ai-DeepSeek-V3.1.jinja": ("deepseek3.1", ("user", "system-user", "multi-turn", "system-multi-turn",
                                                         "continue-assistant", "special-characters", *_WITH_TOOLS[:-1],
                                                         "reasoning-in-history", "think-off", "reasoning-in-tool-loop")),
+    # RENDERER cohere leaves the Jinja's platform instructions to a Modelfile SYSTEM (and Ollama does not set it
+    # itself for any GGUF architecture, server/create.go:795-817): every conversation differs.
+    "Cohere2MoE.jinja": ("cohere", tuple(c.name for c in SUITE)),
 }
 
 
@@ -196,21 +199,21 @@ def test_ollama_continues_a_final_assistant_message_through_the_template_not_ren
 
 def test_the_cli_refuses_a_mismatched_renderer_naming_the_conversations(templates_dir: Path) -> None:
     # python -m, so the command imports this checkout
-    done = subprocess.run([sys.executable, "-m", "pipelines.cli", "template", str(templates_dir / "Cohere2MoE.jinja")],
+    done = subprocess.run([sys.executable, "-m", "pipelines.cli", "template", str(templates_dir / "poolside-Laguna-XS.2.jinja")],
                           capture_output=True, text=True, timeout=300,
                           env={**os.environ, "PYTHONWARNINGS": "ignore", "COLUMNS": "400"})
     said = " ".join(done.stderr.split())
     assert done.returncode == 1 and done.stdout == "" and "Traceback" not in done.stderr
-    assert "RENDERER cohere renders this cohere template differently" in said and "reasoning-in-history" in said
+    assert "RENDERER laguna renders this laguna template differently" in said and "tool-round-trip" in said
     assert "--template FILE" in said
 
 
 def test_a_family_named_by_hand_is_refused_too_unless_forced(templates_dir: Path, settings: Settings) -> None:
     # The catalog's chat_family and `--family` name the family instead of detecting it: the same refusal applies.
-    name = "Cohere2MoE.jinja"
+    name = "poolside-Laguna-XS.2.jinja"
     family_name, tokens = CHECKED[name]
     jinja = (templates_dir / name).read_text(encoding="utf-8")
-    with pytest.raises(UnsupportedChatTemplate, match=r"RENDERER cohere renders"):
+    with pytest.raises(UnsupportedChatTemplate, match=r"RENDERER laguna renders"):
         convert_template(jinja, tokens, settings, family=family_name)
     forced = convert_template(jinja, tokens, settings, family=family_name, force=True)
-    assert "RENDERER cohere\n" in forced.lines and any("published anyway" in w for w in forced.warnings)
+    assert "RENDERER laguna\n" in forced.lines and any("published anyway" in w for w in forced.warnings)

@@ -245,3 +245,110 @@ register(ChatFamily(
         "Ollama continues that message instead (the proof compares the continuation transformers cuts)",
     ),
 ))
+
+
+# ---------------------------------------------------------------- Cohere Command A 2026 / North (Cohere2 MoE)
+#
+# Ollama has a RENDERER cohere for these models, but it leaves the Jinja's platform instructions to a Modelfile SYSTEM
+# and Ollama does not set it itself for any GGUF architecture (server/create.go:795-817 names gemma4, laguna and
+# nemotron_h only), so a TEMPLATE renders the Jinja instead. The platform turn is taken from the Jinja rendered with
+# a marker user message, and cut where the tool list goes.
+
+
+def _detect_cohere2(src: str) -> bool:
+    return _has_all(
+        src, "<|START_OF_TURN_TOKEN|>", "<|START_TEXT|>", "<|START_THINKING|>", "<|START_ACTION|>",
+        "<|START_TOOL_RESULT|>", "platform_instruction_override", "tool_call_id_to_int", "format_tool_message",
+        '"responses": null}', "<|START_THINKING|><|END_THINKING|>",
+    )
+
+
+def _cohere2_parts(src: str) -> tuple[str, str]:
+    """(the platform turn up to the tool list's '[' and line break, the rest of it after the tools): what the Jinja
+    prints before the first message."""
+    from pipelines.chat.jinja import render as _render
+
+    user = [{"role": "user", "content": _MARK.format("U")}]
+    try:
+        plain = _render(src, user, bos_token="", eos_token="")
+    except UnsupportedModel as err:  # another family's template, forced onto this one
+        raise ValueError(err.message) from err
+    head = plain[:plain.index("<|START_OF_TURN_TOKEN|><|USER_TOKEN|>")]
+    cut = head.index("[\n\n]") + 2
+    return head[:cut], head[cut:]
+
+
+def _build_cohere2(src: str, tokens: TemplateTokens) -> str:
+    before_tools, after_tools = _cohere2_parts(src)
+    # Tool-call ids are positions among all calls of the conversation (the length of a string grown by one letter
+    # per call: Go templates have no arithmetic), as the Jinja's regen_tool_call_ids writes them.
+    return json_defines() + _fill(
+        """
+{{- $msgs := .Messages }}
+{{- «BOS» }}{{ «BEFORE» }}
+{{- range $i, $t := .Tools }}{{ if $i }},«NL»{{ end }}    {"name": "{{ .Function.Name }}", "description": "{{ .Function.Description }}", "parameters": {{ template "mm_params" .Function.Parameters }}, "responses": null}{{ end }}
+{{- «AFTER» }}
+{{- $calls := "" }}{{ $prev := "" }}
+{{- range $i, $m := .Messages }}
+    «LOOP_HEAD»
+    {{- if eq .Role "system" }}<|START_OF_TURN_TOKEN|><|SYSTEM_TOKEN|><|START_TEXT|>{{ .Content }}<|END_TEXT|><|END_OF_TURN_TOKEN|>
+    {{- else if eq .Role "user" }}<|START_OF_TURN_TOKEN|><|USER_TOKEN|><|START_TEXT|>{{ .Content }}<|END_TEXT|><|END_OF_TURN_TOKEN|>
+    {{- else if and (eq .Role "assistant") .ToolCalls }}<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>
+        {{- if .Thinking }}<|START_THINKING|>{{ .Thinking }}<|END_THINKING|>{{ end }}<|START_ACTION|>[
+        {{- range $j, $c := .ToolCalls }}{{ if $j }},{{ end }}{{ "\\n" }}    {"tool_call_id": "{{ len $calls }}", "tool_name": "{{ .Function.Name }}", "parameters": {{ template "mm_args" .Function.Arguments }}}
+            {{- $calls = printf "%sx" $calls }}
+        {{- end }}{{ "\\n" }}]<|END_ACTION|><|END_OF_TURN_TOKEN|>
+    {{- else if eq .Role "assistant" }}<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>
+        {{- if .Thinking }}<|START_THINKING|>{{ .Thinking }}<|END_THINKING|>{{ end }}<|START_TEXT|>{{ .Content }}
+        {{- if not $last }}<|END_TEXT|><|END_OF_TURN_TOKEN|>{{ end }}
+    {{- else if eq .Role "tool" }}
+        {{- if ne $prev "tool" }}<|START_OF_TURN_TOKEN|><|SYSTEM_TOKEN|><|START_TOOL_RESULT|>[{{ "\\n" }}{{ else }},{{ "\\n" }}{{ end }}
+        {{- $id := "" }}{{ $n := "" }}{{ $found := false }}
+        {{- range $msgs }}{{ range .ToolCalls }}{{ if and (not $found) (eq .ID $m.ToolCallID) }}{{ $id = printf "%d" (len $n) }}{{ $found = true }}{{ end }}{{ $n = printf "%sx" $n }}{{ end }}{{ end }}
+        {{- "    {\\n        \\"tool_call_id\\": \\"" }}{{ $id }}{{ "\\",\\n        \\"results\\": {\\n            \\"0\\": {\\"content\\": " }}{{ printf "%q" .Content }}
+        {{- "}\\n        },\\n        \\"is_error\\": null\\n    }" }}
+        {{- if ne $next "tool" }}{{ "\\n" }}]<|END_TOOL_RESULT|><|END_OF_TURN_TOKEN|>{{ end }}
+    {{- end }}
+    {{- /* Never renders: the last {{ .Thinking }} of the loop, between the thinking tags Ollama reads from it. */}}
+    {{- if false }}<|START_THINKING|>{{ .Thinking }}<|END_THINKING|>{{ end }}
+    {{- $prev = .Role }}
+{{- end }}
+{{- if ne $prev "assistant" }}<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|><|START_THINKING|>{{ if and .IsThinkSet (not .Think) }}<|END_THINKING|>{{ end }}{{ end }}
+""",
+        BOS=golit(tokens.bos_text)[3:-3],
+        BEFORE=golit(before_tools)[3:-3],
+        AFTER=golit(after_tools)[3:-3],
+        LOOP_HEAD=_LOOP_HEAD,
+    )
+
+
+register(ChatFamily(
+    name="cohere2",
+    title="Cohere Command A 2026 / North (Cohere2 MoE: platform instructions, <|START_TEXT|>, <|START_ACTION|>)",
+    detect=_detect_cohere2,
+    build=_build_cohere2,
+    stop=("<|END_OF_TURN_TOKEN|>",),
+    bos_in_template=True,
+    thinking=True,
+    reasoning_key="reasoning_content",
+    think_variable="reasoning",
+    markers=("<|START_OF_TURN_TOKEN|>", "<|START_TEXT|>", "<|START_THINKING|>", "<|START_ACTION|>",
+             "<|START_TOOL_RESULT|>", "platform_instruction_override"),
+    tool_calls=("none structured: the calls are a JSON list of {\"tool_call_id\", \"tool_name\", \"parameters\"} after "
+                "<|START_ACTION|>; Ollama's tool parser waits for the text the TEMPLATE opens a tool-call turn with "
+                "(<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>), which the model's own turn does not repeat, and would "
+                "find no \"name\" in them; Ollama's PARSER cohere reads this format, but modelmint has not checked "
+                "it, so it names none"),
+    notes=(
+        "the TEMPLATE writes the Jinja's own platform instructions; Ollama's RENDERER cohere, which leaves them to a "
+        "Modelfile SYSTEM, is not used (Ollama does not set it itself for any GGUF architecture)",
+        "the Jinja prints a tool's description as it is between quotes; so does the TEMPLATE (a description with a "
+        "'\"' prints it unescaped in both)",
+        "documents, grounding, response_format, developer_instruction, skip_thinking and a "
+        "platform_instruction_override are not Ollama settings: the TEMPLATE follows their defaults",
+        "the Jinja's reasoning switch follows Ollama's think setting (false: an empty thinking block; true or unset: "
+        "an open one); a think level is taken as true, where the Jinja reads reasoning_effort 'none' as false",
+        "a tool result whose tool_call_id an earlier result of the same run already used is dropped by the Jinja; "
+        "the TEMPLATE prints every result",
+    ),
+))

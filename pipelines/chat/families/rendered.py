@@ -10,12 +10,12 @@ from pipelines.chat.families.helpers import _has_all, _has_none
 # ---------------------------------------------------------------- families Ollama renders in Go code
 #
 # Ollama sets the RENDERER itself for their GGUF architecture (gemma4, laguna, nemotron_h: a TEMPLATE would not be
-# used), or modelmint has no TEMPLATE proven for their Jinja (Cohere2 MoE). Where the RENDERER renders other bytes
+# used). Where the RENDERER renders other bytes
 # than the Jinja on the suite, the family is refused with the conversations. They are recognised by markers taken
 # from the template itself; every marker must be present and no forbidden text, so a neighbour (an older or newer
 # version of the same model line) is refused with what it lacks instead of being published with the wrong renderer.
 # (Families whose RENDERER differed and whose Jinja a TEMPLATE can follow now have a proven TEMPLATE instead: Qwen3-
-# Coder, Qwen3.5, GLM-4.7, LFM2, DeepSeek V3.1 and Muse Glimmer.)
+# Coder, Qwen3.5, GLM-4.7, LFM2, DeepSeek V3.1, Muse Glimmer and Cohere2 MoE.)
 
 
 def _renderer_family(name: str, title: str, *, renderer: str, parser: str, markers: tuple[str, ...],
@@ -89,20 +89,6 @@ _renderer_family(
              "tool-call-nested-arguments", "reasoning-in-tool-loop"),
     markers=(*_G4_MARKERS, "last_user_message", "tool_responses"),
     forbidden=("format_tool_response_block",),
-)
-_renderer_family(
-    "cohere", "Cohere Command A 2026 / North (Cohere2 MoE: <|START_TEXT|>, <|START_THINKING|>, <|START_ACTION|>)",
-    renderer="cohere", parser="cohere", stop=("<|END_OF_TURN_TOKEN|>",), thinking=True,
-    why=("this Jinja opens every prompt with its platform instructions; Ollama's renderer leaves them to a "
-         'Modelfile SYSTEM'),
-    differs=("user", "system-user", "multi-turn", "system-multi-turn", "continue-assistant", "special-characters",
-             "tools-offered", "tools-offered-no-system", "tool-call-and-result", "tool-round-trip",
-             "parallel-tool-calls", "tool-call-nested-arguments", "reasoning-in-history", "think-on", "think-off",
-             "reasoning-in-tool-loop"),
-    markers=("<|START_OF_TURN_TOKEN|>", "<|START_TEXT|>", "<|START_THINKING|>", "<|START_ACTION|>",
-             "<|START_TOOL_RESULT|>", "platform_instruction_override"),
-    forbidden=(),
-    notes=("Ollama's cohere renderer leaves the template's platform instructions to the Modelfile SYSTEM",),
 )
 _renderer_family(
     "laguna", "Poolside Laguna XS.2 (〈|EOS|〉 prefix, default system prompt, <think> off by default)",
