@@ -12,6 +12,10 @@ specifications (not from modelmint's code), with httpx and cryptography only:
   its base64 signature in the layer annotation dev.cosignproject.cosign/signature (lines 217-218), `critical.type`
   "cosign container image signature" and `critical.image.docker-manifest-digest` (lines 262-283), ECDSA-P256 with
   SHA-256 (lines 294, 391-402);
+- sigstore/cosign (commit d6d86c2): an RFC 3161 timestamp of the signature in the layer annotation
+  dev.sigstore.cosign/rfc3161timestamp (pkg/oci/static/signature.go:36), the JSON {"SignedRFC3161Timestamp":
+  base64 DER TimeStampResp} (pkg/cosign/bundle/tsa.go:18-24, pkg/oci/static/options.go:64-69), over the base64-decoded
+  signature (pkg/cosign/verify.go:1440-1445); checked with `openssl ts -verify` against the authority's root (RFC 3161);
 - secure-systems-lab/dsse protocol.md (commit eebf7b5): the signature is over PAE(payloadType, payload) (lines
   16, 57-64, 97), with in-toto's payloadType application/vnd.in-toto+json.
 """
@@ -21,7 +25,10 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import subprocess
+import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -33,6 +40,7 @@ INDEX = "application/vnd.oci.image.index.v1+json"
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 SIMPLE_SIGNING = "application/vnd.dev.cosign.simplesigning.v1+json"
 SIGNATURE_KEY = "dev.cosignproject.cosign/signature"
+TIMESTAMP_KEY = "dev.sigstore.cosign/rfc3161timestamp"
 DSSE = "application/vnd.dsse.envelope.v1+json"
 IN_TOTO = "application/vnd.in-toto+json"
 
@@ -108,9 +116,30 @@ def _referrers_of(base: str, name: str, digest: str, artifact_type: str) -> list
     return found
 
 
-def verify_signature(base: str, name: str, digest: str, public: ec.EllipticCurvePublicKey) -> dict[str, Any]:
+def _timestamp_problem(annotations: dict[str, Any], signature_b64: str, tsa_root: Path) -> str | None:
+    """Why the layer's RFC 3161 timestamp does not hold (None: it does): missing, not cosign's JSON, or not a reply
+    over sha256 of the raw signature that chains to `tsa_root`."""
+    text = annotations.get(TIMESTAMP_KEY)
+    if not text:
+        return f"no {TIMESTAMP_KEY} annotation"
+    try:
+        reply = base64.b64decode(json.loads(text)["SignedRFC3161Timestamp"])
+    except (ValueError, KeyError, TypeError) as err:
+        return f"{TIMESTAMP_KEY} is not cosign's RFC3161Timestamp JSON ({err})"
+    with tempfile.TemporaryDirectory() as scratch:
+        data, tsr = Path(scratch) / "sig", Path(scratch) / "reply.tsr"
+        data.write_bytes(base64.b64decode(signature_b64))
+        tsr.write_bytes(reply)
+        done = subprocess.run(["openssl", "ts", "-verify", "-data", str(data), "-in", str(tsr),
+                               "-CAfile", str(tsa_root)], capture_output=True, text=True, check=False)
+    return None if done.returncode == 0 else f"the timestamp does not verify: {done.stdout}{done.stderr}".strip()
+
+
+def verify_signature(base: str, name: str, digest: str, public: ec.EllipticCurvePublicKey, *,
+                     tsa_root: Path | None = None) -> dict[str, Any]:
     """The simple-signing payload of the first cosign signature among the referrers of `digest` that `public`
-    verifies and that names `digest`.
+    verifies and that names `digest`; with `tsa_root`, one whose RFC 3161 timestamp over its signature verifies
+    against that root.
 
     Raises:
         Refused: none does (each signature's reason listed).
@@ -126,7 +155,10 @@ def verify_signature(base: str, name: str, digest: str, public: ec.EllipticCurve
                 reasons.append(f"{at}: the signature does not verify with the key")
                 continue
             critical = json.loads(payload)["critical"]
-            if critical.get("type") != "cosign container image signature":
+            stamp = _timestamp_problem(layer.get("annotations") or {}, signature, tsa_root) if tsa_root else None
+            if stamp is not None:
+                reasons.append(f"{at}: {stamp}")
+            elif critical.get("type") != "cosign container image signature":
                 reasons.append(f"{at}: critical.type is {critical.get('type')!r}")
             elif critical["image"].get("docker-manifest-digest") != digest:
                 reasons.append(f"{at}: it signs {critical['image'].get('docker-manifest-digest')}, not {digest}")

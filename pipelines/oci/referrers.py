@@ -4,7 +4,8 @@ After publish pushes an image, the configured signing key signs its manifest dig
 
 - a cosign signature (sigstore/cosign specs/SIGNATURE_SPEC.md, "Simple Signing" and "OCI Image Manifest V1"): the
   simple-signing payload naming the image's digest as a layer of media type SIMPLE_SIGNING, its base64 ECDSA
-  signature in the layer's `dev.cosignproject.cosign/signature` annotation, tagged `sha256-<hex>.sig`;
+  signature in the layer's `dev.cosignproject.cosign/signature` annotation, tagged `sha256-<hex>.sig`; with a
+  Time-Stamp Authority configured, its RFC 3161 timestamp in `dev.sigstore.cosign/rfc3161timestamp`;
 - an in-toto attestation: the artifact's provenance statement with the image as its subject, in a DSSE envelope
   (secure-systems-lab/dsse protocol.md: the signature is over PAE(payloadType, payload)), tagged `sha256-<hex>.att`
   (cosign's attestation tag) with the layer titled `NAME.intoto.jsonl`.
@@ -39,6 +40,11 @@ SIMPLE_SIGNING: Final = "application/vnd.dev.cosign.simplesigning.v1+json"
 SIGNATURE_ANNOTATION: Final = "dev.cosignproject.cosign/signature"
 CERTIFICATE_ANNOTATION: Final = "dev.sigstore.cosign/certificate"
 CHAIN_ANNOTATION: Final = "dev.sigstore.cosign/chain"
+TIMESTAMP_ANNOTATION: Final = "dev.sigstore.cosign/rfc3161timestamp"
+"""cosign's annotation for an RFC 3161 timestamp over the signature's raw bytes (cosign pkg/oci/static/signature.go:36
+names it, pkg/oci/static/options.go:64-69 writes it as the JSON of pkg/cosign/bundle/tsa.go's RFC3161Timestamp,
+{"SignedRFC3161Timestamp": base64 DER TimeStampResp}; pkg/cosign/verify.go:1440-1445 checks it over the base64-decoded
+signature)."""
 COSIGN_TYPE: Final = "cosign container image signature"
 SIGNATURE_ARTIFACT: Final = "application/vnd.dev.cosign.artifact.sig.v1+json"
 """The artifactType cosign gives a signature it stores as an OCI 1.1 referrer."""
@@ -117,11 +123,25 @@ def _config_of(layers: tuple[Blob, ...]) -> Blob:
     return Blob.of_bytes(IMAGE_CONFIG, json.dumps(config, separators=(",", ":")).encode())
 
 
-def signature_image(sk: SigningKey, reference: str, subject: dict[str, Any]) -> Image:
-    """The cosign signature manifest over the image `subject` (a descriptor) of repository `reference`."""
+def signature_image(sk: SigningKey, reference: str, subject: dict[str, Any], *,
+                    kept: tuple[bytes, str, str] | None = None) -> Image:
+    """The cosign signature manifest over the image `subject` (a descriptor) of repository `reference`. With a
+    Time-Stamp Authority configured (sk.tsa, MODELMINT_TSA_URL) the signature layer carries its RFC 3161 timestamp
+    over the signature's bytes (TIMESTAMP_ANNOTATION); the one of the same signature in `kept` (the manifest its
+    `.sig` tag holds) is reused, so that publishing again writes nothing.
+
+    Raises:
+        TimestampUnavailable: the authority cannot be reached or refuses (nothing of the signature is pushed).
+    """
     signer = _Signer(sk)
     payload = simple_signing(reference, subject["digest"])
     annotations = {SIGNATURE_ANNOTATION: signer.sign(payload)}
+    if sk.tsa is not None:
+        annotations[TIMESTAMP_ANNOTATION] = _kept_timestamp(kept, annotations[SIGNATURE_ANNOTATION]) or json.dumps(
+            {"SignedRFC3161Timestamp": base64.b64encode(
+                _timestamp(sk.tsa, base64.b64decode(annotations[SIGNATURE_ANNOTATION]))).decode()},
+            separators=(",", ":"),
+        )
     if signer.certificate is not None:
         annotations[CERTIFICATE_ANNOTATION] = signer.certificate
         if signer.chain:
@@ -129,6 +149,30 @@ def signature_image(sk: SigningKey, reference: str, subject: dict[str, Any]) -> 
     layer = Blob.of_bytes(SIMPLE_SIGNING, payload, annotations)
     return Image(OCI_MANIFEST, _config_of((layer,)), (layer,), artifact_type=SIGNATURE_ARTIFACT,
                  subject=_descriptor(subject))
+
+
+def _timestamp(url: str, signature: bytes) -> bytes:
+    from pipelines.core import timestamps
+
+    return timestamps.request(url, signature)
+
+
+def _kept_timestamp(kept: tuple[bytes, str, str] | None, signature: str) -> str | None:
+    """The timestamp annotation of the layer of `kept` (a manifest as OciClient.get_manifest gives it) that carries
+    this very signature; None: none does."""
+    if kept is None:
+        return None
+    try:
+        layers = json.loads(kept[0]).get("layers") or []
+        for layer in layers:
+            annotations = layer.get("annotations") or {}
+            if annotations.get(SIGNATURE_ANNOTATION) == signature and isinstance(
+                annotations.get(TIMESTAMP_ANNOTATION), str
+            ):
+                return str(annotations[TIMESTAMP_ANNOTATION])
+    except (ValueError, AttributeError, TypeError):
+        return None
+    return None
 
 
 def attestation_image(sk: SigningKey, reference: str, subject: dict[str, Any], statement: dict[str, Any],
@@ -170,9 +214,11 @@ def attach(client: OciClient, repository: str, reference: str, subject: dict[str
     Raises:
         OciError: the registry refuses, or the referrers tag holds something other than an image index (nothing
             is overwritten there).
+        TimestampUnavailable: MODELMINT_TSA_URL's authority cannot timestamp the signature (nothing is pushed).
         OciUnavailable, OciAuthRefused: as OciClient.
     """
-    made: list[tuple[str, Image]] = [("sig", signature_image(sk, reference, subject))]
+    kept = client.get_manifest(repository, tag_of(subject["digest"], "sig")) if sk.tsa is not None else None
+    made: list[tuple[str, Image]] = [("sig", signature_image(sk, reference, subject, kept=kept))]
     if statement is not None:
         made.append(("att", attestation_image(sk, reference, subject, statement, title=title)))
     tagged: list[str] = []
