@@ -109,6 +109,8 @@ CLAIMED: dict[str, tuple[str, TemplateTokens]] = {
     "openbmb-MiniCPM5-1B.jinja": ("minicpm5", TemplateTokens("<s>", "<|im_end|>")),
     "Reka-Edge.jinja": ("reka-edge", TemplateTokens(None, "<sep>", engine_adds_bos=False)),
     "Cohere2MoE.jinja": ("cohere2", TemplateTokens("<BOS_TOKEN>", "<|END_OF_TURN_TOKEN|>")),
+    "GigaChat3-10B-A1.8B.jinja": ("gigachat3", TemplateTokens("<s>", "</s>")),
+    "GigaChat3.1-10B-A1.8B.jinja": ("gigachat3.1", TemplateTokens("<s>", "</s>")),
     "tencent-Hy3.jinja": ("hy3", TemplateTokens("<｜hy_begin_of_sentence:opensource｜>", "<｜hy_eos:opensource｜>")),
 }
 
@@ -307,6 +309,8 @@ OLLAMA_READING = {
     "CohereForAI-c4ai-command-r7b-12-2024-tool_use.jinja": (True, "<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|><|START_THINKING|>",
                                                             ("<|START_THINKING|>", "<|END_THINKING|>")),
     "Cohere2MoE.jinja": (True, "<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>", ("<|START_THINKING|>", "<|END_THINKING|>")),
+    "GigaChat3-10B-A1.8B.jinja": (True, "{", ()),
+    "GigaChat3.1-10B-A1.8B.jinja": (True, "<|function_call|>", ()),
     "google-gemma-2-2b-it.jinja": (False, "{", ()),
     "mistralai-Mistral-Nemo-Instruct-2407.jinja": (True, "[TOOL_CALLS][", ()),
     "microsoft-Phi-3.5-mini-instruct.jinja": (False, "{", ()),
