@@ -6,10 +6,12 @@ group's folder merged into it (serve/1xl4-24g/vllm.yaml); a mixed one keeps one 
 that cannot fit, or an artifact the planner cannot size, is recorded with the planner's refusal and the nearest
 plans that fit, and no file: serving plans never fail a registration.
 
-A GGUF's files are Ollama's (ollama/Modelfile and ollama/start.sh in each group's folder), planned by llama.cpp's
-memory model as `modelmint recommend --engine ollama` plans it (llamacpp_memory.plan_gguf: num_ctx,
-OLLAMA_NUM_PARALLEL, num_gpu, one Ollama per GPU or one over every GPU), written by the function `modelmint plan
-NAME:TAG --out` writes them with (servefiles.gguf_files); the record keeps that plan beside vLLM's planner's sizing.
+A GGUF is planned for Ollama by llama.cpp's memory model alone, never by vLLM's planner (vLLM has no GGUF loader):
+each GPU group of the inventory as `modelmint plan NAME:TAG --out` plans it (servefiles.plan_gguf_groups over
+llamacpp_memory.plan_gguf: num_ctx, OLLAMA_NUM_PARALLEL, num_gpu, one Ollama per GPU or one over every GPU), its
+ollama/Modelfile and ollama/start.sh written by the same function (servefiles.ollama_files), byte for byte; the record
+keeps each group's plan in the inventory's `gguf` list and no vLLM sizing. A group llama.cpp's model cannot hold
+gets no file and a note; an inventory none of whose groups it holds is recorded as refused.
 """
 
 from __future__ import annotations
@@ -19,18 +21,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from pipelines.advice.recommend import file_layers
 from pipelines.core.errors import ArtifactError, ConfigError
 from pipelines.core.fsutil import write_text_atomic
 from pipelines.core.gpus import cluster_label, parse_cluster
 from pipelines.core.settings import Settings
 from pipelines.publish import planner
-from pipelines.publish.llamacpp_memory import LayeredWeights, gguf_num_ctx, read_layered_weights
+from pipelines.publish.llamacpp_memory import GgufPlan, LayeredWeights, gguf_num_ctx
 from pipelines.publish.servefiles import (
     Artifact,
     artifact_of,
-    gguf_files,
     notes,
+    ollama_files,
     plan_files,
+    plan_gguf_groups,
     slug,
     write_files,
 )
@@ -73,11 +77,9 @@ def write_serving(c: Candidate, directory: Path) -> Serving:
         ollama_model=c.ref,
     )
     weights: LayeredWeights | None = None
-    if art.gguf and what is not None:
-        try:
-            weights = read_layered_weights(sized)
-        except ArtifactError:  # no per-layer tensors: planned by vLLM's planner alone, as before
-            weights = None
+    said: list[str] = []
+    if art.gguf and what is not None:  # as `modelmint plan NAME:TAG` reads the registered file (recommend.gguf_layers)
+        weights, said = file_layers(sized, what.shape, what.weights_bytes, c.placed_as(c.files[0]))
     inventories = []
     for gpus in spec.gpus:
         if what is None:
@@ -90,8 +92,10 @@ def write_serving(c: Candidate, directory: Path) -> Serving:
                     nearest=[cannot.hint or "serve a transformer model the planner sizes"],
                 )
             )
+        elif weights is not None:
+            inventories.append(_gguf_inventory(spec, gpus, what, art, directory, weights, said))
         else:
-            inventories.append(_inventory(spec, gpus, what, art, directory, weights))
+            inventories.append(_inventory(spec, gpus, what, art, directory))
     serving = Serving(
         context=spec.context,
         concurrency=spec.concurrency,
@@ -103,12 +107,9 @@ def write_serving(c: Candidate, directory: Path) -> Serving:
     return serving
 
 
-def _inventory(
-    spec: ServeSpec, gpus: str, what: planner.Served, art: Artifact, directory: Path,
-    weights: LayeredWeights | None = None,
-) -> InventoryPlans:
-    """One inventory's plans and files (written under directory/serve/<inventory>/), or the planner's refusal; a
-    GGUF with its `weights` per layer gets Ollama's files planned by llama.cpp's memory model (_gguf_files)."""
+def _inventory(spec: ServeSpec, gpus: str, what: planner.Served, art: Artifact, directory: Path) -> InventoryPlans:
+    """One inventory's vLLM plans and files (written under directory/serve/<inventory>/), or the planner's
+    refusal."""
     groups = parse_cluster(gpus)  # checked when the catalog loaded
     rel = f"{SERVE_DIR}/{slug(cluster_label(groups))}"
     ask = planner.Ask(
@@ -128,12 +129,7 @@ def _inventory(
         return InventoryPlans(
             gpus=gpus, dir=rel, refused=err.message, nearest=[err.hint or "change serve in the catalog"]
         )
-    gguf: list[GgufServePlan] | None = None
-    extra: list[str] = []
-    if weights is not None:
-        files, gguf, extra = _gguf_files(plans, art, weights, spec, what.shape.max_context)
-    else:
-        files = plan_files(plans, art)
+    files = plan_files(plans, art)
     if len(plans) == 1:  # one group: its folder is the inventory's
         own = f"{slug(plans[0].label)}/"
         files = {k.removeprefix(own): v for k, v in files.items()}
@@ -143,28 +139,55 @@ def _inventory(
         dir=rel,
         plans=[summary(p) for p in plans],
         files=sorted(p.relative_to(directory).as_posix() for p in written),
-        notes=[*notes(plans, art), *extra],
-        gguf=gguf,
+        notes=notes(plans, art),
     )
 
 
-def _gguf_files(
-    plans: list[planner.Plan], art: Artifact, weights: LayeredWeights, spec: ServeSpec, max_context: int
-) -> tuple[dict[str, str], list[GgufServePlan] | None, list[str]]:
-    """Each group's ollama/Modelfile and ollama/start.sh as `modelmint plan NAME:TAG --out` writes them
-    (servefiles.gguf_files: recommend's llama.cpp plan of one node of the group, at the catalog's context or Ollama's
-    default, and its concurrency), with the record of each plan; a group that machine cannot hold gets no file and
-    a note."""
-    files, planned, extra = gguf_files(plans, art, weights, gguf_num_ctx(spec.context, max_context),
-                                       spec.concurrency)
-    out = [
-        GgufServePlan(
-            engine=g.engine, gpus=label, num_ctx=g.num_ctx, parallel=g.parallel, n_gpu_layers=g.n_gpu_layers,
-            n_layers=g.n_layers, instances=g.instances, spread=g.spread, partial=g.partial, warnings=list(g.warnings),
+def _gguf_inventory(
+    spec: ServeSpec, gpus: str, what: planner.Served, art: Artifact, directory: Path, weights: LayeredWeights,
+    said: list[str],
+) -> InventoryPlans:
+    """A GGUF's plan of one inventory as `modelmint plan NAME:TAG --gpus INVENTORY --out` makes it: each GPU group
+    planned by llama.cpp's memory model at the entry's context (else Ollama's default) and concurrency
+    (plan_gguf_groups), its Ollama files (ollama_files) written under directory/serve/<inventory>/; a group that
+    model cannot hold gets no file and a note, an inventory with no group it holds is recorded as refused. `said`:
+    how the weights were read (a GGUF sized from its header says so)."""
+    groups = parse_cluster(gpus)  # checked when the catalog loaded
+    rel = f"{SERVE_DIR}/{slug(cluster_label(groups))}"
+    top = what.shape.max_context
+    if spec.context is not None and spec.context > top:  # as `modelmint plan --context` refuses it
+        return InventoryPlans(
+            gpus=gpus, dir=rel,
+            refused=f"a context of {spec.context} tokens is longer than {what.shape.architecture} supports ({top})",
+            nearest=[f"serve.context {top} or less in the catalog"],
         )
-        for label, g in planned
-    ]
-    return files, out, extra
+    planned, refused = plan_gguf_groups([(str(g), g) for g in groups], weights, gguf_num_ctx(spec.context, top),
+                                        spec.concurrency)
+    if not planned:
+        label, first = refused[0]
+        return InventoryPlans(gpus=gpus, dir=rel, refused=f"{label}: {first.message}",
+                              nearest=[n for _, e in refused for n in e.nearest])
+    files = ollama_files(planned, art)
+    if len(groups) == 1:  # one group: its folder is the inventory's
+        own = f"{slug(planned[0][0])}/"
+        files = {k.removeprefix(own): v for k, v in files.items()}
+    written = write_files(files, directory / rel, for_out=False)
+    return InventoryPlans(
+        gpus=gpus,
+        dir=rel,
+        files=sorted(p.relative_to(directory).as_posix() for p in written),
+        notes=[*notes([], art), *said,
+               *(f"no Ollama files for {label}: {e.message}; nearest: {', '.join(e.nearest)}" for label, e in refused)],
+        gguf=[_record(label, g) for label, g in planned],
+    )
+
+
+def _record(label: str, g: GgufPlan) -> GgufServePlan:
+    """What the manifest says of one group's llama.cpp plan."""
+    return GgufServePlan(
+        engine=g.engine, gpus=label, num_ctx=g.num_ctx, parallel=g.parallel, n_gpu_layers=g.n_gpu_layers,
+        n_layers=g.n_layers, instances=g.instances, spread=g.spread, partial=g.partial, warnings=list(g.warnings),
+    )
 
 
 def summary(p: planner.Plan) -> PlanSummary:

@@ -217,6 +217,10 @@ def _print_serving(m: Manifest) -> None:
                 for g in p.per_gpu
             )
             table.add_row(inv.gpus, p.gpus, p.layout, str(p.max_model_len), str(p.max_num_seqs), mem)
+        for g in inv.gguf or []:  # a GGUF: llama.cpp's plan for Ollama (vLLM cannot load it)
+            servers = f"{g.instances} Ollama servers" if g.instances > 1 else "one Ollama server"
+            table.add_row(inv.gpus, g.gpus, f"{g.engine}: num_gpu {g.n_gpu_layers} of {g.n_layers} layers, {servers}",
+                          f"num_ctx {g.num_ctx}", f"{g.parallel} slot(s)", "-")
     out.print(table)
     for inv in s.inventories:
         if inv.files:

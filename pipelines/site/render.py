@@ -29,7 +29,7 @@ from pipelines.advice.recommend import (
 from pipelines.core.errors import ManifestInvalid
 from pipelines.core.vocab import is_name
 from pipelines.store.history import Version
-from pipelines.store.manifest import Manifest, PlanSummary
+from pipelines.store.manifest import GgufServePlan, Manifest, PlanSummary
 
 _CARD_LIMIT = 64 * 1024
 _MIB = 1 << 20
@@ -756,10 +756,11 @@ def _history_table(p: ModelPage) -> str:
 
 
 def _serving(p: ModelPage) -> str:
-    by_inv: dict[str, list[tuple[Manifest, list[PlanSummary], str | None, list[str]]]] = {}
+    by_inv: dict[str, list[tuple[Manifest, list[PlanSummary | GgufServePlan], str | None, list[str]]]] = {}
     for m in sorted(p.variants, key=lambda m: m.weights_bytes):
         for inv in m.serving.inventories if m.serving else []:
-            by_inv.setdefault(inv.gpus, []).append((m, inv.plans, inv.refused, inv.nearest))
+            # a GGUF's plans are llama.cpp's for Ollama (vLLM cannot load it)
+            by_inv.setdefault(inv.gpus, []).append((m, [*inv.plans, *(inv.gguf or [])], inv.refused, inv.nearest))
     if not by_inv:
         return (
             "<p>No variant was registered with serving plans. <code>modelmint plan NAME:TAG --gpus …</code> "
@@ -805,6 +806,13 @@ def _serving(p: ModelPage) -> str:
                     ]
                 )
             for j, plan in enumerate(plans):
+                if isinstance(plan, GgufServePlan):
+                    rows.append([_e(m.ref), _e(plan.gpus),
+                                 _e(f"{plan.engine}: num_gpu {plan.n_gpu_layers} of {plan.n_layers} layers, "
+                                    f"{plan.instances} server(s)"),
+                                 f"none (a GGUF); Ollama: num_ctx {plan.num_ctx}, OLLAMA_NUM_PARALLEL {plan.parallel}",
+                                 "-"])
+                    continue
                 rows.append(
                     [
                         _e(m.ref),

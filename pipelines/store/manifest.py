@@ -196,12 +196,16 @@ class GgufServePlan(_Strict):
 
 
 class InventoryPlans(_Strict):
-    """What the planner answered for one GPU inventory: plans and the files carrying them, or its refusal. A GGUF's
-    files realise `gguf` (llama.cpp's memory model); `plans` are vLLM's planner's sizing of the same bytes."""
+    """What the planner answered for one GPU inventory: plans and the files carrying them, or its refusal. A
+    checkpoint's are vLLM's planner's (`plans`); a GGUF's are llama.cpp's memory model's alone (`gguf`), which its
+    Ollama files realise: vLLM has no GGUF loader, so no vLLM sizing is recorded for one. Records of a GGUF
+    registered before that also held vLLM's sizing beside `gguf`: they read, without it."""
 
     gpus: str = Field(description="the inventory, as the catalog's serve.gpus names it (in full form)")
     dir: str = Field(description="its folder in the artifact directory, serve/<inventory>")
-    plans: list[PlanSummary] = Field(default_factory=list)
+    plans: list[PlanSummary] = Field(
+        default_factory=list, description="vLLM's planner's plans of a checkpoint; none for a GGUF (see gguf)"
+    )
     files: list[str] = Field(default_factory=list, description="its files, relative to the artifact directory")
     notes: list[str] = Field(default_factory=list, description="why a file one could expect is not written")
     refused: str | None = Field(default=None, description="the planner's refusal: no plan fits (or none can be made)")
@@ -209,6 +213,15 @@ class InventoryPlans(_Strict):
     gguf: list[GgufServePlan] | None = Field(
         default=None, description="a GGUF: each group's plan by llama.cpp's memory model, which its files realise"
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _without_vllm_sizing_of_a_gguf(cls, data: Any) -> Any:
+        """The old shape of a GGUF's record (vLLM's sizing in `plans` beside llama.cpp's `gguf`) reads as the
+        current one: vLLM cannot load a GGUF, and its files never carried that sizing."""
+        if isinstance(data, dict) and data.get("gguf") and data.get("plans"):
+            return {**data, "plans": []}
+        return data
 
     @model_serializer(mode="wrap")
     def _without_gguf_when_none(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
@@ -220,8 +233,11 @@ class InventoryPlans(_Strict):
 
     @model_validator(mode="after")
     def _plans_or_refusal(self) -> InventoryPlans:
-        if (self.refused is None) == (not self.plans):
-            raise ValueError(f"{self.gpus}: either plans or a refusal, not {'both' if self.plans else 'neither'}")
+        planned = bool(self.plans) or bool(self.gguf)
+        if (self.refused is None) != planned:
+            raise ValueError(f"{self.gpus}: either plans or a refusal, not {'both' if planned else 'neither'}")
+        if self.plans and self.gguf:
+            raise ValueError(f"{self.gpus}: a GGUF is planned by llama.cpp's memory model alone, not also by vLLM's")
         if self.refused is not None and (self.files or not self.nearest):
             raise ValueError(f"{self.gpus}: a refusal names the nearest plans and writes no file")
         return self
