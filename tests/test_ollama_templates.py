@@ -111,6 +111,7 @@ CLAIMED: dict[str, tuple[str, TemplateTokens]] = {
     "Cohere2MoE.jinja": ("cohere2", TemplateTokens("<BOS_TOKEN>", "<|END_OF_TURN_TOKEN|>")),
     "GigaChat3-10B-A1.8B.jinja": ("gigachat3", TemplateTokens("<s>", "</s>")),
     "GigaChat3.1-10B-A1.8B.jinja": ("gigachat3.1", TemplateTokens("<s>", "</s>")),
+    "Apertus-8B-Instruct.jinja": ("apertus", TemplateTokens("<s>", "</s>")),
     "tencent-Hy3.jinja": ("hy3", TemplateTokens("<｜hy_begin_of_sentence:opensource｜>", "<｜hy_eos:opensource｜>")),
 }
 
@@ -311,6 +312,7 @@ OLLAMA_READING = {
     "Cohere2MoE.jinja": (True, "<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>", ("<|START_THINKING|>", "<|END_THINKING|>")),
     "GigaChat3-10B-A1.8B.jinja": (True, "{", ()),
     "GigaChat3.1-10B-A1.8B.jinja": (True, "<|function_call|>", ()),
+    "Apertus-8B-Instruct.jinja": (True, "<|tools_prefix|>", ()),
     "google-gemma-2-2b-it.jinja": (False, "{", ()),
     "mistralai-Mistral-Nemo-Instruct-2407.jinja": (True, "[TOOL_CALLS][", ()),
     "microsoft-Phi-3.5-mini-instruct.jinja": (False, "{", ()),
