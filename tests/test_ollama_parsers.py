@@ -228,6 +228,8 @@ NOT_RECOVERED = {
     "Kimi-K3.jinja",
     # <function name=…><param name=…> XML: no JSON object
     "openbmb-MiniCPM5-1B.jinja",
+    # '>>>NAME' and the arguments alone: the parser finds no name in them
+    "meetkai-functionary-medium-v3.2.jinja",
     # GigaChat 3: the call is a turn of its own after <|message_sep|>, a stop string that ends the model's turn
     "GigaChat3-10B-A1.8B.jinja",
 }

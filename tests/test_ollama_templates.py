@@ -112,6 +112,7 @@ CLAIMED: dict[str, tuple[str, TemplateTokens]] = {
     "GigaChat3-10B-A1.8B.jinja": ("gigachat3", TemplateTokens("<s>", "</s>")),
     "GigaChat3.1-10B-A1.8B.jinja": ("gigachat3.1", TemplateTokens("<s>", "</s>")),
     "Apertus-8B-Instruct.jinja": ("apertus", TemplateTokens("<s>", "</s>")),
+    "meetkai-functionary-medium-v3.2.jinja": ("functionary-v3.2", LLAMA3),
     "tencent-Hy3.jinja": ("hy3", TemplateTokens("<｜hy_begin_of_sentence:opensource｜>", "<｜hy_eos:opensource｜>")),
 }
 
@@ -313,6 +314,7 @@ OLLAMA_READING = {
     "GigaChat3-10B-A1.8B.jinja": (True, "{", ()),
     "GigaChat3.1-10B-A1.8B.jinja": (True, "<|function_call|>", ()),
     "Apertus-8B-Instruct.jinja": (True, "<|tools_prefix|>", ()),
+    "meetkai-functionary-medium-v3.2.jinja": (True, "{", ()),
     "google-gemma-2-2b-it.jinja": (False, "{", ()),
     "mistralai-Mistral-Nemo-Instruct-2407.jinja": (True, "[TOOL_CALLS][", ()),
     "microsoft-Phi-3.5-mini-instruct.jinja": (False, "{", ()),
