@@ -155,7 +155,7 @@ def test_embedded_template_that_disagrees_is_named(tmp_path: Path, qwen_gguf: Pa
 
 def test_template_outside_the_families_says_how_to_write_one(tmp_path: Path, llama_models: Path,
                                                              settings: Settings) -> None:
-    unknown = (llama_models / "templates" / "NVIDIA-Nemotron-Nano-v2.jinja").read_text(encoding="utf-8")
+    unknown = (llama_models / "templates" / "fireworks-ai-llama-3-firefunction-v2.jinja").read_text(encoding="utf-8")
     gguf = _write_gguf(tmp_path / "q3.gguf", template=unknown, tokens=["<|endoftext|>", "<|im_end|>"], eos=1)
     with pytest.raises(UnsupportedChatTemplate, match="not one modelmint can convert") as err:
         build_modelfile(gguf, settings=settings)
@@ -232,7 +232,7 @@ def test_cli_writes_a_modelfile_or_explains(tmp_path: Path, qwen_gguf: Path, lla
     assert Modelfile.parse(out.read_text(encoding="utf-8")).from_ == str(qwen_gguf.resolve())
     assert "proven on 16 conversations" in done.stderr
 
-    unknown = (llama_models / "templates" / "NVIDIA-Nemotron-Nano-v2.jinja").read_text(encoding="utf-8")
+    unknown = (llama_models / "templates" / "fireworks-ai-llama-3-firefunction-v2.jinja").read_text(encoding="utf-8")
     bad = _write_gguf(tmp_path / "q3.gguf", template=unknown, tokens=["<|im_end|>"], eos=0)
     failed = subprocess.run([*MODELMINT, "modelfile", str(bad)], capture_output=True, text=True, env=env,
                             timeout=300)
@@ -266,7 +266,7 @@ def test_a_renderer_family_gets_renderer_parser_and_requires(tmp_path: Path, lla
 
 
 def test_a_forced_family_is_refused_unless_force(tmp_path: Path, llama_models: Path, settings: Settings) -> None:
-    unknown = (llama_models / "templates" / "NVIDIA-Nemotron-Nano-v2.jinja").read_text(encoding="utf-8")
+    unknown = (llama_models / "templates" / "fireworks-ai-llama-3-firefunction-v2.jinja").read_text(encoding="utf-8")
     gguf = _write_gguf(tmp_path / "smol.gguf", template=unknown, tokens=["<|endoftext|>", "<|im_end|>"], eos=1)
     with pytest.raises(ConfigError, match="not recognised as qwen3") as err:
         build_modelfile(gguf, settings=settings, family="qwen3")
@@ -372,7 +372,7 @@ def test_cli_template_converts_a_bare_chat_template(llama_models: Path) -> None:
     refused = _cli("template", str(templates / "GLM-4.6.jinja").replace("4.6", "4.6-missing"))
     assert refused.returncode == 1 and "cannot read" in refused.stderr
 
-    unknown = _cli("template", str(templates / "NVIDIA-Nemotron-Nano-v2.jinja"))
+    unknown = _cli("template", str(templates / "fireworks-ai-llama-3-firefunction-v2.jinja"))
     assert unknown.returncode == 1 and unknown.stdout == ""
     assert "--template FILE" in " ".join(unknown.stderr.split())
 

@@ -113,6 +113,7 @@ CLAIMED: dict[str, tuple[str, TemplateTokens]] = {
     "GigaChat3.1-10B-A1.8B.jinja": ("gigachat3.1", TemplateTokens("<s>", "</s>")),
     "Apertus-8B-Instruct.jinja": ("apertus", TemplateTokens("<s>", "</s>")),
     "meetkai-functionary-medium-v3.2.jinja": ("functionary-v3.2", LLAMA3),
+    "NVIDIA-Nemotron-Nano-v2.jinja": ("nemotron-nano-v2", TemplateTokens(None, "<SPECIAL_12>", engine_adds_bos=False)),
     "tencent-Hy3.jinja": ("hy3", TemplateTokens("<｜hy_begin_of_sentence:opensource｜>", "<｜hy_eos:opensource｜>")),
 }
 
@@ -315,6 +316,7 @@ OLLAMA_READING = {
     "GigaChat3.1-10B-A1.8B.jinja": (True, "<|function_call|>", ()),
     "Apertus-8B-Instruct.jinja": (True, "<|tools_prefix|>", ()),
     "meetkai-functionary-medium-v3.2.jinja": (True, "{", ()),
+    "NVIDIA-Nemotron-Nano-v2.jinja": (True, "<TOOLCALL>[", ()),
     "google-gemma-2-2b-it.jinja": (False, "{", ()),
     "mistralai-Mistral-Nemo-Instruct-2407.jinja": (True, "[TOOL_CALLS][", ()),
     "microsoft-Phi-3.5-mini-instruct.jinja": (False, "{", ()),
@@ -361,7 +363,7 @@ def test_suite_covers_what_the_issue_asks_for() -> None:
 
 def test_unknown_template_is_a_clear_error(templates_dir: Path) -> None:
     with pytest.raises(UnsupportedChatTemplate) as err:
-        detect_family((templates_dir / "NVIDIA-Nemotron-Nano-v2.jinja").read_text(encoding="utf-8"))
+        detect_family((templates_dir / "fireworks-ai-llama-3-firefunction-v2.jinja").read_text(encoding="utf-8"))
     assert "TEMPLATE by hand" in str(err.value) and "--template" in str(err.value)
     assert "nearest family" in str(err.value)
     # the families modelmint publishes: those whose RENDERER renders their template differently are left out

@@ -28,7 +28,7 @@ from pipelines.chat.families.helpers import golit
 
 FAMILY_MODULES = ("chatml", "granite", "chatml_tools", "role_tokens", "tagged", "llama", "gemma", "mistral", "phi",
                   "rendered", "glimmer", "command_r", "harmony", "xtml", "dsml", "kimi", "minimax", "seed", "apriel",
-                  "hunyuan", "minicpm", "reka", "gigachat", "apertus", "functionary")
+                  "hunyuan", "minicpm", "reka", "gigachat", "apertus", "functionary", "nemotron_nano2")
 """The family modules, in registration order."""
 
 for _module in FAMILY_MODULES:
