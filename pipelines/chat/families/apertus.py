@@ -105,7 +105,8 @@ register(ChatFamily(
         "cannot hold: the TEMPLATE writes no <|inner_prefix|> reasoning",
         "an assistant message with empty content closes an open tool-result list (']') in the Jinja; Ollama passes "
         "an absent content as empty, so the TEMPLATE closes it only before a non-empty content",
-        "nested object properties, oneOf, nullable and default are not held by Ollama's tool schema: an object "
-        "parameter prints as object, and the TEMPLATE writes no '| null' or default comments",
+        "the TEMPLATE does not follow an object parameter's own properties (the Jinja writes them as a nested "
+        "type; it prints object), and oneOf, nullable and default are not held by Ollama's tool schema: it writes "
+        "no '| null' or default comments",
     ),
 ))

@@ -99,8 +99,8 @@ register(ChatFamily(
     notes=(
         "the Jinja ends a parameter's description with '.' unless it ends with one already; Go templates cannot "
         "test a suffix, so the TEMPLATE always adds it (a description ending in '.' gets two)",
-        "an object parameter's own properties, default, format, minimum/maximum and examples are not followed: "
-        "Ollama's tool schema reaches the TEMPLATE without them, so an object prints as an empty type",
+        "the TEMPLATE does not follow an object parameter's own properties (it prints an empty type), and default, "
+        "format, minimum/maximum and examples are not held by Ollama's tool schema: it writes no comments for them",
         "Ollama's tools are all of type function: the Jinja's code_interpreter system turn never applies",
     ),
 ))

@@ -115,9 +115,9 @@ def _gigachat_notes(*extra: str) -> tuple[str, ...]:
         "the Jinja prints only the first tool call of an assistant message; so does the TEMPLATE",
         "the Jinja splits a tool's and a parameter's description into lines and drops the blank ones; Go templates "
         "cannot split strings, so a description holding a blank line keeps it",
-        "the Jinja writes an object parameter's own properties as a nested TypeScript type; Ollama's tool schema "
-        "reaches the TEMPLATE without them followed here, so an object parameter prints as an empty type, and an "
-        "array of objects as any[]",
+        "the Jinja writes an object parameter's own properties as a nested TypeScript type; the TEMPLATE does not "
+        "follow them (a nested type needs a recursive indent Go templates cannot pass), so an object parameter "
+        "prints as an empty type, and an array of objects as any[]",
         "format, minimum/maximum, pattern, default and return_parameters are not held by Ollama's tool schema: the "
         "TEMPLATE writes none of the comments the Jinja writes for them",
         *extra,
