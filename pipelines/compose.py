@@ -251,7 +251,7 @@ def registry_places(settings: Settings, *, track: bool = True, oci: RegistryRef 
 
     return Places(settings.work_dir, settings.artifacts_dir, cache_dir(settings) if track else None,
                   dvc_remote=local_remote_dir(settings) if track else None,
-                  oci_registry=registry_storage(oci.host) if oci is not None else None)
+                  oci_registry=registry_storage(oci.host) if oci is not None else None, publishes=oci is not None)
 
 
 def register_step(v: str) -> str:

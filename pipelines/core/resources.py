@@ -9,17 +9,30 @@ import re
 import shutil
 import struct
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from pipelines.core.errors import ArtifactError, DiskLocation, RunTooLarge, ShapeRefused, SourceError
+from pipelines.core.errors import (
+    ArtifactError,
+    ConfigError,
+    DiskLocation,
+    RunTooLarge,
+    ShapeRefused,
+    SourceError,
+)
 from pipelines.core.fsutil import HashCache
 from pipelines.core.preflight import Weight, gguf_fallback, source_weights
 from pipelines.core.safetensorsheader import INDEX_FILE, read_safetensors_header
 from pipelines.core.vocab import COMPRESSED_SCHEMES, GROUPED_PRESETS, gguf_type
 
 GIB = 1 << 30
+
+HUB_FILE_LIMIT = 50 * 10**9
+"""The largest single file modelmint plans to hand to the Hugging Face Hub: 50 GB. hub-docs' upload guide
+(docs/hub/datasets-upload-guide-llm.md) gives "Per file: 50GB max, 20GB recommended"; its storage-limits page has
+since raised the hard limit to 500 GB and recommends chunks under 200 GB, but 50 GB is the figure llama.cpp split
+GGUFs on the Hub are cut to (`llama-gguf-split --split-max-size 50G`), so a file under it uploads anywhere."""
 
 # ---------------------------------------------------------------- what the source holds
 
@@ -164,6 +177,8 @@ class Places:
     """A local DVC remote: `dvc push` writes one more copy of each registered variant there."""
     oci_registry: Path | None = None
     """The blob storage of the registry the run publishes to, where it is known: one more copy of each variant."""
+    publishes: bool = False
+    """The run pushes each registered variant's image to an OCI registry (wherever that keeps its blobs)."""
 
     def of(self, location: DiskLocation) -> Path | None:
         return {"work_dir": self.work_dir, "artifacts": self.artifacts, "dvc_cache": self.dvc_cache,
@@ -239,6 +254,20 @@ class ResourceCheck:
     validated_at: int
     """The step after which no scratch output is read any more (the last variant's validation)."""
     variant_bytes: Mapping[str, int] = field(default_factory=dict)
+    files: tuple[PlannedFile, ...] = ()
+    """Each GGUF the run writes (the f16 and every variant), against the Hub's per-file limit."""
+    publishes: bool = False
+
+    @property
+    def over_hub_limit(self) -> list[PlannedFile]:
+        """The planned files one of which (or one of whose split parts) is larger than the Hub takes."""
+        return [f for f in self.files if f.crosses]
+
+    @property
+    def unpublishable(self) -> list[PlannedFile]:
+        """Variants the run would register as split parts and then fail to publish (an Ollama image holds one
+        GGUF): refused before any work when the run publishes."""
+        return [f for f in self.files if f.parts > 1] if self.publishes else []
 
     @property
     def peak_memory(self) -> Memory:
@@ -275,6 +304,8 @@ class ResourceCheck:
             "memory": {"peak_step": self.peak_memory.step, "peak": self.peak_memory.total,
                        "resident": self.peak_resident.resident, "available": self.available_memory,
                        "fits": self.memory_fits},
+            "files": [{"what": f.what, "bytes": f.bytes, "parts": f.parts, "largest": f.largest, "limit": f.limit,
+                       "over_hub_limit": f.crosses, "scratch": f.scratch, "note": f.note} for f in self.files],
         }
 
 
@@ -351,6 +382,77 @@ def compressed_bytes(shape: SourceShape, scheme: str) -> int:
     return math.ceil(quantized * row.bits / 8) + scales + kept
 
 
+def gguf_split_bytes(max_size: str) -> int:
+    """llama-gguf-split's `--split-max-size N(M|G)` in bytes: decimal units, G = 10^9 (tools/gguf-split/gguf-split.cpp
+    of the pinned tree, `split_str_to_n_bytes`, lines 74-90)."""
+    n, unit = int(max_size[:-1]), max_size[-1]
+    return n * (10**9 if unit == "G" else 10**6)
+
+
+def _split_trigger(max_size: str) -> int:
+    """The size above which the build splits a passed variant (pipelines/gguf/build.py `_split_if_needed` reads
+    the catalog's `split_max_size` in binary units, G = 2^30)."""
+    return int(max_size[:-1]) * (1 << (30 if max_size.endswith("G") else 20))
+
+
+@dataclass(frozen=True)
+class PlannedFile:
+    """One GGUF a run writes (the f16, or a variant), the files it ends up as, and whether the Hub takes them."""
+
+    what: str
+    bytes: int
+    scratch: bool = False
+    """The f16: read by the build only, never registered or published."""
+    split_max_size: str | None = None
+    """The catalog's `split_max_size`: a variant larger than it is registered as llama-gguf-split's parts."""
+    limit: int = HUB_FILE_LIMIT
+
+    @property
+    def parts(self) -> int:
+        if self.scratch or self.split_max_size is None or self.bytes <= _split_trigger(self.split_max_size):
+            return 1
+        return math.ceil(self.bytes / gguf_split_bytes(self.split_max_size))
+
+    @property
+    def largest(self) -> int:
+        """The largest single file it is written as (one part of a split: at most `split_max_size`)."""
+        return self.bytes if self.parts == 1 else min(self.bytes, gguf_split_bytes(str(self.split_max_size)))
+
+    @property
+    def crosses(self) -> bool:
+        return self.largest > self.limit
+
+    @property
+    def note(self) -> str | None:
+        """What it means for the run, when it crosses the Hub's limit or is split; None when neither."""
+        limit = f"the Hugging Face Hub's per-file limit of {self.limit / 10**9:,.0f} GB"
+        size = f"{self.bytes / 10**9:,.1f} GB ({_gib(self.bytes)})"
+        if self.scratch:
+            return (f"the {self.what}, {size}, is over {limit}; it is scratch (the build reads it, nothing registers "
+                    "or publishes it), so it needs no split") if self.crosses else None
+        if self.parts > 1:
+            over = (f"; each part is still over {limit}: set a `split_max_size` of at most "
+                    f"{self.limit // 10**9}G") if self.crosses else ""
+            return (f"{self.what}, {size}, is registered as {self.parts} files of at most {self.split_max_size} "
+                    f"(llama-gguf-split's NAME-00001-of-{self.parts:05d}.gguf …; llama.cpp loads them from the first)"
+                    f"{over}; an Ollama image holds one GGUF, so it is not published for `ollama pull`")
+        if self.crosses:
+            return (f"{self.what} is one file of {size}, over {limit}: modelmint registers and publishes it whole and "
+                    "splits nothing unless the catalog asks; to upload it to the Hub set `split_max_size: "
+                    f"{self.limit // 10**9}G` under the entry's `gguf:` in registry/catalog.yaml (it is then registered "
+                    "as llama-gguf-split's parts and gets no Ollama image), or cut a copy with `llama-gguf-split "
+                    f"--split --split-max-size {self.limit // 10**9}G FILE PREFIX`")
+        return None
+
+
+def gguf_files(shape: SourceShape, quants: Sequence[str], *, split_max_size: str | None = None,
+               limit: int = HUB_FILE_LIMIT) -> tuple[PlannedFile, ...]:
+    """The f16 and each variant a GGUF run writes, with their predicted bytes, the parts a `split_max_size`
+    cuts them into, and whether each file stays under the Hub's per-file `limit`."""
+    return (PlannedFile("f16 GGUF", gguf_f16_bytes(shape), scratch=True, limit=limit),
+            *(PlannedFile(q, gguf_quant_bytes(shape, q), split_max_size=split_max_size, limit=limit) for q in quants))
+
+
 @dataclass(frozen=True)
 class KLReference:
     """The evaluation the GGUF variants are measured with: llama-perplexity's window and chunk count."""
@@ -361,7 +463,8 @@ class KLReference:
 
 def gguf_run(shape: SourceShape, quants: Sequence[str], places: Places, *, imatrix: bool, kl: KLReference,
              keep_f16: bool = True, paths: Mapping[str, Path] | None = None,
-             available_memory: int | None = None, margin: int | None = None) -> ResourceCheck:
+             available_memory: int | None = None, margin: int | None = None,
+             split_max_size: str | None = None) -> ResourceCheck:
     """The disk and memory a GGUF run (convert → imatrix → reference logits → quantize and validate each variant →
     register each) needs at its peak, against what the machine has now.
 
@@ -371,6 +474,11 @@ def gguf_run(shape: SourceShape, quants: Sequence[str], places: Places, *, imatr
     `paths` names where each output goes ("f16", "imatrix", "logits", each quant type): one already there from an
     earlier run needs nothing more. Memory: the converter holds about 3.5x the largest tensor in bf16;
     llama-imatrix, llama-perplexity and llama-quantize map the f16, plus one window of float logits.
+
+    With `split_max_size` (the catalog's), a passed variant larger than it is also written as llama-gguf-split's
+    parts beside the whole file (pipelines/gguf/tools.split keeps what validation measured), and those parts are
+    what registers. The result's `files` says, for the f16 and every variant, whether a file crosses the Hub's
+    per-file limit (HUB_FILE_LIMIT).
     """
     f16 = gguf_f16_bytes(shape)
     steps = ["convert", *(["imatrix"] if imatrix else []), "reference logits",
@@ -384,9 +492,14 @@ def gguf_run(shape: SourceShape, quants: Sequence[str], places: Places, *, imatr
                               scratch_last, paths.get("imatrix"), scratch=True))
     outputs.append(Output("KL reference logits", "work_dir", logits_file_size(kl.ctx, shape.vocab, kl.chunks),
                           steps.index("reference logits"), scratch_last, paths.get("logits"), scratch=True))
-    sizes = {q: gguf_quant_bytes(shape, q) for q in quants}
-    for q in quants:
+    files = gguf_files(shape, quants, split_max_size=split_max_size)
+    sizes = {f.what: f.bytes for f in files if not f.scratch}
+    for f in files[1:]:
+        q = f.what
         outputs.append(Output(q, "work_dir", sizes[q], steps.index(f"quantize and validate {q}"), None, paths.get(q)))
+        if f.parts > 1:  # the parts beside the whole file, in the build directory
+            outputs.append(Output(f"{q} ({f.parts} split parts)", "work_dir", sizes[q],
+                                  steps.index(f"quantize and validate {q}")))
         outputs += _registered(q, sizes[q], places, steps)
     window = 4 * kl.ctx * shape.vocab
     memory = [Memory("convert", math.ceil(CONVERTER_RSS_PER_LARGEST_BF16 * shape.largest_bf16)),
@@ -394,7 +507,8 @@ def gguf_run(shape: SourceShape, quants: Sequence[str], places: Places, *, imatr
               Memory("reference logits", window, f16),
               *(Memory(f"quantize {q}", 0, f16) for q in quants),
               *(Memory(f"validate {q}", window, sizes[q]) for q in quants)]
-    return _check(steps, outputs, memory, places, last_check, sizes, available_memory, margin)
+    check = _check(steps, outputs, memory, places, last_check, sizes, available_memory, margin)
+    return replace(check, files=files, publishes=places.publishes or places.oci_registry is not None)
 
 
 def compressed_run(shape: SourceShape, schemes: Sequence[str], places: Places, *, eval_ctx: int, eval_chunks: int,
@@ -523,9 +637,20 @@ def require(check: ResourceCheck, *, what: str, variants_option: str = "--varian
     run needs there at its peak and what is free, and the ways out with what each gives back.
 
     Raises:
+        ConfigError: the run publishes and a variant would be registered as split parts (the catalog's
+            split_max_size), which no Ollama image holds: refused before it registers anything.
         RunTooLarge: a filesystem lacks space for the run's peak (plus its margin), or a step's own allocations
             exceed the available memory.
     """
+    if parts := check.unpublishable:
+        names = ", ".join(f"{f.what} ({_gib(f.bytes)}: {f.parts} parts)" for f in parts)
+        raise ConfigError(
+            f"{what}: {names} would be registered as llama-gguf-split parts (the catalog's split_max_size "
+            f"{parts[0].split_max_size}) and then fail to publish: an Ollama image holds one GGUF; nothing was started",
+            hint="remove `split_max_size` from the entry's `gguf:` in registry/catalog.yaml to register and publish "
+            "each variant whole (a file over the Hub's 50 GB limit is then split only for an upload: `llama-gguf-split "
+            "--split --split-max-size 50G FILE PREFIX`), or run without publishing (MODELMINT_OCI_REGISTRY unset), then rerun the "
+            "same command")
     if check.fits:
         return check
     shortfalls = [(f"{fs.label} (peak at {fs.peak_step}, plus a margin of {_gib(fs.margin)})", fs.needed + fs.margin,

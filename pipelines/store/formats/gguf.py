@@ -122,7 +122,8 @@ def _gguf_resources(plan: GGUFPlan, places: Places) -> ResourceCheck:
     # (register.drop_scratch), unless MODELMINT_KEEP_SCRATCH; a run that only builds keeps them
     keep = plan.settings.keep_scratch or places.artifacts is None
     return gguf_run(shape, plan.spec.quants, places, imatrix=plan.spec.imatrix,
-                    kl=KLReference(GGUF_EVAL_CTX, GGUF_EVAL_CHUNKS), paths=paths, keep_f16=keep)
+                    kl=KLReference(GGUF_EVAL_CTX, GGUF_EVAL_CHUNKS), paths=paths, keep_f16=keep,
+                    split_max_size=plan.spec.split_max_size)
 
 
 def _gguf_header(result: BuildResult) -> list[str]:
