@@ -31,8 +31,8 @@ GIB = 1 << 30
 HUB_FILE_LIMIT = 50 * 10**9
 """The largest single file modelmint plans to hand to the Hugging Face Hub: 50 GB. hub-docs' upload guide
 (docs/hub/datasets-upload-guide-llm.md) gives "Per file: 50GB max, 20GB recommended"; its storage-limits page has
-since raised the hard limit to 500 GB and recommends chunks under 200 GB, but 50 GB is the figure llama.cpp split
-GGUFs on the Hub are cut to (`llama-gguf-split --split-max-size 50G`), so a file under it uploads anywhere."""
+since raised the hard limit to 500 GB and recommends chunks under 200 GB, but 50 GB is the figure GGUF uploaders cut
+their llama-gguf-split parts to (`--split-max-size 50G`), and a file under it uploads under either rule."""
 
 # ---------------------------------------------------------------- what the source holds
 
