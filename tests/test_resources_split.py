@@ -52,11 +52,12 @@ def test_72b_f16_and_q8_0_cross_the_hub_limit_and_7b_does_not(qwen72b: Path, qwe
     assert "`split_max_size: 50G`" in q8 and "llama-gguf-split --split --split-max-size 50G" in q8
     assert "scratch" in str(files["f16 GGUF"].note)  # never registered: nothing to split
     assert files["q4_k_m"].note is None
+    assert check.notes == [files["q8_0"].note]  # what the run says before its first step
     reported = {f["what"]: f for f in check.to_dict()["files"]}
     assert reported["q8_0"]["over_hub_limit"] and not reported["q4_k_m"]["over_hub_limit"]
 
     small = gguf_run(source_shape(qwen7b), QUANTS, Places(tmp_path), imatrix=False, kl=KL, available_memory=ENOUGH)
-    assert small.over_hub_limit == [] and all(f.note is None for f in small.files)
+    assert small.over_hub_limit == [] and all(f.note is None for f in small.files) and small.notes == []
 
 
 def test_a_variant_split_by_the_catalog_counts_its_parts_on_the_build_disk(qwen72b: Path, tmp_path: Path) -> None:

@@ -264,6 +264,12 @@ class ResourceCheck:
         return [f for f in self.files if f.crosses]
 
     @property
+    def notes(self) -> list[str]:
+        """What the run's registered files mean for the Hub and Ollama (a variant over the Hub's per-file limit, or
+        one registered as split parts), said before any work; the scratch f16's note stays in `files`."""
+        return [f.note for f in self.files if f.note and not f.scratch]
+
+    @property
     def unpublishable(self) -> list[PlannedFile]:
         """Variants the run would register as split parts and then fail to publish (an Ollama image holds one
         GGUF): refused before any work when the run publishes."""

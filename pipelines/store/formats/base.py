@@ -106,8 +106,10 @@ class ArtifactFormat:
         def steps(planned: Any) -> StepList:
             if self.resources is not None and not settings.skip_resource_check:
                 asked = ", ".join(variants) if variants else "the catalog's variants"
-                require(self.resources(planned, places or Places(settings.work_dir)),
-                        what=f"{entry.name} ({asked})", variants_option=self.option)
+                check = require(self.resources(planned, places or Places(settings.work_dir)),
+                                what=f"{entry.name} ({asked})", variants_option=self.option)
+                for note in check.notes:  # a variant over the Hub's per-file limit, or split: said before any work
+                    (warn or progress)(note)
             return hooks.steps(planned, progress=warn or progress, asked=variants, **options)
 
         return build_with(
