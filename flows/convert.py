@@ -13,30 +13,26 @@ Each format's build is its step list (pipelines/core/steps.py), the one the CLI 
 from __future__ import annotations
 
 import functools
-import json
 import logging
-import re
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from prefect import flow, get_run_logger
-from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from prefect.artifacts import create_table_artifact
 from prefect.client.orchestration import get_client
 from prefect.tasks import Task
 
 if TYPE_CHECKING:
-    from prefect.client.schemas.objects import FlowRun
+    pass
 
 from flows import raycluster
-from flows.site import site_lines
+from flows.runreport import publish_run_artifacts, run_rows, start_all, wait_all
 from flows.slots import ensure_limit, model_limit, slot
 from flows.steps import prefect_runner, ray_batches
 from flows.tasks import gpu_slot, plan_source
 from pipelines.compose import (
-    Cell,
     Registered,
-    RunReport,
     candidates_of,
     preflight_registration,
     registered_of,
@@ -48,11 +44,10 @@ from pipelines.core.errors import ConfigError, ModelmintError, VariantsFailed
 from pipelines.core.fsutil import hash_cache
 from pipelines.core.settings import Settings
 from pipelines.core.steps import BuildResult, VariantError, execute, variant_scoped
-from pipelines.oci.images import Published
 from pipelines.publish.oci import RegistryRef
 from pipelines.registry import register as reg
 from pipelines.source.catalog import COMPRESSED_VARIANTS, CatalogEntry, load_catalog
-from pipelines.store.formats import ArtifactFormat, format_of, implementation, split_by_format
+from pipelines.store.formats import ArtifactFormat, implementation, split_by_format
 from pipelines.store.names import NAMES, Format, owner
 
 R = TypeVar("R")
@@ -143,7 +138,7 @@ def convert(model: str, variants: list[str] | None = None, revision: str | None 
             entry.name, results, registered.refs, registered.errors,
             header=header, dvc_paths={v: r.manifest.dvc.path for v, r in registrations.items()},
             published={v: (p.images, p.digest) for v, p in published.items()})
-        summary = _publish_artifacts(settings, report, registrations, published)
+        summary = publish_run_artifacts(settings, report, registrations, published)
     causes: dict[str, str] = {}
     advice: dict[str, str] = {}
     for r in results:
@@ -216,59 +211,6 @@ def oci_registry(settings: Settings) -> RegistryRef | None:
     return RegistryRef.parse(settings.oci_registry, insecure=settings.oci_insecure)
 
 
-# ---------------------------------------------------------------- what each run publishes
-
-
-def artifact_key(*parts: str) -> str:
-    """Prefect artifact keys allow only a-z, 0-9 and dashes."""
-    return re.sub(r"-+", "-", re.sub(r"[^a-z0-9-]", "-", "-".join(parts).lower())).strip("-")
-
-
-def _publish_artifacts(settings: Settings, report: RunReport, registrations: dict[str, reg.Registration],
-                       published: dict[str, Published]) -> dict[str, Any]:
-    """The run report as the run's Markdown artifact (its table: RunReport.table, the one the CLI prints) and as a
-    table artifact of data rows; returns the flow's result."""
-    columns, cells = report.table()
-    lines = [f"# {report.name}: convert", "", *report.header, "",
-             "| " + " | ".join(columns) + " |", "|" + " --- |" * len(columns)]
-    lines += ["| " + " | ".join(_markdown(c) for c in row) + " |" for row in cells]
-    lines += ["", "Registered variants are in the DVC remote; `modelmint pull NAME:TAG` fetches one and checks it."]
-    lines += _published_lines(published)
-    lines += site_lines(settings, [r.manifest.ref for r in registrations.values()])
-    rows = [line.data() for line in report.lines]
-    create_markdown_artifact("\n".join(lines), key=artifact_key("convert", report.name),
-                             description=f"convert {report.name}")
-    create_table_artifact(rows, key=artifact_key("convert", report.name, "variants"),
-                          description=f"variants of {report.name}")
-    return {
-        "model": report.name,
-        "registered": [r.manifest.ref for r in registrations.values()],
-        "published": {p.manifest.ref: p.images for p in published.values()},
-        "failed": report.failed,
-        "variants": rows,
-    }
-
-
-def _markdown(cell: Cell) -> str:
-    """A run report cell in a Markdown table: a ref as code, a verdict with its sign."""
-    text = cell.text.replace("|", "/")
-    if cell.code and text:
-        return f"`{text}`"
-    if cell.tone == "ok" and text:
-        return "✅ " + text
-    return "❌ " + text if cell.tone == "bad" and text else text
-
-
-def _published_lines(published: dict[str, Published]) -> list[str]:
-    """Where each variant was published, and the line that pulls it."""
-    lines = ["", "Published to the OCI registry:", ""] if published else []
-    for p in published.values():
-        pull = " ".join(format_of(p.manifest.tag).pull_command(p.images[-1], p.registry.insecure))
-        lines.append(f"- `{p.manifest.ref}` → {', '.join(f'`{i}`' for i in p.images)} ({p.digest}; "
-                     f"{len(p.uploaded)} blob(s) uploaded, {len(p.tagged)} tag(s) written): `{pull}`")
-    return lines
-
-
 # ---------------------------------------------------------------- every catalog model: `convert/all`
 
 
@@ -284,14 +226,14 @@ def convert_all(models: list[str] | None = None, variants: list[str] | None = No
     settings = Settings.from_env()
     catalog = load_catalog(settings.catalog_path)
     names = [catalog.get(m).name for m in models] if models else [m.name for m in catalog.models]
-    started = _start_all(names, variants)
-    finished = _wait_all(started)
+    started = start_all(names, variants)
+    finished = wait_all(started)
     rows, failed = [], {}
     with get_client(sync_client=True) as client:
         for name, run in finished.items():
             if not run.state.is_completed():
                 failed[name] = run.state.message or run.state.name
-            rows += [{"model": name, **r} for r in _run_rows(client, run.id, name)]
+            rows += [{"model": name, **r} for r in run_rows(client, run.id, name)]
     create_table_artifact(rows, key="convert-all", description=f"every variant of {len(names)} models")
     if failed:
         raise ModelmintError(
@@ -300,45 +242,3 @@ def convert_all(models: list[str] | None = None, variants: list[str] | None = No
             "(`prefect flow-run logs <id>`); the others finished",
         )
     return {"models": names, "variants": rows}
-
-
-def _start_all(names: list[str], variants: list[str] | None) -> dict[str, Any]:
-    from prefect.context import FlowRunContext
-    from prefect.deployments import run_deployment
-
-    parent = FlowRunContext.get().flow_run.id  # type: ignore[union-attr]
-    started: dict[str, Any] = {}
-    for name in names:
-        params = {"model": name, **({"variants": variants} if variants else {})}
-        # run_deployment is sync_compatible: called from sync code it returns the FlowRun, not a coroutine
-        started[name] = cast("FlowRun", run_deployment(f"convert/{name}", parameters=params, timeout=0,
-                                                       as_subflow=True, idempotency_key=f"convert-all-{parent}-{name}"))
-        get_run_logger().info("started convert/%s: flow run %s", name, started[name].id)
-    return started
-
-
-def _wait_all(started: dict[str, Any], poll_s: float = 5.0) -> dict[str, Any]:
-    import time
-
-    pending, done = dict(started), {}
-    with get_client(sync_client=True) as client:
-        while pending:
-            for name, run in list(pending.items()):
-                now = client.read_flow_run(run.id)
-                if now.state and now.state.is_final():
-                    del pending[name]
-                    done[name] = now
-            if pending:
-                time.sleep(poll_s)
-    return done
-
-
-def _run_rows(client: Any, flow_run_id: Any, name: str) -> list[dict[str, Any]]:
-    """The variants table a convert run published (artifact convert-<name>-variants), or nothing."""
-    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, ArtifactFilterKey
-
-    found = client.read_artifacts(artifact_filter=ArtifactFilter(
-        flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id]),
-        key=ArtifactFilterKey(any_=[artifact_key("convert", name, "variants")])))
-    data = found[0].data if found else None
-    return json.loads(data) if isinstance(data, str) else list(data or [])

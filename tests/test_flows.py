@@ -17,7 +17,8 @@ from prefect.testing.utilities import prefect_test_harness
 from registry_env import PopenCounter, Repo, artifacts, dvc, make_repo, task_runs
 
 from flows import stack
-from flows.convert import artifact_key, convert, model_limit
+from flows.convert import convert, model_limit
+from flows.runreport import artifact_key
 from flows.tasks import _step_key, _transient
 from pipelines.core.errors import ConfigError, HubUnavailable
 from pipelines.core.settings import project_root
