@@ -12,6 +12,7 @@ from pipelines.core.resources import (
     HUB_FILE_LIMIT,
     KLReference,
     Places,
+    PlannedFile,
     gguf_run,
     require,
     source_shape,
@@ -75,6 +76,10 @@ def test_a_variant_split_by_the_catalog_counts_its_parts_on_the_build_disk(qwen7
     big = gguf_run(shape, QUANTS, Places(tmp_path), imatrix=False, kl=KL, available_memory=ENOUGH,
                    split_max_size="60G")
     assert [f.what for f in big.over_hub_limit] == ["f16 GGUF", "q8_0"]
+    # a file between 50 GB and 50 GiB is over the limit, yet the build (binary units) does not split it at 50G
+    edge = PlannedFile("q8_0", 52 * 10**9, split_max_size="50G")
+    assert edge.parts == 1 and edge.crosses
+    assert "set a split_max_size of at most 46566M" in str(edge.note)
 
 
 def test_publishing_a_variant_that_would_be_split_is_refused_before_any_work(qwen72b: Path, tmp_path: Path) -> None:

@@ -442,6 +442,10 @@ class PlannedFile:
             return (f"{self.what}, {size}, is registered as {self.parts} files of at most {self.split_max_size} "
                     f"(llama-gguf-split's NAME-00001-of-{self.parts:05d}.gguf …; llama.cpp loads them from the first)"
                     f"{over}; an Ollama image holds one GGUF, so it is not published for `ollama pull`")
+        if self.crosses and self.split_max_size is not None:
+            return (f"{self.what} is one file of {size}, over {limit}, yet under the catalog's split_max_size "
+                    f"{self.split_max_size} as the build reads it (binary units: {_gib(_split_trigger(self.split_max_size))}"
+                    f"; llama-gguf-split's are decimal): set a split_max_size of at most {self.limit * 1000 // GIB}M to split it")
         if self.crosses:
             return (f"{self.what} is one file of {size}, over {limit}: modelmint registers and publishes it whole and "
                     "splits nothing unless the catalog asks; to upload it to the Hub set `split_max_size: "
