@@ -395,12 +395,6 @@ def gguf_split_bytes(max_size: str) -> int:
     return n * (10**9 if unit == "G" else 10**6)
 
 
-def _split_trigger(max_size: str) -> int:
-    """The size above which the build splits a passed variant (pipelines/gguf/build.py `_split_if_needed` reads
-    the catalog's `split_max_size` in binary units, G = 2^30)."""
-    return int(max_size[:-1]) * (1 << (30 if max_size.endswith("G") else 20))
-
-
 @dataclass(frozen=True)
 class PlannedFile:
     """One GGUF a run writes (the f16, or a variant), the files it ends up as, and whether the Hub takes them."""
@@ -415,7 +409,7 @@ class PlannedFile:
 
     @property
     def parts(self) -> int:
-        if self.scratch or self.split_max_size is None or self.bytes <= _split_trigger(self.split_max_size):
+        if self.scratch or self.split_max_size is None or self.bytes <= gguf_split_bytes(self.split_max_size):
             return 1
         return math.ceil(self.bytes / gguf_split_bytes(self.split_max_size))
 
@@ -442,10 +436,6 @@ class PlannedFile:
             return (f"{self.what}, {size}, is registered as {self.parts} files of at most {self.split_max_size} "
                     f"(llama-gguf-split's NAME-00001-of-{self.parts:05d}.gguf …; llama.cpp loads them from the first)"
                     f"{over}; an Ollama image holds one GGUF, so it is not published for `ollama pull`")
-        if self.crosses and self.split_max_size is not None:
-            return (f"{self.what} is one file of {size}, over {limit}, yet under the catalog's split_max_size "
-                    f"{self.split_max_size} as the build reads it (binary units: {_gib(_split_trigger(self.split_max_size))}"
-                    f"; llama-gguf-split's are decimal): set a split_max_size of at most {self.limit * 1000 // GIB}M to split it")
         if self.crosses:
             return (f"{self.what} is one file of {size}, over {limit}: modelmint registers and publishes it whole and "
                     "splits nothing unless the catalog asks; to upload it to the Hub set `split_max_size: "

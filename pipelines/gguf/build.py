@@ -51,6 +51,7 @@ from pipelines.core.report import (
     SourceRecord,
     as_block,
 )
+from pipelines.core.resources import gguf_split_bytes
 from pipelines.core.settings import Settings
 from pipelines.core.steps import (
     BuildResult,
@@ -869,8 +870,9 @@ def quant_parallelism(n_jobs: int, threads: int) -> tuple[int, int]:
 
 
 def _split_if_needed(path: Path, max_size: str, llama: LlamaCpp) -> list[Path]:
-    limit = int(max_size[:-1]) * (1 << (30 if max_size.endswith("G") else 20))
-    if path.stat().st_size <= limit:
+    # the size llama-gguf-split cuts at (decimal units: 50G is 50 * 10^9 bytes, the Hub's per-file limit), so a file
+    # between 50 GB and 50 GiB is split too, as the preflight says (resources.PlannedFile)
+    if path.stat().st_size <= gguf_split_bytes(max_size):
         return []
     return gguf.split(path, max_size, llama)
 
