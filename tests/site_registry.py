@@ -10,6 +10,10 @@ safetensors file. The figures are SmolLM2's measured ones (the feasibility notes
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,7 +29,9 @@ from pipelines.core.report import Figures, Validation, parse_report
 from pipelines.core.settings import Settings
 from pipelines.registry.register import Candidate, register
 from pipelines.source.catalog import load_catalog
-from pipelines.store.manifest import ParentRef
+from pipelines.store.manifest import Manifest, ParentRef, find_manifest
+
+ROOT = Path(__file__).resolve().parents[1]
 
 # (mean KL, its s.e., same top %, its s.e., dPPL %, MiB of weights)
 SMOLLM2 = {
@@ -227,6 +233,35 @@ def register_built_q4_k_m(settings: Settings, builds: Path, model: str = "tiny-q
     built = dataclasses.replace(shaped, sha256=sha256_file(real), size_bytes=real.stat().st_size)
     register(settings, built)
     return built
+
+
+@contextmanager
+def registered_q4_k_m_serving(base: Path, serve: dict[str, Any]) -> Iterator[tuple[Repo, Manifest]]:
+    """tiny-qwen2's real q4_k_m registered by the real code (register_built_q4_k_m) in a fresh repository under
+    `base`, its catalog entry's `serve:` block set to `serve` first, so that registration writes those serving plans."""
+    with pytest.MonkeyPatch.context() as mp:
+        isolate(base / "env", mp)
+        repo = make_repo(base, models={"tiny-qwen2": ["q4_k_m"]})
+        catalog = repo.root / "registry" / "catalog.yaml"
+        raw = yaml.safe_load(catalog.read_text())
+        for entry in raw["models"]:
+            entry["serve"] = serve
+        catalog.write_text(yaml.safe_dump(raw, sort_keys=False))
+        settings = repo.settings()
+        register_built_q4_k_m(settings, base / "builds")
+        yield repo, find_manifest(settings, "tiny-qwen2:q4_k_m")
+
+
+def text_files(root: Path) -> dict[str, str]:
+    """Every file under `root` by its relative path, with its text: two trees compared byte for byte."""
+    return {p.relative_to(root).as_posix(): p.read_text() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def modelmint_here(repo: Repo, *args: str) -> subprocess.CompletedProcess[str]:
+    """modelmint from this tree (python -m, so this checkout's own code runs), in `repo`."""
+    env = {**repo.env(), "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
+    return subprocess.run([sys.executable, "-m", "pipelines.cli", *args], env=env, capture_output=True, text=True,
+                          cwd=repo.root, timeout=300)
 
 
 def build(base: Path, *, evil: bool = True) -> SiteRegistry:

@@ -8,56 +8,31 @@ subprocesses."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from ollama_pull import check_name
-from registry_env import Repo, isolate, make_repo
-from site_registry import register_built_q4_k_m
+from registry_env import Repo
+from site_registry import modelmint_here, registered_q4_k_m_serving, text_files
 
-from pipelines.store.manifest import Manifest, find_manifest
+from pipelines.store.manifest import Manifest
 
-ROOT = Path(__file__).resolve().parents[1]
 MIXED = "1xRTX4090-24G+1xRTX3060-12G"
 SERVE = {"gpus": ["1xL4-24G", "4xRTX4090-24G", MIXED], "context": 2048, "concurrency": 3}
-
-
-def _cli(repo: Repo, *args: str) -> subprocess.CompletedProcess[str]:
-    """modelmint from this tree (python -m, so this checkout's own code runs), in `repo`."""
-    env = {**repo.env(), "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
-    return subprocess.run([sys.executable, "-m", "pipelines.cli", *args], env=env, capture_output=True, text=True,
-                          cwd=repo.root, timeout=300)
 
 
 @pytest.fixture(scope="module")
 def registered(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Repo, Manifest]]:
     """tiny-qwen2's real q4_k_m registered by the real code, its catalog entry asking for serving plans on one L4,
     a 4-GPU box and a mixed pair of cards at 2048 tokens x 3 sequences."""
-    base = tmp_path_factory.mktemp("plan-gguf")
-    with pytest.MonkeyPatch.context() as mp:
-        isolate(base / "env", mp)
-        repo = make_repo(base, models={"tiny-qwen2": ["q4_k_m"]})
-        catalog = repo.root / "registry" / "catalog.yaml"
-        raw = yaml.safe_load(catalog.read_text())
-        for entry in raw["models"]:
-            entry["serve"] = SERVE
-        catalog.write_text(yaml.safe_dump(raw, sort_keys=False))
-        settings = repo.settings()
-        register_built_q4_k_m(settings, base / "builds")
-        yield repo, find_manifest(settings, "tiny-qwen2:q4_k_m")
-
-
-def _files(root: Path) -> dict[str, str]:
-    return {p.relative_to(root).as_posix(): p.read_text() for p in sorted(root.rglob("*")) if p.is_file()}
+    with registered_q4_k_m_serving(tmp_path_factory.mktemp("plan-gguf"), SERVE) as done:
+        yield done
 
 
 def _recommended(repo: Repo, gpus: str, *extra: str) -> Any:
-    proc = _cli(repo, "recommend", "tiny-qwen2", "--gpus", gpus, "--engine", "ollama", "--context",
+    proc = modelmint_here(repo, "recommend", "tiny-qwen2", "--gpus", gpus, "--engine", "ollama", "--context",
                 str(SERVE["context"]), "--concurrency", str(SERVE["concurrency"]), *extra, "--json")
     assert proc.returncode == 0, proc.stderr
     (answer,) = json.loads(proc.stdout)
@@ -72,12 +47,12 @@ def test_plan_out_writes_the_registered_ollama_files(
     repo, m = registered
     inv = m.serving.inventories[inventory]
     registered_dir = repo.root / m.dvc.path / inv.dir
-    want = {k: v for k, v in _files(registered_dir).items() if "/ollama/" in f"/{k}"}
+    want = {k: v for k, v in text_files(registered_dir).items() if "/ollama/" in f"/{k}"}
     assert want, inv.files
-    proc = _cli(repo, "plan", "tiny-qwen2:q4_k_m", "--gpus", inv.gpus, "--context", str(SERVE["context"]),
+    proc = modelmint_here(repo, "plan", "tiny-qwen2:q4_k_m", "--gpus", inv.gpus, "--context", str(SERVE["context"]),
                 "--concurrency", str(SERVE["concurrency"]), "--out", str(tmp_path / "out"))
     assert proc.returncode == 0, proc.stderr
-    got = _files(tmp_path / "out")
+    got = text_files(tmp_path / "out")
     assert got, proc.stderr  # a GGUF on one GPU gets its Ollama files too
     if "+" not in inv.gpus:  # registration merges a single group's folder into the inventory's
         own = next(iter(got)).split("/", 1)[0] + "/"
@@ -92,10 +67,10 @@ def test_plan_out_sizes_a_gguf_at_ollamas_context_when_none_is_asked(
 ) -> None:
     """No --context: Ollama's default 4096, as recommend and registration plan it, not the model's 32768."""
     repo, _ = registered
-    proc = _cli(repo, "plan", "tiny-qwen2:q4_k_m", "--gpus", "1xL4-24G", "--out", str(tmp_path))
+    proc = modelmint_here(repo, "plan", "tiny-qwen2:q4_k_m", "--gpus", "1xL4-24G", "--out", str(tmp_path))
     assert proc.returncode == 0, proc.stderr
-    (modelfile,) = [v for k, v in _files(tmp_path).items() if k.endswith("ollama/Modelfile")]
-    proc = _cli(repo, "recommend", "tiny-qwen2", "--gpus", "1xL4-24G", "--engine", "ollama", "--json")
+    (modelfile,) = [v for k, v in text_files(tmp_path).items() if k.endswith("ollama/Modelfile")]
+    proc = modelmint_here(repo, "recommend", "tiny-qwen2", "--gpus", "1xL4-24G", "--engine", "ollama", "--json")
     (answer,) = json.loads(proc.stdout)
     assert f"PARAMETER num_ctx {answer['ranked'][0]['gguf_plan']['num_ctx']}\n" in modelfile
     assert "PARAMETER num_ctx 4096\n" in modelfile
@@ -123,7 +98,7 @@ def test_recommend_refuses_more_slots_than_llama_cpp_holds(registered: tuple[Rep
     """llama.cpp refuses n_seq_max above LLAMA_MAX_SEQ (256) when it loads a model, and Ollama passes
     OLLAMA_NUM_PARALLEL to it as -np unchanged: a plan of 65,536 slots on one server would never load."""
     repo, _ = registered
-    proc = _cli(repo, "recommend", "tiny-qwen2", "--gpus", "1xL4-24G", "--engine", engine, "--context", "16",
+    proc = modelmint_here(repo, "recommend", "tiny-qwen2", "--gpus", "1xL4-24G", "--engine", engine, "--context", "16",
                 "--concurrency", "65536", "--json")
     assert proc.returncode == 0, proc.stderr
     (answer,) = json.loads(proc.stdout)
@@ -134,7 +109,7 @@ def test_recommend_refuses_more_slots_than_llama_cpp_holds(registered: tuple[Rep
     assert "256" in choice["refused"] and "LLAMA_MAX_SEQ" in choice["refused"], choice
     assert "--concurrency 256" in " ".join(choice["nearest"]), choice
     # four GPUs, one Ollama each: 1,024 sequences are 256 slots per server, within the cap
-    proc = _cli(repo, "recommend", "tiny-qwen2", "--gpus", "4xRTX4090-24G", "--engine", "ollama", "--context", "16",
+    proc = modelmint_here(repo, "recommend", "tiny-qwen2", "--gpus", "4xRTX4090-24G", "--engine", "ollama", "--context", "16",
                 "--concurrency", "1024", "--json")
     (answer,) = json.loads(proc.stdout)
     plan = answer["ranked"][0]["gguf_plan"]
@@ -177,11 +152,11 @@ def test_plan_table_and_json_say_what_the_ollama_files_say(
     gpus = m.serving.inventories[inventory].gpus
     ask = ("plan", "tiny-qwen2:q4_k_m", "--gpus", gpus, "--context", str(SERVE["context"]), "--concurrency",
            str(SERVE["concurrency"]))
-    as_json, table, written = _cli(repo, *ask, "--json"), _cli(repo, *ask), _cli(repo, *ask, "--out", str(tmp_path))
+    as_json, table, written = modelmint_here(repo, *ask, "--json"), modelmint_here(repo, *ask), modelmint_here(repo, *ask, "--out", str(tmp_path))
     for proc in (as_json, table, written):
         assert proc.returncode == 0, proc.stderr
     plans = json.loads(as_json.stdout)
-    files = _files(tmp_path)
+    files = text_files(tmp_path)
     assert sorted(files) == sorted(f"{p['group'].lower()}/ollama/{f}" for p in plans for f in ("Modelfile",
                                                                                                  "start.sh"))
     assert "max_model_len" not in table.stdout and "max_num_seqs" not in table.stdout, table.stdout
@@ -205,7 +180,7 @@ def test_plan_table_and_json_say_what_the_ollama_files_say(
 def test_plan_refuses_vllms_options_for_a_gguf(registered: tuple[Repo, Manifest], tmp_path: Path) -> None:
     """vLLM cannot load a GGUF: its options are refused by name, not planned for, and nothing is written."""
     repo, _ = registered
-    proc = _cli(repo, "plan", "tiny-qwen2:q4_k_m", "--gpus", "4xRTX4090-24G", "--tensor-parallel-size", "2",
+    proc = modelmint_here(repo, "plan", "tiny-qwen2:q4_k_m", "--gpus", "4xRTX4090-24G", "--tensor-parallel-size", "2",
                 "--out", str(tmp_path / "out"))
     assert proc.returncode != 0, proc.stdout
     assert "--tensor-parallel-size 2: vLLM's options" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr

@@ -14,45 +14,25 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
-from registry_env import Repo, isolate, make_repo
-from site_registry import register_built_q4_k_m
+from registry_env import Repo
+from site_registry import modelmint_here, registered_q4_k_m_serving
 
-from pipelines.store.manifest import Manifest, find_manifest
+from pipelines.store.manifest import Manifest
 
-ROOT = Path(__file__).resolve().parents[1]
 SERVE = {"gpus": ["1xL4-24G", "4xRTX4090-24G"], "context": 2048, "concurrency": 3}
-
-
-def _cli(repo: Repo, *args: str) -> subprocess.CompletedProcess[str]:
-    """modelmint from this tree (python -m, so this checkout's own code runs), in `repo`."""
-    env = {**repo.env(), "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
-    return subprocess.run([sys.executable, "-m", "pipelines.cli", *args], env=env, capture_output=True, text=True,
-                          cwd=repo.root, timeout=300)
 
 
 @pytest.fixture(scope="module")
 def registered(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Repo, Manifest]]:
     """tiny-qwen2's real q4_k_m GGUF registered by the real code, its catalog entry asking for serving plans on one
     L4 and on a 4-GPU box at 2048 tokens x 3 sequences."""
-
-    base = tmp_path_factory.mktemp("serve-gguf")
-    with pytest.MonkeyPatch.context() as mp:
-        isolate(base / "env", mp)
-        repo = make_repo(base, models={"tiny-qwen2": ["q4_k_m"]})
-        catalog = repo.root / "registry" / "catalog.yaml"
-        raw = yaml.safe_load(catalog.read_text())
-        for entry in raw["models"]:
-            entry["serve"] = SERVE
-        catalog.write_text(yaml.safe_dump(raw, sort_keys=False))
-        settings = repo.settings()
-        register_built_q4_k_m(settings, base / "builds")
-        yield repo, find_manifest(settings, "tiny-qwen2:q4_k_m")
+    with registered_q4_k_m_serving(tmp_path_factory.mktemp("serve-gguf"), SERVE) as done:
+        yield done
 
 
 def _recommended(repo: Repo, gpus: str) -> Any:
     """The plan `modelmint recommend --engine ollama` prints for `gpus` at the catalog's context and concurrency."""
-    proc = _cli(repo, "recommend", "tiny-qwen2", "--gpus", gpus, "--engine", "ollama", "--context",
+    proc = modelmint_here(repo, "recommend", "tiny-qwen2", "--gpus", gpus, "--engine", "ollama", "--context",
                 str(SERVE["context"]), "--concurrency", str(SERVE["concurrency"]), "--json")
     assert proc.returncode == 0, proc.stderr
     (answer,) = json.loads(proc.stdout)

@@ -8,50 +8,25 @@ subprocess."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import yaml
-from registry_env import Repo, isolate, make_repo
-from site_registry import register_built_q4_k_m
+from registry_env import Repo
+from site_registry import modelmint_here, registered_q4_k_m_serving, text_files
 
-from pipelines.store.manifest import Manifest, Serving, find_manifest
+from pipelines.store.manifest import Manifest, Serving
 
-ROOT = Path(__file__).resolve().parents[1]
 SMALL, MIXED = "1x2G", "1x2G+1xL4-24G"
 SERVE = {"gpus": [SMALL, MIXED], "context": 2048, "concurrency": 3}
-
-
-def _cli(repo: Repo, *args: str) -> subprocess.CompletedProcess[str]:
-    """modelmint from this tree (python -m, so this checkout's own code runs), in `repo`."""
-    env = {**repo.env(), "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
-    return subprocess.run([sys.executable, "-m", "pipelines.cli", *args], env=env, capture_output=True, text=True,
-                          cwd=repo.root, timeout=300)
 
 
 @pytest.fixture(scope="module")
 def registered(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Repo, Manifest]]:
     """tiny-qwen2's real q4_k_m registered by the real code, its catalog entry asking for serving plans on a 2 GB
     card and on that card beside an L4, at 2048 tokens x 3 sequences."""
-    base = tmp_path_factory.mktemp("serve-gguf-llamacpp")
-    with pytest.MonkeyPatch.context() as mp:
-        isolate(base / "env", mp)
-        repo = make_repo(base, models={"tiny-qwen2": ["q4_k_m"]})
-        catalog = repo.root / "registry" / "catalog.yaml"
-        raw = yaml.safe_load(catalog.read_text())
-        for entry in raw["models"]:
-            entry["serve"] = SERVE
-        catalog.write_text(yaml.safe_dump(raw, sort_keys=False))
-        settings = repo.settings()
-        register_built_q4_k_m(settings, base / "builds")
-        yield repo, find_manifest(settings, "tiny-qwen2:q4_k_m")
-
-
-def _files(root: Path) -> dict[str, str]:
-    return {p.relative_to(root).as_posix(): p.read_text() for p in sorted(root.rglob("*")) if p.is_file()}
+    with registered_q4_k_m_serving(tmp_path_factory.mktemp("serve-gguf-llamacpp"), SERVE) as done:
+        yield done
 
 
 @pytest.mark.slow
@@ -64,15 +39,15 @@ def test_registration_writes_the_ollama_files_plan_out_writes_where_vllm_refuses
     assert inv.refused is None, inv
     ask = ("plan", "tiny-qwen2:q4_k_m", "--gpus", inv.gpus, "--context", str(SERVE["context"]), "--concurrency",
            str(SERVE["concurrency"]))
-    written, as_json = _cli(repo, *ask, "--out", str(tmp_path / "out")), _cli(repo, *ask, "--json")
+    written, as_json = modelmint_here(repo, *ask, "--out", str(tmp_path / "out")), modelmint_here(repo, *ask, "--json")
     for proc in (written, as_json):
         assert proc.returncode == 0, proc.stderr
-    want = _files(tmp_path / "out")
+    want = text_files(tmp_path / "out")
     assert want, written.stderr
     if "+" not in inv.gpus:  # registration merges a single group's folder into the inventory's
         (own,) = {k.split("/", 1)[0] + "/" for k in want}
         want = {k.removeprefix(own): v for k, v in want.items()}
-    got = _files(repo.root / m.dvc.path / inv.dir)
+    got = text_files(repo.root / m.dvc.path / inv.dir)
     assert got == want  # byte for byte: one plan, one writer
     assert sorted(f"{inv.dir}/{k}" for k in want) == inv.files
     # the record: the plan `plan --json` prints, per group, and no vLLM sizing of a GGUF
