@@ -31,6 +31,16 @@ VENV_BIN = Path(sys.executable).parent
 REAL_HOME = Settings.from_env().home
 
 
+def flip_middle(path: Path) -> None:
+    """Damage a file in place, its size kept: 64 bytes in the middle inverted (a bad disk, a hand edit) - what only a
+    hash finds."""
+    path.chmod(0o644)
+    raw = bytearray(path.read_bytes())
+    mid = len(raw) // 2
+    raw[mid : mid + 64] = bytes(b ^ 0xFF for b in raw[mid : mid + 64])
+    path.write_bytes(bytes(raw))
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 from prefect.settings import PREFECT_LOCAL_STORAGE_PATH, temporary_settings
 from prefect.testing.utilities import prefect_test_harness
-from registry_env import Repo, candidate, dvc, make_repo
+from registry_env import Repo, candidate, dvc, flip_middle, make_repo
 
 from pipelines.core.fsutil import free_bytes
 from pipelines.registry.register import register
@@ -257,14 +257,6 @@ def test_a_remote_that_cannot_be_reached_fails_the_registration_and_the_rerun_re
     _assert_rerun_registers(project, RUN[executor], shared_work)
 
 
-def _flip_middle(path: Path) -> None:
-    path.chmod(0o644)
-    raw = bytearray(path.read_bytes())
-    mid = len(raw) // 2
-    raw[mid : mid + 64] = bytes(b ^ 0xFF for b in raw[mid : mid + 64])
-    path.write_bytes(bytes(raw))
-
-
 @pytest.mark.parametrize("executor", EXECUTORS)
 def test_a_remote_object_damaged_after_registration_is_uploaded_again_by_the_rerun(
     project: Repo, executor: str
@@ -278,7 +270,7 @@ def test_a_remote_object_damaged_after_registration_is_uploaded_again_by_the_rer
     listing = project.remote / "files" / "md5" / m.dvc.md5[:2] / m.dvc.md5[2:]
     oid = next(e["md5"] for e in json.loads(listing.read_text()) if e["relpath"] == m.file)
     obj = project.remote / "files" / "md5" / oid[:2] / oid[2:]
-    _flip_middle(obj)
+    flip_middle(obj)
     assert not verify_remote(project.settings(), [REF]).ok
     before = _before(project)
     again = RUN[executor](project)

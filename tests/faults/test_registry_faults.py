@@ -21,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from registry_env import Repo, candidate, dvc, git
+from registry_env import Repo, candidate, dvc, flip_middle, git
 
 from pipelines.core.errors import (
     BlobMismatch,
@@ -111,14 +111,6 @@ def _object(repo: Repo, md5: str, relpath: str | None = None) -> Path:
     return repo.remote / "files" / "md5" / oid[:2] / oid[2:]
 
 
-def _flip_middle(path: Path) -> None:
-    path.chmod(0o644)
-    raw = bytearray(path.read_bytes())
-    mid = len(raw) // 2
-    raw[mid : mid + 64] = bytes(b ^ 0xFF for b in raw[mid : mid + 64])
-    path.write_bytes(bytes(raw))
-
-
 def _clone(repo: Repo, dest: Path) -> Repo:
     git(repo.root, "add", "-A")
     if git(repo.root, "status", "--porcelain"):
@@ -167,7 +159,7 @@ def test_a_damaged_remote_object_is_uploaded_again_by_registering_again(publishe
     m = find_manifest(settings, REF)
     obj = _object(published, m.dvc.md5, m.file)
     good = hashlib.sha256((published.root / m.dvc.path / m.file).read_bytes()).hexdigest()
-    _flip_middle(obj)
+    flip_middle(obj)
     assert "in sync" in dvc(published.root, "status", "--cloud", STAGE).stdout  # DVC cannot tell
     # a pull says what is wrong and what to run
     clone = _clone(published, tmp_path / "clone")
@@ -189,7 +181,7 @@ def test_a_damaged_remote_object_is_repaired_even_when_nothing_local_changed(pub
     settings = published.settings()
     m = find_manifest(settings, REF)
     obj = _object(published, m.dvc.md5, "Modelfile")
-    _flip_middle(obj)
+    flip_middle(obj)
     again = register(settings, candidate(settings, tmp_path / "build"))
     assert not again.ran and len(again.reuploaded) == 1
     assert verify_remote(settings, [REF]).ok
@@ -331,7 +323,7 @@ def test_a_repair_killed_mid_upload_is_completed_by_the_next_registration(publis
     register(settings, candidate(settings, build, mib=MIB))
     m = find_manifest(settings, REF)
     obj = _object(published, m.dvc.md5, m.file)
-    _flip_middle(obj)
+    flip_middle(obj)
     # the repair uploads the damaged object again over the bad copy: killed while it copies
     _kill_when(_register_child(published, build), MOMENTS["mid-push"](published), "the re-upload")
     check = dvcrepo.check_remote(settings, m.dvc.md5, {f.path: f.sha256 for f in m.files})
@@ -352,7 +344,7 @@ def test_a_repair_racing_a_registration_of_the_tag_removes_nothing_and_says_so(p
 
     settings = published.settings()
     old = find_manifest(settings, REF)
-    _flip_middle(_object(published, old.dvc.md5, old.file))
+    flip_middle(_object(published, old.dvc.md5, old.file))
     listing = _object(published, old.dvc.md5)
     intact = {listing: listing.read_bytes()}
     intact |= {(o := _object(published, old.dvc.md5, f.path)): o.read_bytes() for f in old.files if f.path != old.file}
@@ -381,7 +373,7 @@ def test_a_repair_uploads_only_the_damaged_object_and_removes_nothing(published:
     settings = published.settings()
     m = find_manifest(settings, REF)
     gguf = _object(published, m.dvc.md5, m.file)
-    _flip_middle(gguf)
+    flip_middle(gguf)
     others = [_object(published, m.dvc.md5)] + [_object(published, m.dvc.md5, f.path) for f in m.files
                                                 if f.path != m.file]
     before = {p: p.stat().st_ino for p in others}
