@@ -19,6 +19,7 @@ from ociregistry import start_registry
 from registry_env import Repo, candidate
 from test_signing import REF, _key, _policy_for
 
+from pipelines.core.settings import Settings
 from pipelines.registry.register import register
 
 NAME = "modelmint/tiny-qwen2"
@@ -33,11 +34,7 @@ def published(repo: Repo, tmp_path: Path) -> Any:
     from pipelines.oci.images import publish_image
     from pipelines.publish.oci import RegistryRef
 
-    private, public = _key(tmp_path / "signing.pem")
-    settings = repo.settings(MODELMINT_SIGNING_KEY=private)
-    register(settings, candidate(settings, tmp_path / "build"))
-    _policy_for(repo, public)
-    repo.commit_all("register tiny-qwen2:q4_k_m, signed")
+    private, public, _ = registered_signed(repo, tmp_path)
     reg = start_registry(tmp_path / "registry")
     done = publish_image(repo.settings(MODELMINT_SIGNING_KEY=private), REF,
                          RegistryRef(reg.host, "modelmint", insecure=True))
@@ -45,6 +42,18 @@ def published(repo: Repo, tmp_path: Path) -> Any:
     assert isinstance(pub, ec.EllipticCurvePublicKey)
     yield repo, f"http://{reg.host}", done, private, pub
     reg.stop()
+
+
+
+def registered_signed(repo: Repo, tmp_path: Path) -> tuple[Path, Path, Settings]:
+    """tiny-qwen2:q4_k_m registered signed by a new key that the committed trust policy names: (private, public,
+    the settings that sign with it)."""
+    private, public = _key(tmp_path / "signing.pem")
+    settings = repo.settings(MODELMINT_SIGNING_KEY=private)
+    register(settings, candidate(settings, tmp_path / "build"))
+    _policy_for(repo, public)
+    repo.commit_all("register tiny-qwen2:q4_k_m, signed")
+    return private, public, settings
 
 
 def test_the_signature_and_the_attestation_are_found_through_the_referrers_tag_and_verify(published: Any) -> None:
@@ -161,11 +170,7 @@ def test_a_referrers_tag_that_is_not_an_index_is_refused_naming_it(repo: Repo, t
     from pipelines.oci.images import publish_image
     from pipelines.publish.oci import RegistryRef
 
-    private, public = _key(tmp_path / "signing.pem")
-    settings = repo.settings(MODELMINT_SIGNING_KEY=private)
-    register(settings, candidate(settings, tmp_path / "build"))
-    _policy_for(repo, public)
-    repo.commit_all("register tiny-qwen2:q4_k_m, signed")
+    _, _, settings = registered_signed(repo, tmp_path)
     reg = start_registry(tmp_path / "registry")
     try:
         where = RegistryRef(reg.host, "modelmint", insecure=True)
@@ -190,11 +195,7 @@ def test_another_signers_cosign_signature_under_the_sig_tag_is_kept(repo: Repo, 
     from pipelines.oci.images import publish_image
     from pipelines.publish.oci import RegistryRef
 
-    private, public = _key(tmp_path / "signing.pem")
-    settings = repo.settings(MODELMINT_SIGNING_KEY=private)
-    register(settings, candidate(settings, tmp_path / "build"))
-    _policy_for(repo, public)
-    repo.commit_all("register tiny-qwen2:q4_k_m, signed")
+    _, public, settings = registered_signed(repo, tmp_path)
     reg = start_registry(tmp_path / "registry")
     try:
         where = RegistryRef(reg.host, "modelmint", insecure=True)
@@ -273,11 +274,7 @@ def test_a_signing_key_that_cannot_sign_refuses_the_publish_before_anything_is_p
     from pipelines.oci.images import publish_image
     from pipelines.publish.oci import RegistryRef
 
-    private, public = _key(tmp_path / "signing.pem")
-    settings = repo.settings(MODELMINT_SIGNING_KEY=private)
-    register(settings, candidate(settings, tmp_path / "build"))
-    _policy_for(repo, public)
-    repo.commit_all("register tiny-qwen2:q4_k_m, signed")
+    registered_signed(repo, tmp_path)
     reg = start_registry(tmp_path / "registry")
     try:
         gone = tmp_path / "moved.pem"

@@ -13,11 +13,10 @@ from cosign_verify import TIMESTAMP_KEY, Refused, verify_signature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from ociregistry import start_registry
-from registry_env import Repo, candidate
-from test_signing import REF, _key, _policy_for
+from registry_env import Repo
+from test_referrers import registered_signed
+from test_signing import REF
 from tsa_server import make_pki, serve_tsa
-
-from pipelines.registry.register import register
 
 NAME = "modelmint/tiny-qwen2"
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
@@ -34,11 +33,7 @@ def test_the_published_cosign_signature_carries_a_timestamp_that_verifies_and_is
     from pipelines.oci.images import publish_image
     from pipelines.publish.oci import RegistryRef
 
-    private, public = _key(tmp_path / "signing.pem")
-    settings = repo.settings(MODELMINT_SIGNING_KEY=private)
-    register(settings, candidate(settings, tmp_path / "build"))
-    _policy_for(repo, public)
-    repo.commit_all("register tiny-qwen2:q4_k_m, signed")
+    private, public, _ = registered_signed(repo, tmp_path)
     pub = serialization.load_pem_public_key(public.read_bytes())
     assert isinstance(pub, ec.EllipticCurvePublicKey)
     other_root, _, _ = make_pki(tmp_path / "other-tsa", "another tsa")
