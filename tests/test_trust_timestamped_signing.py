@@ -65,16 +65,7 @@ def _replace_timestamp(directory: Path, m: Manifest, reply: bytes) -> Manifest:
     ] = base64.b64encode(reply).decode()
     data = json.dumps(bundle).encode()
     (directory / signing.SIGNATURE).write_bytes(data)
-    return m.model_copy(
-        update={
-            "files": [
-                f.model_copy(update={"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)})
-                if f.path == signing.SIGNATURE
-                else f
-                for f in m.files
-            ]
-        }
-    )
+    return _recorded_signature(m, data)
 
 
 def test_registration_stores_a_timestamp_over_the_signature_and_verification_reports_its_time(
@@ -173,19 +164,19 @@ def test_a_key_revoked_after_the_timestamp_keeps_what_it_signed(repo: Repo, tmp_
         signing.verify_directory(directory, m, load_policy(repo.settings()), shown="m.json", now=later)
 
 
+def _recorded_signature(m: Manifest, data: bytes) -> Manifest:
+    """`m` recording the signature file's new bytes `data` (its sha256 and size), the other files as they were."""
+    return m.model_copy(update={"files": [
+        f.model_copy(update={"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)})
+        if f.path == signing.SIGNATURE else f
+        for f in m.files
+    ]})
+
+
 def _replace_timestamp_free(directory: Path, m: Manifest) -> Manifest:
     data = (directory / signing.SIGNATURE).read_bytes()
     assert b"timestampVerificationData" not in data or b"rfc3161Timestamps" not in data
-    return m.model_copy(
-        update={
-            "files": [
-                f.model_copy(update={"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)})
-                if f.path == signing.SIGNATURE
-                else f
-                for f in m.files
-            ]
-        }
-    )
+    return _recorded_signature(m, data)
 
 
 def test_a_certificate_expired_now_but_valid_at_the_timestamp_passes(repo: Repo, tmp_path: Path) -> None:
