@@ -123,8 +123,7 @@ def convert(model: str, variants: list[str] | None = None, revision: str | None 
             if result.plan is not None:
                 # the f16 and its reference logits go once every variant passed, before registration: what follows
                 # reads only the variants (MODELMINT_KEEP_SCRATCH keeps them)
-                reg.drop_scratch(settings, fmt.scratch(result.plan), passed=result.passed,
-                                 asked=[*result.asked, *result.variants, *result.errors])
+                reg.drop_scratch(settings, fmt.scratch(result.plan), result)
                 # the registration steps the CLI runs (pipelines/compose.py), one task each: register-<v> (place,
                 # dvc commit, push, manifest; dvc.lock restored on failure), then publish-image-<v> with an OCI
                 # registry: only what passed its gate, each variant on its own

@@ -404,8 +404,7 @@ def build_and_register(
     from pipelines.registry.register import drop_scratch
 
     # the f16 and its reference logits go once every variant passed, before registration (MODELMINT_KEEP_SCRATCH)
-    drop_scratch(settings, fmt.scratch(result.plan), asked=[*result.asked, *result.variants, *result.errors],
-                 passed=result.passed)
+    drop_scratch(settings, fmt.scratch(result.plan), result)
     refs, errors = register_passed(settings, candidates_of(fmt, result), track=track, say=progress, force=force)
     return Run(result, refs, errors)
 

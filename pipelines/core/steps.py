@@ -303,6 +303,11 @@ class BuildResult:
         return [q for q, v in self.variants.items() if v.passed]
 
     @property
+    def all_passed(self) -> bool:
+        """Every variant the run was asked for was built, validated and passed its gate (none failed, none errored)."""
+        return set(self.asked) | set(self.variants) | set(self.errors) <= set(self.passed)
+
+    @property
     def failed(self) -> list[str]:
         """Variants that were measured and failed their gate."""
         return [q for q, v in self.variants.items() if not v.passed]

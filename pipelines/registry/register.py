@@ -46,6 +46,7 @@ from pipelines.core.fsutil import (
     write_text_atomic,
 )
 from pipelines.core.settings import Settings
+from pipelines.core.steps import BuildResult
 from pipelines.core.weights import is_weight_file, weights_bytes
 from pipelines.source.catalog import CatalogEntry
 from pipelines.store import dvcrepo
@@ -368,16 +369,15 @@ def register(settings: Settings, c: Candidate, *, track_with_dvc: bool = True, p
         raise
 
 
-def drop_scratch(settings: Settings, scratch: Iterable[Path], *, asked: Iterable[str],
-                 passed: Iterable[str]) -> list[Path]:
+def drop_scratch(settings: Settings, scratch: Iterable[Path], result: BuildResult) -> list[Path]:
     """Remove a build's scratch files (`scratch`: the format's, ArtifactFormat.scratch; for a GGUF the f16 and its KL
-    reference logits), keeping their receipts, once every variant the run was `asked` for has `passed` its gate,
-    unless Settings.keep_scratch. That is before registration: placing, committing, pushing, signing and publishing
+    reference logits), keeping their receipts, once every variant `result` was asked for has passed its gate
+    (BuildResult.all_passed), unless Settings.keep_scratch. That is before registration: placing, committing, pushing, signing and publishing
     read only the variants, so the largest files of a run do not sit on the disk beside the DVC remote's and the
     registry's copies (at 7B, 14.5 GiB of the peak). A run with a variant refused keeps them: its rerun needs them.
     A rerun after a failed registration does not (every variant is finished: gguf.build's settled scratch), and a
     later run that needs them finds no file behind their receipts and rebuilds them. Returns the files removed."""
-    if settings.keep_scratch or not set(asked) <= set(passed):
+    if settings.keep_scratch or not result.all_passed:
         return []
     removed = []
     for out in scratch:
