@@ -5,7 +5,15 @@ calls, Ollama PARSER qwen3.5).
 from __future__ import annotations
 
 from pipelines.chat.families.core import ChatFamily, TemplateTokens, register
-from pipelines.chat.families.helpers import _LOOP_HEAD, _fill, _has_all, _has_none, _jinja_strings, golit
+from pipelines.chat.families.helpers import (
+    _LOOP_HEAD,
+    _fill,
+    _has_all,
+    _has_none,
+    _jinja_string_starting,
+    _jinja_strings,
+    golit,
+)
 from pipelines.chat.gojson import json_defines
 
 # ---------------------------------------------------------------- LFM2.5 Instruct (ChatML, "List of tools: [...]")
@@ -155,22 +163,17 @@ _PYSTR_DEFINE = (
 )
 
 
-def _step_tail(src: str) -> str | None:
-    found = [t for t in _jinja_strings(src) if t.startswith(_STEP_TOOLS_TAIL)]
-    return found[0] if len(found) == 1 else None
-
-
 def _detect_step35(src: str) -> bool:
     return (
         _has_all(src, "<|im_start|>", "<|im_end|>", "<|im_start|>tool_response\\n", "'<tool_call>\\n<function='",
                  "'<parameter=' + args_name + '>\\n'", "multi_step_tool=true", "'\\n<think>\\n' + reasoning_content",
                  "{{- '<|im_start|>assistant\\n<think>\\n' }}", "message.name == 'observation'")
-        and _STEP_TOOLS_HEAD in _jinja_strings(src) and _step_tail(src) is not None
+        and _STEP_TOOLS_HEAD in _jinja_strings(src) and _jinja_string_starting(src, _STEP_TOOLS_TAIL) is not None
     )
 
 
 def _build_step35(src: str, tokens: TemplateTokens) -> str:
-    tail = _step_tail(src)
+    tail = _jinja_string_starting(src, _STEP_TOOLS_TAIL)
     assert tail is not None
     return json_defines() + _PYSTR_DEFINE + _fill(
         """
@@ -238,22 +241,17 @@ _Q35_TOOLS_HEAD = "# Tools\n\nYou have access to the following functions:\n\n<to
 _Q35_TOOLS_TAIL = "\n\nIf you choose to call a function ONLY reply in the following format with NO suffix:"
 
 
-def _q35_tail(src: str) -> str | None:
-    found = [t for t in _jinja_strings(src) if t.startswith(_Q35_TOOLS_TAIL)]
-    return found[0] if len(found) == 1 else None
-
-
 def _detect_qwen35(src: str) -> bool:
     return (
         _has_all(src, "<|im_start|>", "<think>", "<function=", "<parameter=", "<|vision_start|>", "enable_thinking",
                  "render_content", "multi_step_tool=true", "'\\n<think>\\n' + reasoning_content + '\\n</think>\\n\\n'")
         and _has_none(src, "truncate_history_thinking")
-        and _Q35_TOOLS_HEAD in _jinja_strings(src) and _q35_tail(src) is not None
+        and _Q35_TOOLS_HEAD in _jinja_strings(src) and _jinja_string_starting(src, _Q35_TOOLS_TAIL) is not None
     )
 
 
 def _build_qwen35(src: str, tokens: TemplateTokens) -> str:
-    tail = _q35_tail(src)
+    tail = _jinja_string_starting(src, _Q35_TOOLS_TAIL)
     assert tail is not None
     return json_defines() + _PYSTR_DEFINE + _fill(
         """
@@ -329,23 +327,18 @@ _QC_TOOLS_HEAD = "\n\n# Tools\n\nYou have access to the following tools:\n\n"
 _QC_TOOLS_TAIL = "\n\nIf you choose to call a tool ONLY reply in the following format with NO suffix:"
 
 
-def _qc_tail(src: str) -> str | None:
-    found = [t for t in _jinja_strings(src) if t.startswith(_QC_TOOLS_TAIL)]
-    return found[0] if len(found) == 1 else None
-
-
 def _detect_qwen3_coder(src: str) -> bool:
     return (
         _has_all(src, "<|im_start|>", "<tool_call>", "<function=", "<parameter=", "render_extra_keys",
                  "handled_keys = ['name', 'type', 'description']", "handled_keys = ['type', 'properties']")
         and _has_none(src, "<think>", "enable_thinking", "truncate_history_thinking", "<|vision_start|>")
         and _QC_DEFAULT_SYSTEM in src and _QC_TOOLS_HEAD in _jinja_strings(src)
-        and _qc_tail(src) is not None
+        and _jinja_string_starting(src, _QC_TOOLS_TAIL) is not None
     )
 
 
 def _build_qwen3_coder(src: str, tokens: TemplateTokens) -> str:
-    tail = _qc_tail(src)
+    tail = _jinja_string_starting(src, _QC_TOOLS_TAIL)
     assert tail is not None
     return json_defines() + _PYSTR_DEFINE + _fill(
         """

@@ -1,8 +1,8 @@
 """What family modules share to read a Jinja source and write a Go TEMPLATE.
 
 golit (a Go string literal), _fill (a TEMPLATE skeleton filled with its parts), _jinja_tree / _jinja_strings /
-_jinja_assignment (the parsed Jinja, its string constants, a `set` assignment), _has_all / _has_none (marker
-tests), and _LOOP_HEAD (the per-message loop state most TEMPLATEs open with).
+_jinja_string_starting / _jinja_assignment (the parsed Jinja, its string constants, the one starting with a
+prefix, a `set` assignment), _has_all / _has_none (marker tests), and _LOOP_HEAD (the per-message loop state most TEMPLATEs open with).
 """
 
 from __future__ import annotations
@@ -70,6 +70,13 @@ def _jinja_strings(src: str) -> list[str]:
     except Exception:
         return []
     return [n.value for n in tree.find_all(nodes.Const) if isinstance(n.value, str)]
+
+
+def _jinja_string_starting(src: str, prefix: str) -> str | None:
+    """The one string constant of the Jinja source that starts with `prefix` (a tool preamble's tail, which the
+    template's own wording completes); None when there is none or more than one."""
+    found = [t for t in _jinja_strings(src) if t.startswith(prefix)]
+    return found[0] if len(found) == 1 else None
 
 
 def _jinja_assignment(src: str, name: str) -> Any:

@@ -5,7 +5,14 @@ from __future__ import annotations
 
 from pipelines.chat.families.apriel import _PYREPR_DEFINE
 from pipelines.chat.families.core import ChatFamily, TemplateTokens, register
-from pipelines.chat.families.helpers import _LOOP_HEAD, _fill, _has_all, _jinja_strings, golit
+from pipelines.chat.families.helpers import (
+    _LOOP_HEAD,
+    _fill,
+    _has_all,
+    _jinja_string_starting,
+    _jinja_strings,
+    golit,
+)
 from pipelines.chat.gojson import json_defines
 
 # ---------------------------------------------------------------- MiniCPM 5
@@ -14,21 +21,16 @@ _TOOLS_HEAD = "# Tools\n\nYou are provided with function signatures within <tool
 _TOOLS_TAIL = "\n</tools>\n\nTool usage guidelines:\n"
 
 
-def _tools_tail(src: str) -> str | None:
-    found = [t for t in _jinja_strings(src) if t.startswith(_TOOLS_TAIL)]
-    return found[0] if len(found) == 1 else None
-
-
 def _detect_minicpm5(src: str) -> bool:
     return (
         _has_all(src, "<|im_start|>", "<tool_def_sep>", "<tool_sep>", "<function name=\"' ~ tool_call.name ~ '\">",
                  "'<param name=\"' ~ param_name ~ '\">'", "not has_tool_sep", "multi_step_tool=true")
-        and _TOOLS_HEAD in _jinja_strings(src) and _tools_tail(src) is not None
+        and _TOOLS_HEAD in _jinja_strings(src) and _jinja_string_starting(src, _TOOLS_TAIL) is not None
     )
 
 
 def _build_minicpm5(src: str, tokens: TemplateTokens) -> str:
-    tail = _tools_tail(src)
+    tail = _jinja_string_starting(src, _TOOLS_TAIL)
     assert tail is not None
     # A call as the Jinja writes it: <function name="…"><param name="…">value</param>…</function>, a string value
     # as it is (the Jinja wraps one holding '<', '&' or a line break in CDATA), any other as Python's str().

@@ -6,7 +6,15 @@ from __future__ import annotations
 
 from pipelines.chat.families.chatml import _THINK_TAGS
 from pipelines.chat.families.core import ChatFamily, TemplateTokens, register
-from pipelines.chat.families.helpers import _LOOP_HEAD, _fill, _has_all, _has_none, _jinja_strings, golit
+from pipelines.chat.families.helpers import (
+    _LOOP_HEAD,
+    _fill,
+    _has_all,
+    _has_none,
+    _jinja_string_starting,
+    _jinja_strings,
+    golit,
+)
 from pipelines.chat.gojson import json_defines
 
 # ---------------------------------------------------------------- Kimi K2 (<|im_system|>/<|im_user|>/<|im_assistant|>)
@@ -130,23 +138,18 @@ _LING_TOOLS_HEAD = (
 _LING_TOOLS_TAIL_START = "\n</tools>\n\nIf none of the functions can be used, point it out."
 
 
-def _ling_tail(src: str) -> str | None:
-    found = [t for t in _jinja_strings(src) if t.startswith(_LING_TOOLS_TAIL_START)]
-    return found[0] if len(found) == 1 else None
-
-
 def _detect_ling(src: str) -> bool:
     return (
         _has_all(src, "{#- Bailing V3 chat template -#}", "'<role>SYSTEM</role>'", "'<role>HUMAN</role>'",
                  "'<role>ASSISTANT</role>\\n<think></think>'", "'<role>OBSERVATION</role>'", "<|role_end|>",
                  "{% set preserved_thinking = true %}", "'detailed thinking ' + thinking_option + '<|role_end|>'",
                  "'\\n<arg_value>'")
-        and _LING_TOOLS_HEAD in _jinja_strings(src) and _ling_tail(src) is not None
+        and _LING_TOOLS_HEAD in _jinja_strings(src) and _jinja_string_starting(src, _LING_TOOLS_TAIL_START) is not None
     )
 
 
 def _build_ling(src: str, tokens: TemplateTokens) -> str:
-    tail = _ling_tail(src)
+    tail = _jinja_string_starting(src, _LING_TOOLS_TAIL_START)
     assert tail is not None
     return json_defines() + _ARGVAL_DEFINE + _fill(
         """

@@ -5,7 +5,15 @@ and Laguna S 2.1, LFM2.5 8B-A1B (Pythonic tool calls), Solar Open (<|begin|>role
 from __future__ import annotations
 
 from pipelines.chat.families.core import ChatFamily, TemplateTokens, register
-from pipelines.chat.families.helpers import _LOOP_HEAD, _fill, _has_all, _has_none, _jinja_strings, golit
+from pipelines.chat.families.helpers import (
+    _LOOP_HEAD,
+    _fill,
+    _has_all,
+    _has_none,
+    _jinja_string_starting,
+    _jinja_strings,
+    golit,
+)
 from pipelines.chat.families.role_tokens import _ARGVAL_DEFINE
 from pipelines.chat.gojson import html_json_defines, json_defines
 
@@ -14,22 +22,17 @@ from pipelines.chat.gojson import html_json_defines, json_defines
 _FUNCTIONARY_TAIL_START = "\nThink very carefully before calling functions."
 
 
-def _functionary_tail(src: str) -> str | None:
-    found = [t for t in _jinja_strings(src) if t.startswith(_FUNCTIONARY_TAIL_START)]
-    return found[0] if len(found) == 1 else None
-
-
 def _detect_functionary31(src: str) -> bool:
     return (
         _has_all(src, "{# version=v3-llama3.1 #}", "<|start_header_id|>ipython<|end_header_id|>\\n\\n",
                  "\"\\nYou have access to the following functions:\\n\\n\"", "'<function=' + tool_call['function']['name'] + '>'",
                  "'<|python_tag|>'", "{{ '<|eom_id|>' }}", "\"Use the function '\"|safe + t[\"function\"][\"name\"]")
-        and _functionary_tail(src) is not None
+        and _jinja_string_starting(src, _FUNCTIONARY_TAIL_START) is not None
     )
 
 
 def _build_functionary31(src: str, tokens: TemplateTokens) -> str:
-    tail = _functionary_tail(src)
+    tail = _jinja_string_starting(src, _FUNCTIONARY_TAIL_START)
     assert tail is not None
     return json_defines() + html_json_defines() + _fill(
         """
