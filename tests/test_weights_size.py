@@ -40,34 +40,35 @@ def _mib(n: int) -> str:
     return f"{n / (1 << 20):,.1f} MiB"  # as `modelmint list` shows a size
 
 
-def _sharded_checkpoint(settings: Settings, out: Path) -> Candidate:
-    """An FP8 candidate as candidate_from_compressed hands a sharded checkpoint over: the index first (the main
-    file), then the two shards it names and the other files."""
+def _sharded_checkpoint(settings: Settings, out: Path, tag: str = "fp8", scheme: str = "FP8_DYNAMIC",
+                        scale: int = 1) -> Candidate:
+    """A compressed-tensors candidate (FP8 by default) as candidate_from_compressed hands a sharded checkpoint over:
+    the index first (the main file), then the two shards it names and the other files."""
     from safetensors.numpy import save_file
 
     out.mkdir(parents=True)
     rng = np.random.default_rng(1)
-    shards = {"model-00001-of-00002.safetensors": ("model.embed_tokens.weight", 400_000),
-              "model-00002-of-00002.safetensors": ("lm_head.weight", 250_000)}
+    shards = {"model-00001-of-00002.safetensors": ("model.embed_tokens.weight", 400_000 // scale),
+              "model-00002-of-00002.safetensors": ("lm_head.weight", 250_000 // scale)}
     for name, (tensor, n) in shards.items():
         save_file({tensor: rng.standard_normal(n).astype(np.float32)}, str(out / name))
-    (out / INDEX).write_text(json.dumps({"metadata": {"total_size": 4 * 650_000},
+    (out / INDEX).write_text(json.dumps({"metadata": {"total_size": 4 * 650_000 // scale},
                                          "weight_map": {t: name for name, (t, _) in shards.items()}}))
     (out / "config.json").write_text(json.dumps({
         "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "max_position_embeddings": 2048,
         "torch_dtype": "bfloat16", "quantization_config": {"quant_method": "compressed-tensors"}}))
     (out / "tokenizer.json").write_text('{"version": "1.0"}')
-    report = {"variant": "fp8", "scheme": "FP8_DYNAMIC",
+    report = {"variant": tag, "scheme": scheme,
               "validation": judged(0.001, 99.0, ppl=(10.0, 10.1), fmt="compressed-tensors")}
-    (out.parent / "fp8.report.json").write_text(json.dumps(report))
+    (out.parent / f"{tag}.report.json").write_text(json.dumps(report))
     files = tuple(out / n for n in (INDEX, *sorted(shards), "config.json", "tokenizer.json"))
     return Candidate(
-        entry=load_catalog(settings.catalog_path).get("tiny-qwen2"), tag="fp8", files=files,
+        entry=load_catalog(settings.catalog_path).get("tiny-qwen2"), tag=tag, files=files,
         sha256=sha256_file(files[0]), size_bytes=files[0].stat().st_size,
         source={"kind": "generated", "repo": None, "revision": None, "content_sha256": "a" * 64}, parent=None,
         toolchain={"modelmint": "0.1.0", "llmcompressor": "0.14.0.1"},
-        recipe={"format": "compressed-tensors", "recipe": {"scheme": "FP8_DYNAMIC", "variant": "fp8"}},
-        report=parse_report(report), report_sha256=sha256_file(out.parent / "fp8.report.json"), root=out,
+        recipe={"format": "compressed-tensors", "recipe": {"scheme": scheme, "variant": tag}},
+        report=parse_report(report), report_sha256=sha256_file(out.parent / f"{tag}.report.json"), root=out,
     )
 
 
@@ -101,6 +102,8 @@ class Registered:
     checkpoint: Manifest
     split: Manifest
     plain: Manifest
+    awq: Manifest
+    """A second compressed-tensors variant, a quarter of the FP8's size."""
     shard_sizes: dict[str, list[int]]
     """tag -> the sizes of its weight files as built."""
 
@@ -114,14 +117,16 @@ def reg(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registered]:
     base = tmp_path_factory.mktemp("sizes")
     with pytest.MonkeyPatch.context() as mp:
         isolate(base / "env", mp)
-        repo = make_repo(base, models={"tiny-qwen2": ["q4_k_m", "q8_0", "fp8"]})
+        repo = make_repo(base, models={"tiny-qwen2": ["q4_k_m", "q8_0", "fp8", "awq"]})
         settings = repo.settings()
         ckpt, gg = _sharded_checkpoint(settings, base / "build" / "fp8"), _split_gguf(settings, base / "build" / "q4")
         plain = candidate(settings, base / "build", tag="q8_0", mib=0.5)
+        awq = _sharded_checkpoint(settings, base / "build" / "awq", tag="awq", scheme="W4A16_ASYM", scale=4)
         sizes = {"fp8": [f.stat().st_size for f in ckpt.files if f.name.endswith(".safetensors")],
+                 "awq": [f.stat().st_size for f in awq.files if f.name.endswith(".safetensors")],
                  "q4_k_m": [f.stat().st_size for f in gg.files], "q8_0": [plain.size_bytes]}
         yield Registered(repo, settings, register(settings, ckpt).manifest, register(settings, gg).manifest,
-                         register(settings, plain).manifest, sizes)
+                         register(settings, plain).manifest, register(settings, awq).manifest, sizes)
 
 
 def _card(reg: Registered, m: Manifest) -> tuple[dict[str, Any], str]:
@@ -182,9 +187,10 @@ def test_the_model_cards_give_the_whole_size(reg: Registered) -> None:
 
 def test_the_planner_is_offered_the_other_variants_whole_sizes(reg: Registered,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    """`modelmint plan NAME:TAG` hands the planner the model's other registered variants for its "smaller
-    registered variant" suggestion: each with its whole weight bytes (the planner is stopped there, and the synthetic
-    GGUF asked for is not sized: it has no transformer shape)."""
+    """`modelmint plan NAME:TAG` of a checkpoint hands vLLM's planner the model's other registered variants that vLLM
+    serves, for its "smaller registered variant" suggestion: each with its whole weight bytes (every shard), and no
+    GGUF (vLLM has no GGUF loader; a GGUF is planned by llama.cpp's memory model). The planner is stopped there, and
+    the synthetic checkpoint asked for is not sized: it has no transformer shape."""
     from typer.testing import CliRunner
 
     from pipelines.cli import app
@@ -200,9 +206,8 @@ def test_the_planner_is_offered_the_other_variants_whole_sizes(reg: Registered,
     monkeypatch.setattr(planner, "served", lambda path: SimpleNamespace(weights_bytes=1, shape=None, fp8_weights=False))
     for k, v in reg.repo.env().items():
         monkeypatch.setenv(k, v)
-    run = CliRunner().invoke(app, ["plan", "tiny-qwen2:q8_0", "--gpus", "1xL4-24G"], env={"COLUMNS": "200"})
+    run = CliRunner().invoke(app, ["plan", "tiny-qwen2:fp8", "--gpus", "1xL4-24G"], env={"COLUMNS": "200"})
     assert len(asked) == 1, (run.exit_code, run.output, repr(run.exception))
     offered = {v.ref: v for v in asked[0].smaller}
-    assert offered["tiny-qwen2:fp8"] == planner.Variant("tiny-qwen2:fp8", reg.checkpoint.weights_bytes, True)
-    assert offered["tiny-qwen2:q4_k_m"].weights_bytes == sum(reg.shard_sizes["q4_k_m"])
-    assert set(offered) == {"tiny-qwen2:fp8", "tiny-qwen2:q4_k_m"}
+    assert offered == {"tiny-qwen2:awq": planner.Variant("tiny-qwen2:awq", sum(reg.shard_sizes["awq"]), False)}
+    assert reg.awq.weights_bytes == sum(reg.shard_sizes["awq"]) > 10 * reg.awq.size_bytes  # not the index's

@@ -187,6 +187,7 @@ def _record(label: str, g: GgufPlan) -> GgufServePlan:
     return GgufServePlan(
         engine=g.engine, gpus=label, num_ctx=g.num_ctx, parallel=g.parallel, n_gpu_layers=g.n_gpu_layers,
         n_layers=g.n_layers, instances=g.instances, spread=g.spread, partial=g.partial, warnings=list(g.warnings),
+        gpu_budget=g.gpu_budget, weights_gpu=g.memory.weights_gpu, kv_gpu=g.memory.kv_gpu, host_bytes=g.host_bytes,
     )
 
 
@@ -245,6 +246,8 @@ def plan_target(settings: Settings, ref: str) -> PlanTarget:
                               "registered before modelmint recorded the model's shape in it",
                               hint=f"modelmint pull {ref}")
         recorded = planner.Served(path, m.weights_bytes, m.shape.model_shape(), fp8(m))
-    smaller = tuple(planner.Variant(o.ref, o.weights_bytes, fp8(o))
-                    for o in list_manifests(settings).manifests if o.name == m.name and o.tag != m.tag)
+    # a refusal suggests a smaller variant the same engine serves: vLLM has no GGUF loader, and a GGUF's plan is
+    # llama.cpp's (cli/_plangguf.py)
+    smaller = tuple(planner.Variant(o.ref, o.weights_bytes, fp8(o)) for o in list_manifests(settings).manifests
+                    if o.name == m.name and o.tag != m.tag and o.format == m.format)
     return PlanTarget(path, f"{m.name}-{m.tag}", m.ref, smaller, recorded, m)

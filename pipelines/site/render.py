@@ -525,6 +525,40 @@ def memory_bar(p: PlanSummary, bar_id: str) -> str:
     return "<br>".join(rows)
 
 
+_GGUF_SEGMENTS = (
+    ("weights", "weights on the GPU"),
+    ("kv_pool", "KV cache on the GPU"),
+    ("headroom", "left for llama.cpp's compute buffers and other processes"),
+)
+
+
+def gguf_memory_bar(p: GgufServePlan, bar_id: str) -> str:
+    """One server's GPU memory under llama.cpp's plan (advice/serving.py records it): the offloaded weights, the
+    offloaded KV cache, and the rest of what its GPUs offer; a CPU plan or a record made before the buffers were
+    recorded has no bar, said in words."""
+    if not p.gpu_budget or p.weights_gpu is None or p.kv_gpu is None:
+        return "-" if p.host_bytes is None else f"none: {size_text(p.host_bytes)} of system memory"
+    parts = {"weights": p.weights_gpu, "kv_pool": p.kv_gpu,
+             "headroom": max(p.gpu_budget - p.weights_gpu - p.kv_gpu, 0)}
+    x, width, segs = 0.0, 400.0, []
+    for key, label in _GGUF_SEGMENTS:
+        share = width * parts[key] / max(p.gpu_budget, sum(parts.values()))
+        segs.append(
+            f'<rect class="mem {key}" x="{x:.2f}" y="0" width="{share:.2f}" height="18" '
+            f'data-bytes="{parts[key]}"><title>{_e(label)}: {size_text(parts[key])}</title></rect>'
+        )
+        x += share
+    server = "each server's" if p.instances > 1 else "the server's"
+    host = f", {size_text(p.host_bytes)} of system memory" if p.host_bytes is not None else ""
+    return (
+        f'<svg id="{_e(bar_id)}" class="bar" role="img" viewBox="0 0 400 18" width="400" height="18" '
+        f'aria-label="{_e(p.gpus)}: weights {size_text(p.weights_gpu)}, KV cache {size_text(p.kv_gpu)} '
+        f'of {size_text(p.gpu_budget)}" xmlns="http://www.w3.org/2000/svg">{"".join(segs)}</svg>'
+        f' <span class="gpu">{server} GPU memory: {size_text(p.weights_gpu)} weights, {size_text(p.kv_gpu)} KV cache '
+        f"of {size_text(p.gpu_budget)}{host}</span>"
+    )
+
+
 # ---------------------------------------------------------------- pages
 
 _CSS = """
@@ -811,7 +845,7 @@ def _serving(p: ModelPage) -> str:
                                  _e(f"{plan.engine}: num_gpu {plan.n_gpu_layers} of {plan.n_layers} layers, "
                                     f"{plan.instances} server(s)"),
                                  f"none (a GGUF); Ollama: num_ctx {plan.num_ctx}, OLLAMA_NUM_PARALLEL {plan.parallel}",
-                                 "-"])
+                                 gguf_memory_bar(plan, f"mem-{n}-{k}-{j}")])
                     continue
                 rows.append(
                     [
@@ -924,7 +958,9 @@ standard error, were scored on the same tokens and differ by more than the two e
 off the front is beaten on both counts by one on it.</p>
 <h2>Per-GPU memory bars</h2><p>Each GPU of a serving plan: the weights, the activation peak vLLM profiles, the KV
 cache pool (what bounds context × concurrency), the rest of vLLM's share (CUDA context, NCCL, graphs) and what
-gpu_memory_utilization leaves to other processes.</p>"""
+gpu_memory_utilization leaves to other processes. A GGUF's plan is llama.cpp's, as Ollama serves it: one bar per
+server, the weights and the KV cache of the layers it offloads, and what is left of its GPUs (less the memory Ollama
+reserves on each) for llama.cpp's compute buffers; a plan on a CPU has no bar, only its system memory.</p>"""
 
 
 def charts_page() -> str:

@@ -193,6 +193,22 @@ class GgufServePlan(_Strict):
     spread: bool = Field(description="one server over every GPU (OLLAMA_SCHED_SPREAD)")
     partial: bool = Field(description="some layers stay on the CPU")
     warnings: list[str] = Field(default_factory=list)
+    gpu_budget: int | None = Field(default=None, ge=0, description=(
+        "bytes: the GPU memory one server offers llama.cpp (its GPUs less the reserve each); 0 on a CPU; absent in "
+        "records made before it was recorded"))
+    weights_gpu: int | None = Field(default=None, ge=0, description="bytes: one server's weights on its GPUs")
+    kv_gpu: int | None = Field(default=None, ge=0, description="bytes: one server's KV cache on its GPUs")
+    host_bytes: int | None = Field(default=None, ge=0, description=(
+        "bytes: one server's system memory (weights and KV of the layers on the CPU, the CPU's buffers)"))
+
+    @model_serializer(mode="wrap")
+    def _without_unrecorded_bytes(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """A record made before the buffers were recorded is written as it was read (its bytes unchanged)."""
+        out: dict[str, Any] = handler(self)
+        for key in ("gpu_budget", "weights_gpu", "kv_gpu", "host_bytes"):
+            if out.get(key, 0) is None:
+                out.pop(key)
+        return out
 
 
 class InventoryPlans(_Strict):
