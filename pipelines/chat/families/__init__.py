@@ -13,9 +13,10 @@ Conventions every TEMPLATE here follows, because Ollama works this way:
   to continue it (transformers' `continue_final_message=True`).
 
 Layout: core.py holds the machinery (ChatFamily, TemplateTokens, the registry, detection, refusal), helpers.py
-what the families share to read Jinja and write Go (golit, _fill, _jinja_*, _LOOP_HEAD); each other module holds the families of one template lineage and registers them on import. They are
-imported here in FAMILY_MODULES order, which is the registration order: the order of FAMILIES, of every listing
-and of docs/ollama-families.md.
+what the families share to read Jinja and write Go (golit, _fill, _jinja_*, _LOOP_HEAD), blocks.py the Go TEMPLATE
+skeletons and snippets several template lineages build from; each other module holds the families of one template
+lineage and registers them on import. They are imported here in FAMILY_MODULES order, which is the registration
+order: the order of FAMILIES, of every listing and of docs/ollama-families.md.
 """
 
 from __future__ import annotations

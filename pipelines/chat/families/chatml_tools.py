@@ -4,6 +4,7 @@ calls, Ollama PARSER qwen3.5).
 
 from __future__ import annotations
 
+from pipelines.chat.families.blocks import LFM_TOOL_LIST, lfm_template
 from pipelines.chat.families.core import ChatFamily, TemplateTokens, register
 from pipelines.chat.families.helpers import (
     _LOOP_HEAD,
@@ -18,6 +19,9 @@ from pipelines.chat.gojson import json_defines
 
 # ---------------------------------------------------------------- LFM2.5 Instruct (ChatML, "List of tools: [...]")
 
+# An LFM2 / LFM2.5 Instruct message ends its turn, but for a final assistant message (left open to continue).
+_LFM_END = '{{- if not (and $last (eq .Role "assistant")) }}<|im_end|>{{ "\\n" }}{{ end }}'
+
 
 def _detect_lfm25(src: str) -> bool:
     return (
@@ -29,28 +33,12 @@ def _detect_lfm25(src: str) -> bool:
 
 
 def _build_lfm25(src: str, tokens: TemplateTokens) -> str:
-    return json_defines() + _fill(
-        """
-{{- $msgs := .Messages }}{{ $sys := "" }}{{ $hasSys := and $msgs (eq (index $msgs 0).Role "system") }}
-{{- if $hasSys }}{{ $sys = (index $msgs 0).Content }}{{ end }}
-{{- $lastA := -1 }}{{ range $i, $m := $msgs }}{{ if eq .Role "assistant" }}{{ $lastA = $i }}{{ end }}{{ end }}
-{{- «BOS» }}
-{{- if or $sys .Tools }}<|im_start|>system{{ "\\n" }}{{ $sys }}
-    {{- if .Tools }}{{ if $sys }}{{ "\\n" }}{{ end }}List of tools: [{{ range $j, $t := .Tools }}{{ if $j }}, {{ end }}{{ template "mm_tool" . }}{{ end }}]{{ end }}<|im_end|>{{ "\\n" }}
-{{- end }}
-{{- $prev := "" }}
-{{- range $i, $m := .Messages }}
-    «LOOP_HEAD»
-    {{- if or $i (not $hasSys) }}<|im_start|>{{ .Role }}{{ "\\n" }}
-        {{- if and (eq .Role "assistant") (eq $i $lastA) .Thinking }}<think>«NL»{{ .Thinking }}«NL»</think>{{ end }}{{ .Content }}
-        {{- if not (and $last (eq .Role "assistant")) }}<|im_end|>{{ "\\n" }}{{ end }}
-        {{- $prev = .Role }}
-    {{- end }}
-{{- end }}
-{{- if ne $prev "assistant" }}<|im_start|>assistant{{ "\\n" }}{{ end }}
-""",
-        BOS=golit(tokens.bos_text)[3:-3],
-        LOOP_HEAD=_LOOP_HEAD,
+    return json_defines() + lfm_template(
+        tokens,
+        last=("lastA", "assistant"),
+        message=('{{- if and (eq .Role "assistant") (eq $i $lastA) .Thinking }}<think>«NL»{{ .Thinking }}«NL»</think>'
+                 "{{ end }}{{ .Content }}",
+                 _LFM_END),
     )
 
 
@@ -99,29 +87,12 @@ def _detect_lfm2(src: str) -> bool:
 
 
 def _build_lfm2(src: str, tokens: TemplateTokens) -> str:
-    return json_defines() + _fill(
-        """
-{{- $msgs := .Messages }}{{ $sys := "" }}{{ $hasSys := and $msgs (eq (index $msgs 0).Role "system") }}
-{{- if $hasSys }}{{ $sys = (index $msgs 0).Content }}{{ end }}
-{{- «BOS» }}
-{{- if or $sys .Tools }}<|im_start|>system{{ "\\n" }}{{ $sys }}
-    {{- if .Tools }}{{ if $sys }}{{ "\\n" }}{{ end }}List of tools: <|tool_list_start|>[
-        {{- range $j, $t := .Tools }}{{ if $j }}, {{ end }}{{ template "mm_tool" . }}{{ end }}]<|tool_list_end|>
-    {{- end }}<|im_end|>{{ "\\n" }}
-{{- end }}
-{{- $prev := "" }}
-{{- range $i, $m := .Messages }}
-    «LOOP_HEAD»
-    {{- if or $i (not $hasSys) }}<|im_start|>{{ .Role }}{{ "\\n" }}
-        {{- if eq .Role "tool" }}<|tool_response_start|>{{ .Content }}<|tool_response_end|>{{ else }}{{ .Content }}{{ end }}
-        {{- if not (and $last (eq .Role "assistant")) }}<|im_end|>{{ "\\n" }}{{ end }}
-        {{- $prev = .Role }}
-    {{- end }}
-{{- end }}
-{{- if ne $prev "assistant" }}<|im_start|>assistant{{ "\\n" }}{{ end }}
-""",
-        BOS=golit(tokens.bos_text)[3:-3],
-        LOOP_HEAD=_LOOP_HEAD,
+    return json_defines() + lfm_template(
+        tokens,
+        tools="<|tool_list_start|>[\n        {{-" + LFM_TOOL_LIST[2:] + "]<|tool_list_end|>\n    {{- end }}",
+        message=('{{- if eq .Role "tool" }}<|tool_response_start|>{{ .Content }}<|tool_response_end|>{{ else }}'
+                 "{{ .Content }}{{ end }}",
+                 _LFM_END),
     )
 
 

@@ -4,6 +4,7 @@ and Laguna S 2.1, LFM2.5 8B-A1B (Pythonic tool calls), Solar Open (<|begin|>role
 
 from __future__ import annotations
 
+from pipelines.chat.families.blocks import lfm_template
 from pipelines.chat.families.core import ChatFamily, TemplateTokens, register
 from pipelines.chat.families.helpers import (
     _LOOP_HEAD,
@@ -250,31 +251,19 @@ def _detect_lfm25_moe(src: str) -> bool:
 
 
 def _build_lfm25_moe(src: str, tokens: TemplateTokens) -> str:
-    return json_defines() + _PYVAL_DEFINE + _fill(
-        """
-{{- $msgs := .Messages }}{{ $sys := "" }}{{ $hasSys := and $msgs (eq (index $msgs 0).Role "system") }}
-{{- if $hasSys }}{{ $sys = (index $msgs 0).Content }}{{ end }}
-{{- $lastUser := -1 }}{{ range $i, $m := $msgs }}{{ if eq .Role "user" }}{{ $lastUser = $i }}{{ end }}{{ end }}
-{{- «BOS» }}
-{{- if or $sys .Tools }}<|im_start|>system{{ "\\n" }}{{ $sys }}
-    {{- if .Tools }}{{ if $sys }}{{ "\\n" }}{{ end }}List of tools: [{{ range $j, $t := .Tools }}{{ if $j }}, {{ end }}{{ template "mm_tool" . }}{{ end }}]{{ end }}<|im_end|>{{ "\\n" }}
-{{- end }}
-{{- $prev := "" }}
-{{- range $i, $m := .Messages }}
-    «LOOP_HEAD»
-    {{- if or $i (not $hasSys) }}<|im_start|>{{ .Role }}{{ "\\n" }}
-        {{- if and (eq .Role "assistant") .Thinking (gt $i $lastUser) }}<think>{{ .Thinking }}</think>{{ end }}{{ .Content }}
-        {{- if .ToolCalls }}<|tool_call_start|>[{{ range $j, $c := .ToolCalls }}{{ if $j }}, {{ end }}{{ .Function.Name }}(
-            {{- $first := true }}{{ range $k, $v := .Function.Arguments }}{{ if not $first }}, {{ end }}{{ $first = false }}{{ $k }}={{ template "mm_pyval" $v }}{{ end }})
-            {{- end }}]<|tool_call_end|>{{ end }}
-        {{- if not (and $last (eq .Role "assistant") (not $m.ToolCalls)) }}<|im_end|>{{ "\\n" }}{{ end }}
-        {{- $prev = .Role }}
-    {{- end }}
-{{- end }}
-{{- if ne $prev "assistant" }}<|im_start|>assistant{{ "\\n" }}{{ end }}
-""",
-        BOS=golit(tokens.bos_text)[3:-3],
-        LOOP_HEAD=_LOOP_HEAD,
+    return json_defines() + _PYVAL_DEFINE + lfm_template(
+        tokens,
+        last=("lastUser", "user"),
+        message=(
+            '{{- if and (eq .Role "assistant") .Thinking (gt $i $lastUser) }}<think>{{ .Thinking }}</think>{{ end }}'
+            "{{ .Content }}",
+            "{{- if .ToolCalls }}<|tool_call_start|>[{{ range $j, $c := .ToolCalls }}{{ if $j }}, {{ end }}"
+            "{{ .Function.Name }}(",
+            "    {{- $first := true }}{{ range $k, $v := .Function.Arguments }}{{ if not $first }}, {{ end }}"
+            '{{ $first = false }}{{ $k }}={{ template "mm_pyval" $v }}{{ end }})',
+            "    {{- end }}]<|tool_call_end|>{{ end }}",
+            '{{- if not (and $last (eq .Role "assistant") (not $m.ToolCalls)) }}<|im_end|>{{ "\\n" }}{{ end }}',
+        ),
     )
 
 

@@ -1,0 +1,51 @@
+"""Go TEMPLATE pieces that several family modules build from: whole skeletons a template lineage shares, and snippets.
+
+Each returns the text the families wrote out before, to the byte (layout included: a TEMPLATE's text is what
+Ollama stores), so a family module names only what its template does differently.
+"""
+
+from __future__ import annotations
+
+from pipelines.chat.families.core import TemplateTokens
+from pipelines.chat.families.helpers import _LOOP_HEAD, _fill, golit
+
+# ---------------------------------------------------------------- Liquid LFM (ChatML, "List of tools: [...]")
+
+_LFM_SKELETON = """
+{{- $msgs := .Messages }}{{ $sys := "" }}{{ $hasSys := and $msgs (eq (index $msgs 0).Role "system") }}
+{{- if $hasSys }}{{ $sys = (index $msgs 0).Content }}{{ end }}
+«STATE»{{- «BOS» }}
+{{- if or $sys .Tools }}<|im_start|>system{{ "\\n" }}{{ $sys }}
+    {{- if .Tools }}{{ if $sys }}{{ "\\n" }}{{ end }}List of tools: «TOOLS»<|im_end|>{{ "\\n" }}
+{{- end }}
+{{- $prev := "" }}
+{{- range $i, $m := .Messages }}
+    «LOOP_HEAD»
+    {{- if or $i (not $hasSys) }}<|im_start|>{{ .Role }}{{ "\\n" }}
+        «MESSAGE»
+        {{- $prev = .Role }}
+    {{- end }}
+{{- end }}
+{{- if ne $prev "assistant" }}<|im_start|>assistant{{ "\\n" }}{{ end }}
+"""
+
+LFM_TOOL_LIST = '{{ range $j, $t := .Tools }}{{ if $j }}, {{ end }}{{ template "mm_tool" . }}{{ end }}'
+"""The tools as the LFM Jinjas list them: each whole tool as JSON, joined by ', '."""
+
+
+def last_index(var: str, role: str) -> str:
+    """A TEMPLATE line setting $`var` to the index of the last message of `role` in $msgs (-1: none)."""
+    return (f"{{{{- ${var} := -1 }}}}{{{{ range $i, $m := $msgs }}}}{{{{ if eq .Role {golit(role)[3:-3]} }}}}"
+            f"{{{{ ${var} = $i }}}}{{{{ end }}}}{{{{ end }}}}")
+
+
+def lfm_template(tokens: TemplateTokens, *, message: tuple[str, ...], last: tuple[str, str] | None = None,
+                 tools: str = f"[{LFM_TOOL_LIST}]{{{{ end }}}}") -> str:
+    """An LFM TEMPLATE: the first system message and the tools in one system turn ('List of tools: ' and `tools`, which
+    closes the `if .Tools` it opens; by default the JSON list), then each other message as <|im_start|>role and the
+    `message` lines (what follows the role line, up to and with its <|im_end|>; each starts with '{{-'), and the
+    generation prompt. `last`: (variable, role) for the index of the last message of that role, where the message
+    lines need it."""
+    state = last_index(*last) + "\n" if last else ""
+    return _fill(_LFM_SKELETON.replace("«STATE»", state), BOS=golit(tokens.bos_text)[3:-3], TOOLS=tools,
+                 MESSAGE="\n        ".join(message), LOOP_HEAD=_LOOP_HEAD)
