@@ -91,6 +91,13 @@ def test_every_page_renders_offline_with_every_row_and_point(
         versions = sum(len(history(s, r)) for r in refs)
         assert len(dom["charts"]["versions"]["points"]) == versions
         assert dom["bars"] > 0 and dom["tables"] >= 5  # a table behind each chart, plans, provenance
+        # a GGUF's bar is one server's GPU memory as llama.cpp's plan recorded it: its offloaded weights and KV cache
+        html = (out / "models" / page_name(name)).read_text()
+        gguf = [g for m in manifests if m.name == name and m.serving
+                for inv in m.serving.inventories for g in inv.gguf or []]
+        assert gguf and all(g.weights_gpu for g in gguf)
+        for g in gguf:
+            assert f'data-bytes="{g.weights_gpu}"' in html and f'data-bytes="{g.kv_gpu}"' in html, g
     # the top of SmolLM2's page as the README shows it (docs/images/site-smollm2.png is a copy of one looked at)
     browser.load(
         (out / "models" / "smollm2.html").as_uri(),
