@@ -179,7 +179,11 @@ def test_a_registered_gguf_carries_its_plans_and_a_refusal_is_recorded(isolated,
     assert files[box.files[1]].count("OLLAMA_NUM_PARALLEL=2 ") == 4
     shown = _cli(repo, "show", m.ref, "--plans")
     assert shown.returncode == 0, shown.stderr
-    assert "1x4xRTX4090-24G" in shown.stdout and "4 Ollama servers" in shown.stdout and "TP " not in shown.stdout
+    assert "1x4xRTX4090-24G" in shown.stdout and "4 servers, one per GPU" in shown.stdout and "TP " not in shown.stdout
+    # its columns are Ollama's and llama.cpp's, not vLLM's
+    assert "OLLAMA_NUM_PARALLEL" in shown.stdout and "GPU weights / KV cache / offered" in shown.stdout
+    assert "max_model_len" not in shown.stdout and "max_num_seqs" not in shown.stdout
+    assert f"{box.gguf[0].weights_gpu / (1 << 20):.1f} MiB" in shown.stdout  # one server's offloaded weights
     assert "2 file(s) in artifacts/tiny-qwen2/q8_0/serve/1x4xrtx4090-24g" in shown.stdout
     assert json.loads(_cli(repo, "show", m.ref).stdout)["serving"] == m.serving.model_dump(mode="json")
 

@@ -190,6 +190,9 @@ def _print_serving(m: Manifest) -> None:
         )
         return
     s = m.serving
+    if any(inv.gguf for inv in s.inventories):
+        _print_gguf_serving(m)
+        return
     table = Table(
         "inventory",
         "plan",
@@ -217,12 +220,41 @@ def _print_serving(m: Manifest) -> None:
                 for g in p.per_gpu
             )
             table.add_row(inv.gpus, p.gpus, p.layout, str(p.max_model_len), str(p.max_num_seqs), mem)
-        for g in inv.gguf or []:  # a GGUF: llama.cpp's plan for Ollama (vLLM cannot load it)
-            servers = f"{g.instances} Ollama servers" if g.instances > 1 else "one Ollama server"
-            table.add_row(inv.gpus, g.gpus, f"{g.engine}: num_gpu {g.n_gpu_layers} of {g.n_layers} layers, {servers}",
-                          f"num_ctx {g.num_ctx}", f"{g.parallel} slot(s)", "-")
     out.print(table)
+    _print_files_and_notes(m)
+
+
+def _print_gguf_serving(m: Manifest) -> None:
+    """A GGUF's serving plans, llama.cpp's as Ollama serves it (vLLM has no GGUF loader): per inventory and GPU
+    group, the Modelfile's num_ctx and num_gpu, OLLAMA_NUM_PARALLEL, the servers and one server's GPU memory."""
+    from pipelines.publish.llamacpp_memory import size_text
+
+    assert m.serving is not None
+    s = m.serving
+    table = Table(
+        "inventory", "plan", "Ollama", Column("num_ctx", justify="right"),
+        Column("OLLAMA_NUM_PARALLEL", justify="right"), "per server: GPU weights / KV cache / offered",
+        title=f"{m.ref}: context {s.context or 'Ollama default'}, concurrency {s.concurrency}, llama.cpp's memory "
+        "model (vLLM's kv_cache_dtype and gpu_memory_utilization do not apply to a GGUF)",
+    )
     for inv in s.inventories:
+        if inv.refused is not None:
+            table.add_row(inv.gpus, "[red]refused[/red]", escape(inv.refused), "-", "-",
+                          "nearest: " + escape("; ".join(inv.nearest)))
+        for g in inv.gguf or []:
+            servers = f"{g.instances} servers, one per GPU" if g.instances > 1 else "one server"
+            mem = ("-" if g.weights_gpu is None or g.kv_gpu is None or g.gpu_budget is None
+                   else "CPU only" if not g.gpu_budget
+                   else f"{size_text(g.weights_gpu)} / {size_text(g.kv_gpu)} / {size_text(g.gpu_budget)}")
+            table.add_row(inv.gpus, g.gpus, f"num_gpu {g.n_gpu_layers} of {g.n_layers} layers, {servers}",
+                          str(g.num_ctx), str(g.parallel), mem)
+    out.print(table)
+    _print_files_and_notes(m)
+
+
+def _print_files_and_notes(m: Manifest) -> None:
+    assert m.serving is not None
+    for inv in m.serving.inventories:
         if inv.files:
             out.print(f"{inv.gpus}: {len(inv.files)} file(s) in {m.dvc.path}/{inv.dir}", highlight=False)
         for note in inv.notes:
