@@ -18,6 +18,33 @@ from pipelines.core.errors import UnsupportedModel
 _MARK = "\x00mm{}\x00"
 
 
+# The tools as Command R7B and Cohere2 list them (after `range $i, $t := .Tools`): one JSON object a line.
+_TOOL_LIST = ('{{ if $i }},«NL»{{ end }}    {"name": "{{ .Function.Name }}", "description": "{{ .Function.Description }}", '
+              '"parameters": {{ template "mm_params" .Function.Parameters }}, "responses": null}{{ end }}')
+
+
+def _tool_turn(result_open: str = "", result_close: str = "") -> str:
+    """The TEMPLATE lines of a tool message and the end of the message loop, as Command R7B and Cohere2 write them: one
+    <|START_TOOL_RESULT|> list per run of tool messages, each result under its call's position among all calls of the
+    conversation, its content (as a JSON string) between `result_open` and `result_close`."""
+    return (
+        """
+    {{- else if eq .Role "tool" }}
+        {{- if ne $prev "tool" }}<|START_OF_TURN_TOKEN|><|SYSTEM_TOKEN|><|START_TOOL_RESULT|>[{{ "\\n" }}{{ else }},{{ "\\n" }}{{ end }}
+        {{- $id := "" }}{{ $n := "" }}{{ $found := false }}
+        {{- range $msgs }}{{ range .ToolCalls }}{{ if and (not $found) (eq .ID $m.ToolCallID) }}{{ $id = printf "%d" (len $n) }}{{ $found = true }}{{ end }}{{ $n = printf "%sx" $n }}{{ end }}{{ end }}
+        {{- "    {\\n        \\"tool_call_id\\": \\"" }}{{ $id }}{{ "\\",\\n        \\"results\\": {\\n            \\"0\\": «OPEN»" }}{{ printf "%q" .Content }}
+        {{- "«CLOSE»\\n        },\\n        \\"is_error\\": null\\n    }" }}
+        {{- if ne $next "tool" }}{{ "\\n" }}]<|END_TOOL_RESULT|><|END_OF_TURN_TOKEN|>{{ end }}
+    {{- end }}
+    {{- /* Never renders: the last {{ .Thinking }} of the loop, between the thinking tags Ollama reads from it. */}}
+    {{- if false }}<|START_THINKING|>{{ .Thinking }}<|END_THINKING|>{{ end }}
+    {{- $prev = .Role }}
+{{- end }}"""
+        .strip("\n").replace("«OPEN»", result_open).replace("«CLOSE»", result_close)
+    )
+
+
 def _detect_command_r7b(src: str) -> bool:
     return _has_all(
         src, "<|START_OF_TURN_TOKEN|><|SYSTEM_TOKEN|># System Preamble", "tool_call_id_to_int", "format_tool_message",
@@ -26,28 +53,34 @@ def _detect_command_r7b(src: str) -> bool:
     )
 
 
+def _render(src: str, messages: list[dict[str, Any]], **kwargs: Any) -> str:
+    """The Jinja rendered (as transformers) with marker values, to cut its fixed texts out of.
+
+    Raises:
+        ValueError: the Jinja refuses them (another family's template, forced onto this one).
+    """
+    from pipelines.chat.jinja import render
+
+    try:
+        return render(src, messages, **kwargs)
+    except UnsupportedModel as err:
+        raise ValueError(err.message) from err
+
+
 def _preamble_parts(src: str) -> tuple[str, str, str, str]:
     """(head without tools, head before the tools, head after them, the developer preamble's heading): the texts
     the Jinja prints before the first turn."""
-    from pipelines.chat.jinja import render as _render
-
-    def render(*args: Any, **kwargs: Any) -> str:
-        try:
-            return _render(*args, **kwargs)
-        except UnsupportedModel as err:  # another family's template, forced onto this one
-            raise ValueError(err.message) from err
-
     end = "<|END_OF_TURN_TOKEN|>"
     user = [{"role": "user", "content": _MARK.format("U")}]
-    plain = render(src, user, bos_token="", eos_token="")
+    plain = _render(src, user, bos_token="", eos_token="")
     head = plain[:plain.index(end)]
     tool = {"type": "function", "function": {"name": _MARK.format("N"), "description": "d",
                                              "parameters": {"type": "object", "properties": {}}}}
-    with_tools = render(src, user, tools=[tool], bos_token="", eos_token="")
+    with_tools = _render(src, user, tools=[tool], bos_token="", eos_token="")
     first = with_tools.index('    {"name": "' + _MARK.format("N"))
     after = with_tools.index('"responses": null}', first) + len('"responses": null}')
     before_tools, after_tools = with_tools[:first], with_tools[after:with_tools.index(end, after)]
-    dev = render(src, [{"role": "system", "content": _MARK.format("S")}, *user], bos_token="", eos_token="")
+    dev = _render(src, [{"role": "system", "content": _MARK.format("S")}, *user], bos_token="", eos_token="")
     dev_heading = dev[len(head):dev.index(_MARK.format("S"))]
     return head, before_tools, after_tools, dev_heading
 
@@ -61,7 +94,7 @@ def _build_command_r7b(src: str, tokens: TemplateTokens) -> str:
 {{- $msgs := .Messages }}{{ $dev := "" }}{{ if and $msgs (eq (index $msgs 0).Role "system") }}{{ $dev = (index $msgs 0).Content }}{{ end }}
 {{- «BOS» }}
 {{- if .Tools }}{{ «BEFORE» }}
-    {{- range $i, $t := .Tools }}{{ if $i }},«NL»{{ end }}    {"name": "{{ .Function.Name }}", "description": "{{ .Function.Description }}", "parameters": {{ template "mm_params" .Function.Parameters }}, "responses": null}{{ end }}{{ «AFTER» }}
+    {{- range $i, $t := .Tools }}«TOOL_LIST»{{ «AFTER» }}
 {{- else }}{{ «HEAD» }}
 {{- end }}
 {{- if $dev }}{{ «DEV» }}{{ $dev }}{{ end }}<|END_OF_TURN_TOKEN|>
@@ -76,18 +109,7 @@ def _build_command_r7b(src: str, tokens: TemplateTokens) -> str:
         {{- end }}{{ "\\n" }}]<|END_ACTION|><|END_OF_TURN_TOKEN|>
     {{- else if eq .Role "assistant" }}<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|><|START_RESPONSE|>{{ .Content }}
         {{- if not $last }}<|END_RESPONSE|><|END_OF_TURN_TOKEN|>{{ end }}
-    {{- else if eq .Role "tool" }}
-        {{- if ne $prev "tool" }}<|START_OF_TURN_TOKEN|><|SYSTEM_TOKEN|><|START_TOOL_RESULT|>[{{ "\\n" }}{{ else }},{{ "\\n" }}{{ end }}
-        {{- $id := "" }}{{ $n := "" }}{{ $found := false }}
-        {{- range $msgs }}{{ range .ToolCalls }}{{ if and (not $found) (eq .ID $m.ToolCallID) }}{{ $id = printf "%d" (len $n) }}{{ $found = true }}{{ end }}{{ $n = printf "%sx" $n }}{{ end }}{{ end }}
-        {{- "    {\\n        \\"tool_call_id\\": \\"" }}{{ $id }}{{ "\\",\\n        \\"results\\": {\\n            \\"0\\": " }}{{ printf "%q" .Content }}
-        {{- "\\n        },\\n        \\"is_error\\": null\\n    }" }}
-        {{- if ne $next "tool" }}{{ "\\n" }}]<|END_TOOL_RESULT|><|END_OF_TURN_TOKEN|>{{ end }}
-    {{- end }}
-    {{- /* Never renders: the last {{ .Thinking }} of the loop, between the thinking tags Ollama reads from it. */}}
-    {{- if false }}<|START_THINKING|>{{ .Thinking }}<|END_THINKING|>{{ end }}
-    {{- $prev = .Role }}
-{{- end }}
+«TOOL_TURN»
 {{- if ne $prev "assistant" }}<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>{{ if not .Think }}<|START_THINKING|><|END_THINKING|>{{ end }}{{ end }}
 """,
         BOS=golit(tokens.bos_text)[3:-3],
@@ -95,6 +117,8 @@ def _build_command_r7b(src: str, tokens: TemplateTokens) -> str:
         BEFORE=golit(before_tools)[3:-3],
         AFTER=golit(after_tools)[3:-3],
         DEV=golit(dev_heading)[3:-3],
+        TOOL_LIST=_TOOL_LIST,
+        TOOL_TURN=_tool_turn(),
         LOOP_HEAD=_LOOP_HEAD,
     )
 
@@ -149,25 +173,17 @@ def _detect_command_r_plus(src: str) -> bool:
 def _command_r_plus_parts(src: str) -> tuple[str, str, str, str]:
     """(the preamble before the system text, the default system text, the tools heading, the closing instruction
     turn), cut out of the Jinja rendered with marker values."""
-    from pipelines.chat.jinja import render as _render
-
-    def render(*args: Any, **kwargs: Any) -> str:
-        try:
-            return _render(*args, **kwargs)
-        except UnsupportedModel as err:  # another family's template, forced onto this one
-            raise ValueError(err.message) from err
-
     end = "<|END_OF_TURN_TOKEN|>"
     tool = {"type": "function", "function": {"name": _MARK.format("N"), "description": "d",
                                              "parameters": {"type": "object", "properties": {}}}}
     user = {"role": "user", "content": _MARK.format("U")}
-    with_sys = render(src, [{"role": "system", "content": _MARK.format("S")}, user], tools=[tool], bos_token="")
+    with_sys = _render(src, [{"role": "system", "content": _MARK.format("S")}, user], tools=[tool], bos_token="")
     pre = with_sys[:with_sys.index(_MARK.format("S"))]
     tools_head = with_sys[with_sys.index(_MARK.format("S")) + len(_MARK.format("S")):
                           with_sys.index("```python\ndef " + _MARK.format("N"))]
     after_user = with_sys.index(end, with_sys.index(_MARK.format("U"))) + len(end)
     instruction = with_sys[after_user:with_sys.rindex("<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>")]
-    plain = render(src, [user], tools=[tool], bos_token="")
+    plain = _render(src, [user], tools=[tool], bos_token="")
     default_system = plain[len(pre):plain.index(tools_head)]
     return pre, default_system, tools_head, instruction
 
@@ -266,13 +282,7 @@ def _detect_cohere2(src: str) -> bool:
 def _cohere2_parts(src: str) -> tuple[str, str]:
     """(the platform turn up to the tool list's '[' and line break, the rest of it after the tools): what the Jinja
     prints before the first message."""
-    from pipelines.chat.jinja import render as _render
-
-    user = [{"role": "user", "content": _MARK.format("U")}]
-    try:
-        plain = _render(src, user, bos_token="", eos_token="")
-    except UnsupportedModel as err:  # another family's template, forced onto this one
-        raise ValueError(err.message) from err
+    plain = _render(src, [{"role": "user", "content": _MARK.format("U")}], bos_token="", eos_token="")
     head = plain[:plain.index("<|START_OF_TURN_TOKEN|><|USER_TOKEN|>")]
     cut = head.index("[\n\n]") + 2
     return head[:cut], head[cut:]
@@ -286,7 +296,7 @@ def _build_cohere2(src: str, tokens: TemplateTokens) -> str:
         """
 {{- $msgs := .Messages }}
 {{- «BOS» }}{{ «BEFORE» }}
-{{- range $i, $t := .Tools }}{{ if $i }},«NL»{{ end }}    {"name": "{{ .Function.Name }}", "description": "{{ .Function.Description }}", "parameters": {{ template "mm_params" .Function.Parameters }}, "responses": null}{{ end }}
+{{- range $i, $t := .Tools }}«TOOL_LIST»
 {{- «AFTER» }}
 {{- $calls := "" }}{{ $prev := "" }}
 {{- range $i, $m := .Messages }}
@@ -301,23 +311,14 @@ def _build_cohere2(src: str, tokens: TemplateTokens) -> str:
     {{- else if eq .Role "assistant" }}<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>
         {{- if .Thinking }}<|START_THINKING|>{{ .Thinking }}<|END_THINKING|>{{ end }}<|START_TEXT|>{{ .Content }}
         {{- if not $last }}<|END_TEXT|><|END_OF_TURN_TOKEN|>{{ end }}
-    {{- else if eq .Role "tool" }}
-        {{- if ne $prev "tool" }}<|START_OF_TURN_TOKEN|><|SYSTEM_TOKEN|><|START_TOOL_RESULT|>[{{ "\\n" }}{{ else }},{{ "\\n" }}{{ end }}
-        {{- $id := "" }}{{ $n := "" }}{{ $found := false }}
-        {{- range $msgs }}{{ range .ToolCalls }}{{ if and (not $found) (eq .ID $m.ToolCallID) }}{{ $id = printf "%d" (len $n) }}{{ $found = true }}{{ end }}{{ $n = printf "%sx" $n }}{{ end }}{{ end }}
-        {{- "    {\\n        \\"tool_call_id\\": \\"" }}{{ $id }}{{ "\\",\\n        \\"results\\": {\\n            \\"0\\": {\\"content\\": " }}{{ printf "%q" .Content }}
-        {{- "}\\n        },\\n        \\"is_error\\": null\\n    }" }}
-        {{- if ne $next "tool" }}{{ "\\n" }}]<|END_TOOL_RESULT|><|END_OF_TURN_TOKEN|>{{ end }}
-    {{- end }}
-    {{- /* Never renders: the last {{ .Thinking }} of the loop, between the thinking tags Ollama reads from it. */}}
-    {{- if false }}<|START_THINKING|>{{ .Thinking }}<|END_THINKING|>{{ end }}
-    {{- $prev = .Role }}
-{{- end }}
+«TOOL_TURN»
 {{- if ne $prev "assistant" }}<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|><|START_THINKING|>{{ if and .IsThinkSet (not .Think) }}<|END_THINKING|>{{ end }}{{ end }}
 """,
         BOS=golit(tokens.bos_text)[3:-3],
         BEFORE=golit(before_tools)[3:-3],
         AFTER=golit(after_tools)[3:-3],
+        TOOL_LIST=_TOOL_LIST,
+        TOOL_TURN=_tool_turn('{\\"content\\": ', "}"),
         LOOP_HEAD=_LOOP_HEAD,
     )
 
