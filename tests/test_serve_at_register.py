@@ -139,6 +139,7 @@ def test_a_registered_gguf_carries_its_plans_and_a_refusal_is_recorded(isolated,
             "gpus": ["1xL4-24G", "4xRTX4090-24G", "1x8xA800-80G+1x8xL20-48G"],
             "context": 4096,
             "concurrency": 8,
+            "kv_cache_dtype": "fp8",  # vLLM's: said to change nothing for a GGUF
         },
     )
     done = _cli(repo, "convert", "tiny-qwen2", "--variants", "q8_0", "--register")
@@ -165,6 +166,7 @@ def test_a_registered_gguf_carries_its_plans_and_a_refusal_is_recorded(isolated,
     # (tests/test_serve_at_register_gguf.py checks them against `modelmint recommend --engine ollama`)
     assert single.files == [f"serve/1x1xl4-24g/ollama/{f}" for f in ("Modelfile", "start.sh")]
     assert "no vLLM files for a GGUF" in single.notes[0] and "llama.cpp's memory model" in single.notes[0]
+    assert any(n.startswith("serve.kv_cache_dtype fp8: vLLM's options, not applied to a GGUF") for n in single.notes)
     assert box.files == [f"serve/1x4xrtx4090-24g/ollama/{f}" for f in ("Modelfile", "start.sh")]
     assert [g.gpus for g in mixed.gguf] == ["1x8xA800-80G", "1x8xL20-48G"] and mixed.files == [
         f"serve/1x8xa800-80g+1x8xl20-48g/{g}/ollama/{f}"

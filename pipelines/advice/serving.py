@@ -80,6 +80,7 @@ def write_serving(c: Candidate, directory: Path) -> Serving:
     said: list[str] = []
     if art.gguf and what is not None:  # as `modelmint plan NAME:TAG` reads the registered file (recommend.gguf_layers)
         weights, said = file_layers(sized, what.shape, what.weights_bytes, c.placed_as(c.files[0]))
+        said += _vllm_options_unused(spec)
     inventories = []
     for gpus in spec.gpus:
         if what is None:
@@ -141,6 +142,20 @@ def _inventory(spec: ServeSpec, gpus: str, what: planner.Served, art: Artifact, 
         files=sorted(p.relative_to(directory).as_posix() for p in written),
         notes=notes(plans, art),
     )
+
+
+def _vllm_options_unused(spec: ServeSpec) -> list[str]:
+    """A note naming the catalog's vLLM serve options a GGUF's plan leaves unused (Ollama serves it, by llama.cpp's
+    memory model), so a catalog that sets them learns they changed nothing; none where none is set."""
+    given = [f"serve.{k} {v}" for k, v, default in (
+        ("kv_cache_dtype", spec.kv_cache_dtype, "auto"),
+        ("gpu_memory_utilization", f"{spec.gpu_memory_utilization:g}", "0.9"),
+        ("pp_across_types", str(spec.pp_across_types).lower(), "false"),
+    ) if v != default]
+    if not given:
+        return []
+    return [f"{', '.join(given)}: vLLM's options, not applied to a GGUF: Ollama serves it and llama.cpp's memory "
+            "model plans it (its KV cache is f16, in the layers num_gpu offloads)"]
 
 
 def _gguf_inventory(
