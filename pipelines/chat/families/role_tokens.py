@@ -225,9 +225,7 @@ def _detect_glm46(src: str) -> bool:
     ) and _has_none(src, "clear_thinking")
 
 
-def _build_glm46(src: str, tokens: TemplateTokens) -> str:
-    return json_defines() + _ARGVAL_DEFINE + _fill(
-        """
+_GLM_SKELETON = """
 {{- $msgs := .Messages }}{{ $noThink := and .IsThinkSet (not .Think) }}
 {{- "[gMASK]<sop>" }}
 {{- if .Tools }}«HEAD»{{ range .Tools }}{{ template "mm_tool" . }}{{ "\\n" }}{{ end }}«TAIL»{{ end }}
@@ -235,22 +233,40 @@ def _build_glm46(src: str, tokens: TemplateTokens) -> str:
 {{- $prev := "" }}
 {{- range $i, $m := .Messages }}
     «LOOP_HEAD»
-    {{- if eq .Role "user" }}<|user|>{{ "\\n" }}{{ .Content }}{{ if $noThink }}/nothink{{ end }}
+    {{- if eq .Role "user" }}<|user|>«USER»
     {{- else if eq .Role "assistant" }}<|assistant|>
-        {{- if and (gt $i $lastUser) .Thinking }}«NL»<think>{{ .Thinking }}</think>{{ else }}«NL»<think></think>{{ end }}
-        {{- if .Content }}{{ "\\n" }}{{ .Content }}{{ end }}
-        {{- if .ToolCalls }}{{ range .ToolCalls }}«NL»<tool_call>{{ .Function.Name }}{{ "\\n" }}
-            {{- range $k, $v := .Function.Arguments }}<arg_key>{{ $k }}</arg_key>{{ "\\n" }}<arg_value>{{ template "mm_argval" $v }}</arg_value>{{ "\\n" }}{{ end }}
-            {{- "</tool_call>" }}{{ end }}{{ end }}
+        {{- if and (gt $i $lastUser) .Thinking }}«ASSISTANT»
     {{- else if eq .Role "tool" }}
-        {{- if ne $prev "tool" }}<|observation|>{{ end }}{{ "\\n<tool_response>\\n" }}{{ .Content }}{{ "\\n</tool_response>" }}
-    {{- else if eq .Role "system" }}<|system|>{{ "\\n" }}{{ .Content }}
+        {{- if ne $prev "tool" }}<|observation|>{{ end }}«TOOL»
+    {{- else if eq .Role "system" }}<|system|>«SYSTEM»
     {{- end }}
     {{- $prev = .Role }}
 {{- end }}
-{{- if ne $prev "assistant" }}<|assistant|>{{ if $noThink }}{{ "\\n" }}<think></think>{{ end }}{{ end }}
-""",
-        HEAD=golit(_GLM46_TOOLS_HEAD), TAIL=golit(_GLM46_TOOLS_TAIL), LOOP_HEAD=_LOOP_HEAD,
+{{- if ne $prev "assistant" }}<|assistant|>«GENERATE»{{ end }}
+"""
+
+
+def _glm_template(tail: str, *, user: str, assistant: str, tool: str, system: str, generate: str) -> str:
+    """A GLM-4.x TEMPLATE: [gMASK]<sop>, the tools in a system turn (the GLM-4.6 preamble's head, then `tail`), each
+    message after its role token (<|user|>, <|assistant|> and, from its reasoning on, `assistant`, <|observation|> once
+    a run of tool messages, <|system|>), and the generation prompt's <|assistant|> and `generate`."""
+    return json_defines() + _ARGVAL_DEFINE + _fill(
+        _GLM_SKELETON, HEAD=golit(_GLM46_TOOLS_HEAD), TAIL=golit(tail), LOOP_HEAD=_LOOP_HEAD, USER=user,
+        ASSISTANT=assistant, TOOL=tool, SYSTEM=system, GENERATE=generate)
+
+
+def _build_glm46(src: str, tokens: TemplateTokens) -> str:
+    return _glm_template(
+        _GLM46_TOOLS_TAIL,
+        user='{{ "\\n" }}{{ .Content }}{{ if $noThink }}/nothink{{ end }}',
+        assistant="""«NL»<think>{{ .Thinking }}</think>{{ else }}«NL»<think></think>{{ end }}
+        {{- if .Content }}{{ "\\n" }}{{ .Content }}{{ end }}
+        {{- if .ToolCalls }}{{ range .ToolCalls }}«NL»<tool_call>{{ .Function.Name }}{{ "\\n" }}
+            {{- range $k, $v := .Function.Arguments }}<arg_key>{{ $k }}</arg_key>{{ "\\n" }}<arg_value>{{ template "mm_argval" $v }}</arg_value>{{ "\\n" }}{{ end }}
+            {{- "</tool_call>" }}{{ end }}{{ end }}""",
+        tool='{{ "\\n<tool_response>\\n" }}{{ .Content }}{{ "\\n</tool_response>" }}',
+        system='{{ "\\n" }}{{ .Content }}',
+        generate='{{ if $noThink }}{{ "\\n" }}<think></think>{{ end }}',
     )
 
 
@@ -297,31 +313,17 @@ def _detect_glm47(src: str) -> bool:
 
 
 def _build_glm47(src: str, tokens: TemplateTokens) -> str:
-    return json_defines() + _ARGVAL_DEFINE + _fill(
-        """
-{{- $msgs := .Messages }}{{ $noThink := and .IsThinkSet (not .Think) }}
-{{- "[gMASK]<sop>" }}
-{{- if .Tools }}«HEAD»{{ range .Tools }}{{ template "mm_tool" . }}{{ "\\n" }}{{ end }}«TAIL»{{ end }}
-{{- $lastUser := -1 }}{{ range $i, $m := $msgs }}{{ if eq .Role "user" }}{{ $lastUser = $i }}{{ end }}{{ end }}
-{{- $prev := "" }}
-{{- range $i, $m := .Messages }}
-    «LOOP_HEAD»
-    {{- if eq .Role "user" }}<|user|>{{ .Content }}
-    {{- else if eq .Role "assistant" }}<|assistant|>
-        {{- if and (gt $i $lastUser) .Thinking }}<think>{{ .Thinking }}</think>{{ else }}</think>{{ end }}{{ .Content }}
+    return _glm_template(
+        _GLM47_TOOLS_TAIL,
+        user="{{ .Content }}",
+        assistant="""<think>{{ .Thinking }}</think>{{ else }}</think>{{ end }}{{ .Content }}
         {{- if .ToolCalls }}{{ range .ToolCalls }}<tool_call>{{ .Function.Name }}
             {{- range $k, $v := .Function.Arguments }}<arg_key>{{ $k }}</arg_key><arg_value>{{ template "mm_argval" $v }}</arg_value>{{ end }}
             {{- "</tool_call>" }}
-        {{- end }}{{ end }}
-    {{- else if eq .Role "tool" }}
-        {{- if ne $prev "tool" }}<|observation|>{{ end }}<tool_response>{{ .Content }}</tool_response>
-    {{- else if eq .Role "system" }}<|system|>{{ .Content }}
-    {{- end }}
-    {{- $prev = .Role }}
-{{- end }}
-{{- if ne $prev "assistant" }}<|assistant|>{{ if $noThink }}</think>{{ else }}<think>{{ end }}{{ end }}
-""",
-        HEAD=golit(_GLM46_TOOLS_HEAD), TAIL=golit(_GLM47_TOOLS_TAIL), LOOP_HEAD=_LOOP_HEAD,
+        {{- end }}{{ end }}""",
+        tool="<tool_response>{{ .Content }}</tool_response>",
+        system="{{ .Content }}",
+        generate="{{ if $noThink }}</think>{{ else }}<think>{{ end }}",
     )
 
 
