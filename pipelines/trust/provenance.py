@@ -18,17 +18,24 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
+import re
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Protocol
+from urllib.parse import quote
 
 from pipelines import __version__
 from pipelines.core.fsutil import HashCache
 
 if TYPE_CHECKING:
     from pipelines.core.settings import Settings
+    from pipelines.core.toolchains import Installed
     from pipelines.source.catalog import CatalogEntry
     from pipelines.store.manifest import Manifest, ParentRef
+
+
+log = logging.getLogger(__name__)
 
 
 class SignerPaths(Protocol):
@@ -101,12 +108,13 @@ def build_type(fmt: str) -> str:
 
 def statement(
     c: Built, validation: dict[str, Any], outputs: dict[str, str], signed_at: datetime, hashes: HashCache,
-    *, directory: Path | None = None, signer: SignerPaths | None = None,
+    *, directory: Path | None = None, signer: SignerPaths | None = None, toolchains_dir: Path | None = None,
 ) -> dict[str, Any]:
     """The provenance of candidate `c`: `outputs` (path in the artifact directory → sha256) are its subjects,
     `validation` the manifest's validation block; `signed_at` the time registration signed it; `directory` the
     artifact directory as placed (the manifest's fields are bound from it and `c`); `signer` the key that signs (the
-    builder's id)."""
+    builder's id); `toolchains_dir` where the toolchains are set up (Settings.toolchains_dir): the installation
+    report of the venv that built `c` is read there (toolchain_dependencies)."""
     name = c.ref.partition(":")[0]
     byproducts: list[dict[str, Any]] = [
         {
@@ -143,7 +151,8 @@ def statement(
                     "recipe": c.recipe,
                 },
                 "internalParameters": {"toolchain": c.toolchain, "key": c.key},
-                "resolvedDependencies": _dependencies(c, hashes) + toolchain_dependencies(c.toolchain),
+                "resolvedDependencies": _dependencies(c, hashes)
+                + toolchain_dependencies(c.toolchain, toolchains_dir),
             },
             "runDetails": {
                 "builder": {
@@ -244,16 +253,19 @@ def modelmint_commit() -> str:
 
 
 NO_DIGEST: Final = (
-    "no digest recorded: the toolchain's setup installs this package from PyPI by its pinned version, without a "
-    "hash pin, and pip keeps no hash of what it downloaded"
+    "recorded by version only: no digest recorded (the toolchain's setup installs this package from PyPI by its pinned "
+    "version, without a hash pin, and no installation report of it was read)"
 )
 
 
-def toolchain_dependencies(toolchain: dict[str, str]) -> list[dict[str, Any]]:
+def toolchain_dependencies(toolchain: dict[str, str], toolchains_dir: Path | None = None) -> list[dict[str, Any]]:
     """The toolchains that built it, each with its pinned source and, where one is known, the digest of that source:
     llama.cpp's pinned commit and the sha256 of the llama-cpp-python sdist its tree is built from (pinned in
-    toolchains/llama-cpp.env and checked by toolchains/setup-llama-cpp.sh before it builds); any other tool its
-    pinned PyPI version, saying that no digest is known (none is made up)."""
+    toolchains/llama-cpp.env and checked by toolchains/setup-llama-cpp.sh before it builds); then every distribution
+    of the Python venv the build ran in (the llmcompressor venv, or llama.cpp's converter venv), with the URL and
+    sha256 pip downloaded, from the installation report its setup wrote in `toolchains_dir`. Without such a report
+    (a toolchain set up before setups wrote one, other pins, no `toolchains_dir`), each Python tool by its pinned
+    PyPI version, saying why no digest is known (none is made up)."""
     from pipelines.core.toolchains import read_pins
 
     deps: list[dict[str, Any]] = []
@@ -277,9 +289,90 @@ def toolchain_dependencies(toolchain: dict[str, str]) -> list[dict[str, Any]]:
         else:
             dep["annotations"]["source"] = "no digest recorded: the checkout's pins are not the ones it was built with"
         deps.append(dep)
+    found, why = _venv_installed(toolchain, toolchains_dir)
+    if found is not None:
+        deps.extend(found)
+        named = {d["name"] for d in found}
+        rest = {k: v for k, v in rest.items() if f"toolchain:{k.removeprefix('converter.')}" not in named}
     for name, version in sorted(rest.items()):
-        deps.append({"name": f"toolchain:{name}", "uri": f"pkg:pypi/{name}@{version}", "annotations": {"source": NO_DIGEST}})
+        deps.append({
+            "name": f"toolchain:{name}",
+            # the GGUF build records its converter venv's torch and transformers as converter.NAME
+            "uri": f"pkg:pypi/{name.removeprefix('converter.')}@{version}",
+            "annotations": {"source": why},
+        })
     return deps
+
+
+def _venv_installed(
+    toolchain: dict[str, str], toolchains_dir: Path | None
+) -> tuple[list[dict[str, Any]] | None, str]:
+    """The descriptors of every distribution in the venv of the toolchain that recorded `toolchain`, from its
+    setup's pip installation reports, or None and why there are none (the version-only entries' note)."""
+    from pipelines.core.toolchains import ReportUnreadable, python_toolchain
+
+    if toolchains_dir is None:
+        return None, NO_DIGEST
+    venv = python_toolchain(toolchains_dir, toolchain)
+    if venv is None:
+        return None, NO_DIGEST if not toolchain.keys() & {"llmcompressor", "llama.cpp"} else (
+            "recorded by version only: this checkout's toolchain pins are not the ones the build recorded, so its "
+            "toolchain's installation report does not describe the venv that ran"
+        )
+    # the statement is published: it names the toolchain's directory, not where this machine keeps it (the log does)
+    again = (
+        f"to record one, set the venv up again: remove .complete, .stages/venv and .stages/check from the toolchain "
+        f"directory {venv.prefix.name}, then run `bash toolchains/{venv.script}`"
+    )
+    here = (
+        f"`rm -f {venv.prefix}/.complete {venv.prefix}/.stages/venv {venv.prefix}/.stages/check && "
+        f"bash toolchains/{venv.script}`"
+    )
+    try:
+        found = venv.installed()
+    except ReportUnreadable as err:
+        log.warning("%s: the provenance records the %s by version only; to record it again run %s", err, venv.label,
+                    here)
+        return None, f"recorded by version only: pip's installation report of the {venv.label} is unreadable " \
+            f"({err.cause}); {again}"
+    if found is None:
+        log.info("the %s was set up without pip's installation report: the provenance records it by version only; "
+                 "to record its wheels by sha256 run %s", venv.label, here)
+        return None, (
+            f"recorded by version only: the {venv.label} was set up without pip's installation report, so the wheels "
+            f"it installed are not known by digest; {again}"
+        )
+    off = venv.disagreements(found)
+    if off:
+        log.warning("pip's installation report of the %s does not show the versions the build recorded (%s): the "
+                    "provenance records it by version only; run %s", venv.label, ", ".join(off), here)
+        return None, (
+            f"recorded by version only: pip's installation report of the {venv.label} does not show the versions the "
+            f"build recorded: {', '.join(off)}; {again}"
+        )
+    return [_descriptor(i, venv.label) for i in found], NO_DIGEST
+
+
+def _descriptor(i: Installed, label: str) -> dict[str, Any]:
+    """An installed distribution as an in-toto ResourceDescriptor: its download URL (a package URL naming the file,
+    for one taken from a local file or folder, which no verifier can fetch) and the sha256 pip downloaded."""
+    # a package URL percent-encodes its version ("2.13.0+cpu" is 2.13.0%2Bcpu); the file name comes encoded in the URL
+    purl = f"pkg:pypi/{re.sub(r'[-_.]+', '-', i.name).lower()}@{quote(i.version, safe='')}"
+    local = not i.url.startswith(("https://", "http://"))
+    annotations = {"version": i.version, "toolchain": label}
+    if i.sha256 is None:
+        # a local folder is named by its last part only: the statement is published, this machine's paths are not
+        where = f"the local folder {i.url.rstrip('/').rsplit('/', 1)[-1]}" if local else i.url
+        annotations["source"] = f"installed from {where}, not from an archive: pip records no digest of it"
+        return {"name": f"toolchain:{i.name}", "uri": purl, "annotations": annotations}
+    annotations["source"] = "pip's installation report written when the toolchain's venv was set up"
+    file_name = i.url.rsplit("/", 1)[-1]
+    return {
+        "name": f"toolchain:{i.name}",
+        "uri": f"{purl}?file_name={file_name}" if local else i.url,
+        "digest": {"sha256": i.sha256},
+        "annotations": annotations,
+    }
 
 
 def _dependencies(c: Built, hashes: HashCache) -> list[dict[str, Any]]:

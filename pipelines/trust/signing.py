@@ -209,7 +209,7 @@ def seal(settings: Settings, c: provenance.Built, directory: Path, validation: d
         if p.is_file()
     }
     stmt = provenance.statement(c, validation, outputs, datetime.now(UTC).replace(microsecond=0), hashes,
-                                directory=directory, signer=sk)
+                                directory=directory, signer=sk, toolchains_dir=settings.toolchains_dir)
     write_text_atomic(directory / provenance.PROVENANCE, json.dumps(stmt, indent=2, sort_keys=True) + "\n")
     sign_directory(sk, directory, name=c.ref)
 
