@@ -49,3 +49,29 @@ def lfm_template(tokens: TemplateTokens, *, message: tuple[str, ...], last: tupl
     state = last_index(*last) + "\n" if last else ""
     return _fill(_LFM_SKELETON.replace("«STATE»", state), BOS=golit(tokens.bos_text)[3:-3], TOOLS=tools,
                  MESSAGE="\n        ".join(message), LOOP_HEAD=_LOOP_HEAD)
+
+
+# ---------------------------------------------------------------- the Qwen lineage (<|im_start|>, $lastQuery, XML calls)
+
+QUERY_LOOP = "\n".join((last_index("lastQuery", "user"), '{{- $prev := "" }}', "{{- range $i, $m := .Messages }}",
+                        "    " + _LOOP_HEAD))
+"""The message loop opened the way the Qwen-lineage TEMPLATEs open it: $lastQuery (the last user message, after which
+reasoning is kept), $prev (the previous message's role, set at the end of each iteration) and the loop head."""
+
+
+def chatml_query_loop(has_system: str) -> str:
+    """The end of a ChatML system turn that holds the tools (the first system message alone when there are none, as
+    its own turn, `has_system` telling whether there is one), then QUERY_LOOP."""
+    return (f'{{{{- else if {has_system} }}}}<|im_start|>system{{{{ "\\n" }}}}{{{{ (index $msgs 0).Content }}}}'
+            f'<|im_end|>{{{{ "\\n" }}}}\n{{{{- end }}}}\n{QUERY_LOOP}')
+
+
+def xml_call(indent: int) -> str:
+    """A tool call as the Qwen3.5 / Qwen3-Coder / Step 3.5 Jinjas write it (<tool_call>, <function=NAME>, one
+    <parameter=KEY> a line holding the value as Python's str()), its lines after the first indented by `indent`."""
+    return f"\n{' ' * indent}".join((
+        '<tool_call>«NL»<function={{ .Function.Name }}>{{ "\\n" }}',
+        '{{- range $k, $v := .Function.Arguments }}<parameter={{ $k }}>«NL»{{ template "mm_pystr" $v }}«NL»'
+        "</parameter>«NL»{{ end }}",
+        '{{- "</function>\\n</tool_call>" }}',
+    ))

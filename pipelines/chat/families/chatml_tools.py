@@ -4,7 +4,7 @@ calls, Ollama PARSER qwen3.5).
 
 from __future__ import annotations
 
-from pipelines.chat.families.blocks import LFM_TOOL_LIST, lfm_template
+from pipelines.chat.families.blocks import LFM_TOOL_LIST, chatml_query_loop, lfm_template, xml_call
 from pipelines.chat.families.core import ChatFamily, TemplateTokens, register
 from pipelines.chat.families.helpers import (
     _LOOP_HEAD,
@@ -153,18 +153,11 @@ def _build_step35(src: str, tokens: TemplateTokens) -> str:
 {{- if .Tools }}<|im_start|>system{{ "\\n" }}
     {{- if eq $first "system" }}{{ (index $msgs 0).Content }}{{ "\\n\\n" }}{{ end }}
     {{- «HEAD» }}{{ range .Tools }}{{ "\\n" }}{{ template "mm_tool" . }}{{ end }}«TAIL»
-{{- else if eq $first "system" }}<|im_start|>system{{ "\\n" }}{{ (index $msgs 0).Content }}<|im_end|>{{ "\\n" }}
-{{- end }}
-{{- $lastQuery := -1 }}{{ range $i, $m := $msgs }}{{ if eq .Role "user" }}{{ $lastQuery = $i }}{{ end }}{{ end }}
-{{- $prev := "" }}
-{{- range $i, $m := .Messages }}
-    «LOOP_HEAD»
+«QUERY_LOOP»
     {{- if or (eq .Role "user") (and (eq .Role "system") $i) }}<|im_start|>{{ .Role }}{{ "\\n" }}{{ .Content }}<|im_end|>{{ "\\n" }}
     {{- else if eq .Role "assistant" }}<|im_start|>assistant{{ "\\n" }}
         {{- if gt $i $lastQuery }}<think>«NL»{{ .Thinking }}«NL»</think>«NL»{{ end }}{{ .Content }}
-        {{- if .ToolCalls }}{{ range .ToolCalls }}<tool_call>«NL»<function={{ .Function.Name }}>{{ "\\n" }}
-            {{- range $k, $v := .Function.Arguments }}<parameter={{ $k }}>«NL»{{ template "mm_pystr" $v }}«NL»</parameter>«NL»{{ end }}
-            {{- "</function>\\n</tool_call>" }}{{ end }}{{ end }}
+        {{- if .ToolCalls }}{{ range .ToolCalls }}«CALL»{{ end }}{{ end }}
         {{- if not (and $last (not $m.ToolCalls)) }}<|im_end|>{{ "\\n" }}{{ end }}
     {{- else if eq .Role "tool" }}
         {{- if ne $prev "tool" }}<|im_start|>tool_response{{ "\\n" }}{{ end }}<tool_response>{{ .Content }}</tool_response>
@@ -177,7 +170,8 @@ def _build_step35(src: str, tokens: TemplateTokens) -> str:
         BOS=golit(tokens.bos_text)[3:-3],
         HEAD=golit(_STEP_TOOLS_HEAD)[3:-3],
         TAIL=golit(tail),
-        LOOP_HEAD=_LOOP_HEAD,
+        QUERY_LOOP=chatml_query_loop('eq $first "system"'),
+        CALL=xml_call(12),
     )
 
 
@@ -230,19 +224,12 @@ def _build_qwen35(src: str, tokens: TemplateTokens) -> str:
 {{- «BOS» }}
 {{- if .Tools }}<|im_start|>system{{ "\\n" }}{{ «HEAD» }}{{ range .Tools }}{{ "\\n" }}{{ template "mm_tool" . }}{{ end }}{{ "\\n</tools>" }}«TAIL»
     {{- if and (eq $first "system") (index $msgs 0).Content }}{{ "\\n\\n" }}{{ (index $msgs 0).Content }}{{ end }}<|im_end|>{{ "\\n" }}
-{{- else if eq $first "system" }}<|im_start|>system{{ "\\n" }}{{ (index $msgs 0).Content }}<|im_end|>{{ "\\n" }}
-{{- end }}
-{{- $lastQuery := -1 }}{{ range $i, $m := $msgs }}{{ if eq .Role "user" }}{{ $lastQuery = $i }}{{ end }}{{ end }}
-{{- $prev := "" }}
-{{- range $i, $m := .Messages }}
-    «LOOP_HEAD»
+«QUERY_LOOP»
     {{- if eq .Role "user" }}<|im_start|>user{{ "\\n" }}{{ .Content }}<|im_end|>{{ "\\n" }}
     {{- else if eq .Role "assistant" }}<|im_start|>assistant{{ "\\n" }}
         {{- if gt $i $lastQuery }}<think>«NL»{{ .Thinking }}«NL»</think>«NL»«NL»{{ end }}{{ .Content }}
         {{- range $j, $c := .ToolCalls }}
-            {{- if $j }}«NL»{{ else if $m.Content }}«NL»«NL»{{ end }}<tool_call>«NL»<function={{ .Function.Name }}>{{ "\\n" }}
-            {{- range $k, $v := .Function.Arguments }}<parameter={{ $k }}>«NL»{{ template "mm_pystr" $v }}«NL»</parameter>«NL»{{ end }}
-            {{- "</function>\\n</tool_call>" }}
+            {{- if $j }}«NL»{{ else if $m.Content }}«NL»«NL»{{ end }}«CALL»
         {{- end }}
         {{- if not (and $last (not $m.ToolCalls)) }}<|im_end|>{{ "\\n" }}{{ end }}
     {{- else if eq .Role "tool" }}
@@ -258,7 +245,8 @@ def _build_qwen35(src: str, tokens: TemplateTokens) -> str:
         BOS=golit(tokens.bos_text)[3:-3],
         HEAD=golit(_Q35_TOOLS_HEAD)[3:-3],
         TAIL=golit(tail),
-        LOOP_HEAD=_LOOP_HEAD,
+        QUERY_LOOP=chatml_query_loop('eq $first "system"'),
+        CALL=xml_call(12),
     )
 
 
@@ -338,9 +326,7 @@ def _build_qwen3_coder(src: str, tokens: TemplateTokens) -> str:
     {{- if or $i (not $hasSys) }}
         {{- if and (eq .Role "assistant") .ToolCalls }}<|im_start|>assistant
             {{- if .Content }}«NL»{{ .Content }}«NL»{{ end }}
-            {{- range .ToolCalls }}«NL»<tool_call>«NL»<function={{ .Function.Name }}>{{ "\\n" }}
-                {{- range $k, $v := .Function.Arguments }}<parameter={{ $k }}>«NL»{{ template "mm_pystr" $v }}«NL»</parameter>«NL»{{ end }}
-                {{- "</function>\\n</tool_call>" }}
+            {{- range .ToolCalls }}«NL»«CALL»
             {{- end }}<|im_end|>{{ "\\n" }}
         {{- else if eq .Role "tool" }}
             {{- if and $prev (ne $prev "tool") }}<|im_start|>user«NL»{{ end }}<tool_response>«NL»{{ .Content }}«NL»</tool_response>{{ "\\n" }}
@@ -357,6 +343,7 @@ def _build_qwen3_coder(src: str, tokens: TemplateTokens) -> str:
         DEFAULT=golit(_QC_DEFAULT_SYSTEM)[3:-3],
         HEAD=golit(_QC_TOOLS_HEAD)[3:-3],
         TAIL=golit(tail)[3:-3],
+        CALL=xml_call(16),
         LOOP_HEAD=_LOOP_HEAD,
     )
 
