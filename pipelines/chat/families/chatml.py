@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 
+from pipelines.chat.families.blocks import chatml_query_loop
 from pipelines.chat.families.core import ChatFamily, TemplateTokens, register
 from pipelines.chat.families.helpers import _LOOP_HEAD, _fill, _has_all, _has_none, _jinja_strings, golit
 from pipelines.chat.gojson import json_defines
@@ -198,12 +199,7 @@ _QWEN3_BODY = """
     {{- «TOOLS_HEAD» }}
     {{- range .Tools }}{{ "\\n" }}{{ template "mm_tool" . }}{{ end }}
     {{- «TOOLS_TAIL» }}
-{{- else if eq $first "system" }}<|im_start|>system{{ "\\n" }}{{ (index $msgs 0).Content }}<|im_end|>{{ "\\n" }}
-{{- end }}
-{{- $lastQuery := -1 }}{{ range $i, $m := $msgs }}{{ if eq .Role "user" }}{{ $lastQuery = $i }}{{ end }}{{ end }}
-{{- $prev := "" }}
-{{- range $i, $m := .Messages }}
-    «LOOP_HEAD»
+«QUERY_LOOP»
     {{- if or (eq .Role "user") (and (eq .Role "system") $i) }}
         {{- "<|im_start|>" }}{{ .Role }}{{ "\\n" }}{{ .Content }}<|im_end|>{{ "\\n" }}
     {{- else if eq .Role "assistant" }}<|im_start|>assistant
@@ -251,7 +247,7 @@ def _build_qwen3(src: str, tokens: TemplateTokens) -> str:
         SYS_SEP="" if qwq else '{{ "\\n\\n" }}',
         TOOLS_HEAD=golit(_QWEN_TOOLS_HEAD if qwq else _QWEN3_TOOLS_HEAD)[3:-3],
         TOOLS_TAIL=golit(_QWEN_TOOLS_TAIL)[3:-3],
-        LOOP_HEAD=_LOOP_HEAD,
+        QUERY_LOOP=chatml_query_loop('eq $first "system"'),
         ASSISTANT=(_QWQ_ASSISTANT if qwq else _QWEN3_ASSISTANT).strip("\n"),
         CALLS=_QWEN3_CALLS,
         THINK_TAGS=_THINK_TAGS,
