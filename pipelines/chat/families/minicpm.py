@@ -4,9 +4,9 @@
 from __future__ import annotations
 
 from pipelines.chat.families.apriel import _PYREPR_DEFINE
+from pipelines.chat.families.blocks import chatml_query_loop
 from pipelines.chat.families.core import ChatFamily, TemplateTokens, register
 from pipelines.chat.families.helpers import (
-    _LOOP_HEAD,
     _fill,
     _has_all,
     _jinja_string_starting,
@@ -43,12 +43,7 @@ def _build_minicpm5(src: str, tokens: TemplateTokens) -> str:
 {{- «BOS» }}
 {{- if .Tools }}<|im_start|>system{{ "\\n" }}{{ if $hasSys }}{{ (index $msgs 0).Content }}{{ "\\n\\n" }}{{ end }}
     {{- «HEAD» }}{{ range .Tools }}{{ "\\n" }}{{ template "mm_tool" . }}{{ end }}{{ «TAIL» }}<|im_end|>{{ "\\n" }}
-{{- else if $hasSys }}<|im_start|>system{{ "\\n" }}{{ (index $msgs 0).Content }}<|im_end|>{{ "\\n" }}
-{{- end }}
-{{- $lastQuery := -1 }}{{ range $i, $m := $msgs }}{{ if eq .Role "user" }}{{ $lastQuery = $i }}{{ end }}{{ end }}
-{{- $prev := "" }}
-{{- range $i, $m := .Messages }}
-    «LOOP_HEAD»
+«QUERY_LOOP»
     {{- if or (eq .Role "user") (and (eq .Role "system") $i) }}<|im_start|>{{ .Role }}{{ "\\n" }}{{ .Content }}<|im_end|>{{ "\\n" }}
     {{- else if eq .Role "assistant" }}<|im_start|>assistant{{ "\\n" }}
         {{- if and (gt $i $lastQuery) .Thinking }}<think>«NL»{{ .Thinking }}«NL»</think>«NL»«NL»{{ end }}{{ .Content }}
@@ -68,7 +63,7 @@ def _build_minicpm5(src: str, tokens: TemplateTokens) -> str:
         HEAD=golit(_TOOLS_HEAD)[3:-3],
         TAIL=golit(tail)[3:-3],
         CALL=call,
-        LOOP_HEAD=_LOOP_HEAD,
+        QUERY_LOOP=chatml_query_loop("$hasSys"),
     )
 
 
