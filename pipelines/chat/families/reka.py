@@ -3,8 +3,9 @@
 
 from __future__ import annotations
 
+from pipelines.chat.families.blocks import QUERY_LOOP
 from pipelines.chat.families.core import ChatFamily, TemplateTokens, register
-from pipelines.chat.families.helpers import _LOOP_HEAD, _fill, _has_all, golit
+from pipelines.chat.families.helpers import _fill, _has_all, golit
 from pipelines.chat.gojson import json_defines
 
 # ---------------------------------------------------------------- Reka Edge
@@ -36,10 +37,7 @@ def _build_reka(src: str, tokens: TemplateTokens) -> str:
     {{- if .Tools }}{{ if $sys }}{{ "\\n\\n" }}{{ else }}system: {{ end }}{{ «HEAD» }}{{ range .Tools }}{{ "\\n" }}{{ template "mm_tool" . }}{{ end }}{{ «TAIL» }}{{ end }}
     {{- "\\n\\n" }}<sep>
 {{- end }}
-{{- $lastQuery := -1 }}{{ range $i, $m := $msgs }}{{ if eq .Role "user" }}{{ $lastQuery = $i }}{{ end }}{{ end }}
-{{- $prev := "" }}
-{{- range $i, $m := .Messages }}
-    «LOOP_HEAD»
+«QUERY_LOOP»
     {{- /* Never renders: names <tool_call> as the tag Ollama's tool parser waits for. */}}
     {{- if and false .ToolCalls }}<tool_call>{{ end }}
     {{- if or $i (not $hasSys) }}
@@ -62,7 +60,7 @@ def _build_reka(src: str, tokens: TemplateTokens) -> str:
         HEAD=golit(_TOOLS_HEAD)[3:-3],
         TAIL=golit(_TOOLS_TAIL)[3:-3],
         CALL=call,
-        LOOP_HEAD=_LOOP_HEAD,
+        QUERY_LOOP=QUERY_LOOP,
     )
 
 
