@@ -29,11 +29,13 @@ from pipelines.trust import provenance
 LIB = project_root() / "toolchains" / "lib.sh"
 
 
-def _wheel(folder: Path, name: str, version: str) -> Path:
-    """A pure-Python wheel of distribution `name` (a one-line package), as `pip wheel` would write it."""
+def _wheel(folder: Path, name: str, version: str, modules: tuple[str, ...] = ()) -> Path:
+    """A pure-Python wheel of distribution `name` (a one-line package, and empty `modules` below it), as `pip wheel`
+    would write it."""
     dist = name.replace("-", "_")
     files = {
         f"{dist}/__init__.py": f"__version__ = {version!r}\n",
+        **{f"{dist}/{m.replace('.', '/')}/__init__.py": "" for m in modules},
         f"{dist}-{version}.dist-info/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
         f"{dist}-{version}.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: modelmint-tests\nRoot-Is-Purelib: true\n"
         "Tag: py3-none-any\n",
@@ -117,6 +119,38 @@ def test_the_setup_keeps_pips_report_and_each_wheel_is_read_with_its_sha256(tmp_
         Installed("torch", "2.13.0", torch.resolve().as_uri(), _sha256(torch)),
     )
     assert _sha256(old) not in {i.sha256 for i in found}
+
+
+def test_the_llmcompressor_setup_on_a_fresh_machine_keeps_the_report_the_provenance_reads(tmp_path: Path) -> None:
+    """toolchains/setup-llmcompressor.sh itself, all its stages, on an empty MODELMINT_HOME, its pinned packages
+    served as tiny stand-in wheels from a local folder (no network): the finished toolchain holds pip's report, and
+    the provenance of a build with its pins names each wheel by sha256."""
+    toolchain = _llmc_toolchain()
+    wheels = tmp_path / "wheels"
+    made = {name: _wheel(wheels, name, v) for name, v in toolchain.items()
+            if name not in ("modelmint", "llmcompressor")}
+    made["llmcompressor"] = _wheel(wheels, "llmcompressor", toolchain["llmcompressor"],
+                                   ("modifiers", "modifiers.quantization", "modifiers.transform",
+                                    "modifiers.transform.awq"))
+    made |= {name: _wheel(wheels, name, "1.0.0") for name in ("safetensors", "pyyaml")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
+    env.update(MODELMINT_HOME=str(tmp_path / "home"), PYTHON=sys.executable, PIP_CONFIG_FILE=os.devnull,
+               PIP_NO_INDEX="1", PIP_FIND_LINKS=str(wheels), PIP_DISABLE_PIP_VERSION_CHECK="1")
+    run = subprocess.run(["bash", str(project_root() / "toolchains" / "setup-llmcompressor.sh")], env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+    prefix = tmp_path / "home" / "toolchains" / LLMC_DIR.format(**read_pins("llmcompressor"))
+    assert (prefix / ".complete").is_file()
+    assert sorted(p.name for p in (prefix / PIP_REPORTS).iterdir()) == ["01.json"]
+    report = (prefix / PIP_REPORTS / "01.json").read_bytes()
+    again = subprocess.run(["bash", str(project_root() / "toolchains" / "setup-llmcompressor.sh")], env=env,
+                           capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0 and "ready" in again.stdout  # cached: nothing reinstalled, the report kept
+    assert sorted(p.name for p in (prefix / PIP_REPORTS).iterdir()) == ["01.json"]
+    assert (prefix / PIP_REPORTS / "01.json").read_bytes() == report
+
+    deps = {d["name"]: d for d in provenance.toolchain_dependencies(toolchain, tmp_path / "home" / "toolchains")}
+    assert {n: deps[f"toolchain:{n}"]["digest"]["sha256"] for n in made} == {n: _sha256(w) for n, w in made.items()}
 
 
 def test_a_toolchain_set_up_without_a_report_has_none(tmp_path: Path) -> None:
