@@ -75,3 +75,16 @@ def xml_call(indent: int) -> str:
         "</parameter>«NL»{{ end }}",
         '{{- "</function>\\n</tool_call>" }}',
     ))
+
+
+def chatml_tool_turn(result: str) -> str:
+    """A tool message's branch of a Qwen-lineage message loop and the loop's end: `result` (one line starting with
+    '{{-': the opening of a run of tool messages and this result), the turn closed after the run's last result."""
+    return "\n".join((
+        '    {{- else if eq .Role "tool" }}',
+        f"        {result}",
+        '        {{- if ne $next "tool" }}<|im_end|>{{ "\\n" }}{{ end }}',
+        "    {{- end }}",
+        "    {{- $prev = .Role }}",
+        "{{- end }}",
+    ))

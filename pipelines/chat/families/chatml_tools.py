@@ -4,7 +4,13 @@ calls, Ollama PARSER qwen3.5).
 
 from __future__ import annotations
 
-from pipelines.chat.families.blocks import LFM_TOOL_LIST, chatml_query_loop, lfm_template, xml_call
+from pipelines.chat.families.blocks import (
+    LFM_TOOL_LIST,
+    chatml_query_loop,
+    chatml_tool_turn,
+    lfm_template,
+    xml_call,
+)
 from pipelines.chat.families.core import ChatFamily, TemplateTokens, register
 from pipelines.chat.families.helpers import (
     _LOOP_HEAD,
@@ -134,6 +140,25 @@ _PYSTR_DEFINE = (
 )
 
 
+def _xml_tools_template(src: str, tokens: TemplateTokens, body: str, head: str, tail_start: str, *,
+                        tool_result: str) -> str:
+    """Step 3.5's and Qwen3.5's TEMPLATE: `body` after the line setting $msgs and $first (the first message's role),
+    filled with the BOS, the tool preamble's head and its tail (the Jinja's string starting with `tail_start`), the
+    opening of the message loop, the XML tool call and the tool messages' branch (blocks.chatml_tool_turn).
+
+    Raises:
+        ValueError: the Jinja holds no such tail (another family's template).
+    """
+    tail = _jinja_string_starting(src, tail_start)
+    if tail is None:
+        raise ValueError(f"no tool preamble tail starting {tail_start!r}")
+    return json_defines() + _PYSTR_DEFINE + _fill(
+        '{{- $msgs := .Messages }}{{ $first := "" }}{{ if $msgs }}{{ $first = (index $msgs 0).Role }}{{ end }}\n'
+        + body.strip("\n"),
+        BOS=golit(tokens.bos_text)[3:-3], HEAD=golit(head)[3:-3], TAIL=golit(tail),
+        QUERY_LOOP=chatml_query_loop('eq $first "system"'), CALL=xml_call(12), TOOL_TURN=chatml_tool_turn(tool_result))
+
+
 def _detect_step35(src: str) -> bool:
     return (
         _has_all(src, "<|im_start|>", "<|im_end|>", "<|im_start|>tool_response\\n", "'<tool_call>\\n<function='",
@@ -144,11 +169,9 @@ def _detect_step35(src: str) -> bool:
 
 
 def _build_step35(src: str, tokens: TemplateTokens) -> str:
-    tail = _jinja_string_starting(src, _STEP_TOOLS_TAIL)
-    assert tail is not None
-    return json_defines() + _PYSTR_DEFINE + _fill(
+    return _xml_tools_template(
+        src, tokens,
         """
-{{- $msgs := .Messages }}{{ $first := "" }}{{ if $msgs }}{{ $first = (index $msgs 0).Role }}{{ end }}
 {{- «BOS» }}
 {{- if .Tools }}<|im_start|>system{{ "\\n" }}
     {{- if eq $first "system" }}{{ (index $msgs 0).Content }}{{ "\\n\\n" }}{{ end }}
@@ -159,19 +182,11 @@ def _build_step35(src: str, tokens: TemplateTokens) -> str:
         {{- if gt $i $lastQuery }}<think>«NL»{{ .Thinking }}«NL»</think>«NL»{{ end }}{{ .Content }}
         {{- if .ToolCalls }}{{ range .ToolCalls }}«CALL»{{ end }}{{ end }}
         {{- if not (and $last (not $m.ToolCalls)) }}<|im_end|>{{ "\\n" }}{{ end }}
-    {{- else if eq .Role "tool" }}
-        {{- if ne $prev "tool" }}<|im_start|>tool_response{{ "\\n" }}{{ end }}<tool_response>{{ .Content }}</tool_response>
-        {{- if ne $next "tool" }}<|im_end|>{{ "\\n" }}{{ end }}
-    {{- end }}
-    {{- $prev = .Role }}
-{{- end }}
+«TOOL_TURN»
 {{- if ne $prev "assistant" }}<|im_start|>assistant{{ "\\n" }}<think>{{ "\\n" }}{{ end }}
 """,
-        BOS=golit(tokens.bos_text)[3:-3],
-        HEAD=golit(_STEP_TOOLS_HEAD)[3:-3],
-        TAIL=golit(tail),
-        QUERY_LOOP=chatml_query_loop('eq $first "system"'),
-        CALL=xml_call(12),
+        _STEP_TOOLS_HEAD, _STEP_TOOLS_TAIL,
+        tool_result='{{- if ne $prev "tool" }}<|im_start|>tool_response{{ "\\n" }}{{ end }}<tool_response>{{ .Content }}</tool_response>',
     )
 
 
@@ -216,11 +231,9 @@ def _detect_qwen35(src: str) -> bool:
 
 
 def _build_qwen35(src: str, tokens: TemplateTokens) -> str:
-    tail = _jinja_string_starting(src, _Q35_TOOLS_TAIL)
-    assert tail is not None
-    return json_defines() + _PYSTR_DEFINE + _fill(
+    return _xml_tools_template(
+        src, tokens,
         """
-{{- $msgs := .Messages }}{{ $first := "" }}{{ if $msgs }}{{ $first = (index $msgs 0).Role }}{{ end }}
 {{- «BOS» }}
 {{- if .Tools }}<|im_start|>system{{ "\\n" }}{{ «HEAD» }}{{ range .Tools }}{{ "\\n" }}{{ template "mm_tool" . }}{{ end }}{{ "\\n</tools>" }}«TAIL»
     {{- if and (eq $first "system") (index $msgs 0).Content }}{{ "\\n\\n" }}{{ (index $msgs 0).Content }}{{ end }}<|im_end|>{{ "\\n" }}
@@ -232,21 +245,13 @@ def _build_qwen35(src: str, tokens: TemplateTokens) -> str:
             {{- if $j }}«NL»{{ else if $m.Content }}«NL»«NL»{{ end }}«CALL»
         {{- end }}
         {{- if not (and $last (not $m.ToolCalls)) }}<|im_end|>{{ "\\n" }}{{ end }}
-    {{- else if eq .Role "tool" }}
-        {{- if and $i (ne $prev "tool") }}<|im_start|>user{{ end }}{{ "\\n<tool_response>\\n" }}{{ .Content }}{{ "\\n</tool_response>" }}
-        {{- if ne $next "tool" }}<|im_end|>{{ "\\n" }}{{ end }}
-    {{- end }}
-    {{- $prev = .Role }}
-{{- end }}
+«TOOL_TURN»
 {{- if ne $prev "assistant" }}<|im_start|>assistant{{ "\\n" }}
     {{- if and .IsThinkSet (not .Think) }}<think>«NL»«NL»</think>«NL»«NL»{{ else }}<think>«NL»{{ end }}
 {{- end }}
 """,
-        BOS=golit(tokens.bos_text)[3:-3],
-        HEAD=golit(_Q35_TOOLS_HEAD)[3:-3],
-        TAIL=golit(tail),
-        QUERY_LOOP=chatml_query_loop('eq $first "system"'),
-        CALL=xml_call(12),
+        _Q35_TOOLS_HEAD, _Q35_TOOLS_TAIL,
+        tool_result='{{- if and $i (ne $prev "tool") }}<|im_start|>user{{ end }}{{ "\\n<tool_response>\\n" }}{{ .Content }}{{ "\\n</tool_response>" }}',
     )
 
 
