@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from pipelines.chat.families.apriel import _PYREPR_DEFINE
-from pipelines.chat.families.blocks import chatml_query_loop
+from pipelines.chat.families.blocks import chatml_query_loop, chatml_tool_turn
 from pipelines.chat.families.core import ChatFamily, TemplateTokens, register
 from pipelines.chat.families.helpers import (
     _fill,
@@ -49,12 +49,7 @@ def _build_minicpm5(src: str, tokens: TemplateTokens) -> str:
         {{- if and (gt $i $lastQuery) .Thinking }}<think>«NL»{{ .Thinking }}«NL»</think>«NL»«NL»{{ end }}{{ .Content }}
         {{- range $j, $c := .ToolCalls }}{{ if or $j $m.Content }}{{ "\\n" }}{{ end }}«CALL»{{ end }}
         {{- if not (and $last (not .ToolCalls)) }}<|im_end|>{{ "\\n" }}{{ end }}
-    {{- else if eq .Role "tool" }}
-        {{- if ne $prev "tool" }}<|im_start|>user{{ end }}{{ "\\n<tool_response>\\n" }}{{ .Content }}{{ "\\n</tool_response>" }}
-        {{- if ne $next "tool" }}<|im_end|>{{ "\\n" }}{{ end }}
-    {{- end }}
-    {{- $prev = .Role }}
-{{- end }}
+«TOOL_TURN»
 {{- if ne $prev "assistant" }}<|im_start|>assistant{{ "\\n" }}
     {{- if .IsThinkSet }}{{ if .Think }}<think>{{ "\\n" }}{{ else }}<think>{{ "\\n\\n</think>\\n\\n" }}{{ end }}{{ end }}
 {{- end }}
@@ -64,6 +59,7 @@ def _build_minicpm5(src: str, tokens: TemplateTokens) -> str:
         TAIL=golit(tail)[3:-3],
         CALL=call,
         QUERY_LOOP=chatml_query_loop("$hasSys"),
+        TOOL_TURN=chatml_tool_turn('{{- if ne $prev "tool" }}<|im_start|>user{{ end }}{{ "\\n<tool_response>\\n" }}{{ .Content }}{{ "\\n</tool_response>" }}'),
     )
 
 
