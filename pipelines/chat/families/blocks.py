@@ -77,12 +77,12 @@ def xml_call(indent: int) -> str:
     ))
 
 
-def chatml_tool_turn(result: str) -> str:
-    """A tool message's branch of a Qwen-lineage message loop and the loop's end: `result` (one line starting with
-    '{{-': the opening of a run of tool messages and this result), the turn closed after the run's last result."""
+def chatml_tool_turn(*result: str) -> str:
+    """A tool message's branch of a Qwen-lineage message loop and the loop's end: the `result` lines (each starting
+    with '{{-': the opening of a run of tool messages and this result), the turn closed after the run's last result."""
     return "\n".join((
         '    {{- else if eq .Role "tool" }}',
-        f"        {result}",
+        *(f"        {line}" for line in result),
         '        {{- if ne $next "tool" }}<|im_end|>{{ "\\n" }}{{ end }}',
         "    {{- end }}",
         "    {{- $prev = .Role }}",

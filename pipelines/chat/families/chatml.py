@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 
-from pipelines.chat.families.blocks import chatml_query_loop
+from pipelines.chat.families.blocks import chatml_query_loop, chatml_tool_turn
 from pipelines.chat.families.core import ChatFamily, TemplateTokens, register
 from pipelines.chat.families.helpers import _LOOP_HEAD, _fill, _has_all, _has_none, _jinja_strings, golit
 from pipelines.chat.gojson import json_defines
@@ -22,6 +22,9 @@ _QWEN_TOOLS_TAIL = (
     '<tool_call></tool_call> XML tags:\n<tool_call>\n{"name": <function-name>, "arguments": '
     "<args-json-object>}\n</tool_call><|im_end|>\n"
 )
+# Qwen2.5's and Qwen3's tool messages: one user turn holds a run of them, each in <tool_response> tags.
+_TOOL_TURN = chatml_tool_turn('{{- if ne $prev "tool" }}<|im_start|>user{{ end }}',
+                              '{{- "\\n<tool_response>\\n" }}{{ .Content }}{{ "\\n</tool_response>" }}')
 _QWEN_SYSTEM = re.compile(r"^<\|im_start\|>system\n(.+)<\|im_end\|>\n$", re.S)
 
 
@@ -112,19 +115,14 @@ def _build_chatml(src: str, tokens: TemplateTokens) -> str:
     {{- else if eq .Role "assistant" }}<|im_start|>assistant
         {{- if .Content }}{{ "\\n" }}{{ .Content }}{{ end }}
         {{- if .ToolCalls }}{{ range .ToolCalls }}«NL»<tool_call>«NL»{"name": "{{ .Function.Name }}", "arguments": {{ template "mm_args" .Function.Arguments }}}«NL»</tool_call>{{ end }}{{ end }}<|im_end|>{{ "\\n" }}
-    {{- else if eq .Role "tool" }}
-        {{- if ne $prev "tool" }}<|im_start|>user{{ end }}
-        {{- "\\n<tool_response>\\n" }}{{ .Content }}{{ "\\n</tool_response>" }}
-        {{- if ne $next "tool" }}<|im_end|>{{ "\\n" }}{{ end }}
-    {{- end }}
-    {{- $prev = .Role }}
-{{- end }}
+«TOOL_TURN»
 {{- if ne $prev "assistant" }}<|im_start|>assistant{{ "\\n" }}{{ end }}
 """,
         DEFAULT=golit(default),
         TOOLS_HEAD=golit(_QWEN_TOOLS_HEAD)[3:-3],
         TOOLS_TAIL=golit(_QWEN_TOOLS_TAIL)[3:-3],
         LOOP_HEAD=_LOOP_HEAD,
+        TOOL_TURN=_TOOL_TURN,
     )
 
 
@@ -205,13 +203,7 @@ _QWEN3_BODY = """
     {{- else if eq .Role "assistant" }}<|im_start|>assistant
         «ASSISTANT»
         {{- if not (and $last (not .ToolCalls)) }}<|im_end|>{{ "\\n" }}{{ end }}
-    {{- else if eq .Role "tool" }}
-        {{- if ne $prev "tool" }}<|im_start|>user{{ end }}
-        {{- "\\n<tool_response>\\n" }}{{ .Content }}{{ "\\n</tool_response>" }}
-        {{- if ne $next "tool" }}<|im_end|>{{ "\\n" }}{{ end }}
-    {{- end }}
-    {{- $prev = .Role }}
-{{- end }}
+«TOOL_TURN»
 {{- if ne $prev "assistant" }}<|im_start|>assistant{{ "\\n" }}«GEN»{{ end }}
 """
 
@@ -248,6 +240,7 @@ def _build_qwen3(src: str, tokens: TemplateTokens) -> str:
         TOOLS_HEAD=golit(_QWEN_TOOLS_HEAD if qwq else _QWEN3_TOOLS_HEAD)[3:-3],
         TOOLS_TAIL=golit(_QWEN_TOOLS_TAIL)[3:-3],
         QUERY_LOOP=chatml_query_loop('eq $first "system"'),
+        TOOL_TURN=_TOOL_TURN,
         ASSISTANT=(_QWQ_ASSISTANT if qwq else _QWEN3_ASSISTANT).strip("\n"),
         CALLS=_QWEN3_CALLS,
         THINK_TAGS=_THINK_TAGS,
