@@ -325,8 +325,25 @@ def as_block(kind: type[_Block], data: Any) -> _Block:
     return TypeAdapter(kind).validate_python(data)
 
 
+class RunningFigures(_Frozen):
+    """The figures over the first `chunks` windows of the evaluation text (`tokens` positions), as llama-perplexity
+    prints them after each chunk: running means over every chunk so far, each with its standard error
+    (tools/perplexity/perplexity.cpp:1854-1879, kl_divergence; pipelines/gguf/validate.parse_kld_rows)."""
+
+    chunks: StrictInt
+    tokens: StrictInt
+    mean_kl: Real
+    mean_kl_stderr: Real | None = None
+    same_top_pct: Real
+    same_top_stderr: Real | None = None
+    ppl_reference: Real
+    ppl: Real
+    ln_ppl_ratio_stderr: Real | None = None
+
+
 class Figures(_Frozen):
-    """What one evaluation measured, the same for every format."""
+    """What one evaluation measured, the same for every format; with `running`, also what it measured after each
+    chunk, so that variants scored on different numbers of chunks can be compared on the chunks they share."""
 
     mean_kl: Real = Field(description="mean KL divergence of the variant's next-token distribution from the reference's")
     kl_p99: Real | None = Field(default=None, description="99th percentile of the per-token KL divergence")
@@ -340,15 +357,32 @@ class Figures(_Frozen):
     same_top_stderr: Real | None = Field(default=None, description="standard error of same_top_pct, in points")
     ln_ppl_ratio_stderr: Real | None = Field(default=None, description="standard error of ln(ppl_ratio), as llama-perplexity "
                                                "prints it (the ratio's own ± is meaningless when it explodes)")
+    running: tuple[RunningFigures, ...] | None = Field(
+        default=None, exclude_if=lambda v: v is None,
+        description="the figures after each chunk, first to last (a GGUF's, from llama-perplexity's rows); absent in "
+        "figures recorded before they were kept, and in the torch evaluation's")
+
+    def on_first(self, chunks: int) -> Figures | None:
+        """These figures over the first `chunks` chunks of the evaluation only (from `running`); None where they
+        were not recorded."""
+        row = next((r for r in self.running or () if r.chunks == chunks), None)
+        if row is None:
+            return None
+        return Figures.of(mean_kl=row.mean_kl, same_top_pct=row.same_top_pct, ppl_reference=row.ppl_reference,
+                          ppl=row.ppl, tokens=row.tokens, mean_kl_stderr=row.mean_kl_stderr,
+                          same_top_stderr=row.same_top_stderr, ln_ppl_ratio_stderr=row.ln_ppl_ratio_stderr)
 
     @classmethod
     def of(cls, *, mean_kl: float, same_top_pct: float, ppl_reference: float, ppl: float,
-           kl_p99: float | None = None, tokens: int | None = None, **stderr: float | None) -> Figures:
+           kl_p99: float | None = None, tokens: int | None = None,
+           running: tuple[RunningFigures, ...] | None = None, **stderr: float | None) -> Figures:
         """Figures from what an evaluation measured; `stderr` the standard errors it gave (mean_kl_stderr,
-        same_top_stderr, ln_ppl_ratio_stderr)."""
+        same_top_stderr, ln_ppl_ratio_stderr), `running` the figures after each chunk."""
         ratio = ppl / ppl_reference if ppl_reference else math.nan
+        extra = {"running": running} if running is not None else {}
         return cls(mean_kl=mean_kl, kl_p99=kl_p99, same_top_pct=same_top_pct, ppl_reference=ppl_reference, ppl=ppl,
-                   ppl_ratio=round(ratio, 6), dppl_pct=round((ratio - 1.0) * 100.0, 4), tokens=tokens, **stderr)
+                   ppl_ratio=round(ratio, 6), dppl_pct=round((ratio - 1.0) * 100.0, 4), tokens=tokens, **extra,
+                   **stderr)
 
 
 class Validation(_Frozen):
@@ -575,7 +609,7 @@ def card_validation(report: VariantReport) -> dict[str, Any]:
         return {"passed": report.passed}
     out: dict[str, Any] = {"passed": judged.passed, "reference": judged.reference}
     if judged.figures is not None:
-        for k, x in judged.figures.model_dump().items():
+        for k, x in judged.figures.model_dump(exclude={"running"}).items():
             if x is not None:
                 out[k] = float(f"{x:.6g}") if isinstance(x, float) else x
     out["gate"] = _canonical(judged.gate)
