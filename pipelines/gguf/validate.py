@@ -22,6 +22,7 @@ from pipelines.core.report import (
     Figures,
     GGUFReport,
     KLDRecord,
+    RunningFigures,
     SmokeRecord,
     Validation,
     perplexity_positions,
@@ -51,13 +52,34 @@ class KLDStats:
     of_chunks: int | None = None
     """The chunks the reference logits hold; more than `chunks` when the variant passed on its first ones
     (EARLY_PASS), None where llama-perplexity's statistics after the last chunk were read."""
+    running: tuple[RunningFigures, ...] = ()
+    """The running figures after each of chunks 1..`chunks` (with_running), kept in the figures so that variants
+    that stopped after different numbers of chunks are compared on the chunks they share."""
 
     @property
     def dppl_pct(self) -> float:
         return (self.ppl_q / self.ppl_base - 1.0) * 100.0
 
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "dppl_pct": round(self.dppl_pct, 4)}
+        out = {**asdict(self), "dppl_pct": round(self.dppl_pct, 4)}
+        del out["running"]  # in the figures, not in llama-perplexity's own block
+        return out
+
+    def with_running(self, text: str) -> KLDStats:
+        """These statistics with the running figures of every chunk up to theirs, from the rows in `text`
+        (parse_kld_rows); without them where the rows printed are not chunks 1..`chunks` in order."""
+        rows = parse_kld_rows(text, self.ctx)[: self.chunks]
+        if [r.chunks for r in rows] != list(range(1, self.chunks + 1)):
+            return self
+        return replace(self, running=tuple(r.running_figures() for r in rows))
+
+    def running_figures(self) -> RunningFigures:
+        """These statistics as the figures after their last chunk."""
+        return RunningFigures(chunks=self.chunks, tokens=perplexity_positions(self.ctx, self.chunks),
+                              mean_kl=self.mean_kld, mean_kl_stderr=self.mean_kld_stderr,
+                              same_top_pct=self.same_top_pct, same_top_stderr=self.same_top_stderr,
+                              ppl_reference=self.ppl_base, ppl=self.ppl_q,
+                              ln_ppl_ratio_stderr=self.ln_ppl_ratio_stderr)
 
     def record(self) -> KLDRecord:
         """These statistics as a GGUF report's `kld` block records them."""
@@ -68,7 +90,7 @@ class KLDStats:
         return Figures.of(mean_kl=self.mean_kld, kl_p99=self.kld_p99, same_top_pct=self.same_top_pct,
                           ppl_reference=self.ppl_base, ppl=self.ppl_q, tokens=perplexity_positions(self.ctx, self.chunks),
                           mean_kl_stderr=self.mean_kld_stderr, same_top_stderr=self.same_top_stderr,
-                          ln_ppl_ratio_stderr=self.ln_ppl_ratio_stderr)
+                          ln_ppl_ratio_stderr=self.ln_ppl_ratio_stderr, running=self.running or None)
 
 
 @dataclass(frozen=True)
@@ -304,10 +326,10 @@ def kl_divergence(quant: Path, base_logits: Path, llama: LlamaCpp, *, threads: i
                 hint=f"the reference logits are damaged: delete {base_logits} and rerun the same command",
             )
         if early := passed(result.stdout):
-            return early
+            return early.with_running(result.stdout)
         stopped = kld_stopped_short(text)
         if stopped is None:
-            return parse_kld_output(text, ctx)
+            return parse_kld_output(text, ctx).with_running(text)
         short = stopped
     raise ToolStoppedShort(
         f"llama-perplexity measured {quant.name} over {short[0]} of its {short[1]} chunks, then exited 0 "
