@@ -30,6 +30,24 @@ _TOOLS = ('{{- if .Tools }}<|im_system|>tool_declare<|im_middle|>[{{ range $j, $
           '{{ template "mm_tool" . }}{{ end }}]<|im_end|>{{ end }}')
 
 
+_MESSAGE_END = """
+    {{- else if eq .Role "tool" }}«RESULT»
+    {{- else }}{{ .Content }}
+    {{- end }}
+    {{- if not (and $last (eq .Role "assistant") (not $m.ToolCalls)) }}<|im_end|>{{ end }}
+    {{- if and $last (ne .Role "assistant") }}<|im_assistant|>assistant<|im_middle|>{{ end }}
+{{- end }}
+"""
+
+
+def _kimi_template(head: str) -> str:
+    """A Kimi K2 TEMPLATE: `head` (up to an assistant message's branch in the message loop), then the tool results,
+    the other messages, each turn's end and the generation prompt, filled with the parts both Jinjas share."""
+    return json_defines() + _fill(
+        head.rstrip("\n") + _MESSAGE_END, TOOLS=_TOOLS, COUNTERS=_COUNTERS, LOOP_HEAD=_LOOP_HEAD,
+        SYSTEM=_DEFAULT_SYSTEM, ROLE=_ROLE.strip("\n"), CALLS=_CALLS.strip("\n"), RESULT=_RESULT.strip("\n"))
+
+
 def _detect_instruct(src: str) -> bool:
     return _has_all(
         src, "{%- set tool_call_counter = namespace(value=0) -%}", "tool_response_queue.ids.pop(0)",
@@ -40,7 +58,7 @@ def _detect_instruct(src: str) -> bool:
 
 
 def _build_instruct(src: str, tokens: TemplateTokens) -> str:
-    return json_defines() + _fill(
+    return _kimi_template(
         """
 «TOOLS»
 {{- $msgs := .Messages }}«COUNTERS»
@@ -49,16 +67,7 @@ def _build_instruct(src: str, tokens: TemplateTokens) -> str:
     {{- if and (eq $i 0) (ne .Role "system") }}<|im_system|>system<|im_middle|>«SYSTEM»<|im_end|>«NL»{{ end }}
     «ROLE»
     {{- if and (eq .Role "assistant") .ToolCalls }}{{ .Content }}«CALLS»
-    {{- else if eq .Role "tool" }}«RESULT»
-    {{- else }}{{ .Content }}
-    {{- end }}
-    {{- if not (and $last (eq .Role "assistant") (not $m.ToolCalls)) }}<|im_end|>{{ end }}
-    {{- if and $last (ne .Role "assistant") }}<|im_assistant|>assistant<|im_middle|>{{ end }}
-{{- end }}
-""",
-        TOOLS=_TOOLS, COUNTERS=_COUNTERS, LOOP_HEAD=_LOOP_HEAD, SYSTEM=_DEFAULT_SYSTEM, ROLE=_ROLE.strip("\n"),
-        CALLS=_CALLS.strip("\n"), RESULT=_RESULT.strip("\n"),
-    )
+""")
 
 
 def _detect_thinking(src: str) -> bool:
@@ -74,7 +83,7 @@ def _detect_thinking(src: str) -> bool:
 def _build_thinking(src: str, tokens: TemplateTokens) -> str:
     # The Jinja walks the messages backwards keeping the last match, so its 'last' plain assistant message
     # is the first one: reasoning shows only after it.
-    return json_defines() + _fill(
+    return _kimi_template(
         """
 «TOOLS»
 {{- $msgs := .Messages }}«COUNTERS»
@@ -84,16 +93,7 @@ def _build_thinking(src: str, tokens: TemplateTokens) -> str:
     «LOOP_HEAD»
     «ROLE»
     {{- if eq .Role "assistant" }}<think>{{ if gt $i $hist }}{{ .Thinking }}{{ end }}</think>{{ .Content }}«CALLS»
-    {{- else if eq .Role "tool" }}«RESULT»
-    {{- else }}{{ .Content }}
-    {{- end }}
-    {{- if not (and $last (eq .Role "assistant") (not $m.ToolCalls)) }}<|im_end|>{{ end }}
-    {{- if and $last (ne .Role "assistant") }}<|im_assistant|>assistant<|im_middle|>{{ end }}
-{{- end }}
-""",
-        TOOLS=_TOOLS, COUNTERS=_COUNTERS, LOOP_HEAD=_LOOP_HEAD, SYSTEM=_DEFAULT_SYSTEM, ROLE=_ROLE.strip("\n"),
-        CALLS=_CALLS.strip("\n"), RESULT=_RESULT.strip("\n"),
-    )
+""")
 
 
 _PROOF_NOTE = ("the 5 conversations with tool calls, which transformers' sandbox refuses (list.append), against Jinja's "
