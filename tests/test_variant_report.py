@@ -63,12 +63,13 @@ def test_a_report_with_run_time_keys_loads_without_them(tmp_path: Path) -> None:
 def test_one_serialization_for_the_file_and_its_hash(tmp_path: Path) -> None:
     """A report just measured (its dicts in any order) and the same report read back are equal, iterate alike and
     serialize to the same bytes, whose sha256 is the file's: registration needs no JSON round trip of its own."""
-    fresh = GGUFReport(variant="q4_k_m", key="k", toolchain={"z": "1", "a": "2"}, gguf={"b": 1, "a": 2},
-                       smoke=None, validation=_judged())
+    fresh = GGUFReport(variant="q4_k_m", key="k", toolchain={"llama.cpp": "1", "llama-cpp-python-sdist": "2"},
+                       gguf={"tensor_count": 1, "architecture": "qwen2"}, smoke=None, validation=_judged())
     path = tmp_path / "q4_k_m.report.json"
     fresh.write(path)
     back = load_report(path, "k")
-    assert back == fresh and back is not None and list(back.toolchain or {}) == list(fresh.toolchain or {}) == ["a", "z"]
+    assert back == fresh and back is not None and list(back.toolchain or {}) == list(fresh.toolchain or {}) == [
+        "llama-cpp-python-sdist", "llama.cpp"]
     assert path.read_text() == fresh.to_json() == back.to_json()
     assert fresh.file_sha256 == hashlib.sha256(path.read_bytes()).hexdigest()
     assert "passed" not in json.loads(path.read_text())  # only the fields it was given: no version-1 nulls

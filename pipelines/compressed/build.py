@@ -45,14 +45,18 @@ from pipelines.core.preflight import GROUPED_SCHEMES, GroupSizeChoice, choose_gr
 from pipelines.core.report import (
     REPORT_VERSION,
     CalibrationRecord,
+    CarriedOverRecord,
     CompressedReport,
     EvaluationBlock,
     Figures,
     GroupSizeRecord,
     HubDatasetRecord,
     MetricsRecord,
+    QuantizeRecord,
+    RecipeRecord,
     SourceRecord,
     StructureRecord,
+    ToolchainRecord,
     Validation,
     as_block,
 )
@@ -691,9 +695,10 @@ def _carry_over(plan: CompressPlan, v: str, receipt: dict[str, Any],
     return report.but(
         metrics=old.metrics, source_sample=old.source_sample, evaluation=old.evaluation,
         validation=plan.judge(v, judged.figures),
-        carried_over={"from": str(donor), "tree_sha256": made["tree_sha256"], "report_key": old.key,
-                      "why": f"only {', '.join(made.get('files', []))} differ; the evaluation reads the "
-                      "Safetensors, config.json and tokenizer, which are byte-identical"})
+        carried_over=CarriedOverRecord({
+            "from": str(donor), "tree_sha256": made["tree_sha256"], "report_key": old.key,
+            "why": f"only {', '.join(made.get('files', []))} differ; the evaluation reads the Safetensors, "
+            "config.json and tokenizer, which are byte-identical"}))
 
 
 def _new_report(
@@ -709,16 +714,16 @@ def _new_report(
         reference=str(plan.snapshot.path),
         source={k: val for k, val in plan.source.items() if k != "path"},
         source_parameters=plan.params,
-        recipe=recipe.model_dump(mode="json"),
+        recipe=as_block(RecipeRecord, recipe.model_dump(mode="json")),
         calibration=plan.calibration_record(v),
         preflight=plan.preflight.get(v),
         tree_sha256=receipt["tree_sha256"],
         size_bytes=receipt["size"],
-        quantize=receipt.get("quantize", {}),
+        quantize=as_block(QuantizeRecord, receipt.get("quantize", {})),
         structure=structure,
         metrics=None,
         validation=plan.judge(v, None, failures),
-        toolchain=plan.toolchain_versions(),
+        toolchain=as_block(ToolchainRecord, plan.toolchain_versions()),
         key=key,
     )
 

@@ -313,6 +313,167 @@ class MetricsRecord(TypedDict, total=False):
     top1_agreement: Figure | None
 
 
+ToolchainRecord = TypedDict("ToolchainRecord", {
+    "compressed-tensors": str,
+    "llama-cpp-python-sdist": str,
+    "llama.cpp": str,
+    "llmcompressor": str,
+    "modelmint": str,
+    "torch": str,
+    "transformers": str,
+}, total=False)
+"""The versions of the tools that made a variant, by tool (core/toolchains.py LlamaCpp.versions,
+LlmCompressor.versions, and modelmint's own for a compressed-tensors checkpoint)."""
+_Forbid(ToolchainRecord)  # the functional form: its keys are not names
+
+GGUFValue = StrictBool | StrictInt | StrictFloat | str | None | list[StrictBool | StrictInt | StrictFloat | str]
+"""A GGUF metadata value a header record keeps: a scalar or a short array of them."""
+
+
+@_Forbid
+class GGUFRecord(TypedDict, total=False):
+    """What a GGUF's header says about itself (core/ggufheader.GGUFInfo.to_dict: the chat template only as
+    has_chat_template)."""
+
+    architecture: str
+    bos_token_id: StrictInt | None
+    context_length: StrictInt | None
+    eos_token_id: StrictInt | None
+    eot_token_id: StrictInt | None
+    file_type: str | None
+    has_chat_template: StrictBool
+    metadata: dict[str, GGUFValue]
+    """Provenance keys: general.* source and quantization fields, modelmint.*, quantize.imatrix.*."""
+    name: str | None
+    parameter_count: StrictInt
+    path: str
+    quantized_fraction: Figure
+    size_bytes: StrictInt
+    split_count: StrictInt
+    tensor_count: StrictInt
+    tensor_types: dict[str, StrictInt]
+    tokenizer_model: str | None
+    tokenizer_pre: str | None
+    version: StrictInt
+
+
+@_Forbid
+class QuantizationModifierRecord(TypedDict, total=False):
+    """llmcompressor's QuantizationModifier as a recipe names it (compressed/recipes.QuantizationModifierSpec)."""
+
+    group_size: StrictInt | None
+    ignore: list[str]
+    scheme: str
+    targets: list[str]
+    type: Literal["QuantizationModifier"]
+
+
+@_Forbid
+class AWQModifierRecord(TypedDict, total=False):
+    """AWQ smoothing as a recipe names it (compressed/recipes.AWQModifierSpec)."""
+
+    duo_scaling: StrictBool
+    type: Literal["AWQModifier"]
+
+
+@_Forbid
+class GPTQModifierRecord(TypedDict, total=False):
+    """GPTQ as a recipe names it (compressed/recipes.GPTQModifierSpec)."""
+
+    dampening_frac: Figure
+    group_size: StrictInt | None
+    ignore: list[str]
+    scheme: str
+    targets: list[str]
+    type: Literal["GPTQModifier"]
+
+
+@_Forbid
+class SmoothQuantModifierRecord(TypedDict, total=False):
+    """SmoothQuant as a recipe names it (compressed/recipes.SmoothQuantModifierSpec)."""
+
+    smoothing_strength: Figure
+    type: Literal["SmoothQuantModifier"]
+
+
+ModifierRecord = Annotated[
+    QuantizationModifierRecord | AWQModifierRecord | GPTQModifierRecord | SmoothQuantModifierRecord,
+    Field(discriminator="type"),
+]
+
+
+@_Forbid
+class RecipeCalibrationRecord(TypedDict, total=False):
+    """A recipe's calibration data as the catalog asked for it (source/catalog.CalibrationSpec)."""
+
+    bundled: str
+    hub_dataset: HubDatasetRecord | None
+    max_seq_length: StrictInt
+    num_samples: StrictInt
+
+
+@_Forbid
+class RecipeRecord(TypedDict, total=False):
+    """The llmcompressor recipe a compressed-tensors variant was made with (compressed/recipes.Recipe)."""
+
+    calibration: RecipeCalibrationRecord | None
+    evaluation_text: str
+    """The held-out text it is measured on (eval.txt; calibration.txt in the earliest reports)."""
+    modifiers: list[ModifierRecord]
+    scheme: str
+    variant: str
+
+
+@_Forbid
+class AWQMappingsRecord(TypedDict, total=False):
+    """The AWQ mappings llmcompressor found for the model's architecture (scripts/llmc_quantize.check_awq_mappings)."""
+
+    architecture: str
+    mappings: StrictInt
+    registered: StrictBool
+    resolved: StrictInt
+
+
+@_Forbid
+class QuantizeCalibrationRecord(TypedDict, total=False):
+    """The calibration data llmcompressor was given (scripts/llmc_quantize.calibration_dataset)."""
+
+    max_seq_length: StrictInt
+    num_samples: StrictInt
+    origin: str
+    text_tokens: StrictInt
+
+
+@_Forbid
+class QuantizeRecord(TypedDict, total=False):
+    """The llmcompressor run that made a compressed-tensors checkpoint (scripts/llmc_quantize.py's result, with the
+    run's wall time and peak memory), as the compress step's receipt keeps it."""
+
+    awq_mappings: AWQMappingsRecord | None
+    calibration: QuantizeCalibrationRecord | None
+    copied_verbatim: list[str]
+    cpu_pin_memory_fix: str | None
+    device: str
+    ok: StrictBool
+    peak_rss_bytes: StrictInt | None
+    timings: dict[str, Figure]
+    torch_dtype: str
+    torch_threads: StrictInt
+    versions: ToolchainRecord
+    wall_s: Figure
+
+
+CarriedOverRecord = TypedDict("CarriedOverRecord", {
+    "from": str,
+    "report_key": str | None,
+    "tree_sha256": str,
+    "why": str,
+}, total=False)
+"""The checkpoint whose figures a compressed-tensors report took (only its metadata differs): its path, tree hash,
+its report's key, and why its figures stand."""
+_Forbid(CarriedOverRecord)
+
+
 _Block = TypeVar("_Block")
 
 
@@ -452,7 +613,7 @@ class VariantReport(_Frozen):
     path: str | None = Field(default=None, description="the variant's file or directory when it was measured")
     reference: str | None = Field(default=None, description="what it was measured against, as a path")
     source: SourceRecord | None = Field(default=None, description="the source snapshot (kind, repo, revision, hash)")
-    toolchain: dict[str, str] | None = None
+    toolchain: ToolchainRecord | None = Field(default=None, description="the versions of the tools that made it")
     calibration: CalibrationRecord | None = None
     evaluation: EvaluationBlock | None = None
     preflight: BlockFallbackRecord | GroupSizeRecord | None = Field(
@@ -516,7 +677,7 @@ class GGUFReport(VariantReport):
     """A GGUF variant's report (pipelines/gguf/validate.py): its header, the smoke run, llama-perplexity's figures."""
 
     sha256: str | None = Field(default=None, description="the GGUF's sha256")
-    gguf: dict[str, Any] | None = Field(default=None, description="what its header says (ggufheader.GGUFInfo)")
+    gguf: GGUFRecord | None = Field(default=None, description="what its header says (ggufheader.GGUFInfo)")
     kld: KLDRecord | None = Field(default=None, description="llama-perplexity's own figures, as it printed them")
     preflight: BlockFallbackRecord | None = Field(
         default=None, description="the block-size pre-flight, and what llama-quantize stored in another type")
@@ -529,16 +690,25 @@ class CompressedReport(VariantReport):
     scheme: str | None = None
     format: str | None = Field(default=None, description="the checkpoint's quantization format (compressed-tensors)")
     source_parameters: int | None = None
-    recipe: dict[str, Any] | None = None
+    recipe: RecipeRecord | None = None
     tree_sha256: str | None = None
     size_bytes: int | None = None
-    quantize: dict[str, Any] | None = None
+    quantize: QuantizeRecord | None = Field(default=None, description="the llmcompressor run that made it")
     preflight: GroupSizeRecord | None = Field(default=None, description="the group size chosen, and why")
     structure: StructureRecord | None = None
     metrics: MetricsRecord | None = None
     source_sample: Any = None
-    carried_over: dict[str, Any] | None = Field(
+    carried_over: CarriedOverRecord | None = Field(
         default=None, description="the checkpoint whose figures it took (only its metadata differs)")
+
+    @property
+    def ignored(self) -> list[str]:
+        """The layers its recipe's quantizing modifier leaves unquantized, sorted (none without a recipe)."""
+        found: set[str] = set()
+        for m in self.recipe.get("modifiers", []) if self.recipe else []:
+            if m["type"] == "QuantizationModifier" or m["type"] == "GPTQModifier":
+                found.update(m.get("ignore", []))
+        return sorted(found)
 
 
 _RUN_TIME: Final = ("serving", "serve_config")

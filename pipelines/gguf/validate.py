@@ -20,11 +20,14 @@ from pipelines.core.ggufheader import GGUFInfo, read_gguf_header
 from pipelines.core.report import (
     EvaluationBlock,
     Figures,
+    GGUFRecord,
     GGUFReport,
     KLDRecord,
     RunningFigures,
     SmokeRecord,
+    ToolchainRecord,
     Validation,
+    as_block,
     perplexity_positions,
 )
 from pipelines.core.resources import logits_file_size
@@ -416,13 +419,13 @@ def validate_variant(
         variant=variant,
         path=str(quant),
         reference=str(reference),
-        gguf=quant_info.to_dict(),
+        gguf=as_block(GGUFRecord, quant_info.to_dict()),
         smoke=smoke_result.record() if smoke_result else None,
         kld=stats.record(),
         validation=Validation.judge(format="gguf", reference=reference.name, evaluation=evaluation,
                                     figures=stats.figures(), gate=gate, answers=answers,
                                     failures=[broken] if broken else None),
-        toolchain=llama.versions(),
+        toolchain=as_block(ToolchainRecord, llama.versions()),
         **(extra or {}),
     )
     report.write(report_path)

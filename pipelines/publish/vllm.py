@@ -49,8 +49,7 @@ def model_card(config: VllmServeConfig, report: CompressedReport, entry: Catalog
     source = report.source or {}
     repo, revision = source.get("repo"), source.get("revision")
     variant, scheme = report.variant, report.scheme
-    modifiers = (report.recipe or {}).get("modifiers") or []
-    ignore = sorted({i for m in modifiers for i in (m.get("ignore") or [])})
+    ignore = report.ignored
     group = report.preflight or {}
     grouping = ""
     if group.get("group_size"):
