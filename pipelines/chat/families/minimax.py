@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pipelines.chat.families.blocks import last_index
 from pipelines.chat.families.core import ChatFamily, TemplateTokens, register
 from pipelines.chat.families.helpers import _LOOP_HEAD, _fill, _has_all, golit
 from pipelines.chat.families.role_tokens import _ARGVAL_DEFINE
@@ -24,23 +25,20 @@ def _detect_m2(src: str) -> bool:
     )
 
 
-def _build_m2(src: str, tokens: TemplateTokens) -> str:
-    return json_defines() + _ARGVAL_DEFINE + _fill(
-        """
+# What M2 and M3 share: the system turn's frame and the tools in it, the message loop with its tool results and user
+# turns, and the generation prompt's role; each names its state line, system text, assistant turn and what the prompt
+# opens with.
+_SKELETON = """
 {{- $msgs := .Messages }}{{ $sys := "" }}{{ $hasSys := and $msgs (eq (index $msgs 0).Role "system") }}
 {{- if $hasSys }}{{ $sys = (index $msgs 0).Content }}{{ end }}
-{{- $lastUser := -1 }}{{ range $i, $m := $msgs }}{{ if eq .Role "user" }}{{ $lastUser = $i }}{{ end }}{{ end }}
-{{- "]~!b[]~b]system\\n" }}{{ if $sys }}{{ $sys }}{{ else }}You are a helpful assistant.{{ end }}
+«STATE»
+{{- "]~!b[]~b]system\\n" }}«SYSTEM»
 {{- if .Tools }}«TOOLS»{{ range .Tools }}<tool>{{ template "mm_function" .Function }}</tool>{{ "\\n" }}{{ end }}«TOOLS_END»{{ end }}
 {{- "[e~[\\n" }}
 {{- $prev := "" }}
 {{- range $i, $m := .Messages }}
     «LOOP_HEAD»
-    {{- if eq .Role "assistant" }}]~b]ai{{ "\\n" }}
-        {{- if and .Thinking (gt $i $lastUser) }}<think>{{ "\\n" }}{{ .Thinking }}{{ "\\n" }}</think>{{ "\\n\\n" }}{{ end }}{{ .Content }}
-        {{- if .ToolCalls }}{{ "\\n<minimax:tool_call>\\n" }}{{ range .ToolCalls }}<invoke name="{{ .Function.Name }}">{{ "\\n" }}
-            {{- range $k, $v := .Function.Arguments }}<parameter name="{{ $k }}">{{ template "mm_argval" $v }}</parameter>{{ "\\n" }}{{ end }}
-            {{- "</invoke>\\n" }}{{ end }}</minimax:tool_call>{{ end }}
+    {{- if eq .Role "assistant" }}]~b]ai{{ "\\n" }}«ASSISTANT»
         {{- if not (and $last (not $m.ToolCalls)) }}{{ "[e~[\\n" }}{{ end }}
     {{- else if eq .Role "tool" }}
         {{- if ne $prev "tool" }}]~b]tool{{ end }}{{ "\\n<response>" }}{{ .Content }}</response>
@@ -49,9 +47,32 @@ def _build_m2(src: str, tokens: TemplateTokens) -> str:
     {{- end }}
     {{- $prev = .Role }}
 {{- end }}
-{{- if ne $prev "assistant" }}]~b]ai{{ "\\n<think>\\n" }}{{ end }}
-""",
-        TOOLS=golit(_TOOLS), TOOLS_END=golit(_TOOLS_END), LOOP_HEAD=_LOOP_HEAD,
+{{- if ne $prev "assistant" }}]~b]ai«GENERATE»{{ end }}
+"""
+
+
+def _minimax_template(defines: str, *, state: str, system: str, assistant: str, generate: str, **parts: str) -> str:
+    """A MiniMax TEMPLATE: _SKELETON with `state` (a line before the system turn), `system` (what follows its
+    ']~b]system' line break), `assistant` (what follows ']~b]ai' and a line break, up to the tool calls' end) and
+    `generate` (what the generation prompt's ']~b]ai' is followed by), then filled with `parts` and the loop head."""
+    skeleton = _SKELETON
+    for key, value in (("STATE", state), ("SYSTEM", system), ("ASSISTANT", assistant), ("GENERATE", generate)):
+        skeleton = skeleton.replace(f"«{key}»", value)
+    return json_defines() + defines + _fill(skeleton, LOOP_HEAD=_LOOP_HEAD, **parts)
+
+
+def _build_m2(src: str, tokens: TemplateTokens) -> str:
+    return _minimax_template(
+        _ARGVAL_DEFINE,
+        state=last_index("lastUser", "user"),
+        system='{{ if $sys }}{{ $sys }}{{ else }}You are a helpful assistant.{{ end }}',
+        assistant="""
+        {{- if and .Thinking (gt $i $lastUser) }}<think>{{ "\\n" }}{{ .Thinking }}{{ "\\n" }}</think>{{ "\\n\\n" }}{{ end }}{{ .Content }}
+        {{- if .ToolCalls }}{{ "\\n<minimax:tool_call>\\n" }}{{ range .ToolCalls }}<invoke name="{{ .Function.Name }}">{{ "\\n" }}
+            {{- range $k, $v := .Function.Arguments }}<parameter name="{{ $k }}">{{ template "mm_argval" $v }}</parameter>{{ "\\n" }}{{ end }}
+            {{- "</invoke>\\n" }}{{ end }}</minimax:tool_call>{{ end }}""",
+        generate='{{ "\\n<think>\\n" }}',
+        TOOLS=golit(_TOOLS), TOOLS_END=golit(_TOOLS_END),
     )
 
 
@@ -124,35 +145,19 @@ def _detect_m3(src: str) -> bool:
 
 
 def _build_m3(src: str, tokens: TemplateTokens) -> str:
-    return json_defines() + _XML_DEFINE + _fill(
-        """
-{{- $msgs := .Messages }}{{ $sys := "" }}{{ $hasSys := and $msgs (eq (index $msgs 0).Role "system") }}
-{{- if $hasSys }}{{ $sys = (index $msgs 0).Content }}{{ end }}
-{{- $mode := "adaptive" }}{{ if .IsThinkSet }}{{ if .Think }}{{ $mode = "enabled" }}{{ else }}{{ $mode = "disabled" }}{{ end }}{{ end }}
-{{- "]~!b[]~b]system\\n" }}«IDENTITY»«THINKING»{{ if eq $mode "enabled" }}«ENABLED»{{ else if eq $mode "disabled" }}«DISABLED»{{ else }}«ADAPTIVE»{{ end }}</thinking_instructions>{{ "[e~[\\n]~b]developer\\n" }}
-{{- if $sys }}{{ $sys }}{{ else }}You are a helpful assistant.{{ end }}
-{{- if .Tools }}«TOOLS»{{ range .Tools }}<tool>{{ template "mm_function" .Function }}</tool>{{ "\\n" }}{{ end }}«TOOLS_END»{{ end }}
-{{- "[e~[\\n" }}
-{{- $prev := "" }}
-{{- range $i, $m := .Messages }}
-    «LOOP_HEAD»
-    {{- if eq .Role "assistant" }}]~b]ai{{ "\\n" }}{{ if .Thinking }}<mm:think>{{ .Thinking }}</mm:think>{{ else }}</mm:think>{{ end }}{{ .Content }}
+    return _minimax_template(
+        _XML_DEFINE,
+        state='{{- $mode := "adaptive" }}{{ if .IsThinkSet }}{{ if .Think }}{{ $mode = "enabled" }}{{ else }}{{ $mode = "disabled" }}{{ end }}{{ end }}',
+        system="""«IDENTITY»«THINKING»{{ if eq $mode "enabled" }}«ENABLED»{{ else if eq $mode "disabled" }}«DISABLED»{{ else }}«ADAPTIVE»{{ end }}</thinking_instructions>{{ "[e~[\\n]~b]developer\\n" }}
+{{- if $sys }}{{ $sys }}{{ else }}You are a helpful assistant.{{ end }}""",
+        assistant="""{{ if .Thinking }}<mm:think>{{ .Thinking }}</mm:think>{{ else }}</mm:think>{{ end }}{{ .Content }}
         {{- if .ToolCalls }}«NS»<tool_call>{{ "\\n" }}{{ range .ToolCalls }}«NS»<invoke name="{{ .Function.Name }}">
             {{- range $k, $v := .Function.Arguments }}{{ if ne (printf "%T" $v) "<nil>" }}«NS»<{{ $k }}>{{ template "mm_xml" $v }}«NS»</{{ $k }}>{{ end }}{{ end }}
-            {{- "«NS»</invoke>\\n" }}{{ end }}«NS»</tool_call>{{ end }}
-        {{- if not (and $last (not $m.ToolCalls)) }}{{ "[e~[\\n" }}{{ end }}
-    {{- else if eq .Role "tool" }}
-        {{- if ne $prev "tool" }}]~b]tool{{ end }}{{ "\\n<response>" }}{{ .Content }}</response>
-        {{- if ne $next "tool" }}{{ "[e~[\\n" }}{{ end }}
-    {{- else if eq .Role "user" }}]~b]user{{ "\\n" }}{{ .Content }}{{ "[e~[\\n" }}
-    {{- end }}
-    {{- $prev = .Role }}
-{{- end }}
-{{- if ne $prev "assistant" }}]~b]ai{{ "\\n" }}{{ if eq $mode "disabled" }}</mm:think>{{ else if eq $mode "enabled" }}<mm:think>{{ end }}{{ end }}
-""",
+            {{- "«NS»</invoke>\\n" }}{{ end }}«NS»</tool_call>{{ end }}""",
+        generate='{{ "\\n" }}{{ if eq $mode "disabled" }}</mm:think>{{ else if eq $mode "enabled" }}<mm:think>{{ end }}',
         IDENTITY=golit(_M3_IDENTITY), THINKING=golit(_M3_THINKING), ENABLED=golit(_M3_MODES["enabled"]),
         DISABLED=golit(_M3_MODES["disabled"]), ADAPTIVE=golit(_M3_MODES["adaptive"]), TOOLS=golit(_TOOLS),
-        TOOLS_END=golit(_M3_TOOLS_END), NS=_NS, LOOP_HEAD=_LOOP_HEAD,
+        TOOLS_END=golit(_M3_TOOLS_END), NS=_NS,
     )
 
 
