@@ -77,10 +77,33 @@ class Choice:
     """A GGUF's plan for Ollama or llama.cpp (`plan` is vLLM's, for a checkpoint)."""
     on: Basis | None = None
     """What its figures were scored on (None: the whole evaluation, as far as anything says)."""
+    measured: tuple[Figures, Basis] | None = None
+    """Its own figures and what they were scored on, where `figures` are its running figures over fewer chunks, the
+    ones it shares with the variants it is ranked against (on_first)."""
 
     @property
     def scored(self) -> Basis:
         return self.on or Basis(None, None, self.figures.tokens if self.figures is not None else None)
+
+    def chunk_counts(self) -> set[int]:
+        """The numbers of first chunks of the evaluation this variant has figures over: its own, and each chunk's
+        running figures where its manifest keeps them."""
+        if self.figures is None:
+            return set()
+        counts = {r.chunks for r in self.figures.running or ()}
+        return counts | ({self.scored.chunks} if self.scored.chunks is not None else set())
+
+    def on_first(self, chunks: int) -> Choice:
+        """This variant as ranked on the first `chunks` chunks of the evaluation (one of chunk_counts): its running
+        figures there, its own kept in `measured`."""
+        b = self.scored
+        if chunks == b.chunks or self.figures is None:
+            return self
+        f = self.figures.on_first(chunks)
+        if f is None:
+            raise ValueError(f"{self.ref} has no figures over its first {chunks} chunks")
+        return dataclasses.replace(self, figures=f, on=Basis(chunks, b.of, f.tokens, b.sha256, b.ctx),
+                                   measured=(self.figures, b))
 
     @property
     def fits(self) -> bool:
@@ -124,7 +147,14 @@ class Choice:
         top = f"same top {f.same_top_pct:.1f} %" + (
             f" ± {f.same_top_stderr:.1f}" if f.same_top_stderr else ""
         )
-        return f"{kl}, {top}, ΔPPL {f.dppl_pct:+.2f} %"
+        out = f"{kl}, {top}, ΔPPL {f.dppl_pct:+.2f} %"
+        if self.scored.tokens is not None:
+            out += f" on {self.scored.text()}"
+        if self.measured is not None:
+            own, on = self.measured
+            out += (f" (the first chunks every variant ranked with it was scored on; over its own {on.text()}: "
+                    f"mean KL {own.mean_kl:.4g}, same top {own.same_top_pct:.1f} %)")
+        return out
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -132,9 +162,13 @@ class Choice:
             "tag": self.tag,
             "format": self.format,
             "weights_bytes": self.weights_bytes,
-            "figures": self.figures.model_dump() if self.figures else None,
+            "figures": self.figures.model_dump(exclude={"running"}) if self.figures else None,
+            "scored_on": dataclasses.asdict(self.scored),
             "fits": self.fits,
         }
+        if self.measured is not None:
+            own, on = self.measured
+            out["measured"] = {"figures": own.model_dump(exclude={"running"}), "scored_on": dataclasses.asdict(on)}
         if self.gguf is not None:
             out["engine"] = self.gguf.engine
             out["gguf_plan"] = self.gguf.to_dict()
@@ -257,6 +291,16 @@ class Basis:
     chunks: int | None
     of: int | None
     tokens: int | None
+    sha256: str | None = None
+    """The evaluation text's sha256 (None: not recorded)."""
+    ctx: int | None = None
+    """Its windows' length in tokens (None: not recorded)."""
+
+    def same_tokens(self, other: Basis) -> bool:
+        """Scored on the same positions of the same text: the same first chunks of it, as far as both say."""
+        known = self.sha256 is not None and other.sha256 is not None
+        return (self.chunks, self.of, self.tokens) == (other.chunks, other.of, other.tokens) and (
+            not known or (self.sha256, self.ctx) == (other.sha256, other.ctx))
 
     @property
     def whole(self) -> bool:
@@ -282,7 +326,7 @@ def basis(m: Manifest) -> Basis:
     if m.format == "gguf" and tokens is not None and isinstance(ctx, int) and ctx > 2:
         # llama-perplexity scores the second half of each window: the chunks scored follow from the positions
         chunks = tokens // perplexity_positions(ctx, 1)
-    return Basis(chunks, of, tokens)
+    return Basis(chunks, of, tokens, v.evaluation.sha256, ctx if isinstance(ctx, int) else None)
 
 
 
@@ -293,7 +337,7 @@ def versus(win: Choice, other: Choice, win_on: Basis, other_on: Basis) -> str:
     a, b = win.figures, other.figures
     if a is None or b is None:
         return "has no figures"
-    if not (win_on.whole and other_on.whole) or win_on.tokens != other_on.tokens:
+    if not win_on.same_tokens(other_on):
         return (
             f"was scored on {other_on.text()} against {win_on.text()}: not comparable"
             f" (mean KL {b.mean_kl:.4g} against {a.mean_kl:.4g})"
@@ -316,10 +360,54 @@ def versus(win: Choice, other: Choice, win_on: Basis, other_on: Basis) -> str:
 
 
 
+def _alike(choices: list[Choice]) -> list[list[Choice]]:
+    """`choices` with figures by what measured them: one format's engine over the same evaluation text and windows
+    (GGUFs by llama-perplexity, checkpoints by the torch evaluation, which score different positions)."""
+    groups: dict[tuple[str, str | None, int | None, int | None], list[Choice]] = {}
+    for c in choices:
+        if c.figures is not None:
+            groups.setdefault((c.format, c.scored.sha256, c.scored.ctx, c.scored.of), []).append(c)
+    return list(groups.values())
+
+
+def _shared(group: list[Choice]) -> int | None:
+    """The most first chunks every variant of `group` has figures over (None: no number they all have)."""
+    shared = set.intersection(*(c.chunk_counts() for c in group))
+    return max(shared) if shared else None
+
+
+def on_shared_chunks(choices: list[Choice]) -> list[Choice]:
+    """`choices` in their order, each put on the first chunks every variant measured alike with it (_alike) was
+    scored on: a variant that passed its gate early (pipelines/gguf/validate.py: early_pass) on 4 of 16 chunks puts
+    the others on their running figures after 4 (Figures.running); variants with no such chunks (manifests that keep
+    no running figures) as they are."""
+    put = {id(c): c for c in choices}
+    for group in _alike(choices):
+        if (k := _shared(group)) is not None:
+            put.update({id(c): c.on_first(k) for c in group})
+    return [put[id(c)] for c in choices]
+
+
+def comparable_apart(choices: list[Choice]) -> tuple[list[Choice], list[Choice]]:
+    """(the variants ranked together, those ranked after them): each on the first chunks it shares with the
+    variants measured alike (on_shared_chunks); where those share none (one passed early and the manifests of the
+    others keep no running figures), the ones scored on the whole evaluation text are ranked together and those that
+    passed early on its first chunks apart, after them: figures over a shorter, other text are never ranked against
+    whole-text ones."""
+    pool, apart = [c for c in choices if c.figures is None], []
+    for group in _alike(choices):
+        if (k := _shared(group)) is not None:
+            pool += [c.on_first(k) for c in group]
+        else:
+            pool += [c for c in group if c.scored.whole]
+            apart += [c for c in group if not c.scored.whole]
+    return pool, apart
+
+
 def rank_comparable(choices: list[Choice]) -> list[Choice]:
-    """`rank` over the variants scored on the whole evaluation text, then over those that passed early on its first
-    chunks: their figures cover a shorter, other text and are never ranked against the whole-text ones."""
-    return rank([c for c in choices if c.scored.whole]) + rank([c for c in choices if not c.scored.whole])
+    """`rank` over the variants comparable on the chunks they share, then over those apart (comparable_apart)."""
+    pool, apart = comparable_apart(choices)
+    return rank(pool) + rank(apart)
 
 
 def rank(choices: list[Choice]) -> list[Choice]:
@@ -670,6 +758,7 @@ def advise(settings: Settings, name: str, manifests: list[Manifest], request: Re
             choices.append(_gguf_choice(settings, m, base, str(engine), shape, request, cluster))
         else:
             choices.append(_vllm_choice(m, base, shape, request, cluster, variants))
+    choices = on_shared_chunks(choices)  # the figures of every variant, fitting or not, on the chunks they share
     fitting = [c for c in choices if c.fits]
     # a variant wholly on the GPU before one split with the CPU: the split one runs at the CPU's pace
     ranked = rank_comparable([c for c in fitting if not c.offloaded_in_part]) + rank_comparable(
@@ -767,14 +856,14 @@ def _why(win: Choice, fitting: list[Choice], unfit: list[Choice]) -> str:
             f"{p.pp}, {p.replicas} replica(s), max_model_len {p.max_model_len}, max_num_seqs {p.max_num_seqs}"
         ]
     tied = [c for c in fitting[1:] if c.overlaps(win) and c.offloaded_in_part == win.offloaded_in_part
-            and c.scored.whole == win.scored.whole and c.scored.tokens == win.scored.tokens]
+            and c.scored.same_tokens(win.scored)]
     if tied:
         lines.append(
             "ties within the standard errors with "
             + ", ".join(f"{c.ref} ({c.figures_text()}, {size_text(c.weights_bytes)})" for c in tied)
             + ": the smaller wins"
         )
-    better_unfit = [c for c in unfit if c.kl < win.kl and not c.overlaps(win)]
+    better_unfit = [c for c in unfit if c.kl < win.kl and not c.overlaps(win) and c.scored.same_tokens(win.scored)]
     if better_unfit:
         lines.append("measured better but does not fit: " + ", ".join(c.ref for c in better_unfit))
     rest = [c for c in fitting[1:] if c not in tied]

@@ -22,6 +22,7 @@ from pipelines.advice.recommend import (
     Choice,
     Failed,
     basis,
+    comparable_apart,
     rank_comparable,
     size_text,
     versus,
@@ -121,10 +122,22 @@ def commands(m: Manifest, published: Sequence[str] = ()) -> list[str]:
 # ---------------------------------------------------------------- what each figure was scored on
 
 
+def compared(variants: Iterable[Manifest]) -> tuple[dict[str, Choice], set[str]]:
+    """Each measured variant (by ref) as the pages show, chart and rank its figures: on the first chunks it shares
+    with the variants measured alike (recommend.comparable_apart: their running figures there, its own kept beside);
+    and the refs of those apart, that passed early where the others' manifests keep no running figures."""
+    choices = [Choice(m.ref, m.tag, m.format, m.weights_bytes, m.validation.figures, on=basis(m))
+               for m in variants if m.validation.figures is not None]
+    pool, apart = comparable_apart(choices)
+    return {c.ref: c for c in [*pool, *apart]}, {c.ref for c in apart}
+
+
 def comparable_first(variants: Iterable[Manifest]) -> list[Manifest]:
-    """Variants smallest first, those scored on the whole evaluation text before those that passed early on its
-    first chunks (their figures cover another, shorter text and are not comparable with the others')."""
-    return sorted(variants, key=lambda m: (not basis(m).whole, m.weights_bytes, m.ref))
+    """Variants smallest first, those compared on the chunks they share before those that passed early where the
+    others keep no running figures (their figures cover another, shorter text and are not comparable)."""
+    variants = list(variants)
+    _, apart = compared(variants)
+    return sorted(variants, key=lambda m: (m.ref in apart, m.weights_bytes, m.ref))
 
 
 def _basis_note(variants: list[Manifest]) -> str:
@@ -133,17 +146,27 @@ def _basis_note(variants: list[Manifest]) -> str:
     if len({basis(m).tokens for m in measured}) <= 1:
         return ""
     listed = "; ".join(f"{_e(m.tag)}: {_e(basis(m).text())}" for m in comparable_first(measured))
-    early = [m for m in comparable_first(measured) if not basis(m).whole]
+    shown, apart = compared(measured)
+    early = [m for m in comparable_first(measured) if m.ref in apart]
     out = f'<p class="basis-note"><strong>Scored on different tokens</strong> ({listed}).'
+    moved = [m for m in comparable_first(measured) if shown[m.ref].measured is not None]
+    if moved:
+        on = sorted({shown[m.ref].scored.text() for m in moved})
+        out += (
+            f" Every variant is compared on the first chunks it shares with the variants measured alike "
+            f"({_e('; '.join(on))}): for {_e(', '.join(m.tag for m in moved))} those are the running figures "
+            "after that chunk, which its manifest keeps for every chunk; the table, the chart, its Pareto front "
+            "and the ranking use them, and its own figures over more chunks follow in the table."
+        )
     if early:
         out += (
             f" {_e(', '.join(m.tag for m in early))} passed {'its' if len(early) == 1 else 'their'} gate early, on "
             "the first chunks of the held-out text only: those figures are <strong>not comparable</strong> with "
-            "figures over the whole text (the first chunks may be easier or harder than the rest, and the reports "
-            "keep no per-chunk figures to compare on a common prefix). They are listed after the variants scored "
-            "on the whole text, drawn hollow in the chart and left off its Pareto front."
+            "figures over the whole text (the first chunks may be easier or harder than the rest, and the manifests "
+            "of the others keep no per-chunk figures to compare on a common prefix). They are listed after the "
+            "variants scored on the whole text, drawn hollow in the chart and left off its Pareto front."
         )
-    if len({basis(m).tokens for m in measured if basis(m).whole}) > 1:
+    if len({shown[m.ref].scored.tokens for m in measured if m.ref not in apart}) > 1:
         out += (
             " GGUF and compressed-tensors variants are scored over the whole text in different windows, against "
             "different references: compare them as a guide, not to the third digit."
@@ -277,9 +300,11 @@ def _size_unit(sizes: Iterable[int]) -> tuple[str, int]:
 
 
 def quality_chart(variants: list[Manifest], chart_id: str) -> str:
-    """Mean KL divergence (log scale, ± one standard error) against weight size, the Pareto front of the variants
-    scored on the whole text joined; those that passed early on its first chunks drawn hollow, off the front."""
+    """Mean KL divergence (log scale, ± one standard error) against weight size, each variant on the chunks it shares
+    with the others (compared), the Pareto front of those joined; those apart (passed early where the others keep no
+    running figures) drawn hollow, off the front."""
     pts = [m for m in variants if m.validation.figures is not None]
+    shown, apart = compared(pts)
     if not pts:
         return "<p>No variant has figures to chart.</p>"
     w, h, left, right, top, bottom = 520, 390, 66, 505, 14, 326
@@ -287,7 +312,7 @@ def quality_chart(variants: list[Manifest], chart_id: str) -> str:
     sizes = [m.weights_bytes / div for m in pts]
     xticks = _ticks_linear(max(sizes) * 1.08)
     xs = _Axis(0.0, xticks[-1] if xticks[-1] >= max(sizes) * 1.04 else max(sizes) * 1.08, left, right - 10)
-    figs = [m.validation.figures for m in pts]
+    figs = [shown[m.ref].figures for m in pts]
     kls = [f.mean_kl for f in figs if f is not None]
     ses = [(f.mean_kl_stderr or 0.0) for f in figs if f is not None]
     ys = _kl_axis(
@@ -299,8 +324,8 @@ def quality_chart(variants: list[Manifest], chart_id: str) -> str:
         top,
         bottom,
     )
-    bases = [basis(m) for m in pts]
-    whole = [i for i in range(len(pts)) if bases[i].whole]
+    bases = [shown[m.ref].scored for m in pts]
+    whole = [i for i in range(len(pts)) if pts[i].ref not in apart]
     front = {whole[j] for j in pareto([(sizes[i], kls[i]) for i in whole])}
     early = len(pts) - len(whole)
     parts = [
@@ -344,7 +369,7 @@ def quality_chart(variants: list[Manifest], chart_id: str) -> str:
         if ses[i]:
             bars.append((x, ys(max(kls[i] - ses[i], ys.lo)), ys(kls[i] + ses[i])))
     texts = [
-        f"{m.tag}" if bases[i].whole else f"{m.tag} ({bases[i].chunks}/{bases[i].of})"
+        f"{m.tag}" if bases[i].whole and i in whole else f"{m.tag} ({bases[i].chunks}/{bases[i].of})"
         for i, m in enumerate(pts)
     ]
     avoid: list[Box] = [(x - r - 2, y - r - 2, x + r + 2, y + r + 2) for x, y in xy]
@@ -355,13 +380,13 @@ def quality_chart(variants: list[Manifest], chart_id: str) -> str:
     for i, m in enumerate(pts):
         x, y = xy[i]
         b = bases[i]
-        cls = "point pareto" if i in front else "point" if b.whole else "point partial"
+        cls = "point pareto" if i in front else "point" if i in whole else "point partial"
         parts.append(
             f'<circle class="{cls}" cx="{x}" cy="{y}" r="{r}" data-ref="{_e(m.ref)}" '
             f'data-kl="{kls[i]:.6g}" data-size="{m.weights_bytes}" data-tokens="{b.tokens or ""}" '
             f'data-whole="{"yes" if b.whole else "no"}"><title>{_e(m.ref)}: mean KL '
             f"{kls[i]:.4g} ± {ses[i]:.2g} ({_e(b.text())}), {_e(size_text(m.weights_bytes))}"
-            f"{' (Pareto front)' if i in front else ''}{'' if b.whole else ' (passed early: not comparable)'}"
+            f"{' (Pareto front)' if i in front else ''}{'' if i in whole else ' (passed early: not comparable)'}"
             f"</title></circle>"
         )
     for x, y1, y2 in bars:  # over the points: a bar shorter than a point is still seen, by its caps
@@ -650,6 +675,11 @@ def _fig(
     )
 
 
+def _own(x: float, digits: int, se: float | None = None, unit: str = "", *, on: Basis) -> str:
+    """A variant's own figure over more chunks, after the one it is compared on (compared)."""
+    return f'<span class="basis">own: {_fig(x, digits, se, unit, on=on)}</span>'
+
+
 def _when(t: datetime) -> str:
     return f'<span class="nw">{t.strftime("%Y-%m-%d %H:%M")} UTC</span>'
 
@@ -703,28 +733,34 @@ def index_page(pages: list[ModelPage], manifests_dir: Path) -> str:
 
 def _variants_table(p: ModelPage) -> str:
     rows, classes = [], []
+    shown, apart = compared(p.variants)
     for m in comparable_first(p.variants):
-        f = m.validation.figures
+        c = shown.get(m.ref)
+        f, b = (c.figures, c.scored) if c is not None else (None, basis(m))
+        own, on = c.measured if c is not None and c.measured is not None else (None, basis(m))
         gate = m.validation.gate
         kl, top, ratio = ("?" if x is None else x for x in (gate.max_mean_kl, gate.min_same_top_pct, gate.max_ppl_ratio))
-        b = basis(m)
         rows.append(
             [
                 _e(m.ref),
                 _e(m.format),
                 f'<span class="num nw">{_e(size_text(m.weights_bytes))}</span>',
-                _fig(f.mean_kl if f else None, 4, f.mean_kl_stderr if f else None, on=b),
-                _fig(f.same_top_pct if f else None, 4, f.same_top_stderr if f else None, " %", on=b),
-                _fig(f.dppl_pct if f else None, 3, None, " %", on=b),
+                _fig(f.mean_kl if f else None, 4, f.mean_kl_stderr if f else None, on=b)
+                + (_own(own.mean_kl, 4, own.mean_kl_stderr, on=on) if own else ""),
+                _fig(f.same_top_pct if f else None, 4, f.same_top_stderr if f else None, " %", on=b)
+                + (_own(own.same_top_pct, 4, own.same_top_stderr, " %", on=on) if own else ""),
+                _fig(f.dppl_pct if f else None, 3, None, " %", on=b)
+                + (_own(own.dppl_pct, 3, None, " %", on=on) if own else ""),
                 f'<span class="pass" title="max mean KL {_e(kl)}, min same top {_e(top)} %, max PPL ratio {_e(ratio)}; '
                 f'{_e(gate.basis or "")}">pass</span>'
-                + ("" if b.whole else f" early, on {b.chunks} of {b.of} chunks: not comparable"),
+                + ("" if on.whole else f" early, on {on.chunks} of {on.of} chunks"
+                   + (": not comparable" if m.ref in apart else "")),
                 _when(m.created_at),
                 f'<span class="id">{_e(m.source.ref)}</span>',
                 f"<code>{_e(m.sha256[:12])}</code>",
             ]
         )
-        classes.append("" if b.whole else "partial-row")
+        classes.append("partial-row" if m.ref in apart else "")
     for fb in p.failed:
         # the report's own name only: its folder is the builder's work directory, nothing a reader can open
         rows.append(
@@ -803,26 +839,29 @@ def _serving(p: ModelPage) -> str:
     out = []
     for n, (gpus, entries) in enumerate(sorted(by_inv.items())):
         measured = [(m, basis(m)) for m, plans, _, _ in entries if plans and m.validation.figures is not None]
-        of = {m.ref: b for m, b in measured}
         choices = [Choice(m.ref, m.tag, m.format, m.weights_bytes, m.validation.figures, on=b) for m, b in measured]
-        # figures over the whole text are ranked; those that passed early follow, not ranked against them
+        # each on the chunks it shares with the variants measured alike; where those share none, figures over the
+        # whole text are ranked and those that passed early follow, not ranked against them
+        _, apart = comparable_apart(choices)
         fits = rank_comparable(choices)
         if fits:
             win = fits[0]
-            whole = of[win.ref].whole
+            alone = win.ref in {c.ref for c in apart}
             best = (
                 "<p>Best measured variant that fits"
                 + (
-                    ", of those scored on the whole text"
-                    if whole and len(fits) > 1 and not all(of[c.ref].whole for c in fits)
+                    f" (scored on {_e(win.scored.text())} only)"
+                    if alone
+                    else ", of those scored on the whole text"
+                    if apart and win.scored.whole
+                    else f", on {_e(win.scored.text())}, the first chunks the variants share"
+                    if not win.scored.whole
                     else ""
-                    if whole
-                    else f" (scored on {_e(of[win.ref].text())} only)"
                 )
                 + f": <strong>{_e(win.ref)}</strong> (ties within the standard errors go to the smaller; "
                 f"<code>modelmint recommend --gpus {_e(gpus)}</code> says why)</p>"
             )
-            against = [f"{_e(c.ref)} {_e(versus(win, c, of[win.ref], of[c.ref]))}" for c in fits[1:]]
+            against = [f"{_e(c.ref)} {_e(versus(win, c, win.scored, c.scored))}" for c in fits[1:]]
             if against:
                 best += f'<p class="versus">Against it: {"; ".join(against)}.</p>'
         else:
@@ -946,9 +985,13 @@ small model; far above 0.1 the variant often picks other words.</p>
 <h2>Same top</h2><p>The share of positions where the variant's most likely token is the reference's: what greedy
 decoding sees. 100 % is a copy.</p>
 <h2>Scored on</h2><p>Beside each figure: the chunks of the held-out text and the tokens it was scored on. A GGUF
-whose figures were 3 standard errors inside every limit after 4, 8 or 12 of its 16 chunks passed its gate there:
-its figures cover those first chunks only and are not comparable with figures over the whole text. Such variants
-are listed after the others, drawn hollow and left off the Pareto front.</p>
+whose figures were 3 standard errors inside every limit after 4, 8 or 12 of its 16 chunks passed its gate there,
+and its own figures cover those first chunks only. A GGUF's manifest keeps its running figures after every chunk it
+was scored on, so the GGUFs of a model are shown, charted and ranked on the first chunks they were all scored on
+(the others' running figures there), each one's own figures over more chunks beside them ("own"). A variant that
+passed early among variants registered before the running figures were kept cannot be put on their chunks: it is
+not comparable with figures over the whole text, listed after the others, drawn hollow and left off the Pareto
+front.</p>
 <h2>Noise bars</h2><p>Each point's bar, with a cap at each end, is ± one standard error of its mean KL, as
 llama-perplexity reports it: on a short text the figure itself is uncertain (compressed checkpoints' evaluation
 records none yet: no bar). Two variants whose bars overlap are not measurably different: <code>modelmint
