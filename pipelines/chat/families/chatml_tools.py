@@ -131,6 +131,8 @@ register(ChatFamily(
 
 _STEP_TOOLS_HEAD = "# Tools\n\nYou have access to the following functions in JSONSchema format:\n\n<tools>"
 _STEP_TOOLS_TAIL = "\n</tools>\n\nIf you choose to call a function ONLY reply in the following format with NO suffix:"
+_QWEN35_PARSED = "PARSER qwen3.5 returns the <think> reasoning and the XML tool calls as structured tool_calls"
+_PYSTR_NOTE = "tool-call arguments print as Python's str(); numbers print as JSON does (1e21 and beyond differ)"
 # A tool-call argument as the Jinja prints it: mappings and lists as JSON, anything else as Python's str().
 _PYSTR_DEFINE = (
     '{{- define "mm_pystr" }}{{ $t := printf "%T" . }}{{ if eq $t "string" }}{{ . }}'
@@ -200,12 +202,12 @@ register(ChatFamily(
     thinking=True,
     markers=("<|im_start|>", "<|im_end|>", "<tool_call>", "<function=", "<parameter=", "tool_response"),
     parser="qwen3.5",
-    tool_calls="PARSER qwen3.5 returns the <think> reasoning and the XML tool calls as structured tool_calls",
+    tool_calls=_QWEN35_PARSED,
     notes=(
         "the Jinja counts a user message that is wholly '<tool_response>…</tool_response>' as no query; Go "
         "templates cannot test a suffix, so the TEMPLATE counts every user message",
         "the Jinja renames a later system message named 'observation'; Ollama messages carry no name",
-        "tool-call arguments print as Python's str(); numbers print as JSON does (1e21 and beyond differ)",
+        _PYSTR_NOTE,
         "the Jinja always opens <think>; Ollama's think=false cannot switch it off",
     ),
 ))
@@ -266,7 +268,7 @@ register(ChatFamily(
     markers=("<|im_start|>", "<think>", "<function=", "<parameter=", "<|vision_start|>", "enable_thinking",
              "render_content"),
     parser="qwen3.5",
-    tool_calls="PARSER qwen3.5 returns the <think> reasoning and the XML tool calls as structured tool_calls",
+    tool_calls=_QWEN35_PARSED,
     notes=(
         "Ollama's RENDERER qwen3.5 prints tools with Go's HTML escaping and list arguments as compact JSON; "
         "modelmint publishes this TEMPLATE with PARSER qwen3.5 and names no RENDERER",
@@ -276,7 +278,7 @@ register(ChatFamily(
         "templates cannot test a prefix, so the TEMPLATE counts every user message",
         "the Jinja refuses a conversation without a user query or with a later system message; the TEMPLATE "
         "renders them",
-        "tool-call arguments print as Python's str(); numbers print as JSON does (1e21 and beyond differ)",
+        _PYSTR_NOTE,
     ),
 ))
 
@@ -371,6 +373,6 @@ register(ChatFamily(
         "a parameter's schema keys beyond name, type and description print in the Jinja in the tool's own order; "
         "Ollama holds them in fixed fields, printed as anyOf, items, enum (transformers' get_json_schema order for "
         "items and enum); keys Ollama's API drops are not printed",
-        "tool-call arguments print as Python's str(); numbers print as JSON does (1e21 and beyond differ)",
+        _PYSTR_NOTE,
     ),
 ))
