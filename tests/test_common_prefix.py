@@ -129,3 +129,17 @@ def test_a_manifest_with_running_figures_reads_back_as_the_same_bytes(site_regis
     text = _scored_early(m).to_json()
     again = Manifest.model_validate_json(text)
     assert again.to_json() == text and again.validation.figures == measured(q)
+
+
+def test_the_recommend_table_says_what_each_figure_was_scored_on(site_registry: SiteRegistry) -> None:
+    import subprocess
+    import sys
+
+    env = {**site_registry.repo.env(), "COLUMNS": "200"}
+    proc = subprocess.run([str(Path(sys.executable).parent / "modelmint"), "recommend", "--gpus", "1xL4-24G",
+                           "smollm2"], env=env, capture_output=True, text=True, cwd=site_registry.repo.root,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    row = next(line for line in proc.stdout.splitlines() if "smollm2:q6_k" in line and "│" in line)
+    assert "│ 16/16 chunks, 1,008 tokens │" in row
+    assert "ΔPPL +0.77 % on 16/16 chunks, 1,008 tokens" in proc.stdout

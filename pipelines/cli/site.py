@@ -58,6 +58,7 @@ def recommend_cmd(
             Column("weights", justify="right"),
             "mean KL ± s.e.",
             "same top",
+            "scored on",
             "fits",
             title=f"{a.name} on {gpus}"
             + (f", context {context}" if context else "")
@@ -70,6 +71,7 @@ def recommend_cmd(
                 size_text(c.weights_bytes),
                 escape(c.figures_text().split(", same top")[0].removeprefix("mean KL ")),
                 f"{c.figures.same_top_pct:.1f} %" if c.figures else "-",
+                escape(c.scored.text()),
                 escape(c.fits_text()),
             )
         for c in a.unfit:
@@ -79,12 +81,14 @@ def recommend_cmd(
                 size_text(c.weights_bytes),
                 escape(c.figures_text().split(", same top")[0].removeprefix("mean KL ")),
                 f"{c.figures.same_top_pct:.1f} %" if c.figures else "-",
+                escape(c.scored.text()),
                 "[red]no[/red]: " + escape(c.refused or ""),
             )
         for f in a.failed:
             table.add_row(
                 "-",
                 escape(f"{a.name}:{f.tag}"),
+                "-",
                 "-",
                 "-",
                 "-",
