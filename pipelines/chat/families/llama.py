@@ -94,6 +94,14 @@ def _detect_deepseek_r1(src: str) -> bool:
     ) and _has_none(src, "reasoning_content", "thinking_mode", "<｜tool▁call▁begin｜>' + tool_call")
 
 
+# The DeepSeek TEMPLATEs' loop head: the loop state, and <think>…</think> declared around .Thinking (never rendered),
+# which Ollama reads as the thinking tags.
+_DEEPSEEK_LOOP_HEAD = (
+    _LOOP_HEAD + "\n    {{- /* Never renders: declares <think>…</think> around .Thinking, which Ollama reads as the thinking "
+    "tags. */}}\n    {{- if false }}<think>{{ .Thinking }}</think>{{ end }}"
+)
+
+
 def _build_deepseek_r1(src: str, tokens: TemplateTokens) -> str:
     # The Qwen distill prints tool-call arguments with tojson and takes calls from messages with
     # tool_calls; the Llama distill concatenates the arguments (a JSON string) and takes calls only from
@@ -128,8 +136,6 @@ def _build_deepseek_r1(src: str, tokens: TemplateTokens) -> str:
 {{- $isFirst := false }}{{ $isTool := false }}{{ $outFirst := true }}{{ $prev := "" }}
 {{- range $i, $m := .Messages }}
     «LOOP_HEAD»
-    {{- /* Never renders: declares <think>…</think> around .Thinking, which Ollama reads as the thinking tags. */}}
-    {{- if false }}<think>{{ .Thinking }}</think>{{ end }}
     {{- if eq .Role "user" }}{{ $isTool = false }}<｜User｜>{{ .Content }}{{ end }}
     «CALLS»
     {{- if and (eq .Role "assistant") (or .Content .Thinking (not .ToolCalls)) }}
@@ -148,7 +154,7 @@ def _build_deepseek_r1(src: str, tokens: TemplateTokens) -> str:
 """,
         CALLS=calls.strip().replace("«CALL»", call),
         BOS=golit(tokens.bos_text)[3:-3],
-        LOOP_HEAD=_LOOP_HEAD,
+        LOOP_HEAD=_DEEPSEEK_LOOP_HEAD,
         GEN=gen,
     )
 
@@ -204,8 +210,6 @@ def _build_deepseek_r1_llamacpp(src: str, tokens: TemplateTokens) -> str:
 {{- $outs := false }}{{ $outFirst := true }}{{ $prev := "" }}
 {{- range $i, $m := .Messages }}
     «LOOP_HEAD»
-    {{- /* Never renders: declares <think>…</think> around .Thinking, which Ollama reads as the thinking tags. */}}
-    {{- if false }}<think>{{ .Thinking }}</think>{{ end }}
     {{- if and $outs (ne .Role "tool") }}<｜tool▁outputs▁end｜><｜end▁of▁sentence｜>{{ $outs = false }}{{ end }}
     {{- if eq .Role "user" }}<｜User｜>{{ .Content }}<｜end▁of▁sentence｜>{{ end }}
     {{- if and (eq .Role "assistant") (not (or .Content .Thinking)) }}<｜Assistant｜><｜tool▁calls▁begin｜>
@@ -228,7 +232,7 @@ def _build_deepseek_r1_llamacpp(src: str, tokens: TemplateTokens) -> str:
         EXAMPLE=golit(_R1_TOOLS_EXAMPLE),
         CALL=('<｜tool▁call▁begin｜>function<｜tool▁sep｜>{{ .Function.Name }}{{ "\\n```json\\n" }}'
               '{{ template "mm_args" .Function.Arguments }}{{ "\\n```" }}<｜tool▁call▁end｜>'),
-        LOOP_HEAD=_LOOP_HEAD,
+        LOOP_HEAD=_DEEPSEEK_LOOP_HEAD,
     )
 
 
@@ -282,8 +286,6 @@ def _build_deepseek_v31(src: str, tokens: TemplateTokens) -> str:
 {{- $lastUser := false }}{{ $isTool := false }}{{ $prev := "" }}
 {{- range $i, $m := .Messages }}
     «LOOP_HEAD»
-    {{- /* Never renders: declares <think>…</think> around .Thinking, which Ollama reads as the thinking tags. */}}
-    {{- if false }}<think>{{ .Thinking }}</think>{{ end }}
     {{- if eq .Role "user" }}{{ $isTool = false }}{{ $lastUser = true }}<｜User｜>{{ .Content }}
     {{- else if and (eq .Role "assistant") .ToolCalls }}
         {{- if $lastUser }}<｜Assistant｜><think></think>{{ end }}{{ $lastUser = false }}{{ $isTool = false }}
@@ -301,7 +303,7 @@ def _build_deepseek_v31(src: str, tokens: TemplateTokens) -> str:
 """,
         BOS=golit(tokens.bos_text)[3:-3],
         CALL=call,
-        LOOP_HEAD=_LOOP_HEAD,
+        LOOP_HEAD=_DEEPSEEK_LOOP_HEAD,
     )
 
 
