@@ -31,6 +31,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import logging
 import re
 import time
 from collections.abc import Callable, Iterator
@@ -40,9 +41,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, TypeGuard, TypeVar
 
+from pydantic import ConfigDict, StrictInt, TypeAdapter, ValidationError, with_config
+from typing_extensions import TypedDict  # pydantic reads a TypedDict from typing_extensions on Python < 3.12
+
 from pipelines.core.errors import DiskFullError, ModelmintError, ToolchainMissing, ToolError
 from pipelines.core.fsutil import sha256_file, write_text_atomic
-from pipelines.core.report import Validation, VariantReport, read_report
+from pipelines.core.report import (
+    CalibrationRecord,
+    Figure,
+    GGUFRecord,
+    ObservedFallback,
+    QuantizeRecord,
+    Validation,
+    VariantReport,
+    read_report,
+)
+
+log = logging.getLogger(__name__)
 
 
 def content_key(*parts: Any) -> str:
@@ -58,17 +73,106 @@ def receipt_path(out: Path) -> Path:
     return out.with_name(out.name + ".receipt.json")
 
 
+_Forbid = with_config(ConfigDict(extra="forbid"))
+
+
+@_Forbid
+class FileReceipt(TypedDict, total=False):
+    """One file of a finished directory, as its receipt records it."""
+
+    mtime_ns: StrictInt
+    sha256: str
+    size: StrictInt
+
+
+@_Forbid
+class ImatrixReceipt(TypedDict, total=False):
+    """What llama-imatrix recorded in an importance matrix (core/ggufheader.read_imatrix), and its format."""
+
+    chunk_size: StrictInt
+    chunks: StrictInt
+    datasets: list[str]
+    format: str
+
+
+@_Forbid
+class MetadataFromReceipt(TypedDict, total=False):
+    """The finished checkpoint a compressed-tensors output was copied from with new metadata only."""
+
+    files: list[str]
+    path: str
+    source_key: str | None
+    tree_sha256: str
+
+
+@_Forbid
+class Receipt(TypedDict, total=False):
+    """What a receipt holds: the key of the inputs, the output's size, mtime and hash (a directory's per file), and
+    what its step keeps (write_receipt's and write_dir_receipt's `extra`: pipelines/gguf/build.py,
+    pipelines/compressed/build.py)."""
+
+    calibration: CalibrationRecord
+    copied_from: str
+    fallback: ObservedFallback | None
+    files: dict[str, FileReceipt]
+    gguf: GGUFRecord
+    imatrix: ImatrixReceipt
+    key: str
+    metadata_from: MetadataFromReceipt
+    mtime_ns: StrictInt
+    peak_rss: StrictInt | None
+    quantize: QuantizeRecord
+    retemplated_from: str
+    sha256: str
+    size: StrictInt
+    source_key: str | None
+    tree_sha256: str
+    wall_s: Figure
+    weights_key: str | None
+
+
+@functools.cache
+def _receipt_adapter() -> TypeAdapter[Receipt]:
+    return TypeAdapter(Receipt)
+
+
+def _damaged(receipt: dict[str, Any]) -> str | None:
+    """What is wrong with a receipt read back (the first field that is not as a step writes it), or None."""
+    try:
+        _receipt_adapter().validate_python(receipt)
+    except ValidationError as err:
+        first = err.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        return f"{where}: {first['msg']}" + (f" (and {err.error_count() - 1} more)" if err.error_count() > 1 else "")
+    return None
+
+
 def _write(out: Path, receipt: dict[str, Any]) -> dict[str, Any]:
     write_text_atomic(receipt_path(out), json.dumps(receipt, indent=2, sort_keys=True, default=str) + "\n")
     return receipt
 
 
 def _read(out: Path, key: str) -> dict[str, Any] | None:
+    """The receipt of `out` if it was written for `key`. A damaged one (not JSON, a field of the wrong type, a key
+    no step writes) is a miss, as DVC takes a damaged lock entry for a changed stage: the step is said to run
+    again, and does, writing a sound receipt over it."""
+    path = receipt_path(out)
     try:
-        receipt = json.loads(receipt_path(out).read_text())
-    except (FileNotFoundError, ValueError):
+        receipt = json.loads(path.read_text())
+    except FileNotFoundError:
         return None
-    return receipt if isinstance(receipt, dict) and receipt.get("key") == key else None
+    except ValueError as err:
+        log.warning("receipt %s is damaged (not JSON: %s): its step runs again", path, err)
+        return None
+    if not isinstance(receipt, dict):
+        log.warning("receipt %s is damaged (not a JSON object): its step runs again", path)
+        return None
+    if receipt.get("key") != key:
+        return None  # another build's, or inputs that changed since
+    if (problem := _damaged(receipt)) is not None:
+        log.warning("receipt %s is damaged (%s): its step runs again", path, problem)
+        return None
+    return receipt
 
 
 def load_receipt(out: Path, key: str) -> dict[str, Any] | None:
