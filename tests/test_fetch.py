@@ -169,15 +169,15 @@ def settings(tmp_path: Path, hub: HubServer) -> Settings:
 
 @pytest.fixture
 def sha256_calls(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
-    """Every full read-and-hash HashCache does (fsutil.sha256_file), recorded."""
+    """Every full read-and-hash HashCache does (fsutil.file_digests), recorded."""
     calls: list[Path] = []
-    real = pipelines.core.fsutil.sha256_file
+    real = pipelines.core.fsutil.file_digests
 
-    def counting(path: Path) -> str:
+    def counting(path: Path) -> tuple[str, str]:
         calls.append(Path(path))
         return real(path)
 
-    monkeypatch.setattr(pipelines.core.fsutil, "sha256_file", counting)
+    monkeypatch.setattr(pipelines.core.fsutil, "file_digests", counting)
     return calls
 
 

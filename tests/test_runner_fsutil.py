@@ -211,8 +211,8 @@ def test_hash_cache_does_not_rehash_unchanged_files(tmp_path: Path, monkeypatch:
     f = tmp_path / "w.safetensors"
     f.write_bytes(b"a" * 4096)
     calls = []
-    real = fsutil.sha256_file
-    monkeypatch.setattr(fsutil, "sha256_file", lambda p: calls.append(p) or real(p))
+    real = fsutil.file_digests
+    monkeypatch.setattr(fsutil, "file_digests", lambda p: calls.append(p) or real(p))
     cache = HashCache(tmp_path / "db.json")
     first = cache.sha256(f)
     assert HashCache(tmp_path / "db.json").sha256(f) == first and len(calls) == 1

@@ -238,38 +238,86 @@ def _remove(p: Path) -> None:
 
 
 class HashCache:
-    """sha256 of files, remembered by (device, inode, size, mtime_ns) so unchanged large files are not re-read.
+    """sha256 and md5 of files, remembered by (device, inode, size, mtime_ns) so unchanged large files are not re-read.
 
-    The cache is a small JSON file; a file whose stat changed is hashed again.
+    Both digests come from one read (file_digests): registration needs the sha256 for the manifest and the md5 for
+    DVC, and a weight file of many GiB is read once for the two. A hard link is the same file: a name not seen
+    before whose inode, size and mtime were hashed under another name is not read again. The cache is a small JSON
+    file, written back under a lock merged with what other processes wrote meanwhile; a file whose stat changed is
+    hashed again (its old entry is forgotten).
     """
 
     def __init__(self, db: Path) -> None:
         self._db = db
         self._lock = threading.Lock()
+        self._entries: dict[str, str | dict[str, str]] = self._load()
+
+    def _load(self) -> dict[str, str | dict[str, str]]:
         try:
-            self._entries: dict[str, str] = json.loads(db.read_text())
+            loaded = json.loads(self._db.read_text())
         except (FileNotFoundError, ValueError):
-            self._entries = {}
+            return {}
+        return loaded if isinstance(loaded, dict) else {}
 
     @staticmethod
-    def _key(path: Path) -> str:
-        st = path.stat()
-        return f"{path.resolve()}|{st.st_dev}|{st.st_ino}|{st.st_size}|{st.st_mtime_ns}"
+    def _key(path: Path, st: os.stat_result | None = None) -> str:
+        st = st or path.stat()
+        return f"{path.resolve()}|{_identity(st)}"
 
     def sha256(self, path: Path) -> str:
-        key = self._key(path)
+        """The file's sha256: remembered while its stat is unchanged, else read (with its md5) and remembered."""
+        st = path.stat()
+        key = self._key(path, st)
         with self._lock:
             hit = self._entries.get(key)
-        if hit:
+        if isinstance(hit, str):  # written by a version that kept the sha256 alone
             return hit
-        digest = sha256_file(path)
-        with self._lock:
-            self._entries = {k: v for k, v in self._entries.items() if not k.startswith(f"{path.resolve()}|")}
-            self._entries[key] = digest
-            self._db.parent.mkdir(parents=True, exist_ok=True)
-            write_text_atomic(self._db, json.dumps(self._entries, indent=0, sort_keys=True))
-        return digest
+        return self._digests(path, key, st)[0]
 
+    def md5(self, path: Path) -> str:
+        """The file's md5 (DVC's object id), from the same read as its sha256."""
+        st = path.stat()
+        return self._digests(path, self._key(path, st), st)[1]
+
+    def _digests(self, path: Path, key: str, st: os.stat_result) -> tuple[str, str]:
+        with self._lock:
+            hit = self._entries.get(key)
+            if isinstance(hit, dict):
+                return hit["sha256"], hit["md5"]
+            linked = self._same_file(st)
+        if linked is None:
+            digests = file_digests(path)
+            if _identity(path.stat()) != _identity(st):
+                return digests  # it changed while it was read: what was read is not what is there now
+        else:
+            digests = linked
+        self._remember(path, key, {"sha256": digests[0], "md5": digests[1]})
+        return digests
+
+    def _same_file(self, st: os.stat_result) -> tuple[str, str] | None:
+        """The digests remembered for this very file (the same inode, size and mtime) under another name."""
+        suffix = f"|{_identity(st)}"
+        for k, v in self._entries.items():
+            if k.endswith(suffix) and isinstance(v, dict):
+                return v["sha256"], v["md5"]
+        return None
+
+    def _remember(self, path: Path, key: str, value: dict[str, str]) -> None:
+        """Record `value` under `key`, forgetting what was recorded for `path` as it was before."""
+        self._write(key, value, forget=f"{path.resolve()}|")
+
+    def _write(self, key: str, value: str | dict[str, str], *, forget: str | None = None) -> None:
+        """Add one entry and write the file back, merged under a lock with what other processes added since it was
+        read (each would otherwise write back only what it remembered)."""
+        with self._lock:
+            self._db.parent.mkdir(parents=True, exist_ok=True)
+            with file_lock(self._db.with_name(self._db.name + ".lock")):
+                merged = {**self._load(), **self._entries}
+                if forget is not None:
+                    merged = {k: v for k, v in merged.items() if not k.startswith(forget)}
+                merged[key] = value
+                self._entries = merged
+                write_text_atomic(self._db, json.dumps(merged, indent=0, sort_keys=True))
 
     def checked(self, path: Path, check: str) -> bool:
         """Whether `path`, as it is now (same device, inode, size and mtime), passed the check named `check`."""
@@ -279,11 +327,11 @@ class HashCache:
 
     def passed(self, path: Path, check: str) -> None:
         """Remember that `path`, as it is now, passed `check` (forgotten with its hash when the file changes)."""
-        key = self._key(path)
-        with self._lock:
-            self._entries[f"{key}|{check}"] = "passed"
-            self._db.parent.mkdir(parents=True, exist_ok=True)
-            write_text_atomic(self._db, json.dumps(self._entries, indent=0, sort_keys=True))
+        self._write(f"{self._key(path)}|{check}", "passed")
+
+
+def _identity(st: os.stat_result) -> str:
+    return f"{st.st_dev}|{st.st_ino}|{st.st_size}|{st.st_mtime_ns}"
 
 
 def hash_cache(settings: Settings) -> HashCache:
@@ -304,3 +352,13 @@ def sha256_file(path: Path) -> str:
         while chunk := fh.read(_CHUNK):
             h.update(chunk)
     return h.hexdigest()
+
+
+def file_digests(path: Path) -> tuple[str, str]:
+    """The sha256 and the md5 of the file at `path`, from one read of its bytes."""
+    sha, md5 = hashlib.sha256(), hashlib.md5()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(_CHUNK):
+            sha.update(chunk)
+            md5.update(chunk)
+    return sha.hexdigest(), md5.hexdigest()

@@ -7,7 +7,8 @@ The steps, each safe to repeat after a crash:
   place    hard-link the variant's weights (copy its other files, add its serving files: Modelfile or vllm.yaml,
            card, serving plans per GPU inventory under serve/) into artifacts/<name>/<tag>/, atomically as a directory
   track    make the placed weights the DVC cache's objects (the same inode), then `dvc commit` the dvc.yaml stage
-           that owns that directory: dvc.lock + the DVC cache
+           that owns that directory: dvc.lock + the DVC cache (DVC's state is given the md5s read with the sha256s,
+           so a weight file is read once to hash it, and once more by the push)
   publish  `dvc push` it to the default remote, then write registry/manifests/<name>/<tag>.json
 
 Nothing is visible as registered before its manifest exists, and the manifest is written only after
@@ -197,11 +198,14 @@ def track(settings: Settings, c: Candidate, files: tuple[ArtifactFile, ...]) -> 
         DiskFullError: the DVC cache's disk (or the repository's) filled.
     """
     directory = artifact_dir(settings, c.entry.name, c.tag)
+    hashes = hash_cache(settings)
     try:
         for f in files:
             if is_weight_file(f.path):
                 # the placed inode itself becomes the cache's object: DVC then copies only the small files
-                dvcrepo.adopt(settings, directory / f.path)
+                dvcrepo.adopt(settings, directory / f.path, hashes)
+        # the md5s were read with the sha256s (place, _describe): DVC takes them instead of reading the files again
+        dvcrepo.record_md5(settings, [directory / f.path for f in files], hashes)
         dvcrepo.commit(settings, c.stage)
     except DiskFullError as err:
         # DVC names no path; `dvc commit` writes into the cache, and dvc.lock and DVC's state beside it.
@@ -288,8 +292,11 @@ def publish(settings: Settings, c: Candidate, tracked: Tracked, *, push: bool = 
     """
     reuploaded: tuple[str, ...] = ()
     if push and tracked.md5 is not None:
+        lacking = dvcrepo.remote_lacks(settings, tracked.md5)
         dvcrepo.push(settings, c.stage)
-        reuploaded = _ensure_in_remote(settings, c, tracked.md5, tracked.files)
+        # What the push wrote it read from the cache (the bytes registration hashed): its size is checked, not its
+        # bytes read again; what the remote held already, which the push skipped whatever it holds, is hashed.
+        reuploaded = _ensure_in_remote(settings, c, tracked.md5, tracked.files, fresh=lacking)
     placed = artifact_dir(settings, c.entry.name, c.tag)
     manifest = _manifest(c, tracked, pushed=push and tracked.md5 is not None, plans=read_serving(placed))
     manifest = manifest.model_copy(update={"shape": record_shape(placed, c.format, c.placed_as(c.files[0]), c.tag)})
@@ -310,8 +317,10 @@ def publish(settings: Settings, c: Candidate, tracked: Tracked, *, push: bool = 
     return Registration(manifest, save_manifest(settings, manifest), ran=True, reuploaded=reuploaded)
 
 
-def _ensure_in_remote(settings: Settings, c: Candidate, md5: str, files: tuple[ArtifactFile, ...]) -> tuple[str, ...]:
-    check = dvcrepo.ensure_in_remote(settings, c.stage, c.dvc_path, md5, {f.path: f.sha256 for f in files})
+def _ensure_in_remote(settings: Settings, c: Candidate, md5: str, files: tuple[ArtifactFile, ...],
+                      fresh: frozenset[str] = frozenset()) -> tuple[str, ...]:
+    check = dvcrepo.ensure_in_remote(settings, c.stage, c.dvc_path, md5, {f.path: f.sha256 for f in files},
+                                     fresh=fresh)
     return tuple(o.describe() for o in check.bad if o.damaged)
 
 

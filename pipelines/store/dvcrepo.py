@@ -7,9 +7,10 @@ import json
 import logging
 import os
 import re
+import sqlite3
 import sys
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Collection, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +26,7 @@ from pipelines.core.errors import (
     RemoteUnavailable,
     ToolError,
 )
-from pipelines.core.fsutil import cannot_link
+from pipelines.core.fsutil import HashCache, cannot_link
 from pipelines.core.runner import ToolRun, run
 from pipelines.core.settings import Settings
 from pipelines.store.names import stage_name
@@ -141,18 +142,20 @@ def commit(settings: Settings, stage: str) -> None:
     dvc(settings, "commit", "--force", "--no-relink", stage, what=f"dvc commit {stage}")
 
 
-def adopt(settings: Settings, path: Path) -> bool:
+def adopt(settings: Settings, path: Path, hashes: HashCache) -> bool:
     """Make the file at `path` DVC's cache object for its bytes without a second copy: a hard link at
     files/md5/ab/cdef… and the shared inode made read-only (0444, what DVC gives its objects), before `commit`.
 
     `dvc commit` then finds the object in the cache and copies nothing; with `--no-relink` it leaves `path` as it
     is. Only for files no one rewrites in place: every modelmint output is written under a temporary name and
     renamed (fsutil.atomic_output), which gives the name a new inode and leaves the cached one as it was. When
-    the cache already holds these bytes intact in another inode, `path` becomes a link to that one instead. Returns
-    False, changing nothing, where no link can be made (the cache on another filesystem): DVC copies it then.
+    the cache already holds these bytes intact in another inode, `path` becomes a link to that one instead. Its md5
+    comes from `hashes` (read with its sha256, once). Returns False, changing nothing, where there is no file or no
+    link can be made (the cache on another filesystem): DVC copies it then.
     """
-    md5 = _md5_of(path)
-    if md5 is None:
+    try:
+        md5 = hashes.md5(path)
+    except (FileNotFoundError, NotADirectoryError):
         return False
     obj = cache_object(cache_dir(settings), md5)
     try:
@@ -167,6 +170,45 @@ def adopt(settings: Settings, path: Path) -> bool:
             return False
         raise
     return True
+
+
+def record_md5(settings: Settings, paths: Iterable[Path], hashes: HashCache) -> None:
+    """Give DVC's state database the md5 of files of the workspace, from `hashes`, so that `dvc commit` takes it
+    instead of reading every byte again (a registered weight file is read once, for its sha256 and md5 together).
+
+    DVC trusts its state for a path whose inode, mtime and size are the ones recorded with it (dvc_data's
+    hashfile/state.py: `dvc commit` and `dvc add` ask it before hashing). Each entry is written from DVC's own stat
+    of the file, and only when that stat is the same before and after the md5 is looked up: a file that changes
+    meanwhile is left to DVC to hash.
+    """
+    from dvc.dirs import site_cache_dir
+    from dvc_data.hashfile.hash_info import HashInfo
+    from dvc_data.hashfile.state import State
+
+    with _repo(settings, real=True) as repo:
+        # The state the DVC processes read is under the site cache dvc_env gives them; in this process a
+        # DVC_SITE_CACHE_DIR of the caller's environment would outrank it (dvc.dirs.site_cache_dir).
+        opened = Path(repo.site_cache_dir).relative_to(site_cache_dir(repo.config["core"].get("site_cache_dir")))
+        state: Any = State(repo.root_dir, str(settings.dvc_site_cache_dir / opened), repo.dvcignore)
+        try:
+            items = []
+            for p in paths:
+                where = os.path.join(repo.root_dir, p.relative_to(settings.repo_dir).as_posix())
+                before = repo.fs.info(where)
+                md5 = hashes.md5(p)
+                if _same_stat(before, repo.fs.info(where)):
+                    items.append((where, HashInfo("md5", md5), before))
+            state.save_many(items, repo.fs)
+        except sqlite3.Error as err:
+            # only a saving lost: DVC hashes the files itself (and a full disk stops its commit, which says so)
+            log.warning("DVC's state database did not take the md5s of the files registered (%s): `dvc commit` "
+                        "reads them again", err)
+        finally:
+            state.close()
+
+
+def _same_stat(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    return all(a.get(k) == b.get(k) for k in ("ino", "size", "mtime"))
 
 
 def _link_over(src: Path, dst: Path) -> None:
@@ -396,6 +438,30 @@ class RemoteCheck:
 
 
 @contextmanager
+def _repo(settings: Settings, *, real: bool = False) -> Iterator[Any]:
+    """The repository opened through DVC's own Python API, in process, with the site cache the DVC processes get
+    through dvc_env (its state database lives there). `real`: opened at the repository's real path, as a DVC
+    process started in it (cwd) sees it: its state database and the paths in it are named after that path.
+
+    Raises:
+        RegistryError: DVC cannot open it.
+    """
+    from dvc.exceptions import DvcException
+    from dvc.repo import Repo
+
+    root = require_repo(settings)
+    try:
+        repo = Repo(str(root.resolve() if real else root),
+                    config={"core": {"site_cache_dir": str(settings.dvc_site_cache_dir)}})
+    except DvcException as err:
+        raise RegistryError(f"DVC cannot open {root}: {err}", hint="`dvc doctor` shows its setup") from err
+    try:
+        yield repo
+    finally:
+        repo.close()
+
+
+@contextmanager
 def _remote_odb(settings: Settings) -> Iterator[Any]:
     """The default remote's object store (`files/md5/…`) through DVC's own filesystem layer, in process.
 
@@ -403,22 +469,36 @@ def _remote_odb(settings: Settings) -> Iterator[Any]:
         RemoteError: no default remote, or its configuration does not load.
     """
     from dvc.exceptions import DvcException
-    from dvc.repo import Repo
 
-    root = require_repo(settings)
-    try:
-        # The same site cache the DVC processes get through dvc_env (DVC opens its state database there).
-        repo = Repo(str(root), config={"core": {"site_cache_dir": str(settings.dvc_site_cache_dir)}})
-    except DvcException as err:
-        raise RegistryError(f"DVC cannot open {root}: {err}", hint="`dvc doctor` shows its setup") from err
-    try:
+    with _repo(settings) as repo:
         try:
             odb = repo.cloud.get_remote_odb(None, "push")
         except DvcException as err:
             raise RemoteError(f"the DVC remote is not usable: {err}") from err
         yield odb
-    finally:
-        repo.close()
+
+
+def remote_lacks(settings: Settings, dir_md5: str) -> frozenset[str]:
+    """The objects of a directory output (its `.dir` listing and every file's, as the local cache lists them) that
+    the default remote does not hold now: existence only, no byte read. Taken before a push, they are the ones the
+    push writes (check_remote's `fresh`). Empty for a remote that is not a local filesystem: check_remote does
+    not read its objects' bytes at all.
+
+    Raises:
+        RemoteError: no usable default remote. RemoteUnavailable: it could not be read.
+    """
+    cache = cache_dir(settings)
+    oids = [dir_md5, *dir_listing(cache, dir_md5).values()] if cache_object(cache, dir_md5).is_file() else [dir_md5]
+    with _remote_odb(settings) as odb:
+        if not _is_local(odb):
+            return frozenset()
+        try:
+            return frozenset(oid for oid in oids if not odb.fs.exists(odb.oid_to_path(oid)))
+        except OSError as err:
+            raise RemoteUnavailable(
+                f"the DVC remote {odb.fs.unstrip_protocol(odb.path)} could not be read: {err}",
+                hint="check the network or the mount the remote lives on, then rerun the same command",
+            ) from err
 
 
 def read_remote_files(settings: Settings, dir_md5: str, paths: Iterable[str]) -> dict[str, bytes]:
@@ -456,14 +536,17 @@ def _is_local(odb: Any) -> bool:
 
 
 def check_remote(
-    settings: Settings, dir_md5: str, expected: Mapping[str, str] | None = None, *, hash_contents: bool | None = None
+    settings: Settings, dir_md5: str, expected: Mapping[str, str] | None = None, *, hash_contents: bool | None = None,
+    fresh: Collection[str] = (),
 ) -> RemoteCheck:
     """Check the default remote's copy of a directory output: its `.dir` listing and every file's object.
 
     `expected` maps each file of the directory to its sha256 (the manifest's): a file the listing lacks, or an
     object whose bytes hash otherwise, is a problem. `hash_contents` None: hash when the remote is a local
     filesystem (a read of every object), else existence and size only; True: always hash (streamed, nothing
-    is written here). Nothing is changed.
+    is written here). File objects named in `fresh` (ones the push just made wrote from the checked cache: they were
+    absent before it) get existence and size only, as the upload itself was the read of their bytes. Nothing is
+    changed.
 
     Raises:
         RemoteError: no usable default remote. RemoteUnavailable: it could not be read.
@@ -472,7 +555,7 @@ def check_remote(
     with _remote_odb(settings) as odb:
         hashed = _is_local(odb) if hash_contents is None else hash_contents
         try:
-            return _check(odb, cache, dir_md5, dict(expected or {}), hashed)
+            return _check(odb, cache, dir_md5, dict(expected or {}), hashed, frozenset(fresh))
         except OSError as err:
             raise RemoteUnavailable(
                 f"the DVC remote {odb.fs.unstrip_protocol(odb.path)} could not be read: {err}",
@@ -480,7 +563,8 @@ def check_remote(
             ) from err
 
 
-def _check(odb: Any, cache: Path, dir_md5: str, expected: dict[str, str], hashed: bool) -> RemoteCheck:
+def _check(odb: Any, cache: Path, dir_md5: str, expected: dict[str, str], hashed: bool,
+           fresh: frozenset[str]) -> RemoteCheck:
     url = odb.fs.unstrip_protocol(odb.path)
     objects: list[RemoteObject] = []
     listing: bytes | None = None
@@ -514,7 +598,8 @@ def _check(odb: Any, cache: Path, dir_md5: str, expected: dict[str, str], hashed
     ]
     for rel, e in sorted(entries.items()):
         obj_where = odb.oid_to_path(e["md5"])
-        problem, damaged = _check_object(odb.fs, obj_where, e["md5"], e.get("size"), expected.get(rel), hashed)
+        problem, damaged = _check_object(odb.fs, obj_where, e["md5"], e.get("size"), expected.get(rel),
+                                         hashed and e["md5"] not in fresh)
         objects.append(RemoteObject(e["md5"], rel, obj_where, problem, damaged))
     return RemoteCheck(url, hashed, tuple(objects))
 
@@ -579,7 +664,7 @@ def clean_stale_uploads(settings: Settings, wheres: Iterable[str] | None = None,
 
 def ensure_in_remote(
     settings: Settings, stage: str, path: str, dir_md5: str, expected: Mapping[str, str], *,
-    hash_contents: bool | None = None,
+    hash_contents: bool | None = None, fresh: Collection[str] = (),
 ) -> RemoteCheck:
     """After `dvc push STAGE`: check every object of its directory output `path` in the remote, re-upload what is
     missing or wrong (reupload), and check again. Returns the first check (its `bad`, `damaged` objects were
@@ -587,14 +672,15 @@ def ensure_in_remote(
 
     `dvc push` trusts the remote: it skips an object that exists whatever its bytes, and once a directory's
     `.dir` listing is there it takes every file in it as there too; so the bad objects are uploaded again one
-    by one, from copies here checked against their md5. `hash_contents` as for check_remote.
+    by one, from copies here checked against their md5. `hash_contents` and `fresh` as for check_remote (the
+    check after a re-upload hashes every object).
 
     Raises:
         RecordMoved: dvc.lock records another version of the output now (a registration of it ran meanwhile).
         RemoteError, RemoteUnavailable: the remote is unusable, no intact copy is here, or it is still wrong
             after the re-upload.
     """
-    first = check_remote(settings, dir_md5, expected, hash_contents=hash_contents)
+    first = check_remote(settings, dir_md5, expected, hash_contents=hash_contents, fresh=fresh)
     clean_stale_uploads(settings, [o.where for o in first.objects if o.where != "?"])
     damaged = [o for o in first.bad if o.damaged]
     if not damaged:

@@ -1,0 +1,121 @@
+"""How many times registering and publishing read a variant's bytes: once to hash it (its sha256 for the manifest and
+its md5 for DVC, in one pass) and once to copy it to the DVC remote when registering; once, to upload it, when
+publishing (the image takes the sha256 the manifest records, and the registry checks it on upload).
+
+Each step runs in its own process against a real git + DVC project with a local remote and a real docker-registry
+on 127.0.0.1; what it read is the `rchar` of /proc/<pid>/io of a shell around it, which holds the process's and
+every reaped descendant's reads (the DVC processes). Python's imports read as much in any run, so the times a
+step reads the variant are the difference between its bytes read for a large and a small variant, over the
+difference of their sizes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import pickle
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from ociregistry import RunningRegistry, start_registry
+from registry_env import Repo, candidate, dvc, make_repo
+
+import pipelines.core.fsutil as fsutil
+from pipelines.core.fsutil import HashCache
+from pipelines.store import dvcrepo
+
+SMALL_MIB, LARGE_MIB = 1, 33
+# one pass to hash, one to copy out (to the remote, or to the registry); the margin is for what else the runs read
+REGISTER_READS, PUBLISH_READS = 2.2, 1.2
+
+_REGISTER = """
+import pickle, sys
+from pathlib import Path
+from pipelines.core.settings import Settings
+from pipelines.registry.register import register
+register(Settings.from_env(), pickle.loads(Path(sys.argv[1]).read_bytes()))
+"""
+
+
+@pytest.fixture
+def registry(tmp_path: Path) -> Iterator[RunningRegistry]:
+    reg = start_registry(tmp_path / "registry")
+    try:
+        yield reg
+    finally:
+        reg.stop()
+
+
+def _rchar(argv: list[str], repo: Repo) -> int:
+    """Bytes `argv` read through read(), sendfile() and the like, its reaped descendants' included."""
+    wrapped = ["sh", "-c", '"$@" || exit $?; cat /proc/$$/io', "sh", *argv]
+    done = subprocess.run(wrapped, env=repo.env(), cwd=repo.root, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    io = dict(line.split(": ") for line in done.stdout.splitlines() if ": " in line)
+    return int(io["rchar"])
+
+
+def _register_and_publish(base: Path, registry: RunningRegistry, mib: int) -> tuple[Repo, tuple[int, int, int]]:
+    """Register tiny-qwen2:q4_k_m of about `mib` MiB into a new project and publish it: the project, and (its size,
+    the bytes the registering process read, the bytes the publishing process read)."""
+    repo = make_repo(base)
+    c = candidate(repo.settings(), base / "build", mib=mib)
+    (base / "candidate.pickle").write_bytes(pickle.dumps(c))
+    registered = _rchar([sys.executable, "-c", _REGISTER, str(base / "candidate.pickle")], repo)
+    published = _rchar([sys.executable, "-m", "pipelines.cli", "publish", c.ref, "--registry",
+                        f"{registry.host}/read-{mib}", "--insecure"], repo)
+    return repo, (c.size_bytes, registered, published)
+
+
+def test_registering_and_publishing_read_the_variant_once_to_hash_and_once_to_copy(
+    isolated: Path, tmp_path: Path, registry: RunningRegistry
+) -> None:
+    _, small = _register_and_publish(tmp_path / "small", registry, SMALL_MIB)
+    repo, large = _register_and_publish(tmp_path / "large", registry, LARGE_MIB)
+    grown = large[0] - small[0]
+    register_reads = (large[1] - small[1]) / grown
+    publish_reads = (large[2] - small[2]) / grown
+    shown = f"small {small}, large {large} (size, bytes read registering, publishing)"
+    assert register_reads <= REGISTER_READS, f"registering read the variant {register_reads:.2f} times: {shown}"
+    assert publish_reads <= PUBLISH_READS, f"publishing read the variant {publish_reads:.2f} times: {shown}"
+    # The md5 DVC recorded without reading the file is the file's: DVC finds the workspace as it recorded it, and
+    # every object in the remote hashes to its name and to the manifest's sha256.
+    status = dvc(repo.root, "status", "gguf@tiny-qwen2-q4_k_m")
+    assert "changed" not in status.stdout and "modified" not in status.stdout, status.stdout
+    settings = repo.settings()
+    locked = dvcrepo.locked_out(settings, "gguf@tiny-qwen2-q4_k_m", "artifacts/tiny-qwen2/q4_k_m")
+    assert locked is not None
+    listing = dvcrepo.dir_listing(dvcrepo.cache_dir(settings), locked.md5)
+    placed = repo.root / "artifacts/tiny-qwen2/q4_k_m/tiny-qwen2-q4_k_m.gguf"
+    assert listing["tiny-qwen2-q4_k_m.gguf"] == hashlib.md5(placed.read_bytes()).hexdigest()
+    checked = subprocess.run([sys.executable, "-m", "pipelines.cli", "verify", "tiny-qwen2:q4_k_m"], env=repo.env(),
+                             cwd=repo.root, capture_output=True, text=True)
+    assert checked.returncode == 0 and "ok" in checked.stdout, checked.stdout + checked.stderr
+
+
+def test_one_read_gives_both_hashes_for_every_name_of_the_file_until_it_changes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The hash cache reads a file once for its sha256 and md5, answers for a hard link of it (the placed weights, the
+    DVC cache's object) without reading it again, and reads it again once its size or mtime changed."""
+    reads: list[Path] = []
+    real = fsutil.file_digests
+    monkeypatch.setattr(fsutil, "file_digests", lambda p: reads.append(p) or real(p))
+    built, placed = tmp_path / "build.gguf", tmp_path / "placed.gguf"
+    built.write_bytes(b"weights" * 1000)
+    db = tmp_path / "hashcache.json"
+    cache = HashCache(db)
+    assert cache.sha256(built) == hashlib.sha256(built.read_bytes()).hexdigest()
+    assert cache.md5(built) == hashlib.md5(built.read_bytes()).hexdigest()
+    os.link(built, placed)
+    assert HashCache(db).md5(placed) == cache.md5(built) and HashCache(db).sha256(placed) == cache.sha256(built)
+    assert len(reads) == 1
+    st = placed.stat()
+    os.utime(placed, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))  # the same bytes, but no longer known to be
+    assert cache.md5(placed) == hashlib.md5(built.read_bytes()).hexdigest() and len(reads) == 2
+    placed.unlink()
+    placed.write_bytes(b"other" * 1000)  # a new file under the name
+    assert cache.sha256(placed) == hashlib.sha256(b"other" * 1000).hexdigest() and len(reads) == 3
