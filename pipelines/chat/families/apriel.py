@@ -3,13 +3,10 @@ and Apriel 1.6 Thinker (<|begin_system|>/<|begin_user|>/<|begin_assistant|>, too
 
 from __future__ import annotations
 
-from typing import Any
-
 from pipelines.chat.families.core import ChatFamily, TemplateTokens, register
-from pipelines.chat.families.helpers import _LOOP_HEAD, _fill, _has_all, golit
+from pipelines.chat.families.helpers import _LOOP_HEAD, _fill, _has_all, _render_marked, golit
 from pipelines.chat.families.tagged import _PYVAL_DEFINE
 from pipelines.chat.gojson import json_defines
-from pipelines.core.errors import UnsupportedModel
 
 _REASONING = (
     "You are a thoughtful and systematic AI assistant built by ServiceNow Language Models (SLAM) lab. Before providing "
@@ -149,18 +146,10 @@ def _detect_apriel16(src: str) -> bool:
 def _apriel16_parts(src: str) -> tuple[str, str, str]:
     """(the system block before the system text, the tool block before the tools, the tool block after them),
     cut out of the Jinja rendered with marker values."""
-    from pipelines.chat.jinja import render as _render
-
-    def render(*args: Any, **kwargs: Any) -> str:
-        try:
-            return _render(*args, **kwargs)
-        except UnsupportedModel as err:  # another family's template, forced onto this one
-            raise ValueError(err.message) from err
-
     tool = {"type": "function", "function": {"name": "n", "description": "d",
                                              "parameters": {"type": "object", "properties": {}}}}
     user = {"role": "user", "content": "u"}
-    with_sys = render(src, [{"role": "system", "content": _APRIEL16_MARK}, user], tools=[tool], bos_token="")
+    with_sys = _render_marked(src, [{"role": "system", "content": _APRIEL16_MARK}, user], tools=[tool], bos_token="")
     head = with_sys[:with_sys.index(_APRIEL16_MARK)]
     tool_text = str(tool)
     at = with_sys.index(tool_text)

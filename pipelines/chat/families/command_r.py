@@ -3,12 +3,9 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from pipelines.chat.families.core import ChatFamily, TemplateTokens, register
-from pipelines.chat.families.helpers import _LOOP_HEAD, _fill, _has_all, golit
+from pipelines.chat.families.helpers import _LOOP_HEAD, _fill, _has_all, _render_marked, golit
 from pipelines.chat.gojson import json_defines
-from pipelines.core.errors import UnsupportedModel
 
 # ---------------------------------------------------------------- Command R7B (tool_use template)
 #
@@ -53,34 +50,20 @@ def _detect_command_r7b(src: str) -> bool:
     )
 
 
-def _render(src: str, messages: list[dict[str, Any]], **kwargs: Any) -> str:
-    """The Jinja rendered (as transformers) with marker values, to cut its fixed texts out of.
-
-    Raises:
-        ValueError: the Jinja refuses them (another family's template, forced onto this one).
-    """
-    from pipelines.chat.jinja import render
-
-    try:
-        return render(src, messages, **kwargs)
-    except UnsupportedModel as err:
-        raise ValueError(err.message) from err
-
-
 def _preamble_parts(src: str) -> tuple[str, str, str, str]:
     """(head without tools, head before the tools, head after them, the developer preamble's heading): the texts
     the Jinja prints before the first turn."""
     end = "<|END_OF_TURN_TOKEN|>"
     user = [{"role": "user", "content": _MARK.format("U")}]
-    plain = _render(src, user, bos_token="", eos_token="")
+    plain = _render_marked(src, user, bos_token="", eos_token="")
     head = plain[:plain.index(end)]
     tool = {"type": "function", "function": {"name": _MARK.format("N"), "description": "d",
                                              "parameters": {"type": "object", "properties": {}}}}
-    with_tools = _render(src, user, tools=[tool], bos_token="", eos_token="")
+    with_tools = _render_marked(src, user, tools=[tool], bos_token="", eos_token="")
     first = with_tools.index('    {"name": "' + _MARK.format("N"))
     after = with_tools.index('"responses": null}', first) + len('"responses": null}')
     before_tools, after_tools = with_tools[:first], with_tools[after:with_tools.index(end, after)]
-    dev = _render(src, [{"role": "system", "content": _MARK.format("S")}, *user], bos_token="", eos_token="")
+    dev = _render_marked(src, [{"role": "system", "content": _MARK.format("S")}, *user], bos_token="", eos_token="")
     dev_heading = dev[len(head):dev.index(_MARK.format("S"))]
     return head, before_tools, after_tools, dev_heading
 
@@ -177,13 +160,13 @@ def _command_r_plus_parts(src: str) -> tuple[str, str, str, str]:
     tool = {"type": "function", "function": {"name": _MARK.format("N"), "description": "d",
                                              "parameters": {"type": "object", "properties": {}}}}
     user = {"role": "user", "content": _MARK.format("U")}
-    with_sys = _render(src, [{"role": "system", "content": _MARK.format("S")}, user], tools=[tool], bos_token="")
+    with_sys = _render_marked(src, [{"role": "system", "content": _MARK.format("S")}, user], tools=[tool], bos_token="")
     pre = with_sys[:with_sys.index(_MARK.format("S"))]
     tools_head = with_sys[with_sys.index(_MARK.format("S")) + len(_MARK.format("S")):
                           with_sys.index("```python\ndef " + _MARK.format("N"))]
     after_user = with_sys.index(end, with_sys.index(_MARK.format("U"))) + len(end)
     instruction = with_sys[after_user:with_sys.rindex("<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>")]
-    plain = _render(src, [user], tools=[tool], bos_token="")
+    plain = _render_marked(src, [user], tools=[tool], bos_token="")
     default_system = plain[len(pre):plain.index(tools_head)]
     return pre, default_system, tools_head, instruction
 
@@ -282,7 +265,7 @@ def _detect_cohere2(src: str) -> bool:
 def _cohere2_parts(src: str) -> tuple[str, str]:
     """(the platform turn up to the tool list's '[' and line break, the rest of it after the tools): what the Jinja
     prints before the first message."""
-    plain = _render(src, [{"role": "user", "content": _MARK.format("U")}], bos_token="", eos_token="")
+    plain = _render_marked(src, [{"role": "user", "content": _MARK.format("U")}], bos_token="", eos_token="")
     head = plain[:plain.index("<|START_OF_TURN_TOKEN|><|USER_TOKEN|>")]
     cut = head.index("[\n\n]") + 2
     return head[:cut], head[cut:]

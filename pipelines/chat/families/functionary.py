@@ -4,9 +4,8 @@
 from __future__ import annotations
 
 from pipelines.chat.families.core import ChatFamily, TemplateTokens, register
-from pipelines.chat.families.helpers import _LOOP_HEAD, _fill, _has_all, golit
+from pipelines.chat.families.helpers import _LOOP_HEAD, _fill, _has_all, _render_marked, golit
 from pipelines.chat.gojson import json_defines
-from pipelines.core.errors import UnsupportedModel
 
 # ---------------------------------------------------------------- Functionary medium v3.2
 #
@@ -43,12 +42,7 @@ def _detect_functionary_v32(src: str) -> bool:
 
 
 def _system_head(src: str) -> str:
-    from pipelines.chat.jinja import render
-
-    try:
-        out = render(src, [{"role": "user", "content": _MARK}], bos_token="", eos_token="")
-    except UnsupportedModel as err:  # another family's template, forced onto this one
-        raise ValueError(err.message) from err
+    out = _render_marked(src, [{"role": "user", "content": _MARK}], bos_token="", eos_token="")
     return out[:out.index(_NS_OPEN) + len(_NS_OPEN)]
 
 

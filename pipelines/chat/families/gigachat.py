@@ -7,9 +7,8 @@ from __future__ import annotations
 from typing import Any
 
 from pipelines.chat.families.core import ChatFamily, TemplateTokens, register
-from pipelines.chat.families.helpers import _LOOP_HEAD, _fill, _has_all, _has_none, golit
+from pipelines.chat.families.helpers import _LOOP_HEAD, _fill, _has_all, _has_none, _render_marked, golit
 from pipelines.chat.gojson import json_defines
-from pipelines.core.errors import UnsupportedModel
 
 # ---------------------------------------------------------------- GigaChat 3 / 3.1
 #
@@ -54,12 +53,7 @@ def _detect_gigachat31(src: str) -> bool:
 
 def _developer_turn(src: str) -> str:
     """What the Jinja prints before the first message: the developer system turn."""
-    from pipelines.chat.jinja import render
-
-    try:
-        out = render(src, [{"role": "user", "content": _MARK}], bos_token="", eos_token="")
-    except UnsupportedModel as err:  # another family's template, forced onto this one
-        raise ValueError(err.message) from err
+    out = _render_marked(src, [{"role": "user", "content": _MARK}], bos_token="", eos_token="")
     return out[:out.index("user<|role_sep|>\n" + _MARK)]
 
 

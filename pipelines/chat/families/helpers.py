@@ -2,7 +2,8 @@
 
 golit (a Go string literal), _fill (a TEMPLATE skeleton filled with its parts), _jinja_tree / _jinja_strings /
 _jinja_string_starting / _jinja_assignment (the parsed Jinja, its string constants, the one starting with a
-prefix, a `set` assignment), _has_all / _has_none (marker tests), and _LOOP_HEAD (the per-message loop state most TEMPLATEs open with).
+prefix, a `set` assignment), _render_marked (the Jinja rendered with marker values), _has_all / _has_none
+(marker tests), and _LOOP_HEAD (the per-message loop state most TEMPLATEs open with).
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ from __future__ import annotations
 import re
 from functools import lru_cache
 from typing import Any
+
+from pipelines.core.errors import UnsupportedModel
 
 # ---------------------------------------------------------------- helpers
 
@@ -90,6 +93,20 @@ def _jinja_assignment(src: str, name: str) -> Any:
         if isinstance(n.target, nodes.Name) and n.target.name == name:
             return n.node
     return None
+
+
+def _render_marked(src: str, messages: list[dict[str, Any]], **kwargs: Any) -> str:
+    """The Jinja rendered (as transformers) with marker values, to cut the fixed texts it prints out of.
+
+    Raises:
+        ValueError: the Jinja refuses them (another family's template, forced onto this one).
+    """
+    from pipelines.chat.jinja import render
+
+    try:
+        return render(src, messages, **kwargs)
+    except UnsupportedModel as err:
+        raise ValueError(err.message) from err
 
 
 def _has_all(src: str, *needles: str) -> bool:
