@@ -93,6 +93,7 @@ def test_a_damaged_file_receipt_is_a_miss_said_in_a_warning(keys: tuple[str, ...
     stat = out.stat()
     _damage(out, keys, value)
     with caplog.at_level(logging.WARNING):
+        assert load_receipt(out, "o" * 64) is None and not _warned(caplog, out)  # another build's: not read further
         assert load_receipt(out, KEY) is None  # the step runs again
         assert recorded_receipt(out, KEY) is None and kept_or_dropped_receipt(out, KEY) is None
     warned = _warned(caplog, out)
@@ -141,15 +142,6 @@ def test_a_receipt_that_is_no_json_object_is_a_miss_said_in_a_warning(text: str,
     assert _warned(caplog, out), caplog.text
 
 
-def test_another_builds_receipt_is_a_miss_without_a_warning(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    out = tmp_path / "tiny-qwen2-f16.gguf"
-    out.write_bytes(bytes(64))
-    write_receipt(out, "other" * 8, surprise=1)  # not this build's: not read further, nothing to say
-    with caplog.at_level(logging.WARNING):
-        assert load_receipt(out, KEY) is None
-    assert not _warned(caplog, out)
-
-
 @pytest.mark.slow
 def test_a_quantize_receipt_damaged_before_the_check_remakes_the_quant(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
@@ -174,3 +166,14 @@ def test_a_quantize_receipt_damaged_before_the_check_remakes_the_quant(
     report = done.results["validate-q8_0"].report
     assert report.preflight is not None and report.preflight["observed"]["share"] == 0.0
     assert load_receipt(quant, plan.quant_key("q8_0")) is not None  # the rerun wrote a sound receipt
+
+
+def test_a_step_cannot_keep_what_a_receipt_does_not_declare(tmp_path: Path) -> None:
+    """A receipt that would read back as damaged is never written: its step would run again on every build."""
+    out = tmp_path / "tiny-qwen2-q8_0.gguf"
+    out.write_bytes(bytes(64))
+    with pytest.raises(ValueError, match="wall_seconds"):
+        write_receipt(out, KEY, wall_seconds=3.4)
+    with pytest.raises(ValueError, match=r"fallback\.share"):
+        write_receipt(out, KEY, fallback={**GGUF_EXTRA["fallback"], "share": "0.0"})
+    assert not receipt_path(out).exists()

@@ -10,7 +10,8 @@ the format:
   directory, written only after the output was checked, so a killed step never leaves one;
 - `load_receipt` / `load_dir_receipt` give the receipt back only while the output is unchanged (size and mtime
   of every file), so a rerun skips finished steps without re-reading large files, and a replaced or deleted
-  output is rebuilt;
+  output is rebuilt; a damaged receipt (`Receipt`: a key no step writes, a field of the wrong type) is a miss too,
+  said in a warning;
 - a variant ends as a `VariantOutcome` (measured, with its validation report) or a `VariantError` (no verdict:
   refused before the work, or a tool failed); `keep_failure` records the second so the run goes on;
 - `BuildResult` is what one build of one format returns, and `summary` what it writes beside its outputs.
@@ -148,7 +149,11 @@ def _damaged(receipt: dict[str, Any]) -> str | None:
 
 
 def _write(out: Path, receipt: dict[str, Any]) -> dict[str, Any]:
-    write_text_atomic(receipt_path(out), json.dumps(receipt, indent=2, sort_keys=True, default=str) + "\n")
+    text = json.dumps(receipt, indent=2, sort_keys=True, default=str) + "\n"
+    if (problem := _damaged(json.loads(text))) is not None:
+        # a step keeping something Receipt does not declare: read back, it would count as damaged on every run
+        raise ValueError(f"the receipt of {out} would not read back ({problem}): declare it in steps.Receipt")
+    write_text_atomic(receipt_path(out), text)
     return receipt
 
 
