@@ -1,8 +1,7 @@
-"""Go TEMPLATE pieces that several family modules build from: whole skeletons a template lineage shares, and snippets.
+"""Go TEMPLATE skeletons and snippets that several chat-family modules build from."""
 
-Each returns the text the families wrote out before, to the byte (layout included: a TEMPLATE's text is what
-Ollama stores), so a family module names only what its template does differently.
-"""
+# Each returns, to the byte, the text its families wrote out themselves (layout included: a TEMPLATE's text is what
+# Ollama stores), so a family module names only what its template does differently.
 
 from __future__ import annotations
 
@@ -68,7 +67,8 @@ def chatml_query_loop(has_system: str) -> str:
 
 def xml_call(indent: int) -> str:
     """A tool call as the Qwen3.5 / Qwen3-Coder / Step 3.5 Jinjas write it (<tool_call>, <function=NAME>, one
-    <parameter=KEY> a line holding the value as Python's str()), its lines after the first indented by `indent`."""
+    <parameter=KEY> a line holding the value through the family's mm_pystr), its lines after the first indented
+    by `indent`."""
     return f"\n{' ' * indent}".join((
         '<tool_call>«NL»<function={{ .Function.Name }}>{{ "\\n" }}',
         '{{- range $k, $v := .Function.Arguments }}<parameter={{ $k }}>«NL»{{ template "mm_pystr" $v }}«NL»'
