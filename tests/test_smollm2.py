@@ -109,6 +109,10 @@ def test_smollm2_from_the_pinned_wheel_to_the_registry(smollm2_repo: Repo) -> No
         # inside its gate); q4_k_m's same top is 2 standard errors from its floor, so it is read to the end
         assert (k["chunks"], k["of_chunks"]) == {"q4_k_m": (16, None), "q6_k": (4, 16), "q8_0": (8, 16)}[q], (q, k)
         assert report["validation"]["figures"]["tokens"] == k["chunks"] * 63
+        # the running figures after each chunk scored, kept to compare variants on the chunks they share
+        running = report["validation"]["figures"]["running"]
+        assert [(r["chunks"], r["tokens"]) for r in running] == [(n, n * 63) for n in range(1, k["chunks"] + 1)]
+        assert running[-1]["mean_kl"] == pytest.approx(k["mean_kld"], abs=1e-5), (q, running[-1], k)
         # healthy quants of a trained model (measured q6_k 0.010 / 92 %, q8_0 0.004 / 95 %); a broken one misses
         # by orders of magnitude
         assert k["mean_kld"] < 0.03 and k["same_top_pct"] > 88.0 and abs(k["dppl_pct"]) < 5.0, (q, k)
