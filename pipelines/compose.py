@@ -1,10 +1,12 @@
-"""Build → validate → register, once, for every format: what `modelmint convert` and `modelmint compress` run.
+"""One model's run, once, for every front-end: `run_model` is what `modelmint convert` / `compress` and the convert
+flow run: the registration pre-flight, each format's plan, resource check, build steps and finish, the scratch
+dropped, then its registration steps (register-<v>, publish-image-<v>), all by one executor.
 
-The Prefect flow (flows/convert.py) runs the same steps, one task each so the UI shows them, and adds only what
-Prefect adds: cache keys that skip a finished task without calling it, retries of transient failures,
-concurrency slots, and the run's artifacts. The receipts (pipelines/core/steps.py) are the truth about what is
-finished: a step whose receipt matches is skipped whether the CLI or the flow asks, and Prefect's cache is only a
-faster way to the same answer (a cached task whose output is gone is run again).
+The CLI runs it with the local executor; the Prefect flow (flows/convert.py) with its own, one task per step so the
+UI shows them, adding only what Prefect adds: cache keys that skip a finished task without calling it, retries of
+transient failures, concurrency slots, and the run's artifacts. The receipts (pipelines/core/steps.py) are the truth
+about what is finished: a step whose receipt matches is skipped whether the CLI or the flow asks, and Prefect's
+cache is only a faster way to the same answer (a cached task whose output is gone is run again).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import dataclasses
 import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from pipelines.core.errors import ModelmintError
@@ -23,12 +26,14 @@ from pipelines.core.steps import (
     BuildResult,
     Executed,
     Inputs,
+    Runner,
     Step,
     VariantError,
     VariantOutcome,
     content_key,
     execute,
     local_runner,
+    variant_scoped,
 )
 from pipelines.source.catalog import CatalogEntry
 from pipelines.store.candidate import Candidate
@@ -42,12 +47,21 @@ if TYPE_CHECKING:
 
 @dataclass
 class Run:
-    """One format's build of one catalog entry, and what became of its registration (when asked for)."""
+    """One format's build of one catalog entry, the lines a run report puts above its table, and what became of its
+    registration (None when registration was not asked for)."""
 
     result: BuildResult
-    registered: dict[str, str] | None = None
-    """Variant → registry ref; None when registration was not asked for."""
-    register_errors: dict[str, VariantError] = field(default_factory=dict)
+    registration: Registered | None = None
+    header: list[str] = field(default_factory=list)
+
+    @property
+    def registered(self) -> dict[str, str] | None:
+        """Variant → registry ref; None when registration was not asked for."""
+        return None if self.registration is None else self.registration.refs
+
+    @property
+    def register_errors(self) -> dict[str, VariantError]:
+        return {} if self.registration is None else self.registration.errors
 
     def rows(self) -> list[dict[str, str]]:
         return self.result.rows(self.registered, self.register_errors)
@@ -57,7 +71,27 @@ class Run:
 
     def report(self, name: str) -> RunReport:
         """This run as the one run report the CLI prints."""
-        return run_report(name, [self.result], self.registered, self.register_errors)
+        return report_of(name, [self])
+
+
+def registered_in(runs: list[Run]) -> Registered:
+    """Every format's registrations, images and registration failures of one model's run."""
+    out = Registered()
+    for r in runs:
+        out.update(r.registration or Registered())
+    return out
+
+
+def report_of(name: str, runs: list[Run]) -> RunReport:
+    """The one run report of a model's run (every format): what the CLI prints and the flow's artifact tables."""
+    got = registered_in(runs)
+    asked = any(r.registration is not None for r in runs)
+    return run_report(
+        name, [r.result for r in runs], got.refs if asked else None, got.errors,
+        header=[line for r in runs for line in r.header],
+        dvc_paths={v: r.manifest.dvc.path for v, r in got.registrations.items()},
+        published={v: (p.images, p.digest) for v, p in got.published.items()},
+    )
 
 
 # ---------------------------------------------------------------- the run report: what became of every variant
@@ -378,35 +412,82 @@ def register_passed(
     return got.refs, got.errors
 
 
-def build_and_register(
-    fmt: ArtifactFormat, entry: CatalogEntry, settings: Settings, *, variants: list[str] | None = None,
-    revision: str | None = None, register: bool = False, track: bool = True, force: bool = False,
-    progress: Callable[[str], None] = lambda _msg: None, **options: Any,
-) -> Run:
-    """Build and validate `entry`'s variants of format `fmt` (the catalog's, or `variants`), then register the
-    ones that passed when `register` is set (with DVC and a push when `track` is set).
+def run_model(
+    entry: CatalogEntry, settings: Settings, asked: list[tuple[ArtifactFormat, list[str] | None]], *,
+    runner: Runner | None = None, revision: str | None = None, register: bool = False, track: bool = True,
+    force: bool = False, oci: RegistryRef | None = None, keep_going: bool = False,
+    progress: Callable[[str], None] = lambda _msg: None, warn: Callable[[str], None] | None = None,
+    said_in_steps: Callable[[str], None] | None = None,
+    plan_of: Callable[[ArtifactFormat, list[str] | None], Callable[[], Any]] | None = None,
+    arrange: Callable[[list[Step]], list[Step]] = lambda steps: steps, **options: Any,
+) -> list[Run]:
+    """One catalog model's run, the one sequence `modelmint convert` / `compress` and the convert flow run: the
+    run's whole step list, by one executor (`runner`: the flow's Prefect runner; None: here, the CLI's local one).
 
-    With `register`, every variant must have its dvc.yaml stage before any work starts. Every variant is finished
-    before the run reports the failures of the others (`Run.failure`).
+    Before any work, when registering: every asked variant's dvc.yaml stage and the signing key (all formats at
+    once). Then per format (`asked`: each with its variants; None: the catalog's) its plan (`plan_of`: the flow's
+    cached fetch), the disk and memory check of everything the run writes (build directory, artifacts/, DVC cache
+    and local remote, the OCI registry's storage), its build steps and its finish; once every variant passed, its
+    scratch (the f16, the reference logits) is dropped, before registration; then the registration steps run by
+    the same executor: `register-<v>` for what passed its gate (place, dvc commit, push, manifest, signature;
+    dvc.lock restored when the commit or push fails) and, with `oci`, `publish-image-<v>`.
+
+    `keep_going` (the flow): a format whose build fails as a whole with a variant's kind of error fails its
+    variants and the next format still runs; without it (the CLI) that error is raised. `said_in_steps`: where the
+    registration steps say what they did (default `progress`).
 
     Raises:
-        RegistryError: `register` is set and a variant has no dvc.yaml stage (before any work).
-        SigningKeyError: `register` is set and MODELMINT_SIGNING_KEY names a key that cannot sign (before any work).
-        ConfigError, SourceError, ToolchainMissing, DiskFullError: what stops every variant alike.
+        RegistryError, SigningKeyError: registering and a stage is missing or the key cannot sign (before any work).
+        ConfigError, SourceError, ToolchainMissing, DiskFullError, RunTooLarge: what stops every variant alike.
     """
+    todo = [(fmt, v) for fmt, v in asked if v is None or v]
     if register:
-        preflight_registration(settings, entry, variants if variants is not None else fmt.catalog_variants(entry))
-    places = registry_places(settings, track=track) if register else None
-    result = fmt.build_here(entry, settings, variants=variants, revision=revision, progress=progress, places=places,
-                            **options)
+        preflight_registration(settings, entry, [
+            x for fmt, v in todo for x in (v if v is not None else fmt.catalog_variants(entry))])
+    places = registry_places(settings, track=track, oci=oci) if register else None
+    runs: list[Run] = []
+    for fmt, variants in todo:
+        try:
+            if runner is None:
+                result = fmt.build_here(entry, settings, variants=variants, revision=revision, progress=progress,
+                                        places=places, **options)
+            else:
+                result = fmt.build_by(runner, entry, settings, variants=variants, revision=revision,
+                                      progress=progress, warn=warn, places=places, arrange=arrange,
+                                      plan=plan_of(fmt, variants) if plan_of else None, **options)
+        except Exception as err:
+            if not keep_going or not variant_scoped(err):
+                raise
+            runs.append(Run(all_failed(entry.name, variants or fmt.catalog_variants(entry), err),
+                            Registered() if register else None))
+            continue
+        runs.append(_register(fmt, result, settings, runner or local_runner, register=register, track=track,
+                              force=force, oci=oci, progress=progress, said=said_in_steps or progress))
+    return runs
+
+
+def _register(
+    fmt: ArtifactFormat, result: BuildResult, settings: Settings, runner: Runner, *, register: bool, track: bool,
+    force: bool, oci: RegistryRef | None, progress: Callable[[str], None], said: Callable[[str], None],
+) -> Run:
+    """After one format's build: its scratch dropped once every variant passed, then its registration steps."""
+    header = fmt.header(result)
     if not register or result.plan is None:
-        return Run(result)
+        return Run(result, Registered() if register else None, header)
     from pipelines.registry.register import drop_scratch
 
-    # the f16 and its reference logits go once every variant passed, before registration (MODELMINT_KEEP_SCRATCH)
+    # the f16 and its reference logits go once every variant passed, before registration: what follows reads only
+    # the variants (MODELMINT_KEEP_SCRATCH keeps them)
     drop_scratch(settings, fmt.scratch(result.plan), result)
-    refs, errors = register_passed(settings, candidates_of(fmt, result), track=track, say=progress, force=force)
-    return Run(result, refs, errors)
+    listed = registration_steps(settings, candidates_of(fmt, result), track=track, force=force, oci=oci, say=said)
+    done = execute(listed, runner, progress=progress)
+    return Run(result, registered_of(done, result.passed), header)
+
+
+def all_failed(name: str, variants: list[str], err: ModelmintError) -> BuildResult:
+    """A build that failed as a whole (its plan, a step every variant needs): every variant asked fails with `err`."""
+    errors = {v: VariantError.of(v, "build", err) for v in variants}
+    return BuildResult(name, Path(), {}, {}, {}, [], errors=errors, asked=list(variants))
 
 
 def candidates_of(fmt: ArtifactFormat, result: BuildResult) -> dict[str, Callable[[], Candidate]]:

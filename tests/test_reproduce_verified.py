@@ -53,7 +53,7 @@ def test_reproduce_in_the_checkout_that_built_it_rebuilds_from_nothing_and_recor
 ) -> None:
     """The registering checkout's work directory holds the build (every step's output and receipt): the
     reproduction must not take them, but run the converter and the quantizer again in a directory of its own."""
-    from pipelines.compose import build_and_register
+    from pipelines.compose import run_model
     from pipelines.source.catalog import load_catalog
     from pipelines.store.formats import FORMATS
 
@@ -61,7 +61,7 @@ def test_reproduce_in_the_checkout_that_built_it_rebuilds_from_nothing_and_recor
     second, second_pub = _key(tmp_path / "second.pem")
     settings = repo.settings(MODELMINT_SIGNING_KEY=first)
     entry = load_catalog(settings.catalog_path).get("tiny-qwen2")
-    run = build_and_register(FORMATS["gguf"], entry, settings, variants=["q4_k_m"], register=True)
+    run = run_model(entry, settings, [(FORMATS["gguf"], ["q4_k_m"])], register=True)[0]
     assert run.failure() is None and run.registered == {"q4_k_m": REF}
     keys = repo.root / "registry" / "keys"
     keys.mkdir()

@@ -685,7 +685,7 @@ def test_tiny_qwen2_q4_k_m_rebuilt_in_a_second_checkout_gets_an_attestation(
 ) -> None:
     """The real toolchain: tiny-qwen2 q4_k_m built, validated, registered and signed in one checkout; rebuilt from its
     provenance in a clone with its own work directory and a second key; the same bytes get the attestation."""
-    from pipelines.compose import build_and_register
+    from pipelines.compose import run_model
     from pipelines.registry import reproduce
     from pipelines.source.catalog import load_catalog
     from pipelines.store.formats import FORMATS
@@ -694,7 +694,7 @@ def test_tiny_qwen2_q4_k_m_rebuilt_in_a_second_checkout_gets_an_attestation(
     second, second_pub = _key(tmp_path / "second.pem")
     settings = repo.settings(MODELMINT_SIGNING_KEY=first)
     entry = load_catalog(settings.catalog_path).get("tiny-qwen2")
-    run = build_and_register(FORMATS["gguf"], entry, settings, variants=["q4_k_m"], register=True)
+    run = run_model(entry, settings, [(FORMATS["gguf"], ["q4_k_m"])], register=True)[0]
     assert run.failure() is None and run.registered == {"q4_k_m": REF}
     keys = repo.root / "registry" / "keys"
     keys.mkdir()

@@ -23,7 +23,7 @@ from prefect.testing.utilities import prefect_test_harness
 from registry_env import Repo, make_repo, task_runs
 
 from pipelines import __version__
-from pipelines.compose import build_and_register
+from pipelines.compose import run_model
 from pipelines.core.errors import ArtifactError
 from pipelines.core.fsutil import atomic_output, sha256_file
 from pipelines.core.gates import gguf_gate
@@ -287,13 +287,13 @@ def test_a_toy_format_reaches_the_local_executor_the_registry_and_the_serving_fi
     entry = load_catalog(settings.catalog_path).get("tiny-qwen2")
     assert FORMATS[TOY] is toy and format_of(TOY) is toy
     said: list[str] = []
-    run = build_and_register(toy, entry, settings, variants=[TOY], register=True, progress=said.append)
+    run = run_model(entry, settings, [(toy, [TOY])], register=True, progress=said.append)[0]
     assert run.failure() is None, run.rows()
     assert run.registered == {TOY: f"tiny-qwen2:{TOY}"}
     assert run.result.tools_run == ["cp"] and "toy: copying the source" in said
     assert (run.result.out_dir / "toy.json").is_file()
     _registered(repo, settings)
-    again = build_and_register(toy, entry, settings, variants=[TOY], register=True)
+    again = run_model(entry, settings, [(toy, [TOY])], register=True)[0]
     assert again.result.tools_run == [] and again.registered == {TOY: f"tiny-qwen2:{TOY}"}
 
 

@@ -179,18 +179,16 @@ def _build_command(
 ) -> None:
     """convert and compress: build, validate and (with --register) register one format's variants, then say
     what became of each (pipelines.compose, the same composition for every format)."""
-    from pipelines.compose import build_and_register
+    from pipelines.compose import run_model
     from pipelines.source.catalog import load_catalog
     from pipelines.store.formats import implementation
 
     settings = load_settings()
     entry = load_catalog(settings.catalog_path).get(name)
-    fmt = implementation(format_name)
-    run = build_and_register(
-        fmt,
+    (run,) = run_model(
         entry,
         settings,
-        variants=variants,
+        [(implementation(format_name), variants)],
         revision=revision,
         register=register,
         track=track,
