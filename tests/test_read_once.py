@@ -1,6 +1,7 @@
 """How many times registering and publishing read a variant's bytes: once to hash it (its sha256 for the manifest and
 its md5 for DVC, in one pass) and once to copy it to the DVC remote when registering; once, to upload it, when
-publishing (the image takes the sha256 the manifest records, and the registry checks it on upload).
+publishing (the image takes the sha256 the manifest records, and the registry checks it on upload). A variant built
+and registered in one run is hashed once in all: at its receipt, whose read registration takes from the hash cache.
 
 Each step runs in its own process against a real git + DVC project with a local remote and a real docker-registry
 on 127.0.0.1; what it read is the `rchar` of /proc/<pid>/io of a shell around it, which holds the process's and
@@ -12,6 +13,7 @@ difference of their sizes.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import pickle
 import subprocess
@@ -27,6 +29,7 @@ import pipelines.core.fsutil as fsutil
 from pipelines.core.fsutil import HashCache
 from pipelines.store import dvcrepo
 
+_CHECKOUT = Path(__file__).resolve().parents[1]  # the code under test, whichever checkout holds this file
 SMALL_MIB, LARGE_MIB = 1, 33
 # one pass to hash, one to copy out (to the remote, or to the registry); the margin is for what else the runs read
 REGISTER_READS, PUBLISH_READS = 2.2, 1.2
@@ -37,6 +40,28 @@ from pathlib import Path
 from pipelines.core.settings import Settings
 from pipelines.registry.register import register
 register(Settings.from_env(), pickle.loads(Path(sys.argv[1]).read_bytes()))
+"""
+
+# The CLI, with every hash of a file's bytes counted by file (device and inode): the two functions they go through,
+# under every name they are imported by before the CLI loads (steps' receipts); the counts land in argv[1] at exit.
+_COUNTED = """
+import atexit, json, runpy, sys
+from pathlib import Path
+import pipelines.core.fsutil as fsutil
+import pipelines.core.steps as steps
+hashed = {}
+def counting(real):
+    def read(path):
+        st = Path(path).stat()
+        hashed[f"{st.st_dev}:{st.st_ino}"] = hashed.get(f"{st.st_dev}:{st.st_ino}", 0) + st.st_size
+        return real(path)
+    return read
+fsutil.file_digests = counting(fsutil.file_digests)
+fsutil.sha256_file = steps.sha256_file = counting(fsutil.sha256_file)
+counts = Path(sys.argv[1])
+atexit.register(lambda: counts.write_text(json.dumps(hashed)))
+sys.argv = ["modelmint", *sys.argv[2:]]
+runpy.run_module("pipelines.cli", run_name="__main__", alter_sys=True)
 """
 
 
@@ -119,3 +144,19 @@ def test_one_read_gives_both_hashes_for_every_name_of_the_file_until_it_changes(
     placed.unlink()
     placed.write_bytes(b"other" * 1000)  # a new file under the name
     assert cache.sha256(placed) == hashlib.sha256(b"other" * 1000).hexdigest() and len(reads) == 3
+
+
+@pytest.mark.slow
+def test_a_variant_built_and_registered_in_one_run_is_hashed_once(repo: Repo, tmp_path: Path) -> None:
+    """`modelmint convert tiny-qwen2 --variants q4_k_m --register`, one run that builds, validates and registers: the
+    quantize step's receipt reads the variant for its sha256 (and its md5, in the same pass); registration (the
+    manifest's sha256, DVC's md5) and everything between take them from the hash cache and hash it no more. (The
+    placed weights and DVC's cache object are hard links of the build's output: one file, counted by its inode.)"""
+    counts = tmp_path / "hashed.json"
+    done = subprocess.run([sys.executable, "-c", _COUNTED, str(counts), "convert", "tiny-qwen2", "--variants", "q4_k_m",
+                           "--register"], env={**repo.env(), "PYTHONPATH": str(_CHECKOUT)}, cwd=repo.root,
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    placed = (repo.root / "artifacts/tiny-qwen2/q4_k_m/tiny-qwen2-q4_k_m.gguf").stat()
+    times = json.loads(counts.read_text()).get(f"{placed.st_dev}:{placed.st_ino}", 0) / placed.st_size
+    assert times == 1, f"the variant ({placed.st_size} bytes) was hashed {times:g} times in the run"

@@ -335,8 +335,9 @@ def ensure_compressed(
                                 log_path=d.with_name(d.name + ".log"))
         # The receipt is written before the slot is released: releasing talks to the orchestrator, and a
         # failure there must not cost the finished checkpoint (the rerun finds the receipt and skips).
-        receipt = write_dir_receipt(d, key, quantize={**result, "wall_s": round(tool.wall_s, 3),
-                                                      "peak_rss_bytes": tool.peak_rss_bytes},
+        receipt = write_dir_receipt(d, key, hashes=hash_cache(plan.settings),
+                                    quantize={**result, "wall_s": round(tool.wall_s, 3),
+                                              "peak_rss_bytes": tool.peak_rss_bytes},
                                     weights_key=same, source_key=plan.source_key)
     return StepResult(d, receipt, ran=True)
 
@@ -359,7 +360,8 @@ def _remetadata(plan: CompressPlan, d: Path, key: str, same: str) -> StepResult 
             kept = with_new_metadata(other, plan.snapshot.path, d)
             log.info("%s: only metadata differs from %s: copied it with the new %s, no llmcompressor run", d.name,
                      other, ", ".join(kept))
-            receipt = write_dir_receipt(d, key, quantize=donor.get("quantize", {}), weights_key=same,
+            receipt = write_dir_receipt(d, key, hashes=hash_cache(plan.settings),
+                                        quantize=donor.get("quantize", {}), weights_key=same,
                                         source_key=plan.source_key, metadata_from={
                                             "path": str(other), "tree_sha256": donor["tree_sha256"],
                                             "source_key": donor.get("source_key"), "files": kept})

@@ -46,7 +46,7 @@ from pydantic import ConfigDict, StrictInt, TypeAdapter, ValidationError, with_c
 from typing_extensions import TypedDict  # pydantic reads a TypedDict from typing_extensions on Python < 3.12
 
 from pipelines.core.errors import DiskFullError, ModelmintError, ToolchainMissing, ToolError
-from pipelines.core.fsutil import sha256_file, write_text_atomic
+from pipelines.core.fsutil import HashCache, sha256_file, write_text_atomic
 from pipelines.core.report import (
     CalibrationRecord,
     Figure,
@@ -210,11 +210,21 @@ def kept_or_dropped_receipt(out: Path, key: str) -> dict[str, Any] | None:
     return receipt
 
 
-def write_receipt(out: Path, key: str, **extra: Any) -> dict[str, Any]:
-    """Record that file `out` is finished: its size, mtime and sha256, and what the step wants to keep."""
+def _sha256_of(path: Path, hashes: HashCache | None) -> str:
+    """The file's sha256, through `hashes` where given: the one read of a variant's bytes that gives its sha256 and
+    its md5 together, remembered for its inode, so that registration (the manifest's sha256, DVC's md5) and
+    publishing find both without reading the file again."""
+    return hashes.sha256(path) if hashes is not None else sha256_file(path)
+
+
+def write_receipt(out: Path, key: str, *, hashes: HashCache | None = None, **extra: Any) -> dict[str, Any]:
+    """Record that file `out` is finished: its size, mtime and sha256, and what the step wants to keep.
+
+    `hashes`: the settings' hash cache (fsutil.hash_cache), for an output that is registered later (a variant):
+    its sha256 and md5 then come from this one read."""
     st = out.stat()
-    return _write(out, {"key": key, "size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": sha256_file(out),
-                        **extra})
+    return _write(out, {"key": key, "size": st.st_size, "mtime_ns": st.st_mtime_ns,
+                        "sha256": _sha256_of(out, hashes), **extra})
 
 
 def tree_files(d: Path) -> list[Path]:
@@ -222,12 +232,14 @@ def tree_files(d: Path) -> list[Path]:
     return sorted(p for p in d.rglob("*") if p.is_file())
 
 
-def write_dir_receipt(d: Path, key: str, **extra: Any) -> dict[str, Any]:
-    """Record that directory `d` is finished: every file's size, mtime and sha256, and their combined hash."""
+def write_dir_receipt(d: Path, key: str, *, hashes: HashCache | None = None, **extra: Any) -> dict[str, Any]:
+    """Record that directory `d` is finished: every file's size, mtime and sha256, and their combined hash
+    (`hashes`: as for write_receipt)."""
     files = {}
     for p in tree_files(d):
         st = p.stat()
-        files[p.relative_to(d).as_posix()] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": sha256_file(p)}
+        files[p.relative_to(d).as_posix()] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns,
+                                              "sha256": _sha256_of(p, hashes)}
     tree = content_key(sorted((k, v["sha256"]) for k, v in files.items()))
     return _write(d, {"key": key, "tree_sha256": tree, "size": sum(v["size"] for v in files.values()),
                       "files": files, **extra})

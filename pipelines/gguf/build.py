@@ -368,8 +368,8 @@ def _retemplated(plan: GGUFPlan, out: Path, key: str, same: str | None, file_typ
                                  sampling=plan.sampling)
     log.info("%s: only metadata differs from %s: rewrote it, no tool run", out.name, donor)
     kept = {k: donor_receipt[k] for k in ("fallback",) if k in donor_receipt}
-    receipt = write_receipt(out, key, gguf=info.to_dict(), weights_key=same, retemplated_from=donor_receipt["sha256"],
-                            **kept)
+    receipt = write_receipt(out, key, hashes=hash_cache(plan.settings), gguf=info.to_dict(), weights_key=same,
+                            retemplated_from=donor_receipt["sha256"], **kept)
     return StepResult(out, receipt, ran=True)
 
 
@@ -457,9 +457,9 @@ def ensure_quant(plan: GGUFPlan, q: str, *, threads: int | None = None, base: St
             imatrix=imatrix.path if imatrix is not None else None,
             kv=kv,
         )
-        receipt = write_receipt(out, key, gguf=info.to_dict(), wall_s=round(tool.wall_s, 3),
-                                peak_rss=tool.peak_rss_bytes, fallback=_observed_fallback(out, q, tool.stderr + tool.stdout),
-                                weights_key=same)
+        receipt = write_receipt(out, key, hashes=hash_cache(plan.settings), gguf=info.to_dict(),
+                                wall_s=round(tool.wall_s, 3), peak_rss=tool.peak_rss_bytes,
+                                fallback=_observed_fallback(out, q, tool.stderr + tool.stdout), weights_key=same)
     return StepResult(out, receipt, ran=True)
 
 
