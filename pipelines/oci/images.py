@@ -4,8 +4,10 @@ fetches and verifies one without DVC.
 A GGUF becomes an Ollama image (`ollama pull HOST/NAMESPACE/NAME:TAG`), a compressed-tensors checkpoint a CNCF
 ModelPack artifact; the format table (store/formats/) says which. Every layer that carries a registered file has that
 file's sha256 from the manifest as its digest, and the manifest itself travels as a layer, byte for byte. Blobs go
-first (HEAD before each: the registry never receives one twice), tags last: `TAG-<source12>` (the upstream commit
-the artifact was built from, `pinned_tag`) and `TAG`; a tag that points at the image already is not written again.
+first (HEAD before each: the registry never receives one twice), then the manifest by its digest, then its signature
+(referrers.py), tags last: `TAG-<source12>` (the upstream commit the artifact was built from, `pinned_tag`) and `TAG`;
+a tag that points at the image already is not written again. A publish that stops before its tags (the registry, the
+signing, the Time-Stamp Authority) moved none: they still name the previous, signed image.
 """
 
 from __future__ import annotations
@@ -18,7 +20,14 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from pipelines.core.errors import ManifestInvalid, OciError, RegistryError, SignatureRefused, TagConflict
+from pipelines.core.errors import (
+    ManifestInvalid,
+    OciError,
+    RegistryError,
+    SignatureRefused,
+    TagConflict,
+    TimestampUnavailable,
+)
 from pipelines.core.fsutil import atomic_output, hash_cache, write_text_atomic
 from pipelines.core.settings import Settings
 from pipelines.oci.referrers import Attached, attach, provenance_statement
@@ -129,10 +138,12 @@ def publish_image(settings: Settings, ref: str, registry: RegistryRef, *, force:
     carries this very registration but is not the image its signed files make (changed in the registry).
 
     The artifact is first verified as a pull would verify it (the trust policy, signing.verify_directory): what
-    the policy refuses is never pushed. With a signing key configured (MODELMINT_SIGNING_KEY), the pushed image's
-    manifest digest is then signed where OCI tooling looks (registry/referrers.py): a cosign signature
-    (`sha256-<hex>.sig`) and an in-toto attestation of its provenance (`sha256-<hex>.att`), both OCI 1.1 referrers
-    of the image, listed under the referrers tag schema's `sha256-<hex>` index.
+    the policy refuses is never pushed. With a signing key configured (MODELMINT_SIGNING_KEY), the image's manifest,
+    pushed by its digest and not tagged yet, is then signed where OCI tooling looks (oci/referrers.py): a cosign
+    signature (`sha256-<hex>.sig`, with its RFC 3161 timestamp when MODELMINT_TSA_URL is set) and an in-toto
+    attestation of its provenance (`sha256-<hex>.att`), both OCI 1.1 referrers of the image, listed under the
+    referrers tag schema's `sha256-<hex>` index. Only then are the tags written: a puller that enforces signatures
+    never finds a tag on an unsigned image, and a publish that fails before them leaves every tag where it was.
 
     Raises:
         everything build_image raises.
@@ -141,8 +152,10 @@ def publish_image(settings: Settings, ref: str, registry: RegistryRef, *, force:
         TagConflict: a tag points at another artifact's image, or at a newer registration (nothing uploaded or
             tagged; --force moves it).
         SigningKeyError: the configured signing key cannot sign (checked before anything is pushed).
-        OciUnavailable, OciAuthRefused, OciError: the registry is down, refuses, or fails (blobs before tags, so
-            nothing is half-tagged); the hint ends with the command that publishes it again.
+        TimestampUnavailable: the Time-Stamp Authority gives no timestamp for the signature (the image is in the
+            registry by its digest, unsigned and untagged; no tag moved); the hint names the command to run again.
+        OciUnavailable, OciAuthRefused, OciError: the registry is down, refuses, or fails (blobs, manifest and
+            signature before tags, so nothing is half-tagged); the hint ends with the command that publishes it again.
     """
     from pipelines.trust.policy import load_policy
     from pipelines.trust.signing import preflight, verify_directory
@@ -171,13 +184,23 @@ def publish_image(settings: Settings, ref: str, registry: RegistryRef, *, force:
             mounts = mount_sources(settings, manifest, registry)
             for blob in image.blobs:
                 moved[client.push_blob(repository, blob, mount_from=mounts)].append(blob.digest)
-            for tag in write:
-                client.put_manifest(repository, tag, image)
+            if write and key is not None:
+                # The manifest goes by its digest, no tag moved yet (distribution-spec, "Pushing Manifests":
+                # https://github.com/opencontainers/distribution-spec/blob/main/spec.md#pushing-manifests, the
+                # <reference> of PUT /v2/<name>/manifests/<reference> MAY be a digest): it is signed there, and the
+                # tags are written only once its signature is pushed. Unsigned, the tags are the next PUT anyway.
+                client.put_manifest(repository, image.digest, image)
             attached = None
             if key is not None:
                 subject = {"mediaType": image.media_type, "digest": image.digest, "size": len(image.manifest_bytes())}
-                attached = attach(client, repository, f"{registry.host}/{repository}", subject, key,
-                                  provenance_statement(directory), title=f"{manifest.name}-{manifest.tag}.intoto.jsonl")
+                try:
+                    attached = attach(client, repository, f"{registry.host}/{repository}", subject, key,
+                                      provenance_statement(directory),
+                                      title=f"{manifest.name}-{manifest.tag}.intoto.jsonl")
+                except (OciError, TimestampUnavailable) as err:
+                    raise _untagged(err, registry, manifest, image.digest, write, retagged, force=force) from None
+            for tag in write:
+                client.put_manifest(repository, tag, image)
             if image.config.media_type == OLLAMA_CONFIG and not client.blob_redirects(repository, image.config.digest):
                 # The push worked and modelmint's own pull works; only `ollama pull` would fail, at its first blob.
                 log.warning("%s does not answer blob GETs with a 307 redirect to another host (with a Location): "
@@ -198,6 +221,23 @@ def publish_image(settings: Settings, ref: str, registry: RegistryRef, *, force:
                      moved["uploaded"], moved["present"], moved["mounted"], retagged, write, attached)
     record_publication(settings, done)
     return done
+
+
+def _untagged(err: OciError | TimestampUnavailable, registry: RegistryRef, manifest: Manifest, digest: str,
+              write: list[str], retagged: dict[str, str], *, force: bool) -> OciError | TimestampUnavailable:
+    """`err` (the image's signature could not be made or pushed) worded for a publish that stopped before its
+    tags: what each tag still names, and the command that publishes the image once the cause is fixed."""
+    if write:
+        still = "; ".join(f"{registry.image(manifest.name, t)} still names {retagged[t]}" if t in retagged else
+                          f"{registry.image(manifest.name, t)} is not in the registry" for t in write)
+        kept = f"{digest} is pushed by its digest but unsigned, and no tag was moved ({still})"
+    else:
+        kept = "its tags name the image already; its signature was not pushed"
+    err.message = err.message.removesuffix(": nothing was registered") + f": {kept}"
+    again = publish_command(manifest.ref, registry, force=force)
+    hint = (err.hint or "").replace("then rerun the same command", f"then publish again with `{again}`")
+    err.hint = hint if again in hint else (f"{hint.rstrip('.')}; " if hint else "") + f"then publish again with `{again}`"
+    return err
 
 
 def _tags_to_write(client: OciClient, registry: RegistryRef, manifest: Manifest, image: Image, tags: list[str], *,
