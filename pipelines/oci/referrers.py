@@ -1,6 +1,7 @@
 """A published image's signature and attestation where OCI tooling looks: cosign's tags and OCI 1.1 referrers.
 
-After publish pushes an image, the configured signing key signs its manifest digest twice:
+After publish pushes an image by its digest, and before it writes any tag (oci/images.py), the configured signing
+key signs its manifest digest twice:
 
 - a cosign signature (sigstore/cosign specs/SIGNATURE_SPEC.md, "Simple Signing" and "OCI Image Manifest V1"): the
   simple-signing payload naming the image's digest as a layer of media type SIMPLE_SIGNING, its base64 ECDSA
