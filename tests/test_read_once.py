@@ -74,10 +74,11 @@ def registry(tmp_path: Path) -> Iterator[RunningRegistry]:
         reg.stop()
 
 
-def _rchar(argv: list[str], repo: Repo) -> int:
+def _rchar(argv: list[str], repo: Repo, **env: str) -> int:
     """Bytes `argv` read through read(), sendfile() and the like, its reaped descendants' included."""
     wrapped = ["sh", "-c", '"$@" || exit $?; cat /proc/$$/io', "sh", *argv]
-    done = subprocess.run(wrapped, env=repo.env(), cwd=repo.root, capture_output=True, text=True)
+    done = subprocess.run(wrapped, env={**repo.env(), "PYTHONPATH": str(_CHECKOUT), **env}, cwd=repo.root,
+                          capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
     io = dict(line.split(": ") for line in done.stdout.splitlines() if ": " in line)
     return int(io["rchar"])
@@ -160,3 +161,46 @@ def test_a_variant_built_and_registered_in_one_run_is_hashed_once(repo: Repo, tm
     placed = (repo.root / "artifacts/tiny-qwen2/q4_k_m/tiny-qwen2-q4_k_m.gguf").stat()
     times = json.loads(counts.read_text()).get(f"{placed.st_dev}:{placed.st_ino}", 0) / placed.st_size
     assert times == 1, f"the variant ({placed.st_size} bytes) was hashed {times:g} times in the run"
+
+
+def test_signing_at_registration_hashes_no_file_again_and_model_signing_verifies_it(
+    isolated: Path, tmp_path: Path
+) -> None:
+    """With MODELMINT_SIGNING_KEY set, registration reads the variant as often as without (to hash it, to copy it to
+    the remote): the signature's per-file sha256s come from the hash cache, not from model-signing reading every
+    file again. model-signing's own CLI verifies that signature by hashing the files itself."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    from pipelines.registry.register import artifact_dir
+    from pipelines.trust.signing import SIGNATURE
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    private, public = tmp_path / "signing.pem", tmp_path / "signing.pub"
+    private.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                          serialization.NoEncryption()))
+    public.write_bytes(key.public_key().public_bytes(serialization.Encoding.PEM,
+                                                     serialization.PublicFormat.SubjectPublicKeyInfo))
+    measured = []
+    for mib in (SMALL_MIB, LARGE_MIB):
+        repo = make_repo(tmp_path / f"signed-{mib}")
+        c = candidate(repo.settings(), tmp_path / f"build-{mib}", mib=mib)
+        (tmp_path / f"candidate-{mib}.pickle").write_bytes(pickle.dumps(c))
+        read = _rchar([sys.executable, "-c", _REGISTER, str(tmp_path / f"candidate-{mib}.pickle")], repo,
+                      MODELMINT_SIGNING_KEY=str(private))
+        measured.append((c.size_bytes, read))
+    reads = (measured[1][1] - measured[0][1]) / (measured[1][0] - measured[0][0])
+    assert reads <= REGISTER_READS, f"signed registration read the variant {reads:.2f} times: {measured}"
+    directory = artifact_dir(repo.settings(), "tiny-qwen2", "q4_k_m")
+    checked = subprocess.run([sys.executable, "-m", "model_signing", "verify", "key", "--signature",
+                              str(directory / SIGNATURE), "--public_key", str(public), "--ignore-paths",
+                              str(directory / SIGNATURE), str(directory)], capture_output=True, text=True)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    # and refuses the same files with one byte changed (the check is real)
+    weights = directory / "tiny-qwen2-q4_k_m.gguf"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 1
+    weights.unlink()
+    weights.write_bytes(bytes(data))
+    refused = subprocess.run(checked.args, capture_output=True, text=True)
+    assert refused.returncode != 0, refused.stdout + refused.stderr

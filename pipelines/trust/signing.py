@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from pipelines.core import timestamps
 from pipelines.core.errors import ModelmintError, SignatureRefused, SigningKeyError, TimestampInvalid
-from pipelines.core.fsutil import hash_cache, write_text_atomic
+from pipelines.core.fsutil import HashCache, hash_cache, write_text_atomic
 from pipelines.core.settings import Settings
 from pipelines.trust import provenance
 from pipelines.trust.policy import Rule, Signer, TrustPolicy
@@ -211,14 +211,19 @@ def seal(settings: Settings, c: provenance.Built, directory: Path, validation: d
     stmt = provenance.statement(c, validation, outputs, datetime.now(UTC).replace(microsecond=0), hashes,
                                 directory=directory, signer=sk, toolchains_dir=settings.toolchains_dir)
     write_text_atomic(directory / provenance.PROVENANCE, json.dumps(stmt, indent=2, sort_keys=True) + "\n")
-    sign_directory(sk, directory, name=c.ref)
+    sign_directory(sk, directory, name=c.ref, hashes=hashes)
 
 
-def sign_directory(sk: SigningKey, directory: Path, *, name: str | None = None) -> None:
+def sign_directory(
+    sk: SigningKey, directory: Path, *, name: str | None = None, hashes: HashCache | None = None
+) -> None:
     """model-signing over every file of `directory` but the signature itself, written to `directory/SIGNATURE`.
 
     `name` is the statement's subject name (NAME:TAG); model-signing would name the directory, which at
     registration is the temporary `TAG.partial-PID`. With `sk.tsa`, the signature is timestamped (_add_timestamp).
+    `hashes`: each file's sha256 is taken from this hash cache (read only where it does not know the file) rather
+    than by model-signing reading every byte again; the signature is the same, since model-signing's file
+    serialization lists each file's plain sha256 (model-signing's own CLI verifies it by hashing the files).
 
     Raises:
         TimestampUnavailable: `sk.tsa` gave no timestamp (nothing is written).
@@ -235,7 +240,7 @@ def sign_directory(sk: SigningKey, directory: Path, *, name: str | None = None) 
             config.use_certificate_signer(
                 private_key=sk.key, signing_certificate=leaf, certificate_chain=chain
             )
-        config.set_hashing_config(_named(name).set_ignored_paths(paths=list(UNSIGNED_PARTS)))
+        config.set_hashing_config(_named(name, hashes).set_ignored_paths(paths=list(UNSIGNED_PARTS)))
         try:
             config.sign(directory, tmp)
             if sk.tsa is not None:
@@ -263,14 +268,18 @@ def _add_timestamp(sig: Path, url: str) -> None:
     sig.write_text(json.dumps(bundle), encoding="utf-8")
 
 
-def _named(name: str | None) -> Any:
+def _named(name: str | None, hashes: HashCache | None = None) -> Any:
     """model-signing's hashing configuration whose manifest names the model `name` (the in-toto subject name);
-    model-signing takes the directory's name, and offers no setting for it."""
+    model-signing takes the directory's name, and offers no setting for it. With `hashes`, each file's digest is
+    its sha256 from the hash cache: what model-signing's file serialization (sha256, the default) computes by
+    reading it, under the same digest name, so the manifest and its signature come out the same."""
     from model_signing import hashing
 
     class Named(hashing.Config):
         def __init__(self) -> None:  # typed, so that Named() is a typed call; model-signing's own __init__ is not
             hashing.Config.__init__(self)
+            if hashes is not None:
+                self._serializer = _cached_serializer(hashes)
 
         def hash(self, model_path: Any, *, files_to_hash: Any = None) -> Any:
             made = super().hash(model_path, files_to_hash=files_to_hash)
@@ -279,6 +288,30 @@ def _named(name: str | None) -> Any:
             return made
 
     return Named()
+
+
+def _cached_serializer(hashes: HashCache) -> Any:
+    """model-signing's file serializer (one sha256 per file, its default) whose file hasher asks `hashes`."""
+    from model_signing._hashing import hashing as ms_hashing
+    from model_signing._hashing import io as ms_io
+    from model_signing._serialization import file as ms_file
+
+    class Cached(ms_io.FileHasher):
+        def __init__(self, path: Path) -> None:
+            self._path = path
+
+        @property
+        def digest_name(self) -> str:
+            return "sha256"  # model-signing's SHA256 engine's name: the manifest records it, the verifier checks it
+
+        def compute(self) -> Any:
+            return ms_hashing.Digest("sha256", bytes.fromhex(hashes.sha256(self._path)))
+
+        @property
+        def digest_size(self) -> int:
+            return 32
+
+    return ms_file.Serializer(Cached)
 
 
 def _split_chain(cert: Path, scratch: Path) -> tuple[Path, list[Path]]:
