@@ -93,7 +93,7 @@ def convert(model: str, variants: list[str] | None = None, revision: str | None 
         # the run's step list (pipelines/compose.py, what the CLI runs), one task per step: each format's build,
         # then register-<v> and publish-image-<v> for what passed; each format, and inside it each variant, fails
         # on its own: the others are still built, registered and reported, and the run fails at the end
-        runs = run_model(
+        ran = run_model(
             entry, settings, [(implementation(name), asked) for name, asked in by_format.items()],
             runner=prefect_runner(settings), revision=revision, register=True, force=force, oci=oci,
             keep_going=True, progress=log.info, warn=log.warning,
@@ -103,12 +103,12 @@ def convert(model: str, variants: list[str] | None = None, revision: str | None 
             arrange=lambda steps: ray_batches(steps, settings),
             gpu_slot=functools.partial(gpu_slot, settings.without_secrets()),
         )
-        registered = registered_in(runs)
-        report = report_of(entry.name, runs)
-        summary = publish_run_artifacts(settings, report, registered.registrations, registered.published)
+        registered = registered_in(ran.runs)
+        report = report_of(entry.name, ran.runs)
+        summary = publish_run_artifacts(report, registered.registrations, registered.published, ran.site)
     causes: dict[str, str] = {}
     advice: dict[str, str] = {}
-    for run in runs:
+    for run in ran.runs:
         if isinstance(failure := run.failure(), VariantsFailed):
             causes.update(failure.causes)
             advice.update(failure.advice)

@@ -15,8 +15,7 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.client.orchestration import get_client
 
 from flows.site import site_lines
-from pipelines.compose import Cell, RunReport
-from pipelines.core.settings import Settings
+from pipelines.compose import Cell, RunReport, SiteRefresh
 from pipelines.oci.images import Published
 from pipelines.registry import register as reg
 from pipelines.store.formats import format_of
@@ -30,8 +29,8 @@ def artifact_key(*parts: str) -> str:
     return re.sub(r"-+", "-", re.sub(r"[^a-z0-9-]", "-", "-".join(parts).lower())).strip("-")
 
 
-def publish_run_artifacts(settings: Settings, report: RunReport, registrations: dict[str, reg.Registration],
-                       published: dict[str, Published]) -> dict[str, Any]:
+def publish_run_artifacts(report: RunReport, registrations: dict[str, reg.Registration],
+                          published: dict[str, Published], site: SiteRefresh | None) -> dict[str, Any]:
     """The run report as the run's Markdown artifact (its table: RunReport.table, the one the CLI prints) and as a
     table artifact of data rows; returns the flow's result."""
     columns, cells = report.table()
@@ -40,7 +39,7 @@ def publish_run_artifacts(settings: Settings, report: RunReport, registrations: 
     lines += ["| " + " | ".join(_markdown(c) for c in row) + " |" for row in cells]
     lines += ["", "Registered variants are in the DVC remote; `modelmint pull NAME:TAG` fetches one and checks it."]
     lines += _published_lines(published)
-    lines += site_lines(settings, [r.manifest.ref for r in registrations.values()])
+    lines += site_lines(site)
     rows = [line.data() for line in report.lines]
     create_markdown_artifact("\n".join(lines), key=artifact_key("convert", report.name),
                              description=f"convert {report.name}")

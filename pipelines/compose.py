@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -420,7 +421,7 @@ def run_model(
     said_in_steps: Callable[[str], None] | None = None,
     plan_of: Callable[[ArtifactFormat, list[str] | None], Callable[[], Any]] | None = None,
     arrange: Callable[[list[Step]], list[Step]] = lambda steps: steps, **options: Any,
-) -> list[Run]:
+) -> ModelRun:
     """One catalog model's run, the one sequence `modelmint convert` / `compress` and the convert flow run: the
     run's whole step list, by one executor (`runner`: the flow's Prefect runner; None: here, the CLI's local one).
 
@@ -430,7 +431,8 @@ def run_model(
     and local remote, the OCI registry's storage), its build steps and its finish; once every variant passed, its
     scratch (the f16, the reference logits) is dropped, before registration; then the registration steps run by
     the same executor: `register-<v>` for what passed its gate (place, dvc commit, push, manifest, signature;
-    dvc.lock restored when the commit or push fails) and, with `oci`, `publish-image-<v>`.
+    dvc.lock restored when the commit or push fails) and, with `oci`, `publish-image-<v>`. Last, when anything was
+    registered, the `site` step rebuilds the registry site (MODELMINT_WORK_DIR/site) if the registry changed.
 
     `keep_going` (the flow): a format whose build fails as a whole with a variant's kind of error fails its
     variants and the next format still runs; without it (the CLI) that error is raised. `said_in_steps`: where the
@@ -463,7 +465,66 @@ def run_model(
             continue
         runs.append(_register(fmt, result, settings, runner or local_runner, register=register, track=track,
                               force=force, oci=oci, progress=progress, said=said_in_steps or progress))
-    return runs
+    site = None
+    if registered_in(runs).registrations:
+        done = execute([site_step(settings, said_in_steps or progress)], runner or local_runner, progress=progress)
+        site = done.results.get(SITE_STEP)
+    return ModelRun(runs, site)
+
+
+@dataclass
+class ModelRun:
+    """One catalog model's run: each format's (Run), and the registry site's refresh after its registrations (None:
+    nothing was registered)."""
+
+    runs: list[Run]
+    site: SiteRefresh | None = None
+
+
+@dataclass(frozen=True)
+class SiteRefresh:
+    """What the `site` step did: the index page and whether it was rebuilt now, or why it was not."""
+
+    index: Path | None
+    built: bool = False
+    error: str | None = None
+
+
+SITE_STEP = "site"
+
+
+def site_step(settings: Settings, say: Callable[[str], None]) -> Step:
+    """The run's last step: the registry site rebuilt when what it shows changed (pipelines.site.build.refresh_site).
+    A site that cannot be written is said, never a failed run: the variants are registered by then."""
+
+    def run(_got: Inputs) -> SiteRefresh:
+        from pipelines.site.build import default_site_dir, refresh_site
+
+        try:
+            index, built = refresh_site(settings, default_site_dir(settings))
+        except (ModelmintError, OSError) as err:
+            say(f"the registry site was not rebuilt: {err}")
+            return SiteRefresh(None, error=str(err))
+        except Exception as err:  # a bug in the site's rendering must not fail a run whose variants are registered
+            logging.getLogger(__name__).exception("the registry site was not rebuilt (a modelmint bug: please "
+                                                  "report it)")
+            return SiteRefresh(None, error=f"{type(err).__name__}: {err}")
+        if built:
+            say(f"registry site rebuilt: {index}")
+        return SiteRefresh(index, built)
+
+    def key(_got: Inputs) -> str:
+        from pipelines.site.build import inputs_key
+
+        return content_key("site", inputs_key(settings))  # what the site is built from: a rerun with it unchanged
+
+    def current(done: SiteRefresh) -> bool:
+        return done.index is not None and done.index.is_file()
+
+    from pipelines.site.build import default_site_dir
+
+    return Step(name=SITE_STEP, task="site", run=run, key=key, current=current, output=default_site_dir(settings),
+                stage="site", phase="site", retries=0)
 
 
 def _register(

@@ -59,7 +59,10 @@ def test_deployment_run_end_to_end(deployed) -> None:
     run = flow_runs(settings)[-1]
     with stack.api(settings) as client:
         states = [(r.name, r.state.name) for r in task_runs(client, run.id)]
-    assert states and {s for _, s in states} == {"Cached"}, states
+    # the site step runs again only because the registration was committed between the runs (its versions chart
+    # reads git): what it is built from changed; every other step is a cache hit
+    assert ("site", "Completed") in states
+    assert states and {s for n, s in states if n != "site"} == {"Cached"}, [s for s in states if s[1] != "Cached"]
     assert {p: p.stat().st_mtime_ns for p in stamps} == stamps
 
     # 4. --param variants=[...] and an unknown model

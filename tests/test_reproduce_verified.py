@@ -61,7 +61,7 @@ def test_reproduce_in_the_checkout_that_built_it_rebuilds_from_nothing_and_recor
     second, second_pub = _key(tmp_path / "second.pem")
     settings = repo.settings(MODELMINT_SIGNING_KEY=first)
     entry = load_catalog(settings.catalog_path).get("tiny-qwen2")
-    run = run_model(entry, settings, [(FORMATS["gguf"], ["q4_k_m"])], register=True)[0]
+    run = run_model(entry, settings, [(FORMATS["gguf"], ["q4_k_m"])], register=True).runs[0]
     assert run.failure() is None and run.registered == {"q4_k_m": REF}
     keys = repo.root / "registry" / "keys"
     keys.mkdir()

@@ -694,7 +694,7 @@ def test_tiny_qwen2_q4_k_m_rebuilt_in_a_second_checkout_gets_an_attestation(
     second, second_pub = _key(tmp_path / "second.pem")
     settings = repo.settings(MODELMINT_SIGNING_KEY=first)
     entry = load_catalog(settings.catalog_path).get("tiny-qwen2")
-    run = run_model(entry, settings, [(FORMATS["gguf"], ["q4_k_m"])], register=True)[0]
+    run = run_model(entry, settings, [(FORMATS["gguf"], ["q4_k_m"])], register=True).runs[0]
     assert run.failure() is None and run.registered == {"q4_k_m": REF}
     keys = repo.root / "registry" / "keys"
     keys.mkdir()

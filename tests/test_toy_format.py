@@ -287,14 +287,26 @@ def test_a_toy_format_reaches_the_local_executor_the_registry_and_the_serving_fi
     entry = load_catalog(settings.catalog_path).get("tiny-qwen2")
     assert FORMATS[TOY] is toy and format_of(TOY) is toy
     said: list[str] = []
-    run = run_model(entry, settings, [(toy, [TOY])], register=True, progress=said.append)[0]
+    ran = run_model(entry, settings, [(toy, [TOY])], register=True, progress=said.append)
+    (run,) = ran.runs
     assert run.failure() is None, run.rows()
+    # the run's last step rebuilt the registry site, which shows the new variant
+    assert ran.site is not None and ran.site.built and ran.site.index is not None, ran.site
+    assert f"tiny-qwen2:{TOY}" in (ran.site.index.parent / "models" / "tiny-qwen2.html").read_text()
+    assert f"registry site rebuilt: {ran.site.index}" in said
     assert run.registered == {TOY: f"tiny-qwen2:{TOY}"}
     assert run.result.tools_run == ["cp"] and "toy: copying the source" in said
     assert (run.result.out_dir / "toy.json").is_file()
     _registered(repo, settings)
-    again = run_model(entry, settings, [(toy, [TOY])], register=True)[0]
+    # a site that cannot be written is said, and the run that registered still succeeds
+    shutil.rmtree(ran.site.index.parent)
+    ran.site.index.parent.write_text("a file where the site's folder goes")
+    said.clear()
+    rerun = run_model(entry, settings, [(toy, [TOY])], register=True, progress=said.append)
+    (again,) = rerun.runs
     assert again.result.tools_run == [] and again.registered == {TOY: f"tiny-qwen2:{TOY}"}
+    assert again.failure() is None and rerun.site is not None and rerun.site.index is None and rerun.site.error
+    assert any(m.startswith("the registry site was not rebuilt: ") for m in said), said
 
 
 @pytest.mark.slow

@@ -194,7 +194,7 @@ def _build_command(
         track=track,
         progress=lambda m: err.print(f"[dim]•[/dim] {escape(m)}", highlight=False),
         **options,
-    )
+    ).runs
     result = run.result
     _finish(name, run, result.summary_path, as_json)
 

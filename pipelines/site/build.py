@@ -189,7 +189,7 @@ def build_site(settings: Settings, out: Path) -> Built:
             home folder, the registry repository), or cannot be written.
     """
     dest = _check_out(settings, out)
-    key = _inputs_key(
+    key = inputs_key(
         settings
     )  # before reading: a registration during the build makes the next refresh rebuild
     pages = collect(settings)
@@ -243,7 +243,7 @@ def _swap(tmp: Path, dest: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
-def _inputs_key(settings: Settings) -> str:
+def inputs_key(settings: Settings) -> str:
     """A hash of everything a build reads that can change without a registration: the manifests, the catalog, the
     work directory's reports; and the registry's git HEAD (the versions)."""
     h = hashlib.sha256()
@@ -272,7 +272,7 @@ def refresh_site(settings: Settings, out: Path) -> tuple[Path, bool]:
     """
     try:
         if (
-            json.loads((out / KEY_FILE).read_text(encoding="utf-8")).get("key") == _inputs_key(settings)
+            json.loads((out / KEY_FILE).read_text(encoding="utf-8")).get("key") == inputs_key(settings)
             and (out / "index.html").is_file()
         ):
             return out / "index.html", False
