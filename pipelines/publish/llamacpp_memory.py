@@ -79,7 +79,7 @@ from typing import Any
 
 from pipelines.core.errors import ArtifactError, ConfigError
 from pipelines.core.gpus import NodeGroup
-from pipelines.core.vocab import LLAMA_KV_CACHE_TYPES
+from pipelines.core.vocab import LLAMA_KV_CACHE_TYPES, GGUFKey
 from pipelines.publish.planner import PlanRefused
 
 MIB = 1024 * 1024
@@ -200,7 +200,7 @@ def read_layered_weights(path: Path) -> LayeredWeights:
 
     path = Path(path)
     info, header = read_checked_gguf(
-        path, lambda key, found: key in _arch_keys(str(found.get("general.architecture"))))
+        path, lambda key, found: key in _arch_keys(str(found.get(GGUFKey.ARCHITECTURE))))
     meta, arch, where = header.metadata, info.architecture, str(path)
     if info.split_count > 1:
         raise ArtifactError(f"{path} is one file of a {info.split_count}-file split",

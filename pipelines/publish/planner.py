@@ -45,7 +45,7 @@ from pipelines.core.gpus import gpu as gpu
 from pipelines.core.gpus import known_gpus as known_gpus
 from pipelines.core.gpus import load_inventory as load_inventory
 from pipelines.core.gpus import parse_cluster as parse_cluster
-from pipelines.core.vocab import KV_DTYPES
+from pipelines.core.vocab import KV_DTYPES, GGUFKey
 
 GPU_MEMORY_UTILIZATION = 0.90
 ACTIVATION_SHARE = 0.25
@@ -1012,7 +1012,7 @@ def shape_of_gguf(meta: dict[str, Any], where: str = "the GGUF") -> ModelShape:
     Raises:
         ConfigError: state-space layers, or keys missing, of the wrong type or out of bounds that size attention.
     """
-    arch = str(meta.get("general.architecture") or "?")
+    arch = str(meta.get(GGUFKey.ARCHITECTURE) or "?")
 
     def key(name: str, default: Any = None) -> Any:
         return meta.get(f"{arch}.{name}", default)
@@ -1054,7 +1054,7 @@ def shape_of_gguf(meta: dict[str, Any], where: str = "the GGUF") -> ModelShape:
     widths = (
         _count(key("embedding_length")),
         _count(max(ffn) if isinstance(ffn, list) else ffn),
-        _count(key("vocab_size") or len(meta.get("tokenizer.ggml.tokens") or ())),
+        _count(key("vocab_size") or len(meta.get(GGUFKey.TOKENS) or ())),
     )
     # absent: llama.cpp's own default for a model that does not say; a present 0 was refused above
     return ModelShape(
@@ -1134,8 +1134,8 @@ def _read_gguf(path: Path) -> tuple[dict[str, Any], int, int, set[int]]:
     info, header = read_checked_gguf(
         path,
         lambda k, found: (
-            k in ("general.architecture", "tokenizer.ggml.tokens")
-            or k.startswith(str(found.get("general.architecture", "\0")) + ".")
+            k in (GGUFKey.ARCHITECTURE, GGUFKey.TOKENS)
+            or k.startswith(str(found.get(GGUFKey.ARCHITECTURE, "\0")) + ".")
         ),
     )
     weights, parameters = sum(t.nbytes for t in header.tensors), info.parameter_count
@@ -1308,7 +1308,7 @@ def _implied_by_config(config: dict[str, Any]) -> ImpliedParameters | None:
 
 def _implied_by_gguf(meta: dict[str, Any]) -> ImpliedParameters | None:
     """implied_parameters from a GGUF's `<arch>.` keys, None where it lacks the counts."""
-    arch = str(meta.get("general.architecture") or "?")
+    arch = str(meta.get(GGUFKey.ARCHITECTURE) or "?")
 
     def key(name: str) -> int:
         v = meta.get(f"{arch}.{name}")
@@ -1326,7 +1326,7 @@ def _implied_by_gguf(meta: dict[str, Any]) -> ImpliedParameters | None:
         active = min(key("expert_used_count") or 1, experts) * per_expert + shared
     else:
         total = active = key("feed_forward_length")
-    vocab = key("vocab_size") or len(meta.get("tokenizer.ggml.tokens") or ())
+    vocab = key("vocab_size") or len(meta.get(GGUFKey.TOKENS) or ())
     return implied_parameters(layers=layers, heads=heads, kv_heads=key("attention.head_count_kv") or heads,
                               head_dim=head_dim, hidden=hidden, mlp_active=active, mlp_total=total, vocab=vocab)
 
