@@ -25,7 +25,6 @@ from pipelines.core.resources import Places
 from pipelines.core.settings import Settings
 from pipelines.core.steps import (
     BuildResult,
-    Executed,
     Inputs,
     Runner,
     Step,
@@ -392,11 +391,18 @@ class Registered:
         self.errors.update(other.errors)
 
 
-def registered_of(done: Executed, variants: list[str]) -> Registered:
-    """The registrations and images of `variants` among what an executed step list left."""
+def run_registrations(
+    settings: Settings, candidates: dict[str, Callable[[], Candidate]], runner: Runner, *, track: bool = True,
+    force: bool = False, oci: RegistryRef | None = None, say: Callable[[str], None] = lambda _msg: None,
+    progress: Callable[[str], None] = lambda _msg: None,
+) -> Registered:
+    """The registration steps of `candidates` (registration_steps) run by `runner`: each variant's registration and
+    image, and each failure (a variant whose registration fails is reported and the others still go on)."""
+    done = execute(registration_steps(settings, candidates, track=track, force=force, oci=oci, say=say), runner,
+                   progress=progress)
     return Registered(
-        registrations={v: r for v in variants if (r := done.results.get(register_step(v))) is not None},
-        published={v: p for v in variants if (p := done.results.get(image_step(v))) is not None},
+        registrations={v: r for v in candidates if (r := done.results.get(register_step(v))) is not None},
+        published={v: p for v in candidates if (p := done.results.get(image_step(v))) is not None},
         errors={v: e for v, e in done.errors.items() if e.stage in ("register", "publish")},
     )
 
@@ -406,10 +412,9 @@ def register_passed(
     say: Callable[[str], None] = lambda _msg: None, force: bool = False,
 ) -> tuple[dict[str, str], dict[str, VariantError]]:
     """Register each passing variant (`candidates`: variant → a function making its candidate) with the local
-    executor; one whose registration fails is reported and the others still go on. Returns the refs made and the
-    errors met. `force` registers a source commit older than a tag's current version (register.refuse_older)."""
-    steps = registration_steps(settings, candidates, track=track, force=force, say=say)
-    got = registered_of(execute(steps, local_runner, progress=say), list(candidates))
+    executor (run_registrations). Returns the refs made and the errors met. `force` registers a source commit older
+    than a tag's current version (register.refuse_older)."""
+    got = run_registrations(settings, candidates, local_runner, track=track, force=force, say=say, progress=say)
     return got.refs, got.errors
 
 
@@ -540,9 +545,8 @@ def _register(
     # the f16 and its reference logits go once every variant passed, before registration: what follows reads only
     # the variants (MODELMINT_KEEP_SCRATCH keeps them)
     drop_scratch(settings, fmt.scratch(result.plan), result)
-    listed = registration_steps(settings, candidates_of(fmt, result), track=track, force=force, oci=oci, say=said)
-    done = execute(listed, runner, progress=progress)
-    return Run(result, registered_of(done, result.passed), header)
+    return Run(result, run_registrations(settings, candidates_of(fmt, result), runner, track=track, force=force,
+                                         oci=oci, say=said, progress=progress), header)
 
 
 def all_failed(name: str, variants: list[str], err: ModelmintError) -> BuildResult:
