@@ -532,22 +532,32 @@ def memory_bar(p: PlanSummary, bar_id: str) -> str:
             "other": other,
             "headroom": max(g.total - g.usable, 0),
         }
-        x, width, segs = 0.0, 400.0, []
-        for key, label in _SEGMENTS:
-            share = width * parts[key] / g.total if g.total else 0.0
-            segs.append(
-                f'<rect class="mem {key}" x="{x:.2f}" y="0" width="{share:.2f}" height="18" '
-                f'data-bytes="{parts[key]}"><title>{_e(label)}: {size_text(parts[key])}</title></rect>'
-            )
-            x += share
         rows.append(
-            f'<svg id="{_e(bar_id)}-{k}" class="bar" role="img" viewBox="0 0 400 18" width="400" height="18" '
-            f'aria-label="{_e(g.gpu)}: weights {size_text(g.weights)}, KV pool {size_text(g.kv_pool)} '
-            f'of {size_text(g.total)}" xmlns="http://www.w3.org/2000/svg">{"".join(segs)}</svg>'
-            f' <span class="gpu">{_e(g.gpu)}: {size_text(g.weights)} weights, {size_text(g.kv_pool)} '
+            _stacked_bar(f"{bar_id}-{k}", _SEGMENTS, parts, g.total,
+                         f"{g.gpu}: weights {size_text(g.weights)}, KV pool {size_text(g.kv_pool)} of "
+                         f"{size_text(g.total)}")
+            + f' <span class="gpu">{_e(g.gpu)}: {size_text(g.weights)} weights, {size_text(g.kv_pool)} '
             f"KV pool of {size_text(g.total)}</span>"
         )
     return "<br>".join(rows)
+
+
+def _stacked_bar(bar_id: str, segments: tuple[tuple[str, str], ...], parts: dict[str, int], total: int,
+                 label: str) -> str:
+    """One 400-pixel stacked bar: a segment per (key, label) of `segments`, as wide as its bytes in `parts` are of
+    `total`, each carrying its bytes and a tooltip; `label` is what a screen reader says of the whole."""
+    x, width, segs = 0.0, 400.0, []
+    for key, name in segments:
+        share = width * parts[key] / total if total else 0.0
+        segs.append(
+            f'<rect class="mem {key}" x="{x:.2f}" y="0" width="{share:.2f}" height="18" '
+            f'data-bytes="{parts[key]}"><title>{_e(name)}: {size_text(parts[key])}</title></rect>'
+        )
+        x += share
+    return (
+        f'<svg id="{_e(bar_id)}" class="bar" role="img" viewBox="0 0 400 18" width="400" height="18" '
+        f'aria-label="{_e(label)}" xmlns="http://www.w3.org/2000/svg">{"".join(segs)}</svg>'
+    )
 
 
 _GGUF_SEGMENTS = (
@@ -565,22 +575,14 @@ def gguf_memory_bar(p: GgufServePlan, bar_id: str) -> str:
         return "-" if p.host_bytes is None else f"none: {size_text(p.host_bytes)} of system memory"
     parts = {"weights": p.weights_gpu, "kv_pool": p.kv_gpu,
              "headroom": max(p.gpu_budget - p.weights_gpu - p.kv_gpu, 0)}
-    x, width, segs = 0.0, 400.0, []
-    for key, label in _GGUF_SEGMENTS:
-        share = width * parts[key] / max(p.gpu_budget, sum(parts.values()))
-        segs.append(
-            f'<rect class="mem {key}" x="{x:.2f}" y="0" width="{share:.2f}" height="18" '
-            f'data-bytes="{parts[key]}"><title>{_e(label)}: {size_text(parts[key])}</title></rect>'
-        )
-        x += share
     server = "each server's" if p.instances > 1 else "the server's"
     host = f", {size_text(p.host_bytes)} of system memory" if p.host_bytes is not None else ""
     return (
-        f'<svg id="{_e(bar_id)}" class="bar" role="img" viewBox="0 0 400 18" width="400" height="18" '
-        f'aria-label="{_e(p.gpus)}: weights {size_text(p.weights_gpu)}, KV cache {size_text(p.kv_gpu)} '
-        f'of {size_text(p.gpu_budget)}" xmlns="http://www.w3.org/2000/svg">{"".join(segs)}</svg>'
-        f' <span class="gpu">{server} GPU memory: {size_text(p.weights_gpu)} weights, {size_text(p.kv_gpu)} KV cache '
-        f"of {size_text(p.gpu_budget)}{host}</span>"
+        _stacked_bar(bar_id, _GGUF_SEGMENTS, parts, max(p.gpu_budget, sum(parts.values())),
+                     f"{p.gpus}: weights {size_text(p.weights_gpu)}, KV cache {size_text(p.kv_gpu)} of "
+                     f"{size_text(p.gpu_budget)}")
+        + f' <span class="gpu">{server} GPU memory: {size_text(p.weights_gpu)} weights, {size_text(p.kv_gpu)} KV '
+        f"cache of {size_text(p.gpu_budget)}{host}</span>"
     )
 
 
