@@ -380,12 +380,10 @@ def on_shared_chunks(choices: list[Choice]) -> list[Choice]:
     """`choices` in their order, each put on the first chunks every variant measured alike with it (_alike) was
     scored on: a variant that passed its gate early (pipelines/gguf/validate.py: early_pass) on 4 of 16 chunks puts
     the others on their running figures after 4 (Figures.running); variants with no such chunks (manifests that keep
-    no running figures) as they are."""
-    put = {id(c): c for c in choices}
-    for group in _alike(choices):
-        if (k := _shared(group)) is not None:
-            put.update({id(c): c.on_first(k) for c in group})
-    return [put[id(c)] for c in choices]
+    no running figures) as they are: comparable_apart's choices, in the order given (refs are one model's, unique)."""
+    pool, apart = comparable_apart(choices)
+    put = {c.ref: c for c in [*pool, *apart]}
+    return [put[c.ref] for c in choices]
 
 
 def comparable_apart(choices: list[Choice]) -> tuple[list[Choice], list[Choice]]:
