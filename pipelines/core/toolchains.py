@@ -247,7 +247,7 @@ def installed(prefix: Path) -> tuple[Installed, ...] | None:
     found: dict[str, Installed] = {}
     for path in reports:
         for item in _report_items(path):
-            found[_normalized(item.name)] = item
+            found[normalized_name(item.name)] = item
     return tuple(found[k] for k in sorted(found))
 
 
@@ -275,8 +275,8 @@ def _item(entry: Mapping[str, Any]) -> Installed:
     return Installed(name=str(meta["name"]), version=str(meta["version"]), url=str(info["url"]), sha256=sha256)
 
 
-def _normalized(name: str) -> str:
-    """A distribution name as PEP 503 compares them."""
+def normalized_name(name: str) -> str:
+    """A distribution name as PEP 503 compares and the simple API spells them: lower case, runs of -_. as one '-'."""
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
@@ -297,11 +297,11 @@ class PythonToolchain:
 
     def disagreements(self, found: tuple[Installed, ...]) -> list[str]:
         """The pinned distributions `found` does not show at the recorded version (a local '+cpu' is the same)."""
-        have = {_normalized(i.name): i.version.split("+")[0] for i in found}
+        have = {normalized_name(i.name): i.version.split("+")[0] for i in found}
         return [
-            f"{name} {version} (the report has {have.get(_normalized(name), 'none')})"
+            f"{name} {version} (the report has {have.get(normalized_name(name), 'none')})"
             for name, version in sorted(self.pinned.items())
-            if have.get(_normalized(name)) != version.split("+")[0]
+            if have.get(normalized_name(name)) != version.split("+")[0]
         ]
 
 

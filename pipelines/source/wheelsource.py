@@ -28,7 +28,7 @@ from pipelines.core.errors import (
 from pipelines.core.fsutil import HashCache, atomic_output, hash_cache, sha256_file, write_text_atomic
 from pipelines.core.runner import run
 from pipelines.core.settings import Settings
-from pipelines.core.toolchains import llama_cpp, read_pins
+from pipelines.core.toolchains import llama_cpp, normalized_name, read_pins
 from pipelines.core.vocab import GGUFKey
 
 log = logging.getLogger(__name__)
@@ -77,17 +77,12 @@ class IndexFile:
     """The hash the index lists for the file (None when it lists none); only ever compared with the pin."""
 
 
-def normalize(name: str) -> str:
-    """A project name as the simple API spells it (PEP 503): lower case, runs of -_. as one '-'."""
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
 def wheel_version(filename: str, project: str) -> str | None:
     """The version of a wheel file of `project` (from its name, PEP 427), or None for another file."""
     if not filename.endswith(".whl"):
         return None
     parts = filename[: -len(".whl")].split("-")
-    if len(parts) not in (5, 6) or normalize(parts[0]) != normalize(project):
+    if len(parts) not in (5, 6) or normalized_name(parts[0]) != normalized_name(project):
         return None
     return parts[1]
 
@@ -162,7 +157,7 @@ def list_files(settings: Settings, project: str, entry_name: str) -> list[IndexF
         SourceError: the index has no such project, or refuses access.
     """
     index = settings.package_index.rstrip("/")
-    url = f"{index}/{normalize(project)}/"
+    url = f"{index}/{normalized_name(project)}/"
     request = urllib.request.Request(url, headers={"Accept": f"{_JSON_API}, text/html;q=0.1"})
     try:
         with _index_errors(index, f"{project}", entry_name), urllib.request.urlopen(request, timeout=_TIMEOUT_S) as resp:
@@ -368,7 +363,7 @@ def rebuild_key(source: Any) -> str:
 
 def model_dir(source: Any, settings: Settings) -> Path:
     """Where the rebuilt model of this pin and recipe lives (whether or not it has been built yet)."""
-    return settings.models_dir / f"{normalize(source.wheel)}-{source.version}-{rebuild_key(source)[:12]}"
+    return settings.models_dir / f"{normalized_name(source.wheel)}-{source.version}-{rebuild_key(source)[:12]}"
 
 
 def origin(source: Any) -> dict[str, Any]:

@@ -19,7 +19,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import re
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Protocol
@@ -356,8 +355,10 @@ def _venv_installed(
 def _descriptor(i: Installed, label: str) -> dict[str, Any]:
     """An installed distribution as an in-toto ResourceDescriptor: its download URL (a package URL naming the file,
     for one taken from a local file or folder, which no verifier can fetch) and the sha256 pip downloaded."""
+    from pipelines.core.toolchains import normalized_name
+
     # a package URL percent-encodes its version ("2.13.0+cpu" is 2.13.0%2Bcpu); the file name comes encoded in the URL
-    purl = f"pkg:pypi/{re.sub(r'[-_.]+', '-', i.name).lower()}@{quote(i.version, safe='')}"
+    purl = f"pkg:pypi/{normalized_name(i.name)}@{quote(i.version, safe='')}"
     local = not i.url.startswith(("https://", "http://"))
     annotations = {"version": i.version, "toolchain": label}
     if i.sha256 is None:
