@@ -67,7 +67,7 @@ from pipelines.store.manifest import (
     save_manifest,
 )
 from pipelines.store.names import format_name
-from pipelines.trust import signing
+from pipelines.trust import provenance, signing
 
 __all__ = ["Candidate", "Registration", "Tracked", "ValidatedOutputChanged", "drop_scratch", "place", "publish",
            "register", "registered", "track", "verdict"]
@@ -91,6 +91,9 @@ class Registration:
     """False when the variant was already registered exactly like this (nothing was run)."""
     reuploaded: tuple[str, ...] = ()
     """Objects the remote lacked or held damaged, uploaded again by this registration."""
+    candidate: Candidate | None = None
+    """What was registered, when the run's registration step made it (an orchestrator's cached registration is
+    checked against it: pipelines.compose.registration_steps)."""
 
 
 class OlderVersionRefused(RegistryError):
@@ -298,7 +301,10 @@ def publish(settings: Settings, c: Candidate, tracked: Tracked, *, push: bool = 
         # bytes read again; what the remote held already, which the push skipped whatever it holds, is hashed.
         reuploaded = _ensure_in_remote(settings, c, tracked.md5, tracked.files, fresh=lacking)
     placed = artifact_dir(settings, c.entry.name, c.tag)
-    manifest = _manifest(c, tracked, pushed=push and tracked.md5 is not None, plans=read_serving(placed))
+    # a signed artifact's registration time is the one its provenance signed (and its timestamp bounds)
+    signed_at = provenance.bound_created_at(provenance.read(placed))
+    manifest = _manifest(c, tracked, pushed=push and tracked.md5 is not None, plans=read_serving(placed),
+                         created_at=signed_at)
     manifest = manifest.model_copy(update={"shape": record_shape(placed, c.format, c.placed_as(c.files[0]), c.tag)})
     path = manifest_path(settings, c.entry.name, c.tag)
     try:
@@ -308,10 +314,12 @@ def publish(settings: Settings, c: Candidate, tracked: Tracked, *, push: bool = 
     if before is not None and before.key == manifest.key:
         # The same artifact recorded again (`dvc repro` reruns, a new clone, a rebuild elsewhere): keep what the
         # manifest says of it (its date, its report's hash and smoke timings, what it replaced), so that an
-        # unchanged registration leaves an unchanged file in git.
+        # unchanged registration leaves an unchanged file in git. A signed one placed again was signed again: its
+        # date is the new signature's, which its provenance binds.
         if before.files == manifest.files and before.dvc == manifest.dvc:
             return Registration(before, path, ran=True, reuploaded=reuploaded)
-        manifest = manifest.model_copy(update={"created_at": before.created_at, "replaces": before.replaces})
+        manifest = manifest.model_copy(update={"created_at": signed_at or before.created_at,
+                                               "replaces": before.replaces})
     elif before is not None:
         manifest = manifest.model_copy(update={"replaces": before.previous()})
     return Registration(manifest, save_manifest(settings, manifest), ran=True, reuploaded=reuploaded)
@@ -513,7 +521,9 @@ def _validation(c: Candidate) -> Validation:
     return Validation(**verdict(c.report), smoke=c.report.smoke, report_sha256=c.report_sha256)
 
 
-def _manifest(c: Candidate, tracked: Tracked, *, pushed: bool, plans: Serving | None = None) -> Manifest:
+def _manifest(c: Candidate, tracked: Tracked, *, pushed: bool, plans: Serving | None = None,
+              created_at: datetime | None = None) -> Manifest:
+    """The manifest of `c` as tracked; `created_at`: the time its provenance signed (None: unsigned, now)."""
     return Manifest(
         name=c.entry.name,
         tag=c.tag,
@@ -532,6 +542,6 @@ def _manifest(c: Candidate, tracked: Tracked, *, pushed: bool, plans: Serving | 
         validation=_validation(c),
         dvc=DvcRef(path=c.dvc_path, stage=c.stage, md5=tracked.md5, pushed=pushed),
         key=c.key,
-        created_at=datetime.now(UTC).replace(microsecond=0),
+        created_at=created_at or datetime.now(UTC).replace(microsecond=0),
         serving=plans,
     )

@@ -8,10 +8,11 @@ file of the artifact directory, `provenance.json`, and the artifact's signature 
 it: it is signed with the same key.
 
 The manifest is bound whole: every field registration knows when it signs (all but `files`, which the signature
-covers file by file, and `dvc`, `replaces` and `created_at`, written after it) is in the `manifest` byproduct, with
-the sha256 of their canonical JSON; verification refuses a manifest whose fields differ from those, naming each one.
-(A field registration fills from elsewhere than the candidate and its placed directory is not in it: see
-draft_manifest.)
+covers file by file, and `dvc` and `replaces`, written after it) is in the `manifest` byproduct, with the sha256 of
+their canonical JSON; verification refuses a manifest whose fields differ from those, naming each one. Its
+`created_at` is the time the statement records as `finishedOn` (an RFC 3161 timestamp on the signature bounds it:
+signing.verify_directory). (A field registration fills from elsewhere than the candidate and its placed directory is
+not in it: see draft_manifest.)
 """
 
 from __future__ import annotations
@@ -95,10 +96,11 @@ BUILDER_ID: Final = "urn:modelmint:builder"
 the certificate identity (`BUILDER_ID:identity:<name>`); no host is named: two machines signing with one key are one
 builder."""
 MANIFEST_BYPRODUCT: Final = "manifest"
-UNBOUND: Final = ("files", "dvc", "replaces", "created_at")
+UNBOUND: Final = ("files", "dvc", "replaces")
 """Manifest fields the `manifest` byproduct does not hold: `files` (the signature lists every file's sha256; the
 manifest's list is checked against it), and what registration writes after signing (the DVC record, the version
-replaced, the registration time)."""
+replaced). `created_at` is bound: it is the statement's `finishedOn` (a statement written before it was bound does
+not hold it: legacy_created_at)."""
 
 
 def build_type(fmt: str) -> str:
@@ -451,6 +453,29 @@ def signed_at(stmt: dict[str, Any]) -> datetime:
     )
 
 
+def bound_created_at(stmt: dict[str, Any] | None) -> datetime | None:
+    """The `created_at` the statement binds the manifest to (its `finishedOn`); None for no statement, or one signed
+    before created_at was bound (legacy_created_at)."""
+    if stmt is None:
+        return None
+    fields = next((b for b in stmt["predicate"]["runDetails"]["byproducts"] if b.get("name") == MANIFEST_BYPRODUCT),
+                  None)
+    if fields is None or "created_at" not in (fields.get("annotations") or {}):
+        return None
+    return signed_at(stmt)
+
+
+def legacy_created_at(stmt: dict[str, Any]) -> bool:
+    """Whether `stmt` was signed before the manifest's created_at was bound (its manifest fields, or the statement's
+    `manifest` byproduct altogether, lack it): such a manifest's created_at is the registering machine's word, and
+    is read as it is (verification says so in a warning) rather than refused, so that older registrations stay
+    pullable."""
+    try:
+        return bound_created_at(stmt) is None
+    except (KeyError, TypeError, AttributeError, ValueError):
+        return False  # not a statement modelmint wrote: disagreements says so
+
+
 def disagreements(stmt: dict[str, Any], manifest: Manifest, outputs: dict[str, str]) -> list[str]:
     """Where the signed provenance and the manifest disagree, each as 'FIELD: the manifest records X, the signed
     provenance Y', both values in full (within a field that is an object, the differing member is named).
@@ -515,10 +540,25 @@ def disagreements(stmt: dict[str, Any], manifest: Manifest, outputs: dict[str, s
             mine, said = bound(manifest), tuple(checked)
             for key in sorted(held):  # a field the statement does not hold was not known when it was signed
                 differ(key, mine.get(key, "nothing"), held.get(key, "nothing"), skip=said)
+            finished = run.get("metadata", {}).get("finishedOn")
+            if "created_at" in held and _instant(held["created_at"]) != _instant(finished):
+                # both are the signer's, in one statement: a created_at apart from finishedOn is not the signed time
+                problems.append(
+                    f"created_at: the signed provenance's manifest fields record {_shown(held['created_at'])}, its "
+                    f"finishedOn {_shown(finished)}"
+                )
     expected = {p: d for p, d in outputs.items() if p != PROVENANCE}
     for p in sorted(set(expected) | set(subjects)):
         differ(f"output {p}", expected.get(p, "no such file"), subjects.get(p, "no such file"))
     return problems
+
+
+def _instant(value: Any) -> datetime | None:
+    """An ISO 8601 time as a datetime (`Z` read as UTC); None when it is not one."""
+    try:
+        return datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+    except ValueError:
+        return None
 
 
 def _differences(mine: Any, theirs: Any, where: str = "") -> list[tuple[str, Any, Any]]:

@@ -26,7 +26,7 @@ import shutil
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
@@ -197,6 +197,8 @@ def seal(settings: Settings, c: provenance.Built, directory: Path, validation: d
     Raises:
         SigningKeyError: the key cannot sign (preflight's checks, again: it may have changed since the build began).
         TimestampUnavailable: MODELMINT_TSA_URL is set and its authority gave no timestamp.
+        TimestampInvalid: the authority's time and this machine's disagree (verification would refuse the
+            signature: _check_signed_time).
     """
     sk = preflight(settings)
     if sk is None:
@@ -208,10 +210,20 @@ def seal(settings: Settings, c: provenance.Built, directory: Path, validation: d
         for p in sorted(directory.rglob("*"))
         if p.is_file()
     }
-    stmt = provenance.statement(c, validation, outputs, datetime.now(UTC).replace(microsecond=0), hashes,
+    now = datetime.now(UTC).replace(microsecond=0)
+    stmt = provenance.statement(c, validation, outputs, now, hashes,
                                 directory=directory, signer=sk, toolchains_dir=settings.toolchains_dir)
     write_text_atomic(directory / provenance.PROVENANCE, json.dumps(stmt, indent=2, sort_keys=True) + "\n")
     sign_directory(sk, directory, name=c.ref, hashes=hashes)
+    stamped = _stamp_time(directory / SIGNATURE)
+    if stamped is not None and not stamped - SIGNING_TOLERANCE <= now <= stamped:
+        # verification would refuse it (_check_signed_time): nothing is placed
+        raise TimestampInvalid(
+            f"{c.ref}: this machine's clock says it signed at {stmt_time(now)}, and the Time-Stamp Authority "
+            f"{sk.tsa} timestamped the signature at {stmt_time(stamped)}: {_apart(now, stamped)}; nothing was "
+            "registered",
+            hint="set this machine's clock (NTP) or fix the authority's, then rerun the same command",
+        )
 
 
 def sign_directory(
@@ -248,6 +260,16 @@ def sign_directory(
             tmp.replace(directory / SIGNATURE)
         finally:
             tmp.unlink(missing_ok=True)
+
+
+def _stamp_time(sig: Path) -> datetime | None:
+    """The time the (first) RFC 3161 timestamp in the bundle `sig` states, unverified; None: it has none."""
+    bundle = json.loads(sig.read_text(encoding="utf-8"))
+    found = ((bundle.get("verificationMaterial") or {}).get("timestampVerificationData") or {}).get(
+        "rfc3161Timestamps") or []
+    if not found:
+        return None
+    return timestamps.time_of(base64.b64decode(found[0]["signedTimestamp"]))
 
 
 def _signature_bytes(bundle: dict[str, Any]) -> bytes:
@@ -500,6 +522,15 @@ def verify_directory(
             hint=_restore_hint(shown),
         )
     when = provenance.signed_at(stmt)
+    warnings: tuple[str, ...] = ()
+    if stamp is not None:
+        _check_signed_time(ref, when, stamp)
+    if provenance.legacy_created_at(stmt):
+        warnings = (
+            f"its created_at {manifest.created_at.isoformat()} is the registering machine's word, not covered by "
+            f"its signature (signed before modelmint bound it to the signed time, {stmt_time(when)}): register it "
+            "again to bind it",
+        )
     if signer.key.retired_at(judged):
         raise SignatureRefused(
             ref,
@@ -516,8 +547,51 @@ def verify_directory(
         signer.name,
         when,
         stmt,
+        warnings,
         timestamped_at=stamp.time if stamp is not None else None,
         timestamp_authority=stamp.authority if stamp is not None else None,
+    )
+
+
+SIGNING_TOLERANCE: Final = timedelta(minutes=10)
+"""How long before its RFC 3161 timestamp a signature's statement may say it was signed: registration writes the
+time (finishedOn, the manifest's created_at), then hashes the directory's files (mostly from the hash cache), signs,
+and asks the authority; this leaves room for that and for a registering clock a few minutes behind the
+authority's. A statement timed after its timestamp is refused outright: no signature is timestamped before it is
+made."""
+
+
+def stmt_time(when: datetime) -> str:
+    """A time as the statement writes it (finishedOn, created_at): ISO 8601 in UTC, `Z`."""
+    return when.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
+def _check_signed_time(ref: str, when: datetime, stamp: timestamps.Stamp) -> None:
+    """The time the signed statement records (finishedOn, which the manifest's created_at must be) agrees with the
+    signature's trusted timestamp: not after it, and not before it by more than SIGNING_TOLERANCE.
+
+    Raises:
+        SignatureRefused: it does not (both times in full, and the tolerance).
+    """
+    if stamp.time - SIGNING_TOLERANCE <= when <= stamp.time:
+        return
+    raise SignatureRefused(
+        ref,
+        f"its signed provenance says it was signed at {stmt_time(when)} (finishedOn, the manifest's created_at), and "
+        f"{stamp.authority} timestamped the signature at {stmt_time(stamp.time)}: {_apart(when, stamp.time)}",
+        file=provenance.PROVENANCE,
+        hint="register it again from a trusted build, on a machine whose clock agrees with the Time-Stamp "
+        "Authority's (check NTP)",
+    )
+
+
+def _apart(when: datetime, stamped: datetime) -> str:
+    """Why a written signing time and its timestamp's time disagree, as a refusal says it."""
+    if when > stamped:
+        return "the written time is after the timestamp, and no signature is timestamped before it is made"
+    return (
+        f"the written time is more than {int(SIGNING_TOLERANCE.total_seconds() // 60)} minutes before the timestamp, "
+        "and registration asks for the timestamp within minutes of writing it"
     )
 
 
