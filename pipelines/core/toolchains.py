@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from pipelines.core.errors import ToolchainMissing
+from pipelines.core.errors import ModelmintError, ToolchainMissing
 from pipelines.core.settings import Settings, project_root
 
 
@@ -223,20 +223,34 @@ class Installed:
     """The sha256 of that archive (download_info.archive_info); None for a folder or a VCS checkout (no archive)."""
 
 
-class ReportUnreadable(ValueError):
-    """A pip installation report that is not one: its path and what is wrong (the caller says what to do)."""
+def setup_again(prefix: Path, script: str) -> str:
+    """The command that sets the venv of the toolchain at `prefix` up again with its setup script (toolchains/
+    `script`): its venv and check stages forgotten, the rest (a built llama.cpp) kept."""
+    return f"rm -f {prefix}/.complete {prefix}/.stages/venv {prefix}/.stages/check && bash toolchains/{script}"
 
-    def __init__(self, path: Path, cause: str) -> None:
-        super().__init__(f"{path} is not a readable pip installation report ({cause})")
+
+class ReportUnreadable(ModelmintError):
+    """A pip installation report of a toolchain's venv that is not one: its path, what is wrong, and (hint) the
+    command that sets the venv up again, which writes it anew. Nothing is retried: the report stays as it is until
+    then."""
+
+    def __init__(self, path: Path, cause: str, *, script: str | None = None) -> None:
+        prefix = path.parent.parent  # TOOLCHAIN/pip-reports/NN.json
+        super().__init__(
+            f"{path} is not a readable pip installation report ({cause})",
+            hint=f"set the toolchain's venv up again: `{setup_again(prefix, script)}`" if script is not None else
+            f"set the toolchain's venv up again: remove .complete, .stages/venv and .stages/check from {prefix}, "
+            "then run its setup script (toolchains/setup-*.sh)",
+        )
         self.path = path
         self.cause = f"{path.name}: {cause}"
         """What is wrong, naming the report by its file name only."""
 
 
-def installed(prefix: Path) -> tuple[Installed, ...] | None:
+def installed(prefix: Path, *, script: str | None = None) -> tuple[Installed, ...] | None:
     """The distributions the setup of the toolchain at `prefix` installed into its venv, by name, from its pip
     installation reports (a later install's entry replaces an earlier one of the same name); None when it has none
-    (set up without them).
+    (set up without them). `script`: its setup script under toolchains/, named in the error's hint.
 
     Raises:
         ReportUnreadable: a report is not pip's installation report (version 1) or lacks a name, version or URL.
@@ -246,21 +260,21 @@ def installed(prefix: Path) -> tuple[Installed, ...] | None:
         return None
     found: dict[str, Installed] = {}
     for path in reports:
-        for item in _report_items(path):
+        for item in _report_items(path, script):
             found[normalized_name(item.name)] = item
     return tuple(found[k] for k in sorted(found))
 
 
-def _report_items(path: Path) -> list[Installed]:
+def _report_items(path: Path, script: str | None) -> list[Installed]:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
         if not isinstance(data, dict) or str(data.get("version", "")).split(".")[0] != "1":
-            raise ReportUnreadable(path, "not version 1 of pip's installation report")
+            raise ReportUnreadable(path, "not version 1 of pip's installation report", script=script)
         return [_item(entry) for entry in data["install"]]
     except ReportUnreadable:
         raise
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
-        raise ReportUnreadable(path, f"{type(err).__name__}: {err}") from err
+        raise ReportUnreadable(path, f"{type(err).__name__}: {err}", script=script) from err
 
 
 def _item(entry: Mapping[str, Any]) -> Installed:
@@ -293,7 +307,12 @@ class PythonToolchain:
 
     def installed(self) -> tuple[Installed, ...] | None:
         """See `installed`."""
-        return installed(self.prefix)
+        return installed(self.prefix, script=self.script)
+
+    @property
+    def setup_command(self) -> str:
+        """The command that sets this venv up again (see `setup_again`)."""
+        return setup_again(self.prefix, self.script)
 
     def disagreements(self, found: tuple[Installed, ...]) -> list[str]:
         """The pinned distributions `found` does not show at the recorded version (a local '+cpu' is the same)."""

@@ -325,15 +325,13 @@ def _venv_installed(
         f"to record one, set the venv up again: remove .complete, .stages/venv and .stages/check from the toolchain "
         f"directory {venv.prefix.name}, then run `bash toolchains/{venv.script}`"
     )
-    here = (
-        f"`rm -f {venv.prefix}/.complete {venv.prefix}/.stages/venv {venv.prefix}/.stages/check && "
-        f"bash toolchains/{venv.script}`"
-    )
+    here = f"`{venv.setup_command}`"
     try:
         found = venv.installed()
     except ReportUnreadable as err:
-        log.warning("%s: the provenance records the %s by version only; to record it again run %s", err, venv.label,
-                    here)
+        # the error's hint is the command to run here; registration goes on, recording the venv by version only
+        log.warning("%s: the provenance records the %s by version only; to record it again, %s", err.message,
+                    venv.label, err.hint)
         return None, f"recorded by version only: pip's installation report of the {venv.label} is unreadable " \
             f"({err.cause}); {again}"
     if found is None:
