@@ -139,29 +139,57 @@ def test_a_timestamp_by_an_authority_the_policy_does_not_name_is_refused(repo: R
         signing.verify_directory(directory, m, load_policy(repo.settings()), shown="m.json")
 
 
-def test_a_key_revoked_after_the_timestamp_keeps_what_it_signed(repo: Repo, tmp_path: Path) -> None:
-    """Revocation and retirement are judged at the authority's time; an untimestamped signature at verification
-    time (its own finishedOn is the signer's claim)."""
+def test_a_key_retired_after_the_timestamp_keeps_what_it_signed(repo: Repo, tmp_path: Path) -> None:
+    """Retirement is judged at the authority's time (genTime); an untimestamped signature at verification time (its
+    own finishedOn is the signer's claim)."""
     private, public = _key(tmp_path / "signing.pem")
     tomorrow = (datetime.now(UTC) + timedelta(days=1)).date()
-    revoked = f"    revoked: {tomorrow}\n"
     with serve_tsa(tmp_path / "tsa") as tsa:
         directory, m = _register(repo, tmp_path, private, tsa)
-    _policy(repo, key=public, tsa=tsa.root, key_extra=revoked)
+    _policy(repo, key=public, tsa=tsa.root, key_extra=f"    retired: {tomorrow}\n")
     policy = load_policy(repo.settings())
-    assert signing.verify_directory(directory, m, policy, shown="m.json").signer == "release"
+    stamped = signing.verify_directory(directory, m, policy, shown="m.json").timestamped_at
+    assert stamped is not None
     later = datetime.now(UTC) + timedelta(days=3)
     assert signing.verify_directory(directory, m, policy, shown="m.json", now=later).signer == "release"
-    # the same artifact signed again without a timestamp: judged now (three days on), after the revocation
+    # retired on the timestamp's day: refused, judged at the authority's time
+    _policy(repo, key=public, tsa=tsa.root, key_extra=f"    retired: {stamped.date()}\n")
+    with pytest.raises(SignatureRefused, match=rf"it was timestamped on {stamped.date()} by team-tsa, signed by key"):
+        signing.verify_directory(directory, m, load_policy(repo.settings()), shown="m.json")
+    # the same artifact signed again without a timestamp: judged now (three days on), after the retirement
     signing.sign_directory(signing.SigningKey(private), directory, name=REF)
     m = _replace_timestamp_free(directory, m)
-    with pytest.raises(SignatureRefused, match=f"revoked on {tomorrow}") as err:
+    with pytest.raises(SignatureRefused, match=f"retired on {tomorrow}") as err:
         signing.verify_directory(directory, m, policy, shown="m.json", now=later)
     assert "no trusted timestamp" in err.value.message
-    # retirement is judged the same way
-    _policy(repo, key=public, tsa=tsa.root, key_extra=f"    retired: {tomorrow}\n")
-    with pytest.raises(SignatureRefused, match=f"retired on {tomorrow}"):
-        signing.verify_directory(directory, m, load_policy(repo.settings()), shown="m.json", now=later)
+
+
+def test_a_revoked_key_is_refused_though_the_authority_timestamped_it_before_the_revocation(
+    repo: Repo, tmp_path: Path
+) -> None:
+    """A revoked key (lost or compromised) refuses every signature, whatever date it claims or is timestamped at:
+    the timestamp shows the signature existed then, not that the key's rightful holder made it."""
+    private, public = _key(tmp_path / "signing.pem")
+    tomorrow = (datetime.now(UTC) + timedelta(days=1)).date()
+    with serve_tsa(tmp_path / "tsa") as tsa:
+        directory, m = _register(repo, tmp_path, private, tsa)
+    _policy(repo, key=public, tsa=tsa.root, key_extra=f"    revoked: {tomorrow}\n")
+    policy = load_policy(repo.settings())
+    # before the revocation day the key is not revoked yet
+    verified = signing.verify_directory(directory, m, policy, shown="m.json")
+    assert verified.signer == "release" and verified.timestamped_at is not None
+    assert verified.timestamped_at.date() < tomorrow  # a valid timestamp from before the revocation
+    # from the revocation day on it is refused, timestamp or not, naming the day and the timestamp
+    later = datetime.now(UTC) + timedelta(days=3)
+    with pytest.raises(SignatureRefused, match=f"revoked on {tomorrow}") as err:
+        signing.verify_directory(directory, m, policy, shown="m.json", now=later)
+    assert "whatever date it claims or is timestamped at" in err.value.message
+    assert "team-tsa timestamped this one on " in err.value.message and err.value.file == signing.SIGNATURE
+    # signed again without a timestamp: refused the same way
+    signing.sign_directory(signing.SigningKey(private), directory, name=REF)
+    m = _replace_timestamp_free(directory, m)
+    with pytest.raises(SignatureRefused, match=f"revoked on {tomorrow}"):
+        signing.verify_directory(directory, m, policy, shown="m.json", now=later)
 
 
 def _recorded_signature(m: Manifest, data: bytes) -> Manifest:

@@ -40,9 +40,9 @@ class TrustedKey(_Strict):
     )
     revoked: date | None = Field(
         default=None,
-        description="the day the key was revoked (lost or compromised): a signature a trusted authority timestamped "
-        "before this day stays valid; every other is refused, whatever date it claims (the signer writes its own "
-        "signing time)",
+        description="the day the key was revoked (lost or compromised): from this day on every signature by it is "
+        "refused, whatever date it claims or a trusted authority timestamped it at (retired keeps what was "
+        "timestamped before)",
     )
 
     @model_validator(mode="after")

@@ -9,8 +9,9 @@ and files): verification refuses a manifest that disagrees with what was signed.
 
 With MODELMINT_TSA_URL set, the signature is timestamped by that RFC 3161 Time-Stamp Authority, the reply kept in
 the bundle where sigstore's bundle format keeps it (verificationMaterial.timestampVerificationData.rfc3161Timestamps):
-verification then judges the key's retirement and revocation and the certificate's validity at the authority's time,
-and a signature without a trusted timestamp at the time it is verified.
+verification then judges the key's retirement and the certificate's validity at the authority's time, and a
+signature without a trusted timestamp at the time it is verified. A revoked key's signatures are refused from its
+revocation day on, timestamped or not.
 
 Verification (verify_directory) is offline: a public key or the root certificates named in registry/trust.yaml.
 """
@@ -392,9 +393,10 @@ def verify_directory(
     provenance and the trust policy. `shown` names the manifest file in messages. `require_signature` (CI) refuses
     an unsigned artifact whatever the policy or `allow_unsigned` say.
 
-    The key's retirement and revocation and the signing certificate's validity are judged at the time of the
-    signature's RFC 3161 timestamp when it has one (which must hold: over the signature, by an authority of the
-    policy), else at `now` (the time of verification): the provenance's own time is the signer's claim.
+    The key's retirement and the signing certificate's validity are judged at the time of the signature's RFC 3161
+    timestamp when it has one (which must hold: over the signature, by an authority of the policy), else at `now`
+    (the time of verification): the provenance's own time is the signer's claim, and must agree with the
+    timestamp's (_check_signed_time). A key revoked by `now` refuses every signature, timestamped or not.
 
     A rule with `reproductions: N` also needs N reproduced-by attestations of these files (the policy's
     `attestations` directory) that verify with N keys of the rule other than the signer's, one key each;
@@ -405,9 +407,9 @@ def verify_directory(
             allowed, or a signature required), signed by a key the policy does not accept for this model or
             retired before it signed, a file that differs from what was signed (named), a manifest or provenance
             that disagrees with the signed one, or a certificate that is expired, of another identity or another CA;
-            a timestamp over other bytes or by an authority the policy does not name; a key revoked before the
-            timestamp's time (or, untimestamped, at all by now); fewer reproductions by other keys than the rule
-            asks for (naming those found and their keys).
+            a timestamp over other bytes or by an authority the policy does not name, or one the provenance's time
+            does not agree with; a key revoked by now (whatever the timestamp's time); fewer reproductions by other
+            keys than the rule asks for (naming those found and their keys).
     """
     ref = manifest.ref
     listed = {f.path for f in manifest.files}
@@ -469,17 +471,16 @@ def verify_directory(
         # against the manifest): the signature's own check, then the manifest's hashes against its payload.
         signer = _check_signature_only(directory / SIGNATURE, ref, rule)
     stamp = _trusted_timestamp(directory / SIGNATURE, ref, policy)
-    judged = stamp.time if stamp is not None else (now or datetime.now(UTC))
-    if signer.key.revoked is not None and judged.date() >= signer.key.revoked:
+    today = now or datetime.now(UTC)
+    judged = stamp.time if stamp is not None else today
+    # A revoked key (lost or compromised) vouches for nothing from its revocation day on: its holder may have
+    # signed anything, and a timestamp only shows that a signature existed then, not who made it.
+    if signer.key.revoked is not None and max(today, judged).date() >= signer.key.revoked:
         raise SignatureRefused(
             ref,
-            f"it is signed by key {signer.name}, which {policy.path} revoked on {signer.key.revoked}, and "
-            + (
-                f"{stamp.authority} timestamped it on {stamp.time:%Y-%m-%d %H:%M:%S}Z, after that"
-                if stamp is not None
-                else "it has no trusted timestamp to show it was signed before: a signature by a revoked key "
-                "is refused, whatever date it claims"
-            ),
+            f"it is signed by key {signer.name}, which {policy.path} revoked on {signer.key.revoked}: a signature "
+            "by a revoked key is refused, whatever date it claims or is timestamped at"
+            + (f" ({stamp.authority} timestamped this one on {stamp.time:%Y-%m-%d %H:%M:%S}Z)" if stamp else ""),
             file=SIGNATURE,
             hint="register it again with a current key (and re-sign what that key signed before it was revoked)",
         )
