@@ -424,8 +424,6 @@ def _bucket(task_run: str) -> str:
     the validation's, as the build's own timings count them)."""
     if task_run.startswith("reference"):
         return "validate"
-    if task_run.startswith("plan_source"):  # fetches the source (checks its files) and plans the build
-        return "fetch"
     for kind in ("publish-image", "register", "quantize", "validate", "convert", "imatrix", "fetch"):
         if task_run.startswith(kind):
             return kind

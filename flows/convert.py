@@ -4,7 +4,7 @@
 The run is pipelines.compose.run_model, the one the CLI runs: each format's step list (pipelines/core/steps.py) and
 finish, then its registration steps, here one task per step (flows/steps.py). What Prefect adds:
   cache keys   from content (source commit, recipe, toolchain version, the input artifact's sha256), never
-               from path strings; a hit whose output is gone or changed is run again (`_cached`)
+               from path strings; a hit whose output is gone or changed is run again (flows/steps.py)
   retries      only for errors that say a retry can help (ModelmintError.transient: network, 5xx, timeouts)
   concurrency  one run per model at a time (limit `model-<name>`); GPU steps hold a slot of `gpu`
   artifacts    a Markdown report and a table per run (validation figures, sizes, gate verdicts)
@@ -14,59 +14,24 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_table_artifact
 from prefect.client.orchestration import get_client
-from prefect.tasks import Task
 
 from flows import raycluster
 from flows.runreport import publish_run_artifacts, run_rows, start_all, wait_all
 from flows.slots import ensure_limit, model_limit, slot
 from flows.steps import prefect_runner, ray_batches
-from flows.tasks import gpu_slot, plan_source
+from flows.tasks import gpu_slot
 from pipelines.compose import registered_in, report_of, run_model
 from pipelines.core.errors import ConfigError, ModelmintError, VariantsFailed
-from pipelines.core.fsutil import hash_cache
 from pipelines.core.settings import Settings
 from pipelines.publish.oci import RegistryRef
 from pipelines.source.catalog import COMPRESSED_VARIANTS, CatalogEntry, load_catalog
 from pipelines.store.formats import implementation, split_by_format
 from pipelines.store.names import NAMES, Format, owner
-
-R = TypeVar("R")
-
-
-def _cached(step: Task[..., R], current: Callable[[R], bool], *args: Any) -> R:
-    """Run a cached task; a cache hit whose output is gone or changed is not a hit: run it again.
-
-    Prefect keys the result by content, but cannot know that the file the result points at was deleted
-    since; `current` checks that (a stat and a receipt read) of a cache hit only (a result the task has just
-    made is current by construction), and a refresh replaces the stale record.
-    """
-    state: Any = step(*args, return_state=True)
-    result: R = state.result()
-    if state.name == "Cached" and not current(result):
-        get_run_logger().info("%s: cached output is gone or changed, running it again", step.name)
-        result = step.with_options(refresh_cache=True)(*args)
-    return result
-
-
-# ---------------------------------------------------------------- "is the cached plan still there?"
-
-
-def _source_current(plan: Any) -> bool:
-    """A cached plan stands while its build directory exists and its source files are the ones it was made from."""
-    hashes = hash_cache(plan.settings)
-    try:
-        return plan.out_dir.is_dir() and all(
-            hashes.sha256(plan.snapshot.path / rel) == sha for rel, sha in plan.snapshot.files.items()
-        )
-    except (FileNotFoundError, NotADirectoryError):
-        return False
-
 
 # ---------------------------------------------------------------- the flow
 
@@ -90,16 +55,15 @@ def convert(model: str, variants: list[str] | None = None, revision: str | None 
         ensure_limit(client, model_limit(model), 1)
     log = get_run_logger()
     with slot(model_limit(model), prefect_home=settings.prefect_dir):
-        # the run's step list (pipelines/compose.py, what the CLI runs), one task per step: each format's build,
-        # then register-<v> and publish-image-<v> for what passed; each format, and inside it each variant, fails
-        # on its own: the others are still built, registered and reported, and the run fails at the end
+        # the run's one step list (pipelines/compose.py, what the CLI runs), one task per step: each format's
+        # fetch, build, finish, then register-<v> and publish-image-<v> for what passed, then the site; each format,
+        # and inside it each variant, fails on its own: the others are still built, registered and reported, and
+        # the run fails at the end
         ran = run_model(
             entry, settings, [(implementation(name), asked) for name, asked in by_format.items()],
             runner=prefect_runner(settings), revision=revision, register=True, force=force, oci=oci,
             keep_going=True, progress=log.info, warn=log.warning,
             said_in_steps=logging.getLogger("pipelines.compose").info,
-            plan_of=lambda fmt, asked: lambda: _cached(plan_source, _source_current, fmt.name, entry, settings,
-                                                       revision, asked),
             arrange=lambda steps: ray_batches(steps, settings),
             gpu_slot=functools.partial(gpu_slot, settings.without_secrets()),
         )

@@ -16,7 +16,7 @@ from prefect.tasks import Task
 from flows import raycluster
 from flows.tasks import run_step
 from pipelines.core.settings import Settings
-from pipelines.core.steps import Batch, Step
+from pipelines.core.steps import Batch, Step, local_runner
 
 
 def _task(step: Step) -> Task[..., Any]:
@@ -48,7 +48,7 @@ def prefect_runner(settings: Settings) -> Callable[[Batch], list[Any]]:
     """A runner for pipelines.core.steps.execute: submit the batch's steps as tasks, then wait for each.
 
     A cached result whose output is gone or changed (`Step.current`, asked of cache hits only) is not a hit: that
-    step runs again with its cache refreshed. A group is sent `width` steps at a time (llama-quantize keeps about
+    step runs again with its cache refreshed. An `inline` step (bookkeeping) runs in the flow, with no task. A group is sent `width` steps at a time (llama-quantize keeps about
     two cores busy).
     """
 
@@ -57,6 +57,8 @@ def prefect_runner(settings: Settings) -> Callable[[Batch], list[Any]]:
         return [r for i in range(0, len(batch), width) for r in _wave(batch[i : i + width])]
 
     def _wave(batch: Batch) -> list[Any]:
+        if batch[0][0].inline:  # bookkeeping (a build's finish): run in the flow itself, no task of its own
+            return local_runner(batch)
         with _placed(settings, batch[0][0]):
             futures = [_task(s).submit(s, got) for s, got in batch]
         out: list[Any] = []

@@ -1,6 +1,5 @@
-"""The convert flow's tasks: the plan (fetch) and every step of its step lists (`run_step`, one task run each:
-flows/steps.py): the build, the validation, the registration and the image push, with their cache keys, retries
-and the GPU slot.
+"""The convert flow's tasks: every step of its step list (`run_step`, one task run each: flows/steps.py): the fetch,
+the build, the validation, the registration and the image push, with their cache keys, retries and the GPU slot.
 
 They live in this importable module (not in the flow's file, which Prefect loads by path as a module of its own
 name) so that a task sent to another process, a Ray worker on another node, is found there by its module path.
@@ -8,7 +7,6 @@ name) so that a task sent to another process, a Ray worker on another node, is f
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from contextlib import AbstractContextManager
 from typing import Any
@@ -19,8 +17,6 @@ from flows.slots import GPU_LIMIT, prefect_unreachable, slot
 from pipelines.core.errors import ModelmintError
 from pipelines.core.settings import Settings
 from pipelines.core.steps import Step, content_key
-from pipelines.source.catalog import CatalogEntry
-from pipelines.store.formats.base import implementation
 
 # pipelines' INFO lines (what each step ran, what an interrupted run left and was removed) belong in the run's
 # log: PREFECT_LOGGING_EXTRA_LOGGERS attaches Prefect's handler to the `pipelines` logger, but the logger's
@@ -45,18 +41,6 @@ def _transient(_task: Any, _run: Any, state: Any) -> bool:
 # ---------------------------------------------------------------- cache keys (content only)
 
 
-def _settings_key(s: Settings) -> dict[str, str]:
-    # Where outputs go is part of what a plan *is*; no credential enters a key or a stored result, and the
-    # orchestration settings say nothing about the plan (Settings.plan_fields).
-    return s.plan_fields()
-
-
-def _plan_key(_ctx: Any, p: dict[str, Any]) -> str:
-    entry: CatalogEntry = p["entry"]
-    return content_key("fetch", p["format"], entry.model_dump(mode="json"), p["revision"], p["variants"],
-                       _settings_key(p["settings"]))
-
-
 def _step_key(_ctx: Any, p: dict[str, Any]) -> str | None:
     """A step's content key (pipelines.core.steps.Step.key: its receipt's key, from its inputs) with its kind and where
     its output is written: two checkouts sharing one Prefect server must not be handed each other's outputs."""
@@ -68,16 +52,6 @@ def _step_key(_ctx: Any, p: dict[str, Any]) -> str | None:
 # ---------------------------------------------------------------- tasks: one pipelines step each
 
 _CACHED: dict[str, Any] = {"persist_result": True}
-
-
-@task(name="fetch", task_run_name="fetch", cache_key_fn=_plan_key, retries=3, retry_delay_seconds=[5, 30, 120],
-      retry_condition_fn=_transient, **_CACHED)
-def plan_source(format: str, entry: CatalogEntry, settings: Settings, revision: str | None,
-                variants: list[str] | None) -> Any:
-    """Fetch the source and plan one format's build (its plan hook); the plan is this task's cached result."""
-    plan = implementation(format).stepwise().plan(entry, settings, variants=variants, revision=revision)
-    # The plan is stored as this task's cached result: keep the token and registry credentials out of it.
-    return dataclasses.replace(plan, settings=plan.settings.without_secrets())
 
 
 @task(name="step", cache_key_fn=_step_key, retries=1, retry_condition_fn=_transient, **_CACHED)

@@ -25,15 +25,16 @@ from pipelines.core.resources import Places
 from pipelines.core.settings import Settings
 from pipelines.core.steps import (
     BuildResult,
+    Executed,
     Inputs,
     Runner,
     Step,
+    StepList,
     VariantError,
     VariantOutcome,
     content_key,
     execute,
     local_runner,
-    variant_scoped,
 )
 from pipelines.source.catalog import CatalogEntry
 from pipelines.store.candidate import Candidate
@@ -299,13 +300,15 @@ def image_step(v: str) -> str:
 
 
 def registration_steps(
-    settings: Settings, candidates: dict[str, Callable[[], Candidate]], *, track: bool = True, force: bool = False,
+    settings: Settings, candidates: Mapping[str, Callable[[Inputs], Candidate]], *, needs: tuple[str, ...] = (),
+    when: Callable[[str, Inputs], bool] = lambda _v, _got: True, track: bool = True, force: bool = False,
     say: Callable[[str], None] = lambda _msg: None, oci: RegistryRef | None = None,
 ) -> list[Step]:
-    """The steps that register each validated variant (`candidates`: variant → a function making its candidate)
-    and, when `oci` names a registry, publish its image there: one step list, which the CLI's local executor and
-    the flow's Prefect executor run alike (pipelines/core/steps.py), so a registration is the same transaction
-    whichever runs it.
+    """The steps that register each validated variant (`candidates`: variant → a function making its candidate
+    from the results of `needs`, the build's finish) and, when `oci` names a registry, publish its image there:
+    steps like the build's, which the CLI's local executor and the flow's Prefect executor run alike
+    (pipelines/core/steps.py), so a registration is the same transaction whichever runs it. `when(v, inputs)`:
+    whether variant v is registered at all (it passed its gate).
 
     `register-<v>` is register.register: it refuses an older source commit (unless `force`) and a catalog entry
     that changed under the build, places, `dvc commit`s, pushes and writes the manifest last, and puts dvc.lock
@@ -318,26 +321,29 @@ def registration_steps(
 
     out: list[Step] = []
     for v, make in candidates.items():
-        made = functools.cache(lambda make=make: dataclasses.replace(make(), force=force))
 
-        def run(_got: Inputs, made: Callable[[], Candidate] = made) -> Registration:
-            done = register(settings, made(), track_with_dvc=track, push=track)
+        def made(got: Inputs, make: Callable[[Inputs], Candidate] = make) -> Candidate:
+            return dataclasses.replace(make(got), force=force)
+
+        def run(got: Inputs, made: Callable[[Inputs], Candidate] = made) -> Registration:
+            c = made(got)
+            done = register(settings, c, track_with_dvc=track, push=track)
             state = "already registered" if not done.ran else "registered" + (" and pushed" if track else "")
             if done.reuploaded:
                 state += f" (re-uploaded {len(done.reuploaded)} missing or damaged object(s) to the DVC remote)"
             say(f"{done.manifest.ref} {state} → {done.path}")
-            return done
+            return dataclasses.replace(done, candidate=c)
 
-        def key(_got: Inputs, made: Callable[[], Candidate] = made) -> str:
+        def key(got: Inputs, made: Callable[[Inputs], Candidate] = made) -> str:
             # the blob's sha256 + recipe + validation report + toolchain; the entry decides the serving files
-            c = made()
+            c = made(got)
             return content_key("register", c.key, c.entry.model_dump(mode="json"), track)
 
-        def current(r: Registration, made: Callable[[], Candidate] = made) -> bool:
+        def current(r: Registration) -> bool:
             # An orchestrator's cached registration stands while it is registered here and the remote's copy is
             # whole: the local executor's rerun re-uploads a damaged or missing object (register.register), so a
             # cache hit must not skip that (a read of the remote, as there; no tool runs).
-            done = registered(settings, made(), tracked=track)
+            done = registered(settings, r.candidate, tracked=track) if r.candidate is not None else None
             if done is None or not track:
                 return done is not None
             m = done.manifest
@@ -346,8 +352,8 @@ def registration_steps(
             return not any(o.damaged for o in check_remote(settings, m.dvc.md5, {f.path: f.sha256 for f in m.files}).bad)
 
         out.append(Step(
-            name=register_step(v), task="register", run=run, key=key, current=current, variants=(v,),
-            stage="register", output=settings.artifacts_dir,
+            name=register_step(v), task="register", run=run, key=key, current=current, needs=needs, variants=(v,),
+            when=functools.partial(when, v), stage="register", output=settings.artifacts_dir,
             retries=3 if track else 0, retry_delays=RETRY_DELAYS,
         ))
         if oci is not None:
@@ -391,30 +397,25 @@ class Registered:
         self.errors.update(other.errors)
 
 
-def run_registrations(
-    settings: Settings, candidates: dict[str, Callable[[], Candidate]], runner: Runner, *, track: bool = True,
-    force: bool = False, oci: RegistryRef | None = None, say: Callable[[str], None] = lambda _msg: None,
-    progress: Callable[[str], None] = lambda _msg: None,
-) -> Registered:
-    """The registration steps of `candidates` (registration_steps) run by `runner`: each variant's registration and
-    image, and each failure (a variant whose registration fails is reported and the others still go on)."""
-    done = execute(registration_steps(settings, candidates, track=track, force=force, oci=oci, say=say), runner,
-                   progress=progress)
+def registered_by(done: Executed, variants: list[str]) -> Registered:
+    """What the registration steps of `variants` left in a run: each registration, image and registration failure."""
     return Registered(
-        registrations={v: r for v in candidates if (r := done.results.get(register_step(v))) is not None},
-        published={v: p for v in candidates if (p := done.results.get(image_step(v))) is not None},
-        errors={v: e for v, e in done.errors.items() if e.stage in ("register", "publish")},
+        registrations={v: r for v in variants if (r := done.results.get(register_step(v))) is not None},
+        published={v: p for v in variants if (p := done.results.get(image_step(v))) is not None},
+        errors={v: e for v in variants if (e := done.errors.get(v)) is not None and e.stage in ("register", "publish")},
     )
 
 
 def register_passed(
-    settings: Settings, candidates: dict[str, Callable[[], Any]], *, track: bool = True,
+    settings: Settings, candidates: dict[str, Callable[[], Candidate]], *, track: bool = True,
     say: Callable[[str], None] = lambda _msg: None, force: bool = False,
 ) -> tuple[dict[str, str], dict[str, VariantError]]:
     """Register each passing variant (`candidates`: variant → a function making its candidate) with the local
-    executor (run_registrations). Returns the refs made and the errors met. `force` registers a source commit older
-    than a tag's current version (register.refuse_older)."""
-    got = run_registrations(settings, candidates, local_runner, track=track, force=force, say=say, progress=say)
+    executor: the registration steps alone. Returns the refs made and the errors met. `force` registers a source
+    commit older than a tag's current version (register.refuse_older)."""
+    makers = {v: (lambda _got, make=make: make()) for v, make in candidates.items()}
+    done = execute(registration_steps(settings, makers, track=track, force=force, say=say), local_runner, progress=say)
+    got = registered_by(done, list(candidates))
     return got.refs, got.errors
 
 
@@ -424,20 +425,20 @@ def run_model(
     force: bool = False, oci: RegistryRef | None = None, keep_going: bool = False,
     progress: Callable[[str], None] = lambda _msg: None, warn: Callable[[str], None] | None = None,
     said_in_steps: Callable[[str], None] | None = None,
-    plan_of: Callable[[ArtifactFormat, list[str] | None], Callable[[], Any]] | None = None,
     arrange: Callable[[list[Step]], list[Step]] = lambda steps: steps, **options: Any,
 ) -> ModelRun:
     """One catalog model's run, the one sequence `modelmint convert` / `compress` and the convert flow run: the
-    run's whole step list, by one executor (`runner`: the flow's Prefect runner; None: here, the CLI's local one).
+    run's one step list, run by one `execute` (`runner`: the flow's Prefect runner; None: here, the CLI's local one).
 
     Before any work, when registering: every asked variant's dvc.yaml stage and the signing key (all formats at
-    once). Then per format (`asked`: each with its variants; None: the catalog's) its plan (`plan_of`: the flow's
-    cached fetch), the disk and memory check of everything the run writes (build directory, artifacts/, DVC cache
-    and local remote, the OCI registry's storage), its build steps and its finish; once every variant passed, its
-    scratch (the f16, the reference logits) is dropped, before registration; then the registration steps run by
-    the same executor: `register-<v>` for what passed its gate (place, dvc commit, push, manifest, signature;
-    dvc.lock restored when the commit or push fails) and, with `oci`, `publish-image-<v>`. Last, when anything was
-    registered, the `site` step rebuilds the registry site (MODELMINT_WORK_DIR/site) if the registry changed.
+    once). Then the list, per format (`asked`: each with its variants; None: the catalog's): `fetch-<format>`,
+    whose plan lays out the rest (ArtifactFormat.fetch_step): the disk and memory check of everything the run
+    writes (build directory, artifacts/, DVC cache and local remote, the OCI registry's storage), its build steps,
+    `finish-<format>`; when registering, `scratch-<format>` (the f16 and the reference logits dropped once every
+    variant passed, before registration), `register-<v>` for what passed its gate (place, dvc commit, push,
+    manifest, signature; dvc.lock restored when the commit or push fails) and, with `oci`, `publish-image-<v>`.
+    Last, once anything was registered, the `site` step rebuilds the registry site (MODELMINT_WORK_DIR/site) if
+    the registry changed.
 
     `keep_going` (the flow): a format whose build fails as a whole with a variant's kind of error fails its
     variants and the next format still runs; without it (the CLI) that error is raised. `said_in_steps`: where the
@@ -447,34 +448,59 @@ def run_model(
         RegistryError, SigningKeyError: registering and a stage is missing or the key cannot sign (before any work).
         ConfigError, SourceError, ToolchainMissing, DiskFullError, RunTooLarge: what stops every variant alike.
     """
-    todo = [(fmt, v) for fmt, v in asked if v is None or v]
+    todo = [(fmt, v, v if v is not None else fmt.catalog_variants(entry)) for fmt, v in asked if v is None or v]
     if register:
-        preflight_registration(settings, entry, [
-            x for fmt, v in todo for x in (v if v is not None else fmt.catalog_variants(entry))])
+        preflight_registration(settings, entry, [x for _fmt, _v, names in todo for x in names])
     places = registry_places(settings, track=track, oci=oci) if register else None
-    runs: list[Run] = []
-    for fmt, variants in todo:
-        try:
-            if runner is None:
-                result = fmt.build_here(entry, settings, variants=variants, revision=revision, progress=progress,
-                                        places=places, **options)
-            else:
-                result = fmt.build_by(runner, entry, settings, variants=variants, revision=revision,
-                                      progress=progress, warn=warn, places=places, arrange=arrange,
-                                      plan=plan_of(fmt, variants) if plan_of else None, **options)
-        except Exception as err:
-            if not keep_going or not variant_scoped(err):
-                raise
-            runs.append(Run(all_failed(entry.name, variants or fmt.catalog_variants(entry), err),
-                            Registered() if register else None))
-            continue
-        runs.append(_register(fmt, result, settings, runner or local_runner, register=register, track=track,
-                              force=force, oci=oci, progress=progress, said=said_in_steps or progress))
-    site = None
-    if registered_in(runs).registrations:
-        done = execute([site_step(settings, said_in_steps or progress)], runner or local_runner, progress=progress)
-        site = done.results.get(SITE_STEP)
-    return ModelRun(runs, site)
+    said = said_in_steps or progress
+    steps = [
+        fmt.fetch_step(entry, settings, variants=v, revision=revision, progress=progress, warn=warn, places=places,
+                       arrange=arrange, **options,
+                       after=functools.partial(_registration_after, fmt, settings, names, track=track, force=force,
+                                               oci=oci, say=said) if register else _nothing_after)
+        for fmt, v, names in todo
+    ]
+    if register:
+        steps.append(site_step(settings, said, needs=tuple(register_step(x) for _f, _v, names in todo for x in names)))
+    done = execute(steps, runner or local_runner, progress=progress, keep_going=keep_going)
+    runs = []
+    for fmt, _v, names in todo:
+        result = done.results.get(fmt.finish_step) or failed_build(entry.name, names, done.errors)
+        runs.append(Run(result, registered_by(done, names) if register else None, fmt.header(result)))
+    return ModelRun(runs, done.results.get(SITE_STEP))
+
+
+def _nothing_after(_plan: Any, _listed: StepList, _finish: str) -> list[Step]:
+    return []
+
+
+def _registration_after(
+    fmt: ArtifactFormat, settings: Settings, variants: list[str], plan: Any, listed: StepList, finish: str, *,
+    track: bool, force: bool, oci: RegistryRef | None, say: Callable[[str], None],
+) -> list[Step]:
+    """After a format's finish: its scratch dropped once every variant passed (the f16 and its reference logits go
+    before registration: what follows reads only the variants; MODELMINT_KEEP_SCRATCH keeps them), then
+    `register-<v>` (and `publish-image-<v>`) for each variant that passed its gate."""
+    from pipelines.registry.register import drop_scratch
+
+    scratch = f"scratch-{fmt.name}"
+
+    def drop(got: Inputs) -> list[Path]:
+        return drop_scratch(settings, fmt.scratch(plan), got[finish])
+
+    def candidate(v: str, got: Inputs) -> Candidate:
+        result: BuildResult = got[finish]
+        return fmt.candidate(result.plan, result.variants[v])
+
+    def passed(v: str, got: Inputs) -> bool:
+        return v in got[finish].passed
+
+    names = list(dict.fromkeys([*listed.asked, *variants]))
+    return [
+        Step(scratch, "scratch", run=drop, needs=(finish,), inline=True, phase="register"),
+        *registration_steps(settings, {v: functools.partial(candidate, v) for v in names}, needs=(finish, scratch),
+                            when=passed, track=track, force=force, say=say, oci=oci),
+    ]
 
 
 @dataclass
@@ -498,9 +524,10 @@ class SiteRefresh:
 SITE_STEP = "site"
 
 
-def site_step(settings: Settings, say: Callable[[str], None]) -> Step:
-    """The run's last step: the registry site rebuilt when what it shows changed (pipelines.site.build.refresh_site).
-    A site that cannot be written is said, never a failed run: the variants are registered by then."""
+def site_step(settings: Settings, say: Callable[[str], None], *, needs: tuple[str, ...] = ()) -> Step:
+    """The run's last step: the registry site rebuilt when what it shows changed (pipelines.site.build.refresh_site),
+    once any of the registrations it `needs` is done (none: not run). A site that cannot be written is said, never a
+    failed run: the variants are registered by then."""
 
     def run(_got: Inputs) -> SiteRefresh:
         from pipelines.site.build import default_site_dir, refresh_site
@@ -529,35 +556,14 @@ def site_step(settings: Settings, say: Callable[[str], None]) -> Step:
     from pipelines.site.build import default_site_dir
 
     return Step(name=SITE_STEP, task="site", run=run, key=key, current=current, output=default_site_dir(settings),
-                stage="site", phase="site", retries=0)
+                needs=needs, needs_any=True, stage="site", phase="site", retries=0)
 
 
-def _register(
-    fmt: ArtifactFormat, result: BuildResult, settings: Settings, runner: Runner, *, register: bool, track: bool,
-    force: bool, oci: RegistryRef | None, progress: Callable[[str], None], said: Callable[[str], None],
-) -> Run:
-    """After one format's build: its scratch dropped once every variant passed, then its registration steps."""
-    header = fmt.header(result)
-    if not register or result.plan is None:
-        return Run(result, Registered() if register else None, header)
-    from pipelines.registry.register import drop_scratch
-
-    # the f16 and its reference logits go once every variant passed, before registration: what follows reads only
-    # the variants (MODELMINT_KEEP_SCRATCH keeps them)
-    drop_scratch(settings, fmt.scratch(result.plan), result)
-    return Run(result, run_registrations(settings, candidates_of(fmt, result), runner, track=track, force=force,
-                                         oci=oci, say=said, progress=progress), header)
-
-
-def all_failed(name: str, variants: list[str], err: ModelmintError) -> BuildResult:
-    """A build that failed as a whole (its plan, a step every variant needs): every variant asked fails with `err`."""
-    errors = {v: VariantError.of(v, "build", err) for v in variants}
-    return BuildResult(name, Path(), {}, {}, {}, [], errors=errors, asked=list(variants))
-
-
-def candidates_of(fmt: ArtifactFormat, result: BuildResult) -> dict[str, Callable[[], Candidate]]:
-    """A function making the registration candidate of each variant of `result` that passed its gate."""
-    return {v: functools.partial(fmt.candidate, result.plan, result.variants[v]) for v in result.passed}
+def failed_build(name: str, variants: list[str], errors: Mapping[str, VariantError]) -> BuildResult:
+    """A build that failed as a whole (its fetch, a step every variant needs) in a run that kept going: every variant
+    asked, with the failure the run recorded for it."""
+    return BuildResult(name, Path(), {}, {}, {}, [], errors={v: e for v in variants if (e := errors.get(v))},
+                       asked=list(variants))
 
 
 def build_every(

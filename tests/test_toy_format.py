@@ -332,6 +332,6 @@ def test_a_toy_format_reaches_the_flow(
     summary = state.result()
     assert summary["registered"] == [f"tiny-qwen2:{TOY}"]
     assert [(r["variant"], r["format"], r["gate"]) for r in summary["variants"]] == [(TOY, TOY, "pass")]
-    assert {"fetch", "make-toy", "check-toy", f"register-{TOY}"} <= names, names
+    assert {f"fetch-{TOY}", "make-toy", "check-toy", f"register-{TOY}", "site"} <= names, names
     _registered(repo, repo.settings(MODELMINT_SERVE_GPUS="1xL4-24G"))
     assert next(repo.work.rglob("toy.json")).is_file()

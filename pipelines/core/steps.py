@@ -29,6 +29,7 @@ the Prefect runner in flows/steps.py (one task per step, with its cache key, ret
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import json
@@ -524,6 +525,9 @@ R = TypeVar("R")
 Inputs = dict[str, Any]
 """The results of the steps a step needs, by step name."""
 
+RECORD = "record"
+"""A `record` step's input holding what the steps it needs left (an Executed): a build's finish reads it."""
+
 
 def _none(_inputs: Inputs) -> None:
     return None
@@ -533,16 +537,20 @@ def _always(_result: Any) -> bool:
     return True
 
 
+def _run_always(_inputs: Inputs) -> bool:
+    return True
+
+
 def _no_tools(_result: Any) -> list[str]:
     return []
 
 
 @dataclass(frozen=True)
 class Step:
-    """One resumable step of a build: what it makes, from what, and how."""
+    """One resumable step of a run: what it makes, from what, and how."""
 
     name: str
-    """Unique in its list: convert, quantize-q4_k_m, validate-q8_0, compress-fp8."""
+    """Unique in its list: fetch-gguf, convert, quantize-q4_k_m, validate-q8_0, compress-fp8, register-q8_0, site."""
     task: str
     """The kind of step (convert, quantize, validate, compress, …): the orchestrator's task name and tag."""
     run: Callable[[Inputs], Any]
@@ -557,7 +565,10 @@ class Step:
     """Steps whose results it takes; it is not run when any failed (or, with `needs_any`, when all failed)."""
     needs_any: bool = False
     variants: tuple[str, ...] = ()
-    """The variants it serves: its failure is theirs. Empty: it serves every variant, and its failure ends the build."""
+    """The variants it serves: its failure is theirs. Empty: it serves every variant of its build (`scope`), and
+    its failure ends the run, or with keep-going (the flow) fails every one of them."""
+    scope: tuple[str, ...] = ()
+    """For a step serving every variant of its build: those variants (a step a `then` plans inherits its parent's)."""
     stage: str = "build"
     """The stage its failures are recorded under (build, validate)."""
     phase: str = ""
@@ -566,6 +577,18 @@ class Step:
     """What to tell the user before it runs (None: nothing, e.g. its output is finished already)."""
     tools: Callable[[Any], list[str]] = _no_tools
     """The tools its run started, from its result (the build's tools_run)."""
+    when: Callable[[Inputs], bool] = _run_always
+    """Whether it has anything to do, given its inputs (a registration: its variant passed its gate). False: it
+    is passed over, neither finished nor failed, and what needs it is not run."""
+    then: Callable[[Any], StepList] | None = None
+    """The steps its result plans (a fetch's plan → the build's step list, finish and registration): run right
+    after it; the variants they refuse before any work are failed at once."""
+    record: bool = False
+    """It takes what the steps it needs left (their results, the failures of the variants they and it serve, the
+    tools they ran and their timings: an Executed under RECORD), not their results alone: a build's finish."""
+    inline: bool = False
+    """Bookkeeping an orchestrator runs in place, with no task of its own: it makes nothing worth caching or
+    retrying (a build's finish, dropping its scratch)."""
     group: str | None = None
     """Consecutive steps of one group run together, `width` at a time."""
     width: int = 1
@@ -606,6 +629,21 @@ class Executed:
     errors: dict[str, VariantError] = field(default_factory=dict)
     tools_run: list[str] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
+    ran: list[tuple[str, tuple[str, ...], float, list[str]]] = field(default_factory=list)
+    """Each batch run: its timings bucket, its steps, its wall seconds, and the tools its steps started."""
+
+    def of(self, names: tuple[str, ...], variants: set[str]) -> Executed:
+        """What the steps `names` left: their results, the tools they ran, the wall time of the batches they ran in
+        (by bucket), and the failures of `variants` (the ones they serve)."""
+        mine = set(names)
+        timings: dict[str, float] = {}
+        tools: list[str] = []
+        for phase, batch, seconds, started in self.ran:
+            if mine & set(batch):
+                timings[phase] = round(timings.get(phase, 0.0) + seconds, 3)
+                tools += started
+        return Executed({n: self.results[n] for n in names if n in self.results},
+                        {v: e for v, e in self.errors.items() if v in variants}, tools, timings)
 
 
 Batch = list[tuple[Step, Inputs]]
@@ -613,14 +651,42 @@ Runner = Callable[[Batch], list[Any]]
 """Runs a batch of ready steps; returns, in order, each one's result or the exception it raised."""
 
 
-def _batches(steps: list[Step]) -> list[list[Step]]:
-    out: list[list[Step]] = []
+def _next_batch(pending: list[Step]) -> list[Step]:
+    batch = [pending.pop(0)]
+    while pending and batch[0].group is not None and pending[0].group == batch[0].group:
+        batch.append(pending.pop(0))
+    return batch
+
+
+def _unique(steps: list[Step], seen: dict[str, Step]) -> None:
     for s in steps:
-        if out and s.group is not None and out[-1][0].group == s.group:
-            out[-1].append(s)
-        else:
-            out.append([s])
-    return out
+        if s.name in seen:
+            raise ValueError(f"two steps are named {s.name!r} in one run (a modelmint bug: please report it)")
+        seen[s.name] = s
+
+
+def _ready(s: Step, done: Executed, listed: dict[str, Step]) -> Inputs | None:
+    """The inputs of `s` when it is to run now; None when it is passed over."""
+    got: Inputs = {n: done.results[n] for n in s.needs if n in done.results}
+    if (len(got) < len(s.needs) and not s.needs_any) or (s.needs and not got):
+        return None  # what it needs failed: its variants already carry that failure
+    if s.variants and all(v in done.errors for v in s.variants):
+        return None
+    if s.record:
+        served = {*s.scope, *(v for n in s.needs if n in listed for v in (*listed[n].variants, *listed[n].scope))}
+        got[RECORD] = done.of(s.needs, served)
+    return got if s.when(got) else None
+
+
+def _failed(s: Step, err: BaseException, done: Executed, keep_going: bool, progress: Callable[[str], None]) -> None:
+    """Record `err` as the failure of the variants `s` serves, or raise it: a step serving every variant of its build
+    ends the run unless it keeps going (then its build's variants fail); what is not a variant's (a full disk) ends
+    it always (variant_scoped)."""
+    serves = s.variants or (s.scope if keep_going and variant_scoped(err) else ())
+    if not serves or not isinstance(err, Exception):
+        raise err
+    for v in serves:
+        progress(f"{v} failed: {keep_failure(done.errors, v, s.stage, err).cause}")
 
 
 def execute(
@@ -630,43 +696,62 @@ def execute(
     progress: Callable[[str], None] = lambda _msg: None,
     errors: dict[str, VariantError] | None = None,
     timings: dict[str, float] | None = None,
+    keep_going: bool = False,
 ) -> Executed:
-    """Run `steps` in order through `runner`, keep going past a variant's failure, and collect what they left.
+    """Run `steps` in order through `runner`, keep going past a variant's failure, and collect what they left. A
+    step's `then` puts the steps its result plans right after it (a fetch's build, finish and registrations).
+
+    `keep_going` (the flow): a step serving every variant of its build (no `variants`) that fails with a variant's
+    kind of error fails that build's variants (its `scope`) and the other builds still run.
 
     Raises:
-        ModelmintError: a step serving every variant failed (the build cannot go on); any error that is not a
-            variant's own (a full disk, a missing toolchain: steps.variant_scoped).
+        ModelmintError: a step serving every variant failed (its build cannot go on) and not `keep_going`; any
+            error that is not a variant's own (a full disk, a missing toolchain: steps.variant_scoped).
     """
     done = Executed(
         errors=errors if errors is not None else {}, timings=timings if timings is not None else {}
     )
-    for batch in _batches(steps):
+    pending = list(steps)
+    seen: dict[str, Step] = {}
+    _unique(pending, seen)
+    while pending:
         ready: Batch = []
-        for s in batch:
-            got = {n: done.results[n] for n in s.needs if n in done.results}
-            if (len(got) < len(s.needs) and not s.needs_any) or (s.needs and not got):
-                continue  # what it needs failed: its variants already carry that failure
-            if s.variants and all(v in done.errors for v in s.variants):
-                continue
-            ready.append((s, got))
+        for s in _next_batch(pending):
+            if (got := _ready(s, done, seen)) is not None:
+                ready.append((s, got))
         if not ready:
             continue
         for s, got in ready:
             if msg := s.say(got):
                 progress(msg)
-        with timed_phase(done.timings, ready[0][0].phase or ready[0][0].task):
+        phase = ready[0][0].phase or ready[0][0].task
+        start = time.perf_counter()
+        with timed_phase(done.timings, phase):
             outcomes = runner(ready)
+        started: list[str] = []
+        planned: list[Step] = []
         for (s, _got), result in zip(ready, outcomes, strict=True):
             if isinstance(result, BaseException):
-                if not s.variants or not isinstance(result, Exception):
-                    raise result
-                for v in s.variants:
-                    progress(f"{v} failed: {keep_failure(done.errors, v, s.stage, result).cause}")
+                _failed(s, result, done, keep_going, progress)
                 continue
             done.results[s.name] = result
             if isinstance(result, PerVariant):
                 done.errors.update(result.errors)
-            done.tools_run += s.tools(result)
+            started += s.tools(result)
+            if s.then is not None:
+                try:
+                    listed = s.then(result)
+                except Exception as err:
+                    _failed(s, err, done, keep_going, progress)
+                    continue
+                children = [c if c.variants or c.scope else dataclasses.replace(c, scope=s.scope)
+                            for c in listed.steps]
+                _unique(children, seen)
+                done.errors.update(listed.errors)
+                planned += children
+        done.tools_run += started
+        done.ran.append((phase, tuple(s.name for s, _got in ready), time.perf_counter() - start, started))
+        pending[0:0] = planned
     return done
 
 
@@ -686,27 +771,60 @@ def local_runner(batch: Batch) -> list[Any]:
     return [f.result() for f in futures]
 
 
+Finish = Callable[[P, StepList, Executed, Callable[[str], None]], R]
+"""(plan, its step list, what the steps left, where to say what it found wrong) → the build's result."""
+
+
+def build_steps(
+    fetch: Step,
+    steps: Callable[[P], StepList],
+    finish: Finish[P, R],
+    *,
+    finish_name: str = "finish",
+    warn: Callable[[str], None] = lambda _msg: None,
+    arrange: Callable[[list[Step]], list[Step]] = lambda steps: steps,
+    after: Callable[[P, StepList, str], list[Step]] = lambda _plan, _listed, _finish: [],
+) -> Step:
+    """A build as one step list: `fetch` (its result is the plan), then what the plan lays out: its step list
+    (`steps`; `arrange` regroups it for the runner: on Ray, every validate step at once), the build's finish (a
+    `record` step named `finish_name`: the format's finish over what the list left, its summary file written), and
+    `after(plan, step list, finish_name)`: the steps that take the finished build (registration)."""
+
+    def planned(plan: P) -> StepList:
+        listed = steps(plan)
+        names = (fetch.name, *(s.name for s in listed.steps))
+
+        def finished(got: Inputs) -> R:
+            return finish(plan, listed, got[RECORD], warn)
+
+        done = Step(finish_name, "finish", run=finished, needs=names, needs_any=True, record=True, inline=True,
+                    scope=tuple(dict.fromkeys([*listed.asked, *listed.errors])), phase="finish")
+        return StepList([*arrange(listed.steps), done, *after(plan, listed, finish_name)], listed.errors,
+                        listed.preflight, listed.asked)
+
+    return dataclasses.replace(fetch, then=planned)
+
+
 def build_with(
     runner: Runner,
     what: str,
     plan: Callable[[], P],
     steps: Callable[[P], StepList],
-    finish: Callable[[P, StepList, Executed, Callable[[str], None]], R],
+    finish: Finish[P, R],
     *,
     progress: Callable[[str], None] = lambda _msg: None,
     warn: Callable[[str], None] | None = None,
     arrange: Callable[[list[Step]], list[Step]] = lambda steps: steps,
 ) -> R:
-    """A build as every front-end runs it: the plan (fetch, timed), its step list, the list run by `runner`
-    (the CLI's `local_runner`, the flow's Prefect runner), then the format's finish (its summary file).
+    """A build alone, as a run's step list has it (build_steps): the plan (fetch, timed), its step list run by
+    `runner` (the CLI's `local_runner`, the flow's Prefect runner), then the format's finish (its summary file).
 
     `warn` is told what the finish and the list found wrong before any work (a refused variant); default
-    `progress`. `arrange` regroups the list for the runner (on Ray, every validate step at once).
+    `progress`.
     """
-    timings: dict[str, float] = {}
-    progress(f"fetch {what}")
-    with timed_phase(timings, "fetch"):
-        planned = plan()
-    listed = steps(planned)
-    done = execute(arrange(listed.steps), runner, progress=progress, errors=listed.errors, timings=timings)
-    return finish(planned, listed, done, warn or progress)
+    fetch = Step("fetch", "fetch", run=lambda _got: plan(), say=lambda _got: f"fetch {what}", phase="fetch",
+                 inline=True)
+    done = execute([build_steps(fetch, steps, finish, warn=warn or progress, arrange=arrange)], runner,
+                   progress=progress)
+    result: R = done.results["finish"]
+    return result

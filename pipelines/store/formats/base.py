@@ -8,6 +8,7 @@ never imports a toolchain wrapper, and no registry module imports a format's mod
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import import_module
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from pipelines.core.errors import ConfigError
+from pipelines.core.fsutil import hash_cache
 from pipelines.core.resources import Places, ResourceCheck, require
 from pipelines.core.settings import Settings
 from pipelines.core.steps import (
@@ -24,7 +26,9 @@ from pipelines.core.steps import (
     Step,
     StepList,
     VariantOutcome,
-    build_with,
+    build_steps,
+    content_key,
+    execute,
     local_runner,
 )
 from pipelines.publish.oci import Blob, Image
@@ -55,11 +59,8 @@ class ArtifactFormat:
     """The media type of that image's config blob: how a pull recognises the layout."""
     pull_command: Callable[[str, bool], list[str]]
     """(HOST/NAMESPACE/NAME:TAG, insecure) → the command that fetches the published image where it is used."""
-    build: Callable[..., BuildResult] | None = None
-    """(entry, settings, *, variants, revision, progress, **options) → BuildResult: build and validate here (the CLI);
-    None: its plan, step list and finish run by the local executor (`build_here`)."""
     plan: Callable[..., Any] | None = None
-    """(entry, settings, *, variants, revision) → the plan its steps share (fetches the source): the flow's fetch."""
+    """(entry, settings, *, variants, revision) → the plan its steps share (fetches the source): its fetch step."""
     steps: Callable[..., StepList] | None = None
     """(plan, *, progress, asked, **options) → its step list (pipelines/core/steps.py), for either executor."""
     finish: Callable[[Any, StepList, Executed, Callable[[str], None]], BuildResult] | None = None
@@ -79,46 +80,74 @@ class ArtifactFormat:
         self, entry: CatalogEntry, settings: Settings, *, variants: list[str] | None = None,
         revision: str | None = None, progress: Callable[[str], None] = lambda _msg: None, **options: Any,
     ) -> BuildResult:
-        """Build and validate `entry`'s variants of this format on this machine (the CLI's path): its own `build`,
-        or its plan, its step list run by the local executor, and its finish."""
-        if self.build is not None:
-            return self.build(entry, settings, variants=variants, revision=revision, progress=progress, **options)
+        """Build and validate `entry`'s variants of this format on this machine, registering nothing (`modelmint
+        reproduce`): its fetch, its step list and its finish run by the local executor."""
         return self.build_by(local_runner, entry, settings, variants=variants, revision=revision, progress=progress,
                              **options)
 
     def build_by(
         self, runner: Runner, entry: CatalogEntry, settings: Settings, *, variants: list[str] | None = None,
         revision: str | None = None, progress: Callable[[str], None] = lambda _msg: None,
-        warn: Callable[[str], None] | None = None, plan: Callable[[], Any] | None = None,
-        arrange: Callable[[list[Step]], list[Step]] = lambda steps: steps, places: Places | None = None,
-        **options: Any,
+        warn: Callable[[str], None] | None = None, places: Places | None = None, **options: Any,
     ) -> BuildResult:
-        """Its plan (or `plan()`: the flow's cached fetch), the check that the run fits the disks and the memory
-        (`places`: where it writes; default its build directory only), its step list run by `runner`, and its
-        finish (pipelines.core.steps.build_with): the one sequence the CLI and the flow run.
+        """This format's build alone (`fetch_step`'s list) run by `runner`: its result.
 
         Raises:
             RunTooLarge: the run's peak disk or memory does not fit (before its first step), unless
                 MODELMINT_SKIP_RESOURCE_CHECK is set.
         """
+        done = execute([self.fetch_step(entry, settings, variants=variants, revision=revision, progress=progress,
+                                        warn=warn, places=places, **options)], runner, progress=progress)
+        result: BuildResult = done.results[self.finish_step]
+        return result
+
+    @property
+    def finish_step(self) -> str:
+        """The name of its build's finish step in a run's list (its result is the BuildResult)."""
+        return f"finish-{self.name}"
+
+    def fetch_step(
+        self, entry: CatalogEntry, settings: Settings, *, variants: list[str] | None = None,
+        revision: str | None = None, progress: Callable[[str], None] = lambda _msg: None,
+        warn: Callable[[str], None] | None = None, places: Places | None = None,
+        arrange: Callable[[list[Step]], list[Step]] = lambda steps: steps,
+        after: Callable[[Any, StepList, str], list[Step]] = lambda _plan, _listed, _finish: [],
+        **options: Any,
+    ) -> Step:
+        """Its build as a run's steps (pipelines.core.steps.build_steps): `fetch-<format>`, whose result is the plan
+        (the source fetched and checked; credentials left out, as a cached result must), then what that plan lays
+        out: the check that the run fits the disks and the memory (`places`: where it writes; default its build
+        directory only; RunTooLarge before its first step unless MODELMINT_SKIP_RESOURCE_CHECK is set), its step
+        list (`arrange`d for the runner), its finish (`finish-<format>`) and `after` (the registration steps).
+        Its failures, and those of the steps serving all its variants, are its asked variants' in a run that keeps
+        going (the flow)."""
         hooks = self.stepwise()
+        asked = tuple(variants if variants is not None else self.catalog_variants(entry))
+
+        def plan(_got: Any) -> Any:
+            planned = hooks.plan(entry, settings, variants=variants, revision=revision)
+            return dataclasses.replace(planned, settings=planned.settings.without_secrets())
 
         def steps(planned: Any) -> StepList:
             if self.resources is not None and not settings.skip_resource_check:
-                asked = ", ".join(variants) if variants else "the catalog's variants"
+                what = ", ".join(variants) if variants else "the catalog's variants"
                 check = require(self.resources(planned, places or Places(settings.work_dir)),
-                                what=f"{entry.name} ({asked})", variants_option=self.option)
+                                what=f"{entry.name} ({what})", variants_option=self.option)
                 for note in check.notes:  # a variant over the Hub's per-file limit, or split: said before any work
                     (warn or progress)(note)
             return hooks.steps(planned, progress=warn or progress, asked=variants, **options)
 
-        return build_with(
-            runner, entry.name, plan or (lambda: hooks.plan(entry, settings, variants=variants, revision=revision)),
-            steps, hooks.finish, progress=progress, warn=warn, arrange=arrange,
-        )
+        def key(_got: Any) -> str:
+            return content_key("fetch", self.name, entry.model_dump(mode="json"), revision, variants,
+                               settings.plan_fields())
+
+        fetch = Step(f"fetch-{self.name}", "fetch", run=plan, key=key, current=source_current, scope=asked,
+                     say=lambda _got: f"fetch {entry.name}", phase="fetch", retries=3, retry_delays=(5, 30, 120))
+        return build_steps(fetch, steps, hooks.finish, finish_name=self.finish_step, warn=warn or progress,
+                           arrange=arrange, after=after)
 
     def stepwise(self) -> Stepwise:
-        """Its plan, step list and finish hooks, which the flow (and `build_here` without a `build`) runs.
+        """Its plan, step list and finish hooks, which every run of its variants runs (fetch_step).
 
         Raises:
             ConfigError: the format declares no plan, steps or finish (it can only build through `build`); a
@@ -192,3 +221,15 @@ def implementation(name: Format) -> ArtifactFormat:
 def format_of(tag: str) -> ArtifactFormat:
     """The format a variant tag builds: compressed-tensors for llmcompressor schemes (fp8, awq, …), else GGUF."""
     return implementation(format_name(tag).name)
+
+
+def source_current(plan: Any) -> bool:
+    """A plan handed back by an orchestrator's cache stands while its build directory exists and its source files
+    are the ones it was made from (a stat each, the hash cache's sha256 unless a file changed)."""
+    hashes = hash_cache(plan.settings)
+    try:
+        return bool(plan.out_dir.is_dir()) and all(
+            hashes.sha256(plan.snapshot.path / rel) == sha for rel, sha in plan.snapshot.files.items()
+        )
+    except (FileNotFoundError, NotADirectoryError):
+        return False
