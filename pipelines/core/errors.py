@@ -393,6 +393,24 @@ class TimestampUnavailable(ModelmintError):
     """The Time-Stamp Authority (MODELMINT_TSA_URL) gave no timestamp over a signature: nothing was registered."""
 
     transient = True
+    url: str = ""
+    cause: str = ""
+    """What the authority did (cannot be reached, answered HTTP 503, …)."""
+
+    @classmethod
+    def of(cls, url: str, cause: str, *, left: str = "nothing was registered",
+           then: str = "rerun the same command") -> TimestampUnavailable:
+        """The authority at `url` gave no timestamp because of `cause`, worded for the command that asked: what it
+        `left` and what to do `then`, once the authority answers."""
+        err = cls(f"the Time-Stamp Authority {url} {cause}: {left}", hint=(
+            f"check that the Time-Stamp Authority MODELMINT_TSA_URL={url} is up and speaks RFC 3161 "
+            f"(POST application/timestamp-query), then {then}; unset MODELMINT_TSA_URL to sign without a timestamp"))
+        err.url, err.cause = url, cause
+        return err
+
+    def left_as(self, left: str, then: str) -> TimestampUnavailable:
+        """The same failure worded for a command that `left` something else and is finished by `then`."""
+        return self.of(self.url, self.cause, left=left, then=then)
 
 
 class TimestampInvalid(ModelmintError):

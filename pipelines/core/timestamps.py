@@ -38,11 +38,6 @@ def request(url: str, data: bytes, *, timeout: float = 30) -> bytes:
         TimestampUnavailable: the authority cannot be reached, answers with an HTTP error or something that is not a
             timestamp reply, refuses, or answers for other bytes or another request.
     """
-    hint = (
-        f"check that the Time-Stamp Authority MODELMINT_TSA_URL={url} is up and speaks RFC 3161 "
-        "(POST application/timestamp-query), then rerun the same command; unset MODELMINT_TSA_URL to sign "
-        "without a timestamp"
-    )
     with tempfile.TemporaryDirectory(prefix="modelmint-tsa-") as scratch:
         d, q = Path(scratch) / "data", Path(scratch) / "query.tsq"
         d.write_bytes(data)
@@ -54,35 +49,21 @@ def request(url: str, data: bytes, *, timeout: float = 30) -> bytes:
                 kind = resp.headers.get_content_type()
                 reply: bytes = resp.read(_MAX_REPLY + 1)
         except urllib.error.HTTPError as err:
-            raise TimestampUnavailable(f"the Time-Stamp Authority {url} answered HTTP {err.code}: "
-                                       "nothing was registered", hint=hint) from None
+            raise TimestampUnavailable.of(url, f"answered HTTP {err.code}") from None
         except (urllib.error.URLError, OSError, ValueError) as err:
-            raise TimestampUnavailable(
-                f"the Time-Stamp Authority {url} cannot be reached ({getattr(err, 'reason', None) or err}): "
-                "nothing was registered",
-                hint=hint,
-            ) from None
+            raise TimestampUnavailable.of(url, f"cannot be reached ({getattr(err, 'reason', None) or err})") from None
         if kind != REPLY_TYPE or len(reply) > _MAX_REPLY:
-            raise TimestampUnavailable(
-                f"the Time-Stamp Authority {url} answered {kind}, not {REPLY_TYPE}: nothing was registered", hint=hint
-            )
+            raise TimestampUnavailable.of(url, f"answered {kind}, not {REPLY_TYPE}")
         r = Path(scratch) / "reply.tsr"
         r.write_bytes(reply)
         text = _text(r)
         if text is None or not re.search(r"^Status: Granted", text, re.M):
             status = re.search(r"^Status: (.*)$", text or "", re.M)
-            raise TimestampUnavailable(
-                f"the Time-Stamp Authority {url} did not grant a timestamp "
-                f"({status.group(1).strip() if status else 'not a timestamp reply'}): nothing was registered",
-                hint=hint,
-            )
+            raise TimestampUnavailable.of(
+                url, f"did not grant a timestamp ({status.group(1).strip() if status else 'not a timestamp reply'})")
         asked = run(["openssl", "ts", "-query", "-in", q, "-text"], check=False).stdout
         if _imprint(text) != hashlib.sha256(data).hexdigest() or _nonce(text) != _nonce(asked):
-            raise TimestampUnavailable(
-                f"the Time-Stamp Authority {url} answered with a timestamp over other bytes or for another "
-                "request: nothing was registered",
-                hint=hint,
-            )
+            raise TimestampUnavailable.of(url, "answered with a timestamp over other bytes or for another request")
     return reply
 
 

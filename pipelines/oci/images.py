@@ -233,10 +233,12 @@ def _untagged(err: OciError | TimestampUnavailable, registry: RegistryRef, manif
         kept = f"{digest} is pushed by its digest but unsigned, and no tag was moved ({still})"
     else:
         kept = "its tags name the image already; its signature was not pushed"
-    err.message = err.message.removesuffix(": nothing was registered") + f": {kept}"
-    again = publish_command(manifest.ref, registry, force=force)
-    hint = (err.hint or "").replace("then rerun the same command", f"then publish again with `{again}`")
-    err.hint = hint if again in hint else (f"{hint.rstrip('.')}; " if hint else "") + f"then publish again with `{again}`"
+    again = f"publish again with `{publish_command(manifest.ref, registry, force=force)}`"
+    if isinstance(err, TimestampUnavailable):
+        return err.left_as(kept, again)
+    err.message += f": {kept}"
+    hint = (err.hint or "").replace("then rerun the same command", f"then {again}")
+    err.hint = hint if again in hint else (f"{hint.rstrip('.')}; " if hint else "") + f"then {again}"
     return err
 
 
