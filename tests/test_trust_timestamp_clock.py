@@ -6,12 +6,9 @@ with a wrong clock would sign them, real git + DVC repositories, real keys."""
 from __future__ import annotations
 
 import hashlib
-import threading
-import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import timedelta
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -48,32 +45,8 @@ def _redated(reply: bytes, shift: timedelta, key_pem: Path) -> bytes:
 @contextmanager
 def _tsa_off_by(directory: Path, shift: timedelta) -> Iterator[str]:
     """The URL of a TSA on 127.0.0.1 whose clock is `shift` off this machine's."""
-    with serve_tsa(directory) as tsa:
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                query = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                ask = urllib.request.Request(tsa.url, data=query, method="POST",
-                                             headers={"Content-Type": "application/timestamp-query"})
-                with urllib.request.urlopen(ask, timeout=60) as got:
-                    reply = _redated(got.read(), shift, directory / "tsa.key")
-                self.send_response(200)
-                self.send_header("Content-Type", "application/timestamp-reply")
-                self.send_header("Content-Length", str(len(reply)))
-                self.end_headers()
-                self.wfile.write(reply)
-
-            def log_message(self, format: str, *args: object) -> None:
-                pass
-
-        server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        thread = threading.Thread(target=server.serve_forever, daemon=True)
-        thread.start()
-        try:
-            yield f"http://127.0.0.1:{server.server_address[1]}/tsr"
-        finally:
-            server.shutdown()
-            server.server_close()
+    with serve_tsa(directory, answer=lambda reply: _redated(reply, shift, directory / "tsa.key")) as tsa:
+        yield tsa.url
 
 
 @pytest.mark.parametrize(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -94,8 +94,10 @@ def make_pki(directory: Path, name: str) -> tuple[Path, Path, Path]:
 
 
 @contextmanager
-def serve_tsa(directory: Path, name: str = "test tsa") -> Iterator[Tsa]:
-    """A TSA on 127.0.0.1 answering POST application/timestamp-query with `openssl ts -reply`."""
+def serve_tsa(directory: Path, name: str = "test tsa", *,
+              answer: Callable[[bytes], bytes] = lambda reply: reply) -> Iterator[Tsa]:
+    """A TSA on 127.0.0.1 answering POST application/timestamp-query with `openssl ts -reply` (passed through
+    `answer`: an authority whose clock is off re-dates it)."""
     root, cert, key = make_pki(directory, name)
     (directory / "serial").write_text("01\n")
     config = directory / "tsa.cnf"
@@ -119,7 +121,7 @@ def serve_tsa(directory: Path, name: str = "test tsa") -> Iterator[Tsa]:
                 if done.returncode != 0:
                     self.send_error(400)
                     return
-                reply = r.read_bytes()
+                reply = answer(r.read_bytes())
             self.send_response(200)
             self.send_header("Content-Type", "application/timestamp-reply")
             self.send_header("Content-Length", str(len(reply)))
