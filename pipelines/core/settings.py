@@ -171,6 +171,11 @@ class Settings:
         cleared: dict[str, Any] = dict.fromkeys(self.SECRETS)
         return replace(self, **cleared)
 
+    def with_secrets_of(self, other: Settings) -> Settings:
+        """These settings with `other`'s credentials: a plan read back from a cache (stored without them) given the
+        running process's again, for the steps that need one (a gated calibration dataset's download)."""
+        return replace(self, **{n: getattr(other, n) for n in self.SECRETS})
+
     def plan_fields(self) -> dict[str, str]:
         """The settings that decide what a build plan is (where its outputs go, its sources, its threads), as
         strings: no credential, no orchestration setting (cache keys hash these)."""

@@ -784,13 +784,16 @@ def build_steps(
     warn: Callable[[str], None] = lambda _msg: None,
     arrange: Callable[[list[Step]], list[Step]] = lambda steps: steps,
     after: Callable[[P, StepList, str], list[Step]] = lambda _plan, _listed, _finish: [],
+    given: Callable[[P], P] = lambda plan: plan,
 ) -> Step:
     """A build as one step list: `fetch` (its result is the plan), then what the plan lays out: its step list
     (`steps`; `arrange` regroups it for the runner: on Ray, every validate step at once), the build's finish (a
     `record` step named `finish_name`: the format's finish over what the list left, its summary file written), and
-    `after(plan, step list, finish_name)`: the steps that take the finished build (registration)."""
+    `after(plan, step list, finish_name)`: the steps that take the finished build (registration). `given(plan)`
+    is the plan as those steps take it (the fetched plan given the run's credentials, which no cache stores)."""
 
-    def planned(plan: P) -> StepList:
+    def planned(fetched: P) -> StepList:
+        plan = given(fetched)
         listed = steps(plan)
         names = (fetch.name, *(s.name for s in listed.steps))
 

@@ -118,7 +118,8 @@ class ArtifactFormat:
         (the source fetched and checked; credentials left out, as a cached result must), then what that plan lays
         out: the check that the run fits the disks and the memory (`places`: where it writes; default its build
         directory only; RunTooLarge before its first step unless MODELMINT_SKIP_RESOURCE_CHECK is set), its step
-        list (`arrange`d for the runner), its finish (`finish-<format>`) and `after` (the registration steps).
+        list (`arrange`d for the runner, its plan given this run's credentials again), its finish
+        (`finish-<format>`) and `after` (the registration steps).
         Its failures, and those of the steps serving all its variants, are its asked variants' in a run that keeps
         going (the flow)."""
         hooks = self.stepwise()
@@ -144,7 +145,10 @@ class ArtifactFormat:
         fetch = Step(f"fetch-{self.name}", "fetch", run=plan, key=key, current=source_current, scope=asked,
                      say=lambda _got: f"fetch {entry.name}", phase="fetch", retries=3, retry_delays=(5, 30, 120))
         return build_steps(fetch, steps, hooks.finish, finish_name=self.finish_step, warn=warn or progress,
-                           arrange=arrange, after=after)
+                           arrange=arrange, after=after,
+                           # the plan as fetch returned it (and a cache stores it) has no credentials: its steps and
+                           # finish run with this run's
+                           given=lambda p: dataclasses.replace(p, settings=p.settings.with_secrets_of(settings)))
 
     def stepwise(self) -> Stepwise:
         """Its plan, step list and finish hooks, which every run of its variants runs (fetch_step).
