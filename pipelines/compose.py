@@ -497,7 +497,7 @@ def _registration_after(
 
     names = list(dict.fromkeys([*listed.asked, *variants]))
     return [
-        Step(scratch, "scratch", run=drop, needs=(finish,), inline=True, phase="register"),
+        Step(scratch, "scratch", run=drop, needs=(finish,), inline=True),
         *registration_steps(settings, {v: functools.partial(candidate, v) for v in names}, needs=(finish, scratch),
                             when=passed, track=track, force=force, say=say, oci=oci),
     ]
