@@ -48,8 +48,8 @@ def prefect_runner(settings: Settings) -> Callable[[Batch], list[Any]]:
     """A runner for pipelines.core.steps.execute: submit the batch's steps as tasks, then wait for each.
 
     A cached result whose output is gone or changed (`Step.current`, asked of cache hits only) is not a hit: that
-    step runs again with its cache refreshed. An `inline` step (bookkeeping) runs in the flow, with no task. A group is sent `width` steps at a time (llama-quantize keeps about
-    two cores busy).
+    step runs again with its cache refreshed. An `inline` step (bookkeeping) runs in the flow, with no task. A group
+    is sent `width` steps at a time (llama-quantize keeps about two cores busy).
     """
 
     def run(batch: Batch) -> list[Any]:

@@ -36,9 +36,8 @@ import json
 import logging
 import re
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, TypeGuard, TypeVar
@@ -275,16 +274,6 @@ class StepResult:
     receipt: dict[str, Any]
     ran: bool
     """False when the step was skipped because its receipt matched."""
-
-
-@contextmanager
-def timed_phase(timings: dict[str, float], name: str) -> Iterator[None]:
-    """Add the wall seconds of the block to `timings[name]` (phases may be entered more than once)."""
-    start = time.perf_counter()
-    try:
-        yield
-    finally:
-        timings[name] = round(timings.get(name, 0.0) + time.perf_counter() - start, 3)
 
 
 # ---------------------------------------------------------------- how a variant ends
@@ -537,10 +526,6 @@ def _always(_result: Any) -> bool:
     return True
 
 
-def _run_always(_inputs: Inputs) -> bool:
-    return True
-
-
 def _no_tools(_result: Any) -> list[str]:
     return []
 
@@ -577,7 +562,7 @@ class Step:
     """What to tell the user before it runs (None: nothing, e.g. its output is finished already)."""
     tools: Callable[[Any], list[str]] = _no_tools
     """The tools its run started, from its result (the build's tools_run)."""
-    when: Callable[[Inputs], bool] = _run_always
+    when: Callable[[Inputs], bool] = _always
     """Whether it has anything to do, given its inputs (a registration: its variant passed its gate). False: it
     is passed over, neither finished nor failed, and what needs it is not run."""
     then: Callable[[Any], StepList] | None = None
@@ -694,8 +679,6 @@ def execute(
     runner: Runner,
     *,
     progress: Callable[[str], None] = lambda _msg: None,
-    errors: dict[str, VariantError] | None = None,
-    timings: dict[str, float] | None = None,
     keep_going: bool = False,
 ) -> Executed:
     """Run `steps` in order through `runner`, keep going past a variant's failure, and collect what they left. A
@@ -708,9 +691,7 @@ def execute(
         ModelmintError: a step serving every variant failed (its build cannot go on) and not `keep_going`; any
             error that is not a variant's own (a full disk, a missing toolchain: steps.variant_scoped).
     """
-    done = Executed(
-        errors=errors if errors is not None else {}, timings=timings if timings is not None else {}
-    )
+    done = Executed()
     pending = list(steps)
     seen: dict[str, Step] = {}
     _unique(pending, seen)
@@ -726,8 +707,9 @@ def execute(
                 progress(msg)
         phase = ready[0][0].phase or ready[0][0].task
         start = time.perf_counter()
-        with timed_phase(done.timings, phase):
-            outcomes = runner(ready)
+        outcomes = runner(ready)
+        seconds = time.perf_counter() - start
+        done.timings[phase] = round(done.timings.get(phase, 0.0) + seconds, 3)
         started: list[str] = []
         planned: list[Step] = []
         for (s, _got), result in zip(ready, outcomes, strict=True):
@@ -750,7 +732,7 @@ def execute(
                 done.errors.update(listed.errors)
                 planned += children
         done.tools_run += started
-        done.ran.append((phase, tuple(s.name for s, _got in ready), time.perf_counter() - start, started))
+        done.ran.append((phase, tuple(s.name for s, _got in ready), seconds, started))
         pending[0:0] = planned
     return done
 

@@ -154,8 +154,8 @@ class ArtifactFormat:
         """Its plan, step list and finish hooks, which every run of its variants runs (fetch_step).
 
         Raises:
-            ConfigError: the format declares no plan, steps or finish (it can only build through `build`); a
-                ModelmintError, so the flow fails its variants alone with an `error:` line.
+            ConfigError: the format declares no plan, steps or finish (it cannot be built); a ModelmintError, so
+                the flow fails its variants alone with an `error:` line.
         """
         if self.plan is None or self.steps is None or self.finish is None:
             missing = [n for n in ("plan", "steps", "finish") if getattr(self, n) is None]
