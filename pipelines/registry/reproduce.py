@@ -115,7 +115,7 @@ class Rebuild:
 
 
 def _stamp(when: datetime) -> str:
-    return when.replace(microsecond=0).isoformat().replace("+00:00", "Z")
+    return provenance.statement_time(when.replace(microsecond=0))
 
 
 def attest(
@@ -157,7 +157,7 @@ def attest(
                 "modelmint": __version__,
                 "modelmint.commit": provenance.modelmint_commit(),
             },
-            "reproducedOn": when.isoformat().replace("+00:00", "Z"),
+            "reproducedOn": provenance.statement_time(when),
             "rebuild": rebuild.to_json() if rebuild is not None else None,
         },
     }
@@ -187,7 +187,7 @@ def attestations(settings: Settings, manifest: Manifest, policy: TrustPolicy | N
             data = json.loads(path.read_text(encoding="utf-8"))
             stmt = json.loads(base64.b64decode(data["payload"]))
             keyid = str(stmt["predicate"]["reproducedBy"]["keyid"])
-            when = datetime.fromisoformat(stmt["predicate"]["reproducedOn"].replace("Z", "+00:00"))
+            when = provenance.read_time(stmt["predicate"]["reproducedOn"])
             subjects = {s["name"]: s["digest"]["sha256"] for s in stmt["subject"]}
         except (ValueError, KeyError, TypeError) as err:
             raise SignatureRefused(

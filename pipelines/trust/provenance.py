@@ -20,7 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Protocol
 from urllib.parse import quote
@@ -162,7 +162,7 @@ def statement(
                 },
                 "metadata": {
                     "invocationId": c.key,
-                    "finishedOn": signed_at.isoformat().replace("+00:00", "Z"),
+                    "finishedOn": statement_time(signed_at),
                 },
                 "byproducts": byproducts,
             },
@@ -444,11 +444,23 @@ def registered(settings: Settings, manifest: Manifest) -> dict[str, Any] | None:
     return json.loads(raw) if raw else None
 
 
+def statement_time(when: datetime) -> str:
+    """A time as a statement writes it (finishedOn, created_at, reproducedOn): ISO 8601 in UTC, `Z`."""
+    return when.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
+def read_time(text: str) -> datetime:
+    """A statement's time (ISO 8601, `Z` read as UTC).
+
+    Raises:
+        ValueError: it is not one.
+    """
+    return datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
 def signed_at(stmt: dict[str, Any]) -> datetime:
     """When registration signed it (runDetails.metadata.finishedOn)."""
-    return datetime.fromisoformat(
-        stmt["predicate"]["runDetails"]["metadata"]["finishedOn"].replace("Z", "+00:00")
-    )
+    return read_time(stmt["predicate"]["runDetails"]["metadata"]["finishedOn"])
 
 
 def bound_created_at(stmt: dict[str, Any] | None) -> datetime | None:
@@ -554,7 +566,7 @@ def disagreements(stmt: dict[str, Any], manifest: Manifest, outputs: dict[str, s
 def _instant(value: Any) -> datetime | None:
     """An ISO 8601 time as a datetime (`Z` read as UTC); None when it is not one."""
     try:
-        return datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+        return read_time(str(value))
     except ValueError:
         return None
 

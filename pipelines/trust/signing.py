@@ -217,11 +217,11 @@ def seal(settings: Settings, c: provenance.Built, directory: Path, validation: d
     write_text_atomic(directory / provenance.PROVENANCE, json.dumps(stmt, indent=2, sort_keys=True) + "\n")
     sign_directory(sk, directory, name=c.ref, hashes=hashes)
     stamped = _stamp_time(directory / SIGNATURE)
-    if stamped is not None and not stamped - SIGNING_TOLERANCE <= now <= stamped:
+    if stamped is not None and not _in_time(now, stamped):
         # verification would refuse it (_check_signed_time): nothing is placed
         raise TimestampInvalid(
-            f"{c.ref}: this machine's clock says it signed at {stmt_time(now)}, and the Time-Stamp Authority "
-            f"{sk.tsa} timestamped the signature at {stmt_time(stamped)}: {_apart(now, stamped)}; nothing was "
+            f"{c.ref}: this machine's clock says it signed at {provenance.statement_time(now)}, and the Time-Stamp Authority "
+            f"{sk.tsa} timestamped the signature at {provenance.statement_time(stamped)}: {_apart(now, stamped)}; nothing was "
             "registered",
             hint="set this machine's clock (NTP) or fix the authority's, then rerun the same command",
         )
@@ -529,7 +529,7 @@ def verify_directory(
     if provenance.legacy_created_at(stmt):
         warnings = (
             f"its created_at {manifest.created_at.isoformat()} is the registering machine's word, not covered by "
-            f"its signature (signed before modelmint bound it to the signed time, {stmt_time(when)}): register it "
+            f"its signature (signed before modelmint bound it to the signed time, {provenance.statement_time(when)}): register it "
             "again to bind it",
         )
     if signer.key.retired_at(judged):
@@ -562,11 +562,6 @@ authority's. A statement timed after its timestamp is refused outright: no signa
 made."""
 
 
-def stmt_time(when: datetime) -> str:
-    """A time as the statement writes it (finishedOn, created_at): ISO 8601 in UTC, `Z`."""
-    return when.astimezone(UTC).isoformat().replace("+00:00", "Z")
-
-
 def _check_signed_time(ref: str, when: datetime, stamp: timestamps.Stamp) -> None:
     """The time the signed statement records (finishedOn, which the manifest's created_at must be) agrees with the
     signature's trusted timestamp: not after it, and not before it by more than SIGNING_TOLERANCE.
@@ -574,16 +569,22 @@ def _check_signed_time(ref: str, when: datetime, stamp: timestamps.Stamp) -> Non
     Raises:
         SignatureRefused: it does not (both times in full, and the tolerance).
     """
-    if stamp.time - SIGNING_TOLERANCE <= when <= stamp.time:
+    if _in_time(when, stamp.time):
         return
     raise SignatureRefused(
         ref,
-        f"its signed provenance says it was signed at {stmt_time(when)} (finishedOn, the manifest's created_at), and "
-        f"{stamp.authority} timestamped the signature at {stmt_time(stamp.time)}: {_apart(when, stamp.time)}",
+        f"its signed provenance says it was signed at {provenance.statement_time(when)} (finishedOn, the manifest's created_at), and "
+        f"{stamp.authority} timestamped the signature at {provenance.statement_time(stamp.time)}: {_apart(when, stamp.time)}",
         file=provenance.PROVENANCE,
         hint="register it again from a trusted build, on a machine whose clock agrees with the Time-Stamp "
         "Authority's (check NTP)",
     )
+
+
+def _in_time(when: datetime, stamped: datetime) -> bool:
+    """Whether a statement's written time `when` agrees with its signature's timestamp: not after it, and not before
+    it by more than SIGNING_TOLERANCE."""
+    return stamped - SIGNING_TOLERANCE <= when <= stamped
 
 
 def _apart(when: datetime, stamped: datetime) -> str:
