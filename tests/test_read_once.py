@@ -27,6 +27,7 @@ from registry_env import Repo, candidate, dvc, make_repo
 
 import pipelines.core.fsutil as fsutil
 from pipelines.core.fsutil import HashCache
+from pipelines.core.steps import receipt_path
 from pipelines.store import dvcrepo
 
 _CHECKOUT = Path(__file__).resolve().parents[1]  # the code under test, whichever checkout holds this file
@@ -152,15 +153,22 @@ def test_a_variant_built_and_registered_in_one_run_is_hashed_once(repo: Repo, tm
     """`modelmint convert tiny-qwen2 --variants q4_k_m --register`, one run that builds, validates and registers: the
     quantize step's receipt reads the variant for its sha256 (and its md5, in the same pass); registration (the
     manifest's sha256, DVC's md5) and everything between take them from the hash cache and hash it no more. (The
-    placed weights and DVC's cache object are hard links of the build's output: one file, counted by its inode.)"""
+    placed weights and DVC's cache object are hard links of the build's output: one file, counted by its inode.)
+    The f16, hashed as the converter writes it, is not read back for its receipt."""
     counts = tmp_path / "hashed.json"
     done = subprocess.run([sys.executable, "-c", _COUNTED, str(counts), "convert", "tiny-qwen2", "--variants", "q4_k_m",
-                           "--register"], env={**repo.env(), "PYTHONPATH": str(_CHECKOUT)}, cwd=repo.root,
-                          capture_output=True, text=True)
+                           "--register"], env={**repo.env(), "PYTHONPATH": str(_CHECKOUT), "MODELMINT_KEEP_SCRATCH": "1"},
+                          cwd=repo.root, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
+    hashed = json.loads(counts.read_text())
     placed = (repo.root / "artifacts/tiny-qwen2/q4_k_m/tiny-qwen2-q4_k_m.gguf").stat()
-    times = json.loads(counts.read_text()).get(f"{placed.st_dev}:{placed.st_ino}", 0) / placed.st_size
+    times = hashed.get(f"{placed.st_dev}:{placed.st_ino}", 0) / placed.st_size
     assert times == 1, f"the variant ({placed.st_size} bytes) was hashed {times:g} times in the run"
+    # the f16 (kept here) was hashed as the converter wrote it: its receipt did not read it back, and holds its sha256
+    (f16,) = repo.work.rglob("tiny-qwen2-f16.gguf")
+    st = f16.stat()
+    assert hashed.get(f"{st.st_dev}:{st.st_ino}", 0) == 0, "the f16 was read back for its receipt"
+    assert json.loads(receipt_path(f16).read_text())["sha256"] == hashlib.sha256(f16.read_bytes()).hexdigest()
 
 
 def test_signing_at_registration_hashes_no_file_again_and_model_signing_verifies_it(

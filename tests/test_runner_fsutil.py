@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
 import sys
@@ -10,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from pipelines.core.errors import DiskFullError, ToolError, ToolTimeout
-from pipelines.core.fsutil import HashCache, atomic_output, clean_partials, partial_path
+from pipelines.core.fsutil import HashCache, WrittenDigest, atomic_output, clean_partials, partial_path
 from pipelines.core.runner import run
 from pipelines.core.settings import Settings
 
@@ -268,3 +269,77 @@ def test_one_hash_cache_per_home_however_it_is_spelled(tmp_path: Path, monkeypat
     hash_cache(Settings.from_env({"MODELMINT_HOME": str(tmp_path / "link")})).sha256(b)
     remembered = json.loads((tmp_path / "home" / "hashcache.json").read_text())
     assert sorted(k.split("|")[0] for k in remembered) == [str(a), str(b)]  # both, in the one file
+
+
+# A writer process, front to back in pieces with pauses (the follower catches up and waits), then, after a pause in
+# which the follower has read it all, what argv[2] says: "done", "truncate" (cut to a quarter and a little written
+# again: shorter than what was read) or "replace" (another file of the same size renamed over the name).
+_WRITER = """
+import os, sys, time
+path, then = sys.argv[1], sys.argv[2]
+with open(path, "wb") as fh:
+    for i in range(12):
+        fh.write(bytes([i]) * (3 << 20) + os.urandom(4096))
+        fh.flush()
+        time.sleep(0.03)
+size = os.path.getsize(path)
+if then != "done":
+    time.sleep(0.5)
+if then == "truncate":
+    with open(path, "r+b") as fh:
+        fh.truncate(size // 4)
+        fh.seek(size // 4)
+        fh.write(b"again")
+elif then == "replace":
+    with open(path + ".new", "wb") as fh:
+        fh.write(os.urandom(size))
+    os.replace(path + ".new", path)
+"""
+
+
+def _written_by(path: Path, then: str) -> WrittenDigest:
+    with WrittenDigest(path) as digest:
+        run([sys.executable, "-c", _WRITER, str(path), then])
+    return digest
+
+
+def test_a_file_is_hashed_as_its_writer_writes_it(tmp_path: Path) -> None:
+    """What the follower read behind a front-to-back writer is the whole file: its sha256, and the stat that the hash
+    cache then answers for without reading the file (the converter's f16 at its receipt)."""
+    out = tmp_path / "model-f16.gguf"
+    digest = _written_by(out, "done")
+    assert digest.sha256 == hashlib.sha256(out.read_bytes()).hexdigest()
+    assert digest.stat is not None and digest.stat.st_size == out.stat().st_size == 12 * ((3 << 20) + 4096)
+    cache = HashCache(tmp_path / "hashcache.json")
+    renamed = tmp_path / "renamed.gguf"
+    out.rename(renamed)  # what atomic_output does: the same inode, size and mtime under the final name
+    cache.learn(renamed, digest.stat, digest.sha256)
+    assert json.loads((tmp_path / "hashcache.json").read_text()) == {
+        f"{renamed.resolve()}|{digest.stat.st_dev}|{digest.stat.st_ino}|{digest.stat.st_size}|"
+        f"{digest.stat.st_mtime_ns}": digest.sha256}
+    assert cache.sha256(renamed) == digest.sha256
+
+
+@pytest.mark.parametrize("then", ["truncate", "replace"])
+def test_a_file_that_is_not_what_was_read_gets_no_digest(tmp_path: Path, then: str) -> None:
+    """Cut shorter than what was read and written again, or replaced under its name by another file of the same size:
+    the follower keeps no digest, and the receipt reads the file itself. (Had the follower not yet read past the cut
+    when it came, what it read is the file as it stands and its digest is right: never a digest of other bytes.)"""
+    out = tmp_path / "out.gguf"
+    digest = _written_by(out, then)
+    assert digest.sha256 in (None, hashlib.sha256(out.read_bytes()).hexdigest())
+    assert (digest.sha256 is None) == (digest.stat is None)
+
+
+def test_no_file_no_digest_and_a_changed_file_is_not_learned(tmp_path: Path) -> None:
+    with WrittenDigest(tmp_path / "never.gguf") as digest:
+        run([sys.executable, "-c", "pass"])
+    assert digest.sha256 is None
+    out = tmp_path / "out.gguf"
+    digest = _written_by(out, "done")
+    assert digest.stat is not None and digest.sha256 is not None
+    out.write_bytes(b"rewritten after the digest")
+    cache = HashCache(tmp_path / "hashcache.json")
+    cache.learn(out, digest.stat, digest.sha256)
+    assert not (tmp_path / "hashcache.json").exists()
+    assert cache.sha256(out) == hashlib.sha256(b"rewritten after the digest").hexdigest()

@@ -302,7 +302,13 @@ class HashCache:
                 return v["sha256"], v["md5"]
         return None
 
-    def _remember(self, path: Path, key: str, value: dict[str, str]) -> None:
+    def learn(self, path: Path, st: os.stat_result, sha256: str) -> None:
+        """Remember a sha256 computed as the file was written (WrittenDigest), for `path` as `st` saw it: nothing is
+        remembered once the file changed since. Its md5, if it is ever asked for, is read then (with the sha256)."""
+        if _identity(path.stat()) == _identity(st):
+            self._remember(path, self._key(path, st), sha256)
+
+    def _remember(self, path: Path, key: str, value: str | dict[str, str]) -> None:
         """Record `value` under `key`, forgetting what was recorded for `path` as it was before."""
         self._write(key, value, forget=f"{path.resolve()}|")
 
@@ -352,6 +358,69 @@ def sha256_file(path: Path) -> str:
         while chunk := fh.read(_CHUNK):
             h.update(chunk)
     return h.hexdigest()
+
+
+class WrittenDigest:
+    """The sha256 of a file another process writes front to back, read right behind the writer while it writes:
+    the bytes come from the page cache, and the hashing runs beside the writer instead of after it. A freshly
+    written output of many GiB (a 7B model's f16 is 15 GB) is then not read back from the disk for its receipt.
+
+    `with WrittenDigest(path) as digest: <run the writer>`; afterwards `digest.sha256` and `digest.stat`, or None
+    where what was read is not the file as it stands once the writer is done: it was never made, replaced under
+    its name (another inode) or cut shorter than what was read (truncated and written again). Only for writers
+    that never go back over what they wrote, which this cannot see: the GGUF converter (gguf-py's GGUFWriter
+    writes the header, the key-values, the tensor infos, then each tensor, in order, to a file it opens once:
+    gguf_writer.py:182 and 442-484, conversion/base.py:1233-1239 at the pinned llama.cpp); not llama-quantize,
+    which writes its header last, over zeros at the start of the file (src/llama-quant.cpp:1171-1195)."""
+
+    _POLL_S = 0.05
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.sha256: str | None = None
+        self.stat: os.stat_result | None = None
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._follow, name=f"digest of {path.name}", daemon=True)
+
+    def __enter__(self) -> WrittenDigest:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self._done.set()  # the writer has exited (or failed): one last pass reads what it left
+        self._thread.join()
+
+    def _follow(self) -> None:
+        try:
+            fh = self._open()
+            if fh is None:
+                return
+            sha, read = hashlib.sha256(), 0
+            with fh:
+                while True:
+                    last = self._done.is_set()  # set before this pass: the pass reads all the writer wrote
+                    while chunk := fh.read(_CHUNK):
+                        sha.update(chunk)
+                        read += len(chunk)
+                    if last:
+                        break
+                    self._done.wait(self._POLL_S)
+                mine = os.fstat(fh.fileno())
+            now = self.path.stat()
+        except OSError:
+            return  # unreadable or gone: the receipt reads the file itself
+        if (now.st_dev, now.st_ino, now.st_size) == (mine.st_dev, mine.st_ino, read):
+            self.sha256, self.stat = sha.hexdigest(), now
+
+    def _open(self) -> BinaryIO | None:
+        while True:
+            last = self._done.is_set()
+            try:
+                return open(self.path, "rb")
+            except FileNotFoundError:
+                if last:
+                    return None
+            self._done.wait(self._POLL_S)
 
 
 def file_digests(path: Path) -> tuple[str, str]:

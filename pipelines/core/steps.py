@@ -221,7 +221,8 @@ def write_receipt(out: Path, key: str, *, hashes: HashCache | None = None, **ext
     """Record that file `out` is finished: its size, mtime and sha256, and what the step wants to keep.
 
     `hashes`: the settings' hash cache (fsutil.hash_cache), for an output that is registered later (a variant):
-    its sha256 and md5 then come from this one read."""
+    its sha256 and md5 then come from this one read; or for one hashed as it was written (the converter's f16,
+    fsutil.WrittenDigest), which is then not read at all."""
     st = out.stat()
     return _write(out, {"key": key, "size": st.st_size, "mtime_ns": st.st_mtime_ns,
                         "sha256": _sha256_of(out, hashes), **extra})

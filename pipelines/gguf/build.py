@@ -342,11 +342,14 @@ def ensure_base(plan: GGUFPlan) -> StepResult:
     with disk_full_located(plan.settings):
         if done := _retemplated(plan, out, key, same, plan.spec.outtype, _provenance(plan)):
             return done
+        hashes = hash_cache(plan.settings)
+        # hashed as the converter writes it: the receipt takes the sha256 from the cache, not from a read-back
         info, tool = gguf.convert(
-            plan.snapshot.path, out, plan.llama, outtype=plan.spec.outtype, provenance=_provenance(plan)
+            plan.snapshot.path, out, plan.llama, outtype=plan.spec.outtype, provenance=_provenance(plan),
+            hashes=hashes,
         )
         _check_rebuilt_tokenizer(plan, info, out)
-        receipt = write_receipt(out, key, gguf=info.to_dict(), wall_s=round(tool.wall_s, 3),
+        receipt = write_receipt(out, key, hashes=hashes, gguf=info.to_dict(), wall_s=round(tool.wall_s, 3),
                                 peak_rss=tool.peak_rss_bytes, weights_key=same)
     return StepResult(out, receipt, ran=True)
 

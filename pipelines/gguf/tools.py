@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from pipelines.core.errors import ArtifactError, ToolError, UnsupportedModel
-from pipelines.core.fsutil import atomic_output, partial_path
+from pipelines.core.fsutil import HashCache, WrittenDigest, atomic_output, partial_path
 from pipelines.core.ggufheader import GGUFInfo, check_gguf, check_imatrix, inspect_gguf, read_imatrix
 from pipelines.core.runner import ToolRun, run
 from pipelines.core.toolchains import LlamaCpp
@@ -46,10 +46,13 @@ def convert(
     outtype: str = "f16",
     provenance: dict[str, Any] | None = None,
     timeout: float | None = None,
+    hashes: HashCache | None = None,
 ) -> tuple[GGUFInfo, ToolRun]:
     """Convert a Safetensors model directory to a single GGUF at `out` (atomically), and check it.
 
-    `provenance` entries are written through the converter's --metadata override (general.* keys).
+    `provenance` entries are written through the converter's --metadata override (general.* keys). `hashes`: the
+    output's sha256, computed as the converter writes it (fsutil.WrittenDigest), is remembered there, so that its
+    receipt does not read the file back.
 
     Raises:
         UnsupportedModel: the converter cannot handle the architecture or tokenizer.
@@ -66,11 +69,14 @@ def convert(
             meta.write_text(json.dumps(provenance), encoding="utf-8")
             argv += ["--metadata", meta]
         try:
-            result = run(argv, timeout=timeout, output=tmp)
+            with WrittenDigest(tmp) as digest:
+                result = run(argv, timeout=timeout, output=tmp)
         except ToolError as err:
             raise _converter_error(err, model_dir) from err
         finally:
             meta.unlink(missing_ok=True)
+    if hashes is not None and digest.sha256 is not None and digest.stat is not None:
+        hashes.learn(out, digest.stat, digest.sha256)  # the rename kept its inode, size and mtime
     return checked.info(out), result
 
 
