@@ -157,7 +157,8 @@ def test_a_variant_built_and_registered_in_one_run_is_hashed_once(repo: Repo, tm
     The f16, hashed as the converter writes it, is not read back for its receipt."""
     counts = tmp_path / "hashed.json"
     done = subprocess.run([sys.executable, "-c", _COUNTED, str(counts), "convert", "tiny-qwen2", "--variants", "q4_k_m",
-                           "--register"], env={**repo.env(), "PYTHONPATH": str(_CHECKOUT), "MODELMINT_KEEP_SCRATCH": "1"},
+                           "--register"],
+                          env={**repo.env(), "PYTHONPATH": str(_CHECKOUT), "MODELMINT_KEEP_SCRATCH": "1"},
                           cwd=repo.root, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
     hashed = json.loads(counts.read_text())

@@ -220,9 +220,9 @@ def seal(settings: Settings, c: provenance.Built, directory: Path, validation: d
     if stamped is not None and not _in_time(now, stamped):
         # verification would refuse it (_check_signed_time): nothing is placed
         raise TimestampInvalid(
-            f"{c.ref}: this machine's clock says it signed at {provenance.statement_time(now)}, and the Time-Stamp Authority "
-            f"{sk.tsa} timestamped the signature at {provenance.statement_time(stamped)}: {_apart(now, stamped)}; nothing was "
-            "registered",
+            f"{c.ref}: this machine's clock says it signed at {provenance.statement_time(now)}, and the Time-Stamp "
+            f"Authority {sk.tsa} timestamped the signature at {provenance.statement_time(stamped)}: "
+            f"{_apart(now, stamped)}; nothing was registered",
             hint="set this machine's clock (NTP) or fix the authority's, then rerun the same command",
         )
 
@@ -529,8 +529,8 @@ def verify_directory(
     if provenance.legacy_created_at(stmt):
         warnings = (
             f"its created_at {manifest.created_at.isoformat()} is the registering machine's word, not covered by "
-            f"its signature (signed before modelmint bound it to the signed time, {provenance.statement_time(when)}): register it "
-            "again to bind it",
+            "its signature (signed before modelmint bound it to the signed time, "
+            f"{provenance.statement_time(when)}): register it again to bind it",
         )
     if signer.key.retired_at(judged):
         raise SignatureRefused(
@@ -573,8 +573,9 @@ def _check_signed_time(ref: str, when: datetime, stamp: timestamps.Stamp) -> Non
         return
     raise SignatureRefused(
         ref,
-        f"its signed provenance says it was signed at {provenance.statement_time(when)} (finishedOn, the manifest's created_at), and "
-        f"{stamp.authority} timestamped the signature at {provenance.statement_time(stamp.time)}: {_apart(when, stamp.time)}",
+        f"its signed provenance says it was signed at {provenance.statement_time(when)} (finishedOn, the manifest's "
+        f"created_at), and {stamp.authority} timestamped the signature at {provenance.statement_time(stamp.time)}: "
+        f"{_apart(when, stamp.time)}",
         file=provenance.PROVENANCE,
         hint="register it again from a trusted build, on a machine whose clock agrees with the Time-Stamp "
         "Authority's (check NTP)",
