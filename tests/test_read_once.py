@@ -151,7 +151,8 @@ def test_one_read_gives_both_hashes_for_every_name_of_the_file_until_it_changes(
 @pytest.mark.slow
 def test_a_variant_built_and_registered_in_one_run_is_hashed_once(repo: Repo, tmp_path: Path) -> None:
     """`modelmint convert tiny-qwen2 --variants q4_k_m --register`, one run that builds, validates and registers: the
-    quantize step's receipt reads the variant for its sha256 (and its md5, in the same pass); registration (the
+    validate step reads the variant for its sha256 (and its md5, in the same pass) while llama-perplexity reads it,
+    not the quantize step after llama-quantize wrote it; registration (the
     manifest's sha256, DVC's md5) and everything between take them from the hash cache and hash it no more. (The
     placed weights and DVC's cache object are hard links of the build's output: one file, counted by its inode.)
     The f16, hashed as the converter writes it, is not read back for its receipt."""
@@ -165,6 +166,11 @@ def test_a_variant_built_and_registered_in_one_run_is_hashed_once(repo: Repo, tm
     placed = (repo.root / "artifacts/tiny-qwen2/q4_k_m/tiny-qwen2-q4_k_m.gguf").stat()
     times = hashed.get(f"{placed.st_dev}:{placed.st_ino}", 0) / placed.st_size
     assert times == 1, f"the variant ({placed.st_size} bytes) was hashed {times:g} times in the run"
+    # ... in its check, which names the sha256 the quantize step's receipt leaves out
+    (quant,) = repo.work.rglob("tiny-qwen2-q4_k_m.gguf")
+    assert "sha256" not in json.loads(receipt_path(quant).read_text())
+    report = json.loads(quant.with_suffix(".report.json").read_text())
+    assert report["sha256"] == hashlib.sha256(quant.read_bytes()).hexdigest()
     # the f16 (kept here) was hashed as the converter wrote it: its receipt did not read it back, and holds its sha256
     (f16,) = repo.work.rglob("tiny-qwen2-f16.gguf")
     st = f16.stat()

@@ -8,6 +8,7 @@ their own, and the check; real llmcompressor for its fp8 checkpoint and its chec
 from __future__ import annotations
 
 import dataclasses
+import os
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ import pytest
 
 from flows.tasks import _step_key
 from pipelines.compressed.build import CompressPlan, compressed_steps, plan_compressed
+from pipelines.core.errors import ArtifactError
 from pipelines.core.fsutil import sha256_file
 from pipelines.core.settings import Settings, project_root
 from pipelines.core.steps import Executed, Step, content_key, execute, local_runner, receipt_path
@@ -58,7 +60,11 @@ def test_the_reference_logits_are_a_step_every_check_takes(plan: GGUFPlan, done:
     assert "reference-logits" in steps["validate-q8_0"].needs
     logits = done.results["reference-logits"]
     assert logits.path == plan.logits_path and logits.receipt["key"] == plan.logits_key
-    assert done.results["validate-q8_0"].report.sha256 == done.results["quantize-q8_0"].receipt["sha256"]
+    # the quantize step does not read its output back: the check hashes it while llama-perplexity reads it
+    quant = done.results["quantize-q8_0"]
+    assert "sha256" not in quant.receipt
+    checked = done.results["validate-q8_0"]
+    assert checked.report.sha256 == sha256_file(quant.path) == checked.digest
 
 
 def test_each_steps_cache_key_is_its_receipts_key(plan: GGUFPlan, done: Executed) -> None:
@@ -102,8 +108,29 @@ def test_a_check_takes_the_quant_it_is_given_not_the_quant_receipt(plan: GGUFPla
     quant = got["quantize-q8_0"]
     receipt_path(quant.path).unlink()  # only the step's result says the quant is finished now
     outcome = step.run(got)
-    assert outcome.path == quant.path and outcome.digest == quant.receipt["sha256"]
+    assert outcome.path == quant.path and outcome.digest == sha256_file(quant.path)
     assert outcome.report.key == step.key(got)
+
+
+def test_a_quant_changed_after_its_step_gets_no_report(plan: GGUFPlan, done: Executed) -> None:
+    """The check hashes the variant while it measures it (the quantize step's receipt holds no sha256): a file
+    that is no longer the one its step made (here: touched, so another mtime) is named, and no report is written
+    for it, though llama-perplexity measured it."""
+    step = _steps(plan)["validate-q8_0"]
+    got = _inputs(step, done)
+    quant = got["quantize-q8_0"]
+    report = plan.report_path("q8_0")
+    report.unlink()
+    st = quant.path.stat()
+    os.utime(quant.path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+    try:
+        with pytest.raises(ArtifactError, match="changed or went away since its step made it") as err:
+            step.run(got)
+        assert "modelmint convert tiny-qwen2" in (err.value.hint or "")
+        assert not report.exists()
+    finally:
+        os.utime(quant.path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert step.run(got).digest == sha256_file(quant.path) and report.is_file()
 
 
 # ---------------------------------------------------------------- compressed-tensors: fp8 on the same model

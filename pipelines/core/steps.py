@@ -217,15 +217,27 @@ def _sha256_of(path: Path, hashes: HashCache | None) -> str:
     return hashes.sha256(path) if hashes is not None else sha256_file(path)
 
 
-def write_receipt(out: Path, key: str, *, hashes: HashCache | None = None, **extra: Any) -> dict[str, Any]:
+def write_receipt(out: Path, key: str, *, hashes: HashCache | None = None, digest: bool = True,
+                  **extra: Any) -> dict[str, Any]:
     """Record that file `out` is finished: its size, mtime and sha256, and what the step wants to keep.
 
-    `hashes`: the settings' hash cache (fsutil.hash_cache), for an output that is registered later (a variant):
-    its sha256 and md5 then come from this one read; or for one hashed as it was written (the converter's f16,
-    fsutil.WrittenDigest), which is then not read at all."""
+    `hashes`: the settings' hash cache (fsutil.hash_cache), for an output that is registered later: its sha256
+    and md5 then come from this one read; or for one hashed as it was written (the converter's f16,
+    fsutil.WrittenDigest), which is then not read at all. `digest=False`: no sha256 in the receipt, for an
+    output whose next step hashes it while it reads it anyway (a GGUF variant, in its validate step:
+    made_of)."""
     st = out.stat()
-    return _write(out, {"key": key, "size": st.st_size, "mtime_ns": st.st_mtime_ns,
-                        "sha256": _sha256_of(out, hashes), **extra})
+    made = {"sha256": _sha256_of(out, hashes)} if digest else {}
+    return _write(out, {"key": key, "size": st.st_size, "mtime_ns": st.st_mtime_ns, **made, **extra})
+
+
+def made_of(receipt: dict[str, Any]) -> str:
+    """What a receipt says its output is, for the keys of the steps it feeds: its sha256, or for a receipt
+    written without one (write_receipt's digest=False) the content key it was made under with the file's size
+    and mtime, which stand for the same bytes as long as load_receipt finds the receipt current."""
+    if "sha256" in receipt:
+        return str(receipt["sha256"])
+    return content_key("made", receipt["key"], receipt["size"], receipt["mtime_ns"])
 
 
 def tree_files(d: Path) -> list[Path]:

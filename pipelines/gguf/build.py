@@ -36,7 +36,7 @@ from pipelines.core.answers import (
     questions_record,
     stopped_pct,
 )
-from pipelines.core.errors import ShapeRefused, UnsupportedModel
+from pipelines.core.errors import ArtifactError, ShapeRefused, UnsupportedModel
 from pipelines.core.fsutil import clean_partials, disk_full_located, file_lock, hash_cache
 from pipelines.core.gates import Gate, gguf_gate, ladder_conflicts
 from pipelines.core.ggufheader import inspect_gguf, read_gguf_header
@@ -67,6 +67,7 @@ from pipelines.core.steps import (
     load_receipt,
     load_report,
     local_runner,
+    made_of,
     write_receipt,
     write_summary,
 )
@@ -372,7 +373,8 @@ def _retemplated(plan: GGUFPlan, out: Path, key: str, same: str | None, file_typ
     log.info("%s: only metadata differs from %s: rewrote it, no tool run", out.name, donor)
     kept = {k: donor_receipt[k] for k in ("fallback",) if k in donor_receipt}
     receipt = write_receipt(out, key, hashes=hash_cache(plan.settings), gguf=info.to_dict(), weights_key=same,
-                            retemplated_from=donor_receipt["sha256"], **kept)
+                            retemplated_from=_sha256(plan, StepResult(donor, donor_receipt, ran=False)),
+                            **kept)
     return StepResult(out, receipt, ran=True)
 
 
@@ -460,7 +462,10 @@ def ensure_quant(plan: GGUFPlan, q: str, *, threads: int | None = None, base: St
             imatrix=imatrix.path if imatrix is not None else None,
             kv=kv,
         )
-        receipt = write_receipt(out, key, hashes=hash_cache(plan.settings), gguf=info.to_dict(),
+        # no sha256 here: read back now, the variant would come from the disk (at 7B llama-quantize's
+        # mapped f16 has pushed it out of the page cache); its validate step hashes it while
+        # llama-perplexity reads it
+        receipt = write_receipt(out, key, digest=False, gguf=info.to_dict(),
                                 wall_s=round(tool.wall_s, 3), peak_rss=tool.peak_rss_bytes,
                                 fallback=_observed_fallback(out, q, tool.stderr + tool.stdout), weights_key=same)
     return StepResult(out, receipt, ran=True)
@@ -552,7 +557,7 @@ def validate_key(plan: GGUFPlan, q: str, quant: StepResult, logits: StepResult, 
     """The content key of variant `q`'s report, from its validate step's inputs (the quantize, reference-logits and
     imatrix steps' results): the report's `key` and the step's cache key (Step.key) alike."""
     asked = [questions_record()] if plan.spec.answers else []
-    return content_key("validate", REPORT_VERSION, quant.receipt["sha256"], logits.receipt["key"],
+    return content_key("validate", REPORT_VERSION, made_of(quant.receipt), logits.receipt["key"],
                        plan.gate(q).to_dict(), _texts(plan, imatrix), *asked)
 
 
@@ -577,11 +582,13 @@ def ensure_validated(plan: GGUFPlan, q: str, *, threads: int | None = None, quan
     report = load_report(report_path, report_key)
     cached = report is not None
     if report is None:
-        with ThreadPoolExecutor(max_workers=1) as pool:
+        with ThreadPoolExecutor(max_workers=2) as pool:
             report = _measured(plan, q, quant, logits, gate, report_path, texts, report_key, pool,
                                threads or plan.settings.effective_threads)
     qpath, qreceipt = quant.path, quant.receipt
-    outcome = VariantOutcome(q, qpath, qreceipt["sha256"], qreceipt["size"], report, cached)
+    # a report is made for these bytes (validate_key): the sha256 it names is theirs
+    digest = qreceipt.get("sha256") or GGUFReport.read_as(report).sha256 or _sha256(plan, quant)
+    outcome = VariantOutcome(q, qpath, digest, qreceipt["size"], report, cached)
     if outcome.passed and plan.spec.split_max_size:
         with disk_full_located(plan.settings):
             outcome.shards = _split_if_needed(qpath, plan.spec.split_max_size, plan.llama)
@@ -592,8 +599,10 @@ def _measured(plan: GGUFPlan, q: str, quant: StepResult, logits: StepResult, gat
               texts: dict[str, Any], report_key: str, pool: ThreadPoolExecutor, threads: int) -> GGUFReport:
     """Variant `q` measured and judged: its answers (in `pool`: llama-server) while llama-perplexity computes its
     KL divergence against the reference `logits`; each tool gets check_threads of this check's `threads` (one on
-    two cores, where they run side by side without meeting at a barrier)."""
+    two cores, where they run side by side without meeting at a barrier). The variant is hashed meanwhile (in
+    `pool`): the tools read its bytes too, so the disk is read once, and the report names the sha256."""
     qpath, qreceipt = quant.path, quant.receipt
+    digest = pool.submit(_sha256, plan, quant)
     answers = pool.submit(_answers, plan, q, threads) if plan.spec.answers else None
     info = inspect_gguf(qpath)
     preflight = _preflight_record(plan.block_fallback(q), qreceipt.get("fallback"))
@@ -603,10 +612,31 @@ def _measured(plan: GGUFPlan, q: str, quant: StepResult, logits: StepResult, gat
             threads=threads, ctx=GGUF_EVAL_CTX, report_path=report_path,
             evaluation=texts["evaluation"],
             smoke=not plan.spec.answers,  # the answers load and generate with the same template: no second run
-            extra={"key": report_key, "sha256": qreceipt["sha256"], "source": plan.source, **texts,
-                   "preflight": preflight},
-            answers=answers,
+            extra={"key": report_key, "source": plan.source, **texts, "preflight": preflight},
+            answers=answers, late=lambda: {"sha256": digest.result()},
         )
+
+
+def _sha256(plan: GGUFPlan, made: StepResult) -> str:
+    """The sha256 of a step's output file: its receipt's, or (a variant's receipt has none: ensure_quant) one
+    read through the hash cache, which keeps its md5 for registration; the file must still be what the receipt
+    says.
+
+    Raises:
+        ArtifactError: the file changed or went away since its step made it.
+    """
+    if "sha256" in made.receipt:
+        return str(made.receipt["sha256"])
+    try:
+        sha: str | None = hash_cache(plan.settings).sha256(made.path)
+        st = made.path.stat()
+        now = (st.st_size, st.st_mtime_ns)
+    except FileNotFoundError:
+        sha, now = None, None
+    if sha is None or now != (made.receipt["size"], made.receipt["mtime_ns"]):
+        raise ArtifactError(f"{made.path} changed or went away since its step made it",
+                            hint=f"rerun `modelmint convert {plan.entry.name}` to make and validate it again")
+    return sha
 
 
 # ---------------------------------------------------------------- the composition the CLI runs

@@ -6,6 +6,7 @@ import contextlib
 import math
 import re
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -402,18 +403,21 @@ def validate_variant(
     smoke: bool = True,
     extra: dict[str, Any] | None = None,
     answers: Answers | Future[Answers] | None = None,
+    late: Callable[[], dict[str, Any]] | None = None,
 ) -> GGUFReport:
     """Measure `quant` against the reference logits, apply `gate`, and write the JSON report.
 
     `evaluation` names the held-out text the reference logits were computed on (name, sha256, ctx, chunks);
-    `extra` holds the report's other fields (key, sha256, source, calibration, evaluation, preflight). `answers`
-    may still be coming (a Future): the KL divergence is measured meanwhile, and its error, if any, is raised after
-    the answers are in (the caller's pool waits for them either way).
+    `extra` holds the report's other fields (key, sha256, source, calibration, evaluation, preflight), and
+    `late` gives those known only once the measurement is done (the variant's sha256, hashed meanwhile).
+    `answers` may still be coming (a Future): the KL divergence is measured meanwhile, and its error, if any,
+    is raised after the answers are in (the caller's pool waits for them either way).
     """
     smoke_result = smoke_generate(quant, quant_info, llama, threads=threads) if smoke else None
     stats = kl_divergence(quant, base_logits, llama, threads=threads, ctx=ctx, gate=gate)
     if isinstance(answers, Future):
         answers = answers.result()
+    extra = (extra or {}) | (late() if late is not None else {})
     broken = chance_failure(stats.figures().ppl_reference, _vocab(reference))
     report = GGUFReport(
         variant=variant,
@@ -426,7 +430,7 @@ def validate_variant(
                                     figures=stats.figures(), gate=gate, answers=answers,
                                     failures=[broken] if broken else None),
         toolchain=as_block(ToolchainRecord, llama.versions()),
-        **(extra or {}),
+        **extra,
     )
     report.write(report_path)
     return report
