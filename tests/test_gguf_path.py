@@ -90,8 +90,9 @@ def test_a_deleted_output_is_rebuilt_not_trusted(built) -> None:
     settings, entry, first = built
     first.variants["q8_0"].path.unlink()
     again = build_gguf(entry, settings, quants=["q4_k_m", "q8_0"])
-    # llama-quantize is deterministic: the rebuilt file has the same sha256, so its validation report
-    # (keyed by that sha256) still stands and is not recomputed.
+    # llama-quantize is deterministic: the rebuilt file has the same sha256, so its validation report (keyed
+    # by the quantize step's inputs, and naming that sha256, which the check reads once to compare) still
+    # stands and is not recomputed.
     assert again.tools_run == ["llama-quantize tiny-qwen2-q8_0.gguf"]
     assert again.variants["q8_0"].digest == first.variants["q8_0"].digest
     assert again.variants["q8_0"].path.exists() and again.variants["q8_0"].passed

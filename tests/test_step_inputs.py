@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,16 @@ from pipelines.compressed.build import CompressPlan, compressed_steps, plan_comp
 from pipelines.core.errors import ArtifactError
 from pipelines.core.fsutil import sha256_file
 from pipelines.core.settings import Settings, project_root
-from pipelines.core.steps import Executed, Step, content_key, execute, local_runner, receipt_path
+from pipelines.core.steps import (
+    Executed,
+    Step,
+    StepResult,
+    content_key,
+    execute,
+    local_runner,
+    receipt_path,
+    write_receipt,
+)
 from pipelines.core.texts import TextRef
 from pipelines.gguf.build import GGUFPlan, gguf_steps, plan_gguf
 from pipelines.source.catalog import load_catalog
@@ -131,6 +141,34 @@ def test_a_quant_changed_after_its_step_gets_no_report(plan: GGUFPlan, done: Exe
     finally:
         os.utime(quant.path, ns=(st.st_atime_ns, st.st_mtime_ns))
     assert step.run(got).digest == sha256_file(quant.path) and report.is_file()
+
+
+def test_a_quant_made_again_to_other_bytes_is_measured_again(plan: GGUFPlan, done: Executed) -> None:
+    """A report is keyed by the quantize step's inputs and names the variant's sha256: a variant made again
+    under the same key whose bytes differ (here the f16 in its place, with a current receipt) is measured
+    again, not handed the report of the bytes it replaced, and a cache hit of the old result no longer
+    stands."""
+    step = _steps(plan)["validate-q8_0"]
+    got = _inputs(step, done)
+    quant = got["quantize-q8_0"]
+    first = step.run(got)
+    assert first.cached and step.current(first)
+    kept = quant.path.read_bytes()
+    extra = {k: v for k, v in quant.receipt.items() if k not in ("key", "size", "mtime_ns")}
+    try:
+        shutil.copyfile(plan.base_path, quant.path)
+        made = write_receipt(quant.path, quant.receipt["key"], digest=False, **extra)
+        other = StepResult(quant.path, made, ran=True)
+        assert step.key({**got, "quantize-q8_0": other}) == step.key(got)
+        assert not step.current(first)
+        again = step.run({**got, "quantize-q8_0": other})
+        assert not again.cached and again.digest == sha256_file(plan.base_path) == again.report.sha256
+    finally:
+        quant.path.write_bytes(kept)
+        made = write_receipt(quant.path, quant.receipt["key"], digest=False, **extra)
+        restored = StepResult(quant.path, made, ran=True)
+        done.results["quantize-q8_0"] = restored
+        assert step.run({**got, "quantize-q8_0": restored}).digest == first.digest
 
 
 # ---------------------------------------------------------------- compressed-tensors: fp8 on the same model

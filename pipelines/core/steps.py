@@ -233,11 +233,11 @@ def write_receipt(out: Path, key: str, *, hashes: HashCache | None = None, diges
 
 def made_of(receipt: dict[str, Any]) -> str:
     """What a receipt says its output is, for the keys of the steps it feeds: its sha256, or for a receipt
-    written without one (write_receipt's digest=False) the content key it was made under with the file's size
-    and mtime, which stand for the same bytes as long as load_receipt finds the receipt current."""
+    written without one (write_receipt's digest=False) the content key it was made under; a step keyed so
+    checks that what it finds made for that key names the file's sha256 (gguf.build._names)."""
     if "sha256" in receipt:
         return str(receipt["sha256"])
-    return content_key("made", receipt["key"], receipt["size"], receipt["mtime_ns"])
+    return content_key("made", receipt["key"])
 
 
 def tree_files(d: Path) -> list[Path]:

@@ -49,6 +49,7 @@ from pipelines.core.report import (
     GGUFReport,
     ImatrixRecord,
     SourceRecord,
+    VariantReport,
     as_block,
 )
 from pipelines.core.resources import gguf_split_bytes
@@ -580,14 +581,16 @@ def ensure_validated(plan: GGUFPlan, q: str, *, threads: int | None = None, quan
     texts = _texts(plan, imatrix)
     report_key = validate_key(plan, q, quant, logits, imatrix)
     report = load_report(report_path, report_key)
+    if report is not None and not _names(plan, report, quant.path, _sha256(plan, quant)):
+        report = None  # made again from the same inputs, to other bytes: measured again
     cached = report is not None
     if report is None:
         with ThreadPoolExecutor(max_workers=2) as pool:
             report = _measured(plan, q, quant, logits, gate, report_path, texts, report_key, pool,
                                threads or plan.settings.effective_threads)
     qpath, qreceipt = quant.path, quant.receipt
-    # a report is made for these bytes (validate_key): the sha256 it names is theirs
-    digest = qreceipt.get("sha256") or GGUFReport.read_as(report).sha256 or _sha256(plan, quant)
+    # the sha256 the report names is the file's (measured: hashed meanwhile; cached: checked above)
+    digest = GGUFReport.read_as(report).sha256 or _sha256(plan, quant)
     outcome = VariantOutcome(q, qpath, digest, qreceipt["size"], report, cached)
     if outcome.passed and plan.spec.split_max_size:
         with disk_full_located(plan.settings):
@@ -615,6 +618,20 @@ def _measured(plan: GGUFPlan, q: str, quant: StepResult, logits: StepResult, gat
             extra={"key": report_key, "source": plan.source, **texts, "preflight": preflight},
             answers=answers, late=lambda: {"sha256": digest.result()},
         )
+
+
+def _names(plan: GGUFPlan, report: VariantReport, path: Path, sha256: str | None = None) -> bool:
+    """Whether `report` is about the bytes at `path` (sha256 `sha256`, else through the hash cache: no read
+    while the file is the one hashed when it was measured). A report is keyed by the quantize step's inputs
+    (validate_key), and a variant made again from them (its file deleted) is the same bytes when
+    llama-quantize is deterministic, as it is: the report then stands, checked by this one read."""
+    named = GGUFReport.read_as(report).sha256
+    if named is None:
+        return True  # a report from before reports named their variant's sha256: keyed by it (validate_key)
+    try:
+        return named == (sha256 or hash_cache(plan.settings).sha256(path))
+    except FileNotFoundError:
+        return False
 
 
 def _sha256(plan: GGUFPlan, made: StepResult) -> str:
@@ -806,7 +823,8 @@ def _say_validate(plan: GGUFPlan, q: str, _inputs: dict[str, Any]) -> str | None
 def _report_current(plan: GGUFPlan, outcome: VariantOutcome) -> bool:
     """A validated outcome stands while the report file beside the variant still holds its key and its verdict."""
     report = load_report(plan.report_path(outcome.variant), outcome.report.key)
-    return report is not None and report.validation == outcome.report.validation
+    return (report is not None and report.validation == outcome.report.validation
+            and _names(plan, report, outcome.path))
 
 
 def finish_gguf(plan: GGUFPlan, listed: StepList, done: Executed, progress: Callable[[str], None]) -> BuildResult:
