@@ -748,10 +748,13 @@ def svg(rows: list[dict[str, Any]], fits: dict[str, Any]) -> str:
 
 def _merged(out: Path, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """`rows` with the rows of the sizes not run this time kept from `out` (an earlier run's file), in size order:
-    `--sizes 0.5b` updates one row of the reference and keeps the others (each row says when it was measured)."""
-    earlier = json.loads(out.read_text()).get("rows", []) if out.is_file() else []
+    `--sizes 0.5b` updates one row of the reference and keeps the others (each row says when and on which
+    machine it was measured)."""
+    before = json.loads(out.read_text()) if out.is_file() else {}
     ran = {r["size"] for r in rows}
-    kept = [r for r in earlier if r.get("size") in SIZES and r["size"] not in ran]
+    kept = [r for r in before.get("rows", []) if r.get("size") in SIZES and r["size"] not in ran]
+    for r in kept:  # a row from before rows named their machine was measured on the file's
+        r.setdefault("machine", before.get("machine"))
     return sorted(kept + rows, key=lambda r: list(SIZES).index(r["size"]))
 
 
@@ -783,7 +786,7 @@ def main() -> None:
         rows.append(bench_size(size, work, settings, keep=args.keep, publish=not args.no_publish))
     info["load_1min_end"] = round(os.getloadavg()[0], 2)
     for r in rows:
-        r["measured_at"] = info["started"]
+        r["measured_at"], r["machine"] = info["started"], info["machine"]
     rows = _merged(args.out, rows)
     fits = extrapolate(rows)
 
