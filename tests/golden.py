@@ -57,6 +57,13 @@ _DIGEST = re.compile(r"\b[0-9a-f]{12,}(?:\.dir)?\b")
 _NUMBER = re.compile(r"(?<![\w<])[-+]?\d+(?:\.\d+)?(?:e[-+]?\d+)?(?![\w>])")
 _MODEL_TEXT = {"completion"}
 """Keys whose value is the model's own sampled text."""
+_MODEL_COUNTED = {"running"}
+"""Keys whose list is as long as the model's figures make it: the figures after each window measured
+(report.RunningFigures), as many as the windows the check ran before its verdict was clear, which a tiny model
+trained on another CPU reaches sooner or later."""
+_EARLY_STOP = {"kl_p99", "kld_p99", "of_chunks"}
+"""Keys that are a number or null by whether the check ran every window or stopped early (llama-perplexity
+prints the 99th percentile only at the end of a full run; `of_chunks` names the windows a stopped run left)."""
 
 
 def shape(text: str, *, is_json: bool) -> str:
@@ -65,7 +72,9 @@ def shape(text: str, *, is_json: bool) -> str:
     if is_json:
         def mask(data: Any) -> Any:
             if isinstance(data, dict):
-                return {k: "<model text>" if k in _MODEL_TEXT else mask(v) for k, v in data.items()}
+                return {k: "<model text>" if k in _MODEL_TEXT else _entries(v) if k in _MODEL_COUNTED
+                        else "<number or null>" if k in _EARLY_STOP and (v is None or isinstance(v, int | float))
+                        else mask(v) for k, v in data.items()}
             if isinstance(data, list):
                 return [mask(v) for v in data]
             if isinstance(data, bool) or data is None:
@@ -73,6 +82,13 @@ def shape(text: str, *, is_json: bool) -> str:
             if isinstance(data, int | float):
                 return "<number>"
             return _NUMBER.sub("<number>", _DIGEST.sub("<digest>", data)) if isinstance(data, str) else data
+
+        def _entries(data: Any) -> Any:
+            # the distinct shapes of the list's entries, not how many there are
+            if not isinstance(data, list):
+                return mask(data)
+            return sorted({json.dumps(mask(v), sort_keys=True) for v in data})
+
         return json.dumps(mask(json.loads(text)), indent=2, sort_keys=True) + "\n"
     text = _NUMBER.sub("<number>", _DIGEST.sub("<digest>", text))
     return re.sub(r"[━─]+", "─", re.sub(r"[ \t]+", " ", text))
