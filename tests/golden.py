@@ -72,9 +72,7 @@ def shape(text: str, *, is_json: bool) -> str:
     if is_json:
         def mask(data: Any) -> Any:
             if isinstance(data, dict):
-                return {k: "<model text>" if k in _MODEL_TEXT else _entries(v) if k in _MODEL_COUNTED
-                        else "<number or null>" if k in _EARLY_STOP and (v is None or isinstance(v, int | float))
-                        else mask(v) for k, v in data.items()}
+                return {k: _value(k, v) for k, v in data.items()}
             if isinstance(data, list):
                 return [mask(v) for v in data]
             if isinstance(data, bool) or data is None:
@@ -83,11 +81,15 @@ def shape(text: str, *, is_json: bool) -> str:
                 return "<number>"
             return _NUMBER.sub("<number>", _DIGEST.sub("<digest>", data)) if isinstance(data, str) else data
 
-        def _entries(data: Any) -> Any:
-            # the distinct shapes of the list's entries, not how many there are
-            if not isinstance(data, list):
-                return mask(data)
-            return sorted({json.dumps(mask(v), sort_keys=True) for v in data})
+        def _value(key: str, value: Any) -> Any:
+            if key in _MODEL_TEXT:
+                return "<model text>"
+            if key in _MODEL_COUNTED and isinstance(value, list):
+                # the distinct shapes of the list's entries, not how many there are
+                return sorted({json.dumps(mask(v), sort_keys=True) for v in value})
+            if key in _EARLY_STOP and (value is None or isinstance(value, int | float)):
+                return "<number or null>"
+            return mask(value)
 
         return json.dumps(mask(json.loads(text)), indent=2, sort_keys=True) + "\n"
     text = _NUMBER.sub("<number>", _DIGEST.sub("<digest>", text))

@@ -152,8 +152,8 @@ def test_one_read_gives_both_hashes_for_every_name_of_the_file_until_it_changes(
 def test_a_variant_built_and_registered_in_one_run_is_hashed_once(repo: Repo, tmp_path: Path) -> None:
     """`modelmint convert tiny-qwen2 --variants q4_k_m --register`, one run that builds, validates and registers: the
     validate step reads the variant for its sha256 (and its md5, in the same pass) while llama-perplexity reads it,
-    not the quantize step after llama-quantize wrote it; registration (the
-    manifest's sha256, DVC's md5) and everything between take them from the hash cache and hash it no more. (The
+    not the quantize step after llama-quantize wrote it; registration (the manifest's sha256, DVC's md5) and
+    everything between take them from the hash cache and hash it no more. (The
     placed weights and DVC's cache object are hard links of the build's output: one file, counted by its inode.)
     The f16, hashed as the converter writes it, is not read back for its receipt."""
     counts = tmp_path / "hashed.json"
