@@ -30,17 +30,20 @@ run and their cost is measured; the validation itself runs in full.
 from __future__ import annotations
 
 import argparse
+import bisect
 import contextlib
+import itertools
 import json
 import os
 import platform
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -54,9 +57,11 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from make_shape_model import SHAPES, ensure_tokenizer, is_complete  # noqa: E402
 
+from pipelines.core.fsutil import HashCache  # noqa: E402
 from pipelines.core.settings import Settings  # noqa: E402
 from pipelines.core.texts import EVAL_TEXT, bundled_text  # noqa: E402
-from pipelines.core.toolchains import llama_cpp  # noqa: E402
+from pipelines.core.toolchains import LlamaCpp, llama_cpp  # noqa: E402
+from pipelines.gguf import tools as gguf_tools  # noqa: E402
 from pipelines.gguf.build import GGUF_EVAL_CHUNKS, GGUF_EVAL_CTX  # noqa: E402
 from pipelines.gguf.validate import check_threads  # noqa: E402
 
@@ -81,6 +86,8 @@ class Measured:
     returncode: int
     stdout: str
     stderr: str
+    io_series: list[tuple[float, dict[str, int]]] = field(default_factory=list)
+    """With a watched `tree`: (time.time(), the tree's I/O counters) every poll, for the I/O of each step."""
 
 
 def _du(path: Path) -> int:
@@ -138,6 +145,23 @@ def _proc_io(pid: int) -> dict[str, int]:
     return {k: int(v) for k, v in (line.split(": ") for line in text.splitlines())}
 
 
+_IO_KEYS = ("read_bytes", "write_bytes", "rchar", "wchar")
+
+
+def _tree_io(pid: int) -> dict[str, int]:
+    """The I/O counters of `pid` and its live descendants together: a reaped descendant's are in its parent's
+    (the kernel adds them on reaping), a live one's in its own. The descendants are listed before the root is read,
+    so a process reaped meanwhile is counted once, in its parent; one reaped after the root's read and before its
+    own is missed by this sample alone."""
+    procs = [p.pid for p in _descendants(pid)]
+    total = dict.fromkeys(_IO_KEYS, 0)
+    for p in (pid, *procs):
+        for k, v in _proc_io(p).items():
+            if k in total:
+                total[k] += v
+    return total
+
+
 def measure(argv: list[str | Path], *, disk: Path, env: dict[str, str] | None = None,
             cwd: Path | None = None, tree: int | None = None) -> Measured:
     """Run `argv` to its end, watching its process tree and the disk used under `disk`; with `tree` (a pid), the
@@ -149,6 +173,7 @@ def measure(argv: list[str | Path], *, disk: Path, env: dict[str, str] | None = 
 def _measure(argv: list[str | Path], out: Any, err: Any, *, disk: Path, env: dict[str, str] | None,
              cwd: Path | None, tree: int | None) -> Measured:
     peak = {"rss": 0, "disk": _du(disk)}
+    series: list[tuple[float, dict[str, int]]] = []
     start = time.perf_counter()
     proc = subprocess.Popen([str(a) for a in argv], stdout=out, stderr=err, env=env, cwd=cwd)
     done = threading.Event()
@@ -157,6 +182,8 @@ def _measure(argv: list[str | Path], out: Any, err: Any, *, disk: Path, env: dic
         while not done.is_set():
             rss = _tree_rss(proc.pid) if tree is None else _tree_rss(tree) - _rss(tree)
             peak["rss"] = max(peak["rss"], rss)
+            if tree is not None:
+                series.append((time.time(), _tree_io(tree)))
             peak["disk"] = max(peak["disk"], _du(disk))
             done.wait(_POLL_S)
 
@@ -177,8 +204,36 @@ def _measure(argv: list[str | Path], out: Any, err: Any, *, disk: Path, env: dic
         wall_s=wall, peak_rss=peak["rss"] if tree is not None else max(peak["rss"], rusage.ru_maxrss * 1024), peak_disk=peak["disk"],
         read_bytes=io.get("read_bytes", 0), write_bytes=io.get("write_bytes", 0), rchar=io.get("rchar", 0),
         wchar=io.get("wchar", 0), returncode=proc.returncode,
-        stdout=out.read().decode(errors="replace"), stderr=err.read().decode(errors="replace"),
+        stdout=out.read().decode(errors="replace"), stderr=err.read().decode(errors="replace"), io_series=series,
     )
+
+
+def convert_pairs(src: Path, scratch: Path, llama: LlamaCpp, n: int) -> dict[str, Any]:
+    """The convert step's own cost set against the converter's run-to-run spread: `n` pairs, one run after the
+    other on the same checkpoint and disk, of the raw converter and of the step's work on the converter
+    (pipelines.gguf.tools.convert: the same converter, the f16 hashed as it is written, renamed into place and its
+    header checked; no receipt, no Prefect task). One run of each, as the row's convert figures are, can differ by
+    more than the hash costs."""
+    raw_s: list[float] = []
+    step_s: list[float] = []
+    scratch.mkdir(parents=True, exist_ok=True)
+    out = scratch / "pair-f16.gguf"
+    hashes = HashCache(scratch / "hashcache.json")
+    argv = [str(a) for a in (llama.python, llama.converter, src, "--outfile", out, "--outtype", "f16")]
+    for i in range(n):
+        for times in (raw_s, step_s):
+            out.unlink(missing_ok=True)
+            start = time.perf_counter()
+            if times is raw_s:
+                subprocess.run(argv, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            else:
+                gguf_tools.convert(src, out, llama, outtype="f16", hashes=hashes)
+            times.append(round(time.perf_counter() - start, 2))
+        print(f"  convert pair {i + 1}/{n}: converter {raw_s[-1]:7.1f} s, step {step_s[-1]:7.1f} s", flush=True)
+    shutil.rmtree(scratch)
+    return {"pairs": n, "raw_s": raw_s, "step_s": step_s,
+            "median_ratio": round(statistics.median(b / a for a, b in zip(raw_s, step_s, strict=True)), 3),
+            "median_raw_s": statistics.median(raw_s), "median_step_s": statistics.median(step_s)}
 
 
 def _checked(step: str, m: Measured) -> Measured:
@@ -194,7 +249,8 @@ def machine() -> dict[str, Any]:
             "python": platform.python_version()}
 
 
-def bench_size(size: str, work: Path, settings: Settings, *, keep: bool, publish: bool = True) -> dict[str, Any]:
+def bench_size(size: str, work: Path, settings: Settings, *, keep: bool, publish: bool = True,
+               pairs: int = 0) -> dict[str, Any]:
     name = SIZES[size]
     llama = llama_cpp(settings)
     threads = settings.effective_threads
@@ -206,7 +262,7 @@ def bench_size(size: str, work: Path, settings: Settings, *, keep: bool, publish
     steps: dict[str, dict[str, Any]] = {}
 
     def record(step: str, m: Measured) -> Measured:
-        steps[step] = {k: v for k, v in asdict(m).items() if k not in ("stdout", "stderr", "returncode")}
+        steps[step] = {k: v for k, v in asdict(m).items() if k not in ("stdout", "stderr", "returncode", "io_series")}
         steps[step]["wall_s"] = round(m.wall_s, 2)
         print(f"  {step:28} {m.wall_s:8.1f} s  peak RSS {m.peak_rss / 2**30:6.2f} GiB  "
               f"disk {m.peak_disk / 2**30:6.2f} GiB  read {m.read_bytes / 2**30:6.2f} GiB  "
@@ -260,6 +316,8 @@ def bench_size(size: str, work: Path, settings: Settings, *, keep: bool, publish
     row["kld_base_bytes"] = logits.stat().st_size
     raw_peak_disk = max(s["peak_disk"] for k, s in steps.items() if k.startswith("raw_") and k != "raw_cp_outputs")
     shutil.rmtree(raw)
+    if pairs:
+        row["convert_pairs"] = convert_pairs(src, raw, llama, pairs)
 
     # ---- the pipeline: `prefect deployment run convert/<entry> --watch` against the embedded stack, in a fresh
     # git + DVC project; the project, its local DVC remote and the local OCI registry's storage are measured together
@@ -277,6 +335,11 @@ def bench_size(size: str, work: Path, settings: Settings, *, keep: bool, publish
     row["pipeline_steps_by_kind_s"] = run.by_task
     row["pipeline_timings_s"] = run.timings  # the build's own summary (build.json), for comparison
     row["pipeline_outputs_bytes"] = run.outputs_bytes
+    row["pipeline_steps_io"] = run.io
+    row["variant_reads"] = variant_reads(run.io, run.variant_bytes)
+    for name, io in run.io.items():
+        print(f"  {name:28} read {io['read_bytes'] / 2**30:6.2f} GiB from the disk, {io['rchar'] / 2**30:6.2f} GiB "
+              f"through read(); written {io['write_bytes'] / 2**30:6.2f} GiB", flush=True)
     # what the run leaves on the builder, each inode once: the registered variants (build dir, artifacts/ and the
     # DVC cache sharing them, the DVC remote's copy and the registry's), the f16 and the logits gone
     row["left_on_disk"] = run.left_on_disk
@@ -369,6 +432,9 @@ class DeploymentRun:
     """The wall seconds of each kind of step (fetch, convert, quantize, validate, register, publish-image): the union
     of its task runs' spans, so that two quantizations side by side count once."""
     timings: dict[str, Any]
+    io: dict[str, dict[str, int]]
+    """Bytes read and written in each step (step_io)."""
+    variant_bytes: dict[str, int]
     registered: list[str]
     images: list[str]
     outputs_bytes: int
@@ -439,8 +505,13 @@ def _union_s(spans: list[tuple[float, float]]) -> float:
     return total
 
 
-def _flow_record(settings: Settings, deployment: str) -> tuple[dict[str, Any], dict[str, float], dict[str, float]]:
-    """The deployment's last flow run (its state, times) and its task runs' wall seconds, each and by kind."""
+Span = tuple[float, float]
+
+
+def _flow_record(settings: Settings, deployment: str
+                 ) -> tuple[dict[str, Any], dict[str, float], dict[str, float], dict[str, Span]]:
+    """The deployment's last flow run (its state, times), its task runs' wall seconds, each and by kind, and each
+    task run's span (epoch seconds)."""
     from prefect.client.schemas.filters import (
         DeploymentFilter,
         DeploymentFilterId,
@@ -458,17 +529,59 @@ def _flow_record(settings: Settings, deployment: str) -> tuple[dict[str, Any], d
         run = max(runs, key=lambda r: r.created)
         tasks = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run.id])))
     steps: dict[str, float] = {}
-    spans: dict[str, list[tuple[float, float]]] = {}
+    spans: dict[str, list[Span]] = {}
+    each: dict[str, Span] = {}
     for t in sorted(tasks, key=lambda t: t.start_time or t.created):
         if t.start_time is None or t.end_time is None:
             continue
         steps[t.name] = round((t.end_time - t.start_time).total_seconds(), 2)
-        spans.setdefault(_bucket(t.name), []).append((t.start_time.timestamp(), t.end_time.timestamp()))
+        each[t.name] = (t.start_time.timestamp(), t.end_time.timestamp())
+        spans.setdefault(_bucket(t.name), []).append(each[t.name])
     flow = {"id": str(run.id), "name": run.name, "state": run.state.name if run.state else None,
             "message": (run.state.message if run.state else None) or "",
             "wall_s": round(run.total_run_time.total_seconds(), 2) if run.total_run_time else None,
             "tasks": len(tasks)}
-    return flow, steps, {k: round(_union_s(v), 2) for k, v in spans.items()}
+    return flow, steps, {k: round(_union_s(v), 2) for k, v in spans.items()}, each
+
+
+def step_io(series: list[tuple[float, dict[str, int]]], spans: dict[str, Span]) -> dict[str, dict[str, int]]:
+    """Bytes read and written in each step of a flow run, from the polled counters of its process tree (`series`)
+    and its task runs' `spans`: time is cut where a task run starts or ends, and each stretch gets the growth of the
+    counters between the last polls at or before its ends. A stretch in which one task run ran is that step's; one
+    in which several ran is theirs together ("a + b"), never split by a guess; one in which none ran is the flow's
+    own ("between steps": the flow run starting, scratch removed, the run report)."""
+    if len(series) < 2:
+        return {}
+    times = [t for t, _ in series]
+
+    def at(when: float) -> dict[str, int]:
+        return series[max(0, bisect.bisect_right(times, when) - 1)][1]
+
+    cuts = sorted({t for span in spans.values() for t in span if times[0] < t < times[-1]} | {times[0], times[-1]})
+    out: dict[str, dict[str, int]] = {}
+    for a, b in itertools.pairwise(cuts):
+        ran = sorted(name for name, (start, end) in spans.items() if start <= a and end >= b)
+        got = out.setdefault(" + ".join(ran) or "between steps", dict.fromkeys(_IO_KEYS, 0))
+        for k in _IO_KEYS:
+            got[k] += at(b)[k] - at(a)[k]
+    return out
+
+
+def variant_reads(io: dict[str, dict[str, int]], sizes: dict[str, int]) -> dict[str, dict[str, Any]]:
+    """How many times over each variant's size its own steps read (check, registration, publication): from the
+    disk (read_bytes) and through read() (rchar; a mapped file's pages are not in it, the page cache's are). A
+    check's figures include its reference logits and text (the `kld_base_bytes` of the row)."""
+    out: dict[str, dict[str, Any]] = {}
+    for q, size in sizes.items():
+        mine = {k: v for k, v in io.items() if k in (f"validate-{q}", f"register-{q}", f"publish-image-{q}")}
+        out[q] = {
+            "size": size,
+            "steps": {k: {"disk": round(v["read_bytes"] / size, 3), "read": round(v["rchar"] / size, 3)}
+                      for k, v in mine.items()},
+            "disk": round(sum(v["read_bytes"] for v in mine.values()) / size, 3),
+            "read": round(sum(v["rchar"] for v in mine.values()) / size, 3),
+        }
+    return out
 
 
 def _deployment_yaml(entry: str) -> dict[str, Any]:
@@ -586,7 +699,7 @@ def _deployment_run(deploy: Path, here: Path, entry: str, src: Path, record: Any
         m.read_bytes, m.write_bytes, m.rchar, m.wchar = (after.get(k, 0) - before.get(k, 0) for k in
                                                           ("read_bytes", "write_bytes", "rchar", "wchar"))
         record("pipeline_deployment_run", m)
-        flow, steps, by_task = _flow_record(settings, deployment)
+        flow, steps, by_task, spans = _flow_record(settings, deployment)
         images = _registry_images(port) if registry is not None else []
     finally:
         _run([sys.executable, "-m", "pipelines.cli", "stack", "down"], env, ROOT)
@@ -601,6 +714,8 @@ def _deployment_run(deploy: Path, here: Path, entry: str, src: Path, record: Any
     built = json.loads(summaries[0].read_text()) if summaries else {}
     run = DeploymentRun(
         measured=m, flow_run=flow, preflight=preflight, steps=steps, by_task=by_task, timings=built.get("timings", {}),
+        io=step_io(m.io_series, spans),
+        variant_bytes={q: v.get("size_bytes") or 0 for q, v in built.get("variants", {}).items()},
         registered=[f"{entry}:{p.stem}" for p in manifests], images=images,
         outputs_bytes=sum(v.get("size_bytes") or 0 for v in built.get("variants", {}).values()),
         left_on_disk=_du(deploy))
@@ -766,6 +881,9 @@ def main() -> None:
     ap.add_argument("--no-publish", action="store_true",
                     help="no OCI registry: the deployment run registers (DVC) and publishes no image, one copy of the "
                     "variants fewer on the disk")
+    ap.add_argument("--convert-pairs", type=int, default=0, metavar="N",
+                    help="also run the raw converter and the convert step's work on it N times each, in pairs, "
+                    "for the step's cost against the converter's spread (convert_pairs)")
     ap.add_argument("--out", type=Path, default=REFERENCE,
                     help="the JSON written; rows of sizes not run are kept from it (default %(default)s)")
     ap.add_argument("--plot", type=Path, default=PLOT, help="the SVG written (default %(default)s)")
@@ -783,7 +901,8 @@ def main() -> None:
     rows = []
     for size in sizes:
         print(f"{size} ({SIZES[size]}):", flush=True)
-        rows.append(bench_size(size, work, settings, keep=args.keep, publish=not args.no_publish))
+        rows.append(bench_size(size, work, settings, keep=args.keep, publish=not args.no_publish,
+                               pairs=args.convert_pairs))
     info["load_1min_end"] = round(os.getloadavg()[0], 2)
     for r in rows:
         r["measured_at"], r["machine"] = info["started"], info["machine"]
