@@ -210,10 +210,10 @@ def _measure(argv: list[str | Path], out: Any, err: Any, *, disk: Path, env: dic
 
 def convert_pairs(src: Path, scratch: Path, llama: LlamaCpp, n: int) -> dict[str, Any]:
     """The convert step's own cost set against the converter's run-to-run spread: `n` pairs, one run after the
-    other on the same checkpoint and disk, of the raw converter and of the step's work on the converter
-    (pipelines.gguf.tools.convert: the same converter, the f16 hashed as it is written, renamed into place and its
-    header checked; no receipt, no Prefect task). One run of each, as the row's convert figures are, can differ by
-    more than the hash costs."""
+    other on the same checkpoint and disk, each pair in the other order than the one before, of the raw converter
+    and of the step's work on the converter (pipelines.gguf.tools.convert: the same converter, the f16 hashed as it
+    is written, renamed into place and its header checked; no receipt, no Prefect task). One run of each, as the
+    row's convert figures are, can differ by more than the hash costs."""
     raw_s: list[float] = []
     step_s: list[float] = []
     scratch.mkdir(parents=True, exist_ok=True)
@@ -221,7 +221,8 @@ def convert_pairs(src: Path, scratch: Path, llama: LlamaCpp, n: int) -> dict[str
     hashes = HashCache(scratch / "hashcache.json")
     argv = [str(a) for a in (llama.python, llama.converter, src, "--outfile", out, "--outtype", "f16")]
     for i in range(n):
-        for times in (raw_s, step_s):
+        # each pair in the other order than the one before: a run leaves the page cache to the next
+        for times in (raw_s, step_s) if i % 2 == 0 else (step_s, raw_s):
             out.unlink(missing_ok=True)
             start = time.perf_counter()
             if times is raw_s:
