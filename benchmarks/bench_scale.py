@@ -16,8 +16,11 @@ then in the same run:
   entry's, deployed from prefect.yaml's own convert template, the process worker), MODELMINT_OCI_REGISTRY naming a
   local docker-registry. The project, the DVC remote and the registry's storage are the measured directory; the
   flow run's process tree is the worker's (see _deployment_run for what is and is not counted). Each step's wall
-  time comes from the flow run's task runs on the Prefect API; the row names the deployment, the variants
-  registered (their manifests) and the image references the registry holds afterwards.
+  time comes from the flow run's task runs on the Prefect API, its bytes from the tree's counters polled and cut at
+  the task runs' starts and ends (step_io), and each variant's reads over its size from those (variant_reads); the
+  row names the deployment, the variants registered (their manifests) and the image references the registry holds
+  afterwards.
+- with --convert-pairs N, the raw converter and the convert step's work on it, N pairs (convert_pairs).
 Prints the ratios and a least-squares fit per billion parameters extrapolated to 14B, 32B and 72B; writes
 benchmarks/reference/scale.json and docs/images/scale.svg (--out, --plot: elsewhere).
 
