@@ -175,7 +175,8 @@ def served(repo: Repo, tmp_path: Path) -> Iterator[tuple[int, subprocess.Popen[s
             "--port",
             "0",
         ],
-        env=_env(repo, PYTHONUNBUFFERED="1"),
+        # PYTHONFAULTHANDLER: a server that outlives Ctrl-C is aborted with every thread's stack on stderr (_ctrl_c)
+        env=_env(repo, PYTHONUNBUFFERED="1", PYTHONFAULTHANDLER="1"),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -188,8 +189,19 @@ def served(repo: Repo, tmp_path: Path) -> Iterator[tuple[int, subprocess.Popen[s
         yield int(found[1]), proc
     finally:
         if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)  # Ctrl-C: what stops it
-            proc.wait(timeout=30)
+            _ctrl_c(proc)
+
+
+def _ctrl_c(proc: subprocess.Popen[str]) -> None:
+    """Stop the server as a user does, with Ctrl-C; one still running 30 s later fails the test with the stack of
+    each of its threads (SIGABRT, which PYTHONFAULTHANDLER dumps them on), so that a hang says where it hangs."""
+    proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGABRT)
+        _, err = proc.communicate(timeout=30)
+        pytest.fail(f"`modelmint site serve` still ran 30 s after Ctrl-C; its threads:\n{err[-8000:]}")
 
 
 def _get(port: int, path: str) -> tuple[int, bytes]:
@@ -211,8 +223,7 @@ def test_serve_answers_a_nul_byte_path_with_404_and_keeps_serving(
         assert status == 404, (path, status, body)
     status, body = _get(port, "/index.html")
     assert status == 200 and b"No model is registered yet." in body
-    proc.send_signal(signal.SIGINT)
-    proc.wait(timeout=30)
+    _ctrl_c(proc)
     assert proc.stderr is not None
     assert "Traceback" not in proc.stderr.read()
 
