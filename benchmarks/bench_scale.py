@@ -126,18 +126,15 @@ def _tree_rss(pid: int) -> int:
         procs = [root, *root.children(recursive=True)]
     except psutil.Error:
         return 0
+    return _rss_of(procs)
+
+
+def _rss_of(procs: list[psutil.Process]) -> int:
     total = 0
     for p in procs:
         with contextlib.suppress(psutil.Error):
             total += p.memory_info().rss
     return total
-
-
-def _rss(pid: int) -> int:
-    try:
-        return int(psutil.Process(pid).memory_info().rss)
-    except psutil.Error:
-        return 0
 
 
 def _proc_io(pid: int) -> dict[str, int]:
@@ -151,14 +148,13 @@ def _proc_io(pid: int) -> dict[str, int]:
 _IO_KEYS = ("read_bytes", "write_bytes", "rchar", "wchar")
 
 
-def _tree_io(pid: int) -> dict[str, int]:
-    """The I/O counters of `pid` and its live descendants together: a reaped descendant's are in its parent's
+def _tree_io(pid: int, descendants: list[psutil.Process]) -> dict[str, int]:
+    """The I/O counters of `pid` and its live `descendants` together: a reaped descendant's are in its parent's
     (the kernel adds them on reaping), a live one's in its own. The descendants are listed before the root is read,
     so a process reaped meanwhile is counted once, in its parent; one reaped after the root's read and before its
     own is missed by this sample alone."""
-    procs = [p.pid for p in _descendants(pid)]
     total = dict.fromkeys(_IO_KEYS, 0)
-    for p in (pid, *procs):
+    for p in (pid, *(d.pid for d in descendants)):
         for k, v in _proc_io(p).items():
             if k in total:
                 total[k] += v
@@ -183,10 +179,13 @@ def _measure(argv: list[str | Path], out: Any, err: Any, *, disk: Path, env: dic
 
     def watch() -> None:
         while not done.is_set():
-            rss = _tree_rss(proc.pid) if tree is None else _tree_rss(tree) - _rss(tree)
+            if tree is None:
+                rss = _tree_rss(proc.pid)
+            else:
+                kids = _descendants(tree)  # listed once a poll: their RSS, and their I/O with the root's
+                rss = _rss_of(kids)
+                series.append((time.time(), _tree_io(tree, kids)))
             peak["rss"] = max(peak["rss"], rss)
-            if tree is not None:
-                series.append((time.time(), _tree_io(tree)))
             peak["disk"] = max(peak["disk"], _du(disk))
             done.wait(_POLL_S)
 
@@ -566,8 +565,9 @@ def step_io(series: list[tuple[float, dict[str, int]]], spans: dict[str, Span]) 
     for a, b in itertools.pairwise(cuts):
         ran = sorted(name for name, (start, end) in spans.items() if start <= a and end >= b)
         got = out.setdefault(" + ".join(ran) or "between steps", dict.fromkeys(_IO_KEYS, 0))
+        first, last = at(a), at(b)
         for k in _IO_KEYS:
-            got[k] += at(b)[k] - at(a)[k]
+            got[k] += last[k] - first[k]
     return out
 
 
